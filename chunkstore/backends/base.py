@@ -1,0 +1,104 @@
+"""The storage interface every backend implements.
+
+Keys are ``/``-separated relative paths of ASCII letters, digits, ``-``, ``_``
+and ``.`` (e.g. ``chunks/ab/ab12...``); the store builds every key, so a
+backend may assume they are well formed.  Backends raise the built-in
+``FileNotFoundError`` for a missing key and never translate it into domain
+errors: the store does that.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """Size in bytes and modification time (seconds since the epoch) of one object."""
+
+    key: str
+    size: int
+    mtime: float
+
+
+class Backend(abc.ABC):
+    """A flat key -> bytes namespace with durable, atomic writes."""
+
+    #: URL the backend was opened with, for messages.
+    url: str = ""
+
+    @abc.abstractmethod
+    def put(self, key: str, data: bytes | memoryview) -> None:
+        """Store ``data`` under ``key``, replacing any previous object.
+
+        Atomic (a reader sees the old object or the whole new one, never a
+        part) and durable on return (file and directory fsynced locally; a
+        completed PUT on object stores).  Idempotent.
+        """
+
+    @abc.abstractmethod
+    def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
+        """Create ``key`` only if no object has that key; return whether it wrote.
+
+        Atomic against concurrent creators of the same key: exactly one of
+        them gets ``True``.  Durable on return like :meth:`put`.
+        """
+
+    @abc.abstractmethod
+    def get(self, key: str) -> bytes:
+        """Return the whole object; ``FileNotFoundError`` if it is absent."""
+
+    @abc.abstractmethod
+    def stat(self, key: str) -> ObjectInfo:
+        """Return size and modification time; ``FileNotFoundError`` if absent."""
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> bool:
+        """Remove the object; return whether it existed.  Idempotent, never raises for a missing key."""
+
+    @abc.abstractmethod
+    def list(self, prefix: str = "") -> Iterator[str]:
+        """Yield every key that starts with ``prefix``, in ascending byte order."""
+
+    # --- derived conveniences: correct for every backend, overridden where faster ---
+
+    def exists(self, key: str) -> bool:
+        """Return whether an object is stored under ``key``."""
+        try:
+            self.stat(key)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        """Return up to ``length`` bytes from offset ``start`` (fewer at the end of the object)."""
+        return self.get(key)[start : start + length]
+
+    def read_into(self, key: str, start: int, buffer: memoryview) -> int:
+        """Fill ``buffer`` from offset ``start`` of the object; return the bytes read.
+
+        Returns fewer than ``len(buffer)`` only when the object ends first.
+        """
+        data = self.get_range(key, start, len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def list_info(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Yield :class:`ObjectInfo` for each key under ``prefix``, in :meth:`list` order.
+
+        Objects deleted between listing and stat are skipped.
+        """
+        for key in self.list(prefix):
+            try:
+                yield self.stat(key)
+            except FileNotFoundError:
+                continue
+
+    def local_path(self) -> str | None:
+        """Return the root directory when the backend is a local filesystem, else None."""
+        return None
+
+    def close(self) -> None:
+        """Release connections or handles; the backend is unusable afterwards."""

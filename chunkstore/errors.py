@@ -1,0 +1,167 @@
+"""Every error chunkstore raises on purpose derives from :class:`ChunkStoreError`.
+
+Leaves carry the data a caller needs to act (digest, path, expected/actual)
+and a message that says what to do.  Backends raise the built-in
+``FileNotFoundError``/``FileExistsError``; the store turns them into these.
+"""
+
+from __future__ import annotations
+
+
+class ChunkStoreError(Exception):
+    """Raised for any failure chunkstore detects itself (the root of the tree)."""
+
+
+# --- bad input: nothing in the store changes -------------------------------------------
+
+
+class InvalidInputError(ChunkStoreError, ValueError):
+    """Raised when an argument is malformed; the store is left unchanged."""
+
+
+class InvalidNameError(InvalidInputError):
+    """Raised when an entry, run or tag name is empty, too long or path-like."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(f"invalid name {name!r}: {reason}")
+        self.name = name
+        self.reason = reason
+
+
+class UnsupportedDtypeError(InvalidInputError):
+    """Raised when an array's dtype has no stable byte representation here."""
+
+    def __init__(self, dtype: str, hint: str = "") -> None:
+        msg = f"unsupported dtype {dtype!r}"
+        super().__init__(f"{msg}: {hint}" if hint else msg)
+        self.dtype = dtype
+
+
+class NotSerializableError(InvalidInputError):
+    """Raised when plain data holds a value the safe encoding cannot represent."""
+
+    def __init__(self, path: str, type_name: str, hint: str = "") -> None:
+        msg = f"cannot store value at {path} of type {type_name}"
+        super().__init__(f"{msg}: {hint}" if hint else msg)
+        self.path = path
+        self.type_name = type_name
+
+
+class SelectorError(InvalidInputError):
+    """Raised when a version selector matches no version."""
+
+    def __init__(self, selector: str, reason: str) -> None:
+        super().__init__(f"version selector {selector!r}: {reason}")
+        self.selector = selector
+
+
+class AmbiguousSelectorError(SelectorError):
+    """Raised when an id prefix matches more than one version."""
+
+
+class DuplicateEntryError(InvalidInputError):
+    """Raised when one version is given two entries with the same name."""
+
+
+class EntryNotFoundError(InvalidInputError, KeyError):
+    """Raised when a version has no entry of the requested name."""
+
+    def __init__(self, name: str, version_id: str) -> None:
+        super().__init__(f"version {version_id[:12]} has no entry {name!r}")
+        self.name = name
+        self.version_id = version_id
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+class ShapeMismatchError(InvalidInputError):
+    """Raised when ``get_into`` is given a buffer of another shape or dtype."""
+
+    def __init__(self, name: str, expected: str, actual: str) -> None:
+        super().__init__(f"entry {name!r} is {expected}, but the buffer is {actual}")
+        self.name = name
+        self.expected = expected
+        self.actual = actual
+
+
+class InvalidSettingError(InvalidInputError):
+    """Raised when a store setting (chunk size, codec policy, grace) is out of range."""
+
+
+class VersionClosedError(ChunkStoreError):
+    """Raised when a version writer is used after it committed or aborted."""
+
+
+# --- the store's own state ----------------------------------------------------------------
+
+
+class NotAStoreError(ChunkStoreError):
+    """Raised when a location exists but holds no chunkstore store."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(f"{url} is not a chunkstore store: {reason}")
+        self.url = url
+
+
+class FormatVersionError(ChunkStoreError):
+    """Raised when an object carries a format version this release cannot read."""
+
+    def __init__(self, what: str, found: object, supported: object) -> None:
+        super().__init__(
+            f"{what} has format version {found!r}; this chunkstore reads {supported!r}"
+            " (upgrade chunkstore to read it)"
+        )
+        self.what = what
+        self.found = found
+        self.supported = supported
+
+
+class BackendError(ChunkStoreError):
+    """Raised when the storage backend fails in a way the store cannot recover."""
+
+
+class MissingDependencyError(ChunkStoreError):
+    """Raised when a URL scheme needs a package that is not installed."""
+
+
+# --- integrity: corruption is detected, never returned ------------------------------------
+
+
+class IntegrityError(ChunkStoreError):
+    """Raised when stored bytes are missing or do not match their content address."""
+
+
+class CorruptChunkError(IntegrityError):
+    """Raised when a chunk object is damaged: bad header, truncated, or wrong hash."""
+
+    def __init__(self, digest: str, reason: str) -> None:
+        super().__init__(f"chunk {digest[:16]} is corrupt: {reason}")
+        self.digest = digest
+        self.reason = reason
+
+
+class MissingChunkError(IntegrityError):
+    """Raised when a chunk a manifest references is not in the store."""
+
+    def __init__(self, digest: str) -> None:
+        super().__init__(f"chunk {digest[:16]} is missing from the store")
+        self.digest = digest
+
+
+class CorruptNodeError(IntegrityError):
+    """Raised when a manifest node is missing, unparsable or does not match its hash."""
+
+    def __init__(self, digest: str, reason: str) -> None:
+        super().__init__(f"manifest node {digest[:16]} is corrupt: {reason}")
+        self.digest = digest
+        self.reason = reason
+
+
+class CorruptRecordError(IntegrityError):
+    """Raised when a commit record is unparsable or does not match its version id."""
+
+    def __init__(self, version_id: str, reason: str) -> None:
+        super().__init__(f"commit record {version_id[:16]} is corrupt: {reason}")
+        self.version_id = version_id
+        self.reason = reason
