@@ -1,0 +1,101 @@
+"""Chunk objects: a fixed header plus the encoded payload (see docs/format.md).
+
+Header, little-endian, 24 bytes (+32 when a base key is present)::
+
+    0  4s  magic b"CSCK"
+    4  u8  chunk format version (1)
+    5  u8  codec id
+    6  u8  element size in bytes (used by shuffle codecs)
+    7  u8  flags: bit 0 = a 32-byte base key follows the header (delta codecs)
+    8  u64 raw length (bytes after decoding)
+    16 u64 payload length (bytes after the header)
+
+Every decode re-hashes the result: a chunk whose bytes do not hash to its
+key raises :class:`CorruptChunkError`, so nothing corrupt is returned.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from chunkstore import codecs
+from chunkstore.digest import DIGEST_SIZE, Digest
+from chunkstore.errors import CorruptChunkError
+
+MAGIC = b"CSCK"
+CHUNK_FORMAT_VERSION = 1
+HEADER = struct.Struct("<4sBBBBQQ")
+FLAG_BASE = 0x01
+
+
+@dataclass(frozen=True)
+class ChunkHeader:
+    codec_id: int
+    element_size: int
+    raw_length: int
+    payload_length: int
+    base: Digest | None = None
+
+    @property
+    def size(self) -> int:
+        return HEADER.size + (DIGEST_SIZE if self.base else 0)
+
+    def pack(self) -> bytes:
+        flags = FLAG_BASE if self.base else 0
+        head = HEADER.pack(
+            MAGIC, CHUNK_FORMAT_VERSION, self.codec_id, self.element_size, flags,
+            self.raw_length, self.payload_length,
+        )
+        return head + (self.base.raw if self.base else b"")
+
+
+def parse_header(digest: Digest, data: bytes | memoryview) -> ChunkHeader:
+    """Parse and check the header at the start of ``data`` (at least HEADER.size bytes)."""
+    if len(data) < HEADER.size:
+        raise CorruptChunkError(digest.hex, f"truncated header ({len(data)} bytes)")
+    magic, version, codec_id, element_size, flags, raw_len, payload_len = HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise CorruptChunkError(digest.hex, "bad magic (not a chunk object)")
+    if version != CHUNK_FORMAT_VERSION:
+        raise CorruptChunkError(
+            digest.hex, f"chunk format version {version}; this chunkstore reads {CHUNK_FORMAT_VERSION}"
+        )
+    if codecs.by_id(codec_id) is None:
+        raise CorruptChunkError(digest.hex, f"unknown codec id {codec_id} (newer chunkstore?)")
+    base = None
+    if flags & FLAG_BASE:
+        if len(data) < HEADER.size + DIGEST_SIZE:
+            raise CorruptChunkError(digest.hex, "truncated base key")
+        base = Digest(bytes(data[HEADER.size : HEADER.size + DIGEST_SIZE]))
+    return ChunkHeader(codec_id, element_size, raw_len, payload_len, base)
+
+
+def encode_object(header: ChunkHeader, payload: bytes | memoryview) -> bytes:
+    return b"".join([header.pack(), payload])
+
+
+def decode_object(digest: Digest, data: bytes | memoryview) -> bytes | memoryview:
+    """Decode a whole chunk object and verify it hashes to ``digest``."""
+    view = memoryview(data)
+    header = parse_header(digest, view)
+    payload = view[header.size :]
+    if len(payload) != header.payload_length:
+        raise CorruptChunkError(
+            digest.hex, f"payload is {len(payload)} bytes, header says {header.payload_length}"
+            " (truncated or padded)",
+        )
+    codec = codecs.by_id(header.codec_id)
+    assert codec is not None  # parse_header checked it
+    try:
+        raw = codec.decode(payload, header.raw_length, header.element_size)
+    except ValueError as exc:
+        raise CorruptChunkError(digest.hex, f"{codec.name} payload does not decode: {exc}") from exc
+    check_digest(digest, raw)
+    return raw
+
+
+def check_digest(digest: Digest, raw: bytes | memoryview) -> None:
+    actual = Digest.of(raw)
+    if actual != digest:
+        raise CorruptChunkError(digest.hex, f"content hashes to {actual.short(16)}")

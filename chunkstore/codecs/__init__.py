@@ -1,0 +1,59 @@
+"""Chunk codecs: small immutable classes registered by a one-byte id.
+
+The chunk header names the codec, so decoding is data-driven; the policy
+(:mod:`chunkstore.codecs.policy`) decides which codec encodes a chunk.
+"""
+
+from __future__ import annotations
+
+import abc
+
+
+class Codec(abc.ABC):
+    """Turns a chunk's raw bytes into a payload and back."""
+
+    id: int
+    name: str
+
+    @abc.abstractmethod
+    def encode(self, raw: memoryview, element_size: int) -> bytes | memoryview:
+        """Return the payload for ``raw`` (which may be larger than ``raw``)."""
+
+    @abc.abstractmethod
+    def decode(self, payload: memoryview, raw_length: int, element_size: int) -> bytes | memoryview:
+        """Return exactly ``raw_length`` bytes; raise ``ValueError`` on a malformed payload."""
+
+
+_REGISTRY: dict[int, Codec] = {}
+_BY_NAME: dict[str, Codec] = {}
+
+
+def register(codec: Codec) -> Codec:
+    if codec.id in _REGISTRY or codec.name in _BY_NAME:
+        raise ValueError(f"codec id {codec.id} / name {codec.name!r} registered twice")
+    _REGISTRY[codec.id] = codec
+    _BY_NAME[codec.name] = codec
+    return codec
+
+
+def by_id(codec_id: int) -> Codec | None:
+    """Return the codec with ``codec_id``, or None when this release does not know it."""
+    return _REGISTRY.get(codec_id)
+
+
+def by_name(name: str) -> Codec:
+    return _BY_NAME[name]
+
+
+def names() -> dict[int, str]:
+    return {cid: c.name for cid, c in sorted(_REGISTRY.items())}
+
+
+from chunkstore.codecs.raw import RAW  # noqa: E402
+from chunkstore.codecs.shuffle import SHUFFLE_ZSTD  # noqa: E402
+from chunkstore.codecs.zstd import ZSTD  # noqa: E402
+
+for _codec in (RAW, ZSTD, SHUFFLE_ZSTD):
+    register(_codec)
+
+__all__ = ["RAW", "SHUFFLE_ZSTD", "ZSTD", "Codec", "by_id", "by_name", "names", "register"]

@@ -1,0 +1,52 @@
+"""Which codec encodes a chunk.
+
+A policy is a store setting.  ``auto`` picks shuffle-zstd for multi-byte
+floating-point chunks and zstd for the rest, probes a small prefix first so
+incompressible chunks cost almost nothing, and stores raw whatever does not
+save at least ``MIN_SAVING`` of its size.
+"""
+
+from __future__ import annotations
+
+from chunkstore import codecs
+from chunkstore.dtypes import FLOAT_NAMES
+from chunkstore.errors import InvalidSettingError
+
+POLICIES = ("none", "zstd", "shuffle-zstd", "auto")
+MIN_SAVING = 0.05
+PROBE_BYTES = 64 * 1024
+
+
+def check_policy(name: str) -> str:
+    if name not in POLICIES:
+        raise InvalidSettingError(f"unknown compression {name!r}; choose one of {', '.join(POLICIES)}")
+    return name
+
+
+def _candidate(policy: str, dtype_name: str, element_size: int) -> codecs.Codec:
+    if policy == "none":
+        return codecs.RAW
+    shuffle_ok = element_size > 1
+    if policy == "shuffle-zstd" and shuffle_ok:
+        return codecs.SHUFFLE_ZSTD
+    if policy == "auto" and shuffle_ok and dtype_name in FLOAT_NAMES:
+        return codecs.SHUFFLE_ZSTD
+    return codecs.ZSTD
+
+
+def encode_with_policy(
+    policy: str, raw: memoryview, dtype_name: str, element_size: int
+) -> tuple[codecs.Codec, bytes | memoryview]:
+    """Return the codec used and the payload; raw when compression does not pay."""
+    codec = _candidate(policy, dtype_name, element_size)
+    if codec is codecs.RAW or not raw:
+        return codecs.RAW, raw
+    if len(raw) > 4 * PROBE_BYTES:
+        probe_len = PROBE_BYTES - PROBE_BYTES % element_size
+        probe = codec.encode(raw[:probe_len], element_size)
+        if len(probe) > (1 - MIN_SAVING) * probe_len:
+            return codecs.RAW, raw
+    payload = codec.encode(raw, element_size)
+    if len(payload) > (1 - MIN_SAVING) * len(raw):
+        return codecs.RAW, raw
+    return codec, payload

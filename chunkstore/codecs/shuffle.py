@@ -1,0 +1,76 @@
+"""Codec 2: bytes regrouped into planes by element size, each plane zstd or raw.
+
+Float tensors compress in their exponent byte and hardly at all in the low
+mantissa bytes (the observation behind ZipNN and blosc's shuffle), so each
+plane is compressed on its own and kept raw when zstd does not shrink it:
+the incompressible planes cost a copy, not a compression pass.
+
+Payload: ``u8 plane_count`` then per plane ``u8 mode (0 raw, 1 zstd)``,
+``u32 LE length``; then the planes' bytes in order.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from chunkstore import codecs
+from chunkstore.codecs.zstd import compressor, decompress
+
+PROBE_BYTES = 16 * 1024
+#: a plane is compressed only when a probe of it shrinks below this fraction.
+PLANE_KEEP_RATIO = 0.9
+_PLANE = struct.Struct("<BI")
+
+
+def _compress_plane(plane: np.ndarray) -> tuple[int, bytes | memoryview]:
+    data = memoryview(plane)
+    if len(data) > 4 * PROBE_BYTES:
+        probe = compressor().compress(data[:PROBE_BYTES])
+        if len(probe) > PLANE_KEEP_RATIO * PROBE_BYTES:
+            return 0, data
+    packed = compressor().compress(data)
+    if len(packed) >= len(data):
+        return 0, data
+    return 1, packed
+
+
+class ShuffleZstdCodec(codecs.Codec):
+    id = 2
+    name = "shuffle-zstd"
+
+    def encode(self, raw: memoryview, element_size: int) -> bytes:
+        if element_size < 2 or len(raw) % element_size:
+            raise ValueError("shuffle needs a multi-byte element size that divides the chunk")
+        elements = np.frombuffer(raw, dtype=np.uint8).reshape(-1, element_size)
+        planes = np.ascontiguousarray(elements.T)
+        header = bytearray([element_size])
+        bodies: list[bytes | memoryview] = []
+        for plane in planes:
+            mode, body = _compress_plane(plane)
+            header += _PLANE.pack(mode, len(body))
+            bodies.append(body)
+        return b"".join([bytes(header), *bodies])
+
+    def decode(self, payload: memoryview, raw_length: int, element_size: int) -> bytes:
+        count = payload[0] if len(payload) else 0
+        if count != element_size or element_size < 2 or raw_length % element_size:
+            raise ValueError("shuffle payload's plane count does not match the element size")
+        plane_len = raw_length // element_size
+        out = np.empty((element_size, plane_len), dtype=np.uint8)
+        pos = 1 + _PLANE.size * count
+        for i in range(count):
+            mode, length = _PLANE.unpack_from(payload, 1 + _PLANE.size * i)
+            body = payload[pos : pos + length]
+            pos += length
+            plane = bytes(body) if mode == 0 else decompress(body, plane_len)
+            if len(plane) != plane_len or mode not in (0, 1):
+                raise ValueError(f"shuffle plane {i} is damaged")
+            out[i] = np.frombuffer(plane, dtype=np.uint8)
+        if pos != len(payload):
+            raise ValueError("shuffle payload has trailing bytes")
+        return np.ascontiguousarray(out.T).tobytes()
+
+
+SHUFFLE_ZSTD = ShuffleZstdCodec()

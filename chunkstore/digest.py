@@ -1,0 +1,101 @@
+"""Content ids and the key layout.
+
+A :class:`Digest` is the BLAKE3-256 of some bytes.  Where an object lives in a
+backend is decided by exactly one pair of functions per kind
+(:func:`chunk_key`/:func:`digest_from_chunk_key`, :func:`node_key`, ...).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import blake3
+
+DIGEST_SIZE = 32
+_HEX = re.compile(r"^[0-9a-f]{64}$")
+
+CHUNK_PREFIX = "chunks/"
+NODE_PREFIX = "nodes/"
+VERSION_PREFIX = "versions/"
+TAG_PREFIX = "tags/"
+CONFIG_KEY = "chunkstore.json"
+
+
+@dataclass(frozen=True, order=True)
+class Digest:
+    """A 32-byte BLAKE3 content id."""
+
+    raw: bytes
+
+    def __post_init__(self) -> None:
+        if len(self.raw) != DIGEST_SIZE:
+            raise ValueError(f"a digest is {DIGEST_SIZE} bytes, got {len(self.raw)}")
+
+    @classmethod
+    def of(cls, data: bytes | memoryview) -> Digest:
+        """Hash ``data``; large inputs release the GIL so threads overlap."""
+        return cls(blake3.blake3(data).digest())
+
+    @classmethod
+    def parse(cls, text: str) -> Digest:
+        """Parse 64 lowercase hex characters; ``ValueError`` otherwise."""
+        if not _HEX.match(text):
+            raise ValueError(f"not a digest: {text!r}")
+        return cls(bytes.fromhex(text))
+
+    @property
+    def hex(self) -> str:
+        return self.raw.hex()
+
+    def short(self, length: int = 12) -> str:
+        return self.hex[:length]
+
+    def __str__(self) -> str:
+        return self.hex
+
+
+def is_hex_digest(text: str) -> bool:
+    return bool(_HEX.match(text))
+
+
+def _fanout(prefix: str, digest: Digest) -> str:
+    h = digest.hex
+    return f"{prefix}{h[:2]}/{h}"
+
+
+def _from_fanout(prefix: str, key: str) -> Digest:
+    if not key.startswith(prefix):
+        raise ValueError(f"{key!r} is not under {prefix!r}")
+    return Digest.parse(key.rsplit("/", 1)[-1])
+
+
+def chunk_key(digest: Digest) -> str:
+    return _fanout(CHUNK_PREFIX, digest)
+
+
+def digest_from_chunk_key(key: str) -> Digest:
+    return _from_fanout(CHUNK_PREFIX, key)
+
+
+def node_key(digest: Digest) -> str:
+    return _fanout(NODE_PREFIX, digest)
+
+
+def digest_from_node_key(key: str) -> Digest:
+    return _from_fanout(NODE_PREFIX, key)
+
+
+def version_key(version_id: str) -> str:
+    return f"{VERSION_PREFIX}{version_id}"
+
+
+def version_id_from_key(key: str) -> str:
+    vid = key[len(VERSION_PREFIX) :]
+    if not key.startswith(VERSION_PREFIX) or not is_hex_digest(vid):
+        raise ValueError(f"{key!r} is not a commit record key")
+    return vid
+
+
+def tag_key(tag: str) -> str:
+    return f"{TAG_PREFIX}{tag}"

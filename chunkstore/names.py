@@ -1,0 +1,58 @@
+"""Validation of the names users choose: entry names, run names and tags.
+
+Names never become paths in this store, but they are shown in reports,
+exported to files and used as selectors, so path tricks are refused early.
+"""
+
+from __future__ import annotations
+
+import re
+
+from chunkstore.errors import InvalidNameError
+
+MAX_NAME_LENGTH = 1024
+_RUN_OR_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=-]{0,127}$")
+RESERVED_SELECTORS = frozenset({"latest"})
+
+
+def _check_common(name: object, kind: str) -> str:
+    if not isinstance(name, str):
+        raise InvalidNameError(repr(name), f"{kind} must be a str, not {type(name).__name__}")
+    if not name:
+        raise InvalidNameError(name, f"{kind} is empty")
+    if "\x00" in name:
+        raise InvalidNameError(name, "contains a NUL byte")
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise InvalidNameError(name, "contains a control character")
+    if ".." in name:
+        raise InvalidNameError(name, "contains '..'")
+    return name
+
+
+def check_entry_name(name: object) -> str:
+    """Entry names are dotted paths such as ``model.layers.0.weight``.
+
+    Components are separated by ``.``; none may be empty, and ``/`` or ``\\``
+    (path separators) are refused so an export can never escape its folder.
+    """
+    text = _check_common(name, "entry name")
+    if len(text) > MAX_NAME_LENGTH:
+        raise InvalidNameError(text, f"longer than {MAX_NAME_LENGTH} characters")
+    if "/" in text or "\\" in text:
+        raise InvalidNameError(text, "contains a path separator ('/' or '\\'); use '.'")
+    if any(part == "" for part in text.split(".")):
+        raise InvalidNameError(text, "has an empty component (leading, trailing or double '.')")
+    return text
+
+
+def check_label(name: object, kind: str = "run name") -> str:
+    """Run names and tags: letters, digits and ``_.+=-``, at most 128, no ``@``."""
+    text = _check_common(name, kind)
+    if not _RUN_OR_TAG.match(text):
+        raise InvalidNameError(
+            text, f"a {kind} uses letters, digits and '_.+=-', starts with a letter, digit or '_',"
+            " and is at most 128 characters"
+        )
+    if text in RESERVED_SELECTORS:
+        raise InvalidNameError(text, f"'{text}' is a reserved selector")
+    return text

@@ -1,0 +1,141 @@
+"""Reading one version: entries by name, chunks hash-verified into the caller's buffer."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from chunkstore.chunkobj import HEADER, check_digest, decode_object, parse_header
+from chunkstore.codecs import RAW
+from chunkstore.digest import Digest, chunk_key
+from chunkstore.dtypes import dtype_name, element_size, numpy_dtype
+from chunkstore.errors import (
+    CorruptChunkError,
+    EntryNotFoundError,
+    InvalidInputError,
+    MissingChunkError,
+    ShapeMismatchError,
+)
+from chunkstore.manifest import DataEntry, TensorEntry, decode_data
+from chunkstore.tree import FlatTree, Leaf, flatten, read_node
+
+if TYPE_CHECKING:
+    from chunkstore.store import Store, VersionInfo
+
+
+def read_chunk(store: Store, digest: Digest) -> bytes | memoryview:
+    """Fetch, decode and hash-check one chunk; typed errors for missing or corrupt ones."""
+    try:
+        data = store.backend.get(chunk_key(digest))
+    except FileNotFoundError:
+        raise MissingChunkError(digest.hex) from None
+    return decode_object(digest, data)
+
+
+def read_chunk_into(store: Store, digest: Digest, out: memoryview) -> None:
+    """Fill ``out`` with the chunk's bytes, verified; raw chunks are read in place."""
+    key = chunk_key(digest)
+    try:
+        header = parse_header(digest, store.backend.get_range(key, 0, HEADER.size))
+        if header.codec_id == RAW.id and header.base is None:
+            size = store.backend.stat(key).size
+            if header.raw_length != len(out) or header.payload_length != len(out):
+                raise CorruptChunkError(digest.hex, f"holds {header.raw_length} bytes, the"
+                                        f" manifest expects {len(out)}")
+            if size != HEADER.size + len(out):
+                raise CorruptChunkError(digest.hex, f"object is {size} bytes, header says"
+                                        f" {HEADER.size + len(out)} (truncated or padded)")
+            if store.backend.read_into(key, HEADER.size, out) != len(out):
+                raise CorruptChunkError(digest.hex, "truncated while reading")
+            check_digest(digest, out)
+            return
+    except FileNotFoundError:
+        raise MissingChunkError(digest.hex) from None
+    raw = read_chunk(store, digest)
+    if len(raw) != len(out):
+        raise CorruptChunkError(digest.hex, f"holds {len(raw)} bytes, the manifest expects"
+                                f" {len(out)}")
+    out[:] = raw
+
+
+class VersionReader:
+    """A published version, opened for reading.  Loading runs no code."""
+
+    def __init__(self, store: Store, info: VersionInfo) -> None:
+        self._store = store
+        self.info = info
+        self._flat: FlatTree = flatten(store.backend, info.root, store.node_cache)
+
+    def names(self) -> list[str]:
+        return list(self._flat.leaves)
+
+    def entries(self) -> dict[str, Leaf]:
+        return dict(self._flat.leaves)
+
+    def entry(self, name: str) -> Leaf:
+        try:
+            return self._flat.leaves[name]
+        except KeyError:
+            raise EntryNotFoundError(name, self.info.id) from None
+
+    def _tensor(self, name: str) -> TensorEntry:
+        leaf = self.entry(name)
+        if not isinstance(leaf, TensorEntry):
+            raise InvalidInputError(f"entry {name!r} is plain data; use get_data()")
+        return leaf
+
+    def get(self, name: str) -> np.ndarray:
+        """Return a new array with the entry's dtype and shape."""
+        entry = self._tensor(name)
+        out = np.empty(entry.shape, dtype=numpy_dtype(entry.dtype))
+        self.get_into(name, out)
+        return out
+
+    def get_into(self, name: str, out: np.ndarray, dtype: str | None = None) -> np.ndarray:
+        """Fill ``out`` (C-contiguous, writeable, same shape) without an extra copy.
+
+        ``dtype`` names the stored dtype when ``out`` is a same-size view (e.g.
+        an ``int16`` view of a bfloat16 tensor).  On an integrity error ``out``
+        holds partial data and the error is raised.
+        """
+        entry = self._tensor(name)
+        self._check_buffer(name, entry, out, dtype)
+        flat = memoryview(out.reshape(-1).view(np.uint8)) if out.size else memoryview(b"")
+        itemsize = element_size(entry.dtype)
+        futures: list[Future[None]] = []
+        for shard in entry.shards:
+            if shard.sizes != entry.shape:
+                raise InvalidInputError(f"entry {name!r} is sharded; read it with get_shards()")
+            for digest, start, length in shard.chunk_spans(itemsize):
+                futures.append(self._store.executor.submit(
+                    read_chunk_into, self._store, digest, flat[start:start + length]))
+        for future in futures:
+            future.result()
+        return out
+
+    def _check_buffer(self, name: str, entry: TensorEntry, out: np.ndarray,
+                      dtype: str | None) -> None:
+        expected = f"{entry.dtype}{list(entry.shape)}"
+        if not isinstance(out, np.ndarray):
+            raise ShapeMismatchError(name, expected, type(out).__name__)
+        if dtype is None:
+            try:
+                have = dtype_name(out.dtype)
+            except InvalidInputError:
+                have = str(out.dtype)
+        else:
+            have = dtype if out.dtype.itemsize == element_size(dtype) else str(out.dtype)
+        actual = f"{have}{list(out.shape)}"
+        if have != entry.dtype or tuple(out.shape) != entry.shape:
+            raise ShapeMismatchError(name, expected, actual)
+        if out.dtype.byteorder == ">" or not out.flags.c_contiguous or not out.flags.writeable:
+            raise ShapeMismatchError(name, expected, f"{actual} (not a writeable C-contiguous"
+                                     " little-endian buffer)")
+
+    def get_data(self, name: str) -> Any:
+        leaf = self.entry(name)
+        if not isinstance(leaf, DataEntry):
+            raise InvalidInputError(f"entry {name!r} is a tensor; use get() or get_into()")
+        return decode_data(leaf.digest, read_node(self._store.backend, leaf.digest))

@@ -1,0 +1,338 @@
+"""The store: opening, versions and selectors, tags, deletion.
+
+Operations that walk the whole store live in their own modules
+(:mod:`chunkstore.verify`, :mod:`chunkstore.report`, :mod:`chunkstore.rebuild`)
+and are exposed here as thin methods.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from chunkstore import plaindata
+from chunkstore.backends import Backend, open_backend
+from chunkstore.backends.wrappers import wrap_from_env
+from chunkstore.codecs.policy import check_policy
+from chunkstore.digest import (
+    CONFIG_KEY,
+    VERSION_PREFIX,
+    Digest,
+    is_hex_digest,
+    tag_key,
+    version_id_from_key,
+    version_key,
+)
+from chunkstore.errors import (
+    AmbiguousSelectorError,
+    InvalidInputError,
+    InvalidSettingError,
+    NotAStoreError,
+    SelectorError,
+)
+from chunkstore.index import Index, VersionEntry
+from chunkstore.names import check_label
+from chunkstore.reader import VersionReader
+from chunkstore.records import (
+    DEFAULT_CHUNK_SIZE,
+    MAX_CHUNK_SIZE,
+    MIN_CHUNK_SIZE,
+    CommitRecord,
+    StoreConfig,
+)
+from chunkstore.tree import NodeCache
+from chunkstore.writer import VersionWriter
+
+if TYPE_CHECKING:
+    from chunkstore.rebuild import RebuildResult
+    from chunkstore.report import StoreStats
+    from chunkstore.verify import VerifyResult
+
+MIN_PREFIX = 4
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    """A published version: id, run, step, creation time and sizes."""
+
+    id: str
+    run: str
+    step: int
+    created: float
+    parent: str | None
+    root: Digest
+    logical_bytes: int
+    new_bytes: int
+    new_stored_bytes: int
+    meta: dict[str, Any]
+
+    @property
+    def short_id(self) -> str:
+        return self.id[:12]
+
+    @property
+    def created_iso(self) -> str:
+        return dt.datetime.fromtimestamp(self.created, dt.timezone.utc).isoformat(
+            timespec="seconds")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "run": self.run, "step": self.step, "created": self.created_iso,
+                "parent": self.parent, "root": self.root.hex, "logical_bytes": self.logical_bytes,
+                "new_bytes": self.new_bytes, "new_stored_bytes": self.new_stored_bytes,
+                "meta": plaindata.to_tree(self.meta)}
+
+
+def _validate_settings(chunk_size: int | None, compression: str | None) -> None:
+    if chunk_size is not None and not (
+        MIN_CHUNK_SIZE <= chunk_size <= MAX_CHUNK_SIZE and chunk_size % 64 == 0
+    ):
+        raise InvalidSettingError(
+            f"chunk size {chunk_size} must be a multiple of 64 between {MIN_CHUNK_SIZE}"
+            f" and {MAX_CHUNK_SIZE}")
+    if compression is not None:
+        check_policy(compression)
+
+
+def default_index_dir(url: str, backend: Backend) -> str:
+    local = backend.local_path()
+    if local is not None:
+        return os.path.join(local, "index")
+    cache = os.environ.get("CHUNKSTORE_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "chunkstore")
+    return os.path.join(cache, "index", hashlib.sha256(url.encode()).hexdigest()[:24])
+
+
+def open(  # noqa: A001 - the public name DESIGN.md fixes
+    url: str | os.PathLike[str], *, create: bool = True, chunk_size: int | None = None,
+    compression: str | None = None, threads: int | None = None, index_dir: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> Store:
+    """Open the store at a path or fsspec URL, creating it when absent (``create=True``).
+
+    ``chunk_size`` applies when the store is created; ``compression`` is the
+    codec policy for this handle's writes (default: the store's setting).
+    """
+    _validate_settings(chunk_size, compression)
+    text = os.fspath(url)
+    backend = wrap_from_env(open_backend(text, **(storage_options or {})))
+    config = _load_or_create_config(text, backend, create, chunk_size, compression)
+    if chunk_size is not None and chunk_size != config.chunk_size:
+        raise InvalidSettingError(f"{text} was created with chunk size {config.chunk_size};"
+                                  " the chunk size of an existing store cannot change")
+    index = Index(index_dir or default_index_dir(text, backend))
+    store = Store(text, backend, config, index, compression or config.compression, threads)
+    store.reconcile()
+    return store
+
+
+def _load_or_create_config(url: str, backend: Backend, create: bool, chunk_size: int | None,
+                           compression: str | None) -> StoreConfig:
+    try:
+        return StoreConfig.decode(url, backend.get(CONFIG_KEY))
+    except FileNotFoundError:
+        pass
+    if not create:
+        raise NotAStoreError(url, "no chunkstore.json (use `chunkstore init` to create a store)")
+    if next(iter(backend.list("")), None) is not None:
+        raise NotAStoreError(url, "the location is not empty and has no chunkstore.json")
+    config = StoreConfig(chunk_size or DEFAULT_CHUNK_SIZE, compression or "auto", time.time())
+    backend.put_if_absent(CONFIG_KEY, config.encode())
+    # A concurrent creator may have won: the stored config is the one that counts.
+    return StoreConfig.decode(url, backend.get(CONFIG_KEY))
+
+
+class Store:
+    """A chunkstore store.  Use :func:`chunkstore.open` to get one."""
+
+    def __init__(self, url: str, backend: Backend, config: StoreConfig, index: Index,
+                 compression: str, threads: int | None) -> None:
+        self.url = url
+        self.backend = backend
+        self.config = config
+        self.index = index
+        self.compression = compression
+        self.threads = threads or min(8, os.cpu_count() or 2)
+        self.max_inflight = self.threads * 2
+        self.executor = ThreadPoolExecutor(self.threads, thread_name_prefix="chunkstore")
+        self.node_cache = NodeCache()
+
+    @property
+    def chunk_size(self) -> int:
+        return self.config.chunk_size
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=True)
+        self.index.close()
+        self.backend.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<chunkstore.Store {self.url}>"
+
+    # --- writing ---------------------------------------------------------------------------
+
+    def new_version(self, run: str, step: int, meta: dict[str, Any] | None = None
+                    ) -> VersionWriter:
+        """Start a version; publish it by leaving the ``with`` block (or ``commit()``)."""
+        return VersionWriter(self, run, step, meta)
+
+    # --- listing and selectors -------------------------------------------------------------
+
+    def info_from_entry(self, entry: VersionEntry) -> VersionInfo:
+        return VersionInfo(entry.id, entry.run, entry.step, entry.created, entry.parent,
+                           Digest.parse(entry.root), entry.logical_bytes, entry.new_bytes,
+                           entry.new_stored_bytes, plaindata.from_tree(entry.meta))
+
+    def versions(self, run: str | None = None) -> list[VersionInfo]:
+        """Published versions, oldest first (by commit time)."""
+        return [self.info_from_entry(e) for e in self.index.versions()
+                if run is None or e.run == run]
+
+    def latest(self, run: str | None = None) -> VersionInfo | None:
+        versions = self.versions(run)
+        return versions[-1] if versions else None
+
+    def runs(self) -> list[str]:
+        return sorted({e.run for e in self.index.versions()})
+
+    def resolve(self, selector: str) -> VersionInfo:
+        """Resolve a full id, unique id prefix, RUN@STEP, RUN@latest, latest or tag."""
+        if not isinstance(selector, str) or not selector:
+            raise SelectorError(str(selector), "empty selector")
+        if selector == "latest":
+            found = self.latest()
+            if found is None:
+                raise SelectorError(selector, "the store has no versions")
+            return found
+        if "@" in selector:
+            return self._resolve_run_step(selector)
+        tags = self.index.tags()
+        if selector in tags:
+            return self._by_id(tags[selector], selector)
+        return self._resolve_prefix(selector)
+
+    def _by_id(self, version_id: str, selector: str) -> VersionInfo:
+        entry = self.index.version(version_id)
+        if entry is None:
+            raise SelectorError(selector, f"version {version_id[:12]} is not in the store")
+        return self.info_from_entry(entry)
+
+    def _resolve_run_step(self, selector: str) -> VersionInfo:
+        run, _, step = selector.partition("@")
+        versions = self.versions(run)
+        if not versions:
+            raise SelectorError(selector, f"no versions of run {run!r}")
+        if step == "latest":
+            return versions[-1]
+        if not step.isdigit():
+            raise SelectorError(selector, "expected RUN@STEP with an integer step, or RUN@latest")
+        matches = [v for v in versions if v.step == int(step)]
+        if not matches:
+            raise SelectorError(selector, f"run {run!r} has no version at step {step}")
+        return matches[-1]
+
+    def _resolve_prefix(self, selector: str) -> VersionInfo:
+        prefix = selector.lower()
+        if len(prefix) < MIN_PREFIX or not all(c in "0123456789abcdef" for c in prefix):
+            raise SelectorError(selector, "not a tag, RUN@STEP, RUN@latest, 'latest', or a"
+                                f" hex id prefix of at least {MIN_PREFIX} characters")
+        matches = [v for v in self.versions() if v.id.startswith(prefix)]
+        if len(matches) > 1:
+            raise AmbiguousSelectorError(selector, f"matches {len(matches)} versions; use more"
+                                         " characters")
+        if not matches:
+            raise SelectorError(selector, "no version id starts with it")
+        return matches[0]
+
+    def open_version(self, selector: str) -> VersionReader:
+        """Open a version for reading; its manifest is loaded and hash-checked now."""
+        return VersionReader(self, self.resolve(selector))
+
+    def read_record(self, version_id: str) -> CommitRecord:
+        """Read and check a commit record from the backend (the truth)."""
+        return CommitRecord.decode(version_id, self.backend.get(version_key(version_id)))
+
+    # --- tags and deletion -----------------------------------------------------------------
+
+    def tag(self, selector: str, name: str) -> VersionInfo:
+        """Point tag ``name`` at a version (moving it if it exists).  Tags pin versions."""
+        name = check_label(name, "tag")
+        if is_hex_digest(name) or (len(name) >= MIN_PREFIX and all(c in "0123456789abcdef"
+                                                                      for c in name)):
+            raise InvalidInputError(f"tag {name!r} looks like a version id; choose another name")
+        info = self.resolve(selector)
+        body = json.dumps({"version": info.id, "created": time.time()}).encode()
+        self.backend.put(tag_key(name), body)
+        self.index.set_tag(name, info.id)
+        return info
+
+    def untag(self, name: str) -> bool:
+        name = check_label(name, "tag")
+        existed = self.backend.delete(tag_key(name))
+        return self.index.delete_tag(name) or existed
+
+    def tags(self) -> dict[str, str]:
+        return self.index.tags()
+
+    def delete(self, selector: str, *, force: bool = False) -> VersionInfo:
+        """Unpublish a version.  Its chunks are freed by GC after the grace period.
+
+        A tagged version is refused unless ``force`` (which drops its tags too).
+        """
+        info = self.resolve(selector)
+        pinned = sorted(t for t, vid in self.tags().items() if vid == info.id)
+        if pinned and not force:
+            raise InvalidInputError(f"version {info.short_id} is tagged {', '.join(pinned)};"
+                                    " untag it first or pass force=True (--force)")
+        for tag in pinned:
+            self.backend.delete(tag_key(tag))
+        # The record goes first: from then on the version is not published.
+        # A crash before the index update is healed by reconcile().
+        self.backend.delete(version_key(info.id))
+        self.index.remove_version(info.id)
+        return info
+
+    # --- keeping the index in step with the backend ----------------------------------------
+
+    def reconcile(self) -> None:
+        """Count in versions committed elsewhere, count out versions deleted elsewhere."""
+        from chunkstore.rebuild import reconcile
+
+        reconcile(self)
+
+    def backend_version_ids(self) -> list[str]:
+        ids = []
+        for key in self.backend.list(VERSION_PREFIX):
+            try:
+                ids.append(version_id_from_key(key))
+            except ValueError:
+                continue
+        return ids
+
+    # --- whole-store operations ------------------------------------------------------------
+
+    def verify(self, sel: str | None = None, *, read_data: bool = True) -> VerifyResult:
+        from chunkstore.verify import verify
+
+        return verify(self, sel, read_data=read_data)
+
+    def stats(self) -> StoreStats:
+        from chunkstore.report import stats
+
+        return stats(self)
+
+    def rebuild_index(self) -> RebuildResult:
+        from chunkstore.rebuild import rebuild
+
+        return rebuild(self)

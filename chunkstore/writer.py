@@ -1,0 +1,279 @@
+"""Writing one version: chunk, hash, dedup, encode and store in threads, then commit.
+
+Order of a save (invariant 1 in DESIGN.md):
+
+1. a write session is registered in the index; every chunk the save writes
+   or deduplicates against is claimed by it, so GC leaves them alone;
+2. chunk objects are written durably (put-if-absent) by a thread pool while
+   the caller keeps adding entries; memory stays O(chunk_size x threads);
+3. on commit, manifest nodes are written durably, bottom-up;
+4. the commit record is written (atomic create): this is the commit;
+5. the index counts the version in and drops the session in one transaction.
+
+An exception before step 4 publishes nothing; what was written is an orphan
+that GC removes after the grace period.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from chunkstore import plaindata
+from chunkstore.chunkobj import HEADER, ChunkHeader, encode_object, parse_header
+from chunkstore.codecs.policy import encode_with_policy
+from chunkstore.digest import Digest, chunk_key, node_key, version_key
+from chunkstore.dtypes import check_override, dtype_name
+from chunkstore.errors import (
+    BackendError,
+    DuplicateEntryError,
+    InvalidInputError,
+    VersionClosedError,
+)
+from chunkstore.index import Claim, NewChunk, VersionEntry
+from chunkstore.manifest import DataEntry, Shard, TensorEntry, TreeNode, encode_data, encode_tree
+from chunkstore.names import check_entry_name, check_label
+from chunkstore.records import CommitRecord
+
+if TYPE_CHECKING:
+    from chunkstore.store import Store, VersionInfo
+
+DELETING_WAIT_S = 120.0
+
+
+@dataclass
+class _PendingTensor:
+    dtype: str
+    shape: tuple[int, ...]
+    chunk_bytes: int
+    futures: list[Future[tuple[Digest, NewChunk | None]]]
+
+
+def _as_le_contiguous(array: np.ndarray) -> np.ndarray:
+    """The array's bytes in C order, little-endian; copies only when it must."""
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    return np.ascontiguousarray(array)
+
+
+class VersionWriter:
+    """Collects one version's entries; use as a context manager or call commit()/abort()."""
+
+    def __init__(self, store: Store, run: str, step: int, meta: dict[str, Any] | None) -> None:
+        self._store = store
+        self.run = check_label(run, "run name")
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise InvalidInputError(f"step must be a non-negative int, got {step!r}")
+        self.step = int(step)
+        self.meta = dict(meta or {})
+        plaindata.encode(self.meta)  # fail now, not at commit, on unserialisable metadata
+        self._tensors: dict[str, _PendingTensor] = {}
+        self._data: dict[str, tuple[Digest, bytes, int]] = {}
+        self._closed = False
+        self._info: VersionInfo | None = None
+        self._inflight = threading.BoundedSemaphore(store.max_inflight)
+        self._session = store.index.open_session(f"save {self.run}@{self.step}")
+
+    # --- adding entries --------------------------------------------------------------------
+
+    def _check_new_name(self, name: str) -> str:
+        if self._closed:
+            raise VersionClosedError("this version is already committed or aborted")
+        name = check_entry_name(name)
+        if name in self._tensors or name in self._data:
+            raise DuplicateEntryError(f"entry {name!r} was already added to this version")
+        return name
+
+    def put(self, name: str, array: np.ndarray, dtype: str | None = None) -> None:
+        """Add an array.  It must not change until the version is committed.
+
+        ``dtype`` stores the bytes under another dtype name of the same element
+        size (e.g. a ``uint16`` view of bfloat16 data as ``"bfloat16"``).
+        """
+        name = self._check_new_name(name)
+        if not isinstance(array, np.ndarray):
+            raise InvalidInputError(f"entry {name!r}: put() takes a numpy array, got "
+                                    f"{type(array).__name__}; use put_data() for plain data")
+        stored_dtype = dtype_name(array.dtype) if dtype is None else dtype
+        if dtype is not None:
+            check_override(array.dtype, dtype)
+        contiguous = _as_le_contiguous(array)
+        itemsize = contiguous.dtype.itemsize
+        chunk_bytes = max(itemsize, self._store.chunk_size - self._store.chunk_size % itemsize)
+        flat = memoryview(contiguous.reshape(-1).view(np.uint8)) if contiguous.size else memoryview(b"")
+        futures = []
+        for start in range(0, len(flat), chunk_bytes):
+            view = flat[start : start + chunk_bytes]
+            self._inflight.acquire()
+            futures.append(self._store.executor.submit(self._store_chunk_job, view,
+                                                       stored_dtype, itemsize))
+        self._tensors[name] = _PendingTensor(stored_dtype, tuple(array.shape), chunk_bytes, futures)
+
+    def put_data(self, name: str, value: object) -> None:
+        """Add plain data (numbers, strings, lists, dicts, tuples, bytes), encoded safely."""
+        name = self._check_new_name(name)
+        self._data[name] = encode_data(value)
+
+    # --- the chunk pipeline (runs in the store's thread pool) ------------------------------
+
+    def _store_chunk_job(self, view: memoryview, dtype: str, itemsize: int
+                         ) -> tuple[Digest, NewChunk | None]:
+        try:
+            return self._store_chunk(view, dtype, itemsize)
+        finally:
+            self._inflight.release()
+
+    def _claim(self, digest: Digest) -> Claim:
+        deadline = time.monotonic() + DELETING_WAIT_S
+        while True:
+            claim = self._store.index.claim_chunk(self._session, digest)
+            if claim != Claim.WAIT:
+                return claim
+            if time.monotonic() > deadline:
+                raise BackendError(f"chunk {digest.short()} has been in deletion by GC for"
+                                   f" {DELETING_WAIT_S:.0f}s; is a GC run stuck?")
+            time.sleep(0.05)
+
+    def _store_chunk(self, view: memoryview, dtype: str, itemsize: int
+                     ) -> tuple[Digest, NewChunk | None]:
+        digest = Digest.of(view)
+        if self._claim(digest) == Claim.DEDUP:
+            return digest, None
+        codec, payload = encode_with_policy(self._store.compression, view, dtype, itemsize)
+        header = ChunkHeader(codec.id, itemsize, len(view), len(payload))
+        key = chunk_key(digest)
+        if self._store.backend.put_if_absent(key, encode_object(header, payload)):
+            return digest, NewChunk(digest, codec.id, len(view), header.size + len(payload))
+        # Already stored (an orphan of an earlier save, or a concurrent writer):
+        # objects are written whole, so the existing one is complete.
+        existing = parse_header(digest, self._store.backend.get_range(key, 0, HEADER.size))
+        return digest, NewChunk(digest, existing.codec_id, len(view),
+                                existing.size + existing.payload_length)
+
+    # --- commit ----------------------------------------------------------------------------
+
+    def _collect(self) -> tuple[dict[str, TensorEntry], list[NewChunk]]:
+        entries: dict[str, TensorEntry] = {}
+        new_chunks: list[NewChunk] = []
+        for name, pending in self._tensors.items():
+            digests = []
+            for future in pending.futures:
+                digest, new = future.result()
+                digests.append(digest)
+                if new is not None:
+                    new_chunks.append(new)
+            shard = Shard((0,) * len(pending.shape), pending.shape, pending.chunk_bytes,
+                          tuple(digests))
+            entries[name] = TensorEntry(pending.dtype, pending.shape, (shard,))
+        return entries, new_chunks
+
+    def _build_tree(self, tensors: dict[str, TensorEntry]) -> tuple[Digest, dict[Digest, bytes]]:
+        """Encode the nested tree bottom-up; returns the root and every node's bytes."""
+        nodes: dict[Digest, bytes] = {d: b for d, b, _ in self._data.values()}
+        leaves: dict[str, TensorEntry | DataEntry] = dict(tensors)
+        leaves.update({n: DataEntry(d, size) for n, (d, _, size) in self._data.items()})
+        nested: dict[str, Any] = {}
+        for name, leaf in leaves.items():
+            *parents, last = name.split(".")
+            level = nested
+            for part in parents:
+                level = level.setdefault(part, {}).setdefault("", {})
+            level.setdefault(last, {})[None] = leaf
+
+        def encode_level(level: dict[str, Any]) -> Digest:
+            node = TreeNode()
+            for part, slot in level.items():
+                if None in slot:
+                    node.leaves[part] = slot[None]
+                if "" in slot:
+                    node.subtrees[part] = encode_level(slot[""])
+            digest, data = encode_tree(node)
+            nodes[digest] = data
+            return digest
+
+        return encode_level(nested), nodes
+
+    def _write_nodes(self, nodes: dict[Digest, bytes]) -> int:
+        """Write the nodes the store does not have yet, durably; return bytes written."""
+        index, backend = self._store.index, self._store.backend
+        missing = [(d, b) for d, b in nodes.items() if not index.has_node(d)]
+        done = self._store.executor.map(lambda item: backend.put_if_absent(node_key(item[0]),
+                                                                             item[1]), missing)
+        return sum(len(b) for (_, b), wrote in zip(missing, done, strict=True) if wrote)
+
+    def commit(self) -> VersionInfo:
+        """Publish the version: after this returns it is durable, listed and loadable."""
+        if self._closed:
+            raise VersionClosedError("this version is already committed or aborted")
+        try:
+            tensors, new_chunks = self._collect()
+            root, nodes = self._build_tree(tensors)
+            node_bytes = self._write_nodes(nodes)
+            store = self._store
+            latest = store.latest(self.run)
+            record = CommitRecord(
+                run=self.run, step=self.step, parent=latest.id if latest else None,
+                created=time.time(), root=root, meta=self.meta,
+                logical_bytes=sum(t.nbytes for t in tensors.values())
+                + sum(size for _, _, size in self._data.values()),
+                new_bytes=sum(c.raw_length for c in new_chunks),
+                new_stored_bytes=sum(c.stored_length for c in new_chunks) + node_bytes,
+            )
+            version_id, data = record.encode()
+            store.backend.put_if_absent(version_key(version_id), data)  # the commit point
+            entry = _entry(version_id, record)
+            refs = {d for t in tensors.values() for d in t.chunk_digests()}
+            store.index.add_version(entry, refs, {d: len(b) for d, b in nodes.items()},
+                                    new_chunks, self._session)
+        except BaseException:
+            self.abort()
+            raise
+        self._closed = True
+        self._info = store.info_from_entry(entry)
+        return self._info
+
+    def abort(self) -> None:
+        """Discard the version: nothing is published; written chunks become orphans."""
+        if self._closed:
+            return
+        self._closed = True
+        for pending in self._tensors.values():
+            for future in pending.futures:
+                future.cancel()
+        for pending in self._tensors.values():
+            for future in pending.futures:
+                if not future.cancelled():
+                    future.exception()  # wait, so no job touches the caller's arrays later
+        self._store.index.close_session(self._session)
+
+    @property
+    def info(self) -> VersionInfo:
+        if self._info is None:
+            raise VersionClosedError("the version has no info until it is committed")
+        return self._info
+
+    def __enter__(self) -> VersionWriter:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is not None:
+            self.abort()
+        elif not self._closed:
+            self.commit()
+
+
+def _entry(version_id: str, record: CommitRecord) -> VersionEntry:
+    return VersionEntry(
+        id=version_id, run=record.run, step=record.step, created=record.created,
+        root=record.root.hex, parent=record.parent, logical_bytes=record.logical_bytes,
+        new_bytes=record.new_bytes, new_stored_bytes=record.new_stored_bytes,
+        meta=plaindata.to_tree(record.meta),  # type: ignore[arg-type]
+    )
+
+
+entry_from_record = _entry
