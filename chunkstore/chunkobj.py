@@ -59,7 +59,8 @@ def parse_header(digest: Digest, data: bytes | memoryview) -> ChunkHeader:
         raise CorruptChunkError(digest.hex, "bad magic (not a chunk object)")
     if version != CHUNK_FORMAT_VERSION:
         raise CorruptChunkError(
-            digest.hex, f"chunk format version {version}; this chunkstore reads {CHUNK_FORMAT_VERSION}"
+            digest.hex,
+            f"chunk format version {version}; this chunkstore reads {CHUNK_FORMAT_VERSION}",
         )
     if codecs.by_id(codec_id) is None:
         raise CorruptChunkError(digest.hex, f"unknown codec id {codec_id} (newer chunkstore?)")

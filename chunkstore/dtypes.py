@@ -72,5 +72,7 @@ def check_override(array_dtype: np.dtype, name: str) -> None:
     target = numpy_dtype(name)
     if target.itemsize != array_dtype.itemsize:
         raise UnsupportedDtypeError(
-            name, f"the array's elements are {array_dtype.itemsize} bytes, {name} needs {target.itemsize}"
+            name,
+            f"the array's elements are {array_dtype.itemsize} bytes,"
+            f" {name} needs {target.itemsize}",
         )

@@ -69,7 +69,7 @@ class ChunkRecord:
                            self.stored_length, self.since)
 
     @classmethod
-    def unpack(cls, data: bytes) -> ChunkRecord:
+    def unpack(cls, data: bytes | memoryview) -> ChunkRecord:
         state, codec_id, refcount, raw, stored, since = _CHUNK.unpack(data)
         return cls(ChunkState(state), codec_id, refcount, raw, stored, since)
 

@@ -93,13 +93,15 @@ def _dict_to_json(value: dict[Any, Any], path: str, depth: int) -> object:
     for k, v in value.items():
         key = _to_json(k, f"{path}<key {k!r}>", depth + 1)
         if isinstance(key, (list, dict)) and not _is_hashable_tag(key):
-            raise NotSerializableError(f"{path}<key {k!r}>", type(k).__name__, "dict keys must be hashable")
+            raise NotSerializableError(f"{path}<key {k!r}>", type(k).__name__,
+                                       "dict keys must be hashable")
         pairs.append([key, _to_json(v, f"{path}[{k!r}]", depth + 1)])
     return {"$dict": pairs}
 
 
 def _is_hashable_tag(key: object) -> bool:
-    return isinstance(key, dict) and len(key) == 1 and next(iter(key)) in {"$tuple", "$bytes", "$float"}
+    hashable_tags = {"$tuple", "$bytes", "$float"}
+    return isinstance(key, dict) and len(key) == 1 and next(iter(key)) in hashable_tags
 
 
 def _from_json(node: Any) -> Any:

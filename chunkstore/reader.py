@@ -102,7 +102,7 @@ class VersionReader:
         """
         entry = self._tensor(name)
         self._check_buffer(name, entry, out, dtype)
-        flat = memoryview(out.reshape(-1).view(np.uint8)) if out.size else memoryview(b"")
+        flat = out.reshape(-1).view(np.uint8).data if out.size else memoryview(b"")
         itemsize = element_size(entry.dtype)
         futures: list[Future[None]] = []
         for shard in entry.shards:

@@ -108,7 +108,7 @@ def default_index_dir(url: str, backend: Backend) -> str:
     return os.path.join(cache, "index", hashlib.sha256(url.encode()).hexdigest()[:24])
 
 
-def open(  # noqa: A001 - the public name DESIGN.md fixes
+def open(
     url: str | os.PathLike[str], *, create: bool = True, chunk_size: int | None = None,
     compression: str | None = None, threads: int | None = None, index_dir: str | None = None,
     storage_options: dict[str, Any] | None = None,

@@ -105,7 +105,7 @@ class VersionWriter:
         contiguous = _as_le_contiguous(array)
         itemsize = contiguous.dtype.itemsize
         chunk_bytes = max(itemsize, self._store.chunk_size - self._store.chunk_size % itemsize)
-        flat = memoryview(contiguous.reshape(-1).view(np.uint8)) if contiguous.size else memoryview(b"")
+        flat = contiguous.reshape(-1).view(np.uint8).data if contiguous.size else memoryview(b"")
         futures = []
         for start in range(0, len(flat), chunk_bytes):
             view = flat[start : start + chunk_bytes]

@@ -19,7 +19,8 @@ PROBE_BYTES = 64 * 1024
 
 def check_policy(name: str) -> str:
     if name not in POLICIES:
-        raise InvalidSettingError(f"unknown compression {name!r}; choose one of {', '.join(POLICIES)}")
+        choices = ", ".join(POLICIES)
+        raise InvalidSettingError(f"unknown compression {name!r}; choose one of {choices}")
     return name
 
 

@@ -25,7 +25,7 @@ _PLANE = struct.Struct("<BI")
 
 
 def _compress_plane(plane: np.ndarray) -> tuple[int, bytes | memoryview]:
-    data = memoryview(plane)
+    data = plane.data
     if len(data) > 4 * PROBE_BYTES:
         probe = compressor().compress(data[:PROBE_BYTES])
         if len(probe) > PLANE_KEEP_RATIO * PROBE_BYTES:
