@@ -96,6 +96,8 @@ class VersionWriter:
         size (e.g. a ``uint16`` view of bfloat16 data as ``"bfloat16"``).
         """
         name = self._check_new_name(name)
+        if isinstance(array, np.generic):
+            array = np.asarray(array)  # a numpy scalar is a 0-d array
         if not isinstance(array, np.ndarray):
             raise InvalidInputError(f"entry {name!r}: put() takes a numpy array, got "
                                     f"{type(array).__name__}; use put_data() for plain data")

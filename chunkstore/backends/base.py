@@ -56,7 +56,10 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def delete(self, key: str) -> bool:
-        """Remove the object; return whether it existed.  Idempotent, never raises for a missing key."""
+        """Remove the object; return whether it existed.
+
+        Idempotent: a missing key returns ``False`` and never raises.
+        """
 
     @abc.abstractmethod
     def list(self, prefix: str = "") -> Iterator[str]:
@@ -79,7 +82,9 @@ class Backend(abc.ABC):
     def read_into(self, key: str, start: int, buffer: memoryview) -> int:
         """Fill ``buffer`` from offset ``start`` of the object; return the bytes read.
 
-        Returns fewer than ``len(buffer)`` only when the object ends first.
+        ``buffer`` is a writable byte (format ``"B"``) memoryview.  Returns fewer
+        than ``len(buffer)`` only when the object ends first; bytes past that
+        are left untouched.
         """
         data = self.get_range(key, start, len(buffer))
         buffer[: len(data)] = data
@@ -100,5 +105,5 @@ class Backend(abc.ABC):
         """Return the root directory when the backend is a local filesystem, else None."""
         return None
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook; most backends hold nothing
         """Release connections or handles; the backend is unusable afterwards."""

@@ -1,0 +1,199 @@
+"""Backend for every non-local URL (``memory://``, ``s3://``, ``gs://`` ...) via fsspec.
+
+Object stores make each completed PUT atomic and durable, so :meth:`put` is
+one ``pipe_file``.  :meth:`put_if_absent` needs a server-side conditional
+create: s3fs's ``pipe_file(..., mode="create")`` sends ``If-None-Match: *``
+and turns the 412 answer into ``FileExistsError``.  (s3fs's
+``open(path, "xb")`` does *not* do this for an empty object: it falls back
+to an unconditional ``touch``.)  Filesystems without a server-side condition
+get a check-then-write under a process-wide lock, which is atomic only
+within one process; :attr:`FsspecBackend.atomic_create` says which applies.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping
+from datetime import datetime, timezone
+from typing import Any, ClassVar
+
+import fsspec
+
+from chunkstore.backends.base import Backend, ObjectInfo
+
+#: Serialises check-then-write creates for filesystems without a conditional PUT.
+#: Process-wide because memory:// keeps one store per process, shared by instances.
+_LOCAL_CREATE_LOCK = threading.Lock()
+
+#: Info keys that may hold the modification time, most specific first.
+_MTIME_KEYS = ("LastModified", "mtime", "last_modified", "updated", "created")
+
+
+class FsspecBackend(Backend):
+    """Objects under the root of an fsspec URL."""
+
+    #: Protocols whose ``pipe_file(mode="create")`` is a server-side conditional create.
+    ATOMIC_CREATE_PROTOCOLS: ClassVar[frozenset[str]] = frozenset({"s3", "s3a"})
+    #: Protocols whose ``find`` takes a server-side ``prefix`` filter.
+    PREFIX_FIND_PROTOCOLS: ClassVar[frozenset[str]] = frozenset({"s3", "s3a"})
+    #: Protocols that accept ``use_listings_cache`` (listings must never be stale).
+    LISTING_CACHE_PROTOCOLS: ClassVar[frozenset[str]] = frozenset(
+        {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"}
+    )
+
+    def __init__(self, url: str, **storage_options: Any) -> None:
+        """Open ``url``; ``storage_options`` go to the fsspec filesystem unchanged."""
+        protocol = url.split("://", 1)[0] if "://" in url else "file"
+        options: dict[str, Any] = {}
+        if protocol in self.LISTING_CACHE_PROTOCOLS:
+            # A cached listing would hide objects written by other processes.
+            # (fsspec caches filesystem instances by their options, so this one
+            # is never shared with a caller's listing-caching instance.)
+            options["use_listings_cache"] = False
+        options.update(storage_options)
+        fs, root = fsspec.core.url_to_fs(url, **options)
+        self.url = url
+        #: The underlying fsspec filesystem (for diagnostics and tests).
+        self.fs: fsspec.AbstractFileSystem = fs
+        self._root = str(root).rstrip("/")
+        self._protocol = protocol
+        #: Whether put_if_absent is atomic across processes (server-side condition).
+        self.atomic_create = protocol in self.ATOMIC_CREATE_PROTOCOLS
+
+    # --- the abstract interface ----------------------------------------------------------
+
+    def put(self, key: str, data: bytes | memoryview) -> None:
+        """Write the object with one PUT (atomic and durable once it returns)."""
+        path = self._path(key)
+        # bytes(): botocore rejects memoryview bodies, and memory:// would keep
+        # a view aliasing the caller's buffer.  No copy when data is bytes.
+        self.fs.pipe_file(path, bytes(data))
+        self.fs.invalidate_cache(path)
+
+    def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
+        """Create the object unless it exists; see :attr:`atomic_create` for the guarantee."""
+        path = self._path(key)
+        payload = bytes(data)
+        try:
+            if self.atomic_create:
+                # If-None-Match: * -- the server decides, so exactly one creator wins.
+                self.fs.pipe_file(path, payload, mode="create")
+            else:
+                with _LOCAL_CREATE_LOCK:
+                    if self.fs.exists(path):
+                        return False
+                    self.fs.pipe_file(path, payload)
+        except FileExistsError:
+            return False
+        finally:
+            self.fs.invalidate_cache(path)
+        return True
+
+    def get(self, key: str) -> bytes:
+        """Return the whole object; ``FileNotFoundError`` if absent."""
+        path = self._path(key)
+        try:
+            return bytes(self.fs.cat_file(path))
+        except IsADirectoryError:
+            raise FileNotFoundError(f"no object {key!r} in {self.url}") from None
+
+    def stat(self, key: str) -> ObjectInfo:
+        """Return size and mtime from ``fs.info``; ``FileNotFoundError`` if absent."""
+        info = self.fs.info(self._path(key))
+        if info.get("type") != "file":
+            raise FileNotFoundError(f"no object {key!r} in {self.url} (a prefix has that name)")
+        return ObjectInfo(key=key, size=int(info["size"]), mtime=_mtime(info))
+
+    def delete(self, key: str) -> bool:
+        """Remove the object; return whether it existed.
+
+        Object stores delete missing keys silently, so existence is checked
+        first: two concurrent deleters may both get ``True``.
+        """
+        path = self._path(key)
+        if not self.exists(key):
+            return False
+        try:
+            self.fs.rm_file(path)
+        except FileNotFoundError:
+            return False
+        finally:
+            self.fs.invalidate_cache(path)
+        return True
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        """Yield keys starting with ``prefix`` in ascending byte order.
+
+        Only the deepest directory the prefix implies is searched (on S3 the
+        whole prefix is filtered server-side).
+        """
+        directory, _, leaf = prefix.rpartition("/")
+        search = f"{self._root}/{directory}" if directory else self._root or "/"
+        self.fs.invalidate_cache(search)
+        try:
+            if self._protocol in self.PREFIX_FIND_PROTOCOLS:
+                paths = self.fs.find(search, prefix=leaf)
+            else:
+                paths = self.fs.find(search)
+        except FileNotFoundError:
+            return
+        keys = (self._key(path) for path in paths)
+        yield from sorted(key for key in keys if key.startswith(prefix))
+
+    # --- faster derived conveniences -----------------------------------------------------
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        """Fetch only the requested bytes (an HTTP range request on object stores)."""
+        if start < 0 or length < 0:
+            raise ValueError(f"invalid range: start={start}, length={length}")
+        path = self._path(key)
+        if length == 0:
+            self.stat(key)  # still FileNotFoundError for a missing key
+            return b""
+        try:
+            return bytes(self.fs.cat_file(path, start=start, end=start + length))
+        except IsADirectoryError:
+            raise FileNotFoundError(f"no object {key!r} in {self.url}") from None
+        except (FileNotFoundError, PermissionError):
+            raise
+        except OSError:
+            # S3 answers 416 (InvalidRange) when start is at or past the end;
+            # the contract asks for an empty result there.
+            if start >= self.stat(key).size:
+                return b""
+            raise
+
+    def close(self) -> None:
+        """Drop cached listings; fsspec closes connections when the filesystem is collected."""
+        self.fs.invalidate_cache()
+
+    # --- helpers -------------------------------------------------------------------------
+
+    def _path(self, key: str) -> str:
+        if not key or key.startswith("/") or ".." in key.split("/"):
+            raise ValueError(f"key {key!r} must be a relative path without '..'")
+        return f"{self._root}/{key}"
+
+    def _key(self, path: str) -> str:
+        """Turn a path returned by ``find`` back into a key relative to the root."""
+        if not self._root:  # e.g. bare memory://: paths come back as "/key"
+            return path.lstrip("/")
+        return path[len(self._root) + 1 :]
+
+
+def _mtime(info: Mapping[str, Any]) -> float:
+    """Seconds since the epoch from whichever time field the filesystem reports, else 0.0."""
+    for name in _MTIME_KEYS:
+        value = info.get(name)
+        if isinstance(value, datetime):
+            if value.tzinfo is None:  # fsspec filesystems report UTC
+                value = value.replace(tzinfo=timezone.utc)
+            return value.timestamp()
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+    return 0.0

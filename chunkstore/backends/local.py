@@ -1,0 +1,269 @@
+"""Local-disk backend: plain ``os`` calls, every write made durable explicitly.
+
+fsspec's local filesystem does not fsync, so a power cut could lose an object
+the store already counts as written.  Here every write follows the same
+recipe: temp file beside the target, fsync it, move it into place
+atomically, fsync the directory that now names it.
+
+Layout: key ``a/b/c`` is the file ``<root>/a/b/c``.  Temp files are named
+``.tmp-<random>`` and never listed; a crash can leave some behind (they are
+harmless and may be deleted at any time).  Top-level names in
+:attr:`LocalBackend.IGNORED_TOP_LEVEL` belong to the store itself (the LMDB
+index) and are neither listed nor accepted as key prefixes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import stat as stat_module
+from collections.abc import Iterator
+from typing import ClassVar
+
+from chunkstore.backends.base import Backend, ObjectInfo
+
+_OPEN_FLAGS_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+
+
+class LocalBackend(Backend):
+    """Objects as files under ``root``; writes are atomic and durable on return."""
+
+    #: Top-level directory names the store keeps for itself (never keys).
+    IGNORED_TOP_LEVEL: ClassVar[frozenset[str]] = frozenset({"index"})
+    #: Basename prefix of in-flight temp files (never keys).
+    TEMP_PREFIX: ClassVar[str] = ".tmp-"
+
+    def __init__(self, root: str) -> None:
+        """Use ``root`` (made absolute) as the store directory; it is created on first write."""
+        self.root = os.path.abspath(os.path.expanduser(root))
+        self.url = self.root
+
+    # --- the abstract interface ----------------------------------------------------------
+
+    def put(self, key: str, data: bytes | memoryview) -> None:
+        """Atomically replace ``key``; durable (file and directory fsynced) on return."""
+        target = self._path(key)
+        temp = self._write_temp(target, data)
+        try:
+            # rename(2) within one directory is atomic: readers see the old file
+            # or the complete new one, never a partial write.
+            os.replace(temp, target)
+        except BaseException:
+            _unlink_quietly(temp)
+            raise
+        # The rename lives in the directory; until the directory is fsynced a
+        # crash can bring back the old name (or no name at all).
+        _fsync_dir(os.path.dirname(target))
+
+    def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
+        """Create ``key`` unless it exists; exactly one concurrent creator gets ``True``."""
+        target = self._path(key)
+        temp = self._write_temp(target, data)
+        try:
+            # link(2) fails with EEXIST if the target exists, atomically, and
+            # publishes the already-fsynced complete file (rename would overwrite).
+            os.link(temp, target)
+            created = True
+        except FileExistsError:
+            created = False
+        finally:
+            _unlink_quietly(temp)
+        # Fsync even when we lost the race: the caller may now rely on the
+        # winner's object (dedup), and the winner may not have fsynced the
+        # directory entry yet.  This also persists the temp file's removal.
+        _fsync_dir(os.path.dirname(target))
+        return created
+
+    def get(self, key: str) -> bytes:
+        """Return the whole file; ``FileNotFoundError`` if absent."""
+        path = self._path(key)
+        with _missing_as_not_found(key), open(path, "rb") as file:
+            return file.read()
+
+    def stat(self, key: str) -> ObjectInfo:
+        """Return size and mtime from ``os.stat``; ``FileNotFoundError`` if no such file."""
+        path = self._path(key)
+        with _missing_as_not_found(key):
+            st = os.stat(path)
+            if not stat_module.S_ISREG(st.st_mode):
+                raise FileNotFoundError(f"no object {key!r} (a directory has that name)")
+            return ObjectInfo(key=key, size=st.st_size, mtime=st.st_mtime)
+
+    def delete(self, key: str) -> bool:
+        """Unlink the file, fsync its directory; return whether it existed."""
+        path = self._path(key)
+        try:
+            os.unlink(path)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return False
+        # Without the directory fsync a crash can resurrect the deleted name.
+        _fsync_dir(os.path.dirname(path))
+        return True
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        """Yield keys starting with ``prefix`` in ascending byte order, streaming.
+
+        Only the directory the prefix implies is walked (``chunks/ab`` walks
+        ``chunks/``); temp files and :attr:`IGNORED_TOP_LEVEL` are skipped.
+        """
+        _check_relative(prefix)
+        start_rel = prefix[: prefix.rfind("/") + 1]  # "" or ends with "/"
+        if start_rel.split("/", 1)[0] in self.IGNORED_TOP_LEVEL:
+            return
+        yield from self._walk_sorted(os.path.join(self.root, start_rel), start_rel, prefix)
+
+    # --- faster derived conveniences -----------------------------------------------------
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        """Read ``length`` bytes at ``start`` with ``os.pread`` (fewer at the end)."""
+        _check_range(start, length)
+        path = self._path(key)
+        with _missing_as_not_found(key):
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            try:
+                parts: list[bytes] = []
+                done = 0
+                while done < length:
+                    part = os.pread(fd, length - done, start + done)
+                    if not part:  # end of file
+                        break
+                    parts.append(part)
+                    done += len(part)
+                return b"".join(parts)
+            finally:
+                os.close(fd)
+
+    def read_into(self, key: str, start: int, buffer: memoryview) -> int:
+        """Fill ``buffer`` straight from the file (no intermediate copy); return bytes read."""
+        _check_range(start, len(buffer))
+        path = self._path(key)
+        # buffering=0 gives a raw FileIO, whose readinto writes into the
+        # caller's memory directly.
+        with _missing_as_not_found(key), open(path, "rb", buffering=0) as file:
+            file.seek(start)
+            filled = 0
+            while filled < len(buffer):
+                count = file.readinto(buffer[filled:])
+                if not count:  # end of file
+                    break
+                filled += count
+            return filled
+
+    def local_path(self) -> str:
+        """Return the root directory."""
+        return self.root
+
+    # --- helpers -------------------------------------------------------------------------
+
+    def _path(self, key: str) -> str:
+        """Map a key to its file path, refusing keys that could escape the root."""
+        _check_relative(key)
+        parts = key.split("/")
+        if not key or "" in parts or "." in parts:
+            raise ValueError(f"malformed key {key!r}")
+        if parts[0] in self.IGNORED_TOP_LEVEL:
+            raise ValueError(f"key {key!r} is inside the reserved directory {parts[0]!r}")
+        if parts[-1].startswith(self.TEMP_PREFIX):
+            raise ValueError(f"key {key!r} would be taken for a temp file")
+        return os.path.join(self.root, *parts)
+
+    def _write_temp(self, target: str, data: bytes | memoryview) -> str:
+        """Write ``data`` to a fresh fsynced temp file beside ``target``; return its path."""
+        directory = os.path.dirname(target)
+        _make_dirs_durably(directory)
+        # Same directory as the target: rename/link never cross filesystems.
+        temp = os.path.join(directory, f"{self.TEMP_PREFIX}{secrets.token_hex(8)}")
+        fd = os.open(temp, _OPEN_FLAGS_NEW, 0o666)
+        try:
+            view = memoryview(data).cast("B")
+            written = 0
+            while written < len(view):
+                written += os.write(fd, view[written:])
+            # The data must be on disk before any name points at it; otherwise a
+            # crash after the rename could leave a complete-looking empty file.
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            _unlink_quietly(temp)
+            raise
+        os.close(fd)
+        return temp
+
+    def _walk_sorted(self, directory: str, rel: str, prefix: str) -> Iterator[str]:
+        """Yield keys under ``directory`` (key prefix ``rel``) matching ``prefix``, sorted.
+
+        Siblings are ordered by name, a directory as ``name + "/"``: every key
+        below it starts with that string, so the output is in byte order.
+        """
+        try:
+            with os.scandir(directory) as entries:
+                found = [
+                    (f"{rel}{e.name}/" if e.is_dir(follow_symlinks=False) else f"{rel}{e.name}")
+                    for e in entries
+                    if not e.name.startswith(self.TEMP_PREFIX)
+                    and not (not rel and e.name in self.IGNORED_TOP_LEVEL)
+                ]
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        for name in sorted(found):
+            if name.endswith("/"):
+                if name.startswith(prefix) or prefix.startswith(name):
+                    yield from self._walk_sorted(os.path.join(self.root, name), name, prefix)
+            elif name.startswith(prefix):
+                yield name
+
+
+@contextlib.contextmanager
+def _missing_as_not_found(key: str) -> Iterator[None]:
+    """Treat a path through a file, or naming a directory, as an absent object."""
+    try:
+        yield
+    except (NotADirectoryError, IsADirectoryError):
+        raise FileNotFoundError(f"no object {key!r}") from None
+
+
+def _check_relative(key: str) -> None:
+    """Reject absolute keys and ``..`` components (defence in depth: the store builds keys)."""
+    if key.startswith("/") or "\\" in key or ".." in key.split("/"):
+        raise ValueError(f"key {key!r} must be a relative path without '..'")
+
+
+def _check_range(start: int, length: int) -> None:
+    if start < 0 or length < 0:
+        raise ValueError(f"invalid range: start={start}, length={length}")
+
+
+def _make_dirs_durably(directory: str) -> None:
+    """Create ``directory`` and missing parents, fsyncing each new directory's parent.
+
+    A new directory's name lives in its parent; without that fsync a crash
+    could lose the directory together with the fsynced files inside it.
+    """
+    missing: list[str] = []
+    path = directory
+    while not os.path.isdir(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for path in reversed(missing):
+        # FileExistsError: a concurrent writer made it; fsync anyway, it may not have yet.
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path)
+        _fsync_dir(os.path.dirname(path))
+
+
+def _fsync_dir(directory: str) -> None:
+    """Flush a directory's entries (names created, renamed or removed) to disk."""
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unlink_quietly(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)

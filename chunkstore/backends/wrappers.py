@@ -1,0 +1,157 @@
+"""Cross-cutting behaviour as backends that wrap a backend.
+
+Each wrapper implements the full :class:`Backend` interface by forwarding to
+``inner`` and changes only what it is for: :class:`ReadOnlyBackend` refuses
+writes, :class:`KillAfterBackend` SIGKILLs the process before a chosen write
+(crash tests).  :func:`wrap_from_env` lets a test inject that fault into a
+store opened in a subprocess.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Iterator, Mapping
+
+from chunkstore.backends.base import Backend, ObjectInfo
+from chunkstore.errors import BackendError
+
+#: Environment variable read by :func:`wrap_from_env`.
+FAULT_ENV_VAR = "CHUNKSTORE_FAULT"
+_KILL_BEFORE_PUT = "kill-before-put"
+
+
+class ForwardingBackend(Backend):
+    """Forwards every call, conveniences included, to ``inner``; subclass to intercept."""
+
+    def __init__(self, inner: Backend) -> None:
+        self.inner = inner
+        self.url = inner.url
+
+    def put(self, key: str, data: bytes | memoryview) -> None:
+        """Forward to ``inner.put``."""
+        self.inner.put(key, data)
+
+    def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
+        """Forward to ``inner.put_if_absent``."""
+        return self.inner.put_if_absent(key, data)
+
+    def get(self, key: str) -> bytes:
+        """Forward to ``inner.get``."""
+        return self.inner.get(key)
+
+    def stat(self, key: str) -> ObjectInfo:
+        """Forward to ``inner.stat``."""
+        return self.inner.stat(key)
+
+    def delete(self, key: str) -> bool:
+        """Forward to ``inner.delete``."""
+        return self.inner.delete(key)
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        """Forward to ``inner.list``."""
+        return self.inner.list(prefix)
+
+    def exists(self, key: str) -> bool:
+        """Forward to ``inner.exists``."""
+        return self.inner.exists(key)
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        """Forward to ``inner.get_range``."""
+        return self.inner.get_range(key, start, length)
+
+    def read_into(self, key: str, start: int, buffer: memoryview) -> int:
+        """Forward to ``inner.read_into``."""
+        return self.inner.read_into(key, start, buffer)
+
+    def list_info(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Forward to ``inner.list_info``."""
+        return self.inner.list_info(prefix)
+
+    def local_path(self) -> str | None:
+        """Forward to ``inner.local_path``."""
+        return self.inner.local_path()
+
+    def close(self) -> None:
+        """Close ``inner``."""
+        self.inner.close()
+
+
+class ReadOnlyBackend(ForwardingBackend):
+    """Reads pass through; every write raises :class:`~chunkstore.errors.BackendError`."""
+
+    def _refuse(self, operation: str, key: str) -> BackendError:
+        return BackendError(
+            f"store opened read-only: cannot {operation} {key!r} in {self.url}"
+            " (open it without read_only to change it)"
+        )
+
+    def put(self, key: str, data: bytes | memoryview) -> None:
+        """Raise :class:`BackendError`; nothing is written."""
+        raise self._refuse("put", key)
+
+    def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
+        """Raise :class:`BackendError`; nothing is written."""
+        raise self._refuse("create", key)
+
+    def delete(self, key: str) -> bool:
+        """Raise :class:`BackendError`; nothing is deleted."""
+        raise self._refuse("delete", key)
+
+
+class KillAfterBackend(ForwardingBackend):
+    """Test-only fault injector: SIGKILL this process before a chosen write.
+
+    The first ``count`` writes (``put``/``put_if_absent``) whose key starts
+    with ``prefix`` go through; the next one kills the process *before*
+    anything is written, so ``count=0`` dies at the first matching write.
+    Other writes and all reads are untouched.
+    """
+
+    def __init__(self, inner: Backend, prefix: str, count: int) -> None:
+        if count < 0:
+            raise ValueError(f"count must be >= 0, got {count}")
+        super().__init__(inner)
+        self.prefix = prefix
+        self.count = count
+        self._matched = 0
+        self._lock = threading.Lock()
+
+    def put(self, key: str, data: bytes | memoryview) -> None:
+        """Kill the process if this is the fatal write, else forward."""
+        self._maybe_die(key)
+        self.inner.put(key, data)
+
+    def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
+        """Kill the process if this is the fatal write, else forward."""
+        self._maybe_die(key)
+        return self.inner.put_if_absent(key, data)
+
+    def _maybe_die(self, key: str) -> None:
+        if not key.startswith(self.prefix):
+            return
+        with self._lock:  # concurrent writers: exactly `count` matching writes pass
+            self._matched += 1
+            if self._matched > self.count:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+
+def wrap_from_env(backend: Backend, environ: Mapping[str, str] | None = None) -> Backend:
+    """Wrap ``backend`` in the fault named by ``CHUNKSTORE_FAULT``, or return it unchanged.
+
+    The only fault is ``kill-before-put:<prefix>:<count>`` (see
+    :class:`KillAfterBackend`).  Unset or empty means no fault; anything else
+    raises ``ValueError`` so a typo never silently disables a crash test.
+    """
+    spec = (os.environ if environ is None else environ).get(FAULT_ENV_VAR, "")
+    if not spec:
+        return backend
+    kind, _, rest = spec.partition(":")
+    prefix, sep, count_text = rest.rpartition(":")
+    if kind != _KILL_BEFORE_PUT or not sep or not count_text.isdigit():
+        raise ValueError(
+            f"{FAULT_ENV_VAR}={spec!r} is not understood;"
+            f" expected '{_KILL_BEFORE_PUT}:<key prefix>:<count >= 0>'"
+        )
+    return KillAfterBackend(backend, prefix, int(count_text))

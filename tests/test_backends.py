@@ -1,0 +1,300 @@
+"""Every backend against the shared conformance suite, plus backend-specific contracts."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+
+from chunkstore.backends import open_backend
+from chunkstore.backends.base import Backend
+from chunkstore.backends.fsspec_backend import FsspecBackend
+from chunkstore.backends.local import LocalBackend
+from chunkstore.backends.wrappers import (
+    FAULT_ENV_VAR,
+    KillAfterBackend,
+    ReadOnlyBackend,
+    wrap_from_env,
+)
+from chunkstore.errors import BackendError, InvalidInputError, MissingDependencyError
+from tests.backend_conformance import BackendConformance
+from tests.s3server import create_bucket, remove_bucket, s3_endpoint, storage_options
+
+__all__ = ["s3_endpoint"]  # the session fixture, re-exported so pytest finds it here
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+# --- local ---------------------------------------------------------------------------------
+
+
+class TestLocalBackend(BackendConformance):
+    @pytest.fixture(autouse=True)
+    def _tmp(self, tmp_path: Path) -> None:
+        self.tmp = tmp_path
+
+    def make_backend(self) -> Backend:
+        return LocalBackend(str(self.tmp / uuid.uuid4().hex))
+
+    def test_root_is_absolute_and_created_on_first_write(self) -> None:
+        root = self.tmp / "store"
+        backend = LocalBackend(os.path.relpath(root))
+        assert backend.local_path() == str(root)
+        assert list(backend.list()) == []
+        assert not root.exists()
+        backend.put("a/b", b"x")
+        assert (root / "a" / "b").read_bytes() == b"x"
+
+    def test_temp_files_are_never_listed_or_left_behind(self, backend: Backend) -> None:
+        backend.put("chunks/ab/ab01", b"x")
+        assert backend.put_if_absent("chunks/ab/ab01", b"y") is False
+        assert backend.put_if_absent("chunks/ab/ab02", b"y") is True
+        chunk_dir = Path(str(backend.local_path())) / "chunks" / "ab"
+        assert sorted(p.name for p in chunk_dir.iterdir()) == ["ab01", "ab02"]
+        (chunk_dir / ".tmp-leftover-from-a-crash").write_bytes(b"partial")
+        assert list(backend.list()) == ["chunks/ab/ab01", "chunks/ab/ab02"]
+        assert list(backend.list("chunks/ab/.tmp")) == []
+
+    def test_index_directory_at_the_root_is_ignored(self, backend: Backend) -> None:
+        root = Path(str(backend.local_path()))
+        (root / "index").mkdir(parents=True)
+        (root / "index" / "data.mdb").write_bytes(b"lmdb")
+        backend.put("runs/index/x", b"not the index")
+        backend.put("indexes", b"not the index either")
+        assert frozenset({"index"}) == LocalBackend.IGNORED_TOP_LEVEL
+        assert list(backend.list()) == ["indexes", "runs/index/x"]
+        assert list(backend.list("index")) == ["indexes"]
+        assert list(backend.list("index/")) == []
+
+    @pytest.mark.parametrize(
+        "key", ["../escape", "/etc/passwd", "a/../../b", "a//b", "", "a/", "./a", "index/x",
+                "a/.tmp-x", "a\\b"],
+    )  # fmt: skip
+    def test_path_like_keys_are_rejected(self, backend: Backend, key: str) -> None:
+        with pytest.raises(ValueError, match="key"):
+            backend.put(key, b"x")
+        with pytest.raises(ValueError, match="key"):
+            backend.get(key)
+        assert not (self.tmp / "escape").exists()
+
+    def test_stat_matches_os_stat(self, backend: Backend) -> None:
+        backend.put("k", b"abc")
+        st = os.stat(os.path.join(str(backend.local_path()), "k"))
+        assert backend.stat("k").mtime == st.st_mtime
+
+    @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to name fds")
+    def test_writes_fsync_file_then_every_directory_they_change(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        synced = _record_fsyncs(monkeypatch)
+        root = self.tmp / "store"
+        backend = LocalBackend(str(root))
+        backend.put("chunks/ab/ab01", b"data")
+        chunk_dir = str(root / "chunks" / "ab")
+        temp_file = next(p for p in synced if os.path.basename(p).startswith(".tmp-"))
+        assert os.path.dirname(temp_file) == chunk_dir
+        # Each new directory's parent, then the target's directory after the rename.
+        new_dirs = [str(self.tmp), str(root), str(root / "chunks")]
+        assert synced == [*new_dirs, temp_file, chunk_dir]
+
+        for operation in (
+            lambda: backend.put("chunks/ab/ab01", b"again"),
+            lambda: backend.put_if_absent("chunks/ab/ab01", b"lost"),
+            lambda: backend.delete("chunks/ab/ab01"),
+        ):
+            synced.clear()
+            operation()
+            assert synced[-1] == chunk_dir
+
+
+def _record_fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Patch ``os.fsync`` to record the path of each fd it syncs, in order."""
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    return synced
+
+
+# --- memory:// -----------------------------------------------------------------------------
+
+
+class TestMemoryBackend(BackendConformance):
+    @pytest.fixture(autouse=True)
+    def _cleanup(self) -> Iterator[None]:
+        self.urls: list[str] = []
+        yield
+        fs = fsspec.filesystem("memory")
+        for url in self.urls:
+            root = fs._strip_protocol(url)
+            if fs.exists(root):
+                fs.rm(root, recursive=True)
+
+    def make_backend(self) -> Backend:
+        url = f"memory://chunkstore-test-{uuid.uuid4().hex}"
+        self.urls.append(url)
+        return FsspecBackend(url)
+
+    def test_create_is_atomic_only_within_the_process(self, backend: Backend) -> None:
+        assert isinstance(backend, FsspecBackend)
+        assert backend.atomic_create is False
+
+
+# --- S3 (a real moto server, or the one CI names) ------------------------------------------
+
+
+@pytest.mark.s3
+class TestS3Backend(BackendConformance):
+    @pytest.fixture(autouse=True)
+    def _bucket(self, s3_endpoint: str) -> Iterator[None]:
+        self.endpoint = s3_endpoint
+        self.bucket = create_bucket(s3_endpoint)
+        yield
+        remove_bucket(s3_endpoint, self.bucket)
+
+    def make_backend(self) -> Backend:
+        url = f"s3://{self.bucket}/{uuid.uuid4().hex[:8]}"
+        return FsspecBackend(url, **storage_options(self.endpoint))
+
+    def test_put_if_absent_sends_if_none_match(self, backend: Backend) -> None:
+        assert isinstance(backend, FsspecBackend)
+        assert backend.atomic_create is True
+        seen: list[str | None] = []
+
+        def record_headers(request: Any, **_: Any) -> None:
+            value = request.headers.get("If-None-Match")
+            seen.append(value.decode() if isinstance(value, bytes) else value)
+
+        backend.put("warm-up", b"")  # connects, so the client below exists
+        client = backend.fs.s3  # type: ignore[attr-defined]
+        client.meta.events.register("before-send.s3.PutObject", record_headers)
+        assert backend.put_if_absent("k", b"one") is True
+        assert backend.put_if_absent("k", b"two") is False  # the server said 412
+        backend.put("k", b"three")
+        assert seen == ["*", "*", None]
+        assert backend.get("k") == b"three"
+
+    def test_open_backend_passes_storage_options(self) -> None:
+        backend = open_backend(f"s3://{self.bucket}/via-registry", **storage_options(self.endpoint))
+        assert isinstance(backend, FsspecBackend)
+        backend.put("k", b"v")
+        assert list(backend.list()) == ["k"]
+
+
+# --- registry ------------------------------------------------------------------------------
+
+
+class TestOpenBackend:
+    def test_plain_and_file_urls_are_local_and_absolute(self, tmp_path: Path) -> None:
+        for location in (str(tmp_path), f"file://{tmp_path}", os.path.relpath(tmp_path)):
+            backend = open_backend(location)
+            assert isinstance(backend, LocalBackend)
+            assert backend.local_path() == str(tmp_path)
+
+    def test_other_schemes_go_through_fsspec(self) -> None:
+        backend = open_backend(f"memory://registry-{uuid.uuid4().hex}")
+        assert isinstance(backend, FsspecBackend)
+
+    def test_missing_package_names_what_to_install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setitem(sys.modules, "s3fs", None)  # makes `import s3fs` fail
+        with pytest.raises(MissingDependencyError, match=r"pip install 'chunkstore\[s3\]'"):
+            open_backend("s3://bucket/store")
+
+    def test_unknown_scheme_is_invalid_input(self) -> None:
+        with pytest.raises(InvalidInputError, match="nosuchscheme"):
+            open_backend("nosuchscheme://x")
+
+    def test_local_paths_take_no_storage_options(self, tmp_path: Path) -> None:
+        with pytest.raises(InvalidInputError, match="storage options"):
+            open_backend(str(tmp_path), anon=True)
+
+
+# --- wrappers ------------------------------------------------------------------------------
+
+
+class TestReadOnlyBackend:
+    def test_reads_pass_through_and_writes_are_refused(self, tmp_path: Path) -> None:
+        inner = LocalBackend(str(tmp_path))
+        inner.put("k", b"value")
+        backend = ReadOnlyBackend(inner)
+        assert backend.get("k") == b"value"
+        assert backend.get_range("k", 1, 2) == b"al"
+        assert list(backend.list()) == ["k"]
+        assert backend.local_path() == str(tmp_path)
+        for write in (
+            lambda: backend.put("k", b"x"),
+            lambda: backend.put_if_absent("new", b"x"),
+            lambda: backend.delete("k"),
+        ):
+            with pytest.raises(BackendError, match="read-only"):
+                write()
+        assert inner.get("k") == b"value"
+        assert list(inner.list()) == ["k"]
+
+
+KILL_SCRIPT = """
+import sys
+from chunkstore.backends import open_backend
+from chunkstore.backends.wrappers import wrap_from_env
+backend = wrap_from_env(open_backend(sys.argv[1]))
+backend.put("records/r0", b"not counted: other prefix")
+for i in range(3):
+    backend.put(f"chunks/c{i}", b"x")
+"""
+
+
+class TestFaultInjection:
+    @pytest.mark.parametrize("count", [0, 1, 2, 3])
+    def test_kill_before_put_in_a_real_process(self, tmp_path: Path, count: int) -> None:
+        env = {**os.environ, FAULT_ENV_VAR: f"kill-before-put:chunks/:{count}"}
+        result = subprocess.run(
+            [sys.executable, "-c", KILL_SCRIPT, str(tmp_path)],
+            env=env,
+            cwd=REPO_ROOT,
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+        expected_rc = 0 if count >= 3 else -signal.SIGKILL
+        assert result.returncode == expected_rc, result.stderr.decode()
+        written = [f"chunks/c{i}" for i in range(min(count, 3))]
+        assert list(LocalBackend(str(tmp_path)).list()) == [*written, "records/r0"]
+
+    def test_unset_fault_returns_the_backend_unchanged(self, tmp_path: Path) -> None:
+        backend = LocalBackend(str(tmp_path))
+        assert wrap_from_env(backend, {}) is backend
+        assert wrap_from_env(backend, {FAULT_ENV_VAR: ""}) is backend
+
+    def test_fault_spec_is_parsed(self, tmp_path: Path) -> None:
+        wrapped = wrap_from_env(
+            LocalBackend(str(tmp_path)), {FAULT_ENV_VAR: "kill-before-put:chunks/ab:5"}
+        )
+        assert isinstance(wrapped, KillAfterBackend)
+        assert (wrapped.prefix, wrapped.count) == ("chunks/ab", 5)
+
+    @pytest.mark.parametrize(
+        "spec",
+        ["kill-before-put", "kill-before-put:chunks/", "kill-before-put:chunks/:-1",
+         "kill-before-put:chunks/:two", "explode:chunks/:1", "kill-before-put:chunks/:1.5"],
+    )  # fmt: skip
+    def test_unparsable_fault_spec_raises(self, tmp_path: Path, spec: str) -> None:
+        with pytest.raises(ValueError, match=FAULT_ENV_VAR):
+            wrap_from_env(LocalBackend(str(tmp_path)), {FAULT_ENV_VAR: spec})
+
+    def test_non_matching_writes_pass_through(self, tmp_path: Path) -> None:
+        backend = KillAfterBackend(LocalBackend(str(tmp_path)), "chunks/", 0)
+        backend.put("records/r1", b"x")
+        assert backend.put_if_absent("records/r2", b"y") is True
+        assert list(backend.list()) == ["records/r1", "records/r2"]
