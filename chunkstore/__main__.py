@@ -1,0 +1,5 @@
+"""``python -m chunkstore``: the command line."""
+
+from chunkstore.cli import main
+
+main()
