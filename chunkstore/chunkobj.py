@@ -76,8 +76,13 @@ def encode_object(header: ChunkHeader, payload: bytes | memoryview) -> bytes:
     return b"".join([header.pack(), payload])
 
 
-def decode_object(digest: Digest, data: bytes | memoryview) -> bytes | memoryview:
-    """Decode a whole chunk object and verify it hashes to ``digest``."""
+def decode_object(digest: Digest, data: bytes | memoryview,
+                  out: memoryview | None = None) -> bytes | memoryview:
+    """Decode a whole chunk object and verify it hashes to ``digest``.
+
+    With ``out`` (exactly the raw length) the bytes are decoded into it and
+    ``out`` is returned; on an integrity error it holds garbage.
+    """
     view = memoryview(data)
     header = parse_header(digest, view)
     payload = view[header.size :]
@@ -88,8 +93,15 @@ def decode_object(digest: Digest, data: bytes | memoryview) -> bytes | memoryvie
         )
     codec = codecs.by_id(header.codec_id)
     assert codec is not None  # parse_header checked it
+    if out is not None and len(out) != header.raw_length:
+        raise CorruptChunkError(digest.hex, f"holds {header.raw_length} bytes, the manifest"
+                                f" expects {len(out)}")
     try:
-        raw = codec.decode(payload, header.raw_length, header.element_size)
+        if out is None:
+            raw = codec.decode(payload, header.raw_length, header.element_size)
+        else:
+            codec.decode_into(payload, out, header.element_size)
+            raw = out
     except ValueError as exc:
         raise CorruptChunkError(digest.hex, f"{codec.name} payload does not decode: {exc}") from exc
     check_digest(digest, raw)

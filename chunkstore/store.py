@@ -108,6 +108,12 @@ def default_index_dir(url: str, backend: Backend) -> str:
     return os.path.join(cache, "index", hashlib.sha256(url.encode()).hexdigest()[:24])
 
 
+def default_threads() -> int:
+    """Worker threads of a store: more than the cores, because a chunk write spends
+    most of its time waiting in fsync (which, like BLAKE3 and zstd, releases the GIL)."""
+    return min(32, max(8, 2 * (os.cpu_count() or 2)))
+
+
 def open(
     url: str | os.PathLike[str], *, create: bool = True, chunk_size: int | None = None,
     compression: str | None = None, threads: int | None = None, index_dir: str | None = None,
@@ -116,7 +122,9 @@ def open(
     """Open the store at a path or fsspec URL, creating it when absent (``create=True``).
 
     ``chunk_size`` applies when the store is created; ``compression`` is the
-    codec policy for this handle's writes (default: the store's setting).
+    codec policy for this handle's writes (default: the store's setting);
+    ``threads`` the size of the worker pool (default :func:`default_threads`;
+    a save holds at most ``2 x threads`` chunks in memory).
     """
     _validate_settings(chunk_size, compression)
     text = os.fspath(url)
@@ -157,7 +165,7 @@ class Store:
         self.config = config
         self.index = index
         self.compression = compression
-        self.threads = threads or min(8, os.cpu_count() or 2)
+        self.threads = threads or default_threads()
         self.max_inflight = self.threads * 2
         self.executor = ThreadPoolExecutor(self.threads, thread_name_prefix="chunkstore")
         self.node_cache = NodeCache()

@@ -23,6 +23,10 @@ class Codec(abc.ABC):
     def decode(self, payload: memoryview, raw_length: int, element_size: int) -> bytes | memoryview:
         """Return exactly ``raw_length`` bytes; raise ``ValueError`` on a malformed payload."""
 
+    def decode_into(self, payload: memoryview, out: memoryview, element_size: int) -> None:
+        """Decode into ``out`` (exactly the raw length); codecs override it to skip a copy."""
+        out[:] = self.decode(payload, len(out), element_size)
+
 
 _REGISTRY: dict[int, Codec] = {}
 _BY_NAME: dict[str, Codec] = {}

@@ -53,24 +53,30 @@ class ShuffleZstdCodec(codecs.Codec):
             bodies.append(body)
         return b"".join([bytes(header), *bodies])
 
-    def decode(self, payload: memoryview, raw_length: int, element_size: int) -> bytes:
+    def decode(self, payload: memoryview, raw_length: int, element_size: int) -> memoryview:
+        out = np.empty(raw_length, dtype=np.uint8)
+        self.decode_into(payload, out.data, element_size)
+        return out.data
+
+    def decode_into(self, payload: memoryview, out: memoryview, element_size: int) -> None:
         count = payload[0] if len(payload) else 0
-        if count != element_size or element_size < 2 or raw_length % element_size:
+        if count != element_size or element_size < 2 or len(out) % element_size:
             raise ValueError("shuffle payload's plane count does not match the element size")
-        plane_len = raw_length // element_size
-        out = np.empty((element_size, plane_len), dtype=np.uint8)
+        plane_len = len(out) // element_size
+        # Each plane is written straight into its column of the result: one
+        # strided copy per plane, several times faster than transposing after.
+        columns = np.frombuffer(out, dtype=np.uint8).reshape(plane_len, element_size)
         pos = 1 + _PLANE.size * count
         for i in range(count):
             mode, length = _PLANE.unpack_from(payload, 1 + _PLANE.size * i)
             body = payload[pos : pos + length]
             pos += length
-            plane = bytes(body) if mode == 0 else decompress(body, plane_len)
+            plane = body if mode == 0 else decompress(body, plane_len)
             if len(plane) != plane_len or mode not in (0, 1):
                 raise ValueError(f"shuffle plane {i} is damaged")
-            out[i] = np.frombuffer(plane, dtype=np.uint8)
+            columns[:, i] = np.frombuffer(plane, dtype=np.uint8)
         if pos != len(payload):
             raise ValueError("shuffle payload has trailing bytes")
-        return np.ascontiguousarray(out.T).tobytes()
 
 
 SHUFFLE_ZSTD = ShuffleZstdCodec()
