@@ -1,0 +1,555 @@
+"""Golden tests for the on-disk format (docs/format.md).
+
+Three kinds of checks:
+
+- every frozen fixture under ``tests/data/`` stays readable and unchanged
+  (old stores must stay readable forever);
+- today's encoder reproduces the newest fixture byte for byte, and the byte
+  layouts are pinned here by hand (independently of the code's constants),
+  so a format change cannot happen by accident;
+- objects that carry a format version newer than this release reads are
+  refused with :class:`FormatVersionError`, never returned as data.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import blake3
+import numpy as np
+import pytest
+import zstandard
+
+import chunkstore
+from chunkstore import plaindata
+from chunkstore.chunkobj import (
+    CHUNK_FORMAT_VERSION,
+    ChunkHeader,
+    decode_object,
+    encode_object,
+    parse_header,
+)
+from chunkstore.codecs import RAW, SHUFFLE_ZSTD, ZSTD
+from chunkstore.digest import Digest, chunk_key, node_key, tag_key, version_key
+from chunkstore.errors import ChunkStoreError, CorruptChunkError, FormatVersionError
+from chunkstore.manifest import (
+    NODE_FORMAT_VERSION,
+    DataEntry,
+    Shard,
+    TensorEntry,
+    TreeNode,
+    decode_data,
+    decode_tree,
+    encode_data,
+    encode_tree,
+)
+from chunkstore.records import (
+    RECORD_FORMAT_VERSION,
+    STORE_FORMAT_VERSION,
+    CommitRecord,
+    StoreConfig,
+)
+from chunkstore.tree import flatten
+from chunkstore.writer import entry_from_record
+from tests.conftest import tree_snapshot
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = REPO / "tests" / "data"
+TOOL = REPO / "tools" / "make_format_fixture.py"
+FIXTURE_NAMES = sorted((p.name.removesuffix(".expected.json")
+                        for p in DATA.glob("store-v*.expected.json")),
+                       key=lambda n: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", n)])
+CURRENT_VERSIONS = {"store": STORE_FORMAT_VERSION, "record": RECORD_FORMAT_VERSION,
+                    "node": NODE_FORMAT_VERSION, "chunk": CHUNK_FORMAT_VERSION}
+BLAKE3_OF_NOTHING = "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"
+
+
+def _expected(name: str) -> dict[str, Any]:
+    result: dict[str, Any] = json.loads((DATA / f"{name}.expected.json").read_text())
+    return result
+
+
+def _current_fixture() -> str | None:
+    """The newest fixture written with the format versions this release writes."""
+    matching = [n for n in FIXTURE_NAMES if _expected(n)["format_versions"] == CURRENT_VERSIONS]
+    return matching[-1] if matching else None
+
+
+def _load_tool() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("make_format_fixture", TOOL)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _copy_fixture(name: str, tmp_path: Path) -> Path:
+    """A private copy: opening a store creates its index inside it, never in the repo."""
+    copy = tmp_path / name
+    shutil.copytree(DATA / name, copy)
+    return copy
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def v1_copy(tmp_path: Path) -> Path:
+    return _copy_fixture("store-v1", tmp_path)
+
+
+@pytest.fixture
+def v1_store(v1_copy: Path) -> Iterator[chunkstore.Store]:
+    with chunkstore.open(v1_copy, create=False) as store:
+        yield store
+
+
+def test_fixture_set_is_complete() -> None:
+    assert "store-v1" in FIXTURE_NAMES
+    for name in FIXTURE_NAMES:
+        assert (DATA / name / "chunkstore.json").is_file(), name
+
+
+# --- (a) every fixture stays readable ------------------------------------------------------
+
+
+def _check_entries(reader: Any, entries: dict[str, Any]) -> None:
+    assert reader.names() == sorted(entries)
+    for name, want in entries.items():
+        if want["kind"] == "data":
+            assert plaindata.to_tree(reader.get_data(name)) == want["value"], name
+            continue
+        array = reader.get(name)
+        assert chunkstore.dtypes.dtype_name(array.dtype) == want["dtype"], name
+        assert list(array.shape) == want["shape"], name
+        assert array.nbytes == want["nbytes"], name
+        assert blake3.blake3(array.tobytes()).hexdigest() == want["blake3"], name
+
+
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
+def test_fixture_reads_back_exactly(name: str, tmp_path: Path) -> None:
+    expected = _expected(name)
+    root = _copy_fixture(name, tmp_path)
+    before = tree_snapshot(root)
+    with chunkstore.open(root, create=False) as store:
+        assert store.chunk_size == expected["chunk_size"]
+        assert [v.id for v in store.versions()] == [v["id"] for v in expected["versions"]]
+        parent = None
+        for want in expected["versions"]:
+            info = store.resolve(f"{want['run']}@{want['step']}")
+            assert (info.id, info.run, info.step) == (want["id"], want["run"], want["step"])
+            assert plaindata.to_tree(info.meta) == want["meta"]
+            assert info.parent == parent
+            parent = info.id
+            _check_entries(store.open_version(info.id), want["entries"])
+        for tag, selector in expected["tags"].items():
+            assert store.resolve(tag).id == store.resolve(selector).id
+            assert store.tags() == {tag: store.resolve(selector).id}
+        result = store.verify()
+        assert result.ok, result.to_json()
+        assert result.versions_checked == len(expected["versions"])
+        assert result.chunks_checked == sum(expected["codec_counts"].values())
+    assert tree_snapshot(root) == before, "reading a store must not change it"
+
+
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
+def test_fixture_index_is_rebuildable(name: str, tmp_path: Path) -> None:
+    """The LMDB index is a cache: rebuilt from the objects alone, the store verifies."""
+    expected = _expected(name)
+    with chunkstore.open(_copy_fixture(name, tmp_path), create=False) as store:
+        rebuilt = store.rebuild_index()
+        assert rebuilt.versions == len(expected["versions"])
+        assert rebuilt.skipped == []
+        assert rebuilt.unreferenced_chunks == 0
+        assert store.verify().ok
+        assert store.tags() == {t: store.resolve(s).id for t, s in expected["tags"].items()}
+
+
+def test_records_reencode_to_their_own_bytes(v1_store: chunkstore.Store) -> None:
+    """Decoding then encoding a commit record gives back its bytes and its id."""
+    for info in v1_store.versions():
+        stored = v1_store.backend.get(version_key(info.id))
+        version_id, data = v1_store.read_record(info.id).encode()
+        assert (version_id, data) == (info.id, stored)
+
+
+# --- (b) the fixtures themselves never change ----------------------------------------------
+
+
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
+def test_fixture_objects_are_unchanged(name: str) -> None:
+    expected = _expected(name)["objects"]
+    actual = {key: blake3.blake3(data).hexdigest()
+              for key, data in _files(DATA / name).items()}
+    assert sorted(actual) == sorted(expected), "objects added to or removed from the fixture"
+    changed = sorted(key for key in expected if actual[key] != expected[key])
+    assert changed == [], f"fixture objects edited (never edit a fixture): {changed}"
+
+
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
+def test_fixture_objects_carry_their_format_versions(name: str) -> None:
+    """Each object states the version its fixture was written with, and is named by its hash."""
+    expected = _expected(name)
+    versions, root = expected["format_versions"], DATA / name
+    config = json.loads((root / "chunkstore.json").read_bytes())
+    assert (config["format"], config["format_version"]) == ("chunkstore", versions["store"])
+    census: dict[int, int] = {}
+    for path in (root / "chunks").rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            assert (data[:4], data[4]) == (b"CSCK", versions["chunk"]), path.name
+            census[data[5]] = census.get(data[5], 0) + 1
+    codec_ids = {"raw": 0, "zstd": 1, "shuffle-zstd": 2}
+    assert census == {codec_ids[n]: c for n, c in expected["codec_counts"].items()}
+    for path in (root / "nodes").rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            assert blake3.blake3(data).hexdigest() == path.name
+            assert path.parent.name == path.name[:2]
+            assert json.loads(data)["format_version"] == versions["node"]
+    for path in (root / "versions").iterdir():
+        data = path.read_bytes()
+        assert blake3.blake3(data).hexdigest() == path.name
+        record = json.loads(data)
+        assert (record["format"], record["format_version"]) == ("chunkstore.version",
+                                                                 versions["record"])
+
+
+# --- (c) today's encoder reproduces the current fixture byte for byte ----------------------
+
+
+def _chunk_difference(key: str, want: bytes, got: bytes) -> str:
+    """Say whether a chunk differs in its header/codec choice or only in compressed bytes."""
+    if got[:16] != want[:16]:
+        return (f"{key}: header differs ({want[:24].hex()} -> {got[:24].hex()}): another"
+                " codec, element size or length (see docs/format.md, Changing the format)")
+    digest = Digest.parse(key.rsplit("/", 1)[-1])
+    try:
+        same = bytes(decode_object(digest, got)) == bytes(decode_object(digest, want))
+    except ChunkStoreError as exc:
+        return f"{key}: does not decode: {exc}"
+    return (f"{key}: same header and content, other compressed bytes"
+            f" ({len(want)} -> {len(got)} bytes{'' if same else ', CONTENT DIFFERS'});"
+            f" zstandard {zstandard.__version__} (libzstd {zstandard.ZSTD_VERSION})")
+
+
+@pytest.fixture(scope="module")
+def rebuilt_current(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    name = _current_fixture()
+    if name is None:
+        pytest.fail(f"no fixture pins format versions {CURRENT_VERSIONS}: a format version"
+                    " was bumped, so add a new fixture (tools/make_format_fixture.py --name"
+                    " store-vN) and keep the old ones")
+    root = tmp_path_factory.mktemp("golden") / name
+    _load_tool().build(root)
+    return name, root
+
+
+def test_encoder_reproduces_manifest_nodes(rebuilt_current: tuple[str, Path]) -> None:
+    name, root = rebuilt_current
+    want = {k: v for k, v in _files(DATA / name).items() if k.startswith("nodes/")}
+    got = {k: v for k, v in _files(root).items() if k.startswith("nodes/")}
+    assert sorted(got) == sorted(want)
+    changed = [k for k in want if got[k] != want[k]]
+    assert not changed, f"manifest nodes encode differently: {changed}"
+
+
+def test_encoder_reproduces_chunk_objects(rebuilt_current: tuple[str, Path]) -> None:
+    name, root = rebuilt_current
+    want = {k: v for k, v in _files(DATA / name).items() if k.startswith("chunks/")}
+    got = {k: v for k, v in _files(root).items() if k.startswith("chunks/")}
+    assert sorted(got) == sorted(want), "other chunk keys: the chunking changed"
+    differences = [_chunk_difference(k, want[k], got[k]) for k in want if got[k] != want[k]]
+    assert not differences, "\n".join(differences)
+
+
+def test_encoder_reproduces_records_config_and_tags(rebuilt_current: tuple[str, Path]) -> None:
+    """Records, config and tags carry creation times; every other field is reproduced."""
+    name, root = rebuilt_current
+
+    def loaded(base: Path, prefix: str) -> list[dict[str, Any]]:
+        docs = [json.loads(v) for k, v in _files(base).items() if k.startswith(prefix)]
+        for doc in docs:
+            for volatile in ("created", "parent", "version"):
+                doc.pop(volatile, None)
+        return sorted(docs, key=lambda d: json.dumps(d, sort_keys=True))
+
+    for prefix in ("versions/", "chunkstore.json", "tags/"):
+        assert loaded(root, prefix) == loaded(DATA / name, prefix), prefix
+
+
+# --- (d) byte layouts pinned by hand, independent of the code's constants -----------------
+
+
+def _hand_header(codec_id: int, element_size: int, raw_length: int, payload_length: int,
+                 flags: int = 0) -> bytes:
+    return (b"CSCK" + bytes([1, codec_id, element_size, flags])
+            + raw_length.to_bytes(8, "little") + payload_length.to_bytes(8, "little"))
+
+
+def test_chunk_header_layout_raw() -> None:
+    raw = bytes(range(12))
+    hand = _hand_header(0, 4, 12, 12) + raw
+    assert len(hand) == 24 + 12
+    assert encode_object(ChunkHeader(RAW.id, 4, 12, 12), RAW.encode(memoryview(raw), 4)) == hand
+    assert bytes(decode_object(Digest.of(raw), hand)) == raw
+
+
+def test_chunk_header_layout_zstd() -> None:
+    raw = b"abcd" * 64
+    payload = zstandard.ZstdCompressor(level=1, write_content_size=True).compress(raw)
+    hand = _hand_header(1, 1, len(raw), len(payload)) + payload
+    assert encode_object(ChunkHeader(ZSTD.id, 1, len(raw), len(payload)),
+                         ZSTD.encode(memoryview(raw), 1)) == hand
+    assert bytes(decode_object(Digest.of(raw), hand)) == raw
+
+
+def test_chunk_header_layout_with_base_key() -> None:
+    base = Digest.of(b"base")
+    head = ChunkHeader(0, 2, 4, 4, base).pack()
+    assert head == _hand_header(0, 2, 4, 4, flags=1) + base.raw
+    parsed = parse_header(Digest.of(b"wxyz"), head + b"wxyz")
+    assert (parsed.base, parsed.size, parsed.payload_length) == (base, 56, 4)
+    assert bytes(decode_object(Digest.of(b"wxyz"), head + b"wxyz")) == b"wxyz"
+
+
+def _shuffle_payload(raw: bytes, element_size: int) -> bytes:
+    """Plane i holds byte i of every element; a plane that zstd does not shrink stays raw."""
+    planes = [raw[i::element_size] for i in range(element_size)]
+    table, bodies = bytearray([element_size]), b""
+    for plane in planes:
+        packed = zstandard.ZstdCompressor(level=1, write_content_size=True).compress(plane)
+        mode, body = (1, packed) if len(packed) < len(plane) else (0, plane)
+        table += bytes([mode]) + len(body).to_bytes(4, "little")
+        bodies += body
+    return bytes(table) + bodies
+
+
+@pytest.mark.parametrize("element_size", [2, 4, 8])
+def test_shuffle_payload_layout(element_size: int) -> None:
+    # 2048 elements: byte 0 noisy (kept raw), the rest constant or smooth (compressed).
+    rng = np.random.default_rng(element_size)
+    elements = np.zeros((2048, element_size), dtype=np.uint8)
+    elements[:, 0] = rng.integers(0, 256, 2048, dtype=np.uint8)
+    elements[:, -1] = np.arange(2048) // 256
+    raw = elements.tobytes()
+    hand = _shuffle_payload(raw, element_size)
+    modes = [hand[1 + 5 * i] for i in range(element_size)]
+    assert modes[0] == 0 and modes[-1] == 1, "the test data must exercise both plane modes"
+    assert bytes(SHUFFLE_ZSTD.encode(memoryview(raw), element_size)) == hand
+    obj = _hand_header(2, element_size, len(raw), len(hand)) + hand
+    assert bytes(decode_object(Digest.of(raw), obj)) == raw
+
+
+def test_key_layout() -> None:
+    empty = Digest.parse(BLAKE3_OF_NOTHING)
+    assert Digest.of(b"") == empty
+    assert chunk_key(empty) == f"chunks/af/{BLAKE3_OF_NOTHING}"
+    assert node_key(empty) == f"nodes/af/{BLAKE3_OF_NOTHING}"
+    assert version_key(BLAKE3_OF_NOTHING) == f"versions/{BLAKE3_OF_NOTHING}"
+    assert tag_key("best") == "tags/best"
+
+
+def test_store_config_bytes() -> None:
+    assert StoreConfig(4096, "auto", 1.25).encode() == (
+        b'{"chunk_size":4096,"compression":"auto","created":1.25,"format":"chunkstore",'
+        b'"format_version":1}')
+
+
+def test_tree_node_bytes() -> None:
+    d1, d2, d3 = (Digest(bytes([i]) * 32) for i in (1, 2, 3))
+    node = TreeNode(subtrees={"w": d1}, leaves={
+        "w": TensorEntry("float32", (2, 3), (Shard((0, 0), (2, 3), 4096, (d2,)),)),
+        "\u00e9": DataEntry(d3, 5),
+    })
+    digest, data = encode_tree(node)
+    assert data == (
+        '{"entries":{"w":{"tensor":{"dtype":"float32","shape":[2,3],"shards":[{"chunk_bytes":'
+        f'4096,"chunks":["{d2.hex}"],"offsets":[0,0],"sizes":[2,3]}}]}},"tree":"{d1.hex}"}},'
+        f'"\u00e9":{{"data":{{"nbytes":5,"node":"{d3.hex}"}}}}}},"format_version":1,'
+        '"kind":"tree"}').encode()
+    assert digest.hex == blake3.blake3(data).hexdigest()
+    assert decode_tree(digest, data) == node
+
+
+def test_data_node_bytes_and_tags() -> None:
+    value = {"a": [1, 2.5, None, True], "t": (1, "\u00e9"), "b": b"\x00\xff",
+             "f": [float("nan"), float("inf"), float("-inf")], "$k": 1}
+    digest, data, nbytes = encode_data(value)
+    payload = (b'{"$dict":[["a",[1,2.5,null,true]],["t",{"$tuple":[1,"\\u00e9"]}],'
+               b'["b",{"$bytes":"AP8="}],["f",[{"$float":"nan"},{"$float":"inf"},'
+               b'{"$float":"-inf"}]],["$k",1]]}')
+    assert data == b'{"format_version":1,"kind":"data","value":' + payload + b"}"
+    assert nbytes == len(payload)
+    assert digest.hex == blake3.blake3(data).hexdigest()
+    decoded = decode_data(digest, data)
+    assert plaindata.to_tree(decoded) == plaindata.to_tree(value)
+    assert plaindata.encode({1: {"x": 1}}) == b'{"$dict":[[1,{"x":1}]]}'
+
+
+def test_commit_record_bytes_and_id() -> None:
+    root = Digest(b"\x11" * 32)
+    record = CommitRecord(run="r", step=7, parent=None, created=1.5, root=root,
+                          meta={"k": (1, b"\x00"), "n": "\u00e9"}, logical_bytes=10,
+                          new_bytes=4, new_stored_bytes=30)
+    version_id, data = record.encode()
+    assert data == (
+        '{"created":1.5,"format":"chunkstore.version","format_version":1,"logical_bytes":10,'
+        '"meta":{"k":{"$tuple":[1,{"$bytes":"AA=="}]},"n":"\u00e9"},"new_bytes":4,'
+        f'"new_stored_bytes":30,"parent":null,"root":"{root.hex}","run":"r","step":7}}'
+    ).encode()
+    assert version_id == blake3.blake3(data).hexdigest()
+    assert CommitRecord.decode(version_id, data) == record
+
+
+# --- (e) newer format versions are refused, never read -------------------------------------
+
+
+def _bumped_json(data: bytes, version: int) -> bytes:
+    obj = json.loads(data)
+    obj["format_version"] = version
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=False).encode("utf-8")
+
+
+def _put(root: Path, key: str, data: bytes) -> None:
+    path = root / key
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+def _add_record(root: Path, record: CommitRecord, version: int | None = None) -> str:
+    version_id, data = record.encode()
+    if version is not None:
+        data = _bumped_json(data, version)
+        version_id = blake3.blake3(data).hexdigest()
+    _put(root, version_key(version_id), data)
+    return version_id
+
+
+def _first_record(root: Path) -> CommitRecord:
+    expected = _expected("store-v1")
+    version_id = expected["versions"][0]["id"]
+    return CommitRecord.decode(version_id, (root / version_key(version_id)).read_bytes())
+
+
+def test_newer_store_version_is_refused(v1_copy: Path) -> None:
+    config = v1_copy / "chunkstore.json"
+    config.write_bytes(_bumped_json(config.read_bytes(), STORE_FORMAT_VERSION + 1))
+    before = _files(v1_copy)
+    with pytest.raises(FormatVersionError) as info:
+        chunkstore.open(v1_copy, create=False)
+    assert (info.value.found, info.value.supported) == (STORE_FORMAT_VERSION + 1,
+                                                        STORE_FORMAT_VERSION)
+    assert _files(v1_copy) == before, "a refused store must not be touched (no index either)"
+
+
+def test_newer_record_version_is_refused(v1_copy: Path) -> None:
+    record = _first_record(v1_copy)
+    newer = _add_record(v1_copy, CommitRecord(**{**record.__dict__, "step": 99}),
+                        RECORD_FORMAT_VERSION + 1)
+    with chunkstore.open(v1_copy, create=False) as store:
+        assert newer not in {v.id for v in store.versions()}, "an unreadable version is listed"
+        with pytest.raises(FormatVersionError) as info:
+            store.read_record(newer)
+        assert info.value.found == RECORD_FORMAT_VERSION + 1
+        problems = store.verify().problems
+        assert [(p.kind, p.version) for p in problems] == [("format-version", newer)]
+        _check_entries(store.open_version("fmt@1"),
+                       _expected("store-v1")["versions"][0]["entries"])
+
+
+def test_newer_tree_node_version_is_refused(v1_copy: Path) -> None:
+    record = _first_record(v1_copy)
+    root_bytes = (v1_copy / node_key(record.root)).read_bytes()
+    newer_root = _bumped_json(root_bytes, NODE_FORMAT_VERSION + 1)
+    newer_digest = Digest.of(newer_root)
+    _put(v1_copy, node_key(newer_digest), newer_root)
+    version_id = _add_record(v1_copy, CommitRecord(**{**record.__dict__, "root": newer_digest,
+                                                      "step": 99}))
+    with pytest.raises(FormatVersionError):
+        decode_tree(newer_digest, newer_root)
+    with chunkstore.open(v1_copy, create=False) as store:
+        assert version_id not in {v.id for v in store.versions()}
+        with pytest.raises(FormatVersionError):
+            flatten(store.backend, newer_digest, store.node_cache)
+        info = store.info_from_entry(entry_from_record(version_id, store.read_record(version_id)))
+        with pytest.raises(FormatVersionError):
+            chunkstore.reader.VersionReader(store, info)
+        problems = store.verify().problems
+        assert [(p.kind, p.version) for p in problems] == [("format-version", version_id)]
+
+
+def test_newer_data_node_version_is_refused(v1_copy: Path) -> None:
+    newer = _bumped_json(encode_data({"epoch": 5})[1], NODE_FORMAT_VERSION + 1)
+    data_digest = Digest.of(newer)
+    _put(v1_copy, node_key(data_digest), newer)
+    root_digest, root = encode_tree(TreeNode(leaves={"trainer": DataEntry(data_digest, 11)}))
+    _put(v1_copy, node_key(root_digest), root)
+    record = _first_record(v1_copy)
+    _add_record(v1_copy, CommitRecord(**{**record.__dict__, "root": root_digest, "step": 99}))
+    with chunkstore.open(v1_copy, create=False) as store:
+        reader = store.open_version("fmt@99")
+        with pytest.raises(FormatVersionError) as info:
+            reader.get_data("trainer")
+        assert info.value.found == NODE_FORMAT_VERSION + 1
+
+
+def _bump_chunk(root: Path) -> tuple[str, bytes]:
+    """Raise the version byte of the first chunk of ``model.counts`` (fmt@1); keep its key."""
+    node = json.loads((root / node_key(_first_record(root).root)).read_bytes())
+    model = json.loads((root / node_key(Digest.parse(node["entries"]["model"]["tree"])))
+                       .read_bytes())
+    digest = model["entries"]["counts"]["tensor"]["shards"][0]["chunks"][0]
+    path = root / chunk_key(Digest.parse(digest))
+    data = bytearray(path.read_bytes())
+    data[4] = CHUNK_FORMAT_VERSION + 1
+    path.write_bytes(bytes(data))
+    return digest, bytes(data)
+
+
+def test_newer_chunk_version_is_never_returned(v1_copy: Path) -> None:
+    digest, data = _bump_chunk(v1_copy)
+    with pytest.raises(ChunkStoreError):
+        decode_object(Digest.parse(digest), data)
+    with chunkstore.open(v1_copy, create=False) as store:
+        with pytest.raises(ChunkStoreError):
+            store.open_version("fmt@1").get("model.counts")
+        assert store.open_version("fmt@1").get("head").shape == (3, 4)
+        assert not store.verify().ok
+
+
+@pytest.mark.xfail(raises=CorruptChunkError, strict=True,
+                   reason="chunkobj.parse_header reports a newer chunk format version as"
+                          " CorruptChunkError, not FormatVersionError")
+def test_newer_chunk_version_raises_format_version_error(v1_copy: Path) -> None:
+    digest, data = _bump_chunk(v1_copy)
+    with pytest.raises(FormatVersionError):
+        decode_object(Digest.parse(digest), data)
+    with chunkstore.open(v1_copy, create=False) as store:
+        with pytest.raises(FormatVersionError):
+            store.open_version("fmt@1").get("model.counts")
+        assert {p.kind for p in store.verify().problems} == {"format-version"}
+
+
+# Not strict: a fix to verify is under way; once it is in, drop this marker.
+@pytest.mark.xfail(raises=AssertionError, strict=False,
+                   reason="verify reads data nodes but never decodes or hash-checks them")
+def test_verify_reports_an_edited_data_node(v1_copy: Path) -> None:
+    record = _first_record(v1_copy)
+    root = decode_tree(record.root, (v1_copy / node_key(record.root)).read_bytes())
+    trainer = root.leaves["trainer"]
+    assert isinstance(trainer, DataEntry)
+    path = v1_copy / node_key(trainer.digest)
+    path.write_bytes(path.read_bytes().replace(b'"epoch":3', b'"epoch":5'))
+    with chunkstore.open(v1_copy, create=False) as store:
+        assert not store.verify().ok

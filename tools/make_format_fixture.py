@@ -1,0 +1,216 @@
+"""Build a small frozen store that pins on-disk format version 1 (see docs/format.md).
+
+The store under ``tests/data/store-v1/`` is committed to the repository and
+read by ``tests/test_format.py`` with every later release: old stores must stay
+readable.  ``tests/data/store-v1.expected.json`` records what a reader must get
+out of it (the BLAKE3 of each tensor's bytes, each plain-data value as tagged
+JSON, run/step/meta of each version, the tag) and the BLAKE3 of every object
+file, so an accidental edit of the fixture is caught too.
+
+Never regenerate an existing fixture after a format change: that would turn a
+pinned old format into the new one.  Build a new fixture (``--name store-v2``)
+and keep the old one.  Regenerating with an unchanged format yields the same
+chunk keys and the same manifest nodes; the store config, tag and commit
+records differ (they carry creation times, so the version ids differ too).
+
+Usage (from the repository root)::
+
+    python tools/make_format_fixture.py                 # refuses to overwrite
+    python tools/make_format_fixture.py --force         # same format, rebuilt
+    python tools/make_format_fixture.py --name store-v2 # after a format change
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import struct
+import sys
+from pathlib import Path
+from typing import Any, cast
+
+import blake3
+import ml_dtypes
+import numpy as np
+
+import chunkstore
+from chunkstore import plaindata
+from chunkstore.chunkobj import CHUNK_FORMAT_VERSION, HEADER
+from chunkstore.dtypes import dtype_name
+from chunkstore.manifest import NODE_FORMAT_VERSION
+from chunkstore.records import RECORD_FORMAT_VERSION, STORE_FORMAT_VERSION
+
+CHUNK_SIZE = 4096
+RUN = "fmt"
+TAG = "best"
+TAGGED_SELECTOR = f"{RUN}@1"
+DATA_DIR = Path(__file__).resolve().parent.parent / "tests" / "data"
+#: Codec ids every fixture must contain at least one chunk of: raw, zstd, shuffle-zstd.
+REQUIRED_CODECS = {0: "raw", 1: "zstd", 2: "shuffle-zstd"}
+MAX_FIXTURE_BYTES = 200_000
+
+
+def _noise(length: int, seed: bytes) -> np.ndarray:
+    """Incompressible bytes from BLAKE3's XOF: identical on every platform and numpy."""
+    return np.frombuffer(blake3.blake3(seed).digest(length=length), dtype=np.uint8).copy()
+
+
+def arrays_v1() -> dict[str, np.ndarray]:
+    """Arrays of the first version; exact arithmetic only, so the bytes never vary."""
+    steps = np.arange(3000, dtype=np.float32)
+    # Smooth floats with random low mantissa bytes: shuffle-zstd with planes
+    # kept raw (mode 0) next to planes compressed (mode 1).
+    smooth = (steps * np.float32(0.5) + np.float32(1000)).view(np.uint32)
+    smooth = (smooth & np.uint32(0xFFFFFF00)) | _noise(3000, b"smooth").astype(np.uint32)
+    return {
+        "model.embed.weight": smooth.view(np.float32).reshape(100, 30),
+        "model.embed.bias": (np.arange(2500, dtype=np.float32) / 4).astype(ml_dtypes.bfloat16),
+        "model.counts": (np.arange(1500, dtype=np.int64) % 97) * 1_000_003,  # zstd
+        "model.noise": _noise(6000, b"noise").reshape(60, 100),  # raw: incompressible
+        "model.mask": (np.arange(77) % 3 == 0).reshape(7, 11),
+        "model.layers.0.w": np.arange(-60, 60, dtype=np.int16).reshape(2, 3, 20),
+        "model.layers.1.w": np.arange(24, dtype=np.complex64).reshape(4, 6) * (1 + 2j),
+        "head": np.arange(12, dtype=np.float64).reshape(3, 4) / 8,
+        "empty": np.zeros((0, 3), dtype=np.float16),
+        "scalar": np.array(2.5, dtype=np.float64),
+        "big.endian": np.arange(10, dtype=">u4"),  # stored little-endian, as uint32
+    }
+
+
+def data_v1() -> dict[str, object]:
+    """Plain data of the first version: every tag of the safe encoding appears."""
+    return {
+        "trainer": {
+            "epoch": 3, "lr": 1e-4, "name": "h\u00e9llo \u2713", "none": None,
+            "flags": [True, False], "betas": (0.9, 0.999), "blob": b"\x00\x01\xfe\xff",
+            "nan": float("nan"), "inf": float("inf"), "ninf": float("-inf"),
+            "big": 2**70, "neg": -7,
+        },
+        "optimizer.state": {0: {"step": 10, "exp_avg_shape": (3, 4)}, 1: {"step": 10}},
+        "rng": ("MT19937", (1, 2, 3), None),
+        "head.scale": {"$literal": "dollar keys force the $dict tag", (1, "a"): b"k"},
+        "empty.data": {},
+    }
+
+
+def version_2(arrays: dict[str, np.ndarray], data: dict[str, object]
+              ) -> tuple[dict[str, np.ndarray], dict[str, object]]:
+    """The second version: most entries unchanged (shared), one chunk changed, one added."""
+    arrays = dict(arrays)
+    counts = arrays["model.counts"].copy()
+    counts[:10] = -1  # touches the first chunk only
+    arrays["model.counts"] = counts
+    arrays["extra"] = np.arange(5, dtype=np.uint8)
+    data = dict(data)
+    trainer = dict(cast("dict[str, object]", data["trainer"]))
+    trainer["epoch"] = 4
+    data["trainer"] = trainer
+    return arrays, data
+
+
+def _tensor_expectation(array: np.ndarray) -> dict[str, Any]:
+    little = array.astype(array.dtype.newbyteorder("<")) if array.dtype.byteorder == ">" else array
+    little = np.ascontiguousarray(little)
+    return {"kind": "tensor", "dtype": dtype_name(little.dtype),
+            "shape": list(array.shape), "nbytes": little.nbytes,
+            "blake3": blake3.blake3(little.tobytes()).hexdigest()}
+
+
+def _write_version(store: chunkstore.Store, step: int, arrays: dict[str, np.ndarray],
+                   data: dict[str, object], meta: dict[str, object]) -> dict[str, Any]:
+    with store.new_version(run=RUN, step=step, meta=meta) as version:
+        for name, array in arrays.items():
+            version.put(name, array)
+        for name, value in data.items():
+            version.put_data(name, value)
+    entries: dict[str, Any] = {name: _tensor_expectation(a) for name, a in arrays.items()}
+    for name, value in data.items():
+        entries[name] = {"kind": "data", "value": plaindata.to_tree(value)}
+    return {"id": version.info.id, "run": RUN, "step": step,
+            "meta": plaindata.to_tree(meta), "entries": dict(sorted(entries.items()))}
+
+
+def _object_digests(root: Path) -> dict[str, str]:
+    return {p.relative_to(root).as_posix(): blake3.blake3(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _codec_census(root: Path) -> tuple[dict[str, int], set[int]]:
+    """Chunk objects per codec name, and the shuffle plane modes seen."""
+    counts: dict[str, int] = {}
+    modes: set[int] = set()
+    for path in sorted((root / "chunks").rglob("*")):
+        if not path.is_file():
+            continue
+        data = path.read_bytes()
+        codec_id, element_size = data[5], data[6]
+        name = REQUIRED_CODECS.get(codec_id, str(codec_id))
+        counts[name] = counts.get(name, 0) + 1
+        if codec_id == 2:
+            modes.update(struct.unpack_from("<B", data, HEADER.size + 1 + 5 * i)[0]
+                         for i in range(element_size))
+    return dict(sorted(counts.items())), modes
+
+
+def build(root: Path) -> dict[str, Any]:
+    """Create the fixture store at ``root`` (must not exist); return the expectations."""
+    arrays, data = arrays_v1(), data_v1()
+    versions = []
+    with chunkstore.open(root, chunk_size=CHUNK_SIZE, compression="auto") as store:
+        meta: dict[str, object] = {"code_rev": "0123abc", "dataset": ("toy", 2),
+                                   "note": "format fixture"}
+        versions.append(_write_version(store, 1, arrays, data, meta))
+        arrays, data = version_2(arrays, data)
+        versions.append(_write_version(store, 2, arrays, data, {"code_rev": "4567def"}))
+        store.tag(TAGGED_SELECTOR, TAG)
+        result = store.verify()
+        if not result.ok:
+            raise SystemExit(f"the new fixture does not verify: {result.to_json()}")
+    # The index is a cache, rebuilt on open: it is not part of the format.
+    shutil.rmtree(root / "index")
+    codec_counts, plane_modes = _codec_census(root)
+    missing = set(REQUIRED_CODECS.values()) - set(codec_counts)
+    if missing or plane_modes != {0, 1}:
+        raise SystemExit(f"fixture lacks codecs {sorted(missing)} or shuffle plane modes"
+                         f" (saw {sorted(plane_modes)}); adjust the arrays")
+    return {
+        "generator": "tools/make_format_fixture.py",
+        "format_versions": {"store": STORE_FORMAT_VERSION, "record": RECORD_FORMAT_VERSION,
+                            "node": NODE_FORMAT_VERSION, "chunk": CHUNK_FORMAT_VERSION},
+        "chunk_size": CHUNK_SIZE,
+        "codec_counts": codec_counts,
+        "versions": versions,
+        "tags": {TAG: TAGGED_SELECTOR},
+        "objects": _object_digests(root),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=DATA_DIR, help="folder for the fixture")
+    parser.add_argument("--name", default=f"store-v{STORE_FORMAT_VERSION}",
+                        help="fixture name (a new one for every format change)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace an existing fixture (only when the format is unchanged)")
+    args = parser.parse_args(argv)
+    root = args.out / args.name
+    expected_path = args.out / f"{args.name}.expected.json"
+    if root.exists() or expected_path.exists():
+        if not args.force:
+            print(f"{root} exists; old fixtures pin old formats. Pass --force only if the"
+                  " format is unchanged.", file=sys.stderr)
+            return 1
+        shutil.rmtree(root, ignore_errors=True)
+    expected = build(root)
+    expected_path.write_text(json.dumps(expected, indent=1, sort_keys=True) + "\n")
+    size = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+    print(f"wrote {root} ({len(expected['objects'])} objects, {size} bytes,"
+          f" chunks per codec {expected['codec_counts']}) and {expected_path}")
+    if size > MAX_FIXTURE_BYTES:
+        print(f"warning: the fixture is over {MAX_FIXTURE_BYTES} bytes", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
