@@ -138,7 +138,7 @@ def decode_data(digest: Digest, data: bytes) -> Any:
     body = _parse(digest, data, "data")
     try:
         return plaindata.from_tree(body["value"])
-    except (KeyError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError) as exc:
         raise CorruptNodeError(digest.hex, f"malformed plain data: {exc}") from exc
 
 
@@ -166,4 +166,29 @@ def _tensor_from_json(obj: dict[str, Any]) -> TensorEntry:
               int(s["chunk_bytes"]), tuple(Digest.parse(c) for c in s["chunks"]))
         for s in obj["shards"]
     )
-    return TensorEntry(obj["dtype"], tuple(int(x) for x in obj["shape"]), shards)
+    entry = TensorEntry(obj["dtype"], tuple(int(x) for x in obj["shape"]), shards)
+    _check_tensor(entry)
+    return entry
+
+
+def _check_tensor(entry: TensorEntry) -> None:
+    """Refuse a tensor entry whose shards do not fit its shape or whose chunks do not
+    cover exactly its bytes: reading it would leave part of the result unwritten."""
+    itemsize = element_size(entry.dtype)
+    if any(n < 0 for n in entry.shape):
+        raise ValueError(f"negative dimension in shape {list(entry.shape)}")
+    for shard in entry.shards:
+        dims = len(entry.shape)
+        if len(shard.offsets) != dims or len(shard.sizes) != dims:
+            raise ValueError("shard offsets/sizes do not match the tensor's rank")
+        for off, size, full in zip(shard.offsets, shard.sizes, entry.shape, strict=True):
+            if off < 0 or size < 0 or off + size > full:
+                raise ValueError(f"shard box {list(shard.offsets)}+{list(shard.sizes)} lies"
+                                 f" outside shape {list(entry.shape)}")
+        if shard.chunk_bytes <= 0 or shard.chunk_bytes % itemsize:
+            raise ValueError(f"chunk_bytes {shard.chunk_bytes} is not a positive multiple of"
+                             f" the element size {itemsize}")
+        expected = -(-shard.nbytes(itemsize) // shard.chunk_bytes)
+        if len(shard.chunks) != expected:
+            raise ValueError(f"shard of {shard.nbytes(itemsize)} bytes in {shard.chunk_bytes}"
+                             f"-byte chunks needs {expected} chunk keys, has {len(shard.chunks)}")

@@ -124,7 +124,10 @@ def _untag(tag: str, body: Any) -> Any:
     if tag == "$bytes" and isinstance(body, str):
         return base64.b64decode(body.encode("ascii"), validate=True)
     if tag == "$dict" and isinstance(body, list):
-        return {_freeze(_from_json(k)): _from_json(v) for k, v in body}
+        try:
+            return {_freeze(_from_json(k)): _from_json(v) for k, v in body}
+        except TypeError as exc:  # an unhashable key, or a pair that is not a pair
+            raise ValueError(f"malformed $dict: {exc}") from exc
     raise ValueError(f"unknown or malformed tag {tag!r}")
 
 
