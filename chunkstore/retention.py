@@ -1,0 +1,168 @@
+"""Retention policies: which versions of a run to keep.
+
+In the style of Orbax's preservation policies, policies compose by union: a
+version is kept when any policy keeps it.  Tags pin versions.  Two safety
+rules hold whatever the policies say: the newest version is always kept
+(the caller keeps the newest one that *verifies*, see :func:`plan_prune`),
+and at least ``min_previous`` older versions are kept behind it, so a
+damaged newest checkpoint always has a known-good predecessor.
+
+Everything here is pure: versions in, a decision out.  Applying it
+(unpublishing the dropped versions) is :meth:`chunkstore.Store.prune`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from chunkstore.errors import InvalidSettingError
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d|w)?\s*$")
+_UNIT_S = {None: 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(value: object) -> float:
+    """Seconds from a number, a ``datetime.timedelta`` or text such as ``30m``, ``1h``, ``2d``."""
+    seconds = getattr(value, "total_seconds", None)
+    if callable(seconds):
+        result = float(seconds())
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        result = float(value)
+    elif isinstance(value, str) and (match := _DURATION.match(value.lower())):
+        result = float(match.group(1)) * _UNIT_S[match.group(2)]
+    else:
+        raise InvalidSettingError(f"{value!r} is not a duration (examples: 90, '30m', '1h',"
+                                  " '2d', '1w', a timedelta)")
+    if not math.isfinite(result) or result < 0:
+        raise InvalidSettingError(f"duration {value!r} must be finite and not negative")
+    return result
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """What retention needs to know about one version."""
+
+    id: str
+    step: int
+    created: float
+    meta: dict[str, Any] = field(default_factory=dict)
+    tags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The composable retention policies; ``None`` switches one off.
+
+    ``keep_best`` is ``(metric, n)`` or ``(metric, n, "min" | "max")``
+    (default ``"min"``, as for a loss); the metric is read from the
+    version's metadata, either at the top level or under ``"metrics"``.
+    """
+
+    keep_last: int | None = None
+    keep_every: int | None = None
+    keep_within: float | None = None
+    keep_best: tuple[Any, ...] | None = None
+    min_previous: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("keep_last", "keep_every"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise InvalidSettingError(f"{name} must be a positive integer, got {value!r}")
+        if self.keep_within is not None:
+            object.__setattr__(self, "keep_within", parse_duration(self.keep_within))
+        if self.keep_best is not None:
+            self._check_best(self.keep_best)
+        if isinstance(self.min_previous, bool) or not isinstance(self.min_previous, int) \
+                or self.min_previous < 0:
+            raise InvalidSettingError(f"min_previous must be 0 or more, got {self.min_previous!r}")
+
+    @staticmethod
+    def _check_best(best: tuple[Any, ...]) -> None:
+        ok = (isinstance(best, tuple) and len(best) in (2, 3) and isinstance(best[0], str)
+              and best[0] and isinstance(best[1], int) and not isinstance(best[1], bool)
+              and best[1] >= 1 and (len(best) == 2 or best[2] in ("min", "max")))
+        if not ok:
+            raise InvalidSettingError(f"keep_best must be (metric, n) or (metric, n, 'min'|'max')"
+                                      f" with n >= 1, got {best!r}")
+
+    @property
+    def empty(self) -> bool:
+        return (self.keep_last, self.keep_every, self.keep_within, self.keep_best) == (
+            None, None, None, None)
+
+
+def metric_of(meta: dict[str, Any], name: str) -> float | None:
+    """The numeric metric ``name`` from a version's metadata, or None."""
+    for source in (meta, meta.get("metrics")):
+        if isinstance(source, dict) and name in source:
+            value = source[name]
+            if isinstance(value, (int, float)) and not isinstance(value, bool) \
+                    and math.isfinite(value):
+                return float(value)
+    return None
+
+
+@dataclass
+class Decision:
+    """For each version id, why it is kept; the rest are dropped."""
+
+    keep: dict[str, list[str]] = field(default_factory=dict)
+    drop: list[str] = field(default_factory=list)
+
+
+def _safety_reasons(ordered: Sequence[Candidate], good: int, min_previous: int
+                    ) -> dict[str, list[str]]:
+    reasons: dict[str, list[str]] = {v.id: [] for v in ordered}
+    for i, v in enumerate(ordered):
+        if i > good:
+            reasons[v.id].append("newer than the newest verified version")
+        elif i == good:
+            reasons[v.id].append("newest verified version")
+        elif i >= good - min_previous:
+            reasons[v.id].append("previous known-good version")
+        if v.tags:
+            reasons[v.id].append("tagged " + ", ".join(v.tags))
+    return reasons
+
+
+def _best(ordered: Sequence[Candidate], best: tuple[Any, ...]) -> list[Candidate]:
+    metric, n = best[0], best[1]
+    descending = len(best) == 3 and best[2] == "max"
+    scored = [(m, v) for v in ordered if (m := metric_of(v.meta, metric)) is not None]
+    scored.sort(key=lambda mv: (-mv[0] if descending else mv[0], -mv[1].step))
+    return [v for _, v in scored[:n]]
+
+
+def decide(versions: Sequence[Candidate], policy: Policy, now: float,
+           newest_good: str | None = None) -> Decision:
+    """Apply ``policy`` to one run's versions (any order).
+
+    ``newest_good`` is the id of the newest version that verifies (default:
+    the newest); it and ``policy.min_previous`` versions older than it are
+    always kept, as is everything newer than it.
+    """
+    ordered = sorted(versions, key=lambda v: (v.step, v.created, v.id))
+    good = next((i for i, v in enumerate(ordered) if v.id == newest_good), len(ordered) - 1)
+    reasons = _safety_reasons(ordered, good, policy.min_previous)
+    if policy.keep_last is not None:
+        for v in ordered[-policy.keep_last:]:
+            reasons[v.id].append(f"keep_last={policy.keep_last}")
+    if policy.keep_every is not None:
+        for v in ordered:
+            if v.step % policy.keep_every == 0:
+                reasons[v.id].append(f"keep_every={policy.keep_every}")
+    if policy.keep_within is not None:
+        for v in ordered:
+            if v.created >= now - policy.keep_within:
+                reasons[v.id].append(f"keep_within={policy.keep_within:g}s")
+    if policy.keep_best is not None:
+        for v in _best(ordered, policy.keep_best):
+            reasons[v.id].append(f"keep_best={policy.keep_best[0]}")
+    return Decision(keep={i: r for i, r in reasons.items() if r},
+                    drop=[v.id for v in ordered if not reasons[v.id]])
