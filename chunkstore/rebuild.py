@@ -46,6 +46,11 @@ def _chunk_info(store: Store, digest: Digest) -> NewChunk | None:
     return NewChunk(digest, header.codec_id, header.raw_length, size)
 
 
+def _needs_info(store: Store, digest: Digest) -> bool:
+    record = store.index.chunk(digest)
+    return record is None or record.state == ChunkState.WRITING
+
+
 def count_in(store: Store, version_id: str) -> bool:
     """Add a version found on the backend to the index; False if it cannot be read."""
     try:
@@ -55,7 +60,9 @@ def count_in(store: Store, version_id: str) -> bool:
         log.warning("version %s is not readable, left out of the index: %s", version_id[:12], exc)
         return False
     refs = flat.chunk_digests()
-    unknown = [d for d in refs if store.index.chunk(d) is None]
+    # A chunk still WRITING was claimed by a save that died before its index
+    # update (killed after the commit record): its size is known only here.
+    unknown = [d for d in refs if _needs_info(store, d)]
     new_chunks = [c for c in store.executor.map(lambda d: _chunk_info(store, d), unknown) if c]
     nodes = dict.fromkeys(flat.tree_nodes | flat.data_nodes(), 0)
     store.index.add_version(entry_from_record(version_id, record), refs, nodes, new_chunks)

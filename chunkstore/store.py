@@ -46,7 +46,7 @@ from chunkstore.records import (
     CommitRecord,
     StoreConfig,
 )
-from chunkstore.tree import NodeCache
+from chunkstore.tree import NodeCache, flatten
 from chunkstore.writer import VersionWriter
 
 if TYPE_CHECKING:
@@ -260,8 +260,22 @@ class Store:
             raise AmbiguousSelectorError(selector, f"matches {len(matches)} versions; use more"
                                          " characters")
         if not matches:
+            if is_hex_digest(prefix):
+                self._explain_unlisted(prefix)
             raise SelectorError(selector, "no version id starts with it")
         return matches[0]
+
+    def _explain_unlisted(self, version_id: str) -> None:
+        """Raise the typed error that keeps a committed version out of the index.
+
+        Opening the store leaves out versions it cannot read (a newer format,
+        a damaged record or tree); naming one by id says why, not "no such id".
+        """
+        try:
+            record = self.read_record(version_id)
+        except FileNotFoundError:
+            return
+        flatten(self.backend, record.root, self.node_cache)
 
     def open_version(self, selector: str) -> VersionReader:
         """Open a version for reading; its manifest is loaded and hash-checked now."""

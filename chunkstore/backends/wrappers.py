@@ -2,9 +2,9 @@
 
 Each wrapper implements the full :class:`Backend` interface by forwarding to
 ``inner`` and changes only what it is for: :class:`ReadOnlyBackend` refuses
-writes, :class:`KillAfterBackend` SIGKILLs the process before a chosen write
-(crash tests).  :func:`wrap_from_env` lets a test inject that fault into a
-store opened in a subprocess.
+writes, :class:`KillAfterBackend` SIGKILLs the process before (or just after)
+a chosen write (crash tests).  :func:`wrap_from_env` lets a test inject that
+fault into a store opened in a subprocess.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from chunkstore.errors import BackendError
 #: Environment variable read by :func:`wrap_from_env`.
 FAULT_ENV_VAR = "CHUNKSTORE_FAULT"
 _KILL_BEFORE_PUT = "kill-before-put"
+_KILL_AFTER_PUT = "kill-after-put"
 
 
 class ForwardingBackend(Backend):
@@ -101,57 +102,75 @@ class ReadOnlyBackend(ForwardingBackend):
 
 
 class KillAfterBackend(ForwardingBackend):
-    """Test-only fault injector: SIGKILL this process before a chosen write.
+    """Test-only fault injector: SIGKILL this process at a chosen write.
 
     The first ``count`` writes (``put``/``put_if_absent``) whose key starts
     with ``prefix`` go through; the next one kills the process *before*
     anything is written, so ``count=0`` dies at the first matching write.
+    With ``after=True`` that fatal write completes (durably) first and the
+    process dies right after it, before the caller sees it return: the
+    crash point between one write and whatever the caller does next.
     Other writes and all reads are untouched.
     """
 
-    def __init__(self, inner: Backend, prefix: str, count: int) -> None:
+    def __init__(self, inner: Backend, prefix: str, count: int, *, after: bool = False) -> None:
         if count < 0:
             raise ValueError(f"count must be >= 0, got {count}")
         super().__init__(inner)
         self.prefix = prefix
         self.count = count
+        self.after = after
         self._matched = 0
         self._lock = threading.Lock()
 
     def put(self, key: str, data: bytes | memoryview) -> None:
         """Kill the process if this is the fatal write, else forward."""
-        self._maybe_die(key)
+        fatal = self._is_fatal(key)
+        if fatal and not self.after:
+            _die()
         self.inner.put(key, data)
+        if fatal:
+            _die()
 
     def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
         """Kill the process if this is the fatal write, else forward."""
-        self._maybe_die(key)
-        return self.inner.put_if_absent(key, data)
+        fatal = self._is_fatal(key)
+        if fatal and not self.after:
+            _die()
+        created = self.inner.put_if_absent(key, data)
+        if fatal:
+            _die()
+        return created
 
-    def _maybe_die(self, key: str) -> None:
+    def _is_fatal(self, key: str) -> bool:
         if not key.startswith(self.prefix):
-            return
+            return False
         with self._lock:  # concurrent writers: exactly `count` matching writes pass
             self._matched += 1
-            if self._matched > self.count:
-                os.kill(os.getpid(), signal.SIGKILL)
+            return self._matched > self.count
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def wrap_from_env(backend: Backend, environ: Mapping[str, str] | None = None) -> Backend:
     """Wrap ``backend`` in the fault named by ``CHUNKSTORE_FAULT``, or return it unchanged.
 
-    The only fault is ``kill-before-put:<prefix>:<count>`` (see
-    :class:`KillAfterBackend`).  Unset or empty means no fault; anything else
-    raises ``ValueError`` so a typo never silently disables a crash test.
+    Faults are ``kill-before-put:<prefix>:<count>`` and
+    ``kill-after-put:<prefix>:<count>`` (see :class:`KillAfterBackend`).
+    Unset or empty means no fault; anything else raises ``ValueError`` so a
+    typo never silently disables a crash test.
     """
     spec = (os.environ if environ is None else environ).get(FAULT_ENV_VAR, "")
     if not spec:
         return backend
     kind, _, rest = spec.partition(":")
     prefix, sep, count_text = rest.rpartition(":")
-    if kind != _KILL_BEFORE_PUT or not sep or not count_text.isdigit():
+    if kind not in (_KILL_BEFORE_PUT, _KILL_AFTER_PUT) or not sep or not count_text.isdigit():
         raise ValueError(
-            f"{FAULT_ENV_VAR}={spec!r} is not understood;"
-            f" expected '{_KILL_BEFORE_PUT}:<key prefix>:<count >= 0>'"
+            f"{FAULT_ENV_VAR}={spec!r} is not understood; expected"
+            f" '{_KILL_BEFORE_PUT}:<key prefix>:<count >= 0>'"
+            f" or '{_KILL_AFTER_PUT}:<key prefix>:<count >= 0>'"
         )
-    return KillAfterBackend(backend, prefix, int(count_text))
+    return KillAfterBackend(backend, prefix, int(count_text), after=kind == _KILL_AFTER_PUT)

@@ -1,0 +1,61 @@
+"""A saving process for the crash tests: ``python tests/crash_child.py STORE FIRST [LAST]``.
+
+Saves run ``crash`` at steps FIRST..LAST (forever without LAST), each with
+:func:`make_state`, and prints ``saved <step> <version id>`` once a save has
+returned.  The parent kills it (or ``CHUNKSTORE_FAULT`` makes it kill
+itself) and then checks the store against :func:`make_state`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from typing import Any
+
+import numpy as np
+
+import chunkstore
+
+RUN = "crash"
+#: Worker threads of the saving store: bounds how many writes are in flight at a kill.
+THREADS = 4
+
+
+def make_state(step: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The arrays and plain data saved at ``step``: deterministic, several chunks each.
+
+    ``model.frozen`` is the same at every step (a dedup hit after the first
+    save); the rest changes, so every save writes new chunks and nodes.
+    """
+    frozen = np.random.default_rng(0).standard_normal(40_000).astype(np.float32)
+    rng = np.random.default_rng(1000 + step)
+    arrays = {
+        "model.frozen": frozen,
+        "model.w": rng.standard_normal((200, 200)).astype(np.float32),
+        "optim.m": rng.standard_normal(30_000),
+        "optim.count": np.arange(50_000, dtype=np.int32) * step,
+    }
+    data = {"step": step, "lr": 0.1 / (step + 1), "history": (step, "x", b"\x00\xff")}
+    return arrays, data
+
+
+def save(store: chunkstore.Store, step: int) -> chunkstore.VersionInfo:
+    arrays, data = make_state(step)
+    with store.new_version(run=RUN, step=step, meta={"step": step}) as version:
+        for name, array in arrays.items():
+            version.put(name, array)
+        version.put_data("trainer", data)
+    return version.info
+
+
+def main(argv: list[str]) -> None:
+    path, first = argv[0], int(argv[1])
+    steps = range(first, int(argv[2]) + 1) if len(argv) > 2 else itertools.count(first)
+    with chunkstore.open(path, threads=THREADS) as store:
+        for step in steps:
+            info = save(store, step)
+            print(f"saved {step} {info.id}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
