@@ -1,5 +1,43 @@
 """torch_bridge: PyTorch training state in and out of a chunkstore store.
 
-A thin adapter (capture state -> arrays + plain data -> chunkstore); the
-Checkpointer, exact resume and export arrive with their own issue.
+A thin adapter: capture state (tensors and plain data) -> chunkstore.
+
+>>> from torch_bridge import Checkpointer
+>>> with Checkpointer("ckpts/", run="exp1", keep_last=3, async_save=True) as ckpt:
+...     step = ckpt.restore(model=model, optimizer=opt) or 0
+...     ckpt.save(step, model=model, optimizer=opt)
+
+Names are imported lazily, so ``import torch_bridge.cli`` (and through it the
+``chunkstore`` command) loads torch only when a command needs it.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Checkpointer": "torch_bridge.checkpointer",
+    "ResumableSampler": "torch_bridge.sampler",
+    "save": "torch_bridge.functional",
+    "load": "torch_bridge.functional",
+    "export_safetensors": "torch_bridge.export",
+    "AsyncSaveError": "torch_bridge.errors",
+    "StateMismatchError": "torch_bridge.errors",
+    "StateNotFoundError": "torch_bridge.errors",
+    "NotAtUpdateBoundaryWarning": "torch_bridge.errors",
+    "RestoreFallbackWarning": "torch_bridge.errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'torch_bridge' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,69 @@
+"""Is the training state at an optimizer-step boundary?  Gradients tell.
+
+A global optimizer step hook records, for every parameter an optimizer
+updated, which gradient tensor (and which in-place version of it) the step
+consumed.  A save that finds a non-zero gradient the last step did not
+consume is between backward() and step() (or mid-accumulation): restoring it
+would not replay the update, so the save warns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils.weak import WeakIdKeyDictionary
+
+_consumed: WeakIdKeyDictionary = WeakIdKeyDictionary()
+_installed = False
+
+
+def _after_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            grad = param.grad
+            if grad is not None:
+                _consumed[param] = (id(grad), grad._version)
+
+
+def install() -> None:
+    """Register the step hook once per process (before the first step it should see)."""
+    global _installed
+    if not _installed:
+        register_optimizer_step_post_hook(_after_step)
+        _installed = True
+
+
+def _parameters(objects: Iterable[Any]) -> Iterator[tuple[str, torch.Tensor]]:
+    for key, obj in objects:
+        if isinstance(obj, torch.nn.Module):
+            for name, param in obj.named_parameters():
+                yield f"{key}.{name}", param
+        elif isinstance(obj, torch.optim.Optimizer):
+            for g, group in enumerate(obj.param_groups):
+                for i, param in enumerate(group["params"]):
+                    yield f"{key} group {g} parameter {i}", param
+
+
+def unapplied_gradients(objects: Iterable[tuple[str, Any]]) -> list[str]:
+    """Names of parameters holding non-zero gradients no optimizer step has consumed.
+
+    A parameter that an optimizer updated before the hook was installed (it
+    has optimizer state but no record) cannot be judged and is not reported.
+    """
+    objects = list(objects)
+    stepped = {id(p) for _, obj in objects if isinstance(obj, torch.optim.Optimizer)
+               for p, state in obj.state.items() if state}
+    found = []
+    for name, param in _parameters(objects):
+        grad = param.grad
+        if grad is None:
+            continue
+        record = _consumed.get(param)
+        if record == (id(grad), grad._version) or (record is None and id(param) in stepped):
+            continue
+        if bool(grad.detach().ne(0).any()):
+            found.append(name)
+    return found

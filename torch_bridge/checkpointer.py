@@ -1,0 +1,254 @@
+"""The Checkpointer: save and restore a whole training state, optionally in the background.
+
+In the manner of torch.distributed.checkpoint's Stateful protocol and Orbax's
+CheckpointManager: any object with ``state_dict()``/``load_state_dict()`` is
+saved under the keyword it is passed with; RNG states are always captured;
+``all_steps``/``latest_step`` list what is there; ``wait`` flushes.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+import chunkstore
+from chunkstore import Store, VersionInfo
+from chunkstore.errors import InvalidInputError, IntegrityError, SelectorError
+from torch_bridge import boundary
+from torch_bridge.errors import AsyncSaveError, NotAtUpdateBoundaryWarning, RestoreFallbackWarning
+from torch_bridge.layout import (
+    RESERVED_KEYS,
+    apply_states,
+    capture_states,
+    check_key,
+    load_states,
+    write_version,
+)
+from torch_bridge.provenance import provenance
+from torch_bridge.rng import capture_rng, restore_rng
+from torch_bridge.staging import StagingBuffers
+from torch_bridge.state import CapturedState
+from torch_bridge.tensors import as_array, host_copy
+
+boundary.install()  # at import, so the first optimizer steps of a loop are seen too
+
+
+def open_store(path_or_store: str | os.PathLike[str] | Store, *, create: bool = True,
+               chunk_size: int | None = None, compression: str | None = None
+               ) -> tuple[Store, bool]:
+    """The store, and whether we opened it (and so must close it)."""
+    if isinstance(path_or_store, Store):
+        return path_or_store, False
+    return chunkstore.open(path_or_store, create=create, chunk_size=chunk_size,
+                           compression=compression), True
+
+
+def sync_arrays(captured: list[CapturedState]) -> list[tuple[np.ndarray, str | None]]:
+    """Arrays to store straight from the live tensors (copied only off-CPU or strided)."""
+    arrays = []
+    for state in captured:
+        for value in state.values:
+            arrays.append((value, None) if isinstance(value, np.ndarray)
+                          else as_array(host_copy(value)))
+    return arrays
+
+
+class Checkpointer:
+    """Saves and restores training state as versions of one run in a chunkstore store.
+
+    ``keep_last=N`` keeps the N newest versions of the run, ``keep_every=K``
+    also keeps every version whose step is a multiple of K; others are deleted
+    after each save (tagged versions and the newest never are; their chunks
+    are freed by ``chunkstore gc``).  With neither, nothing is deleted.
+    ``async_save=True`` makes ``save`` return after copying the state into
+    reused host buffers; the write runs in a background thread.
+    """
+
+    def __init__(self, path_or_url: str | os.PathLike[str] | Store, *, run: str = "default",
+                 keep_last: int | None = None, keep_every: int | None = None,
+                 async_save: bool = False, meta: dict[str, Any] | None = None,
+                 chunk_size: int | None = None, compression: str | None = None) -> None:
+        for name, value in (("keep_last", keep_last), ("keep_every", keep_every)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise InvalidInputError(f"{name} must be a positive int or None, got {value!r}")
+        self.store, self._owns_store = open_store(path_or_url, chunk_size=chunk_size,
+                                                  compression=compression)
+        self.run = run
+        self.keep_last = keep_last
+        self.keep_every = keep_every
+        self.async_save = async_save
+        self.meta = {**provenance(), **(meta or {})}
+        self._staging = StagingBuffers()
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending: tuple[int, Future[VersionInfo]] | None = None
+        self._last_info: VersionInfo | None = None
+        self._closed = False
+        boundary.install()
+
+    # --- saving ------------------------------------------------------------------------------
+
+    def save(self, step: int, **stateful: Any) -> VersionInfo | None:
+        """Save ``stateful`` objects (and every RNG state) as the version of ``step``.
+
+        Synchronous: returns the published version.  Async: waits for the
+        previous save, copies the state into staging buffers and returns None;
+        ``wait()`` returns the version.  Bad state raises here, naming its key path.
+        """
+        self._check_open()
+        self.wait()
+        states = self._states(stateful)
+        unapplied = boundary.unapplied_gradients(stateful.items())
+        if unapplied:
+            warnings.warn(NotAtUpdateBoundaryWarning(
+                f"step {step}: {unapplied[0]} holds a gradient no optimizer step has applied"
+                f" ({len(unapplied)} parameters); a save between backward() and step() or"
+                " mid-accumulation does not resume exactly: save after optimizer.step()"),
+                stacklevel=2)
+        captured = capture_states(states)
+        if not self.async_save:
+            info = self._write(step, captured, sync_arrays(captured))
+            self._last_info = info
+            return info
+        entries = [r.entry for c in captured for r in c.records]
+        arrays = self._staging.stage(entries, [v for c in captured for v in c.values])
+        for state in captured:
+            state.values = []  # the background reads the staging buffers, never the originals
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="torch_bridge-save")
+        self._pending = (step, self._executor.submit(self._write, step, captured, arrays))
+        return None
+
+    def _states(self, stateful: dict[str, Any]) -> dict[str, Any]:
+        for key in stateful:
+            if key in RESERVED_KEYS:
+                raise InvalidInputError(f"state key {key!r} is reserved (RNG states are"
+                                        " captured automatically)")
+            check_key(key)
+        return {**stateful, "rng": capture_rng()}
+
+    def _write(self, step: int, captured: list[CapturedState],
+               arrays: list[tuple[np.ndarray, str | None]]) -> VersionInfo:
+        info = write_version(self.store, self.run, step, self.meta, captured, arrays)
+        self._apply_retention()
+        return info
+
+    def wait(self) -> VersionInfo | None:
+        """Block until the save in flight is published; raise AsyncSaveError if it failed."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            step, future = pending
+            try:
+                self._last_info = future.result()
+            except Exception as exc:
+                raise AsyncSaveError(self.run, step, exc) from exc
+        return self._last_info
+
+    def _apply_retention(self) -> None:
+        if self.keep_last is None and self.keep_every is None:
+            return
+        versions = self.store.versions(self.run)
+        keep = {v.id for v in versions[-(self.keep_last or 1):]}
+        if self.keep_every is not None:
+            keep |= {v.id for v in versions if v.step % self.keep_every == 0}
+        pinned = set(self.store.tags().values())
+        for version in versions:
+            if version.id not in keep and version.id not in pinned:
+                self.store.delete(version.id)
+
+    # --- restoring ---------------------------------------------------------------------------
+
+    def restore(self, step: int | None = None, *, rng: bool = True,
+                **stateful: Any) -> int | None:
+        """Load the newest version that verifies into ``stateful``; return its step.
+
+        Returns None (touching nothing) when the run has no versions.  A
+        damaged newest version warns and falls back to the one before.  With
+        ``step``, exactly that step is loaded (no fallback).  ``rng=False``
+        leaves the global RNGs alone.
+        """
+        self._check_open()
+        self.wait()
+        for key in stateful:
+            check_key(key)
+        candidates = self._candidates(step)
+        failures: list[str] = []
+        for info in candidates:
+            try:
+                self._restore_version(info, stateful, rng)
+            except IntegrityError as exc:
+                if step is not None:
+                    raise
+                failures.append(f"{info.short_id} (step {info.step}): {exc}")
+                continue
+            if failures:
+                warnings.warn(RestoreFallbackWarning(
+                    f"run {self.run!r}: skipped damaged version(s) {'; '.join(failures)};"
+                    f" restored step {info.step}"), stacklevel=2)
+            return info.step
+        if failures:
+            raise IntegrityError(f"run {self.run!r}: no version could be restored:"
+                                 f" {'; '.join(failures)}")
+        return None
+
+    def _candidates(self, step: int | None) -> list[VersionInfo]:
+        versions = self.store.versions(self.run)
+        if step is None:
+            return versions[::-1]
+        matches = [v for v in versions if v.step == step]
+        if not matches:
+            raise SelectorError(f"{self.run}@{step}", f"run {self.run!r} has no version at"
+                                f" step {step}; steps: {self.all_steps()}")
+        return matches[-1:]
+
+    def _restore_version(self, info: VersionInfo, stateful: dict[str, Any], rng: bool) -> None:
+        reader = self.store.open_version(info.id)
+        targets = dict(stateful)
+        if rng:
+            targets["rng"] = {}
+        trees = load_states(reader, targets)
+        apply_states(targets, trees, {"rng": restore_rng})
+
+    # --- listing and closing -----------------------------------------------------------------
+
+    def all_steps(self) -> list[int]:
+        """Steps of the run's versions, oldest commit first (a save in flight not included)."""
+        return [v.step for v in self.store.versions(self.run)]
+
+    def latest_step(self) -> int | None:
+        latest = self.store.latest(self.run)
+        return latest.step if latest is not None else None
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InvalidInputError("this Checkpointer is closed")
+
+    def close(self) -> None:
+        """Flush the save in flight (raising its error) and release the store."""
+        if self._closed:
+            return
+        try:
+            self.wait()
+        finally:
+            self._closed = True
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+            if self._owns_store:
+                self.store.close()
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except AsyncSaveError:
+            pass  # the exception already propagating matters more
+

@@ -1,0 +1,105 @@
+"""Export the weights of one version as a safetensors file (optimizer and the rest stripped)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+import torch
+
+from chunkstore import Store, VersionReader
+from chunkstore.errors import InvalidInputError
+from chunkstore.manifest import TensorEntry
+from torch_bridge.checkpointer import open_store
+from torch_bridge.layout import BRIDGE_ENTRY, read_sections
+from torch_bridge.state import TensorRecord
+from torch_bridge.tensors import as_array, torch_dtype
+
+CAST_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def _names(reader: VersionReader, prefix: str) -> dict[str, str]:
+    """Output name -> entry name for the tensors under ``prefix``.
+
+    For torch_bridge versions a model's tensor is named by its state_dict key
+    (exactly, even where the entry name had to be adjusted); for other versions
+    by the entry name with the prefix removed.
+    """
+    names: dict[str, str] = {}
+    if BRIDGE_ENTRY in reader.names():
+        for key, section in read_sections(reader).items():
+            for plain in section["tensors"]:
+                record = TensorRecord.from_plain(plain)
+                if record.kind != "torch" or not record.entry.startswith(prefix):
+                    continue
+                single = len(record.path) == 1 and isinstance(record.path[0], str)
+                if single and prefix == f"{key}.":
+                    names[record.path[0]] = record.entry
+                else:
+                    names[record.entry[len(prefix):]] = record.entry
+        return names
+    for name, leaf in reader.entries().items():
+        if isinstance(leaf, TensorEntry) and name.startswith(prefix):
+            names[name[len(prefix):]] = name
+    return names
+
+
+def read_tensor(reader: VersionReader, name: str) -> torch.Tensor:
+    """One tensor entry as a new CPU tensor (hash-verified)."""
+    entry = reader.entry(name)
+    if not isinstance(entry, TensorEntry):
+        raise InvalidInputError(f"entry {name!r} is not a tensor")
+    tensor = torch.empty(tuple(entry.shape), dtype=torch_dtype(entry.dtype))
+    array, override = as_array(tensor)
+    reader.get_into(name, array, dtype=override)
+    return tensor
+
+
+def export_safetensors(store: Store | str | os.PathLike[str], selector: str,
+                       out_path: str | os.PathLike[str], prefix: str = "model.",
+                       dtype: str | None = None) -> dict[str, Any]:
+    """Write the tensors under ``prefix`` of version ``selector`` to a safetensors file.
+
+    ``dtype`` (float16, bfloat16, float32) casts floating-point tensors.  The
+    file is written beside its target and renamed into place.  Returns a
+    summary: version id, step, tensor count, bytes.
+    """
+    from safetensors.torch import save_file
+
+    if dtype is not None and dtype not in CAST_DTYPES:
+        raise InvalidInputError(f"dtype {dtype!r}: choose one of {', '.join(CAST_DTYPES)}")
+    opened, owned = open_store(store, create=False)
+    try:
+        reader = opened.open_version(selector)
+        names = _names(reader, prefix)
+        if not names:
+            raise InvalidInputError(f"version {reader.info.short_id} has no tensors under"
+                                    f" prefix {prefix!r}")
+        tensors = {}
+        for out_name, entry in sorted(names.items()):
+            tensor = read_tensor(reader, entry)
+            if dtype is not None and tensor.is_floating_point():
+                tensor = tensor.to(CAST_DTYPES[dtype])
+            tensors[out_name] = tensor
+        info = reader.info
+    finally:
+        if owned:
+            opened.close()
+    metadata = {"chunkstore_version": info.id, "run": info.run, "step": str(info.step)}
+    _write_atomically(tensors, os.fspath(out_path), metadata, save_file)
+    return {"version": info.id, "step": info.step, "tensors": len(tensors),
+            "bytes": os.path.getsize(out_path), "path": os.fspath(out_path)}
+
+
+def _write_atomically(tensors: dict[str, torch.Tensor], out_path: str,
+                      metadata: dict[str, str], save_file: Any) -> None:
+    directory = os.path.dirname(os.path.abspath(out_path))
+    fd, tmp = tempfile.mkstemp(prefix=".export-", suffix=".tmp", dir=directory)
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata=metadata)
+        os.replace(tmp, out_path)
+    except BaseException:
+        os.unlink(tmp)
+        raise

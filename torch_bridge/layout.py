@@ -1,0 +1,191 @@
+"""How a training state sits in one chunkstore version, written and read.
+
+A version written by torch_bridge holds, per state key (``model``,
+``optimizer``, ..., ``rng``), one tensor entry per tensor, plus one plain-data
+entry ``_torch_bridge``::
+
+    {"format": 1, "step": 100,
+     "states": {"model": {"skeleton": ..., "tensors": [[path, entry, kind, dtype, shape]],
+                          "module_metadata": ...}, ...}}
+
+Reading is two passes: check that every tensor fits the object it goes into
+(nothing is touched when one does not), then read each tensor, hash-verified,
+straight into the existing storage where it can.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+from chunkstore.dtypes import numpy_dtype
+from chunkstore.errors import InvalidInputError, UnsupportedDtypeError
+from chunkstore.manifest import TensorEntry
+from torch_bridge.errors import NotACheckpointError, StateMismatchError, StateNotFoundError
+from torch_bridge.state import (
+    CapturedState,
+    EntryNames,
+    Path,
+    TensorRecord,
+    capture,
+    is_missing,
+    lookup,
+    path_text,
+    rebuild,
+)
+from torch_bridge.tensors import as_array, readable_in_place, torch_dtype
+
+if TYPE_CHECKING:
+    from chunkstore import Store, VersionInfo, VersionReader
+
+BRIDGE_ENTRY = "_torch_bridge"
+FORMAT = 1
+RESERVED_KEYS = frozenset({"rng", "step"})
+
+Array = tuple[np.ndarray, str | None]
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    """What save/restore accept besides plain state trees (torch.distributed.checkpoint's)."""
+
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state_dict: Any) -> Any: ...
+
+
+def check_key(key: str) -> str:
+    if not key.isidentifier() or key.startswith("_"):
+        raise InvalidInputError(f"state key {key!r} must be an identifier not starting"
+                                " with '_'")
+    return key
+
+
+def capture_states(states: dict[str, Any]) -> list[CapturedState]:
+    """Call state_dict() on each Stateful and take every tree apart (no copies yet)."""
+    names = EntryNames({BRIDGE_ENTRY})
+    captured = []
+    for key, obj in states.items():
+        tree = obj.state_dict() if isinstance(obj, Stateful) else obj
+        captured.append(capture(key, tree, names))
+    return captured
+
+
+def write_version(store: Store, run: str, step: int, meta: dict[str, Any],
+                  captured: list[CapturedState], arrays: Iterable[Array]) -> VersionInfo:
+    """Publish one version from captured states and their arrays (in record order)."""
+    records = [r for c in captured for r in c.records]
+    with store.new_version(run, step, meta=meta) as version:
+        for record, (array, override) in zip(records, arrays, strict=True):
+            version.put(record.entry, array, dtype=override)
+        version.put_data(BRIDGE_ENTRY, {"format": FORMAT, "step": step,
+                                        "states": {c.key: c.section() for c in captured}})
+    return version.info
+
+
+def read_sections(reader: VersionReader) -> dict[str, dict[str, Any]]:
+    if BRIDGE_ENTRY not in reader.names():
+        raise NotACheckpointError(f"version {reader.info.short_id} was not written by"
+                                  " torch_bridge (it has no _torch_bridge entry)")
+    header = reader.get_data(BRIDGE_ENTRY)
+    if header.get("format") != FORMAT:
+        raise NotACheckpointError(f"version {reader.info.short_id} has torch_bridge format"
+                                  f" {header.get('format')!r}; this release reads {FORMAT}")
+    states: dict[str, dict[str, Any]] = header["states"]
+    return states
+
+
+class _Plan:
+    """Where each tensor of one state goes: an existing tensor (in place) or a new one."""
+
+    def __init__(self, key: str, section: dict[str, Any]) -> None:
+        self.key = key
+        self.section = section
+        self.records = [TensorRecord.from_plain(t) for t in section["tensors"]]
+        self.targets: list[torch.Tensor | np.ndarray] = []
+
+
+def load_states(reader: VersionReader, targets: dict[str, Any]) -> dict[str, Any]:
+    """Read the states named by ``targets`` (live objects or trees); return rebuilt trees.
+
+    Tensors land in the live tree's tensors when shape and dtype agree;
+    a disagreement raises StateMismatchError before anything is read.
+    """
+    sections = read_sections(reader)
+    missing = sorted(k for k in targets if k not in sections)
+    if missing:
+        raise StateNotFoundError(reader.info.id, missing, sorted(sections))
+    plans = [_Plan(key, sections[key]) for key in targets]
+    problems: list[str] = []
+    for plan in plans:
+        obj = targets[plan.key]
+        live = obj.state_dict() if isinstance(obj, Stateful) else obj
+        for record in plan.records:
+            plan.targets.append(_target(reader, plan.key, record, live, problems))
+    if problems:
+        raise StateMismatchError(reader.info.id, problems)
+    trees = {}
+    for plan in plans:
+        loaded: dict[Path, Any] = {}
+        for record, target in zip(plan.records, plan.targets, strict=True):
+            _read_into(reader, record, target)
+            loaded[record.path] = target
+        trees[plan.key] = rebuild(plan.section["skeleton"], loaded,
+                                  plan.section.get("module_metadata"))
+    return trees
+
+
+def _target(reader: VersionReader, key: str, record: TensorRecord, live: Any,
+            problems: list[str]) -> torch.Tensor | np.ndarray:
+    entry = reader.entry(record.entry)
+    if not isinstance(entry, TensorEntry):
+        raise NotACheckpointError(f"entry {record.entry!r} should be a tensor")
+    shape = tuple(entry.shape)
+    if record.kind == "numpy":
+        return np.empty(shape, dtype=numpy_dtype(entry.dtype))
+    try:
+        dtype = torch_dtype(entry.dtype)
+    except UnsupportedDtypeError as exc:
+        problems.append(f"{path_text(key, record.path)}: {exc}")
+        return np.empty(0)
+    existing = lookup(live, record.path)
+    if is_missing(existing) or not isinstance(existing, torch.Tensor):
+        return torch.empty(shape, dtype=dtype)
+    if tuple(existing.shape) != shape or existing.dtype != dtype:
+        have = f"{str(existing.dtype).removeprefix('torch.')}{list(existing.shape)}"
+        problems.append(f"{path_text(key, record.path)} is {entry.dtype}{list(shape)} in"
+                        f" the checkpoint but {have} here")
+    return existing
+
+
+def _read_into(reader: VersionReader, record: TensorRecord,
+               target: torch.Tensor | np.ndarray) -> None:
+    if isinstance(target, np.ndarray):
+        reader.get_into(record.entry, target)
+        return
+    if readable_in_place(target):
+        array, override = as_array(target)
+        reader.get_into(record.entry, array, dtype=override)
+        return
+    pin = target.device.type == "cuda" and torch.cuda.is_available()
+    staging = torch.empty(tuple(target.shape), dtype=target.dtype, pin_memory=pin)
+    array, override = as_array(staging)
+    reader.get_into(record.entry, array, dtype=override)
+    with torch.no_grad():
+        target.copy_(staging, non_blocking=pin)
+
+
+def apply_states(targets: dict[str, Any], trees: dict[str, Any],
+                 special: dict[str, Callable[[Any], None]] | None = None) -> None:
+    """Hand each rebuilt tree to its object's load_state_dict (or a special loader)."""
+    for key, tree in trees.items():
+        obj = targets[key]
+        if special and key in special:
+            special[key](tree)
+        elif isinstance(obj, Stateful):
+            obj.load_state_dict(tree)
+        elif isinstance(obj, dict) and isinstance(tree, dict):
+            obj.update(tree)

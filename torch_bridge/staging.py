@@ -1,0 +1,65 @@
+"""Host staging buffers for async saves, reused from one save to the next.
+
+The training pause of an async save is one copy of every tensor into these
+buffers (pinned memory when the source is on CUDA, so device-to-host copies
+run at full speed and without an extra bounce); the background thread then
+hashes, compresses and writes from them while training mutates the originals.
+A buffer is reused while its entry keeps shape and dtype, so after the first
+save the copy touches no newly allocated memory.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from torch_bridge.tensors import as_array
+
+
+class StagingBuffers:
+    """Entry name -> host buffer; only one save may use them at a time."""
+
+    def __init__(self) -> None:
+        self._tensors: dict[str, torch.Tensor] = {}
+        self._arrays: dict[str, np.ndarray] = {}
+        self.bytes = 0
+
+    def stage(self, entries: list[str], values: list[torch.Tensor | np.ndarray]
+              ) -> list[tuple[np.ndarray, str | None]]:
+        """Copy ``values`` into the buffers; returns the arrays to store (views of buffers)."""
+        arrays = []
+        used_cuda = False
+        tensors: dict[str, torch.Tensor] = {}
+        numpy_arrays: dict[str, np.ndarray] = {}
+        for entry, value in zip(entries, values, strict=True):
+            if isinstance(value, np.ndarray):
+                buffer = self._arrays.get(entry)
+                if buffer is None or buffer.shape != value.shape or buffer.dtype != value.dtype:
+                    buffer = np.empty(value.shape, value.dtype)
+                np.copyto(buffer, value)
+                numpy_arrays[entry] = buffer
+                arrays.append((buffer, None))
+                continue
+            staged = self._tensor_buffer(entry, value)
+            source = value.detach()
+            if source.is_conj():
+                source = source.resolve_conj()
+            if source.is_neg():
+                source = source.resolve_neg()
+            used_cuda = used_cuda or source.device.type == "cuda"
+            staged.copy_(source, non_blocking=source.device.type == "cuda")
+            tensors[entry] = staged
+            arrays.append(as_array(staged))
+        if used_cuda:
+            torch.cuda.synchronize()  # non-blocking copies must land before the writer reads
+        self._tensors, self._arrays = tensors, numpy_arrays  # drop buffers no longer used
+        self.bytes = sum(t.nbytes for t in tensors.values()) + sum(
+            a.nbytes for a in numpy_arrays.values())
+        return arrays
+
+    def _tensor_buffer(self, entry: str, value: torch.Tensor) -> torch.Tensor:
+        buffer = self._tensors.get(entry)
+        if buffer is not None and buffer.shape == value.shape and buffer.dtype == value.dtype:
+            return buffer
+        pin = value.device.type == "cuda" and torch.cuda.is_available()
+        return torch.empty(tuple(value.shape), dtype=value.dtype, pin_memory=pin)

@@ -1,0 +1,210 @@
+"""State trees (state dicts) to tensor entries plus a plain-data skeleton, and back.
+
+A state tree is what ``state_dict()`` returns: dicts, lists and tuples whose
+leaves are tensors, numpy arrays or plain values.  Capturing it yields
+
+- one tensor entry per tensor or array, named ``<key>.<path>`` (``model.fc.weight``,
+  ``optimizer.state.0.exp_avg``), and
+- a *section* of plain data: the skeleton (the tree with every tensor replaced
+  by None) and, per tensor, its path in the tree, entry name, kind and dtype.
+
+Paths, not markers inside the skeleton, say where tensors go, so no user value
+can be mistaken for a tensor.  Every leaf is checked at capture time: a value
+the safe encoding cannot hold fails the save with the key path that holds it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from chunkstore.errors import InvalidNameError, NotSerializableError
+from chunkstore.names import check_entry_name
+from torch_bridge.tensors import check_storable, stored_name
+
+Path = tuple[Any, ...]
+PLAIN_TYPES = (type(None), bool, int, float, str, bytes)
+_KEY_TYPES = (type(None), bool, int, float, str, bytes)
+_HINT = ("checkpoints hold tensors, numpy arrays, None, bool, int, float, str, bytes,"
+         " lists, tuples and dicts; convert the value or keep it out of state_dict()")
+
+
+def path_text(key: str, path: Path) -> str:
+    """``optimizer['state'][0]['exp_avg']``: where a value sits, for messages."""
+    return key + "".join(f"[{part!r}]" for part in path)
+
+
+@dataclass
+class TensorRecord:
+    """Where one tensor of a state tree lives: its path and its entry."""
+
+    path: Path
+    entry: str
+    kind: str  # "torch" or "numpy"
+    dtype: str  # chunkstore dtype name
+    shape: tuple[int, ...]
+
+    def to_plain(self) -> list[Any]:
+        return [list(self.path), self.entry, self.kind, self.dtype, list(self.shape)]
+
+    @classmethod
+    def from_plain(cls, value: list[Any]) -> TensorRecord:
+        path, entry, kind, dtype, shape = value
+        return cls(tuple(path), entry, kind, dtype, tuple(shape))
+
+
+@dataclass
+class CapturedState:
+    """One state tree, taken apart: its plain section and its tensors (live references)."""
+
+    key: str
+    skeleton: Any
+    records: list[TensorRecord] = field(default_factory=list)
+    values: list[torch.Tensor | np.ndarray] = field(default_factory=list)
+    module_metadata: Any = None
+
+    def section(self) -> dict[str, Any]:
+        return {"skeleton": self.skeleton, "tensors": [r.to_plain() for r in self.records],
+                "module_metadata": self.module_metadata}
+
+
+class EntryNames:
+    """Hands out unique, valid entry names for one version."""
+
+    def __init__(self, reserved: set[str]) -> None:
+        self._used = set(reserved)
+
+    def claim(self, key: str, path: Path) -> str:
+        parts = [key, *(_component(p) for p in path)]
+        name = ".".join(parts)
+        try:
+            check_entry_name(name)
+        except InvalidNameError:
+            name = f"{key}.t{len(self._used)}"
+        if name in self._used:
+            name = f"{name}~{len(self._used)}"
+        self._used.add(name)
+        return name
+
+
+def _component(part: object) -> str:
+    text = part if isinstance(part, str) else repr(part)
+    cleaned = "".join(c if c.isprintable() and c not in "/\\" else "_" for c in text)
+    return ".".join(piece or "_" for piece in cleaned.split("."))
+
+
+def capture(key: str, tree: Any, names: EntryNames) -> CapturedState:
+    """Take a state tree apart; NotSerializableError names the first bad value's path."""
+    captured = CapturedState(key, None)
+    captured.module_metadata = _module_metadata(key, tree)
+    captured.skeleton = _walk(tree, (), captured, names)
+    return captured
+
+
+def _module_metadata(key: str, tree: Any) -> Any:
+    """nn.Module state dicts carry per-module versions that load_state_dict reads."""
+    metadata = getattr(tree, "_metadata", None)
+    if metadata is None:
+        return None
+    return _walk(dict(metadata), ("_metadata",), CapturedState(key, None), EntryNames(set()))
+
+
+def _walk(node: Any, path: Path, out: CapturedState, names: EntryNames) -> Any:  # noqa: PLR0911
+    if isinstance(node, torch.Tensor):
+        _add_tensor(node, path, out, names)
+        return None
+    if isinstance(node, np.ndarray):
+        _add_array(node, path, out, names)
+        return None
+    if isinstance(node, PLAIN_TYPES):
+        return node
+    if isinstance(node, bytearray):
+        return bytes(node)
+    if isinstance(node, (np.bool_, np.integer, np.floating)):
+        return node.item()
+    if isinstance(node, Mapping):
+        return {_check_key(k, path, out.key): _walk(v, (*path, k), out, names)
+                for k, v in node.items()}
+    if isinstance(node, list):
+        return [_walk(v, (*path, i), out, names) for i, v in enumerate(node)]
+    if isinstance(node, tuple):
+        return tuple(_walk(v, (*path, i), out, names) for i, v in enumerate(node))
+    raise NotSerializableError(path_text(out.key, path), type(node).__name__, _HINT)
+
+
+def _check_key(key: Any, path: Path, root: str) -> Any:
+    if isinstance(key, _KEY_TYPES) or (
+            isinstance(key, tuple) and all(isinstance(k, _KEY_TYPES) for k in key)):
+        return key
+    raise NotSerializableError(f"{path_text(root, path)}<key {key!r}>", type(key).__name__,
+                               "dict keys must be str, int, float, bool, None, bytes or"
+                               " tuples of those")
+
+
+def _add_tensor(tensor: torch.Tensor, path: Path, out: CapturedState, names: EntryNames
+                ) -> None:
+    problem = check_storable(tensor)
+    if problem is not None:
+        raise NotSerializableError(path_text(out.key, path), type(tensor).__name__, problem)
+    out.records.append(TensorRecord(path, names.claim(out.key, path), "torch",
+                                    stored_name(tensor.dtype), tuple(tensor.shape)))
+    out.values.append(tensor)
+
+
+def _add_array(array: np.ndarray, path: Path, out: CapturedState, names: EntryNames) -> None:
+    from chunkstore.dtypes import dtype_name
+
+    try:
+        name = dtype_name(array.dtype)
+    except Exception as exc:  # UnsupportedDtypeError, or numpy's own for object arrays
+        raise NotSerializableError(path_text(out.key, path), f"ndarray of {array.dtype}",
+                                   str(exc)) from None
+    out.records.append(TensorRecord(path, names.claim(out.key, path), "numpy", name,
+                                    tuple(array.shape)))
+    out.values.append(array)
+
+
+# --- restoring ------------------------------------------------------------------------------
+
+_MISSING = object()
+
+
+def lookup(tree: Any, path: Path) -> Any:
+    """The value at ``path`` in a live state tree, or a sentinel when there is none."""
+    node = tree
+    for part in path:
+        try:
+            node = node[part]
+        except (KeyError, IndexError, TypeError):
+            return _MISSING
+    return node
+
+
+def is_missing(value: Any) -> bool:
+    return value is _MISSING
+
+
+def rebuild(skeleton: Any, loaded: dict[Path, Any], module_metadata: Any = None) -> Any:
+    """The state tree again: the skeleton with every recorded path filled from ``loaded``."""
+    tree = _rebuild(skeleton, (), loaded)
+    if module_metadata is not None and isinstance(tree, dict):
+        tree = OrderedDict(tree)
+        tree._metadata = module_metadata  # type: ignore[attr-defined]
+    return tree
+
+
+def _rebuild(node: Any, path: Path, loaded: dict[Path, Any]) -> Any:
+    if path in loaded:
+        return loaded[path]
+    if isinstance(node, dict):
+        return {k: _rebuild(v, (*path, k), loaded) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_rebuild(v, (*path, i), loaded) for i, v in enumerate(node)]
+    if isinstance(node, tuple):
+        return tuple(_rebuild(v, (*path, i), loaded) for i, v in enumerate(node))
+    return node
