@@ -165,3 +165,25 @@ class CorruptRecordError(IntegrityError):
         super().__init__(f"commit record {version_id[:16]} is corrupt: {reason}")
         self.version_id = version_id
         self.reason = reason
+
+
+# --- garbage collection and concurrency -----------------------------------------------------
+
+
+class SessionExpiredError(ChunkStoreError):
+    """Raised at commit when GC expired the save's write session (it looked dead).
+
+    The chunks the save deduplicated against may have been collected, so the
+    version is not published; save it again.
+    """
+
+
+class GcBusyError(ChunkStoreError):
+    """Raised when another garbage collection is already running on the store."""
+
+
+class GcAbortedError(ChunkStoreError):
+    """Raised when a GC run outlives half the grace period and stops, as it must.
+
+    What it deleted before stopping stays deleted; the rest waits for the next run.
+    """

@@ -15,6 +15,13 @@ Chunk states:
   wants it resurrects it (back to LIVE) in its claim transaction.
 - ``DELETING``: GC is deleting the object; a writer waits for the record to go
   and then writes the chunk anew.
+
+Manifest nodes have records of the same shape in their own table, with the
+same states, claims and refcounts (a version counts each node of its tree
+once), so GC treats both kinds alike.  Every record whose refcount is zero
+is also listed in the ``zero`` table (kind byte + digest -> since): GC finds
+its candidates there, in time proportional to what became unreferenced,
+never by scanning every chunk.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import struct
 import time
 import uuid
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import IntEnum
 from typing import Any
 
@@ -35,9 +42,13 @@ import lmdb
 from chunkstore.digest import Digest
 from chunkstore.errors import BackendError
 
-INDEX_SCHEMA = 1
+INDEX_SCHEMA = 2
 DEFAULT_MAP_SIZE = 1 << 36
 _CHUNK = struct.Struct("<BBxxIQQd")
+_SINCE = struct.Struct("<d")
+CHUNK = b"c"
+NODE = b"n"
+KINDS = (CHUNK, NODE)
 
 
 class ChunkState(IntEnum):
@@ -106,7 +117,11 @@ class VersionEntry:
 
 
 class Index:
-    """One LMDB environment; safe to share between threads and processes."""
+    """One LMDB environment; safe to share between threads and processes.
+
+    ``needs_rebuild`` is set when the index on disk was written by another
+    index schema (it is then emptied): the store rebuilds it from the manifests.
+    """
 
     def __init__(self, path: str, map_size: int = DEFAULT_MAP_SIZE) -> None:
         os.makedirs(path, exist_ok=True)
@@ -115,20 +130,40 @@ class Index:
             # metasync=False: each commit still flushes the data pages, and a
             # system crash can at worst undo the last transaction, never
             # corrupt the tree; the index is rebuildable from the manifests.
-            self.env = lmdb.open(path, map_size=map_size, max_dbs=12, metasync=False,
+            self.env = lmdb.open(path, map_size=map_size, max_dbs=16, metasync=False,
                                  max_readers=256)
         except lmdb.Error as exc:
             raise BackendError(f"cannot open the index at {path}: {exc};"
                                " run `chunkstore index rebuild`") from exc
         self.chunks = self.env.open_db(b"chunks")
         self.nodes = self.env.open_db(b"nodes")
+        self.zero = self.env.open_db(b"zero")  # kind + digest -> since, for refcount 0
         self.versions_db = self.env.open_db(b"versions")
-        self.refs = self.env.open_db(b"refs")
+        self.refs = self.env.open_db(b"refs")  # version id -> chunk digests
+        self.node_refs = self.env.open_db(b"node_refs")  # version id -> node digests
         self.tags_db = self.env.open_db(b"tags")
         self.sessions = self.env.open_db(b"sessions")
         self.claims = self.env.open_db(b"claims")  # digest + session id
         self.session_claims = self.env.open_db(b"session_claims")  # session id + digest
         self.meta = self.env.open_db(b"meta")
+        self.needs_rebuild = self._check_schema()
+
+    def _check_schema(self) -> bool:
+        with self.env.begin(write=True) as txn:
+            found = txn.get(b"schema", db=self.meta)
+            if found is not None and int(found) == INDEX_SCHEMA:
+                return False
+            empty = found is None and txn.stat(self.versions_db)["entries"] == 0 \
+                and txn.stat(self.chunks)["entries"] == 0
+            if not empty:
+                for db in self._tables():
+                    txn.drop(db, delete=False)
+            txn.put(b"schema", str(INDEX_SCHEMA).encode(), db=self.meta)
+            return not empty
+
+    def _tables(self) -> tuple[Any, ...]:
+        return (self.chunks, self.nodes, self.zero, self.versions_db, self.refs,
+                self.node_refs, self.tags_db, self.sessions, self.claims, self.session_claims)
 
     def close(self) -> None:
         self.env.close()
@@ -136,61 +171,109 @@ class Index:
     def sync(self) -> None:
         self.env.sync(True)
 
-    # --- chunks --------------------------------------------------------------------------
+    # --- object records (chunks and nodes) -----------------------------------------------
 
-    def chunk(self, digest: Digest) -> ChunkRecord | None:
-        with self.env.begin(db=self.chunks) as txn:
-            data = txn.get(digest.raw)
+    def _db(self, kind: bytes) -> Any:
+        return self.chunks if kind == CHUNK else self.nodes
+
+    @staticmethod
+    def _get(txn: lmdb.Transaction, db: Any, digest: Digest) -> ChunkRecord | None:
+        data = txn.get(digest.raw, db=db)
         return ChunkRecord.unpack(data) if data else None
 
+    def _put(self, txn: lmdb.Transaction, kind: bytes, digest: Digest, rec: ChunkRecord) -> None:
+        """Write a record and keep the ``zero`` table in step with its refcount."""
+        txn.put(digest.raw, rec.pack(), db=self._db(kind))
+        if rec.refcount == 0:
+            txn.put(kind + digest.raw, _SINCE.pack(rec.since), db=self.zero)
+        else:
+            txn.delete(kind + digest.raw, db=self.zero)
+
+    def _delete(self, txn: lmdb.Transaction, kind: bytes, digest: Digest) -> None:
+        txn.delete(digest.raw, db=self._db(kind))
+        txn.delete(kind + digest.raw, db=self.zero)
+
+    def chunk(self, digest: Digest) -> ChunkRecord | None:
+        return self.record(CHUNK, digest)
+
+    def record(self, kind: bytes, digest: Digest) -> ChunkRecord | None:
+        with self.env.begin() as txn:
+            return self._get(txn, self._db(kind), digest)
+
     def iter_chunks(self) -> Iterator[tuple[Digest, ChunkRecord]]:
-        with self.env.begin(db=self.chunks) as txn:
+        return self.iter_records(CHUNK)
+
+    def iter_records(self, kind: bytes) -> Iterator[tuple[Digest, ChunkRecord]]:
+        with self.env.begin(db=self._db(kind)) as txn:
             for key, value in txn.cursor():
                 yield Digest(bytes(key)), ChunkRecord.unpack(value)
 
+    def count(self, kind: bytes) -> int:
+        with self.env.begin() as txn:
+            return int(txn.stat(self._db(kind))["entries"])
+
     def claim_chunk(self, session_id: str, digest: Digest) -> Claim:
         """Record that the session uses ``digest`` and say whether to write it."""
-        sid = session_id.encode()
         with self.env.begin(write=True) as txn:
-            data = txn.get(digest.raw, db=self.chunks)
-            record = ChunkRecord.unpack(data) if data else None
-            if record is not None and record.state == ChunkState.DELETING:
-                return Claim.WAIT
-            txn.put(digest.raw + sid, b"", db=self.claims)
-            txn.put(sid + digest.raw, b"", db=self.session_claims)
-            if record is None:
-                fresh = ChunkRecord(ChunkState.WRITING, 0, 0, 0, 0, time.time())
-                txn.put(digest.raw, fresh.pack(), db=self.chunks)
-                return Claim.WRITE
-            if record.state == ChunkState.CONDEMNED:
-                # Resurrect under this transaction: GC re-checks the state
-                # before deleting, so it will now leave the chunk alone.
-                revived = ChunkRecord(ChunkState.LIVE, record.codec_id, record.refcount,
-                                      record.raw_length, record.stored_length, time.time())
-                txn.put(digest.raw, revived.pack(), db=self.chunks)
-                return Claim.DEDUP
-            return Claim.DEDUP if record.state == ChunkState.LIVE else Claim.WRITE
+            return self._claim(txn, session_id.encode(), CHUNK, digest, time.time())
 
-    def is_claimed(self, digest: Digest) -> bool:
-        with self.env.begin(db=self.claims) as txn:
-            cursor = txn.cursor()
-            return cursor.set_range(digest.raw) and bytes(cursor.key()).startswith(digest.raw)
+    def claim_nodes(self, session_id: str, digests: Iterable[Digest]) -> dict[Digest, Claim]:
+        """Claim a version's manifest nodes in one transaction."""
+        now = time.time()
+        with self.env.begin(write=True) as txn:
+            return {d: self._claim(txn, session_id.encode(), NODE, d, now) for d in digests}
+
+    def _claim(self, txn: lmdb.Transaction, sid: bytes, kind: bytes, digest: Digest,
+               now: float) -> Claim:
+        record = self._get(txn, self._db(kind), digest)
+        if record is not None and record.state == ChunkState.DELETING:
+            return Claim.WAIT
+        txn.put(digest.raw + sid, b"", db=self.claims)
+        txn.put(sid + digest.raw, b"", db=self.session_claims)
+        if record is None:
+            self._put(txn, kind, digest, ChunkRecord(ChunkState.WRITING, 0, 0, 0, 0, now))
+            return Claim.WRITE
+        if record.state == ChunkState.CONDEMNED:
+            # Resurrect under this transaction: GC re-checks the state
+            # before deleting, so it will now leave the object alone.
+            self._put(txn, kind, digest, replace(record, state=ChunkState.LIVE, since=now))
+            return Claim.DEDUP
+        return Claim.DEDUP if record.state == ChunkState.LIVE else Claim.WRITE
+
+    def is_claimed(self, digest: Digest, txn: lmdb.Transaction | None = None) -> bool:
+        if txn is None:
+            with self.env.begin() as own:
+                return self.is_claimed(digest, own)
+        cursor = txn.cursor(db=self.claims)
+        return bool(cursor.set_range(digest.raw)) and bytes(cursor.key()).startswith(digest.raw)
 
     # --- nodes ---------------------------------------------------------------------------
 
     def has_node(self, digest: Digest) -> bool:
-        with self.env.begin(db=self.nodes) as txn:
-            return txn.get(digest.raw) is not None
+        record = self.record(NODE, digest)
+        return record is not None and record.state == ChunkState.LIVE
 
     # --- sessions ------------------------------------------------------------------------
 
     def open_session(self, purpose: str) -> str:
         session_id = uuid.uuid4().hex
-        info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
-                "purpose": purpose}
+        now = time.time()
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "started": now,
+                "heartbeat": now, "purpose": purpose, "process_start": process_start(os.getpid())}
         with self.env.begin(write=True, db=self.sessions) as txn:
             txn.put(session_id.encode(), json.dumps(info).encode())
         return session_id
+
+    def heartbeat(self, session_id: str) -> bool:
+        """Mark the session alive now; False when GC has expired it (its claims are gone)."""
+        with self.env.begin(write=True, db=self.sessions) as txn:
+            data = txn.get(session_id.encode())
+            if data is None:
+                return False
+            info = json.loads(data)
+            info["heartbeat"] = time.time()
+            txn.put(session_id.encode(), json.dumps(info).encode())
+            return True
 
     def list_sessions(self) -> dict[str, dict[str, Any]]:
         with self.env.begin(db=self.sessions) as txn:
@@ -219,7 +302,11 @@ class Index:
 
     def add_version(self, entry: VersionEntry, refs: Iterable[Digest], nodes: dict[Digest, int],
                     new_chunks: Iterable[NewChunk], session_id: str | None = None) -> None:
-        """Count one version in: its chunks' refcounts, nodes, and the chunks it wrote."""
+        """Count one version in: its chunks' and nodes' refcounts, and the chunks it wrote.
+
+        ``nodes`` maps every node of the version's tree to its size in bytes
+        (0 when unknown).
+        """
         now = time.time()
         with self.env.begin(write=True) as txn:
             if txn.get(entry.id.encode(), db=self.versions_db) is not None:
@@ -227,20 +314,32 @@ class Index:
                     self._drop_session(txn, session_id)
                 return
             for chunk in new_chunks:
-                rec = ChunkRecord(ChunkState.LIVE, chunk.codec_id, 0, chunk.raw_length,
-                                  chunk.stored_length, now)
-                old = txn.get(chunk.digest.raw, db=self.chunks)
-                if old is None or ChunkRecord.unpack(old).state == ChunkState.WRITING:
-                    txn.put(chunk.digest.raw, rec.pack(), db=self.chunks)
+                old = self._get(txn, self.chunks, chunk.digest)
+                if old is None or old.state == ChunkState.WRITING or old.raw_length == 0:
+                    rec = ChunkRecord(ChunkState.LIVE, chunk.codec_id, old.refcount if old else 0,
+                                      chunk.raw_length, chunk.stored_length, now)
+                    self._put(txn, CHUNK, chunk.digest, rec)
+            for digest, size in nodes.items():
+                old = self._get(txn, self.nodes, digest)
+                if old is None or old.state == ChunkState.WRITING or (size and not old.raw_length):
+                    rec = ChunkRecord(ChunkState.LIVE, 0, old.refcount if old else 0, size, size,
+                                      now)
+                    self._put(txn, NODE, digest, rec)
             ref_list = sorted(set(refs))
             for digest in ref_list:
-                self._bump(txn, digest, +1, now)
-            for digest, size in nodes.items():
-                txn.put(digest.raw, struct.pack("<Q", size), db=self.nodes)
+                self._bump(txn, CHUNK, digest, +1, now)
+            node_list = sorted(nodes)
+            for digest in node_list:
+                self._bump(txn, NODE, digest, +1, now)
             txn.put(entry.id.encode(), entry.to_json(), db=self.versions_db)
             txn.put(entry.id.encode(), b"".join(d.raw for d in ref_list), db=self.refs)
+            txn.put(entry.id.encode(), b"".join(d.raw for d in node_list), db=self.node_refs)
+            txn.put(b"version_seq", str(self._seq(txn) + 1).encode(), db=self.meta)
             if session_id:
                 self._drop_session(txn, session_id)
+
+    def _seq(self, txn: lmdb.Transaction) -> int:
+        return int(txn.get(b"version_seq", db=self.meta) or b"0")
 
     def remove_version(self, version_id: str) -> bool:
         """Count a version out; return whether the index knew it."""
@@ -249,29 +348,28 @@ class Index:
         with self.env.begin(write=True) as txn:
             if txn.get(key, db=self.versions_db) is None:
                 return False
-            refs = bytes(txn.get(key, db=self.refs) or b"")
-            for i in range(0, len(refs), 32):
-                self._bump(txn, Digest(refs[i:i + 32]), -1, now)
+            for kind, db in ((CHUNK, self.refs), (NODE, self.node_refs)):
+                refs = bytes(txn.get(key, db=db) or b"")
+                for i in range(0, len(refs), 32):
+                    self._bump(txn, kind, Digest(refs[i:i + 32]), -1, now)
+                txn.delete(key, db=db)
             txn.delete(key, db=self.versions_db)
-            txn.delete(key, db=self.refs)
             for tag, target in list(txn.cursor(db=self.tags_db)):
                 if bytes(target) == key:
                     txn.delete(bytes(tag), db=self.tags_db)
         return True
 
-    def _bump(self, txn: lmdb.Transaction, digest: Digest, delta: int, now: float) -> None:
-        data = txn.get(digest.raw, db=self.chunks)
-        if data is None:
-            # A chunk known only from a manifest (e.g. during rebuild): its
+    def _bump(self, txn: lmdb.Transaction, kind: bytes, digest: Digest, delta: int,
+              now: float) -> None:
+        rec = self._get(txn, self._db(kind), digest)
+        if rec is None:
+            # An object known only from a manifest (e.g. during rebuild): its
             # size is filled in when the store stats it.
             rec = ChunkRecord(ChunkState.LIVE, 0, 0, 0, 0, now)
-        else:
-            rec = ChunkRecord.unpack(data)
         count = max(rec.refcount + delta, 0)
         state = ChunkState.LIVE if rec.state != ChunkState.DELETING else rec.state
         since = now if count == 0 or rec.refcount == 0 else rec.since
-        new = ChunkRecord(state, rec.codec_id, count, rec.raw_length, rec.stored_length, since)
-        txn.put(digest.raw, new.pack(), db=self.chunks)
+        self._put(txn, kind, digest, replace(rec, state=state, refcount=count, since=since))
 
     def version(self, version_id: str) -> VersionEntry | None:
         with self.env.begin(db=self.versions_db) as txn:
@@ -287,6 +385,96 @@ class Index:
         with self.env.begin(db=self.refs) as txn:
             refs = bytes(txn.get(version_id.encode()) or b"")
         return [Digest(refs[i:i + 32]) for i in range(0, len(refs), 32)]
+
+    def version_node_refs(self, version_id: str) -> list[Digest]:
+        with self.env.begin(db=self.node_refs) as txn:
+            refs = bytes(txn.get(version_id.encode()) or b"")
+        return [Digest(refs[i:i + 32]) for i in range(0, len(refs), 32)]
+
+    # --- garbage collection ----------------------------------------------------------------
+
+    def unreferenced(self) -> Iterator[tuple[bytes, Digest, float]]:
+        """Every record with refcount zero: (kind, digest, unreferenced since)."""
+        with self.env.begin(db=self.zero) as txn:
+            for key, value in txn.cursor():
+                raw = bytes(key)
+                yield raw[:1], Digest(raw[1:]), _SINCE.unpack(value)[0]
+
+    def condemn(self, kind: bytes, digests: Iterable[Digest], before: float) -> list[Digest]:
+        """Mark unreferenced, unclaimed records older than ``before`` CONDEMNED, durably.
+
+        Returns the digests condemned (now or by an earlier run).  A writer
+        that claims one of them later resurrects it in its own transaction.
+        """
+        done = []
+        with self.env.begin(write=True) as txn:
+            for digest in digests:
+                rec = self._get(txn, self._db(kind), digest)
+                if rec is None or not self._collectable(txn, digest, rec, before):
+                    continue
+                if rec.state != ChunkState.CONDEMNED:
+                    self._put(txn, kind, digest, replace(rec, state=ChunkState.CONDEMNED))
+                done.append(digest)
+        self.sync()
+        return done
+
+    def _collectable(self, txn: lmdb.Transaction, digest: Digest, rec: ChunkRecord,
+                     before: float) -> bool:
+        return (rec.refcount == 0 and rec.since <= before
+                and rec.state in (ChunkState.LIVE, ChunkState.WRITING, ChunkState.CONDEMNED)
+                and not self.is_claimed(digest, txn))
+
+    def start_delete(self, kind: bytes, digest: Digest, before: float) -> ChunkRecord | None:
+        """Re-check a condemned record and move it to DELETING; None if it must stay.
+
+        From this transaction on, a writer that wants the object waits
+        instead of deduplicating against it, so the object may be deleted.
+        """
+        with self.env.begin(write=True) as txn:
+            rec = self._get(txn, self._db(kind), digest)
+            if rec is None or rec.state != ChunkState.CONDEMNED \
+                    or not self._collectable(txn, digest, rec, before):
+                return None
+            self._put(txn, kind, digest, replace(rec, state=ChunkState.DELETING))
+        return rec
+
+    def finish_delete(self, kind: bytes, digest: Digest) -> bool:
+        """Remove a DELETING record once its object is gone."""
+        with self.env.begin(write=True) as txn:
+            rec = self._get(txn, self._db(kind), digest)
+            if rec is None or rec.state != ChunkState.DELETING:
+                return False
+            self._delete(txn, kind, digest)
+        return True
+
+    def start_orphan_delete(self, kind: bytes, digest: Digest) -> bool:
+        """Put a DELETING record for an object the index does not know; False if it does.
+
+        Writers then wait instead of deduplicating against the object while
+        the sweep deletes it.
+        """
+        with self.env.begin(write=True) as txn:
+            if self._get(txn, self._db(kind), digest) is not None:
+                return False
+            self._put(txn, kind, digest, ChunkRecord(ChunkState.DELETING, 0, 0, 0, 0, 0.0))
+        return True
+
+    def claimants(self, digest: Digest) -> list[str]:
+        """The sessions that claim ``digest``."""
+        with self.env.begin(db=self.claims) as txn:
+            cursor = txn.cursor()
+            found = []
+            if cursor.set_range(digest.raw):
+                for key in cursor.iternext(values=False):
+                    raw = bytes(key)
+                    if not raw.startswith(digest.raw):
+                        break
+                    found.append(raw[len(digest.raw):].decode())
+            return found
+
+    def drop_session(self, session_id: str) -> None:
+        """Expire a session (GC, for sessions of dead processes)."""
+        self.close_session(session_id)
 
     # --- tags ----------------------------------------------------------------------------
 
@@ -307,14 +495,26 @@ class Index:
     def clear(self) -> None:
         """Drop every record (the first step of a rebuild)."""
         with self.env.begin(write=True) as txn:
-            for db in (self.chunks, self.nodes, self.versions_db, self.refs, self.tags_db,
-                       self.sessions, self.claims, self.session_claims):
+            for db in self._tables():
                 txn.drop(db, delete=False)
 
     def put_chunk_record(self, digest: Digest, record: ChunkRecord) -> None:
-        with self.env.begin(write=True, db=self.chunks) as txn:
-            txn.put(digest.raw, record.pack())
+        self.put_record(CHUNK, digest, record)
+
+    def put_record(self, kind: bytes, digest: Digest, record: ChunkRecord) -> None:
+        with self.env.begin(write=True) as txn:
+            self._put(txn, kind, digest, record)
 
     def node_bytes(self) -> int:
         with self.env.begin(db=self.nodes) as txn:
-            return sum(struct.unpack("<Q", v)[0] for _, v in txn.cursor())
+            return sum(ChunkRecord.unpack(v).stored_length for _, v in txn.cursor())
+
+
+def process_start(pid: int) -> str | None:
+    """An identity for a running process that survives pid reuse (Linux: its start time)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            fields = file.read().rsplit(b")", 1)[1].split()
+        return fields[19].decode()  # starttime, field 22 of stat(5)
+    except (OSError, IndexError):
+        return None

@@ -166,3 +166,58 @@ def decide(versions: Sequence[Candidate], policy: Policy, now: float,
             reasons[v.id].append(f"keep_best={policy.keep_best[0]}")
     return Decision(keep={i: r for i, r in reasons.items() if r},
                     drop=[v.id for v in ordered if not reasons[v.id]])
+
+
+@dataclass
+class PruneResult:
+    """What :func:`prune` kept (with reasons) and removed, per run."""
+
+    dry_run: bool
+    kept: dict[str, list[str]] = field(default_factory=dict)
+    removed: list[Any] = field(default_factory=list)  # VersionInfo
+    unverified: list[str] = field(default_factory=list)  # newest versions that failed verify
+
+    def to_json(self) -> dict[str, Any]:
+        return {"dry_run": self.dry_run, "kept": self.kept,
+                "removed": [v.to_json() for v in self.removed], "unverified": self.unverified}
+
+
+def prune(store: Any, policy: Policy, *, run: str | None = None, dry_run: bool = False,
+          verify: bool = True, now: float | None = None) -> PruneResult:
+    """Unpublish the versions ``policy`` does not keep, run by run.
+
+    With ``verify`` the newest versions of each run are hash-checked, newest
+    first, until one passes: that one and its predecessor are kept whatever
+    the policy says.  The chunks of removed versions are freed by GC after
+    its grace period.
+    """
+    import time
+
+    if policy.empty:
+        raise InvalidSettingError("give at least one retention policy (keep_last, keep_every,"
+                                  " keep_within, keep_best); refusing to prune with none")
+    now = time.time() if now is None else now
+    result = PruneResult(dry_run=dry_run)
+    tags: dict[str, list[str]] = {}
+    for tag, vid in store.tags().items():
+        tags.setdefault(vid, []).append(tag)
+    runs = [run] if run is not None else store.runs()
+    for name in runs:
+        infos = store.versions(name)
+        newest_good = None
+        if verify:
+            for info in reversed(infos):
+                if store.verify(info.id).ok:
+                    newest_good = info.id
+                    break
+                result.unverified.append(info.id)
+        candidates = [Candidate(v.id, v.step, v.created, v.meta, tuple(sorted(tags.get(v.id, []))))
+                      for v in infos]
+        decision = decide(candidates, policy, now, newest_good)
+        result.kept.update(decision.keep)
+        by_id = {v.id: v for v in infos}
+        for vid in decision.drop:
+            if not dry_run:
+                store.delete(vid)
+            result.removed.append(by_id[vid])
+    return result

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -50,8 +51,11 @@ from chunkstore.tree import NodeCache, flatten
 from chunkstore.writer import VersionWriter
 
 if TYPE_CHECKING:
+    from chunkstore.gc import GcResult
+    from chunkstore.progress import Progress
     from chunkstore.rebuild import RebuildResult
     from chunkstore.report import StoreStats
+    from chunkstore.retention import PruneResult
     from chunkstore.verify import VerifyResult
 
 MIN_PREFIX = 4
@@ -135,6 +139,8 @@ def open(
                                   " the chunk size of an existing store cannot change")
     index = Index(index_dir or default_index_dir(text, backend))
     store = Store(text, backend, config, index, compression or config.compression, threads)
+    if index.needs_rebuild:  # written by another index schema: it was emptied
+        store.rebuild_index()
     store.reconcile()
     return store
 
@@ -353,6 +359,44 @@ class Store:
         from chunkstore.report import stats
 
         return stats(self)
+
+    def gc(self, grace: object = "1h", *, dry_run: bool = False, sweep: bool = True,
+           clock: Callable[[], float] = time.time, progress: Progress | None = None
+           ) -> GcResult:
+        """Delete chunks and nodes that no live version has referenced for ``grace``.
+
+        ``grace`` is seconds, a ``timedelta`` or text (``"30m"``, ``"1h"``,
+        ``"2d"``; default one hour).  ``dry_run`` decides the same and deletes
+        nothing.  ``sweep`` also removes objects the index does not know that
+        are older than the grace period.  See :mod:`chunkstore.gc`.
+        """
+        from chunkstore.gc import collect
+
+        return collect(self, grace, dry_run=dry_run, sweep=sweep, clock=clock,
+                       progress=progress)
+
+    def prune(self, *, run: str | None = None, dry_run: bool = False, verify: bool = True,
+              keep_last: int | None = None, keep_every: int | None = None,
+              keep_within: object = None, keep_best: tuple[Any, ...] | None = None,
+              min_previous: int = 1) -> PruneResult:
+        """Unpublish the versions no retention policy keeps (see :mod:`chunkstore.retention`).
+
+        Policies compose: a version is kept if any keeps it; tagged versions,
+        the newest version that verifies and ``min_previous`` versions before
+        it are always kept.  Space is freed by :meth:`gc` afterwards.
+        """
+        from chunkstore.retention import Policy, prune
+
+        policy = Policy(keep_last=keep_last, keep_every=keep_every,
+                        keep_within=keep_within,  # type: ignore[arg-type]
+                        keep_best=keep_best, min_previous=min_previous)
+        return prune(self, policy, run=run, dry_run=dry_run, verify=verify)
+
+    def finish_abandoned_deletions(self) -> None:
+        """Finish deletions a killed GC left behind, unless a GC is running now."""
+        from chunkstore.gc import finish_abandoned_deletions
+
+        finish_abandoned_deletions(self)
 
     def rebuild_index(self) -> RebuildResult:
         from chunkstore.rebuild import rebuild

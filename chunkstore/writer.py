@@ -6,7 +6,8 @@ Order of a save (invariant 1 in DESIGN.md):
    or deduplicates against is claimed by it, so GC leaves them alone;
 2. chunk objects are written durably (put-if-absent) by a thread pool while
    the caller keeps adding entries; memory stays O(chunk_size x threads);
-3. on commit, manifest nodes are written durably, bottom-up;
+3. on commit, manifest nodes are claimed like chunks and the missing ones
+   written durably;
 4. the commit record is written (atomic create): this is the commit;
 5. the index counts the version in and drops the session in one transaction.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -33,6 +35,7 @@ from chunkstore.errors import (
     BackendError,
     DuplicateEntryError,
     InvalidInputError,
+    SessionExpiredError,
     VersionClosedError,
 )
 from chunkstore.index import Claim, NewChunk, VersionEntry
@@ -44,6 +47,7 @@ if TYPE_CHECKING:
     from chunkstore.store import Store, VersionInfo
 
 DELETING_WAIT_S = 120.0
+HEARTBEAT_S = 30.0
 
 
 @dataclass
@@ -78,6 +82,7 @@ class VersionWriter:
         self._info: VersionInfo | None = None
         self._inflight = threading.BoundedSemaphore(store.max_inflight)
         self._session = store.index.open_session(f"save {self.run}@{self.step}")
+        self._last_heartbeat = time.monotonic()
 
     # --- adding entries --------------------------------------------------------------------
 
@@ -131,15 +136,30 @@ class VersionWriter:
             self._inflight.release()
 
     def _claim(self, digest: Digest) -> Claim:
+        self._heartbeat_now_and_then()
+        return self._wait_out_deletion(
+            digest, lambda: self._store.index.claim_chunk(self._session, digest))
+
+    def _wait_out_deletion(self, digest: Digest, claim: Callable[[], Claim]) -> Claim:
+        """Claim; while GC deletes the object, wait (or finish a crashed GC's deletion)."""
         deadline = time.monotonic() + DELETING_WAIT_S
         while True:
-            claim = self._store.index.claim_chunk(self._session, digest)
-            if claim != Claim.WAIT:
-                return claim
+            result = claim()
+            if result != Claim.WAIT:
+                return result
+            self._store.finish_abandoned_deletions()
             if time.monotonic() > deadline:
-                raise BackendError(f"chunk {digest.short()} has been in deletion by GC for"
+                raise BackendError(f"object {digest.short()} has been in deletion by GC for"
                                    f" {DELETING_WAIT_S:.0f}s; is a GC run stuck?")
-            time.sleep(0.05)
+            time.sleep(0.02)
+
+    def _node_claimer(self, digest: Digest) -> Callable[[], Claim]:
+        return lambda: self._store.index.claim_nodes(self._session, [digest])[digest]
+
+    def _heartbeat_now_and_then(self) -> None:
+        if time.monotonic() - self._last_heartbeat > HEARTBEAT_S:
+            self._last_heartbeat = time.monotonic()
+            self._store.index.heartbeat(self._session)
 
     def _store_chunk(self, view: memoryview, dtype: str, itemsize: int
                      ) -> tuple[Digest, NewChunk | None]:
@@ -201,9 +221,16 @@ class VersionWriter:
         return encode_level(nested), nodes
 
     def _write_nodes(self, nodes: dict[Digest, bytes]) -> int:
-        """Write the nodes the store does not have yet, durably; return bytes written."""
+        """Claim every node of the tree; write, durably, those the store lacks.
+
+        Returns the bytes written.
+        """
         index, backend = self._store.index, self._store.backend
-        missing = [(d, b) for d, b in nodes.items() if not index.has_node(d)]
+        claims = index.claim_nodes(self._session, nodes)
+        for digest, claim in claims.items():
+            if claim == Claim.WAIT:  # GC is deleting an unreferenced copy of it
+                claims[digest] = self._wait_out_deletion(digest, self._node_claimer(digest))
+        missing = [(d, nodes[d]) for d, c in claims.items() if c == Claim.WRITE]
         done = self._store.executor.map(lambda item: backend.put_if_absent(node_key(item[0]),
                                                                              item[1]), missing)
         return sum(len(b) for (_, b), wrote in zip(missing, done, strict=True) if wrote)
@@ -227,6 +254,11 @@ class VersionWriter:
                 new_stored_bytes=sum(c.stored_length for c in new_chunks) + node_bytes,
             )
             version_id, data = record.encode()
+            if not store.index.heartbeat(self._session):
+                raise SessionExpiredError(
+                    f"the save of {self.run}@{self.step} was idle so long that GC expired its"
+                    " write session; chunks it reused may be gone, so it is not published."
+                    " Save again (and keep saves shorter than the GC grace period)")
             store.backend.put_if_absent(version_key(version_id), data)  # the commit point
             entry = _entry(version_id, record)
             refs = {d for t in tensors.values() for d in t.chunk_digests()}
