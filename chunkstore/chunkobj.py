@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from chunkstore import codecs
 from chunkstore.digest import DIGEST_SIZE, Digest
-from chunkstore.errors import CorruptChunkError
+from chunkstore.errors import CorruptChunkError, FormatVersionError
 
 MAGIC = b"CSCK"
 CHUNK_FORMAT_VERSION = 1
@@ -58,10 +58,7 @@ def parse_header(digest: Digest, data: bytes | memoryview) -> ChunkHeader:
     if magic != MAGIC:
         raise CorruptChunkError(digest.hex, "bad magic (not a chunk object)")
     if version != CHUNK_FORMAT_VERSION:
-        raise CorruptChunkError(
-            digest.hex,
-            f"chunk format version {version}; this chunkstore reads {CHUNK_FORMAT_VERSION}",
-        )
+        raise FormatVersionError(f"chunk {digest.short(16)}", version, CHUNK_FORMAT_VERSION)
     if codecs.by_id(codec_id) is None:
         raise CorruptChunkError(digest.hex, f"unknown codec id {codec_id} (newer chunkstore?)")
     base = None

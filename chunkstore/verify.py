@@ -96,7 +96,7 @@ def _check_chunk(store: Store, digest: Digest, read_data: bool) -> tuple[int, Pr
         return 0, None
     except FileNotFoundError:
         return 0, _problem_from(MissingChunkError(digest.hex), None)
-    except IntegrityError as exc:
+    except (IntegrityError, FormatVersionError) as exc:
         return 0, _problem_from(exc, None)
 
 
