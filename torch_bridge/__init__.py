@@ -29,7 +29,18 @@ _EXPORTS = {
     "RestoreFallbackWarning": "torch_bridge.errors",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "AsyncSaveError",
+    "Checkpointer",
+    "NotAtUpdateBoundaryWarning",
+    "RestoreFallbackWarning",
+    "ResumableSampler",
+    "StateMismatchError",
+    "StateNotFoundError",
+    "export_safetensors",
+    "load",
+    "save",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -40,4 +51,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return __all__
+    return list(__all__)

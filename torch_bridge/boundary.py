@@ -17,7 +17,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.weak import WeakIdKeyDictionary
 
 _consumed: WeakIdKeyDictionary = WeakIdKeyDictionary()
-_installed = False
+_hook: list[Any] = []  # the registration handle, once installed
 
 
 def _after_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -30,10 +30,8 @@ def _after_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Non
 
 def install() -> None:
     """Register the step hook once per process (before the first step it should see)."""
-    global _installed
-    if not _installed:
-        register_optimizer_step_post_hook(_after_step)
-        _installed = True
+    if not _hook:
+        _hook.append(register_optimizer_step_post_hook(_after_step))
 
 
 def _parameters(objects: Iterable[Any]) -> Iterator[tuple[str, torch.Tensor]]:
@@ -61,7 +59,7 @@ def unapplied_gradients(objects: Iterable[tuple[str, Any]]) -> list[str]:
         grad = param.grad
         if grad is None:
             continue
-        record = _consumed.get(param)
+        record = _consumed.get(param)  # type: ignore[no-untyped-call]
         if record == (id(grad), grad._version) or (record is None and id(param) in stepped):
             continue
         if bool(grad.detach().ne(0).any()):

@@ -8,6 +8,7 @@ saved under the keyword it is passed with; RNG states are always captured;
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -17,7 +18,7 @@ import numpy as np
 
 import chunkstore
 from chunkstore import Store, VersionInfo
-from chunkstore.errors import InvalidInputError, IntegrityError, SelectorError
+from chunkstore.errors import IntegrityError, InvalidInputError, SelectorError
 from torch_bridge import boundary
 from torch_bridge.errors import AsyncSaveError, NotAtUpdateBoundaryWarning, RestoreFallbackWarning
 from torch_bridge.layout import (
@@ -247,8 +248,6 @@ class Checkpointer:
         if exc_type is None:
             self.close()
             return
-        try:
+        with contextlib.suppress(AsyncSaveError):  # the exception propagating matters more
             self.close()
-        except AsyncSaveError:
-            pass  # the exception already propagating matters more
 

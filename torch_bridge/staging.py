@@ -27,7 +27,7 @@ class StagingBuffers:
     def stage(self, entries: list[str], values: list[torch.Tensor | np.ndarray]
               ) -> list[tuple[np.ndarray, str | None]]:
         """Copy ``values`` into the buffers; returns the arrays to store (views of buffers)."""
-        arrays = []
+        arrays: list[tuple[np.ndarray, str | None]] = []
         used_cuda = False
         tensors: dict[str, torch.Tensor] = {}
         numpy_arrays: dict[str, np.ndarray] = {}
