@@ -21,6 +21,10 @@ from chunkstore.errors import BackendError
 FAULT_ENV_VAR = "CHUNKSTORE_FAULT"
 _KILL_BEFORE_PUT = "kill-before-put"
 _KILL_AFTER_PUT = "kill-after-put"
+_KILL_BEFORE_DELETE = "kill-before-delete"
+_KILL_AFTER_DELETE = "kill-after-delete"
+_FAULTS = {_KILL_BEFORE_PUT: ("put", False), _KILL_AFTER_PUT: ("put", True),
+           _KILL_BEFORE_DELETE: ("delete", False), _KILL_AFTER_DELETE: ("delete", True)}
 
 
 class ForwardingBackend(Backend):
@@ -110,13 +114,18 @@ class KillAfterBackend(ForwardingBackend):
     With ``after=True`` that fatal write completes (durably) first and the
     process dies right after it, before the caller sees it return: the
     crash point between one write and whatever the caller does next.
-    Other writes and all reads are untouched.
+    Other writes and all reads are untouched.  With ``operation="delete"``
+    the same applies to deletes instead of writes (crash tests of GC).
     """
 
-    def __init__(self, inner: Backend, prefix: str, count: int, *, after: bool = False) -> None:
+    def __init__(self, inner: Backend, prefix: str, count: int, *, after: bool = False,
+                 operation: str = "put") -> None:
         if count < 0:
             raise ValueError(f"count must be >= 0, got {count}")
+        if operation not in ("put", "delete"):
+            raise ValueError(f"operation must be 'put' or 'delete', got {operation!r}")
         super().__init__(inner)
+        self.operation = operation
         self.prefix = prefix
         self.count = count
         self.after = after
@@ -142,8 +151,18 @@ class KillAfterBackend(ForwardingBackend):
             _die()
         return created
 
-    def _is_fatal(self, key: str) -> bool:
-        if not key.startswith(self.prefix):
+    def delete(self, key: str) -> bool:
+        """Kill the process if this is the fatal delete, else forward."""
+        fatal = self._is_fatal(key, "delete")
+        if fatal and not self.after:
+            _die()
+        existed = self.inner.delete(key)
+        if fatal:
+            _die()
+        return existed
+
+    def _is_fatal(self, key: str, operation: str = "put") -> bool:
+        if operation != self.operation or not key.startswith(self.prefix):
             return False
         with self._lock:  # concurrent writers: exactly `count` matching writes pass
             self._matched += 1
@@ -157,8 +176,9 @@ def _die() -> None:
 def wrap_from_env(backend: Backend, environ: Mapping[str, str] | None = None) -> Backend:
     """Wrap ``backend`` in the fault named by ``CHUNKSTORE_FAULT``, or return it unchanged.
 
-    Faults are ``kill-before-put:<prefix>:<count>`` and
-    ``kill-after-put:<prefix>:<count>`` (see :class:`KillAfterBackend`).
+    Faults are ``kill-before-put``, ``kill-after-put``, ``kill-before-delete``
+    and ``kill-after-delete``, each as ``<fault>:<prefix>:<count>`` (see
+    :class:`KillAfterBackend`).
     Unset or empty means no fault; anything else raises ``ValueError`` so a
     typo never silently disables a crash test.
     """
@@ -167,10 +187,10 @@ def wrap_from_env(backend: Backend, environ: Mapping[str, str] | None = None) ->
         return backend
     kind, _, rest = spec.partition(":")
     prefix, sep, count_text = rest.rpartition(":")
-    if kind not in (_KILL_BEFORE_PUT, _KILL_AFTER_PUT) or not sep or not count_text.isdigit():
+    if kind not in _FAULTS or not sep or not count_text.isdigit():
         raise ValueError(
             f"{FAULT_ENV_VAR}={spec!r} is not understood; expected"
-            f" '{_KILL_BEFORE_PUT}:<key prefix>:<count >= 0>'"
-            f" or '{_KILL_AFTER_PUT}:<key prefix>:<count >= 0>'"
+            f" '<fault>:<key prefix>:<count >= 0>' with <fault> one of {', '.join(_FAULTS)}"
         )
-    return KillAfterBackend(backend, prefix, int(count_text), after=kind == _KILL_AFTER_PUT)
+    operation, after = _FAULTS[kind]
+    return KillAfterBackend(backend, prefix, int(count_text), after=after, operation=operation)

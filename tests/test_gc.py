@@ -1,0 +1,328 @@
+"""Garbage collection: grace period, shared chunks, orphans, sessions, crashes, dry runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import chunkstore
+from chunkstore.digest import Digest, chunk_key, node_key
+from chunkstore.errors import GcAbortedError, GcBusyError, SessionExpiredError
+from chunkstore.gc import gc_lock
+from chunkstore.index import CHUNK, ChunkRecord, ChunkState, Claim
+from chunkstore.tree import flatten
+from tests.conftest import SMALL_CHUNK, tree_snapshot
+
+HOUR = 3600.0
+REPO = Path(__file__).resolve().parent.parent
+
+
+def later(seconds: float) -> float:
+    return time.time() + seconds
+
+
+def state(seed: int, shared: np.ndarray) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"model.shared": shared, "model.own": rng.standard_normal(40_000).astype(np.float32)}
+
+
+def save(store: chunkstore.Store, step: int, arrays: dict[str, np.ndarray]) -> str:
+    with store.new_version("r", step) as v:
+        for name, array in arrays.items():
+            v.put(name, array)
+        v.put_data("trainer", {"step": step})
+    return v.info.id
+
+
+def objects(store_path: Path, prefix: str) -> set[str]:
+    root = store_path / prefix
+    return {p.name for p in root.rglob("*") if p.is_file()} if root.exists() else set()
+
+
+def reachable(store: chunkstore.Store, version_id: str) -> tuple[set[str], set[str]]:
+    """(chunk hexes, node hexes) a version's manifest reaches, read from the manifest."""
+    flat = flatten(store.backend, store.read_record(version_id).root, store.node_cache)
+    return ({d.hex for d in flat.chunk_digests()},
+            {d.hex for d in flat.tree_nodes | flat.data_nodes()})
+
+
+def assert_loads(store: chunkstore.Store, version_id: str, arrays: dict[str, np.ndarray]) -> None:
+    reader = store.open_version(version_id)
+    for name, array in arrays.items():
+        np.testing.assert_array_equal(reader.get(name), array)
+
+
+@pytest.fixture
+def shared() -> np.ndarray:
+    return np.random.default_rng(7).standard_normal(100_000).astype(np.float32)
+
+
+def test_grace_keeps_fresh_garbage_and_then_frees_exactly_the_unreachable(
+        store: chunkstore.Store, store_path: Path, shared: np.ndarray) -> None:
+    a, b = state(1, shared), state(2, shared)
+    va, vb = save(store, 1, a), save(store, 2, b)
+    chunks_a, nodes_a = reachable(store, va)
+    chunks_b, nodes_b = reachable(store, vb)
+    assert chunks_a & chunks_b  # model.shared is deduplicated
+    store.delete(va)
+
+    fresh = store.gc(grace="1h")
+    assert fresh.chunks_deleted == fresh.nodes_deleted == 0
+    assert fresh.kept_by_grace == len(chunks_a - chunks_b) + len(nodes_a - nodes_b)
+    assert objects(store_path, "chunks") == chunks_a | chunks_b
+
+    doomed = [chunk_key(Digest.parse(h)) for h in chunks_a - chunks_b] + [
+        node_key(Digest.parse(h)) for h in nodes_a - nodes_b]
+    doomed_bytes = sum((store_path / key).stat().st_size for key in doomed)
+    result = store.gc(grace="1h", clock=lambda: later(2 * HOUR))
+    assert objects(store_path, "chunks") == chunks_b
+    assert objects(store_path, "nodes") == nodes_b
+    assert result.chunks_deleted == len(chunks_a - chunks_b)
+    assert result.nodes_deleted == len(nodes_a - nodes_b)
+    assert result.bytes_freed == doomed_bytes
+    assert store.verify().ok
+    assert_loads(store, vb, b)
+    again = store.gc(grace="1h", clock=lambda: later(3 * HOUR))
+    assert again.chunks_deleted == again.nodes_deleted == again.orphans_deleted == 0
+
+
+def test_deleting_one_of_two_versions_sharing_chunks_frees_only_its_own(
+        store: chunkstore.Store, store_path: Path, shared: np.ndarray) -> None:
+    a, b = state(1, shared), state(2, shared)
+    va, vb = save(store, 1, a), save(store, 2, b)
+    chunks_b, _ = reachable(store, vb)
+    store.delete(vb)
+    store.gc(grace=0)
+    assert objects(store_path, "chunks") == reachable(store, va)[0]
+    assert not chunks_b - reachable(store, va)[0] & objects(store_path, "chunks")
+    assert_loads(store, va, a)
+    assert store.verify().ok
+
+
+def test_dry_run_tells_the_truth_and_changes_nothing(
+        store: chunkstore.Store, store_path: Path, shared: np.ndarray) -> None:
+    va = save(store, 1, state(1, shared))
+    save(store, 2, state(2, shared))
+    store.delete(va)
+    before = tree_snapshot(store_path)
+    dry = store.gc(grace=0, dry_run=True)
+    assert tree_snapshot(store_path) == before
+    real = store.gc(grace=0)
+    assert (dry.chunks_deleted, dry.nodes_deleted, dry.bytes_freed) == (
+        real.chunks_deleted, real.nodes_deleted, real.bytes_freed)
+    assert real.chunks_deleted > 0
+
+
+def test_a_killed_save_leaves_orphans_collected_after_the_grace_period(
+        store_path: Path) -> None:
+    child = [sys.executable, str(REPO / "tests" / "crash_child.py"), str(store_path)]
+    subprocess.run([*child, "1", "1"], check=True, capture_output=True, timeout=120)
+    before = objects(store_path, "chunks")
+    killed = subprocess.run([*child, "2", "2"], capture_output=True, timeout=120, check=False,
+                            env={**os.environ, "CHUNKSTORE_FAULT": "kill-before-put:versions/:0"})
+    assert killed.returncode == -signal.SIGKILL
+    orphans = objects(store_path, "chunks") - before
+    assert orphans
+    with chunkstore.open(store_path) as store:
+        assert len(store.index.list_sessions()) == 1  # the killed save's
+        fresh = store.gc(grace="1h")
+        assert fresh.sessions_expired == 1
+        assert fresh.chunks_deleted == 0
+        result = store.gc(grace="1h", clock=lambda: later(2 * HOUR))
+        assert result.chunks_deleted == len(orphans)
+        assert objects(store_path, "chunks") == before
+        assert store.verify().ok
+        assert [v.step for v in store.versions()] == [1]
+
+
+def test_a_save_that_reuses_a_condemned_chunk_resurrects_it(
+        store: chunkstore.Store, shared: np.ndarray) -> None:
+    va = save(store, 1, state(1, shared))
+    digest = next(iter(store.index.version_refs(va)))
+    store.delete(va)
+    before = later(HOUR)
+    assert store.index.condemn(CHUNK, [digest], before) == [digest]
+    session = store.index.open_session("test")
+    assert store.index.claim_chunk(session, digest) == Claim.DEDUP
+    record = store.index.chunk(digest)
+    assert record is not None and record.state == ChunkState.LIVE
+    assert store.index.start_delete(CHUNK, digest, before) is None  # GC's re-check says no
+    store.index.close_session(session)
+
+
+def test_a_claimed_chunk_is_never_deleted_even_unreferenced(
+        store: chunkstore.Store, store_path: Path, shared: np.ndarray) -> None:
+    va = save(store, 1, state(1, shared))
+    refs = store.index.version_refs(va)
+    session = store.index.open_session("a save in progress")
+    for digest in refs:
+        assert store.index.claim_chunk(session, digest) == Claim.DEDUP
+    store.delete(va)
+    result = store.gc(grace=0)
+    assert result.chunks_deleted == 0
+    assert result.kept_by_sessions == len(refs)
+    assert {d.hex for d in refs} <= objects(store_path, "chunks")
+    store.index.close_session(session)
+    assert store.gc(grace=0).chunks_deleted == len(refs)
+
+
+def test_sessions_of_dead_processes_expire_and_live_ones_do_not(
+        store: chunkstore.Store, shared: np.ndarray) -> None:
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           check=True, capture_output=True, text=True)
+    dead_pid = int(child.stdout)
+    live = store.index.open_session("live")
+    dead = store.index.open_session("dead")
+    remote = store.index.open_session("remote")
+    with store.index.env.begin(write=True, db=store.index.sessions) as txn:
+        info = json.loads(txn.get(dead.encode()))
+        txn.put(dead.encode(), json.dumps({**info, "pid": dead_pid,
+                                           "process_start": "1"}).encode())
+        info = json.loads(txn.get(remote.encode()))
+        txn.put(remote.encode(), json.dumps({**info, "host": "elsewhere",
+                                             "heartbeat": time.time() - 2 * HOUR}).encode())
+    result = store.gc(grace="1h")
+    assert result.sessions_expired == 2
+    assert set(store.index.list_sessions()) == {live}
+
+
+def test_a_save_whose_session_expired_is_not_published(
+        store: chunkstore.Store, shared: np.ndarray) -> None:
+    writer = store.new_version("r", 1)
+    writer.put("model.shared", shared)
+    store.index.drop_session(writer._session)  # what GC does to a session it thinks dead
+    with pytest.raises(SessionExpiredError):
+        writer.commit()
+    assert store.versions() == []
+
+
+def test_a_referenced_chunk_with_a_wrong_refcount_is_kept_and_reported(
+        store: chunkstore.Store, store_path: Path, shared: np.ndarray) -> None:
+    va = save(store, 1, state(1, shared))
+    digest = store.index.version_refs(va)[0]
+    record = store.index.chunk(digest)
+    assert record is not None
+    store.index.put_chunk_record(digest, ChunkRecord(ChunkState.LIVE, record.codec_id, 0,
+                                                     record.raw_length, record.stored_length,
+                                                     0.0))
+    result = store.gc(grace=0)
+    assert result.chunks_deleted == 0
+    assert any(digest.short(16) in d for d in result.index_disagreements)
+    assert (store_path / chunk_key(digest)).exists()
+
+
+def test_objects_the_index_does_not_know_are_swept_after_the_grace_period(
+        store: chunkstore.Store, store_path: Path, shared: np.ndarray) -> None:
+    kept = save(store, 1, state(1, shared))
+    stray = Digest.of(b"a chunk object whose index record was lost")
+    store.backend.put(chunk_key(stray), b"CSCK-not-even-valid")
+    store.backend.put(node_key(stray), b"{}")
+    assert store.gc(grace="1h").orphans_deleted == 0
+    result = store.gc(grace="1h", clock=lambda: later(2 * HOUR))
+    assert result.orphans_deleted == 2
+    assert not (store_path / chunk_key(stray)).exists()
+    assert not (store_path / node_key(stray)).exists()
+    assert store.index.chunk(stray) is None
+    assert_loads(store, kept, state(1, shared))
+
+
+def test_only_one_gc_at_a_time(store: chunkstore.Store) -> None:
+    with gc_lock(store.index.path) as held:
+        assert held
+        with pytest.raises(GcBusyError):
+            store.gc(grace=0)
+
+
+def test_a_gc_that_outlives_half_the_grace_period_stops(
+        store: chunkstore.Store, shared: np.ndarray) -> None:
+    va = save(store, 1, state(1, shared))
+    save(store, 2, state(2, shared))
+    store.delete(va)
+    ticks = iter(range(0, 10_000_000, 1000))  # every clock read is 1000 s later
+    start = later(2 * HOUR)
+    with pytest.raises(GcAbortedError):
+        store.gc(grace="1h", clock=lambda: start + next(ticks))
+    assert store.verify().ok
+
+
+GC_CHILD = """
+import sys, chunkstore
+with chunkstore.open(sys.argv[1]) as store:
+    store.gc(grace=0)
+print("finished", flush=True)
+"""
+
+
+@pytest.mark.parametrize("fault", ["kill-before-delete:chunks/:3", "kill-after-delete:chunks/:3",
+                                   "kill-before-delete:nodes/:0"])
+def test_gc_killed_mid_run_leaves_a_store_that_verifies_and_heals(
+        store_path: Path, shared: np.ndarray, fault: str) -> None:
+    with chunkstore.open(store_path, chunk_size=SMALL_CHUNK) as store:
+        old = [save(store, step, state(step, shared)) for step in (1, 2, 3)]
+        keep = save(store, 4, state(4, shared))
+        for vid in old:
+            store.delete(vid)
+        expected = reachable(store, keep)
+    proc = subprocess.run([sys.executable, "-c", GC_CHILD, str(store_path)],
+                          env={**os.environ, "CHUNKSTORE_FAULT": fault}, cwd=REPO,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    with chunkstore.open(store_path, chunk_size=SMALL_CHUNK) as store:
+        assert store.verify().ok
+        assert_loads(store, keep, state(4, shared))
+        store.gc(grace=0)
+        assert store.verify().ok
+        assert objects(store_path, "chunks") == expected[0]
+        assert objects(store_path, "nodes") == expected[1]
+        assert not [r for _, r in store.index.iter_chunks() if r.state == ChunkState.DELETING]
+
+
+def test_report_shows_what_gc_could_reclaim(store: chunkstore.Store, shared: np.ndarray) -> None:
+    va = save(store, 1, state(1, shared))
+    save(store, 2, state(2, shared))
+    assert store.stats().reclaimable_bytes == 0
+    store.delete(va)
+    stats = store.stats()
+    assert stats.reclaimable_bytes > 0
+    freed = store.gc(grace=0)
+    assert freed.bytes_freed >= stats.reclaimable_bytes
+    assert store.stats().reclaimable_bytes == 0
+
+
+def test_saves_racing_gc_with_no_grace_never_publish_a_version_with_a_deleted_chunk(
+        store_path: Path) -> None:
+    """The dedup-versus-GC race: two saving processes and a GC process, grace 0."""
+    from tests.gc_race_child import CHUNK, expected
+
+    chunkstore.open(store_path, chunk_size=CHUNK, compression="none").close()
+    child = [sys.executable, str(REPO / "tests" / "gc_race_child.py"), str(store_path)]
+    seconds = "6"
+    procs = [subprocess.Popen([*child, "save", seconds, str(w)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=REPO) for w in (1, 2)]
+    procs.append(subprocess.Popen([*child, "gc", seconds], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, cwd=REPO))
+    outputs = [p.communicate(timeout=120) for p in procs]
+    for proc, (_, err) in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, err
+    saves = sum(int(out.split()[1]) for out, _ in outputs[:2])
+    gc_runs, gc_deleted = (int(x) for x in outputs[2][0].split()[1:])
+    assert saves >= 10 and gc_runs >= 5 and gc_deleted > 0  # the race really ran
+    with chunkstore.open(store_path) as store:
+        result = store.verify()
+        assert result.ok, result.problems
+        versions = store.versions()
+        assert len(versions) == 4  # each writer keeps its newest two
+        for info in versions:
+            writer = int(info.run[1:])
+            np.testing.assert_array_equal(store.open_version(info.id).get("w"),
+                                          expected(writer, info.step))
+        store.gc(grace=0)
+        assert store.verify().ok
