@@ -189,3 +189,5 @@ def apply_states(targets: dict[str, Any], trees: dict[str, Any],
             obj.load_state_dict(tree)
         elif isinstance(obj, dict) and isinstance(tree, dict):
             obj.update(tree)
+        else:
+            targets[key] = tree  # a plain value: the caller's dict gets the loaded one

@@ -77,9 +77,10 @@ class Job:
 
     def stateful(self, without: frozenset[str] = frozenset()) -> dict[str, Any]:
         """The objects to save/restore; ``without`` drops pieces (to prove they matter)."""
-        pieces: dict[str, dict[str, Any]] = {"model": {"model": self.model}, "optimizer": {"optimizer": self.optimizer},
-                  "scheduler": {"scheduler": self.scheduler, "scaler": self.scaler},
-                  "data": {"sampler": self.sampler}}
+        pieces: dict[str, dict[str, Any]] = {
+            "model": {"model": self.model}, "optimizer": {"optimizer": self.optimizer},
+            "scheduler": {"scheduler": self.scheduler, "scaler": self.scaler},
+            "data": {"sampler": self.sampler}}
         state: dict[str, Any] = {"history": self.history}
         for name, objects in pieces.items():
             if name not in without:

@@ -1,0 +1,290 @@
+"""Checkpointer: async capture, background errors, fallback, mismatches, retention, meta."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import chunkstore  # noqa: E402
+from chunkstore.backends.wrappers import ForwardingBackend  # noqa: E402
+from chunkstore.digest import chunk_key  # noqa: E402
+from chunkstore.errors import (  # noqa: E402
+    IntegrityError,
+    InvalidInputError,
+    NotSerializableError,
+    SelectorError,
+)
+from torch_bridge import (  # noqa: E402
+    AsyncSaveError,
+    Checkpointer,
+    NotAtUpdateBoundaryWarning,
+    RestoreFallbackWarning,
+    StateMismatchError,
+    StateNotFoundError,
+    load,
+    save,
+)
+from torch_bridge.training import DelayedBackend  # noqa: E402
+
+nn = torch.nn
+SMALL_CHUNK = 64 * 1024
+
+
+def _model(seed: int = 0, width: int = 32) -> Any:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(16, width), nn.ReLU(), nn.Linear(width, 4))
+
+
+def _equal_state(a: Any, b: Any) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def _train_step(model: Any, optimizer: Any) -> None:
+    optimizer.zero_grad()
+    model(torch.randn(8, 16)).pow(2).mean().backward()
+    optimizer.step()
+
+
+def _ckpt(path: Path, **kwargs: Any) -> Checkpointer:
+    return Checkpointer(path, run="r", chunk_size=SMALL_CHUNK, **kwargs)
+
+
+class FailingBackend(ForwardingBackend):
+    def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
+        raise OSError("disk full (injected)")
+
+
+def test_async_save_stores_the_values_at_save_time(tmp_path: Path) -> None:
+    model = _model(width=256)
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    with _ckpt(tmp_path / "s", async_save=True) as ckpt:
+        ckpt.store.backend = DelayedBackend(ckpt.store.backend, 0.05)
+        started = time.perf_counter()
+        assert ckpt.save(1, model=model) is None
+        pause = time.perf_counter() - started
+        with torch.no_grad():  # training goes on while the write runs
+            for p in model.parameters():
+                p.add_(1.0)
+        assert pause < 0.05  # the write (>= 50 ms per object) is not in the pause
+        info = ckpt.wait()
+        assert info is not None and info.step == 1
+        fresh = _model(seed=1, width=256)
+        assert ckpt.restore(model=fresh) == 1
+    assert all(torch.equal(fresh.state_dict()[k], v) for k, v in expected.items())
+
+
+def test_at_most_one_save_is_in_flight(tmp_path: Path) -> None:
+    model = _model()
+    with _ckpt(tmp_path / "s", async_save=True) as ckpt:
+        ckpt.store.backend = DelayedBackend(ckpt.store.backend, 0.05)
+        ckpt.save(1, model=model)
+        started = time.perf_counter()
+        ckpt.save(2, model=model)  # waits for save 1 to be published
+        assert time.perf_counter() - started >= 0.05
+        assert ckpt.all_steps() == [1]
+    with _ckpt(tmp_path / "s") as ckpt:
+        assert ckpt.all_steps() == [1, 2]
+
+
+def test_a_background_error_surfaces_on_the_next_call(tmp_path: Path) -> None:
+    model = _model()
+    ckpt = _ckpt(tmp_path / "s", async_save=True)
+    healthy = ckpt.store.backend
+    ckpt.store.backend = FailingBackend(healthy)
+    ckpt.save(1, model=model)  # returns: the failure happens in the background
+    with pytest.raises(AsyncSaveError, match=r"r@1 failed.*disk full"):
+        ckpt.save(2, model=model)
+    ckpt.store.backend = healthy
+    ckpt.save(3, model=model)
+    ckpt.wait()
+    ckpt.store.backend = FailingBackend(healthy)
+    ckpt.save(4, model=model)
+    with pytest.raises(AsyncSaveError, match="r@4"):
+        ckpt.wait()
+    ckpt.store.backend = healthy
+    ckpt.close()
+    with _ckpt(tmp_path / "s") as again:
+        assert again.all_steps() == [3]
+
+
+def _corrupt_newest_unique_chunk(store_path: Path) -> None:
+    with chunkstore.open(store_path, create=False) as store:
+        newest, previous = store.versions("r")[-1], store.versions("r")[-2]
+
+        def chunks(version_id: str) -> set[Any]:
+            reader = store.open_version(version_id)
+            return {d for e in reader.entries().values() if hasattr(e, "chunk_digests")
+                    for d in e.chunk_digests()}
+
+        unique = sorted(chunks(newest.id) - chunks(previous.id), key=lambda d: d.hex)
+    target = store_path / chunk_key(unique[0])
+    data = bytearray(target.read_bytes())
+    data[-1] ^= 0xFF
+    target.write_bytes(bytes(data))
+
+
+def test_restore_falls_back_when_the_newest_version_is_corrupt(tmp_path: Path) -> None:
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with _ckpt(tmp_path / "s") as ckpt:
+        _train_step(model, optimizer)
+        ckpt.save(1, model=model)
+        expected = _model(seed=5)
+        expected.load_state_dict(model.state_dict())
+        _train_step(model, optimizer)
+        ckpt.save(2, model=model)
+    _corrupt_newest_unique_chunk(tmp_path / "s")
+    fresh = _model(seed=9)
+    with _ckpt(tmp_path / "s") as ckpt:
+        with pytest.warns(RestoreFallbackWarning, match=r"step 2\).*corrupt.*restored step 1"):
+            assert ckpt.restore(model=fresh) == 1
+        assert _equal_state(fresh, expected)
+        with pytest.raises(IntegrityError):
+            ckpt.restore(2, model=fresh)  # an explicit step does not fall back
+
+
+def test_restore_without_versions_returns_none(tmp_path: Path) -> None:
+    model = _model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with _ckpt(tmp_path / "s") as ckpt:
+        assert ckpt.restore(model=model) is None
+        assert ckpt.latest_step() is None and ckpt.all_steps() == []
+        with pytest.raises(SelectorError, match="no version at step 3"):
+            ckpt.restore(3, model=model)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
+
+
+@pytest.mark.parametrize("change", ["shape", "dtype"])
+def test_a_mismatched_model_gets_a_clear_error_and_is_untouched(tmp_path: Path,
+                                                                 change: str) -> None:
+    with _ckpt(tmp_path / "s") as ckpt:
+        ckpt.save(1, model=_model())
+        other = _model(seed=3, width=48) if change == "shape" else _model(seed=3).double()
+        before = {k: v.clone() for k, v in other.state_dict().items()}
+        expected = r"model\['0.weight'\] is float32\[32, 16\] in the checkpoint but " + (
+            r"float32\[48, 16\]" if change == "shape" else r"float64\[32, 16\]")
+        with pytest.raises(StateMismatchError, match=expected):
+            ckpt.restore(model=other)
+    assert all(torch.equal(other.state_dict()[k], v) for k, v in before.items())
+
+
+def test_restore_loads_parameters_in_place(tmp_path: Path) -> None:
+    model = _model()
+    with _ckpt(tmp_path / "s") as ckpt:
+        ckpt.save(1, model=model)
+        target = _model(seed=4)
+        pointers = [p.data_ptr() for p in target.parameters()]
+        ckpt.restore(model=target)
+    assert [p.data_ptr() for p in target.parameters()] == pointers
+    assert _equal_state(target, model)
+
+
+def test_unknown_state_key_on_restore(tmp_path: Path) -> None:
+    with _ckpt(tmp_path / "s") as ckpt:
+        ckpt.save(1, model=_model())
+        with pytest.raises(StateNotFoundError, match="no state optimizer"):
+            ckpt.restore(model=_model(), optimizer=torch.optim.SGD(_model().parameters(), 0.1))
+
+
+class Opaque:
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"ok": 1, "nested": {"fn": self.value}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.value = state["nested"]["fn"]
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_unencodable_state_fails_at_save_naming_its_path(tmp_path: Path,
+                                                          async_save: bool) -> None:
+    with _ckpt(tmp_path / "s", async_save=async_save) as ckpt:
+        with pytest.raises(NotSerializableError, match=r"thing\['nested'\]\['fn'\].*function"):
+            ckpt.save(1, thing=Opaque(lambda: 0))
+        with pytest.raises(InvalidInputError, match="reserved"):
+            ckpt.save(1, rng=Opaque(1))
+        ckpt.wait()
+        assert ckpt.all_steps() == []
+
+
+def test_plain_state_round_trips_exactly(tmp_path: Path) -> None:
+    value = {"t": (1, 2.5, float("nan")), 3: [b"x", None, True], "big": 2**70}
+    thing = Opaque(value)
+    with _ckpt(tmp_path / "s") as ckpt:
+        ckpt.save(1, thing=thing)
+        restored = Opaque(None)
+        ckpt.restore(thing=restored)
+    assert repr(restored.value) == repr(value)
+
+
+def test_saving_between_backward_and_step_warns(tmp_path: Path) -> None:
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with _ckpt(tmp_path / "s") as ckpt:
+        _train_step(model, optimizer)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            ckpt.save(1, model=model, optimizer=optimizer)  # after step(): a boundary
+        model(torch.randn(8, 16)).sum().backward()
+        with pytest.warns(NotAtUpdateBoundaryWarning, match="not resume exactly"):
+            ckpt.save(2, model=model, optimizer=optimizer)
+
+
+def test_retention_keeps_the_last_every_kth_and_tagged(tmp_path: Path) -> None:
+    model = _model()
+    with _ckpt(tmp_path / "s", keep_last=2, keep_every=4) as ckpt:
+        for step in range(1, 3):
+            ckpt.save(step, model=model)
+        ckpt.store.tag("r@1", "first")
+        for step in range(3, 10):
+            ckpt.save(step, model=model)
+        assert ckpt.all_steps() == [1, 4, 8, 9]
+    with pytest.raises(InvalidInputError, match="keep_last"):
+        _ckpt(tmp_path / "t", keep_last=0)
+
+
+def test_provenance_and_user_meta_are_recorded(tmp_path: Path) -> None:
+    with _ckpt(tmp_path / "s", meta={"dataset": "toy-v2"}) as ckpt:
+        info = ckpt.save(1, model=_model())
+    assert info is not None
+    meta = info.meta
+    assert meta["dataset"] == "toy-v2"
+    assert meta["torch"] == torch.__version__ and meta["world_size"] == 1
+    assert {"python", "numpy", "chunkstore", "host"} <= meta.keys()
+    assert "code_rev" in meta and isinstance(meta["code_dirty"], bool)  # the tests run in git
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn", "float16", "int64", "bool"])
+def test_every_dtype_round_trips(tmp_path: Path, dtype: str) -> None:
+    source = (torch.randn(33, 7) * 3).to(getattr(torch, dtype))
+    state = {"w": source, "scalar": torch.tensor(5)}
+    with _ckpt(tmp_path / "s") as ckpt:
+        info = ckpt.save(1, weights=state)
+        assert info is not None
+        entry = ckpt.store.open_version(info.id).entry("weights.w")
+        assert entry.dtype == dtype  # type: ignore[union-attr]
+        target = {"w": torch.zeros_like(source), "scalar": torch.tensor(0)}
+        ckpt.restore(weights=target)
+    assert target["w"].view(torch.uint8).equal(source.view(torch.uint8))
+    assert target["scalar"].item() == 5
+
+
+def test_functional_save_and_load(tmp_path: Path) -> None:
+    model = _model()
+    store_path = tmp_path / "s"
+    info = save(store_path, {"model": model.state_dict(), "epoch": 3}, run="manual", step=7)
+    assert info.step == 7
+    target = _model(seed=2)
+    live = {"model": target.state_dict(), "epoch": None}
+    loaded = load(store_path, "manual@7", live)
+    assert loaded["epoch"] == 3 and live["epoch"] == 3
+    assert _equal_state(target, model)  # state_dict tensors alias the parameters

@@ -1,0 +1,97 @@
+"""Export to safetensors (API and CLI), the plan command, and lazy torch imports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+torch = pytest.importorskip("torch")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+from torch_bridge import Checkpointer, export_safetensors  # noqa: E402
+from torch_bridge.cli import demo, export, plan  # noqa: E402
+
+nn = torch.nn
+
+
+def _saved(tmp_path: Path) -> tuple[Path, dict[str, object]]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(16, 2))
+    model[2].to(torch.bfloat16)
+    optimizer = torch.optim.Adam(model.parameters())
+    store = tmp_path / "s"
+    with Checkpointer(store, run="exp") as ckpt:
+        ckpt.save(5, model=model, optimizer=optimizer)
+    return store, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_export_round_trips_through_safetensors(tmp_path: Path) -> None:
+    store, expected = _saved(tmp_path)
+    out = tmp_path / "model.safetensors"
+    summary = export_safetensors(store, "exp@5", out)
+    loaded = safetensors_torch.load_file(out)
+    assert loaded.keys() == expected.keys()  # optimizer state and RNG stripped
+    for name, tensor in expected.items():
+        assert loaded[name].dtype == tensor.dtype
+        assert torch.equal(loaded[name], tensor)
+    assert summary["tensors"] == len(expected) and summary["step"] == 5
+
+
+def test_export_casts_floating_point_tensors(tmp_path: Path) -> None:
+    store, expected = _saved(tmp_path)
+    out = tmp_path / "half.safetensors"
+    export_safetensors(store, "latest", out, dtype="float16")
+    loaded = safetensors_torch.load_file(out)
+    assert all(t.dtype == torch.float16 for t in loaded.values())
+    assert torch.equal(loaded["0.weight"], expected["0.weight"].half())
+
+
+def test_export_command(tmp_path: Path) -> None:
+    store, expected = _saved(tmp_path)
+    out = tmp_path / "cli.safetensors"
+    result = CliRunner().invoke(export, [str(store), "exp@latest", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["tensors"] == len(expected)
+    assert safetensors_torch.load_file(out).keys() == expected.keys()
+    bad = CliRunner().invoke(export, [str(store), "exp@99", str(out)])
+    assert bad.exit_code == 2 and "chunkstore: error: " in bad.output
+    empty = CliRunner().invoke(export, [str(store), "exp@5", str(out), "--prefix", "nope."])
+    assert empty.exit_code == 2 and "no tensors under prefix" in empty.output
+    missing = CliRunner().invoke(export, [str(tmp_path / "none"), "latest", str(out)])
+    assert missing.exit_code == 2
+
+
+def test_plan_command() -> None:
+    result = CliRunner().invoke(plan, ["--save-seconds", "2", "--mtbf", "6",
+                                       "--step-seconds", "0.5", "--json"])
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.output)
+    assert 280 < body["interval_seconds"] < body["young_interval_seconds"] < 300  # sqrt(2*2*21600)
+    assert body["interval_steps"] == round(body["interval_seconds"] / 0.5)
+    bad = CliRunner().invoke(plan, ["--save-seconds", "0", "--mtbf", "6"])
+    assert bad.exit_code == 2 and bad.output.startswith("chunkstore: error: ")
+
+
+def test_commands_have_help() -> None:
+    for command in (demo, export, plan):
+        result = CliRunner().invoke(command, ["--help"])
+        assert result.exit_code == 0 and "Exit codes" in result.output
+
+
+def test_the_cli_module_imports_torch_only_when_a_command_needs_it() -> None:
+    code = ("import sys, torch_bridge, torch_bridge.cli, torch_bridge.plan\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True, timeout=120).stdout
+    assert out.strip() == "[]"
+
+
+def test_demo_refuses_a_non_empty_directory(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    result = CliRunner().invoke(demo, [str(tmp_path)])
+    assert result.exit_code == 2 and "not empty" in result.output
