@@ -30,9 +30,12 @@ from chunkstore.errors import (
     InvalidInputError,
     NotAStoreError,
 )
+from chunkstore.gc import GcResult
 from chunkstore.manifest import TensorEntry
 from chunkstore.progress import TerminalProgress
 from chunkstore.report import StoreStats
+from chunkstore.report import stats as store_stats
+from chunkstore.retention import parse_duration
 from chunkstore.store import Store, VersionInfo
 from chunkstore.tree import Leaf
 from chunkstore.verify import VerifyResult
@@ -111,6 +114,17 @@ def format_size(n: float) -> str:
         if abs(n) < 1024 or unit == "TiB":
             break
     return f"{n:.1f} {unit}"
+
+
+def format_duration(seconds: float) -> str:
+    """``90`` -> ``1m30s``, ``3600`` -> ``1h``."""
+    whole = round(seconds)
+    parts: list[str] = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if whole >= size or (unit == "s" and not parts):
+            parts.append(f"{whole // size}{unit}")
+            whole %= size
+    return "".join(parts)
 
 
 def format_ratio(ratio: float | None) -> str:
@@ -218,6 +232,7 @@ def cli() -> None:
       chunkstore log ckpts/         # list the versions in a store
       chunkstore report ckpts/      # where the bytes go
       chunkstore verify ckpts/      # check every chunk
+      chunkstore prune ckpts/ --keep-last 3 && chunkstore gc ckpts/
 
     \b
     Exit codes:
@@ -473,17 +488,25 @@ def report_text(stats: StoreStats, store_path: str) -> None:
         ("amplification", format_ratio(stats.amplification or None)
          + "  (physical / logical of the latest version; one full copy per version"
          f" would be {len(stats.versions)}.00x)" if stats.versions else "-"),
-        ("reclaimable by gc", f"{format_size(stats.reclaimable_bytes)} in"
-         f" {stats.reclaimable_chunks} unreferenced chunks"),
+        ("reclaimable by gc now", format_size(stats.reclaimable_now_bytes)
+         + f"  (unreferenced for longer than {format_duration(stats.grace_s)})"),
+        ("reclaimable after grace", f"{format_size(stats.reclaimable_bytes)} in"
+         f" {stats.reclaimable_chunks} unreferenced objects"),
     ]
     click.echo(f"store {store_path}")
     echo_lines(["  " + line for line in render_table(["", ""], fields)[1:]])
 
 
+GRACE_OPT = click.option("--grace", default="1h", show_default=True, metavar="DURATION",
+                         help="Grace period: an unreferenced object is deleted only after it"
+                         " has been unreferenced this long (90, 30m, 1h, 2d, 1w).")
+
+
 @cli.command()
 @STORE_ARG
+@GRACE_OPT
 @JSON_OPT
-def report(store_path: str, as_json: bool) -> None:
+def report(store_path: str, grace: str, as_json: bool) -> None:
     """Where the bytes go: per version and in total.
 
     \b
@@ -494,7 +517,8 @@ def report(store_path: str, as_json: bool) -> None:
     bytes), compression ratio (unique chunk bytes / stored bytes),
     storage amplification (stored bytes / logical bytes of the latest
     version; saving a full copy each time, as torch.save does, gives N
-    after N versions) and what garbage collection could reclaim.
+    after N versions) and what garbage collection could reclaim now and
+    once the grace period of the currently unreferenced objects has passed.
 
     \b
     Example:
@@ -504,7 +528,7 @@ def report(store_path: str, as_json: bool) -> None:
     Exit codes: 0 reported; 2 not a store.
     """
     with open_store(store_path) as store:
-        stats = store.stats()
+        stats = store_stats(store, parse_duration(grace))
     if as_json:
         emit_json(stats.to_json())
     else:
@@ -653,6 +677,131 @@ def rm(store_path: str, selectors: tuple[str, ...], force: bool, dry_run: bool,
         click.echo(f"{verb} {label(info)}")
     if not dry_run:
         click.echo("space is freed by `chunkstore gc` once no version references the chunks")
+
+
+# --- gc and prune ---------------------------------------------------------------------------
+
+
+def gc_text(result: GcResult) -> None:
+    verb = "would free" if result.dry_run else "freed"
+    click.echo(f"{'dry run: ' if result.dry_run else ''}{result.versions_considered} live"
+               f" versions; {verb} {format_size(result.bytes_freed + result.orphan_bytes_freed)}"
+               f" ({result.chunks_deleted} chunks, {result.nodes_deleted} manifest nodes,"
+               f" {result.orphans_deleted} unindexed objects)")
+    click.echo(f"kept for the grace period ({format_duration(result.grace_s)}):"
+               f" {format_size(result.kept_by_grace_bytes)} in {result.kept_by_grace} objects;"
+               f" kept for saves in progress: {result.kept_by_sessions} objects")
+    if result.sessions_expired:
+        click.echo(f"expired {result.sessions_expired} write sessions of dead processes")
+    if result.unfinished_deletions:
+        click.echo(f"finished {result.unfinished_deletions} deletions of an interrupted gc")
+    for line in result.index_disagreements:
+        click.echo(f"warning: {line}", err=True)
+
+
+@cli.command()
+@STORE_ARG
+@GRACE_OPT
+@click.option("-n", "--dry-run", is_flag=True,
+              help="Decide exactly as a real run would; delete nothing.")
+@click.option("--no-sweep", is_flag=True,
+              help="Skip listing storage for objects the index does not know.")
+@JSON_OPT
+def gc(store_path: str, grace: str, dry_run: bool, no_sweep: bool, as_json: bool) -> None:
+    """Delete chunks and manifest nodes that no version references.
+
+    An object is deleted only after it has been unreferenced for the
+    grace period (default one hour), so a reader of a version removed a
+    moment ago keeps working, and never while a save in progress uses it.
+    Objects left by killed saves are collected the same way, by write
+    time. Versions are removed with `rm` or `prune` first; gc frees their
+    space. A gc that outlives half the grace period stops (exit 4) rather
+    than break that promise; run it again. Only one gc runs at a time.
+
+    \b
+    Examples:
+      chunkstore gc ckpts/ --dry-run      # what would be freed
+      chunkstore gc ckpts/ --grace 2d --json
+
+    \b
+    Exit codes: 0 done; 2 bad option or not a store; 4 another gc is
+    running, the run stopped at half the grace period, or storage failed.
+    """
+    with open_store(store_path) as store:
+        progress = TerminalProgress()
+        result = store.gc(parse_duration(grace), dry_run=dry_run, sweep=not no_sweep,
+                          progress=progress)
+    if as_json:
+        emit_json(result.to_json())
+    else:
+        gc_text(result)
+
+
+def parse_best(text: str | None) -> tuple[Any, ...] | None:
+    """``loss:3`` or ``accuracy:3:max`` -> ``("loss", 3)`` / ``("accuracy", 3, "max")``."""
+    if text is None:
+        return None
+    parts: list[str] = text.split(":")
+    if len(parts) not in (2, 3) or not parts[1].isdigit():
+        raise CliError(f"--keep-best {text!r}: expected METRIC:N or METRIC:N:max", EXIT_USAGE)
+    return (parts[0], int(parts[1]), *parts[2:])
+
+
+@cli.command()
+@STORE_ARG
+@click.option("--run", help="Only this run (default: every run, each on its own).")
+@click.option("--keep-last", type=click.IntRange(min=1), metavar="N",
+              help="Keep the newest N versions.")
+@click.option("--keep-every", type=click.IntRange(min=1), metavar="K",
+              help="Keep versions whose step is a multiple of K.")
+@click.option("--keep-within", metavar="DURATION",
+              help="Keep versions saved within DURATION of now (30m, 12h, 7d).")
+@click.option("--keep-best", metavar="METRIC:N[:max]",
+              help="Keep the N versions with the lowest METRIC (highest with :max), read from"
+              " the version's metadata (top level or under 'metrics').")
+@click.option("--min-previous", type=click.IntRange(min=0), default=1, show_default=True,
+              help="Older versions always kept behind the newest one that verifies.")
+@click.option("--no-verify", is_flag=True,
+              help="Do not hash-check the newest versions to find the newest good one.")
+@click.option("-n", "--dry-run", is_flag=True, help="Say what would be removed; change nothing.")
+@JSON_OPT
+def prune(store_path: str, run: str | None, keep_last: int | None, keep_every: int | None,
+          keep_within: str | None, keep_best: str | None, min_previous: int, no_verify: bool,
+          dry_run: bool, as_json: bool) -> None:
+    """Unpublish the versions no retention policy keeps.
+
+    Policies compose: a version is kept if any policy keeps it. Whatever
+    the policies say, tagged versions are kept, and so are the newest
+    version that verifies (each run's newest versions are hash-checked
+    until one passes) and --min-previous versions before it. Space is
+    freed by `chunkstore gc` afterwards.
+
+    \b
+    Examples:
+      chunkstore prune ckpts/ --keep-last 3 --keep-every 1000 --dry-run
+      chunkstore prune ckpts/ --run exp1 --keep-best val_loss:2 --keep-within 1d
+
+    \b
+    Exit codes: 0 done; 2 no policy, a bad policy, or not a store.
+    """
+    with open_store(store_path) as store:
+        result = store.prune(run=run, dry_run=dry_run, verify=not no_verify,
+                             keep_last=keep_last, keep_every=keep_every,
+                             keep_within=keep_within, keep_best=parse_best(keep_best),
+                             min_previous=min_previous)
+    if as_json:
+        emit_json(result.to_json())
+        return
+    for vid in result.unverified:
+        click.echo(f"warning: version {vid[:12]} does not verify; kept, and not counted as"
+                   " the newest good version", err=True)
+    verb = "would remove" if dry_run else "removed"
+    for info in result.removed:
+        click.echo(f"{verb} {label(info)}")
+    click.echo(f"{len(result.kept)} versions kept, {len(result.removed)}"
+               f" {'would be removed' if dry_run else 'removed'}"
+               + ("" if dry_run or not result.removed else
+                  "; run `chunkstore gc` to free their space after the grace period"))
 
 
 # --- index ----------------------------------------------------------------------------------

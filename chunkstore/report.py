@@ -30,8 +30,10 @@ class StoreStats:
     physical_bytes: int = 0  # what the chunk and node objects occupy
     logical_bytes_total: int = 0  # sum over versions of their logical bytes
     latest_logical_bytes: int = 0
-    reclaimable_chunks: int = 0  # referenced by no version: GC frees them after the grace period
-    reclaimable_bytes: int = 0
+    reclaimable_chunks: int = 0  # chunks and nodes no version references: GC frees them
+    reclaimable_bytes: int = 0  # ... once the grace period has passed
+    reclaimable_now_bytes: int = 0  # ... of which unreferenced for longer than the grace period
+    grace_s: float = 0.0
 
     @property
     def amplification(self) -> float:
@@ -59,14 +61,22 @@ class StoreStats:
                 "dedup_ratio": round(self.dedup_ratio, 4),
                 "compression_ratio": round(self.compression_ratio, 4),
                 "amplification": round(self.amplification, 4),
-                "reclaimable_chunks": self.reclaimable_chunks,
+                "reclaimable_objects": self.reclaimable_chunks,
                 "reclaimable_bytes": self.reclaimable_bytes,
+                "reclaimable_now_bytes": self.reclaimable_now_bytes,
+                "grace_s": self.grace_s,
             },
         }
 
 
-def stats(store: Store) -> StoreStats:
-    result = StoreStats()
+def stats(store: Store, grace_s: float = 3600.0, now: float | None = None) -> StoreStats:
+    """Sizes of ``store``; what GC could reclaim now and after a grace of ``grace_s``."""
+    import time
+
+    from chunkstore.index import ChunkState
+
+    now = time.time() if now is None else now
+    result = StoreStats(grace_s=grace_s)
     for info in store.versions():
         result.versions.append(VersionStats(info.id, info.run, info.step, info.created_iso,
                                             info.logical_bytes, info.new_bytes,
@@ -78,8 +88,13 @@ def stats(store: Store) -> StoreStats:
         result.chunks += 1
         result.unique_raw_bytes += record.raw_length
         result.physical_bytes += record.stored_length
-        if record.refcount == 0:
-            result.reclaimable_chunks += 1
-            result.reclaimable_bytes += record.stored_length
     result.physical_bytes += store.index.node_bytes()
+    for kind, digest, since in store.index.unreferenced():
+        found = store.index.record(kind, digest)
+        if found is None or found.state == ChunkState.DELETING:
+            continue
+        result.reclaimable_chunks += 1
+        result.reclaimable_bytes += found.stored_length
+        if since <= now - grace_s:
+            result.reclaimable_now_bytes += found.stored_length
     return result

@@ -201,7 +201,8 @@ def test_errors_are_one_line_on_stderr_with_an_exit_code(
 
 
 def test_every_command_has_help() -> None:
-    for command in ("init", "log", "show", "diff", "report", "verify", "tag", "rm", "demo"):
+    for command in ("init", "log", "show", "diff", "report", "verify", "tag", "rm", "demo", "gc",
+                    "prune"):
         result = run(command, "--help")
         assert result.exit_code == 0
         assert "Exit codes" in result.output
@@ -240,3 +241,32 @@ def test_progress_draws_on_a_terminal_and_stays_silent_when_piped() -> None:
     bar.advance(4)
     bar.finish()
     assert tty.getvalue().endswith("\rsaving [########################] 4/4\n")
+
+
+def test_prune_then_gc_frees_the_space_of_removed_versions(filled: Path) -> None:
+    assert run("prune", str(filled)).exit_code == 2  # no policy: refuse
+    dry = json.loads(run("prune", str(filled), "--keep-last", "1", "--dry-run", "--json").output)
+    assert [v["step"] for v in dry["removed"]] == [1]  # 3 kept by keep_last, 2 as its predecessor
+    assert len(json.loads(run("log", str(filled), "--json").output)["versions"]) == 3
+    pruned = run("prune", str(filled), "--keep-last", "1", "--min-previous", "0")
+    assert pruned.exit_code == 0
+    assert "removed" in pruned.output
+    steps = [v["step"] for v in json.loads(run("log", str(filled), "--json").output)["versions"]]
+    assert steps == [3]
+    report = json.loads(run("report", str(filled), "--json").output)["totals"]
+    assert report["reclaimable_bytes"] > 0 and report["reclaimable_now_bytes"] == 0
+    before = tree_snapshot(filled)
+    dry_gc = json.loads(run("gc", str(filled), "--grace", "0", "--dry-run", "--json").output)
+    assert tree_snapshot(filled) == before
+    real = json.loads(run("gc", str(filled), "--grace", "0", "--json").output)
+    assert real["bytes_freed"] == dry_gc["bytes_freed"] > 0
+    assert real["chunks_deleted"] == 2  # the two chunks of model.head at steps 1-2
+    assert run("verify", str(filled)).exit_code == 0
+    kept = json.loads(run("gc", str(filled), "--json").output)
+    assert kept["chunks_deleted"] == 0
+
+
+def test_gc_and_prune_refuse_bad_options(filled: Path) -> None:
+    assert run("gc", str(filled), "--grace", "soon").exit_code == 2
+    assert run("prune", str(filled), "--keep-best", "loss").exit_code == 2
+    assert run("prune", str(filled), "--keep-within", "yesterday").exit_code == 2
