@@ -9,17 +9,15 @@ an exit code chosen by :func:`exit_code_for`.
 from __future__ import annotations
 
 import datetime as dt
+import importlib
 import json
-import os
 import re
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import IO, Any
 
 import click
-import numpy as np
 
 import chunkstore
 from chunkstore.dtypes import element_size
@@ -69,8 +67,35 @@ def exit_code_for(exc: BaseException) -> int:
     return EXIT_FAILURE
 
 
+#: Commands that need PyTorch live in torch_bridge and are imported only when run,
+#: so the core CLI (and ``chunkstore --help``) never imports torch.
+LAZY_COMMANDS = {
+    "demo": ("torch_bridge.cli", "demo",
+             "Train a small model with async saves, SIGKILL it, resume bit-exactly."),
+    "export": ("torch_bridge.cli", "export",
+               "Write a version's weights as a safetensors file."),
+    "plan": ("torch_bridge.cli", "plan",
+             "The checkpoint interval that minimises pause cost plus lost work."),
+}
+
+
 class ChunkstoreGroup(click.Group):
-    """The top-level group: turns core errors (in any subcommand) into one-line errors."""
+    """The top-level group: turns core errors (in any subcommand) into one-line errors,
+    and loads the torch commands on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in LAZY_COMMANDS and cmd_name not in self.commands:
+            module_name, attr, summary = LAZY_COMMANDS[cmd_name]
+            try:
+                module = importlib.import_module(module_name)
+            except ImportError as exc:
+                return _missing_torch_command(cmd_name, summary, exc)
+            command: click.Command = getattr(module, attr)
+            return command
+        return super().get_command(ctx, cmd_name)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -79,6 +104,14 @@ class ChunkstoreGroup(click.Group):
             raise CliError(str(exc), exit_code_for(exc)) from exc
         except OSError as exc:
             raise CliError(str(exc), EXIT_FAILURE) from exc
+
+
+def _missing_torch_command(name: str, summary: str, exc: ImportError) -> click.Command:
+    def run() -> None:
+        raise CliError(f"`chunkstore {name}` needs PyTorch ({exc}); install it with"
+                       " pip install 'chunkstore[torch]'", EXIT_FAILURE)
+
+    return click.Command(name, callback=run, help=summary, short_help=summary)
 
 
 # --- sizes ----------------------------------------------------------------------------------
@@ -841,84 +874,6 @@ def index_rebuild(store_path: str, as_json: bool) -> None:
             click.echo(f"skipped unreadable version {vid[:12]} (see `chunkstore verify`)")
     if result.skipped:
         raise SystemExit(EXIT_PROBLEMS)
-
-
-# --- demo -----------------------------------------------------------------------------------
-
-
-def demo_state(rng: np.random.Generator, mib: int) -> dict[str, np.ndarray]:
-    """A frozen base (most of the bytes) and a small trained head, as float32 arrays."""
-    n = mib * (1 << 20) // 4
-    return {"base.embed": rng.standard_normal(n * 6 // 10, dtype=np.float32),
-            "base.blocks": rng.standard_normal(n * 3 // 10, dtype=np.float32),
-            "head.weight": rng.standard_normal(n // 20, dtype=np.float32),
-            "head.bias": np.zeros(1024, dtype=np.float32)}
-
-
-@cli.command()
-@click.argument("path", required=False)
-@click.option("--versions", type=click.IntRange(2, 1000), default=10, show_default=True,
-              help="How many versions to save.")
-@click.option("--mib", type=click.IntRange(1, 4096), default=64, show_default=True,
-              help="Size of the saved state in MiB.")
-def demo(path: str | None, versions: int, mib: int) -> None:
-    """Save a run of fine-tuning checkpoints and show what they cost.
-
-    The state is a frozen base plus a trained head (float32 arrays); every
-    step changes the head and keeps the base. Each version is saved whole,
-    as a training loop would; chunkstore stores only the chunks that
-    changed. Finishes with a verify, the storage report and the bytes a
-    full copy per version (torch.save style) would have taken.
-
-    PATH is a new store directory (default: a temporary one, removed
-    afterwards).
-
-    \b
-    Exit codes: 0 done; 2 PATH is not empty; 4 failure.
-    """
-    with contextlib_tempdir(path) as where:
-        if os.path.exists(where) and os.listdir(where):
-            raise CliError(f"{where} is not empty; give a new directory", EXIT_USAGE)
-        rng = np.random.default_rng(0)
-        state = demo_state(rng, mib)
-        logical = sum(a.nbytes for a in state.values())
-        with chunkstore.open(where, create=True, chunk_size=1 << 20) as store:
-            progress = TerminalProgress()
-            progress.start(versions, "saving")
-            started = time.monotonic()
-            for step in range(versions):
-                with store.new_version("demo", step * 100, meta={"lr": 1e-4}) as v:
-                    for name, array in state.items():
-                        v.put(name, array)
-                    v.put_data("trainer", {"step": step * 100, "epoch": 0, "seed": 0})
-                progress.advance()
-                state["head.weight"] -= 1e-3 * rng.standard_normal(
-                    state["head.weight"].shape, dtype=np.float32)
-                state["head.bias"] += 1e-3
-            progress.finish()
-            seconds = time.monotonic() - started
-            result = store.verify()
-            stats = store.stats()
-        report_text(stats, where)
-        full = logical * versions
-        click.echo("")
-        click.echo(f"saved {versions} versions of {format_size(logical)} in {seconds:.1f} s;"
-                   f" verify: {'ok' if result.ok else 'PROBLEMS'}")
-        click.echo(f"one full copy per version would take {format_size(full)}; chunkstore"
-                   f" stores {format_size(stats.physical_bytes)}"
-                   f" ({full / max(stats.physical_bytes, 1):.1f}x less)")
-        if not result.ok:
-            raise SystemExit(EXIT_PROBLEMS)
-
-
-@contextmanager
-def contextlib_tempdir(path: str | None) -> Iterator[str]:
-    """``path`` itself, or a temporary directory removed on exit."""
-    if path is not None:
-        yield path
-        return
-    with tempfile.TemporaryDirectory(prefix="chunkstore-demo-") as tmp:
-        yield os.path.join(tmp, "store")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -169,15 +169,6 @@ def test_index_rebuild_restores_a_lost_index(filled: Path) -> None:
     assert len(json.loads(run("log", str(filled), "--json").output)["versions"]) == 3
 
 
-def test_demo_saves_verifies_and_reports(tmp_path: Path) -> None:
-    result = run("demo", str(tmp_path / "d"), "--versions", "3", "--mib", "4")
-    assert result.exit_code == 0, result.output
-    assert "verify: ok" in result.output
-    assert "one full copy per version would take" in result.output
-    nonempty = run("demo", str(tmp_path / "d"))
-    assert nonempty.exit_code == 2
-
-
 @pytest.mark.parametrize(("args", "code", "words"), [
     (["log", "{missing}"], 2, "not a chunkstore store"),
     (["show", "{store}", "nope"], 2, "version selector 'nope'"),
@@ -201,8 +192,8 @@ def test_errors_are_one_line_on_stderr_with_an_exit_code(
 
 
 def test_every_command_has_help() -> None:
-    for command in ("init", "log", "show", "diff", "report", "verify", "tag", "rm", "demo", "gc",
-                    "prune"):
+    for command in ("init", "log", "show", "diff", "report", "verify", "tag", "rm", "gc",
+                    "prune", "demo", "export", "plan"):
         result = run(command, "--help")
         assert result.exit_code == 0
         assert "Exit codes" in result.output

@@ -20,6 +20,16 @@ def test_the_core_never_imports_torch() -> None:
     assert out.strip() == "[]"
 
 
+def test_the_cli_lists_the_torch_commands_without_importing_torch() -> None:
+    code = ("import sys\nfrom chunkstore.cli import main\n"
+            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print('TORCH' if 'torch' in sys.modules else 'CLEAN')\n")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True, timeout=120).stdout
+    assert "demo" in out and "export" in out and "plan" in out
+    assert out.strip().endswith("CLEAN")
+
+
 def _imported_modules(path: Path) -> set[str]:
     names = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
