@@ -1,0 +1,79 @@
+"""Print the README's performance tables from the results files (markdown).
+
+Usage::
+
+    python benchmarks/summarize.py            # reads benchmarks/results/{core,gc,pause}.json
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _load(name: str) -> dict[str, Any] | None:
+    path = RESULTS / name
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def core_table(core: dict[str, Any]) -> list[str]:
+    lim, t = core["limits"], core["torch"]
+    gib = core["logical_bytes"] / (1 << 30)
+    lines = [
+        f"State: {gib:.2f} GiB of float32. Machine limits measured in the same run: memcpy"
+        f" {lim['memcpy_gbps']:.1f} GB/s, BLAKE3 {lim['blake3_1thread_gbps']:.1f} GB/s per"
+        f" thread, write+fsync {lim['write_fsync_gbps']:.2f} GB/s.",
+        "",
+        "| | first save | unchanged re-save | restore (hash-checked) | stored bytes |",
+        "|---|---|---|---|---|",
+        f"| torch.save / torch.load | {t['save_gbps']:.2f} GB/s | {t['save_gbps']:.2f} GB/s |"
+        f" {t['load_gbps']:.2f} GB/s | {core['logical_bytes'] / 1e9:.2f} GB per version |",
+    ]
+    for key, label in (("chunkstore-none", "chunkstore, no compression"),
+                       ("chunkstore-auto", "chunkstore, compression auto")):
+        r = core[key]
+        lines.append(
+            f"| {label} | {r['first_save_gbps']:.2f} GB/s ({r['first_save_vs_torch_save']:.2f}x)"
+            f" | {r['resave_gbps']:.2f} GB/s ({r['resave_vs_torch_save']:.1f}x)"
+            f" | {r['restore_gbps']:.2f} GB/s ({r['restore_vs_torch_load']:.2f}x)"
+            f" | {r['physical_bytes'] / 1e9:.2f} GB, then ~0 per unchanged version |")
+    return lines
+
+
+def pause_table(pause: dict[str, Any]) -> list[str]:
+    mib = pause["state_bytes"] / (1 << 20)
+    return [
+        f"Async save of {mib:.0f} MiB of model and Adam state (`torch_bridge.Checkpointer`):",
+        "",
+        "| memcpy of the state | async pause | sync save |",
+        "|---|---|---|",
+        f"| {pause['memcpy_s'] * 1e3:.1f} ms | {pause['async_pause_s'] * 1e3:.1f} ms"
+        f" ({pause['async_pause_over_memcpy']:.2f}x memcpy) | {pause['sync_save_s'] * 1e3:.0f} ms"
+        f" ({pause['sync_save_over_memcpy']:.0f}x memcpy) |",
+    ]
+
+
+def gc_table(gc: dict[str, Any]) -> list[str]:
+    return [
+        f"GC on a store of {gc['chunks']:,} chunks after {gc['garbage_fraction']:.0%} became"
+        f" garbage: {gc['gc_s']:.2f} s ({gc['chunks_deleted']:,} chunks deleted; the dry run"
+        f" {gc['gc_dry_run_s']:.2f} s). A run with nothing to delete takes"
+        f" {gc['gc_idle_no_sweep_s'] * 1e3:.0f} ms without the orphan sweep and"
+        f" {gc['gc_idle_s']:.2f} s with it (the sweep lists every object).",
+    ]
+
+
+def main() -> None:
+    for name, render in (("core.json", core_table), ("pause.json", pause_table),
+                         ("gc.json", gc_table)):
+        doc = _load(name)
+        if doc is not None:
+            print("\n".join(render(doc)))
+            print()
+
+
+if __name__ == "__main__":
+    main()
