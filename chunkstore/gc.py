@@ -56,7 +56,7 @@ from chunkstore.digest import (
     node_key,
 )
 from chunkstore.errors import ChunkStoreError, GcAbortedError, GcBusyError
-from chunkstore.index import CHUNK, NODE, ChunkState, process_start
+from chunkstore.index import CHUNK, NODE, ChunkState, pid_namespace, process_start
 from chunkstore.manifest import DataEntry, TensorEntry
 from chunkstore.progress import NullProgress, Progress
 from chunkstore.retention import parse_duration
@@ -125,6 +125,13 @@ def gc_lock(index_path: str, *, wait: bool = False) -> Iterator[bool]:
         os.close(fd)  # closing the descriptor releases the lock
 
 
+def _remove_stale_marks(index_path: str) -> None:
+    """Remove mark sets of killed GC runs (the caller holds the GC lock)."""
+    for name in os.listdir(index_path):
+        if name.startswith("gc-mark-"):
+            shutil.rmtree(os.path.join(index_path, name), ignore_errors=True)
+
+
 def finish_deletions(store: Store) -> int:
     """Complete every deletion a killed GC left behind; the caller holds the GC lock."""
     done = 0
@@ -150,15 +157,18 @@ def finish_abandoned_deletions(store: Store) -> None:
 def session_is_dead(info: dict[str, Any], now: float, grace_s: float) -> bool:
     """Whether a write session's process is gone.
 
-    On this host the process is checked directly (pid plus its start time, so
-    a reused pid does not count); a session from another host is dead once
-    its heartbeat is older than the grace period.
+    A session opened on this host in this pid namespace is checked directly
+    (the pid, and its start time so a reused pid does not count; a process
+    that exists but cannot be inspected counts as alive).  Any other session
+    is dead once its heartbeat is older than the grace period.
     """
-    if info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int):
+    local = (info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int)
+             and info.get("pidns") == pid_namespace())
+    if local:
         start = process_start(info["pid"])
-        if start is not None or _pid_exists(info["pid"]):
+        if start is not None:
             return info.get("process_start") not in (None, start)
-        return True
+        return not _pid_exists(info["pid"])
     heartbeat = info.get("heartbeat", info.get("started", 0.0))
     return bool(heartbeat < now - grace_s)
 
@@ -267,11 +277,16 @@ class _Run:
                 " again, or with a longer --grace")
 
     def run(self) -> GcResult:
+        self.index.reader_check()
+        _remove_stale_marks(self.index.path)
+        # Sessions first, reconcile second: a save killed after its commit
+        # record but before its index update loses its claims here, and its
+        # version is counted in (with its references) just below.
+        self.expire_sessions()
         self.store.reconcile()
         self.result.versions_considered = len(self.index.versions())
         if not self.dry_run:
             self.result.unfinished_deletions = finish_deletions(self.store)
-        self.expire_sessions()
         candidates = self.find_candidates()
         if candidates:
             candidates = self.confirm_unreachable(candidates)
@@ -315,6 +330,7 @@ class _Run:
         marks = MarkSet(self.index.path)
         try:
             fallback = mark_live(self.store, marks, self.progress, self.check_time)
+            self.mark_unindexed(marks)
             for vid in fallback:
                 self.result.index_disagreements.append(
                     f"version {vid[:12]}: manifest unreadable, marked from the index instead"
@@ -330,6 +346,24 @@ class _Run:
             return confirmed
         finally:
             marks.close()
+
+    def mark_unindexed(self, marks: MarkSet) -> None:
+        """Mark versions on storage the index does not list (committed since the
+        reconcile, or unreadable); refuse to go on when one cannot be read."""
+        indexed = {e.id for e in self.index.versions()}
+        for version_id in self.store.backend_version_ids():
+            if version_id in indexed:
+                continue
+            try:
+                root = self.store.read_record(version_id).root
+                _mark_tree(self.store, root, marks)
+            except FileNotFoundError:
+                continue  # removed meanwhile
+            except ChunkStoreError as exc:
+                raise GcAbortedError(
+                    f"version {version_id[:12]} cannot be read ({exc}), so gc cannot know what"
+                    " it references and deletes nothing; run `chunkstore verify`, and"
+                    " `chunkstore rm` the version if it is beyond repair") from exc
 
     def delete(self, candidates: list[tuple[bytes, Digest, int]]) -> None:
         if self.dry_run:

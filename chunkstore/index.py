@@ -147,18 +147,22 @@ class Index:
         self.session_claims = self.env.open_db(b"session_claims")  # session id + digest
         self.meta = self.env.open_db(b"meta")
         self.needs_rebuild = self._check_schema()
+        self.reader_check()
+
+    def reader_check(self) -> None:
+        """Free the reader slots of killed processes (they pin old pages and fill the table)."""
+        self.env.reader_check()
 
     def _check_schema(self) -> bool:
+        """Stamp a new index with the schema; True when an existing one has another."""
         with self.env.begin(write=True) as txn:
             found = txn.get(b"schema", db=self.meta)
             if found is not None and int(found) == INDEX_SCHEMA:
                 return False
             empty = found is None and txn.stat(self.versions_db)["entries"] == 0 \
                 and txn.stat(self.chunks)["entries"] == 0
-            if not empty:
-                for db in self._tables():
-                    txn.drop(db, delete=False)
-            txn.put(b"schema", str(INDEX_SCHEMA).encode(), db=self.meta)
+            if empty:
+                txn.put(b"schema", str(INDEX_SCHEMA).encode(), db=self.meta)
             return not empty
 
     def _tables(self) -> tuple[Any, ...]:
@@ -184,7 +188,7 @@ class Index:
     def _put(self, txn: lmdb.Transaction, kind: bytes, digest: Digest, rec: ChunkRecord) -> None:
         """Write a record and keep the ``zero`` table in step with its refcount."""
         txn.put(digest.raw, rec.pack(), db=self._db(kind))
-        if rec.refcount == 0:
+        if rec.refcount == 0 or rec.state == ChunkState.DELETING:
             txn.put(kind + digest.raw, _SINCE.pack(rec.since), db=self.zero)
         else:
             txn.delete(kind + digest.raw, db=self.zero)
@@ -234,10 +238,12 @@ class Index:
             self._put(txn, kind, digest, ChunkRecord(ChunkState.WRITING, 0, 0, 0, 0, now))
             return Claim.WRITE
         if record.state == ChunkState.CONDEMNED:
-            # Resurrect under this transaction: GC re-checks the state
-            # before deleting, so it will now leave the object alone.
-            self._put(txn, kind, digest, replace(record, state=ChunkState.LIVE, since=now))
-            return Claim.DEDUP
+            # Resurrect under this transaction: GC re-checks the state before
+            # deleting, so it leaves the object alone from now on.  The writer
+            # still writes it (put-if-absent keeps an intact object, rewrites
+            # a vanished one), never trusting an object GC had given up on.
+            self._put(txn, kind, digest, replace(record, state=ChunkState.WRITING, since=now))
+            return Claim.WRITE
         return Claim.DEDUP if record.state == ChunkState.LIVE else Claim.WRITE
 
     def is_claimed(self, digest: Digest, txn: lmdb.Transaction | None = None) -> bool:
@@ -259,7 +265,8 @@ class Index:
         session_id = uuid.uuid4().hex
         now = time.time()
         info = {"pid": os.getpid(), "host": socket.gethostname(), "started": now,
-                "heartbeat": now, "purpose": purpose, "process_start": process_start(os.getpid())}
+                "heartbeat": now, "purpose": purpose, "process_start": process_start(os.getpid()),
+                "pidns": pid_namespace()}
         with self.env.begin(write=True, db=self.sessions) as txn:
             txn.put(session_id.encode(), json.dumps(info).encode())
         return session_id
@@ -301,27 +308,30 @@ class Index:
     # --- versions ------------------------------------------------------------------------
 
     def add_version(self, entry: VersionEntry, refs: Iterable[Digest], nodes: dict[Digest, int],
-                    new_chunks: Iterable[NewChunk], session_id: str | None = None) -> None:
+                    new_chunks: Iterable[NewChunk], session_id: str | None = None) -> bool:
         """Count one version in: its chunks' and nodes' refcounts, and the chunks it wrote.
 
         ``nodes`` maps every node of the version's tree to its size in bytes
-        (0 when unknown).
+        (0 when unknown).  Returns False when ``session_id`` no longer exists
+        (GC expired it, so its claims did not protect what it reused).
         """
         now = time.time()
         with self.env.begin(write=True) as txn:
+            alive = session_id is None or txn.get(session_id.encode(),
+                                                  db=self.sessions) is not None
             if txn.get(entry.id.encode(), db=self.versions_db) is not None:
                 if session_id:
                     self._drop_session(txn, session_id)
-                return
+                return alive
             for chunk in new_chunks:
                 old = self._get(txn, self.chunks, chunk.digest)
-                if old is None or old.state == ChunkState.WRITING or old.raw_length == 0:
+                if old is None or old.state == ChunkState.WRITING:
                     rec = ChunkRecord(ChunkState.LIVE, chunk.codec_id, old.refcount if old else 0,
                                       chunk.raw_length, chunk.stored_length, now)
                     self._put(txn, CHUNK, chunk.digest, rec)
             for digest, size in nodes.items():
                 old = self._get(txn, self.nodes, digest)
-                if old is None or old.state == ChunkState.WRITING or (size and not old.raw_length):
+                if size and (old is None or old.state == ChunkState.WRITING):
                     rec = ChunkRecord(ChunkState.LIVE, 0, old.refcount if old else 0, size, size,
                                       now)
                     self._put(txn, NODE, digest, rec)
@@ -337,6 +347,7 @@ class Index:
             txn.put(b"version_seq", str(self._seq(txn) + 1).encode(), db=self.meta)
             if session_id:
                 self._drop_session(txn, session_id)
+        return alive
 
     def _seq(self, txn: lmdb.Transaction) -> int:
         return int(txn.get(b"version_seq", db=self.meta) or b"0")
@@ -363,11 +374,13 @@ class Index:
               now: float) -> None:
         rec = self._get(txn, self._db(kind), digest)
         if rec is None:
-            # An object known only from a manifest (e.g. during rebuild): its
-            # size is filled in when the store stats it.
-            rec = ChunkRecord(ChunkState.LIVE, 0, 0, 0, 0, now)
+            # Known only from a manifest whose object could not be read: not
+            # a dedup target (a writer that needs it writes it again).
+            rec = ChunkRecord(ChunkState.WRITING, 0, 0, 0, 0, now)
         count = max(rec.refcount + delta, 0)
-        state = ChunkState.LIVE if rec.state != ChunkState.DELETING else rec.state
+        state = rec.state
+        if state == ChunkState.CONDEMNED and count > 0:
+            state = ChunkState.WRITING  # referenced again: out of GC's hands, rewritten on use
         since = now if count == 0 or rec.refcount == 0 else rec.since
         self._put(txn, kind, digest, replace(rec, state=state, refcount=count, since=since))
 
@@ -394,7 +407,7 @@ class Index:
     # --- garbage collection ----------------------------------------------------------------
 
     def unreferenced(self) -> Iterator[tuple[bytes, Digest, float]]:
-        """Every record with refcount zero: (kind, digest, unreferenced since)."""
+        """Every record with refcount zero, or being deleted: (kind, digest, since)."""
         with self.env.begin(db=self.zero) as txn:
             for key, value in txn.cursor():
                 raw = bytes(key)
@@ -412,7 +425,7 @@ class Index:
                 rec = self._get(txn, self._db(kind), digest)
                 if rec is None or not self._collectable(txn, digest, rec, before):
                     continue
-                if rec.state != ChunkState.CONDEMNED:
+                if rec.state == ChunkState.LIVE:
                     self._put(txn, kind, digest, replace(rec, state=ChunkState.CONDEMNED))
                 done.append(digest)
         self.sync()
@@ -432,19 +445,35 @@ class Index:
         """
         with self.env.begin(write=True) as txn:
             rec = self._get(txn, self._db(kind), digest)
-            if rec is None or rec.state != ChunkState.CONDEMNED \
+            if rec is None or rec.state not in (ChunkState.CONDEMNED, ChunkState.WRITING) \
                     or not self._collectable(txn, digest, rec, before):
                 return None
             self._put(txn, kind, digest, replace(rec, state=ChunkState.DELETING))
         return rec
 
     def finish_delete(self, kind: bytes, digest: Digest) -> bool:
-        """Remove a DELETING record once its object is gone."""
+        """Remove a DELETING record once its object is gone.
+
+        A record a version references again (counted in from storage while
+        it was being deleted) is kept as WRITING instead: the next save that
+        needs the object writes it again, and verify reports the version.
+        """
         with self.env.begin(write=True) as txn:
             rec = self._get(txn, self._db(kind), digest)
             if rec is None or rec.state != ChunkState.DELETING:
                 return False
-            self._delete(txn, kind, digest)
+            if rec.refcount > 0:
+                self._put(txn, kind, digest, replace(rec, state=ChunkState.WRITING))
+            else:
+                self._delete(txn, kind, digest)
+        return True
+
+    def put_record_if_absent(self, kind: bytes, digest: Digest, record: ChunkRecord) -> bool:
+        """Add a record unless one exists (one transaction); return whether it was added."""
+        with self.env.begin(write=True) as txn:
+            if self._get(txn, self._db(kind), digest) is not None:
+                return False
+            self._put(txn, kind, digest, record)
         return True
 
     def start_orphan_delete(self, kind: bytes, digest: Digest) -> bool:
@@ -493,10 +522,12 @@ class Index:
     # --- whole-index operations ----------------------------------------------------------
 
     def clear(self) -> None:
-        """Drop every record (the first step of a rebuild)."""
+        """Drop every record (the first step of a rebuild) and stamp the current schema."""
         with self.env.begin(write=True) as txn:
             for db in self._tables():
                 txn.drop(db, delete=False)
+            txn.put(b"schema", str(INDEX_SCHEMA).encode(), db=self.meta)
+        self.needs_rebuild = False
 
     def put_chunk_record(self, digest: Digest, record: ChunkRecord) -> None:
         self.put_record(CHUNK, digest, record)
@@ -508,6 +539,16 @@ class Index:
     def node_bytes(self) -> int:
         with self.env.begin(db=self.nodes) as txn:
             return sum(ChunkRecord.unpack(v).stored_length for _, v in txn.cursor())
+
+
+def pid_namespace() -> str | None:
+    """The pid namespace and boot of this process: pids compare only within one."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as file:
+            boot = file.read().strip()
+        return f"{boot}:{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return None
 
 
 def process_start(pid: int) -> str | None:

@@ -9,13 +9,22 @@ crash between the commit record and the index update, or by another machine);
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from chunkstore.chunkobj import HEADER, parse_header
-from chunkstore.digest import CHUNK_PREFIX, TAG_PREFIX, Digest, chunk_key, digest_from_chunk_key
-from chunkstore.errors import ChunkStoreError
-from chunkstore.index import ChunkRecord, ChunkState, NewChunk
+from chunkstore.digest import (
+    CHUNK_PREFIX,
+    Digest,
+    chunk_key,
+    digest_from_chunk_key,
+    node_key,
+    tag_key,
+    version_key,
+)
+from chunkstore.errors import BackendError, ChunkStoreError
+from chunkstore.index import CHUNK, ChunkRecord, ChunkState, NewChunk
 from chunkstore.tree import flatten
 from chunkstore.writer import entry_from_record
 
@@ -64,45 +73,79 @@ def count_in(store: Store, version_id: str) -> bool:
     # update (killed after the commit record): its size is known only here.
     unknown = [d for d in refs if _needs_info(store, d)]
     new_chunks = [c for c in store.executor.map(lambda d: _chunk_info(store, d), unknown) if c]
-    nodes = dict.fromkeys(flat.tree_nodes | flat.data_nodes(), 0)
+    node_digests = sorted(flat.tree_nodes | flat.data_nodes(), key=lambda d: d.raw)
+    nodes = dict(zip(node_digests, store.executor.map(lambda d: _node_size(store, d),
+                                                      node_digests), strict=True))
     store.index.add_version(entry_from_record(version_id, record), refs, nodes, new_chunks)
+    if not store.backend.exists(version_key(version_id)):
+        store.index.remove_version(version_id)  # removed while it was being counted in
+        return False
     return True
 
 
-def _sync_tags(store: Store) -> None:
-    import json
+def _node_size(store: Store, digest: Digest) -> int:
+    """The node object's size; 0 (unknown: not a dedup target) when it is missing."""
+    try:
+        return store.backend.stat(node_key(digest)).size
+    except FileNotFoundError:
+        return 0
 
-    on_backend: dict[str, str] = {}
-    for key in store.backend.list(TAG_PREFIX):
-        try:
-            on_backend[key[len(TAG_PREFIX):]] = json.loads(store.backend.get(key))["version"]
-        except (FileNotFoundError, ValueError, KeyError, TypeError):
-            continue
-    in_index = store.index.tags()
+
+def _sync_tags(store: Store) -> None:
+    in_index = store.index.tags()  # before listing: a tag set meanwhile is on the backend
+    on_backend = store.stored_tags()
     for tag, vid in on_backend.items():
         if in_index.get(tag) != vid and store.index.version(vid) is not None:
             store.index.set_tag(tag, vid)
     for tag in set(in_index) - set(on_backend):
-        store.index.delete_tag(tag)
+        if not store.backend.exists(tag_key(tag)):  # not re-created since the listing
+            store.index.delete_tag(tag)
 
 
 def reconcile(store: Store, result: RebuildResult | None = None) -> RebuildResult:
+    """Count in versions on storage the index lacks; count out those storage lacks.
+
+    The index is read before storage is listed, so a version committed
+    meanwhile is on the listing; a version missing from the listing is
+    checked again before it is counted out.
+    """
     result = result or RebuildResult()
-    on_backend = set(store.backend_version_ids())
     in_index = {e.id for e in store.index.versions()}
+    on_backend = set(store.backend_version_ids())
     for version_id in sorted(on_backend - in_index):
+        if store.index.version(version_id) is not None:
+            continue  # its own save counted it in meanwhile
         if count_in(store, version_id):
             result.versions += 1
         else:
             result.skipped.append(version_id)
     for version_id in in_index - on_backend:
-        store.index.remove_version(version_id)
+        if not store.backend.exists(version_key(version_id)):
+            store.index.remove_version(version_id)
     _sync_tags(store)
     return result
 
 
 def rebuild(store: Store) -> RebuildResult:
-    """Recreate the index from the backend.  Run it while no save or GC is running."""
+    """Recreate the index from the backend.
+
+    Runs under the GC lock (waiting for a running GC), after expiring the
+    sessions of dead saves; refuses while a save is in progress, since
+    clearing its claims would leave what it reuses unprotected.
+    """
+    from chunkstore.gc import gc_lock, session_is_dead
+
+    with gc_lock(store.index.path, wait=True):
+        now = time.time()
+        live = [s for s, info in store.index.list_sessions().items()
+                if not session_is_dead(info, now, 3600.0)]
+        if live:
+            raise BackendError(f"{len(live)} saves are in progress on this store; rebuild the"
+                               " index when they have finished")
+        return _rebuild(store)
+
+
+def _rebuild(store: Store) -> RebuildResult:
     store.index.clear()
     result = reconcile(store)
     for key in store.backend.list(CHUNK_PREFIX):
@@ -117,8 +160,8 @@ def rebuild(store: Store) -> RebuildResult:
         if info is None:
             continue
         mtime = store.backend.stat(key).mtime
-        store.index.put_chunk_record(digest, ChunkRecord(
-            ChunkState.LIVE, info.codec_id, 0, info.raw_length, info.stored_length, mtime))
-        result.unreferenced_chunks += 1
+        if store.index.put_record_if_absent(CHUNK, digest, ChunkRecord(
+                ChunkState.LIVE, info.codec_id, 0, info.raw_length, info.stored_length, mtime)):
+            result.unreferenced_chunks += 1
     store.index.sync()
     return result

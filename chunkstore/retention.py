@@ -199,7 +199,7 @@ def prune(store: Any, policy: Policy, *, run: str | None = None, dry_run: bool =
     now = time.time() if now is None else now
     result = PruneResult(dry_run=dry_run)
     tags: dict[str, list[str]] = {}
-    for tag, vid in store.tags().items():
+    for tag, vid in {**store.tags(), **store.stored_tags()}.items():
         tags.setdefault(vid, []).append(tag)
     runs = [run] if run is not None else store.runs()
     for name in runs:

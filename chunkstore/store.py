@@ -23,6 +23,7 @@ from chunkstore.backends.wrappers import wrap_from_env
 from chunkstore.codecs.policy import check_policy
 from chunkstore.digest import (
     CONFIG_KEY,
+    TAG_PREFIX,
     VERSION_PREFIX,
     Digest,
     is_hex_digest,
@@ -305,6 +306,16 @@ class Store:
         self.index.set_tag(name, info.id)
         return info
 
+    def stored_tags(self) -> dict[str, str]:
+        """Tags as storage has them (``tags()`` reads the index)."""
+        found = {}
+        for key in self.backend.list(TAG_PREFIX):
+            try:
+                found[key[len(TAG_PREFIX):]] = json.loads(self.backend.get(key))["version"]
+            except (FileNotFoundError, ValueError, KeyError, TypeError):
+                continue
+        return found
+
     def untag(self, name: str) -> bool:
         name = check_label(name, "tag")
         existed = self.backend.delete(tag_key(name))
@@ -319,7 +330,9 @@ class Store:
         A tagged version is refused unless ``force`` (which drops its tags too).
         """
         info = self.resolve(selector)
-        pinned = sorted(t for t, vid in self.tags().items() if vid == info.id)
+        # Storage is the truth for tags (the index may lag another process).
+        tags = {**self.tags(), **self.stored_tags()}
+        pinned = sorted(t for t, vid in tags.items() if vid == info.id)
         if pinned and not force:
             raise InvalidInputError(f"version {info.short_id} is tagged {', '.join(pinned)};"
                                     " untag it first or pass force=True (--force)")

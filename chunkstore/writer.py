@@ -27,12 +27,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from chunkstore import plaindata
-from chunkstore.chunkobj import HEADER, ChunkHeader, encode_object, parse_header
+from chunkstore.chunkobj import ChunkHeader, decode_object, encode_object, parse_header
 from chunkstore.codecs.policy import encode_with_policy
 from chunkstore.digest import Digest, chunk_key, node_key, version_key
 from chunkstore.dtypes import check_override, dtype_name
 from chunkstore.errors import (
     BackendError,
+    ChunkStoreError,
     DuplicateEntryError,
     InvalidInputError,
     SessionExpiredError,
@@ -169,13 +170,20 @@ class VersionWriter:
         codec, payload = encode_with_policy(self._store.compression, view, dtype, itemsize)
         header = ChunkHeader(codec.id, itemsize, len(view), len(payload))
         key = chunk_key(digest)
-        if self._store.backend.put_if_absent(key, encode_object(header, payload)):
-            return digest, NewChunk(digest, codec.id, len(view), header.size + len(payload))
-        # Already stored (an orphan of an earlier save, or a concurrent writer):
-        # objects are written whole, so the existing one is complete.
-        existing = parse_header(digest, self._store.backend.get_range(key, 0, HEADER.size))
-        return digest, NewChunk(digest, existing.codec_id, len(view),
-                                existing.size + existing.payload_length)
+        data = encode_object(header, payload)
+        if self._store.backend.put_if_absent(key, data):
+            return digest, NewChunk(digest, codec.id, len(view), len(data))
+        # Already stored (an orphan of an earlier save, a chunk GC had
+        # condemned, or a concurrent writer): reuse it only if it decodes to
+        # these bytes, else replace it whole.
+        try:
+            existing = self._store.backend.get(key)
+            decode_object(digest, existing)
+            header_found = parse_header(digest, existing)
+            return digest, NewChunk(digest, header_found.codec_id, len(view), len(existing))
+        except (FileNotFoundError, ChunkStoreError):
+            self._store.backend.put(key, data)
+            return digest, NewChunk(digest, codec.id, len(view), len(data))
 
     # --- commit ----------------------------------------------------------------------------
 
@@ -255,21 +263,37 @@ class VersionWriter:
             )
             version_id, data = record.encode()
             if not store.index.heartbeat(self._session):
-                raise SessionExpiredError(
-                    f"the save of {self.run}@{self.step} was idle so long that GC expired its"
-                    " write session; chunks it reused may be gone, so it is not published."
-                    " Save again (and keep saves shorter than the GC grace period)")
+                raise self._expired()
             store.backend.put_if_absent(version_key(version_id), data)  # the commit point
-            entry = _entry(version_id, record)
-            refs = {d for t in tensors.values() for d in t.chunk_digests()}
-            store.index.add_version(entry, refs, {d: len(b) for d, b in nodes.items()},
-                                    new_chunks, self._session)
         except BaseException:
             self.abort()
             raise
+        # Published.  From here on the session is never closed early: if the
+        # index update fails, the session's claims keep protecting what the
+        # version uses until GC finds the process gone, and the next reconcile
+        # counts the version in from its commit record.
         self._closed = True
+        entry = _entry(version_id, record)
+        refs = {d for t in tensors.values() for d in t.chunk_digests()}
+        alive = store.index.add_version(entry, refs, {d: len(b) for d, b in nodes.items()},
+                                        new_chunks, self._session)
+        if not alive and not self._objects_present(refs, nodes):
+            store.backend.delete(version_key(version_id))  # unpublish: it lost a chunk
+            store.index.remove_version(version_id)
+            raise self._expired()
         self._info = store.info_from_entry(entry)
         return self._info
+
+    def _expired(self) -> SessionExpiredError:
+        return SessionExpiredError(
+            f"GC expired the write session of the save of {self.run}@{self.step} (it looked"
+            " dead or idle past the grace period), so chunks it reused may be gone; the"
+            " version is not published. Save again")
+
+    def _objects_present(self, refs: set[Digest], nodes: dict[Digest, bytes]) -> bool:
+        backend = self._store.backend
+        keys = [chunk_key(d) for d in refs] + [node_key(d) for d in nodes]
+        return all(self._store.executor.map(backend.exists, keys))
 
     def abort(self) -> None:
         """Discard the version: nothing is published; written chunks become orphans."""

@@ -15,7 +15,13 @@ import pytest
 
 import chunkstore
 from chunkstore.digest import Digest, chunk_key, node_key
-from chunkstore.errors import GcAbortedError, GcBusyError, SessionExpiredError
+from chunkstore.errors import (
+    BackendError,
+    GcAbortedError,
+    GcBusyError,
+    InvalidInputError,
+    SessionExpiredError,
+)
 from chunkstore.gc import gc_lock
 from chunkstore.index import CHUNK, ChunkRecord, ChunkState, Claim
 from chunkstore.tree import flatten
@@ -143,19 +149,27 @@ def test_a_killed_save_leaves_orphans_collected_after_the_grace_period(
         assert [v.step for v in store.versions()] == [1]
 
 
-def test_a_save_that_reuses_a_condemned_chunk_resurrects_it(
-        store: chunkstore.Store, shared: np.ndarray) -> None:
-    va = save(store, 1, state(1, shared))
-    digest = next(iter(store.index.version_refs(va)))
+def test_a_save_that_reuses_a_condemned_chunk_resurrects_and_rewrites_it(
+        store: chunkstore.Store, store_path: Path, shared: np.ndarray) -> None:
+    arrays = state(1, shared)
+    va = save(store, 1, arrays)
+    digests = store.index.version_refs(va)
     store.delete(va)
     before = later(HOUR)
-    assert store.index.condemn(CHUNK, [digest], before) == [digest]
+    assert store.index.condemn(CHUNK, digests, before) == digests
+    # An object GC condemned may already be half gone (a power cut can undo the
+    # index transaction after the unlink): the writer must not trust it.
+    (store_path / chunk_key(digests[0])).unlink()
     session = store.index.open_session("test")
-    assert store.index.claim_chunk(session, digest) == Claim.DEDUP
-    record = store.index.chunk(digest)
-    assert record is not None and record.state == ChunkState.LIVE
-    assert store.index.start_delete(CHUNK, digest, before) is None  # GC's re-check says no
+    assert store.index.claim_chunk(session, digests[0]) == Claim.WRITE
+    record = store.index.chunk(digests[0])
+    assert record is not None and record.state == ChunkState.WRITING
+    assert store.index.start_delete(CHUNK, digests[0], before) is None  # GC's re-check says no
     store.index.close_session(session)
+    vb = save(store, 2, arrays)  # the same bytes again
+    assert store.gc(grace=0).chunks_deleted == 0
+    assert store.verify().ok
+    assert_loads(store, vb, arrays)
 
 
 def test_a_claimed_chunk_is_never_deleted_even_unreferenced(
@@ -326,3 +340,87 @@ def test_saves_racing_gc_with_no_grace_never_publish_a_version_with_a_deleted_ch
                                           expected(writer, info.step))
         store.gc(grace=0)
         assert store.verify().ok
+
+
+def test_gc_counts_in_a_version_the_index_lost_before_it_collects(
+        store: chunkstore.Store, shared: np.ndarray) -> None:
+    """A save killed between its commit record and its index update: the index lacks it."""
+    arrays = state(1, shared)
+    vid = save(store, 1, arrays)
+    store.index.remove_version(vid)  # as if the index update never happened
+    result = store.gc(grace=0)
+    assert result.chunks_deleted == result.nodes_deleted == 0
+    assert store.verify().ok
+    assert_loads(store, vid, arrays)
+
+
+def test_gc_deletes_nothing_while_a_version_on_storage_cannot_be_read(
+        store: chunkstore.Store, store_path: Path, shared: np.ndarray) -> None:
+    va = save(store, 1, state(1, shared))
+    save(store, 2, state(2, shared))
+    store.delete(va)
+    store.backend.put(f"versions/{'ab' * 32}", b"{not a commit record")
+    before = objects(store_path, "chunks")
+    with pytest.raises(GcAbortedError, match="cannot be read"):
+        store.gc(grace=0)
+    assert objects(store_path, "chunks") == before
+
+
+def test_a_chunk_lost_from_storage_is_rewritten_by_the_next_save_that_has_it(
+        store: chunkstore.Store, store_path: Path, shared: np.ndarray) -> None:
+    """After a rebuild, a missing chunk is no dedup target: a save of the same bytes heals it."""
+    arrays = state(1, shared)
+    va = save(store, 1, arrays)
+    lost = store.index.version_refs(va)[0]
+    (store_path / chunk_key(lost)).unlink()
+    store.rebuild_index()
+    record = store.index.chunk(lost)
+    assert record is not None and record.state == ChunkState.WRITING and record.refcount == 1
+    assert not store.verify().ok
+    save(store, 2, arrays)
+    assert store.verify().ok
+    assert_loads(store, va, arrays)
+
+
+def test_index_rebuild_waits_for_saves_in_progress(store: chunkstore.Store,
+                                                   shared: np.ndarray) -> None:
+    save(store, 1, state(1, shared))
+    writer = store.new_version("r", 2)
+    with pytest.raises(BackendError, match="in progress"):
+        store.rebuild_index()
+    writer.abort()
+    assert store.rebuild_index().versions == 1
+
+
+def test_a_tag_only_storage_knows_still_pins_its_version(store: chunkstore.Store,
+                                                        shared: np.ndarray) -> None:
+    va = save(store, 1, state(1, shared))
+    save(store, 2, state(2, shared))
+    store.backend.put("tags/keep", json.dumps({"version": va}).encode())  # index not told yet
+    with pytest.raises(InvalidInputError, match="tagged keep"):
+        store.delete(va)
+    result = store.prune(keep_last=1, min_previous=0)
+    assert result.removed == []
+    assert store.versions()[0].id == va
+
+
+def test_sessions_are_judged_by_heartbeat_outside_this_pid_namespace(
+        store: chunkstore.Store) -> None:
+    from chunkstore.gc import session_is_dead
+
+    session = store.index.open_session("mine")
+    info = store.index.list_sessions()[session]
+    now = time.time()
+    assert not session_is_dead(info, now, HOUR)
+    elsewhere = {**info, "pidns": "another-container", "pid": 1}
+    assert not session_is_dead(elsewhere, now, HOUR)
+    assert session_is_dead(elsewhere, now + 2 * HOUR, HOUR)
+
+
+def test_a_deletion_of_an_object_referenced_again_leaves_it_to_be_rewritten(
+        store: chunkstore.Store) -> None:
+    digest = Digest.of(b"x")
+    store.index.put_chunk_record(digest, ChunkRecord(ChunkState.DELETING, 0, 1, 1, 25, 0.0))
+    assert store.index.finish_delete(CHUNK, digest)
+    record = store.index.chunk(digest)
+    assert record is not None and record.state == ChunkState.WRITING and record.refcount == 1
