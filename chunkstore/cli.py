@@ -726,6 +726,8 @@ def gc_text(result: GcResult) -> None:
                f" kept for saves in progress: {result.kept_by_sessions} objects")
     if result.sessions_expired:
         click.echo(f"expired {result.sessions_expired} write sessions of dead processes")
+    if result.temporaries_deleted:
+        click.echo(f"removed {result.temporaries_deleted} temporary files of interrupted writes")
     if result.unfinished_deletions:
         click.echo(f"finished {result.unfinished_deletions} deletions of an interrupted gc")
     for line in result.index_disagreements:

@@ -71,6 +71,8 @@ except ImportError:  # pragma: no cover - not POSIX
     fcntl = None  # type: ignore[assignment]
 
 DEFAULT_GRACE_S = 3600.0
+#: Temporary files of interrupted writes are removed only when older than this.
+TEMP_MIN_AGE_S = 600.0
 _KEY_OF = {CHUNK: chunk_key, NODE: node_key}
 _KIND_NAME = {CHUNK: "chunk", NODE: "node"}
 
@@ -92,6 +94,7 @@ class GcResult:
     kept_by_sessions: int = 0
     orphans_deleted: int = 0
     orphan_bytes_freed: int = 0
+    temporaries_deleted: int = 0
     unfinished_deletions: int = 0
     index_disagreements: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -391,7 +394,13 @@ class _Run:
         self.result.bytes_freed += size
 
     def sweep_orphans(self) -> None:
-        """Delete objects no index record names, once older than the grace period."""
+        """Delete objects no index record names, once older than the grace period,
+        and the temporary files of interrupted writes."""
+        # A write in progress owns its temporary file: never touch a young one,
+        # whatever the grace period.
+        cutoff = min(self.before, self.started - TEMP_MIN_AGE_S)
+        self.result.temporaries_deleted = self.store.backend.remove_temporaries(
+            cutoff, dry_run=self.dry_run)
         for prefix, kind, parse in ((CHUNK_PREFIX, CHUNK, digest_from_chunk_key),
                                     (NODE_PREFIX, NODE, digest_from_node_key)):
             for info in self.store.backend.list_info(prefix):

@@ -424,3 +424,18 @@ def test_a_deletion_of_an_object_referenced_again_leaves_it_to_be_rewritten(
     assert store.index.finish_delete(CHUNK, digest)
     record = store.index.chunk(digest)
     assert record is not None and record.state == ChunkState.WRITING and record.refcount == 1
+
+
+def test_temporary_files_of_killed_writes_are_removed_once_old(
+        store: chunkstore.Store, store_path: Path, shared: np.ndarray) -> None:
+    save(store, 1, state(1, shared))
+    leftover = store_path / "chunks" / ".tmp-0123456789abcdef"
+    leftover.write_bytes(b"half a chunk")
+    assert store.gc(grace=0).temporaries_deleted == 0  # young: might be a write in progress
+    old = time.time() - 2 * HOUR
+    os.utime(leftover, (old, old))
+    assert store.gc(grace="1h", dry_run=True).temporaries_deleted == 1
+    assert leftover.exists()
+    assert store.gc(grace="1h").temporaries_deleted == 1
+    assert not leftover.exists()
+    assert store.verify().ok

@@ -105,5 +105,11 @@ class Backend(abc.ABC):
         """Return the root directory when the backend is a local filesystem, else None."""
         return None
 
+    def remove_temporaries(self, older_than: float, dry_run: bool = False) -> int:
+        """Delete leftovers of interrupted writes last modified before ``older_than``
+        (a UNIX time); return how many there were.  Backends whose writes leave
+        nothing behind (object stores: a PUT is whole or absent) have none."""
+        return 0
+
     def close(self) -> None:  # noqa: B027 - optional hook; most backends hold nothing
         """Release connections or handles; the backend is unusable afterwards."""

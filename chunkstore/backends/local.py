@@ -190,6 +190,23 @@ class LocalBackend(Backend):
         os.close(fd)
         return temp
 
+    def remove_temporaries(self, older_than: float, dry_run: bool = False) -> int:
+        """Delete ``.tmp-*`` files (left by killed writes) older than ``older_than``."""
+        found = 0
+        for directory, subdirs, files in os.walk(self.root):
+            if directory == self.root:
+                subdirs[:] = [d for d in subdirs if d not in self.IGNORED_TOP_LEVEL]
+            for name in files:
+                if not name.startswith(self.TEMP_PREFIX):
+                    continue
+                path = os.path.join(directory, name)
+                with contextlib.suppress(FileNotFoundError):
+                    if os.stat(path).st_mtime < older_than:
+                        found += 1
+                        if not dry_run:
+                            _unlink_quietly(path)
+        return found
+
     def _walk_sorted(self, directory: str, rel: str, prefix: str) -> Iterator[str]:
         """Yield keys under ``directory`` (key prefix ``rel``) matching ``prefix``, sorted.
 

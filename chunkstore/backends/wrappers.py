@@ -78,6 +78,10 @@ class ForwardingBackend(Backend):
         """Forward to ``inner.local_path``."""
         return self.inner.local_path()
 
+    def remove_temporaries(self, older_than: float, dry_run: bool = False) -> int:
+        """Forward to ``inner.remove_temporaries``."""
+        return self.inner.remove_temporaries(older_than, dry_run)
+
     def close(self) -> None:
         """Close ``inner``."""
         self.inner.close()
