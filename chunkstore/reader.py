@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from concurrent.futures import Future
+from collections.abc import Iterable
+from concurrent.futures import Future, wait
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -100,20 +101,42 @@ class VersionReader:
         an ``int16`` view of a bfloat16 tensor).  On an integrity error ``out``
         holds partial data and the error is raised.
         """
-        entry = self._tensor(name)
-        self._check_buffer(name, entry, out, dtype)
+        self.get_many_into([(name, out, dtype)])
+        return out
+
+    def get_many_into(self, requests: Iterable[tuple[str, np.ndarray, str | None]]) -> None:
+        """``get_into`` for many entries at once: ``(name, out, dtype)`` triples.
+
+        Every buffer is checked before anything is read; then the chunks of
+        all entries are read in parallel, so many small tensors cost one
+        round of the thread pool, not one each.
+        """
+        checked = []
+        for name, out, dtype in requests:
+            entry = self._tensor(name)
+            self._check_buffer(name, entry, out, dtype)
+            checked.append((name, entry, out))
+        futures: list[Future[None]] = []
+        try:
+            for name, entry, out in checked:
+                futures.extend(self._submit(name, entry, out))
+        finally:
+            wait(futures)  # no job may still write into a caller's buffer after we return
+        for future in futures:
+            future.result()  # the first error, if any
+
+    def _submit(self, name: str, entry: TensorEntry, out: np.ndarray) -> list[Future[None]]:
         flat = out.reshape(-1).view(np.uint8).data if out.size else memoryview(b"")
         itemsize = element_size(entry.dtype)
         futures: list[Future[None]] = []
         for shard in entry.shards:
             if shard.sizes != entry.shape:
-                raise InvalidInputError(f"entry {name!r} is sharded; read it with get_shards()")
+                raise InvalidInputError(f"entry {name!r} is sharded; this release reads only"
+                                        " unsharded tensors")
             for digest, start, length in shard.chunk_spans(itemsize):
                 futures.append(self._store.executor.submit(
                     read_chunk_into, self._store, digest, flat[start:start + length]))
-        for future in futures:
-            future.result()
-        return out
+        return futures
 
     def _check_buffer(self, name: str, entry: TensorEntry, out: np.ndarray,
                       dtype: str | None) -> None:

@@ -172,3 +172,23 @@ def test_any_array_round_trips(tmp_path_factory: pytest.TempPathFactory, array: 
         got = s.open_version("latest").get("a")
     assert got.shape == array.shape and got.dtype == array.dtype
     assert got.tobytes() == array.tobytes()
+
+
+def test_get_many_into_reads_every_entry_and_checks_every_buffer_first(
+        store: chunkstore.Store) -> None:
+    rng = np.random.default_rng(3)
+    arrays = {f"layer{i}.w": rng.standard_normal(1000 * (i + 1)).astype(np.float32)
+              for i in range(20)}
+    with store.new_version("r", 1) as v:
+        for name, array in arrays.items():
+            v.put(name, array)
+    reader = store.open_version("latest")
+    outs = {name: np.zeros_like(array) for name, array in arrays.items()}
+    reader.get_many_into((name, out, None) for name, out in outs.items())
+    for name, array in arrays.items():
+        np.testing.assert_array_equal(outs[name], array)
+    fresh = {name: np.zeros_like(array) for name, array in arrays.items()}
+    wrong = np.zeros(5, dtype=np.float32)
+    with pytest.raises(chunkstore.errors.ShapeMismatchError):
+        reader.get_many_into([*((n, o, None) for n, o in fresh.items()), ("layer0.w", wrong, None)])
+    assert all(not out.any() for out in fresh.values())  # nothing read before the check failed

@@ -28,7 +28,6 @@ from torch_bridge.errors import NotACheckpointError, StateMismatchError, StateNo
 from torch_bridge.state import (
     CapturedState,
     EntryNames,
-    Path,
     TensorRecord,
     capture,
     is_missing,
@@ -127,12 +126,19 @@ def load_states(reader: VersionReader, targets: dict[str, Any]) -> dict[str, Any
             plan.targets.append(_target(reader, plan.key, record, live, problems))
     if problems:
         raise StateMismatchError(reader.info.id, problems)
+    requests: list[tuple[str, np.ndarray, str | None]] = []
+    copies: list[tuple[torch.Tensor, torch.Tensor, bool]] = []
+    for plan in plans:
+        for record, target in zip(plan.records, plan.targets, strict=True):
+            requests.append(_request(record, target, copies))
+    reader.get_many_into(requests)  # every chunk of every tensor, hash-checked, in parallel
+    for target, staging, pin in copies:
+        with torch.no_grad():
+            target.copy_(staging, non_blocking=pin)
     trees = {}
     for plan in plans:
-        loaded: dict[Path, Any] = {}
-        for record, target in zip(plan.records, plan.targets, strict=True):
-            _read_into(reader, record, target)
-            loaded[record.path] = target
+        loaded = {record.path: target for record, target in zip(plan.records, plan.targets,
+                                                                strict=True)}
         trees[plan.key] = rebuild(plan.section["skeleton"], loaded,
                                   plan.section.get("module_metadata"))
     return trees
@@ -161,21 +167,21 @@ def _target(reader: VersionReader, key: str, record: TensorRecord, live: Any,
     return existing
 
 
-def _read_into(reader: VersionReader, record: TensorRecord,
-               target: torch.Tensor | np.ndarray) -> None:
+def _request(record: TensorRecord, target: torch.Tensor | np.ndarray,
+             copies: list[tuple[torch.Tensor, torch.Tensor, bool]]
+             ) -> tuple[str, np.ndarray, str | None]:
+    """The read that fills ``target``: in place when its memory allows, else through a
+    host staging tensor copied in afterwards (recorded in ``copies``)."""
     if isinstance(target, np.ndarray):
-        reader.get_into(record.entry, target)
-        return
+        return record.entry, target, None
     if readable_in_place(target):
         array, override = as_array(target)
-        reader.get_into(record.entry, array, dtype=override)
-        return
+        return record.entry, array, override
     pin = target.device.type == "cuda" and torch.cuda.is_available()
     staging = torch.empty(tuple(target.shape), dtype=target.dtype, pin_memory=pin)
+    copies.append((target, staging, pin))
     array, override = as_array(staging)
-    reader.get_into(record.entry, array, dtype=override)
-    with torch.no_grad():
-        target.copy_(staging, non_blocking=pin)
+    return record.entry, array, override
 
 
 def apply_states(targets: dict[str, Any], trees: dict[str, Any],
