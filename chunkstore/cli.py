@@ -597,7 +597,8 @@ def verify(store_path: str, selector: str | None, quick: bool, as_json: bool) ->
     """
     started = time.monotonic()
     with open_store(store_path) as store:
-        result: VerifyResult = store.verify(selector, read_data=not quick)
+        result: VerifyResult = store.verify(selector, read_data=not quick,
+                                            progress=TerminalProgress())
     if as_json:
         emit_json({**result.to_json(), "seconds": round(time.monotonic() - started, 3)})
     else:

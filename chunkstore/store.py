@@ -363,10 +363,12 @@ class Store:
 
     # --- whole-store operations ------------------------------------------------------------
 
-    def verify(self, sel: str | None = None, *, read_data: bool = True) -> VerifyResult:
+    def verify(self, sel: str | None = None, *, read_data: bool = True,
+               progress: Progress | None = None) -> VerifyResult:
+        """Check versions (all, or the one ``sel`` names); see :mod:`chunkstore.verify`."""
         from chunkstore.verify import verify
 
-        return verify(self, sel, read_data=read_data)
+        return verify(self, sel, read_data=read_data, progress=progress)
 
     def stats(self) -> StoreStats:
         from chunkstore.report import stats

@@ -20,6 +20,7 @@ from chunkstore.errors import (
     MissingChunkError,
 )
 from chunkstore.manifest import decode_data
+from chunkstore.progress import NullProgress, Progress
 from chunkstore.reader import read_chunk
 from chunkstore.tree import FlatTree, flatten, read_node
 
@@ -125,8 +126,10 @@ def _check_refcounts(store: Store, trees: dict[str, FlatTree], unreadable: set[s
                                        " run `chunkstore index rebuild`", None, digest.hex))
 
 
-def verify(store: Store, sel: str | None = None, *, read_data: bool = True) -> VerifyResult:
+def verify(store: Store, sel: str | None = None, *, read_data: bool = True,
+           progress: Progress | None = None) -> VerifyResult:
     """Check the chosen version (all when ``sel`` is None); refcounts only for all."""
+    progress = progress or NullProgress()
     result = VerifyResult()
     ids = [store.resolve(sel).id] if sel is not None else sorted(store.backend_version_ids())
     trees = _load_versions(store, ids, result)
@@ -135,12 +138,15 @@ def verify(store: Store, sel: str | None = None, *, read_data: bool = True) -> V
         for digest in flat.chunk_digests():
             owners.setdefault(digest, vid)
     checks = store.executor.map(lambda d: _check_chunk(store, d, read_data), list(owners))
+    progress.start(len(owners), "verify: chunks")
     for digest, (size, problem) in zip(list(owners), checks, strict=True):
+        progress.advance()
         result.chunks_checked += 1
         result.bytes_checked += size
         if problem is not None:
             result.problems.append(Problem(problem.kind, problem.message, owners[digest],
                                            problem.digest))
+    progress.finish()
     if sel is None:
         _check_refcounts(store, trees, set(ids) - set(trees), result)
     return result
