@@ -1,0 +1,176 @@
+"""The checkpointing systems under test: sync save, async save (where there is one), restore.
+
+Every save is durable before it returns: the file-based systems fsync their
+files and directory, as chunkstore and DCP's FileSystemWriter do.
+
+- ``torch.save``: one pickle file per version (the whole state tree).
+- ``safetensors``: one file per version, tensors only (plain values dropped).
+- ``dcp``: torch.distributed.checkpoint, FileSystemWriter, one directory per
+  version; the pause is ``async_save``'s.
+- ``chunkstore-<compression>``: one store; sync saves through
+  ``torch_bridge.save``, the pause through ``Checkpointer(async_save=True)``.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+import torch
+import torch.distributed.checkpoint as dcp
+
+import chunkstore
+import torch_bridge
+from benchmarks.trace import TraceVersion, flatten
+
+# DCP without a process group says once per call that it assumes one process.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+SYSTEMS = ("torch.save", "safetensors", "dcp", "chunkstore-none", "chunkstore-auto")
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def tree_bytes(root: Path) -> int:
+    """Apparent size of every file under ``root``."""
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+class FileSystem:
+    """A system that writes one file or directory per version under ``root``."""
+
+    suffix = ""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+
+    def path(self, version: TraceVersion) -> Path:
+        return self.root / f"{version.run}-{version.step:06d}{self.suffix}"
+
+    def save(self, version: TraceVersion, state: dict[str, Any]) -> None:
+        path = self.path(version)
+        self.write(path, state)
+        _fsync_path(path)
+        _fsync_path(self.root)
+
+    def write(self, path: Path, state: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def physical_bytes(self) -> int:
+        return tree_bytes(self.root)
+
+    def close(self) -> None:
+        pass
+
+
+class TorchSave(FileSystem):
+    suffix = ".pt"
+
+    def write(self, path: Path, state: dict[str, Any]) -> None:
+        with open(path, "wb") as out:
+            torch.save(state, out)
+
+    def restore(self, version: TraceVersion, target: dict[str, Any]) -> Any:
+        return torch.load(self.path(version), weights_only=True)
+
+
+class Safetensors(FileSystem):
+    suffix = ".safetensors"
+
+    def write(self, path: Path, state: dict[str, Any]) -> None:
+        safetensors.torch.save_file(flatten(state), path)
+
+    def restore(self, version: TraceVersion, target: dict[str, Any]) -> Any:
+        return safetensors.torch.load_file(self.path(version))
+
+
+class Dcp(FileSystem):
+    def save(self, version: TraceVersion, state: dict[str, Any]) -> None:
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(self.path(version)))
+
+    def restore(self, version: TraceVersion, target: dict[str, Any]) -> Any:
+        dcp.load(target, storage_reader=dcp.FileSystemReader(self.path(version)))
+        return target
+
+
+class DcpAsync(Dcp):
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self._pending: Any = None
+
+    def save(self, version: TraceVersion, state: dict[str, Any]) -> None:
+        self._pending = dcp.async_save(
+            state, storage_writer=dcp.FileSystemWriter(self.path(version)))
+
+    def wait(self) -> None:
+        if self._pending is not None:
+            self._pending.result()
+            self._pending = None
+
+
+class Chunkstore:
+    def __init__(self, root: Path, compression: str) -> None:
+        self.store = chunkstore.open(root, compression=compression)
+
+    def save(self, version: TraceVersion, state: dict[str, Any]) -> None:
+        torch_bridge.save(self.store, state, run=version.run, step=version.step)
+
+    def restore(self, version: TraceVersion, target: dict[str, Any]) -> Any:
+        torch_bridge.load(self.store, f"{version.run}@{version.step}", target)
+        return target
+
+    def physical_bytes(self) -> int:
+        return self.store.stats().physical_bytes
+
+    def close(self) -> None:
+        self.store.close()
+
+
+class ChunkstoreAsync(Chunkstore):
+    """A Checkpointer per run over one store: the pause is the staging copy."""
+
+    def __init__(self, root: Path, compression: str) -> None:
+        super().__init__(root, compression)
+        self._ckpt: Any = None
+
+    def save(self, version: TraceVersion, state: dict[str, Any]) -> None:
+        if self._ckpt is None or self._ckpt.run != version.run:
+            self.close_checkpointer()
+            self._ckpt = torch_bridge.Checkpointer(self.store, run=version.run,
+                                                   async_save=True)
+        self._ckpt.save(version.step, **state)
+
+    def wait(self) -> None:
+        if self._ckpt is not None:
+            self._ckpt.wait()
+
+    def close_checkpointer(self) -> None:
+        if self._ckpt is not None:
+            self._ckpt.close()
+            self._ckpt = None
+
+    def close(self) -> None:
+        self.close_checkpointer()
+        super().close()
+
+
+def open_sync(system: str, root: Path) -> Any:
+    if system.startswith("chunkstore-"):
+        return Chunkstore(root, system.removeprefix("chunkstore-"))
+    return {"torch.save": TorchSave, "safetensors": Safetensors, "dcp": Dcp}[system](root)
+
+
+def open_async(system: str, root: Path) -> Any:
+    """The async variant of ``system``, or None where it has none (its pause is its save)."""
+    if system.startswith("chunkstore-"):
+        return ChunkstoreAsync(root, system.removeprefix("chunkstore-"))
+    return DcpAsync(root) if system == "dcp" else None

@@ -1,0 +1,149 @@
+"""Run one system over one recorded workload in this (fresh) process; print its record as JSON.
+
+Order matters for the memory figure: the first state is loaded, then every
+version is saved synchronously and the peak resident set is read (so it
+holds the state plus what saving added, nothing from restores); then the
+async pauses, the memcpy reference and the restores are measured.  Usage::
+
+    python -m benchmarks.worker TRACE_DIR SYSTEM[,SYSTEM...] WORK_DIR [--repeat 3]
+
+With several systems the process is shared, so only the first one's peak
+memory is its own (``rss_isolated`` says which); the quick mode does that to
+start fewer processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.systems import open_async, open_sync
+from benchmarks.trace import TraceReader, TraceVersion, empty_like_tree, flatten
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def median_time(fn: Callable[[], object], repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def steady(times: list[float]) -> float:
+    """Median over the saves after the first (the first also sets things up)."""
+    return statistics.median(times[1:] if len(times) > 1 else times)
+
+
+def save_all(system: Any, reader: TraceReader) -> tuple[list[float], list[int]]:
+    times, stored = [], []
+    for version, state in reader:
+        started = time.perf_counter()
+        system.save(version, state)
+        times.append(time.perf_counter() - started)
+        stored.append(system.physical_bytes())
+    return times, stored
+
+
+def pause_all(system: Any, reader: TraceReader) -> list[float]:
+    pauses = []
+    for version, state in reader:
+        started = time.perf_counter()
+        system.save(version, state)
+        pauses.append(time.perf_counter() - started)
+        system.wait()  # nothing in flight at the next save: the pause is the capture alone
+    return pauses
+
+
+def memcpy_time(reader: TraceReader, repeat: int) -> float:
+    """A plain copy of the whole state into reused buffers: the floor of any pause."""
+    tensors = list(flatten(reader.load(reader.versions[-1].index)).values())
+    buffers = [torch.empty_like(t) for t in tensors]
+
+    def copy() -> None:
+        for buffer, tensor in zip(buffers, tensors, strict=True):
+            buffer.copy_(tensor)
+
+    copy()
+    return median_time(copy, repeat)
+
+
+def restore_one(system: Any, reader: TraceReader, version: TraceVersion,
+                repeat: int) -> tuple[float, bool]:
+    """Median restore time of ``version`` and whether every tensor came back bit for bit."""
+    expected = flatten(reader.load(version.index))
+    target = empty_like_tree(reader.load(version.index))
+    restored: dict[str, Any] = {}
+
+    def restore() -> None:
+        restored["tree"] = system.restore(version, target)
+
+    seconds = median_time(restore, repeat)
+    got = flatten(restored["tree"])
+    ok = got.keys() == expected.keys() and all(
+        torch.equal(got[name], tensor) for name, tensor in expected.items())
+    return seconds, ok
+
+
+def run(trace_dir: Path, system_name: str, work_dir: Path, repeat: int) -> dict[str, Any]:
+    reader = TraceReader(trace_dir)
+    reader.load(0)
+    baseline_rss = peak_rss_bytes()
+    system = open_sync(system_name, work_dir / "sync")
+    save_times, stored = save_all(system, reader)
+    peak_rss = peak_rss_bytes()
+    restore_s, latest_ok = restore_one(system, reader, reader.versions[-1], repeat)
+    restore_oldest_s, oldest_ok = restore_one(system, reader, reader.versions[0], repeat)
+    system.close()
+    shutil.rmtree(work_dir / "sync")
+    async_system = open_async(system_name, work_dir / "async")
+    pauses: list[float] = []
+    if async_system is not None:
+        pauses = pause_all(async_system, reader)
+        async_system.close()
+        shutil.rmtree(work_dir / "async")
+    logical = reader.versions[-1].logical_bytes
+    return {
+        "workload": reader.workload, "system": system_name, "versions": len(reader.versions),
+        "logical_bytes": logical, "physical_bytes": stored[-1],
+        "amplification": stored[-1] / logical,
+        "save_s": steady(save_times), "pause_s": steady(pauses) if pauses else steady(save_times),
+        "restore_s": restore_s, "peak_rss_bytes": peak_rss,
+        "pause_kind": "async" if pauses else "sync (no async save)",
+        "first_save_s": save_times[0], "first_pause_s": pauses[0] if pauses else None,
+        "restore_oldest_s": restore_oldest_s, "restore_verified": latest_ok and oldest_ok,
+        "memcpy_s": memcpy_time(reader, repeat), "baseline_rss_bytes": baseline_rss,
+        "cumulative_bytes": stored, "save_times_s": save_times, "pause_times_s": pauses,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("trace_dir", type=Path)
+    parser.add_argument("systems", help="comma-separated system names")
+    parser.add_argument("work_dir", type=Path)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    records = []
+    for i, system in enumerate(args.systems.split(",")):
+        record = run(args.trace_dir, system, args.work_dir / system, args.repeat)
+        records.append({**record, "rss_isolated": i == 0})
+    json.dump(records, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
