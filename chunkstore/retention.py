@@ -116,14 +116,17 @@ class Decision:
     drop: list[str] = field(default_factory=list)
 
 
-def _safety_reasons(ordered: Sequence[Candidate], good: int, min_previous: int
-                    ) -> dict[str, list[str]]:
+def _safety_reasons(ordered: Sequence[Candidate], good: int, min_previous: int,
+                    previous_good: Sequence[str] | None) -> dict[str, list[str]]:
     reasons: dict[str, list[str]] = {v.id: [] for v in ordered}
     for i, v in enumerate(ordered):
         if i > good:
             reasons[v.id].append("newer than the newest verified version")
         elif i == good:
             reasons[v.id].append("newest verified version")
+        elif previous_good is not None:
+            if v.id in previous_good:
+                reasons[v.id].append("previous known-good version (verified)")
         elif i >= good - min_previous:
             reasons[v.id].append("previous known-good version")
         if v.tags:
@@ -140,16 +143,18 @@ def _best(ordered: Sequence[Candidate], best: tuple[Any, ...]) -> list[Candidate
 
 
 def decide(versions: Sequence[Candidate], policy: Policy, now: float,
-           newest_good: str | None = None) -> Decision:
+           newest_good: str | None = None, previous_good: Sequence[str] | None = None
+           ) -> Decision:
     """Apply ``policy`` to one run's versions (any order).
 
     ``newest_good`` is the id of the newest version that verifies (default:
-    the newest); it and ``policy.min_previous`` versions older than it are
-    always kept, as is everything newer than it.
+    the newest); it and everything newer are always kept, and so are the
+    older versions in ``previous_good`` (those found to verify) or, without
+    that list, the ``policy.min_previous`` versions just before it.
     """
     ordered = sorted(versions, key=lambda v: (v.step, v.created, v.id))
     good = next((i for i, v in enumerate(ordered) if v.id == newest_good), len(ordered) - 1)
-    reasons = _safety_reasons(ordered, good, policy.min_previous)
+    reasons = _safety_reasons(ordered, good, policy.min_previous, previous_good)
     if policy.keep_last is not None:
         for v in ordered[-policy.keep_last:]:
             reasons[v.id].append(f"keep_last={policy.keep_last}")
@@ -204,16 +209,13 @@ def prune(store: Any, policy: Policy, *, run: str | None = None, dry_run: bool =
     runs = [run] if run is not None else store.runs()
     for name in runs:
         infos = store.versions(name)
-        newest_good = None
+        newest_good, previous_good = None, None
         if verify:
-            for info in reversed(infos):
-                if store.verify(info.id).ok:
-                    newest_good = info.id
-                    break
-                result.unverified.append(info.id)
+            good = _verified_newest(store, infos, 1 + policy.min_previous, result.unverified)
+            newest_good, previous_good = (good[0], good[1:]) if good else (None, None)
         candidates = [Candidate(v.id, v.step, v.created, v.meta, tuple(sorted(tags.get(v.id, []))))
                       for v in infos]
-        decision = decide(candidates, policy, now, newest_good)
+        decision = decide(candidates, policy, now, newest_good, previous_good)
         result.kept.update(decision.keep)
         by_id = {v.id: v for v in infos}
         for vid in decision.drop:
@@ -221,3 +223,17 @@ def prune(store: Any, policy: Policy, *, run: str | None = None, dry_run: bool =
                 store.delete(vid)
             result.removed.append(by_id[vid])
     return result
+
+
+def _verified_newest(store: Any, infos: Sequence[Any], count: int, failed: list[str]
+                     ) -> list[str]:
+    """Ids of the newest ``count`` versions that pass a full verify, newest first."""
+    good: list[str] = []
+    for info in reversed(infos):
+        if len(good) == count:
+            break
+        if store.verify(info.id).ok:
+            good.append(info.id)
+        else:
+            failed.append(info.id)
+    return good

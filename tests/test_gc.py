@@ -439,3 +439,17 @@ def test_temporary_files_of_killed_writes_are_removed_once_old(
     assert store.gc(grace="1h").temporaries_deleted == 1
     assert not leftover.exists()
     assert store.verify().ok
+
+
+def test_prune_keeps_a_predecessor_that_verifies_not_just_the_one_before(
+        store: chunkstore.Store, store_path: Path, shared: np.ndarray) -> None:
+    ids = [save(store, step, state(step, shared)) for step in (1, 2, 3, 4)]
+    own = set(store.index.version_refs(ids[2])) - set(store.index.version_refs(ids[1]))
+    damaged = store_path / chunk_key(next(iter(own)))
+    data = bytearray(damaged.read_bytes())
+    data[-1] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    result = store.prune(keep_last=1)
+    assert result.unverified == [ids[2]]
+    assert [v.id for v in result.removed] == [ids[0], ids[2]]
+    assert [v.id for v in store.versions()] == [ids[1], ids[3]]

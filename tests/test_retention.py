@@ -101,3 +101,11 @@ def test_bad_policies_are_refused(kwargs: dict[str, object]) -> None:
 ])
 def test_parse_duration(text: object, seconds: float) -> None:
     assert parse_duration(text) == seconds
+
+
+def test_the_previous_known_good_version_is_one_that_verified() -> None:
+    versions = run_of(STEPS)
+    # v1000 verified; v900 did not; v800 did: v800 is the known-good predecessor kept.
+    decision = decide(versions, Policy(keep_last=1), NOW, "v1000", previous_good=["v0800"])
+    assert sorted(decision.keep) == ["v0800", "v1000"]
+    assert decision.keep["v0800"] == ["previous known-good version (verified)"]
