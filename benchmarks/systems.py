@@ -72,6 +72,17 @@ class FileSystem:
         pass
 
 
+def copy_into(target: dict[str, Any], loaded: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Copy loaded tensors into the target's, as ``load_state_dict`` does on a resume.
+
+    This also makes a lazily mapped load (safetensors) read its bytes, so every
+    system's restore ends with the state in the training process's tensors.
+    """
+    for name, tensor in flatten(target).items():
+        tensor.copy_(loaded[name])
+    return target
+
+
 class TorchSave(FileSystem):
     suffix = ".pt"
 
@@ -80,7 +91,7 @@ class TorchSave(FileSystem):
             torch.save(state, out)
 
     def restore(self, version: TraceVersion, target: dict[str, Any]) -> Any:
-        return torch.load(self.path(version), weights_only=True)
+        return copy_into(target, flatten(torch.load(self.path(version), weights_only=True)))
 
 
 class Safetensors(FileSystem):
@@ -90,7 +101,7 @@ class Safetensors(FileSystem):
         safetensors.torch.save_file(flatten(state), path)
 
     def restore(self, version: TraceVersion, target: dict[str, Any]) -> Any:
-        return safetensors.torch.load_file(self.path(version))
+        return copy_into(target, safetensors.torch.load_file(self.path(version)))
 
 
 class Dcp(FileSystem):

@@ -3,7 +3,7 @@
 Order matters for the memory figure: the first state is loaded, then every
 version is saved synchronously and the peak resident set is read (so it
 holds the state plus what saving added, nothing from restores); then the
-async pauses, the memcpy reference and the restores are measured.  Usage::
+restores, the async pauses and the memcpy reference are measured.  Usage::
 
     python -m benchmarks.worker TRACE_DIR SYSTEM[,SYSTEM...] WORK_DIR [--repeat 3]
 
@@ -32,7 +32,19 @@ from benchmarks.trace import TraceReader, TraceVersion, empty_like_tree, flatten
 
 
 def peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    """This process's peak resident set since exec.
+
+    Not ``ru_maxrss``: Linux carries the forking parent's peak over exec into
+    it, so a worker started by a suite that has trained would report the suite.
+    """
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
 def median_time(fn: Callable[[], object], repeat: int) -> float:

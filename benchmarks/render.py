@@ -1,0 +1,157 @@
+"""Turn the suite's results files into ``latest.md`` and PNG plots.
+
+Reads ``latest.json`` (records), ``run.json`` (run description) and, when
+present, ``core.json`` and ``pause.json`` from the same folder.  Usage::
+
+    python -m benchmarks.render benchmarks/results
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks.summarize import core_table, pause_table
+
+MB = 1e6
+
+
+def _load(folder: Path, name: str) -> Any:
+    path = folder / name
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _by_workload(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        grouped.setdefault(record["workload"], []).append(record)
+    return grouped
+
+
+def added_per_version(record: dict[str, Any]) -> float:
+    """Median bytes a save after the first added to the system's storage."""
+    stored = record["cumulative_bytes"]
+    steps = [b - a for a, b in itertools.pairwise(stored)]
+    return statistics.median(steps) if steps else float(stored[0])
+
+
+def workload_table(workloads: dict[str, Any]) -> list[str]:
+    lines = ["| workload | trained | params (trainable) | state per version | versions"
+             " (runs x N, every k steps) | ideal tensor-dedup amplification |",
+             "|---|---|---|---|---|---|"]
+    for name, meta in workloads.items():
+        trained = meta.get("trained", meta["optimizer"])
+        if "rows_touched_per_save_median" in meta:
+            trained += (f"; {meta['rows_touched_per_save_median']:.1%} of embedding rows"
+                        " touched between saves (Zipf)")
+        lines.append(
+            f"| {name} | {trained} | {meta['params'] / 1e6:.2f}M"
+            f" ({meta['trainable_fraction']:.1%}) | {meta['logical_bytes'] / MB:.1f} MB"
+            f" | {meta['versions']} ({meta['runs']} x {meta['versions'] // meta['runs']},"
+            f" k={meta['save_every']}) | {meta['ideal_tensor_dedup_amplification']:.2f} |")
+    return lines
+
+
+def pivot(records: list[dict[str, Any]], cell: Callable[[dict[str, Any]], str],
+          extra: tuple[str, Callable[[str], str]] | None = None) -> list[str]:
+    """Workloads down, systems across; ``extra`` adds a last column per workload."""
+    systems = list(dict.fromkeys(r["system"] for r in records))
+    header = ["workload", "versions", *systems] + ([extra[0]] if extra else [])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name, group in _by_workload(records).items():
+        cells = {r["system"]: cell(r) for r in group}
+        row = [name, str(group[0]["versions"]), *(cells.get(s, "-") for s in systems)]
+        lines.append("| " + " | ".join(row + ([extra[1](name)] if extra else [])) + " |")
+    return lines
+
+
+def amplification_table(records: list[dict[str, Any]], workloads: dict[str, Any]) -> list[str]:
+    def ideal(name: str) -> str:
+        value = workloads.get(name, {}).get("ideal_tensor_dedup_amplification")
+        return "-" if value is None else f"{value:.2f}"
+
+    return pivot(records, lambda r: f"{r['amplification']:.2f}",
+                 ("ideal (tensor dedup)", ideal))
+
+
+def _pause_cell(r: dict[str, Any]) -> str:
+    text = f"{r['pause_s'] * 1e3:.0f} ms"
+    return text + (f" ({r['pause_s'] / r['memcpy_s']:.1f}x memcpy)" if r["pause_kind"] == "async"
+                   else " (sync)")
+
+
+def detail_table(records: list[dict[str, Any]]) -> list[str]:
+    lines = ["| workload | system | stored after N | added per save | save (first / then)"
+             " | pause | restore latest / oldest | peak RSS (state loaded) | verified |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in records:
+        rss = (f"{r['peak_rss_bytes'] / MB:.0f} MB ({r['baseline_rss_bytes'] / MB:.0f} MB)"
+               if r.get("rss_isolated", True) else "shared process")
+        pause = _pause_cell(r)
+        lines.append(
+            f"| {r['workload']} | {r['system']} | {r['physical_bytes'] / MB:.1f} MB"
+            f" | {added_per_version(r) / MB:.2f} MB"
+            f" | {r['first_save_s'] * 1e3:.0f} / {r['save_s'] * 1e3:.0f} ms | {pause}"
+            f" | {r['restore_s'] * 1e3:.0f} / {r['restore_oldest_s'] * 1e3:.0f} ms | {rss}"
+            f" | {'yes' if r['restore_verified'] else 'NO'} |")
+    return lines
+
+
+def markdown(folder: Path) -> str:
+    records, run = _load(folder, "latest.json"), _load(folder, "run.json")
+    m = run["machine"]
+    lines = [
+        "# Benchmark results", "",
+        f"Made by `{run['command']}` ({run['mode']} mode) on {run['date']}, in"
+        f" {run['runtime_s'] / 60:.1f} min: {m['cpus']} CPUs, {m['platform']}, Python"
+        f" {m['python']}, torch {m['torch']}. Timings are medians (saves: over the saves after"
+        f" the first; restores: over {run['repeat']} runs); every save is durable (fsync)"
+        " before it returns; restores read from the page cache and are checked bit for bit.",
+        "", "## Workloads", "", *workload_table(run["workloads"]), "",
+        "## Storage amplification after N versions", "",
+        "Physical bytes of all N versions / logical bytes of one version (torch.save's is N"
+        " by construction). *ideal* is what deduplicating whole tensors would reach.", "",
+        *amplification_table(records, run["workloads"]), "",
+        "![cumulative stored bytes](stored_bytes.png)", "",
+        "## Training pause per save", "",
+        "How long the training loop stops per save: `Checkpointer(async_save=True)` for"
+        " chunkstore, `async_save` for DCP (median after the first, which also allocates"
+        " the staging buffers), the sync save for torch.save and safetensors. memcpy: a"
+        " plain copy of the whole state into reused buffers, measured in the same process.",
+        "", *pivot(records, _pause_cell), "",
+        "## Sync save and restore time", "",
+        "Median sync save after the first / restore of the latest version (into the"
+        " training state's tensors, hash- or bit-checked).", "",
+        *pivot(records, lambda r: f"{r['save_s'] * 1e3:.0f} / {r['restore_s'] * 1e3:.0f} ms"),
+        "",
+        "## Per workload and system", "",
+        "Peak RSS of the process that made the sync saves, with what it held once the"
+        " state was loaded (the rest is what saving added).", "",
+        *detail_table(records), "",
+    ]
+    core, pause = _load(folder, "core.json"), _load(folder, "pause.json")
+    if core is not None:
+        lines += ["## Throughput against the machine's limits (bench_core)", "",
+                  *core_table(core), "", "![throughput](throughput.png)", ""]
+    if pause is not None:
+        lines += ["## Async pause (bench_pause)", "", *pause_table(pause), ""]
+    return "\n".join(lines)
+
+
+def write_all(folder: Path) -> None:
+    from benchmarks import plots
+
+    (folder / "latest.md").write_text(markdown(folder))
+    records = _load(folder, "latest.json")
+    plots.stored_bytes(records, _load(folder, "run.json")["workloads"],
+                       folder / "stored_bytes.png")
+    plots.throughput(records, _load(folder, "core.json"), folder / "throughput.png")
+
+
+if __name__ == "__main__":
+    write_all(Path(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results"))

@@ -1,0 +1,164 @@
+"""The benchmark suite: storage amplification and speed of chunkstore, torch.save, safetensors, DCP.
+
+For each workload (real CPU training, a save every k steps, N versions) the
+suite records the saved states once, then replays them into every system,
+each in a fresh process (``benchmarks.worker``) so its peak memory is its
+own.  It also runs the ~1 GB throughput benchmark against the machine's
+limits (``bench_core``) and the async-pause benchmark (``bench_pause``), then
+writes ``latest.json``, ``run.json``, ``latest.md`` and PNG plots.  Usage::
+
+    python -m benchmarks.suite                 # full mode, into benchmarks/results/
+    python -m benchmarks.suite --quick         # smoke test, into benchmarks/results/quick/
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks import render
+from benchmarks.systems import SYSTEMS
+from benchmarks.trace import TraceWriter
+from benchmarks.workloads import FULL, QUICK, TRAIN, WORKLOADS, Scale
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _python(module: str, *args: str) -> str:
+    """Run ``python -m module args`` from the repository root; its stdout."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{module} {' '.join(args)} failed:\n{done.stderr[-4000:]}")
+    return done.stdout
+
+
+def record_trace(workload: str, scale: Scale, trace_dir: Path) -> dict[str, Any]:
+    """Train ``workload`` once, recording each saved state; its description."""
+    writer = TraceWriter(trace_dir, workload)
+    started = time.perf_counter()
+    meta = TRAIN[workload](scale, writer.add)
+    versions = writer.versions
+    meta.update({
+        "train_s": time.perf_counter() - started, "versions": len(versions),
+        "runs": len({v.run for v in versions}),
+        "save_every": (scale.sparse_save_every if workload == "sparse-embedding"
+                       else scale.save_every),
+        "logical_bytes": versions[-1].logical_bytes,
+        # What tensor-level dedup could reach: bytes of tensors never seen before.
+        "ideal_tensor_dedup_amplification":
+            sum(v.new_tensor_bytes for v in versions) / versions[-1].logical_bytes,
+        "ideal_cumulative_bytes": list(itertools.accumulate(v.new_tensor_bytes
+                                                            for v in versions)),
+    })
+    writer.finish(meta)
+    return meta
+
+
+def run_systems(trace_dir: Path, work_dir: Path, systems: list[str], repeat: int,
+                isolated: bool, jobs: int) -> list[dict[str, Any]]:
+    """One worker process per system (``isolated``), or ``jobs`` processes sharing them."""
+    groups = ([[s] for s in systems] if isolated
+              else [g for g in (systems[i::jobs] for i in range(jobs)) if g])
+
+    def work(group: list[str]) -> list[dict[str, Any]]:
+        out = _python("benchmarks.worker", str(trace_dir), ",".join(group),
+                      str(work_dir / group[0]), "--repeat", str(repeat))
+        records: list[dict[str, Any]] = json.loads(out)
+        return records
+
+    with ThreadPoolExecutor(jobs) as pool:
+        records = [r for group in pool.map(work, groups) for r in group]
+    return sorted(records, key=lambda r: systems.index(r["system"]))
+
+
+def run_reference(out_dir: Path, work_dir: Path, quick: bool) -> None:
+    """bench_core (~1 GB state vs the machine's limits) and bench_pause, into ``out_dir``."""
+    _python("benchmarks.bench_core", "--gib", "0.0625" if quick else "1",
+            "--repeat", "1" if quick else "3", "--out", str(out_dir / "core.json"),
+            "--workdir", str(work_dir))
+    _python("benchmarks.bench_pause", "--mib", "16" if quick else "256",
+            "--repeat", "2" if quick else "5", "--out", str(out_dir / "pause.json"),
+            "--dir", str(work_dir))
+
+
+def machine() -> dict[str, Any]:
+    return {"cpus": os.cpu_count(), "python": platform.python_version(),
+            "platform": platform.platform(), "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads()}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.suite", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny states and one process per workload (a smoke test, ~1 min)")
+    parser.add_argument("--out-dir", type=Path, default=None,
+                        help="results folder (default: benchmarks/results, or"
+                             " benchmarks/results/quick with --quick)")
+    parser.add_argument("--work-dir", type=Path, default=None,
+                        help="where traces and checkpoints go (default: a temp dir)")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--repeat", type=int, default=None,
+                        help="timing repeats for restores (default: 3, 1 with --quick)")
+    parser.add_argument("--no-reference", action="store_true",
+                        help="skip bench_core and bench_pause")
+    args = parser.parse_args(argv)
+    if args.out_dir is None:
+        args.out_dir = REPO / "benchmarks" / "results" / ("quick" if args.quick else "")
+    if args.repeat is None:
+        args.repeat = 1 if args.quick else 3
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    scale = QUICK if args.quick else FULL
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="cs-suite-", dir=args.work_dir))
+    records: list[dict[str, Any]] = []
+    workloads: dict[str, Any] = {}
+    try:
+        for name in args.workloads.split(","):
+            trace_dir = work / "trace" / name
+            workloads[name] = record_trace(name, scale, trace_dir)
+            print(f"{name}: trained {workloads[name]['train_s']:.1f} s", file=sys.stderr)
+            records += run_systems(trace_dir, work / name, args.systems.split(","),
+                                   args.repeat, isolated=not args.quick,
+                                   jobs=2 if args.quick else 1)
+            shutil.rmtree(trace_dir)
+            print(f"{name}: measured, {time.perf_counter() - started:.0f} s so far",
+                  file=sys.stderr)
+        if not args.no_reference:
+            run_reference(args.out_dir, work, args.quick)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    command = "python -m benchmarks.suite" + (" --quick" if args.quick else "")
+    run_info = {"command": command, "mode": "quick" if args.quick else "full",
+                "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine(),
+                "runtime_s": time.perf_counter() - started, "scale": scale.__dict__,
+                "workloads": workloads, "repeat": args.repeat}
+    (args.out_dir / "latest.json").write_text(json.dumps(records, indent=1) + "\n")
+    (args.out_dir / "run.json").write_text(json.dumps(run_info, indent=1) + "\n")
+    render.write_all(args.out_dir)
+    print(f"results in {args.out_dir} ({run_info['runtime_s']:.0f} s)", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
