@@ -1,0 +1,96 @@
+"""The benchmark suite's quick mode runs end to end and its figures make sense.
+
+A smoke test so the suite never rots: it trains the six workloads at toy
+size, replays them into every system and checks the results' schema and the
+storage amplification each system must show by construction.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+WORKLOADS = {"dense", "frozen", "lora", "sparse-embedding", "sweep", "mixed-precision"}
+SYSTEM_PREFIXES = ("torch.save", "safetensors", "dcp", "chunkstore")
+KEYS = {"workload": str, "system": str, "versions": int, "logical_bytes": int,
+        "physical_bytes": int, "amplification": float, "save_s": float, "pause_s": float,
+        "restore_s": float, "peak_rss_bytes": int}
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("results")
+    work = tmp_path_factory.mktemp("work")
+    subprocess.run([sys.executable, "-m", "benchmarks.suite", "--quick", "--out-dir", str(out),
+                    "--work-dir", str(work)], cwd=REPO, check=True, timeout=600,
+                   env={**os.environ, "PYTHONPATH": str(REPO)})
+    return out
+
+
+@pytest.fixture(scope="module")
+def records(results: Path) -> list[dict[str, Any]]:
+    loaded: list[dict[str, Any]] = json.loads((results / "latest.json").read_text())
+    return loaded
+
+
+def _record(records: list[dict[str, Any]], workload: str, system: str) -> dict[str, Any]:
+    (found,) = [r for r in records if r["workload"] == workload and r["system"] == system]
+    return found
+
+
+def test_schema(records: list[dict[str, Any]]) -> None:
+    assert isinstance(records, list)
+    assert {r["workload"] for r in records} == WORKLOADS
+    systems = {r["system"] for r in records}
+    assert all(s.startswith(SYSTEM_PREFIXES) for s in systems)
+    assert {"torch.save", "safetensors", "dcp", "chunkstore-none", "chunkstore-auto"} <= systems
+    assert len(records) == len(WORKLOADS) * len(systems)  # every workload x system, once
+    for record in records:
+        for key, kind in KEYS.items():
+            assert isinstance(record[key], kind), (key, record[key])
+        for key in ("save_s", "pause_s", "restore_s", "peak_rss_bytes", "logical_bytes"):
+            assert record[key] > 0, (key, record)
+        assert record["amplification"] == pytest.approx(
+            record["physical_bytes"] / record["logical_bytes"])
+        assert record["restore_verified"], record
+        assert len(record["cumulative_bytes"]) == record["versions"] >= 6
+
+
+def test_amplification_is_sane(records: list[dict[str, Any]]) -> None:
+    for workload in WORKLOADS:
+        for system in ("torch.save", "safetensors"):
+            r = _record(records, workload, system)
+            # a full copy per version, plus a little framing
+            assert r["versions"] <= r["amplification"] <= 1.4 * r["versions"], r
+    for workload in ("frozen", "lora", "sweep"):
+        torch_save = _record(records, workload, "torch.save")["amplification"]
+        for system in ("chunkstore-none", "chunkstore-auto"):
+            r = _record(records, workload, system)
+            assert r["amplification"] < 0.75 * torch_save, r
+        assert _record(records, workload, "chunkstore-none")["amplification"] > 1
+    lora = _record(records, "lora", "chunkstore-none")["amplification"]
+    assert lora < _record(records, "frozen", "chunkstore-none")["amplification"]
+    for workload in ("dense", "mixed-precision"):  # everything changes: dedup alone saves nothing
+        r = _record(records, workload, "chunkstore-none")
+        assert r["amplification"] >= 0.95 * r["versions"], r
+
+
+def test_reports_and_plots(results: Path) -> None:
+    markdown = (results / "latest.md").read_text()
+    assert "| workload |" in markdown
+    for workload in WORKLOADS:
+        assert f"| {workload} |" in markdown
+    run = json.loads((results / "run.json").read_text())
+    assert run["mode"] == "quick" and set(run["workloads"]) == WORKLOADS
+    for name in ("stored_bytes.png", "throughput.png"):
+        assert (results / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for name in ("core.json", "pause.json"):
+        assert json.loads((results / name).read_text())
