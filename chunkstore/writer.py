@@ -4,11 +4,12 @@ Order of a save (invariant 1 in DESIGN.md):
 
 1. a write session is registered in the index; every chunk the save writes
    or deduplicates against is claimed by it, so GC leaves them alone;
-2. chunk objects are written durably (put-if-absent) by a thread pool while
-   the caller keeps adding entries; memory stays O(chunk_size x threads);
+2. chunk objects are written (put-if-absent) by a thread pool while the
+   caller keeps adding entries; memory stays O(chunk_size x threads);
 3. on commit, manifest nodes are claimed like chunks and the missing ones
-   written durably;
-4. the commit record is written (atomic create): this is the commit;
+   written; then one backend flush makes every object durable (a local
+   store: one syncfs instead of two fsyncs per object);
+4. the commit record is written durably (atomic create): this is the commit;
 5. the index counts the version in and drops the session in one transaction.
 
 An exception before step 4 publishes nothing; what was written is an orphan
@@ -171,7 +172,7 @@ class VersionWriter:
         header = ChunkHeader(codec.id, itemsize, len(view), len(payload))
         key = chunk_key(digest)
         data = encode_object(header, payload)
-        if self._store.backend.put_if_absent(key, data):
+        if self._store.backend.put_if_absent_deferred(key, data):
             return digest, NewChunk(digest, codec.id, len(view), len(data))
         # Already stored (an orphan of an earlier save, a chunk GC had
         # condemned, or a concurrent writer): reuse it only if it decodes to
@@ -239,8 +240,8 @@ class VersionWriter:
             if claim == Claim.WAIT:  # GC is deleting an unreferenced copy of it
                 claims[digest] = self._wait_out_deletion(digest, self._node_claimer(digest))
         missing = [(d, nodes[d]) for d, c in claims.items() if c == Claim.WRITE]
-        done = self._store.executor.map(lambda item: backend.put_if_absent(node_key(item[0]),
-                                                                             item[1]), missing)
+        done = self._store.executor.map(
+            lambda item: backend.put_if_absent_deferred(node_key(item[0]), item[1]), missing)
         return sum(len(b) for (_, b), wrote in zip(missing, done, strict=True) if wrote)
 
     def commit(self) -> VersionInfo:
@@ -262,6 +263,7 @@ class VersionWriter:
                 new_stored_bytes=sum(c.stored_length for c in new_chunks) + node_bytes,
             )
             version_id, data = record.encode()
+            store.backend.flush()  # every chunk and node durable before the commit point
             if not store.index.heartbeat(self._session):
                 raise self._expired()
             store.backend.put_if_absent(version_key(version_id), data)  # the commit point

@@ -298,3 +298,20 @@ class TestFaultInjection:
         backend.put("records/r1", b"x")
         assert backend.put_if_absent("records/r2", b"y") is True
         assert list(backend.list()) == ["records/r1", "records/r2"]
+
+
+@pytest.mark.parametrize("batch_sync", [True, False])
+def test_deferred_puts_behave_like_put_if_absent_and_flush_makes_them_durable(
+        tmp_path: Path, batch_sync: bool) -> None:
+    backend = LocalBackend(str(tmp_path / "s"), batch_sync=batch_sync)
+    assert backend.put_if_absent_deferred("chunks/ab/ab01", b"one") is True
+    assert backend.put_if_absent_deferred("chunks/ab/ab01", b"two") is False
+    backend.flush()
+    assert backend.get("chunks/ab/ab01") == b"one"
+    assert not [p for p in (tmp_path / "s").rglob(".tmp-*")]
+    assert list(backend.list()) == ["chunks/ab/ab01"]
+
+
+def test_flush_of_a_store_not_yet_written_is_harmless(tmp_path: Path) -> None:
+    LocalBackend(str(tmp_path / "nothing-yet")).flush()
+    assert not (tmp_path / "nothing-yet").exists()

@@ -105,6 +105,18 @@ class Backend(abc.ABC):
         """Return the root directory when the backend is a local filesystem, else None."""
         return None
 
+    def put_if_absent_deferred(self, key: str, data: bytes | memoryview) -> bool:
+        """``put_if_absent`` whose durability may wait for the next :meth:`flush`.
+
+        For many small objects written before one commit point: a backend can
+        make them all durable at once instead of one by one.  The default is
+        simply ``put_if_absent``, durable on return.
+        """
+        return self.put_if_absent(key, data)
+
+    def flush(self) -> None:  # noqa: B027 - durable-on-return backends have nothing to do
+        """Make every write made so far durable (see :meth:`put_if_absent_deferred`)."""
+
     def remove_temporaries(self, older_than: float, dry_run: bool = False) -> int:
         """Delete leftovers of interrupted writes last modified before ``older_than``
         (a UNIX time); return how many there were.  Backends whose writes leave

@@ -78,6 +78,14 @@ class ForwardingBackend(Backend):
         """Forward to ``inner.local_path``."""
         return self.inner.local_path()
 
+    def put_if_absent_deferred(self, key: str, data: bytes | memoryview) -> bool:
+        """Forward to ``inner.put_if_absent_deferred``."""
+        return self.inner.put_if_absent_deferred(key, data)
+
+    def flush(self) -> None:
+        """Forward to ``inner.flush``."""
+        self.inner.flush()
+
     def remove_temporaries(self, older_than: float, dry_run: bool = False) -> int:
         """Forward to ``inner.remove_temporaries``."""
         return self.inner.remove_temporaries(older_than, dry_run)
@@ -107,6 +115,10 @@ class ReadOnlyBackend(ForwardingBackend):
     def delete(self, key: str) -> bool:
         """Raise :class:`BackendError`; nothing is deleted."""
         raise self._refuse("delete", key)
+
+    def put_if_absent_deferred(self, key: str, data: bytes | memoryview) -> bool:
+        """Raise :class:`BackendError`; nothing is written."""
+        raise self._refuse("create", key)
 
 
 class KillAfterBackend(ForwardingBackend):
@@ -151,6 +163,16 @@ class KillAfterBackend(ForwardingBackend):
         if fatal and not self.after:
             _die()
         created = self.inner.put_if_absent(key, data)
+        if fatal:
+            _die()
+        return created
+
+    def put_if_absent_deferred(self, key: str, data: bytes | memoryview) -> bool:
+        """Kill the process if this is the fatal write, else forward."""
+        fatal = self._is_fatal(key)
+        if fatal and not self.after:
+            _die()
+        created = self.inner.put_if_absent_deferred(key, data)
         if fatal:
             _die()
         return created
