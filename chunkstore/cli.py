@@ -261,7 +261,7 @@ def cli() -> None:
 
     \b
     Getting started:
-      chunkstore demo               # build a small store and show the savings
+      chunkstore demo               # train, SIGKILL, resume bit-exactly, show the savings
       chunkstore log ckpts/         # list the versions in a store
       chunkstore report ckpts/      # where the bytes go
       chunkstore verify ckpts/      # check every chunk
