@@ -25,6 +25,9 @@ from typing import ClassVar
 
 from chunkstore.backends.base import Backend, ObjectInfo
 
+#: Deferred objects at least this large are fsynced on write (their directory
+#: entries still wait for the syncfs).
+EAGER_SYNC_BYTES = 1 << 20
 #: Set to ``file`` to fsync every object on its own instead of one syncfs per save.
 SYNC_ENV_VAR = "CHUNKSTORE_LOCAL_SYNC"
 
@@ -109,7 +112,9 @@ class LocalBackend(Backend):
         if not self.batch_sync:
             return self.put_if_absent(key, data)
         target = self._path(key)
-        temp = self._write_temp(target, data, sync=False)
+        # A large object is fsynced now, in this worker thread, so its write-back
+        # overlaps the hashing of the next ones; small ones wait for the syncfs.
+        temp = self._write_temp(target, data, sync=len(data) >= EAGER_SYNC_BYTES)
         try:
             os.link(temp, target)
             created = True
