@@ -2,12 +2,14 @@
 
 Usage::
 
-    python benchmarks/summarize.py            # reads benchmarks/results/{core,gc,pause}.json
+    python benchmarks/summarize.py                  # print, from benchmarks/results/
+    python benchmarks/summarize.py --update-readme  # rewrite README.md between its markers
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -66,13 +68,50 @@ def gc_table(gc: dict[str, Any]) -> list[str]:
     ]
 
 
-def main() -> None:
+def suite_sections(names: tuple[str, ...]) -> list[str]:
+    """Sections of the suite's latest.md, by heading, with their tables."""
+    path = RESULTS / "latest.md"
+    if not path.exists():
+        return []
+    out: list[str] = []
+    keep = False
+    for line in path.read_text().splitlines():
+        if line.startswith("## "):
+            keep = line[3:].strip() in names
+            if keep:
+                out.append("#" + line)  # one level down inside the README section
+            continue
+        if keep and not line.startswith("!["):
+            out.append(line)
+    return out
+
+
+README = RESULTS.parent.parent / "README.md"
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+
+
+def render_all() -> str:
+    parts = []
+    sections = suite_sections(("Storage amplification after N versions",
+                               "Training pause per save", "Sync save and restore time"))
+    if sections:
+        parts.append("\n".join(sections).strip())
     for name, render in (("core.json", core_table), ("pause.json", pause_table),
                          ("gc.json", gc_table)):
         doc = _load(name)
         if doc is not None:
-            print("\n".join(render(doc)))
-            print()
+            parts.append("\n".join(render(doc)))
+    return "\n\n".join(parts)
+
+
+def main() -> None:
+    text = render_all()
+    if "--update-readme" not in sys.argv[1:]:
+        print(text)
+        return
+    readme = README.read_text()
+    start, end = readme.index(BEGIN) + len(BEGIN), readme.index(END)
+    README.write_text(readme[:start] + "\n" + text + "\n" + readme[end:])
 
 
 if __name__ == "__main__":
