@@ -15,51 +15,29 @@ from collections.abc import Iterator
 
 import click
 
-from chunkstore.errors import (
-    ChunkStoreError,
-    FormatVersionError,
-    IntegrityError,
-    InvalidInputError,
-    NotAStoreError,
+from chunkstore.cli import (
+    EXIT_FAILURE,
+    EXIT_PROBLEMS,
+    EXIT_USAGE,
+    exit_code_for,
+    format_size,
 )
-
-EXIT_OK = 0
-EXIT_PROBLEMS = 1
-EXIT_USAGE = 2
-EXIT_INTEGRITY = 3
-EXIT_FAILURE = 4
-
-
-class CommandError(click.ClickException):
-    """One ``chunkstore: error: ...`` line on stderr, with its exit code."""
-
-    def __init__(self, message: str, exit_code: int) -> None:
-        super().__init__(" ".join(message.split()))
-        self.exit_code = exit_code  # type: ignore[misc]  # click reads it per instance
-
-    def show(self, file: object = None) -> None:
-        click.echo(f"chunkstore: error: {self.format_message()}", err=True)
+from chunkstore.cli import CliError as CommandError
+from chunkstore.errors import ChunkStoreError
 
 
 @contextlib.contextmanager
 def _errors() -> Iterator[None]:
-    """Core errors become one-line errors: 2 bad input, 3 integrity, 4 anything else."""
+    """Errors become one ``chunkstore: error:`` line with the core CLI's exit codes
+    (these commands also run standalone, outside the ``chunkstore`` group)."""
     try:
         yield
-    except (InvalidInputError, NotAStoreError) as exc:
-        raise CommandError(str(exc), EXIT_USAGE) from exc
-    except (IntegrityError, FormatVersionError) as exc:
-        raise CommandError(str(exc), EXIT_INTEGRITY) from exc
-    except (ChunkStoreError, OSError, RuntimeError) as exc:
+    except ChunkStoreError as exc:
+        raise CommandError(str(exc), exit_code_for(exc)) from exc
+    except (OSError, RuntimeError) as exc:
         raise CommandError(str(exc), EXIT_FAILURE) from exc
 
 
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
 
 
 # --- demo -----------------------------------------------------------------------------------
@@ -114,10 +92,10 @@ def _demo_summary(result: object) -> list[str]:
     ratio = full / result.physical_bytes if result.physical_bytes else 0.0
     return [
         verdict,
-        f"store: {result.versions} versions of {_size(result.logical_bytes)};"
+        f"store: {result.versions} versions of {format_size(result.logical_bytes)};"
         f" verify {'ok' if result.verify_ok else 'FAILED'}",
-        f"torch.save of the same {result.versions} checkpoints: {_size(full)};"
-        f" chunkstore stored {_size(result.physical_bytes)} ({ratio:.1f}x less)",
+        f"torch.save of the same {result.versions} checkpoints: {format_size(full)};"
+        f" chunkstore stored {format_size(result.physical_bytes)} ({ratio:.1f}x less)",
     ]
 
 
@@ -170,7 +148,7 @@ def export(store_path: str, selector: str, out: str, prefix: str, dtype: str | N
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     else:
-        click.echo(f"wrote {summary['tensors']} tensors ({_size(summary['bytes'])}) of"
+        click.echo(f"wrote {summary['tensors']} tensors ({format_size(summary['bytes'])}) of"
                    f" {summary['version'][:12]} (step {summary['step']}) to {out}")
 
 

@@ -90,38 +90,33 @@ class LocalBackend(Backend):
 
     def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
         """Create ``key`` unless it exists; exactly one concurrent creator gets ``True``."""
-        target = self._path(key)
-        temp = self._write_temp(target, data)
-        try:
-            # link(2) fails with EEXIST if the target exists, atomically, and
-            # publishes the already-fsynced complete file (rename would overwrite).
-            os.link(temp, target)
-            created = True
-        except FileExistsError:
-            created = False
-        finally:
-            _unlink_quietly(temp)
-        # Fsync even when we lost the race: the caller may now rely on the
-        # winner's object (dedup), and the winner may not have fsynced the
-        # directory entry yet.  This also persists the temp file's removal.
-        _fsync_dir(os.path.dirname(target))
-        return created
+        return self._link_new(key, data, deferred=False)
 
     def put_if_absent_deferred(self, key: str, data: bytes | memoryview) -> bool:
         """``put_if_absent`` without fsyncs when batching: durable after :meth:`flush`."""
-        if not self.batch_sync:
-            return self.put_if_absent(key, data)
+        return self._link_new(key, data, deferred=self.batch_sync)
+
+    def _link_new(self, key: str, data: bytes | memoryview, *, deferred: bool) -> bool:
         target = self._path(key)
-        # A large object is fsynced now, in this worker thread, so its write-back
-        # overlaps the hashing of the next ones; small ones wait for the syncfs.
-        temp = self._write_temp(target, data, sync=len(data) >= EAGER_SYNC_BYTES)
+        # Deferred: a large object is still fsynced now, in this worker thread, so
+        # its write-back overlaps the hashing of the next ones; small ones and
+        # the directory entry wait for the syncfs in flush().
+        temp = self._write_temp(target, data,
+                                sync=not deferred or len(data) >= EAGER_SYNC_BYTES)
         try:
+            # link(2) fails with EEXIST if the target exists, atomically, and
+            # publishes the complete file (rename would overwrite).
             os.link(temp, target)
             created = True
         except FileExistsError:
             created = False
         finally:
             _unlink_quietly(temp)
+        if not deferred:
+            # Fsync even when we lost the race: the caller may now rely on the
+            # winner's object (dedup), and the winner may not have fsynced the
+            # directory entry yet.  This also persists the temp file's removal.
+            _fsync_dir(os.path.dirname(target))
         return created
 
     def flush(self) -> None:
