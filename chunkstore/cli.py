@@ -646,14 +646,20 @@ def tag(store_path: str, selector: str | None, name: str | None, delete_name: st
                 raise CliError("give either -d NAME or SELECTOR NAME, not both", EXIT_USAGE)
             if not store.untag(delete_name):
                 raise CliError(f"no tag named {delete_name!r}; nothing changed", EXIT_USAGE)
-            click.echo(f"removed tag {delete_name}")
+            if as_json:
+                emit_json({"removed": delete_name})
+            else:
+                click.echo(f"removed tag {delete_name}")
             return
         if selector is not None:
             if name is None:
                 raise CliError("missing tag NAME: chunkstore tag STORE SELECTOR NAME",
                                EXIT_USAGE)
             info = store.tag(selector, name)
-            click.echo(f"tagged {label(info)} as {name}")
+            if as_json:
+                emit_json({"tagged": name, "version": info.to_json()})
+            else:
+                click.echo(f"tagged {label(info)} as {name}")
             return
         tags = store.tags()
         infos = {name: store.resolve(vid) for name, vid in tags.items()}

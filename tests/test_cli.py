@@ -261,3 +261,10 @@ def test_gc_and_prune_refuse_bad_options(filled: Path) -> None:
     assert run("gc", str(filled), "--grace", "soon").exit_code == 2
     assert run("prune", str(filled), "--keep-best", "loss").exit_code == 2
     assert run("prune", str(filled), "--keep-within", "yesterday").exit_code == 2
+
+
+def test_tag_set_and_delete_speak_json_when_asked(filled: Path) -> None:
+    set_doc = json.loads(run("tag", str(filled), "r@2", "best", "--json").output)
+    assert set_doc["tagged"] == "best" and set_doc["version"]["step"] == 2
+    assert json.loads(run("tag", str(filled), "-d", "best", "--json").output) == {
+        "removed": "best"}

@@ -288,3 +288,26 @@ def test_functional_save_and_load(tmp_path: Path) -> None:
     loaded = load(store_path, "manual@7", live)
     assert loaded["epoch"] == 3 and live["epoch"] == 3
     assert _equal_state(target, model)  # state_dict tensors alias the parameters
+
+
+def test_versions_are_ordered_by_step_not_by_a_clock_that_went_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run resumed on a machine whose clock is an hour behind must not lose saves."""
+    model = _model()
+    with _ckpt(tmp_path / "s", keep_last=2) as ckpt:
+        for step in (1, 2, 3):
+            ckpt.save(step, model=model)
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() - 3600)
+    with _ckpt(tmp_path / "s", keep_last=2) as ckpt:
+        assert ckpt.restore(model=model) == 3
+        for step in (4, 5, 6):
+            ckpt.save(step, model=model)
+        assert ckpt.all_steps() == [5, 6]
+        assert ckpt.latest_step() == 6
+        assert ckpt.restore(model=model) == 6
+
+
+def test_unencodable_meta_fails_when_the_checkpointer_is_made(tmp_path: Path) -> None:
+    with pytest.raises(NotSerializableError):
+        _ckpt(tmp_path / "s", meta={"data_dir": tmp_path})

@@ -95,3 +95,16 @@ def test_demo_refuses_a_non_empty_directory(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     result = CliRunner().invoke(demo, [str(tmp_path)])
     assert result.exit_code == 2 and "not empty" in result.output
+
+
+def test_export_gives_the_file_the_usual_mode_and_takes_store_urls(tmp_path: Path) -> None:
+    import os
+
+    store, expected = _saved(tmp_path)
+    out = tmp_path / "url.safetensors"
+    result = CliRunner().invoke(export, [f"file://{store}", "exp@latest", str(out)])
+    assert result.exit_code == 0, result.output
+    assert safetensors_torch.load_file(out).keys() == expected.keys()
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~umask

@@ -66,3 +66,26 @@ def test_refuses_state_of_another_data_source() -> None:
     state = ResumableSampler(DATA).state_dict()
     with pytest.raises(InvalidInputError, match="23 examples"):
         ResumableSampler(DATA[:5]).load_state_dict(state)
+
+
+@pytest.mark.parametrize("stop_after", [3, 6, 9, 12])
+def test_the_set_epoch_loop_resumes_exactly_even_at_an_epoch_end(stop_after: int) -> None:
+    """The usual loop: for epoch in range(sampler.epoch, E): set_epoch(epoch); iterate."""
+    data = list(range(12))  # 3 batches of 4 per epoch
+
+    def batches(sampler: ResumableSampler, limit: int | None) -> list[list[int]]:
+        seen: list[list[int]] = []
+        for epoch in range(sampler.epoch, 4):
+            sampler.set_epoch(epoch)
+            for batch in DataLoader(data, batch_size=4, sampler=sampler):
+                seen.append(batch.tolist())
+                if limit is not None and len(seen) == limit:
+                    return seen
+        return seen
+
+    reference = batches(ResumableSampler(data, seed=5), None)
+    sampler = ResumableSampler(data, seed=5)
+    head = batches(sampler, stop_after)  # stops right after batch `stop_after` (3, 6, 9: ends)
+    resumed = ResumableSampler(data)
+    resumed.load_state_dict(sampler.state_dict())
+    assert head + batches(resumed, None) == reference

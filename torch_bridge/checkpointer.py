@@ -8,16 +8,19 @@ saved under the keyword it is passed with; RNG states are always captured;
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import sys
 import warnings
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 import chunkstore
-from chunkstore import Store, VersionInfo
+from chunkstore import Store, VersionInfo, plaindata
 from chunkstore.errors import IntegrityError, InvalidInputError, SelectorError
 from torch_bridge import boundary
 from torch_bridge.errors import AsyncSaveError, NotAtUpdateBoundaryWarning, RestoreFallbackWarning
@@ -84,12 +87,14 @@ class Checkpointer:
         self.keep_every = keep_every
         self.async_save = async_save
         self.meta = {**provenance(), **(meta or {})}
+        plaindata.encode(self.meta)  # unencodable metadata fails here, not in every save
         self._staging = StagingBuffers()
         self._executor: ThreadPoolExecutor | None = None
         self._pending: tuple[int, Future[VersionInfo]] | None = None
         self._last_info: VersionInfo | None = None
         self._closed = False
         boundary.install()
+        _OPEN.add(self)
 
     # --- saving ------------------------------------------------------------------------------
 
@@ -135,7 +140,12 @@ class Checkpointer:
     def _write(self, step: int, captured: list[CapturedState],
                arrays: list[tuple[np.ndarray, str | None]]) -> VersionInfo:
         info = write_version(self.store, self.run, step, self.meta, captured, arrays)
-        self._apply_retention()
+        try:
+            self._apply_retention(info.id)
+        except Exception as exc:  # the version is published; retention can run next time
+            warnings.warn(RuntimeWarning(
+                f"run {self.run!r}: step {step} was saved, but removing old versions"
+                f" failed: {exc}"), stacklevel=2)
         return info
 
     def wait(self) -> VersionInfo | None:
@@ -149,11 +159,16 @@ class Checkpointer:
                 raise AsyncSaveError(self.run, step, exc) from exc
         return self._last_info
 
-    def _apply_retention(self) -> None:
+    def _ordered(self) -> list[VersionInfo]:
+        """The run's versions, oldest step first (not commit time: clocks differ
+        between machines and runs resumed elsewhere)."""
+        return sorted(self.store.versions(self.run), key=lambda v: (v.step, v.created, v.id))
+
+    def _apply_retention(self, just_written: str) -> None:
         if self.keep_last is None and self.keep_every is None:
             return
-        versions = self.store.versions(self.run)
-        keep = {v.id for v in versions[-(self.keep_last or 1):]}
+        versions = self._ordered()
+        keep = {just_written} | {v.id for v in versions[-(self.keep_last or 1):]}
         if self.keep_every is not None:
             keep |= {v.id for v in versions if v.step % self.keep_every == 0}
         pinned = set(self.store.tags().values())
@@ -192,12 +207,13 @@ class Checkpointer:
                     f" restored step {info.step}"), stacklevel=2)
             return info.step
         if failures:
-            raise IntegrityError(f"run {self.run!r}: no version could be restored:"
+            raise IntegrityError(f"run {self.run!r}: no version could be restored, and the"
+                                 " objects passed in may hold part of a damaged version:"
                                  f" {'; '.join(failures)}")
         return None
 
     def _candidates(self, step: int | None) -> list[VersionInfo]:
-        versions = self.store.versions(self.run)
+        versions = self._ordered()
         if step is None:
             return versions[::-1]
         matches = [v for v in versions if v.step == step]
@@ -217,12 +233,13 @@ class Checkpointer:
     # --- listing and closing -----------------------------------------------------------------
 
     def all_steps(self) -> list[int]:
-        """Steps of the run's versions, oldest commit first (a save in flight not included)."""
-        return [v.step for v in self.store.versions(self.run)]
+        """Steps of the run's versions, in order (a save in flight not included)."""
+        return [v.step for v in self._ordered()]
 
     def latest_step(self) -> int | None:
-        latest = self.store.latest(self.run)
-        return latest.step if latest is not None else None
+        """The highest step saved (what ``restore`` tries first)."""
+        versions = self._ordered()
+        return versions[-1].step if versions else None
 
     def _check_open(self) -> None:
         if self._closed:
@@ -236,6 +253,7 @@ class Checkpointer:
             self.wait()
         finally:
             self._closed = True
+            _OPEN.discard(self)
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
             if self._owns_store:
@@ -251,3 +269,17 @@ class Checkpointer:
         with contextlib.suppress(AsyncSaveError):  # the exception propagating matters more
             self.close()
 
+
+
+#: Checkpointers not yet closed: at exit, a failed background save is reported
+#: on stderr rather than lost with the process.
+_OPEN: weakref.WeakSet[Checkpointer] = weakref.WeakSet()
+
+
+@atexit.register
+def _report_unfinished_saves() -> None:
+    for checkpointer in list(_OPEN):
+        try:
+            checkpointer.wait()
+        except AsyncSaveError as exc:
+            print(f"torch_bridge: {exc}", file=sys.stderr)

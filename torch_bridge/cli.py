@@ -138,8 +138,6 @@ def export(store_path: str, selector: str, out: str, prefix: str, dtype: str | N
     Exit codes: 0 written; 2 bad store, selector or prefix; 3 damaged data; 4 failure.
     """
     with _errors():
-        if not os.path.exists(store_path):
-            raise CommandError(f"{store_path} does not exist", EXIT_USAGE)
         import chunkstore
         from torch_bridge.export import export_safetensors
 

@@ -99,6 +99,9 @@ def _write_atomically(tensors: dict[str, torch.Tensor], out_path: str,
     os.close(fd)
     try:
         save_file(tensors, tmp, metadata=metadata)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # the mode a plain open() would give, not 0600
         os.replace(tmp, out_path)
     except BaseException:
         os.unlink(tmp)

@@ -30,6 +30,7 @@ class ResumableSampler(Sampler[int]):
         self.shuffle = shuffle
         self.epoch = 0
         self.offset = 0
+        self._epoch_named = False  # set_epoch() named the epoch the next __iter__ serves
 
     def __len__(self) -> int:
         return len(self.data_source)
@@ -44,8 +45,11 @@ class ResumableSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         size = len(self.data_source)
-        if self.offset >= size:  # the previous epoch was used up: this is the next one
-            self.epoch += 1
+        named, self._epoch_named = self._epoch_named, False
+        if self.offset >= size:
+            if named:  # set_epoch() named an epoch that is used up: nothing is left of it
+                return
+            self.epoch += 1  # plain re-iteration: the next epoch
             self.offset = 0
         order = self.order(self.epoch)
         while self.offset < size:
@@ -57,6 +61,7 @@ class ResumableSampler(Sampler[int]):
         """Start ``epoch`` from its beginning, unless it is the epoch in progress."""
         if epoch != self.epoch:
             self.epoch, self.offset = epoch, 0
+        self._epoch_named = True
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "offset": self.offset, "seed": self.seed,

@@ -28,7 +28,7 @@ class StagingBuffers:
               ) -> list[tuple[np.ndarray, str | None]]:
         """Copy ``values`` into the buffers; returns the arrays to store (views of buffers)."""
         arrays: list[tuple[np.ndarray, str | None]] = []
-        used_cuda = False
+        devices: set[torch.device] = set()
         tensors: dict[str, torch.Tensor] = {}
         numpy_arrays: dict[str, np.ndarray] = {}
         for entry, value in zip(entries, values, strict=True):
@@ -46,12 +46,13 @@ class StagingBuffers:
                 source = source.resolve_conj()
             if source.is_neg():
                 source = source.resolve_neg()
-            used_cuda = used_cuda or source.device.type == "cuda"
+            if source.device.type == "cuda":
+                devices.add(source.device)
             staged.copy_(source, non_blocking=source.device.type == "cuda")
             tensors[entry] = staged
             arrays.append(as_array(staged))
-        if used_cuda:
-            torch.cuda.synchronize()  # non-blocking copies must land before the writer reads
+        for device in devices:  # every GPU the state lives on, not only the current one
+            torch.cuda.synchronize(device)  # non-blocking copies land before the writer reads
         self._tensors, self._arrays = tensors, numpy_arrays  # drop buffers no longer used
         self.bytes = sum(t.nbytes for t in tensors.values()) + sum(
             a.nbytes for a in numpy_arrays.values())

@@ -28,7 +28,12 @@ _FAULTS = {_KILL_BEFORE_PUT: ("put", False), _KILL_AFTER_PUT: ("put", True),
 
 
 class ForwardingBackend(Backend):
-    """Forwards every call, conveniences included, to ``inner``; subclass to intercept."""
+    """Forwards every call, conveniences included, to ``inner``; subclass to intercept.
+
+    Deferred writes are not forwarded as such: they go through this class's
+    own ``put_if_absent`` (durable on return), so a subclass that intercepts
+    ``put_if_absent`` sees every object write.
+    """
 
     def __init__(self, inner: Backend) -> None:
         self.inner = inner
@@ -78,10 +83,6 @@ class ForwardingBackend(Backend):
         """Forward to ``inner.local_path``."""
         return self.inner.local_path()
 
-    def put_if_absent_deferred(self, key: str, data: bytes | memoryview) -> bool:
-        """Forward to ``inner.put_if_absent_deferred``."""
-        return self.inner.put_if_absent_deferred(key, data)
-
     def flush(self) -> None:
         """Forward to ``inner.flush``."""
         self.inner.flush()
@@ -115,10 +116,6 @@ class ReadOnlyBackend(ForwardingBackend):
     def delete(self, key: str) -> bool:
         """Raise :class:`BackendError`; nothing is deleted."""
         raise self._refuse("delete", key)
-
-    def put_if_absent_deferred(self, key: str, data: bytes | memoryview) -> bool:
-        """Raise :class:`BackendError`; nothing is written."""
-        raise self._refuse("create", key)
 
 
 class KillAfterBackend(ForwardingBackend):
@@ -163,16 +160,6 @@ class KillAfterBackend(ForwardingBackend):
         if fatal and not self.after:
             _die()
         created = self.inner.put_if_absent(key, data)
-        if fatal:
-            _die()
-        return created
-
-    def put_if_absent_deferred(self, key: str, data: bytes | memoryview) -> bool:
-        """Kill the process if this is the fatal write, else forward."""
-        fatal = self._is_fatal(key)
-        if fatal and not self.after:
-            _die()
-        created = self.inner.put_if_absent_deferred(key, data)
         if fatal:
             _die()
         return created
