@@ -15,6 +15,7 @@ the safe encoding cannot hold fails the save with the key path that holds it.
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -80,16 +81,26 @@ class EntryNames:
         self._used = set(reserved)
 
     def claim(self, key: str, path: Path) -> str:
-        parts = [key, *(_component(p) for p in path)]
-        name = ".".join(parts)
-        try:
-            check_entry_name(name)
-        except InvalidNameError:
-            name = f"{key}.t{len(self._used)}"
+        name = _valid_name(key, path) or f"{key}.t{len(self._used)}"
         if name in self._used:
             name = f"{name}~{len(self._used)}"
         self._used.add(name)
         return name
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _valid_name(key: str, path: Path) -> str | None:
+    """The entry name for ``path``, or None when it is not a valid name.
+
+    Cached: a training loop saves the same paths every time, and checking a
+    name costs more than copying a small tensor.
+    """
+    name = ".".join([key, *(_component(p) for p in path)])
+    try:
+        check_entry_name(name)
+    except InvalidNameError:
+        return None
+    return name
 
 
 def _component(part: object) -> str:
