@@ -223,9 +223,14 @@ class Index:
 
     def claim_nodes(self, session_id: str, digests: Iterable[Digest]) -> dict[Digest, Claim]:
         """Claim a version's manifest nodes in one transaction."""
+        return self.claim_many(session_id, NODE, digests)
+
+    def claim_many(self, session_id: str, kind: bytes, digests: Iterable[Digest]
+                   ) -> dict[Digest, Claim]:
+        """Claim several objects of one kind in one transaction (one commit, one sync)."""
         now = time.time()
         with self.env.begin(write=True) as txn:
-            return {d: self._claim(txn, session_id.encode(), NODE, d, now) for d in digests}
+            return {d: self._claim(txn, session_id.encode(), kind, d, now) for d in digests}
 
     def _claim(self, txn: lmdb.Transaction, sid: bytes, kind: bytes, digest: Digest,
                now: float) -> Claim:

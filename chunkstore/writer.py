@@ -40,7 +40,7 @@ from chunkstore.errors import (
     SessionExpiredError,
     VersionClosedError,
 )
-from chunkstore.index import Claim, NewChunk, VersionEntry
+from chunkstore.index import CHUNK, Claim, NewChunk, VersionEntry
 from chunkstore.manifest import DataEntry, Shard, TensorEntry, TreeNode, encode_data, encode_tree
 from chunkstore.names import check_entry_name, check_label
 from chunkstore.records import CommitRecord
@@ -84,6 +84,8 @@ class VersionWriter:
         self._info: VersionInfo | None = None
         self._inflight = threading.BoundedSemaphore(store.max_inflight)
         self._session = store.index.open_session(f"save {self.run}@{self.step}")
+        self._claims = GroupClaims(
+            lambda digests: store.index.claim_many(self._session, CHUNK, digests))
         self._last_heartbeat = time.monotonic()
 
     # --- adding entries --------------------------------------------------------------------
@@ -139,8 +141,7 @@ class VersionWriter:
 
     def _claim(self, digest: Digest) -> Claim:
         self._heartbeat_now_and_then()
-        return self._wait_out_deletion(
-            digest, lambda: self._store.index.claim_chunk(self._session, digest))
+        return self._wait_out_deletion(digest, lambda: self._claims.claim(digest))
 
     def _wait_out_deletion(self, digest: Digest, claim: Callable[[], Claim]) -> Claim:
         """Claim; while GC deletes the object, wait (or finish a crashed GC's deletion)."""
@@ -325,6 +326,44 @@ class VersionWriter:
             self.abort()
         elif not self._closed:
             self.commit()
+
+
+class GroupClaims:
+    """Group commit for chunk claims: the worker threads' claims that arrive while
+    one LMDB transaction runs go together into the next one, so a save of many
+    small tensors pays for a few index commits, not one per chunk."""
+
+    def __init__(self, claim_many: Callable[[list[Digest]], dict[Digest, Claim]]) -> None:
+        self._claim_many = claim_many
+        self._lock = threading.Lock()
+        self._queue: list[tuple[Digest, Future[Claim]]] = []
+        self._leader = False
+
+    def claim(self, digest: Digest) -> Claim:
+        future: Future[Claim] = Future()
+        with self._lock:
+            self._queue.append((digest, future))
+            lead = not self._leader
+            self._leader = True
+        if lead:
+            self._drain()
+        return future.result()
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                batch, self._queue = self._queue, []
+                if not batch:
+                    self._leader = False
+                    return
+            try:
+                results = self._claim_many([d for d, _ in batch])
+            except BaseException as exc:
+                for _, future in batch:
+                    future.set_exception(exc)
+                continue
+            for digest, future in batch:
+                future.set_result(results[digest])
 
 
 def _entry(version_id: str, record: CommitRecord) -> VersionEntry:
