@@ -304,7 +304,7 @@ class _Run:
             if session_is_dead(info, self.started, self.grace_s):
                 self.expired.add(session_id)
                 if not self.dry_run:
-                    self.index.drop_session(session_id)
+                    self.index.close_session(session_id)
         self.result.sessions_expired = len(self.expired)
 
     def find_candidates(self) -> list[tuple[bytes, Digest, int]]:

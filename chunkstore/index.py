@@ -218,8 +218,7 @@ class Index:
 
     def claim_chunk(self, session_id: str, digest: Digest) -> Claim:
         """Record that the session uses ``digest`` and say whether to write it."""
-        with self.env.begin(write=True) as txn:
-            return self._claim(txn, session_id.encode(), CHUNK, digest, time.time())
+        return self.claim_many(session_id, CHUNK, [digest])[digest]
 
     def claim_nodes(self, session_id: str, digests: Iterable[Digest]) -> dict[Digest, Claim]:
         """Claim a version's manifest nodes in one transaction."""
@@ -259,10 +258,6 @@ class Index:
         return bool(cursor.set_range(digest.raw)) and bytes(cursor.key()).startswith(digest.raw)
 
     # --- nodes ---------------------------------------------------------------------------
-
-    def has_node(self, digest: Digest) -> bool:
-        record = self.record(NODE, digest)
-        return record is not None and record.state == ChunkState.LIVE
 
     # --- sessions ------------------------------------------------------------------------
 
@@ -349,13 +344,9 @@ class Index:
             txn.put(entry.id.encode(), entry.to_json(), db=self.versions_db)
             txn.put(entry.id.encode(), b"".join(d.raw for d in ref_list), db=self.refs)
             txn.put(entry.id.encode(), b"".join(d.raw for d in node_list), db=self.node_refs)
-            txn.put(b"version_seq", str(self._seq(txn) + 1).encode(), db=self.meta)
             if session_id:
                 self._drop_session(txn, session_id)
         return alive
-
-    def _seq(self, txn: lmdb.Transaction) -> int:
-        return int(txn.get(b"version_seq", db=self.meta) or b"0")
 
     def remove_version(self, version_id: str) -> bool:
         """Count a version out; return whether the index knew it."""
@@ -505,10 +496,6 @@ class Index:
                         break
                     found.append(raw[len(digest.raw):].decode())
             return found
-
-    def drop_session(self, session_id: str) -> None:
-        """Expire a session (GC, for sessions of dead processes)."""
-        self.close_session(session_id)
 
     # --- tags ----------------------------------------------------------------------------
 

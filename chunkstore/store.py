@@ -210,9 +210,13 @@ class Store:
                            entry.new_stored_bytes, plaindata.from_tree(entry.meta))
 
     def versions(self, run: str | None = None) -> list[VersionInfo]:
-        """Published versions, oldest first (by commit time)."""
-        return [self.info_from_entry(e) for e in self.index.versions()
-                if run is None or e.run == run]
+        """Published versions, oldest first: by commit time, or within one ``run`` by
+        step (clocks differ between machines; a run's steps do not)."""
+        found = [self.info_from_entry(e) for e in self.index.versions()
+                 if run is None or e.run == run]
+        if run is not None:
+            found.sort(key=lambda v: (v.step, v.created, v.id))
+        return found
 
     def latest(self, run: str | None = None) -> VersionInfo | None:
         versions = self.versions(run)

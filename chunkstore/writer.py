@@ -276,7 +276,7 @@ class VersionWriter:
         # version uses until GC finds the process gone, and the next reconcile
         # counts the version in from its commit record.
         self._closed = True
-        entry = _entry(version_id, record)
+        entry = entry_from_record(version_id, record)
         refs = {d for t in tensors.values() for d in t.chunk_digests()}
         alive = store.index.add_version(entry, refs, {d: len(b) for d, b in nodes.items()},
                                         new_chunks, self._session)
@@ -366,7 +366,8 @@ class GroupClaims:
                 future.set_result(results[digest])
 
 
-def _entry(version_id: str, record: CommitRecord) -> VersionEntry:
+def entry_from_record(version_id: str, record: CommitRecord) -> VersionEntry:
+    """The index entry of a committed version."""
     return VersionEntry(
         id=version_id, run=record.run, step=record.step, created=record.created,
         root=record.root.hex, parent=record.parent, logical_bytes=record.logical_bytes,
@@ -374,5 +375,3 @@ def _entry(version_id: str, record: CommitRecord) -> VersionEntry:
         meta=plaindata.to_tree(record.meta),  # type: ignore[arg-type]
     )
 
-
-entry_from_record = _entry

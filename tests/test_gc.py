@@ -108,7 +108,7 @@ def test_deleting_one_of_two_versions_sharing_chunks_frees_only_its_own(
     store.delete(vb)
     store.gc(grace=0)
     assert objects(store_path, "chunks") == reachable(store, va)[0]
-    assert not chunks_b - reachable(store, va)[0] & objects(store_path, "chunks")
+    assert not (chunks_b - reachable(store, va)[0]) & objects(store_path, "chunks")
     assert_loads(store, va, a)
     assert store.verify().ok
 
@@ -212,7 +212,7 @@ def test_a_save_whose_session_expired_is_not_published(
         store: chunkstore.Store, shared: np.ndarray) -> None:
     writer = store.new_version("r", 1)
     writer.put("model.shared", shared)
-    store.index.drop_session(writer._session)  # what GC does to a session it thinks dead
+    store.index.close_session(writer._session)  # what GC does to a session it thinks dead
     with pytest.raises(SessionExpiredError):
         writer.commit()
     assert store.versions() == []

@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+import chunkstore
 from chunkstore.digest import Digest
 from chunkstore.index import Claim
 from chunkstore.writer import GroupClaims
@@ -44,3 +45,15 @@ def test_an_index_error_reaches_every_claim_of_its_batch_and_the_next_batch_stil
     with pytest.raises(OSError, match="injected"):
         group.claim(Digest.of(b"a"))
     assert group.claim(Digest.of(b"b")) == Claim.DEDUP
+
+
+def test_a_runs_versions_are_ordered_by_step_whatever_order_they_were_committed(
+        store: chunkstore.Store) -> None:
+    import numpy as np
+
+    for step in (5, 3, 4):  # e.g. saved by machines whose clocks disagree
+        with store.new_version("r", step) as v:
+            v.put("w", np.full(10, step, dtype=np.int32))
+    assert [v.step for v in store.versions("r")] == [3, 4, 5]
+    assert store.resolve("r@latest").step == 5
+    assert store.open_version("r@latest").get("w")[0] == 5

@@ -159,15 +159,10 @@ class Checkpointer:
                 raise AsyncSaveError(self.run, step, exc) from exc
         return self._last_info
 
-    def _ordered(self) -> list[VersionInfo]:
-        """The run's versions, oldest step first (not commit time: clocks differ
-        between machines and runs resumed elsewhere)."""
-        return sorted(self.store.versions(self.run), key=lambda v: (v.step, v.created, v.id))
-
     def _apply_retention(self, just_written: str) -> None:
         if self.keep_last is None and self.keep_every is None:
             return
-        versions = self._ordered()
+        versions = self.store.versions(self.run)
         keep = {just_written} | {v.id for v in versions[-(self.keep_last or 1):]}
         if self.keep_every is not None:
             keep |= {v.id for v in versions if v.step % self.keep_every == 0}
@@ -213,7 +208,7 @@ class Checkpointer:
         return None
 
     def _candidates(self, step: int | None) -> list[VersionInfo]:
-        versions = self._ordered()
+        versions = self.store.versions(self.run)
         if step is None:
             return versions[::-1]
         matches = [v for v in versions if v.step == step]
@@ -234,11 +229,11 @@ class Checkpointer:
 
     def all_steps(self) -> list[int]:
         """Steps of the run's versions, in order (a save in flight not included)."""
-        return [v.step for v in self._ordered()]
+        return [v.step for v in self.store.versions(self.run)]
 
     def latest_step(self) -> int | None:
         """The highest step saved (what ``restore`` tries first)."""
-        versions = self._ordered()
+        versions = self.store.versions(self.run)
         return versions[-1].step if versions else None
 
     def _check_open(self) -> None:
