@@ -27,6 +27,11 @@ MAGIC = b"CSCK"
 CHUNK_FORMAT_VERSION = 1
 HEADER = struct.Struct("<4sBBBBQQ")
 FLAG_BASE = 0x01
+#: The largest raw length a reader decodes: a store's chunks are never longer.
+MAX_RAW_LENGTH = 256 * 1024 * 1024
+#: Payloads that do not compress are stored raw, so a payload is hardly longer
+#: than its raw bytes; this leaves room for a codec's framing.
+MAX_PAYLOAD_OVERHEAD = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,11 @@ def parse_header(digest: Digest, data: bytes | memoryview) -> ChunkHeader:
         raise FormatVersionError(f"chunk {digest.short(16)}", version, CHUNK_FORMAT_VERSION)
     if codecs.by_id(codec_id) is None:
         raise CorruptChunkError(digest.hex, f"unknown codec id {codec_id} (newer chunkstore?)")
+    if flags & ~FLAG_BASE:
+        raise CorruptChunkError(digest.hex, f"unknown flag bits {flags & ~FLAG_BASE:#04x}")
+    if raw_len > MAX_RAW_LENGTH or payload_len > MAX_RAW_LENGTH + MAX_PAYLOAD_OVERHEAD:
+        raise CorruptChunkError(digest.hex, f"header claims {raw_len} raw / {payload_len} payload"
+                                f" bytes; a chunk holds at most {MAX_RAW_LENGTH}")
     base = None
     if flags & FLAG_BASE:
         if len(data) < HEADER.size + DIGEST_SIZE:
@@ -78,7 +88,9 @@ def decode_object(digest: Digest, data: bytes | memoryview,
     """Decode a whole chunk object and verify it hashes to ``digest``.
 
     With ``out`` (exactly the raw length) the bytes are decoded into it and
-    ``out`` is returned; on an integrity error it holds garbage.
+    ``out`` is returned; on an integrity error it holds garbage.  Every step
+    is bounded by the header's raw length, which is checked before anything
+    is allocated (against ``out`` when given).
     """
     view = memoryview(data)
     header = parse_header(digest, view)
@@ -99,7 +111,7 @@ def decode_object(digest: Digest, data: bytes | memoryview,
         else:
             codec.decode_into(payload, out, header.element_size)
             raw = out
-    except ValueError as exc:
+    except (ValueError, struct.error) as exc:
         raise CorruptChunkError(digest.hex, f"{codec.name} payload does not decode: {exc}") from exc
     check_digest(digest, raw)
     return raw

@@ -187,3 +187,42 @@ class GcAbortedError(ChunkStoreError):
 
     What it deleted before stopping stays deleted; the rest waits for the next run.
     """
+
+
+# --- damaged and hostile stores -------------------------------------------------------------
+
+
+class CorruptConfigError(NotAStoreError):
+    """Raised when ``chunkstore.json`` is this store's but a field is missing or malformed."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(url, f"chunkstore.json is damaged: {reason}")
+        self.reason = reason
+
+
+class CorruptTagError(IntegrityError):
+    """Raised when a tag object cannot be parsed or does not name a version id."""
+
+    def __init__(self, tag: str, reason: str) -> None:
+        super().__init__(f"tag {tag!r} is corrupt: {reason}")
+        self.tag = tag
+        self.reason = reason
+
+
+class StorageFullError(BackendError):
+    """Raised when the storage has no space (or quota) left for an object; nothing is published."""
+
+    def __init__(self, key: str, detail: str) -> None:
+        super().__init__(f"no space left to write {key!r}: {detail}; free space and save again")
+        self.key = key
+        self.detail = detail
+
+
+class BackendUnavailableError(BackendError):
+    """Raised when a remote backend fails (network, server or credentials error) for a key."""
+
+    def __init__(self, url: str, key: str, detail: str) -> None:
+        super().__init__(f"storage at {url} failed on {key!r}: {detail}")
+        self.url = url
+        self.key = key
+        self.detail = detail

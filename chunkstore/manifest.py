@@ -19,9 +19,17 @@ from typing import Any
 from chunkstore import plaindata
 from chunkstore.digest import Digest
 from chunkstore.dtypes import element_size, numpy_dtype
-from chunkstore.errors import CorruptNodeError, FormatVersionError
+from chunkstore.errors import CorruptNodeError, FormatVersionError, InvalidNameError
+from chunkstore.names import check_component
 
 NODE_FORMAT_VERSION = 1
+#: Bounds a reader checks before it allocates (docs/format.md §5-6).
+MAX_NODE_DEPTH = plaindata.MAX_JSON_DEPTH + 2  # a data node wraps one plain-data value
+MAX_RANK = 64  # numpy's limit
+MAX_DIM = 2**62
+MAX_BYTES = 2**62  # of one tensor (a numpy buffer is indexed by a signed 64-bit int)
+MAX_SHARDS = 256
+MAX_CHUNK_BYTES = 256 * 1024 * 1024  # the largest chunk size a store may have
 
 
 @dataclass(frozen=True)
@@ -117,16 +125,29 @@ def encode_data(value: object) -> tuple[Digest, bytes, int]:
     return Digest.of(data), data, len(payload)
 
 
+def exact_int(value: object, what: str, low: int = 0, high: int = MAX_DIM) -> int:
+    """``value`` if it is a JSON integer in [low, high]; ``ValueError`` otherwise
+    (``true`` and ``1.0`` are not integers here, though Python compares them equal)."""
+    if type(value) is not int or not low <= value <= high:
+        raise ValueError(f"{what} must be an integer in [{low}, {high}], not {value!r}")
+    return value
+
+
+def is_version(value: object, supported: int) -> bool:
+    """True when a JSON ``format_version`` is exactly the integer ``supported``."""
+    return type(value) is int and value == supported
+
+
 def _parse(digest: Digest, data: bytes, kind: str) -> dict[str, Any]:
     if Digest.of(data) != digest:
         raise CorruptNodeError(digest.hex, "content does not match its hash")
     try:
-        body = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
+        body = plaindata.load_json(data, MAX_NODE_DEPTH)
+    except ValueError as exc:
         raise CorruptNodeError(digest.hex, f"not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise CorruptNodeError(digest.hex, "not a JSON object")
-    if body.get("format_version") != NODE_FORMAT_VERSION:
+    if not is_version(body.get("format_version"), NODE_FORMAT_VERSION):
         raise FormatVersionError(f"manifest node {digest.short()}", body.get("format_version"),
                                  NODE_FORMAT_VERSION)
     if body.get("kind") != kind:
@@ -136,59 +157,113 @@ def _parse(digest: Digest, data: bytes, kind: str) -> dict[str, Any]:
 
 def decode_data(digest: Digest, data: bytes) -> Any:
     body = _parse(digest, data, "data")
+    if "value" not in body:
+        raise CorruptNodeError(digest.hex, "data node without a value")
     try:
         return plaindata.from_tree(body["value"])
-    except (KeyError, TypeError, ValueError) as exc:
+    except ValueError as exc:
         raise CorruptNodeError(digest.hex, f"malformed plain data: {exc}") from exc
 
 
 def decode_tree(digest: Digest, data: bytes) -> TreeNode:
+    """Decode a tree node, refusing anything a writer would not write (typed errors)."""
     body = _parse(digest, data, "tree")
+    entries = body.get("entries")
+    if not isinstance(entries, dict):
+        raise CorruptNodeError(digest.hex, "tree node without an entries object")
     node = TreeNode()
-    try:
-        for name, entry in body["entries"].items():
-            if "tree" in entry:
-                node.subtrees[name] = Digest.parse(entry["tree"])
-            if "tensor" in entry:
-                node.leaves[name] = _tensor_from_json(entry["tensor"])
-            elif "data" in entry:
-                node.leaves[name] = DataEntry(Digest.parse(entry["data"]["node"]),
-                                              int(entry["data"]["nbytes"]))
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise CorruptNodeError(digest.hex, f"malformed tree entry: {exc!r}") from exc
+    for name, entry in entries.items():
+        try:
+            check_component(name)
+            _decode_entry(node, name, entry)
+        except (InvalidNameError, ValueError) as exc:
+            raise CorruptNodeError(digest.hex, f"entry {name!r}: {exc}") from exc
     return node
 
 
-def _tensor_from_json(obj: dict[str, Any]) -> TensorEntry:
-    numpy_dtype(obj["dtype"])  # unknown dtype -> typed error
-    shards = tuple(
-        Shard(tuple(int(x) for x in s["offsets"]), tuple(int(x) for x in s["sizes"]),
-              int(s["chunk_bytes"]), tuple(Digest.parse(c) for c in s["chunks"]))
-        for s in obj["shards"]
-    )
-    entry = TensorEntry(obj["dtype"], tuple(int(x) for x in obj["shape"]), shards)
+def _digest(value: object, what: str) -> Digest:
+    if not isinstance(value, str):
+        raise ValueError(f"{what} is not a digest: {value!r}")
+    return Digest.parse(value)
+
+
+def _decode_entry(node: TreeNode, name: str, entry: object) -> None:
+    if not isinstance(entry, dict) or not entry.keys() & {"tree", "tensor", "data"}:
+        raise ValueError("an entry is an object with a tree, a tensor or a data field")
+    if "tensor" in entry and "data" in entry:
+        raise ValueError("an entry has both a tensor and a data leaf")
+    if "tree" in entry:
+        node.subtrees[name] = _digest(entry["tree"], "tree")
+    if "tensor" in entry:
+        node.leaves[name] = _tensor_from_json(entry["tensor"])
+    elif "data" in entry:
+        data = entry["data"]
+        if not isinstance(data, dict):
+            raise ValueError("data leaf is not an object")
+        node.leaves[name] = DataEntry(_digest(data.get("node"), "data node"),
+                                      exact_int(data.get("nbytes"), "nbytes", high=MAX_BYTES))
+
+
+def _int_list(value: object, what: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or len(value) > MAX_RANK:
+        raise ValueError(f"{what} must be a list of at most {MAX_RANK} integers")
+    return tuple(exact_int(x, what) for x in value)
+
+
+def _shard_from_json(obj: object, itemsize: int) -> Shard:
+    if not isinstance(obj, dict) or not isinstance(obj.get("chunks"), list):
+        raise ValueError("a shard is an object with a chunks list")
+    chunk_bytes = exact_int(obj.get("chunk_bytes"), "chunk_bytes", 1, MAX_CHUNK_BYTES)
+    if chunk_bytes % itemsize:
+        raise ValueError(f"chunk_bytes {chunk_bytes} is not a positive multiple of the element"
+                         f" size {itemsize}")
+    return Shard(_int_list(obj.get("offsets"), "offsets"), _int_list(obj.get("sizes"), "sizes"),
+                 chunk_bytes, tuple(_digest(c, "chunk") for c in obj["chunks"]))
+
+
+def _tensor_from_json(obj: object) -> TensorEntry:
+    if not isinstance(obj, dict) or not isinstance(obj.get("dtype"), str):
+        raise ValueError("a tensor is an object with a dtype name")
+    itemsize = numpy_dtype(obj["dtype"]).itemsize  # unknown dtype -> typed error
+    shards = obj.get("shards")
+    if not isinstance(shards, list) or len(shards) > MAX_SHARDS:
+        raise ValueError(f"shards must be a list of at most {MAX_SHARDS}")
+    entry = TensorEntry(obj["dtype"], _int_list(obj.get("shape"), "shape"),
+                        tuple(_shard_from_json(s, itemsize) for s in shards))
     _check_tensor(entry)
     return entry
 
 
 def _check_tensor(entry: TensorEntry) -> None:
-    """Refuse a tensor entry whose shards do not fit its shape or whose chunks do not
-    cover exactly its bytes: reading it would leave part of the result unwritten."""
+    """Refuse a tensor entry whose shards do not tile its shape or whose chunks do not
+    cover exactly their bytes: reading it would leave part of the result unwritten."""
     itemsize = element_size(entry.dtype)
-    if any(n < 0 for n in entry.shape):
-        raise ValueError(f"negative dimension in shape {list(entry.shape)}")
+    if entry.nbytes > MAX_BYTES:
+        raise ValueError(f"shape {list(entry.shape)} is too large ({MAX_BYTES} bytes at most)")
     for shard in entry.shards:
         dims = len(entry.shape)
         if len(shard.offsets) != dims or len(shard.sizes) != dims:
             raise ValueError("shard offsets/sizes do not match the tensor's rank")
         for off, size, full in zip(shard.offsets, shard.sizes, entry.shape, strict=True):
-            if off < 0 or size < 0 or off + size > full:
+            if off + size > full:
                 raise ValueError(f"shard box {list(shard.offsets)}+{list(shard.sizes)} lies"
                                  f" outside shape {list(entry.shape)}")
-        if shard.chunk_bytes <= 0 or shard.chunk_bytes % itemsize:
-            raise ValueError(f"chunk_bytes {shard.chunk_bytes} is not a positive multiple of"
-                             f" the element size {itemsize}")
         expected = -(-shard.nbytes(itemsize) // shard.chunk_bytes)
         if len(shard.chunks) != expected:
             raise ValueError(f"shard of {shard.nbytes(itemsize)} bytes in {shard.chunk_bytes}"
                              f"-byte chunks needs {expected} chunk keys, has {len(shard.chunks)}")
+    _check_tiling(entry)
+
+
+def _check_tiling(entry: TensorEntry) -> None:
+    """The shards' boxes are disjoint and together cover the whole shape."""
+    covered = sum(math.prod(s.sizes) for s in entry.shards)
+    if covered != math.prod(entry.shape):
+        raise ValueError(f"shards cover {covered} of the {math.prod(entry.shape)} elements of"
+                         f" shape {list(entry.shape)}")
+    boxes = [s for s in entry.shards if math.prod(s.sizes)]
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            if all(oa < ob + sb and ob < oa + sa for oa, sa, ob, sb
+                   in zip(a.offsets, a.sizes, b.offsets, b.sizes, strict=True)):
+                raise ValueError("two shards overlap")

@@ -20,6 +20,10 @@ def _check_common(name: object, kind: str) -> str:
         raise InvalidNameError(repr(name), f"{kind} must be a str, not {type(name).__name__}")
     if not name:
         raise InvalidNameError(name, f"{kind} is empty")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidNameError(name, "is not valid Unicode (a lone surrogate)") from None
     if "\x00" in name:
         raise InvalidNameError(name, "contains a NUL byte")
     if any(ord(c) < 32 or ord(c) == 127 for c in name):
@@ -42,6 +46,14 @@ def check_entry_name(name: object) -> str:
         raise InvalidNameError(text, "contains a path separator ('/' or '\\'); use '.'")
     if any(part == "" for part in text.split(".")):
         raise InvalidNameError(text, "has an empty component (leading, trailing or double '.')")
+    return text
+
+
+def check_component(name: object) -> str:
+    """One component of an entry name, as a tree node stores it: no ``.`` inside."""
+    text = check_entry_name(name)
+    if "." in text:
+        raise InvalidNameError(text, "a name component contains '.'")
     return text
 
 

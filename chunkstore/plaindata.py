@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,13 @@ import numpy as np
 from chunkstore.errors import NotSerializableError
 
 MAX_DEPTH = 200
+#: Integers have at most this many decimal digits (Python's default limit on
+#: int/str conversion, so every reader can parse what a writer wrote).
+MAX_INT_DIGITS = 4300
+#: The deepest JSON a plain-data value can give: a ``$dict`` pair costs three
+#: JSON levels per plain-data level, a tag one more at the bottom.
+MAX_JSON_DEPTH = 3 * MAX_DEPTH + 8
+HASHABLE_TAGS = frozenset({"$tuple", "$bytes", "$float"})
 
 
 def encode(value: object) -> bytes:
@@ -32,7 +40,7 @@ def encode(value: object) -> bytes:
 
 def decode(data: bytes) -> Any:
     """Decode bytes made by :func:`encode`; ``ValueError`` on malformed input."""
-    return _from_json(json.loads(data))
+    return from_tree(load_json(data, MAX_JSON_DEPTH))
 
 
 def to_tree(value: object) -> object:
@@ -41,8 +49,30 @@ def to_tree(value: object) -> object:
 
 
 def from_tree(tree: object) -> Any:
-    """Rebuild a value from a tagged-JSON tree; ``ValueError`` on a malformed one."""
-    return _from_json(tree)
+    """Rebuild a value from a tagged-JSON tree; ``ValueError`` on a malformed one.
+
+    Iterative, so a hostile tree cannot exhaust the Python stack; it refuses
+    what :func:`encode` never writes (nesting beyond ``MAX_DEPTH``, unknown
+    tags, ``$`` keys outside a tag, non-finite numbers, duplicate keys).
+    """
+    first = _open(tree, 0)
+    if not isinstance(first, _Frame):
+        return first
+    stack = [first]
+    while True:
+        frame = stack[-1]
+        if frame.todo:
+            item = _open(frame.todo.pop(), frame.depth + 1)
+            if isinstance(item, _Frame):
+                stack.append(item)
+            else:
+                frame.done.append(item)
+            continue
+        value = frame.close()
+        stack.pop()
+        if not stack:
+            return value
+        stack[-1].done.append(value)
 
 
 def _float(value: float) -> object:
@@ -68,10 +98,12 @@ def _scalar(value: object, path: str) -> object:
 def _to_json(value: object, path: str, depth: int) -> object:  # noqa: PLR0911
     if depth > MAX_DEPTH:
         raise NotSerializableError(path, type(value).__name__, f"nested deeper than {MAX_DEPTH}")
-    if value is None or isinstance(value, (bool, str)):
+    if value is None or isinstance(value, bool):
         return value
+    if isinstance(value, str):
+        return _check_str(value, path)
     if isinstance(value, int):
-        return int(value)
+        return _check_int(int(value), path)
     if isinstance(value, float):
         return _float(float(value))
     if isinstance(value, (bytes, bytearray)):
@@ -88,7 +120,8 @@ def _to_json(value: object, path: str, depth: int) -> object:  # noqa: PLR0911
 def _dict_to_json(value: dict[Any, Any], path: str, depth: int) -> object:
     plain = all(isinstance(k, str) and not k.startswith("$") for k in value)
     if plain:
-        return {k: _to_json(v, f"{path}.{k}", depth + 1) for k, v in value.items()}
+        return {_check_str(k, path): _to_json(v, f"{path}.{k}", depth + 1)
+                for k, v in value.items()}
     pairs = []
     for k, v in value.items():
         key = _to_json(k, f"{path}<key {k!r}>", depth + 1)
@@ -100,38 +133,170 @@ def _dict_to_json(value: dict[Any, Any], path: str, depth: int) -> object:
 
 
 def _is_hashable_tag(key: object) -> bool:
-    hashable_tags = {"$tuple", "$bytes", "$float"}
-    return isinstance(key, dict) and len(key) == 1 and next(iter(key)) in hashable_tags
+    return isinstance(key, dict) and len(key) == 1 and next(iter(key)) in HASHABLE_TAGS
 
 
-def _from_json(node: Any) -> Any:
-    if isinstance(node, list):
-        return [_from_json(v) for v in node]
-    if not isinstance(node, dict):
+def int_fits(value: int) -> bool:
+    """True when ``value`` has at most ``MAX_INT_DIGITS`` decimal digits."""
+    bits = abs(value).bit_length()
+    if bits <= 14_000:  # 14,000 bits are fewer than 4,215 digits
+        return True
+    if bits > 14_300:  # more than 4,300 digits
+        return False
+    return bool(abs(value) < 10**MAX_INT_DIGITS)
+
+
+def _check_int(value: int, path: str) -> int:
+    if not int_fits(value):
+        raise NotSerializableError(path, "int", f"more than {MAX_INT_DIGITS} decimal digits")
+    return value
+
+
+def _check_str(value: str, path: str) -> str:
+    if not is_unicode(value):
+        raise NotSerializableError(path, "str", "not valid Unicode (a lone surrogate)")
+    return value
+
+
+def is_unicode(text: str) -> bool:
+    """False for a str holding a lone surrogate (it has no UTF-8 encoding)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+# --- bounded JSON parsing --------------------------------------------------------------------
+
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_BRACKETS = bytes(range(256)).translate(None, b"[]{}")
+
+
+def json_depth(data: bytes) -> int:
+    """The deepest nesting of ``[``/``{`` in JSON text, found without recursing."""
+    skeleton = np.frombuffer(_STRING.sub(b"", data).translate(None, _BRACKETS), np.uint8)
+    if not skeleton.size:
+        return 0
+    steps = np.where((skeleton == ord("[")) | (skeleton == ord("{")), 1, -1)
+    return int(np.cumsum(steps).max())
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise ValueError("an object has a key twice")
+    return obj
+
+
+def load_json(data: bytes | memoryview, max_depth: int) -> Any:
+    """Parse JSON bytes, bounded: ``ValueError`` for invalid UTF-8 or JSON, nesting
+    beyond ``max_depth``, ``NaN``/``Infinity``, or an object with a key twice."""
+    raw = bytes(data)
+    if json_depth(raw) > max_depth:
+        raise ValueError(f"nested deeper than {max_depth} levels")
+    try:
+        return json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant,
+                          object_pairs_hook=_unique_pairs)
+    except RecursionError as exc:  # bounded above; kept so no path can escape untyped
+        raise ValueError("nested too deeply") from exc
+
+
+# --- decoding, iteratively --------------------------------------------------------------------
+
+
+class _Frame:
+    """A container being decoded: the JSON children left to do, the values done."""
+
+    __slots__ = ("depth", "done", "keys", "kind", "todo")
+
+    def __init__(self, kind: str, todo: list[Any], depth: int, keys: list[str] | None = None
+                 ) -> None:
+        self.kind = kind
+        self.todo = todo[::-1]  # popped from the end: children in order
+        self.done: list[Any] = []
+        self.depth = depth
+        self.keys = keys
+
+    def close(self) -> Any:
+        if self.kind == "list":
+            return self.done
+        if self.kind == "tuple":
+            return tuple(self.done)
+        if self.kind == "dict":
+            assert self.keys is not None
+            return dict(zip(self.keys, self.done, strict=True))
+        return _pairs_to_dict(self.done[0::2], self.done[1::2])
+
+
+def _pairs_to_dict(keys: list[Any], values: list[Any]) -> dict[Any, Any]:
+    try:
+        result = dict(zip(keys, values, strict=True))
+    except TypeError as exc:  # a key that decodes to something unhashable
+        raise ValueError(f"malformed $dict: {exc}") from exc
+    if len(result) != len(keys):
+        raise ValueError("malformed $dict: a key appears twice")
+    return result
+
+
+def _open(node: Any, depth: int) -> Any:
+    """Decode a scalar, or return the :class:`_Frame` of a container to fill."""
+    if depth > MAX_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_DEPTH}")
+    if node is None or isinstance(node, bool):
         return node
+    if isinstance(node, str):
+        if not is_unicode(node):
+            raise ValueError("a string holds a lone surrogate")
+        return node
+    if isinstance(node, int):
+        if not int_fits(node):
+            raise ValueError(f"an integer has more than {MAX_INT_DIGITS} digits")
+        return node
+    if isinstance(node, float):
+        if not math.isfinite(node):
+            raise ValueError("a number is out of range (non-finite)")
+        return node
+    if isinstance(node, list):
+        return _Frame("list", node, depth)
+    if isinstance(node, dict):
+        return _open_dict(node, depth)
+    raise ValueError(f"{type(node).__name__} is not plain data")
+
+
+def _open_dict(node: dict[Any, Any], depth: int) -> Any:
     if len(node) == 1:
-        (tag, body), = node.items()
-        if tag.startswith("$"):
-            return _untag(tag, body)
-    return {k: _from_json(v) for k, v in node.items()}
+        ((tag, body),) = node.items()
+        if isinstance(tag, str) and tag.startswith("$"):
+            return _open_tag(tag, body, depth)
+    for key in node:
+        if not isinstance(key, str) or key.startswith("$") or not is_unicode(key):
+            raise ValueError(f"object key {key!r} is not a plain key (tags have one key)")
+    return _Frame("dict", list(node.values()), depth, list(node))
 
 
-def _untag(tag: str, body: Any) -> Any:
-    if tag == "$float" and body in ("nan", "inf", "-inf"):
+def _open_tag(tag: str, body: Any, depth: int) -> Any:
+    if tag == "$float" and isinstance(body, str) and body in ("nan", "inf", "-inf"):
         return float(body)
-    if tag == "$tuple" and isinstance(body, list):
-        return tuple(_from_json(v) for v in body)
     if tag == "$bytes" and isinstance(body, str):
         return base64.b64decode(body.encode("ascii"), validate=True)
+    if tag == "$tuple" and isinstance(body, list):
+        return _Frame("tuple", body, depth)
     if tag == "$dict" and isinstance(body, list):
-        try:
-            return {_freeze(_from_json(k)): _from_json(v) for k, v in body}
-        except TypeError as exc:  # an unhashable key, or a pair that is not a pair
-            raise ValueError(f"malformed $dict: {exc}") from exc
+        flat: list[Any] = []
+        for pair in body:
+            if not (isinstance(pair, list) and len(pair) == 2 and _is_key(pair[0])):
+                raise ValueError("malformed $dict: a pair is not [hashable key, value]")
+            flat.extend(pair)
+        return _Frame("$dict", flat, depth)
     raise ValueError(f"unknown or malformed tag {tag!r}")
 
 
-def _freeze(key: Any) -> Any:
-    if isinstance(key, list):
-        return tuple(_freeze(k) for k in key)
-    return key
+def _is_key(node: Any) -> bool:
+    return not isinstance(node, (list, dict)) or _is_hashable_tag(node)
+
+

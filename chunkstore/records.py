@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from chunkstore import plaindata
-from chunkstore.digest import Digest
-from chunkstore.errors import CorruptRecordError, FormatVersionError, NotAStoreError
+from chunkstore.digest import Digest, is_hex_digest
+from chunkstore.errors import (
+    CorruptConfigError,
+    CorruptRecordError,
+    CorruptTagError,
+    FormatVersionError,
+    InvalidNameError,
+    NotAStoreError,
+)
+from chunkstore.manifest import exact_int, is_version
+from chunkstore.names import check_label
 
 STORE_FORMAT = "chunkstore"
 STORE_FORMAT_VERSION = 1
@@ -18,6 +28,9 @@ RECORD_FORMAT_VERSION = 1
 DEFAULT_CHUNK_SIZE = 4 * 1024 * 1024
 MIN_CHUNK_SIZE = 4096
 MAX_CHUNK_SIZE = 256 * 1024 * 1024
+MAX_COUNT = 2**63 - 1  # steps and byte counts of a record
+MAX_SMALL_DEPTH = 8  # configs and tags are flat objects
+MAX_RECORD_DEPTH = plaindata.MAX_JSON_DEPTH + 2  # a record embeds one plain-data value
 
 
 def _dumps(obj: dict[str, Any]) -> bytes:
@@ -38,15 +51,37 @@ class StoreConfig:
 
     @classmethod
     def decode(cls, url: str, data: bytes) -> StoreConfig:
+        """Parse ``chunkstore.json``: ``NotAStoreError`` for another file,
+        ``FormatVersionError`` for a newer store, ``CorruptConfigError`` for a damaged one."""
         try:
-            obj = json.loads(data)
-            if obj.get("format") != STORE_FORMAT:
-                raise NotAStoreError(url, "chunkstore.json names another format")
-        except (ValueError, AttributeError) as exc:
+            obj = plaindata.load_json(data, MAX_SMALL_DEPTH)
+        except ValueError as exc:
             raise NotAStoreError(url, f"chunkstore.json is not valid JSON: {exc}") from exc
-        if obj.get("format_version") != STORE_FORMAT_VERSION:
+        if not isinstance(obj, dict):
+            raise NotAStoreError(url, "chunkstore.json is not valid JSON for a config (not an"
+                                 " object)")
+        if obj.get("format") != STORE_FORMAT:
+            raise NotAStoreError(url, "chunkstore.json names another format")
+        if not is_version(obj.get("format_version"), STORE_FORMAT_VERSION):
             raise FormatVersionError("store", obj.get("format_version"), STORE_FORMAT_VERSION)
-        return cls(int(obj["chunk_size"]), str(obj["compression"]), float(obj["created"]))
+        try:
+            chunk_size = exact_int(obj.get("chunk_size"), "chunk_size", MIN_CHUNK_SIZE,
+                                   MAX_CHUNK_SIZE)
+            if chunk_size % 64:
+                raise ValueError(f"chunk_size {chunk_size} is not a multiple of 64")
+            compression = obj.get("compression")
+            if not isinstance(compression, str):
+                raise ValueError(f"compression is {compression!r}, not a policy name")
+            return cls(chunk_size, compression, _time(obj.get("created"), "created"))
+        except ValueError as exc:
+            raise CorruptConfigError(url, str(exc)) from exc
+
+
+def _time(value: object, what: str) -> float:
+    """A finite JSON number (seconds since the epoch)."""
+    if type(value) not in (int, float) or not math.isfinite(value):  # type: ignore[arg-type]
+        raise ValueError(f"{what} must be a finite number, not {value!r}")
+    return float(value)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -77,26 +112,72 @@ class CommitRecord:
 
     @classmethod
     def decode(cls, version_id: str, data: bytes) -> CommitRecord:
+        """Parse and check a commit record; every failure is a typed error."""
         if Digest.of(data).hex != version_id:
             raise CorruptRecordError(version_id, "content does not match its version id")
         try:
-            obj = json.loads(data)
-            if obj.get("format") != RECORD_FORMAT:
-                raise CorruptRecordError(version_id, f"format is {obj.get('format')!r}")
-        except (ValueError, AttributeError) as exc:
+            obj = plaindata.load_json(data, MAX_RECORD_DEPTH)
+        except ValueError as exc:
             raise CorruptRecordError(version_id, f"not valid JSON: {exc}") from exc
-        if obj.get("format_version") != RECORD_FORMAT_VERSION:
+        if not isinstance(obj, dict) or obj.get("format") != RECORD_FORMAT:
+            found = obj.get("format") if isinstance(obj, dict) else type(obj).__name__
+            raise CorruptRecordError(version_id, f"format is {found!r}")
+        if not is_version(obj.get("format_version"), RECORD_FORMAT_VERSION):
             raise FormatVersionError(f"version {version_id[:12]}", obj.get("format_version"),
                                      RECORD_FORMAT_VERSION)
         try:
-            return cls(
-                run=str(obj["run"]), step=int(obj["step"]), parent=obj["parent"],
-                created=float(obj["created"]), root=Digest.parse(obj["root"]),
-                meta=plaindata.from_tree(obj["meta"]), logical_bytes=int(obj["logical_bytes"]),
-                new_bytes=int(obj["new_bytes"]), new_stored_bytes=int(obj["new_stored_bytes"]),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CorruptRecordError(version_id, f"missing or malformed field: {exc!r}") from exc
+            return cls._from_json(obj)
+        except (InvalidNameError, ValueError) as exc:
+            raise CorruptRecordError(version_id, f"missing or malformed field: {exc}") from exc
+
+    @classmethod
+    def _from_json(cls, obj: dict[str, Any]) -> CommitRecord:
+        parent = obj.get("parent")
+        if parent is not None and not (isinstance(parent, str) and is_hex_digest(parent)):
+            raise ValueError(f"parent is {parent!r}, not a version id or null")
+        root = obj.get("root")
+        if not (isinstance(root, str) and is_hex_digest(root)):
+            raise ValueError(f"root is {root!r}, not a digest")
+        meta = plaindata.from_tree(obj.get("meta"))
+        if not isinstance(meta, dict):
+            raise ValueError(f"meta is a {type(meta).__name__}, not a dict")
+        def count(field: str) -> int:
+            return exact_int(obj.get(field), field, high=MAX_COUNT)
+
+        return cls(
+            run=check_label(obj.get("run")), step=count("step"), parent=parent,
+            created=_time(obj.get("created"), "created"), root=Digest.parse(root), meta=meta,
+            logical_bytes=count("logical_bytes"), new_bytes=count("new_bytes"),
+            new_stored_bytes=count("new_stored_bytes"),
+        )
+
+
+@dataclass(frozen=True)
+class Tag:
+    """What ``tags/<name>`` holds: the version it names and when it was set."""
+
+    name: str
+    version: str
+    created: float
+
+    def encode(self) -> bytes:
+        # Tags are mutable pointers: Python's default json.dumps, not canonical JSON.
+        return json.dumps({"version": self.version, "created": self.created}).encode()
+
+    @classmethod
+    def decode(cls, name: str, data: bytes) -> Tag:
+        """Parse a tag object; ``CorruptTagError`` for anything a writer would not write."""
+        try:
+            check_label(name, "tag")
+            obj = plaindata.load_json(data, MAX_SMALL_DEPTH)
+            if not isinstance(obj, dict):
+                raise ValueError("not a JSON object")
+            version = obj.get("version")
+            if not (isinstance(version, str) and is_hex_digest(version)):
+                raise ValueError(f"version is {version!r}, not a version id")
+            return cls(name, version, _time(obj.get("created"), "created"))
+        except (InvalidNameError, ValueError) as exc:
+            raise CorruptTagError(name, str(exc)) from exc
 
 
 def now() -> float:

@@ -54,29 +54,43 @@ class ShuffleZstdCodec(codecs.Codec):
         return b"".join([bytes(header), *bodies])
 
     def decode(self, payload: memoryview, raw_length: int, element_size: int) -> memoryview:
+        _plane_table(payload, raw_length, element_size)  # checked before allocating
         out = np.empty(raw_length, dtype=np.uint8)
         self.decode_into(payload, out.data, element_size)
         return out.data
 
     def decode_into(self, payload: memoryview, out: memoryview, element_size: int) -> None:
-        count = payload[0] if len(payload) else 0
-        if count != element_size or element_size < 2 or len(out) % element_size:
-            raise ValueError("shuffle payload's plane count does not match the element size")
+        table = _plane_table(payload, len(out), element_size)
         plane_len = len(out) // element_size
         # Each plane is written straight into its column of the result: one
         # strided copy per plane, several times faster than transposing after.
         columns = np.frombuffer(out, dtype=np.uint8).reshape(plane_len, element_size)
-        pos = 1 + _PLANE.size * count
-        for i in range(count):
-            mode, length = _PLANE.unpack_from(payload, 1 + _PLANE.size * i)
-            body = payload[pos : pos + length]
-            pos += length
+        for i, (mode, start, length) in enumerate(table):
+            body = payload[start : start + length]
             plane = body if mode == 0 else decompress(body, plane_len)
-            if len(plane) != plane_len or mode not in (0, 1):
-                raise ValueError(f"shuffle plane {i} is damaged")
             columns[:, i] = np.frombuffer(plane, dtype=np.uint8)
-        if pos != len(payload):
-            raise ValueError("shuffle payload has trailing bytes")
+
+
+def _plane_table(payload: memoryview, raw_length: int, element_size: int
+                 ) -> list[tuple[int, int, int]]:
+    """(mode, offset, length) of each plane body, all checked against the payload's
+    length before anything is decoded; ``ValueError`` on a malformed table."""
+    count = payload[0] if len(payload) else 0
+    if count != element_size or element_size < 2 or raw_length % element_size:
+        raise ValueError("shuffle payload's plane count does not match the element size")
+    pos = 1 + _PLANE.size * count
+    if pos > len(payload):
+        raise ValueError("shuffle plane table is truncated")
+    table = []
+    for i in range(count):
+        mode, length = _PLANE.unpack_from(payload, 1 + _PLANE.size * i)
+        if mode not in (0, 1) or (mode == 0 and length != raw_length // element_size):
+            raise ValueError(f"shuffle plane {i} is damaged (mode {mode}, {length} bytes)")
+        table.append((mode, pos, length))
+        pos += length
+    if pos != len(payload):
+        raise ValueError(f"shuffle bodies end at {pos}, the payload at {len(payload)}")
+    return table
 
 
 SHUFFLE_ZSTD = ShuffleZstdCodec()

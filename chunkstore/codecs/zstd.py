@@ -1,4 +1,12 @@
-"""Codec 1: zstandard over the raw bytes."""
+"""Codec 1: zstandard over the raw bytes.
+
+A payload is exactly one Zstandard frame (RFC 8878).  Before anything is
+decompressed its header and block headers are walked (cheap: one 3-byte
+header per block of at most 128 KiB) to refuse bytes after the frame, and a
+content size that is absent or other than the chunk's raw length; so
+decompression is bounded by the raw length, so a hostile frame cannot make a reader allocate
+more than the header promised.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +18,11 @@ from chunkstore import codecs
 
 LEVEL = 1
 _local = threading.local()
+_MAGIC = b"\x28\xb5\x2f\xfd"
+_BLOCK_HEADER = 3
+_CHECKSUM = 4
+_BLOCK_RLE = 1
+_BLOCK_RESERVED = 3
 
 
 def compressor() -> zstandard.ZstdCompressor:
@@ -20,7 +33,40 @@ def compressor() -> zstandard.ZstdCompressor:
     return c
 
 
+def frame_length(payload: memoryview | bytes) -> int:
+    """The length of the Zstandard frame at the start of ``payload``; ``ValueError``
+    when it is not one frame or is truncated."""
+    if bytes(payload[:4]) != _MAGIC:
+        raise ValueError("not a zstd frame (bad magic)")
+    try:
+        pos = zstandard.frame_header_size(payload)
+    except zstandard.ZstdError as exc:
+        raise ValueError(f"bad zstd frame header: {exc}") from exc
+    has_checksum = payload[4] & 0x04
+    while True:
+        if pos + _BLOCK_HEADER > len(payload):
+            raise ValueError("zstd frame is truncated")
+        header = int.from_bytes(payload[pos : pos + _BLOCK_HEADER], "little")
+        last, kind, size = header & 1, (header >> 1) & 3, header >> 3
+        if kind == _BLOCK_RESERVED:
+            raise ValueError("zstd block of the reserved type")
+        pos += _BLOCK_HEADER + (1 if kind == _BLOCK_RLE else size)
+        if last:
+            return pos + (_CHECKSUM if has_checksum else 0)
+
+
 def decompress(payload: memoryview | bytes, raw_length: int) -> bytes:
+    """Decode one frame to exactly ``raw_length`` bytes; ``ValueError`` otherwise."""
+    end = frame_length(payload)
+    if end != len(payload):
+        raise ValueError(f"{len(payload) - end} bytes after the zstd frame"
+                         if end < len(payload) else "zstd frame is truncated")
+    try:
+        declared = zstandard.frame_content_size(payload)
+    except zstandard.ZstdError as exc:
+        raise ValueError(f"bad zstd frame header: {exc}") from exc
+    if declared != raw_length:  # -1: the frame does not say (writers always say)
+        raise ValueError(f"zstd frame declares {declared} bytes, header says {raw_length}")
     d = getattr(_local, "d", None)
     if d is None:
         d = _local.d = zstandard.ZstdDecompressor()
