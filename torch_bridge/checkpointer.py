@@ -70,6 +70,12 @@ class Checkpointer:
     are freed by ``chunkstore gc``).  With neither, nothing is deleted.
     ``async_save=True`` makes ``save`` return after copying the state into
     reused host buffers; the write runs in a background thread.
+
+    Every version records provenance: the git revision of the working
+    directory (``code_rev``, ``code_dirty``), library versions, host and
+    world size, with ``meta`` merged over it.  Outside a git checkout
+    ``code_rev`` is None and ``code_rev_unknown`` says why; pass the revision
+    yourself with ``meta={"code_rev": ...}``.
     """
 
     def __init__(self, path_or_url: str | os.PathLike[str] | Store, *, run: str = "default",
@@ -86,7 +92,7 @@ class Checkpointer:
         self.keep_last = keep_last
         self.keep_every = keep_every
         self.async_save = async_save
-        self.meta = {**provenance(), **(meta or {})}
+        self.meta = provenance(meta)
         plaindata.encode(self.meta)  # unencodable metadata fails here, not in every save
         self._staging = StagingBuffers()
         self._executor: ThreadPoolExecutor | None = None

@@ -16,21 +16,32 @@ import chunkstore
 GIT_TIMEOUT_S = 5.0
 
 
-def _git(*args: str) -> str | None:
+def _git(*args: str) -> tuple[str | None, str]:
+    """``git args`` in the working directory: its output, or None and why it failed."""
     try:
         done = subprocess.run(["git", *args], capture_output=True, text=True,
                               timeout=GIT_TIMEOUT_S, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError) as exc:
+        return None, f"git could not run ({exc.__class__.__name__}: {exc})"
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines()
+        return None, lines[-1] if lines else f"git {args[0]} exited {done.returncode}"
+    return done.stdout.strip(), ""
 
 
 def code_revision() -> dict[str, Any]:
-    """The git commit of the working directory and whether tracked files differ from it."""
-    rev = _git("rev-parse", "HEAD")
+    """The git commit of the working directory and whether tracked files differ from it.
+
+    Outside a git checkout (or without git) the revision is recorded as unknown,
+    ``code_rev`` and ``code_dirty`` None, with the reason in ``code_rev_unknown``,
+    so a version never looks as if its provenance were simply not asked for.
+    Pass the revision yourself with ``Checkpointer(..., meta={"code_rev": ...})``.
+    """
+    rev, why = _git("rev-parse", "HEAD")
     if rev is None:
-        return {}
-    dirty = _git("status", "--porcelain", "--untracked-files=no")
+        return {"code_rev": None, "code_dirty": None,
+                "code_rev_unknown": f"{why} (in {os.getcwd()}); pass meta={{'code_rev': ...}}"}
+    dirty, _ = _git("status", "--porcelain", "--untracked-files=no")
     return {"code_rev": rev, "code_dirty": bool(dirty) if dirty is not None else None}
 
 
@@ -41,10 +52,17 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def provenance() -> dict[str, Any]:
-    """Captured once per Checkpointer; user-supplied meta is merged over it."""
+def provenance(meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Captured once per Checkpointer, with the user's ``meta`` merged over it.
+
+    A ``code_rev`` in ``meta`` replaces the one git gives (or the note that
+    it is unknown).
+    """
+    revision = code_revision()
+    if meta is not None and "code_rev" in meta:
+        revision.pop("code_rev_unknown", None)
     return {
-        **code_revision(),
+        **revision,
         "python": platform.python_version(),
         "torch": torch.__version__,
         "numpy": np.__version__,
@@ -52,4 +70,5 @@ def provenance() -> dict[str, Any]:
         "host": socket.gethostname(),
         "world_size": world_size(),
         "cuda": torch.version.cuda if torch.cuda.is_available() else None,
+        **(meta or {}),
     }
