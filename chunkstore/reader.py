@@ -14,6 +14,7 @@ from chunkstore.digest import Digest, chunk_key
 from chunkstore.dtypes import dtype_name, element_size, numpy_dtype
 from chunkstore.errors import (
     CorruptChunkError,
+    CorruptNodeError,
     EntryNotFoundError,
     InvalidInputError,
     MissingChunkError,
@@ -52,13 +53,37 @@ def read_chunk_into(store: Store, digest: Digest, out: memoryview) -> None:
                 raise CorruptChunkError(digest.hex, "truncated while reading")
             check_digest(digest, out)
             return
-    except FileNotFoundError:
-        raise MissingChunkError(digest.hex) from None
-    try:
-        data = store.backend.get(key)
+        if header.raw_length != len(out):  # before reading a payload of the wrong chunk
+            raise CorruptChunkError(digest.hex, f"holds {header.raw_length} bytes, the"
+                                    f" manifest expects {len(out)}")
+        # One byte more than the header promises, so padding is seen without
+        # reading an object of any size.
+        data = store.backend.get_range(key, 0, header.size + header.payload_length + 1)
     except FileNotFoundError:
         raise MissingChunkError(digest.hex) from None
     decode_object(digest, data, out)
+
+
+def chunk_reads(entry: TensorEntry, chunk_size: int) -> list[tuple[Digest, int, int]]:
+    """(digest, offset, length) of every chunk read that fills ``entry``'s bytes.
+
+    This is the one place where a read decides whether an entry can be read:
+    ``verify`` calls it for every tensor, so what verify passes, a read can
+    read.  The decoder has checked that the shards tile the shape and that
+    their chunks cover the shards' bytes; this adds what depends on the store
+    (no chunk longer than its chunk size) and on this release (one shard).
+    """
+    itemsize = element_size(entry.dtype)
+    reads: list[tuple[Digest, int, int]] = []
+    for shard in entry.shards:
+        if shard.chunk_bytes > chunk_size:
+            raise ValueError(f"chunks of {shard.chunk_bytes} bytes exceed the store's chunk size"
+                             f" {chunk_size}")
+        if shard.sizes != entry.shape and shard.nbytes(itemsize):
+            raise InvalidInputError("the entry is sharded; this release reads only unsharded"
+                                    " tensors")
+        reads.extend(shard.chunk_spans(itemsize))
+    return reads
 
 
 class VersionReader:
@@ -81,15 +106,22 @@ class VersionReader:
         except KeyError:
             raise EntryNotFoundError(name, self.info.id) from None
 
-    def _tensor(self, name: str) -> TensorEntry:
+    def _tensor(self, name: str) -> tuple[TensorEntry, list[tuple[Digest, int, int]]]:
+        """The entry and its chunk reads, checked before any buffer is allocated."""
         leaf = self.entry(name)
         if not isinstance(leaf, TensorEntry):
             raise InvalidInputError(f"entry {name!r} is plain data; use get_data()")
-        return leaf
+        try:
+            return leaf, chunk_reads(leaf, self._store.chunk_size)
+        except ValueError as exc:
+            if isinstance(exc, InvalidInputError):
+                raise
+            owner = self._flat.owners[name]
+            raise CorruptNodeError(owner.hex, f"entry {name!r}: {exc}") from exc
 
     def get(self, name: str) -> np.ndarray:
         """Return a new array with the entry's dtype and shape."""
-        entry = self._tensor(name)
+        entry, _ = self._tensor(name)
         out = np.empty(entry.shape, dtype=numpy_dtype(entry.dtype))
         self.get_into(name, out)
         return out
@@ -113,30 +145,24 @@ class VersionReader:
         """
         checked = []
         for name, out, dtype in requests:
-            entry = self._tensor(name)
+            entry, reads = self._tensor(name)
             self._check_buffer(name, entry, out, dtype)
-            checked.append((name, entry, out))
+            checked.append((reads, out))
         futures: list[Future[None]] = []
         try:
-            for name, entry, out in checked:
-                futures.extend(self._submit(name, entry, out))
+            for reads, out in checked:
+                futures.extend(self._submit(reads, out))
         finally:
             wait(futures)  # no job may still write into a caller's buffer after we return
         for future in futures:
             future.result()  # the first error, if any
 
-    def _submit(self, name: str, entry: TensorEntry, out: np.ndarray) -> list[Future[None]]:
+    def _submit(self, reads: list[tuple[Digest, int, int]], out: np.ndarray
+                ) -> list[Future[None]]:
         flat = out.reshape(-1).view(np.uint8).data if out.size else memoryview(b"")
-        itemsize = element_size(entry.dtype)
-        futures: list[Future[None]] = []
-        for shard in entry.shards:
-            if shard.sizes != entry.shape:
-                raise InvalidInputError(f"entry {name!r} is sharded; this release reads only"
-                                        " unsharded tensors")
-            for digest, start, length in shard.chunk_spans(itemsize):
-                futures.append(self._store.executor.submit(
-                    read_chunk_into, self._store, digest, flat[start:start + length]))
-        return futures
+        return [self._store.executor.submit(read_chunk_into, self._store, digest,
+                                            flat[start:start + length])
+                for digest, start, length in reads]
 
     def _check_buffer(self, name: str, entry: TensorEntry, out: np.ndarray,
                       dtype: str | None) -> None:

@@ -1,4 +1,9 @@
-"""Reading manifest trees from a backend: load nodes (hash-checked) and flatten."""
+"""Reading manifest trees from a backend: load nodes (hash-checked) and flatten.
+
+Every walk is iterative and bounded (distinct nodes, expanded size, name
+length) before it expands anything, so a hostile tree cannot recurse or
+allocate without limit.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +15,11 @@ from chunkstore.backends import Backend
 from chunkstore.digest import Digest, node_key
 from chunkstore.errors import CorruptNodeError
 from chunkstore.manifest import DataEntry, TensorEntry, TreeNode, decode_tree
+from chunkstore.names import MAX_NAME_LENGTH
 
 Leaf = TensorEntry | DataEntry
+#: Nodes plus leaves of one version's expanded tree (a model has thousands).
+MAX_ENTRIES = 1_000_000
 
 
 class NodeCache:
@@ -57,6 +65,8 @@ class FlatTree:
 
     leaves: dict[str, Leaf] = field(default_factory=dict)
     tree_nodes: set[Digest] = field(default_factory=set)
+    #: the tree node that holds each leaf (to name it in an error)
+    owners: dict[str, Digest] = field(default_factory=dict)
 
     def chunk_digests(self) -> set[Digest]:
         return {d for leaf in self.leaves.values() if isinstance(leaf, TensorEntry)
@@ -67,16 +77,66 @@ class FlatTree:
 
 
 def flatten(backend: Backend, root: Digest, cache: NodeCache) -> FlatTree:
-    """Walk the tree from ``root``; missing or corrupt nodes raise typed errors."""
-    flat = FlatTree()
+    """Walk the tree from ``root``; missing, corrupt or oversized trees raise typed errors.
+
+    Subtrees are shared, so a few small nodes can describe a huge tree: every
+    distinct node is loaded once, the size of the expanded tree is counted
+    from them, and only a tree within ``MAX_ENTRIES`` is expanded.
+    """
+    nodes = _load_distinct(backend, root, cache)
+    size = _expanded_size(root, nodes)
+    if size > MAX_ENTRIES:
+        raise CorruptNodeError(root.hex, f"the tree expands to {size} nodes and leaves; a"
+                               f" version holds at most {MAX_ENTRIES}")
+    flat = FlatTree(tree_nodes=set(nodes))
     stack: list[tuple[str, Digest]] = [("", root)]
     while stack:
         prefix, digest = stack.pop()
-        flat.tree_nodes.add(digest)
-        node = load_tree(backend, digest, cache)
+        node = nodes[digest]
+        if len(prefix) > MAX_NAME_LENGTH:
+            raise CorruptNodeError(digest.hex, f"names below {prefix[:40]!r}… are longer than"
+                                   f" {MAX_NAME_LENGTH} characters")
         for name, leaf in node.leaves.items():
-            flat.leaves[prefix + name] = leaf
+            full = prefix + name
+            if len(full) > MAX_NAME_LENGTH or full in flat.leaves:
+                raise CorruptNodeError(digest.hex, f"entry {full[:60]!r} is too long or"
+                                       " appears twice")
+            flat.leaves[full] = leaf
+            flat.owners[full] = digest
         for name, child in node.subtrees.items():
             stack.append((f"{prefix}{name}.", child))
     flat.leaves = dict(sorted(flat.leaves.items()))
     return flat
+
+
+def _load_distinct(backend: Backend, root: Digest, cache: NodeCache) -> dict[Digest, TreeNode]:
+    nodes: dict[Digest, TreeNode] = {}
+    todo = [root]
+    while todo:
+        digest = todo.pop()
+        if digest in nodes:
+            continue
+        if len(nodes) >= MAX_ENTRIES:
+            raise CorruptNodeError(root.hex, f"the tree has more than {MAX_ENTRIES} nodes")
+        nodes[digest] = node = load_tree(backend, digest, cache)
+        todo.extend(d for d in node.subtrees.values() if d not in nodes)
+    return nodes
+
+
+def _expanded_size(root: Digest, nodes: dict[Digest, TreeNode]) -> int:
+    """Nodes plus leaves of the tree with every shared subtree repeated, counted
+    bottom-up over the distinct nodes (iteratively: depth is untrusted)."""
+    sizes: dict[Digest, int] = {}
+    stack: list[tuple[Digest, bool]] = [(root, False)]
+    while stack:
+        digest, children_done = stack.pop()
+        if digest in sizes:
+            continue
+        node = nodes[digest]
+        if children_done:
+            sizes[digest] = 1 + len(node.leaves) + sum(sizes.get(d, MAX_ENTRIES + 1)
+                                                       for d in node.subtrees.values())
+        else:
+            stack.append((digest, True))
+            stack.extend((d, False) for d in node.subtrees.values() if d not in sizes)
+    return sizes[root]

@@ -1,5 +1,7 @@
 """``verify``: every chunk reachable from the chosen versions is present, decodes
-and hashes right; commit records and manifest nodes parse; refcounts match.
+and hashes right at the length the manifest implies; commit records, manifest
+nodes and data nodes parse; every tensor entry is one a read can read; tags
+parse; refcounts match.
 
 Findings are collected as :class:`Problem` objects instead of stopping at the
 first one.
@@ -11,17 +13,20 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from chunkstore.digest import Digest, chunk_key
+from chunkstore.digest import TAG_PREFIX, Digest, chunk_key
 from chunkstore.errors import (
     ChunkStoreError,
     CorruptChunkError,
+    CorruptNodeError,
+    CorruptRecordError,
+    CorruptTagError,
     FormatVersionError,
-    IntegrityError,
     MissingChunkError,
 )
-from chunkstore.manifest import decode_data
+from chunkstore.manifest import DataEntry, decode_data
 from chunkstore.progress import NullProgress, Progress
-from chunkstore.reader import read_chunk
+from chunkstore.reader import chunk_reads, read_chunk_into
+from chunkstore.records import Tag
 from chunkstore.tree import FlatTree, flatten, read_node
 
 if TYPE_CHECKING:
@@ -32,8 +37,8 @@ if TYPE_CHECKING:
 class Problem:
     """One finding: ``kind`` is a stable machine-readable word."""
 
-    kind: str  # missing-chunk, corrupt-chunk, corrupt-node, corrupt-record, format-version,
-    #            refcount, index
+    kind: str  # missing-chunk, corrupt-chunk, corrupt-node, corrupt-record, corrupt-tag,
+    #            format-version, unreadable, refcount, index
     message: str
     version: str | None = None
     digest: str | None = None
@@ -59,46 +64,84 @@ class VerifyResult:
                 "problems": [p.to_json() for p in self.problems]}
 
 
+_KINDS: tuple[tuple[type[ChunkStoreError], str], ...] = (
+    (MissingChunkError, "missing-chunk"), (CorruptChunkError, "corrupt-chunk"),
+    (FormatVersionError, "format-version"), (CorruptRecordError, "corrupt-record"),
+    (CorruptNodeError, "corrupt-node"), (CorruptTagError, "corrupt-tag"),
+)
+
+
 def _problem_from(exc: ChunkStoreError, version: str | None) -> Problem:
-    if isinstance(exc, MissingChunkError):
-        return Problem("missing-chunk", str(exc), version, exc.digest)
-    if isinstance(exc, CorruptChunkError):
-        return Problem("corrupt-chunk", str(exc), version, exc.digest)
-    if isinstance(exc, FormatVersionError):
-        return Problem("format-version", str(exc), version)
-    kind = "corrupt-record" if "commit record" in str(exc) else "corrupt-node"
+    """A finding from the typed error a read raised; ``unreadable`` for the rest
+    (an unknown dtype, a sharded tensor this release cannot read)."""
+    kind = next((k for cls, k in _KINDS if isinstance(exc, cls)), "unreadable")
     return Problem(kind, str(exc), version, getattr(exc, "digest", None))
 
 
-def _load_versions(store: Store, ids: list[str], result: VerifyResult
-                   ) -> dict[str, FlatTree]:
+def _check_leaves(store: Store, version_id: str, flat: FlatTree, result: VerifyResult,
+                  reads: dict[tuple[Digest, int], str]) -> None:
+    """Check every leaf the way a read does; collect the chunk reads it implies
+    (each chunk at every length its positions imply, with the first version)."""
+    for name, leaf in flat.leaves.items():
+        try:
+            if isinstance(leaf, DataEntry):
+                decode_data(leaf.digest, read_node(store.backend, leaf.digest))
+                continue
+            spans = chunk_reads(leaf, store.chunk_size)
+        except ChunkStoreError as exc:
+            result.problems.append(_problem_from(exc, version_id))
+            continue
+        except ValueError as exc:  # what chunk_reads finds wrong with the manifest
+            corrupt = CorruptNodeError(flat.owners[name].hex, f"entry {name!r}: {exc}")
+            result.problems.append(_problem_from(corrupt, version_id))
+            continue
+        for digest, _start, length in spans:
+            reads.setdefault((digest, length), version_id)
+
+
+def _load_versions(store: Store, ids: list[str], result: VerifyResult,
+                   reads: dict[tuple[Digest, int], str]) -> dict[str, FlatTree]:
     trees: dict[str, FlatTree] = {}
     for version_id in ids:
         result.versions_checked += 1
         try:
             record = store.read_record(version_id)
             flat = flatten(store.backend, record.root, store.node_cache)
-            for digest in flat.data_nodes():
-                decode_data(digest, read_node(store.backend, digest))  # hash-checked
-            trees[version_id] = flat
         except FileNotFoundError:
             result.problems.append(Problem("corrupt-record", "commit record vanished while"
                                            " verifying (deleted concurrently?)", version_id))
+            continue
         except ChunkStoreError as exc:
             result.problems.append(_problem_from(exc, version_id))
+            continue
+        _check_leaves(store, version_id, flat, result, reads)
+        trees[version_id] = flat
     return trees
 
 
-def _check_chunk(store: Store, digest: Digest, read_data: bool) -> tuple[int, Problem | None]:
+def _check_chunk(store: Store, digest: Digest, length: int, read_data: bool
+                 ) -> tuple[int, Problem | None]:
+    """Read the chunk exactly as a read of the version would (same checks, same code)."""
     try:
         if read_data:
-            return len(read_chunk(store, digest)), None
+            read_chunk_into(store, digest, memoryview(bytearray(length)))
+            return length, None
         store.backend.stat(chunk_key(digest))
         return 0, None
     except FileNotFoundError:
         return 0, _problem_from(MissingChunkError(digest.hex), None)
-    except (IntegrityError, FormatVersionError) as exc:
+    except ChunkStoreError as exc:
         return 0, _problem_from(exc, None)
+
+
+def _check_tags(store: Store, result: VerifyResult) -> None:
+    for key in store.backend.list(TAG_PREFIX):
+        try:
+            Tag.decode(key[len(TAG_PREFIX):], store.backend.get(key))
+        except FileNotFoundError:
+            continue  # removed meanwhile
+        except CorruptTagError as exc:
+            result.problems.append(_problem_from(exc, None))
 
 
 def _check_refcounts(store: Store, trees: dict[str, FlatTree], unreadable: set[str],
@@ -128,25 +171,28 @@ def _check_refcounts(store: Store, trees: dict[str, FlatTree], unreadable: set[s
 
 def verify(store: Store, sel: str | None = None, *, read_data: bool = True,
            progress: Progress | None = None) -> VerifyResult:
-    """Check the chosen version (all when ``sel`` is None); refcounts only for all."""
+    """Check the chosen version (all when ``sel`` is None); tags and refcounts only for all.
+
+    Every check a read of a version makes is made here, through the same
+    functions, so a version verify passes reads back in full.
+    """
     progress = progress or NullProgress()
     result = VerifyResult()
     ids = [store.resolve(sel).id] if sel is not None else sorted(store.backend_version_ids())
-    trees = _load_versions(store, ids, result)
-    owners: dict[Digest, str] = {}
-    for vid, flat in trees.items():
-        for digest in flat.chunk_digests():
-            owners.setdefault(digest, vid)
-    checks = store.executor.map(lambda d: _check_chunk(store, d, read_data), list(owners))
-    progress.start(len(owners), "verify: chunks")
-    for digest, (size, problem) in zip(list(owners), checks, strict=True):
+    reads: dict[tuple[Digest, int], str] = {}
+    trees = _load_versions(store, ids, result, reads)
+    pending = list(reads)
+    checks = store.executor.map(lambda r: _check_chunk(store, r[0], r[1], read_data), pending)
+    progress.start(len(pending), "verify: chunks")
+    for (digest, _length), (size, problem) in zip(pending, checks, strict=True):
         progress.advance()
         result.chunks_checked += 1
         result.bytes_checked += size
         if problem is not None:
-            result.problems.append(Problem(problem.kind, problem.message, owners[digest],
-                                           problem.digest))
+            result.problems.append(Problem(problem.kind, problem.message,
+                                           reads[(digest, _length)], problem.digest))
     progress.finish()
     if sel is None:
+        _check_tags(store, result)
         _check_refcounts(store, trees, set(ids) - set(trees), result)
     return result
