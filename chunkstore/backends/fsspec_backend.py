@@ -12,14 +12,50 @@ within one process; :attr:`FsspecBackend.atomic_create` says which applies.
 
 from __future__ import annotations
 
+import builtins
+import functools
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timezone
-from typing import Any, ClassVar
+from typing import Any, ClassVar, ParamSpec, TypeVar
 
 import fsspec
 
 from chunkstore.backends.base import Backend, ObjectInfo
+from chunkstore.errors import BackendUnavailableError, ChunkStoreError
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+#: Packages whose exceptions mean the remote storage failed (network, server,
+#: credentials): they become BackendUnavailableError, which the CLI maps to exit 4.
+_REMOTE_PACKAGES = frozenset({"botocore", "aiobotocore", "aiohttp", "s3fs", "gcsfs", "adlfs",
+                              "urllib3", "requests", "fsspec"})
+#: What the storage contract itself raises; passed through unchanged.
+_CONTRACT_ERRORS = (FileNotFoundError, FileExistsError, ChunkStoreError)
+
+
+def _remote_failure(exc: Exception) -> bool:
+    if isinstance(exc, _CONTRACT_ERRORS):
+        return False
+    package = type(exc).__module__.split(".", 1)[0]
+    return package in _REMOTE_PACKAGES or isinstance(exc, (OSError, TimeoutError))
+
+
+def _typed_errors(method: Callable[_P, _T]) -> Callable[_P, _T]:
+    """Turn a failure of the remote storage into :class:`BackendUnavailableError`."""
+
+    @functools.wraps(method)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        try:
+            return method(*args, **kwargs)
+        except Exception as exc:
+            if not _remote_failure(exc):
+                raise
+            backend, key = args[0], args[1] if len(args) > 1 else ""
+            raise BackendUnavailableError(getattr(backend, "url", "?"), str(key),
+                                          f"{type(exc).__name__}: {exc}") from exc
+
+    return wrapper
 
 #: Serialises check-then-write creates for filesystems without a conditional PUT.
 #: Process-wide because memory:// keeps one store per process, shared by instances.
@@ -41,6 +77,7 @@ class FsspecBackend(Backend):
         {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"}
     )
 
+    @_typed_errors
     def __init__(self, url: str, **storage_options: Any) -> None:
         """Open ``url``; ``storage_options`` go to the fsspec filesystem unchanged."""
         protocol = url.split("://", 1)[0] if "://" in url else "file"
@@ -62,6 +99,7 @@ class FsspecBackend(Backend):
 
     # --- the abstract interface ----------------------------------------------------------
 
+    @_typed_errors
     def put(self, key: str, data: bytes | memoryview) -> None:
         """Write the object with one PUT (atomic and durable once it returns)."""
         path = self._path(key)
@@ -70,6 +108,7 @@ class FsspecBackend(Backend):
         self.fs.pipe_file(path, bytes(data))
         self.fs.invalidate_cache(path)
 
+    @_typed_errors
     def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
         """Create the object unless it exists; see :attr:`atomic_create` for the guarantee."""
         path = self._path(key)
@@ -89,6 +128,7 @@ class FsspecBackend(Backend):
             self.fs.invalidate_cache(path)
         return True
 
+    @_typed_errors
     def get(self, key: str) -> bytes:
         """Return the whole object; ``FileNotFoundError`` if absent."""
         path = self._path(key)
@@ -97,6 +137,7 @@ class FsspecBackend(Backend):
         except IsADirectoryError:
             raise FileNotFoundError(f"no object {key!r} in {self.url}") from None
 
+    @_typed_errors
     def stat(self, key: str) -> ObjectInfo:
         """Return size and mtime from ``fs.info``; ``FileNotFoundError`` if absent."""
         info = self.fs.info(self._path(key))
@@ -104,6 +145,7 @@ class FsspecBackend(Backend):
             raise FileNotFoundError(f"no object {key!r} in {self.url} (a prefix has that name)")
         return ObjectInfo(key=key, size=int(info["size"]), mtime=_mtime(info))
 
+    @_typed_errors
     def delete(self, key: str) -> bool:
         """Remove the object; return whether it existed.
 
@@ -127,6 +169,10 @@ class FsspecBackend(Backend):
         Only the deepest directory the prefix implies is searched (on S3 the
         whole prefix is filtered server-side).
         """
+        yield from self._list(prefix)
+
+    @_typed_errors
+    def _list(self, prefix: str = "") -> builtins.list[str]:
         directory, _, leaf = prefix.rpartition("/")
         search = f"{self._root}/{directory}" if directory else self._root or "/"
         self.fs.invalidate_cache(search)
@@ -136,12 +182,13 @@ class FsspecBackend(Backend):
             else:
                 paths = self.fs.find(search)
         except FileNotFoundError:
-            return
+            return []
         keys = (self._key(path) for path in paths)
-        yield from sorted(key for key in keys if key.startswith(prefix))
+        return sorted(key for key in keys if key.startswith(prefix))
 
     # --- faster derived conveniences -----------------------------------------------------
 
+    @_typed_errors
     def get_range(self, key: str, start: int, length: int) -> bytes:
         """Fetch only the requested bytes (an HTTP range request on object stores)."""
         if start < 0 or length < 0:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import os
 import secrets
 import stat as stat_module
@@ -24,6 +25,10 @@ from collections.abc import Callable, Iterator
 from typing import ClassVar
 
 from chunkstore.backends.base import Backend, ObjectInfo
+from chunkstore.errors import StorageFullError
+
+#: errno values that mean the filesystem has no room for the write.
+_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 #: Deferred objects at least this large are fsynced on write (their directory
 #: entries still wait for the syncfs).
@@ -76,7 +81,8 @@ class LocalBackend(Backend):
     def put(self, key: str, data: bytes | memoryview) -> None:
         """Atomically replace ``key``; durable (file and directory fsynced) on return."""
         target = self._path(key)
-        temp = self._write_temp(target, data)
+        with _space_as_typed(key):
+            temp = self._write_temp(target, data)
         try:
             # rename(2) within one directory is atomic: readers see the old file
             # or the complete new one, never a partial write.
@@ -101,8 +107,9 @@ class LocalBackend(Backend):
         # Deferred: a large object is still fsynced now, in this worker thread, so
         # its write-back overlaps the hashing of the next ones; small ones and
         # the directory entry wait for the syncfs in flush().
-        temp = self._write_temp(target, data,
-                                sync=not deferred or len(data) >= EAGER_SYNC_BYTES)
+        with _space_as_typed(key):
+            temp = self._write_temp(target, data,
+                                    sync=not deferred or len(data) >= EAGER_SYNC_BYTES)
         try:
             # link(2) fails with EEXIST if the target exists, atomically, and
             # publishes the complete file (rename would overwrite).
@@ -130,7 +137,8 @@ class LocalBackend(Backend):
         try:
             if _SYNCFS(fd) != 0:
                 err = ctypes.get_errno()
-                raise OSError(err, f"syncfs of {self.root} failed: {os.strerror(err)}")
+                with _space_as_typed(self.root):
+                    raise OSError(err, f"syncfs of {self.root} failed: {os.strerror(err)}")
         finally:
             os.close(fd)
 
@@ -300,6 +308,18 @@ def _missing_as_not_found(key: str) -> Iterator[None]:
         yield
     except (NotADirectoryError, IsADirectoryError):
         raise FileNotFoundError(f"no object {key!r}") from None
+
+
+@contextlib.contextmanager
+def _space_as_typed(key: str) -> Iterator[None]:
+    """A full disk or exhausted quota is a typed error the CLI maps to exit 4; the
+    temp file of the failed write has already been removed."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno in _NO_SPACE:
+            raise StorageFullError(key, exc.strerror or str(exc)) from exc
+        raise
 
 
 def _check_relative(key: str) -> None:
