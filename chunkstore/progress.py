@@ -2,18 +2,22 @@
 
 Code that loops takes a :class:`Progress` and calls ``start``/``advance``/
 ``finish``; it never checks whether anyone is watching.  :class:`NullProgress`
-does nothing; :class:`TerminalProgress` draws a one-line bar on stderr when
-stderr is a terminal and stays silent when it is piped or redirected, so
-scripts and logs never see carriage-return noise.
+does nothing; :class:`TerminalProgress` shows click's progress bar (bar,
+percentage, count, time left) on stderr when stderr is a terminal and stays
+silent when it is piped or redirected, so scripts and logs never see
+carriage-return noise.
 """
 
 from __future__ import annotations
 
+import itertools
 import sys
 import time
-from typing import Protocol, TextIO
+from types import TracebackType
+from typing import Any, Protocol, TextIO
 
-BAR_WIDTH = 24
+import click
+
 MIN_REDRAW_S = 0.1
 
 
@@ -44,65 +48,67 @@ class NullProgress:
 
 
 class TerminalProgress:
-    """Draws ``label [#####.....] done/total`` on a stream, only if it is a TTY.
+    """Click's progress bar on a stream, only if the stream is a terminal.
 
-    Redraws at most every :data:`MIN_REDRAW_S` seconds (and on the last unit),
-    so a fast loop of many small steps costs almost nothing.
+    Units are handed to the bar at most every :data:`MIN_REDRAW_S` seconds (and
+    on the last unit), so a fast loop of many small steps costs almost nothing.
+    Use it as a context manager where an operation can be interrupted: leaving
+    the block ends a bar the operation did not finish, so the terminal gets its
+    cursor and a fresh line back before any error is printed.
     """
 
     def __init__(self, stream: TextIO | None = None) -> None:
         self._stream = stream if stream is not None else sys.stderr
         self._enabled = _isatty(self._stream)
+        self._bar: Any = None  # click's ProgressBar while an operation runs
         self._total = 0
-        self._done = 0
-        self._label = ""
+        self._pending = 0
         self._last_draw = 0.0
-        self._drawn = False
 
     @property
     def enabled(self) -> bool:
         """Whether this progress draws anything (its stream is a terminal)."""
         return self._enabled
 
+    def __enter__(self) -> TerminalProgress:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.finish()
+
     def start(self, total: int, label: str) -> None:
         """Begin a new bar; an unfinished previous one is closed first."""
-        if self._drawn:
-            self.finish()
-        self._total, self._done, self._label = max(total, 0), 0, label
-        self._draw(force=True)
+        self.finish()
+        if not self._enabled:
+            return
+        self._total, self._pending = max(total, 0), 0
+        # An endless iterable gives click an unknown length (a bar without an end).
+        units = None if self._total else itertools.repeat(None)
+        self._bar = click.progressbar(units, length=self._total or None, label=label,
+                                      file=self._stream, show_pos=True, show_percent=True,
+                                      empty_char=".", width=24)
+        self._bar.__enter__()
+        self._last_draw = time.monotonic()
 
     def advance(self, n: int = 1) -> None:
         """Move the bar ``n`` units on."""
-        self._done += n
-        self._draw(force=self._total > 0 and self._done >= self._total)
+        if self._bar is None:
+            return
+        self._pending += n
+        now = time.monotonic()
+        last_unit = self._total > 0 and self._bar.pos + self._pending >= self._total
+        if last_unit or now - self._last_draw >= MIN_REDRAW_S:
+            self._bar.update(self._pending)
+            self._pending, self._last_draw = 0, now
 
     def finish(self) -> None:
         """Draw the final state and end the line."""
-        if self._drawn:
-            self._draw(force=True)
-            self._stream.write("\n")
-            self._stream.flush()
-        self._drawn = False
-
-    def _draw(self, *, force: bool) -> None:
-        if not self._enabled:
-            return
-        now = time.monotonic()
-        if not force and now - self._last_draw < MIN_REDRAW_S:
-            return
-        self._last_draw = now
-        self._stream.write("\r" + render_line(self._label, self._done, self._total))
-        self._stream.flush()
-        self._drawn = True
-
-
-def render_line(label: str, done: int, total: int) -> str:
-    """The text of one progress line (without the carriage return)."""
-    if total <= 0:
-        return f"{label} {done}"
-    filled = min(BAR_WIDTH, BAR_WIDTH * done // total)
-    bar = "#" * filled + "." * (BAR_WIDTH - filled)
-    return f"{label} [{bar}] {done}/{total}"
+        bar, self._bar = self._bar, None
+        if bar is not None:
+            if self._pending:
+                bar.update(self._pending)
+            bar.__exit__(None, None, None)
 
 
 def _isatty(stream: TextIO) -> bool:

@@ -97,14 +97,56 @@ class Policy:
             None, None, None, None)
 
 
+class UnknownMetricError(InvalidSettingError):
+    """Raised when ``keep_best`` names a metric that no version of a run records.
+
+    Ranking by it would keep none, so a misspelt metric would let the other
+    rules remove nearly everything; nothing is removed instead.
+    """
+
+    def __init__(self, metric: str, run: str, recorded: Sequence[str]) -> None:
+        known = ", ".join(recorded) if recorded else "none"
+        super().__init__(f"no version of run {run!r} records the metric {metric!r} to keep"
+                         f" the best versions by (metrics its versions record: {known});"
+                         " nothing was removed")
+        self.metric = metric
+        self.run = run
+        self.recorded = list(recorded)
+
+
+def _metric_sources(meta: dict[str, Any]) -> list[dict[str, Any]]:
+    return [source for source in (meta, meta.get("metrics")) if isinstance(source, dict)]
+
+
+def _numeric(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value)
+
+
 def metric_of(meta: dict[str, Any], name: str) -> float | None:
     """The numeric metric ``name`` from a version's metadata, or None."""
-    for source in (meta, meta.get("metrics")):
-        if isinstance(source, dict) and name in source:
-            value = source[name]
-            if isinstance(value, (int, float)) and not isinstance(value, bool) \
-                    and math.isfinite(value):
-                return float(value)
+    for source in _metric_sources(meta):
+        if name in source and _numeric(source[name]):
+            return float(source[name])
+    return None
+
+
+def recorded_metrics(metas: Sequence[dict[str, Any]]) -> list[str]:
+    """Every name :func:`metric_of` finds a number for in any of ``metas``, sorted."""
+    return sorted({name for meta in metas for source in _metric_sources(meta)
+                   for name, value in source.items() if _numeric(value)})
+
+
+def check_metric(metric: str, run: str, metas: Sequence[dict[str, Any]]) -> str | None:
+    """Refuse a ``keep_best`` metric that none of a run's versions records; return a
+    warning when only some record it (the rest cannot be ranked)."""
+    carrying = sum(metric_of(meta, metric) is not None for meta in metas)
+    if metas and not carrying:
+        raise UnknownMetricError(metric, run, recorded_metrics(metas))
+    if carrying < len(metas):
+        return (f"only {carrying} of the {len(metas)} versions of run {run!r} record the"
+                f" metric {metric!r}; keep-best ranks those, and the other"
+                f" {len(metas) - carrying} are kept only if another rule keeps them")
     return None
 
 
@@ -181,10 +223,12 @@ class PruneResult:
     kept: dict[str, list[str]] = field(default_factory=dict)
     removed: list[Any] = field(default_factory=list)  # VersionInfo
     unverified: list[str] = field(default_factory=list)  # newest versions that failed verify
+    warnings: list[str] = field(default_factory=list)  # e.g. a metric only some versions record
 
     def to_json(self) -> dict[str, Any]:
         return {"dry_run": self.dry_run, "kept": self.kept,
-                "removed": [v.to_json() for v in self.removed], "unverified": self.unverified}
+                "removed": [v.to_json() for v in self.removed], "unverified": self.unverified,
+                "warnings": self.warnings}
 
 
 def prune(store: Any, policy: Policy, *, run: str | None = None, dry_run: bool = False,
@@ -194,7 +238,8 @@ def prune(store: Any, policy: Policy, *, run: str | None = None, dry_run: bool =
     With ``verify`` the newest versions of each run are hash-checked, newest
     first, until one passes: that one and its predecessor are kept whatever
     the policy says.  The chunks of removed versions are freed by GC after
-    its grace period.
+    its grace period.  A ``keep_best`` metric that no version of a run
+    records raises :class:`UnknownMetricError` before anything is removed.
     """
     import time
 
@@ -207,8 +252,13 @@ def prune(store: Any, policy: Policy, *, run: str | None = None, dry_run: bool =
     for tag, vid in {**store.tags(), **store.stored_tags()}.items():
         tags.setdefault(vid, []).append(tag)
     runs = [run] if run is not None else store.runs()
-    for name in runs:
-        infos = store.versions(name)
+    infos_by_run = {name: store.versions(name) for name in runs}
+    if policy.keep_best is not None:
+        for name, infos in infos_by_run.items():
+            warning = check_metric(policy.keep_best[0], name, [v.meta for v in infos])
+            if warning is not None:
+                result.warnings.append(warning)
+    for infos in infos_by_run.values():
         newest_good, previous_good = None, None
         if verify:
             good = _verified_newest(store, infos, 1 + policy.min_previous, result.unverified)

@@ -231,7 +231,29 @@ def test_progress_draws_on_a_terminal_and_stays_silent_when_piped() -> None:
     bar.start(4, "saving")
     bar.advance(4)
     bar.finish()
-    assert tty.getvalue().endswith("\rsaving [########################] 4/4\n")
+    last = tty.getvalue().rsplit("\r", 1)[-1]
+    assert "saving" in last and "[" + "#" * 24 + "]" in last and "4/4" in last
+    assert last.endswith("\n")
+
+
+def test_an_interrupted_bar_gives_the_terminal_its_line_back() -> None:
+    tty = _Tty()
+    with pytest.raises(KeyboardInterrupt), TerminalProgress(tty) as bar:
+        bar.start(10, "verify: chunks")
+        bar.advance(3)
+        raise KeyboardInterrupt
+    assert tty.getvalue().endswith("\n")
+    assert "3/10" in tty.getvalue().rsplit("\r", 1)[-1]
+
+
+def test_a_bar_of_unknown_length_counts_up() -> None:
+    tty = _Tty()
+    bar = TerminalProgress(tty)
+    bar.start(0, "gc: sweep")
+    bar.advance(5)
+    bar.finish()
+    assert tty.getvalue().endswith("\n")
+    assert "5" in tty.getvalue().rsplit("\r", 1)[-1]
 
 
 def test_prune_then_gc_frees_the_space_of_removed_versions(filled: Path) -> None:

@@ -12,6 +12,7 @@ import json
 import os
 import tempfile
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import click
 
@@ -21,23 +22,32 @@ from chunkstore.cli import (
     EXIT_USAGE,
     exit_code_for,
     format_size,
+    missing_dependency,
+    plural,
 )
 from chunkstore.cli import CliError as CommandError
 from chunkstore.errors import ChunkStoreError
 
+if TYPE_CHECKING:
+    from torch_bridge.plan import Plan
+
 
 @contextlib.contextmanager
-def _errors() -> Iterator[None]:
+def _errors(command: str, extra: str = "torch") -> Iterator[None]:
     """Errors become one ``chunkstore: error:`` line with the core CLI's exit codes
-    (these commands also run standalone, outside the ``chunkstore`` group)."""
+    (these commands also run standalone, outside the ``chunkstore`` group); a
+    missing torch (or safetensors) names the extra that installs it."""
     try:
         yield
     except ChunkStoreError as exc:
         raise CommandError(str(exc), exit_code_for(exc)) from exc
+    except ImportError as exc:
+        error = missing_dependency(command, exc, extra)
+        if error is None:
+            raise
+        raise error from exc
     except (OSError, RuntimeError) as exc:
         raise CommandError(str(exc), EXIT_FAILURE) from exc
-
-
 
 
 # --- demo -----------------------------------------------------------------------------------
@@ -66,9 +76,9 @@ def demo(path: str | None) -> None:
 
     \b
     Exit codes: 0 the resumed run matched; 1 it did not (or verify failed);
-    2 PATH is not empty; 4 failure.
+    2 PATH is not empty, or PyTorch is not installed; 4 failure.
     """
-    with _errors(), _demo_dir(path) as where:
+    with _errors("demo"), _demo_dir(path) as where:
         if os.path.exists(where) and os.listdir(where):
             raise CommandError(f"{where} is not empty; give a new directory", EXIT_USAGE)
         from torch_bridge.demo import run_demo
@@ -92,9 +102,9 @@ def _demo_summary(result: object) -> list[str]:
     ratio = full / result.physical_bytes if result.physical_bytes else 0.0
     return [
         verdict,
-        f"store: {result.versions} versions of {format_size(result.logical_bytes)};"
+        f"store: {plural(result.versions, 'version')} of {format_size(result.logical_bytes)};"
         f" verify {'ok' if result.verify_ok else 'FAILED'}",
-        f"torch.save of the same {result.versions} checkpoints: {format_size(full)};"
+        f"torch.save of the same {plural(result.versions, 'checkpoint')}: {format_size(full)};"
         f" chunkstore stored {format_size(result.physical_bytes)} ({ratio:.1f}x less)",
     ]
 
@@ -135,9 +145,10 @@ def export(store_path: str, selector: str, out: str, prefix: str, dtype: str | N
       chunkstore export ckpts/ best model-fp16.safetensors --dtype float16
 
     \b
-    Exit codes: 0 written; 2 bad store, selector or prefix; 3 damaged data; 4 failure.
+    Exit codes: 0 written; 2 bad store, selector or prefix, or PyTorch or
+    safetensors not installed; 3 damaged data; 4 failure.
     """
-    with _errors():
+    with _errors("export", extra="export"):
         import chunkstore
         from torch_bridge.export import export_safetensors
 
@@ -146,7 +157,8 @@ def export(store_path: str, selector: str, out: str, prefix: str, dtype: str | N
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     else:
-        click.echo(f"wrote {summary['tensors']} tensors ({format_size(summary['bytes'])}) of"
+        click.echo(f"wrote {plural(summary['tensors'], 'tensor')}"
+                   f" ({format_size(summary['bytes'])}) of"
                    f" {summary['version'][:12]} (step {summary['step']}) to {out}")
 
 
@@ -167,7 +179,11 @@ def plan(save_seconds: float, mtbf: float, step_seconds: float | None, as_json: 
     Saving more often costs more pauses; saving less often loses more work at
     each failure. The optimum is Young's sqrt(2 x save cost x MTBF), refined by
     Daly. Measure the save cost as the pause your loop sees (with async saves,
-    the staging copy, not the write).
+    the staging copy, not the write). When a save costs so much against the
+    time between failures that even the best interval loses as much time as
+    it saves (expected overhead of 100% or more), it says that no interval
+    makes sense instead of naming one (--json: "sensible": false, the
+    interval null, "warning" saying why). Needs no PyTorch.
 
     \b
     Examples:
@@ -175,17 +191,23 @@ def plan(save_seconds: float, mtbf: float, step_seconds: float | None, as_json: 
       chunkstore plan --save-seconds 0.4 --mtbf 1.5 --step-seconds 0.25 --json
 
     \b
-    Exit codes: 0 ok; 2 bad input.
+    Exit codes: 0 planned (also when no interval makes sense); 2 bad input.
     """
     from torch_bridge.plan import plan as make_plan
 
-    with _errors():
+    with _errors("plan"):
         result = make_plan(save_seconds, mtbf, step_seconds)
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
-        return
+    elif result.warning is not None:
+        click.echo(result.warning)
+    else:
+        _plan_text(result)
+
+
+def _plan_text(result: Plan) -> None:
     click.echo(f"save every {result.daly_seconds:.1f} s"
-               + (f" (every {result.steps} steps)" if result.steps is not None else "")
+               + (f" (every {plural(result.steps, 'step')})" if result.steps is not None else "")
                + f"; Young's first-order interval: {result.young_seconds:.1f} s")
     click.echo(f"expected overhead at that interval: {100 * result.overhead:.2f}% of run time"
                " (pauses plus work redone after failures)")

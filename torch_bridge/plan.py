@@ -5,6 +5,11 @@ failures M, a failure loses on average half an interval of work plus the
 restart, and every save costs C.  Young (1974): T = sqrt(2 C M).  Daly (2006),
 to higher order: T = sqrt(2 C M) (1 + sqrt(C / 2M) / 3 + (C / 2M) / 9) - C
 for C < 2M, else T = M.
+
+Both assume a save is short against the time between failures.  When it is
+not, no interval helps: even the best one leaves the job spending as much
+time on saves and redone work as on progress (expected overhead of 100% or
+more), so the plan says so instead of recommending an interval.
 """
 
 from __future__ import annotations
@@ -14,6 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from chunkstore.errors import InvalidInputError
+
+#: At or above this expected overhead (saves plus redone work, as a fraction of
+#: run time) checkpointing at any interval costs the job more than it gets done.
+MAX_SENSIBLE_OVERHEAD = 1.0
 
 
 @dataclass(frozen=True)
@@ -32,16 +41,40 @@ class Plan:
             2 * self.mtbf_seconds)
 
     @property
+    def sensible(self) -> bool:
+        """Whether any interval makes sense: a save well short of the time between
+        failures, and the best interval's overhead below :data:`MAX_SENSIBLE_OVERHEAD`."""
+        return (self.save_seconds < 2 * self.mtbf_seconds
+                and self.overhead < MAX_SENSIBLE_OVERHEAD)
+
+    @property
+    def warning(self) -> str | None:
+        """Why no interval makes sense, or None when one does."""
+        if self.sensible:
+            return None
+        return (f"no save interval makes sense: a save pauses the job {self.save_seconds:g} s"
+                f" and it fails every {self.mtbf_seconds:g} s on average; at Young/Daly's"
+                f" interval ({self.daly_seconds:.1f} s) it would lose"
+                f" {100 * self.overhead:.0f}% of its run time to saves and redone work, and"
+                " no interval does much better. Make saves cheaper (async saves pause only"
+                " for the copy to host memory) or the job more reliable")
+
+    @property
     def steps(self) -> int | None:
         if self.step_seconds is None:
             return None
         return max(1, round(self.daly_seconds / self.step_seconds))
 
     def to_json(self) -> dict[str, Any]:
+        """The plan; ``interval_seconds`` and ``interval_steps`` are null when no
+        interval makes sense (``sensible`` false, ``warning`` says why)."""
+        sensible = self.sensible
         return {"save_seconds": self.save_seconds, "mtbf_seconds": self.mtbf_seconds,
-                "interval_seconds": round(self.daly_seconds, 3),
+                "sensible": sensible, "warning": self.warning,
+                "interval_seconds": round(self.daly_seconds, 3) if sensible else None,
                 "young_interval_seconds": round(self.young_seconds, 3),
-                "interval_steps": self.steps, "expected_overhead": round(self.overhead, 6)}
+                "interval_steps": self.steps if sensible else None,
+                "expected_overhead": round(self.overhead, 6)}
 
 
 def plan(save_seconds: float, mtbf_hours: float, step_seconds: float | None = None) -> Plan:

@@ -1,0 +1,253 @@
+"""What every command shares: exit codes, the one-line error, sizes, tables, options."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import IO, Any, ParamSpec, TypeVar
+
+import click
+
+import chunkstore
+from chunkstore.errors import (
+    FormatVersionError,
+    IntegrityError,
+    InvalidInputError,
+    NotAStoreError,
+)
+from chunkstore.store import Store, VersionInfo
+
+EXIT_OK = 0
+EXIT_PROBLEMS = 1
+EXIT_USAGE = 2
+EXIT_INTEGRITY = 3
+EXIT_FAILURE = 4
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by Ctrl-C
+
+ERROR_PREFIX = "chunkstore: error: "
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+# --- errors and exit codes ------------------------------------------------------------------
+
+
+class CliError(click.ClickException):
+    """An error shown as one ``chunkstore: error: ...`` line, with its exit code."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(" ".join(message.split()))
+        self.exit_code = exit_code  # type: ignore[misc]  # click reads it per instance
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        click.echo(f"{ERROR_PREFIX}{self.format_message()}", file=file, err=True)
+
+
+class Interrupted(CliError):
+    """Ctrl-C: exit 130 with one line; on a terminal, the line starts after the ``^C``."""
+
+    def __init__(self) -> None:
+        super().__init__("interrupted", EXIT_INTERRUPTED)
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        if _isatty(file or sys.stderr):
+            click.echo("", file=file, err=True)
+        super().show(file)
+
+
+def _isatty(stream: IO[Any]) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # closed or not a real file
+        return False
+
+
+def exit_code_for(exc: BaseException) -> int:
+    """2 for bad input, 3 for integrity and format errors, 4 for anything else."""
+    if isinstance(exc, (InvalidInputError, NotAStoreError)):
+        return EXIT_USAGE
+    if isinstance(exc, (IntegrityError, FormatVersionError)):
+        return EXIT_INTEGRITY
+    return EXIT_FAILURE
+
+
+#: The packages the torch commands import, and the extra that installs each command's set.
+TORCH_PACKAGES = {"torch": "PyTorch", "safetensors": "safetensors"}
+
+
+def missing_dependency(command: str, exc: ImportError, extra: str = "torch") -> CliError | None:
+    """The one-line error for a torch command run without its packages (None: another cause)."""
+    package = (exc.name or "").partition(".")[0]
+    if package not in TORCH_PACKAGES:
+        return None
+    return CliError(f"`chunkstore {command}` needs {TORCH_PACKAGES[package]}, which is not"
+                    f" installed; install it with: pip install 'chunkstore[{extra}]'",
+                    EXIT_USAGE)
+
+
+# --- sizes and words ------------------------------------------------------------------------
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "k": 1 << 10, "kib": 1 << 10, "kb": 10**3,
+    "m": 1 << 20, "mib": 1 << 20, "mb": 10**6,
+    "g": 1 << 30, "gib": 1 << 30, "gb": 10**9,
+    "t": 1 << 40, "tib": 1 << 40, "tb": 10**12,
+}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text: str) -> int:
+    """Parse ``65536``, ``64K``, ``4MiB``, ``1M`` (binary) or ``1MB`` (decimal) into bytes."""
+    match = _SIZE_RE.match(text)
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _SIZE_UNITS:
+        raise ValueError(f"{text!r} is not a size (examples: 65536, 64KiB, 4MiB, 1M, 1MB)")
+    value = float(match.group(1)) * _SIZE_UNITS[unit]
+    if value != int(value):
+        raise ValueError(f"{text!r} is not a whole number of bytes")
+    return int(value)
+
+
+def format_size(n: float) -> str:
+    """Bytes as a human size with binary units: ``512 B``, ``1.5 KiB``, ``4.0 MiB``."""
+    if abs(n) < 1024:
+        return f"{int(n)} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        n /= 1024
+        if abs(n) < 1024 or unit == "TiB":
+            break
+    return f"{n:.1f} {unit}"
+
+
+def format_duration(seconds: float) -> str:
+    """``90`` -> ``1m30s``, ``3600`` -> ``1h``."""
+    whole = round(seconds)
+    parts: list[str] = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if whole >= size or (unit == "s" and not parts):
+            parts.append(f"{whole // size}{unit}")
+            whole %= size
+    return "".join(parts)
+
+
+def format_ratio(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}x"
+
+
+def plural(count: int, noun: str, nouns: str | None = None) -> str:
+    """``1 version``, ``2 versions``, ``0 versions``; ``nouns`` for irregular plurals."""
+    return f"{count} {noun if count == 1 else (nouns or noun + 's')}"
+
+
+class SizeParam(click.ParamType[int]):
+    """A click parameter that accepts human sizes (see :func:`parse_size`)."""
+
+    name = "size"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+# --- stores, tables, versions ---------------------------------------------------------------
+
+
+@contextmanager
+def open_store(path: str) -> Iterator[Store]:
+    """Open an existing store (never creates one) and close it afterwards."""
+    store = chunkstore.open(path, create=False)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def emit_json(doc: object) -> None:
+    click.echo(json.dumps(doc, indent=2))
+
+
+def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]],
+                 right: Sequence[int] = ()) -> list[str]:
+    """Columns padded to their widest cell; columns listed in ``right`` right-aligned."""
+    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows, strict=True)]
+    lines = []
+    for row in (headers, *rows):
+        cells = [c.rjust(w) if i in right else c.ljust(w)
+                 for i, (c, w) in enumerate(zip(row, widths, strict=True))]
+        lines.append("  ".join(cells).rstrip())
+    return lines
+
+
+def echo_lines(lines: Sequence[str]) -> None:
+    for line in lines:
+        click.echo(line)
+
+
+def local_time(info: VersionInfo) -> str:
+    stamp = dt.datetime.fromtimestamp(info.created, dt.timezone.utc).astimezone()
+    return stamp.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def tags_by_version(store: Store) -> dict[str, list[str]]:
+    result: dict[str, list[str]] = {}
+    for tag, version_id in sorted(store.tags().items()):
+        result.setdefault(version_id, []).append(tag)
+    return result
+
+
+def version_json(info: VersionInfo, tags: dict[str, list[str]]) -> dict[str, Any]:
+    return {**info.to_json(), "tags": tags.get(info.id, [])}
+
+
+def label(info: VersionInfo) -> str:
+    return f"{info.short_id} ({info.run}@{info.step})"
+
+
+#: What the three sizes of a version count, for every command that shows them.
+SIZE_MEANINGS = (
+    ("logical", "the checkpoint as saved: tensor bytes plus plain-data bytes"),
+    ("new raw", "tensor chunks no earlier version had, before compression"),
+    ("new stored", "what the save added to storage: those chunks compressed, plus the"
+     " manifest nodes it wrote (entry tree and plain data)"),
+)
+_SIZES_HELP = """
+
+    \b
+    Sizes of a version (log, show and report agree):
+      LOGICAL     the checkpoint as saved: tensor bytes plus plain-data bytes
+      NEW RAW     tensor chunks no earlier version had, before compression
+      NEW STORED  what saving it added to storage: those chunks after
+                  compression, plus the manifest nodes it wrote (the tree
+                  of entries and the plain data: a few hundred bytes and
+                  up, so for a small or unchanged checkpoint NEW STORED
+                  can exceed NEW RAW and even LOGICAL)
+"""
+
+
+def explains_sizes(command: Callable[P, R]) -> Callable[P, R]:
+    """Append what LOGICAL, NEW RAW and NEW STORED count to a command's help
+    (apply it below ``@click.command()``, which reads the docstring); the text goes
+    before the exit codes."""
+    doc = (command.__doc__ or "").rstrip()
+    head, marker, tail = doc.rpartition("\n\n    \\b\n    Exit codes")
+    command.__doc__ = (head + _SIZES_HELP.rstrip() + marker + tail if marker
+                       else doc + _SIZES_HELP)
+    return command
+
+
+STORE_ARG = click.argument("store_path", metavar="STORE")
+JSON_OPT = click.option("--json", "as_json", is_flag=True,
+                        help="Print one JSON document on stdout instead of text.")
+GRACE_OPT = click.option("--grace", default="1h", show_default=True, metavar="DURATION",
+                         help="Grace period: an unreferenced object is deleted only after it"
+                         " has been unreferenced this long (90, 30m, 1h, 2d, 1w).")

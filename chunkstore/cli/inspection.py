@@ -1,0 +1,336 @@
+"""Commands that create a store and look into it: ``init``, ``log``, ``show``,
+``diff`` and ``report``.  None of them changes a version."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+import chunkstore
+from chunkstore.cli.common import (
+    EXIT_USAGE,
+    GRACE_OPT,
+    JSON_OPT,
+    SIZE_MEANINGS,
+    STORE_ARG,
+    CliError,
+    SizeParam,
+    echo_lines,
+    emit_json,
+    explains_sizes,
+    format_duration,
+    format_ratio,
+    format_size,
+    label,
+    local_time,
+    open_store,
+    plural,
+    render_table,
+    tags_by_version,
+    version_json,
+)
+from chunkstore.dtypes import element_size
+from chunkstore.errors import NotAStoreError
+from chunkstore.manifest import TensorEntry
+from chunkstore.report import StoreStats, VersionStats
+from chunkstore.report import stats as store_stats
+from chunkstore.retention import parse_duration
+from chunkstore.store import VersionInfo
+from chunkstore.tree import Leaf
+
+# --- init -----------------------------------------------------------------------------------
+
+
+@click.command()
+@click.argument("path")
+@click.option("--chunk-size", type=SizeParam(), default="4MiB", show_default=True,
+              help="Largest chunk a tensor is cut into: a multiple of 64 bytes between"
+              " 4KiB and 256MiB. Fixed for the life of the store.")
+@click.option("--compression", type=click.Choice(["auto", "none", "zstd", "shuffle-zstd"]),
+              default="auto", show_default=True,
+              help="Codec policy for new chunks (auto: shuffle-zstd for floats, zstd for"
+              " the rest, raw where compressing does not pay).")
+def init(path: str, chunk_size: int, compression: str) -> None:
+    """Create an empty store at PATH (a directory or fsspec URL).
+
+    PATH must not exist yet or be an empty directory. Sizes accept
+    65536, 64K, 64KiB, 4M, 4MiB (binary units) or 4MB (decimal).
+
+    \b
+    Example:
+      chunkstore init ckpts/ --chunk-size 1MiB --compression zstd
+
+    \b
+    Exit codes: 0 created; 2 PATH is already a store, is not empty,
+    or a setting is out of range; 4 storage failure.
+    """
+    try:
+        with open_store(path) as existing:
+            raise CliError(f"{path} is already a chunkstore store (chunk size"
+                           f" {format_size(existing.chunk_size)}); nothing changed", EXIT_USAGE)
+    except NotAStoreError:
+        pass  # the normal case: nothing there yet
+    store = chunkstore.open(path, create=True, chunk_size=chunk_size, compression=compression)
+    with store:
+        click.echo(f"created an empty store at {path} (chunk size"
+                   f" {format_size(store.chunk_size)}, compression {store.config.compression})")
+
+
+# --- log ------------------------------------------------------------------------------------
+
+
+@click.command()
+@explains_sizes
+@STORE_ARG
+@click.option("--run", help="Only versions of this run.")
+@click.option("-n", "limit", type=click.IntRange(min=1), help="Show at most N versions.")
+@JSON_OPT
+def log(store_path: str, run: str | None, limit: int | None, as_json: bool) -> None:
+    """List the versions in STORE, newest first.
+
+    For each version: short id, RUN@STEP, creation time (local), its
+    three sizes (below) and its tags.
+
+    \b
+    Example:
+      chunkstore log ckpts/ --run exp1 -n 5
+
+    \b
+    Exit codes: 0 listed (also when empty); 2 STORE is not a store.
+    """
+    with open_store(store_path) as store:
+        versions = list(reversed(store.versions(run)))[:limit]
+        tags = tags_by_version(store)
+    if as_json:
+        emit_json({"versions": [version_json(v, tags) for v in versions]})
+        return
+    if not versions:
+        click.echo(f"no versions in {store_path}" + (f" for run {run!r}" if run else ""))
+        return
+    rows = [[v.short_id, f"{v.run}@{v.step}", local_time(v), *size_cells(v),
+             ", ".join(tags.get(v.id, []))] for v in versions]
+    echo_lines(render_table(["ID", "RUN@STEP", "CREATED", *SIZE_HEADERS, "TAGS"],
+                            rows, right=(3, 4, 5)))
+
+
+SIZE_HEADERS = [name.upper() for name, _ in SIZE_MEANINGS]
+
+
+def size_cells(v: VersionInfo | VersionStats) -> list[str]:
+    """A version's sizes, in the order of :data:`SIZE_MEANINGS`."""
+    return [format_size(v.logical_bytes), format_size(v.new_bytes),
+            format_size(v.new_stored_bytes)]
+
+
+# --- show -----------------------------------------------------------------------------------
+
+
+def describe_leaf(name: str, leaf: Leaf) -> dict[str, Any]:
+    """What ``show`` and ``diff`` say about one entry."""
+    if isinstance(leaf, TensorEntry):
+        return {"name": name, "kind": "tensor", "dtype": leaf.dtype, "shape": list(leaf.shape),
+                "bytes": leaf.nbytes, "chunks": sum(len(s.chunks) for s in leaf.shards)}
+    return {"name": name, "kind": "data", "dtype": None, "shape": None, "bytes": leaf.nbytes,
+            "chunks": 0}
+
+
+def type_text(entry: dict[str, Any]) -> str:
+    if entry["kind"] == "data":
+        return "data"
+    return f"{entry['dtype']}{entry['shape']}"
+
+
+def show_text(info: VersionInfo, tags: list[str], entries: list[dict[str, Any]]) -> None:
+    fields = [("id", info.id), ("run@step", f"{info.run}@{info.step}"),
+              ("created", local_time(info)), ("parent", info.parent or "-"),
+              ("root", info.root.hex), ("tags", ", ".join(tags) or "-")]
+    sizes = [[name, size, f"({meaning})"] for (name, meaning), size
+             in zip(SIZE_MEANINGS, size_cells(info), strict=True)]
+    echo_lines(render_table(["", ""], [[k, v] for k, v in fields])[1:])
+    echo_lines(render_table(["", "", ""], sizes, right=(1,))[1:])
+    meta = info.to_json()["meta"]
+    click.echo("meta:" + ("" if meta else " -"))
+    for key, value in sorted(meta.items()):
+        click.echo(f"  {key}: {json.dumps(value)}")
+    click.echo(f"entries ({len(entries)}):")
+    rows = [[e["name"], e["kind"], type_text(e), format_size(e["bytes"]), str(e["chunks"])]
+            for e in entries]
+    echo_lines(["  " + line for line in render_table(
+        ["NAME", "KIND", "TYPE", "SIZE", "CHUNKS"], rows, right=(3, 4))])
+
+
+@click.command()
+@explains_sizes
+@STORE_ARG
+@click.argument("selector")
+@JSON_OPT
+def show(store_path: str, selector: str, as_json: bool) -> None:
+    """Show one version: its record, metadata and every entry.
+
+    Entries are tensors (dtype, shape, size, number of chunks) or plain
+    data (trainer state and the like, stored as one encoded node).
+
+    \b
+    Example:
+      chunkstore show ckpts/ exp1@latest
+
+    \b
+    Exit codes: 0 shown; 2 bad selector or not a store; 3 damaged manifest.
+    """
+    with open_store(store_path) as store:
+        reader = store.open_version(selector)
+        tags = tags_by_version(store).get(reader.info.id, [])
+        entries = [describe_leaf(n, leaf) for n, leaf in reader.entries().items()]
+    if as_json:
+        version: dict[str, Any] = {**reader.info.to_json(), "tags": tags}
+        emit_json({"version": version, "entries": entries})
+    else:
+        show_text(reader.info, tags, entries)
+
+
+# --- diff -----------------------------------------------------------------------------------
+
+
+def diff_entries(old: dict[str, Leaf], new: dict[str, Leaf]) -> list[dict[str, Any]]:
+    """Per entry: added, removed, changed (with the chunks that differ) or same."""
+    rows = []
+    for name in sorted(set(old) | set(new)):
+        a, b = old.get(name), new.get(name)
+        if a is None or b is None:
+            leaf = b if a is None else a
+            assert leaf is not None
+            rows.append({**describe_leaf(name, leaf), "change": "added" if a is None else "removed",
+                         "changed_chunks": None, "changed_bytes": leaf.nbytes})
+            continue
+        row = {**describe_leaf(name, b), "change": "same", "changed_chunks": 0,
+               "changed_bytes": 0}
+        if isinstance(a, TensorEntry) and isinstance(b, TensorEntry):
+            if (a.dtype, a.shape) != (b.dtype, b.shape):
+                row.update(change="changed", changed_chunks=row["chunks"],
+                           changed_bytes=b.nbytes, was=type_text(describe_leaf(name, a)))
+            else:
+                spans_a = {s for shard in a.shards
+                           for s in shard.chunk_spans(element_size(a.dtype))}
+                differing = [s for shard in b.shards
+                             for s in shard.chunk_spans(element_size(b.dtype))
+                             if s not in spans_a]
+                if differing:
+                    row.update(change="changed", changed_chunks=len(differing),
+                               changed_bytes=sum(length for _, _, length in differing))
+        elif a != b:
+            row.update(change="changed", changed_chunks=None, changed_bytes=b.nbytes)
+        rows.append(row)
+    return rows
+
+
+@click.command()
+@STORE_ARG
+@click.argument("old")
+@click.argument("new")
+@click.option("--all", "show_all", is_flag=True, help="Also list entries that did not change.")
+@JSON_OPT
+def diff(store_path: str, old: str, new: str, show_all: bool, as_json: bool) -> None:
+    """Compare two versions entry by entry (OLD and NEW are selectors).
+
+    Tensors are compared chunk by chunk without reading their data: a
+    changed tensor shows how many of its chunks (and bytes) differ, which
+    is what a save of NEW after OLD had to write. Plain data entries are
+    compared by content hash.
+
+    \b
+    Example:
+      chunkstore diff ckpts/ exp1@100 exp1@latest
+
+    \b
+    Exit codes: 0 compared (whether or not anything differs); 2 bad selector
+    or not a store; 3 damaged manifest.
+    """
+    with open_store(store_path) as store:
+        a, b = store.open_version(old), store.open_version(new)
+        rows = diff_entries(a.entries(), b.entries())
+    counts = {k: sum(r["change"] == k for r in rows)
+              for k in ("added", "removed", "changed", "same")}
+    changed_bytes = sum(r["changed_bytes"] for r in rows)
+    if as_json:
+        emit_json({"old": a.info.to_json(), "new": b.info.to_json(), "counts": counts,
+                   "changed_bytes": changed_bytes,
+                   "entries": rows if show_all else [r for r in rows if r["change"] != "same"]})
+        return
+    marks = {"added": "+", "removed": "-", "changed": "~", "same": " "}
+    shown = [r for r in rows if show_all or r["change"] != "same"]
+    table = [[marks[r["change"]], r["name"], type_text(r),
+              "-" if r["changed_chunks"] is None else f"{r['changed_chunks']}/{r['chunks']}",
+              format_size(r["changed_bytes"])] for r in shown]
+    click.echo(f"{label(a.info)} -> {label(b.info)}")
+    if table:
+        echo_lines(render_table(["", "NAME", "TYPE", "CHUNKS", "CHANGED"], table, right=(3, 4)))
+    click.echo(f"{counts['added']} added, {counts['removed']} removed, {counts['changed']}"
+               f" changed, {counts['same']} unchanged; {format_size(changed_bytes)} differ")
+
+
+# --- report ---------------------------------------------------------------------------------
+
+
+def report_text(stats: StoreStats, store_path: str) -> None:
+    if stats.versions:
+        rows = [[v.id[:12], f"{v.run}@{v.step}", *size_cells(v)] for v in stats.versions]
+        echo_lines(render_table(["ID", "RUN@STEP", *SIZE_HEADERS], rows, right=(2, 3, 4)))
+        click.echo("")
+    fields = [
+        ("versions", str(len(stats.versions))),
+        ("chunks", str(stats.chunks)),
+        ("logical, all versions", format_size(stats.logical_bytes_total)),
+        ("logical, latest version", format_size(stats.latest_logical_bytes)),
+        ("unique chunk bytes", format_size(stats.unique_raw_bytes)),
+        ("physical (stored)", format_size(stats.physical_bytes)),
+        ("dedup ratio", format_ratio(stats.dedup_ratio or None)),
+        ("compression ratio", format_ratio(stats.compression_ratio or None)),
+        ("amplification", format_ratio(stats.amplification or None)
+         + "  (physical / logical of the latest version; one full copy per version"
+         f" would be {len(stats.versions)}.00x)" if stats.versions else "-"),
+        ("reclaimable by gc now", format_size(stats.reclaimable_now_bytes)
+         + f"  (unreferenced for longer than {format_duration(stats.grace_s)})"),
+        ("reclaimable after grace", f"{format_size(stats.reclaimable_bytes)} in"
+         f" {plural(stats.reclaimable_chunks, 'unreferenced object')}"),
+    ]
+    click.echo(f"store {store_path}")
+    echo_lines(["  " + line for line in render_table(["", ""], fields)[1:]])
+
+
+@click.command()
+@explains_sizes
+@STORE_ARG
+@GRACE_OPT
+@JSON_OPT
+def report(store_path: str, grace: str, as_json: bool) -> None:
+    """Where the bytes go: per version and in total.
+
+    \b
+    Per version: its three sizes (below).
+    Totals: dedup ratio (logical bytes of all versions / unique chunk
+    bytes), compression ratio (unique chunk bytes / stored bytes),
+    storage amplification (stored bytes / logical bytes of the latest
+    version; saving a full copy each time, as torch.save does, gives N
+    after N versions) and what garbage collection could reclaim now and
+    once the grace period of the currently unreferenced objects has passed.
+
+    \b
+    Example:
+      chunkstore report ckpts/ --json | jq .totals.amplification
+
+    \b
+    Exit codes: 0 reported; 2 not a store.
+    """
+    with open_store(store_path) as store:
+        stats = store_stats(store, parse_duration(grace))
+    if as_json:
+        emit_json(stats.to_json())
+    else:
+        report_text(stats, store_path)
+
+
+
+
+COMMANDS = (init, log, show, diff, report)

@@ -1,0 +1,269 @@
+"""Commands that check and maintain a store: ``verify``, ``gc``, ``prune`` and
+``index rebuild``."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import click
+
+from chunkstore.cli.common import (
+    EXIT_PROBLEMS,
+    EXIT_USAGE,
+    GRACE_OPT,
+    JSON_OPT,
+    STORE_ARG,
+    CliError,
+    emit_json,
+    format_duration,
+    format_size,
+    label,
+    open_store,
+    plural,
+)
+from chunkstore.gc import GcResult
+from chunkstore.progress import TerminalProgress
+from chunkstore.retention import PruneResult, parse_duration
+from chunkstore.verify import VerifyResult
+
+# --- verify ---------------------------------------------------------------------------------
+
+
+def verify_text(result: VerifyResult, quick: bool) -> None:
+    for problem in result.problems:
+        where = (problem.version or "-")[:12]
+        what = f" chunk {problem.digest[:16]}" if problem.digest else ""
+        click.echo(f"{problem.kind} {where}{what}: {problem.message}")
+    chunks = plural(result.chunks_checked, "chunk")
+    # --quick reads no chunk, so it has no byte count to give
+    checked = (f"{chunks} present" if quick else
+               f"{chunks} read and hash-checked ({format_size(result.bytes_checked)})")
+    verdict = "ok" if result.ok else plural(len(result.problems), "problem")
+    click.echo(f"{plural(result.versions_checked, 'version')}, {checked}: {verdict}")
+
+
+@click.command()
+@STORE_ARG
+@click.argument("selector", required=False)
+@click.option("--quick", is_flag=True,
+              help="Only check that every chunk exists; do not read, decode and hash it.")
+@JSON_OPT
+def verify(store_path: str, selector: str | None, quick: bool, as_json: bool) -> None:
+    """Check a store: every chunk reachable from the versions is present,
+    decodes and hashes right; records and manifests parse; the index's
+    reference counts match the manifests.
+
+    With SELECTOR only that version is checked (and refcounts are not).
+    Problems are listed one per line as KIND VERSION DETAIL; the kinds are
+    missing-chunk, corrupt-chunk, corrupt-node, corrupt-record,
+    format-version, refcount, index. Refcount and index problems are fixed
+    by `chunkstore index rebuild`; the others mean lost or damaged data.
+
+    \b
+    Example:
+      chunkstore verify ckpts/ && echo clean
+
+    \b
+    Exit codes: 0 clean; 1 problems found; 2 bad selector or not a store.
+    """
+    started = time.monotonic()
+    with open_store(store_path) as store, TerminalProgress() as progress:
+        result: VerifyResult = store.verify(selector, read_data=not quick, progress=progress)
+    if as_json:
+        emit_json({**result.to_json(), "seconds": round(time.monotonic() - started, 3)})
+    else:
+        verify_text(result, quick)
+    if not result.ok:
+        raise SystemExit(EXIT_PROBLEMS)
+
+
+# --- gc and prune ---------------------------------------------------------------------------
+
+
+def gc_text(result: GcResult) -> None:
+    verb = "would free" if result.dry_run else "freed"
+    click.echo(f"{'dry run: ' if result.dry_run else ''}"
+               f"{plural(result.versions_considered, 'live version')};"
+               f" {verb} {format_size(result.bytes_freed + result.orphan_bytes_freed)}"
+               f" ({plural(result.chunks_deleted, 'chunk')},"
+               f" {plural(result.nodes_deleted, 'manifest node')},"
+               f" {plural(result.orphans_deleted, 'unindexed object')})")
+    click.echo(f"kept for the grace period ({format_duration(result.grace_s)}):"
+               f" {format_size(result.kept_by_grace_bytes)} in"
+               f" {plural(result.kept_by_grace, 'object')};"
+               f" kept for saves in progress: {plural(result.kept_by_sessions, 'object')}")
+    if result.sessions_expired:
+        click.echo(f"expired {plural(result.sessions_expired, 'write session')} of dead"
+                   " processes")
+    if result.temporaries_deleted:
+        click.echo(f"removed {plural(result.temporaries_deleted, 'temporary file')} of"
+                   " interrupted writes")
+    if result.unfinished_deletions:
+        click.echo(f"finished {plural(result.unfinished_deletions, 'deletion')} of an"
+                   " interrupted gc")
+    for line in result.index_disagreements:
+        click.echo(f"warning: {line}", err=True)
+
+
+@click.command()
+@STORE_ARG
+@GRACE_OPT
+@click.option("-n", "--dry-run", is_flag=True,
+              help="Decide exactly as a real run would; delete nothing.")
+@click.option("--no-sweep", is_flag=True,
+              help="Skip listing storage for objects the index does not know.")
+@JSON_OPT
+def gc(store_path: str, grace: str, dry_run: bool, no_sweep: bool, as_json: bool) -> None:
+    """Delete chunks and manifest nodes that no version references.
+
+    An object is deleted only after it has been unreferenced for the
+    grace period (default one hour), so a reader of a version removed a
+    moment ago keeps working, and never while a save in progress uses it.
+    Objects left by killed saves are collected the same way, by write
+    time. Versions are removed with `rm` or `prune` first; gc frees their
+    space. A gc that outlives half the grace period stops (exit 4) rather
+    than break that promise; run it again. Only one gc runs at a time.
+
+    \b
+    Examples:
+      chunkstore gc ckpts/ --dry-run      # what would be freed
+      chunkstore gc ckpts/ --grace 2d --json
+
+    \b
+    Exit codes: 0 done; 2 bad option or not a store; 4 another gc is
+    running, the run stopped at half the grace period, or storage failed.
+    """
+    with open_store(store_path) as store, TerminalProgress() as progress:
+        result = store.gc(parse_duration(grace), dry_run=dry_run, sweep=not no_sweep,
+                          progress=progress)
+    if as_json:
+        emit_json(result.to_json())
+    else:
+        gc_text(result)
+
+
+def parse_best(text: str | None) -> tuple[Any, ...] | None:
+    """``loss:3`` or ``accuracy:3:max`` -> ``("loss", 3)`` / ``("accuracy", 3, "max")``."""
+    if text is None:
+        return None
+    parts: list[str] = text.split(":")
+    if len(parts) not in (2, 3) or not parts[1].isdigit():
+        raise CliError(f"--keep-best {text!r}: expected METRIC:N or METRIC:N:max", EXIT_USAGE)
+    return (parts[0], int(parts[1]), *parts[2:])
+
+
+@click.command()
+@STORE_ARG
+@click.option("--run", help="Only this run (default: every run, each on its own).")
+@click.option("--keep-last", type=click.IntRange(min=1), metavar="N",
+              help="Keep the newest N versions.")
+@click.option("--keep-every", type=click.IntRange(min=1), metavar="K",
+              help="Keep versions whose step is a multiple of K.")
+@click.option("--keep-within", metavar="DURATION",
+              help="Keep versions saved within DURATION of now (30m, 12h, 7d).")
+@click.option("--keep-best", metavar="METRIC:N[:max]",
+              help="Keep the N versions with the lowest METRIC (highest with :max), read from"
+              " the version's metadata (top level or under 'metrics').")
+@click.option("--min-previous", type=click.IntRange(min=0), default=1, show_default=True,
+              help="Older versions always kept behind the newest one that verifies.")
+@click.option("--no-verify", is_flag=True,
+              help="Do not hash-check the newest versions to find the newest good one.")
+@click.option("-n", "--dry-run", is_flag=True, help="Say what would be removed; change nothing.")
+@JSON_OPT
+def prune(store_path: str, run: str | None, keep_last: int | None, keep_every: int | None,
+          keep_within: str | None, keep_best: str | None, min_previous: int, no_verify: bool,
+          dry_run: bool, as_json: bool) -> None:
+    """Unpublish the versions no retention policy keeps.
+
+    Policies compose: a version is kept if any policy keeps it. Whatever
+    the policies say, tagged versions are kept, and so are the newest
+    version that verifies (each run's newest versions are hash-checked
+    until one passes) and --min-previous versions before it. Space is
+    freed by `chunkstore gc` afterwards.
+
+    \b
+    Examples:
+      chunkstore prune ckpts/ --keep-last 3 --keep-every 1000 --dry-run
+      chunkstore prune ckpts/ --run exp1 --keep-best val_loss:2 --keep-within 1d
+
+    \b
+    Exit codes: 0 done; 2 no policy, a bad policy, or not a store.
+    """
+    if (keep_last, keep_every, keep_within, keep_best) == (None, None, None, None):
+        raise CliError("give at least one retention policy (--keep-last, --keep-every,"
+                       " --keep-within, --keep-best); nothing removed", EXIT_USAGE)
+    with open_store(store_path) as store:
+        result = store.prune(run=run, dry_run=dry_run, verify=not no_verify,
+                             keep_last=keep_last, keep_every=keep_every,
+                             keep_within=keep_within, keep_best=parse_best(keep_best),
+                             min_previous=min_previous)
+    for vid in result.unverified:
+        click.echo(f"warning: version {vid[:12]} does not verify; kept, and not counted as"
+                   " the newest good version", err=True)
+    for warning in result.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    if as_json:
+        emit_json(result.to_json())
+    else:
+        prune_text(result)
+
+
+def prune_text(result: PruneResult) -> None:
+    verb = "would remove" if result.dry_run else "removed"
+    for info in result.removed:
+        click.echo(f"{verb} {label(info)}")
+    kept = plural(len(result.kept), "version")
+    click.echo(f"{kept} kept, {len(result.removed)}"
+               f" {'would be removed' if result.dry_run else 'removed'}"
+               + ("" if result.dry_run or not result.removed else
+                  "; run `chunkstore gc` to free their space after the grace period"))
+
+
+# --- index ----------------------------------------------------------------------------------
+
+
+@click.group()
+def index() -> None:
+    """Maintain the index: an LMDB cache of what the manifests say
+    (reference counts, versions, tags), which `rebuild` recreates.
+
+    \b
+    Example:
+      chunkstore verify ckpts/ || chunkstore index rebuild ckpts/
+    """
+
+
+@index.command("rebuild")
+@STORE_ARG
+@JSON_OPT
+def index_rebuild(store_path: str, as_json: bool) -> None:
+    """Recreate the index from the commit records and manifests on storage.
+
+    Use it when `verify` reports refcount or index problems, after copying
+    a store, or when the index directory was lost. Run it while no save or
+    gc is running against the store. Versions whose manifests cannot be
+    read are left out and listed.
+
+    \b
+    Example:
+      chunkstore index rebuild ckpts/
+
+    \b
+    Exit codes: 0 rebuilt; 1 some versions could not be read; 2 not a store.
+    """
+    with open_store(store_path) as store:
+        result = store.rebuild_index()
+    if as_json:
+        emit_json(result.to_json())
+    else:
+        click.echo(f"index rebuilt: {plural(result.versions, 'version')},"
+                   f" {plural(result.chunks, 'chunk')} ({result.unreferenced_chunks}"
+                   " unreferenced)")
+        for vid in result.skipped:
+            click.echo(f"skipped unreadable version {vid[:12]} (see `chunkstore verify`)")
+    if result.skipped:
+        raise SystemExit(EXIT_PROBLEMS)
+
+
+COMMANDS = (verify, gc, prune, index)

@@ -1,0 +1,212 @@
+"""How a ``chunkstore`` process ends, in real subprocesses: one-line errors (usage
+errors and missing torch included), a reader that closes the pipe early, Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import chunkstore
+from chunkstore.digest import chunk_key
+from tests.conftest import SMALL_CHUNK
+
+CLI = [sys.executable, "-m", "chunkstore"]
+
+
+def run_cli(*argv: str, prefix: list[str] = CLI) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*prefix, *argv], check=False, capture_output=True, text=True,
+                          timeout=120)
+
+
+def assert_one_error_line(proc: subprocess.CompletedProcess[str], code: int) -> str:
+    assert proc.returncode == code, proc.stderr
+    assert proc.stdout == ""
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("chunkstore: error: ")
+    return lines[0]
+
+
+@pytest.fixture
+def filled(store_path: Path) -> Path:
+    """Two versions of run r, with enough entries that `show` prints ~90 lines."""
+    rng = np.random.default_rng(3)
+    with chunkstore.open(store_path, chunk_size=SMALL_CHUNK) as store:
+        for step in (1, 2):
+            with store.new_version("r", step, meta={"loss": 1.0 / step}) as v:
+                for i in range(80):
+                    v.put(f"model.layer{i}.w", rng.standard_normal(300).astype(np.float32))
+                v.put("model.big", rng.standard_normal(40_000).astype(np.float32))
+        store.tag("r@1", "first")
+    return store_path
+
+
+# --- usage errors ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["verify", "{store}", "--frobnicate"], "--frobnicate"),
+    (["--frobnicate"], "--frobnicate"),
+    (["frobnicate"], "frobnicate"),
+    (["log"], "Missing argument 'STORE'"),
+    (["index", "rebuild"], "Missing argument 'STORE'"),
+    (["prune", "{store}", "--keep-last", "0"], "--keep-last"),
+    (["init", "{store}-new", "--chunk-size", "12 parsecs"], "not a size"),
+])
+def test_usage_errors_are_one_line_that_names_the_help(filled: Path, args: list[str],
+                                                       words: str) -> None:
+    proc = run_cli(*(a.format(store=filled) for a in args))
+    line = assert_one_error_line(proc, 2)
+    assert words in line
+    assert "--help" in line
+
+
+def test_no_arguments_still_prints_the_help(filled: Path) -> None:
+    proc = run_cli()
+    assert "Usage: chunkstore" in proc.stdout + proc.stderr
+    assert "Exit codes" in proc.stdout + proc.stderr
+
+
+# --- missing torch --------------------------------------------------------------------------
+
+#: Runs the CLI in a process where torch and safetensors cannot be imported, as
+#: after `pip install chunkstore` without an extra.
+WITHOUT_TORCH = [sys.executable, "-c", """
+import sys
+from importlib.abc import MetaPathFinder
+
+class NoTorch(MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition('.')[0] in ('torch', 'safetensors'):
+            raise ModuleNotFoundError(f'No module named {name!r}', name=name)
+        return None
+
+sys.meta_path.insert(0, NoTorch())
+from chunkstore.cli import main
+main(sys.argv[1:])
+"""]
+
+
+def test_export_without_torch_says_what_to_install(filled: Path, tmp_path: Path) -> None:
+    out = tmp_path / "model.safetensors"
+    proc = run_cli("export", str(filled), "latest", str(out), prefix=WITHOUT_TORCH)
+    line = assert_one_error_line(proc, 2)
+    assert "`chunkstore export` needs PyTorch" in line
+    assert "pip install 'chunkstore[export]'" in line
+    assert not out.exists()
+
+
+def test_demo_without_torch_says_what_to_install(tmp_path: Path) -> None:
+    where = tmp_path / "demo"
+    line = assert_one_error_line(run_cli("demo", str(where), prefix=WITHOUT_TORCH), 2)
+    assert "pip install 'chunkstore[torch]'" in line
+    assert not where.exists()
+
+
+def test_plan_and_the_core_commands_need_no_torch(filled: Path) -> None:
+    planned = run_cli("plan", "--save-seconds", "2", "--mtbf", "6", prefix=WITHOUT_TORCH)
+    assert planned.returncode == 0, planned.stderr
+    assert "save every" in planned.stdout
+    assert run_cli("log", str(filled), prefix=WITHOUT_TORCH).returncode == 0
+
+
+# --- a reader that stops early --------------------------------------------------------------
+
+
+#: One invocation of every command that writes to stdout (help and version too).
+EVERY_COMMAND = [
+    ["log", "{store}"], ["show", "{store}", "r@2"], ["diff", "{store}", "r@1", "r@2", "--all"],
+    ["report", "{store}"], ["verify", "{store}"], ["tag", "{store}"],
+    ["rm", "{store}", "r@2", "--dry-run"], ["gc", "{store}", "--dry-run"],
+    ["prune", "{store}", "--keep-last", "1", "--dry-run"], ["index", "rebuild", "{store}"],
+    ["init", "{store}-new"], ["plan", "--save-seconds", "2", "--mtbf", "6", "--json"],
+    ["--help"], ["show", "--help"], ["--version"],
+]
+
+
+def test_a_closed_pipe_ends_every_command_quietly(filled: Path) -> None:
+    """The reader is gone before the first line is written, so every write fails.
+    The commands run side by side; each must exit 0 and print nothing."""
+    procs = []
+    for args in EVERY_COMMAND:
+        proc = subprocess.Popen([*CLI, *(a.format(store=filled) for a in args)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        proc.stdout.close()  # before the interpreter has even started
+        procs.append(proc)
+    outcomes = {}
+    for args, proc in zip(EVERY_COMMAND, procs, strict=True):
+        with proc:
+            assert proc.stderr is not None
+            stderr = proc.stderr.read()
+            outcomes[" ".join(args[:2])] = (proc.wait(timeout=120), stderr)
+    assert {cmd: out for cmd, out in outcomes.items() if out != (0, "")} == {}
+
+
+def test_head_reading_a_few_lines_of_a_long_listing(store_path: Path) -> None:
+    """Like `chunkstore show ... | head -3`: far more output than the pipe holds, so
+    the command is still writing when the reader leaves."""
+    with chunkstore.open(store_path) as store, store.new_version("wide", 1) as v:
+        for i in range(1500):
+            v.put_data(f"entry{i:04d}", i)
+    with subprocess.Popen([*CLI, "show", str(store_path), "wide@1"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        head = [proc.stdout.readline() for _ in range(3)]
+        proc.stdout.close()
+        stderr = proc.stderr.read()
+        assert proc.wait(timeout=120) == 0
+    assert head[0].startswith("id ")
+    assert stderr == ""
+
+
+# --- Ctrl-C ---------------------------------------------------------------------------------
+
+
+def _stall_one_chunk(store_path: Path) -> Path:
+    """Replace one chunk object by a named pipe: reading it blocks until the test
+    writes, so the command is certainly in the middle of its work at SIGINT."""
+    with chunkstore.open(store_path, create=False) as store:
+        digest = store.open_version("r@2").entry("model.big").shards[0].chunks[0]
+    path = store_path / chunk_key(digest)
+    path.unlink()
+    os.mkfifo(path)
+    return path
+
+
+def _open_when_read(fifo: Path, timeout: float = 60.0) -> int:
+    """Open the pipe for writing as soon as the command has opened it for reading."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:  # ENXIO: nobody reads it yet
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+@pytest.mark.parametrize("as_json", [False, True])
+def test_ctrl_c_exits_130_with_one_line(filled: Path, as_json: bool) -> None:
+    fifo = _stall_one_chunk(filled)
+    with subprocess.Popen([*CLI, "verify", str(filled), *(["--json"] if as_json else [])],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        writer = _open_when_read(fifo)
+        try:
+            assert proc.poll() is None
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.3)  # the interrupt is handled while the read still hangs
+        finally:
+            os.close(writer)  # the stalled read ends, so the worker thread can finish
+        stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert stderr == "chunkstore: error: interrupted\n"
+    assert stdout == ""
