@@ -24,7 +24,6 @@ from chunkstore.names import check_component
 
 NODE_FORMAT_VERSION = 1
 #: Bounds a reader checks before it allocates (docs/format.md §5-6).
-MAX_NODE_DEPTH = plaindata.MAX_JSON_DEPTH + 2  # a data node wraps one plain-data value
 MAX_RANK = 64  # numpy's limit
 MAX_DIM = 2**62
 MAX_BYTES = 2**62  # of one tensor (a numpy buffer is indexed by a signed 64-bit int)
@@ -142,7 +141,7 @@ def _parse(digest: Digest, data: bytes, kind: str) -> dict[str, Any]:
     if Digest.of(data) != digest:
         raise CorruptNodeError(digest.hex, "content does not match its hash")
     try:
-        body = plaindata.load_json(data, MAX_NODE_DEPTH)
+        body = plaindata.load_json(data)
     except ValueError as exc:
         raise CorruptNodeError(digest.hex, f"not valid JSON: {exc}") from exc
     if not isinstance(body, dict):

@@ -15,7 +15,6 @@ from __future__ import annotations
 import base64
 import json
 import math
-import re
 from typing import Any
 
 import numpy as np
@@ -26,9 +25,6 @@ MAX_DEPTH = 200
 #: Integers have at most this many decimal digits (Python's default limit on
 #: int/str conversion, so every reader can parse what a writer wrote).
 MAX_INT_DIGITS = 4300
-#: The deepest JSON a plain-data value can give: a ``$dict`` pair costs three
-#: JSON levels per plain-data level, a tag one more at the bottom.
-MAX_JSON_DEPTH = 3 * MAX_DEPTH + 8
 HASHABLE_TAGS = frozenset({"$tuple", "$bytes", "$float"})
 
 
@@ -40,7 +36,7 @@ def encode(value: object) -> bytes:
 
 def decode(data: bytes) -> Any:
     """Decode bytes made by :func:`encode`; ``ValueError`` on malformed input."""
-    return from_tree(load_json(data, MAX_JSON_DEPTH))
+    return from_tree(load_json(data))
 
 
 def to_tree(value: object) -> object:
@@ -169,19 +165,6 @@ def is_unicode(text: str) -> bool:
 
 # --- bounded JSON parsing --------------------------------------------------------------------
 
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_BRACKETS = bytes(range(256)).translate(None, b"[]{}")
-
-
-def json_depth(data: bytes) -> int:
-    """The deepest nesting of ``[``/``{`` in JSON text, found without recursing."""
-    skeleton = np.frombuffer(_STRING.sub(b"", data).translate(None, _BRACKETS), np.uint8)
-    if not skeleton.size:
-        return 0
-    steps = np.where((skeleton == ord("[")) | (skeleton == ord("{")), 1, -1)
-    return int(np.cumsum(steps).max())
-
-
 def _refuse_constant(name: str) -> float:
     raise ValueError(f"{name} is not JSON")
 
@@ -193,16 +176,18 @@ def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
-def load_json(data: bytes | memoryview, max_depth: int) -> Any:
-    """Parse JSON bytes, bounded: ``ValueError`` for invalid UTF-8 or JSON, nesting
-    beyond ``max_depth``, ``NaN``/``Infinity``, or an object with a key twice."""
-    raw = bytes(data)
-    if json_depth(raw) > max_depth:
-        raise ValueError(f"nested deeper than {max_depth} levels")
+def load_json(data: bytes | memoryview) -> Any:
+    """Parse JSON bytes: ``ValueError`` for invalid UTF-8 or JSON, ``NaN``/``Infinity``,
+    an object with a key twice, or nesting too deep for the parser.
+
+    The C parser guards its own recursion (a ``RecursionError`` long before the
+    stack is at risk); callers bound the depth they accept on the parsed value,
+    iteratively (:func:`from_tree`) or by its fixed structure (nodes, records).
+    """
     try:
-        return json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant,
+        return json.loads(bytes(data).decode("utf-8"), parse_constant=_refuse_constant,
                           object_pairs_hook=_unique_pairs)
-    except RecursionError as exc:  # bounded above; kept so no path can escape untyped
+    except RecursionError as exc:
         raise ValueError("nested too deeply") from exc
 
 

@@ -29,8 +29,6 @@ DEFAULT_CHUNK_SIZE = 4 * 1024 * 1024
 MIN_CHUNK_SIZE = 4096
 MAX_CHUNK_SIZE = 256 * 1024 * 1024
 MAX_COUNT = 2**63 - 1  # steps and byte counts of a record
-MAX_SMALL_DEPTH = 8  # configs and tags are flat objects
-MAX_RECORD_DEPTH = plaindata.MAX_JSON_DEPTH + 2  # a record embeds one plain-data value
 
 
 def _dumps(obj: dict[str, Any]) -> bytes:
@@ -54,7 +52,7 @@ class StoreConfig:
         """Parse ``chunkstore.json``: ``NotAStoreError`` for another file,
         ``FormatVersionError`` for a newer store, ``CorruptConfigError`` for a damaged one."""
         try:
-            obj = plaindata.load_json(data, MAX_SMALL_DEPTH)
+            obj = plaindata.load_json(data)
         except ValueError as exc:
             raise NotAStoreError(url, f"chunkstore.json is not valid JSON: {exc}") from exc
         if not isinstance(obj, dict):
@@ -70,7 +68,7 @@ class StoreConfig:
             if chunk_size % 64:
                 raise ValueError(f"chunk_size {chunk_size} is not a multiple of 64")
             compression = obj.get("compression")
-            if not isinstance(compression, str):
+            if not (isinstance(compression, str) and plaindata.is_unicode(compression)):
                 raise ValueError(f"compression is {compression!r}, not a policy name")
             return cls(chunk_size, compression, _time(obj.get("created"), "created"))
         except ValueError as exc:
@@ -116,7 +114,7 @@ class CommitRecord:
         if Digest.of(data).hex != version_id:
             raise CorruptRecordError(version_id, "content does not match its version id")
         try:
-            obj = plaindata.load_json(data, MAX_RECORD_DEPTH)
+            obj = plaindata.load_json(data)
         except ValueError as exc:
             raise CorruptRecordError(version_id, f"not valid JSON: {exc}") from exc
         if not isinstance(obj, dict) or obj.get("format") != RECORD_FORMAT:
@@ -169,7 +167,7 @@ class Tag:
         """Parse a tag object; ``CorruptTagError`` for anything a writer would not write."""
         try:
             check_label(name, "tag")
-            obj = plaindata.load_json(data, MAX_SMALL_DEPTH)
+            obj = plaindata.load_json(data)
             if not isinstance(obj, dict):
                 raise ValueError("not a JSON object")
             version = obj.get("version")

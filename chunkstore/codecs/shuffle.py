@@ -16,7 +16,7 @@ import struct
 import numpy as np
 
 from chunkstore import codecs
-from chunkstore.codecs.zstd import compressor, decompress
+from chunkstore.codecs.zstd import check_frame, compressor, decompress
 
 PROBE_BYTES = 16 * 1024
 #: a plane is compressed only when a probe of it shrinks below this fraction.
@@ -86,6 +86,8 @@ def _plane_table(payload: memoryview, raw_length: int, element_size: int
         mode, length = _PLANE.unpack_from(payload, 1 + _PLANE.size * i)
         if mode not in (0, 1) or (mode == 0 and length != raw_length // element_size):
             raise ValueError(f"shuffle plane {i} is damaged (mode {mode}, {length} bytes)")
+        if mode == 1:
+            check_frame(payload[pos : pos + length], raw_length // element_size)
         table.append((mode, pos, length))
         pos += length
     if pos != len(payload):

@@ -23,6 +23,7 @@ _BLOCK_HEADER = 3
 _CHECKSUM = 4
 _BLOCK_RLE = 1
 _BLOCK_RESERVED = 3
+_MAX_BLOCK = 128 * 1024  # no block decodes to more (RFC 8878 Block_Maximum_Size)
 
 
 def compressor() -> zstandard.ZstdCompressor:
@@ -33,9 +34,9 @@ def compressor() -> zstandard.ZstdCompressor:
     return c
 
 
-def frame_length(payload: memoryview | bytes) -> int:
-    """The length of the Zstandard frame at the start of ``payload``; ``ValueError``
-    when it is not one frame or is truncated."""
+def _walk_frame(payload: memoryview | bytes) -> tuple[int, int]:
+    """(length, block count) of the Zstandard frame at the start of ``payload``;
+    ``ValueError`` when it is not one frame or is truncated."""
     if bytes(payload[:4]) != _MAGIC:
         raise ValueError("not a zstd frame (bad magic)")
     try:
@@ -43,6 +44,7 @@ def frame_length(payload: memoryview | bytes) -> int:
     except zstandard.ZstdError as exc:
         raise ValueError(f"bad zstd frame header: {exc}") from exc
     has_checksum = payload[4] & 0x04
+    blocks = 0
     while True:
         if pos + _BLOCK_HEADER > len(payload):
             raise ValueError("zstd frame is truncated")
@@ -51,13 +53,15 @@ def frame_length(payload: memoryview | bytes) -> int:
         if kind == _BLOCK_RESERVED:
             raise ValueError("zstd block of the reserved type")
         pos += _BLOCK_HEADER + (1 if kind == _BLOCK_RLE else size)
+        blocks += 1
         if last:
-            return pos + (_CHECKSUM if has_checksum else 0)
+            return pos + (_CHECKSUM if has_checksum else 0), blocks
 
 
-def decompress(payload: memoryview | bytes, raw_length: int) -> bytes:
-    """Decode one frame to exactly ``raw_length`` bytes; ``ValueError`` otherwise."""
-    end = frame_length(payload)
+def check_frame(payload: memoryview | bytes, raw_length: int) -> None:
+    """Refuse, before anything is decompressed, a payload that is not exactly one
+    frame declaring ``raw_length`` bytes that its blocks can hold."""
+    end, blocks = _walk_frame(payload)
     if end != len(payload):
         raise ValueError(f"{len(payload) - end} bytes after the zstd frame"
                          if end < len(payload) else "zstd frame is truncated")
@@ -67,6 +71,13 @@ def decompress(payload: memoryview | bytes, raw_length: int) -> bytes:
         raise ValueError(f"bad zstd frame header: {exc}") from exc
     if declared != raw_length:  # -1: the frame does not say (writers always say)
         raise ValueError(f"zstd frame declares {declared} bytes, header says {raw_length}")
+    if raw_length > blocks * _MAX_BLOCK:
+        raise ValueError(f"{blocks} zstd blocks cannot hold {raw_length} bytes")
+
+
+def decompress(payload: memoryview | bytes, raw_length: int) -> bytes:
+    """Decode one frame to exactly ``raw_length`` bytes; ``ValueError`` otherwise."""
+    check_frame(payload, raw_length)
     d = getattr(_local, "d", None)
     if d is None:
         d = _local.d = zstandard.ZstdDecompressor()
