@@ -7,7 +7,15 @@ import datetime as dt
 import pytest
 
 from chunkstore.errors import InvalidSettingError
-from chunkstore.retention import Candidate, Policy, decide, parse_duration
+from chunkstore.retention import (
+    Candidate,
+    Policy,
+    UnknownMetricError,
+    check_metric,
+    decide,
+    parse_duration,
+    recorded_metrics,
+)
 
 HOUR = 3600.0
 NOW = 1_000_000.0
@@ -109,3 +117,23 @@ def test_the_previous_known_good_version_is_one_that_verified() -> None:
     decision = decide(versions, Policy(keep_last=1), NOW, "v1000", previous_good=["v0800"])
     assert sorted(decision.keep) == ["v0800", "v1000"]
     assert decision.keep["v0800"] == ["previous known-good version (verified)"]
+
+
+def test_a_metric_no_version_records_is_refused_with_the_ones_that_exist() -> None:
+    metas: list[dict[str, object]] = [{"metrics": {"loss": 0.5, "acc": 0.9}, "lr": 0.1},
+                                      {"loss": 0.4, "note": "text", "flag": True}]
+    with pytest.raises(UnknownMetricError) as caught:
+        check_metric("val_loss", "exp1", metas)
+    assert isinstance(caught.value, InvalidSettingError)  # exit 2 on the command line
+    assert caught.value.metric == "val_loss" and caught.value.run == "exp1"
+    assert caught.value.recorded == ["acc", "loss", "lr"]  # numbers only
+    assert "'val_loss'" in str(caught.value) and "acc, loss, lr" in str(caught.value)
+
+
+def test_a_metric_some_versions_record_is_a_warning() -> None:
+    metas: list[dict[str, object]] = [{"loss": 0.5}, {}, {"metrics": {"loss": 0.3}}]
+    warning = check_metric("loss", "exp1", metas)
+    assert warning is not None and "only 2 of the 3 versions" in warning
+    assert check_metric("loss", "exp1", [{"loss": 1}]) is None
+    assert check_metric("loss", "exp1", []) is None  # an empty run has nothing to rank
+    assert recorded_metrics([]) == []

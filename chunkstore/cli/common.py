@@ -218,7 +218,7 @@ SIZE_MEANINGS = (
     ("logical", "the checkpoint as saved: tensor bytes plus plain-data bytes"),
     ("new raw", "tensor chunks no earlier version had, before compression"),
     ("new stored", "what the save added to storage: those chunks compressed, plus the"
-     " manifest nodes it wrote (entry tree and plain data)"),
+     " manifest nodes it wrote, which hold the entry tree and the plain data"),
 )
 _SIZES_HELP = """
 
@@ -239,7 +239,7 @@ def explains_sizes(command: Callable[P, R]) -> Callable[P, R]:
     (apply it below ``@click.command()``, which reads the docstring); the text goes
     before the exit codes."""
     doc = (command.__doc__ or "").rstrip()
-    head, marker, tail = doc.rpartition("\n\n    \\b\n    Exit codes")
+    head, marker, tail = doc.rpartition("\n\n    \b\n    Exit codes")
     command.__doc__ = (head + _SIZES_HELP.rstrip() + marker + tail if marker
                        else doc + _SIZES_HELP)
     return command

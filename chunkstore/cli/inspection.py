@@ -146,7 +146,7 @@ def show_text(info: VersionInfo, tags: list[str], entries: list[dict[str, Any]])
     fields = [("id", info.id), ("run@step", f"{info.run}@{info.step}"),
               ("created", local_time(info)), ("parent", info.parent or "-"),
               ("root", info.root.hex), ("tags", ", ".join(tags) or "-")]
-    sizes = [[name, size, f"({meaning})"] for (name, meaning), size
+    sizes = [[name, size, meaning] for (name, meaning), size
              in zip(SIZE_MEANINGS, size_cells(info), strict=True)]
     echo_lines(render_table(["", ""], [[k, v] for k, v in fields])[1:])
     echo_lines(render_table(["", "", ""], sizes, right=(1,))[1:])

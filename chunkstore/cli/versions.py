@@ -36,7 +36,7 @@ def tag(store_path: str, selector: str | None, name: str | None, delete_name: st
 
     A tag pins its version: `rm` refuses a tagged version and retention
     never removes it. Tag names use letters, digits and _.+=- (not
-    "latest"). Setting an existing tag moves it.
+    "latest"). Setting an existing tag moves it and says from which version.
 
     \b
     Examples:
