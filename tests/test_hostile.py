@@ -205,7 +205,8 @@ def test_record_whose_meta_nests_990_deep(store_dir: Path) -> None:
 
 
 def test_tree_node_nested_100000_deep(store_dir: Path) -> None:
-    body = b'{"entries":{"a":' + b'{"a":' * 100_000 + b"1" + b"}" * 100_000 + b'},"format_version":1,"kind":"tree"}'
+    deep = b'{"a":' * 100_000 + b"1" + b"}" * 100_000
+    body = b'{"entries":{"a":' + deep + b'},"format_version":1,"kind":"tree"}'
     root = _node(store_dir, body)
     vid = _record(store_dir, root)
     _check_reported(store_dir, vid, "corrupt-node")
@@ -306,7 +307,7 @@ def test_an_unreachable_s3_server_is_a_backend_error() -> None:
     options = {"endpoint_url": "http://127.0.0.1:9", "key": "k", "secret": "s",
                "client_kwargs": {"region_name": "us-east-1"},
                "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1}}
-    with pytest.raises(BackendError, match="127.0.0.1:9"):
+    with pytest.raises(BackendError, match=r"127\.0\.0\.1:9"):
         chunkstore.open("s3://bucket/store", storage_options=options)
 
 
