@@ -117,13 +117,13 @@ def bench_chunkstore(workdir: Path, state: dict[str, np.ndarray], repeat: int,
             "physical_bytes": physical}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--gib", type=float, default=1.0)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--out", default="benchmarks/results/core.json")
     parser.add_argument("--workdir", default=None, help="where to write (default: a temp dir)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     nbytes = int(args.gib * (1 << 30))
     workdir = Path(tempfile.mkdtemp(prefix="cs-bench-", dir=args.workdir))
     try:

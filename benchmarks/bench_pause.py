@@ -106,13 +106,13 @@ def run(mib: int, repeat: int, root: Path) -> dict[str, Any]:
     return results
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mib", type=int, default=256, help="state size in MiB")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--dir", help="where to put the stores (default: a temp dir)")
     parser.add_argument("--out", default="benchmarks/results/pause.json")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-pause-", dir=args.dir) as tmp:
         results = run(args.mib, args.repeat, Path(tmp))
     results.update({"mib": args.mib, "repeat": args.repeat, "torch": torch.__version__,

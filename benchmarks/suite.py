@@ -3,17 +3,21 @@
 For each workload (real CPU training, a save every k steps, N versions) the
 suite records the saved states once, then replays them into every system,
 each in a fresh process (``benchmarks.worker``) so its peak memory is its
-own.  It also runs the ~1 GB throughput benchmark against the machine's
+own (the quick mode runs everything in one process instead: it checks that
+the suite works and what storage must show by construction, not speed or
+memory).  It also runs the ~1 GB throughput benchmark against the machine's
 limits (``bench_core``) and the async-pause benchmark (``bench_pause``), then
 writes ``latest.json``, ``run.json``, ``latest.md`` and PNG plots.  Usage::
 
     python -m benchmarks.suite                 # full mode, into benchmarks/results/
-    python -m benchmarks.suite --quick         # smoke test, into benchmarks/results/quick/
+    python -m benchmarks.suite --quick         # smoke test (~30 s), into benchmarks/results/quick/
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import itertools
 import json
 import os
@@ -23,13 +27,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from benchmarks import render
+from benchmarks import bench_core, bench_pause, render, worker
 from benchmarks.systems import SYSTEMS
 from benchmarks.trace import TraceWriter
 from benchmarks.workloads import FULL, QUICK, TRAIN, WORKLOADS, Scale
@@ -70,30 +73,35 @@ def record_trace(workload: str, scale: Scale, trace_dir: Path) -> dict[str, Any]
 
 
 def run_systems(trace_dir: Path, work_dir: Path, systems: list[str], repeat: int,
-                isolated: bool, jobs: int) -> list[dict[str, Any]]:
-    """One worker process per system (``isolated``), or ``jobs`` processes sharing them."""
-    groups = ([[s] for s in systems] if isolated
-              else [g for g in (systems[i::jobs] for i in range(jobs)) if g])
-
-    def work(group: list[str]) -> list[dict[str, Any]]:
-        out = _python("benchmarks.worker", str(trace_dir), ",".join(group),
-                      str(work_dir / group[0]), "--repeat", str(repeat))
-        records: list[dict[str, Any]] = json.loads(out)
-        return records
-
-    with ThreadPoolExecutor(jobs) as pool:
-        records = [r for group in pool.map(work, groups) for r in group]
-    return sorted(records, key=lambda r: systems.index(r["system"]))
+                in_process: bool) -> list[dict[str, Any]]:
+    """Each system in a fresh worker process, one after another, or all in this process."""
+    if in_process:
+        return [{**worker.run(trace_dir, system, work_dir / system, repeat),
+                 "rss_isolated": False} for system in systems]
+    records: list[dict[str, Any]] = []
+    for system in systems:
+        out = _python("benchmarks.worker", str(trace_dir), system, str(work_dir / system),
+                      "--repeat", str(repeat))
+        records += json.loads(out)
+    return records
 
 
 def run_reference(out_dir: Path, work_dir: Path, quick: bool) -> None:
-    """bench_core (~1 GB state vs the machine's limits) and bench_pause, into ``out_dir``."""
-    _python("benchmarks.bench_core", "--gib", "0.0625" if quick else "1",
-            "--repeat", "1" if quick else "3", "--out", str(out_dir / "core.json"),
-            "--workdir", str(work_dir))
-    _python("benchmarks.bench_pause", "--mib", "16" if quick else "256",
-            "--repeat", "2" if quick else "5", "--out", str(out_dir / "pause.json"),
-            "--dir", str(work_dir))
+    """bench_core (~1 GB state vs the machine's limits) and bench_pause, into ``out_dir``.
+
+    Quick: tiny states, in this process (the smoke test checks they run, not their figures).
+    """
+    core = ["--gib", "0.015625", "--repeat", "1"] if quick else ["--gib", "1", "--repeat", "3"]
+    core += ["--out", str(out_dir / "core.json"), "--workdir", str(work_dir)]
+    pause = ["--mib", "4", "--repeat", "2"] if quick else ["--mib", "256", "--repeat", "5"]
+    pause += ["--out", str(out_dir / "pause.json"), "--dir", str(work_dir)]
+    if quick:
+        with contextlib.redirect_stdout(io.StringIO()):
+            bench_core.main(core)
+            bench_pause.main(pause)
+        return
+    _python("benchmarks.bench_core", *core)
+    _python("benchmarks.bench_pause", *pause)
 
 
 def machine() -> dict[str, Any]:
@@ -106,7 +114,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.suite", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true",
-                        help="tiny states and one process per workload (a smoke test, ~1 min)")
+                        help="tiny states, everything in this one process: a smoke test"
+                             " (~30 s) of the results' schema and of the storage figures"
+                             " every system must show by construction")
     parser.add_argument("--out-dir", type=Path, default=None,
                         help="results folder (default: benchmarks/results, or"
                              " benchmarks/results/quick with --quick)")
@@ -130,6 +140,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     started = time.perf_counter()
     scale = QUICK if args.quick else FULL
+    if args.quick:
+        # Tiny tensors gain nothing from intra-op threads, and on a busy machine
+        # spinning threads slow training several-fold.
+        torch.set_num_threads(1)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="cs-suite-", dir=args.work_dir))
     records: list[dict[str, Any]] = []
@@ -140,8 +154,7 @@ def main(argv: list[str] | None = None) -> None:
             workloads[name] = record_trace(name, scale, trace_dir)
             print(f"{name}: trained {workloads[name]['train_s']:.1f} s", file=sys.stderr)
             records += run_systems(trace_dir, work / name, args.systems.split(","),
-                                   args.repeat, isolated=not args.quick,
-                                   jobs=2 if args.quick else 1)
+                                   args.repeat, in_process=args.quick)
             shutil.rmtree(trace_dir)
             print(f"{name}: measured, {time.perf_counter() - started:.0f} s so far",
                   file=sys.stderr)

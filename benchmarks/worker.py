@@ -8,8 +8,8 @@ restores, the async pauses and the memcpy reference are measured.  Usage::
     python -m benchmarks.worker TRACE_DIR SYSTEM[,SYSTEM...] WORK_DIR [--repeat 3]
 
 With several systems the process is shared, so only the first one's peak
-memory is its own (``rss_isolated`` says which); the quick mode does that to
-start fewer processes.
+memory is its own (``rss_isolated`` says which); the suite's quick mode calls
+``run`` in its own process instead, so none is.
 """
 
 from __future__ import annotations
