@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _meta(store: Path, **kwargs: object) -> dict[str, object]:
-    with Checkpointer(store, run="r", **kwargs) as ckpt:  # type: ignore[arg-type]
+    with Checkpointer(store, run="r", **kwargs) as ckpt:
         info = ckpt.save(1, model=torch.nn.Linear(2, 2))
     assert info is not None
     return dict(info.meta)
