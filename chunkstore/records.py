@@ -77,9 +77,15 @@ class StoreConfig:
 
 def _time(value: object, what: str) -> float:
     """A finite JSON number (seconds since the epoch)."""
-    if type(value) not in (int, float) or not math.isfinite(value):  # type: ignore[arg-type]
-        raise ValueError(f"{what} must be a finite number, not {value!r}")
-    return float(value)  # type: ignore[arg-type]
+    if type(value) not in (int, float):
+        raise ValueError(f"{what} must be a number, not {value!r}")
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except OverflowError:  # an integer beyond the float range
+        seconds = math.inf
+    if not math.isfinite(seconds):
+        raise ValueError(f"{what} must be a finite number of seconds")
+    return seconds
 
 
 @dataclass(frozen=True)

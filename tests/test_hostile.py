@@ -356,3 +356,6 @@ def test_all_errors_of_this_module_are_typed() -> None:
         with pytest.raises(ChunkStoreError):
             decode_tree(Digest.of(bad), bad)
     assert math.isfinite(plaindata.decode(b"1e308"))
+    huge = b'{"version": "' + Digest.of(b"v").hex.encode() + b'", "created": ' + b"9" * 400 + b"}"
+    with pytest.raises(CorruptTagError, match="finite"):  # found by tools/fuzz_decoders.py
+        Tag.decode("best", huge)
