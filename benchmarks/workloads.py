@@ -50,10 +50,10 @@ class Scale:
 FULL = Scale(versions=10, save_every=2, vocab=2048, width=256, layers=12, heads=4, seq=64,
              batch=8, trained_blocks=2, tables=8, rows=125_000, dim=64, sparse_batch=2048,
              pooling=2, sparse_save_every=10)
-# A smoke test: tiny states (every save is mostly per-tensor work, so few layers), six
+# A smoke test: tiny states (a save of them is mostly per-tensor work, so few layers), five
 # versions, two sweep runs.  Three blocks, one trained, keep the frozen base large enough
 # that chunkstore must store well under torch.save's N copies.
-QUICK = Scale(versions=6, save_every=1, vocab=128, width=64, layers=3, heads=2, seq=8,
+QUICK = Scale(versions=5, save_every=1, vocab=128, width=64, layers=3, heads=2, seq=8,
               batch=2, trained_blocks=1, tables=4, rows=4096, dim=16, sparse_batch=64,
               pooling=2, sparse_save_every=2, sweep_runs=2)
 
