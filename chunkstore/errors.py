@@ -171,7 +171,8 @@ class CorruptRecordError(IntegrityError):
 
 
 class SessionExpiredError(ChunkStoreError):
-    """Raised at commit when GC expired the save's write session (it looked dead).
+    """Raised at commit when the save could not keep its session alive in the store
+    for half the lease (a GC elsewhere may have counted it dead).
 
     The chunks the save deduplicated against may have been collected, so the
     version is not published; save it again.
@@ -226,3 +227,12 @@ class BackendUnavailableError(BackendError):
         self.url = url
         self.key = key
         self.detail = detail
+
+
+class SavesInProgressError(ChunkStoreError):
+    """Raised when an operation that must not run during saves (``index rebuild``)
+    finds save sessions in progress in the store; ``sessions`` says how many."""
+
+    def __init__(self, message: str, *, sessions: int) -> None:
+        super().__init__(message)
+        self.sessions = sessions

@@ -1,35 +1,63 @@
-"""Garbage collection: delete chunks and nodes no live version reaches, after a grace period.
+"""Garbage collection: delete chunks and nodes no version reaches, after a grace period.
 
-The order of a run (invariants 2-4 in DESIGN.md; the failures of restic,
-Kopia and Borg are why each step is where it is):
+The store is the truth and any number of indexes may look at it (one per
+machine on S3; a deleted, rebuilt or stale one locally), so no deletion
+rests on what this index believes alone.  The order of a run (invariants
+2-4 in DESIGN.md; the failures of restic, Kopia and Borg, and Kopia's GC
+model, are why each step is where it is):
 
-1. take the store's GC lock (one GC at a time), count in or out versions
-   committed or removed behind the index's back, and finish the deletions a
-   killed GC left in the DELETING state;
-2. expire write sessions of dead processes, so their claims stop protecting
-   what they wrote (their orphans are then collected like any other
-   unreferenced object, by write time);
+1. take this index's GC lock (one GC per index at a time; GCs on other
+   indexes are safe to run at once, see below), count in or out versions
+   committed or removed behind the index's back, apply the GC journal
+   entries other GCs finished (:mod:`chunkstore.journal`), and finish the
+   deletions a killed GC of this index left in the DELETING state;
+2. expire the index's write sessions of dead processes;
 3. candidates: objects whose refcount has been zero for at least the grace
-   period, read from the index's ``zero`` table - proportional to what
-   became unreferenced, not to the size of the store;
-4. mark: walk the manifests of every live version (shared subtrees once)
-   into an on-disk set, and drop any candidate the mark reaches (an index
-   that disagrees with the manifests is reported, never trusted);
-5. condemn the candidates durably; a save that deduplicates against a
-   condemned object resurrects it in its own claim transaction;
-6. for each condemned object: re-check it in an LMDB write transaction and
-   move it to DELETING (from then on a writer waits rather than reuse it),
-   delete the object, then remove the record.  A kill between the last two
-   leaves a DELETING record that the next run (or a waiting writer, when no
-   GC holds the lock) finishes;
-7. sweep objects on storage that no index record names (left by a kill
-   between an object write and its record, or after an index rebuild),
-   once they are older than the grace period, under the same DELETING
-   protocol.
+   period (the index's ``zero`` table), and objects on storage no index
+   record names (orphans of killed saves, objects of another index's
+   versions) older than the grace period;
+4. mark: walk the manifests of every live version on storage (shared
+   subtrees once) and of every version removed less than the grace period
+   ago (its tombstone, :mod:`chunkstore.tombstones`: the grace period runs
+   from unreachability, whoever removed it and whatever the index knows);
+   drop every candidate the mark reaches;
+5. fence: store a journal entry ``gc/<id>`` naming the remaining candidates.
+   From the moment it is stored, every save that starts reads it and never
+   reuses those objects;
+6. wait until every save session in the store (``sessions/``) that was
+   stored before the entry, and so may have decided to reuse a candidate,
+   has ended or died.  A session that read the entry says so in its object
+   and is not waited for (it waits for us instead, only if it needs one of
+   our objects).  If sessions outlast the wait, the entry is abandoned and
+   nothing is deleted;
+7. mark again: count in and walk every version committed meanwhile (by the
+   sessions just waited for) and every tombstone; drop what is reached;
+8. delete, through the index's condemn -> DELETING protocol so that saves
+   of this index wait rather than reuse an object being deleted;
+9. mark the journal entry ``done`` (saves apply it to their own indexes:
+   those objects are never again dedup targets there), delete expired
+   tombstones and old temporary files.
+
+Why no interleaving loses an object a published or in-progress version
+needs.  Take any object X this run deletes and any save S.  If S stored its
+session before step 5 completed and had not read the entry, step 6 waited
+until S ended; if S published, step 7 reached X through S's version; if S
+was abandoned, nothing needs X.  Otherwise S read the entry: S never
+referenced X unwritten, and wrote X only after this run marked the entry
+done or died (the fence wait), so after its deletion.  Versions published
+before step 7 are marked in step 7; a version removed before it is marked
+through its tombstone for the grace period.  Two GCs on different indexes
+each satisfy this argument independently (deleting is idempotent, and each
+waits for sessions that have not seen its own entry).  A session counted
+dead while alive (its heartbeat failed for the whole lease) refuses to
+publish (:meth:`StoreSession.lapsed`).  A deleted or rebuilt index loses
+nothing the argument uses: sessions, journal, versions and tombstones are
+all in the store.
 
 A run that outlives half the grace period stops (:class:`GcAbortedError`):
 a reader that opened a version just before it was removed is promised the
-grace period.  A dry run takes the same decisions and changes nothing.
+grace period.  A dry run takes the decisions of steps 1-4 and changes
+nothing.
 """
 
 from __future__ import annotations
@@ -37,14 +65,10 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-
-import lmdb
 
 from chunkstore.digest import (
     CHUNK_PREFIX,
@@ -55,12 +79,22 @@ from chunkstore.digest import (
     digest_from_node_key,
     node_key,
 )
-from chunkstore.errors import ChunkStoreError, GcAbortedError, GcBusyError
-from chunkstore.index import CHUNK, NODE, ChunkState, pid_namespace, process_start
-from chunkstore.manifest import DataEntry, TensorEntry
+from chunkstore.errors import GcAbortedError, GcBusyError
+from chunkstore.index import CHUNK, NODE, ChunkState
+from chunkstore.journal import (
+    ABANDONED,
+    DONE,
+    FENCED,
+    JournalEntry,
+    start_entry,
+    sync_journal,
+    write_entry,
+)
+from chunkstore.mark import MarkSet, mark_live, mark_removed, mark_unindexed
 from chunkstore.progress import NullProgress, Progress
 from chunkstore.retention import parse_duration
-from chunkstore.tree import load_tree
+from chunkstore.sessions import HEARTBEAT_S, list_sessions, owner_is_dead
+from chunkstore.tombstones import tombstone_key
 
 if TYPE_CHECKING:
     from chunkstore.store import Store
@@ -71,10 +105,22 @@ except ImportError:  # pragma: no cover - not POSIX
     fcntl = None  # type: ignore[assignment]
 
 DEFAULT_GRACE_S = 3600.0
+#: How long a GC waits for saves that started before its journal entry (step 6).
+DEFAULT_SESSION_WAIT_S = 120.0
 #: Temporary files of interrupted writes are removed only when older than this.
 TEMP_MIN_AGE_S = 600.0
 _KEY_OF = {CHUNK: chunk_key, NODE: node_key}
 _KIND_NAME = {CHUNK: "chunk", NODE: "node"}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An object GC may delete; ``indexed`` when this index has a record of it."""
+
+    kind: bytes
+    digest: Digest
+    size: int
+    indexed: bool
 
 
 @dataclass
@@ -96,6 +142,12 @@ class GcResult:
     orphan_bytes_freed: int = 0
     temporaries_deleted: int = 0
     unfinished_deletions: int = 0
+    tombstones_deleted: int = 0
+    #: Saves in progress in the store that this run waited for (step 6).
+    sessions_waited_for: int = 0
+    #: Objects not deleted because saves outlasted the wait; the next run retries.
+    deferred: int = 0
+    journal_entry: str | None = None
     index_disagreements: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -108,7 +160,7 @@ class GcResult:
 
 @contextlib.contextmanager
 def gc_lock(index_path: str, *, wait: bool = False) -> Iterator[bool]:
-    """Hold the store's GC lock (an flock, released by the kernel if the holder dies).
+    """Hold this index's GC lock (an flock, released by the kernel if the holder dies).
 
     Yields True when held.  Without ``wait``, yields False when another
     process holds it.
@@ -154,108 +206,10 @@ def finish_abandoned_deletions(store: Store) -> None:
             finish_deletions(store)
 
 
-# --- sessions ---------------------------------------------------------------------------------
-
-
 def session_is_dead(info: dict[str, Any], now: float, grace_s: float) -> bool:
-    """Whether a write session's process is gone.
-
-    A session opened on this host in this pid namespace is checked directly
-    (the pid, and its start time so a reused pid does not count; a process
-    that exists but cannot be inspected counts as alive).  Any other session
-    is dead once its heartbeat is older than the grace period.
-    """
-    local = (info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int)
-             and info.get("pidns") == pid_namespace())
-    if local:
-        start = process_start(info["pid"])
-        if start is not None:
-            return info.get("process_start") not in (None, start)
-        return not _pid_exists(info["pid"])
-    heartbeat = info.get("heartbeat", info.get("started", 0.0))
-    return bool(heartbeat < now - grace_s)
-
-
-def _pid_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-# --- mark -------------------------------------------------------------------------------------
-
-
-class MarkSet:
-    """A set of (kind, digest) on disk, so marking a large store needs little memory."""
-
-    def __init__(self, parent: str) -> None:
-        self.path = tempfile.mkdtemp(prefix="gc-mark-", dir=parent)
-        self.env = lmdb.open(self.path, map_size=1 << 36, sync=False, metasync=False,
-                             lock=False)
-
-    def add_many(self, kind: bytes, digests: Iterator[Digest] | list[Digest]) -> None:
-        with self.env.begin(write=True) as txn:
-            for digest in digests:
-                txn.put(kind + digest.raw, b"", overwrite=False)
-
-    def add(self, kind: bytes, digest: Digest) -> bool:
-        """Add one; False when it was already there."""
-        with self.env.begin(write=True) as txn:
-            return bool(txn.put(kind + digest.raw, b"", overwrite=False))
-
-    def __contains__(self, item: tuple[bytes, Digest]) -> bool:
-        with self.env.begin() as txn:
-            return txn.get(item[0] + item[1].raw) is not None
-
-    def close(self) -> None:
-        self.env.close()
-        shutil.rmtree(self.path, ignore_errors=True)
-
-
-def mark_live(store: Store, marks: MarkSet, progress: Progress,
-              check_time: Callable[[], None]) -> list[str]:
-    """Mark every object the live versions reach; return versions marked from the index.
-
-    A subtree already marked is not walked again, so versions that share
-    most of their tree cost only their differences.  A version whose
-    manifest cannot be read is marked from the index's reference lists
-    instead (and named in the result), so GC never deletes what it uses.
-    """
-    fallback = []
-    versions = store.index.versions()
-    progress.start(len(versions), "gc: mark")
-    for entry in versions:
-        check_time()
-        try:
-            _mark_tree(store, Digest.parse(entry.root), marks)
-        except ChunkStoreError:
-            fallback.append(entry.id)
-            marks.add_many(CHUNK, store.index.version_refs(entry.id))
-            marks.add_many(NODE, store.index.version_node_refs(entry.id))
-        progress.advance()
-    progress.finish()
-    return fallback
-
-
-def _mark_tree(store: Store, root: Digest, marks: MarkSet) -> None:
-    stack = [root]
-    while stack:
-        digest = stack.pop()
-        if not marks.add(NODE, digest):
-            continue  # shared with a version marked before
-        node = load_tree(store.backend, digest, store.node_cache)
-        chunks: list[Digest] = []
-        for leaf in node.leaves.values():
-            if isinstance(leaf, TensorEntry):
-                chunks.extend(leaf.chunk_digests())
-            elif isinstance(leaf, DataEntry):
-                marks.add(NODE, leaf.digest)
-        marks.add_many(CHUNK, chunks)
-        stack.extend(node.subtrees.values())
+    """Whether an index write session's process is gone (see :func:`owner_is_dead`;
+    seen from another host, once its heartbeat is older than the grace period)."""
+    return owner_is_dead(info, now, grace_s)
 
 
 # --- the run ----------------------------------------------------------------------------------
@@ -263,14 +217,16 @@ def _mark_tree(store: Store, root: Digest, marks: MarkSet) -> None:
 
 class _Run:
     def __init__(self, store: Store, grace_s: float, dry_run: bool, sweep: bool,
-                 clock: Callable[[], float], progress: Progress) -> None:
-        self.store, self.index = store, store.index
+                 clock: Callable[[], float], progress: Progress, session_wait_s: float) -> None:
+        self.store, self.index, self.backend = store, store.index, store.backend
         self.grace_s, self.dry_run, self.sweep = grace_s, dry_run, sweep
-        self.clock, self.progress = clock, progress
+        self.clock, self.progress, self.session_wait_s = clock, progress, session_wait_s
         self.started = clock()
         self.before = self.started - grace_s
         self.result = GcResult(dry_run=dry_run, grace_s=grace_s)
         self.expired: set[str] = set()
+        self.expired_tombstones: list[str] = []
+        self.deleted: list[tuple[bytes, Digest]] = []
 
     def check_time(self) -> None:
         if self.grace_s > 0 and self.clock() - self.started > self.grace_s / 2:
@@ -287,15 +243,22 @@ class _Run:
         # version is counted in (with its references) just below.
         self.expire_sessions()
         self.store.reconcile()
+        sync_journal(self.backend, self.index)
         self.result.versions_considered = len(self.index.versions())
         if not self.dry_run:
             self.result.unfinished_deletions = finish_deletions(self.store)
         candidates = self.find_candidates()
+        if self.sweep:
+            candidates += self.find_orphans()
+        self.result.candidates = len(candidates)
         if candidates:
             candidates = self.confirm_unreachable(candidates)
-        self.delete(candidates)
-        if self.sweep:
-            self.sweep_orphans()
+        if self.dry_run:
+            for candidate in candidates:
+                self._count(candidate)
+        elif candidates:
+            self.fence_and_delete(candidates)
+        self.clean_up()
         self.result.seconds = round(self.clock() - self.started, 3)
         return self.result
 
@@ -307,7 +270,7 @@ class _Run:
                     self.index.close_session(session_id)
         self.result.sessions_expired = len(self.expired)
 
-    def find_candidates(self) -> list[tuple[bytes, Digest, int]]:
+    def find_candidates(self) -> list[Candidate]:
         found = []
         for kind, digest, since in self.index.unreferenced():
             record = self.index.record(kind, digest)
@@ -320,111 +283,167 @@ class _Run:
             if self._claimed(digest):
                 self.result.kept_by_sessions += 1
                 continue
-            found.append((kind, digest, record.stored_length))
-        self.result.candidates = len(found)
+            found.append(Candidate(kind, digest, record.stored_length, True))
         return found
 
     def _claimed(self, digest: Digest) -> bool:
         """Claimed by a session that is not expiring in this run."""
         return any(s not in self.expired for s in self.index.claimants(digest))
 
-    def confirm_unreachable(self, candidates: list[tuple[bytes, Digest, int]]
-                            ) -> list[tuple[bytes, Digest, int]]:
-        marks = MarkSet(self.index.path)
-        try:
-            fallback = mark_live(self.store, marks, self.progress, self.check_time)
-            self.mark_unindexed(marks)
-            for vid in fallback:
-                self.result.index_disagreements.append(
-                    f"version {vid[:12]}: manifest unreadable, marked from the index instead"
-                    " (run `chunkstore verify`)")
-            confirmed = []
-            for kind, digest, size in candidates:
-                if (kind, digest) in marks:
-                    self.result.index_disagreements.append(
-                        f"{_KIND_NAME[kind]} {digest.short(16)}: refcount 0 in the index but"
-                        " a live manifest references it; kept (run `chunkstore index rebuild`)")
-                else:
-                    confirmed.append((kind, digest, size))
-            return confirmed
-        finally:
-            marks.close()
-
-    def mark_unindexed(self, marks: MarkSet) -> None:
-        """Mark versions on storage the index does not list (committed since the
-        reconcile, or unreadable); refuse to go on when one cannot be read."""
-        indexed = {e.id for e in self.index.versions()}
-        for version_id in self.store.backend_version_ids():
-            if version_id in indexed:
-                continue
-            try:
-                root = self.store.read_record(version_id).root
-                _mark_tree(self.store, root, marks)
-            except FileNotFoundError:
-                continue  # removed meanwhile
-            except ChunkStoreError as exc:
-                raise GcAbortedError(
-                    f"version {version_id[:12]} cannot be read ({exc}), so gc cannot know what"
-                    " it references and deletes nothing; run `chunkstore verify`, and"
-                    " `chunkstore rm` the version if it is beyond repair") from exc
-
-    def delete(self, candidates: list[tuple[bytes, Digest, int]]) -> None:
-        if self.dry_run:
-            for kind, _, size in candidates:
-                self._count(kind, size)
-            return
-        self.progress.start(len(candidates), "gc: delete")
-        for kind in (CHUNK, NODE):
-            digests = [d for k, d, _ in candidates if k == kind]
-            for digest in self.index.condemn(kind, digests, self.before):
-                self.check_time()
-                record = self.index.start_delete(kind, digest, self.before)
-                if record is not None:
-                    self.store.backend.delete(_KEY_OF[kind](digest))
-                    self.index.finish_delete(kind, digest)
-                    self._count(kind, record.stored_length)
-                self.progress.advance()
-        self.progress.finish()
-
-    def _count(self, kind: bytes, size: int) -> None:
-        if kind == CHUNK:
-            self.result.chunks_deleted += 1
-        else:
-            self.result.nodes_deleted += 1
-        self.result.bytes_freed += size
-
-    def sweep_orphans(self) -> None:
-        """Delete objects no index record names, once older than the grace period,
-        and the temporary files of interrupted writes."""
-        # A write in progress owns its temporary file: never touch a young one,
-        # whatever the grace period.
-        cutoff = min(self.before, self.started - TEMP_MIN_AGE_S)
-        self.result.temporaries_deleted = self.store.backend.remove_temporaries(
-            cutoff, dry_run=self.dry_run)
+    def find_orphans(self) -> list[Candidate]:
+        """Objects on storage no index record names, older than the grace period."""
+        found = []
         for prefix, kind, parse in ((CHUNK_PREFIX, CHUNK, digest_from_chunk_key),
                                     (NODE_PREFIX, NODE, digest_from_node_key)):
-            for info in self.store.backend.list_info(prefix):
+            for info in self.backend.list_info(prefix):
                 try:
                     digest = parse(info.key)
                 except ValueError:
                     continue
-                if info.mtime > self.before or self.index.record(kind, digest) is not None:
+                if self.index.record(kind, digest) is not None:
                     continue
+                if info.mtime > self.before:
+                    self.result.kept_by_grace += 1
+                    self.result.kept_by_grace_bytes += info.size
+                    continue
+                found.append(Candidate(kind, digest, info.size, False))
+        return found
+
+    def confirm_unreachable(self, candidates: list[Candidate]) -> list[Candidate]:
+        """Drop every candidate a live or recently removed version reaches (steps 4, 7)."""
+        marks = MarkSet(self.index.path)
+        try:
+            fallback = mark_live(self.store, marks, self.progress, self.check_time)
+            mark_unindexed(self.store, marks)
+            self.expired_tombstones = mark_removed(self.store, marks, self.before)
+            for vid in fallback:
+                note = (f"version {vid[:12]}: manifest unreadable, marked from the index instead"
+                        " (run `chunkstore verify`)")
+                if note not in self.result.index_disagreements:
+                    self.result.index_disagreements.append(note)
+            confirmed = []
+            for candidate in candidates:
+                if (candidate.kind, candidate.digest) not in marks:
+                    confirmed.append(candidate)
+                elif candidate.indexed and self._refcount(candidate) == 0:
+                    self._disagree(candidate)
+            return confirmed
+        finally:
+            marks.close()
+
+    def _refcount(self, candidate: Candidate) -> int:
+        record = self.index.record(candidate.kind, candidate.digest)
+        return record.refcount if record is not None else 0
+
+    def _disagree(self, candidate: Candidate) -> None:
+        note = (f"{_KIND_NAME[candidate.kind]} {candidate.digest.short(16)}: refcount 0 in the"
+                " index but a live manifest references it; kept (run `chunkstore index"
+                " rebuild`)")
+        if note not in self.result.index_disagreements:
+            self.result.index_disagreements.append(note)
+
+    def fence_and_delete(self, candidates: list[Candidate]) -> None:
+        """Steps 5-9: journal entry, wait for older saves, mark again, delete."""
+        entry = start_entry(self.backend, ((c.kind, c.digest) for c in candidates))
+        self.result.journal_entry = entry.id
+        try:
+            if not self.wait_for_sessions(entry):
+                self.result.deferred = len(candidates)
+                entry.state = ABANDONED
+                return
+            self.store.reconcile()  # versions the sessions just waited for published
+            candidates = self.confirm_unreachable(candidates)
+            self.delete(candidates)
+            entry.state = DONE
+        finally:
+            if entry.state == FENCED:
+                entry.state = ABANDONED  # interrupted: saves stop waiting for it
+            # What other indexes must forget: only what was deleted (or, if the run
+            # was interrupted mid-way, everything it may have deleted).
+            if entry.state == DONE or not self.deleted:
+                entry.chunks = frozenset(d for k, d in self.deleted if k == CHUNK)
+                entry.nodes = frozenset(d for k, d in self.deleted if k == NODE)
+            write_entry(self.backend, entry)
+            self.index.mark_journal_applied([entry.id])  # this index saw every deletion
+
+    def wait_for_sessions(self, entry: JournalEntry) -> bool:
+        """Wait until no live save session that has not read ``entry`` is left."""
+        deadline = time.monotonic() + self.session_wait_s
+        next_beat = time.monotonic() + HEARTBEAT_S
+        delay, waited = 0.01, set()
+        while True:
+            now = time.time()
+            waiting = [s.id for s in list_sessions(self.backend)
+                       if entry.id not in s.seen and not s.dead(now)]
+            waited.update(waiting)
+            self.result.sessions_waited_for = len(waited)
+            if not waiting:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            self.check_time()
+            if time.monotonic() > next_beat:
+                write_entry(self.backend, entry)  # still alive: saves keep waiting for us
+                next_beat = time.monotonic() + HEARTBEAT_S
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+    def delete(self, candidates: list[Candidate]) -> None:
+        self.progress.start(len(candidates), "gc: delete")
+        for kind in (CHUNK, NODE):
+            indexed = [c.digest for c in candidates if c.kind == kind and c.indexed]
+            for digest in self.index.condemn(kind, indexed, self.before):
                 self.check_time()
-                if self.dry_run or self.index.start_orphan_delete(kind, digest):
-                    if not self.dry_run:
-                        self.store.backend.delete(info.key)
-                        self.index.finish_delete(kind, digest)
-                    self.result.orphans_deleted += 1
-                    self.result.orphan_bytes_freed += info.size
+                record = self.index.start_delete(kind, digest, self.before)
+                if record is not None:
+                    self.backend.delete(_KEY_OF[kind](digest))
+                    self.index.finish_delete(kind, digest)
+                    self._count(Candidate(kind, digest, record.stored_length, True))
+                self.progress.advance()
+        for candidate in candidates:
+            if not candidate.indexed:
+                self.check_time()
+                if self.index.start_orphan_delete(candidate.kind, candidate.digest):
+                    self.backend.delete(_KEY_OF[candidate.kind](candidate.digest))
+                    self.index.finish_delete(candidate.kind, candidate.digest)
+                    self._count(candidate)
+                self.progress.advance()
+        self.progress.finish()
+
+    def _count(self, candidate: Candidate) -> None:
+        self.deleted.append((candidate.kind, candidate.digest))
+        if not candidate.indexed:
+            self.result.orphans_deleted += 1
+            self.result.orphan_bytes_freed += candidate.size
+            return
+        if candidate.kind == CHUNK:
+            self.result.chunks_deleted += 1
+        else:
+            self.result.nodes_deleted += 1
+        self.result.bytes_freed += candidate.size
+
+    def clean_up(self) -> None:
+        """Expired tombstones, and the temporary files of interrupted writes."""
+        if not self.dry_run:
+            for version_id in self.expired_tombstones:
+                self.backend.delete(tombstone_key(version_id))
+        self.result.tombstones_deleted = len(self.expired_tombstones)
+        if self.sweep:
+            # A write in progress owns its temporary file: never touch a young one,
+            # whatever the grace period.
+            cutoff = min(self.before, self.started - TEMP_MIN_AGE_S)
+            self.result.temporaries_deleted = self.backend.remove_temporaries(
+                cutoff, dry_run=self.dry_run)
 
 
 def collect(store: Store, grace: object = DEFAULT_GRACE_S, *, dry_run: bool = False,
             sweep: bool = True, clock: Callable[[], float] = time.time,
-            progress: Progress | None = None) -> GcResult:
+            progress: Progress | None = None,
+            session_wait: float = DEFAULT_SESSION_WAIT_S) -> GcResult:
     """Run one garbage collection; see the module docstring for the order of steps."""
     grace_s = parse_duration(grace)
     with gc_lock(store.index.path) as held:
         if not held:
             raise GcBusyError("another gc is running on this store; wait for it to finish")
-        return _Run(store, grace_s, dry_run, sweep, clock, progress or NullProgress()).run()
+        return _Run(store, grace_s, dry_run, sweep, clock, progress or NullProgress(),
+                    session_wait).run()

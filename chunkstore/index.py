@@ -146,6 +146,7 @@ class Index:
         self.claims = self.env.open_db(b"claims")  # digest + session id
         self.session_claims = self.env.open_db(b"session_claims")  # session id + digest
         self.meta = self.env.open_db(b"meta")
+        self.journal = self.env.open_db(b"journal")  # GC journal entry ids applied here
         self.needs_rebuild = self._check_schema()
         self.reader_check()
 
@@ -167,7 +168,8 @@ class Index:
 
     def _tables(self) -> tuple[Any, ...]:
         return (self.chunks, self.nodes, self.zero, self.versions_db, self.refs,
-                self.node_refs, self.tags_db, self.sessions, self.claims, self.session_claims)
+                self.node_refs, self.tags_db, self.sessions, self.claims, self.session_claims,
+                self.journal)
 
     def close(self) -> None:
         self.env.close()
@@ -496,6 +498,39 @@ class Index:
                         break
                     found.append(raw[len(digest.raw):].decode())
             return found
+
+    # --- what the store says is gone -------------------------------------------------------
+
+    def journal_applied(self) -> set[str]:
+        """Ids of the GC journal entries this index has applied."""
+        with self.env.begin(db=self.journal) as txn:
+            return {bytes(k).decode() for k, _ in txn.cursor()}
+
+    def apply_journal(self, entry_id: str | None, objects: Iterable[tuple[bytes, Digest]]
+                      ) -> None:
+        """Stop treating ``objects`` as stored (another GC may have deleted them).
+
+        Their records become WRITING: no save deduplicates against them; the
+        next save that needs one writes it again, keeping an intact object it
+        finds.  Refcounts are kept.  ``entry_id`` (a GC journal entry) is
+        remembered so that it is applied once.
+        """
+        with self.env.begin(write=True) as txn:
+            for kind, digest in objects:
+                rec = self._get(txn, self._db(kind), digest)
+                if rec is not None and rec.state in (ChunkState.LIVE, ChunkState.CONDEMNED):
+                    self._put(txn, kind, digest, replace(rec, state=ChunkState.WRITING))
+            if entry_id is not None:
+                txn.put(entry_id.encode(), b"", db=self.journal)
+
+    def mark_journal_applied(self, entry_ids: Iterable[str]) -> None:
+        with self.env.begin(write=True, db=self.journal) as txn:
+            for entry_id in entry_ids:
+                txn.put(entry_id.encode(), b"")
+
+    def forget_missing(self, kind: bytes, digest: Digest) -> None:
+        """An object was found missing: never again a deduplication target."""
+        self.apply_journal(None, [(kind, digest)])
 
     # --- tags ----------------------------------------------------------------------------
 

@@ -13,18 +13,23 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from chunkstore.backends.base import ObjectInfo
 from chunkstore.chunkobj import HEADER, parse_header
 from chunkstore.digest import (
     CHUNK_PREFIX,
+    NODE_PREFIX,
     Digest,
     chunk_key,
     digest_from_chunk_key,
+    digest_from_node_key,
     node_key,
     tag_key,
     version_key,
 )
-from chunkstore.errors import BackendError, ChunkStoreError
-from chunkstore.index import CHUNK, ChunkRecord, ChunkState, NewChunk
+from chunkstore.errors import ChunkStoreError, SavesInProgressError
+from chunkstore.index import CHUNK, NODE, ChunkRecord, ChunkState, NewChunk
+from chunkstore.journal import list_entry_ids, read_entry
+from chunkstore.sessions import live_sessions
 from chunkstore.tree import flatten
 from chunkstore.writer import entry_from_record
 
@@ -39,6 +44,7 @@ class RebuildResult:
     versions: int = 0
     chunks: int = 0
     unreferenced_chunks: int = 0
+    unreferenced_nodes: int = 0
     skipped: list[str] = field(default_factory=list)  # versions that could not be read
 
     def to_json(self) -> dict[str, object]:
@@ -129,39 +135,69 @@ def reconcile(store: Store, result: RebuildResult | None = None) -> RebuildResul
 def rebuild(store: Store) -> RebuildResult:
     """Recreate the index from the backend.
 
-    Runs under the GC lock (waiting for a running GC), after expiring the
-    sessions of dead saves; refuses while a save is in progress, since
-    clearing its claims would leave what it reuses unprotected.
+    Runs under the GC lock (waiting for a running GC); refuses while a save
+    is in progress on the store, seen through the store's session objects
+    (any machine, any index) and through this index's sessions.
     """
     from chunkstore.gc import gc_lock, session_is_dead
 
     with gc_lock(store.index.path, wait=True):
         now = time.time()
-        live = [s for s, info in store.index.list_sessions().items()
-                if not session_is_dead(info, now, 3600.0)]
-        if live:
-            raise BackendError(f"{len(live)} saves are in progress on this store; rebuild the"
-                               " index when they have finished")
+        in_store = live_sessions(store.backend, now)
+        in_index = [s for s, info in store.index.list_sessions().items()
+                    if not session_is_dead(info, now, 3600.0)]
+        busy = max(len(in_store), len(in_index))
+        if busy:
+            purposes = ", ".join(sorted({str(s.info.get("purpose", "?")) for s in in_store}))
+            raise SavesInProgressError(
+                f"{busy} save(s) in progress on this store ({purposes or 'this index'});"
+                " rebuild the index when they have finished", sessions=busy)
         return _rebuild(store)
 
 
 def _rebuild(store: Store) -> RebuildResult:
-    store.index.clear()
-    result = reconcile(store)
-    for key in store.backend.list(CHUNK_PREFIX):
+    # GC journal entries finished before the listing below are reflected in it:
+    # the rebuilt index need not apply them.  Listed first, for that reason.
+    finished = []
+    for entry_id in list_entry_ids(store.backend):
         try:
-            digest = digest_from_chunk_key(key)
+            entry = read_entry(store.backend, entry_id)
         except ValueError:
             continue
-        result.chunks += 1
-        if store.index.chunk(digest) is not None:
-            continue
-        info = _chunk_info(store, digest)
-        if info is None:
-            continue
-        mtime = store.backend.stat(key).mtime
-        if store.index.put_record_if_absent(CHUNK, digest, ChunkRecord(
-                ChunkState.LIVE, info.codec_id, 0, info.raw_length, info.stored_length, mtime)):
-            result.unreferenced_chunks += 1
+        if entry is not None and not entry.active(time.time()):
+            finished.append(entry_id)
+    store.index.clear()
+    result = reconcile(store)
+    store.index.mark_journal_applied(finished)
+    for prefix, kind in ((CHUNK_PREFIX, CHUNK), (NODE_PREFIX, NODE)):
+        for info in store.backend.list_info(prefix):
+            record = _unreferenced_record(store, kind, info)
+            if record is None:
+                continue
+            if kind == CHUNK:
+                result.chunks += 1
+            if store.index.put_record_if_absent(kind, record[0], record[1]):
+                result.unreferenced_chunks += kind == CHUNK
+                result.unreferenced_nodes += kind == NODE
     store.index.sync()
     return result
+
+
+def _unreferenced_record(store: Store, kind: bytes, info: ObjectInfo
+                         ) -> tuple[Digest, ChunkRecord] | None:
+    """A record for an object on storage (unreferenced until a version counts it in).
+
+    Its ``since`` is the object's write time: the grace period of objects of
+    removed versions is kept by their tombstones, not by this time.
+    """
+    try:
+        digest = (digest_from_chunk_key if kind == CHUNK else digest_from_node_key)(info.key)
+    except ValueError:
+        return None
+    if kind == NODE:
+        return digest, ChunkRecord(ChunkState.LIVE, 0, 0, info.size, info.size, info.mtime)
+    chunk = _chunk_info(store, digest)
+    if chunk is None:
+        return None
+    return digest, ChunkRecord(ChunkState.LIVE, chunk.codec_id, 0, chunk.raw_length,
+                               chunk.stored_length, info.mtime)

@@ -48,6 +48,7 @@ from chunkstore.records import (
     CommitRecord,
     StoreConfig,
 )
+from chunkstore.tombstones import write_tombstone
 from chunkstore.tree import NodeCache, flatten
 from chunkstore.writer import VersionWriter
 
@@ -342,8 +343,10 @@ class Store:
                                     " untag it first or pass force=True (--force)")
         for tag in pinned:
             self.backend.delete(tag_key(tag))
-        # The record goes first: from then on the version is not published.
-        # A crash before the index update is healed by reconcile().
+        # The tombstone first: from it every GC counts the grace period of what
+        # the version reaches.  Then the record: from then on the version is
+        # not published.  A crash before the index update is healed by reconcile().
+        write_tombstone(self.backend, info.id, info.root, info.run, info.step)
         self.backend.delete(version_key(info.id))
         self.index.remove_version(info.id)
         return info
@@ -380,19 +383,22 @@ class Store:
         return stats(self)
 
     def gc(self, grace: object = "1h", *, dry_run: bool = False, sweep: bool = True,
-           clock: Callable[[], float] = time.time, progress: Progress | None = None
-           ) -> GcResult:
+           clock: Callable[[], float] = time.time, progress: Progress | None = None,
+           session_wait: float = 120.0) -> GcResult:
         """Delete chunks and nodes that no live version has referenced for ``grace``.
 
         ``grace`` is seconds, a ``timedelta`` or text (``"30m"``, ``"1h"``,
-        ``"2d"``; default one hour).  ``dry_run`` decides the same and deletes
-        nothing.  ``sweep`` also removes objects the index does not know that
-        are older than the grace period.  See :mod:`chunkstore.gc`.
+        ``"2d"``; default one hour), counted from when a version was removed.
+        ``dry_run`` decides the same and deletes nothing.  ``sweep`` also
+        removes objects the index does not know that are older than the grace
+        period.  ``session_wait`` bounds the wait for saves in progress (on any
+        machine) that started before this GC; past it nothing is deleted and
+        the result says how much was deferred.  See :mod:`chunkstore.gc`.
         """
         from chunkstore.gc import collect
 
         return collect(self, grace, dry_run=dry_run, sweep=sweep, clock=clock,
-                       progress=progress)
+                       progress=progress, session_wait=session_wait)
 
     def prune(self, *, run: str | None = None, dry_run: bool = False, verify: bool = True,
               keep_last: int | None = None, keep_every: int | None = None,

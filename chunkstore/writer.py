@@ -1,23 +1,39 @@
 """Writing one version: chunk, hash, dedup, encode and store in threads, then commit.
 
-Order of a save (invariant 1 in DESIGN.md):
+Order of a save (invariants 1 and 3 in DESIGN.md; the GC side is in
+:mod:`chunkstore.gc`):
 
-1. a write session is registered in the index; every chunk the save writes
-   or deduplicates against is claimed by it, so GC leaves them alone;
-2. chunk objects are written (put-if-absent) by a thread pool while the
-   caller keeps adding entries; memory stays O(chunk_size x threads);
-3. on commit, manifest nodes are claimed like chunks and the missing ones
+1. a session object is stored in the store (:mod:`chunkstore.sessions`),
+   then the GC journal is read (:mod:`chunkstore.journal`): objects of
+   finished GC runs stop being dedup targets in this index, and objects of
+   GC runs still active are never reused (the save waits for such a run
+   before writing one of them).  Only then is any dedup decision taken, so
+   every GC either sees this session and waits for it, or this session saw
+   the GC's entry;
+2. a write session is registered in the index; every chunk the save writes
+   or deduplicates against is claimed by it, so a GC of the same index
+   leaves them alone;
+3. chunk objects are written (put-if-absent) by a thread pool while the
+   caller keeps adding entries; memory stays O(chunk_size x threads).  On a
+   local store a dedup hit is also checked to exist (a stat), so an object
+   lost behind the index's back is written again, not referenced;
+4. on commit, manifest nodes are claimed like chunks and the missing ones
    written; then one backend flush makes every object durable (a local
    store: one syncfs instead of two fsyncs per object);
-4. the commit record is written durably (atomic create): this is the commit;
-5. the index counts the version in and drops the session in one transaction.
+5. the commit record is written durably (atomic create): this is the
+   commit.  A save whose session heartbeat lapsed (a GC elsewhere may have
+   counted it dead) refuses instead;
+6. the session object is removed; the index counts the version in and drops
+   the index session in one transaction.  A failure here is logged, never
+   raised: the version is published, and the next reconcile counts it in.
 
-An exception before step 4 publishes nothing; what was written is an orphan
+An exception before step 5 publishes nothing; what was written is an orphan
 that GC removes after the grace period.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -40,16 +56,19 @@ from chunkstore.errors import (
     SessionExpiredError,
     VersionClosedError,
 )
-from chunkstore.index import CHUNK, Claim, NewChunk, VersionEntry
+from chunkstore.index import CHUNK, NODE, Claim, NewChunk, VersionEntry
+from chunkstore.journal import Fence, sync_journal
 from chunkstore.manifest import DataEntry, Shard, TensorEntry, TreeNode, encode_data, encode_tree
 from chunkstore.names import check_entry_name, check_label
 from chunkstore.records import CommitRecord
+from chunkstore.sessions import StoreSession
 
 if TYPE_CHECKING:
     from chunkstore.store import Store, VersionInfo
 
 DELETING_WAIT_S = 120.0
 HEARTBEAT_S = 30.0
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -83,7 +102,16 @@ class VersionWriter:
         self._closed = False
         self._info: VersionInfo | None = None
         self._inflight = threading.BoundedSemaphore(store.max_inflight)
-        self._session = store.index.open_session(f"save {self.run}@{self.step}")
+        self._store_session, self._fence = _open_store_session(store, f"save {self.run}@"
+                                                               f"{self.step}")
+        # Dedup hits are checked to exist where that costs a stat (local disks), and
+        # everywhere when the GC journal could not be read.
+        self._check_dedup = self._fence.distrust_index or store.backend.local_path() is not None
+        try:
+            self._session = store.index.open_session(f"save {self.run}@{self.step}")
+        except BaseException:
+            self._store_session.close()
+            raise
         self._claims = GroupClaims(
             lambda digests: store.index.claim_many(self._session, CHUNK, digests))
         self._last_heartbeat = time.monotonic()
@@ -159,6 +187,24 @@ class VersionWriter:
     def _node_claimer(self, digest: Digest) -> Callable[[], Claim]:
         return lambda: self._store.index.claim_nodes(self._session, [digest])[digest]
 
+    def _reusable(self, kind: bytes, digest: Digest, claim: Callable[[Digest], Claim]) -> bool:
+        """Claim the object; True when it may be referenced without writing it.
+
+        An object an active GC run may delete is never reused: the save waits
+        for that run first, and then writes it (keeping an intact copy).
+        """
+        blocker = self._fence.blocking(kind, digest)
+        if blocker is not None:
+            self._fence.wait(blocker)
+        if claim(digest) != Claim.DEDUP or blocker is not None:
+            return False
+        if self._check_dedup:
+            key = chunk_key(digest) if kind == CHUNK else node_key(digest)
+            if not self._store.backend.exists(key):
+                self._store.index.forget_missing(kind, digest)
+                return False
+        return True
+
     def _heartbeat_now_and_then(self) -> None:
         if time.monotonic() - self._last_heartbeat > HEARTBEAT_S:
             self._last_heartbeat = time.monotonic()
@@ -167,7 +213,7 @@ class VersionWriter:
     def _store_chunk(self, view: memoryview, dtype: str, itemsize: int
                      ) -> tuple[Digest, NewChunk | None]:
         digest = Digest.of(view)
-        if self._claim(digest) == Claim.DEDUP:
+        if self._reusable(CHUNK, digest, self._claim):
             return digest, None
         codec, payload = encode_with_policy(self._store.compression, view, dtype, itemsize)
         header = ChunkHeader(codec.id, itemsize, len(view), len(payload))
@@ -237,10 +283,11 @@ class VersionWriter:
         """
         index, backend = self._store.index, self._store.backend
         claims = index.claim_nodes(self._session, nodes)
-        for digest, claim in claims.items():
-            if claim == Claim.WAIT:  # GC is deleting an unreferenced copy of it
+        for digest, found in claims.items():
+            if found == Claim.WAIT:  # GC is deleting an unreferenced copy of it
                 claims[digest] = self._wait_out_deletion(digest, self._node_claimer(digest))
-        missing = [(d, nodes[d]) for d, c in claims.items() if c == Claim.WRITE]
+        # Claimed above, in one transaction: _reusable only reads the answer.
+        missing = [(d, nodes[d]) for d in nodes if not self._reusable(NODE, d, claims.__getitem__)]
         done = self._store.executor.map(
             lambda item: backend.put_if_absent_deferred(node_key(item[0]), item[1]), missing)
         return sum(len(b) for (_, b), wrote in zip(missing, done, strict=True) if wrote)
@@ -265,38 +312,35 @@ class VersionWriter:
             )
             version_id, data = record.encode()
             store.backend.flush()  # every chunk and node durable before the commit point
-            if not store.index.heartbeat(self._session):
+            if self._store_session.lapsed():
                 raise self._expired()
             store.backend.put_if_absent(version_key(version_id), data)  # the commit point
         except BaseException:
             self.abort()
             raise
-        # Published.  From here on the session is never closed early: if the
-        # index update fails, the session's claims keep protecting what the
-        # version uses until GC finds the process gone, and the next reconcile
-        # counts the version in from its commit record.
+        # Published: whatever happens to the index now, the save succeeded.
         self._closed = True
         entry = entry_from_record(version_id, record)
-        refs = {d for t in tensors.values() for d in t.chunk_digests()}
-        alive = store.index.add_version(entry, refs, {d: len(b) for d, b in nodes.items()},
-                                        new_chunks, self._session)
-        if not alive and not self._objects_present(refs, nodes):
-            store.backend.delete(version_key(version_id))  # unpublish: it lost a chunk
-            store.index.remove_version(version_id)
-            raise self._expired()
         self._info = store.info_from_entry(entry)
+        try:
+            self._store_session.close()
+            refs = {d for t in tensors.values() for d in t.chunk_digests()}
+            store.index.add_version(entry, refs, {d: len(b) for d, b in nodes.items()},
+                                    new_chunks, self._session)
+        except Exception as exc:
+            # The commit record is the truth; reconcile counts the version in on
+            # the next open or GC.  A leftover session object ends with this process.
+            log.warning("version %s of %s@%d is published, but the index was not updated"
+                        " (%s); it is counted in when the store is next opened",
+                        version_id[:12], self.run, self.step, exc)
         return self._info
 
     def _expired(self) -> SessionExpiredError:
         return SessionExpiredError(
-            f"GC expired the write session of the save of {self.run}@{self.step} (it looked"
-            " dead or idle past the grace period), so chunks it reused may be gone; the"
-            " version is not published. Save again")
-
-    def _objects_present(self, refs: set[Digest], nodes: dict[Digest, bytes]) -> bool:
-        backend = self._store.backend
-        keys = [chunk_key(d) for d in refs] + [node_key(d) for d in nodes]
-        return all(self._store.executor.map(backend.exists, keys))
+            f"the save of {self.run}@{self.step} could not prove it was alive for half the"
+            " session lease (its heartbeat to the store failed or the process was paused),"
+            " so a GC elsewhere may have deleted objects it reuses; the version is not"
+            " published. Save again")
 
     def abort(self) -> None:
         """Discard the version: nothing is published; written chunks become orphans."""
@@ -310,7 +354,10 @@ class VersionWriter:
             for future in pending.futures:
                 if not future.cancelled():
                     future.exception()  # wait, so no job touches the caller's arrays later
-        self._store.index.close_session(self._session)
+        try:
+            self._store.index.close_session(self._session)
+        finally:
+            self._store_session.close()
 
     @property
     def info(self) -> VersionInfo:
@@ -364,6 +411,19 @@ class GroupClaims:
                 continue
             for digest, future in batch:
                 future.set_result(results[digest])
+
+
+def _open_store_session(store: Store, purpose: str) -> tuple[StoreSession, Fence]:
+    """Store the session object, then read the GC journal (in that order: see step 1)."""
+    session = StoreSession(store.backend, purpose)
+    session.open()
+    try:
+        fence = sync_journal(store.backend, store.index)
+        session.record_seen(list(fence.active))
+    except BaseException:
+        session.close()
+        raise
+    return session, fence
 
 
 def entry_from_record(version_id: str, record: CommitRecord) -> VersionEntry:

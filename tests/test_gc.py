@@ -20,7 +20,7 @@ from chunkstore.errors import (
     GcAbortedError,
     GcBusyError,
     InvalidInputError,
-    SessionExpiredError,
+    SavesInProgressError,
 )
 from chunkstore.gc import gc_lock
 from chunkstore.index import CHUNK, ChunkRecord, ChunkState, Claim
@@ -208,14 +208,40 @@ def test_sessions_of_dead_processes_expire_and_live_ones_do_not(
     assert set(store.index.list_sessions()) == {live}
 
 
-def test_a_save_whose_session_expired_is_not_published(
+def test_a_save_whose_index_session_was_dropped_still_publishes(
         store: chunkstore.Store, shared: np.ndarray) -> None:
+    """Its session in the store protects it; the index's claims are only a fast path."""
     writer = store.new_version("r", 1)
     writer.put("model.shared", shared)
-    store.index.close_session(writer._session)  # what GC does to a session it thinks dead
-    with pytest.raises(SessionExpiredError):
-        writer.commit()
-    assert store.versions() == []
+    store.index.close_session(writer._session)  # what an index rebuild or GC does
+    info = writer.commit()
+    assert [v.id for v in store.versions()] == [info.id]
+    assert store.verify().ok
+
+
+def test_a_save_paused_past_half_its_lease_is_not_published(store_path: Path) -> None:
+    """A process stopped longer than half the session lease (a GC elsewhere may have
+    counted it dead) refuses to publish, and says why."""
+    chunkstore.open(store_path, chunk_size=SMALL_CHUNK).close()
+    code = ("import sys, numpy as np, chunkstore\n"
+            "s = chunkstore.open(sys.argv[1])\n"
+            "w = s.new_version('r', 1)\n"
+            "w.put('x', np.arange(1000, dtype=np.float32))\n"
+            "print('ready', flush=True); sys.stdin.readline()\n"
+            "try:\n    w.commit()\nexcept chunkstore.errors.SessionExpiredError as e:\n"
+            "    print('expired', e)\n")
+    env = {**os.environ, "CHUNKSTORE_SESSION_LEASE": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", code, str(store_path)], env=env, cwd=REPO,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdin is not None
+    assert proc.stdout.readline().strip() == "ready"
+    os.kill(proc.pid, signal.SIGSTOP)
+    time.sleep(1.5)
+    os.kill(proc.pid, signal.SIGCONT)
+    out, _ = proc.communicate("\n", timeout=60)
+    assert out.startswith("expired") and "half the session lease" in out
+    with chunkstore.open(store_path) as store:
+        assert store.versions() == []
 
 
 def test_a_referenced_chunk_with_a_wrong_refcount_is_kept_and_reported(
@@ -386,7 +412,7 @@ def test_index_rebuild_waits_for_saves_in_progress(store: chunkstore.Store,
                                                    shared: np.ndarray) -> None:
     save(store, 1, state(1, shared))
     writer = store.new_version("r", 2)
-    with pytest.raises(BackendError, match="in progress"):
+    with pytest.raises(SavesInProgressError, match="save r@2"):
         store.rebuild_index()
     writer.abort()
     assert store.rebuild_index().versions == 1

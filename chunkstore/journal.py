@@ -1,0 +1,194 @@
+"""The GC journal: what every GC is about to delete, or deleted, written in the store.
+
+An index on one machine cannot see what a GC on another machine (or on a
+deleted or rebuilt index) did.  So a GC writes, before it deletes anything,
+one journal entry ``gc/<entry id>`` naming every object it may delete, and
+marks it ``done`` after the deletions.  Every save reads the journal after
+storing its session object (:mod:`chunkstore.sessions`) and before its first
+deduplication decision:
+
+- entries ``done`` or ``abandoned`` (or whose GC died) are applied to the
+  save's index once: their objects stop being deduplication targets (a save
+  that needs one writes it again, keeping an intact object it finds);
+- entries still ``fenced`` (a GC is waiting for older sessions, or deleting)
+  form the save's :class:`Fence`: it never reuses their objects, and before
+  writing one it waits until the entry is no longer active.
+
+Entry ids start with the creation time in nanoseconds, so the listing is in
+creation order.  The object is canonical JSON::
+
+    {"format_version": 1, "id": ..., "state": "fenced" | "done" | "abandoned",
+     "created": ..., "heartbeat": ..., "host": ..., "pid": ..., "pidns": ...,
+     "process_start": ..., "chunks": [<hex>, ...], "nodes": [<hex>, ...]}
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from chunkstore.digest import Digest
+from chunkstore.errors import BackendError
+from chunkstore.index import CHUNK, NODE
+from chunkstore.sessions import owner_info, owner_is_dead
+
+if TYPE_CHECKING:
+    from chunkstore.backends import Backend
+    from chunkstore.index import Index
+
+JOURNAL_PREFIX = "gc/"
+JOURNAL_FORMAT = 1
+FENCED, DONE, ABANDONED = "fenced", "done", "abandoned"
+#: How long a save waits for a GC to finish with an object it needs.
+FENCE_WAIT_S = 600.0
+
+
+def entry_key(entry_id: str) -> str:
+    return f"{JOURNAL_PREFIX}{entry_id}"
+
+
+def new_entry_id() -> str:
+    return f"{time.time_ns():020d}-{uuid.uuid4().hex[:12]}"
+
+
+@dataclass
+class JournalEntry:
+    """One GC run's entry: its state and the objects it may delete."""
+
+    id: str
+    state: str
+    info: dict[str, Any]
+    chunks: frozenset[Digest] = frozenset()
+    nodes: frozenset[Digest] = frozenset()
+
+    def active(self, now: float) -> bool:
+        """Its GC may still delete its objects: fenced, and the GC process alive."""
+        return self.state == FENCED and not owner_is_dead(self.info, now)
+
+    def objects(self) -> Iterator[tuple[bytes, Digest]]:
+        for digest in self.chunks:
+            yield CHUNK, digest
+        for digest in self.nodes:
+            yield NODE, digest
+
+    def contains(self, kind: bytes, digest: Digest) -> bool:
+        return digest in (self.chunks if kind == CHUNK else self.nodes)
+
+    def encode(self) -> bytes:
+        body = {**self.info, "format_version": JOURNAL_FORMAT, "id": self.id,
+                "state": self.state, "chunks": sorted(d.hex for d in self.chunks),
+                "nodes": sorted(d.hex for d in self.nodes)}
+        return json.dumps(body, sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, entry_id: str, data: bytes) -> JournalEntry:
+        """Parse an entry; ``ValueError`` when it is not one this release can read."""
+        body = json.loads(data)
+        if not isinstance(body, dict) or body.get("format_version") != JOURNAL_FORMAT \
+                or isinstance(body.get("format_version"), bool) \
+                or body.get("state") not in (FENCED, DONE, ABANDONED):
+            raise ValueError(f"gc journal entry {entry_id}: not a journal entry")
+        chunks, nodes = body.pop("chunks", []), body.pop("nodes", [])
+        if not isinstance(chunks, list) or not isinstance(nodes, list):
+            raise ValueError(f"gc journal entry {entry_id}: object lists malformed")
+        state = body.pop("state")
+        return cls(entry_id, state, body, frozenset(Digest.parse(h) for h in chunks),
+                   frozenset(Digest.parse(h) for h in nodes))
+
+
+def list_entry_ids(backend: Backend) -> list[str]:
+    return [key[len(JOURNAL_PREFIX):] for key in backend.list(JOURNAL_PREFIX)]
+
+
+def read_entry(backend: Backend, entry_id: str) -> JournalEntry | None:
+    """The entry, None if it is gone; ``ValueError`` if it cannot be read."""
+    try:
+        data = backend.get(entry_key(entry_id))
+    except FileNotFoundError:
+        return None
+    return JournalEntry.decode(entry_id, data)
+
+
+def write_entry(backend: Backend, entry: JournalEntry) -> None:
+    entry.info["heartbeat"] = time.time()
+    backend.put(entry_key(entry.id), entry.encode())
+
+
+def start_entry(backend: Backend, objects: Iterable[tuple[bytes, Digest]]) -> JournalEntry:
+    """Write a new ``fenced`` entry naming ``objects``: from now on no save that reads
+    the journal reuses them, and the GC may delete them once older sessions end."""
+    chunks = frozenset(d for k, d in objects if k == CHUNK)
+    nodes = frozenset(d for k, d in objects if k == NODE)
+    now = time.time()
+    entry = JournalEntry(new_entry_id(), FENCED, {**owner_info(), "created": now}, chunks,
+                         nodes)
+    write_entry(backend, entry)
+    return entry
+
+
+@dataclass
+class Fence:
+    """The active GC journal entries a save knows of; their objects are off limits."""
+
+    backend: Backend
+    index: Index
+    active: dict[str, JournalEntry] = field(default_factory=dict)
+    #: An entry could not be read: no index record can be trusted for deduplication.
+    distrust_index: bool = False
+
+    def blocking(self, kind: bytes, digest: Digest) -> str | None:
+        """The id of an active entry that names the object, if any."""
+        for entry_id, entry in list(self.active.items()):  # workers pop concurrently
+            if entry.contains(kind, digest):
+                return entry_id
+        return None
+
+    def wait(self, entry_id: str, deadline_s: float = FENCE_WAIT_S) -> None:
+        """Wait until the entry's GC is finished (or dead); then forget its objects."""
+        deadline = time.monotonic() + deadline_s
+        delay = 0.02
+        while True:
+            try:
+                entry = read_entry(self.backend, entry_id)
+            except ValueError:
+                entry = None
+            if entry is None or not entry.active(time.time()):
+                break
+            if time.monotonic() > deadline:
+                raise BackendError(
+                    f"a gc run (journal entry {entry_id}) has been deleting objects this"
+                    f" save needs for {deadline_s:.0f}s; is it stuck? (see `gc/` in the store)")
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+        gone = self.active.pop(entry_id, None)
+        if gone is not None:
+            self.index.apply_journal(entry_id, gone.objects())
+
+
+def sync_journal(backend: Backend, index: Index) -> Fence:
+    """Apply finished journal entries to ``index``; return the still-active ones.
+
+    Called by a save after its session object is stored, and by GC.
+    """
+    fence = Fence(backend, index)
+    applied = index.journal_applied()
+    now = time.time()
+    for entry_id in list_entry_ids(backend):
+        if entry_id in applied:
+            continue
+        try:
+            entry = read_entry(backend, entry_id)
+        except ValueError:
+            fence.distrust_index = True
+            continue
+        if entry is None:
+            continue
+        if entry.active(now):
+            fence.active[entry_id] = entry
+        else:
+            index.apply_journal(entry_id, entry.objects())
+    return fence

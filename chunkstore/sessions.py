@@ -1,0 +1,187 @@
+"""Write sessions in the store: what makes a save in progress visible to every GC.
+
+A save registers a session object ``sessions/<id>`` before it takes its
+first deduplication decision and removes it when it has published (or
+given up).  A GC on any machine, with any index, lists these objects; the
+protocol in :mod:`chunkstore.gc` waits for every session that may have
+decided to reuse an object before the GC's condemnation was visible.
+
+The object is canonical JSON::
+
+    {"format_version": 1, "id": ..., "purpose": "save exp1@100",
+     "host": ..., "pid": ..., "pidns": ..., "process_start": ...,
+     "started": <unix time>, "heartbeat": <unix time>, "seen": [<journal entry id>, ...]}
+
+``seen`` names the GC journal entries that were active when the session
+read the journal (after its object was first stored): the session does not
+reuse their objects, so their GC need not wait for it.  A background thread
+rewrites ``heartbeat`` every :data:`HEARTBEAT_S` seconds.  A session is dead
+when its process is gone (same host and pid namespace: checked directly) or,
+seen from elsewhere, when its heartbeat is older than :data:`LEASE_S`.  A
+save whose own heartbeat lapsed for half the lease refuses to publish.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from chunkstore.index import pid_namespace, process_start
+
+if TYPE_CHECKING:
+    from chunkstore.backends import Backend
+
+SESSION_PREFIX = "sessions/"
+SESSION_FORMAT = 1
+#: Environment variable that sets :data:`LEASE_S` (seconds; for tests and slow links).
+LEASE_ENV_VAR = "CHUNKSTORE_SESSION_LEASE"
+#: A session or GC run seen from another machine is dead once its heartbeat is this old.
+LEASE_S = float(os.environ.get(LEASE_ENV_VAR, "900"))
+#: How often a session (and a GC's journal entry) proves its process alive.
+HEARTBEAT_S = min(30.0, LEASE_S / 10)
+
+
+def owner_info() -> dict[str, Any]:
+    """Who is writing: enough to tell later, from any machine, whether it still runs."""
+    pid = os.getpid()
+    return {"host": socket.gethostname(), "pid": pid, "pidns": pid_namespace(),
+            "process_start": process_start(pid)}
+
+
+def owner_is_dead(info: dict[str, Any], now: float, lease_s: float = LEASE_S) -> bool:
+    """Whether the process that wrote ``info`` (with :func:`owner_info` fields) is gone.
+
+    On this host and pid namespace the process is checked directly (its start
+    time guards against a reused pid; one that exists but cannot be inspected
+    counts as alive).  Elsewhere, it is dead once its heartbeat is older
+    than ``lease_s``.
+    """
+    pid = info.get("pid")
+    local = (info.get("host") == socket.gethostname() and isinstance(pid, int)
+             and not isinstance(pid, bool) and info.get("pidns") == pid_namespace())
+    if local:
+        assert isinstance(pid, int)
+        start = process_start(pid)
+        if start is not None:
+            return info.get("process_start") not in (None, start)
+        return not _pid_exists(pid)
+    heartbeat = info.get("heartbeat", info.get("started", 0.0))
+    return not isinstance(heartbeat, (int, float)) or heartbeat < now - lease_s
+
+
+def _pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def session_key(session_id: str) -> str:
+    return f"{SESSION_PREFIX}{session_id}"
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """One session object as read from the store."""
+
+    id: str
+    info: dict[str, Any]
+
+    @property
+    def seen(self) -> frozenset[str]:
+        seen = self.info.get("seen")
+        return frozenset(s for s in seen if isinstance(s, str)) if isinstance(seen, list) \
+            else frozenset()
+
+    def dead(self, now: float) -> bool:
+        return owner_is_dead(self.info, now)
+
+
+def list_sessions(backend: Backend) -> Iterator[SessionInfo]:
+    """Every session object in the store; unreadable ones count as alive (fields empty)."""
+    for key in backend.list(SESSION_PREFIX):
+        session_id = key[len(SESSION_PREFIX):]
+        try:
+            data = json.loads(backend.get(key))
+        except FileNotFoundError:
+            continue  # ended meanwhile
+        except ValueError:
+            data = {"started": time.time(), "heartbeat": time.time()}  # never dead by lease
+        yield SessionInfo(session_id, data if isinstance(data, dict) else {})
+
+
+def live_sessions(backend: Backend, now: float | None = None) -> list[SessionInfo]:
+    now = time.time() if now is None else now
+    return [s for s in list_sessions(backend) if not s.dead(now)]
+
+
+class StoreSession:
+    """A save's session object, kept alive by a heartbeat thread until :meth:`close`."""
+
+    def __init__(self, backend: Backend, purpose: str) -> None:
+        self.backend = backend
+        self.id = uuid.uuid4().hex
+        self.key = session_key(self.id)
+        now = time.time()
+        self._info: dict[str, Any] = {"format_version": SESSION_FORMAT, "id": self.id,
+                                      "purpose": purpose, **owner_info(), "started": now,
+                                      "heartbeat": now, "seen": []}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._last_beat = now
+        self._ever_lapsed = False
+        self._thread: threading.Thread | None = None
+
+    def open(self) -> None:
+        """Store the session object (durably) and start the heartbeat."""
+        self._write()
+        self._thread = threading.Thread(target=self._beat, name="chunkstore-session",
+                                        daemon=True)
+        self._thread.start()
+
+    def record_seen(self, entry_ids: list[str]) -> None:
+        """Say in the store which active GC journal entries this session knows of."""
+        if entry_ids:
+            with self._lock:
+                self._info["seen"] = sorted(set(self._info["seen"]) | set(entry_ids))
+            self._write()
+
+    def _write(self) -> None:
+        with self._lock:
+            self._info["heartbeat"] = now = time.time()
+            body = json.dumps(self._info, sort_keys=True).encode()
+        self.backend.put(self.key, body)
+        with self._lock:
+            # A gap between two stored beats longer than half the lease is a lapse for
+            # good: a GC may have counted the session dead during it.
+            self._ever_lapsed |= now - self._last_beat > LEASE_S / 2
+            self._last_beat = max(self._last_beat, now)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                self._write()
+            except Exception:  # a lapse is detected at commit, by lapsed()
+                continue
+
+    def lapsed(self) -> bool:
+        """Whether the heartbeat failed long enough that a GC elsewhere may count us dead."""
+        with self._lock:
+            return self._ever_lapsed or time.time() - self._last_beat > LEASE_S / 2
+
+    def close(self) -> None:
+        """Stop the heartbeat and remove the session object (idempotent)."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        self.backend.delete(self.key)

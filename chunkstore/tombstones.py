@@ -1,0 +1,73 @@
+"""Tombstones of removed versions: the grace period counted from unreachability.
+
+Removing a version (``rm``, ``prune``) first stores ``removed/<version id>``
+(canonical JSON ``{"format_version": 1, "version": ..., "root": <hex>,
+"run": ..., "step": ..., "removed": <unix time>}``), then deletes the commit
+record.  Every GC, from any index, rebuilt or not, marks the tree of every
+tombstone younger than its grace period as live, so a reader that opened a
+version just before it was removed keeps the whole grace period; a GC deletes
+a tombstone once it is older than the grace period.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from chunkstore.digest import Digest, is_hex_digest
+
+if TYPE_CHECKING:
+    from chunkstore.backends import Backend
+
+REMOVED_PREFIX = "removed/"
+TOMBSTONE_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Tombstone:
+    version_id: str
+    root: Digest | None  # None: unreadable, protects nothing but is still cleaned up
+    removed: float
+
+
+def tombstone_key(version_id: str) -> str:
+    return f"{REMOVED_PREFIX}{version_id}"
+
+
+def write_tombstone(backend: Backend, version_id: str, root: Digest, run: str,
+                    step: int) -> None:
+    body = {"format_version": TOMBSTONE_FORMAT, "version": version_id, "root": root.hex,
+            "run": run, "step": step, "removed": time.time()}
+    backend.put(tombstone_key(version_id), json.dumps(body, sort_keys=True).encode())
+
+
+def list_tombstones(backend: Backend) -> Iterator[Tombstone]:
+    """Every tombstone; one that cannot be parsed counts as removed now (it protects
+    its version, if the root can be read, for a whole grace period from this GC)."""
+    for key in backend.list(REMOVED_PREFIX):
+        version_id = key[len(REMOVED_PREFIX):]
+        if not is_hex_digest(version_id):
+            continue
+        try:
+            body = json.loads(backend.get(key))
+        except FileNotFoundError:
+            continue
+        except ValueError:
+            yield Tombstone(version_id, None, time.time())
+            continue
+        yield _parse(version_id, body)
+
+
+def _parse(version_id: str, body: object) -> Tombstone:
+    if not isinstance(body, dict):
+        return Tombstone(version_id, None, time.time())
+    root, removed = body.get("root"), body.get("removed")
+    digest = Digest.parse(root) if isinstance(root, str) and is_hex_digest(root) else None
+    if isinstance(removed, bool) or not isinstance(removed, (int, float)) \
+            or not math.isfinite(removed):
+        removed = time.time()
+    return Tombstone(version_id, digest, float(removed))
