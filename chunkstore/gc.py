@@ -168,6 +168,7 @@ def gc_lock(index_path: str, *, wait: bool = False) -> Iterator[bool]:
     if fcntl is None:  # pragma: no cover
         yield True
         return
+    os.makedirs(index_path, exist_ok=True)  # an index directory may be deleted at any time
     fd = os.open(os.path.join(index_path, "gc.lock"), os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
@@ -182,7 +183,7 @@ def gc_lock(index_path: str, *, wait: bool = False) -> Iterator[bool]:
 
 def _remove_stale_marks(index_path: str) -> None:
     """Remove mark sets of killed GC runs (the caller holds the GC lock)."""
-    for name in os.listdir(index_path):
+    for name in os.listdir(index_path) if os.path.isdir(index_path) else []:
         if name.startswith("gc-mark-"):
             shutil.rmtree(os.path.join(index_path, name), ignore_errors=True)
 

@@ -3,6 +3,7 @@ period) reach, collected into an on-disk set so a large store needs little memor
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -25,6 +26,7 @@ class MarkSet:
     """A set of (kind, digest) on disk, so marking a large store needs little memory."""
 
     def __init__(self, parent: str) -> None:
+        os.makedirs(parent, exist_ok=True)  # an index directory may be deleted at any time
         self.path = tempfile.mkdtemp(prefix="gc-mark-", dir=parent)
         self.env = lmdb.open(self.path, map_size=1 << 36, sync=False, metasync=False,
                              lock=False)

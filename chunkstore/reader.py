@@ -20,6 +20,7 @@ from chunkstore.errors import (
     MissingChunkError,
     ShapeMismatchError,
 )
+from chunkstore.index import CHUNK
 from chunkstore.manifest import DataEntry, TensorEntry, decode_data
 from chunkstore.tree import FlatTree, Leaf, flatten, read_node
 
@@ -27,12 +28,18 @@ if TYPE_CHECKING:
     from chunkstore.store import Store, VersionInfo
 
 
+def missing_chunk(store: Store, digest: Digest) -> MissingChunkError:
+    """The error for a chunk found missing; the index stops offering it for dedup."""
+    store.index.forget_missing(CHUNK, digest)
+    return MissingChunkError(digest.hex)
+
+
 def read_chunk(store: Store, digest: Digest) -> bytes | memoryview:
     """Fetch, decode and hash-check one chunk; typed errors for missing or corrupt ones."""
     try:
         data = store.backend.get(chunk_key(digest))
     except FileNotFoundError:
-        raise MissingChunkError(digest.hex) from None
+        raise missing_chunk(store, digest) from None
     return decode_object(digest, data)
 
 
@@ -60,7 +67,7 @@ def read_chunk_into(store: Store, digest: Digest, out: memoryview) -> None:
         # reading an object of any size.
         data = store.backend.get_range(key, 0, header.size + header.payload_length + 1)
     except FileNotFoundError:
-        raise MissingChunkError(digest.hex) from None
+        raise missing_chunk(store, digest) from None
     decode_object(digest, data, out)
 
 

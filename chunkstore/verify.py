@@ -25,7 +25,7 @@ from chunkstore.errors import (
 )
 from chunkstore.manifest import DataEntry, decode_data
 from chunkstore.progress import NullProgress, Progress
-from chunkstore.reader import chunk_reads, read_chunk_into
+from chunkstore.reader import chunk_reads, missing_chunk, read_chunk_into
 from chunkstore.records import Tag
 from chunkstore.tree import FlatTree, flatten, read_node
 
@@ -79,9 +79,9 @@ def _problem_from(exc: ChunkStoreError, version: str | None) -> Problem:
 
 
 def _check_leaves(store: Store, version_id: str, flat: FlatTree, result: VerifyResult,
-                  reads: dict[tuple[Digest, int], str]) -> None:
+                  reads: dict[tuple[Digest, int], list[str]]) -> None:
     """Check every leaf the way a read does; collect the chunk reads it implies
-    (each chunk at every length its positions imply, with the first version)."""
+    (each chunk at every length its positions imply, with the versions that need it)."""
     for name, leaf in flat.leaves.items():
         try:
             if isinstance(leaf, DataEntry):
@@ -96,11 +96,13 @@ def _check_leaves(store: Store, version_id: str, flat: FlatTree, result: VerifyR
             result.problems.append(_problem_from(corrupt, version_id))
             continue
         for digest, _start, length in spans:
-            reads.setdefault((digest, length), version_id)
+            needed_by = reads.setdefault((digest, length), [])
+            if not needed_by or needed_by[-1] != version_id:
+                needed_by.append(version_id)
 
 
 def _load_versions(store: Store, ids: list[str], result: VerifyResult,
-                   reads: dict[tuple[Digest, int], str]) -> dict[str, FlatTree]:
+                   reads: dict[tuple[Digest, int], list[str]]) -> dict[str, FlatTree]:
     trees: dict[str, FlatTree] = {}
     for version_id in ids:
         result.versions_checked += 1
@@ -129,7 +131,7 @@ def _check_chunk(store: Store, digest: Digest, length: int, read_data: bool
         store.backend.stat(chunk_key(digest))
         return 0, None
     except FileNotFoundError:
-        return 0, _problem_from(MissingChunkError(digest.hex), None)
+        return 0, _problem_from(missing_chunk(store, digest), None)
     except ChunkStoreError as exc:
         return 0, _problem_from(exc, None)
 
@@ -179,7 +181,7 @@ def verify(store: Store, sel: str | None = None, *, read_data: bool = True,
     progress = progress or NullProgress()
     result = VerifyResult()
     ids = [store.resolve(sel).id] if sel is not None else sorted(store.backend_version_ids())
-    reads: dict[tuple[Digest, int], str] = {}
+    reads: dict[tuple[Digest, int], list[str]] = {}
     trees = _load_versions(store, ids, result, reads)
     pending = list(reads)
     checks = store.executor.map(lambda r: _check_chunk(store, r[0], r[1], read_data), pending)
@@ -188,9 +190,9 @@ def verify(store: Store, sel: str | None = None, *, read_data: bool = True,
         progress.advance()
         result.chunks_checked += 1
         result.bytes_checked += size
-        if problem is not None:
-            result.problems.append(Problem(problem.kind, problem.message,
-                                           reads[(digest, _length)], problem.digest))
+        if problem is not None:  # named for every version it breaks
+            result.problems.extend(Problem(problem.kind, problem.message, vid, problem.digest)
+                                   for vid in reads[(digest, _length)])
     progress.finish()
     if sel is None:
         _check_tags(store, result)

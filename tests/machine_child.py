@@ -1,0 +1,118 @@
+"""One "machine" in the many-indexes tests: a process with its own index directory.
+
+``python tests/machine_child.py URL INDEX_DIR OP [ARGS...]``; an S3 URL uses the
+endpoint in ``CHUNKSTORE_TEST_S3_ENDPOINT``.  Ops (each prints one JSON line):
+
+- ``save RUN STEP SEED``: save :func:`state` (SEED) as RUN@STEP; prints the id;
+- ``rm SELECTOR``;
+- ``gc GRACE_S [CLOCK_OFFSET_S]``: a GC whose clock runs CLOCK_OFFSET_S ahead;
+- ``rebuild``; ``verify``;
+- ``save-loop RUN SECONDS``: save RUN@0, RUN@1, ... from a small pool of
+  blocks (so saves deduplicate against each other and against removed
+  versions), keeping the newest two; prints the ids that reported success;
+- ``gc-loop SECONDS``: open the store afresh and ``gc(grace=0)`` in a loop, as
+  a cron job would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+import chunkstore
+from chunkstore.errors import GcBusyError, SavesInProgressError
+
+CHUNK_SIZE = 4096
+POOL = 8
+
+
+def state(seed: int) -> dict[str, np.ndarray]:
+    """A small training state: one array unique to the seed, one shared by all seeds."""
+    rng = np.random.default_rng(seed)
+    shared = np.random.default_rng(10**6).standard_normal(3000).astype(np.float32)
+    return {"model.own": rng.standard_normal(5000).astype(np.float32), "model.shared": shared}
+
+
+def block(i: int) -> np.ndarray:
+    return np.random.default_rng(1000 + i).integers(0, 2**31, CHUNK_SIZE // 4, dtype=np.int32)
+
+
+def loop_state(run: str, step: int) -> np.ndarray:
+    rng = np.random.default_rng(step * 7919 + sum(map(ord, run)))
+    return np.concatenate([block(int(i)) for i in rng.integers(0, POOL, 5)])
+
+
+def open_store(url: str, index_dir: str) -> chunkstore.Store:
+    options: dict[str, Any] = {}
+    endpoint = os.environ.get("CHUNKSTORE_TEST_S3_ENDPOINT")
+    if url.startswith("s3://") and endpoint:
+        options = {"client_kwargs": {"endpoint_url": endpoint}}
+    return chunkstore.open(url, chunk_size=None, index_dir=index_dir, storage_options=options)
+
+
+def save(store: chunkstore.Store, run: str, step: int, arrays: dict[str, np.ndarray]) -> str:
+    with store.new_version(run, step) as version:
+        for name, array in arrays.items():
+            version.put(name, array)
+    return version.info.id
+
+
+def save_loop(url: str, index_dir: str, run: str, seconds: float) -> list[str]:
+    published = []
+    with open_store(url, index_dir) as store:
+        deadline = time.monotonic() + seconds
+        step = 0
+        while time.monotonic() < deadline:
+            published.append(save(store, run, step, {"w": loop_state(run, step)}))
+            for info in store.versions(run)[:-2]:
+                store.delete(info.id)
+            step += 1
+    return published
+
+
+def gc_loop(url: str, index_dir: str, seconds: float) -> dict[str, int]:
+    deadline = time.monotonic() + seconds
+    runs = deleted = 0
+    while time.monotonic() < deadline:
+        try:
+            with open_store(url, index_dir) as store:
+                result = store.gc(grace=0, session_wait=30)
+        except GcBusyError:
+            continue
+        runs += 1
+        deleted += result.chunks_deleted + result.orphans_deleted
+    return {"runs": runs, "deleted": deleted}
+
+
+def run_op(url: str, index_dir: str, op: str, args: list[str]) -> object:  # noqa: PLR0911
+    if op == "save-loop":
+        return save_loop(url, index_dir, args[0], float(args[1]))
+    if op == "gc-loop":
+        return gc_loop(url, index_dir, float(args[0]))
+    with open_store(url, index_dir) as store:
+        if op == "save":
+            return save(store, args[0], int(args[1]), state(int(args[2])))
+        if op == "rm":
+            return store.delete(args[0]).id
+        if op == "gc":
+            offset = float(args[1]) if len(args) > 1 else 0.0
+            return store.gc(grace=float(args[0]), clock=lambda: time.time() + offset,
+                            session_wait=30).to_json()
+        if op == "rebuild":
+            try:
+                return store.rebuild_index().to_json()
+            except SavesInProgressError as exc:
+                return {"refused": str(exc)}
+        if op == "verify":
+            result = store.verify()
+            return {"ok": result.ok, "problems": [str(p) for p in result.problems]}
+    raise SystemExit(f"unknown op {op!r}")
+
+
+if __name__ == "__main__":
+    print(json.dumps(run_op(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:])), flush=True)

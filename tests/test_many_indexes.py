@@ -1,0 +1,254 @@
+"""Many indexes on one store: every published version stays whole.
+
+Each "machine" is a separate process with its own index directory
+(``tests/machine_child.py``), on a local directory store and on the S3
+server; the scenarios are the ones the review of the single-index protocol
+reproduced as data loss.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import numpy as np
+import pytest
+
+import chunkstore
+from chunkstore.digest import chunk_key
+from tests.machine_child import CHUNK_SIZE, loop_state, state
+from tests.s3server import create_bucket, remove_bucket, s3_endpoint, storage_options
+
+__all__ = ["s3_endpoint"]  # the session fixture, re-exported so pytest finds it here
+
+REPO = Path(__file__).resolve().parent.parent
+HOUR = 3600.0
+
+
+class Cluster:
+    """A store and a way to run one operation on a named machine (its own index)."""
+
+    def __init__(self, url: str, root: Path, env: dict[str, str]) -> None:
+        self.url, self.root, self.env = url, root, env
+
+    def index_dir(self, machine: str) -> str:
+        return str(self.root / f"index-{machine}")
+
+    def popen(self, machine: str, *args: object) -> subprocess.Popen[str]:
+        command = [sys.executable, str(REPO / "tests" / "machine_child.py"), self.url,
+                   self.index_dir(machine), *map(str, args)]
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, cwd=REPO, env=self.env)
+
+    def run(self, machine: str, *args: object) -> Any:
+        proc = self.popen(machine, *args)
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        return json.loads(out.splitlines()[-1])
+
+    def open(self, machine: str) -> chunkstore.Store:
+        options = {}
+        if self.url.startswith("s3://"):
+            options = storage_options(self.env["CHUNKSTORE_TEST_S3_ENDPOINT"])
+        return chunkstore.open(self.url, index_dir=self.index_dir(machine),
+                               storage_options=options)
+
+    def assert_all_whole(self, machine: str, expected: dict[str, dict[str, np.ndarray]]
+                         ) -> None:
+        """verify is clean and every version in ``expected`` reads back exact."""
+        with self.open(machine) as store:
+            result = store.verify()
+            assert result.ok, result.problems
+            for version_id, arrays in expected.items():
+                reader = store.open_version(version_id)
+                for name, array in arrays.items():
+                    np.testing.assert_array_equal(reader.get(name), array)
+
+
+@pytest.fixture(params=["local", "s3"])
+def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    if request.param == "local":
+        url = str(tmp_path / "store")
+        chunkstore.open(url, chunk_size=CHUNK_SIZE, index_dir=str(tmp_path / "setup")).close()
+        yield Cluster(url, tmp_path, env)
+        return
+    endpoint = request.getfixturevalue("s3_endpoint")
+    bucket = create_bucket(endpoint)
+    url = f"s3://{bucket}/store"
+    env.update({k: v for k, v in os.environ.items() if k.startswith("AWS_")})
+    env["CHUNKSTORE_TEST_S3_ENDPOINT"] = endpoint
+    chunkstore.open(url, chunk_size=CHUNK_SIZE, index_dir=str(tmp_path / "setup"),
+                    storage_options=storage_options(endpoint)).close()
+    try:
+        yield Cluster(url, tmp_path, env)
+    finally:
+        remove_bucket(endpoint, bucket)
+
+
+def test_a_gc_on_another_machine_never_breaks_a_later_save_of_the_same_bytes(
+        cluster: Cluster) -> None:
+    """Machine B's GC deletes what A removed; A saves those bytes again: A must write them."""
+    a1 = cluster.run("a", "save", "a", 1, 1)
+    a2 = cluster.run("a", "save", "a", 2, 2)
+    cluster.run("a", "rm", a1)
+    b1 = cluster.run("b", "save", "b", 1, 3)
+    result = cluster.run("b", "gc", HOUR, 2 * HOUR)  # the default grace, two hours later
+    assert result["orphans_deleted"] + result["chunks_deleted"] > 0  # a@1's objects went
+    again = cluster.run("a", "save", "a", 3, 1)  # a@1's bytes, from A's stale index
+    cluster.assert_all_whole("a", {a2: state(2), b1: state(3), again: state(1)})
+    cluster.assert_all_whole("c", {a2: state(2), b1: state(3), again: state(1)})
+
+
+def test_a_chunk_lost_from_storage_is_never_deduplicated_against_again(
+        cluster: Cluster) -> None:
+    """An operator deletes a chunk: the next save that has it writes it again (locally
+    a dedup hit is stat-checked; on S3 the first read or verify that finds it missing
+    tells the index), and verify names every broken version."""
+    first = cluster.run("a", "save", "a", 1, 1)
+    with cluster.open("a") as store:
+        lost = store.index.version_refs(first)[0]
+        store.backend.delete(chunk_key(lost))
+        if store.backend.local_path() is None:
+            assert not store.verify().ok  # finds it missing, and the index forgets it
+    later = [cluster.run("a", "save", "a", step, 1) for step in (2, 3)]
+    cluster.assert_all_whole("a", {v: state(1) for v in [first, *later]})
+
+
+def test_a_reader_keeps_the_grace_period_after_removal_and_index_rebuild(
+        tmp_path: Path) -> None:
+    """Objects written long ago, a version removed now, the index rebuilt: GC with the
+    default grace must not delete under a reader that opened the version."""
+    url = tmp_path / "store"
+    arrays = state(1)
+    with chunkstore.open(url, chunk_size=CHUNK_SIZE) as store:
+        with store.new_version("r", 1) as version:
+            for name, array in arrays.items():
+                version.put(name, array)
+        for path in (url / "chunks").rglob("*"):
+            if path.is_file():
+                os.utime(path, (time.time() - 2 * HOUR,) * 2)  # saved two hours ago
+        reader = store.open_version("r@1")
+        store.delete("r@1")
+        store.rebuild_index()
+        result = store.gc(grace="1h")
+        assert result.chunks_deleted + result.orphans_deleted == 0
+        for name, array in arrays.items():
+            np.testing.assert_array_equal(reader.get(name), array)
+        # Once the grace period has passed, the same GC frees the version's objects.
+        result = store.gc(grace="1h", clock=lambda: time.time() + 2 * HOUR)
+        assert result.chunks_deleted + result.orphans_deleted > 0
+        assert not list((url / "removed").iterdir())  # the tombstone went too
+
+
+def test_an_index_failure_after_the_commit_is_a_published_save(
+        store: chunkstore.Store, store_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Once the commit record exists the save has succeeded: an index that cannot be
+    written (here its map is full) is repaired on the next open, never raised."""
+    arrays = state(1)
+
+    def full(*args: object, **kwargs: object) -> bool:
+        raise lmdb.MapFullError("mdb_put: MDB_MAP_FULL: Environment mapsize limit reached")
+
+    monkeypatch.setattr(store.index, "add_version", full)
+    with store.new_version("r", 1) as version:
+        for name, array in arrays.items():
+            version.put(name, array)
+    assert "published, but the index was not updated" in caplog.text
+    monkeypatch.undo()
+    assert not list((store_path / "sessions").iterdir())  # the session ended anyway
+    assert store.versions() == []  # the index missed it ...
+    store.reconcile()  # ... until the next open or GC reconciles it
+    assert [v.id for v in store.versions()] == [version.info.id]
+    assert store.verify().ok
+
+
+def test_index_deleted_under_a_writer_while_another_process_collects(
+        tmp_path: Path) -> None:
+    """A writer saves (and removes old versions) in a loop; a GC with no grace runs in
+    a loop from other processes; the store's index directory is deleted repeatedly.
+    Every save that reported success must read back exact."""
+    url = tmp_path / "store"
+    chunkstore.open(url, chunk_size=CHUNK_SIZE).close()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    child = [sys.executable, str(REPO / "tests" / "machine_child.py"), str(url),
+             str(url / "index")]
+    seconds = 8
+    writer = subprocess.Popen([*child, "save-loop", "w", str(seconds)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
+    collector = subprocess.Popen([*child, "gc-loop", str(seconds)], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
+    stop = threading.Event()
+
+    def delete_index() -> None:
+        while not stop.wait(0.7):
+            shutil.rmtree(url / "index", ignore_errors=True)
+
+    deleter = threading.Thread(target=delete_index)
+    deleter.start()
+    try:
+        out, err = writer.communicate(timeout=300)
+        gc_out, gc_err = collector.communicate(timeout=300)
+    finally:
+        stop.set()
+        deleter.join()
+    assert writer.returncode == 0, err
+    assert collector.returncode == 0, gc_err
+    published = json.loads(out.splitlines()[-1])
+    gc_stats = json.loads(gc_out.splitlines()[-1])
+    assert len(published) >= 10 and gc_stats["runs"] >= 3 and gc_stats["deleted"] > 0
+    with chunkstore.open(url) as store:
+        result = store.verify()
+        assert result.ok, result.problems
+        live = {v.id: v for v in store.versions()}
+        assert set(live) <= set(published) and len(live) == 2
+        for info in live.values():
+            np.testing.assert_array_equal(store.open_version(info.id).get("w"),
+                                          loop_state("w", info.step))
+
+
+def test_index_rebuild_refuses_during_saves_and_no_save_fails_because_of_it(
+        cluster: Cluster) -> None:
+    """Rebuilds from another process while one saves in a loop: a rebuild either refuses
+    (a save is in progress, seen in the store) or runs between saves; no save fails."""
+    writer = cluster.popen("a", "save-loop", "w", 6)
+    outcomes = []
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline and writer.poll() is None:
+        outcomes.append(cluster.run("a", "rebuild"))
+    out, err = writer.communicate(timeout=300)
+    assert writer.returncode == 0, err  # no save raised
+    published = json.loads(out.splitlines()[-1])
+    assert len(published) >= 3
+    assert any("refused" in o for o in outcomes), outcomes  # it did run during saves
+    with cluster.open("a") as store:
+        live = store.versions("w")
+        assert len(live) == 2
+        for info in live:
+            np.testing.assert_array_equal(store.open_version(info.id).get("w"),
+                                          loop_state("w", info.step))
+        assert store.verify().ok
+
+
+def test_index_rebuild_refuses_while_a_save_on_another_index_is_in_progress(
+        cluster: Cluster) -> None:
+    """The save in progress is seen through the store, not through the rebuilding index."""
+    with cluster.open("a") as store:
+        writer = store.new_version("a", 1)
+        writer.put("x", np.arange(5000, dtype=np.float32))
+        outcome = cluster.run("b", "rebuild")
+        assert "refused" in outcome and "save a@1" in outcome["refused"]
+        writer.commit()
+    assert "refused" not in cluster.run("b", "rebuild")
+    cluster.assert_all_whole("b", {writer.info.id: {"x": np.arange(5000, dtype=np.float32)}})
