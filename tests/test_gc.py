@@ -16,7 +16,6 @@ import pytest
 import chunkstore
 from chunkstore.digest import Digest, chunk_key, node_key
 from chunkstore.errors import (
-    BackendError,
     GcAbortedError,
     GcBusyError,
     InvalidInputError,
