@@ -143,8 +143,15 @@ class StoreSession:
         self._thread: threading.Thread | None = None
 
     def open(self) -> None:
-        """Store the session object (durably) and start the heartbeat."""
-        self._write()
+        """Store the session object and start the heartbeat.
+
+        Visible to every GC on return; durability is not needed (after a crash
+        its process is dead), so a local store skips the fsyncs.
+        """
+        with self._lock:
+            body = json.dumps(self._info, sort_keys=True).encode()
+        if not self.backend.put_if_absent_deferred(self.key, body):
+            raise FileExistsError(self.key)  # a random 128-bit id: never
         self._thread = threading.Thread(target=self._beat, name="chunkstore-session",
                                         daemon=True)
         self._thread.start()
@@ -184,4 +191,4 @@ class StoreSession:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
-        self.backend.delete(self.key)
+        self.backend.discard(self.key)

@@ -114,6 +114,12 @@ class Backend(abc.ABC):
         """
         return self.put_if_absent(key, data)
 
+    def discard(self, key: str) -> bool:
+        """``delete`` for an object whose removal need not survive a crash (a save's
+        session marker: after a crash its process is dead anyway).  Visible to
+        every reader on return; a backend may skip what makes it durable."""
+        return self.delete(key)
+
     def flush(self) -> None:  # noqa: B027 - durable-on-return backends have nothing to do
         """Make every write made so far durable (see :meth:`put_if_absent_deferred`)."""
 

@@ -168,6 +168,14 @@ class LocalBackend(Backend):
         _fsync_dir(os.path.dirname(path))
         return True
 
+    def discard(self, key: str) -> bool:
+        """Unlink the file without the directory fsync (see :meth:`Backend.discard`)."""
+        try:
+            os.unlink(self._path(key))
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return False
+        return True
+
     def list(self, prefix: str = "") -> Iterator[str]:
         """Yield keys starting with ``prefix`` in ascending byte order, streaming.
 

@@ -83,6 +83,13 @@ class ForwardingBackend(Backend):
         """Forward to ``inner.local_path``."""
         return self.inner.local_path()
 
+    def discard(self, key: str) -> bool:
+        """Forward to ``inner.discard``, through this class's ``delete`` when it is
+        intercepted (so a subclass that intercepts ``delete`` sees every removal)."""
+        if type(self).delete is not ForwardingBackend.delete:
+            return self.delete(key)
+        return self.inner.discard(key)
+
     def flush(self) -> None:
         """Forward to ``inner.flush``."""
         self.inner.flush()
