@@ -159,11 +159,11 @@ class GcResult:
 
 
 @contextlib.contextmanager
-def gc_lock(index_path: str, *, wait: bool = False) -> Iterator[bool]:
+def gc_lock(index_path: str, *, wait: bool = False, wait_s: float = 0.0) -> Iterator[bool]:
     """Hold this index's GC lock (an flock, released by the kernel if the holder dies).
 
-    Yields True when held.  Without ``wait``, yields False when another
-    process holds it.
+    Yields True when held.  Without ``wait``, tries for ``wait_s`` seconds and
+    yields False when another process still holds it.
     """
     if fcntl is None:  # pragma: no cover
         yield True
@@ -171,11 +171,16 @@ def gc_lock(index_path: str, *, wait: bool = False) -> Iterator[bool]:
     os.makedirs(index_path, exist_ok=True)  # an index directory may be deleted at any time
     fd = os.open(os.path.join(index_path, "gc.lock"), os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    yield False
+                    return
+                time.sleep(0.05)
         yield True
     finally:
         os.close(fd)  # closing the descriptor releases the lock
@@ -443,7 +448,8 @@ def collect(store: Store, grace: object = DEFAULT_GRACE_S, *, dry_run: bool = Fa
             session_wait: float = DEFAULT_SESSION_WAIT_S) -> GcResult:
     """Run one garbage collection; see the module docstring for the order of steps."""
     grace_s = parse_duration(grace)
-    with gc_lock(store.index.path) as held:
+    # A dry run waits a little for a running GC (or index rebuild) rather than fail.
+    with gc_lock(store.index.path, wait_s=30.0 if dry_run else 0.0) as held:
         if not held:
             raise GcBusyError("another gc is running on this store; wait for it to finish")
         return _Run(store, grace_s, dry_run, sweep, clock, progress or NullProgress(),

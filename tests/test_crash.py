@@ -113,6 +113,8 @@ def two_versions(store_path: Path) -> list[str]:
 @pytest.mark.parametrize(
     ("fault", "new_chunks", "new_nodes"),
     [
+        pytest.param("kill-before-put:sessions/:0", 0, 0, id="before-the-session"),
+        pytest.param("kill-after-put:sessions/:0", 0, 0, id="after-the-session"),
         pytest.param("kill-before-put:chunks/:0", 0, 0, id="before-first-chunk"),
         pytest.param("kill-before-put:chunks/:5", 5, 0, id="before-sixth-chunk"),
         pytest.param(f"kill-before-put:chunks/:{NEW_CHUNKS_PER_STEP - 1}",
@@ -185,6 +187,24 @@ def test_kill_after_the_commit_record_publishes_the_version(
     again = _run_child(store_path, 4, 4, None)
     assert again.returncode == 0, again.stderr
     _check_store(store_path, [1, 2, 3, 4])
+
+
+def test_kill_while_removing_the_session_after_the_commit_publishes_the_version(
+    store_path: Path, two_versions: list[str]
+) -> None:
+    result = _run_child(store_path, 3, 3, "kill-before-delete:sessions/:0")
+
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    assert len(_files(store_path, "sessions")) == 1  # the dead process's session is left
+    _check_store(store_path, [1, 2, 3])
+    with chunkstore.open(store_path, create=False) as store:
+        store.delete(f"{RUN}@1")
+        start = time.monotonic()
+        result_gc = store.gc(grace=0, session_wait=60)
+        # A dead save's session is not waited for: its process is gone.
+        assert time.monotonic() - start < 30 and result_gc.deferred == 0
+        assert result_gc.chunks_deleted > 0
+    _check_store(store_path, [2, 3])
 
 
 def test_kill_at_random_moments_while_saving_in_a_loop(store_path: Path) -> None:

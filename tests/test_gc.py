@@ -301,7 +301,11 @@ print("finished", flush=True)
 
 
 @pytest.mark.parametrize("fault", ["kill-before-delete:chunks/:3", "kill-after-delete:chunks/:3",
-                                   "kill-before-delete:nodes/:0"])
+                                   "kill-before-delete:nodes/:0",
+                                   # the protocol's own steps: the journal entry, fenced
+                                   # and done, and the cleanup of expired tombstones
+                                   "kill-after-put:gc/:0", "kill-before-put:gc/:1",
+                                   "kill-before-delete:removed/:0"])
 def test_gc_killed_mid_run_leaves_a_store_that_verifies_and_heals(
         store_path: Path, shared: np.ndarray, fault: str) -> None:
     with chunkstore.open(store_path, chunk_size=SMALL_CHUNK) as store:
