@@ -236,3 +236,17 @@ class SavesInProgressError(ChunkStoreError):
     def __init__(self, message: str, *, sessions: int) -> None:
         super().__init__(message)
         self.sessions = sessions
+
+
+class DuplicateStepError(InvalidInputError):
+    """Raised when a save names a ``RUN@STEP`` the run already has, with other content,
+    and was not asked to replace it; ``existing`` is that version's id."""
+
+    def __init__(self, run: str, step: int, existing: str) -> None:
+        super().__init__(
+            f"run {run!r} already has a version at step {step} ({existing[:12]}) with other"
+            " content; nothing was published. Save under another step, remove that version"
+            " first, or pass replace=True to publish this one in its place")
+        self.run = run
+        self.step = step
+        self.existing = existing

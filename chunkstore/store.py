@@ -33,7 +33,10 @@ from chunkstore.digest import (
 )
 from chunkstore.errors import (
     AmbiguousSelectorError,
+    ChunkStoreError,
+    CorruptTagError,
     InvalidInputError,
+    InvalidNameError,
     InvalidSettingError,
     NotAStoreError,
     SelectorError,
@@ -47,6 +50,7 @@ from chunkstore.records import (
     MIN_CHUNK_SIZE,
     CommitRecord,
     StoreConfig,
+    Tag,
 )
 from chunkstore.tombstones import write_tombstone
 from chunkstore.tree import NodeCache, flatten
@@ -198,10 +202,16 @@ class Store:
 
     # --- writing ---------------------------------------------------------------------------
 
-    def new_version(self, run: str, step: int, meta: dict[str, Any] | None = None
-                    ) -> VersionWriter:
-        """Start a version; publish it by leaving the ``with`` block (or ``commit()``)."""
-        return VersionWriter(self, run, step, meta)
+    def new_version(self, run: str, step: int, meta: dict[str, Any] | None = None, *,
+                    replace: bool = False) -> VersionWriter:
+        """Start a version; publish it by leaving the ``with`` block (or ``commit()``).
+
+        One version per ``RUN@STEP``: saving a step the run already has publishes
+        nothing when the content is the same (the existing version is returned),
+        and is refused with :class:`DuplicateStepError` when it differs, unless
+        ``replace`` (then the new version is published and the old one removed).
+        """
+        return VersionWriter(self, run, step, meta, replace=replace)
 
     # --- listing and selectors -------------------------------------------------------------
 
@@ -315,14 +325,21 @@ class Store:
         """Tags as storage has them (``tags()`` reads the index)."""
         found = {}
         for key in self.backend.list(TAG_PREFIX):
+            name = key[len(TAG_PREFIX):]
             try:
-                found[key[len(TAG_PREFIX):]] = json.loads(self.backend.get(key))["version"]
-            except (FileNotFoundError, ValueError, KeyError, TypeError):
-                continue
+                found[name] = Tag.decode(name, self.backend.get(key)).version
+            except (FileNotFoundError, CorruptTagError):
+                continue  # removed meanwhile, or damaged: verify reports it
         return found
 
     def untag(self, name: str) -> bool:
-        name = check_label(name, "tag")
+        try:
+            name = check_label(name, "tag")
+        except InvalidNameError:
+            # A damaged tag (another tool's) may carry a name writers refuse: it can
+            # still be removed by its exact name, if it names a plain key.
+            if "/" in name or name in ("", ".", "..") or not self.backend.exists(tag_key(name)):
+                raise
         existed = self.backend.delete(tag_key(name))
         return self.index.delete_tag(name) or existed
 
@@ -333,8 +350,12 @@ class Store:
         """Unpublish a version.  Its chunks are freed by GC after the grace period.
 
         A tagged version is refused unless ``force`` (which drops its tags too).
+        A full version id whose commit record cannot be read (so it is never
+        listed) is removed too.
         """
-        info = self.resolve(selector)
+        info = self.resolve_for_removal(selector)
+        if info.meta.get("unreadable") is True:
+            return self._delete_unreadable(info)
         # Storage is the truth for tags (the index may lag another process).
         tags = {**self.tags(), **self.stored_tags()}
         pinned = sorted(t for t, vid in tags.items() if vid == info.id)
@@ -347,6 +368,31 @@ class Store:
         # the version reaches.  Then the record: from then on the version is
         # not published.  A crash before the index update is healed by reconcile().
         write_tombstone(self.backend, info.id, info.root, info.run, info.step)
+        self.backend.delete(version_key(info.id))
+        self.index.remove_version(info.id)
+        return info
+
+    def resolve_for_removal(self, selector: str) -> VersionInfo:
+        """:meth:`resolve`, and also a full version id whose commit record exists but
+        cannot be read (never listed): then an info with ``meta={"unreadable": True}``."""
+        try:
+            return self.resolve(selector)
+        except ChunkStoreError:
+            if not (isinstance(selector, str) and is_hex_digest(selector)
+                    and self.backend.exists(version_key(selector))):
+                raise
+        return VersionInfo(selector, "?", 0, 0.0, None, Digest(bytes(32)), 0, 0, 0,
+                           {"unreadable": True})
+
+    def _delete_unreadable(self, info: VersionInfo) -> VersionInfo:
+        """Remove a commit record that cannot be read: its tags, then the record.
+
+        No tombstone: what it references cannot be known, and no reader can have
+        opened it.
+        """
+        for tag, vid in self.stored_tags().items():
+            if vid == info.id:
+                self.backend.delete(tag_key(tag))
         self.backend.delete(version_key(info.id))
         self.index.remove_version(info.id)
         return info

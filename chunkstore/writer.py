@@ -52,6 +52,7 @@ from chunkstore.errors import (
     BackendError,
     ChunkStoreError,
     DuplicateEntryError,
+    DuplicateStepError,
     InvalidInputError,
     SessionExpiredError,
     VersionClosedError,
@@ -60,7 +61,7 @@ from chunkstore.index import CHUNK, NODE, Claim, NewChunk, VersionEntry
 from chunkstore.journal import Fence, sync_journal
 from chunkstore.manifest import DataEntry, Shard, TensorEntry, TreeNode, encode_data, encode_tree
 from chunkstore.names import check_entry_name, check_label
-from chunkstore.records import CommitRecord
+from chunkstore.records import MAX_COUNT, CommitRecord
 from chunkstore.sessions import StoreSession
 
 if TYPE_CHECKING:
@@ -89,13 +90,18 @@ def _as_le_contiguous(array: np.ndarray) -> np.ndarray:
 class VersionWriter:
     """Collects one version's entries; use as a context manager or call commit()/abort()."""
 
-    def __init__(self, store: Store, run: str, step: int, meta: dict[str, Any] | None) -> None:
+    def __init__(self, store: Store, run: str, step: int, meta: dict[str, Any] | None, *,
+                 replace: bool = False) -> None:
         self._store = store
         self.run = check_label(run, "run name")
-        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
-            raise InvalidInputError(f"step must be a non-negative int, got {step!r}")
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) \
+                or not 0 <= step <= MAX_COUNT:
+            raise InvalidInputError(f"step must be an int in [0, 2**63 - 1], got {step!r}")
         self.step = int(step)
+        if meta is not None and not isinstance(meta, dict):
+            raise InvalidInputError(f"meta must be a dict of plain data, got {type(meta).__name__}")
         self.meta = dict(meta or {})
+        self._replace = replace
         plaindata.encode(self.meta)  # fail now, not at commit, on unserialisable metadata
         self._tensors: dict[str, _PendingTensor] = {}
         self._data: dict[str, tuple[Digest, bytes, int]] = {}
@@ -299,8 +305,16 @@ class VersionWriter:
         try:
             tensors, new_chunks = self._collect()
             root, nodes = self._build_tree(tensors)
-            node_bytes = self._write_nodes(nodes)
             store = self._store
+            same_step = [v for v in store.versions(self.run) if v.step == self.step]
+            identical = next((v for v in same_step if v.root == root), None)
+            if identical is not None:  # saved before, byte for byte: publish nothing
+                self.abort()
+                self._info = identical
+                return identical
+            if same_step and not self._replace:
+                raise DuplicateStepError(self.run, self.step, same_step[-1].id)
+            node_bytes = self._write_nodes(nodes)
             latest = store.latest(self.run)
             record = CommitRecord(
                 run=self.run, step=self.step, parent=latest.id if latest else None,
@@ -333,7 +347,18 @@ class VersionWriter:
             log.warning("version %s of %s@%d is published, but the index was not updated"
                         " (%s); it is counted in when the store is next opened",
                         version_id[:12], self.run, self.step, exc)
+        self._remove_replaced(same_step)
         return self._info
+
+    def _remove_replaced(self, replaced: list[VersionInfo]) -> None:
+        """After publishing with ``replace``: remove the versions this one replaces
+        (a tagged one stays, and RUN@STEP names the newer)."""
+        for old in replaced:
+            try:
+                self._store.delete(old.id)
+            except ChunkStoreError as exc:
+                log.warning("%s@%d: the replaced version %s stays: %s", self.run, self.step,
+                            old.short_id, exc)
 
     def _expired(self) -> SessionExpiredError:
         return SessionExpiredError(

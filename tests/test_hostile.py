@@ -184,8 +184,6 @@ def test_data_node_nested_990_deep(store_dir: Path) -> None:
 # --- 4. one malformed object never takes the store down (decoding side) -----------------------
 
 
-@pytest.mark.xfail(strict=True, reason="Store.stored_tags (store.py) must parse tags with"
-                   " records.Tag.decode and skip a CorruptTagError; remove this marker then")
 def test_tag_naming_a_number(store_dir: Path) -> None:
     _put(store_dir, tag_key("best"), b'{"version": 5}')
     with pytest.raises(CorruptTagError):

@@ -75,9 +75,14 @@ def capture_states(states: dict[str, Any]) -> list[CapturedState]:
 
 def write_version(store: Store, run: str, step: int, meta: dict[str, Any],
                   captured: list[CapturedState], arrays: Iterable[Array]) -> VersionInfo:
-    """Publish one version from captured states and their arrays (in record order)."""
+    """Publish one version from captured states and their arrays (in record order).
+
+    A step the run already has is replaced (``replace=True``): a resumed run
+    that saves a step again, after a crash lost what followed, holds the state
+    to keep; an identical save publishes nothing.
+    """
     records = [r for c in captured for r in c.records]
-    with store.new_version(run, step, meta=meta) as version:
+    with store.new_version(run, step, meta=meta, replace=True) as version:
         for record, (array, override) in zip(records, arrays, strict=True):
             version.put(record.entry, array, dtype=override)
         version.put_data(BRIDGE_ENTRY, {"format": FORMAT, "step": step,

@@ -132,11 +132,15 @@ def rm(store_path: str, selectors: tuple[str, ...], force: bool, dry_run: bool,
       chunkstore rm ckpts/ exp1@100 exp1@200 --dry-run
 
     \b
+    A version whose commit record cannot be read is never listed; name it by
+    its full id to remove it.
+
+    \b
     Exit codes: 0 removed (or would be, with --dry-run); 2 bad selector,
     tagged version without --force, or not a store.
     """
     with open_store(store_path) as store:
-        infos = list({info.id: info for info in map(store.resolve, selectors)}.values())
+        infos = list({info.id: info for info in map(store.resolve_for_removal, selectors)}.values())
         tags = tags_by_version(store)
         pinned = [(i, tags[i.id]) for i in infos if i.id in tags]
         if pinned and not force:
