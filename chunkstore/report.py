@@ -5,7 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from chunkstore.errors import GcAbortedError, GcBusyError
+from chunkstore.index import CHUNK, NODE
+
 if TYPE_CHECKING:
+    from chunkstore.gc import GcResult
     from chunkstore.store import Store
 
 
@@ -22,18 +26,41 @@ class VersionStats:
 
 @dataclass
 class StoreStats:
-    """Sizes over the whole store.  Amplification = physical / logical of the latest version."""
+    """Sizes over the whole store.  Amplification = physical / logical of the latest version.
+
+    Live objects are those a published version reaches; the rest await GC.
+    What GC could reclaim comes from a GC dry run, so ``report`` and ``gc``
+    agree by construction (after ``rm``, after ``index rebuild``, on orphans
+    the index never knew).
+    """
 
     versions: list[VersionStats] = field(default_factory=list)
-    chunks: int = 0
-    unique_raw_bytes: int = 0  # the chunks' bytes before encoding
-    physical_bytes: int = 0  # what the chunk and node objects occupy
+    chunks: int = 0  # live chunks
+    unique_raw_bytes: int = 0  # the live chunks' bytes before encoding
+    live_bytes: int = 0  # what the live chunk and node objects occupy
+    awaiting_gc_objects: int = 0  # objects no published version reaches
+    awaiting_gc_bytes: int = 0
     logical_bytes_total: int = 0  # sum over versions of their logical bytes
     latest_logical_bytes: int = 0
-    reclaimable_chunks: int = 0  # chunks and nodes no version references: GC frees them
-    reclaimable_bytes: int = 0  # ... once the grace period has passed
-    reclaimable_now_bytes: int = 0  # ... of which unreferenced for longer than the grace period
+    reclaimable_now_objects: int = 0  # what a GC with ``grace_s`` deletes now
+    reclaimable_now_bytes: int = 0
     grace_s: float = 0.0
+    #: Why the awaiting-GC and reclaimable figures are unknown (a version cannot
+    #: be read, so GC itself would delete nothing); None when they are known.
+    gc_unknown: str | None = None
+
+    @property
+    def physical_bytes(self) -> int:
+        """Everything the store's chunk and node objects occupy, live or not."""
+        return self.live_bytes + self.awaiting_gc_bytes
+
+    @property
+    def reclaimable_chunks(self) -> int:  # the name of earlier releases
+        return self.awaiting_gc_objects
+
+    @property
+    def reclaimable_bytes(self) -> int:  # the name of earlier releases
+        return self.awaiting_gc_bytes
 
     @property
     def amplification(self) -> float:
@@ -41,13 +68,13 @@ class StoreStats:
 
     @property
     def dedup_ratio(self) -> float:
-        """Logical bytes of all versions per unique raw byte (higher is better)."""
+        """Logical bytes of all versions per unique live raw byte (higher is better)."""
         return self.logical_bytes_total / self.unique_raw_bytes if self.unique_raw_bytes else 0.0
 
     @property
     def compression_ratio(self) -> float:
-        """Unique raw bytes per stored byte (higher is better)."""
-        return self.unique_raw_bytes / self.physical_bytes if self.physical_bytes else 0.0
+        """Unique live raw bytes per live stored byte (higher is better)."""
+        return self.unique_raw_bytes / self.live_bytes if self.live_bytes else 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -57,23 +84,33 @@ class StoreStats:
                 "logical_bytes_total": self.logical_bytes_total,
                 "latest_logical_bytes": self.latest_logical_bytes,
                 "unique_raw_bytes": self.unique_raw_bytes,
+                "live_bytes": self.live_bytes,
+                "awaiting_gc_objects": self.awaiting_gc_objects,
+                "awaiting_gc_bytes": self.awaiting_gc_bytes,
                 "physical_bytes": self.physical_bytes,
                 "dedup_ratio": round(self.dedup_ratio, 4),
                 "compression_ratio": round(self.compression_ratio, 4),
                 "amplification": round(self.amplification, 4),
-                "reclaimable_objects": self.reclaimable_chunks,
-                "reclaimable_bytes": self.reclaimable_bytes,
+                "reclaimable_objects": self.awaiting_gc_objects,
+                "reclaimable_bytes": self.awaiting_gc_bytes,
+                "reclaimable_now_objects": self.reclaimable_now_objects,
                 "reclaimable_now_bytes": self.reclaimable_now_bytes,
                 "grace_s": self.grace_s,
+                "gc_unknown": self.gc_unknown,
             },
         }
 
 
 def stats(store: Store, grace_s: float = 3600.0, now: float | None = None) -> StoreStats:
-    """Sizes of ``store``; what GC could reclaim now and after a grace of ``grace_s``."""
+    """Sizes of ``store``; what GC could reclaim now and after a grace of ``grace_s``.
+
+    Runs two GC dry runs (grace 0: everything awaiting GC; ``grace_s``: what
+    a GC deletes now); each marks the live versions, so the cost grows with
+    the size of the manifests, not of the data.
+    """
     import time
 
-    from chunkstore.index import ChunkState
+    from chunkstore.gc import collect
 
     now = time.time() if now is None else now
     result = StoreStats(grace_s=grace_s)
@@ -84,17 +121,25 @@ def stats(store: Store, grace_s: float = 3600.0, now: float | None = None) -> St
         result.logical_bytes_total += info.logical_bytes
     if result.versions:
         result.latest_logical_bytes = result.versions[-1].logical_bytes
-    for _, record in store.index.iter_chunks():
-        result.chunks += 1
-        result.unique_raw_bytes += record.raw_length
-        result.physical_bytes += record.stored_length
-    result.physical_bytes += store.index.node_bytes()
-    for kind, digest, since in store.index.unreferenced():
-        found = store.index.record(kind, digest)
-        if found is None or found.state == ChunkState.DELETING:
-            continue
-        result.reclaimable_chunks += 1
-        result.reclaimable_bytes += found.stored_length
-        if since <= now - grace_s:
-            result.reclaimable_now_bytes += found.stored_length
+    try:
+        awaiting = collect(store, 0, dry_run=True, clock=lambda: now)
+        later = collect(store, grace_s, dry_run=True, clock=lambda: now)
+    except (GcAbortedError, GcBusyError) as exc:
+        result.gc_unknown = str(exc)
+    else:
+        result.awaiting_gc_objects = _objects(awaiting)
+        result.awaiting_gc_bytes = awaiting.bytes_freed + awaiting.orphan_bytes_freed
+        result.reclaimable_now_objects = _objects(later)
+        result.reclaimable_now_bytes = later.bytes_freed + later.orphan_bytes_freed
+    for kind in (CHUNK, NODE):
+        for _, record in store.index.iter_records(kind):
+            if record.refcount > 0:
+                result.live_bytes += record.stored_length
+                if kind == CHUNK:
+                    result.chunks += 1
+                    result.unique_raw_bytes += record.raw_length
     return result
+
+
+def _objects(result: GcResult) -> int:
+    return result.chunks_deleted + result.nodes_deleted + result.orphans_deleted

@@ -109,6 +109,16 @@ def _validate_settings(chunk_size: int | None, compression: str | None) -> None:
         check_policy(compression)
 
 
+def _pinned_version(data: bytes) -> str | None:
+    """The version id a damaged tag object still names, if any."""
+    try:
+        body = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    version = body.get("version") if isinstance(body, dict) else None
+    return version if isinstance(version, str) and is_hex_digest(version) else None
+
+
 def default_index_dir(url: str, backend: Backend) -> str:
     local = backend.local_path()
     if local is not None:
@@ -327,9 +337,16 @@ class Store:
         for key in self.backend.list(TAG_PREFIX):
             name = key[len(TAG_PREFIX):]
             try:
-                found[name] = Tag.decode(name, self.backend.get(key)).version
-            except (FileNotFoundError, CorruptTagError):
-                continue  # removed meanwhile, or damaged: verify reports it
+                data = self.backend.get(key)
+                found[name] = Tag.decode(name, data).version
+            except FileNotFoundError:
+                continue  # removed meanwhile
+            except CorruptTagError:
+                # Damaged (verify reports it); if it still names a version id, it
+                # still pins that version: retention errs on the side of keeping.
+                pinned = _pinned_version(data)
+                if pinned is not None:
+                    found[name] = pinned
         return found
 
     def untag(self, name: str) -> bool:

@@ -103,3 +103,55 @@ def test_the_cli_removes_an_unreadable_version_by_its_id(store: chunkstore.Store
     assert done.returncode == 0, done.stderr
     assert not (store_path / version_key(bad)).exists()
     assert [v.id for v in store.versions()] == [good]
+
+
+# --- report and gc agree (what is live, what awaits gc) --------------------------------------
+
+
+def _saved_many(store: chunkstore.Store, count: int) -> list[str]:
+    rng = np.random.default_rng(0)
+    shared = rng.standard_normal(40_000).astype(np.float32)
+    ids = []
+    for step in range(count):
+        with store.new_version("r", step) as version:
+            version.put("shared", shared)
+            version.put("own", rng.standard_normal(30_000).astype(np.float32))
+        ids.append(version.info.id)
+    return ids
+
+
+def _gc_would_delete(store: chunkstore.Store, grace: float) -> tuple[int, int]:
+    result = store.gc(grace=grace, dry_run=True)
+    return (result.chunks_deleted + result.nodes_deleted + result.orphans_deleted,
+            result.bytes_freed + result.orphan_bytes_freed)
+
+
+def test_report_counts_removed_versions_as_awaiting_gc_not_as_stored_data(
+        store: chunkstore.Store) -> None:
+    ids = _saved_many(store, 6)
+    before = store.stats()
+    for vid in ids[:3]:
+        store.delete(vid)
+    after = store.stats()
+    assert before.awaiting_gc_bytes == 0
+    # The live data and its dedup ratio are those of the remaining versions only.
+    assert after.live_bytes < before.live_bytes
+    assert after.chunks < before.chunks
+    assert after.awaiting_gc_bytes == before.live_bytes - after.live_bytes
+    assert after.physical_bytes == before.physical_bytes
+    assert (after.awaiting_gc_objects, after.awaiting_gc_bytes) == _gc_would_delete(store, 0)
+    assert after.reclaimable_now_bytes == 0  # removed just now: the grace period runs
+
+
+def test_report_and_gc_agree_after_an_index_rebuild(store: chunkstore.Store) -> None:
+    ids = _saved_many(store, 6)
+    for vid in ids[:3]:
+        store.delete(vid)
+    store.rebuild_index()
+    stats = store.stats()
+    assert stats.awaiting_gc_objects > 0
+    assert (stats.awaiting_gc_objects, stats.awaiting_gc_bytes) == _gc_would_delete(store, 0)
+    result = store.gc(grace=0)
+    deleted = result.chunks_deleted + result.nodes_deleted + result.orphans_deleted
+    assert deleted == stats.awaiting_gc_objects
+    assert store.stats().awaiting_gc_objects == 0 and store.verify().ok

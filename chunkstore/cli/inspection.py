@@ -284,17 +284,25 @@ def report_text(stats: StoreStats, store_path: str) -> None:
         ("logical, all versions", format_size(stats.logical_bytes_total)),
         ("logical, latest version", format_size(stats.latest_logical_bytes)),
         ("unique chunk bytes", format_size(stats.unique_raw_bytes)),
+        ("stored, live", format_size(stats.live_bytes)
+         + "  (chunks and nodes a published version reaches)"),
+        ("stored, awaiting gc", f"{format_size(stats.awaiting_gc_bytes)} in"
+         f" {plural(stats.awaiting_gc_objects, 'object')}  (no published version reaches"
+         " them)"),
         ("physical (stored)", format_size(stats.physical_bytes)),
         ("dedup ratio", format_ratio(stats.dedup_ratio or None)),
         ("compression ratio", format_ratio(stats.compression_ratio or None)),
         ("amplification", format_ratio(stats.amplification or None)
          + "  (physical / logical of the latest version; one full copy per version"
          f" would be {len(stats.versions)}.00x)" if stats.versions else "-"),
-        ("reclaimable by gc now", format_size(stats.reclaimable_now_bytes)
-         + f"  (unreferenced for longer than {format_duration(stats.grace_s)})"),
-        ("reclaimable after grace", f"{format_size(stats.reclaimable_bytes)} in"
-         f" {plural(stats.reclaimable_chunks, 'unreferenced object')}"),
+        ("reclaimable by gc now", f"{format_size(stats.reclaimable_now_bytes)} in"
+         f" {plural(stats.reclaimable_now_objects, 'object')}  (what `gc --grace"
+         f" {format_duration(stats.grace_s)}` deletes now; the rest once the grace has"
+         " passed)"),
     ]
+    if stats.gc_unknown is not None:
+        fields = [f for f in fields if not f[0].startswith(("stored, awaiting", "reclaimable"))]
+        fields.append(("awaiting gc", f"unknown: {stats.gc_unknown}"))
     click.echo(f"store {store_path}")
     echo_lines(["  " + line for line in render_table(["", ""], fields)[1:]])
 
@@ -309,12 +317,14 @@ def report(store_path: str, grace: str, as_json: bool) -> None:
 
     \b
     Per version: its three sizes (below).
-    Totals: dedup ratio (logical bytes of all versions / unique chunk
-    bytes), compression ratio (unique chunk bytes / stored bytes),
-    storage amplification (stored bytes / logical bytes of the latest
-    version; saving a full copy each time, as torch.save does, gives N
-    after N versions) and what garbage collection could reclaim now and
-    once the grace period of the currently unreferenced objects has passed.
+    Totals: stored bytes split into live (reached by a published version)
+    and awaiting gc (removed versions, killed saves); dedup ratio (logical
+    bytes of all versions / unique live chunk bytes), compression ratio
+    (unique live chunk bytes / live stored bytes), storage amplification
+    (all stored bytes / logical bytes of the latest version; saving a full
+    copy each time, as torch.save does, gives N after N versions) and what
+    `gc` with the same --grace would delete now. The figures come from the
+    same code as `gc --dry-run`, so the two always agree.
 
     \b
     Example:
