@@ -9,8 +9,10 @@ model, are why each step is where it is):
 1. take this index's GC lock (one GC per index at a time; GCs on other
    indexes are safe to run at once, see below), count in or out versions
    committed or removed behind the index's back, apply the GC journal
-   entries other GCs finished (:mod:`chunkstore.journal`), and finish the
-   deletions a killed GC of this index left in the DELETING state;
+   entries other GCs finished (:mod:`chunkstore.journal`), and hand the
+   deletions a killed GC of this index left in the DELETING state back to
+   this run (never finished blindly: that GC's entry died with it, so saves
+   elsewhere may have written those objects again);
 2. expire the index's write sessions of dead processes;
 3. candidates: objects whose refcount has been zero for at least the grace
    period (the index's ``zero`` table), and objects on storage no index
@@ -44,7 +46,9 @@ session before step 5 completed and had not read the entry, step 6 waited
 until S ended; if S published, step 7 reached X through S's version; if S
 was abandoned, nothing needs X.  Otherwise S read the entry: S never
 referenced X unwritten, and wrote X only after this run marked the entry
-done or died (the fence wait), so after its deletion.  Versions published
+done or died (the fence wait, for every active entry naming X), so after
+its deletion.  "Died" includes "could not renew its entry for half the
+lease": such a run stops deleting before others may count it dead.  Versions published
 before step 7 are marked in step 7; a version removed before it is marked
 through its tombstone for the grace period.  Two GCs on different indexes
 each satisfy this argument independently (deleting is idempotent, and each
@@ -93,7 +97,7 @@ from chunkstore.journal import (
 from chunkstore.mark import MarkSet, mark_live, mark_removed, mark_unindexed
 from chunkstore.progress import NullProgress, Progress
 from chunkstore.retention import parse_duration
-from chunkstore.sessions import HEARTBEAT_S, list_sessions, owner_is_dead
+from chunkstore.sessions import HEARTBEAT_S, LEASE_S, list_sessions, owner_is_dead
 from chunkstore.tombstones import tombstone_key
 
 if TYPE_CHECKING:
@@ -194,15 +198,15 @@ def _remove_stale_marks(index_path: str) -> None:
 
 
 def finish_deletions(store: Store) -> int:
-    """Complete every deletion a killed GC left behind; the caller holds the GC lock."""
-    done = 0
-    for kind, digest, _ in list(store.index.unreferenced()):
-        record = store.index.record(kind, digest)
-        if record is not None and record.state == ChunkState.DELETING:
-            store.backend.delete(_KEY_OF[kind](digest))
-            store.index.finish_delete(kind, digest)
-            done += 1
-    return done
+    """Hand back every deletion a killed GC of this index left in the DELETING state.
+
+    Its records become WRITING (no dedup target), so the objects are decided
+    again by a whole run: journal entry, session wait and mark.  Deleting them
+    directly would skip all three, and a save on another index may have
+    written one again since (the dead GC's entry stopped protecting it).
+    The caller holds the GC lock.
+    """
+    return store.index.abandon_deletions()
 
 
 def finish_abandoned_deletions(store: Store) -> None:
@@ -233,13 +237,27 @@ class _Run:
         self.expired: set[str] = set()
         self.expired_tombstones: list[str] = []
         self.deleted: list[tuple[bytes, Digest]] = []
+        self.entry: JournalEntry | None = None
+        self.last_beat, self.last_beat_wall = time.monotonic(), time.time()
 
     def check_time(self) -> None:
+        """Called between steps: keep the grace promise, and keep the journal entry
+        alive (a GC that cannot prove it is alive must not delete)."""
         if self.grace_s > 0 and self.clock() - self.started > self.grace_s / 2:
             raise GcAbortedError(
                 f"gc ran longer than half the grace period ({self.grace_s / 2:.0f}s) and"
                 " stopped so that readers keep the grace period they were promised; run it"
                 " again, or with a longer --grace")
+        if self.entry is None or time.monotonic() - self.last_beat < HEARTBEAT_S:
+            return
+        if time.time() - self.last_beat_wall > LEASE_S / 2:
+            # Paused or cut off for half the lease: saves elsewhere may have counted
+            # this run dead and written its objects again.
+            raise GcAbortedError(
+                "gc could not renew its journal entry for half the session lease (paused,"
+                " or the store unreachable) and stopped deleting; run it again")
+        write_entry(self.backend, self.entry)
+        self.last_beat, self.last_beat_wall = time.monotonic(), time.time()
 
     def run(self) -> GcResult:
         self.index.reader_check()
@@ -351,6 +369,8 @@ class _Run:
     def fence_and_delete(self, candidates: list[Candidate]) -> None:
         """Steps 5-9: journal entry, wait for older saves, mark again, delete."""
         entry = start_entry(self.backend, ((c.kind, c.digest) for c in candidates))
+        self.entry = entry
+        self.last_beat, self.last_beat_wall = time.monotonic(), time.time()
         self.result.journal_entry = entry.id
         try:
             if not self.wait_for_sessions(entry):
@@ -375,7 +395,6 @@ class _Run:
     def wait_for_sessions(self, entry: JournalEntry) -> bool:
         """Wait until no live save session that has not read ``entry`` is left."""
         deadline = time.monotonic() + self.session_wait_s
-        next_beat = time.monotonic() + HEARTBEAT_S
         delay, waited = 0.01, set()
         while True:
             now = time.time()
@@ -387,10 +406,7 @@ class _Run:
                 return True
             if time.monotonic() > deadline:
                 return False
-            self.check_time()
-            if time.monotonic() > next_beat:
-                write_entry(self.backend, entry)  # still alive: saves keep waiting for us
-                next_beat = time.monotonic() + HEARTBEAT_S
+            self.check_time()  # renews the entry: saves that need its objects wait for us
             time.sleep(delay)
             delay = min(delay * 2, 0.5)
 

@@ -466,6 +466,24 @@ class Index:
                 self._delete(txn, kind, digest)
         return True
 
+    def abandon_deletions(self) -> int:
+        """Turn every DELETING record (of a killed GC) back into WRITING; return how many.
+
+        The object may or may not still exist: WRITING makes it no dedup target,
+        and leaves the decision to a whole GC run.
+        """
+        with self.env.begin(write=True) as txn:
+            # DELETING records are all in the ``zero`` table, whatever their refcount.
+            keys = [bytes(k) for k, _ in txn.cursor(db=self.zero)]
+            count = 0
+            for key in keys:
+                kind, digest = key[:1], Digest(key[1:])
+                rec = self._get(txn, self._db(kind), digest)
+                if rec is not None and rec.state == ChunkState.DELETING:
+                    self._put(txn, kind, digest, replace(rec, state=ChunkState.WRITING))
+                    count += 1
+        return count
+
     def put_record_if_absent(self, kind: bytes, digest: Digest, record: ChunkRecord) -> bool:
         """Add a record unless one exists (one transaction); return whether it was added."""
         with self.env.begin(write=True) as txn:

@@ -109,6 +109,12 @@ def _validate_settings(chunk_size: int | None, compression: str | None) -> None:
         check_policy(compression)
 
 
+def _removable_key_name(name: object) -> bool:
+    """A name writers refuse that still names one plain key (to remove a damaged tag)."""
+    return (isinstance(name, str) and name not in ("", ".", "..") and "/" not in name
+            and name.isprintable() and "\\" not in name)
+
+
 def _pinned_version(data: bytes) -> str | None:
     """The version id a damaged tag object still names, if any."""
     try:
@@ -355,7 +361,7 @@ class Store:
         except InvalidNameError:
             # A damaged tag (another tool's) may carry a name writers refuse: it can
             # still be removed by its exact name, if it names a plain key.
-            if "/" in name or name in ("", ".", "..") or not self.backend.exists(tag_key(name)):
+            if not _removable_key_name(name) or not self.backend.exists(tag_key(name)):
                 raise
         existed = self.backend.delete(tag_key(name))
         return self.index.delete_tag(name) or existed

@@ -96,7 +96,7 @@ class VersionWriter:
         self.run = check_label(run, "run name")
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) \
                 or not 0 <= step <= MAX_COUNT:
-            raise InvalidInputError(f"step must be an int in [0, 2**63 - 1], got {step!r}")
+            raise InvalidInputError(f"step must be a non-negative int below 2**63, got {step!r}")
         self.step = int(step)
         if meta is not None and not isinstance(meta, dict):
             raise InvalidInputError(f"meta must be a dict of plain data, got {type(meta).__name__}")
@@ -199,10 +199,13 @@ class VersionWriter:
         An object an active GC run may delete is never reused: the save waits
         for that run first, and then writes it (keeping an intact copy).
         """
-        blocker = self._fence.blocking(kind, digest)
-        if blocker is not None:
+        fenced = False
+        # Every active entry that names it, not only the first: each one's GC
+        # relies on this save (which listed it as seen) not to touch the object.
+        while (blocker := self._fence.blocking(kind, digest)) is not None:
             self._fence.wait(blocker)
-        if claim(digest) != Claim.DEDUP or blocker is not None:
+            fenced = True
+        if claim(digest) != Claim.DEDUP or fenced:
             return False
         if self._check_dedup:
             key = chunk_key(digest) if kind == CHUNK else node_key(digest)

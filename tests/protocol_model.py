@@ -67,16 +67,17 @@ FENCED, DONE, ABANDONED = "fenced", "done", "abandoned"
 class Protocol:
     """What each actor does.  Defaults: the protocol as implemented."""
 
-    # --- how the code behaves where the protocol leaves room ---------------------------------
-    #: A save waits for every active entry naming an object before writing it (the code
-    #: waits for the first one it finds: ``VersionWriter._reusable``).
-    wait_every_blocker: bool = False
+    # --- where the protocol leaves room: the safe choices, as the code makes them ---------------
+    #: A save waits for every active entry naming an object before writing it, not only
+    #: the first (``VersionWriter._reusable``).  Unsafe with two GCs at once.
+    wait_every_blocker: bool = True
     #: A GC that lapsed (paused past the lease, so others count it dead) deletes nothing
-    #: more (the code does not check: ``_Run.delete`` never looks at its own heartbeat).
-    gc_stops_when_lapsed: bool = False
+    #: more (``_Run.check_time``).
+    gc_stops_when_lapsed: bool = True
     #: The next GC on an index finishes a killed GC's DELETING objects without a journal
-    #: entry, a session wait or a mark (``gc.finish_deletions``, as the code does).
-    finish_deletions_blindly: bool = True
+    #: entry, a session wait or a mark.  The code does not: ``gc.finish_deletions`` hands
+    #: them back to a whole run.
+    finish_deletions_blindly: bool = False
 
     # --- one rule broken at a time -------------------------------------------------------------
     #: GC does not wait for sessions before deleting.

@@ -11,11 +11,12 @@ reachable state space is explored (no depth cut), and:
 - each ``break_*`` variant (one rule of the protocol broken) must be caught:
   the explorer finds, and prints, the shortest schedule that loses data.
 
-``Protocol()`` is the protocol as the code implements it; three of its
-behaviours (``wait_every_blocker``, ``gc_stops_when_lapsed``,
-``finish_deletions_blindly``) are where the code and a safe protocol differ:
-``Protocol().fixed()`` has the safe ones.  When the code is changed to do what
-``fixed()`` does, change the defaults of those three fields to match.
+``Protocol()`` is the protocol as the code implements it.  Three of its
+choices (``wait_every_blocker``, ``gc_stops_when_lapsed``,
+``finish_deletions_blindly``) were first implemented the unsafe way; this
+explorer found a schedule losing data for each (two GCs at once; a GC paused
+past the lease; a killed GC's deletions finished blindly), and the code was
+changed.  ``Protocol().fixed()`` names the safe choices explicitly.
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ def test_meta_that_is_not_a_dict_is_refused_when_the_version_is_created(
 
 
 def test_a_step_beyond_what_a_record_holds_is_refused(store: chunkstore.Store) -> None:
-    with pytest.raises(InvalidInputError, match="2\\*\\*63"):
+    with pytest.raises(InvalidInputError, match="below 2"):
         store.new_version("r", 2**63)
 
 
