@@ -191,9 +191,10 @@ def gc_lock(index_path: str, *, wait: bool = False, wait_s: float = 0.0) -> Iter
 
 
 def _remove_stale_marks(index_path: str) -> None:
-    """Remove mark sets of killed GC runs (the caller holds the GC lock)."""
+    """Remove mark sets and scratch indexes of killed GC runs and rebuilds (the
+    caller holds the GC lock, which rebuilds take too)."""
     for name in os.listdir(index_path) if os.path.isdir(index_path) else []:
-        if name.startswith("gc-mark-"):
+        if name.startswith(("gc-mark-", "rebuild-")):
             shutil.rmtree(os.path.join(index_path, name), ignore_errors=True)
 
 

@@ -39,8 +39,8 @@ from typing import Any
 
 import lmdb
 
+from chunkstore import indexfile
 from chunkstore.digest import Digest
-from chunkstore.errors import BackendError
 
 INDEX_SCHEMA = 2
 DEFAULT_MAP_SIZE = 1 << 36
@@ -120,21 +120,32 @@ class Index:
     """One LMDB environment; safe to share between threads and processes.
 
     ``needs_rebuild`` is set when the index on disk was written by another
-    index schema (it is then emptied): the store rebuilds it from the manifests.
+    index schema (it is then emptied), or was damaged and set aside
+    (:mod:`chunkstore.indexfile`): the store rebuilds it from the manifests.
     """
 
     def __init__(self, path: str, map_size: int = DEFAULT_MAP_SIZE) -> None:
-        os.makedirs(path, exist_ok=True)
         self.path = path
+        self._map_size = indexfile.map_size(map_size)
+        self.env, damaged = indexfile.open_env(path, self._map_size)
         try:
-            # metasync=False: each commit still flushes the data pages, and a
-            # system crash can at worst undo the last transaction, never
-            # corrupt the tree; the index is rebuildable from the manifests.
-            self.env = lmdb.open(path, map_size=map_size, max_dbs=16, metasync=False,
-                                 max_readers=256)
-        except lmdb.Error as exc:
-            raise BackendError(f"cannot open the index at {path}: {exc};"
-                               " run `chunkstore index rebuild`") from exc
+            other_schema = self._open_tables()
+        except indexfile.DAMAGE as exc:
+            self.env.close()
+            indexfile.set_aside(path, f"{type(exc).__name__}: {exc}")
+            self.env, _ = indexfile.open_env(path, self._map_size)
+            other_schema, damaged = self._open_tables(), True
+        self.needs_rebuild = other_schema or damaged
+
+    def reset(self, reason: str) -> None:
+        """Set this (damaged) index aside and start an empty one in its place."""
+        self.env.close()
+        indexfile.set_aside(self.path, reason)
+        self.env, _ = indexfile.open_env(self.path, self._map_size)
+        self._open_tables()
+
+    def _open_tables(self) -> bool:
+        """Open every table; True when the index was written by another schema."""
         self.chunks = self.env.open_db(b"chunks")
         self.nodes = self.env.open_db(b"nodes")
         self.zero = self.env.open_db(b"zero")  # kind + digest -> since, for refcount 0
@@ -147,8 +158,9 @@ class Index:
         self.session_claims = self.env.open_db(b"session_claims")  # session id + digest
         self.meta = self.env.open_db(b"meta")
         self.journal = self.env.open_db(b"journal")  # GC journal entry ids applied here
-        self.needs_rebuild = self._check_schema()
+        other_schema = self._check_schema()
         self.reader_check()
+        return other_schema
 
     def reader_check(self) -> None:
         """Free the reader slots of killed processes (they pin old pages and fill the table)."""
@@ -572,6 +584,17 @@ class Index:
             for db in self._tables():
                 txn.drop(db, delete=False)
             txn.put(b"schema", str(INDEX_SCHEMA).encode(), db=self.meta)
+        self.needs_rebuild = False
+
+    def replace_contents(self, other: Index) -> None:
+        """Make this index hold exactly what ``other`` holds, in one write transaction:
+        a reader in any process sees the old contents or the new, never a half."""
+        with self.env.begin(write=True) as txn, other.env.begin() as source:
+            for mine, theirs in zip((*self._tables(), self.meta),
+                                    (*other._tables(), other.meta), strict=True):
+                txn.drop(mine, delete=False)
+                cursor = txn.cursor(db=mine)
+                cursor.putmulti(source.cursor(db=theirs).iternext(), append=True)
         self.needs_rebuild = False
 
     def put_chunk_record(self, digest: Digest, record: ChunkRecord) -> None:

@@ -9,10 +9,13 @@ crash between the commit record and the index update, or by another machine);
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from chunkstore import indexfile
 from chunkstore.backends.base import ObjectInfo
 from chunkstore.chunkobj import HEADER, parse_header
 from chunkstore.digest import (
@@ -27,7 +30,7 @@ from chunkstore.digest import (
     version_key,
 )
 from chunkstore.errors import ChunkStoreError, SavesInProgressError
-from chunkstore.index import CHUNK, NODE, ChunkRecord, ChunkState, NewChunk
+from chunkstore.index import CHUNK, NODE, ChunkRecord, ChunkState, Index, NewChunk
 from chunkstore.journal import list_entry_ids, read_entry
 from chunkstore.sessions import live_sessions
 from chunkstore.tree import flatten
@@ -37,6 +40,8 @@ if TYPE_CHECKING:
     from chunkstore.store import Store
 
 log = logging.getLogger(__name__)
+#: Scratch indexes of rebuilds live in the index directory under this prefix.
+REBUILD_PREFIX = "rebuild-"
 
 
 @dataclass
@@ -156,6 +161,28 @@ def rebuild(store: Store) -> RebuildResult:
 
 
 def _rebuild(store: Store) -> RebuildResult:
+    """Build a new index beside the live one, then swap the contents in one transaction
+    (commands in other processes never see a half-built index)."""
+    live = store.index
+    scratch = Index(tempfile.mkdtemp(prefix=REBUILD_PREFIX, dir=live.path))
+    store.index = scratch
+    try:
+        result = _rebuild_into(store)
+    finally:
+        store.index = live
+    try:
+        try:
+            live.replace_contents(scratch)
+        except indexfile.DAMAGE as exc:  # the live index itself is damaged: a new one
+            live.reset(f"{type(exc).__name__}: {exc}")
+            live.replace_contents(scratch)
+    finally:
+        scratch.close()
+        shutil.rmtree(scratch.path, ignore_errors=True)
+    return result
+
+
+def _rebuild_into(store: Store) -> RebuildResult:
     # GC journal entries finished before the listing below are reflected in it:
     # the rebuilt index need not apply them.  Listed first, for that reason.
     finished = []

@@ -7,6 +7,7 @@ and are exposed here as thin methods.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import json
@@ -39,6 +40,7 @@ from chunkstore.errors import (
     InvalidNameError,
     InvalidSettingError,
     NotAStoreError,
+    SavesInProgressError,
     SelectorError,
 )
 from chunkstore.index import Index, VersionEntry
@@ -161,8 +163,10 @@ def open(
                                   " the chunk size of an existing store cannot change")
     index = Index(index_dir or default_index_dir(text, backend))
     store = Store(text, backend, config, index, compression or config.compression, threads)
-    if index.needs_rebuild:  # written by another index schema: it was emptied
-        store.rebuild_index()
+    if index.needs_rebuild:  # another index schema (emptied), or damaged and set aside
+        # With saves elsewhere in progress, the reconcile below counts every version in.
+        with contextlib.suppress(SavesInProgressError):
+            store.rebuild_index()
     store.reconcile()
     return store
 

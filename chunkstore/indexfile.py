@@ -1,0 +1,149 @@
+"""Opening the LMDB index so that a damaged one is never fatal.
+
+The index is a cache of the store (docs/format.md §1), so a damaged index is
+set aside (renamed ``<index>.damaged-<time>``) and rebuilt from the store,
+with a warning, instead of failing every command.  Three ways it goes wrong:
+
+- **truncated** (a full disk, a partial copy): LMDB maps the file and the
+  first access past its end kills the process with SIGBUS.  The meta pages
+  are read with plain file reads first and the file's size checked against
+  the last page they name, before anything is mapped;
+- **damaged bytes** LMDB notices (``lmdb.CorruptedError`` and kin) when the
+  environment is opened or first read;
+- **no address space** for the map (``ulimit -v`` below the map size): the
+  map is retried smaller, down to what the data needs, and the error says
+  what limit to raise.
+
+LMDB's meta page (``lmdb/mdb.c``, 64-bit): a 16-byte page header, then
+``mm_magic`` (u32, 0xBEEFC0DE) at 16, the free-list DB record at 40 whose
+first u32 is the page size, ``mm_last_pg`` (u64) at 136 and ``mm_txnid``
+(u64) at 144; pages 0 and 1 hold the two meta copies, the newer wins.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import time
+
+import lmdb
+
+from chunkstore.errors import BackendError
+
+log = logging.getLogger(__name__)
+
+MAGIC = 0xBEEFC0DE
+#: Environment variable that sets the index's map size in bytes.
+MAP_SIZE_ENV_VAR = "CHUNKSTORE_INDEX_MAP_SIZE"
+MIN_MAP_SIZE = 1 << 28
+_META = struct.Struct("<16xIIQQI")  # header, magic, version, address, mapsize, page size
+_TAIL = struct.Struct("<QQ")  # last page, txn id (at offset 136)
+#: What LMDB raises for an environment it cannot trust.
+DAMAGE = (lmdb.CorruptedError, lmdb.InvalidError, lmdb.PageNotFoundError,
+          lmdb.VersionMismatchError, lmdb.BadRslotError, lmdb.PanicError)
+
+
+def probe(path: str) -> str | None:  # noqa: PLR0911 - one return per way it can be damaged
+    """Why ``path``'s ``data.mdb`` cannot be mapped safely, or None when it can."""
+    file = os.path.join(path, "data.mdb")
+    try:
+        with open(file, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            head = handle.read(2 * 65536)
+    except FileNotFoundError:
+        return None
+    if size == 0:
+        return None  # LMDB initialises an empty file
+    if len(head) < _META.size:
+        return f"data.mdb is {size} bytes, shorter than one meta page"
+    page_size = _META.unpack_from(head, 0)[4]
+    if page_size not in {1 << n for n in range(9, 17)}:
+        return f"data.mdb's meta page is damaged (page size {page_size})"
+    last_page = _newest_last_page(head, page_size)
+    if last_page is None:
+        return "data.mdb has no valid meta page"
+    needed = (last_page + 1) * page_size
+    if size < needed:
+        return f"data.mdb is {size} bytes but its pages reach {needed} (truncated)"
+    return None
+
+
+def _newest_last_page(head: bytes, page_size: int) -> int | None:
+    """The last page the newer of the two valid meta pages names."""
+    newest: tuple[int, int] | None = None  # (txn id, last page)
+    for offset in (0, page_size):
+        if len(head) < offset + 152:
+            continue
+        magic = _META.unpack_from(head, offset)[0]
+        last_page, txn = _TAIL.unpack_from(head, offset + 136)
+        if magic == MAGIC and (newest is None or txn > newest[0]):
+            newest = (txn, last_page)
+    return None if newest is None else newest[1]
+
+
+def set_aside(path: str, reason: str) -> str:
+    """Rename a damaged index directory out of the way; return where it went."""
+    target = f"{path}.damaged-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    os.replace(path, target)
+    os.makedirs(path, exist_ok=True)
+    log.warning("the index at %s is damaged (%s): set aside as %s and rebuilt from the store"
+                " (the index is a cache; no checkpoint data is lost)", path, reason, target)
+    return target
+
+
+def map_size(default: int) -> int:
+    text = os.environ.get(MAP_SIZE_ENV_VAR)
+    if not text:
+        return default
+    try:
+        return max(MIN_MAP_SIZE, int(text))
+    except ValueError:
+        raise BackendError(f"{MAP_SIZE_ENV_VAR}={text!r} is not a number of bytes") from None
+
+
+def open_env(path: str, size: int) -> tuple[lmdb.Environment, bool]:
+    """Open the index environment; True when a damaged one was set aside (rebuild it)."""
+    os.makedirs(path, exist_ok=True)
+    damaged = False
+    reason = probe(path)
+    if reason is not None:
+        set_aside(path, reason)
+        damaged = True
+    try:
+        return _open_with_fallback(path, size), damaged
+    except DAMAGE as exc:
+        set_aside(path, f"{type(exc).__name__}: {exc}")
+        return _open_with_fallback(path, size), True
+
+
+def _open_with_fallback(path: str, size: int) -> lmdb.Environment:
+    """Open with ``size``; where the address space is short, retry with less."""
+    data = os.path.join(path, "data.mdb")
+    needed = os.path.getsize(data) if os.path.exists(data) else 0
+    attempt = size
+    while True:
+        try:
+            # metasync=False: each commit still flushes the data pages, and a
+            # system crash can at worst undo the last transaction, never
+            # corrupt the tree; the index is rebuildable from the manifests.
+            env = lmdb.open(path, map_size=attempt, max_dbs=16, metasync=False,
+                            max_readers=256)
+        except lmdb.MemoryError as exc:
+            smaller = attempt // 4
+            if smaller < max(MIN_MAP_SIZE, 2 * needed):
+                raise BackendError(
+                    f"cannot map the index at {path} ({exc}): the process has too little"
+                    f" address space (is `ulimit -v` set?); it needs at least"
+                    f" {max(MIN_MAP_SIZE, 2 * needed)} bytes. Raise the limit, or set"
+                    f" {MAP_SIZE_ENV_VAR}") from exc
+            attempt = smaller
+            continue
+        except DAMAGE:
+            raise
+        except lmdb.Error as exc:
+            raise BackendError(f"cannot open the index at {path}: {exc}") from exc
+        if attempt != size:
+            log.warning("the index at %s is mapped with %d bytes, not %d (address space"
+                        " limit); it holds fewer chunks before it is full", path, attempt, size)
+        return env

@@ -1,0 +1,124 @@
+"""A damaged index is never fatal: set aside, rebuilt from the store, with a warning.
+
+Each case runs the CLI in a real subprocess, so a SIGBUS (a mapped file
+shorter than LMDB believes) shows as a negative exit code instead of killing
+the test run.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import chunkstore
+from chunkstore.indexfile import probe
+
+CLI = [sys.executable, "-m", "chunkstore"]
+W = np.arange(50_000, dtype=np.float32)
+
+
+@pytest.fixture
+def saved(store_path: Path) -> Path:
+    with chunkstore.open(store_path, chunk_size=4096) as store:
+        for step in (1, 2):
+            with store.new_version("r", step) as version:
+                version.put("w", W * step)
+                version.put_data("trainer", {"step": step})
+    return store_path
+
+
+def cli(*args: object, limit_as: int | None = None) -> subprocess.CompletedProcess[str]:
+    def limit() -> None:
+        if limit_as is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (limit_as, limit_as))
+
+    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True,
+                          timeout=120, check=False, preexec_fn=limit)
+
+
+def assert_store_works(path: Path) -> None:
+    for command in (("log", path), ("verify", path), ("index", "rebuild", path)):
+        done = cli(*command)
+        assert done.returncode == 0, (command, done.returncode, done.stderr)
+    with chunkstore.open(path) as store:
+        np.testing.assert_array_equal(store.open_version("r@2").get("w"), W * 2)
+        assert store.verify().ok
+
+
+def test_a_truncated_index_is_set_aside_not_a_sigbus(saved: Path) -> None:
+    data = saved / "index" / "data.mdb"
+    size = data.stat().st_size
+    os.truncate(data, size // 3)
+    assert "truncated" in (probe(str(saved / "index")) or "")
+    done = cli("log", saved)
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    assert "damaged" in done.stderr and "set aside" in done.stderr
+    assert "r@2" in done.stdout
+    assert list(saved.glob("index.damaged-*"))
+    assert_store_works(saved)
+
+
+@pytest.mark.parametrize("offset", [16, 4096 + 16, 40])  # magic of each meta page, page size
+def test_a_flipped_byte_in_the_meta_pages_is_set_aside(saved: Path, offset: int) -> None:
+    data = saved / "index" / "data.mdb"
+    raw = bytearray(data.read_bytes())
+    raw[offset] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    done = cli("verify", saved)
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    assert_store_works(saved)
+
+
+def test_garbage_instead_of_an_index_is_set_aside(saved: Path) -> None:
+    (saved / "index" / "data.mdb").write_bytes(os.urandom(3 * 4096))
+    done = cli("log", saved)
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    assert "set aside" in done.stderr
+    assert_store_works(saved)
+
+
+def test_an_address_space_limit_below_the_map_size_maps_a_smaller_index(saved: Path) -> None:
+    """The default map is 64 GiB; under `ulimit -v` of 6 GiB the index still opens."""
+    done = cli("log", saved, limit_as=6 << 30)
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    assert "r@2" in done.stdout
+
+
+def test_an_address_space_limit_too_small_for_any_map_says_what_to_raise(
+        saved: Path) -> None:
+    done = cli("log", saved, limit_as=300 << 20)
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert lines and lines[-1].startswith("chunkstore: error:"), done.stderr
+    assert "ulimit" in lines[-1] or "memory" in lines[-1].lower(), done.stderr
+
+
+def test_a_rebuild_never_shows_other_processes_an_empty_index(saved: Path) -> None:
+    """Readers in other processes during `index rebuild` see every version."""
+    stop = threading.Event()
+    failures: list[str] = []
+
+    def read() -> None:
+        while not stop.is_set():
+            done = cli("show", saved, "r@1")
+            if done.returncode != 0:
+                failures.append(done.stderr)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 6
+        while time.monotonic() < deadline:
+            assert cli("index", "rebuild", saved).returncode == 0
+    finally:
+        stop.set()
+        reader.join()
+    assert failures == []
