@@ -68,6 +68,33 @@ def gc_table(gc: dict[str, Any]) -> list[str]:
     ]
 
 
+def protocol_table(after: dict[str, Any]) -> list[str]:
+    """The many-indexes protocol's cost, against the code before it where measured."""
+    before = _load("protocol-before.json")
+
+    def cells(key: str, pick: Any) -> str:
+        old = pick(before) if before is not None else None
+        return f"| {'-' if old is None else old} | {pick(after)} |"
+
+    s3 = after["s3"]
+    rows = [("S3 requests: first save", lambda d: d["s3"]["requests_per_save"]["first"]["total"]),
+            ("S3 requests: unchanged re-save",
+             lambda d: d["s3"]["requests_per_save"]["unchanged"]["total"]),
+            ("S3 requests: save with one tensor changed",
+             lambda d: d["s3"]["requests_per_save"]["partial"]["total"]),
+            ("S3 requests: GC that deletes", lambda d: d["s3"]["gc_requests"]["total"]),
+            ("S3 requests: GC with nothing to delete",
+             lambda d: d["s3"]["gc_idle_requests"]["total"])]
+    rows += [(f"local {kind} save, {after['mib']} MiB",
+              lambda d, k=kind: f"{d['local']['save_s'][k] * 1e3:.0f} ms")
+             for kind in ("first", "unchanged", "partial")]
+    lines = [f"What the many-indexes protocol costs (`{after['command']}`, {after['tensors']}"
+             f" tensors; S3: {s3['mib']} MiB on a moto server; *before*: the same script on"
+             " the code before the protocol):", "", "| | before | after |", "|---|---|---|"]
+    lines += [f"| {label} " + cells(label, pick) for label, pick in rows]
+    return lines
+
+
 def suite_sections(names: tuple[str, ...]) -> list[str]:
     """Sections of the suite's latest.md, by heading, with their tables."""
     path = RESULTS / "latest.md"
@@ -97,7 +124,7 @@ def render_all() -> str:
     if sections:
         parts.append("\n".join(sections).strip())
     for name, render in (("core.json", core_table), ("pause.json", pause_table),
-                         ("gc.json", gc_table)):
+                         ("gc.json", gc_table), ("protocol.json", protocol_table)):
         doc = _load(name)
         if doc is not None:
             parts.append("\n".join(render(doc)))
