@@ -3,13 +3,16 @@
 Header, little-endian, 24 bytes (+32 when a base key is present)::
 
     0  4s  magic b"CSCK"
-    4  u8  chunk format version (1)
+    4  u8  chunk format version (2; 1 is read too)
     5  u8  codec id
     6  u8  element size in bytes (used by shuffle codecs)
     7  u8  flags: bit 0 = a 32-byte base key follows the header (delta codecs)
     8  u64 raw length (bytes after decoding)
     16 u64 payload length (bytes after the header)
 
+In version 2 the BASE flag is set exactly when the codec is a delta codec
+(``xor-delta``): the payload decodes to the XOR of the chunk with its base,
+whose raw bytes the caller supplies (:mod:`chunkstore.chain` reads chains).
 Every decode re-hashes the result: a chunk whose bytes do not hash to its
 key raises :class:`CorruptChunkError`, so nothing corrupt is returned.
 """
@@ -20,11 +23,14 @@ import struct
 from dataclasses import dataclass
 
 from chunkstore import codecs
+from chunkstore.codecs.xordelta import xor_into
 from chunkstore.digest import DIGEST_SIZE, Digest
 from chunkstore.errors import CorruptChunkError, FormatVersionError
 
 MAGIC = b"CSCK"
-CHUNK_FORMAT_VERSION = 1
+CHUNK_FORMAT_VERSION = 2
+#: Codec ids each chunk format version knows (version 1: no delta codec).
+_CODECS_OF_VERSION = {1: frozenset({0, 1, 2}), 2: frozenset({0, 1, 2, 3})}
 HEADER = struct.Struct("<4sBBBBQQ")
 FLAG_BASE = 0x01
 #: The largest raw length a reader decodes: a store's chunks are never longer.
@@ -62,12 +68,16 @@ def parse_header(digest: Digest, data: bytes | memoryview) -> ChunkHeader:
     magic, version, codec_id, element_size, flags, raw_len, payload_len = HEADER.unpack_from(data)
     if magic != MAGIC:
         raise CorruptChunkError(digest.hex, "bad magic (not a chunk object)")
-    if version != CHUNK_FORMAT_VERSION:
+    if version not in _CODECS_OF_VERSION:
         raise FormatVersionError(f"chunk {digest.short(16)}", version, CHUNK_FORMAT_VERSION)
-    if codecs.by_id(codec_id) is None:
+    codec = codecs.by_id(codec_id)
+    if codec is None or codec_id not in _CODECS_OF_VERSION[version]:
         raise CorruptChunkError(digest.hex, f"unknown codec id {codec_id} (newer chunkstore?)")
     if flags & ~FLAG_BASE:
         raise CorruptChunkError(digest.hex, f"unknown flag bits {flags & ~FLAG_BASE:#04x}")
+    if version >= 2 and bool(flags & FLAG_BASE) != codec.needs_base:
+        raise CorruptChunkError(digest.hex, f"codec {codec.name} with the BASE flag"
+                                f" {'set' if flags & FLAG_BASE else 'clear'}")
     if raw_len > MAX_RAW_LENGTH or payload_len > MAX_RAW_LENGTH + MAX_PAYLOAD_OVERHEAD:
         raise CorruptChunkError(digest.hex, f"header claims {raw_len} raw / {payload_len} payload"
                                 f" bytes; a chunk holds at most {MAX_RAW_LENGTH}")
@@ -83,17 +93,34 @@ def encode_object(header: ChunkHeader, payload: bytes | memoryview) -> bytes:
     return b"".join([header.pack(), payload])
 
 
-def decode_object(digest: Digest, data: bytes | memoryview,
-                  out: memoryview | None = None) -> bytes | memoryview:
+def decode_object(digest: Digest, data: bytes | memoryview, out: memoryview | None = None,
+                  base: bytes | memoryview | None = None) -> bytes | memoryview:
     """Decode a whole chunk object and verify it hashes to ``digest``.
 
     With ``out`` (exactly the raw length) the bytes are decoded into it and
     ``out`` is returned; on an integrity error it holds garbage.  Every step
     is bounded by the header's raw length, which is checked before anything
-    is allocated (against ``out`` when given).
+    is allocated (against ``out`` when given).  A delta object needs its
+    base's raw bytes in ``base`` (already verified by the caller).
     """
     view = memoryview(data)
     header = parse_header(digest, view)
+    if header.base is not None and header.codec_id == codecs.XOR_DELTA.id:
+        if base is None or len(base) != header.raw_length:
+            raise CorruptChunkError(digest.hex, f"delta against {header.base.short(16)}, whose"
+                                    " bytes were not supplied or have another length")
+        raw = decode_payload(digest, header, view, out)
+        xor_into(memoryview(raw).cast("B"), base)
+        check_digest(digest, raw)
+        return raw
+    raw = decode_payload(digest, header, view, out)
+    check_digest(digest, raw)
+    return raw
+
+
+def decode_payload(digest: Digest, header: ChunkHeader, view: memoryview,
+                   out: memoryview | None) -> bytes | memoryview:
+    """Decode the payload as the header says, unchecked (a delta gives the XOR image)."""
     payload = view[header.size :]
     if len(payload) != header.payload_length:
         raise CorruptChunkError(
@@ -106,15 +133,15 @@ def decode_object(digest: Digest, data: bytes | memoryview,
         raise CorruptChunkError(digest.hex, f"holds {header.raw_length} bytes, the manifest"
                                 f" expects {len(out)}")
     try:
-        if out is None:
-            raw = codec.decode(payload, header.raw_length, header.element_size)
-        else:
+        if out is not None:
             codec.decode_into(payload, out, header.element_size)
-            raw = out
+            return out
+        raw = codec.decode(payload, header.raw_length, header.element_size)
+        if codec.needs_base and isinstance(raw, bytes):
+            raw = memoryview(bytearray(raw))  # XORed in place by the caller
+        return raw
     except (ValueError, struct.error) as exc:
         raise CorruptChunkError(digest.hex, f"{codec.name} payload does not decode: {exc}") from exc
-    check_digest(digest, raw)
-    return raw
 
 
 def check_digest(digest: Digest, raw: bytes | memoryview) -> None:

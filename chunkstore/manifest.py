@@ -22,23 +22,38 @@ from chunkstore.dtypes import element_size, numpy_dtype
 from chunkstore.errors import CorruptNodeError, FormatVersionError, InvalidNameError
 from chunkstore.names import check_component
 
-NODE_FORMAT_VERSION = 1
+NODE_FORMAT_VERSION = 2
+#: Node format versions this release reads (1: no delta bases in shards).
+NODE_FORMAT_VERSIONS = (1, 2)
 #: Bounds a reader checks before it allocates (docs/format.md §5-6).
 MAX_RANK = 64  # numpy's limit
 MAX_DIM = 2**62
 MAX_BYTES = 2**62  # of one tensor (a numpy buffer is indexed by a signed 64-bit int)
 MAX_SHARDS = 256
 MAX_CHUNK_BYTES = 256 * 1024 * 1024  # the largest chunk size a store may have
+#: The longest delta chain a shard may list for one chunk (a store's depth is at most this).
+MAX_DELTA_DEPTH = 64
 
 
 @dataclass(frozen=True)
 class Shard:
-    """A box of the global tensor (offsets + sizes per dimension) and its chunks."""
+    """A box of the global tensor (offsets + sizes per dimension) and its chunks.
+
+    ``bases`` is empty when no chunk is a delta; otherwise one chain per chunk,
+    nearest base first, listing every chunk object the chunk's object may need
+    (empty for a standalone chunk).  GC and the index learn the base edges here,
+    without reading chunk objects.
+    """
 
     offsets: tuple[int, ...]
     sizes: tuple[int, ...]
     chunk_bytes: int
     chunks: tuple[Digest, ...]
+    bases: tuple[tuple[Digest, ...], ...] = ()
+
+    def chain(self, i: int) -> tuple[Digest, ...]:
+        """The listed bases of chunk ``i``, nearest first (empty: standalone)."""
+        return self.bases[i] if self.bases else ()
 
     def nbytes(self, itemsize: int) -> int:
         return math.prod(self.sizes) * itemsize
@@ -51,10 +66,13 @@ class Shard:
             yield digest, start, min(self.chunk_bytes, total - start)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        body: dict[str, Any] = {
             "offsets": list(self.offsets), "sizes": list(self.sizes),
             "chunk_bytes": self.chunk_bytes, "chunks": [d.hex for d in self.chunks],
         }
+        if any(self.bases):
+            body["bases"] = [[d.hex for d in chain] for chain in self.bases]
+        return body
 
 
 @dataclass(frozen=True)
@@ -68,8 +86,11 @@ class TensorEntry:
         return math.prod(self.shape) * element_size(self.dtype)
 
     def chunk_digests(self) -> Iterator[Digest]:
+        """Every chunk object a read of the entry needs: its chunks and their bases."""
         for shard in self.shards:
             yield from shard.chunks
+            for chain in shard.bases:
+                yield from chain
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -146,7 +167,8 @@ def _parse(digest: Digest, data: bytes, kind: str) -> dict[str, Any]:
         raise CorruptNodeError(digest.hex, f"not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise CorruptNodeError(digest.hex, "not a JSON object")
-    if not is_version(body.get("format_version"), NODE_FORMAT_VERSION):
+    version = body.get("format_version")
+    if not any(is_version(version, v) for v in NODE_FORMAT_VERSIONS):
         raise FormatVersionError(f"manifest node {digest.short()}", body.get("format_version"),
                                  NODE_FORMAT_VERSION)
     if body.get("kind") != kind:
@@ -216,8 +238,27 @@ def _shard_from_json(obj: object, itemsize: int) -> Shard:
     if chunk_bytes % itemsize:
         raise ValueError(f"chunk_bytes {chunk_bytes} is not a positive multiple of the element"
                          f" size {itemsize}")
+    chunks = tuple(_digest(c, "chunk") for c in obj["chunks"])
     return Shard(_int_list(obj.get("offsets"), "offsets"), _int_list(obj.get("sizes"), "sizes"),
-                 chunk_bytes, tuple(_digest(c, "chunk") for c in obj["chunks"]))
+                 chunk_bytes, chunks, _bases(obj.get("bases", []), chunks))
+
+
+def _bases(value: object, chunks: tuple[Digest, ...]) -> tuple[tuple[Digest, ...], ...]:
+    """A shard's delta chains: absent, or one bounded list per chunk, no digest twice
+    in a chain with its chunk (a chain cannot loop)."""
+    if value == []:
+        return ()
+    if not isinstance(value, list) or len(value) != len(chunks):
+        raise ValueError("bases must be a list with one chain per chunk")
+    chains = []
+    for chunk, chain in zip(chunks, value, strict=True):
+        if not isinstance(chain, list) or len(chain) > MAX_DELTA_DEPTH:
+            raise ValueError(f"a delta chain is a list of at most {MAX_DELTA_DEPTH} digests")
+        digests = tuple(_digest(d, "base") for d in chain)
+        if len({chunk, *digests}) != len(digests) + 1:
+            raise ValueError(f"the delta chain of chunk {chunk.short()} repeats a digest")
+        chains.append(digests)
+    return tuple(chains) if any(chains) else ()
 
 
 def _tensor_from_json(obj: object) -> TensorEntry:

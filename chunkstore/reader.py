@@ -8,19 +8,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from chunkstore.chunkobj import HEADER, check_digest, decode_object, parse_header
+from chunkstore.chain import decode_chain, missing_chunk
+from chunkstore.chunkobj import HEADER, check_digest, parse_header
 from chunkstore.codecs import RAW
-from chunkstore.digest import Digest, chunk_key
+from chunkstore.digest import DIGEST_SIZE, Digest, chunk_key
 from chunkstore.dtypes import dtype_name, element_size, numpy_dtype
 from chunkstore.errors import (
     CorruptChunkError,
     CorruptNodeError,
     EntryNotFoundError,
     InvalidInputError,
-    MissingChunkError,
     ShapeMismatchError,
 )
-from chunkstore.index import CHUNK
 from chunkstore.manifest import DataEntry, TensorEntry, decode_data
 from chunkstore.tree import FlatTree, Leaf, flatten, read_node
 
@@ -28,26 +27,13 @@ if TYPE_CHECKING:
     from chunkstore.store import Store, VersionInfo
 
 
-def missing_chunk(store: Store, digest: Digest) -> MissingChunkError:
-    """The error for a chunk found missing; the index stops offering it for dedup."""
-    store.index.forget_missing(CHUNK, digest)
-    return MissingChunkError(digest.hex)
-
-
-def read_chunk(store: Store, digest: Digest) -> bytes | memoryview:
-    """Fetch, decode and hash-check one chunk; typed errors for missing or corrupt ones."""
-    try:
-        data = store.backend.get(chunk_key(digest))
-    except FileNotFoundError:
-        raise missing_chunk(store, digest) from None
-    return decode_object(digest, data)
-
-
-def read_chunk_into(store: Store, digest: Digest, out: memoryview) -> None:
-    """Fill ``out`` with the chunk's bytes, verified; raw chunks are read in place."""
+def read_chunk_into(store: Store, digest: Digest, out: memoryview,
+                    chain: tuple[Digest, ...] = ()) -> None:
+    """Fill ``out`` with the chunk's bytes, verified; raw chunks are read in place,
+    deltas through their listed ``chain``."""
     key = chunk_key(digest)
     try:
-        header = parse_header(digest, store.backend.get_range(key, 0, HEADER.size))
+        header = parse_header(digest, store.backend.get_range(key, 0, HEADER.size + DIGEST_SIZE))
         if header.codec_id == RAW.id and header.base is None:
             size = store.backend.stat(key).size
             if header.raw_length != len(out) or header.payload_length != len(out):
@@ -68,11 +54,14 @@ def read_chunk_into(store: Store, digest: Digest, out: memoryview) -> None:
         data = store.backend.get_range(key, 0, header.size + header.payload_length + 1)
     except FileNotFoundError:
         raise missing_chunk(store, digest) from None
-    decode_object(digest, data, out)
+    decode_chain(store, digest, data, chain, out)
 
 
-def chunk_reads(entry: TensorEntry, chunk_size: int) -> list[tuple[Digest, int, int]]:
-    """(digest, offset, length) of every chunk read that fills ``entry``'s bytes.
+ChunkRead = tuple[Digest, int, int, tuple[Digest, ...]]
+
+
+def chunk_reads(entry: TensorEntry, chunk_size: int) -> list[ChunkRead]:
+    """(digest, offset, length, chain) of every chunk read that fills ``entry``'s bytes.
 
     This is the one place where a read decides whether an entry can be read:
     ``verify`` calls it for every tensor, so what verify passes, a read can
@@ -81,7 +70,7 @@ def chunk_reads(entry: TensorEntry, chunk_size: int) -> list[tuple[Digest, int, 
     (no chunk longer than its chunk size) and on this release (one shard).
     """
     itemsize = element_size(entry.dtype)
-    reads: list[tuple[Digest, int, int]] = []
+    reads: list[ChunkRead] = []
     for shard in entry.shards:
         if shard.chunk_bytes > chunk_size:
             raise ValueError(f"chunks of {shard.chunk_bytes} bytes exceed the store's chunk size"
@@ -89,7 +78,8 @@ def chunk_reads(entry: TensorEntry, chunk_size: int) -> list[tuple[Digest, int, 
         if shard.sizes != entry.shape and shard.nbytes(itemsize):
             raise InvalidInputError("the entry is sharded; this release reads only unsharded"
                                     " tensors")
-        reads.extend(shard.chunk_spans(itemsize))
+        reads.extend((digest, start, length, shard.chain(i)) for i, (digest, start, length)
+                     in enumerate(shard.chunk_spans(itemsize)))
     return reads
 
 
@@ -113,7 +103,7 @@ class VersionReader:
         except KeyError:
             raise EntryNotFoundError(name, self.info.id) from None
 
-    def _tensor(self, name: str) -> tuple[TensorEntry, list[tuple[Digest, int, int]]]:
+    def _tensor(self, name: str) -> tuple[TensorEntry, list[ChunkRead]]:
         """The entry and its chunk reads, checked before any buffer is allocated."""
         leaf = self.entry(name)
         if not isinstance(leaf, TensorEntry):
@@ -164,12 +154,11 @@ class VersionReader:
         for future in futures:
             future.result()  # the first error, if any
 
-    def _submit(self, reads: list[tuple[Digest, int, int]], out: np.ndarray
-                ) -> list[Future[None]]:
+    def _submit(self, reads: list[ChunkRead], out: np.ndarray) -> list[Future[None]]:
         flat = out.reshape(-1).view(np.uint8).data if out.size else memoryview(b"")
         return [self._store.executor.submit(read_chunk_into, self._store, digest,
-                                            flat[start:start + length])
-                for digest, start, length in reads]
+                                            flat[start:start + length], chain)
+                for digest, start, length, chain in reads]
 
     def _check_buffer(self, name: str, entry: TensorEntry, out: np.ndarray,
                       dtype: str | None) -> None:

@@ -20,6 +20,7 @@ from chunkstore.backends.base import ObjectInfo
 from chunkstore.chunkobj import HEADER, parse_header
 from chunkstore.digest import (
     CHUNK_PREFIX,
+    DIGEST_SIZE,
     NODE_PREFIX,
     Digest,
     chunk_key,
@@ -59,7 +60,7 @@ class RebuildResult:
 def _chunk_info(store: Store, digest: Digest) -> NewChunk | None:
     key = chunk_key(digest)
     try:
-        header = parse_header(digest, store.backend.get_range(key, 0, HEADER.size))
+        header = parse_header(digest, store.backend.get_range(key, 0, HEADER.size + DIGEST_SIZE))
         size = store.backend.stat(key).size
     except (FileNotFoundError, ChunkStoreError):
         return None  # missing or damaged: verify reports it

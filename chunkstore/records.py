@@ -18,17 +18,21 @@ from chunkstore.errors import (
     InvalidNameError,
     NotAStoreError,
 )
-from chunkstore.manifest import exact_int, is_version
+from chunkstore.manifest import MAX_DELTA_DEPTH, exact_int, is_version
 from chunkstore.names import check_label
 
 STORE_FORMAT = "chunkstore"
-STORE_FORMAT_VERSION = 1
+STORE_FORMAT_VERSION = 3
+#: Store format versions this release opens (1: no ``delta_depth``, so no deltas).
+STORE_FORMAT_VERSIONS = (1, 3)
 RECORD_FORMAT = "chunkstore.version"
 RECORD_FORMAT_VERSION = 1
 DEFAULT_CHUNK_SIZE = 4 * 1024 * 1024
 MIN_CHUNK_SIZE = 4096
 MAX_CHUNK_SIZE = 256 * 1024 * 1024
 MAX_COUNT = 2**63 - 1  # steps and byte counts of a record
+#: Chain depth of new stores; see docs/format.md §3.4 for the measurement behind it.
+DEFAULT_DELTA_DEPTH = 4
 
 
 def _dumps(obj: dict[str, Any]) -> bytes:
@@ -41,11 +45,14 @@ class StoreConfig:
     chunk_size: int
     compression: str
     created: float
+    #: the longest delta chain a writer builds (0: no deltas; stores of version 1)
+    delta_depth: int = DEFAULT_DELTA_DEPTH
+    format_version: int = STORE_FORMAT_VERSION
 
     def encode(self) -> bytes:
         return _dumps({"format": STORE_FORMAT, "format_version": STORE_FORMAT_VERSION,
                        "chunk_size": self.chunk_size, "compression": self.compression,
-                       "created": self.created})
+                       "created": self.created, "delta_depth": self.delta_depth})
 
     @classmethod
     def decode(cls, url: str, data: bytes) -> StoreConfig:
@@ -60,7 +67,9 @@ class StoreConfig:
                                  " object)")
         if obj.get("format") != STORE_FORMAT:
             raise NotAStoreError(url, "chunkstore.json names another format")
-        if not is_version(obj.get("format_version"), STORE_FORMAT_VERSION):
+        version = next((v for v in STORE_FORMAT_VERSIONS
+                        if is_version(obj.get("format_version"), v)), None)
+        if version is None:
             raise FormatVersionError("store", obj.get("format_version"), STORE_FORMAT_VERSION)
         try:
             chunk_size = exact_int(obj.get("chunk_size"), "chunk_size", MIN_CHUNK_SIZE,
@@ -70,7 +79,10 @@ class StoreConfig:
             compression = obj.get("compression")
             if not (isinstance(compression, str) and plaindata.is_unicode(compression)):
                 raise ValueError(f"compression is {compression!r}, not a policy name")
-            return cls(chunk_size, compression, _time(obj.get("created"), "created"))
+            depth = 0 if version == 1 else exact_int(obj.get("delta_depth"), "delta_depth",
+                                                     0, MAX_DELTA_DEPTH)
+            return cls(chunk_size, compression, _time(obj.get("created"), "created"), depth,
+                       version)
         except ValueError as exc:
             raise CorruptConfigError(url, str(exc)) from exc
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from chunkstore import plaindata
 from chunkstore.backends import Backend, open_backend
 from chunkstore.backends.wrappers import wrap_from_env
+from chunkstore.chain import BaseCache
 from chunkstore.codecs.policy import check_policy
 from chunkstore.digest import (
     CONFIG_KEY,
@@ -44,10 +45,12 @@ from chunkstore.errors import (
     SelectorError,
 )
 from chunkstore.index import Index, VersionEntry
+from chunkstore.manifest import MAX_DELTA_DEPTH
 from chunkstore.names import check_label
 from chunkstore.reader import VersionReader
 from chunkstore.records import (
     DEFAULT_CHUNK_SIZE,
+    DEFAULT_DELTA_DEPTH,
     MAX_CHUNK_SIZE,
     MIN_CHUNK_SIZE,
     CommitRecord,
@@ -145,19 +148,25 @@ def default_threads() -> int:
 def open(
     url: str | os.PathLike[str], *, create: bool = True, chunk_size: int | None = None,
     compression: str | None = None, threads: int | None = None, index_dir: str | None = None,
-    storage_options: dict[str, Any] | None = None,
+    storage_options: dict[str, Any] | None = None, delta_depth: int | None = None,
 ) -> Store:
     """Open the store at a path or fsspec URL, creating it when absent (``create=True``).
 
     ``chunk_size`` applies when the store is created; ``compression`` is the
     codec policy for this handle's writes (default: the store's setting);
     ``threads`` the size of the worker pool (default :func:`default_threads`;
-    a save holds at most ``2 x threads`` chunks in memory).
+    a save holds at most ``2 x threads`` chunks in memory).  ``delta_depth``
+    (applies when the store is created; 0 turns deltas off) bounds the chains
+    of XOR-delta chunks a save builds against the run's previous version.
     """
     _validate_settings(chunk_size, compression)
+    if delta_depth is not None and not (type(delta_depth) is int
+                                        and 0 <= delta_depth <= MAX_DELTA_DEPTH):
+        raise InvalidSettingError(f"delta depth {delta_depth!r} must be an integer in"
+                                  f" [0, {MAX_DELTA_DEPTH}]")
     text = os.fspath(url)
     backend = wrap_from_env(open_backend(text, **(storage_options or {})))
-    config = _load_or_create_config(text, backend, create, chunk_size, compression)
+    config = _load_or_create_config(text, backend, create, chunk_size, compression, delta_depth)
     if chunk_size is not None and chunk_size != config.chunk_size:
         raise InvalidSettingError(f"{text} was created with chunk size {config.chunk_size};"
                                   " the chunk size of an existing store cannot change")
@@ -172,7 +181,7 @@ def open(
 
 
 def _load_or_create_config(url: str, backend: Backend, create: bool, chunk_size: int | None,
-                           compression: str | None) -> StoreConfig:
+                           compression: str | None, delta_depth: int | None) -> StoreConfig:
     try:
         return StoreConfig.decode(url, backend.get(CONFIG_KEY))
     except FileNotFoundError:
@@ -181,7 +190,8 @@ def _load_or_create_config(url: str, backend: Backend, create: bool, chunk_size:
         raise NotAStoreError(url, "no chunkstore.json (use `chunkstore init` to create a store)")
     if next(iter(backend.list("")), None) is not None:
         raise NotAStoreError(url, "the location is not empty and has no chunkstore.json")
-    config = StoreConfig(chunk_size or DEFAULT_CHUNK_SIZE, compression or "auto", time.time())
+    config = StoreConfig(chunk_size or DEFAULT_CHUNK_SIZE, compression or "auto", time.time(),
+                         DEFAULT_DELTA_DEPTH if delta_depth is None else delta_depth)
     backend.put_if_absent(CONFIG_KEY, config.encode())
     # A concurrent creator may have won: the stored config is the one that counts.
     return StoreConfig.decode(url, backend.get(CONFIG_KEY))
@@ -201,6 +211,8 @@ class Store:
         self.max_inflight = self.threads * 2
         self.executor = ThreadPoolExecutor(self.threads, thread_name_prefix="chunkstore")
         self.node_cache = NodeCache()
+        # Decoded delta bases, shared by reads and saves: a few chunks per thread.
+        self.base_cache = BaseCache(2 * self.threads * config.chunk_size)
 
     @property
     def chunk_size(self) -> int:

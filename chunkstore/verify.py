@@ -13,6 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from chunkstore.chain import missing_chunk
 from chunkstore.digest import TAG_PREFIX, Digest, chunk_key
 from chunkstore.errors import (
     ChunkStoreError,
@@ -25,12 +26,16 @@ from chunkstore.errors import (
 )
 from chunkstore.manifest import DataEntry, decode_data
 from chunkstore.progress import NullProgress, Progress
-from chunkstore.reader import chunk_reads, missing_chunk, read_chunk_into
+from chunkstore.reader import chunk_reads, read_chunk_into
 from chunkstore.records import Tag
 from chunkstore.tree import FlatTree, flatten, read_node
 
 if TYPE_CHECKING:
     from chunkstore.store import Store
+
+
+#: one chunk read verify makes: digest, length and listed delta chain
+ChunkCheck = tuple[Digest, int, tuple[Digest, ...]]
 
 
 @dataclass(frozen=True)
@@ -79,7 +84,7 @@ def _problem_from(exc: ChunkStoreError, version: str | None) -> Problem:
 
 
 def _check_leaves(store: Store, version_id: str, flat: FlatTree, result: VerifyResult,
-                  reads: dict[tuple[Digest, int], list[str]]) -> None:
+                  reads: dict[ChunkCheck, list[str]]) -> None:
     """Check every leaf the way a read does; collect the chunk reads it implies
     (each chunk at every length its positions imply, with the versions that need it)."""
     for name, leaf in flat.leaves.items():
@@ -95,14 +100,14 @@ def _check_leaves(store: Store, version_id: str, flat: FlatTree, result: VerifyR
             corrupt = CorruptNodeError(flat.owners[name].hex, f"entry {name!r}: {exc}")
             result.problems.append(_problem_from(corrupt, version_id))
             continue
-        for digest, _start, length in spans:
-            needed_by = reads.setdefault((digest, length), [])
+        for digest, _start, length, chain in spans:
+            needed_by = reads.setdefault((digest, length, chain), [])
             if not needed_by or needed_by[-1] != version_id:
                 needed_by.append(version_id)
 
 
 def _load_versions(store: Store, ids: list[str], result: VerifyResult,
-                   reads: dict[tuple[Digest, int], list[str]]) -> dict[str, FlatTree]:
+                   reads: dict[ChunkCheck, list[str]]) -> dict[str, FlatTree]:
     trees: dict[str, FlatTree] = {}
     for version_id in ids:
         result.versions_checked += 1
@@ -121,12 +126,14 @@ def _load_versions(store: Store, ids: list[str], result: VerifyResult,
     return trees
 
 
-def _check_chunk(store: Store, digest: Digest, length: int, read_data: bool
+def _check_chunk(store: Store, check: ChunkCheck, read_data: bool
                  ) -> tuple[int, Problem | None]:
-    """Read the chunk exactly as a read of the version would (same checks, same code)."""
+    """Read the chunk exactly as a read of the version would (same checks, same code:
+    a delta through its listed chain, so a missing or corrupt base is found here)."""
+    digest, length, chain = check
     try:
         if read_data:
-            read_chunk_into(store, digest, memoryview(bytearray(length)))
+            read_chunk_into(store, digest, memoryview(bytearray(length)), chain)
             return length, None
         store.backend.stat(chunk_key(digest))
         return 0, None
@@ -181,18 +188,18 @@ def verify(store: Store, sel: str | None = None, *, read_data: bool = True,
     progress = progress or NullProgress()
     result = VerifyResult()
     ids = [store.resolve(sel).id] if sel is not None else sorted(store.backend_version_ids())
-    reads: dict[tuple[Digest, int], list[str]] = {}
+    reads: dict[ChunkCheck, list[str]] = {}
     trees = _load_versions(store, ids, result, reads)
     pending = list(reads)
-    checks = store.executor.map(lambda r: _check_chunk(store, r[0], r[1], read_data), pending)
+    checks = store.executor.map(lambda r: _check_chunk(store, r, read_data), pending)
     progress.start(len(pending), "verify: chunks")
-    for (digest, _length), (size, problem) in zip(pending, checks, strict=True):
+    for check, (size, problem) in zip(pending, checks, strict=True):
         progress.advance()
         result.chunks_checked += 1
         result.bytes_checked += size
         if problem is not None:  # named for every version it breaks
             result.problems.extend(Problem(problem.kind, problem.message, vid, problem.digest)
-                                   for vid in reads[(digest, _length)])
+                                   for vid in reads[check])
     progress.finish()
     if sel is None:
         _check_tags(store, result)

@@ -44,8 +44,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from chunkstore import plaindata
+from chunkstore.chain import base_bytes, header_chain
 from chunkstore.chunkobj import ChunkHeader, decode_object, encode_object, parse_header
+from chunkstore.claims import GroupClaims
+from chunkstore.codecs import XOR_DELTA
 from chunkstore.codecs.policy import encode_with_policy
+from chunkstore.delta import BaseSlot, ParentChunks, encode_delta
 from chunkstore.digest import Digest, chunk_key, node_key, version_key
 from chunkstore.dtypes import check_override, dtype_name
 from chunkstore.errors import (
@@ -59,7 +63,15 @@ from chunkstore.errors import (
 )
 from chunkstore.index import CHUNK, NODE, Claim, NewChunk, VersionEntry
 from chunkstore.journal import Fence, sync_journal
-from chunkstore.manifest import DataEntry, Shard, TensorEntry, TreeNode, encode_data, encode_tree
+from chunkstore.manifest import (
+    MAX_DELTA_DEPTH,
+    DataEntry,
+    Shard,
+    TensorEntry,
+    TreeNode,
+    encode_data,
+    encode_tree,
+)
 from chunkstore.names import check_entry_name, check_label
 from chunkstore.records import MAX_COUNT, CommitRecord
 from chunkstore.sessions import StoreSession
@@ -77,7 +89,12 @@ class _PendingTensor:
     dtype: str
     shape: tuple[int, ...]
     chunk_bytes: int
-    futures: list[Future[tuple[Digest, NewChunk | None]]]
+    futures: list[Future[StoredChunk]]
+
+
+#: What storing one chunk gives: its digest, what was written (None: reused), and the
+#: chain of bases its object may need (nearest first; empty when standalone).
+StoredChunk = tuple[Digest, NewChunk | None, tuple[Digest, ...]]
 
 
 def _as_le_contiguous(array: np.ndarray) -> np.ndarray:
@@ -121,6 +138,7 @@ class VersionWriter:
         self._claims = GroupClaims(
             lambda digests: store.index.claim_many(self._session, CHUNK, digests))
         self._last_heartbeat = time.monotonic()
+        self._parent = ParentChunks(store, self.run)
 
     # --- adding entries --------------------------------------------------------------------
 
@@ -151,12 +169,14 @@ class VersionWriter:
         itemsize = contiguous.dtype.itemsize
         chunk_bytes = max(itemsize, self._store.chunk_size - self._store.chunk_size % itemsize)
         flat = contiguous.reshape(-1).view(np.uint8).data if contiguous.size else memoryview(b"")
+        bases = self._parent.bases(name, stored_dtype, tuple(array.shape), chunk_bytes)
         futures = []
-        for start in range(0, len(flat), chunk_bytes):
+        for i, start in enumerate(range(0, len(flat), chunk_bytes)):
             view = flat[start : start + chunk_bytes]
             self._inflight.acquire()
-            futures.append(self._store.executor.submit(self._store_chunk_job, view,
-                                                       stored_dtype, itemsize))
+            futures.append(self._store.executor.submit(
+                self._store_chunk_job, view, stored_dtype, itemsize,
+                bases[i] if i < len(bases) else None))
         self._tensors[name] = _PendingTensor(stored_dtype, tuple(array.shape), chunk_bytes, futures)
 
     def put_data(self, name: str, value: object) -> None:
@@ -166,10 +186,10 @@ class VersionWriter:
 
     # --- the chunk pipeline (runs in the store's thread pool) ------------------------------
 
-    def _store_chunk_job(self, view: memoryview, dtype: str, itemsize: int
-                         ) -> tuple[Digest, NewChunk | None]:
+    def _store_chunk_job(self, view: memoryview, dtype: str, itemsize: int,
+                         base: BaseSlot | None) -> StoredChunk:
         try:
-            return self._store_chunk(view, dtype, itemsize)
+            return self._store_chunk(view, dtype, itemsize, base)
         finally:
             self._inflight.release()
 
@@ -219,28 +239,75 @@ class VersionWriter:
             self._last_heartbeat = time.monotonic()
             self._store.index.heartbeat(self._session)
 
-    def _store_chunk(self, view: memoryview, dtype: str, itemsize: int
-                     ) -> tuple[Digest, NewChunk | None]:
+    def _store_chunk(self, view: memoryview, dtype: str, itemsize: int,
+                     base: BaseSlot | None) -> StoredChunk:
         digest = Digest.of(view)
         if self._reusable(CHUNK, digest, self._claim):
-            return digest, None
+            chain = self._reusable_chain(digest)
+            if chain is not None:
+                return digest, None, chain
+            # A base of the stored object cannot be referenced: store the chunk whole.
+            return self._write(digest, view, dtype, itemsize, None)
+        if base is not None and all(self._reusable(CHUNK, d, self._claim)
+                                    for d in (base.digest, *base.chain)):
+            return self._write(digest, view, dtype, itemsize, base)
+        return self._write(digest, view, dtype, itemsize, None)
+
+    def _reusable_chain(self, digest: Digest) -> tuple[Digest, ...] | None:
+        """The listed chain of a reused chunk with every base claimed, or None when
+        one is not reusable (or the headers cannot be read)."""
+        chain = self._parent.chains.get(digest)
+        if chain is None:
+            chain = header_chain(self._store, digest, MAX_DELTA_DEPTH)
+        if chain is None or not all(self._reusable(CHUNK, d, self._claim) for d in chain):
+            return None
+        return chain
+
+    def _delta_payload(self, view: memoryview, dtype: str, itemsize: int,
+                       base: BaseSlot) -> bytes | None:
+        try:
+            base_raw = base_bytes(self._store, base.digest, base.chain)
+        except ChunkStoreError as exc:  # a damaged base: write standalone, verify reports it
+            log.warning("chunk %s cannot serve as a delta base: %s", base.digest.short(), exc)
+            return None
+        return encode_delta(self._store.compression, view, base_raw, dtype, itemsize)
+
+    def _encode(self, view: memoryview, dtype: str, itemsize: int, base: BaseSlot | None
+                ) -> tuple[ChunkHeader, bytes | memoryview, tuple[Digest, ...]]:
+        """The object's header and payload: a delta against ``base`` when that pays."""
+        if base is not None:
+            delta = self._delta_payload(view, dtype, itemsize, base)
+            if delta is not None:
+                header = ChunkHeader(XOR_DELTA.id, itemsize, len(view), len(delta), base.digest)
+                return header, delta, (base.digest, *base.chain)
         codec, payload = encode_with_policy(self._store.compression, view, dtype, itemsize)
-        header = ChunkHeader(codec.id, itemsize, len(view), len(payload))
+        return ChunkHeader(codec.id, itemsize, len(view), len(payload)), payload, ()
+
+    def _write(self, digest: Digest, view: memoryview, dtype: str, itemsize: int,
+               base: BaseSlot | None) -> StoredChunk:
+        """Write the chunk with put-if-absent (a delta against ``base`` when that pays)."""
+        header, payload, chain = self._encode(view, dtype, itemsize, base)
         key = chunk_key(digest)
         data = encode_object(header, payload)
         if self._store.backend.put_if_absent_deferred(key, data):
-            return digest, NewChunk(digest, codec.id, len(view), len(data))
-        # Already stored (an orphan of an earlier save, a chunk GC had
-        # condemned, or a concurrent writer): reuse it only if it decodes to
-        # these bytes, else replace it whole.
+            return digest, NewChunk(digest, header.codec_id, len(view), len(data)), chain
+        # Already stored (an orphan of an earlier save, a chunk GC had condemned,
+        # or a concurrent writer): reuse it only if it is standalone and decodes
+        # to these bytes, else replace it whole, standalone (an existing object is
+        # never replaced by a delta: other versions may list a shorter chain).
         try:
             existing = self._store.backend.get(key)
-            decode_object(digest, existing)
-            header_found = parse_header(digest, existing)
-            return digest, NewChunk(digest, header_found.codec_id, len(view), len(existing))
+            found = parse_header(digest, existing)
+            if found.base is None:
+                decode_object(digest, existing)
+                return digest, NewChunk(digest, found.codec_id, len(view), len(existing)), ()
         except (FileNotFoundError, ChunkStoreError):
-            self._store.backend.put(key, data)
-            return digest, NewChunk(digest, codec.id, len(view), len(data))
+            pass
+        if chain:
+            header, payload, chain = self._encode(view, dtype, itemsize, None)
+            data = encode_object(header, payload)
+        self._store.backend.put(key, data)
+        return digest, NewChunk(digest, header.codec_id, len(view), len(data)), ()
 
     # --- commit ----------------------------------------------------------------------------
 
@@ -248,14 +315,15 @@ class VersionWriter:
         entries: dict[str, TensorEntry] = {}
         new_chunks: list[NewChunk] = []
         for name, pending in self._tensors.items():
-            digests = []
+            digests, chains = [], []
             for future in pending.futures:
-                digest, new = future.result()
+                digest, new, chain = future.result()
                 digests.append(digest)
+                chains.append(chain)
                 if new is not None:
                     new_chunks.append(new)
             shard = Shard((0,) * len(pending.shape), pending.shape, pending.chunk_bytes,
-                          tuple(digests))
+                          tuple(digests), tuple(chains) if any(chains) else ())
             entries[name] = TensorEntry(pending.dtype, pending.shape, (shard,))
         return entries, new_chunks
 
@@ -401,44 +469,6 @@ class VersionWriter:
             self.abort()
         elif not self._closed:
             self.commit()
-
-
-class GroupClaims:
-    """Group commit for chunk claims: the worker threads' claims that arrive while
-    one LMDB transaction runs go together into the next one, so a save of many
-    small tensors pays for a few index commits, not one per chunk."""
-
-    def __init__(self, claim_many: Callable[[list[Digest]], dict[Digest, Claim]]) -> None:
-        self._claim_many = claim_many
-        self._lock = threading.Lock()
-        self._queue: list[tuple[Digest, Future[Claim]]] = []
-        self._leader = False
-
-    def claim(self, digest: Digest) -> Claim:
-        future: Future[Claim] = Future()
-        with self._lock:
-            self._queue.append((digest, future))
-            lead = not self._leader
-            self._leader = True
-        if lead:
-            self._drain()
-        return future.result()
-
-    def _drain(self) -> None:
-        while True:
-            with self._lock:
-                batch, self._queue = self._queue, []
-                if not batch:
-                    self._leader = False
-                    return
-            try:
-                results = self._claim_many([d for d, _ in batch])
-            except BaseException as exc:
-                for _, future in batch:
-                    future.set_exception(exc)
-                continue
-            for digest, future in batch:
-                future.set_result(results[digest])
 
 
 def _open_store_session(store: Store, purpose: str) -> tuple[StoreSession, Fence]:

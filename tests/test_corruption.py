@@ -29,7 +29,7 @@ from chunkstore.errors import (
     IntegrityError,
     MissingChunkError,
 )
-from chunkstore.manifest import TensorEntry, decode_tree
+from chunkstore.manifest import NODE_FORMAT_VERSION, TensorEntry, decode_tree
 from tests.conftest import SMALL_CHUNK
 
 # 4 chunks of 64 KiB (the last one short); compresses well under every codec.
@@ -261,7 +261,7 @@ def test_store_config_with_a_newer_format_version(raw_saved: Saved) -> None:
 def _flip_json_byte(path: Path) -> None:
     """Change one digit in the node's JSON: still parses, no longer matches its hash."""
     data = path.read_bytes()
-    at = data.index(b'"format_version":1') + len(b'"format_version":')
+    at = data.index(b'"format_version":') + len(b'"format_version":')
     path.write_bytes(data[:at] + b"7" + data[at + 1:])
 
 
@@ -315,7 +315,7 @@ def test_damaged_data_node(raw_saved: Saved, reopen: Reopen) -> None:
 def test_node_with_a_newer_format_version(raw_saved: Saved, reopen: Reopen) -> None:
     """A version whose tree a newer release wrote: a format error, not corruption."""
     node = json.loads(_object_path(raw_saved.path, "nodes", raw_saved.root).read_bytes())
-    node["format_version"] = 2
+    node["format_version"] = NODE_FORMAT_VERSION + 1
     data = json.dumps(node, sort_keys=True, separators=(",", ":")).encode()
     node_hex = blake3.blake3(data).hexdigest()
     node_path = _object_path(raw_saved.path, "nodes", node_hex)

@@ -36,7 +36,7 @@ from chunkstore.chunkobj import (
     encode_object,
     parse_header,
 )
-from chunkstore.codecs import RAW, SHUFFLE_ZSTD, ZSTD
+from chunkstore.codecs import RAW, SHUFFLE_ZSTD, XOR_DELTA, ZSTD
 from chunkstore.digest import Digest, chunk_key, node_key, tag_key, version_key
 from chunkstore.errors import ChunkStoreError, FormatVersionError
 from chunkstore.manifest import (
@@ -208,7 +208,7 @@ def test_fixture_objects_carry_their_format_versions(name: str) -> None:
             data = path.read_bytes()
             assert (data[:4], data[4]) == (b"CSCK", versions["chunk"]), path.name
             census[data[5]] = census.get(data[5], 0) + 1
-    codec_ids = {"raw": 0, "zstd": 1, "shuffle-zstd": 2}
+    codec_ids = {"raw": 0, "zstd": 1, "shuffle-zstd": 2, "xor-delta": 3}
     assert census == {codec_ids[n]: c for n, c in expected["codec_counts"].items()}
     for path in (root / "nodes").rglob("*"):
         if path.is_file():
@@ -291,8 +291,8 @@ def test_encoder_reproduces_records_config_and_tags(rebuilt_current: tuple[str, 
 
 
 def _hand_header(codec_id: int, element_size: int, raw_length: int, payload_length: int,
-                 flags: int = 0) -> bytes:
-    return (b"CSCK" + bytes([1, codec_id, element_size, flags])
+                 flags: int = 0, version: int = 2) -> bytes:
+    return (b"CSCK" + bytes([version, codec_id, element_size, flags])
             + raw_length.to_bytes(8, "little") + payload_length.to_bytes(8, "little"))
 
 
@@ -314,16 +314,42 @@ def test_chunk_header_layout_zstd() -> None:
 
 
 def test_chunk_header_layout_with_base_key() -> None:
+    """Version 1 reserved BASE: a reader parses the digest and no codec uses it."""
     base = Digest.of(b"base")
-    head = ChunkHeader(0, 2, 4, 4, base).pack()
-    assert head == _hand_header(0, 2, 4, 4, flags=1) + base.raw
+    head = _hand_header(0, 2, 4, 4, flags=1, version=1) + base.raw
     parsed = parse_header(Digest.of(b"wxyz"), head + b"wxyz")
     assert (parsed.base, parsed.size, parsed.payload_length) == (base, 56, 4)
     assert bytes(decode_object(Digest.of(b"wxyz"), head + b"wxyz")) == b"wxyz"
+    # Version 2 sets BASE exactly for a delta codec.
+    with pytest.raises(ChunkStoreError, match="BASE flag"):
+        parse_header(Digest.of(b"wxyz"), _hand_header(0, 2, 4, 4, flags=1) + base.raw)
+    with pytest.raises(ChunkStoreError, match="unknown codec id 3"):
+        parse_header(Digest.of(b"wxyz"), _hand_header(3, 2, 4, 4, flags=1, version=1)
+                     + base.raw)
+
+
+def test_xor_delta_layout() -> None:
+    """Codec 3: header, base digest, then the shuffle payload of (chunk XOR base)."""
+    base_raw = np.arange(1024, dtype=np.float32).tobytes()
+    new = np.arange(1024, dtype=np.float32)
+    new[[3, 700]] = -1
+    raw = new.tobytes()
+    xor = bytes(a ^ b for a, b in zip(raw, base_raw, strict=True))
+    payload = _shuffle_payload(xor, 4)
+    base = Digest.of(base_raw)
+    obj = _hand_header(3, 4, len(raw), len(payload), flags=1) + base.raw + payload
+    assert encode_object(ChunkHeader(XOR_DELTA.id, 4, len(raw), len(payload), base),
+                         XOR_DELTA.encode(memoryview(xor), 4)) == obj
+    assert bytes(decode_object(Digest.of(raw), obj, base=base_raw)) == raw
+    with pytest.raises(ChunkStoreError, match="hashes to"):
+        decode_object(Digest.of(raw), obj, base=raw)  # another base: caught by the hash
+    one_plane = _shuffle_payload(xor, 1)
+    assert bytes(XOR_DELTA.encode(memoryview(xor), 1)) == one_plane
 
 
 def _shuffle_payload(raw: bytes, element_size: int) -> bytes:
-    """Plane i holds byte i of every element; a plane that zstd does not shrink stays raw."""
+    """Plane i holds byte i of every element; a plane that zstd does not shrink stays raw.
+    (Planes of at most 64 KiB, so the encoder's probe never applies.)"""
     planes = [raw[i::element_size] for i in range(element_size)]
     table, bodies = bytearray([element_size]), b""
     for plane in planes:
@@ -360,22 +386,29 @@ def test_key_layout() -> None:
 
 
 def test_store_config_bytes() -> None:
-    assert StoreConfig(4096, "auto", 1.25).encode() == (
-        b'{"chunk_size":4096,"compression":"auto","created":1.25,"format":"chunkstore",'
-        b'"format_version":1}')
+    assert StoreConfig(4096, "auto", 1.25, 4).encode() == (
+        b'{"chunk_size":4096,"compression":"auto","created":1.25,"delta_depth":4,'
+        b'"format":"chunkstore","format_version":3}')
+    old = (b'{"chunk_size":4096,"compression":"auto","created":1.25,"format":"chunkstore",'
+           b'"format_version":1}')
+    assert StoreConfig.decode("x", old).delta_depth == 0  # version 1: no deltas
 
 
 def test_tree_node_bytes() -> None:
-    d1, d2, d3 = (Digest(bytes([i]) * 32) for i in (1, 2, 3))
+    d1, d2, d3, d4, d5 = (Digest(bytes([i]) * 32) for i in (1, 2, 3, 4, 5))
     node = TreeNode(subtrees={"w": d1}, leaves={
         "w": TensorEntry("float32", (2, 3), (Shard((0, 0), (2, 3), 4096, (d2,)),)),
         "\u00e9": DataEntry(d3, 5),
+        "v": TensorEntry("uint8", (2,), (Shard((0,), (2,), 1, (d4, d5), ((d3,), ())),)),
     })
     digest, data = encode_tree(node)
     assert data == (
-        '{"entries":{"w":{"tensor":{"dtype":"float32","shape":[2,3],"shards":[{"chunk_bytes":'
+        '{"entries":{"v":{"tensor":{"dtype":"uint8","shape":[2],"shards":[{"bases":'
+        f'[["{d3.hex}"],[]],"chunk_bytes":1,"chunks":["{d4.hex}","{d5.hex}"],"offsets":[0],'
+        '"sizes":[2]}]}},'
+        '"w":{"tensor":{"dtype":"float32","shape":[2,3],"shards":[{"chunk_bytes":'
         f'4096,"chunks":["{d2.hex}"],"offsets":[0,0],"sizes":[2,3]}}]}},"tree":"{d1.hex}"}},'
-        f'"\u00e9":{{"data":{{"nbytes":5,"node":"{d3.hex}"}}}}}},"format_version":1,'
+        f'"\u00e9":{{"data":{{"nbytes":5,"node":"{d3.hex}"}}}}}},"format_version":2,'
         '"kind":"tree"}').encode()
     assert digest.hex == blake3.blake3(data).hexdigest()
     assert decode_tree(digest, data) == node
@@ -388,7 +421,7 @@ def test_data_node_bytes_and_tags() -> None:
     payload = (b'{"$dict":[["a",[1,2.5,null,true]],["t",{"$tuple":[1,"\\u00e9"]}],'
                b'["b",{"$bytes":"AP8="}],["f",[{"$float":"nan"},{"$float":"inf"},'
                b'{"$float":"-inf"}]],["$k",1]]}')
-    assert data == b'{"format_version":1,"kind":"data","value":' + payload + b"}"
+    assert data == b'{"format_version":2,"kind":"data","value":' + payload + b"}"
     assert nbytes == len(payload)
     assert digest.hex == blake3.blake3(data).hexdigest()
     decoded = decode_data(digest, data)

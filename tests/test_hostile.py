@@ -36,7 +36,7 @@ from chunkstore.errors import (
     StorageFullError,
 )
 from chunkstore.manifest import decode_data, decode_tree
-from chunkstore.records import CommitRecord, StoreConfig, Tag
+from chunkstore.records import STORE_FORMAT_VERSION, CommitRecord, StoreConfig, Tag
 
 W = np.arange(1024, dtype="<f4")
 
@@ -337,7 +337,8 @@ def test_bytes_after_the_zstd_frame_are_refused(store_dir: Path) -> None:
 @pytest.mark.parametrize("version", ["true", "1.0"])
 def test_versions_that_only_compare_equal_to_one(store_dir: Path, version: str) -> None:
     config = (store_dir / "chunkstore.json").read_bytes()
-    bumped = config.replace(b'"format_version":1', b'"format_version":' + version.encode())
+    current = b'"format_version":%d' % STORE_FORMAT_VERSION
+    bumped = config.replace(current, b'"format_version":' + version.encode())
     with pytest.raises(FormatVersionError):
         StoreConfig.decode("x", bumped)
     root = _node(store_dir, b'{"entries":{},"format_version":' + version.encode()

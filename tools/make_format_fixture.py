@@ -1,8 +1,8 @@
-"""Build a small frozen store that pins on-disk format version 1 (see docs/format.md).
+"""Build a small frozen store that pins the on-disk format (see docs/format.md).
 
-The store under ``tests/data/store-v1/`` is committed to the repository and
+The store under ``tests/data/store-vN/`` is committed to the repository and
 read by ``tests/test_format.py`` with every later release: old stores must stay
-readable.  ``tests/data/store-v1.expected.json`` records what a reader must get
+readable.  ``tests/data/store-vN.expected.json`` records what a reader must get
 out of it (the BLAKE3 of each tensor's bytes, each plain-data value as tagged
 JSON, run/step/meta of each version, the tag) and the BLAKE3 of every object
 file, so an accidental edit of the fixture is caught too.
@@ -46,9 +46,12 @@ RUN = "fmt"
 TAG = "best"
 TAGGED_SELECTOR = f"{RUN}@1"
 DATA_DIR = Path(__file__).resolve().parent.parent / "tests" / "data"
-#: Codec ids every fixture must contain at least one chunk of: raw, zstd, shuffle-zstd.
-REQUIRED_CODECS = {0: "raw", 1: "zstd", 2: "shuffle-zstd"}
-MAX_FIXTURE_BYTES = 200_000
+#: Codec ids every fixture must contain at least one chunk of.
+REQUIRED_CODECS = {0: "raw", 1: "zstd", 2: "shuffle-zstd", 3: "xor-delta"}
+MAX_FIXTURE_BYTES = 300_000
+#: The fixture store's delta chain bound: the versions after the second build
+#: chains of every depth up to it, then one that starts over standalone.
+DELTA_DEPTH = 3
 
 
 def _noise(length: int, seed: bytes) -> np.ndarray:
@@ -109,6 +112,19 @@ def version_2(arrays: dict[str, np.ndarray], data: dict[str, object]
     return arrays, data
 
 
+def version_n(arrays: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
+    """Versions 3 and later: a few elements of two float tensors change (a sparse
+    update), so their chunks become deltas against the previous version's."""
+    arrays = dict(arrays)
+    embed = arrays["model.embed.weight"].copy()
+    embed.reshape(-1)[[7 * n, 1100 + n, 2500 + 3 * n]] += np.float32(n)
+    arrays["model.embed.weight"] = embed
+    bias = arrays["model.embed.bias"].copy()
+    bias[[n, 1500 + n]] = ml_dtypes.bfloat16(-n)
+    arrays["model.embed.bias"] = bias
+    return arrays
+
+
 def _tensor_expectation(array: np.ndarray) -> dict[str, Any]:
     little = array.astype(array.dtype.newbyteorder("<")) if array.dtype.byteorder == ">" else array
     little = np.ascontiguousarray(little)
@@ -147,23 +163,41 @@ def _codec_census(root: Path) -> tuple[dict[str, int], set[int]]:
         codec_id, element_size = data[5], data[6]
         name = REQUIRED_CODECS.get(codec_id, str(codec_id))
         counts[name] = counts.get(name, 0) + 1
-        if codec_id == 2:
-            modes.update(struct.unpack_from("<B", data, HEADER.size + 1 + 5 * i)[0]
+        if codec_id in (2, 3):
+            start = HEADER.size + (32 if data[7] & 1 else 0) + 1  # after any base digest
+            modes.update(struct.unpack_from("<B", data, start + 5 * i)[0]
                          for i in range(element_size))
     return dict(sorted(counts.items())), modes
+
+
+def _chain_depths(store: chunkstore.Store) -> set[int]:
+    """The delta chain depths the versions' manifests list."""
+    depths: set[int] = set()
+    for info in store.versions():
+        for leaf in store.open_version(info.id).entries().values():
+            for shard in getattr(leaf, "shards", ()):
+                depths.update(len(shard.chain(i)) for i in range(len(shard.chunks)))
+    return depths
 
 
 def build(root: Path) -> dict[str, Any]:
     """Create the fixture store at ``root`` (must not exist); return the expectations."""
     arrays, data = arrays_v1(), data_v1()
     versions = []
-    with chunkstore.open(root, chunk_size=CHUNK_SIZE, compression="auto") as store:
+    with chunkstore.open(root, chunk_size=CHUNK_SIZE, compression="auto",
+                         delta_depth=DELTA_DEPTH) as store:
         meta: dict[str, object] = {"code_rev": "0123abc", "dataset": ("toy", 2),
                                    "note": "format fixture"}
         versions.append(_write_version(store, 1, arrays, data, meta))
         arrays, data = version_2(arrays, data)
         versions.append(_write_version(store, 2, arrays, data, {"code_rev": "4567def"}))
+        for step in range(3, 4 + DELTA_DEPTH):
+            arrays = version_n(arrays, step)
+            versions.append(_write_version(store, step, arrays, data, {"step": step}))
         store.tag(TAGGED_SELECTOR, TAG)
+        depths = _chain_depths(store)
+        if depths != set(range(DELTA_DEPTH + 1)):
+            raise SystemExit(f"fixture chains have depths {sorted(depths)}, not 0..{DELTA_DEPTH}")
         result = store.verify()
         if not result.ok:
             raise SystemExit(f"the new fixture does not verify: {result.to_json()}")

@@ -14,6 +14,8 @@ class Codec(abc.ABC):
 
     id: int
     name: str
+    #: a delta codec: the payload decodes to the XOR with a base chunk
+    needs_base = False
 
     @abc.abstractmethod
     def encode(self, raw: memoryview, element_size: int) -> bytes | memoryview:
@@ -55,9 +57,11 @@ def names() -> dict[int, str]:
 
 from chunkstore.codecs.raw import RAW  # noqa: E402
 from chunkstore.codecs.shuffle import SHUFFLE_ZSTD  # noqa: E402
+from chunkstore.codecs.xordelta import XOR_DELTA  # noqa: E402
 from chunkstore.codecs.zstd import ZSTD  # noqa: E402
 
-for _codec in (RAW, ZSTD, SHUFFLE_ZSTD):
+for _codec in (RAW, ZSTD, SHUFFLE_ZSTD, XOR_DELTA):
     register(_codec)
 
-__all__ = ["RAW", "SHUFFLE_ZSTD", "ZSTD", "Codec", "by_id", "by_name", "names", "register"]
+__all__ = ["RAW", "SHUFFLE_ZSTD", "XOR_DELTA", "ZSTD", "Codec", "by_id", "by_name", "names",
+           "register"]

@@ -39,10 +39,13 @@ def _compress_plane(plane: np.ndarray) -> tuple[int, bytes | memoryview]:
 class ShuffleZstdCodec(codecs.Codec):
     id = 2
     name = "shuffle-zstd"
+    #: the fewest planes (element size) a payload may have
+    min_planes = 2
 
     def encode(self, raw: memoryview, element_size: int) -> bytes:
-        if element_size < 2 or len(raw) % element_size:
-            raise ValueError("shuffle needs a multi-byte element size that divides the chunk")
+        if element_size < self.min_planes or len(raw) % element_size:
+            raise ValueError(f"{self.name} needs an element size of at least"
+                             f" {self.min_planes} that divides the chunk")
         elements = np.frombuffer(raw, dtype=np.uint8).reshape(-1, element_size)
         planes = np.ascontiguousarray(elements.T)
         header = bytearray([element_size])
@@ -54,13 +57,13 @@ class ShuffleZstdCodec(codecs.Codec):
         return b"".join([bytes(header), *bodies])
 
     def decode(self, payload: memoryview, raw_length: int, element_size: int) -> memoryview:
-        _plane_table(payload, raw_length, element_size)  # checked before allocating
+        plane_table(payload, raw_length, element_size, self.min_planes)  # before allocating
         out = np.empty(raw_length, dtype=np.uint8)
         self.decode_into(payload, out.data, element_size)
         return out.data
 
     def decode_into(self, payload: memoryview, out: memoryview, element_size: int) -> None:
-        table = _plane_table(payload, len(out), element_size)
+        table = plane_table(payload, len(out), element_size, self.min_planes)
         plane_len = len(out) // element_size
         # Each plane is written straight into its column of the result: one
         # strided copy per plane, several times faster than transposing after.
@@ -71,12 +74,12 @@ class ShuffleZstdCodec(codecs.Codec):
             columns[:, i] = np.frombuffer(plane, dtype=np.uint8)
 
 
-def _plane_table(payload: memoryview, raw_length: int, element_size: int
-                 ) -> list[tuple[int, int, int]]:
+def plane_table(payload: memoryview, raw_length: int, element_size: int, min_planes: int
+                ) -> list[tuple[int, int, int]]:
     """(mode, offset, length) of each plane body, all checked against the payload's
     length before anything is decoded; ``ValueError`` on a malformed table."""
     count = payload[0] if len(payload) else 0
-    if count != element_size or element_size < 2 or raw_length % element_size:
+    if count != element_size or element_size < min_planes or raw_length % element_size:
         raise ValueError("shuffle payload's plane count does not match the element size")
     pos = 1 + _PLANE.size * count
     if pos > len(payload):

@@ -1,0 +1,132 @@
+"""Reading a chunk through its delta chain (docs/format.md §3.4).
+
+A delta object (codec ``xor-delta``) names its base in its header; the base
+may itself be a delta.  The manifest lists, for every chunk, the bases its
+object may need, nearest first (:attr:`chunkstore.manifest.Shard.bases`), so
+GC keeps them without reading chunk objects.  A reader follows the headers
+and checks each step against that list:
+
+1. read the object; a standalone object decodes as before;
+2. a delta's base MUST be the next digest of the listed chain: a base the
+   manifest does not list is one GC would not protect, so it is refused
+   (``CorruptChunkError``) even when it happens to be present;
+3. the base's raw bytes come from the cache or from steps 1-4 on the base
+   (so a chain of depth d reads at most d+1 objects, and never more than
+   the listed chain allows);
+4. the payload is decoded, the base XORed in, and the result hash-checked,
+   so every base on the way is verified as the chunk itself is.
+
+Decoded bases are kept in a small LRU of bounded bytes (:class:`BaseCache`),
+so a restore or a save decodes a base shared by several chunks once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+from chunkstore import codecs
+from chunkstore.chunkobj import HEADER, decode_object, parse_header
+from chunkstore.digest import DIGEST_SIZE, Digest, chunk_key
+from chunkstore.errors import ChunkStoreError, CorruptChunkError, MissingChunkError
+from chunkstore.index import CHUNK
+
+if TYPE_CHECKING:
+    from chunkstore.store import Store
+
+
+class BaseCache:
+    """Decoded, verified chunk bytes by digest; at most ``budget`` bytes in all."""
+
+    def __init__(self, budget: int) -> None:
+        self._items: OrderedDict[Digest, bytes | memoryview] = OrderedDict()
+        self._budget = budget
+        self._size = 0
+        self._lock = threading.Lock()
+
+    def get(self, digest: Digest) -> bytes | memoryview | None:
+        with self._lock:
+            raw = self._items.get(digest)
+            if raw is not None:
+                self._items.move_to_end(digest)
+            return raw
+
+    def put(self, digest: Digest, raw: bytes | memoryview) -> None:
+        if len(raw) > self._budget:
+            return
+        with self._lock:
+            if digest in self._items:
+                return
+            self._items[digest] = raw
+            self._size += len(raw)
+            while self._size > self._budget:
+                _, old = self._items.popitem(last=False)
+                self._size -= len(old)
+
+
+def missing_chunk(store: Store, digest: Digest) -> MissingChunkError:
+    """The error for a chunk found missing; the index stops offering it for dedup."""
+    store.index.forget_missing(CHUNK, digest)
+    return MissingChunkError(digest.hex)
+
+
+def _get(store: Store, digest: Digest) -> bytes:
+    try:
+        return store.backend.get(chunk_key(digest))
+    except FileNotFoundError:
+        raise missing_chunk(store, digest) from None
+
+
+def decode_chain(store: Store, digest: Digest, data: bytes | memoryview,
+                 chain: tuple[Digest, ...], out: memoryview | None = None
+                 ) -> bytes | memoryview:
+    """Decode the object ``data`` of ``digest``, following its listed ``chain``."""
+    header = parse_header(digest, data)
+    if header.base is None or not _is_delta(header.codec_id):
+        return decode_object(digest, data, out)
+    if not chain or chain[0] != header.base:
+        listed = chain[0].short(16) if chain else "none"
+        raise CorruptChunkError(digest.hex, f"delta against {header.base.short(16)}, but the"
+                                f" manifest lists {listed} as its base")
+    base = base_bytes(store, chain[0], chain[1:])
+    return decode_object(digest, data, out, base)
+
+
+def base_bytes(store: Store, digest: Digest, chain: tuple[Digest, ...]) -> bytes | memoryview:
+    """The verified raw bytes of ``digest`` (a base), from the cache or decoded."""
+    raw = store.base_cache.get(digest)
+    if raw is None:
+        raw = decode_chain(store, digest, _get(store, digest), chain)
+        store.base_cache.put(digest, raw)
+    return raw
+
+
+def read_chain(store: Store, digest: Digest, chain: tuple[Digest, ...]) -> bytes | memoryview:
+    """The verified raw bytes of any chunk with its listed chain."""
+    return decode_chain(store, digest, _get(store, digest), chain)
+
+
+def header_chain(store: Store, digest: Digest, limit: int) -> tuple[Digest, ...] | None:
+    """The bases of the stored object of ``digest`` as its headers name them (nearest
+    first), reading headers only; None when an object is missing, damaged, or the
+    chain is longer than ``limit``."""
+    chain: list[Digest] = []
+    current = digest
+    while True:
+        try:
+            head = store.backend.get_range(chunk_key(current), 0, HEADER.size + DIGEST_SIZE)
+            header = parse_header(current, head)
+        except (FileNotFoundError, ChunkStoreError):
+            return None
+        if header.base is None or not _is_delta(header.codec_id):
+            return tuple(chain)
+        if len(chain) == limit or header.base in chain or header.base == digest:
+            return None
+        chain.append(header.base)
+        current = header.base
+
+
+def _is_delta(codec_id: int) -> bool:
+    codec = codecs.by_id(codec_id)
+    return codec is not None and codec.needs_base
