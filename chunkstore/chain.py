@@ -52,6 +52,11 @@ class BaseCache:
                 self._items.move_to_end(digest)
             return raw
 
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._size = 0
+
     def put(self, digest: Digest, raw: bytes | memoryview) -> None:
         if len(raw) > self._budget:
             return
@@ -78,10 +83,15 @@ def _get(store: Store, digest: Digest) -> bytes:
         raise missing_chunk(store, digest) from None
 
 
+#: For reads that must see the objects as stored now (verify): caches nothing.
+NO_CACHE = BaseCache(0)
+
+
 def decode_chain(store: Store, digest: Digest, data: bytes | memoryview,
-                 chain: tuple[Digest, ...], out: memoryview | None = None
-                 ) -> bytes | memoryview:
-    """Decode the object ``data`` of ``digest``, following its listed ``chain``."""
+                 chain: tuple[Digest, ...], out: memoryview | None = None,
+                 cache: BaseCache | None = None) -> bytes | memoryview:
+    """Decode the object ``data`` of ``digest``, following its listed ``chain``;
+    decoded bases come from and go to ``cache`` (default: the store's)."""
     header = parse_header(digest, data)
     if header.base is None or not _is_delta(header.codec_id):
         return decode_object(digest, data, out)
@@ -89,22 +99,19 @@ def decode_chain(store: Store, digest: Digest, data: bytes | memoryview,
         listed = chain[0].short(16) if chain else "none"
         raise CorruptChunkError(digest.hex, f"delta against {header.base.short(16)}, but the"
                                 f" manifest lists {listed} as its base")
-    base = base_bytes(store, chain[0], chain[1:])
+    base = base_bytes(store, chain[0], chain[1:], cache)
     return decode_object(digest, data, out, base)
 
 
-def base_bytes(store: Store, digest: Digest, chain: tuple[Digest, ...]) -> bytes | memoryview:
+def base_bytes(store: Store, digest: Digest, chain: tuple[Digest, ...],
+               cache: BaseCache | None = None) -> bytes | memoryview:
     """The verified raw bytes of ``digest`` (a base), from the cache or decoded."""
-    raw = store.base_cache.get(digest)
+    cache = store.base_cache if cache is None else cache
+    raw = cache.get(digest)
     if raw is None:
-        raw = decode_chain(store, digest, _get(store, digest), chain)
-        store.base_cache.put(digest, raw)
+        raw = decode_chain(store, digest, _get(store, digest), chain, None, cache)
+        cache.put(digest, raw)
     return raw
-
-
-def read_chain(store: Store, digest: Digest, chain: tuple[Digest, ...]) -> bytes | memoryview:
-    """The verified raw bytes of any chunk with its listed chain."""
-    return decode_chain(store, digest, _get(store, digest), chain)
 
 
 def header_chain(store: Store, digest: Digest, limit: int) -> tuple[Digest, ...] | None:

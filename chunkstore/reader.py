@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from chunkstore.chain import decode_chain, missing_chunk
+from chunkstore.chain import BaseCache, decode_chain, missing_chunk
 from chunkstore.chunkobj import HEADER, check_digest, parse_header
 from chunkstore.codecs import RAW
 from chunkstore.digest import DIGEST_SIZE, Digest, chunk_key
@@ -28,9 +28,10 @@ if TYPE_CHECKING:
 
 
 def read_chunk_into(store: Store, digest: Digest, out: memoryview,
-                    chain: tuple[Digest, ...] = ()) -> None:
+                    chain: tuple[Digest, ...] = (), cache: BaseCache | None = None) -> None:
     """Fill ``out`` with the chunk's bytes, verified; raw chunks are read in place,
-    deltas through their listed ``chain``."""
+    deltas through their listed ``chain`` (bases cached in ``cache``, default the
+    store's)."""
     key = chunk_key(digest)
     try:
         header = parse_header(digest, store.backend.get_range(key, 0, HEADER.size + DIGEST_SIZE))
@@ -54,7 +55,7 @@ def read_chunk_into(store: Store, digest: Digest, out: memoryview,
         data = store.backend.get_range(key, 0, header.size + header.payload_length + 1)
     except FileNotFoundError:
         raise missing_chunk(store, digest) from None
-    decode_chain(store, digest, data, chain, out)
+    decode_chain(store, digest, data, chain, out, cache)
 
 
 ChunkRead = tuple[Digest, int, int, tuple[Digest, ...]]

@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from chunkstore.chain import missing_chunk
+from chunkstore.chain import NO_CACHE, missing_chunk
 from chunkstore.digest import TAG_PREFIX, Digest, chunk_key
 from chunkstore.errors import (
     ChunkStoreError,
@@ -133,7 +133,7 @@ def _check_chunk(store: Store, check: ChunkCheck, read_data: bool
     digest, length, chain = check
     try:
         if read_data:
-            read_chunk_into(store, digest, memoryview(bytearray(length)), chain)
+            read_chunk_into(store, digest, memoryview(bytearray(length)), chain, NO_CACHE)
             return length, None
         store.backend.stat(chunk_key(digest))
         return 0, None

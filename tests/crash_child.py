@@ -25,12 +25,18 @@ def make_state(step: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """The arrays and plain data saved at ``step``: deterministic, several chunks each.
 
     ``model.frozen`` is the same at every step (a dedup hit after the first
-    save); the rest changes, so every save writes new chunks and nodes.
+    save); ``model.embed`` changes in one row per step (an XOR-delta against
+    the previous step's chunk); the rest changes, so every save writes new
+    chunks and nodes.
     """
     frozen = np.random.default_rng(0).standard_normal(40_000).astype(np.float32)
+    embed = np.random.default_rng(7).standard_normal((2000, 32)).astype(np.float32)
+    for k in range(1, step + 1):
+        embed[k * 37 % 2000] += np.float32(k)
     rng = np.random.default_rng(1000 + step)
     arrays = {
         "model.frozen": frozen,
+        "model.embed": embed,
         "model.w": rng.standard_normal((200, 200)).astype(np.float32),
         "optim.m": rng.standard_normal(30_000),
         "optim.count": np.arange(50_000, dtype=np.int32) * step,

@@ -4,11 +4,16 @@ ROLE ``save``: save versions of run ``w<WRITER>`` in a loop, each built from
 blocks of a small shared pool (so saves deduplicate against chunks other
 saves and deletions keep making unreferenced), and unpublish all but the
 newest two of its own versions.  ROLE ``gc``: run ``gc(grace=0)`` in a loop.
-Both stop after SECONDS and print what they did.
+Both stop after SECONDS and print what they did.  With ``RACE_DELTAS=1`` in
+the environment the store writes XOR-deltas: each block is one of a few
+pool blocks with its first element set to one of a few values, so a block
+is often a small delta against the previous version's block at its position
+(and its base often one a GC is about to delete).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -18,34 +23,43 @@ import chunkstore
 from chunkstore.errors import GcBusyError
 
 CHUNK = 64 * 1024
+DELTAS = os.environ.get("RACE_DELTAS") == "1"
 POOL = 10
+DELTA_POOL = 3
+TWEAKS = 3  # values of a block's first element with deltas on
 BLOCKS = 6
 
 
-def block(i: int) -> np.ndarray:
+def block(i: int, deltas: bool) -> np.ndarray:
+    if deltas:
+        data = np.random.default_rng(i // TWEAKS).integers(0, 2**31, CHUNK // 4, dtype=np.int32)
+        data[0] = i % TWEAKS
+        return data
     return np.random.default_rng(i).integers(0, 2**31, CHUNK // 4, dtype=np.int32)
 
 
-def version_blocks(writer: int, step: int) -> list[int]:
+def version_blocks(writer: int, step: int, deltas: bool) -> list[int]:
     rng = np.random.default_rng(writer * 1_000_003 + step)
-    return [int(i) for i in rng.integers(0, POOL, BLOCKS)]
+    return [int(i) for i in rng.integers(0, DELTA_POOL * TWEAKS if deltas else POOL, BLOCKS)]
 
 
-def expected(writer: int, step: int) -> np.ndarray:
-    return np.concatenate([block(i) for i in version_blocks(writer, step)])
+def expected(writer: int, step: int, deltas: bool = DELTAS) -> np.ndarray:
+    return np.concatenate([block(i, deltas) for i in version_blocks(writer, step, deltas)])
 
 
 def save_loop(store: chunkstore.Store, writer: int, seconds: float) -> None:
     deadline = time.monotonic() + seconds
-    step = 0
+    step = deltas = 0
     while time.monotonic() < deadline:
         with store.new_version(f"w{writer}", step) as v:
             v.put("w", expected(writer, step))
+        (shard,) = store.open_version(v.info.id).entries()["w"].shards  # type: ignore[union-attr]
+        deltas += sum(1 for chain in shard.bases if chain)
         mine = store.versions(f"w{writer}")
         for info in mine[:-2]:
             store.delete(info.id)
         step += 1
-    print(f"saved {step}", flush=True)
+    print(f"saved {step} {deltas}", flush=True)
 
 
 def gc_loop(store: chunkstore.Store, seconds: float) -> None:
@@ -63,7 +77,8 @@ def gc_loop(store: chunkstore.Store, seconds: float) -> None:
 
 def main(argv: list[str]) -> None:
     path, role, seconds = argv[0], argv[1], float(argv[2])
-    with chunkstore.open(path, chunk_size=CHUNK, compression="none", threads=4) as store:
+    compression = "auto" if DELTAS else "none"
+    with chunkstore.open(path, chunk_size=CHUNK, compression=compression, threads=4) as store:
         if role == "gc":
             gc_loop(store, seconds)
         else:

@@ -340,9 +340,12 @@ def test_report_shows_what_gc_could_reclaim(store: chunkstore.Store, shared: np.
     assert store.stats().reclaimable_bytes == 0
 
 
+@pytest.mark.parametrize("deltas", [False, True], ids=["dedup", "deltas"])
 def test_saves_racing_gc_with_no_grace_never_publish_a_version_with_a_deleted_chunk(
-        store_path: Path) -> None:
-    """The dedup-versus-GC race: two saving processes and a GC process, grace 0."""
+        store_path: Path, monkeypatch: pytest.MonkeyPatch, deltas: bool) -> None:
+    """The dedup-versus-GC race: two saving processes and a GC process, grace 0; with
+    deltas, saves also encode against bases that GC keeps condemning."""
+    monkeypatch.setenv("RACE_DELTAS", "1" if deltas else "0")
     from tests.gc_race_child import CHUNK, expected
 
     chunkstore.open(store_path, chunk_size=CHUNK, compression="none").close()
@@ -356,8 +359,10 @@ def test_saves_racing_gc_with_no_grace_never_publish_a_version_with_a_deleted_ch
     for proc, (_, err) in zip(procs, outputs, strict=True):
         assert proc.returncode == 0, err
     saves = sum(int(out.split()[1]) for out, _ in outputs[:2])
+    delta_chunks = sum(int(out.split()[2]) for out, _ in outputs[:2])
     gc_runs, gc_deleted = (int(x) for x in outputs[2][0].split()[1:])
     assert saves >= 10 and gc_runs >= 5 and gc_deleted > 0  # the race really ran
+    assert (delta_chunks > 0) == deltas
     with chunkstore.open(store_path) as store:
         result = store.verify()
         assert result.ok, result.problems
@@ -366,7 +371,7 @@ def test_saves_racing_gc_with_no_grace_never_publish_a_version_with_a_deleted_ch
         for info in versions:
             writer = int(info.run[1:])
             np.testing.assert_array_equal(store.open_version(info.id).get("w"),
-                                          expected(writer, info.step))
+                                          expected(writer, info.step, deltas))
         store.gc(grace=0)
         assert store.verify().ok
 

@@ -1,0 +1,233 @@
+"""XOR-delta chunks: chains of every depth round-trip through removals and GC, GC keeps
+every base a live delta needs (and only those), and a damaged base is reported on
+every version that depends on it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import chunkstore
+from chunkstore.chunkobj import parse_header
+from chunkstore.codecs import XOR_DELTA
+from chunkstore.digest import Digest, chunk_key
+from chunkstore.errors import CorruptChunkError, MissingChunkError
+from chunkstore.manifest import Shard, TensorEntry
+
+CHUNK = 4096
+DEPTH = 3
+ROWS, DIM = 256, 16  # 16 KiB of float32: four chunks
+
+
+def sparse_states(seed: int = 0) -> Iterator[np.ndarray]:
+    """An embedding table of which each state changes two rows (a sparse update)."""
+    rng = np.random.default_rng(seed)
+    table = rng.standard_normal((ROWS, DIM)).astype(np.float32)
+    while True:
+        yield table.copy()
+        table[rng.integers(0, ROWS, 2)] += np.float32(0.5)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[chunkstore.Store]:
+    with chunkstore.open(tmp_path / "s", chunk_size=CHUNK, delta_depth=DEPTH) as opened:
+        yield opened
+
+
+def save(store: chunkstore.Store, step: int, table: np.ndarray, run: str = "r") -> str:
+    with store.new_version(run=run, step=step) as version:
+        version.put("emb", table)
+    return version.info.id
+
+
+def shard(store: chunkstore.Store, version_id: str) -> Shard:
+    entry = store.open_version(version_id).entry("emb")
+    assert isinstance(entry, TensorEntry)
+    (only,) = entry.shards
+    return only
+
+
+def object_path(store: chunkstore.Store, digest: Digest) -> Path:
+    return Path(store.url) / chunk_key(digest)
+
+
+def header_base(store: chunkstore.Store, digest: Digest) -> Digest | None:
+    return parse_header(digest, object_path(store, digest).read_bytes()).base
+
+
+def test_chains_of_every_depth_round_trip_with_middle_versions_removed_and_gc_between(
+        store: chunkstore.Store) -> None:
+    states = sparse_states()
+    saved: dict[str, np.ndarray] = {}
+    depths: set[int] = set()
+    for step in range(14):
+        table = next(states)
+        version_id = save(store, step, table)
+        saved[version_id] = table
+        current = shard(store, version_id)
+        depths.update(len(current.chain(i)) for i in range(len(current.chunks)))
+        assert all(len(current.chain(i)) <= DEPTH for i in range(len(current.chunks)))
+        live = [v.id for v in store.versions("r")]
+        if step % 3 == 2:  # remove one from the middle of the chain
+            store.delete(live[len(live) // 2])
+            saved.pop(live[len(live) // 2])
+        store.gc(grace=0)
+        for kept, want in saved.items():
+            np.testing.assert_array_equal(store.open_version(kept).get("emb"), want)
+    assert depths == set(range(DEPTH + 1)), "the test must build chains of every depth"
+    result = store.verify()
+    assert result.ok, result.problems
+
+
+def test_a_chunk_reads_at_most_depth_plus_one_objects(store: chunkstore.Store) -> None:
+    ids = _chunk0_changing(store, DEPTH + 2)
+    for version_id, depth in zip(ids, [0, 1, 2, 3, 0], strict=True):
+        newest = shard(store, version_id)
+        chain = newest.chain(0)
+        assert len(chain) == depth
+        # The headers name exactly the listed chain, and its end is standalone.
+        found, digest = [], newest.chunks[0]
+        while (base := header_base(store, digest)) is not None:
+            found.append(base)
+            digest = base
+        assert tuple(found) == chain
+
+
+def test_a_base_needed_by_a_live_delta_survives_gc_and_goes_when_unneeded(
+        store: chunkstore.Store) -> None:
+    states = sparse_states()
+    first = save(store, 1, next(states))
+    second_table = next(states)
+    second = save(store, 2, second_table)
+    deltas = [(d, c) for d, c in zip(shard(store, second).chunks, shard(store, second).bases,
+                                     strict=True) if c]
+    assert deltas, "the second save must write deltas"
+    delta, (base,) = deltas[0]
+    assert header_base(store, delta) == base and base in shard(store, first).chunks
+
+    store.delete(first)
+    store.gc(grace=0)
+    assert object_path(store, base).exists(), "GC deleted a base a live delta needs"
+    np.testing.assert_array_equal(store.open_version(second).get("emb"), second_table)
+    assert store.verify().ok
+
+    store.delete(second)
+    store.gc(grace=0)
+    assert not object_path(store, delta).exists()
+    assert not object_path(store, base).exists()
+    assert store.verify().ok
+
+
+def test_index_rebuild_counts_bases_as_references(store: chunkstore.Store) -> None:
+    states = sparse_states()
+    first = save(store, 1, next(states))
+    save(store, 2, next(states))
+    store.delete(first)
+    store.rebuild_index()
+    assert store.verify().ok  # refcounts of the rebuilt index include the base edges
+    store.gc(grace=0)
+    assert store.verify().ok
+
+
+def _chunk0_changing(store: chunkstore.Store, versions: int) -> list[str]:
+    """Versions in which only chunk 0 changes (row 0, one element per version)."""
+    rng = np.random.default_rng(5)
+    table = rng.standard_normal((ROWS, DIM)).astype(np.float32)
+    ids = []
+    for step in range(versions):
+        table[0, step] += 1
+        ids.append(save(store, step, table.copy()))
+    return ids
+
+
+def _three_deep(store: chunkstore.Store) -> tuple[list[str], Digest, Digest]:
+    """Three versions whose chunk 0 is a chain A <- B <- C; returns ids, A and B."""
+    ids = _chunk0_changing(store, 3)
+    a, b, _ = (shard(store, v).chunks[0] for v in ids)
+    assert shard(store, ids[2]).chain(0) == (b, a)
+    return ids, a, b
+
+
+def _problems(store: chunkstore.Store) -> dict[str | None, set[str | None]]:
+    found: dict[str | None, set[str | None]] = {}
+    for problem in store.verify().problems:
+        found.setdefault(problem.version, set()).add(problem.digest)
+    return found
+
+
+def test_a_flipped_byte_in_a_base_is_reported_on_every_dependent_version(
+        store: chunkstore.Store) -> None:
+    ids, a, _ = _three_deep(store)
+    path = object_path(store, a)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert _problems(store) == {v: {a.hex} for v in ids}
+    store.base_cache.clear()  # as in a process that did not save them
+    with pytest.raises(CorruptChunkError):
+        store.open_version(ids[2]).get("emb")
+
+
+def test_a_deleted_base_is_reported_on_every_dependent_version(
+        store: chunkstore.Store) -> None:
+    ids, _, b = _three_deep(store)
+    object_path(store, b).unlink()
+    assert _problems(store) == {ids[1]: {b.hex}, ids[2]: {b.hex}}
+    store.base_cache.clear()  # as in a process that did not save them
+    with pytest.raises(MissingChunkError):
+        store.open_version(ids[2]).get("emb")
+    store.open_version(ids[0]).get("emb")  # needs no base: reads
+
+
+def test_a_base_the_manifest_does_not_list_is_refused(store: chunkstore.Store) -> None:
+    """A delta whose header names a base its version does not list (so GC would not
+    keep it) is refused, even while that base is present."""
+    ids, a, _ = _three_deep(store)
+    c = shard(store, ids[2]).chunks[0]
+    data = bytearray(object_path(store, c).read_bytes())
+    assert data[5] == XOR_DELTA.id
+    data[24:56] = a.raw  # now names A instead of B
+    object_path(store, c).write_bytes(bytes(data))
+    with pytest.raises(CorruptChunkError, match="manifest lists"):
+        store.open_version(ids[2]).get("emb")
+    assert _problems(store) == {ids[2]: {c.hex}}
+
+
+def test_none_writes_no_deltas_and_old_stores_get_none(tmp_path: Path) -> None:
+    states = sparse_states()
+    with chunkstore.open(tmp_path / "raw", chunk_size=CHUNK, compression="none") as raw:
+        save(raw, 1, next(states))
+        assert not any(shard(raw, save(raw, 2, next(states))).bases)
+    with chunkstore.open(tmp_path / "off", chunk_size=CHUNK, delta_depth=0) as off:
+        save(off, 1, next(states))
+        assert not any(shard(off, save(off, 2, next(states))).bases)
+
+
+def test_a_reused_delta_keeps_its_chain_in_a_new_run(store: chunkstore.Store) -> None:
+    """A run that deduplicates against another run's delta chunk lists its chain too
+    (found from the headers), so removing the other run keeps it readable."""
+    states = sparse_states()
+    first = save(store, 1, next(states))
+    table = next(states)
+    second = save(store, 2, table)
+    other = save(store, 1, table, run="other")
+    assert shard(store, other).bases == shard(store, second).bases
+    store.delete(first)
+    store.delete(second)
+    store.gc(grace=0)
+    np.testing.assert_array_equal(store.open_version(other).get("emb"), table)
+    assert store.verify().ok
+
+
+def test_the_crash_tests_state_saves_a_delta(tmp_path: Path) -> None:
+    """The crash tests kill delta saves too: their state has a sparse-updated table."""
+    from tests.crash_child import save as crash_save
+
+    with chunkstore.open(tmp_path / "c", chunk_size=64 * 1024) as crash_store:
+        crash_save(crash_store, 1)
+        info = crash_save(crash_store, 2)
+        entry = crash_store.open_version(info.id).entry("model.embed")
+        assert isinstance(entry, TensorEntry) and any(entry.shards[0].bases)
