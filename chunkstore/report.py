@@ -5,8 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from chunkstore.errors import GcAbortedError, GcBusyError
+from chunkstore.codecs import XOR_DELTA
+from chunkstore.digest import Digest
+from chunkstore.errors import ChunkStoreError, GcAbortedError, GcBusyError
 from chunkstore.index import CHUNK, NODE
+from chunkstore.manifest import TensorEntry
+from chunkstore.tree import flatten
 
 if TYPE_CHECKING:
     from chunkstore.gc import GcResult
@@ -45,6 +49,9 @@ class StoreStats:
     reclaimable_now_objects: int = 0  # what a GC with ``grace_s`` deletes now
     reclaimable_now_bytes: int = 0
     grace_s: float = 0.0
+    delta_chunks: int = 0  # live chunks stored as XOR-deltas
+    #: mean number of bases behind a delta chunk, as the manifests list them
+    mean_chain_depth: float = 0.0
     #: Why the awaiting-GC and reclaimable figures are unknown (a version cannot
     #: be read, so GC itself would delete nothing); None when they are known.
     gc_unknown: str | None = None
@@ -96,6 +103,8 @@ class StoreStats:
                 "reclaimable_now_objects": self.reclaimable_now_objects,
                 "reclaimable_now_bytes": self.reclaimable_now_bytes,
                 "grace_s": self.grace_s,
+                "delta_chunks": self.delta_chunks,
+                "mean_chain_depth": round(self.mean_chain_depth, 3),
                 "gc_unknown": self.gc_unknown,
             },
         }
@@ -138,7 +147,28 @@ def stats(store: Store, grace_s: float = 3600.0, now: float | None = None) -> St
                 if kind == CHUNK:
                     result.chunks += 1
                     result.unique_raw_bytes += record.raw_length
+                    result.delta_chunks += record.codec_id == XOR_DELTA.id
+    depths = _listed_depths(store)
+    if depths:
+        result.mean_chain_depth = sum(depths.values()) / len(depths)
     return result
+
+
+def _listed_depths(store: Store) -> dict[Digest, int]:
+    """Chain depth of every chunk a live version lists with bases (from the manifests)."""
+    depths: dict[Digest, int] = {}
+    for info in store.versions():
+        try:
+            flat = flatten(store.backend, info.root, store.node_cache)
+        except ChunkStoreError:
+            continue  # verify reports it
+        for leaf in flat.leaves.values():
+            if isinstance(leaf, TensorEntry):
+                for shard in leaf.shards:
+                    for digest, chain in zip(shard.chunks, shard.bases, strict=False):
+                        if chain:
+                            depths[digest] = max(depths.get(digest, 0), len(chain))
+    return depths
 
 
 def _objects(result: GcResult) -> int:

@@ -231,3 +231,12 @@ def test_the_crash_tests_state_saves_a_delta(tmp_path: Path) -> None:
         info = crash_save(crash_store, 2)
         entry = crash_store.open_version(info.id).entry("model.embed")
         assert isinstance(entry, TensorEntry) and any(entry.shards[0].bases)
+
+
+def test_report_counts_deltas_and_their_mean_chain_depth(store: chunkstore.Store) -> None:
+    _chunk0_changing(store, 3)  # chunk 0: standalone, then depth 1, then depth 2
+    stats = store.stats()
+    assert stats.delta_chunks == 2
+    assert stats.mean_chain_depth == 1.5
+    totals = stats.to_json()["totals"]
+    assert (totals["delta_chunks"], totals["mean_chain_depth"]) == (2, 1.5)

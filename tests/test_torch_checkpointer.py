@@ -20,6 +20,7 @@ from chunkstore.errors import (  # noqa: E402
     NotSerializableError,
     SelectorError,
 )
+from chunkstore.manifest import TensorEntry  # noqa: E402
 from torch_bridge import (  # noqa: E402
     AsyncSaveError,
     Checkpointer,
@@ -311,3 +312,32 @@ def test_versions_are_ordered_by_step_not_by_a_clock_that_went_back(
 def test_unencodable_meta_fails_when_the_checkpointer_is_made(tmp_path: Path) -> None:
     with pytest.raises(NotSerializableError):
         _ckpt(tmp_path / "s", meta={"data_dir": tmp_path})
+
+
+def test_restore_falls_back_past_versions_whose_delta_base_is_gone(tmp_path: Path) -> None:
+    """Async saves of a sparse update write XOR-deltas; when the base that step 2
+    wrote and step 3 builds on is lost, restore falls back past both to step 1."""
+    torch.manual_seed(0)
+    model = nn.Embedding(2000, 32)  # 256 KB: four 64 KiB chunks
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    states = []
+    with _ckpt(tmp_path / "s", async_save=True) as ckpt:
+        for step in (1, 2, 3):
+            optimizer.zero_grad()
+            model(torch.tensor([step, 40 + step])).sum().backward()  # rows in chunk 0
+            optimizer.step()
+            ckpt.save(step, model=model)
+            states.append({k: v.clone() for k, v in model.state_dict().items()})
+        ckpt.wait()
+    with chunkstore.open(tmp_path / "s", create=False) as store:
+        v2, v3 = (store.open_version(f"r@{s}").entry("model.weight") for s in (2, 3))
+        assert isinstance(v2, TensorEntry)
+        assert isinstance(v3, TensorEntry)
+        chain = v3.shards[0].chain(0)
+        assert chain[0] == v2.shards[0].chunks[0], "step 3 must be a delta on step 2"
+        (tmp_path / "s" / chunk_key(chain[0])).unlink()
+    fresh = nn.Embedding(2000, 32)
+    with _ckpt(tmp_path / "s") as ckpt:
+        with pytest.warns(RestoreFallbackWarning, match=r"restored step 1"):
+            assert ckpt.restore(model=fresh) == 1
+    assert all(torch.equal(fresh.state_dict()[k], v) for k, v in states[0].items())

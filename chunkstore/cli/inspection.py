@@ -292,6 +292,8 @@ def report_text(stats: StoreStats, store_path: str) -> None:
         ("physical (stored)", format_size(stats.physical_bytes)),
         ("dedup ratio", format_ratio(stats.dedup_ratio or None)),
         ("compression ratio", format_ratio(stats.compression_ratio or None)),
+        ("delta chunks", f"{stats.delta_chunks}  (XOR-deltas against an earlier version;"
+         f" {stats.mean_chain_depth:.2f} bases behind one on average)"),
         ("amplification", format_ratio(stats.amplification or None)
          + "  (physical / logical of the latest version; one full copy per version"
          f" would be {len(stats.versions)}.00x)" if stats.versions else "-"),
