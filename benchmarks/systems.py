@@ -7,8 +7,11 @@ files and directory, as chunkstore and DCP's FileSystemWriter do.
 - ``safetensors``: one file per version, tensors only (plain values dropped).
 - ``dcp``: torch.distributed.checkpoint, FileSystemWriter, one directory per
   version; the pause is ``async_save``'s.
-- ``chunkstore-<compression>``: one store; sync saves through
+- ``chunkstore-<compression>[-d<depth>]``: one store; sync saves through
   ``torch_bridge.save``, the pause through ``Checkpointer(async_save=True)``.
+  ``chunkstore-auto`` is the default store (XOR-deltas against the previous
+  version, chains of at most the default depth); ``chunkstore-auto-d0`` is the
+  same policy without deltas (what ``auto`` was before deltas).
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from benchmarks.trace import TraceVersion, flatten
 
 # DCP without a process group says once per call that it assumes one process.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-SYSTEMS = ("torch.save", "safetensors", "dcp", "chunkstore-none", "chunkstore-auto")
+SYSTEMS = ("torch.save", "safetensors", "dcp", "chunkstore-none", "chunkstore-auto-d0",
+           "chunkstore-auto")
 
 
 def _fsync_path(path: Path) -> None:
@@ -128,9 +132,16 @@ class DcpAsync(Dcp):
             self._pending = None
 
 
+def _settings(config: str) -> tuple[str, int | None]:
+    """``auto-d8`` -> (``auto``, 8); ``auto`` -> (``auto``, None: the default depth)."""
+    compression, _, depth = config.partition("-d")
+    return compression, int(depth) if depth else None
+
+
 class Chunkstore:
-    def __init__(self, root: Path, compression: str) -> None:
-        self.store = chunkstore.open(root, compression=compression)
+    def __init__(self, root: Path, config: str) -> None:
+        compression, depth = _settings(config)
+        self.store = chunkstore.open(root, compression=compression, delta_depth=depth)
 
     def save(self, version: TraceVersion, state: dict[str, Any]) -> None:
         torch_bridge.save(self.store, state, run=version.run, step=version.step)
@@ -149,8 +160,8 @@ class Chunkstore:
 class ChunkstoreAsync(Chunkstore):
     """A Checkpointer per run over one store: the pause is the staging copy."""
 
-    def __init__(self, root: Path, compression: str) -> None:
-        super().__init__(root, compression)
+    def __init__(self, root: Path, config: str) -> None:
+        super().__init__(root, config)
         self._ckpt: Any = None
 
     def save(self, version: TraceVersion, state: dict[str, Any]) -> None:
