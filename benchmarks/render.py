@@ -79,6 +79,25 @@ def amplification_table(records: list[dict[str, Any]], workloads: dict[str, Any]
                  ("ideal (tensor dedup)", ideal))
 
 
+def incremental_table(records: list[dict[str, Any]], workloads: dict[str, Any]) -> list[str]:
+    """Bytes an incremental save adds, over what torch.save adds (and, where the workload
+    counts them, over the bytes of the rows touched since the previous save)."""
+    baseline = {r["workload"]: added_per_version(r) for r in records
+                if r["system"] == "torch.save"}
+
+    def cell(r: dict[str, Any]) -> str:
+        added = added_per_version(r)
+        text = f"{added / baseline[r['workload']]:.3f}" if r["workload"] in baseline else "-"
+        touched = workloads.get(r["workload"], {}).get("touched_row_bytes_per_save_median")
+        return text + (f" ({added / touched:.2f}x touched)" if touched else "")
+
+    def touched_cell(name: str) -> str:
+        touched = workloads.get(name, {}).get("touched_row_bytes_per_save_median")
+        return "-" if not touched else f"{touched / MB:.1f} MB"
+
+    return pivot(records, cell, ("touched rows' bytes per save", touched_cell))
+
+
 def _pause_cell(r: dict[str, Any]) -> str:
     text = f"{r['pause_s'] * 1e3:.0f} ms"
     return text + (f" ({r['pause_s'] / r['memcpy_s']:.1f}x memcpy)" if r["pause_kind"] == "async"
@@ -118,6 +137,11 @@ def markdown(folder: Path) -> str:
         " by construction). *ideal* is what deduplicating whole tensors would reach.", "",
         *amplification_table(records, run["workloads"]), "",
         "![cumulative stored bytes](stored_bytes.png)", "",
+        "## Storage per incremental version", "",
+        "Median bytes a save after the first adds, over what torch.save adds (a full copy);"
+        " for the sparse-embedding workload also over the bytes of the embedding rows"
+        " touched since the previous save (their weights and Adagrad accumulators).", "",
+        *incremental_table(records, run["workloads"]), "",
         "## Training pause per save", "",
         "How long the training loop stops per save: `Checkpointer(async_save=True)` for"
         " chunkstore, `async_save` for DCP (median after the first, which also allocates"

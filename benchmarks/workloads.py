@@ -188,7 +188,7 @@ def sparse_embedding(scale: Scale, record: Record) -> dict[str, Any]:
     ids = [ZipfIds(scale.rows, scale.zipf_exponent, seed=100 + t) for t in range(scale.tables)]
     data = torch.Generator().manual_seed(6)
     touched = [set[int]() for _ in range(scale.tables)]
-    fractions = []
+    fractions, touched_rows = [], []
     for step in range(1, scale.versions * scale.sparse_save_every + 1):
         batch = np.stack([t.draw((scale.sparse_batch, scale.pooling)) for t in ids])
         for seen, rows in zip(touched, batch, strict=True):
@@ -203,6 +203,7 @@ def sparse_embedding(scale: Scale, record: Record) -> dict[str, Any]:
         dense_opt.step()
         if step % scale.sparse_save_every == 0:
             fractions.append(sum(map(len, touched)) / (scale.tables * scale.rows))
+            touched_rows.append(sum(map(len, touched)))
             touched = [set() for _ in range(scale.tables)]
             record("sparse", step, {"model": model.state_dict(),
                                     "sparse_opt": sparse_opt.state_dict(),
@@ -211,7 +212,11 @@ def sparse_embedding(scale: Scale, record: Record) -> dict[str, Any]:
     return {**_describe(model), "optimizer": "row-wise Adagrad (tables), Adam (MLPs)",
             "tables": scale.tables, "rows": scale.rows, "dim": scale.dim,
             "table_bytes": table_bytes, "lookups_per_step": scale.sparse_batch * scale.pooling,
-            "rows_touched_per_save_median": float(np.median(fractions))}
+            "rows_touched_per_save_median": float(np.median(fractions)),
+            # What changed in the tables since the previous save: each touched row's
+            # weights and its Adagrad accumulator (the MLPs, all changed, are extra).
+            "touched_row_bytes_per_save_median":
+                float(np.median(touched_rows[1:] or touched_rows)) * (scale.dim * 4 + 4)}
 
 
 TRAIN: dict[str, Callable[[Scale, Record], dict[str, Any]]] = {

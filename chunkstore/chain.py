@@ -22,12 +22,23 @@ so a restore or a save decodes a base shared by several chunks once.
 
 from __future__ import annotations
 
+import struct
 import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from chunkstore import codecs
-from chunkstore.chunkobj import HEADER, decode_object, parse_header
+from chunkstore.chunkobj import (
+    HEADER,
+    ChunkHeader,
+    check_digest,
+    decode_object,
+    decode_payload,
+    parse_header,
+)
+from chunkstore.codecs.shuffle import planes_into
 from chunkstore.digest import DIGEST_SIZE, Digest, chunk_key
 from chunkstore.errors import ChunkStoreError, CorruptChunkError, MissingChunkError
 from chunkstore.index import CHUNK
@@ -87,29 +98,119 @@ def _get(store: Store, digest: Digest) -> bytes:
 NO_CACHE = BaseCache(0)
 
 
+def _check_base(digest: Digest, header: ChunkHeader, chain: tuple[Digest, ...]) -> None:
+    if header.base is None or not chain or chain[0] != header.base:
+        listed = chain[0].short(16) if chain else "none"
+        named = header.base.short(16) if header.base else "none"
+        raise CorruptChunkError(digest.hex, f"delta against {named}, but the manifest lists"
+                                f" {listed} as its base")
+
+
 def decode_chain(store: Store, digest: Digest, data: bytes | memoryview,
                  chain: tuple[Digest, ...], out: memoryview | None = None,
-                 cache: BaseCache | None = None) -> bytes | memoryview:
+                 cache: BaseCache | None = None, *, check_links: bool = False
+                 ) -> bytes | memoryview:
     """Decode the object ``data`` of ``digest``, following its listed ``chain``;
-    decoded bases come from and go to ``cache`` (default: the store's)."""
+    decoded bases come from and go to ``cache`` (default: the store's).
+
+    The result is always hash-checked.  With ``check_links`` every base on the
+    way is hash-checked too, so a damaged base is named as such (verify);
+    otherwise the chain is decoded in the plane domain and only the result is
+    checked, which proves every base on the way right as well (a wrong base
+    changes the XOR of the whole chain).
+    """
     header = parse_header(digest, data)
     if header.base is None or not _is_delta(header.codec_id):
         return decode_object(digest, data, out)
-    if not chain or chain[0] != header.base:
-        listed = chain[0].short(16) if chain else "none"
-        raise CorruptChunkError(digest.hex, f"delta against {header.base.short(16)}, but the"
-                                f" manifest lists {listed} as its base")
-    base = base_bytes(store, chain[0], chain[1:], cache)
+    _check_base(digest, header, chain)
+    if not check_links:
+        links, root, root_raw = _chain_objects(store, digest, header, memoryview(data), chain,
+                                               cache)
+        if all(link[1].element_size == header.element_size for link in links):
+            return _decode_planes(digest, links, root, root_raw, out)
+    base = base_bytes(store, chain[0], chain[1:], cache, check_links=check_links)
     return decode_object(digest, data, out, base)
 
 
+Link = tuple[Digest, ChunkHeader, memoryview]
+
+
+def _chain_objects(store: Store, digest: Digest, header: ChunkHeader, view: memoryview,
+                   chain: tuple[Digest, ...], cache: BaseCache | None
+                   ) -> tuple[list[Link], Link | None, bytes | memoryview | None]:
+    """The delta objects from the chunk down its chain (nearest first), then either
+    the standalone object that ends it or the bytes of a base found in the cache."""
+    cache = store.base_cache if cache is None else cache
+    links: list[Link] = []
+    current, rest = digest, chain
+    while True:
+        if len(view) - header.size != header.payload_length:
+            raise CorruptChunkError(current.hex, f"payload is {len(view) - header.size} bytes,"
+                                    f" header says {header.payload_length}")
+        if links and header.raw_length != links[0][1].raw_length:
+            raise CorruptChunkError(current.hex, "a delta base of another length")
+        if header.base is None or not _is_delta(header.codec_id):
+            return links, (current, header, view), None
+        _check_base(current, header, rest)
+        links.append((current, header, view))
+        cached = cache.get(rest[0])
+        if cached is not None:
+            return links, None, cached
+        current, rest = rest[0], rest[1:]
+        view = memoryview(_get(store, current))
+        header = parse_header(current, view)
+
+
+def _decode_planes(digest: Digest, links: list[Link], root: Link | None,
+                   root_raw: bytes | memoryview | None, out: memoryview | None
+                   ) -> bytes | memoryview:
+    """XOR the chain's byte planes together, unshuffle once, hash-check the result."""
+    head = links[0][1]
+    size, length = head.element_size, head.raw_length
+    if length % size:
+        raise CorruptChunkError(digest.hex, "raw length is not a multiple of the element size")
+    planes = np.empty((size, length // size), dtype=np.uint8)
+    if root_raw is None:
+        assert root is not None
+        root_digest, root_header, root_view = root
+        if root_header.codec_id == codecs.SHUFFLE_ZSTD.id and root_header.element_size == size:
+            _planes_of(root_digest, root_view[root_header.size:], planes, xor=False)
+        else:
+            root_raw = decode_payload(root_digest, root_header, root_view, None)
+    if root_raw is not None:
+        columns = np.frombuffer(root_raw, dtype=np.uint8).reshape(-1, size)
+        for i in range(size):
+            planes[i] = columns[:, i]
+    for link_digest, link_header, link_view in reversed(links):
+        _planes_of(link_digest, link_view[link_header.size:], planes, xor=True)
+    if out is None:
+        out = memoryview(bytearray(length))
+    elif len(out) != length:
+        raise CorruptChunkError(digest.hex, f"holds {length} bytes, the manifest expects"
+                                f" {len(out)}")
+    columns = np.frombuffer(out, dtype=np.uint8).reshape(-1, size)
+    for i in range(size):  # one strided copy per plane: several times faster than .T
+        columns[:, i] = planes[i]
+    check_digest(digest, out)
+    return out
+
+
+def _planes_of(digest: Digest, payload: memoryview, planes: np.ndarray, *, xor: bool) -> None:
+    try:
+        planes_into(payload, planes, 1, xor=xor)
+    except (ValueError, struct.error) as exc:
+        raise CorruptChunkError(digest.hex, f"payload does not decode: {exc}") from exc
+
+
 def base_bytes(store: Store, digest: Digest, chain: tuple[Digest, ...],
-               cache: BaseCache | None = None) -> bytes | memoryview:
+               cache: BaseCache | None = None, *, check_links: bool = False
+               ) -> bytes | memoryview:
     """The verified raw bytes of ``digest`` (a base), from the cache or decoded."""
     cache = store.base_cache if cache is None else cache
     raw = cache.get(digest)
     if raw is None:
-        raw = decode_chain(store, digest, _get(store, digest), chain, None, cache)
+        raw = decode_chain(store, digest, _get(store, digest), chain, None, cache,
+                           check_links=check_links)
         cache.put(digest, raw)
     return raw
 

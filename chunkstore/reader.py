@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 
 
 def read_chunk_into(store: Store, digest: Digest, out: memoryview,
-                    chain: tuple[Digest, ...] = (), cache: BaseCache | None = None) -> None:
+                    chain: tuple[Digest, ...] = (), cache: BaseCache | None = None, *,
+                    check_links: bool = False) -> None:
     """Fill ``out`` with the chunk's bytes, verified; raw chunks are read in place,
     deltas through their listed ``chain`` (bases cached in ``cache``, default the
     store's)."""
@@ -55,7 +56,7 @@ def read_chunk_into(store: Store, digest: Digest, out: memoryview,
         data = store.backend.get_range(key, 0, header.size + header.payload_length + 1)
     except FileNotFoundError:
         raise missing_chunk(store, digest) from None
-    decode_chain(store, digest, data, chain, out, cache)
+    decode_chain(store, digest, data, chain, out, cache, check_links=check_links)
 
 
 ChunkRead = tuple[Digest, int, int, tuple[Digest, ...]]

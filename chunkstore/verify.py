@@ -133,7 +133,8 @@ def _check_chunk(store: Store, check: ChunkCheck, read_data: bool
     digest, length, chain = check
     try:
         if read_data:
-            read_chunk_into(store, digest, memoryview(bytearray(length)), chain, NO_CACHE)
+            read_chunk_into(store, digest, memoryview(bytearray(length)), chain, NO_CACHE,
+                            check_links=True)
             return length, None
         store.backend.stat(chunk_key(digest))
         return 0, None

@@ -74,6 +74,21 @@ class ShuffleZstdCodec(codecs.Codec):
             columns[:, i] = np.frombuffer(plane, dtype=np.uint8)
 
 
+def planes_into(payload: memoryview, planes: np.ndarray, min_planes: int, *, xor: bool) -> None:
+    """Decode a payload's planes into the rows of ``planes`` (element size x elements,
+    contiguous), or XOR them in: decoding a chain of deltas in the plane domain
+    needs no strided copy per link (XOR commutes with the shuffle)."""
+    count, plane_len = planes.shape
+    table = plane_table(payload, count * plane_len, count, min_planes)
+    for i, (mode, start, length) in enumerate(table):
+        body = payload[start : start + length]
+        plane = np.frombuffer(body if mode == 0 else decompress(body, plane_len), dtype=np.uint8)
+        if xor:
+            np.bitwise_xor(planes[i], plane, out=planes[i])
+        else:
+            planes[i] = plane
+
+
 def plane_table(payload: memoryview, raw_length: int, element_size: int, min_planes: int
                 ) -> list[tuple[int, int, int]]:
     """(mode, offset, length) of each plane body, all checked against the payload's
