@@ -240,3 +240,15 @@ def test_report_counts_deltas_and_their_mean_chain_depth(store: chunkstore.Store
     assert stats.mean_chain_depth == 1.5
     totals = stats.to_json()["totals"]
     assert (totals["delta_chunks"], totals["mean_chain_depth"]) == (2, 1.5)
+
+
+def test_init_sets_the_delta_depth(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from chunkstore.cli import cli
+
+    done = CliRunner().invoke(cli, ["init", str(tmp_path / "s"), "--delta-depth", "5"])
+    assert done.exit_code == 0, done.output
+    assert "delta depth 5" in done.output
+    with chunkstore.open(tmp_path / "s", create=False) as opened:
+        assert opened.config.delta_depth == 5

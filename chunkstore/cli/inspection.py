@@ -33,7 +33,8 @@ from chunkstore.cli.common import (
 )
 from chunkstore.dtypes import element_size
 from chunkstore.errors import NotAStoreError
-from chunkstore.manifest import TensorEntry
+from chunkstore.manifest import MAX_DELTA_DEPTH, TensorEntry
+from chunkstore.records import DEFAULT_DELTA_DEPTH
 from chunkstore.report import StoreStats, VersionStats
 from chunkstore.report import stats as store_stats
 from chunkstore.retention import parse_duration
@@ -51,8 +52,14 @@ from chunkstore.tree import Leaf
 @click.option("--compression", type=click.Choice(["auto", "none", "zstd", "shuffle-zstd"]),
               default="auto", show_default=True,
               help="Codec policy for new chunks (auto: shuffle-zstd for floats, zstd for"
-              " the rest, raw where compressing does not pay).")
-def init(path: str, chunk_size: int, compression: str) -> None:
+              " the rest, raw where compressing does not pay, and XOR-deltas against the"
+              " run's previous version where they pay).")
+@click.option("--delta-depth", type=click.IntRange(0, MAX_DELTA_DEPTH), default=DEFAULT_DELTA_DEPTH,
+              show_default=True,
+              help="Longest chain of XOR-delta chunks a save builds (0: no deltas). Deeper"
+              " chains store less per version and restore slower. Fixed for the life of"
+              " the store.")
+def init(path: str, chunk_size: int, compression: str, delta_depth: int) -> None:
     """Create an empty store at PATH (a directory or fsspec URL).
 
     PATH must not exist yet or be an empty directory. Sizes accept
@@ -61,6 +68,7 @@ def init(path: str, chunk_size: int, compression: str) -> None:
     \b
     Example:
       chunkstore init ckpts/ --chunk-size 1MiB --compression zstd
+      chunkstore init ckpts/ --delta-depth 8
 
     \b
     Exit codes: 0 created; 2 PATH is already a store, is not empty,
@@ -72,10 +80,12 @@ def init(path: str, chunk_size: int, compression: str) -> None:
                            f" {format_size(existing.chunk_size)}); nothing changed", EXIT_USAGE)
     except NotAStoreError:
         pass  # the normal case: nothing there yet
-    store = chunkstore.open(path, create=True, chunk_size=chunk_size, compression=compression)
+    store = chunkstore.open(path, create=True, chunk_size=chunk_size, compression=compression,
+                            delta_depth=delta_depth)
     with store:
         click.echo(f"created an empty store at {path} (chunk size"
-                   f" {format_size(store.chunk_size)}, compression {store.config.compression})")
+                   f" {format_size(store.chunk_size)}, compression {store.config.compression},"
+                   f" delta depth {store.config.delta_depth})")
 
 
 # --- log ------------------------------------------------------------------------------------
