@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from chunkstore.digest import Digest, chunk_key
+from chunkstore.manifest import NODE_FORMAT_VERSION
 from tests.test_hostile import (
     _good_root,
     _node,
@@ -40,8 +41,8 @@ def _seed_bad_objects(path: Path) -> dict[str, str]:
         child = _tree(path, {str(i): {"tree": child.hex} for i in range(10)})
     bad["fan-out"] = _record(path, child, step=13)
     bad["bad-run"] = _record(path, _tree(path, {}), run="../x")
-    bad["newer-node"] = _record(path, _node(path, b'{"entries":{},"format_version":2,'
-                                            b'"kind":"tree"}'), step=14)
+    newer = b'{"entries":{},"format_version":%d,"kind":"tree"}' % (NODE_FORMAT_VERSION + 1)
+    bad["newer-node"] = _record(path, _node(path, newer), step=14)
     h_chunk = good["entries"]["h"]["tensor"]["shards"][0]["chunks"][0]
     target = path / chunk_key(Digest.parse(h_chunk))
     data = bytearray(target.read_bytes())
