@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from chunkstore.codecs import XOR_DELTA
+from chunkstore.codecs import XOR_DELTA, Codec
 from chunkstore.codecs.policy import PROBE_BYTES, encode_with_policy
 from chunkstore.codecs.xordelta import xor_of
 from chunkstore.digest import Digest
@@ -101,22 +101,29 @@ class ParentChunks:
                 for i, d in enumerate(shard.chunks)]
 
 
-def standalone_estimate(policy: str, raw: memoryview, dtype: str, itemsize: int) -> float:
-    """About how many bytes the standalone encoding of ``raw`` takes: a long chunk is
-    judged by a probe of its start (so a delta costs one small extra encode)."""
-    if len(raw) <= 4 * PROBE_BYTES:
-        return len(encode_with_policy(policy, raw, dtype, itemsize)[1])
-    probe_len = PROBE_BYTES - PROBE_BYTES % itemsize
-    _, probe = encode_with_policy(policy, raw[:probe_len], dtype, itemsize)
-    return len(probe) / probe_len * len(raw)
+Standalone = tuple[Codec, bytes | memoryview]
 
 
 def encode_delta(policy: str, raw: memoryview, base: bytes | memoryview, dtype: str,
-                 itemsize: int) -> bytes | None:
-    """The xor-delta payload of ``raw`` against ``base``, or None when it does not pay."""
+                 itemsize: int) -> tuple[bytes | None, Standalone | None]:
+    """The xor-delta payload of ``raw`` against ``base`` when it pays (else None), and
+    the standalone encoding when judging needed all of it (so it is not made twice).
+
+    A chunk over 256 KiB is judged on a 64 KiB probe first, both ways, so a delta
+    that does not pay costs two small encodes, not a full one.
+    """
     if len(base) != len(raw) or not raw:
-        return None
+        return None, None
+    if len(raw) <= 4 * PROBE_BYTES:
+        standalone = encode_with_policy(policy, raw, dtype, itemsize)
+        payload = XOR_DELTA.encode(xor_of(raw, base), itemsize)
+        return (payload if len(payload) < MARGIN * len(standalone[1]) else None), standalone
+    probe_len = PROBE_BYTES - PROBE_BYTES % itemsize
+    probe = len(encode_with_policy(policy, raw[:probe_len], dtype, itemsize)[1])
+    delta_probe = XOR_DELTA.encode(xor_of(raw[:probe_len], base[:probe_len]), itemsize)
+    if len(delta_probe) >= MARGIN * probe:
+        return None, None
     payload = XOR_DELTA.encode(xor_of(raw, base), itemsize)
-    if len(payload) >= MARGIN * standalone_estimate(policy, raw, dtype, itemsize):
-        return None
-    return payload
+    if len(payload) >= MARGIN * probe / probe_len * len(raw):
+        return None, None
+    return payload, None

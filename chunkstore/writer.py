@@ -49,7 +49,7 @@ from chunkstore.chunkobj import ChunkHeader, decode_object, encode_object, parse
 from chunkstore.claims import GroupClaims
 from chunkstore.codecs import XOR_DELTA
 from chunkstore.codecs.policy import encode_with_policy
-from chunkstore.delta import BaseSlot, ParentChunks, encode_delta
+from chunkstore.delta import BaseSlot, ParentChunks, Standalone, encode_delta
 from chunkstore.digest import Digest, chunk_key, node_key, version_key
 from chunkstore.dtypes import check_override, dtype_name
 from chunkstore.errors import (
@@ -263,24 +263,26 @@ class VersionWriter:
             return None
         return chain
 
-    def _delta_payload(self, view: memoryview, dtype: str, itemsize: int,
-                       base: BaseSlot) -> bytes | None:
+    def _delta_payload(self, view: memoryview, dtype: str, itemsize: int, base: BaseSlot
+                       ) -> tuple[bytes | None, Standalone | None]:
         try:
             base_raw = base_bytes(self._store, base.digest, base.chain)
         except ChunkStoreError as exc:  # a damaged base: write standalone, verify reports it
             log.warning("chunk %s cannot serve as a delta base: %s", base.digest.short(), exc)
-            return None
+            return None, None
         return encode_delta(self._store.compression, view, base_raw, dtype, itemsize)
 
     def _encode(self, view: memoryview, dtype: str, itemsize: int, base: BaseSlot | None
                 ) -> tuple[ChunkHeader, bytes | memoryview, tuple[Digest, ...]]:
         """The object's header and payload: a delta against ``base`` when that pays."""
+        standalone = None
         if base is not None:
-            delta = self._delta_payload(view, dtype, itemsize, base)
+            delta, standalone = self._delta_payload(view, dtype, itemsize, base)
             if delta is not None:
                 header = ChunkHeader(XOR_DELTA.id, itemsize, len(view), len(delta), base.digest)
                 return header, delta, (base.digest, *base.chain)
-        codec, payload = encode_with_policy(self._store.compression, view, dtype, itemsize)
+        codec, payload = standalone or encode_with_policy(self._store.compression, view, dtype,
+                                                          itemsize)
         return ChunkHeader(codec.id, itemsize, len(view), len(payload)), payload, ()
 
     def _write(self, digest: Digest, view: memoryview, dtype: str, itemsize: int,
