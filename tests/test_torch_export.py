@@ -108,3 +108,26 @@ def test_export_gives_the_file_the_usual_mode_and_takes_store_urls(tmp_path: Pat
     umask = os.umask(0)
     os.umask(umask)
     assert out.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_export_and_diff_read_delta_versions(tmp_path: Path) -> None:
+    """A sparse update saved as XOR-deltas exports and diffs like any version."""
+    from chunkstore.cli import cli
+
+    torch.manual_seed(0)
+    model = nn.Embedding(2000, 32)  # 256 KB: four 64 KiB chunks
+    store = tmp_path / "s"
+    with Checkpointer(store, run="exp", chunk_size=64 * 1024) as ckpt:
+        ckpt.save(1, model=model)
+        with torch.no_grad():
+            model.weight[3] += 1  # chunk 0 only
+        ckpt.save(2, model=model)
+        bases = ckpt.store.open_version("exp@2").entry("model.weight").shards[0].bases
+        assert bases and bases[0], "step 2's changed chunk must be a delta"
+    out = tmp_path / "model.safetensors"
+    export_safetensors(store, "exp@2", out)
+    assert torch.equal(safetensors_torch.load_file(out)["weight"], model.weight.detach())
+    diff = CliRunner().invoke(cli, ["diff", str(store), "exp@1", "exp@2", "--json"])
+    assert diff.exit_code == 0, diff.output
+    rows = {r["name"]: r for r in json.loads(diff.output)["entries"]}
+    assert rows["model.weight"]["changed_chunks"] == 1
