@@ -4,6 +4,7 @@ every version that depends on it."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from chunkstore.chunkobj import parse_header
 from chunkstore.codecs import XOR_DELTA
 from chunkstore.digest import Digest, chunk_key
 from chunkstore.errors import CorruptChunkError, MissingChunkError
+from chunkstore.index import CHUNK as CHUNK_KIND
 from chunkstore.manifest import Shard, TensorEntry
 
 CHUNK = 4096
@@ -252,3 +254,23 @@ def test_init_sets_the_delta_depth(tmp_path: Path) -> None:
     assert "delta depth 5" in done.output
     with chunkstore.open(tmp_path / "s", create=False) as opened:
         assert opened.config.delta_depth == 5
+
+
+def test_a_save_never_encodes_against_a_base_gc_has_condemned(
+        store: chunkstore.Store) -> None:
+    """The base is claimed like a dedup target: one a GC has condemned (and is about
+    to delete) is not used; the chunk is stored standalone."""
+    (first,) = _chunk0_changing(store, 1)
+    base = shard(store, first).chunks[0]
+    writer = store.new_version(run="r", step=1)  # takes the first version as its parent
+    store.delete(first)
+    assert store.index.condemn(CHUNK_KIND, [base], time.time() + 3600) == [base]
+    table = np.random.default_rng(5).standard_normal((ROWS, DIM)).astype(np.float32)
+    table[0, 0] += 1
+    table[0, 1] += 1
+    writer.put("emb", table)
+    info = writer.commit()
+    object_path(store, base).unlink()  # the condemning GC deletes it
+    store.base_cache.clear()
+    assert not shard(store, info.id).chain(0)
+    np.testing.assert_array_equal(store.open_version(info.id).get("emb"), table)
