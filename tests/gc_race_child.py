@@ -5,10 +5,9 @@ blocks of a small shared pool (so saves deduplicate against chunks other
 saves and deletions keep making unreferenced), and unpublish all but the
 newest two of its own versions.  ROLE ``gc``: run ``gc(grace=0)`` in a loop.
 Both stop after SECONDS and print what they did.  With ``RACE_DELTAS=1`` in
-the environment the store writes XOR-deltas: each block is one of a few
-pool blocks with its first element set to one of a few values, so a block
-is often a small delta against the previous version's block at its position
-(and its base often one a GC is about to delete).
+the environment the store writes XOR-deltas: half the blocks change every
+save (small deltas against the previous version's), half are a few shared
+blocks that GC keeps deleting and saves keep deduplicating against.
 """
 
 from __future__ import annotations
@@ -31,16 +30,24 @@ BLOCKS = 6
 
 
 def block(i: int, deltas: bool) -> np.ndarray:
-    if deltas:
-        data = np.random.default_rng(i // TWEAKS).integers(0, 2**31, CHUNK // 4, dtype=np.int32)
-        data[0] = i % TWEAKS
+    if deltas:  # pool block i mod DELTA_POOL with its first element set to the rest
+        data = np.random.default_rng(i % DELTA_POOL).integers(0, 2**31, CHUNK // 4,
+                                                              dtype=np.int32)
+        data[0] = i // DELTA_POOL
         return data
     return np.random.default_rng(i).integers(0, 2**31, CHUNK // 4, dtype=np.int32)
 
 
 def version_blocks(writer: int, step: int, deltas: bool) -> list[int]:
     rng = np.random.default_rng(writer * 1_000_003 + step)
-    return [int(i) for i in rng.integers(0, DELTA_POOL * TWEAKS if deltas else POOL, BLOCKS)]
+    if not deltas:
+        return [int(i) for i in rng.integers(0, POOL, BLOCKS)]
+    # Half the positions change every save (a delta against the previous version's
+    # block there), half hold one of a few shared blocks (dedup hits on blocks GC
+    # keeps deleting); position j always holds pool block j mod DELTA_POOL.
+    unique = DELTA_POOL * (TWEAKS + writer * 1_000_003 + step)
+    return [j % DELTA_POOL + (unique if j < BLOCKS // 2 else DELTA_POOL * int(t))
+            for j, t in enumerate(rng.integers(0, TWEAKS, BLOCKS))]
 
 
 def expected(writer: int, step: int, deltas: bool = DELTAS) -> np.ndarray:
