@@ -179,6 +179,9 @@ def _rebuild(store: Store) -> RebuildResult:
     finally:
         scratch.close()
         shutil.rmtree(scratch.path, ignore_errors=True)
+    # Versions committed or removed while the scratch index was built (saves that
+    # started after the check above): count them in or out now.
+    reconcile(store)
     return result
 
 

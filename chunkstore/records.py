@@ -22,7 +22,10 @@ from chunkstore.manifest import exact_int, is_version
 from chunkstore.names import check_label
 
 STORE_FORMAT = "chunkstore"
-STORE_FORMAT_VERSION = 1
+STORE_FORMAT_VERSION = 2
+#: Store versions this release reads: 2 is 1 plus the keys of docs/format.md §11
+#: (save sessions, the GC journal, tombstones), which every writer must honour.
+READABLE_STORE_VERSIONS = (1, 2)
 RECORD_FORMAT = "chunkstore.version"
 RECORD_FORMAT_VERSION = 1
 DEFAULT_CHUNK_SIZE = 4 * 1024 * 1024
@@ -41,8 +44,11 @@ class StoreConfig:
     chunk_size: int
     compression: str
     created: float
+    #: The store version found (a store this release creates or upgrades is the current one).
+    format_version: int = STORE_FORMAT_VERSION
 
     def encode(self) -> bytes:
+        """The config as this release writes it: always the current store version."""
         return _dumps({"format": STORE_FORMAT, "format_version": STORE_FORMAT_VERSION,
                        "chunk_size": self.chunk_size, "compression": self.compression,
                        "created": self.created})
@@ -60,8 +66,9 @@ class StoreConfig:
                                  " object)")
         if obj.get("format") != STORE_FORMAT:
             raise NotAStoreError(url, "chunkstore.json names another format")
-        if not is_version(obj.get("format_version"), STORE_FORMAT_VERSION):
-            raise FormatVersionError("store", obj.get("format_version"), STORE_FORMAT_VERSION)
+        found = obj.get("format_version")
+        if not any(is_version(found, v) for v in READABLE_STORE_VERSIONS):
+            raise FormatVersionError("store", found, STORE_FORMAT_VERSION)
         try:
             chunk_size = exact_int(obj.get("chunk_size"), "chunk_size", MIN_CHUNK_SIZE,
                                    MAX_CHUNK_SIZE)
@@ -70,7 +77,8 @@ class StoreConfig:
             compression = obj.get("compression")
             if not (isinstance(compression, str) and plaindata.is_unicode(compression)):
                 raise ValueError(f"compression is {compression!r}, not a policy name")
-            return cls(chunk_size, compression, _time(obj.get("created"), "created"))
+            return cls(chunk_size, compression, _time(obj.get("created"), "created"),
+                       int(found))  # type: ignore[arg-type]
         except ValueError as exc:
             raise CorruptConfigError(url, str(exc)) from exc
 

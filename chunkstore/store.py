@@ -8,6 +8,7 @@ and are exposed here as thin methods.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -50,6 +51,7 @@ from chunkstore.records import (
     DEFAULT_CHUNK_SIZE,
     MAX_CHUNK_SIZE,
     MIN_CHUNK_SIZE,
+    STORE_FORMAT_VERSION,
     CommitRecord,
     StoreConfig,
     Tag,
@@ -221,6 +223,20 @@ class Store:
         return f"<chunkstore.Store {self.url}>"
 
     # --- writing ---------------------------------------------------------------------------
+
+    def upgrade_format(self) -> None:
+        """Make a version-1 store version 2 before this release writes the first object
+        of docs/format.md §11 into it (a session, journal entry or tombstone).
+
+        Releases that know only version 1 do not honour those objects (their GC
+        would not wait for saves on other machines), so from then on they
+        refuse the store.  The config is replaced atomically; concurrent
+        upgraders write the same bytes.
+        """
+        if self.config.format_version >= STORE_FORMAT_VERSION:
+            return
+        self.backend.put(CONFIG_KEY, self.config.encode())
+        self.config = dataclasses.replace(self.config, format_version=STORE_FORMAT_VERSION)
 
     def new_version(self, run: str, step: int, meta: dict[str, Any] | None = None, *,
                     replace: bool = False) -> VersionWriter:
@@ -394,6 +410,7 @@ class Store:
         # The tombstone first: from it every GC counts the grace period of what
         # the version reaches.  Then the record: from then on the version is
         # not published.  A crash before the index update is healed by reconcile().
+        self.upgrade_format()
         write_tombstone(self.backend, info.id, info.root, info.run, info.step)
         self.backend.delete(version_key(info.id))
         self.index.remove_version(info.id)

@@ -443,6 +443,7 @@ class GroupClaims:
 
 def _open_store_session(store: Store, purpose: str) -> tuple[StoreSession, Fence]:
     """Store the session object, then read the GC journal (in that order: see step 1)."""
+    store.upgrade_format()  # sessions are a version-2 object
     session = StoreSession(store.backend, purpose)
     session.open()
     try:

@@ -337,9 +337,12 @@ def test_bytes_after_the_zstd_frame_are_refused(store_dir: Path) -> None:
 @pytest.mark.parametrize("version", ["true", "1.0"])
 def test_versions_that_only_compare_equal_to_one(store_dir: Path, version: str) -> None:
     config = (store_dir / "chunkstore.json").read_bytes()
-    bumped = config.replace(b'"format_version":1', b'"format_version":' + version.encode())
-    with pytest.raises(FormatVersionError):
-        StoreConfig.decode("x", bumped)
+    assert b'"format_version":2' in config
+    for exact in (b"1", b"2"):  # true == 1 and 2.0 == 2 in Python; neither is a version
+        bumped = config.replace(b'"format_version":2', b'"format_version":'
+                                + (version.encode() if exact == b"1" else b"2.0"))
+        with pytest.raises(FormatVersionError):
+            StoreConfig.decode("x", bumped)
     root = _node(store_dir, b'{"entries":{},"format_version":' + version.encode()
                  + b',"kind":"tree"}')
     vid = _record(store_dir, root)

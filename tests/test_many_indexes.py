@@ -234,7 +234,9 @@ def test_index_rebuild_refuses_during_saves_and_no_save_fails_because_of_it(
     assert any("refused" in o for o in outcomes), outcomes  # it did run during saves
     with cluster.open("a") as store:
         live = store.versions("w")
-        assert len(live) == 2
+        # At least the newest two: while a rebuild ran, the writer's index could lag
+        # behind the store, and its retention then keeps more, never less.
+        assert len(live) >= 2 and {v.id for v in live} <= set(published)
         for info in live:
             np.testing.assert_array_equal(store.open_version(info.id).get("w"),
                                           loop_state("w", info.step))

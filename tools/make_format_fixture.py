@@ -109,6 +109,11 @@ def version_2(arrays: dict[str, np.ndarray], data: dict[str, object]
     return arrays, data
 
 
+def removed_version() -> dict[str, np.ndarray]:
+    """The third version, removed at once: its own bytes, so chunks await GC."""
+    return {"gone": _noise(3000, b"removed").astype(np.float32)}
+
+
 def _tensor_expectation(array: np.ndarray) -> dict[str, Any]:
     little = array.astype(array.dtype.newbyteorder("<")) if array.dtype.byteorder == ">" else array
     little = np.ascontiguousarray(little)
@@ -164,6 +169,12 @@ def build(root: Path) -> dict[str, Any]:
         arrays, data = version_2(arrays, data)
         versions.append(_write_version(store, 2, arrays, data, {"code_rev": "4567def"}))
         store.tag(TAGGED_SELECTOR, TAG)
+        # A removed version (store version 2): its tombstone, and its chunks awaiting GC.
+        removed = _write_version(store, 3, removed_version(), {}, {})["id"]
+        kept = {d for v in store.versions() if v.id != removed
+                for d in store.index.version_refs(v.id)}
+        awaiting = len(set(store.index.version_refs(removed)) - kept)
+        store.delete(removed)
         result = store.verify()
         if not result.ok:
             raise SystemExit(f"the new fixture does not verify: {result.to_json()}")
@@ -182,6 +193,8 @@ def build(root: Path) -> dict[str, Any]:
         "codec_counts": codec_counts,
         "versions": versions,
         "tags": {TAG: TAGGED_SELECTOR},
+        "removed": [removed],
+        "awaiting_gc_chunks": awaiting,
         "objects": _object_digests(root),
     }
 
