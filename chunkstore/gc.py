@@ -91,6 +91,7 @@ from chunkstore.journal import (
     DONE,
     FENCED,
     JournalEntry,
+    prune_journal,
     start_entry,
     sync_journal,
     write_entry,
@@ -148,6 +149,7 @@ class GcResult:
     temporaries_deleted: int = 0
     unfinished_deletions: int = 0
     tombstones_deleted: int = 0
+    journal_entries_pruned: int = 0
     #: Saves in progress in the store that this run waited for (step 6).
     sessions_waited_for: int = 0
     #: Objects not deleted because saves outlasted the wait; the next run retries.
@@ -454,10 +456,12 @@ class _Run:
         self.result.bytes_freed += candidate.size
 
     def clean_up(self) -> None:
-        """Expired tombstones, and the temporary files of interrupted writes."""
+        """Expired tombstones, finished journal entries older than a week, and the
+        temporary files of interrupted writes."""
         if not self.dry_run:
             for version_id in self.expired_tombstones:
                 self.backend.delete(tombstone_key(version_id))
+            self.result.journal_entries_pruned = prune_journal(self.backend, self.started)
         self.result.tombstones_deleted = len(self.expired_tombstones)
         if self.sweep:
             # A write in progress owns its temporary file: never touch a young one,

@@ -45,6 +45,7 @@ from chunkstore.errors import (
     SelectorError,
 )
 from chunkstore.index import Index, VersionEntry
+from chunkstore.journal import sync_journal
 from chunkstore.names import check_label
 from chunkstore.reader import VersionReader
 from chunkstore.records import (
@@ -170,6 +171,9 @@ def open(
         with contextlib.suppress(SavesInProgressError):
             store.rebuild_index()
     store.reconcile()
+    # What GCs on other indexes deleted (and, for a new index, which of their runs
+    # are still active): one listing of the GC journal.
+    sync_journal(backend, index)
     return store
 
 

@@ -254,3 +254,22 @@ def test_index_rebuild_refuses_while_a_save_on_another_index_is_in_progress(
         writer.commit()
     assert "refused" not in cluster.run("b", "rebuild")
     cluster.assert_all_whole("b", {writer.info.id: {"x": np.arange(5000, dtype=np.float32)}})
+
+
+def test_an_index_idle_past_the_journals_pruning_trusts_nothing_it_may_have_missed(
+        cluster: Cluster) -> None:
+    """GC prunes journal entries older than a week; an index that has not read the
+    journal since then forgets every dedup target instead of trusting them."""
+    a1 = cluster.run("a", "save", "a", 1, 1)
+    a2 = cluster.run("a", "save", "a", 2, 2)
+    cluster.run("a", "rm", a1)
+    first = cluster.run("b", "gc", HOUR, 2 * HOUR)
+    assert first["orphans_deleted"] + first["chunks_deleted"] > 0
+    assert first["journal_entries_pruned"] == 0  # a day old at most: kept
+    later = cluster.run("b", "gc", HOUR, 8 * 24 * HOUR)  # a week on
+    assert later["journal_entries_pruned"] >= 1
+    with cluster.open("b") as store:
+        keys = list(store.backend.list("gc/"))
+        assert [k for k in keys if k.startswith("gc/horizon-")], keys
+    again = cluster.run("a", "save", "a", 3, 1)  # a@1's bytes, from A's idle index
+    cluster.assert_all_whole("a", {a2: state(2), again: state(1)})
