@@ -33,7 +33,7 @@ class MarkSet:
                 self.env = lmdb.open(self.path, map_size=1 << 36, sync=False,
                                      metasync=False, lock=False)
                 break
-            except lmdb.Error:
+            except (lmdb.Error, OSError):
                 if attempt == 2 or os.path.isdir(self.path):
                     raise
 

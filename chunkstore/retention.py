@@ -253,7 +253,7 @@ def prune(store: Any, policy: Policy, *, run: str | None = None, dry_run: bool =
         by_id = {v.id: v for v in infos}
         for vid in decision.drop:
             if not dry_run:
-                store.delete(vid)
+                store.delete_listed(vid)
             result.removed.append(by_id[vid])
     return result
 

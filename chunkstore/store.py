@@ -59,7 +59,7 @@ from chunkstore.records import (
 )
 from chunkstore.tombstones import write_tombstone
 from chunkstore.tree import NodeCache, flatten
-from chunkstore.writer import VersionWriter
+from chunkstore.writer import VersionWriter, entry_from_record
 
 if TYPE_CHECKING:
     from chunkstore.gc import GcResult
@@ -420,6 +420,22 @@ class Store:
         self.index.remove_version(info.id)
         return info
 
+    def delete_listed(self, version_id: str) -> bool:
+        """Remove a version a caller listed moments ago (retention, replacement).
+
+        Returns False when it is already gone from the store (another process
+        removed it, and this index had not heard yet): for retention that is
+        done, not an error.
+        """
+        try:
+            self.delete(version_id)
+        except SelectorError:
+            if self.backend.exists(version_key(version_id)):
+                raise
+            self.index.remove_version(version_id)
+            return False
+        return True
+
     def resolve_for_removal(self, selector: str) -> VersionInfo:
         """:meth:`resolve`, and also a full version id whose commit record exists but
         cannot be read (never listed): then an info with ``meta={"unreadable": True}``."""
@@ -429,8 +445,15 @@ class Store:
             if not (isinstance(selector, str) and is_hex_digest(selector)
                     and self.backend.exists(version_key(selector))):
                 raise
-        return VersionInfo(selector, "?", 0, 0.0, None, Digest(bytes(32)), 0, 0, 0,
-                           {"unreadable": True})
+        try:  # the index may only lag the store (another process's save or rebuild)
+            record = self.read_record(selector)
+            flatten(self.backend, record.root, self.node_cache)
+        except FileNotFoundError:
+            raise SelectorError(selector, "no version with this id (removed already?)") from None
+        except ChunkStoreError:
+            return VersionInfo(selector, "?", 0, 0.0, None, Digest(bytes(32)), 0, 0, 0,
+                               {"unreadable": True})
+        return self.info_from_entry(entry_from_record(selector, record))  # the store's word
 
     def _delete_unreadable(self, info: VersionInfo) -> VersionInfo:
         """Remove a commit record that cannot be read: its tags, then the record.

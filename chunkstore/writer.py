@@ -358,7 +358,7 @@ class VersionWriter:
         (a tagged one stays, and RUN@STEP names the newer)."""
         for old in replaced:
             try:
-                self._store.delete(old.id)
+                self._store.delete_listed(old.id)
             except ChunkStoreError as exc:
                 log.warning("%s@%d: the replaced version %s stays: %s", self.run, self.step,
                             old.short_id, exc)

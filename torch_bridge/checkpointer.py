@@ -177,7 +177,7 @@ class Checkpointer:
         pinned = set(self.store.tags().values())
         for version in versions:
             if version.id not in keep and version.id not in pinned:
-                self.store.delete(version.id)
+                self.store.delete_listed(version.id)
 
     # --- restoring ---------------------------------------------------------------------------
 
