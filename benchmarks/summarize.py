@@ -9,7 +9,6 @@ Usage::
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -132,8 +131,16 @@ def render_all() -> str:
 
 
 def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        description="Print the README's performance section from benchmarks/results/*.json,"
+        " or write it into README.md between the results markers.")
+    parser.add_argument("--update-readme", action="store_true",
+                        help="replace the section in README.md instead of printing it")
+    args = parser.parse_args()
     text = render_all()
-    if "--update-readme" not in sys.argv[1:]:
+    if not args.update_readme:
         print(text)
         return
     readme = README.read_text()

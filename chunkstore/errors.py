@@ -7,6 +7,8 @@ and a message that says what to do.  Backends raise the built-in
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class ChunkStoreError(Exception):
     """Raised for any failure chunkstore detects itself (the root of the tree)."""
@@ -250,3 +252,20 @@ class DuplicateStepError(InvalidInputError):
         self.run = run
         self.step = step
         self.existing = existing
+
+
+class UnknownMetricError(InvalidSettingError):
+    """Raised when ``keep_best`` names a metric that no version of a run records.
+
+    Ranking by it would keep none, so a misspelt metric would let the other
+    rules remove nearly everything; nothing is removed instead.
+    """
+
+    def __init__(self, metric: str, run: str, recorded: Sequence[str]) -> None:
+        known = ", ".join(recorded) if recorded else "none"
+        super().__init__(f"no version of run {run!r} records the metric {metric!r} to keep"
+                         f" the best versions by (metrics its versions record: {known});"
+                         " nothing was removed")
+        self.metric = metric
+        self.run = run
+        self.recorded = list(recorded)

@@ -33,7 +33,8 @@ model, are why each step is where it is):
    our objects).  If sessions outlast the wait, the entry is abandoned and
    nothing is deleted;
 7. mark again: count in and walk every version committed meanwhile (by the
-   sessions just waited for) and every tombstone; drop what is reached;
+   sessions just waited for) and every tombstone, into step 4's mark set
+   (what was walked then is not walked again); drop what is reached;
 8. delete, through the index's condemn -> DELETING protocol so that saves
    of this index wait rather than reuse an object being deleted;
 9. mark the journal entry ``done`` (saves apply it to their own indexes:
@@ -90,6 +91,7 @@ from chunkstore.journal import (
     DONE,
     FENCED,
     JournalEntry,
+    prune_journal,
     start_entry,
     sync_journal,
     write_entry,
@@ -147,6 +149,7 @@ class GcResult:
     temporaries_deleted: int = 0
     unfinished_deletions: int = 0
     tombstones_deleted: int = 0
+    journal_entries_pruned: int = 0
     #: Saves in progress in the store that this run waited for (step 6).
     sessions_waited_for: int = 0
     #: Objects not deleted because saves outlasted the wait; the next run retries.
@@ -239,6 +242,7 @@ class _Run:
         self.expired_tombstones: list[str] = []
         self.deleted: list[tuple[bytes, Digest]] = []
         self.entry: JournalEntry | None = None
+        self.marks: MarkSet | None = None  # steps 4 and 7 share one
         self.last_beat, self.last_beat_wall = time.monotonic(), time.time()
 
     def check_time(self) -> None:
@@ -287,6 +291,10 @@ class _Run:
         self.result.seconds = round(self.clock() - self.started, 3)
         return self.result
 
+    def close(self) -> None:
+        if self.marks is not None:
+            self.marks.close()
+
     def expire_sessions(self) -> None:
         for session_id, info in self.index.list_sessions().items():
             if session_is_dead(info, self.started, self.grace_s):
@@ -325,36 +333,37 @@ class _Run:
                     digest = parse(info.key)
                 except ValueError:
                     continue
-                if self.index.record(kind, digest) is not None:
-                    continue
-                if info.mtime > self.before:
-                    self.result.kept_by_grace += 1
-                    self.result.kept_by_grace_bytes += info.size
+                # Young first: it needs no index lookup (most objects of a busy store).
+                if info.mtime > self.before or self.index.record(kind, digest) is not None:
                     continue
                 found.append(Candidate(kind, digest, info.size, False))
         return found
 
     def confirm_unreachable(self, candidates: list[Candidate]) -> list[Candidate]:
-        """Drop every candidate a live or recently removed version reaches (steps 4, 7)."""
-        marks = MarkSet(self.index.path)
-        try:
-            fallback = mark_live(self.store, marks, self.progress, self.check_time)
-            mark_unindexed(self.store, marks)
-            self.expired_tombstones = mark_removed(self.store, marks, self.before)
-            for vid in fallback:
-                note = (f"version {vid[:12]}: manifest unreadable, marked from the index instead"
-                        " (run `chunkstore verify`)")
-                if note not in self.result.index_disagreements:
-                    self.result.index_disagreements.append(note)
-            confirmed = []
-            for candidate in candidates:
-                if (candidate.kind, candidate.digest) not in marks:
-                    confirmed.append(candidate)
-                elif candidate.indexed and self._refcount(candidate) == 0:
-                    self._disagree(candidate)
-            return confirmed
-        finally:
-            marks.close()
+        """Drop every candidate a live or recently removed version reaches (steps 4, 7).
+
+        Step 7 adds to step 4's mark set: a subtree marked once is not walked again,
+        so the second pass costs only what was published meanwhile (and keeping
+        what a version removed in between reached is only more cautious).
+        """
+        if self.marks is None:
+            self.marks = MarkSet(self.index.path)
+        marks = self.marks
+        fallback = mark_live(self.store, marks, self.progress, self.check_time)
+        mark_unindexed(self.store, marks)
+        self.expired_tombstones = mark_removed(self.store, marks, self.before)
+        for vid in fallback:
+            note = (f"version {vid[:12]}: manifest unreadable, marked from the index instead"
+                    " (run `chunkstore verify`)")
+            if note not in self.result.index_disagreements:
+                self.result.index_disagreements.append(note)
+        confirmed = []
+        for candidate in candidates:
+            if (candidate.kind, candidate.digest) not in marks:
+                confirmed.append(candidate)
+            elif candidate.indexed and self._refcount(candidate) == 0:
+                self._disagree(candidate)
+        return confirmed
 
     def _refcount(self, candidate: Candidate) -> int:
         record = self.index.record(candidate.kind, candidate.digest)
@@ -369,6 +378,7 @@ class _Run:
 
     def fence_and_delete(self, candidates: list[Candidate]) -> None:
         """Steps 5-9: journal entry, wait for older saves, mark again, delete."""
+        self.store.upgrade_format()  # the journal is a version-2 object
         entry = start_entry(self.backend, ((c.kind, c.digest) for c in candidates))
         self.entry = entry
         self.last_beat, self.last_beat_wall = time.monotonic(), time.time()
@@ -446,10 +456,12 @@ class _Run:
         self.result.bytes_freed += candidate.size
 
     def clean_up(self) -> None:
-        """Expired tombstones, and the temporary files of interrupted writes."""
+        """Expired tombstones, finished journal entries older than a week, and the
+        temporary files of interrupted writes."""
         if not self.dry_run:
             for version_id in self.expired_tombstones:
                 self.backend.delete(tombstone_key(version_id))
+            self.result.journal_entries_pruned = prune_journal(self.backend, self.started)
         self.result.tombstones_deleted = len(self.expired_tombstones)
         if self.sweep:
             # A write in progress owns its temporary file: never touch a young one,
@@ -469,5 +481,9 @@ def collect(store: Store, grace: object = DEFAULT_GRACE_S, *, dry_run: bool = Fa
     with gc_lock(store.index.path, wait_s=30.0 if dry_run else 0.0) as held:
         if not held:
             raise GcBusyError("another gc is running on this store; wait for it to finish")
-        return _Run(store, grace_s, dry_run, sweep, clock, progress or NullProgress(),
-                    session_wait).run()
+        run = _Run(store, grace_s, dry_run, sweep, clock, progress or NullProgress(),
+                   session_wait)
+        try:
+            return run.run()
+        finally:
+            run.close()

@@ -176,6 +176,8 @@ class Index:
                 and txn.stat(self.chunks)["entries"] == 0
             if empty:
                 txn.put(b"schema", str(INDEX_SCHEMA).encode(), db=self.meta)
+                # Nothing in it yet: it has missed no GC journal entry.
+                txn.put(b"journal_synced", str(time.time_ns()).encode(), db=self.meta)
             return not empty
 
     def _tables(self) -> tuple[Any, ...]:
@@ -552,6 +554,31 @@ class Index:
                     self._put(txn, kind, digest, replace(rec, state=ChunkState.WRITING))
             if entry_id is not None:
                 txn.put(entry_id.encode(), b"", db=self.journal)
+
+    def journal_synced(self) -> int | None:
+        """Every GC journal entry created before this time (ns) has been applied here;
+        None when unknown (an index older than the journal's pruning)."""
+        with self.env.begin(db=self.meta) as txn:
+            found = txn.get(b"journal_synced")
+        return int(found) if found is not None else None
+
+    def set_journal_synced(self, time_ns: int) -> None:
+        with self.env.begin(write=True, db=self.meta) as txn:
+            txn.put(b"journal_synced", str(time_ns).encode())
+
+    def forget_all(self) -> int:
+        """No record is a dedup target any more (the index missed pruned journal
+        entries, so it cannot know what was deleted); return how many changed."""
+        changed = 0
+        with self.env.begin(write=True) as txn:
+            for kind in KINDS:
+                db = self._db(kind)
+                stale = [(Digest(bytes(k)), ChunkRecord.unpack(v)) for k, v in txn.cursor(db=db)]
+                for digest, rec in stale:
+                    if rec.state in (ChunkState.LIVE, ChunkState.CONDEMNED):
+                        self._put(txn, kind, digest, replace(rec, state=ChunkState.WRITING))
+                        changed += 1
+        return changed
 
     def mark_journal_applied(self, entry_ids: Iterable[str]) -> None:
         with self.env.begin(write=True, db=self.journal) as txn:

@@ -45,6 +45,13 @@ JOURNAL_FORMAT = 1
 FENCED, DONE, ABANDONED = "fenced", "done", "abandoned"
 #: How long a save waits for a GC to finish with an object it needs.
 FENCE_WAIT_S = 600.0
+#: Finished entries older than this are pruned by GC, behind a horizon marker.
+JOURNAL_KEEP_S = 7 * 24 * 3600.0
+#: An index counts as having missed a pruned entry created up to this long before its
+#: last sync (clock skew between machines, PUTs still in flight while it listed).
+SYNC_MARGIN_S = 3600.0
+#: ``gc/horizon-<20 digits>``: entries created before that time (ns) may have been pruned.
+HORIZON_PREFIX = "horizon-"
 
 
 def entry_key(entry_id: str) -> str:
@@ -100,8 +107,35 @@ class JournalEntry:
                    frozenset(Digest.parse(h) for h in nodes))
 
 
+def entry_time_ns(entry_id: str) -> int:
+    """When an entry was created (ns), from its id; 0 for a malformed id."""
+    head = entry_id[:20]
+    return int(head) if len(head) == 20 and head.isdigit() else 0
+
+
+@dataclass(frozen=True)
+class Listing:
+    """One listing of ``gc/``: entry ids in creation order, and the pruning horizon."""
+
+    entry_ids: list[str]
+    horizon_ns: int | None
+    horizon_keys: list[str]
+
+
+def list_journal(backend: Backend) -> Listing:
+    ids, horizons = [], []
+    for key in backend.list(JOURNAL_PREFIX):
+        name = key[len(JOURNAL_PREFIX):]
+        if name.startswith(HORIZON_PREFIX):
+            horizons.append(key)
+        else:
+            ids.append(name)
+    times = [entry_time_ns(k[len(JOURNAL_PREFIX) + len(HORIZON_PREFIX):]) for k in horizons]
+    return Listing(ids, max(times) if times else None, horizons)
+
+
 def list_entry_ids(backend: Backend) -> list[str]:
-    return [key[len(JOURNAL_PREFIX):] for key in backend.list(JOURNAL_PREFIX)]
+    return list_journal(backend).entry_ids
 
 
 def read_entry(backend: Backend, entry_id: str) -> JournalEntry | None:
@@ -172,23 +206,65 @@ class Fence:
 def sync_journal(backend: Backend, index: Index) -> Fence:
     """Apply finished journal entries to ``index``; return the still-active ones.
 
-    Called by a save after its session object is stored, and by GC.
+    Called by a save after its session object is stored, and by GC.  An index
+    that may have missed entries GC has since pruned (its last sync is older
+    than the horizon) forgets every dedup target first.
     """
+    started_ns = time.time_ns()
+    listing = list_journal(backend)
     fence = Fence(backend, index)
+    synced = index.journal_synced()
+    if listing.horizon_ns is not None and (
+            synced is None or synced - int(SYNC_MARGIN_S * 1e9) <= listing.horizon_ns):
+        index.forget_all()
     applied = index.journal_applied()
+    covered_ns = started_ns  # every entry created before this is applied after this sync
     now = time.time()
-    for entry_id in list_entry_ids(backend):
+    for entry_id in listing.entry_ids:
         if entry_id in applied:
             continue
         try:
             entry = read_entry(backend, entry_id)
         except ValueError:
             fence.distrust_index = True
+            covered_ns = min(covered_ns, entry_time_ns(entry_id))
             continue
         if entry is None:
             continue
         if entry.active(now):
             fence.active[entry_id] = entry
+            covered_ns = min(covered_ns, entry_time_ns(entry_id))
         else:
             index.apply_journal(entry_id, entry.objects())
+    index.set_journal_synced(covered_ns)
     return fence
+
+
+def prune_journal(backend: Backend, now: float, keep_s: float = JOURNAL_KEEP_S) -> int:
+    """Delete finished entries older than ``keep_s``; return how many.
+
+    The horizon marker goes first: from the moment an entry may be missing,
+    every index whose last sync is older knows it cannot trust its records.
+    """
+    listing = list_journal(backend)
+    cutoff_ns = int((now - keep_s) * 1e9)
+    prunable = []
+    for entry_id in listing.entry_ids:
+        if entry_time_ns(entry_id) >= cutoff_ns:
+            break  # the listing is in creation order
+        try:
+            entry = read_entry(backend, entry_id)
+        except ValueError:
+            continue  # unreadable: left for an operator (saves distrust their index)
+        if entry is not None and not entry.active(time.time()):
+            prunable.append(entry_id)
+    if not prunable:
+        return 0
+    horizon = max(entry_time_ns(prunable[-1]), listing.horizon_ns or 0)
+    backend.put(f"{JOURNAL_PREFIX}{HORIZON_PREFIX}{horizon:020d}", b"")
+    for key in listing.horizon_keys:
+        if key != f"{JOURNAL_PREFIX}{HORIZON_PREFIX}{horizon:020d}":
+            backend.delete(key)
+    for entry_id in prunable:
+        backend.delete(entry_key(entry_id))
+    return len(prunable)

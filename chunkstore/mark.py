@@ -26,15 +26,15 @@ class MarkSet:
     """A set of (kind, digest) on disk, so marking a large store needs little memory."""
 
     def __init__(self, parent: str) -> None:
-        for attempt in range(3):  # an index directory may be deleted at any time
-            os.makedirs(parent, exist_ok=True)
-            self.path = tempfile.mkdtemp(prefix="gc-mark-", dir=parent)
+        for attempt in range(5):  # an index directory may be deleted at any time
             try:
+                os.makedirs(parent, exist_ok=True)
+                self.path = tempfile.mkdtemp(prefix="gc-mark-", dir=parent)
                 self.env = lmdb.open(self.path, map_size=1 << 36, sync=False,
                                      metasync=False, lock=False)
                 break
-            except lmdb.Error:
-                if attempt == 2 or os.path.isdir(self.path):
+            except (lmdb.Error, OSError):
+                if attempt == 4:
                     raise
 
     def add_many(self, kind: bytes, digests: Iterator[Digest] | list[Digest]) -> None:

@@ -32,7 +32,7 @@ from chunkstore.digest import (
 )
 from chunkstore.errors import ChunkStoreError, SavesInProgressError
 from chunkstore.index import CHUNK, NODE, ChunkRecord, ChunkState, Index, NewChunk
-from chunkstore.journal import list_entry_ids, read_entry
+from chunkstore.journal import list_entry_ids, read_entry, sync_journal
 from chunkstore.sessions import live_sessions
 from chunkstore.tree import flatten
 from chunkstore.writer import entry_from_record
@@ -180,6 +180,10 @@ def _rebuild(store: Store) -> RebuildResult:
     finally:
         scratch.close()
         shutil.rmtree(scratch.path, ignore_errors=True)
+    # Versions committed or removed while the scratch index was built (saves that
+    # started after the check above): count them in or out now; and the GC journal.
+    reconcile(store)
+    sync_journal(store.backend, store.index)
     return result
 
 

@@ -23,8 +23,11 @@ from chunkstore.names import check_label
 
 STORE_FORMAT = "chunkstore"
 STORE_FORMAT_VERSION = 3
-#: Store format versions this release opens (1: no ``delta_depth``, so no deltas).
-STORE_FORMAT_VERSIONS = (1, 3)
+#: Store versions this release reads: 2 is 1 plus the keys of docs/format.md §11
+#: (save sessions, the GC journal, tombstones), which every writer must honour; 3 adds
+#: ``delta_depth`` (stores of versions 1 and 2 get no deltas).
+STORE_FORMAT_VERSIONS = (1, 2, 3)
+READABLE_STORE_VERSIONS = STORE_FORMAT_VERSIONS
 RECORD_FORMAT = "chunkstore.version"
 RECORD_FORMAT_VERSION = 1
 DEFAULT_CHUNK_SIZE = 4 * 1024 * 1024
@@ -39,7 +42,7 @@ MAX_COUNT = 2**63 - 1  # steps and byte counts of a record
 #: state is (d x delta + full) / (d + 1): 0.34 of a full copy at depth 2, 0.17 at 8.
 #: Restore time is bounded first (1.5x is the goal; a sparse chunk at depth 2 takes
 #: ~1.7x, at 8 ~4.5x), so 2: deeper chains trade restore time for storage.
-DEFAULT_DELTA_DEPTH = 2
+DEFAULT_DELTA_DEPTH = 0  # opt-in until a delta save is as fast as a plain one (issue 10)
 
 
 def _dumps(obj: dict[str, Any]) -> bytes:
@@ -52,11 +55,13 @@ class StoreConfig:
     chunk_size: int
     compression: str
     created: float
-    #: the longest delta chain a writer builds (0: no deltas; stores of version 1)
+    #: the longest delta chain a writer builds (0: no deltas; stores of versions 1 and 2)
     delta_depth: int = DEFAULT_DELTA_DEPTH
+    #: The store version found (a store this release creates or upgrades is the current one).
     format_version: int = STORE_FORMAT_VERSION
 
     def encode(self) -> bytes:
+        """The config as this release writes it: always the current store version."""
         return _dumps({"format": STORE_FORMAT, "format_version": STORE_FORMAT_VERSION,
                        "chunk_size": self.chunk_size, "compression": self.compression,
                        "created": self.created, "delta_depth": self.delta_depth})
@@ -86,8 +91,8 @@ class StoreConfig:
             compression = obj.get("compression")
             if not (isinstance(compression, str) and plaindata.is_unicode(compression)):
                 raise ValueError(f"compression is {compression!r}, not a policy name")
-            depth = 0 if version == 1 else exact_int(obj.get("delta_depth"), "delta_depth",
-                                                     0, MAX_DELTA_DEPTH)
+            depth = 0 if version < 3 else exact_int(obj.get("delta_depth"), "delta_depth",
+                                                    0, MAX_DELTA_DEPTH)
             return cls(chunk_size, compression, _time(obj.get("created"), "created"), depth,
                        version)
         except ValueError as exc:

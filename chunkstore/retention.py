@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from chunkstore.errors import InvalidSettingError
+from chunkstore.errors import InvalidSettingError, UnknownMetricError
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d|w)?\s*$")
 _UNIT_S = {None: 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -95,23 +95,6 @@ class Policy:
     def empty(self) -> bool:
         return (self.keep_last, self.keep_every, self.keep_within, self.keep_best) == (
             None, None, None, None)
-
-
-class UnknownMetricError(InvalidSettingError):
-    """Raised when ``keep_best`` names a metric that no version of a run records.
-
-    Ranking by it would keep none, so a misspelt metric would let the other
-    rules remove nearly everything; nothing is removed instead.
-    """
-
-    def __init__(self, metric: str, run: str, recorded: Sequence[str]) -> None:
-        known = ", ".join(recorded) if recorded else "none"
-        super().__init__(f"no version of run {run!r} records the metric {metric!r} to keep"
-                         f" the best versions by (metrics its versions record: {known});"
-                         " nothing was removed")
-        self.metric = metric
-        self.run = run
-        self.recorded = list(recorded)
 
 
 def _metric_sources(meta: dict[str, Any]) -> list[dict[str, Any]]:
@@ -270,7 +253,7 @@ def prune(store: Any, policy: Policy, *, run: str | None = None, dry_run: bool =
         by_id = {v.id: v for v in infos}
         for vid in decision.drop:
             if not dry_run:
-                store.delete(vid)
+                store.delete_listed(vid)
             result.removed.append(by_id[vid])
     return result
 

@@ -8,6 +8,7 @@ and are exposed here as thin methods.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -45,6 +46,7 @@ from chunkstore.errors import (
     SelectorError,
 )
 from chunkstore.index import Index, VersionEntry
+from chunkstore.journal import sync_journal
 from chunkstore.manifest import MAX_DELTA_DEPTH
 from chunkstore.names import check_label
 from chunkstore.reader import VersionReader
@@ -53,13 +55,14 @@ from chunkstore.records import (
     DEFAULT_DELTA_DEPTH,
     MAX_CHUNK_SIZE,
     MIN_CHUNK_SIZE,
+    STORE_FORMAT_VERSION,
     CommitRecord,
     StoreConfig,
     Tag,
 )
 from chunkstore.tombstones import write_tombstone
 from chunkstore.tree import NodeCache, flatten
-from chunkstore.writer import VersionWriter
+from chunkstore.writer import VersionWriter, entry_from_record
 
 if TYPE_CHECKING:
     from chunkstore.gc import GcResult
@@ -177,6 +180,9 @@ def open(
         with contextlib.suppress(SavesInProgressError):
             store.rebuild_index()
     store.reconcile()
+    # What GCs on other indexes deleted (and, for a new index, which of their runs
+    # are still active): one listing of the GC journal.
+    sync_journal(backend, index)
     return store
 
 
@@ -233,6 +239,21 @@ class Store:
         return f"<chunkstore.Store {self.url}>"
 
     # --- writing ---------------------------------------------------------------------------
+
+    def upgrade_format(self) -> None:
+        """Make an older store the current version (with no deltas: ``delta_depth``
+        0) before this release writes the first object of docs/format.md §11 into
+        it (a session, journal entry or tombstone).
+
+        Releases that know only version 1 do not honour those objects (their GC
+        would not wait for saves on other machines), so from then on they
+        refuse the store.  The config is replaced atomically; concurrent
+        upgraders write the same bytes.
+        """
+        if self.config.format_version >= STORE_FORMAT_VERSION:
+            return
+        self.backend.put(CONFIG_KEY, self.config.encode())
+        self.config = dataclasses.replace(self.config, format_version=STORE_FORMAT_VERSION)
 
     def new_version(self, run: str, step: int, meta: dict[str, Any] | None = None, *,
                     replace: bool = False) -> VersionWriter:
@@ -406,10 +427,27 @@ class Store:
         # The tombstone first: from it every GC counts the grace period of what
         # the version reaches.  Then the record: from then on the version is
         # not published.  A crash before the index update is healed by reconcile().
+        self.upgrade_format()
         write_tombstone(self.backend, info.id, info.root, info.run, info.step)
         self.backend.delete(version_key(info.id))
         self.index.remove_version(info.id)
         return info
+
+    def delete_listed(self, version_id: str) -> bool:
+        """Remove a version a caller listed moments ago (retention, replacement).
+
+        Returns False when it is already gone from the store (another process
+        removed it, and this index had not heard yet): for retention that is
+        done, not an error.
+        """
+        try:
+            self.delete(version_id)
+        except SelectorError:
+            if self.backend.exists(version_key(version_id)):
+                raise
+            self.index.remove_version(version_id)
+            return False
+        return True
 
     def resolve_for_removal(self, selector: str) -> VersionInfo:
         """:meth:`resolve`, and also a full version id whose commit record exists but
@@ -420,8 +458,15 @@ class Store:
             if not (isinstance(selector, str) and is_hex_digest(selector)
                     and self.backend.exists(version_key(selector))):
                 raise
-        return VersionInfo(selector, "?", 0, 0.0, None, Digest(bytes(32)), 0, 0, 0,
-                           {"unreadable": True})
+        try:  # the index may only lag the store (another process's save or rebuild)
+            record = self.read_record(selector)
+            flatten(self.backend, record.root, self.node_cache)
+        except FileNotFoundError:
+            raise SelectorError(selector, "no version with this id (removed already?)") from None
+        except ChunkStoreError:
+            return VersionInfo(selector, "?", 0, 0.0, None, Digest(bytes(32)), 0, 0, 0,
+                               {"unreadable": True})
+        return self.info_from_entry(entry_from_record(selector, record))  # the store's word
 
     def _delete_unreadable(self, info: VersionInfo) -> VersionInfo:
         """Remove a commit record that cannot be read: its tags, then the record.

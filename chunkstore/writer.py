@@ -428,7 +428,7 @@ class VersionWriter:
         (a tagged one stays, and RUN@STEP names the newer)."""
         for old in replaced:
             try:
-                self._store.delete(old.id)
+                self._store.delete_listed(old.id)
             except ChunkStoreError as exc:
                 log.warning("%s@%d: the replaced version %s stays: %s", self.run, self.step,
                             old.short_id, exc)
@@ -475,6 +475,7 @@ class VersionWriter:
 
 def _open_store_session(store: Store, purpose: str) -> tuple[StoreSession, Fence]:
     """Store the session object, then read the GC journal (in that order: see step 1)."""
+    store.upgrade_format()  # sessions are a version-2 object
     session = StoreSession(store.backend, purpose)
     session.open()
     try:

@@ -21,13 +21,13 @@ def store_path(tmp_path: Path) -> Path:
 @pytest.fixture
 def store(store_path: Path) -> Iterator[chunkstore.Store]:
     """A local store with small chunks, so small arrays span several chunks."""
-    with chunkstore.open(store_path, chunk_size=SMALL_CHUNK) as s:
+    with chunkstore.open(store_path, chunk_size=SMALL_CHUNK, delta_depth=2) as s:
         yield s
 
 
 @pytest.fixture
 def memory_store(tmp_path: Path) -> Iterator[chunkstore.Store]:
-    with chunkstore.open(f"memory://cs-{uuid.uuid4().hex}", chunk_size=SMALL_CHUNK,
+    with chunkstore.open(f"memory://cs-{uuid.uuid4().hex}", chunk_size=SMALL_CHUNK, delta_depth=2,
                          index_dir=str(tmp_path / "index")) as s:
         yield s
 

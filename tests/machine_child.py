@@ -70,7 +70,7 @@ def save_loop(url: str, index_dir: str, run: str, seconds: float) -> list[str]:
         while time.monotonic() < deadline:
             published.append(save(store, run, step, {"w": loop_state(run, step)}))
             for info in store.versions(run)[:-2]:
-                store.delete(info.id)
+                store.delete_listed(info.id)
             step += 1
     return published
 

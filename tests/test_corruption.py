@@ -249,9 +249,9 @@ def test_commit_record_that_does_not_match_its_id(raw_saved: Saved, reopen: Reop
 def test_store_config_with_a_newer_format_version(raw_saved: Saved) -> None:
     path = raw_saved.path / "chunkstore.json"
     config = json.loads(path.read_bytes())
-    config["format_version"] = 2
+    config["format_version"] = 3
     path.write_text(json.dumps(config))
-    with pytest.raises(FormatVersionError, match="store has format version 2"):
+    with pytest.raises(FormatVersionError, match="store has format version 3"):
         chunkstore.open(raw_saved.path, create=False)
 
 

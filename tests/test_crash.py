@@ -106,7 +106,7 @@ def test_kill_after_put_dies_once_the_write_is_durable(tmp_path: Path) -> None:
 @pytest.fixture
 def two_versions(store_path: Path) -> list[str]:
     """A store holding steps 1 and 2, saved (and closed) by this process."""
-    with chunkstore.open(store_path, chunk_size=SMALL_CHUNK) as store:
+    with chunkstore.open(store_path, chunk_size=SMALL_CHUNK, delta_depth=2) as store:
         ids = [save(store, 1).id, save(store, 2).id]
     return ids
 
@@ -211,7 +211,7 @@ def test_kill_while_removing_the_session_after_the_commit_publishes_the_version(
 def test_kill_at_random_moments_while_saving_in_a_loop(store_path: Path) -> None:
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
-    chunkstore.open(store_path, chunk_size=SMALL_CHUNK).close()
+    chunkstore.open(store_path, chunk_size=SMALL_CHUNK, delta_depth=2).close()
     published: list[int] = []
     for _ in range(4):
         first = published[-1] + 1 if published else 1

@@ -228,7 +228,7 @@ def test_the_crash_tests_state_saves_a_delta(tmp_path: Path) -> None:
     """The crash tests kill delta saves too: their state has a sparse-updated table."""
     from tests.crash_child import save as crash_save
 
-    with chunkstore.open(tmp_path / "c", chunk_size=64 * 1024) as crash_store:
+    with chunkstore.open(tmp_path / "c", chunk_size=64 * 1024, delta_depth=2) as crash_store:
         crash_save(crash_store, 1)
         info = crash_save(crash_store, 2)
         entry = crash_store.open_version(info.id).entry("model.embed")

@@ -348,7 +348,8 @@ def test_saves_racing_gc_with_no_grace_never_publish_a_version_with_a_deleted_ch
     monkeypatch.setenv("RACE_DELTAS", "1" if deltas else "0")
     from tests.gc_race_child import CHUNK, expected
 
-    chunkstore.open(store_path, chunk_size=CHUNK, compression="none").close()
+    chunkstore.open(store_path, chunk_size=CHUNK, compression="none",
+                    delta_depth=2 if deltas else 0).close()
     child = [sys.executable, str(REPO / "tests" / "gc_race_child.py"), str(store_path)]
     seconds = "6"
     procs = [subprocess.Popen([*child, "save", seconds, str(w)], stdout=subprocess.PIPE,

@@ -222,10 +222,9 @@ def test_index_rebuild_refuses_during_saves_and_no_save_fails_because_of_it(
         cluster: Cluster) -> None:
     """Rebuilds from another process while one saves in a loop: a rebuild either refuses
     (a save is in progress, seen in the store) or runs between saves; no save fails."""
-    writer = cluster.popen("a", "save-loop", "w", 6)
-    outcomes = []
-    deadline = time.monotonic() + 6
-    while time.monotonic() < deadline and writer.poll() is None:
+    writer = cluster.popen("a", "save-loop", "w", 10)
+    outcomes: list[dict[str, Any]] = []
+    while writer.poll() is None:  # rebuild as often as we can while it saves
         outcomes.append(cluster.run("a", "rebuild"))
     out, err = writer.communicate(timeout=300)
     assert writer.returncode == 0, err  # no save raised
@@ -234,7 +233,9 @@ def test_index_rebuild_refuses_during_saves_and_no_save_fails_because_of_it(
     assert any("refused" in o for o in outcomes), outcomes  # it did run during saves
     with cluster.open("a") as store:
         live = store.versions("w")
-        assert len(live) == 2
+        # At least the newest two: while a rebuild ran, the writer's index could lag
+        # behind the store, and its retention then keeps more, never less.
+        assert len(live) >= 2 and {v.id for v in live} <= set(published)
         for info in live:
             np.testing.assert_array_equal(store.open_version(info.id).get("w"),
                                           loop_state("w", info.step))
@@ -252,3 +253,22 @@ def test_index_rebuild_refuses_while_a_save_on_another_index_is_in_progress(
         writer.commit()
     assert "refused" not in cluster.run("b", "rebuild")
     cluster.assert_all_whole("b", {writer.info.id: {"x": np.arange(5000, dtype=np.float32)}})
+
+
+def test_an_index_idle_past_the_journals_pruning_trusts_nothing_it_may_have_missed(
+        cluster: Cluster) -> None:
+    """GC prunes journal entries older than a week; an index that has not read the
+    journal since then forgets every dedup target instead of trusting them."""
+    a1 = cluster.run("a", "save", "a", 1, 1)
+    a2 = cluster.run("a", "save", "a", 2, 2)
+    cluster.run("a", "rm", a1)
+    first = cluster.run("b", "gc", HOUR, 2 * HOUR)
+    assert first["orphans_deleted"] + first["chunks_deleted"] > 0
+    assert first["journal_entries_pruned"] == 0  # a day old at most: kept
+    later = cluster.run("b", "gc", HOUR, 8 * 24 * HOUR)  # a week on
+    assert later["journal_entries_pruned"] >= 1
+    with cluster.open("b") as store:
+        keys = list(store.backend.list("gc/"))
+        assert [k for k in keys if k.startswith("gc/horizon-")], keys
+    again = cluster.run("a", "save", "a", 3, 1)  # a@1's bytes, from A's idle index
+    cluster.assert_all_whole("a", {a2: state(2), again: state(1)})

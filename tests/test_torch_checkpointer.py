@@ -151,6 +151,24 @@ def test_restore_falls_back_when_the_newest_version_is_corrupt(tmp_path: Path) -
             ckpt.restore(2, model=fresh)  # an explicit step does not fall back
 
 
+def test_keep_last_one_still_keeps_a_version_to_fall_back_to(tmp_path: Path) -> None:
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with _ckpt(tmp_path / "s", keep_last=1) as ckpt:
+        for step in (1, 2, 3):
+            _train_step(model, optimizer)
+            ckpt.save(step, model=model)
+            if step == 2:
+                expected = _model(seed=5)
+                expected.load_state_dict(model.state_dict())
+        assert ckpt.all_steps() == [2, 3]
+    _corrupt_newest_unique_chunk(tmp_path / "s")
+    fresh = _model(seed=9)
+    with _ckpt(tmp_path / "s") as ckpt, pytest.warns(RestoreFallbackWarning):
+        assert ckpt.restore(model=fresh) == 2
+    assert _equal_state(fresh, expected)
+
+
 def test_restore_without_versions_returns_none(tmp_path: Path) -> None:
     model = _model()
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -321,6 +339,7 @@ def test_restore_falls_back_past_versions_whose_delta_base_is_gone(tmp_path: Pat
     model = nn.Embedding(2000, 32)  # 256 KB: four 64 KiB chunks
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     states = []
+    chunkstore.open(tmp_path / "s", chunk_size=SMALL_CHUNK, delta_depth=2).close()
     with _ckpt(tmp_path / "s", async_save=True) as ckpt:
         for step in (1, 2, 3):
             optimizer.zero_grad()

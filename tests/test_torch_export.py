@@ -13,6 +13,7 @@ from click.testing import CliRunner
 torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
+import chunkstore  # noqa: E402
 from torch_bridge import Checkpointer, export_safetensors  # noqa: E402
 from torch_bridge.cli import demo, export, plan  # noqa: E402
 
@@ -117,6 +118,7 @@ def test_export_and_diff_read_delta_versions(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = nn.Embedding(2000, 32)  # 256 KB: four 64 KiB chunks
     store = tmp_path / "s"
+    chunkstore.open(store, chunk_size=64 * 1024, delta_depth=2).close()
     with Checkpointer(store, run="exp", chunk_size=64 * 1024) as ckpt:
         ckpt.save(1, model=model)
         with torch.no_grad():

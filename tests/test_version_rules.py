@@ -155,3 +155,21 @@ def test_report_and_gc_agree_after_an_index_rebuild(store: chunkstore.Store) -> 
     deleted = result.chunks_deleted + result.nodes_deleted + result.orphans_deleted
     assert deleted == stats.awaiting_gc_objects
     assert store.stats().awaiting_gc_objects == 0 and store.verify().ok
+
+
+def test_removing_a_version_another_index_removed_first_is_not_an_error(
+        store_path: Path, tmp_path: Path) -> None:
+    """Retention on two machines: the second to remove a version finds it gone."""
+    with chunkstore.open(store_path, chunk_size=4096, index_dir=str(tmp_path / "a")) as a, \
+            chunkstore.open(store_path, index_dir=str(tmp_path / "b")) as b:
+        first = save(a, 1, 1.0)
+        save(a, 2, 2.0)
+        b.reconcile()
+        assert first in {v.id for v in b.versions()}  # b lists it ...
+        a.delete(first)  # ... a removes it
+        b.delete_listed(first)  # no error, whether or not b's index still lists it
+        assert first not in {v.id for v in b.versions()}
+        assert b.delete_listed(first) is False  # gone from both: done, not an error
+        with pytest.raises(chunkstore.errors.SelectorError):
+            b.delete(first)
+        assert b.verify().ok

@@ -125,6 +125,11 @@ def version_n(arrays: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
     return arrays
 
 
+def removed_version() -> dict[str, np.ndarray]:
+    """The third version, removed at once: its own bytes, so chunks await GC."""
+    return {"gone": _noise(3000, b"removed").astype(np.float32)}
+
+
 def _tensor_expectation(array: np.ndarray) -> dict[str, Any]:
     little = array.astype(array.dtype.newbyteorder("<")) if array.dtype.byteorder == ">" else array
     little = np.ascontiguousarray(little)
@@ -198,6 +203,12 @@ def build(root: Path) -> dict[str, Any]:
         depths = _chain_depths(store)
         if depths != set(range(DELTA_DEPTH + 1)):
             raise SystemExit(f"fixture chains have depths {sorted(depths)}, not 0..{DELTA_DEPTH}")
+        # A removed version (store version 2): its tombstone, and its chunks awaiting GC.
+        removed = _write_version(store, 99, removed_version(), {}, {})["id"]
+        kept = {d for v in store.versions() if v.id != removed
+                for d in store.index.version_refs(v.id)}
+        awaiting = len(set(store.index.version_refs(removed)) - kept)
+        store.delete(removed)
         result = store.verify()
         if not result.ok:
             raise SystemExit(f"the new fixture does not verify: {result.to_json()}")
@@ -216,6 +227,8 @@ def build(root: Path) -> dict[str, Any]:
         "codec_counts": codec_counts,
         "versions": versions,
         "tags": {TAG: TAGGED_SELECTOR},
+        "removed": [removed],
+        "awaiting_gc_chunks": awaiting,
         "objects": _object_digests(root),
     }
 

@@ -66,8 +66,9 @@ class Checkpointer:
 
     ``keep_last=N`` keeps the N newest versions of the run, ``keep_every=K``
     also keeps every version whose step is a multiple of K; others are deleted
-    after each save (tagged versions and the newest never are; their chunks
-    are freed by ``chunkstore gc``).  With neither, nothing is deleted.
+    after each save (tagged versions, the newest and the one before it never
+    are, so ``restore`` can always fall back; their chunks are freed by
+    ``chunkstore gc``).  With neither, nothing is deleted.
     ``async_save=True`` makes ``save`` return after copying the state into
     reused host buffers; the write runs in a background thread.
 
@@ -169,13 +170,14 @@ class Checkpointer:
         if self.keep_last is None and self.keep_every is None:
             return
         versions = self.store.versions(self.run)
-        keep = {just_written} | {v.id for v in versions[-(self.keep_last or 1):]}
+        # The newest two at least: restore falls back to the one before a damaged newest.
+        keep = {just_written} | {v.id for v in versions[-max(self.keep_last or 1, 2):]}
         if self.keep_every is not None:
             keep |= {v.id for v in versions if v.step % self.keep_every == 0}
         pinned = set(self.store.tags().values())
         for version in versions:
             if version.id not in keep and version.id not in pinned:
-                self.store.delete(version.id)
+                self.store.delete_listed(version.id)
 
     # --- restoring ---------------------------------------------------------------------------
 

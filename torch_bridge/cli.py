@@ -87,6 +87,10 @@ def demo(path: str | None) -> None:
         click.echo("")
         for line in _demo_summary(result):
             click.echo(line)
+        if path is None:
+            click.echo("the store was temporary and is removed now; to keep one and try the"
+                       " other commands on it: chunkstore demo ./demo-store &&"
+                       " chunkstore report ./demo-store")
         if not result.matched:
             raise SystemExit(EXIT_PROBLEMS)
 

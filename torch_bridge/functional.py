@@ -24,7 +24,7 @@ def save(store: Store | str | os.PathLike[str], state_dict: dict[str, Any], *, r
     opened, owned = open_store(store)
     try:
         captured = capture_states(state_dict)
-        return write_version(opened, run, step, {**provenance(), **(meta or {})}, captured,
+        return write_version(opened, run, step, provenance(meta), captured,
                              sync_arrays(captured))
     finally:
         if owned:
