@@ -223,10 +223,14 @@ def test_index_rebuild_refuses_during_saves_and_no_save_fails_because_of_it(
     """Rebuilds from another process while one saves in a loop: a rebuild either refuses
     (a save is in progress, seen in the store) or runs between saves; no save fails."""
     writer = cluster.popen("a", "save-loop", "w", 10)
+    finished: list[tuple[str, str]] = []  # read its output as it comes: a full pipe blocks it
+    reader = threading.Thread(target=lambda: finished.append(writer.communicate(timeout=300)))
+    reader.start()
     outcomes: list[dict[str, Any]] = []
-    while writer.poll() is None:  # rebuild as often as we can while it saves
+    while reader.is_alive():  # rebuild as often as we can while it saves
         outcomes.append(cluster.run("a", "rebuild"))
-    out, err = writer.communicate(timeout=300)
+    reader.join()
+    out, err = finished[0]
     assert writer.returncode == 0, err  # no save raised
     published = json.loads(out.splitlines()[-1])
     assert len(published) >= 3
