@@ -151,6 +151,24 @@ class MissingChunkError(IntegrityError):
         self.digest = digest
 
 
+class StagedChunkMissingError(MissingChunkError):
+    """Raised when the process publishing a sharded save finds a chunk that another
+    process of the save reported stored missing from the store; nothing is published."""
+
+    def __init__(self, digest: str, missing: int, total: int) -> None:
+        IntegrityError.__init__(
+            self, f"chunk {digest[:16]} (and {missing - 1} more of the {total} this sharded"
+            " save references), reported stored by a process of the save, is missing from"
+            " the store; nothing was published. Save again; if it recurs, check that every"
+            " process writes to the same store")
+        self.digest = digest
+        self.missing = missing
+        self.total = total
+
+    def __reduce__(self) -> tuple[type, tuple[str, int, int]]:  # crosses processes (DCP)
+        return type(self), (self.digest, self.missing, self.total)
+
+
 class CorruptNodeError(IntegrityError):
     """Raised when a manifest node is missing, unparsable or does not match its hash."""
 

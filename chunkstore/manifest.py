@@ -307,3 +307,20 @@ def _check_tiling(entry: TensorEntry) -> None:
             if all(oa < ob + sb and ob < oa + sa for oa, sa, ob, sb
                    in zip(a.offsets, a.sizes, b.offsets, b.sizes, strict=True)):
                 raise ValueError("two shards overlap")
+
+
+def shard_from_json(obj: object, dtype: str) -> Shard:
+    """A shard as a manifest holds it (§6.2), for a tensor of ``dtype``; ``ValueError``
+    (or UnsupportedDtypeError) on anything a writer would not write."""
+    return _shard_from_json(obj, numpy_dtype(dtype).itemsize)
+
+
+def tensor_entry(dtype: str, shape: tuple[int, ...], shards: tuple[Shard, ...]) -> TensorEntry:
+    """A tensor entry from its parts, checked as a reader checks one (shards tile the
+    shape, chunks cover each shard's bytes); ``ValueError`` otherwise."""
+    if not shards or len(shards) > MAX_SHARDS:
+        raise ValueError(f"a tensor has 1 to {MAX_SHARDS} shards, not {len(shards)}")
+    entry = TensorEntry(dtype, tuple(shape), tuple(shards))
+    numpy_dtype(dtype)
+    _check_tensor(entry)
+    return entry

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, wait
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +21,14 @@ from chunkstore.errors import (
     ShapeMismatchError,
 )
 from chunkstore.manifest import DataEntry, TensorEntry, decode_data
+from chunkstore.shards import (
+    box_chunk_range,
+    box_of,
+    check_box,
+    is_sharded,
+    scatter_shards,
+    shard_bases,
+)
 from chunkstore.tree import FlatTree, Leaf, flatten, read_node
 
 if TYPE_CHECKING:
@@ -69,18 +77,16 @@ def chunk_reads(entry: TensorEntry, chunk_size: int) -> list[ChunkRead]:
     ``verify`` calls it for every tensor, so what verify passes, a read can
     read.  The decoder has checked that the shards tile the shape and that
     their chunks cover the shards' bytes; this adds what depends on the store
-    (no chunk longer than its chunk size) and on this release (one shard).
+    (no chunk longer than its chunk size).  The offsets of a sharded entry's
+    reads are into its shards' bytes laid end to end (:func:`shard_bases`).
     """
     itemsize = element_size(entry.dtype)
     reads: list[ChunkRead] = []
-    for shard in entry.shards:
+    for base, shard in zip(shard_bases(entry), entry.shards, strict=True):
         if shard.chunk_bytes > chunk_size:
             raise ValueError(f"chunks of {shard.chunk_bytes} bytes exceed the store's chunk size"
                              f" {chunk_size}")
-        if shard.sizes != entry.shape and shard.nbytes(itemsize):
-            raise InvalidInputError("the entry is sharded; this release reads only unsharded"
-                                    " tensors")
-        reads.extend((digest, start, length, shard.chain(i)) for i, (digest, start, length)
+        reads.extend((digest, base + start, length, shard.chain(i)) for i, (digest, start, length)
                      in enumerate(shard.chunk_spans(itemsize)))
     return reads
 
@@ -143,10 +149,15 @@ class VersionReader:
         round of the thread pool, not one each.
         """
         checked = []
+        sharded = []
         for name, out, dtype in requests:
             entry, reads = self._tensor(name)
             self._check_buffer(name, entry, out, dtype)
-            checked.append((reads, out))
+            target = out
+            if is_sharded(entry):  # read the shards end to end, then put each in its box
+                target = np.empty(sum(length for _, _, length, _ in reads), dtype=np.uint8)
+                sharded.append((entry, target, out))
+            checked.append((reads, target))
         futures: list[Future[None]] = []
         try:
             for reads, out in checked:
@@ -155,6 +166,8 @@ class VersionReader:
             wait(futures)  # no job may still write into a caller's buffer after we return
         for future in futures:
             future.result()  # the first error, if any
+        for entry, staged, out in sharded:
+            scatter_shards(entry, staged, out)
 
     def _submit(self, reads: list[ChunkRead], out: np.ndarray) -> list[Future[None]]:
         flat = out.reshape(-1).view(np.uint8).data if out.size else memoryview(b"")
@@ -186,3 +199,37 @@ class VersionReader:
         if not isinstance(leaf, DataEntry):
             raise InvalidInputError(f"entry {name!r} is a tensor; use get() or get_into()")
         return decode_data(leaf.digest, read_node(self._store.backend, leaf.digest))
+
+    def get_box(self, name: str, shard: int, offsets: Sequence[int], sizes: Sequence[int],
+                out: np.ndarray) -> None:
+        """Fill ``out`` (shape ``sizes``, any strides, the entry's element size) with
+        the box at ``offsets`` inside shard number ``shard`` of a tensor entry,
+        hash-verified.  Only the chunks that hold the box are read, so a resharding
+        load reads about what it needs; the whole shard into a C-contiguous ``out``
+        is read in place."""
+        entry, _ = self._tensor(name)
+        if not 0 <= shard < len(entry.shards):
+            raise InvalidInputError(f"entry {name!r} has {len(entry.shards)} shards, not a"
+                                    f" shard {shard}")
+        box = entry.shards[shard]
+        check_box(box, offsets, sizes)
+        itemsize = element_size(entry.dtype)
+        if not isinstance(out, np.ndarray) or tuple(out.shape) != tuple(sizes) \
+                or out.dtype.itemsize != itemsize or out.dtype.byteorder == ">" \
+                or not out.flags.writeable:
+            raise ShapeMismatchError(name, f"{entry.dtype}{list(sizes)}, writeable, little-endian",
+                                     f"{getattr(out, 'dtype', type(out).__name__)}"
+                                     f"{list(getattr(out, 'shape', ()))}")
+        spans = list(box.chunk_spans(itemsize))
+        reads = [(*spans[i], box.chain(i)) for i in box_chunk_range(box, itemsize, offsets, sizes)]
+        in_place = out.flags.c_contiguous and tuple(sizes) == box.sizes
+        target = out if in_place else np.empty(box.nbytes(itemsize), dtype=np.uint8)
+        futures = []
+        try:
+            futures = self._submit(reads, target)
+        finally:
+            wait(futures)
+        for future in futures:
+            future.result()
+        if not in_place:
+            out[...] = box_of(target, box, offsets, sizes, out.dtype)

@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -59,6 +59,7 @@ from chunkstore.errors import (
     DuplicateStepError,
     InvalidInputError,
     SessionExpiredError,
+    StagedChunkMissingError,
     VersionClosedError,
 )
 from chunkstore.index import CHUNK, NODE, Claim, NewChunk, VersionEntry
@@ -122,6 +123,8 @@ class VersionWriter:
         plaindata.encode(self.meta)  # fail now, not at commit, on unserialisable metadata
         self._tensors: dict[str, _PendingTensor] = {}
         self._data: dict[str, tuple[Digest, bytes, int]] = {}
+        self._adopted: dict[str, TensorEntry] = {}  # stored by other processes: adopt()
+        self._adopted_new: dict[Digest, NewChunk] = {}
         self._closed = False
         self._info: VersionInfo | None = None
         self._inflight = threading.BoundedSemaphore(store.max_inflight)
@@ -146,7 +149,7 @@ class VersionWriter:
         if self._closed:
             raise VersionClosedError("this version is already committed or aborted")
         name = check_entry_name(name)
-        if name in self._tensors or name in self._data:
+        if name in self._tensors or name in self._data or name in self._adopted:
             raise DuplicateEntryError(f"entry {name!r} was already added to this version")
         return name
 
@@ -327,6 +330,8 @@ class VersionWriter:
             shard = Shard((0,) * len(pending.shape), pending.shape, pending.chunk_bytes,
                           tuple(digests), tuple(chains) if any(chains) else ())
             entries[name] = TensorEntry(pending.dtype, pending.shape, (shard,))
+        entries.update(self._adopted)
+        new_chunks.extend(self._adopted_new.values())
         return entries, new_chunks
 
     def _build_tree(self, tensors: dict[str, TensorEntry]) -> tuple[Digest, dict[Digest, bytes]]:
@@ -471,6 +476,58 @@ class VersionWriter:
             self.abort()
         elif not self._closed:
             self.commit()
+
+    # --- sharded saves: chunks stored by other processes (torch_bridge.dcp) -----------------
+
+    def write_unpublished(self) -> tuple[dict[str, TensorEntry], list[NewChunk]]:
+        """Store every chunk put so far, durably, and end the save without publishing.
+
+        Returns each tensor's entry (one shard covering it) and the chunk objects
+        this writer wrote.  For a process of a sharded save: the process that
+        publishes adds the entries to its own version with :meth:`adopt`.  Until
+        that version commits, the chunks are orphans that only the publisher's
+        store session protects, so that session MUST be stored before this writer
+        is created (then this writer's journal read sees every GC entry the
+        publisher's session lists as seen, and never reuses their objects).
+        """
+        if self._closed:
+            raise VersionClosedError("this version is already committed or aborted")
+        try:
+            entries, new_chunks = self._collect()
+            self._store.backend.flush()  # durable before the publisher may reference them
+        finally:
+            self.abort()  # ends this writer's sessions; every chunk job is done
+        return entries, new_chunks
+
+    def adopt(self, entries: dict[str, TensorEntry], written: Iterable[NewChunk] = ()) -> None:
+        """Add tensors whose chunks other processes stored for this version.
+
+        ``written`` are the chunk objects those processes wrote (for the index and
+        the version's byte counts).  Every chunk and listed base is claimed the way
+        a deduplication hit is (:meth:`_reusable`: the GC fence, the index claim and,
+        where a hit gets one, an existence check); one that may not be referenced
+        unwritten must exist in the store.  A chunk that does not, or whose claim
+        fails, raises (:class:`StagedChunkMissingError`, :class:`BackendError`) and
+        nothing is added; abort the version then.
+        """
+        for name, entry in entries.items():
+            self._check_new_name(name)
+            if any(s.chunk_bytes > self._store.chunk_size for s in entry.shards):
+                raise InvalidInputError(f"entry {name!r}: chunks longer than the store's chunk"
+                                        f" size {self._store.chunk_size}")
+        digests = sorted({d for entry in entries.values() for d in entry.chunk_digests()})
+
+        def present(digest: Digest) -> bool:
+            return (self._reusable(CHUNK, digest, self._claim)
+                    or self._store.backend.exists(chunk_key(digest)))
+
+        missing = [d for d, ok in zip(digests, self._store.executor.map(present, digests),
+                                      strict=True) if not ok]
+        if missing:
+            raise StagedChunkMissingError(missing[0].hex, len(missing), len(digests))
+        self._adopted.update(entries)
+        for chunk in written:
+            self._adopted_new.setdefault(chunk.digest, chunk)
 
 
 def _open_store_session(store: Store, purpose: str) -> tuple[StoreSession, Fence]:

@@ -1,0 +1,441 @@
+"""torch.distributed.checkpoint storage on chunkstore: many ranks, one deduplicated version.
+
+>>> import torch.distributed.checkpoint as dcp
+>>> from torch_bridge.dcp import ChunkStoreReader, ChunkStoreWriter
+>>> dcp.save(state_dict, storage_writer=ChunkStoreWriter("ckpts/", run="exp1", step=100))
+>>> dcp.load(state_dict, storage_reader=ChunkStoreReader("ckpts/", "exp1@latest"))
+
+Every rank chunks, hashes and writes its own shards through chunkstore's
+chunk pipeline (deduplication, put-if-absent, the GC fence and claims all
+apply) and hands the coordinator its chunk lists; the coordinator publishes
+ONE version whose tensor entries name every rank's shards and whose
+``_dcp.metadata`` entry holds DCP's ``Metadata`` as plain data (layout:
+:mod:`torch_bridge.dcp_layout`).  DCP's planner does the rest, resharding
+included: a save at world size 4 loads at 2, or in one process without a
+process group.
+
+The commit protocol.  DCP calls, in this order: ``set_up_storage_writer`` and
+``prepare_local_plan`` (every rank), ``prepare_global_plan`` (coordinator),
+``write_data`` (every rank, once the global plan has been scattered to it),
+``finish`` (coordinator, once every rank's results have been gathered).
+
+1. ``prepare_global_plan``, on the coordinator: check that every rank saves
+   the same ``RUN@STEP``, then open the version: its store session object
+   (``sessions/<id>``) is stored and the GC journal read, before the plans go
+   back to the ranks.  DCP sends them only when this returns, so the session
+   exists, and lists every GC entry it has seen, before any rank takes a
+   deduplication decision.  Each plan carries the RUN@STEP token, so a rank's
+   write depends on the coordinator having done this step;
+2. ``write_data``, on every rank: a writer of its own (its own session, GC
+   journal read, index claims) writes the rank's items: each tensor's local
+   box, each bytes item as ``uint8``.  It waits for every chunk, makes them
+   durable (``flush``), ends its sessions and returns, per item, the shard
+   (offsets, sizes, chunk size, digests, delta bases), the dtype, the global
+   shape and the chunks it wrote, as plain data (:class:`StagedShard`).
+   Nothing is published: what it wrote is an orphan;
+3. ``finish``, on the coordinator: build the entries from the results, then
+   claim every chunk (and listed base) through the path a deduplication hit
+   takes (:meth:`VersionWriter.adopt`: the fence of the session from step 1,
+   the index claim, an existence check); a chunk found missing fails the save
+   (:class:`StagedChunkMissingError`) and nothing is published.  Then the
+   metadata entry, the nodes, one flush and the commit record, refused if the
+   session's heartbeat lapsed.  The session object goes last.
+
+Why no GC loses a chunk this version names (the GC side is argued in
+:mod:`chunkstore.gc`; a GC deletes only after its fenced journal entry is
+stored and every live session not listing the entry has ended).  Take a GC
+entry E and a chunk X in it that a rank reuses or writes.  If E was stored
+after the coordinator's session read the journal, E's GC waits for that
+session, which lives (heartbeat) until after the commit record: the GC then
+marks the new version and keeps X.  If E was stored before, the coordinator's
+session read it and lists it as seen, so E's GC does not wait for the save;
+but every rank's journal read comes after step 1, so the rank sees E too
+(fenced or finished: entries are only pruned after a week) and, as every
+writer does, never reuses X unwritten and writes X only once E is finished;
+what it writes is then not deleted by E.  A rank killed anywhere publishes
+nothing: the coordinator never reaches ``finish`` (DCP fails the collective),
+its session ends with its process or its next save, and GC removes the orphans
+after the grace period.  A coordinator killed before the commit record
+publishes nothing either; after it, the version is complete: every chunk was
+durable before the ranks returned.
+
+Known limit: a GC entry stored between the coordinator's journal read and a
+rank's that names a chunk the rank needs makes the rank wait for that GC,
+which waits for the coordinator's session: the GC gives up after its session
+wait (2 min by default), abandons its entry, and the save goes on.
+
+Bytes items (non-tensor values) are stored as opaque bytes and handed back to
+DCP's planner as it expects; DCP's default planner unpickles them
+(``torch.load(weights_only=False)``).  chunkstore itself unpickles nothing,
+and the metadata is plain data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import uuid
+import weakref
+from typing import Any
+
+import numpy as np
+import torch
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
+from torch.distributed.checkpoint.planner import (
+    LoadItemType,
+    LoadPlan,
+    LoadPlanner,
+    SavePlan,
+    SavePlanner,
+    WriteItem,
+    WriteItemType,
+)
+from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
+from torch.futures import Future
+
+import chunkstore
+from chunkstore import Store, VersionInfo, VersionReader, VersionWriter
+from chunkstore.errors import InvalidInputError, UnsupportedDtypeError
+from chunkstore.manifest import DataEntry, TensorEntry
+from chunkstore.names import check_label
+from chunkstore.records import MAX_COUNT
+from chunkstore.shards import StagedShard, find_shard
+from torch_bridge.dcp_layout import METADATA_ENTRY, StoredItems, VersionLayout, item_key
+from torch_bridge.errors import NotACheckpointError
+from torch_bridge.tensors import as_array, check_storable, host_copy, torch_dtype
+
+StoreLike = Store | str | os.PathLike[str]
+
+
+class _Handle:
+    """The store a writer or reader uses, opened from a URL on demand (and closed when
+    the save ends) or given open by the caller (never closed here); plus the
+    coordinator's unpublished version, aborted if the save never reaches ``finish``."""
+
+    def __init__(self, store: StoreLike, options: dict[str, Any]) -> None:
+        self.given = store if isinstance(store, Store) else None
+        self.url = store.url if isinstance(store, Store) else os.fspath(store)
+        self.options = options
+        self.store: Store | None = None
+        self.version: VersionWriter | None = None
+
+    def open(self, *, create: bool) -> Store:
+        if self.store is None:
+            self.store = self.given or chunkstore.open(self.url, create=create, **self.options)
+        return self.store
+
+    def abort_version(self) -> None:
+        version, self.version = self.version, None
+        if version is not None:
+            version.abort()
+
+    def release(self) -> None:
+        """Abort an unpublished version and close a store opened here (idempotent)."""
+        try:
+            self.abort_version()
+        finally:
+            store, self.store = self.store, None
+            if store is not None and self.given is None:
+                store.close()
+
+
+def _open_options(storage_options: dict[str, Any] | None, index_dir: str | None
+                  ) -> dict[str, Any]:
+    return {"storage_options": storage_options, "index_dir": index_dir}
+
+
+class ChunkStoreWriter(StorageWriter):
+    """A DCP ``StorageWriter`` that publishes each save as one chunkstore version.
+
+    ``store`` is a path, an fsspec URL (created when absent) or an open
+    :class:`chunkstore.Store`; every rank names the same store, ``run`` and
+    ``step`` (checked).  ``meta`` is plain data kept in the commit record.
+    ``replace`` publishes over an existing version of the same step.  After a
+    save, :attr:`info` (coordinator only) describes the published version.
+    """
+
+    def __init__(self, store: StoreLike, *, run: str, step: int,
+                 meta: dict[str, Any] | None = None, replace: bool = False,
+                 storage_options: dict[str, Any] | None = None,
+                 index_dir: str | None = None) -> None:
+        super().__init__()
+        self.run = check_label(run, "run name")
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_COUNT:
+            raise InvalidInputError(f"step must be a non-negative int below 2**63, got {step!r}")
+        if meta is not None and not isinstance(meta, dict):
+            raise InvalidInputError(f"meta must be a dict of plain data, got {type(meta).__name__}")
+        self.step = step
+        self.meta = dict(meta or {})
+        self.replace = replace
+        self._handle = _Handle(store, _open_options(storage_options, index_dir))
+        self._finalizer = weakref.finalize(self, _Handle.release, self._handle)
+        self.is_coordinator = False
+        self.save_id = uuid.uuid4().hex
+        self.info: VersionInfo | None = None
+
+    # --- what DCP calls --------------------------------------------------------------------
+
+    @property
+    def checkpoint_id(self) -> str:
+        return self._handle.url
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        """True for a local folder holding a chunkstore store (DCP's storage detection
+        cannot build this writer anyway: it needs a run and a step)."""
+        return os.path.isfile(os.path.join(os.fspath(checkpoint_id), "chunkstore.json"))
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        self._handle.release()
+        if checkpoint_id is not None and os.fspath(checkpoint_id) != self._handle.url:
+            self._handle = _Handle(checkpoint_id, self._handle.options)
+            self._finalizer.detach()
+            self._finalizer = weakref.finalize(self, _Handle.release, self._handle)
+        self.save_id = uuid.uuid4().hex
+
+    def storage_meta(self) -> StorageMeta | None:
+        return StorageMeta(checkpoint_id=self._handle.url, save_id=self.save_id)
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("use_collectives", True) is False:
+            raise InvalidInputError("ChunkStoreWriter publishes one version per save from the"
+                                    " coordinator; save with use_collectives=True")
+        self._handle.release()  # what a save of this writer that never finished left open
+        self.is_coordinator = is_coordinator
+        self.info = None
+        self._handle.open(create=True)
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        return dataclasses.replace(plan, storage_data=self._token())
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        """Step 1: check the ranks agree, then store the save's session (see above)."""
+        token = self._token()
+        others = [rank for rank, plan in enumerate(plans) if plan.storage_data != token]
+        if others:
+            raise InvalidInputError(
+                f"ranks {others} save {[plans[r].storage_data for r in others]}, the"
+                f" coordinator {token}: every rank must save the same run and step")
+        self._handle.abort_version()
+        self._handle.version = self._handle.open(create=True).new_version(
+            self.run, self.step, self.meta, replace=self.replace)
+        return [dataclasses.replace(plan, storage_data=token) for plan in plans]
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        """Step 2: store this rank's items, publish nothing, report the chunks."""
+        if plan.storage_data != self._token():
+            raise InvalidInputError("this plan was not prepared by ChunkStoreWriter's"
+                                    " prepare_global_plan for this run and step")
+        try:
+            store = self._handle.open(create=True)
+            results = _write_items(store, self.run, self.step, plan.items, planner)
+        except BaseException:
+            self._handle.release()  # the coordinator's version too: finish() will not come
+            raise
+        if not self.is_coordinator:
+            self._handle.release()
+        future: Future[list[WriteResult]] = Future()
+        future.set_result(results)
+        return future
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        """Step 3: claim every rank's chunks, then commit one version."""
+        version, self._handle.version = self._handle.version, None
+        if version is None:
+            raise InvalidInputError("finish() without prepare_global_plan() on this writer"
+                                    " (DCP calls both on the coordinator)")
+        try:
+            staged = {item_key(r.index.fqn, r.index.offset): StagedShard.from_plain(r.storage_data)
+                      for per_rank in results for r in per_rank}
+            layout = VersionLayout(metadata, staged)
+            version.adopt(layout.tensors, layout.written.values())
+            version.put_data(METADATA_ENTRY, layout.plain)
+            self.info = version.commit()
+        except BaseException:
+            version.abort()
+            raise
+        finally:
+            self._handle.release()
+
+    def close(self) -> None:
+        """Abort a save that never finished and close a store opened here."""
+        self._handle.release()
+
+    def _token(self) -> dict[str, Any]:
+        return {"chunkstore": 1, "run": self.run, "step": self.step}
+
+
+def _write_items(store: Store, run: str, step: int, items: list[WriteItem],
+                 planner: SavePlanner) -> list[WriteResult]:
+    writer = store.new_version(run, step)
+    try:
+        for n, item in enumerate(items):
+            data = planner.resolve_data(item)
+            if item.type == WriteItemType.BYTE_IO:
+                if not isinstance(data, io.BytesIO):
+                    raise InvalidInputError(f"{item.index.fqn}: the planner resolved a bytes"
+                                            f" item to {type(data).__name__}, not BytesIO")
+                writer.put(f"i{n}", np.frombuffer(data.getvalue(), dtype=np.uint8))
+                continue
+            tensor = _host_tensor(item, data)
+            array, override = as_array(tensor)
+            writer.put(f"i{n}", array, dtype=override)
+        entries, written = writer.write_unpublished()
+    except BaseException:
+        writer.abort()
+        raise
+    new = {c.digest: c for c in written}
+    results = []
+    for n, item in enumerate(items):
+        entry = entries[f"i{n}"]
+        (local,) = entry.shards
+        if item.type == WriteItemType.BYTE_IO:
+            shape = entry.shape
+        else:
+            assert item.tensor_data is not None
+            shape = tuple(item.tensor_data.size)
+            local = dataclasses.replace(local, offsets=tuple(item.tensor_data.chunk.offsets))
+        mine = [new.pop(d) for d in dict.fromkeys(local.chunks) if d in new]
+        staged = StagedShard(entry.dtype, shape, local, tuple(
+            (c.digest, c.codec_id, c.raw_length, c.stored_length) for c in mine))
+        results.append(WriteResult(index=item.index, size_in_bytes=entry.nbytes,
+                                   storage_data=staged.to_plain()))
+    return results
+
+
+def _host_tensor(item: WriteItem, data: object) -> torch.Tensor:
+    if not isinstance(data, torch.Tensor):
+        raise InvalidInputError(f"{item.index.fqn}: the planner resolved a tensor item to"
+                                f" {type(data).__name__}")
+    problem = check_storable(data)
+    if problem is not None:
+        raise UnsupportedDtypeError(str(data.dtype), f"{item.index.fqn}: {problem}")
+    tensor = host_copy(data)
+    assert item.tensor_data is not None
+    if tuple(tensor.shape) != tuple(item.tensor_data.chunk.sizes):
+        raise InvalidInputError(f"{item.index.fqn}: the planner resolved a tensor of shape"
+                                f" {list(tensor.shape)} for a box of sizes"
+                                f" {list(item.tensor_data.chunk.sizes)}")
+    return tensor
+
+
+class ChunkStoreReader(StorageReader):
+    """A DCP ``StorageReader`` of one chunkstore version written by :class:`ChunkStoreWriter`.
+
+    ``selector`` is any version selector (``RUN@latest``, ``RUN@STEP``, an id or
+    prefix, a tag).  The store is opened and the version resolved here, so a bad
+    selector or a version that is no DCP checkpoint raises now, with its typed
+    error.  Every tensor read is hash-verified; a resharding read reads only the
+    chunks that hold the boxes it needs.
+    """
+
+    def __init__(self, store: StoreLike, selector: str = "latest", *,
+                 storage_options: dict[str, Any] | None = None,
+                 index_dir: str | None = None) -> None:
+        super().__init__()
+        self.selector = selector
+        self._handle = _Handle(store, _open_options(storage_options, index_dir))
+        self._finalizer = weakref.finalize(self, _Handle.release, self._handle)
+        try:
+            self.info, self._items = self._resolve()
+        finally:
+            self._handle.release()
+        self.load_id = uuid.uuid4().hex
+
+    def _resolve(self) -> tuple[VersionInfo, StoredItems]:
+        store = self._handle.open(create=False)
+        reader = store.open_version(self.selector)
+        entries = reader.entries()
+        leaf = entries.get(METADATA_ENTRY)
+        if not isinstance(leaf, DataEntry):
+            raise NotACheckpointError(
+                f"version {reader.info.short_id} ({reader.info.run}@{reader.info.step}) holds"
+                " no DCP checkpoint (no _dcp.metadata entry); load it with"
+                " torch_bridge.Checkpointer or chunkstore's own reader")
+        return reader.info, StoredItems(leaf, reader.get_data(METADATA_ENTRY), entries)
+
+    @property
+    def checkpoint_id(self) -> str:
+        return self._handle.url
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        return ChunkStoreWriter.validate_checkpoint_id(checkpoint_id)
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        if checkpoint_id is not None and os.fspath(checkpoint_id) != self._handle.url:
+            self._handle.release()
+            self._handle = _Handle(checkpoint_id, self._handle.options)
+            self._finalizer.detach()
+            self._finalizer = weakref.finalize(self, _Handle.release, self._handle)
+            try:
+                self.info, self._items = self._resolve()
+            finally:
+                self._handle.release()
+        self.load_id = uuid.uuid4().hex
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        metadata = self._items.metadata
+        storage_meta = metadata.storage_meta or StorageMeta()
+        return dataclasses.replace(metadata, storage_meta=dataclasses.replace(
+            storage_meta, load_id=self.load_id))
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any,
+                              **kwargs: Any) -> None:
+        return None
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        """Read every item of this rank's plan, hash-verified, into what the planner gives."""
+        try:
+            reader = self._handle.open(create=False).open_version(self.info.id)
+            for item in plan.items:
+                index = item.storage_index
+                if item.type == LoadItemType.BYTE_IO:
+                    name = self._lookup(self._items.bytes, index)
+                    planner.load_bytes(item, io.BytesIO(reader.get(name).tobytes()))
+                    continue
+                name = self._lookup(self._items.tensors, index)
+                target = planner.resolve_tensor(item).detach()
+                _read_box(reader, name, index, item.storage_offsets, item.lengths, target)
+                planner.commit_tensor(item, target)
+        finally:
+            self._handle.release()
+        future: Future[None] = Future()
+        future.set_result(None)
+        return future
+
+    def close(self) -> None:
+        self._handle.release()
+
+    @staticmethod
+    def _lookup(names: dict[str, str], index: MetadataIndex) -> str:
+        try:
+            return names[index.fqn]
+        except KeyError:
+            raise InvalidInputError(f"the checkpoint has no item {index.fqn!r} of that kind"
+                                    ) from None
+
+
+def _read_box(reader: VersionReader, name: str, index: MetadataIndex, offsets: Any,
+              lengths: Any, target: torch.Tensor) -> None:
+    entry = reader.entry(name)
+    assert isinstance(entry, TensorEntry)
+    shard = find_shard(entry, index.offset or ())
+    dtype = torch_dtype(entry.dtype)
+    if target.dtype != dtype or tuple(target.shape) != tuple(lengths):
+        raise InvalidInputError(f"{index.fqn}: the checkpoint holds {entry.dtype} boxes of"
+                                f" {list(lengths)}, the planner gave a {target.dtype} tensor of"
+                                f" {list(target.shape)}")
+    direct = target.device.type == "cpu" and not target.is_conj() and not target.is_neg()
+    host = target if direct else torch.empty(tuple(lengths), dtype=dtype)
+    array, _ = as_array(host)
+    reader.get_box(name, shard, tuple(offsets), tuple(lengths), array)
+    if not direct:
+        target.copy_(host)

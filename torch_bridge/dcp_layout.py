@@ -1,0 +1,178 @@
+"""How a torch.distributed.checkpoint (DCP) save sits in one chunkstore version.
+
+Every tensor DCP saves is one tensor entry whose shards are the boxes the
+ranks saved (``ChunkStorageMetadata``: offsets and sizes), named by its FQN
+when that is a valid entry name (``_dcp.t<n>`` otherwise).  Every bytes item
+(a non-tensor value DCP's planner serialised) is a ``uint8`` tensor entry
+``_dcp.bytes.<fqn>`` (``_dcp.b<n>``), stored as opaque bytes.  One plain-data
+entry, ``_dcp.metadata``, holds the rest of DCP's ``Metadata`` in chunkstore's
+safe encoding (never pickle)::
+
+    {"format": 1, "version": "1.0.0",
+     "items": [[fqn, "tensor", entry, {"requires_grad": false, "pin_memory": false,
+                                      "memory_format": "contiguous"}],
+               [fqn, "bytes", entry, {}], ...],
+     "planner_data": {...}, "storage_meta": {"checkpoint_id": ..., "save_id": ...,
+                                             "load_id": null, "modules": [...]}}
+
+Sizes, offsets and dtypes are not repeated there: a reader takes them from
+the tensor entries, which it checks anyway (shards tile the shape).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    Metadata,
+    StorageMeta,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+
+from chunkstore.digest import Digest
+from chunkstore.errors import CorruptNodeError, InvalidInputError, InvalidNameError
+from chunkstore.index import NewChunk
+from chunkstore.manifest import DataEntry, TensorEntry, tensor_entry
+from chunkstore.names import check_entry_name
+from chunkstore.shards import StagedShard
+from torch_bridge.tensors import stored_name, torch_dtype
+
+METADATA_ENTRY = "_dcp.metadata"
+FORMAT = 1
+_PREFIX = "_dcp"
+_MEMORY_FORMATS = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last,
+                   "preserve": torch.preserve_format}
+_FORMAT_NAMES = {v: k for k, v in _MEMORY_FORMATS.items()}
+
+#: (fqn, offsets or None for a bytes item): how a rank's result names its item.
+ItemKey = tuple[str, tuple[int, ...] | None]
+
+
+def item_key(fqn: str, offset: Iterable[int] | None) -> ItemKey:
+    return fqn, None if offset is None else tuple(int(o) for o in offset)
+
+
+def _entry_name(fqn: str, fallback: str, prefix: str = "") -> str:
+    """The entry name of an item: its FQN (under ``prefix``) when that is a valid name
+    outside ``_dcp.``, else ``fallback``."""
+    try:
+        name = check_entry_name(f"{prefix}{fqn}")
+    except InvalidNameError:
+        return fallback
+    return name if prefix or name.split(".")[0] != _PREFIX else fallback
+
+
+def _storage_meta_plain(meta: StorageMeta | None) -> dict[str, Any] | None:
+    if meta is None:
+        return None
+    checkpoint_id = meta.checkpoint_id
+    return {"checkpoint_id": None if checkpoint_id is None else os.fspath(checkpoint_id),
+            "save_id": meta.save_id, "load_id": meta.load_id, "modules": list(meta.modules)}
+
+
+class VersionLayout:
+    """The entries and plain metadata of one DCP save, built from every rank's results."""
+
+    def __init__(self, metadata: Metadata, staged: dict[ItemKey, StagedShard]) -> None:
+        self.tensors: dict[str, TensorEntry] = {}
+        self.written: dict[Digest, NewChunk] = {}
+        items: list[list[Any]] = []
+        for n, (fqn, item) in enumerate(metadata.state_dict_metadata.items()):
+            if isinstance(item, BytesStorageMetadata):
+                name = _entry_name(fqn, f"{_PREFIX}.b{n}", f"{_PREFIX}.bytes.")
+                self.tensors[name] = self._entry(fqn, [self._take(staged, fqn, None)], "uint8")
+                items.append([fqn, "bytes", name, {}])
+                continue
+            shards = [self._take(staged, fqn, chunk.offsets) for chunk in item.chunks]
+            for chunk, shard in zip(item.chunks, shards, strict=True):
+                if shard.shard.sizes != tuple(chunk.sizes) or shard.shape != tuple(item.size):
+                    raise InvalidInputError(f"{fqn}: a rank stored a box of sizes"
+                                            f" {list(shard.shard.sizes)} in shape"
+                                            f" {list(shard.shape)}, the plan says"
+                                            f" {list(chunk.sizes)} in {list(item.size)}")
+            name = _entry_name(fqn, f"{_PREFIX}.t{n}")
+            self.tensors[name] = self._entry(fqn, shards, stored_name(item.properties.dtype))
+            props = item.properties
+            items.append([fqn, "tensor", name, {
+                "requires_grad": bool(props.requires_grad), "pin_memory": bool(props.pin_memory),
+                "memory_format": _FORMAT_NAMES.get(props.memory_format, "contiguous")}])
+        if staged:
+            raise InvalidInputError(f"ranks stored {len(staged)} items the save's metadata does"
+                                    f" not name (first: {next(iter(staged))})")
+        self.plain = {"format": FORMAT, "version": metadata.version, "items": items,
+                      "planner_data": metadata.planner_data,
+                      "storage_meta": _storage_meta_plain(metadata.storage_meta)}
+
+    @staticmethod
+    def _take(staged: dict[ItemKey, StagedShard], fqn: str, offsets: Iterable[int] | None
+              ) -> StagedShard:
+        try:
+            return staged.pop(item_key(fqn, offsets))
+        except KeyError:
+            raise InvalidInputError(f"no rank stored item {fqn!r} at offsets"
+                                    f" {None if offsets is None else list(offsets)}") from None
+
+    def _entry(self, fqn: str, shards: list[StagedShard], dtype: str) -> TensorEntry:
+        for shard in shards:
+            if shard.dtype != dtype:
+                raise InvalidInputError(f"{fqn}: a rank stored {shard.dtype}, the plan says"
+                                        f" {dtype}")
+            for digest, codec, raw, stored in shard.written:
+                self.written.setdefault(digest, NewChunk(digest, codec, raw, stored))
+        try:
+            return tensor_entry(dtype, shards[0].shape, tuple(s.shard for s in shards))
+        except ValueError as exc:
+            raise InvalidInputError(f"{fqn}: the ranks' shards do not form a tensor: {exc}"
+                                    ) from exc
+
+
+class StoredItems:
+    """A DCP version read back: DCP's Metadata, and where each item's bytes are."""
+
+    def __init__(self, leaf: DataEntry, value: object, entries: dict[str, Any]) -> None:
+        self.tensors: dict[str, str] = {}
+        self.bytes: dict[str, str] = {}
+        try:
+            self.metadata = self._decode(value, entries)
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, InvalidInputError):
+                raise
+            raise CorruptNodeError(leaf.digest.hex, f"malformed DCP metadata: {exc!r}") from exc
+
+    def _decode(self, value: object, entries: dict[str, Any]) -> Metadata:
+        if not isinstance(value, dict) or value.get("format") != FORMAT:
+            found = value.get("format") if isinstance(value, dict) else None
+            raise ValueError(f"format {found!r}, this release reads {FORMAT}")
+        state: dict[str, TensorStorageMetadata | BytesStorageMetadata] = {}
+        for fqn, kind, name, props in value["items"]:
+            entry = entries[name]
+            if not isinstance(fqn, str) or not isinstance(entry, TensorEntry) \
+                    or not isinstance(props, dict):
+                raise ValueError(f"item {fqn!r}: not a tensor entry {name!r}")
+            if kind == "bytes":
+                self.bytes[fqn] = name
+                state[fqn] = BytesStorageMetadata()
+                continue
+            if kind != "tensor":
+                raise ValueError(f"item {fqn!r} of unknown kind {kind!r}")
+            self.tensors[fqn] = name
+            properties = TensorProperties(
+                dtype=torch_dtype(entry.dtype), layout=torch.strided,
+                requires_grad=bool(props["requires_grad"]), pin_memory=bool(props["pin_memory"]),
+                memory_format=_MEMORY_FORMATS[props["memory_format"]])
+            state[fqn] = TensorStorageMetadata(
+                properties, torch.Size(entry.shape),
+                [ChunkStorageMetadata(torch.Size(s.offsets), torch.Size(s.sizes))
+                 for s in entry.shards])
+        meta = value["storage_meta"]
+        storage_meta = None if meta is None else StorageMeta(
+            checkpoint_id=meta["checkpoint_id"], save_id=meta["save_id"],
+            load_id=meta["load_id"], modules=list(meta["modules"]))
+        return Metadata(state, planner_data=value["planner_data"], storage_meta=storage_meta,
+                        version=value["version"])
