@@ -1,0 +1,256 @@
+"""torch.distributed.checkpoint through chunkstore: real stores, real gloo ranks, real SIGKILL.
+
+The ranks are ``torch.multiprocessing`` spawn processes on 127.0.0.1 running
+jobs of :mod:`tests.dcp_child`; each writes its findings to a file the test
+reads.  Loads in this process use no process group (one process loading what
+many ranks saved).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+import torch.multiprocessing as mp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.storage import WriteResult
+
+import chunkstore
+from chunkstore.errors import (
+    InvalidInputError,
+    NotAStoreError,
+    SelectorError,
+    StagedChunkMissingError,
+)
+from chunkstore.manifest import TensorEntry
+from tests.dcp_child import RUN, full_state, run_rank
+from tests.s3server import ENDPOINT_ENV_VAR, create_bucket, remove_bucket, storage_options
+from torch_bridge.dcp import ChunkStoreReader, ChunkStoreWriter
+from torch_bridge.errors import NotACheckpointError
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:torch.distributed is disabled:UserWarning")
+
+CHUNK = 4096
+SPAWN_TIMEOUT_S = 90.0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _spawn(job: str, world: int, url: str, out: Path, extra: dict[str, Any] | None = None
+           ) -> tuple[list[dict[str, Any] | None], list[int | None]]:
+    """Run ``job`` on ``world`` gloo ranks; each rank's report (None if it wrote none)
+    and exit code.  Every rank is bounded in time; a straggler is killed and fails."""
+    out.mkdir(parents=True, exist_ok=True)
+    ctx = mp.get_context("forkserver")
+    # One server process imports torch and the jobs once; every rank forks from it.
+    ctx.set_forkserver_preload(["tests.dcp_child"])
+    port = _free_port()
+    ranks = [ctx.Process(target=run_rank, args=(r, world, port, url, job, str(out),
+                                                extra or {}), daemon=True)
+             for r in range(world)]
+    for process in ranks:
+        process.start()
+    deadline = time.monotonic() + SPAWN_TIMEOUT_S
+    for process in ranks:
+        process.join(max(0.0, deadline - time.monotonic()))
+    stragglers = [r for r, p in enumerate(ranks) if p.is_alive()]
+    for process in ranks:
+        if process.is_alive():
+            process.kill()
+            process.join()
+    assert not stragglers, f"ranks {stragglers} of {job} still ran after {SPAWN_TIMEOUT_S}s"
+    reports = []
+    for r in range(world):
+        path = out / f"rank{r}.json"
+        reports.append(json.loads(path.read_text()) if path.exists() else None)
+    return reports, [p.exitcode for p in ranks]
+
+
+def _all_ok(reports: list[dict[str, Any] | None]) -> list[dict[str, Any]]:
+    for rank, report in enumerate(reports):
+        assert report is not None, f"rank {rank} reported nothing"
+        assert report["ok"], f"rank {rank}: {report['error']}\n{report['traceback']}"
+        assert not report.get("problems"), f"rank {rank}: {report['problems']}"
+    return [r for r in reports if r is not None]
+
+
+def _load_here(store: chunkstore.Store | str, selector: str, step: int) -> None:
+    """Load without a process group into plain tensors; bit-exact against the step's state."""
+    expected = full_state(step)
+    target: dict[str, Any] = {k: torch.full_like(v, 3.0) if isinstance(v, torch.Tensor) else None
+                              for k, v in expected.items()}
+    target["extra"] = {"lr": 0.0, "name": ""}
+    dcp.load(target, storage_reader=ChunkStoreReader(store, selector))
+    for name, value in expected.items():
+        if isinstance(value, torch.Tensor):
+            assert target[name].dtype == value.dtype
+            assert torch.equal(target[name].view(torch.uint8), value.view(torch.uint8)), name
+        else:
+            assert target[name] == value, name
+
+
+@pytest.fixture
+def store_url(tmp_path: Path) -> str:
+    url = str(tmp_path / "store")
+    chunkstore.open(url, chunk_size=CHUNK).close()
+    return url
+
+
+def test_save_twice_at_world_size_4_then_load_at_4_2_and_1(store_url: str, tmp_path: Path
+                                                           ) -> None:
+    reports = _all_ok(_spawn("save_twice_then_load", 4, store_url, tmp_path / "w4")[0])
+    first, second = reports[0]["infos"]
+    assert all(r["infos"] == [None, None] for r in reports[1:]), "only rank 0 publishes"
+    # momentum is zeros: its 16 chunks on 4 ranks are one chunk (dedup across ranks)
+    assert first["logical_bytes"] - first["new_bytes"] >= 15 * CHUNK
+    # step 2 changed rank 0's box of w (16 KiB) and the small values: the rest dedups
+    assert second["new_bytes"] < 16 * 1024 + 2 * CHUNK < first["new_bytes"] / 3
+    with chunkstore.open(store_url) as store:
+        version = store.open_version(f"{RUN}@2")
+        w, bias = version.entry("w"), version.entry("bias")
+        assert isinstance(w, TensorEntry) and isinstance(bias, TensorEntry)
+        assert [s.offsets for s in w.shards] == [(0, 0), (16, 0), (32, 0), (48, 0)]
+        assert len(bias.shards) == 1, "a replicated tensor is written once"
+        assert np.array_equal(version.get("w"), full_state(2)["w"].numpy())
+        result = store.verify()
+        assert result.ok, result.problems
+    _all_ok(_spawn("load_latest", 2, store_url, tmp_path / "w2", {"step": 2})[0])
+    _load_here(store_url, f"{RUN}@latest", 2)
+    _load_here(store_url, f"{RUN}@1", 1)
+
+
+def test_a_rank_killed_mid_save_publishes_nothing(store_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "kill"
+    reports, codes = _spawn("killed_mid_save", 2, store_url, out)
+    assert (out / "rank1.wrote").exists(), "rank 1 did not get to write its chunks"
+    assert codes[1] == -9 and reports[1] is None, "rank 1 was not SIGKILLed"
+    assert reports[0] is not None and not reports[0]["ok"], "rank 0's save did not fail"
+    with chunkstore.open(store_url) as store:
+        assert [v.step for v in store.versions(RUN)] == [1], "the killed save was published"
+        result = store.verify()
+        assert result.ok, result.problems
+        swept = store.gc(grace=0)
+        assert swept.chunks_deleted + swept.orphans_deleted > 0, "rank 1's chunks stay"
+        result = store.verify()
+        assert result.ok, result.problems
+        _load_here(store, f"{RUN}@latest", 1)
+
+
+def test_save_and_load_without_a_process_group_and_async(store_url: str) -> None:
+    writer = ChunkStoreWriter(store_url, run="solo", step=1, meta={"note": "one process"})
+    dcp.save(full_state(1), storage_writer=writer)
+    assert writer.info is not None and writer.info.meta == {"note": "one process"}
+    again = ChunkStoreWriter(store_url, run="solo", step=2)
+    dcp.async_save(full_state(2), storage_writer=again).result(timeout=60)
+    assert again.info is not None
+    assert again.info.new_bytes < writer.info.new_bytes / 4, "unchanged tensors must dedup"
+    _load_here(store_url, "solo@1", 1)
+    _load_here(store_url, "solo@latest", 2)
+    with chunkstore.open(store_url) as store:
+        result = store.verify()
+        assert result.ok, result.problems
+
+
+class _GcBeforeFinish(ChunkStoreWriter):
+    """Runs a full GC (grace 0) in the window where the ranks' chunks are orphans."""
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        store = self._handle.store
+        assert store is not None
+        self.gc_result = store.gc(grace=0, session_wait=0.5)
+        super().finish(metadata, results)
+
+
+def test_a_gc_between_the_ranks_writes_and_the_commit_deletes_nothing_it_needs(
+        store_url: str) -> None:
+    dcp.save(full_state(1), storage_writer=ChunkStoreWriter(store_url, run="g", step=1))
+    with chunkstore.open(store_url) as store:
+        store.delete("g@1")  # its chunks are unreferenced: a grace-0 GC's candidates
+        writer = _GcBeforeFinish(store, run="g", step=2)
+        dcp.save(full_state(1), storage_writer=writer)  # the same bytes: dedup on them
+        assert writer.info is not None
+        assert writer.gc_result.chunks_deleted + writer.gc_result.orphans_deleted == 0
+        result = store.verify()
+        assert result.ok, result.problems
+        _load_here(store, "g@2", 1)
+
+
+def test_bad_input_gets_typed_errors(store_url: str, tmp_path: Path) -> None:
+    with pytest.raises(InvalidInputError):
+        ChunkStoreWriter(store_url, run="../x", step=1)
+    with pytest.raises(InvalidInputError):
+        ChunkStoreWriter(store_url, run="r", step=-1)
+    with pytest.raises(NotAStoreError):
+        ChunkStoreReader(tmp_path / "nowhere", "r@latest")
+    with chunkstore.open(store_url) as store:
+        with store.new_version("plain", 1) as version:
+            version.put("w", np.zeros(4, np.float32))
+        with pytest.raises(SelectorError):
+            ChunkStoreReader(store, "plain@7")
+        with pytest.raises(NotACheckpointError):
+            ChunkStoreReader(store, "plain@1")
+        with pytest.raises(InvalidInputError, match="use_collectives"):
+            dcp.save({"w": torch.zeros(2)}, use_collectives=False,
+                     storage_writer=ChunkStoreWriter(store, run="r", step=1))
+
+
+def test_a_chunk_missing_at_finish_fails_the_save_and_publishes_nothing(
+        store_url: str) -> None:
+    class _LosesAChunk(ChunkStoreWriter):
+        def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+            store = self._handle.store
+            assert store is not None
+            digest = results[0][0].storage_data["shard"]["chunks"][0]
+            os.unlink(Path(store_url, "chunks", digest[:2], digest))
+            super().finish(metadata, results)
+
+    with chunkstore.open(store_url) as store:
+        with pytest.raises(CheckpointException) as raised:
+            dcp.save({"w": torch.arange(4096.0)}, storage_writer=_LosesAChunk(
+                store, run="m", step=1))
+        (error, _), = raised.value.failures.values()  # DCP wraps each rank's error
+        assert isinstance(error, StagedChunkMissingError)
+        assert "nothing was published" in str(error)
+        assert store.versions() == []
+        assert not list(store.backend.list("sessions/")), "the save's session must end"
+
+
+@pytest.mark.s3
+@pytest.mark.skipif(ENDPOINT_ENV_VAR not in os.environ,
+                    reason=f"{ENDPOINT_ENV_VAR} names no S3 server")
+def test_the_same_save_against_s3(tmp_path: Path) -> None:
+    endpoint = os.environ[ENDPOINT_ENV_VAR]
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        os.environ.setdefault(name, "testing")
+    bucket = create_bucket(endpoint)
+    url = f"s3://{bucket}/dcp-{uuid.uuid4().hex[:8]}"
+    options = {"storage_options": storage_options(endpoint)}
+    try:
+        chunkstore.open(url, chunk_size=CHUNK, index_dir=str(tmp_path / "setup"),
+                        **options).close()
+        reports = _all_ok(_spawn("save_twice_then_load", 2, url, tmp_path / "s3",
+                                 {"options": options})[0])
+        first, second = reports[0]["infos"]
+        assert second["new_bytes"] < first["new_bytes"] / 2
+        with chunkstore.open(url, index_dir=str(tmp_path / "check"), **options) as store:
+            result = store.verify()
+            assert result.ok, result.problems
+            _load_here(store, f"{RUN}@latest", 2)
+    finally:
+        remove_bucket(endpoint, bucket)
