@@ -72,6 +72,7 @@ from chunkstore.manifest import (
     TreeNode,
     encode_data,
     encode_tree,
+    tensor_entry,
 )
 from chunkstore.names import check_entry_name, check_label
 from chunkstore.records import MAX_COUNT, CommitRecord
@@ -515,6 +516,10 @@ class VersionWriter:
             if any(s.chunk_bytes > self._store.chunk_size for s in entry.shards):
                 raise InvalidInputError(f"entry {name!r}: chunks longer than the store's chunk"
                                         f" size {self._store.chunk_size}")
+            try:  # what a reader would refuse is never published
+                tensor_entry(entry.dtype, entry.shape, entry.shards)
+            except ValueError as exc:
+                raise InvalidInputError(f"entry {name!r}: {exc}") from exc
         digests = sorted({d for entry in entries.values() for d in entry.chunk_digests()})
 
         def present(digest: Digest) -> bool:

@@ -21,6 +21,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
+from safetensors.torch import load_file
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.storage import WriteResult
@@ -35,6 +36,7 @@ from chunkstore.errors import (
 from chunkstore.manifest import TensorEntry
 from tests.dcp_child import RUN, full_state, run_rank
 from tests.s3server import ENDPOINT_ENV_VAR, create_bucket, remove_bucket, storage_options
+from torch_bridge import export_safetensors
 from torch_bridge.dcp import ChunkStoreReader, ChunkStoreWriter
 from torch_bridge.errors import NotACheckpointError
 
@@ -130,6 +132,10 @@ def test_save_twice_at_world_size_4_then_load_at_4_2_and_1(store_url: str, tmp_p
         assert np.array_equal(version.get("w"), full_state(2)["w"].numpy())
         result = store.verify()
         assert result.ok, result.problems
+        export_safetensors(store, f"{RUN}@2", tmp_path / "w.safetensors", prefix="")
+    exported = load_file(tmp_path / "w.safetensors")
+    for name in ("w", "emb", "momentum", "bias"):  # assembled from the ranks' shards
+        assert torch.equal(exported[name], full_state(2)[name]), name
     _all_ok(_spawn("load_latest", 2, store_url, tmp_path / "w2", {"step": 2})[0])
     _load_here(store_url, f"{RUN}@latest", 2)
     _load_here(store_url, f"{RUN}@1", 1)

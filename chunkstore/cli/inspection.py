@@ -141,7 +141,9 @@ def describe_leaf(name: str, leaf: Leaf) -> dict[str, Any]:
     """What ``show`` and ``diff`` say about one entry."""
     if isinstance(leaf, TensorEntry):
         return {"name": name, "kind": "tensor", "dtype": leaf.dtype, "shape": list(leaf.shape),
-                "bytes": leaf.nbytes, "chunks": sum(len(s.chunks) for s in leaf.shards)}
+                "bytes": leaf.nbytes, "chunks": sum(len(s.chunks) for s in leaf.shards),
+                "shards": [{"offsets": list(s.offsets), "sizes": list(s.sizes),
+                            "chunks": len(s.chunks)} for s in leaf.shards]}
     return {"name": name, "kind": "data", "dtype": None, "shape": None, "bytes": leaf.nbytes,
             "chunks": 0}
 
@@ -167,8 +169,12 @@ def show_text(info: VersionInfo, tags: list[str], entries: list[dict[str, Any]])
     click.echo(f"entries ({len(entries)}):")
     rows = [[e["name"], e["kind"], type_text(e), format_size(e["bytes"]), str(e["chunks"])]
             for e in entries]
-    echo_lines(["  " + line for line in render_table(
-        ["NAME", "KIND", "TYPE", "SIZE", "CHUNKS"], rows, right=(3, 4))])
+    headers = ["NAME", "KIND", "TYPE", "SIZE", "CHUNKS"]
+    if any(len(e.get("shards", ())) > 1 for e in entries):  # saved by several processes
+        headers.append("SHARDS (offsets+sizes)")
+        for row, e in zip(rows, entries, strict=True):
+            row.append(" ".join(f"{s['offsets']}+{s['sizes']}" for s in e.get("shards", ())))
+    echo_lines(["  " + line for line in render_table(headers, rows, right=(3, 4))])
 
 
 @click.command()
