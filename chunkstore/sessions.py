@@ -163,6 +163,12 @@ class StoreSession:
                 self._info["seen"] = sorted(set(self._info["seen"]) | set(entry_ids))
             self._write()
 
+    @property
+    def seen(self) -> list[str]:
+        """The GC journal entries this session's object lists as seen."""
+        with self._lock:
+            return list(self._info["seen"])
+
     def _write(self) -> None:
         with self._lock:
             self._info["heartbeat"] = now = time.time()

@@ -500,6 +500,28 @@ class VersionWriter:
             self.abort()  # ends this writer's sessions; every chunk job is done
         return entries, new_chunks
 
+    @property
+    def gc_entries_seen(self) -> list[str]:
+        """The GC journal entries this save's session object lists as seen (their GC
+        runs do not wait for this save; every other entry's run does)."""
+        return self._store_session.seen
+
+    def follow_publisher(self, seen: Iterable[str]) -> None:
+        """Let only the GC entries the publisher of this sharded save has seen fence
+        this writer (call before the first put; ``seen``: the publisher's
+        :attr:`gc_entries_seen`).
+
+        An entry the publisher has not seen was stored after the publisher's
+        session, so its GC waits for that session, which outlives this writer:
+        it deletes nothing before the version is published, and then keeps what
+        the version names.  Waiting for such an entry here would wait for the
+        publisher, which waits for this writer.
+        """
+        keep = set(seen)
+        for entry_id in list(self._fence.active):
+            if entry_id not in keep:
+                del self._fence.active[entry_id]
+
     def adopt(self, entries: dict[str, TensorEntry], written: Iterable[NewChunk] = ()) -> None:
         """Add tensors whose chunks other processes stored for this version.
 

@@ -152,10 +152,18 @@ def killed_mid_save(rank: int, world: int, url: str, extra: dict[str, Any]) -> d
     return {"published": writer.info is not None}
 
 
+def mismatched_steps(rank: int, world: int, url: str, extra: dict[str, Any]) -> dict[str, Any]:
+    """Rank 1 saves step 3 while the others save step 2: the save must fail everywhere."""
+    writer = ChunkStoreWriter(url, run=RUN, step=3 if rank == 1 else 2)
+    dcp.save(sharded_state(full_state(2), world), storage_writer=writer)
+    return {"published": writer.info is not None}
+
+
 JOBS: dict[str, Callable[[int, int, str, dict[str, Any]], dict[str, Any]]] = {
     "save_twice_then_load": save_twice_then_load,
     "load_latest": load_latest,
     "killed_mid_save": killed_mid_save,
+    "mismatched_steps": mismatched_steps,
 }
 
 

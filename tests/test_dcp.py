@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -24,7 +25,9 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future
 
 import chunkstore
 from chunkstore.errors import (
@@ -158,6 +161,17 @@ def test_a_rank_killed_mid_save_publishes_nothing(store_url: str, tmp_path: Path
         _load_here(store, f"{RUN}@latest", 1)
 
 
+def test_ranks_saving_different_steps_are_refused(store_url: str, tmp_path: Path) -> None:
+    reports, _ = _spawn("mismatched_steps", 2, store_url, tmp_path / "steps")
+    for report in reports:
+        assert report is not None and not report["ok"]
+        assert "ranks [1] save" in report["error"], report["error"]
+        assert "every rank must save the same run and step" in report["error"]
+    with chunkstore.open(store_url) as store:
+        assert store.versions() == []
+        assert not list(store.backend.list("sessions/"))
+
+
 def test_save_and_load_without_a_process_group_and_async(store_url: str) -> None:
     writer = ChunkStoreWriter(store_url, run="solo", step=1, meta={"note": "one process"})
     dcp.save(full_state(1), storage_writer=writer)
@@ -192,6 +206,45 @@ def test_a_gc_between_the_ranks_writes_and_the_commit_deletes_nothing_it_needs(
         dcp.save(full_state(1), storage_writer=writer)  # the same bytes: dedup on them
         assert writer.info is not None
         assert writer.gc_result.chunks_deleted + writer.gc_result.orphans_deleted == 0
+        result = store.verify()
+        assert result.ok, result.problems
+        _load_here(store, "g@2", 1)
+
+
+class _GcFencesBeforeTheRankWrites(ChunkStoreWriter):
+    """Starts a GC (grace 0) once the coordinator's session exists, and lets the rank
+    write only once the GC's journal entry is stored: the GC then waits for the
+    coordinator's session, and the rank must not wait for the GC."""
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        store = self._handle.store
+        assert store is not None
+
+        def collect() -> None:
+            self.gc_result = store.gc(grace=0, session_wait=20)
+
+        self.gc = threading.Thread(target=collect)
+        self.gc.start()
+        deadline = time.monotonic() + 20
+        while not any(k.split("/")[-1][:1].isdigit() for k in store.backend.list("gc/")):
+            assert time.monotonic() < deadline, "the GC stored no journal entry"
+            time.sleep(0.01)
+        started = time.monotonic()
+        written = super().write_data(plan, planner)
+        self.write_s = time.monotonic() - started
+        return written
+
+
+def test_a_gc_fenced_after_the_coordinators_session_neither_stalls_nor_breaks_the_save(
+        store_url: str) -> None:
+    dcp.save(full_state(1), storage_writer=ChunkStoreWriter(store_url, run="g", step=1))
+    with chunkstore.open(store_url) as store:
+        store.delete("g@1")  # its chunks are unreferenced: the GC's candidates
+        writer = _GcFencesBeforeTheRankWrites(store, run="g", step=2)
+        dcp.save(full_state(1), storage_writer=writer)  # the same bytes: dedup on them
+        writer.gc.join(60)
+        assert writer.write_s < 10, "the rank waited for a GC that waits for the save"
+        assert writer.info is not None and writer.gc_result.chunks_deleted == 0
         result = store.verify()
         assert result.ok, result.problems
         _load_here(store, "g@2", 1)

@@ -59,10 +59,13 @@ after the grace period.  A coordinator killed before the commit record
 publishes nothing either; after it, the version is complete: every chunk was
 durable before the ranks returned.
 
-Known limit: a GC entry stored between the coordinator's journal read and a
-rank's that names a chunk the rank needs makes the rank wait for that GC,
-which waits for the coordinator's session: the GC gives up after its session
-wait (2 min by default), abandons its entry, and the save goes on.
+A GC entry stored after the coordinator's journal read waits for the
+coordinator's session; a rank that waited for it (as a lone writer waits for
+a fenced entry) would wait for the coordinator, which waits for the rank.  So
+the plans carry the entries the coordinator's session lists as seen, and
+only those fence a rank (:meth:`VersionWriter.follow_publisher`): the others
+delete nothing before the version is published, and then keep what it
+names.
 
 Bytes items (non-tensor values) are stored as opaque bytes and handed back to
 DCP's planner as it expects; DCP's default planner unpickles them
@@ -218,18 +221,23 @@ class ChunkStoreWriter(StorageWriter):
                 f"ranks {others} save {[plans[r].storage_data for r in others]}, the"
                 f" coordinator {token}: every rank must save the same run and step")
         self._handle.abort_version()
-        self._handle.version = self._handle.open(create=True).new_version(
-            self.run, self.step, self.meta, replace=self.replace)
-        return [dataclasses.replace(plan, storage_data=token) for plan in plans]
+        version = self._handle.open(create=True).new_version(self.run, self.step, self.meta,
+                                                             replace=self.replace)
+        self._handle.version = version
+        planned = {**token, "gc_seen": version.gc_entries_seen}
+        return [dataclasses.replace(plan, storage_data=planned) for plan in plans]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         """Step 2: store this rank's items, publish nothing, report the chunks."""
-        if plan.storage_data != self._token():
+        planned = plan.storage_data
+        if not isinstance(planned, dict) or not isinstance(planned.get("gc_seen"), list) \
+                or {k: v for k, v in planned.items() if k != "gc_seen"} != self._token():
             raise InvalidInputError("this plan was not prepared by ChunkStoreWriter's"
                                     " prepare_global_plan for this run and step")
         try:
             store = self._handle.open(create=True)
-            results = _write_items(store, self.run, self.step, plan.items, planner)
+            results = _write_items(store, self.run, self.step, plan.items, planner,
+                                   planned["gc_seen"])
         except BaseException:
             self._handle.release()  # the coordinator's version too: finish() will not come
             raise
@@ -267,9 +275,10 @@ class ChunkStoreWriter(StorageWriter):
 
 
 def _write_items(store: Store, run: str, step: int, items: list[WriteItem],
-                 planner: SavePlanner) -> list[WriteResult]:
+                 planner: SavePlanner, gc_seen: list[str]) -> list[WriteResult]:
     writer = store.new_version(run, step)
     try:
+        writer.follow_publisher(gc_seen)
         for n, item in enumerate(items):
             data = planner.resolve_data(item)
             if item.type == WriteItemType.BYTE_IO:
