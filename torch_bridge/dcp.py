@@ -20,52 +20,58 @@ The commit protocol.  DCP calls, in this order: ``set_up_storage_writer`` and
 ``finish`` (coordinator, once every rank's results have been gathered).
 
 1. ``prepare_global_plan``, on the coordinator: check that every rank saves
-   the same ``RUN@STEP``, then open the version: its store session object
-   (``sessions/<id>``) is stored and the GC journal read, before the plans go
-   back to the ranks.  DCP sends them only when this returns, so the session
-   exists, and lists every GC entry it has seen, before any rank takes a
-   deduplication decision.  Each plan carries the RUN@STEP token, so a rank's
-   write depends on the coordinator having done this step;
+   the same ``RUN@STEP`` (else the save fails, naming the ranks), then open
+   the version: its store session object (``sessions/<id>``) is stored and
+   the GC journal read, before the plans go back to the ranks.  DCP sends
+   them only when this returns, so the session exists before any rank takes
+   a deduplication decision.  Each plan carries the RUN@STEP and the GC
+   entries the session lists as seen (``gc_seen``): a rank's write depends on
+   this step;
 2. ``write_data``, on every rank: a writer of its own (its own session, GC
-   journal read, index claims) writes the rank's items: each tensor's local
-   box, each bytes item as ``uint8``.  It waits for every chunk, makes them
-   durable (``flush``), ends its sessions and returns, per item, the shard
-   (offsets, sizes, chunk size, digests, delta bases), the dtype, the global
-   shape and the chunks it wrote, as plain data (:class:`StagedShard`).
-   Nothing is published: what it wrote is an orphan;
+   journal read, index claims), fenced only by the ``gc_seen`` entries
+   (:meth:`VersionWriter.follow_publisher`), writes the rank's items: each
+   tensor's local box, each bytes item as ``uint8``.  It waits for every
+   chunk, makes them durable (``flush``), ends its sessions and returns, per
+   item, the shard (offsets, sizes, chunk size, digests, delta bases), the
+   dtype, the global shape and the chunks it wrote, as plain data
+   (:class:`StagedShard`).  Nothing is published: what it wrote is orphaned;
 3. ``finish``, on the coordinator: build the entries from the results, then
    claim every chunk (and listed base) through the path a deduplication hit
    takes (:meth:`VersionWriter.adopt`: the fence of the session from step 1,
-   the index claim, an existence check); a chunk found missing fails the save
-   (:class:`StagedChunkMissingError`) and nothing is published.  Then the
-   metadata entry, the nodes, one flush and the commit record, refused if the
-   session's heartbeat lapsed.  The session object goes last.
+   the index claim, an existence check); a chunk that is missing fails the
+   save (:class:`StagedChunkMissingError`) and nothing is published.  Then
+   the metadata entry, the nodes, one flush and the commit record, refused
+   if the session's heartbeat lapsed for half the lease (a GC elsewhere may
+   have counted it dead).  The session object goes last.
 
-Why no GC loses a chunk this version names (the GC side is argued in
-:mod:`chunkstore.gc`; a GC deletes only after its fenced journal entry is
-stored and every live session not listing the entry has ended).  Take a GC
-entry E and a chunk X in it that a rank reuses or writes.  If E was stored
-after the coordinator's session read the journal, E's GC waits for that
-session, which lives (heartbeat) until after the commit record: the GC then
-marks the new version and keeps X.  If E was stored before, the coordinator's
-session read it and lists it as seen, so E's GC does not wait for the save;
-but every rank's journal read comes after step 1, so the rank sees E too
-(fenced or finished: entries are only pruned after a week) and, as every
-writer does, never reuses X unwritten and writes X only once E is finished;
-what it writes is then not deleted by E.  A rank killed anywhere publishes
-nothing: the coordinator never reaches ``finish`` (DCP fails the collective),
-its session ends with its process or its next save, and GC removes the orphans
+Why no GC deletes a chunk this version names (the GC side is argued in
+:mod:`chunkstore.gc`: a GC deletes only after storing its fenced journal
+entry and waiting until every live session that does not list the entry as
+seen has ended).  Take any GC journal entry E naming a chunk X that a rank
+reuses or writes, and let R be the coordinator's journal read of step 1:
+
+- E stored after R (not visible to it): E's GC finds the coordinator's
+  session stored and not listing E, so it waits for it; the session lives,
+  by its heartbeat, until the commit record exists; then the GC marks again,
+  reaches X through the new version and keeps it.  Such an entry does not
+  fence the ranks (waiting for it would wait for the coordinator, which
+  waits for the ranks);
+- E active at R: the session lists E as seen and its GC does not wait for
+  the save.  But every rank reads the journal after R, sees E (active or
+  finished; entries stay a week) and, being fenced by it, never reuses X
+  unwritten and writes X only once E is finished, so E does not delete that
+  copy; at ``finish`` the coordinator waits for E too and then requires X to
+  exist;
+- E finished at R: its objects are no longer dedup targets of any index that
+  read it (each rank reads it too); a rank writes X, keeping an existing
+  copy only after it decodes and hashes to its key.
+
+A rank killed anywhere publishes nothing: the coordinator never reaches
+``finish`` (DCP fails the collective); its session ends with its process,
+its next save or :meth:`ChunkStoreWriter.close`, and GC removes the orphans
 after the grace period.  A coordinator killed before the commit record
-publishes nothing either; after it, the version is complete: every chunk was
-durable before the ranks returned.
-
-A GC entry stored after the coordinator's journal read waits for the
-coordinator's session; a rank that waited for it (as a lone writer waits for
-a fenced entry) would wait for the coordinator, which waits for the rank.  So
-the plans carry the entries the coordinator's session lists as seen, and
-only those fence a rank (:meth:`VersionWriter.follow_publisher`): the others
-delete nothing before the version is published, and then keep what it
-names.
+publishes nothing either; after it, the version is complete: every chunk
+was durable before the ranks returned, and every node before the record.
 
 Bytes items (non-tensor values) are stored as opaque bytes and handed back to
 DCP's planner as it expects; DCP's default planner unpickles them
@@ -84,68 +90,28 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
-from torch.distributed.checkpoint.planner import (
-    LoadItemType,
-    LoadPlan,
-    LoadPlanner,
-    SavePlan,
-    SavePlanner,
-    WriteItem,
-    WriteItemType,
-)
-from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
+from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-import chunkstore
-from chunkstore import Store, VersionInfo, VersionReader, VersionWriter
+from chunkstore import Store, VersionInfo
 from chunkstore.errors import InvalidInputError, UnsupportedDtypeError
-from chunkstore.manifest import DataEntry, TensorEntry
 from chunkstore.names import check_label
 from chunkstore.records import MAX_COUNT
-from chunkstore.shards import StagedShard, find_shard
-from torch_bridge.dcp_layout import METADATA_ENTRY, StoredItems, VersionLayout, item_key
-from torch_bridge.errors import NotACheckpointError
-from torch_bridge.tensors import as_array, check_storable, host_copy, torch_dtype
+from chunkstore.shards import StagedShard
+from torch_bridge.dcp_layout import (
+    METADATA_ENTRY,
+    StoreHandle,
+    StoreLike,
+    VersionLayout,
+    item_key,
+    open_options,
+)
+from torch_bridge.dcp_reader import ChunkStoreReader, is_store
+from torch_bridge.tensors import as_array, check_storable, host_copy
 
-StoreLike = Store | str | os.PathLike[str]
-
-
-class _Handle:
-    """The store a writer or reader uses, opened from a URL on demand (and closed when
-    the save ends) or given open by the caller (never closed here); plus the
-    coordinator's unpublished version, aborted if the save never reaches ``finish``."""
-
-    def __init__(self, store: StoreLike, options: dict[str, Any]) -> None:
-        self.given = store if isinstance(store, Store) else None
-        self.url = store.url if isinstance(store, Store) else os.fspath(store)
-        self.options = options
-        self.store: Store | None = None
-        self.version: VersionWriter | None = None
-
-    def open(self, *, create: bool) -> Store:
-        if self.store is None:
-            self.store = self.given or chunkstore.open(self.url, create=create, **self.options)
-        return self.store
-
-    def abort_version(self) -> None:
-        version, self.version = self.version, None
-        if version is not None:
-            version.abort()
-
-    def release(self) -> None:
-        """Abort an unpublished version and close a store opened here (idempotent)."""
-        try:
-            self.abort_version()
-        finally:
-            store, self.store = self.store, None
-            if store is not None and self.given is None:
-                store.close()
-
-
-def _open_options(storage_options: dict[str, Any] | None, index_dir: str | None
-                  ) -> dict[str, Any]:
-    return {"storage_options": storage_options, "index_dir": index_dir}
+__all__ = ["ChunkStoreReader", "ChunkStoreWriter"]
 
 
 class ChunkStoreWriter(StorageWriter):
@@ -171,8 +137,8 @@ class ChunkStoreWriter(StorageWriter):
         self.step = step
         self.meta = dict(meta or {})
         self.replace = replace
-        self._handle = _Handle(store, _open_options(storage_options, index_dir))
-        self._finalizer = weakref.finalize(self, _Handle.release, self._handle)
+        self._handle = StoreHandle(store, open_options(storage_options, index_dir))
+        self._finalizer = weakref.finalize(self, StoreHandle.release, self._handle)
         self.is_coordinator = False
         self.save_id = uuid.uuid4().hex
         self.info: VersionInfo | None = None
@@ -185,16 +151,15 @@ class ChunkStoreWriter(StorageWriter):
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
-        """True for a local folder holding a chunkstore store (DCP's storage detection
-        cannot build this writer anyway: it needs a run and a step)."""
-        return os.path.isfile(os.path.join(os.fspath(checkpoint_id), "chunkstore.json"))
+        """True for a local folder holding a chunkstore store."""
+        return is_store(checkpoint_id)
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         self._handle.release()
         if checkpoint_id is not None and os.fspath(checkpoint_id) != self._handle.url:
-            self._handle = _Handle(checkpoint_id, self._handle.options)
+            self._handle = StoreHandle(checkpoint_id, self._handle.options)
             self._finalizer.detach()
-            self._finalizer = weakref.finalize(self, _Handle.release, self._handle)
+            self._finalizer = weakref.finalize(self, StoreHandle.release, self._handle)
         self.save_id = uuid.uuid4().hex
 
     def storage_meta(self) -> StorageMeta | None:
@@ -327,124 +292,3 @@ def _host_tensor(item: WriteItem, data: object) -> torch.Tensor:
                                 f" {list(tensor.shape)} for a box of sizes"
                                 f" {list(item.tensor_data.chunk.sizes)}")
     return tensor
-
-
-class ChunkStoreReader(StorageReader):
-    """A DCP ``StorageReader`` of one chunkstore version written by :class:`ChunkStoreWriter`.
-
-    ``selector`` is any version selector (``RUN@latest``, ``RUN@STEP``, an id or
-    prefix, a tag).  The store is opened and the version resolved here, so a bad
-    selector or a version that is no DCP checkpoint raises now, with its typed
-    error.  Every tensor read is hash-verified; a resharding read reads only the
-    chunks that hold the boxes it needs.
-    """
-
-    def __init__(self, store: StoreLike, selector: str = "latest", *,
-                 storage_options: dict[str, Any] | None = None,
-                 index_dir: str | None = None) -> None:
-        super().__init__()
-        self.selector = selector
-        self._handle = _Handle(store, _open_options(storage_options, index_dir))
-        self._finalizer = weakref.finalize(self, _Handle.release, self._handle)
-        try:
-            self.info, self._items = self._resolve()
-        finally:
-            self._handle.release()
-        self.load_id = uuid.uuid4().hex
-
-    def _resolve(self) -> tuple[VersionInfo, StoredItems]:
-        store = self._handle.open(create=False)
-        reader = store.open_version(self.selector)
-        entries = reader.entries()
-        leaf = entries.get(METADATA_ENTRY)
-        if not isinstance(leaf, DataEntry):
-            raise NotACheckpointError(
-                f"version {reader.info.short_id} ({reader.info.run}@{reader.info.step}) holds"
-                " no DCP checkpoint (no _dcp.metadata entry); load it with"
-                " torch_bridge.Checkpointer or chunkstore's own reader")
-        return reader.info, StoredItems(leaf, reader.get_data(METADATA_ENTRY), entries)
-
-    @property
-    def checkpoint_id(self) -> str:
-        return self._handle.url
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
-        return ChunkStoreWriter.validate_checkpoint_id(checkpoint_id)
-
-    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
-        if checkpoint_id is not None and os.fspath(checkpoint_id) != self._handle.url:
-            self._handle.release()
-            self._handle = _Handle(checkpoint_id, self._handle.options)
-            self._finalizer.detach()
-            self._finalizer = weakref.finalize(self, _Handle.release, self._handle)
-            try:
-                self.info, self._items = self._resolve()
-            finally:
-                self._handle.release()
-        self.load_id = uuid.uuid4().hex
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        metadata = self._items.metadata
-        storage_meta = metadata.storage_meta or StorageMeta()
-        return dataclasses.replace(metadata, storage_meta=dataclasses.replace(
-            storage_meta, load_id=self.load_id))
-
-    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any,
-                              **kwargs: Any) -> None:
-        return None
-
-    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
-        return plan
-
-    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
-        return plans
-
-    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        """Read every item of this rank's plan, hash-verified, into what the planner gives."""
-        try:
-            reader = self._handle.open(create=False).open_version(self.info.id)
-            for item in plan.items:
-                index = item.storage_index
-                if item.type == LoadItemType.BYTE_IO:
-                    name = self._lookup(self._items.bytes, index)
-                    planner.load_bytes(item, io.BytesIO(reader.get(name).tobytes()))
-                    continue
-                name = self._lookup(self._items.tensors, index)
-                target = planner.resolve_tensor(item).detach()
-                _read_box(reader, name, index, item.storage_offsets, item.lengths, target)
-                planner.commit_tensor(item, target)
-        finally:
-            self._handle.release()
-        future: Future[None] = Future()
-        future.set_result(None)
-        return future
-
-    def close(self) -> None:
-        self._handle.release()
-
-    @staticmethod
-    def _lookup(names: dict[str, str], index: MetadataIndex) -> str:
-        try:
-            return names[index.fqn]
-        except KeyError:
-            raise InvalidInputError(f"the checkpoint has no item {index.fqn!r} of that kind"
-                                    ) from None
-
-
-def _read_box(reader: VersionReader, name: str, index: MetadataIndex, offsets: Any,
-              lengths: Any, target: torch.Tensor) -> None:
-    entry = reader.entry(name)
-    assert isinstance(entry, TensorEntry)
-    shard = find_shard(entry, index.offset or ())
-    dtype = torch_dtype(entry.dtype)
-    if target.dtype != dtype or tuple(target.shape) != tuple(lengths):
-        raise InvalidInputError(f"{index.fqn}: the checkpoint holds {entry.dtype} boxes of"
-                                f" {list(lengths)}, the planner gave a {target.dtype} tensor of"
-                                f" {list(target.shape)}")
-    direct = target.device.type == "cpu" and not target.is_conj() and not target.is_neg()
-    host = target if direct else torch.empty(tuple(lengths), dtype=dtype)
-    array, _ = as_array(host)
-    reader.get_box(name, shard, tuple(offsets), tuple(lengths), array)
-    if not direct:
-        target.copy_(host)

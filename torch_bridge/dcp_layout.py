@@ -17,6 +17,8 @@ safe encoding (never pickle)::
 
 Sizes, offsets and dtypes are not repeated there: a reader takes them from
 the tensor entries, which it checks anyway (shards tile the shape).
+
+:class:`StoreHandle` is how the writer and the reader hold the store.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
+import chunkstore
+from chunkstore import Store, VersionWriter
 from chunkstore.digest import Digest
 from chunkstore.errors import CorruptNodeError, InvalidInputError, InvalidNameError
 from chunkstore.index import NewChunk
@@ -50,6 +54,7 @@ _MEMORY_FORMATS = {"contiguous": torch.contiguous_format, "channels_last": torch
                    "preserve": torch.preserve_format}
 _FORMAT_NAMES = {v: k for k, v in _MEMORY_FORMATS.items()}
 
+StoreLike = Store | str | os.PathLike[str]
 #: (fqn, offsets or None for a bytes item): how a rank's result names its item.
 ItemKey = tuple[str, tuple[int, ...] | None]
 
@@ -176,3 +181,40 @@ class StoredItems:
             load_id=meta["load_id"], modules=list(meta["modules"]))
         return Metadata(state, planner_data=value["planner_data"], storage_meta=storage_meta,
                         version=value["version"])
+
+
+class StoreHandle:
+    """The store a writer or reader uses, opened from a URL on demand (and closed when
+    the save ends) or given open by the caller (never closed here); plus the
+    coordinator's unpublished version, aborted if the save never reaches ``finish``."""
+
+    def __init__(self, store: StoreLike, options: dict[str, Any]) -> None:
+        self.given = store if isinstance(store, Store) else None
+        self.url = store.url if isinstance(store, Store) else os.fspath(store)
+        self.options = options
+        self.store: Store | None = None
+        self.version: VersionWriter | None = None
+
+    def open(self, *, create: bool) -> Store:
+        if self.store is None:
+            self.store = self.given or chunkstore.open(self.url, create=create, **self.options)
+        return self.store
+
+    def abort_version(self) -> None:
+        version, self.version = self.version, None
+        if version is not None:
+            version.abort()
+
+    def release(self) -> None:
+        """Abort an unpublished version and close a store opened here (idempotent)."""
+        try:
+            self.abort_version()
+        finally:
+            store, self.store = self.store, None
+            if store is not None and self.given is None:
+                store.close()
+
+
+def open_options(storage_options: dict[str, Any] | None, index_dir: str | None
+                  ) -> dict[str, Any]:
+    return {"storage_options": storage_options, "index_dir": index_dir}

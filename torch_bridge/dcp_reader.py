@@ -1,0 +1,157 @@
+"""The DCP ``StorageReader`` half of :mod:`torch_bridge.dcp` (import it from there)."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import uuid
+import weakref
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
+from torch.distributed.checkpoint.storage import StorageReader
+from torch.futures import Future
+
+from chunkstore import VersionInfo, VersionReader
+from chunkstore.errors import InvalidInputError
+from chunkstore.manifest import DataEntry, TensorEntry
+from chunkstore.shards import find_shard
+from torch_bridge.dcp_layout import (
+    METADATA_ENTRY,
+    StoredItems,
+    StoreHandle,
+    StoreLike,
+    open_options,
+)
+from torch_bridge.errors import NotACheckpointError
+from torch_bridge.tensors import as_array, torch_dtype
+
+
+def is_store(checkpoint_id: str | os.PathLike[str]) -> bool:
+    """True for a local folder holding a chunkstore store (DCP's storage detection
+    cannot build these classes anyway: they need a run and a step, or a selector)."""
+    return os.path.isfile(os.path.join(os.fspath(checkpoint_id), "chunkstore.json"))
+
+
+class ChunkStoreReader(StorageReader):
+    """A DCP ``StorageReader`` of one chunkstore version written by :class:`ChunkStoreWriter`.
+
+    ``selector`` is any version selector (``RUN@latest``, ``RUN@STEP``, an id or
+    prefix, a tag).  The store is opened and the version resolved here, so a bad
+    selector or a version that is no DCP checkpoint raises now, with its typed
+    error.  Every tensor read is hash-verified; a resharding read reads only the
+    chunks that hold the boxes it needs.
+    """
+
+    def __init__(self, store: StoreLike, selector: str = "latest", *,
+                 storage_options: dict[str, Any] | None = None,
+                 index_dir: str | None = None) -> None:
+        super().__init__()
+        self.selector = selector
+        self._handle = StoreHandle(store, open_options(storage_options, index_dir))
+        self._finalizer = weakref.finalize(self, StoreHandle.release, self._handle)
+        try:
+            self.info, self._items = self._resolve()
+        finally:
+            self._handle.release()
+        self.load_id = uuid.uuid4().hex
+
+    def _resolve(self) -> tuple[VersionInfo, StoredItems]:
+        store = self._handle.open(create=False)
+        reader = store.open_version(self.selector)
+        entries = reader.entries()
+        leaf = entries.get(METADATA_ENTRY)
+        if not isinstance(leaf, DataEntry):
+            raise NotACheckpointError(
+                f"version {reader.info.short_id} ({reader.info.run}@{reader.info.step}) holds"
+                " no DCP checkpoint (no _dcp.metadata entry); load it with"
+                " torch_bridge.Checkpointer or chunkstore's own reader")
+        return reader.info, StoredItems(leaf, reader.get_data(METADATA_ENTRY), entries)
+
+    @property
+    def checkpoint_id(self) -> str:
+        return self._handle.url
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        return is_store(checkpoint_id)
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        if checkpoint_id is not None and os.fspath(checkpoint_id) != self._handle.url:
+            self._handle.release()
+            self._handle = StoreHandle(checkpoint_id, self._handle.options)
+            self._finalizer.detach()
+            self._finalizer = weakref.finalize(self, StoreHandle.release, self._handle)
+            try:
+                self.info, self._items = self._resolve()
+            finally:
+                self._handle.release()
+        self.load_id = uuid.uuid4().hex
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        metadata = self._items.metadata
+        storage_meta = metadata.storage_meta or StorageMeta()
+        return dataclasses.replace(metadata, storage_meta=dataclasses.replace(
+            storage_meta, load_id=self.load_id))
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any,
+                              **kwargs: Any) -> None:
+        return None
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        """Read every item of this rank's plan, hash-verified, into what the planner gives."""
+        try:
+            reader = self._handle.open(create=False).open_version(self.info.id)
+            for item in plan.items:
+                index = item.storage_index
+                if item.type == LoadItemType.BYTE_IO:
+                    name = self._lookup(self._items.bytes, index)
+                    planner.load_bytes(item, io.BytesIO(reader.get(name).tobytes()))
+                    continue
+                name = self._lookup(self._items.tensors, index)
+                target = planner.resolve_tensor(item).detach()
+                _read_box(reader, name, index, item.storage_offsets, item.lengths, target)
+                planner.commit_tensor(item, target)
+        finally:
+            self._handle.release()
+        future: Future[None] = Future()
+        future.set_result(None)
+        return future
+
+    def close(self) -> None:
+        self._handle.release()
+
+    @staticmethod
+    def _lookup(names: dict[str, str], index: MetadataIndex) -> str:
+        try:
+            return names[index.fqn]
+        except KeyError:
+            raise InvalidInputError(f"the checkpoint has no item {index.fqn!r} of that kind"
+                                    ) from None
+
+
+def _read_box(reader: VersionReader, name: str, index: MetadataIndex, offsets: Any,
+              lengths: Any, target: torch.Tensor) -> None:
+    entry = reader.entry(name)
+    assert isinstance(entry, TensorEntry)
+    shard = find_shard(entry, index.offset or ())
+    dtype = torch_dtype(entry.dtype)
+    if target.dtype != dtype or tuple(target.shape) != tuple(lengths):
+        raise InvalidInputError(f"{index.fqn}: the checkpoint holds {entry.dtype} boxes of"
+                                f" {list(lengths)}, the planner gave a {target.dtype} tensor of"
+                                f" {list(target.shape)}")
+    direct = target.device.type == "cpu" and not target.is_conj() and not target.is_neg()
+    host = target if direct else torch.empty(tuple(lengths), dtype=dtype)
+    array, _ = as_array(host)
+    reader.get_box(name, shard, tuple(offsets), tuple(lengths), array)
+    if not direct:
+        target.copy_(host)
