@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata
-from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
+from torch.distributed.checkpoint.planner import LoadPlan, SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
@@ -267,6 +267,19 @@ def test_bad_input_gets_typed_errors(store_url: str, tmp_path: Path) -> None:
         with pytest.raises(InvalidInputError, match="use_collectives"):
             dcp.save({"w": torch.zeros(2)}, use_collectives=False,
                      storage_writer=ChunkStoreWriter(store, run="r", step=1))
+
+
+def test_ranks_that_resolved_different_versions_are_refused(store_url: str) -> None:
+    """What the coordinator's global step sees when a save was published between two
+    ranks' lookups of ``latest``."""
+    for step in (1, 2):
+        dcp.save(full_state(step), storage_writer=ChunkStoreWriter(store_url, run="v",
+                                                                    step=step))
+    first, second = ChunkStoreReader(store_url, "v@1"), ChunkStoreReader(store_url, "v@2")
+    plans = [first.prepare_local_plan(LoadPlan([])), second.prepare_local_plan(LoadPlan([]))]
+    assert first.prepare_global_plan(plans[:1]) == plans[:1]
+    with pytest.raises(InvalidInputError, match="different versions"):
+        first.prepare_global_plan(plans)
 
 
 def test_a_chunk_missing_at_finish_fails_the_save_and_publishes_nothing(

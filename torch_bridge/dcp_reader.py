@@ -102,9 +102,17 @@ class ChunkStoreReader(StorageReader):
         return None
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
-        return plan
+        return dataclasses.replace(plan, storage_data=self.info.id)
 
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        """Refuse a load whose ranks resolved the selector to different versions (a
+        save published between their lookups): they would mix two checkpoints."""
+        chosen = {plan.storage_data for plan in plans}
+        if len(chosen) > 1:
+            by_rank = {rank: str(plan.storage_data)[:12] for rank, plan in enumerate(plans)}
+            raise InvalidInputError(
+                f"the ranks resolved {self.selector!r} to different versions ({by_rank});"
+                " load by version id (the same on every rank) while saves may publish")
         return plans
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
