@@ -7,11 +7,12 @@ import io
 import os
 import uuid
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
-from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
@@ -28,6 +29,9 @@ from torch_bridge.dcp_layout import (
 )
 from torch_bridge.errors import NotACheckpointError
 from torch_bridge.tensors import as_array, torch_dtype
+
+#: Boxes a rank reads at once (each spreads its chunks over the store's thread pool).
+READ_PARALLEL = 4
 
 
 def is_store(checkpoint_id: str | os.PathLike[str]) -> bool:
@@ -119,15 +123,19 @@ class ChunkStoreReader(StorageReader):
         """Read every item of this rank's plan, hash-verified, into what the planner gives."""
         try:
             reader = self._handle.open(create=False).open_version(self.info.id)
+            boxes: list[tuple[ReadItem, str, torch.Tensor]] = []
             for item in plan.items:
-                index = item.storage_index
                 if item.type == LoadItemType.BYTE_IO:
-                    name = self._lookup(self._items.bytes, index)
+                    name = self._lookup(self._items.bytes, item.storage_index)
                     planner.load_bytes(item, io.BytesIO(reader.get(name).tobytes()))
-                    continue
-                name = self._lookup(self._items.tensors, index)
-                target = planner.resolve_tensor(item).detach()
-                _read_box(reader, name, index, item.storage_offsets, item.lengths, target)
+                else:
+                    name = self._lookup(self._items.tensors, item.storage_index)
+                    boxes.append((item, name, planner.resolve_tensor(item).detach()))
+            # Several boxes at a time: each read waits for its chunks (round trips on S3).
+            with ThreadPoolExecutor(min(READ_PARALLEL, len(boxes) or 1),
+                                    thread_name_prefix="dcp-read") as pool:
+                list(pool.map(lambda box: _read_box(reader, *box), boxes))
+            for item, _, target in boxes:
                 planner.commit_tensor(item, target)
         finally:
             self._handle.release()
@@ -147,16 +155,16 @@ class ChunkStoreReader(StorageReader):
                                     ) from None
 
 
-def _read_box(reader: VersionReader, name: str, index: MetadataIndex, offsets: Any,
-              lengths: Any, target: torch.Tensor) -> None:
+def _read_box(reader: VersionReader, item: ReadItem, name: str, target: torch.Tensor) -> None:
+    index, offsets, lengths = item.storage_index, item.storage_offsets, item.lengths
     entry = reader.entry(name)
     assert isinstance(entry, TensorEntry)
     shard = find_shard(entry, index.offset or ())
     dtype = torch_dtype(entry.dtype)
     if target.dtype != dtype or tuple(target.shape) != tuple(lengths):
-        raise InvalidInputError(f"{index.fqn}: the checkpoint holds {entry.dtype} boxes of"
+        raise InvalidInputError(f"{index.fqn}: the plan reads a {entry.dtype} box of"
                                 f" {list(lengths)}, the planner gave a {target.dtype} tensor of"
-                                f" {list(target.shape)}")
+                                f" {list(target.shape)} to read it into")
     direct = target.device.type == "cpu" and not target.is_conj() and not target.is_neg()
     host = target if direct else torch.empty(tuple(lengths), dtype=dtype)
     array, _ = as_array(host)
