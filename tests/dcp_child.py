@@ -109,7 +109,9 @@ def save_twice_then_load(rank: int, world: int, url: str, extra: dict[str, Any]
                          ) -> dict[str, Any]:
     """Save steps 1 (dcp.save) and 2 (dcp.async_save), then load the latest at this world size."""
     infos = []
-    options = extra.get("options", {})
+    options = dict(extra.get("options", {}))
+    if "index_root" in extra:  # an index of its own, as on a machine of its own
+        options["index_dir"] = str(Path(extra["index_root"], f"rank{rank}"))
     started = time.monotonic()
     for step in (1, 2):
         writer = ChunkStoreWriter(url, run=RUN, step=step, **options)

@@ -144,6 +144,25 @@ def test_save_twice_at_world_size_4_then_load_at_4_2_and_1(store_url: str, tmp_p
     _load_here(store_url, f"{RUN}@1", 1)
 
 
+def test_ranks_with_indexes_of_their_own_as_on_separate_machines(tmp_path: Path) -> None:
+    url = str(tmp_path / "store")
+    chunkstore.open(url, chunk_size=CHUNK, index_dir=str(tmp_path / "setup")).close()
+    indexes = tmp_path / "indexes"
+    reports = _all_ok(_spawn("save_twice_then_load", 2, url, tmp_path / "w2",
+                             {"index_root": str(indexes)})[0])
+    first, second = reports[0]["infos"]
+    assert second["new_bytes"] < first["new_bytes"] / 3, "rank 1's index must dedup too"
+    with chunkstore.open(url, index_dir=str(indexes / "rank1")) as store:
+        store.gc(grace=0)  # a GC on a machine that did not publish the versions
+    for index in (indexes / "rank0", indexes / "rank1", tmp_path / "fresh"):
+        with chunkstore.open(url, index_dir=str(index)) as store:
+            result = store.verify()
+            assert result.ok, (index.name, result.problems)
+            if index.name == "fresh":
+                _load_here(store, f"{RUN}@1", 1)
+                _load_here(store, f"{RUN}@2", 2)
+
+
 def test_a_rank_killed_mid_save_publishes_nothing(store_url: str, tmp_path: Path) -> None:
     out = tmp_path / "kill"
     reports, codes = _spawn("killed_mid_save", 2, store_url, out)
