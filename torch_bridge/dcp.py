@@ -118,10 +118,14 @@ class ChunkStoreWriter(StorageWriter):
     """A DCP ``StorageWriter`` that publishes each save as one chunkstore version.
 
     ``store`` is a path, an fsspec URL (created when absent) or an open
-    :class:`chunkstore.Store`; every rank names the same store, ``run`` and
-    ``step`` (checked).  ``meta`` is plain data kept in the commit record.
-    ``replace`` publishes over an existing version of the same step.  After a
-    save, :attr:`info` (coordinator only) describes the published version.
+    :class:`chunkstore.Store` (pass it when this process holds the store open
+    already: an index is opened once per process); a store named by URL is
+    opened for each save and closed after it.  Every rank names the same
+    store, ``run`` and ``step`` (checked).  ``meta`` is plain data kept in the
+    commit record.  ``replace`` publishes over an existing version of the
+    same step.  After a save, :attr:`info` (coordinator only) describes the
+    published version.  DCP saves store no XOR-deltas (a box's chunks are
+    deduplicated, never delta-encoded).
     """
 
     def __init__(self, store: StoreLike, *, run: str, step: int,
@@ -241,19 +245,13 @@ class ChunkStoreWriter(StorageWriter):
 
 def _write_items(store: Store, run: str, step: int, items: list[WriteItem],
                  planner: SavePlanner, gc_seen: list[str]) -> list[WriteResult]:
+    """Store the items' chunks (entry ``i<n>`` for item n), publish nothing, and
+    describe each item's shard for the coordinator."""
     writer = store.new_version(run, step)
     try:
         writer.follow_publisher(gc_seen)
         for n, item in enumerate(items):
-            data = planner.resolve_data(item)
-            if item.type == WriteItemType.BYTE_IO:
-                if not isinstance(data, io.BytesIO):
-                    raise InvalidInputError(f"{item.index.fqn}: the planner resolved a bytes"
-                                            f" item to {type(data).__name__}, not BytesIO")
-                writer.put(f"i{n}", np.frombuffer(data.getvalue(), dtype=np.uint8))
-                continue
-            tensor = _host_tensor(item, data)
-            array, override = as_array(tensor)
+            array, override = _as_array(item, planner.resolve_data(item))
             writer.put(f"i{n}", array, dtype=override)
         entries, written = writer.write_unpublished()
     except BaseException:
@@ -264,10 +262,8 @@ def _write_items(store: Store, run: str, step: int, items: list[WriteItem],
     for n, item in enumerate(items):
         entry = entries[f"i{n}"]
         (local,) = entry.shards
-        if item.type == WriteItemType.BYTE_IO:
-            shape = entry.shape
-        else:
-            assert item.tensor_data is not None
+        shape = entry.shape
+        if item.tensor_data is not None:  # a tensor's box, placed in the global shape
             shape = tuple(item.tensor_data.size)
             local = dataclasses.replace(local, offsets=tuple(item.tensor_data.chunk.offsets))
         mine = [new.pop(d) for d in dict.fromkeys(local.chunks) if d in new]
@@ -276,6 +272,16 @@ def _write_items(store: Store, run: str, step: int, items: list[WriteItem],
         results.append(WriteResult(index=item.index, size_in_bytes=entry.nbytes,
                                    storage_data=staged.to_plain()))
     return results
+
+
+def _as_array(item: WriteItem, data: object) -> tuple[np.ndarray, str | None]:
+    """What the planner resolved an item to, as an array to store (and its dtype name)."""
+    if item.type == WriteItemType.BYTE_IO:
+        if not isinstance(data, io.BytesIO):
+            raise InvalidInputError(f"{item.index.fqn}: the planner resolved a bytes item to"
+                                    f" {type(data).__name__}, not BytesIO")
+        return np.frombuffer(data.getvalue(), dtype=np.uint8), None
+    return as_array(_host_tensor(item, data))
 
 
 def _host_tensor(item: WriteItem, data: object) -> torch.Tensor:
