@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -320,6 +322,21 @@ def test_a_chunk_missing_at_finish_fails_the_save_and_publishes_nothing(
         assert "nothing was published" in str(error)
         assert store.versions() == []
         assert not list(store.backend.list("sessions/")), "the save's session must end"
+
+
+def test_the_dcp_benchmark_runs_and_reports(tmp_path: Path) -> None:
+    out = tmp_path / "dcp.json"
+    repo = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(repo), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    subprocess.run([sys.executable, str(repo / "benchmarks" / "bench_dcp.py"), "--mib", "1",
+                    "--versions", "1", "--worlds", "2", "--out", str(out)],
+                   env=env, check=True, timeout=120, capture_output=True)
+    report = json.loads(out.read_text())
+    assert {(r["system"], r["world"]) for r in report["results"]} == {
+        ("dcp-filesystem", 2), ("chunkstore", 2)}
+    assert all(r["stored_bytes"] > 0 and r["load_s"] > 0 for r in report["results"])
+    assert set(report["chunkstore_over_dcp"]["2"]) == {"stored", "save_time"}
 
 
 @pytest.mark.s3
