@@ -124,6 +124,8 @@ class VersionLayout:
                                     f" {None if offsets is None else list(offsets)}") from None
 
     def _entry(self, fqn: str, shards: list[StagedShard], dtype: str) -> TensorEntry:
+        if not shards:
+            raise InvalidInputError(f"{fqn}: the save's metadata names no box of it")
         for shard in shards:
             if shard.dtype != dtype:
                 raise InvalidInputError(f"{fqn}: a rank stored {shard.dtype}, the plan says"
