@@ -135,13 +135,14 @@ def run_one(system: str, world: int, mib: int, versions: int) -> dict[str, Any]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mib", type=int, default=32, help="size of the base weight")
     parser.add_argument("--versions", type=int, default=10)
     parser.add_argument("--worlds", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     results = []
     for world in args.worlds:
         for system in SYSTEMS:
@@ -156,7 +157,7 @@ def main() -> None:
                        / by[w, "dcp-filesystem"]["stored_bytes"],
                        "save_time": by[w, "chunkstore"]["save_s_median"]
                        / by[w, "dcp-filesystem"]["save_s_median"]} for w in args.worlds}
-    report = {"command": " ".join(["python", *sys.argv]), "mib": args.mib,
+    report = {"command": " ".join(["python", "benchmarks/bench_dcp.py", *argv]), "mib": args.mib,
               "versions": args.versions + 1, "machine": {"cpus": os.cpu_count(),
                                                          "python": platform.python_version(),
                                                          "torch": torch.__version__},

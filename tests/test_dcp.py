@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -32,6 +30,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 import chunkstore
+from benchmarks import bench_dcp
 from chunkstore.errors import (
     InvalidInputError,
     NotAStoreError,
@@ -326,12 +325,7 @@ def test_a_chunk_missing_at_finish_fails_the_save_and_publishes_nothing(
 
 def test_the_dcp_benchmark_runs_and_reports(tmp_path: Path) -> None:
     out = tmp_path / "dcp.json"
-    repo = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(repo), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    subprocess.run([sys.executable, str(repo / "benchmarks" / "bench_dcp.py"), "--mib", "1",
-                    "--versions", "1", "--worlds", "2", "--out", str(out)],
-                   env=env, check=True, timeout=120, capture_output=True)
+    bench_dcp.main(["--mib", "1", "--versions", "1", "--worlds", "2", "--out", str(out)])
     report = json.loads(out.read_text())
     assert {(r["system"], r["world"]) for r in report["results"]} == {
         ("dcp-filesystem", 2), ("chunkstore", 2)}
