@@ -347,7 +347,7 @@ def test_the_same_save_against_s3(tmp_path: Path) -> None:
         chunkstore.open(url, chunk_size=CHUNK, index_dir=str(tmp_path / "setup"),
                         **options).close()
         reports = _all_ok(_spawn("save_twice_then_load", 2, url, tmp_path / "s3",
-                                 {"options": options})[0])
+                                 {"options": options, "index_root": str(tmp_path / "idx")})[0])
         first, second = reports[0]["infos"]
         assert second["new_bytes"] < first["new_bytes"] / 2
         with chunkstore.open(url, index_dir=str(tmp_path / "check"), **options) as store:
