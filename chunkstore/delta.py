@@ -64,7 +64,12 @@ class BaseSlot:
 
 
 class ParentChunks:
-    """What a save needs to know of the run's previous version (step 1 above)."""
+    """What a save needs to know of the run's previous version (step 1 above).
+
+    Built from the parent's manifest, or taken from the store handle's cache
+    when this process saved the parent (:meth:`remember`): a training loop's
+    saves then read no manifest node of the previous version.
+    """
 
     def __init__(self, store: Store, run: str) -> None:
         self.depth = store.config.delta_depth if store.compression in DELTA_POLICIES else 0
@@ -73,20 +78,39 @@ class ParentChunks:
         parent = store.latest(run)
         if parent is None:
             return
+        cached = store.parent_cache.get(run)
+        if cached is not None and cached[0] == parent.id:
+            self._entries, self.chains = cached[1], cached[2]
+            return
         try:
             flat = flatten(store.backend, parent.root, store.node_cache)
         except ChunkStoreError:
             return  # an unreadable parent: every chunk is written standalone
-        for name, leaf in flat.leaves.items():
-            if not isinstance(leaf, TensorEntry):
-                continue
-            self._entries[name] = leaf
+        self._learn({name: leaf for name, leaf in flat.leaves.items()
+                     if isinstance(leaf, TensorEntry)})
+
+    def _learn(self, entries: dict[str, TensorEntry]) -> None:
+        self._entries = entries
+        self.chains = {}
+        for leaf in entries.values():
             for shard in leaf.shards:
+                if not shard.bases:
+                    for digest in shard.chunks:
+                        self.chains.setdefault(digest, ())
+                    continue
                 for i, digest in enumerate(shard.chunks):
                     chain = shard.chain(i)
                     self.chains.setdefault(digest, chain)
                     for k, base in enumerate(chain):
                         self.chains.setdefault(base, chain[k + 1:])
+
+    @staticmethod
+    def remember(store: Store, run: str, version_id: str,
+                 entries: dict[str, TensorEntry]) -> None:
+        """Cache what the next save of ``run`` needs of the version just committed."""
+        known = ParentChunks.__new__(ParentChunks)
+        known._learn(entries)
+        store.parent_cache[run] = (version_id, known._entries, known.chains)
 
     def bases(self, name: str, dtype: str, shape: tuple[int, ...], chunk_bytes: int
               ) -> list[BaseSlot | None]:
@@ -104,6 +128,28 @@ class ParentChunks:
 Standalone = tuple[Codec, bytes | memoryview]
 
 
+def probe_length(raw_length: int, itemsize: int) -> int:
+    """The prefix a delta is judged on first (0: the chunk is judged whole)."""
+    return 0 if raw_length <= 4 * PROBE_BYTES else PROBE_BYTES - PROBE_BYTES % itemsize
+
+
+def _probe_pays(policy: str, raw: memoryview, base: bytes | memoryview, dtype: str,
+                itemsize: int) -> float | None:
+    """The standalone encoding's bytes per raw byte on the probe, when the delta's
+    encoding of it is below ``MARGIN`` of that; else None."""
+    n = probe_length(len(raw), itemsize)
+    probe = len(encode_with_policy(policy, raw[:n], dtype, itemsize)[1])
+    delta_probe = XOR_DELTA.encode(xor_of(raw[:n], base[:n]), itemsize)
+    return probe / n if len(delta_probe) < MARGIN * probe else None
+
+
+def delta_may_pay(policy: str, raw: memoryview, base_prefix: bytes, dtype: str,
+                  itemsize: int) -> bool:
+    """Judge a delta on the probe against the base's first bytes alone (the base
+    need not be read whole when the delta will not pay)."""
+    return _probe_pays(policy, raw, base_prefix, dtype, itemsize) is not None
+
+
 def encode_delta(policy: str, raw: memoryview, base: bytes | memoryview, dtype: str,
                  itemsize: int) -> tuple[bytes | None, Standalone | None]:
     """The xor-delta payload of ``raw`` against ``base`` when it pays (else None), and
@@ -114,16 +160,14 @@ def encode_delta(policy: str, raw: memoryview, base: bytes | memoryview, dtype: 
     """
     if len(base) != len(raw) or not raw:
         return None, None
-    if len(raw) <= 4 * PROBE_BYTES:
+    if not probe_length(len(raw), itemsize):
         standalone = encode_with_policy(policy, raw, dtype, itemsize)
         payload = XOR_DELTA.encode(xor_of(raw, base), itemsize)
         return (payload if len(payload) < MARGIN * len(standalone[1]) else None), standalone
-    probe_len = PROBE_BYTES - PROBE_BYTES % itemsize
-    probe = len(encode_with_policy(policy, raw[:probe_len], dtype, itemsize)[1])
-    delta_probe = XOR_DELTA.encode(xor_of(raw[:probe_len], base[:probe_len]), itemsize)
-    if len(delta_probe) >= MARGIN * probe:
+    ratio = _probe_pays(policy, raw, base, dtype, itemsize)
+    if ratio is None:
         return None, None
     payload = XOR_DELTA.encode(xor_of(raw, base), itemsize)
-    if len(payload) >= MARGIN * probe / probe_len * len(raw):
+    if len(payload) >= MARGIN * ratio * len(raw):
         return None, None
     return payload, None
