@@ -34,6 +34,7 @@ object needs, never shorter (and a reader refuses a base that is not listed).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -50,17 +51,54 @@ if TYPE_CHECKING:
 
 #: A delta is kept only below this fraction of the standalone encoding's size:
 #: every link of a chain costs a read and a decode on restore.
-MARGIN = 0.9
+MARGIN = 0.8
+#: A tensor of one chunk smaller than this is stored standalone: its delta saves few
+#: bytes and costs as much per object (a base to read and decode) as a large one.
+MIN_DELTA_TENSOR_BYTES = 64 * 1024
 #: Policies under which a save writes deltas (``none`` is the fastest path, raw).
 DELTA_POLICIES = ("auto",)
 
 
+#: A chunk position whose delta did not pay is stored standalone, without trying,
+#: for this many saves of the same handle (its base would be read and decoded for
+#: nothing: a dense update rarely changes character from one save to the next).
+SKIP_SAVES = 4
+
+
 @dataclass(frozen=True)
 class BaseSlot:
-    """The chunk a new chunk may be encoded against, with that chunk's listed chain."""
+    """The chunk a new chunk may be encoded against, with that chunk's listed chain,
+    and the tensor and position it serves (to remember a delta that did not pay)."""
 
     digest: Digest
     chain: tuple[Digest, ...]
+    name: str = ""
+    position: int = 0
+
+
+class Skips:
+    """Chunk positions whose delta did not pay lately, by tensor: saves left to skip."""
+
+    def __init__(self, previous: dict[str, dict[int, int]] | None = None) -> None:
+        self._previous = previous or {}
+        self._next: dict[str, dict[int, int]] = {}
+        self._lock = threading.Lock()
+
+    def skip(self, name: str, position: int) -> bool:
+        """Whether to skip the delta of this position in this save (counting it down)."""
+        left = self._previous.get(name, {}).get(position, 0)
+        if left > 1:
+            with self._lock:
+                self._next.setdefault(name, {})[position] = left - 1
+        return left > 0
+
+    def did_not_pay(self, slot: BaseSlot) -> None:
+        with self._lock:
+            self._next.setdefault(slot.name, {})[slot.position] = SKIP_SAVES
+
+    def carried(self) -> dict[str, dict[int, int]]:
+        with self._lock:
+            return {name: dict(left) for name, left in self._next.items()}
 
 
 class ParentChunks:
@@ -75,12 +113,13 @@ class ParentChunks:
         self.depth = store.config.delta_depth if store.compression in DELTA_POLICIES else 0
         self._entries: dict[str, TensorEntry] = {}
         self.chains: dict[Digest, tuple[Digest, ...]] = {}
+        self.skips = Skips()
         parent = store.latest(run)
         if parent is None:
             return
         cached = store.parent_cache.get(run)
         if cached is not None and cached[0] == parent.id:
-            self._entries, self.chains = cached[1], cached[2]
+            self._entries, self.chains, self.skips = cached[1], cached[2], Skips(cached[3])
             return
         try:
             flat = flatten(store.backend, parent.root, store.node_cache)
@@ -104,24 +143,26 @@ class ParentChunks:
                     for k, base in enumerate(chain):
                         self.chains.setdefault(base, chain[k + 1:])
 
-    @staticmethod
-    def remember(store: Store, run: str, version_id: str,
+    def remember(self, store: Store, run: str, version_id: str,
                  entries: dict[str, TensorEntry]) -> None:
         """Cache what the next save of ``run`` needs of the version just committed."""
         known = ParentChunks.__new__(ParentChunks)
         known._learn(entries)
-        store.parent_cache[run] = (version_id, known._entries, known.chains)
+        store.parent_cache[run] = (version_id, known._entries, known.chains,
+                                   self.skips.carried())
 
     def bases(self, name: str, dtype: str, shape: tuple[int, ...], chunk_bytes: int
               ) -> list[BaseSlot | None]:
         """The base of each chunk of a new tensor (None: standalone), by position."""
         entry = self._entries.get(name)
         if (self.depth == 0 or entry is None or (entry.dtype, entry.shape) != (dtype, shape)
+                or entry.nbytes < min(MIN_DELTA_TENSOR_BYTES, chunk_bytes + 1)
                 or len(entry.shards) != 1 or entry.shards[0].chunk_bytes != chunk_bytes
                 or entry.shards[0].sizes != shape):
             return []
         shard = entry.shards[0]
-        return [BaseSlot(d, shard.chain(i)) if len(shard.chain(i)) < self.depth else None
+        return [BaseSlot(d, shard.chain(i), name, i)
+                if len(shard.chain(i)) < self.depth and not self.skips.skip(name, i) else None
                 for i, d in enumerate(shard.chunks)]
 
 

@@ -203,8 +203,10 @@ def _load_or_create_config(url: str, backend: Backend, create: bool, chunk_size:
     return StoreConfig.decode(url, backend.get(CONFIG_KEY))
 
 
-#: A run's last saved version on this handle: its id, tensor entries and chunk chains.
-ParentCacheEntry = tuple[str, dict[str, TensorEntry], dict[Digest, tuple[Digest, ...]]]
+#: A run's last saved version on this handle: its id, tensor entries, chunk chains and
+#: the chunk positions whose delta did not pay lately (chunkstore.delta.Skips).
+ParentCacheEntry = tuple[str, dict[str, TensorEntry], dict[Digest, tuple[Digest, ...]],
+                         dict[str, dict[int, int]]]
 
 
 class Store:

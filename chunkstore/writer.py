@@ -338,7 +338,9 @@ class VersionWriter:
         standalone = None
         if base is not None:
             delta, standalone = self._delta_payload(view, dtype, itemsize, base)
-            if delta is not None:
+            if delta is None:
+                self._parent.skips.did_not_pay(base)
+            else:
                 header = ChunkHeader(XOR_DELTA.id, itemsize, len(view), len(delta), base.digest)
                 return header, delta, (base.digest, *base.chain)
         codec, payload = standalone or encode_with_policy(self._store.compression, view, dtype,
@@ -481,7 +483,7 @@ class VersionWriter:
             log.warning("version %s of %s@%d is published, but the index was not updated"
                         " (%s); it is counted in when the store is next opened",
                         version_id[:12], self.run, self.step, exc)
-        ParentChunks.remember(store, self.run, version_id, tensors)
+        self._parent.remember(store, self.run, version_id, tensors)
         self._remove_replaced(same_step)
         return self._info
 

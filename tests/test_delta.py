@@ -15,7 +15,7 @@ import chunkstore
 from chunkstore.chain import base_bytes, base_prefix
 from chunkstore.chunkobj import parse_header
 from chunkstore.codecs import XOR_DELTA
-from chunkstore.delta import probe_length
+from chunkstore.delta import SKIP_SAVES, probe_length
 from chunkstore.digest import Digest, chunk_key
 from chunkstore.errors import CorruptChunkError, MissingChunkError
 from chunkstore.index import CHUNK as CHUNK_KIND
@@ -347,4 +347,23 @@ def test_a_save_takes_the_runs_latest_version_as_its_parent_whatever_this_handle
     store.gc(grace=0)
     for version_id, table in tables.items():
         np.testing.assert_array_equal(store.open_version(version_id).get("emb"), table)
+    assert store.verify().ok
+
+
+def test_a_position_whose_delta_did_not_pay_is_stored_standalone_for_a_few_saves(
+        store: chunkstore.Store) -> None:
+    rng = np.random.default_rng(4)
+    table = rng.standard_normal((ROWS, DIM)).astype(np.float32)
+    save(store, 0, table)
+    table = rng.standard_normal((ROWS, DIM)).astype(np.float32)  # nothing in common
+    kinds = []
+    for step in range(1, SKIP_SAVES + 4):
+        version_id = save(store, step, table)
+        kinds.append(bool(shard(store, version_id).bases))
+        table = table.copy()
+        table[:, 0] += np.float32(1)  # a change in every chunk that a delta stores well
+    # Save 1 tried and lost; the next SKIP_SAVES do not try; then deltas again.
+    assert kinds == [False] * (SKIP_SAVES + 1) + [True, True], kinds
+    for version in store.versions("r"):
+        store.open_version(version.id).get("emb")
     assert store.verify().ok
