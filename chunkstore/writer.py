@@ -34,6 +34,7 @@ that GC removes after the grace period.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -58,7 +59,7 @@ from chunkstore.delta import (
     probe_length,
 )
 from chunkstore.digest import Digest, chunk_key, node_key, version_key
-from chunkstore.dtypes import check_override, dtype_name
+from chunkstore.dtypes import check_override, dtype_name, element_size
 from chunkstore.errors import (
     BackendError,
     ChunkStoreError,
@@ -199,19 +200,26 @@ class VersionWriter:
         bases = self._parent.bases(name, stored_dtype, tuple(array.shape), chunk_bytes)
         pending = _PendingTensor(stored_dtype, tuple(array.shape), chunk_bytes, [])
         self._tensors[name] = pending
-        if 0 < len(flat) <= min(chunk_bytes, SMALL_TENSOR_BYTES):
-            self._small.append(_SmallChunk(pending, flat, stored_dtype, itemsize,
-                                           bases[0] if bases else None, Digest.of(flat)))
-            self._small_bytes += len(flat)
-            if len(self._small) >= SMALL_BATCH_COUNT or self._small_bytes >= SMALL_BATCH_BYTES:
-                self._flush_small()
-            return
-        for i, start in enumerate(range(0, len(flat), chunk_bytes)):
-            view = flat[start : start + chunk_bytes]
-            self._inflight.acquire()
-            pending.futures.append(self._store.executor.submit(
-                self._store_chunk_job, view, stored_dtype, itemsize,
-                bases[i] if i < len(bases) else None))
+        try:
+            if 0 < len(flat) <= min(chunk_bytes, SMALL_TENSOR_BYTES):
+                self._small.append(_SmallChunk(pending, flat, stored_dtype, itemsize,
+                                               bases[0] if bases else None, Digest.of(flat)))
+                self._small_bytes += len(flat)
+                if (len(self._small) >= SMALL_BATCH_COUNT
+                        or self._small_bytes >= SMALL_BATCH_BYTES):
+                    self._flush_small()
+                return
+            for i, start in enumerate(range(0, len(flat), chunk_bytes)):
+                view = flat[start : start + chunk_bytes]
+                self._inflight.acquire()
+                pending.futures.append(self._store.executor.submit(
+                    self._store_chunk_job, view, stored_dtype, itemsize,
+                    bases[i] if i < len(bases) else None))
+        except BaseException:
+            # Entries are registered before their chunks are queued: a version with
+            # some of them missing must never be committed.
+            self.abort()
+            raise
 
     def _flush_small(self) -> None:
         """Claim the waiting small chunks in one index transaction, then hand them
@@ -220,12 +228,25 @@ class VersionWriter:
         if not batch:
             return
         self._heartbeat_now_and_then()
+        generation = self._fence.generation  # read before the claims: see _pre_claimed
         claims = self._store.index.claim_many(self._session, CHUNK, [c.digest for c in batch])
         for chunk in batch:
             self._inflight.acquire()
             chunk.pending.futures.append(self._store.executor.submit(
                 self._store_chunk_job, chunk.view, chunk.dtype, chunk.itemsize, chunk.base,
-                chunk.digest, claims[chunk.digest]))
+                chunk.digest, self._pre_claimed(claims[chunk.digest], generation)))
+
+    def _pre_claimed(self, claimed: Claim, generation: int) -> Callable[[Digest], Claim]:
+        """The claim function of a chunk claimed with its batch: the batch's answer while
+        no GC journal entry was applied to the index since it was taken, else a fresh
+        claim.  (``_reusable`` asks after waiting out the fence: an entry applied in
+        between may have made the object a deleted one that the answer still calls
+        reusable.)"""
+        def claim(digest: Digest) -> Claim:
+            if claimed != Claim.WAIT and self._fence.generation == generation:
+                return claimed
+            return self._claim(digest)
+        return claim
 
     def put_data(self, name: str, value: object) -> None:
         """Add plain data (numbers, strings, lists, dicts, tuples, bytes), encoded safely."""
@@ -236,9 +257,9 @@ class VersionWriter:
 
     def _store_chunk_job(self, view: memoryview, dtype: str, itemsize: int,
                          base: BaseSlot | None, digest: Digest | None = None,
-                         claimed: Claim | None = None) -> StoredChunk:
+                         claim: Callable[[Digest], Claim] | None = None) -> StoredChunk:
         try:
-            return self._store_chunk(view, dtype, itemsize, base, digest, claimed)
+            return self._store_chunk(view, dtype, itemsize, base, digest, claim)
         finally:
             self._inflight.release()
 
@@ -290,13 +311,12 @@ class VersionWriter:
 
     def _store_chunk(self, view: memoryview, dtype: str, itemsize: int,
                      base: BaseSlot | None, digest: Digest | None = None,
-                     claimed: Claim | None = None) -> StoredChunk:
-        """Store one chunk; ``digest`` and ``claimed`` when the caller hashed and
-        claimed it already (a small tensor's batch)."""
+                     claim: Callable[[Digest], Claim] | None = None) -> StoredChunk:
+        """Store one chunk; ``digest`` and ``claim`` when the caller hashed and claimed
+        it already (a small tensor's batch: :meth:`_pre_claimed`)."""
         if digest is None:
             digest = Digest.of(view)
-        claim = self._claim if claimed in (None, Claim.WAIT) else lambda _digest: claimed
-        if self._reusable(CHUNK, digest, claim):
+        if self._reusable(CHUNK, digest, claim or self._claim):
             chain = self._reusable_chain(digest)
             if chain is not None:
                 return digest, None, chain
@@ -321,7 +341,10 @@ class VersionWriter:
                        ) -> tuple[bytes | None, Standalone | None]:
         policy = self._store.compression
         probe = probe_length(len(view), itemsize)
-        if probe and self._store.base_cache.get(base.digest) is None:
+        # On a local disk the base's first bytes are read to judge first; on an object
+        # store that would fetch the chain twice when the delta pays.
+        if (probe and self._store.backend.local_path() is not None
+                and self._store.base_cache.get(base.digest) is None):
             prefix = base_prefix(self._store, base.digest, base.chain, probe)
             if prefix is not None and not delta_may_pay(policy, view, prefix, dtype, itemsize):
                 return None, None
@@ -380,6 +403,11 @@ class VersionWriter:
         entries: dict[str, TensorEntry] = {}
         new_chunks: list[NewChunk] = []
         for name, pending in self._tensors.items():
+            expected = -(-math.prod(pending.shape) * element_size(pending.dtype)
+                         // pending.chunk_bytes)
+            if len(pending.futures) != expected:  # never publish a tensor short of chunks
+                raise VersionClosedError(f"entry {name!r} has {len(pending.futures)} of its"
+                                         f" {expected} chunks queued; the version is aborted")
             digests, chains = [], []
             for future in pending.futures:
                 digest, new, chain = future.result()

@@ -12,6 +12,7 @@ import pytest
 
 import chunkstore
 from chunkstore.digest import Digest
+from chunkstore.errors import VersionClosedError
 from chunkstore.index import Claim
 from chunkstore.writer import GroupClaims
 
@@ -92,13 +93,29 @@ def test_small_tensors_are_claimed_in_batches_and_read_back_exactly(tmp_path: Pa
         assert store.verify().ok
 
 
-def test_an_aborted_save_of_small_tensors_publishes_nothing(tmp_path: Path) -> None:
+def test_a_failed_batch_claim_aborts_the_version(tmp_path: Path) -> None:
+    """A small tensor's entry exists before its batch is claimed: when the claim fails,
+    the version is aborted, never committed with entries short of chunks."""
     with chunkstore.open(tmp_path / "s") as store:
-        with pytest.raises(RuntimeError, match="stop"), store.new_version(run="r", step=1) as v:
-            for i in range(10):
-                v.put(f"t{i}", np.full(16, i, dtype=np.int32))
-            raise RuntimeError("stop")
+        claim_many = store.index.claim_many
+        failures = [OSError("index unavailable (injected)")]
+
+        def failing_once(session: str, kind: bytes, digests: list[Digest]) -> dict[Digest, Claim]:
+            if failures:
+                raise failures.pop()
+            return claim_many(session, kind, digests)
+
+        store.index.claim_many = failing_once  # type: ignore[method-assign]
+        version = store.new_version(run="r", step=1)
+        with pytest.raises(OSError, match="injected"):
+            for i in range(1000):
+                version.put(f"t{i}", np.full(16, i, dtype=np.int32))
+        with pytest.raises(VersionClosedError):
+            version.put("after", np.zeros(4, np.int32))
+        with pytest.raises(VersionClosedError):
+            version.commit()
         assert store.versions() == []
-        with store.new_version(run="r", step=1) as v:
-            v.put("t0", np.full(16, 0, dtype=np.int32))
+        with store.new_version(run="r", step=1) as again:
+            again.put("t0", np.full(16, 0, dtype=np.int32))
         np.testing.assert_array_equal(store.open_version("r@1").get("t0"), np.zeros(16, np.int32))
+        assert store.verify().ok

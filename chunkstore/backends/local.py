@@ -32,6 +32,9 @@ from chunkstore.errors import StorageFullError
 
 #: errno values that mean the filesystem has no room for the write.
 _NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+#: errno values of an ``O_TMPFILE`` open where the filesystem does not support it.
+_NO_TMPFILE = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL,
+                         getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)})
 
 #: Deferred objects at least this large are fsynced on write (their directory
 #: entries still wait for the syncfs).
@@ -169,9 +172,9 @@ class LocalBackend(Backend):
             fd = os.open(directory, os.O_TMPFILE | os.O_WRONLY | getattr(os, "O_CLOEXEC", 0),
                          0o666)
         except OSError as exc:
-            if exc.errno in _NO_SPACE:
+            if exc.errno not in _NO_TMPFILE:
                 raise
-            self._unnamed = False  # EOPNOTSUPP, EISDIR (no O_TMPFILE here), ...
+            self._unnamed = False  # this filesystem has no O_TMPFILE
             return None
         try:
             _write_all(fd, data)
@@ -184,10 +187,10 @@ class LocalBackend(Backend):
             err = ctypes.get_errno()
             if err == errno.EEXIST:
                 return False
-            if err in _NO_SPACE:
-                raise OSError(err, os.strerror(err), target)
-            self._unnamed = False  # no /proc, or linkat refused: named temp files instead
-            return None
+            if err == errno.ENOENT and not os.path.isdir("/proc/self/fd"):
+                self._unnamed = False  # no /proc to name the file by
+                return None
+            raise OSError(err, os.strerror(err), target)
         finally:
             os.close(fd)
 
