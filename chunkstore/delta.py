@@ -77,7 +77,10 @@ class BaseSlot:
 
 
 class Skips:
-    """Chunk positions whose delta did not pay lately, by tensor: saves left to skip."""
+    """What the last saves learnt per chunk position, by tensor: saves left to skip a
+    delta that did not pay (a positive count), or that the last delta paid (``PAID``)."""
+
+    PAID = -1
 
     def __init__(self, previous: dict[str, dict[int, int]] | None = None) -> None:
         self._previous = previous or {}
@@ -92,9 +95,17 @@ class Skips:
                 self._next.setdefault(name, {})[position] = left - 1
         return left > 0
 
+    def paid_last(self, slot: BaseSlot) -> bool:
+        """Whether the last save's delta at this position paid (so a probe is skipped)."""
+        return self._previous.get(slot.name, {}).get(slot.position) == self.PAID
+
     def did_not_pay(self, slot: BaseSlot) -> None:
         with self._lock:
             self._next.setdefault(slot.name, {})[slot.position] = SKIP_SAVES
+
+    def paid(self, slot: BaseSlot) -> None:
+        with self._lock:
+            self._next.setdefault(slot.name, {})[slot.position] = self.PAID
 
     def carried(self) -> dict[str, dict[int, int]]:
         with self._lock:

@@ -344,6 +344,7 @@ class VersionWriter:
         # On a local disk the base's first bytes are read to judge first; on an object
         # store that would fetch the chain twice when the delta pays.
         if (probe and self._store.backend.local_path() is not None
+                and not self._parent.skips.paid_last(base)
                 and self._store.base_cache.get(base.digest) is None):
             prefix = base_prefix(self._store, base.digest, base.chain, probe)
             if prefix is not None and not delta_may_pay(policy, view, prefix, dtype, itemsize):
@@ -364,6 +365,7 @@ class VersionWriter:
             if delta is None:
                 self._parent.skips.did_not_pay(base)
             else:
+                self._parent.skips.paid(base)
                 header = ChunkHeader(XOR_DELTA.id, itemsize, len(view), len(delta), base.digest)
                 return header, delta, (base.digest, *base.chain)
         codec, payload = standalone or encode_with_policy(self._store.compression, view, dtype,
