@@ -38,7 +38,8 @@ from chunkstore.chunkobj import (
     decode_payload,
     parse_header,
 )
-from chunkstore.codecs.shuffle import planes_into
+from chunkstore.codecs import zstd
+from chunkstore.codecs.shuffle import plane_table, planes_into
 from chunkstore.digest import DIGEST_SIZE, Digest, chunk_key
 from chunkstore.errors import ChunkStoreError, CorruptChunkError, MissingChunkError
 from chunkstore.index import CHUNK
@@ -213,6 +214,44 @@ def base_bytes(store: Store, digest: Digest, chain: tuple[Digest, ...],
                            check_links=check_links)
         cache.put(digest, raw)
     return raw
+
+
+def base_prefix(store: Store, digest: Digest, chain: tuple[Digest, ...], length: int
+                ) -> bytes | None:
+    """The first ``length`` raw bytes of the chunk ``digest`` (a would-be base), decoding
+    only what they need: enough to judge whether a delta pays before the whole base is
+    read, decoded and verified.  Not hash-checked: use it to decide, never to encode.
+    None where the objects are not plane-coded alike (the caller decodes in full).
+    """
+    try:
+        digests, objects = (digest, *chain), []
+        for current in digests:
+            view = memoryview(_get(store, current))
+            header = parse_header(current, view)
+            objects.append((header, view[header.size:]))
+            if header.base is None or not _is_delta(header.codec_id):
+                break
+        else:
+            return None  # the listed chain ends in a delta: let the full decode refuse it
+        size = objects[0][0].element_size
+        if size < 1 or length % size or any(
+                h.element_size != size or h.raw_length != objects[0][0].raw_length
+                or h.codec_id not in (codecs.SHUFFLE_ZSTD.id, codecs.XOR_DELTA.id)
+                for h, _ in objects):
+            return None
+        elements = length // size
+        planes = np.zeros((size, elements), dtype=np.uint8)
+        for header, payload in objects:
+            minimum = 1 if _is_delta(header.codec_id) else 2
+            for i, (mode, start, count) in enumerate(
+                    plane_table(payload, header.raw_length, size, minimum)):
+                body = payload[start : start + count]
+                part = (body[:elements] if mode == 0
+                        else zstd.decompress_prefix(body, elements))
+                np.bitwise_xor(planes[i], np.frombuffer(part, dtype=np.uint8), out=planes[i])
+        return np.ascontiguousarray(planes.T).tobytes()
+    except (ChunkStoreError, ValueError, struct.error):
+        return None
 
 
 def header_chain(store: Store, digest: Digest, limit: int) -> tuple[Digest, ...] | None:

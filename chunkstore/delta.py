@@ -34,6 +34,7 @@ object needs, never shorter (and a reader refuses a base that is not listed).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -50,58 +51,155 @@ if TYPE_CHECKING:
 
 #: A delta is kept only below this fraction of the standalone encoding's size:
 #: every link of a chain costs a read and a decode on restore.
-MARGIN = 0.9
+MARGIN = 0.8
+#: A tensor of one chunk smaller than this is stored standalone: its delta saves few
+#: bytes and costs as much per object (a base to read and decode) as a large one.
+MIN_DELTA_TENSOR_BYTES = 64 * 1024
 #: Policies under which a save writes deltas (``none`` is the fastest path, raw).
 DELTA_POLICIES = ("auto",)
 
 
+#: A chunk position whose delta did not pay is stored standalone, without trying,
+#: for this many saves of the same handle (its base would be read and decoded for
+#: nothing: a dense update rarely changes character from one save to the next).
+SKIP_SAVES = 4
+
+
 @dataclass(frozen=True)
 class BaseSlot:
-    """The chunk a new chunk may be encoded against, with that chunk's listed chain."""
+    """The chunk a new chunk may be encoded against, with that chunk's listed chain,
+    and the tensor and position it serves (to remember a delta that did not pay)."""
 
     digest: Digest
     chain: tuple[Digest, ...]
+    name: str = ""
+    position: int = 0
+
+
+class Skips:
+    """What the last saves learnt per chunk position, by tensor: saves left to skip a
+    delta that did not pay (a positive count), or that the last delta paid (``PAID``)."""
+
+    PAID = -1
+
+    def __init__(self, previous: dict[str, dict[int, int]] | None = None) -> None:
+        self._previous = previous or {}
+        self._next: dict[str, dict[int, int]] = {}
+        self._lock = threading.Lock()
+
+    def skip(self, name: str, position: int) -> bool:
+        """Whether to skip the delta of this position in this save (counting it down)."""
+        left = self._previous.get(name, {}).get(position, 0)
+        if left > 1:
+            with self._lock:
+                self._next.setdefault(name, {})[position] = left - 1
+        return left > 0
+
+    def paid_last(self, slot: BaseSlot) -> bool:
+        """Whether the last save's delta at this position paid (so a probe is skipped)."""
+        return self._previous.get(slot.name, {}).get(slot.position) == self.PAID
+
+    def did_not_pay(self, slot: BaseSlot) -> None:
+        with self._lock:
+            self._next.setdefault(slot.name, {})[slot.position] = SKIP_SAVES
+
+    def paid(self, slot: BaseSlot) -> None:
+        with self._lock:
+            self._next.setdefault(slot.name, {})[slot.position] = self.PAID
+
+    def carried(self) -> dict[str, dict[int, int]]:
+        with self._lock:
+            return {name: dict(left) for name, left in self._next.items()}
 
 
 class ParentChunks:
-    """What a save needs to know of the run's previous version (step 1 above)."""
+    """What a save needs to know of the run's previous version (step 1 above).
+
+    Built from the parent's manifest, or taken from the store handle's cache
+    when this process saved the parent (:meth:`remember`): a training loop's
+    saves then read no manifest node of the previous version.
+    """
 
     def __init__(self, store: Store, run: str) -> None:
         self.depth = store.config.delta_depth if store.compression in DELTA_POLICIES else 0
         self._entries: dict[str, TensorEntry] = {}
         self.chains: dict[Digest, tuple[Digest, ...]] = {}
+        self.skips = Skips()
         parent = store.latest(run)
         if parent is None:
+            return
+        cached = store.parent_cache.get(run)
+        if cached is not None and cached[0] == parent.id:
+            self._entries, self.chains, self.skips = cached[1], cached[2], Skips(cached[3])
             return
         try:
             flat = flatten(store.backend, parent.root, store.node_cache)
         except ChunkStoreError:
             return  # an unreadable parent: every chunk is written standalone
-        for name, leaf in flat.leaves.items():
-            if not isinstance(leaf, TensorEntry):
-                continue
-            self._entries[name] = leaf
+        self._learn({name: leaf for name, leaf in flat.leaves.items()
+                     if isinstance(leaf, TensorEntry)})
+
+    def _learn(self, entries: dict[str, TensorEntry]) -> None:
+        self._entries = entries
+        self.chains = {}
+        for leaf in entries.values():
             for shard in leaf.shards:
+                if not shard.bases:
+                    for digest in shard.chunks:
+                        self.chains.setdefault(digest, ())
+                    continue
                 for i, digest in enumerate(shard.chunks):
                     chain = shard.chain(i)
                     self.chains.setdefault(digest, chain)
                     for k, base in enumerate(chain):
                         self.chains.setdefault(base, chain[k + 1:])
 
+    def remember(self, store: Store, run: str, version_id: str,
+                 entries: dict[str, TensorEntry]) -> None:
+        """Cache what the next save of ``run`` needs of the version just committed."""
+        known = ParentChunks.__new__(ParentChunks)
+        known._learn(entries)
+        store.parent_cache[run] = (version_id, known._entries, known.chains,
+                                   self.skips.carried())
+
     def bases(self, name: str, dtype: str, shape: tuple[int, ...], chunk_bytes: int
               ) -> list[BaseSlot | None]:
         """The base of each chunk of a new tensor (None: standalone), by position."""
         entry = self._entries.get(name)
         if (self.depth == 0 or entry is None or (entry.dtype, entry.shape) != (dtype, shape)
+                or entry.nbytes < min(MIN_DELTA_TENSOR_BYTES, chunk_bytes + 1)
                 or len(entry.shards) != 1 or entry.shards[0].chunk_bytes != chunk_bytes
                 or entry.shards[0].sizes != shape):
             return []
         shard = entry.shards[0]
-        return [BaseSlot(d, shard.chain(i)) if len(shard.chain(i)) < self.depth else None
+        return [BaseSlot(d, shard.chain(i), name, i)
+                if len(shard.chain(i)) < self.depth and not self.skips.skip(name, i) else None
                 for i, d in enumerate(shard.chunks)]
 
 
 Standalone = tuple[Codec, bytes | memoryview]
+
+
+def probe_length(raw_length: int, itemsize: int) -> int:
+    """The prefix a delta is judged on first (0: the chunk is judged whole)."""
+    return 0 if raw_length <= 4 * PROBE_BYTES else PROBE_BYTES - PROBE_BYTES % itemsize
+
+
+def _probe_pays(policy: str, raw: memoryview, base: bytes | memoryview, dtype: str,
+                itemsize: int) -> float | None:
+    """The standalone encoding's bytes per raw byte on the probe, when the delta's
+    encoding of it is below ``MARGIN`` of that; else None."""
+    n = probe_length(len(raw), itemsize)
+    probe = len(encode_with_policy(policy, raw[:n], dtype, itemsize)[1])
+    delta_probe = XOR_DELTA.encode(xor_of(raw[:n], base[:n]), itemsize)
+    return probe / n if len(delta_probe) < MARGIN * probe else None
+
+
+def delta_may_pay(policy: str, raw: memoryview, base_prefix: bytes, dtype: str,
+                  itemsize: int) -> bool:
+    """Judge a delta on the probe against the base's first bytes alone (the base
+    need not be read whole when the delta will not pay)."""
+    return _probe_pays(policy, raw, base_prefix, dtype, itemsize) is not None
 
 
 def encode_delta(policy: str, raw: memoryview, base: bytes | memoryview, dtype: str,
@@ -114,16 +212,14 @@ def encode_delta(policy: str, raw: memoryview, base: bytes | memoryview, dtype: 
     """
     if len(base) != len(raw) or not raw:
         return None, None
-    if len(raw) <= 4 * PROBE_BYTES:
+    if not probe_length(len(raw), itemsize):
         standalone = encode_with_policy(policy, raw, dtype, itemsize)
         payload = XOR_DELTA.encode(xor_of(raw, base), itemsize)
         return (payload if len(payload) < MARGIN * len(standalone[1]) else None), standalone
-    probe_len = PROBE_BYTES - PROBE_BYTES % itemsize
-    probe = len(encode_with_policy(policy, raw[:probe_len], dtype, itemsize)[1])
-    delta_probe = XOR_DELTA.encode(xor_of(raw[:probe_len], base[:probe_len]), itemsize)
-    if len(delta_probe) >= MARGIN * probe:
+    ratio = _probe_pays(policy, raw, base, dtype, itemsize)
+    if ratio is None:
         return None, None
     payload = XOR_DELTA.encode(xor_of(raw, base), itemsize)
-    if len(payload) >= MARGIN * probe / probe_len * len(raw):
+    if len(payload) >= MARGIN * ratio * len(raw):
         return None, None
     return payload, None

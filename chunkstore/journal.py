@@ -25,6 +25,7 @@ creation order.  The object is canonical JSON::
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -173,6 +174,11 @@ class Fence:
     active: dict[str, JournalEntry] = field(default_factory=dict)
     #: An entry could not be read: no index record can be trusted for deduplication.
     distrust_index: bool = False
+    #: Bumped each time a finished entry is applied to the index, before it leaves
+    #: ``active``: an index answer taken before an apply may be stale (a claim taken
+    #: earlier is trusted only while this is unchanged).
+    generation: int = 0
+    _apply_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def blocking(self, kind: bytes, digest: Digest) -> str | None:
         """The id of an active entry that names the object, if any."""
@@ -198,9 +204,15 @@ class Fence:
                     f" save needs for {deadline_s:.0f}s; is it stuck? (see `gc/` in the store)")
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
-        gone = self.active.pop(entry_id, None)
-        if gone is not None:
-            self.index.apply_journal(entry_id, gone.objects())
+        # Applied, then counted, then dropped from ``active``, in that order: a
+        # worker that finds no active entry naming an object sees the index as
+        # the entry left it, and a claim it took before then as stale.
+        with self._apply_lock:
+            gone = self.active.get(entry_id)
+            if gone is not None:
+                self.index.apply_journal(entry_id, gone.objects())
+                self.generation += 1
+                del self.active[entry_id]
 
 
 def sync_journal(backend: Backend, index: Index) -> Fence:

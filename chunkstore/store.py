@@ -47,7 +47,7 @@ from chunkstore.errors import (
 )
 from chunkstore.index import Index, VersionEntry
 from chunkstore.journal import sync_journal
-from chunkstore.manifest import MAX_DELTA_DEPTH
+from chunkstore.manifest import MAX_DELTA_DEPTH, TensorEntry
 from chunkstore.names import check_label
 from chunkstore.reader import VersionReader
 from chunkstore.records import (
@@ -203,6 +203,12 @@ def _load_or_create_config(url: str, backend: Backend, create: bool, chunk_size:
     return StoreConfig.decode(url, backend.get(CONFIG_KEY))
 
 
+#: A run's last saved version on this handle: its id, tensor entries, chunk chains and
+#: the chunk positions whose delta did not pay lately (chunkstore.delta.Skips).
+ParentCacheEntry = tuple[str, dict[str, TensorEntry], dict[Digest, tuple[Digest, ...]],
+                         dict[str, dict[int, int]]]
+
+
 class Store:
     """A chunkstore store.  Use :func:`chunkstore.open` to get one."""
 
@@ -219,6 +225,9 @@ class Store:
         self.node_cache = NodeCache()
         # Decoded delta bases, shared by reads and saves: a few chunks per thread.
         self.base_cache = BaseCache(2 * self.threads * config.chunk_size)
+        # The tensor entries of the last version this handle saved, per run (the
+        # next save's parent: see chunkstore.delta.ParentChunks).
+        self.parent_cache: dict[str, ParentCacheEntry] = {}
 
     @property
     def chunk_size(self) -> int:

@@ -34,6 +34,7 @@ that GC removes after the grace period.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -44,14 +45,21 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from chunkstore import plaindata
-from chunkstore.chain import base_bytes, header_chain
+from chunkstore.chain import base_bytes, base_prefix, header_chain
 from chunkstore.chunkobj import ChunkHeader, decode_object, encode_object, parse_header
 from chunkstore.claims import GroupClaims
 from chunkstore.codecs import XOR_DELTA
 from chunkstore.codecs.policy import encode_with_policy
-from chunkstore.delta import BaseSlot, ParentChunks, Standalone, encode_delta
+from chunkstore.delta import (
+    BaseSlot,
+    ParentChunks,
+    Standalone,
+    delta_may_pay,
+    encode_delta,
+    probe_length,
+)
 from chunkstore.digest import Digest, chunk_key, node_key, version_key
-from chunkstore.dtypes import check_override, dtype_name
+from chunkstore.dtypes import check_override, dtype_name, element_size
 from chunkstore.errors import (
     BackendError,
     ChunkStoreError,
@@ -83,6 +91,12 @@ if TYPE_CHECKING:
 
 DELETING_WAIT_S = 120.0
 HEARTBEAT_S = 30.0
+#: A tensor of one chunk up to this size is hashed by the caller and claimed with
+#: others in one index transaction: each transaction commits to disk, so a state
+#: of thousands of small tensors pays for a few commits, not one per tensor.
+SMALL_TENSOR_BYTES = 256 * 1024
+SMALL_BATCH_COUNT = 256
+SMALL_BATCH_BYTES = 8 * 1024 * 1024
 log = logging.getLogger(__name__)
 
 
@@ -92,6 +106,18 @@ class _PendingTensor:
     shape: tuple[int, ...]
     chunk_bytes: int
     futures: list[Future[StoredChunk]]
+
+
+@dataclass(frozen=True)
+class _SmallChunk:
+    """A one-chunk tensor hashed by the caller, waiting for its batch's claim."""
+
+    pending: _PendingTensor
+    view: memoryview
+    dtype: str
+    itemsize: int
+    base: BaseSlot | None
+    digest: Digest
 
 
 #: What storing one chunk gives: its digest, what was written (None: reused), and the
@@ -126,6 +152,8 @@ class VersionWriter:
         self._data: dict[str, tuple[Digest, bytes, int]] = {}
         self._adopted: dict[str, TensorEntry] = {}  # stored by other processes: adopt()
         self._adopted_new: dict[Digest, NewChunk] = {}
+        self._small: list[_SmallChunk] = []
+        self._small_bytes = 0
         self._closed = False
         self._info: VersionInfo | None = None
         self._inflight = threading.BoundedSemaphore(store.max_inflight)
@@ -174,14 +202,55 @@ class VersionWriter:
         chunk_bytes = max(itemsize, self._store.chunk_size - self._store.chunk_size % itemsize)
         flat = contiguous.reshape(-1).view(np.uint8).data if contiguous.size else memoryview(b"")
         bases = self._parent.bases(name, stored_dtype, tuple(array.shape), chunk_bytes)
-        futures = []
-        for i, start in enumerate(range(0, len(flat), chunk_bytes)):
-            view = flat[start : start + chunk_bytes]
+        pending = _PendingTensor(stored_dtype, tuple(array.shape), chunk_bytes, [])
+        self._tensors[name] = pending
+        try:
+            if 0 < len(flat) <= min(chunk_bytes, SMALL_TENSOR_BYTES):
+                self._small.append(_SmallChunk(pending, flat, stored_dtype, itemsize,
+                                               bases[0] if bases else None, Digest.of(flat)))
+                self._small_bytes += len(flat)
+                if (len(self._small) >= SMALL_BATCH_COUNT
+                        or self._small_bytes >= SMALL_BATCH_BYTES):
+                    self._flush_small()
+                return
+            for i, start in enumerate(range(0, len(flat), chunk_bytes)):
+                view = flat[start : start + chunk_bytes]
+                self._inflight.acquire()
+                pending.futures.append(self._store.executor.submit(
+                    self._store_chunk_job, view, stored_dtype, itemsize,
+                    bases[i] if i < len(bases) else None))
+        except BaseException:
+            # Entries are registered before their chunks are queued: a version with
+            # some of them missing must never be committed.
+            self.abort()
+            raise
+
+    def _flush_small(self) -> None:
+        """Claim the waiting small chunks in one index transaction, then hand them
+        to the workers with their claims."""
+        batch, self._small, self._small_bytes = self._small, [], 0
+        if not batch:
+            return
+        self._heartbeat_now_and_then()
+        generation = self._fence.generation  # read before the claims: see _pre_claimed
+        claims = self._store.index.claim_many(self._session, CHUNK, [c.digest for c in batch])
+        for chunk in batch:
             self._inflight.acquire()
-            futures.append(self._store.executor.submit(
-                self._store_chunk_job, view, stored_dtype, itemsize,
-                bases[i] if i < len(bases) else None))
-        self._tensors[name] = _PendingTensor(stored_dtype, tuple(array.shape), chunk_bytes, futures)
+            chunk.pending.futures.append(self._store.executor.submit(
+                self._store_chunk_job, chunk.view, chunk.dtype, chunk.itemsize, chunk.base,
+                chunk.digest, self._pre_claimed(claims[chunk.digest], generation)))
+
+    def _pre_claimed(self, claimed: Claim, generation: int) -> Callable[[Digest], Claim]:
+        """The claim function of a chunk claimed with its batch: the batch's answer while
+        no GC journal entry was applied to the index since it was taken, else a fresh
+        claim.  (``_reusable`` asks after waiting out the fence: an entry applied in
+        between may have made the object a deleted one that the answer still calls
+        reusable.)"""
+        def claim(digest: Digest) -> Claim:
+            if claimed != Claim.WAIT and self._fence.generation == generation:
+                return claimed
+            return self._claim(digest)
+        return claim
 
     def put_data(self, name: str, value: object) -> None:
         """Add plain data (numbers, strings, lists, dicts, tuples, bytes), encoded safely."""
@@ -191,9 +260,10 @@ class VersionWriter:
     # --- the chunk pipeline (runs in the store's thread pool) ------------------------------
 
     def _store_chunk_job(self, view: memoryview, dtype: str, itemsize: int,
-                         base: BaseSlot | None) -> StoredChunk:
+                         base: BaseSlot | None, digest: Digest | None = None,
+                         claim: Callable[[Digest], Claim] | None = None) -> StoredChunk:
         try:
-            return self._store_chunk(view, dtype, itemsize, base)
+            return self._store_chunk(view, dtype, itemsize, base, digest, claim)
         finally:
             self._inflight.release()
 
@@ -244,9 +314,13 @@ class VersionWriter:
             self._store.index.heartbeat(self._session)
 
     def _store_chunk(self, view: memoryview, dtype: str, itemsize: int,
-                     base: BaseSlot | None) -> StoredChunk:
-        digest = Digest.of(view)
-        if self._reusable(CHUNK, digest, self._claim):
+                     base: BaseSlot | None, digest: Digest | None = None,
+                     claim: Callable[[Digest], Claim] | None = None) -> StoredChunk:
+        """Store one chunk; ``digest`` and ``claim`` when the caller hashed and claimed
+        it already (a small tensor's batch: :meth:`_pre_claimed`)."""
+        if digest is None:
+            digest = Digest.of(view)
+        if self._reusable(CHUNK, digest, claim or self._claim):
             chain = self._reusable_chain(digest)
             if chain is not None:
                 return digest, None, chain
@@ -269,12 +343,22 @@ class VersionWriter:
 
     def _delta_payload(self, view: memoryview, dtype: str, itemsize: int, base: BaseSlot
                        ) -> tuple[bytes | None, Standalone | None]:
+        policy = self._store.compression
+        probe = probe_length(len(view), itemsize)
+        # On a local disk the base's first bytes are read to judge first; on an object
+        # store that would fetch the chain twice when the delta pays.
+        if (probe and self._store.backend.local_path() is not None
+                and not self._parent.skips.paid_last(base)
+                and self._store.base_cache.get(base.digest) is None):
+            prefix = base_prefix(self._store, base.digest, base.chain, probe)
+            if prefix is not None and not delta_may_pay(policy, view, prefix, dtype, itemsize):
+                return None, None
         try:
             base_raw = base_bytes(self._store, base.digest, base.chain)
         except ChunkStoreError as exc:  # a damaged base: write standalone, verify reports it
             log.warning("chunk %s cannot serve as a delta base: %s", base.digest.short(), exc)
             return None, None
-        return encode_delta(self._store.compression, view, base_raw, dtype, itemsize)
+        return encode_delta(policy, view, base_raw, dtype, itemsize)
 
     def _encode(self, view: memoryview, dtype: str, itemsize: int, base: BaseSlot | None
                 ) -> tuple[ChunkHeader, bytes | memoryview, tuple[Digest, ...]]:
@@ -282,7 +366,10 @@ class VersionWriter:
         standalone = None
         if base is not None:
             delta, standalone = self._delta_payload(view, dtype, itemsize, base)
-            if delta is not None:
+            if delta is None:
+                self._parent.skips.did_not_pay(base)
+            else:
+                self._parent.skips.paid(base)
                 header = ChunkHeader(XOR_DELTA.id, itemsize, len(view), len(delta), base.digest)
                 return header, delta, (base.digest, *base.chain)
         codec, payload = standalone or encode_with_policy(self._store.compression, view, dtype,
@@ -318,9 +405,15 @@ class VersionWriter:
     # --- commit ----------------------------------------------------------------------------
 
     def _collect(self) -> tuple[dict[str, TensorEntry], list[NewChunk]]:
+        self._flush_small()
         entries: dict[str, TensorEntry] = {}
         new_chunks: list[NewChunk] = []
         for name, pending in self._tensors.items():
+            expected = -(-math.prod(pending.shape) * element_size(pending.dtype)
+                         // pending.chunk_bytes)
+            if len(pending.futures) != expected:  # never publish a tensor short of chunks
+                raise VersionClosedError(f"entry {name!r} has {len(pending.futures)} of its"
+                                         f" {expected} chunks queued; the version is aborted")
             digests, chains = [], []
             for future in pending.futures:
                 digest, new, chain = future.result()
@@ -426,6 +519,7 @@ class VersionWriter:
             log.warning("version %s of %s@%d is published, but the index was not updated"
                         " (%s); it is counted in when the store is next opened",
                         version_id[:12], self.run, self.step, exc)
+        self._parent.remember(store, self.run, version_id, tensors)
         self._remove_replaced(same_step)
         return self._info
 
@@ -451,6 +545,7 @@ class VersionWriter:
         if self._closed:
             return
         self._closed = True
+        self._small = []  # never handed to a worker: nothing to wait for
         for pending in self._tensors.values():
             for future in pending.futures:
                 future.cancel()

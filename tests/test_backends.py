@@ -115,6 +115,34 @@ class TestLocalBackend(BackendConformance):
             assert synced[-1] == chunk_dir
 
 
+    @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to name fds")
+    def test_put_if_absent_syncs_an_unnamed_file_before_naming_it(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        root = self.tmp / "store"
+        backend = LocalBackend(str(root))
+        backend.put("chunks/ab/ab01", b"data")
+        if not backend._unnamed:
+            pytest.skip("this filesystem has no O_TMPFILE")
+        synced = _record_fsyncs(monkeypatch)
+        assert backend.put_if_absent("chunks/ab/ab02", b"more") is True
+        chunk_dir = str(root / "chunks" / "ab")
+        # The file while it has no name (its data durable first), then the directory.
+        assert len(synced) == 2 and synced[1] == chunk_dir, synced
+        assert synced[0].startswith(chunk_dir + "/#") and synced[0].endswith("(deleted)")
+        assert sorted(os.listdir(chunk_dir)) == ["ab01", "ab02"]
+        assert backend.get("chunks/ab/ab02") == b"more"
+
+
+class TestLocalBackendNamedTemps(TestLocalBackend):
+    """The same, where the filesystem has no O_TMPFILE: named temp files, renamed or linked."""
+
+    def make_backend(self) -> Backend:
+        backend = LocalBackend(str(self.tmp / uuid.uuid4().hex))
+        backend._unnamed = False
+        return backend
+
+
 def _record_fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Patch ``os.fsync`` to record the path of each fd it syncs, in order."""
     synced: list[str] = []

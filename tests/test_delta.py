@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 
 import chunkstore
+from chunkstore.chain import base_bytes, base_prefix
 from chunkstore.chunkobj import parse_header
 from chunkstore.codecs import XOR_DELTA
+from chunkstore.delta import SKIP_SAVES, probe_length
 from chunkstore.digest import Digest, chunk_key
 from chunkstore.errors import CorruptChunkError, MissingChunkError
 from chunkstore.index import CHUNK as CHUNK_KIND
@@ -274,3 +276,94 @@ def test_a_save_never_encodes_against_a_base_gc_has_condemned(
     store.base_cache.clear()
     assert not shard(store, info.id).chain(0)
     np.testing.assert_array_equal(store.open_version(info.id).get("emb"), table)
+
+
+BIG_CHUNK = 512 * 1024  # over four probes: a delta is judged on a probe first
+
+
+def test_the_base_prefix_is_the_prefix_of_the_decoded_base(tmp_path: Path) -> None:
+    """A delta is judged against the base's first bytes before the base is read whole;
+    those bytes are the decoded base's, through chains of every depth."""
+    rng = np.random.default_rng(2)
+    table = rng.standard_normal(2 * BIG_CHUNK // 4).astype(np.float32)
+    n = probe_length(BIG_CHUNK, 4)
+    assert 0 < n < BIG_CHUNK
+    with chunkstore.open(tmp_path / "s", chunk_size=BIG_CHUNK, delta_depth=DEPTH) as store:
+        depths = set()
+        for step in range(DEPTH + 1):
+            table.reshape(-1, 64)[rng.integers(0, table.size // 64, 20)] += np.float32(1)
+            current = shard(store, save(store, step, table))
+            for i, digest in enumerate(current.chunks):
+                chain = current.chain(i)
+                depths.add(len(chain))
+                prefix = base_prefix(store, digest, chain, n)
+                assert prefix == bytes(base_bytes(store, digest, chain))[:n]
+        assert depths == set(range(DEPTH + 1))
+
+
+def test_large_chunks_take_deltas_only_where_they_pay(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    sparse = rng.standard_normal(BIG_CHUNK // 4).astype(np.float32)
+    dense = rng.standard_normal(BIG_CHUNK // 4).astype(np.float32)
+    with chunkstore.open(tmp_path / "s", chunk_size=BIG_CHUNK, delta_depth=DEPTH) as store:
+        for step in range(3):
+            sparse[rng.integers(0, sparse.size, 30)] += np.float32(1)
+            dense = rng.standard_normal(dense.size).astype(np.float32)  # nothing in common
+            with store.new_version(run="r", step=step) as version:
+                version.put("sparse", sparse)
+                version.put("dense", dense)
+            reader = store.open_version(version.info.id)
+            np.testing.assert_array_equal(reader.get("sparse"), sparse)
+            np.testing.assert_array_equal(reader.get("dense"), dense)
+        entries = store.open_version("r@2").entries()
+        (sparse_digest,), (dense_digest,) = (entries["sparse"].shards[0].chunks,
+                                             entries["dense"].shards[0].chunks)
+        assert header_base(store, sparse_digest) is not None
+        assert header_base(store, dense_digest) is None
+        assert store.verify().ok
+
+
+def test_a_save_takes_the_runs_latest_version_as_its_parent_whatever_this_handle_saved_last(
+        store: chunkstore.Store) -> None:
+    """The parent a handle remembers from its own last save is used only while it is
+    still the run's latest version (a save of a lower step, a removal)."""
+    states = sparse_states()
+    tables: dict[str, np.ndarray] = {}
+    for step, remove in [(10, False), (20, False), (15, False), (30, False), (40, True),
+                         (50, False)]:
+        latest = store.latest("r")
+        version_id = save(store, step, table := next(states))
+        tables[version_id] = table
+        if latest is not None and step > latest.step:
+            parent, current = shard(store, latest.id), shard(store, version_id)
+            # Each chunk written by this save is a delta against the parent's chunk.
+            bases = {current.chain(i)[0] for i, d in enumerate(current.chunks)
+                     if d not in parent.chunks and current.chain(i)}
+            assert bases, "a sparse update must be saved as deltas"
+            assert bases <= set(parent.chunks), step
+        if remove:
+            store.delete(version_id)
+            del tables[version_id]
+    store.gc(grace=0)
+    for version_id, table in tables.items():
+        np.testing.assert_array_equal(store.open_version(version_id).get("emb"), table)
+    assert store.verify().ok
+
+
+def test_a_position_whose_delta_did_not_pay_is_stored_standalone_for_a_few_saves(
+        store: chunkstore.Store) -> None:
+    rng = np.random.default_rng(4)
+    table = rng.standard_normal((ROWS, DIM)).astype(np.float32)
+    save(store, 0, table)
+    table = rng.standard_normal((ROWS, DIM)).astype(np.float32)  # nothing in common
+    kinds = []
+    for step in range(1, SKIP_SAVES + 4):
+        version_id = save(store, step, table)
+        kinds.append(bool(shard(store, version_id).bases))
+        table = table.copy()
+        table[:, 0] += np.float32(1)  # a change in every chunk that a delta stores well
+    # Save 1 tried and lost; the next SKIP_SAVES do not try; then deltas again.
+    assert kinds == [False] * (SKIP_SAVES + 1) + [True, True], kinds
+    for version in store.versions("r"):
+        store.open_version(version.id).get("emb")
+    assert store.verify().ok

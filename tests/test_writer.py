@@ -5,11 +5,14 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 import chunkstore
 from chunkstore.digest import Digest
+from chunkstore.errors import VersionClosedError
 from chunkstore.index import Claim
 from chunkstore.writer import GroupClaims
 
@@ -57,3 +60,62 @@ def test_a_runs_versions_are_ordered_by_step_whatever_order_they_were_committed(
     assert [v.step for v in store.versions("r")] == [3, 4, 5]
     assert store.resolve("r@latest").step == 5
     assert store.open_version("r@latest").get("w")[0] == 5
+
+
+def test_small_tensors_are_claimed_in_batches_and_read_back_exactly(tmp_path: Path) -> None:
+    """A state of many small tensors pays a few index transactions, not one per tensor;
+    a later save reuses the unchanged ones and stores the changed ones."""
+    rng = np.random.default_rng(0)
+    state = {f"layers.{i}.bias": rng.standard_normal(64 + i % 7).astype(np.float32)
+             for i in range(1000)}
+    with chunkstore.open(tmp_path / "s") as store:
+        calls: list[int] = []
+        claim_many = store.index.claim_many
+
+        def counting(session: str, kind: bytes, digests: list[Digest]) -> dict[Digest, Claim]:
+            calls.append(len(digests))
+            return claim_many(session, kind, digests)
+
+        store.index.claim_many = counting  # type: ignore[method-assign]
+        with store.new_version(run="r", step=1) as version:
+            for name, array in state.items():
+                version.put(name, array)
+        assert sum(calls) >= 1000
+        assert len(calls) <= 10, f"{len(calls)} index transactions for 1000 tensors"
+        state["layers.3.bias"] = state["layers.3.bias"] + 1
+        with store.new_version(run="r", step=2) as version:
+            for name, array in state.items():
+                version.put(name, array)
+        assert version.info.new_bytes == state["layers.3.bias"].nbytes
+        reader = store.open_version("r@2")
+        for name, array in state.items():
+            np.testing.assert_array_equal(reader.get(name), array)
+        assert store.verify().ok
+
+
+def test_a_failed_batch_claim_aborts_the_version(tmp_path: Path) -> None:
+    """A small tensor's entry exists before its batch is claimed: when the claim fails,
+    the version is aborted, never committed with entries short of chunks."""
+    with chunkstore.open(tmp_path / "s") as store:
+        claim_many = store.index.claim_many
+        failures = [OSError("index unavailable (injected)")]
+
+        def failing_once(session: str, kind: bytes, digests: list[Digest]) -> dict[Digest, Claim]:
+            if failures:
+                raise failures.pop()
+            return claim_many(session, kind, digests)
+
+        store.index.claim_many = failing_once  # type: ignore[method-assign]
+        version = store.new_version(run="r", step=1)
+        with pytest.raises(OSError, match="injected"):
+            for i in range(1000):
+                version.put(f"t{i}", np.full(16, i, dtype=np.int32))
+        with pytest.raises(VersionClosedError):
+            version.put("after", np.zeros(4, np.int32))
+        with pytest.raises(VersionClosedError):
+            version.commit()
+        assert store.versions() == []
+        with store.new_version(run="r", step=1) as again:
+            again.put("t0", np.full(16, 0, dtype=np.int32))
+        np.testing.assert_array_equal(store.open_version("r@1").get("t0"), np.zeros(16, np.int32))
+        assert store.verify().ok

@@ -20,7 +20,10 @@ class StagingBuffers:
     """Entry name -> host buffer; only one save may use them at a time."""
 
     def __init__(self) -> None:
-        self._tensors: dict[str, torch.Tensor] = {}
+        # A tensor's buffer with its numpy view, made once: the pause of a save of a
+        # state of many small tensors is mostly per-tensor work, so a reused buffer
+        # costs one copy_ and nothing else.
+        self._tensors: dict[str, tuple[torch.Tensor, tuple[np.ndarray, str | None]]] = {}
         self._arrays: dict[str, np.ndarray] = {}
         self.bytes = 0
 
@@ -29,38 +32,43 @@ class StagingBuffers:
         """Copy ``values`` into the buffers; returns the arrays to store (views of buffers)."""
         arrays: list[tuple[np.ndarray, str | None]] = []
         devices: set[torch.device] = set()
-        tensors: dict[str, torch.Tensor] = {}
+        tensors: dict[str, tuple[torch.Tensor, tuple[np.ndarray, str | None]]] = {}
         numpy_arrays: dict[str, np.ndarray] = {}
-        for entry, value in zip(entries, values, strict=True):
-            if isinstance(value, np.ndarray):
-                buffer = self._arrays.get(entry)
-                if buffer is None or buffer.shape != value.shape or buffer.dtype != value.dtype:
-                    buffer = np.empty(value.shape, value.dtype)
-                np.copyto(buffer, value)
-                numpy_arrays[entry] = buffer
-                arrays.append((buffer, None))
-                continue
-            staged = self._tensor_buffer(entry, value)
-            source = value.detach()
-            if source.is_conj():
-                source = source.resolve_conj()
-            if source.is_neg():
-                source = source.resolve_neg()
-            if source.device.type == "cuda":
-                devices.add(source.device)
-            staged.copy_(source, non_blocking=source.device.type == "cuda")
-            tensors[entry] = staged
-            arrays.append(as_array(staged))
+        with torch.no_grad():  # copies into buffers, never recorded by autograd
+            for entry, value in zip(entries, values, strict=True):
+                if isinstance(value, np.ndarray):
+                    buffer = self._arrays.get(entry)
+                    if (buffer is None or buffer.shape != value.shape
+                            or buffer.dtype != value.dtype):
+                        buffer = np.empty(value.shape, value.dtype)
+                    np.copyto(buffer, value)
+                    numpy_arrays[entry] = buffer
+                    arrays.append((buffer, None))
+                    continue
+                slot = self._slot(entry, value)
+                source = value
+                if source.is_conj():
+                    source = source.resolve_conj()
+                if source.is_neg():
+                    source = source.resolve_neg()
+                cuda = source.device.type == "cuda"
+                if cuda:
+                    devices.add(source.device)
+                slot[0].copy_(source, non_blocking=cuda)
+                tensors[entry] = slot
+                arrays.append(slot[1])
         for device in devices:  # every GPU the state lives on, not only the current one
             torch.cuda.synchronize(device)  # non-blocking copies land before the writer reads
         self._tensors, self._arrays = tensors, numpy_arrays  # drop buffers no longer used
-        self.bytes = sum(t.nbytes for t in tensors.values()) + sum(
+        self.bytes = sum(t.nbytes for t, _ in tensors.values()) + sum(
             a.nbytes for a in numpy_arrays.values())
         return arrays
 
-    def _tensor_buffer(self, entry: str, value: torch.Tensor) -> torch.Tensor:
-        buffer = self._tensors.get(entry)
-        if buffer is not None and buffer.shape == value.shape and buffer.dtype == value.dtype:
-            return buffer
+    def _slot(self, entry: str, value: torch.Tensor
+              ) -> tuple[torch.Tensor, tuple[np.ndarray, str | None]]:
+        slot = self._tensors.get(entry)
+        if slot is not None and slot[0].shape == value.shape and slot[0].dtype == value.dtype:
+            return slot
         pin = value.device.type == "cuda" and torch.cuda.is_available()
-        return torch.empty(tuple(value.shape), dtype=value.dtype, pin_memory=pin)
+        buffer = torch.empty(tuple(value.shape), dtype=value.dtype, pin_memory=pin)
+        return buffer, as_array(buffer)

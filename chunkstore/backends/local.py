@@ -7,7 +7,10 @@ atomically, fsync the directory that now names it.
 
 Layout: key ``a/b/c`` is the file ``<root>/a/b/c``.  Temp files are named
 ``.tmp-<random>`` and never listed; a crash can leave some behind (they are
-harmless and may be deleted at any time).  Top-level names in
+harmless and may be deleted at any time).  Where the filesystem has
+``O_TMPFILE`` (Linux: ext4, xfs, btrfs, tmpfs), put-if-absent writes an
+unnamed file and links it into place: no temp name to create and unlink,
+and nothing left behind by a crash.  Top-level names in
 :attr:`LocalBackend.IGNORED_TOP_LEVEL` belong to the store itself (the LMDB
 index) and are neither listed nor accepted as key prefixes.
 """
@@ -29,12 +32,18 @@ from chunkstore.errors import StorageFullError
 
 #: errno values that mean the filesystem has no room for the write.
 _NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+#: errno values of an ``O_TMPFILE`` open where the filesystem does not support it.
+_NO_TMPFILE = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL,
+                         getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)})
 
 #: Deferred objects at least this large are fsynced on write (their directory
 #: entries still wait for the syncfs).
 EAGER_SYNC_BYTES = 1 << 20
 #: Set to ``file`` to fsync every object on its own instead of one syncfs per save.
 SYNC_ENV_VAR = "CHUNKSTORE_LOCAL_SYNC"
+#: Set to ``0`` to write new objects through named temp files even where the
+#: filesystem has ``O_TMPFILE``.
+UNNAMED_ENV_VAR = "CHUNKSTORE_LOCAL_TMPFILE"
 
 
 def _load_syncfs() -> Callable[[int], int] | None:
@@ -50,6 +59,26 @@ def _load_syncfs() -> Callable[[int], int] | None:
 
 
 _SYNCFS = _load_syncfs()
+
+
+def _load_linkat() -> Callable[[int, bytes, int, bytes, int], int] | None:
+    """libc's linkat(2), to name an ``O_TMPFILE`` file, where the platform has both."""
+    if not hasattr(os, "O_TMPFILE"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        function = libc.linkat
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                         ctypes.c_int]
+    function.restype = ctypes.c_int
+    return function
+
+
+_LINKAT = _load_linkat()
+_AT_FDCWD = -100
+_AT_SYMLINK_FOLLOW = 0x400
 _OPEN_FLAGS_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -75,6 +104,8 @@ class LocalBackend(Backend):
         if batch_sync is None:
             batch_sync = os.environ.get(SYNC_ENV_VAR, "batch") != "file"
         self.batch_sync = batch_sync and _SYNCFS is not None
+        # Unnamed temp files (O_TMPFILE + linkat) until the filesystem refuses them.
+        self._unnamed = _LINKAT is not None and os.environ.get(UNNAMED_ENV_VAR) != "0"
 
     # --- the abstract interface ----------------------------------------------------------
 
@@ -107,9 +138,15 @@ class LocalBackend(Backend):
         # Deferred: a large object is still fsynced now, in this worker thread, so
         # its write-back overlaps the hashing of the next ones; small ones and
         # the directory entry wait for the syncfs in flush().
+        sync = not deferred or len(data) >= EAGER_SYNC_BYTES
         with _space_as_typed(key):
-            temp = self._write_temp(target, data,
-                                    sync=not deferred or len(data) >= EAGER_SYNC_BYTES)
+            created = self._link_unnamed(target, data, sync) if self._unnamed else None
+        if created is not None:
+            if not deferred:
+                _fsync_dir(os.path.dirname(target))  # see below
+            return created
+        with _space_as_typed(key):
+            temp = self._write_temp(target, data, sync=sync)
         try:
             # link(2) fails with EEXIST if the target exists, atomically, and
             # publishes the complete file (rename would overwrite).
@@ -125,6 +162,37 @@ class LocalBackend(Backend):
             # directory entry yet.  This also persists the temp file's removal.
             _fsync_dir(os.path.dirname(target))
         return created
+
+    def _link_unnamed(self, target: str, data: bytes | memoryview, sync: bool) -> bool | None:
+        """Create ``target`` from an ``O_TMPFILE`` file: True if created, False if it
+        existed; None where the filesystem cannot (then never tried again)."""
+        directory = os.path.dirname(target)
+        _make_dirs_durably(directory)
+        try:
+            fd = os.open(directory, os.O_TMPFILE | os.O_WRONLY | getattr(os, "O_CLOEXEC", 0),
+                         0o666)
+        except OSError as exc:
+            if exc.errno not in _NO_TMPFILE:
+                raise
+            self._unnamed = False  # this filesystem has no O_TMPFILE
+            return None
+        try:
+            _write_all(fd, data)
+            if sync:  # the data on disk before any name points at it
+                os.fsync(fd)
+            assert _LINKAT is not None
+            if _LINKAT(_AT_FDCWD, f"/proc/self/fd/{fd}".encode(), _AT_FDCWD,
+                       os.fsencode(target), _AT_SYMLINK_FOLLOW) == 0:
+                return True
+            err = ctypes.get_errno()
+            if err == errno.EEXIST:
+                return False
+            if err == errno.ENOENT and not os.path.isdir("/proc/self/fd"):
+                self._unnamed = False  # no /proc to name the file by
+                return None
+            raise OSError(err, os.strerror(err), target)
+        finally:
+            os.close(fd)
 
     def flush(self) -> None:
         """syncfs(2) the store's filesystem: every file and name written so far is durable.
@@ -252,10 +320,7 @@ class LocalBackend(Backend):
         temp = os.path.join(directory, f"{self.TEMP_PREFIX}{secrets.token_hex(8)}")
         fd = os.open(temp, _OPEN_FLAGS_NEW, 0o666)
         try:
-            view = memoryview(data).cast("B")
-            written = 0
-            while written < len(view):
-                written += os.write(fd, view[written:])
+            _write_all(fd, data)
             # The data must be on disk before any name points at it; otherwise a
             # crash after the rename could leave a complete-looking empty file.
             # (Deferred writes get there by the syncfs before their commit point.)
@@ -339,6 +404,13 @@ def _check_relative(key: str) -> None:
 def _check_range(start: int, length: int) -> None:
     if start < 0 or length < 0:
         raise ValueError(f"invalid range: start={start}, length={length}")
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    view = memoryview(data).cast("B")
+    written = 0
+    while written < len(view):
+        written += os.write(fd, view[written:])
 
 
 def _make_dirs_durably(directory: str) -> None:

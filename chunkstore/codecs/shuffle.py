@@ -16,7 +16,7 @@ import struct
 import numpy as np
 
 from chunkstore import codecs
-from chunkstore.codecs.zstd import check_frame, compressor, decompress
+from chunkstore.codecs.zstd import check_frame, decompress, plane_compressor
 
 PROBE_BYTES = 16 * 1024
 #: a plane is compressed only when a probe of it shrinks below this fraction.
@@ -27,10 +27,10 @@ _PLANE = struct.Struct("<BI")
 def _compress_plane(plane: np.ndarray) -> tuple[int, bytes | memoryview]:
     data = plane.data
     if len(data) > 4 * PROBE_BYTES:
-        probe = compressor().compress(data[:PROBE_BYTES])
+        probe = plane_compressor().compress(data[:PROBE_BYTES])
         if len(probe) > PLANE_KEEP_RATIO * PROBE_BYTES:
             return 0, data
-    packed = compressor().compress(data)
+    packed = plane_compressor().compress(data)
     if len(packed) >= len(data):
         return 0, data
     return 1, packed
