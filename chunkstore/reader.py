@@ -20,7 +20,8 @@ from chunkstore.errors import (
     InvalidInputError,
     ShapeMismatchError,
 )
-from chunkstore.manifest import DataEntry, TensorEntry, decode_data
+from chunkstore.manifest import DataEntry, PackLocation, TensorEntry, decode_data
+from chunkstore.packs import read_member_into
 from chunkstore.tree import FlatTree, Leaf, flatten, read_node
 
 if TYPE_CHECKING:
@@ -29,10 +30,13 @@ if TYPE_CHECKING:
 
 def read_chunk_into(store: Store, digest: Digest, out: memoryview,
                     chain: tuple[Digest, ...] = (), cache: BaseCache | None = None, *,
-                    check_links: bool = False) -> None:
+                    check_links: bool = False, location: PackLocation | None = None) -> None:
     """Fill ``out`` with the chunk's bytes, verified; raw chunks are read in place,
     deltas through their listed ``chain`` (bases cached in ``cache``, default the
-    store's)."""
+    store's), a packed chunk by range from its pack at ``location``."""
+    if location is not None:
+        read_member_into(store, digest, location, out, check_pack=check_links)
+        return
     key = chunk_key(digest)
     try:
         header = parse_header(digest, store.backend.get_range(key, 0, HEADER.size + DIGEST_SIZE))
@@ -59,11 +63,12 @@ def read_chunk_into(store: Store, digest: Digest, out: memoryview,
     decode_chain(store, digest, data, chain, out, cache, check_links=check_links)
 
 
-ChunkRead = tuple[Digest, int, int, tuple[Digest, ...]]
+ChunkRead = tuple[Digest, int, int, tuple[Digest, ...], PackLocation | None]
 
 
 def chunk_reads(entry: TensorEntry, chunk_size: int) -> list[ChunkRead]:
-    """(digest, offset, length, chain) of every chunk read that fills ``entry``'s bytes.
+    """(digest, offset, length, chain, pack location) of every chunk read that fills
+    ``entry``'s bytes.
 
     This is the one place where a read decides whether an entry can be read:
     ``verify`` calls it for every tensor, so what verify passes, a read can
@@ -80,8 +85,8 @@ def chunk_reads(entry: TensorEntry, chunk_size: int) -> list[ChunkRead]:
         if shard.sizes != entry.shape and shard.nbytes(itemsize):
             raise InvalidInputError("the entry is sharded; this release reads only unsharded"
                                     " tensors")
-        reads.extend((digest, start, length, shard.chain(i)) for i, (digest, start, length)
-                     in enumerate(shard.chunk_spans(itemsize)))
+        reads.extend((digest, start, length, shard.chain(i), shard.location(i))
+                     for i, (digest, start, length) in enumerate(shard.chunk_spans(itemsize)))
     return reads
 
 
@@ -159,8 +164,9 @@ class VersionReader:
     def _submit(self, reads: list[ChunkRead], out: np.ndarray) -> list[Future[None]]:
         flat = out.reshape(-1).view(np.uint8).data if out.size else memoryview(b"")
         return [self._store.executor.submit(read_chunk_into, self._store, digest,
-                                            flat[start:start + length], chain)
-                for digest, start, length, chain in reads]
+                                            flat[start:start + length], chain,
+                                            location=location)
+                for digest, start, length, chain, location in reads]
 
     def _check_buffer(self, name: str, entry: TensorEntry, out: np.ndarray,
                       dtype: str | None) -> None:
