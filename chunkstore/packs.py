@@ -59,6 +59,9 @@ if TYPE_CHECKING:
 #: 2-core machine: writing a pack costs its bytes plus one object; above a few MiB the
 #: per-object cost is noise, and a pack stays small next to a 4 MiB chunk.
 PACK_TARGET_BYTES = 8 * 1024 * 1024
+#: The largest target a store handle accepts: a pack's content stays far below the
+#: largest chunk object (one member more than the target at most).
+MAX_PACK_TARGET = 64 * 1024 * 1024
 
 
 class PackSlot:

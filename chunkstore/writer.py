@@ -154,7 +154,7 @@ class VersionWriter:
         self._data: dict[str, tuple[Digest, bytes, int]] = {}
         self._small: list[_SmallChunk] = []
         self._small_bytes = 0
-        self._packs = PackBuilder(self._write_pack)
+        self._packs = PackBuilder(self._write_pack, store.pack_size)
         self._reusable_packs: dict[Digest, bool] = {}
         self._closed = False
         self._info: VersionInfo | None = None
