@@ -21,8 +21,9 @@ PACK_SIZE = 16 * 1024
 
 def make_state(step: int) -> dict[str, np.ndarray]:
     """60 small tensors of 1-4 KiB: 40 fixed, 20 changed every step, and one big one."""
-    state: dict[str, np.ndarray] = {f"fixed.{i}": np.random.default_rng(i).standard_normal(256 + 8 * i)
-             .astype(np.float32) for i in range(40)}
+    state: dict[str, np.ndarray] = {
+        f"fixed.{i}": np.random.default_rng(i).standard_normal(256 + 8 * i).astype(np.float32)
+        for i in range(40)}
     rng = np.random.default_rng(1000 + step)
     state.update({f"moving.{i}": rng.integers(0, 2**31, 300 + i, dtype=np.int32)
                   for i in range(20)})
