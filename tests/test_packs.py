@@ -355,3 +355,27 @@ def test_a_packed_save_killed_anywhere_leaves_every_published_version_readable(
         store.gc(grace=0)  # the killed save's orphan packs go, and nothing else
         assert store.verify().ok
     _check_published(root, [*published[1:], published[-1] + 1, published[-1] + 2])
+
+
+# --- many indexes ------------------------------------------------------------------------
+
+
+def test_a_pack_another_index_deleted_is_not_reused(tmp_path: Path) -> None:
+    """Index A still believes the pack stored; GC on index B deleted it.  On an object
+    store (no existence check) only the GC journal tells A: its save writes the members
+    again instead of referencing the deleted pack."""
+    import uuid
+    url = f"memory://packs-{uuid.uuid4().hex}"
+    state = _small_state(1)
+    with chunkstore.open(url, index_dir=str(tmp_path / "a")) as a:
+        first = _save(a, 1, state)
+        (pack,) = {loc.pack for loc in _packs(a, first).values() if loc}
+        with chunkstore.open(url, index_dir=str(tmp_path / "b")) as b:
+            b.delete(first)
+            assert b.gc(grace=0).chunks_deleted == 1
+            assert not b.backend.exists(chunk_key(pack))
+        second = _save(a, 2, state)
+        _check(a, second, state)
+        assert a.backend.exists(chunk_key(pack))  # the same members: the same pack, again
+        a.reconcile()  # counts out the version B removed
+        assert a.verify().ok
