@@ -160,6 +160,15 @@ class PackBuilder:
             self.packs.append((pack_digest, len(content), size))
 
 
+#: Neighbouring members of one pack are read together when the gap between them is
+#: at most this (bytes read for nothing) and the whole read at most READ_RUN_BYTES.
+READ_GAP_BYTES = 64 * 1024
+READ_RUN_BYTES = 8 * 1024 * 1024
+
+#: A packed chunk to read: its digest, location and the caller's buffer for it.
+MemberRead = tuple[Digest, PackLocation, memoryview]
+
+
 def read_member_into(store: Store, digest: Digest, location: PackLocation, out: memoryview,
                      *, check_pack: bool = False) -> None:
     """Fill ``out`` with packed chunk ``digest``, read by range from its pack and
@@ -168,16 +177,61 @@ def read_member_into(store: Store, digest: Digest, location: PackLocation, out: 
     ``check_pack`` (verify) also reads the pack's header: it must be a pack
     holding the member's range.
     """
-    key = chunk_key(location.pack)
-    if location.length > HEADER.size + DIGEST_SIZE + len(out) + MAX_PAYLOAD_OVERHEAD:
-        raise CorruptChunkError(digest.hex, f"listed as {location.length} bytes in pack"
-                                f" {location.pack.short()}, too long for {len(out)} raw bytes")
-    try:
-        if check_pack:
+    if check_pack:
+        try:
             _check_pack_header(store, location)
-        data = store.backend.get_range(key, HEADER.size + location.offset, location.length)
+        except FileNotFoundError:
+            raise missing_chunk(store, location.pack) from None
+    read_members_into(store, [(digest, location, out)])
+
+
+def read_members_into(store: Store, members: list[MemberRead]) -> None:
+    """Read members of one pack with one ranged read (they lie close together: see
+    :func:`read_runs`), then check and decode each as :func:`read_member_into` does."""
+    pack = members[0][1].pack
+    for digest, location, out in members:  # bounded before anything is read
+        if location.length > HEADER.size + DIGEST_SIZE + len(out) + MAX_PAYLOAD_OVERHEAD:
+            raise CorruptChunkError(digest.hex, f"listed as {location.length} bytes in pack"
+                                    f" {pack.short()}, too long for {len(out)} raw bytes")
+    start = min(location.offset for _, location, _ in members)
+    end = max(location.offset + location.length for _, location, _ in members)
+    try:
+        data = memoryview(store.backend.get_range(chunk_key(pack), HEADER.size + start,
+                                                  end - start))
     except FileNotFoundError:
-        raise missing_chunk(store, location.pack) from None
+        raise missing_chunk(store, pack) from None
+    for digest, location, out in members:
+        begin = location.offset - start
+        _decode_member(digest, location, data[begin : begin + location.length], out)
+
+
+def read_runs(members: list[MemberRead]) -> list[list[MemberRead]]:
+    """Group packed chunk reads into runs, each one ranged read of one pack: members
+    of a pack sorted by offset, split where the gap or the run grows too large."""
+    by_pack: dict[Digest, list[MemberRead]] = {}
+    for member in members:
+        by_pack.setdefault(member[1].pack, []).append(member)
+    runs: list[list[MemberRead]] = []
+    for group in by_pack.values():
+        group.sort(key=lambda m: m[1].offset)
+        run: list[MemberRead] = []
+        run_start = run_end = 0
+        for member in group:
+            location = member[1]
+            if run and (location.offset > run_end + READ_GAP_BYTES
+                        or location.offset + location.length - run_start > READ_RUN_BYTES):
+                runs.append(run)
+                run = []
+            if not run:
+                run_start = run_end = location.offset
+            run.append(member)
+            run_end = max(run_end, location.offset + location.length)
+        runs.append(run)
+    return runs
+
+
+def _decode_member(digest: Digest, location: PackLocation, data: memoryview,
+                   out: memoryview) -> None:
     if len(data) != location.length:
         raise CorruptChunkError(digest.hex, f"pack {location.pack.short()} ends before the"
                                 f" member's {location.length} bytes at {location.offset}")

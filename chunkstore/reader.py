@@ -21,7 +21,7 @@ from chunkstore.errors import (
     ShapeMismatchError,
 )
 from chunkstore.manifest import DataEntry, PackLocation, TensorEntry, decode_data
-from chunkstore.packs import read_member_into
+from chunkstore.packs import MemberRead, read_member_into, read_members_into, read_runs
 from chunkstore.tree import FlatTree, Leaf, flatten, read_node
 
 if TYPE_CHECKING:
@@ -153,20 +153,31 @@ class VersionReader:
             self._check_buffer(name, entry, out, dtype)
             checked.append((reads, out))
         futures: list[Future[None]] = []
+        members: list[MemberRead] = []
         try:
             for reads, out in checked:
-                futures.extend(self._submit(reads, out))
+                futures.extend(self._submit(reads, out, members))
+            # Packed chunks: neighbours in a pack are fetched by one ranged read.
+            futures.extend(self._store.executor.submit(read_members_into, self._store, run)
+                           for run in read_runs(members))
         finally:
             wait(futures)  # no job may still write into a caller's buffer after we return
         for future in futures:
             future.result()  # the first error, if any
 
-    def _submit(self, reads: list[ChunkRead], out: np.ndarray) -> list[Future[None]]:
+    def _submit(self, reads: list[ChunkRead], out: np.ndarray, members: list[MemberRead]
+                ) -> list[Future[None]]:
+        """Start reading the chunks stored as objects of their own; collect the packed
+        ones in ``members``."""
         flat = out.reshape(-1).view(np.uint8).data if out.size else memoryview(b"")
-        return [self._store.executor.submit(read_chunk_into, self._store, digest,
-                                            flat[start:start + length], chain,
-                                            location=location)
-                for digest, start, length, chain, location in reads]
+        futures = []
+        for digest, start, length, chain, location in reads:
+            if location is not None:
+                members.append((digest, location, flat[start:start + length]))
+                continue
+            futures.append(self._store.executor.submit(read_chunk_into, self._store, digest,
+                                                       flat[start:start + length], chain))
+        return futures
 
     def _check_buffer(self, name: str, entry: TensorEntry, out: np.ndarray,
                       dtype: str | None) -> None:

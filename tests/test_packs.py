@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import chunkstore
-from chunkstore.backends.wrappers import FAULT_ENV_VAR
+from chunkstore.backends.wrappers import FAULT_ENV_VAR, ForwardingBackend
 from chunkstore.digest import Digest, chunk_key
 from chunkstore.dtypes import DTYPES
 from chunkstore.errors import CorruptChunkError, InvalidSettingError, MissingChunkError
@@ -379,3 +379,37 @@ def test_a_pack_another_index_deleted_is_not_reused(tmp_path: Path) -> None:
         assert a.backend.exists(chunk_key(pack))  # the same members: the same pack, again
         a.reconcile()  # counts out the version B removed
         assert a.verify().ok
+
+
+def test_neighbouring_members_are_read_together() -> None:
+    from chunkstore.packs import READ_GAP_BYTES, READ_RUN_BYTES, read_runs
+    a, b = Digest.of(b"a"), Digest.of(b"b")
+    out = memoryview(bytearray(1))
+
+    def at(pack: Digest, offset: int, length: int = 100) -> tuple[Digest, PackLocation,
+                                                                  memoryview]:
+        return Digest.of(b"%d" % offset), PackLocation(pack, offset, length), out
+
+    runs = read_runs([at(a, 200), at(b, 0), at(a, 0), at(a, 100),
+                      at(a, 300 + READ_GAP_BYTES + 1), at(a, 10**8, READ_RUN_BYTES)])
+    shapes = sorted([(r[0][1].pack.hex, [m[1].offset for m in r]) for r in runs])
+    assert shapes == sorted([(a.hex, [0, 100, 200]), (a.hex, [300 + READ_GAP_BYTES + 1]),
+                             (a.hex, [10**8]), (b.hex, [0])])
+
+
+def test_a_restore_of_many_small_tensors_reads_each_pack_in_few_ranges(
+        pstore: chunkstore.Store) -> None:
+    state = {f"t{i}": np.full(100 + i, i, dtype=np.int32) for i in range(300)}
+    version = _save(pstore, 1, state)
+    calls: list[str] = []
+
+    class CountingBackend(ForwardingBackend):
+        def get_range(self, key: str, start: int, length: int) -> bytes:
+            calls.append(key)
+            return self.inner.get_range(key, start, length)
+
+    pstore.backend = CountingBackend(pstore.backend)
+    outs = {n: np.empty_like(a) for n, a in state.items()}
+    pstore.open_version(version).get_many_into([(n, outs[n], None) for n in state])
+    assert all(outs[n].tobytes() == state[n].tobytes() for n in state)
+    assert len(calls) == 1  # 300 members of one pack: one ranged read
