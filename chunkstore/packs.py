@@ -46,7 +46,13 @@ from typing import TYPE_CHECKING
 
 from chunkstore import codecs
 from chunkstore.chain import missing_chunk
-from chunkstore.chunkobj import HEADER, MAX_PAYLOAD_OVERHEAD, decode_object, parse_header
+from chunkstore.chunkobj import (
+    HEADER,
+    MAX_PAYLOAD_OVERHEAD,
+    ChunkHeader,
+    decode_object,
+    parse_header,
+)
 from chunkstore.codecs import PACK
 from chunkstore.digest import DIGEST_SIZE, Digest, chunk_key
 from chunkstore.errors import CorruptChunkError
@@ -73,12 +79,20 @@ class PackSlot:
         self.location = location
 
 
+#: A member object as the writer encoded it: its header bytes and its payload.
+Member = tuple[bytes, bytes | memoryview]
+#: The members of one pack once it is full: (digest, offset, length) each, the
+#: object's pieces in order, and the content's length.
+_Sealed = tuple[list[tuple[Digest, int, int]], list[bytes | memoryview], int]
+
+
 class PackBuilder:
     """Collects a save's members in the order they were handed out; seals packs.
 
-    ``write(digest, content)`` stores one sealed pack (claimed, put-if-absent)
-    and returns its object size.  Thread-safe: workers add members as they
-    finish encoding; sealing happens in the worker that filled the pack.
+    ``write(digest, data)`` stores one sealed pack object (claimed,
+    put-if-absent) and returns the bytes written.  Thread-safe: workers add
+    members as they finish encoding; the worker that fills a pack joins,
+    hashes and writes it outside the lock, one copy of the bytes in all.
     """
 
     def __init__(self, write: Callable[[Digest, bytes], int],
@@ -88,15 +102,15 @@ class PackBuilder:
         self._lock = threading.Lock()
         self._reserved = 0
         self._next = 0
-        self._waiting: dict[int, tuple[Digest, bytes | None, int]] = {}
-        self._parts: list[bytes] = []
+        self._waiting: dict[int, tuple[Digest, Member | None, int]] = {}
+        self._parts: list[bytes | memoryview] = []
         self._size = 0
         self._open: list[tuple[Digest, int, int]] = []
         self._slots: dict[Digest, PackSlot] = {}
         self._placed: set[Digest] = set()
         #: where each member this save wrote lies (for the index)
         self.written: dict[Digest, PackLocation] = {}
-        #: (pack digest, content bytes, object bytes) of each pack written
+        #: (pack digest, content bytes, object bytes written) of each pack
         self.packs: list[tuple[Digest, int, int]] = []
         #: raw bytes of the members written
         self.member_raw_bytes = 0
@@ -107,7 +121,7 @@ class PackBuilder:
             self._reserved += 1
             return self._reserved - 1
 
-    def add(self, seq: int, digest: Digest, member: bytes | None, raw_length: int
+    def add(self, seq: int, digest: Digest, member: Member | None, raw_length: int
             ) -> PackSlot | None:
         """Hand over place ``seq``: a member object to pack, or None (nothing to
         write).  Returns the member's slot."""
@@ -115,8 +129,8 @@ class PackBuilder:
             self._waiting[seq] = (digest, member, raw_length)
             slot = self._slots.setdefault(digest, PackSlot()) if member is not None else None
             sealed = self._drain()
-        for pack_digest, content in sealed:
-            self._store(pack_digest, content)
+        for pack in sealed:
+            self._store(pack)
         return slot
 
     def finish(self) -> None:
@@ -125,10 +139,10 @@ class PackBuilder:
             if self._next != self._reserved:
                 raise RuntimeError(f"{self._reserved - self._next} pack members never arrived")
             sealed = [self._seal()] if self._parts else []
-        for pack_digest, content in sealed:
-            self._store(pack_digest, content)
+        for pack in sealed:
+            self._store(pack)
 
-    def _drain(self) -> list[tuple[Digest, bytes]]:
+    def _drain(self) -> list[_Sealed]:
         sealed = []
         while self._next in self._waiting:
             digest, member, raw_length = self._waiting.pop(self._next)
@@ -136,28 +150,32 @@ class PackBuilder:
             if member is None or digest in self._placed:
                 continue  # the same chunk twice in one save: packed once
             self._placed.add(digest)
-            self._open.append((digest, self._size, len(member)))
-            self._parts.append(member)
-            self._size += len(member)
+            length = len(member[0]) + len(member[1])
+            self._open.append((digest, self._size, length))
+            self._parts.extend(member)
+            self._size += length
             self.member_raw_bytes += raw_length
             if self._size >= self._target:
                 sealed.append(self._seal())
         return sealed
 
-    def _seal(self) -> tuple[Digest, bytes]:
-        content = b"".join(self._parts)
-        pack_digest = Digest.of(content)
-        for digest, offset, length in self._open:
-            location = PackLocation(pack_digest, offset, length)
-            self._slots[digest].location = location
-            self.written[digest] = location
+    def _seal(self) -> _Sealed:
+        sealed = (self._open, self._parts, self._size)
         self._parts, self._open, self._size = [], [], 0
-        return pack_digest, content
+        return sealed
 
-    def _store(self, pack_digest: Digest, content: bytes) -> None:
-        size = self._write(pack_digest, content)
+    def _store(self, pack: _Sealed) -> None:
+        members, parts, size = pack
+        header = ChunkHeader(PACK.id, 1, size, size).pack()
+        data = b"".join([header, *parts])
+        pack_digest = Digest.of(memoryview(data)[len(header):])
+        written = self._write(pack_digest, data)
         with self._lock:
-            self.packs.append((pack_digest, len(content), size))
+            for digest, offset, length in members:
+                location = PackLocation(pack_digest, offset, length)
+                self._slots[digest].location = location
+                self.written[digest] = location
+            self.packs.append((pack_digest, size, written))
 
 
 #: Neighbouring members of one pack are read together when the gap between them is

@@ -247,7 +247,7 @@ class VersionWriter:
                 if reused is None:
                     header, payload, _ = self._encode(chunk.view, chunk.dtype, chunk.itemsize,
                                                       None)
-                    member = encode_object(header, payload)
+                    member = (header.pack(), payload)
             except BaseException:
                 self._packs.add(seq, chunk.digest, None, 0)
                 raise
@@ -279,12 +279,12 @@ class VersionWriter:
             self._reusable_packs[pack] = known
         return known
 
-    def _write_pack(self, digest: Digest, content: bytes) -> int:
-        """Store a sealed pack as a new chunk object would be (claim it, wait out a
-        GC that is deleting or fencing a copy, put-if-absent); return its size."""
+    def _write_pack(self, digest: Digest, data: bytes) -> int:
+        """Store a sealed pack object as a new chunk object would be (claim it, wait
+        out a GC that is deleting or fencing a copy, put-if-absent); return the bytes
+        written."""
         if self._reusable(CHUNK, digest, self._claim):
             return 0  # the same pack is stored and safe to reference: nothing written
-        data = encode_object(ChunkHeader(PACK.id, 1, len(content), len(content)), content)
         key = chunk_key(digest)
         if self._store.backend.put_if_absent_deferred(key, data):
             return len(data)
