@@ -413,3 +413,34 @@ def test_a_restore_of_many_small_tensors_reads_each_pack_in_few_ranges(
     pstore.open_version(version).get_many_into([(n, outs[n], None) for n in state])
     assert all(outs[n].tobytes() == state[n].tobytes() for n in state)
     assert len(calls) == 1  # 300 members of one pack: one ranged read
+
+
+# --- hostile manifests ---------------------------------------------------------------------
+
+
+_C, _P = Digest.of(b"chunk").hex, Digest.of(b"pack").hex
+
+
+@pytest.mark.parametrize(("packs", "bases"), [
+    ({"x": 1}, None), ([], None), ([None, None], None), ([[_P, 0]], None),
+    ([[_P, -1, 100]], None), ([[_P, 0, 23]], None), ([[_P, 0, True]], None),
+    ([[_P, 2**28, 100]], None), ([[_P, 0, 2**29]], None), ([[_C, 0, 100]], None),
+    ([["zz", 0, 100]], None), ([[_P, 0, 100]], [[_P]]),
+])
+def test_a_malformed_pack_location_is_a_corrupt_node(packs: object, bases: object) -> None:
+    import json
+
+    from chunkstore.errors import CorruptNodeError
+    from chunkstore.manifest import decode_tree
+    shard: dict[str, object] = {"chunk_bytes": 4096, "chunks": [_C], "offsets": [0],
+                                "sizes": [10], "packs": packs}
+    if bases is not None:
+        shard["bases"] = bases
+    body = {"entries": {"w": {"tensor": {"dtype": "uint8", "shape": [10], "shards": [shard]}}},
+            "format_version": 3, "kind": "tree"}
+    data = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    if packs == [] and bases is None:  # absent: a chunk of its own
+        decode_tree(Digest.of(data), data)
+        return
+    with pytest.raises(CorruptNodeError):
+        decode_tree(Digest.of(data), data)
