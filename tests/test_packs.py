@@ -22,7 +22,9 @@ from chunkstore.dtypes import DTYPES
 from chunkstore.errors import CorruptChunkError, InvalidSettingError, MissingChunkError
 from chunkstore.manifest import PackLocation, TensorEntry
 from chunkstore.records import STORE_FORMAT_VERSION
+from tests.s3server import s3_endpoint
 
+__all__ = ["s3_endpoint"]  # the session fixture, re-exported so pytest finds it here
 REPO = Path(__file__).resolve().parent.parent
 CHILD = Path(__file__).with_name("pack_crash_child.py")
 
@@ -144,6 +146,25 @@ def test_a_memory_store_reads_members_by_range(memory_store: chunkstore.Store) -
     assert all(location is not None for location in _packs(memory_store, version).values())
     _check(memory_store, version, state)
     assert memory_store.verify().ok
+
+
+@pytest.mark.s3
+def test_an_s3_store_reads_members_by_ranged_get(s3_endpoint: str, tmp_path: Path) -> None:
+    from tests.s3server import create_bucket, remove_bucket, storage_options
+    bucket = create_bucket(s3_endpoint)
+    try:
+        with chunkstore.open(f"s3://{bucket}/store", index_dir=str(tmp_path / "index"),
+                             storage_options=storage_options(s3_endpoint)) as store:
+            state = _small_state(1)
+            first = _save(store, 1, state)
+            assert all(loc is not None for loc in _packs(store, first).values())
+            second = _save(store, 2, _small_state(2))
+            assert _packs(store, second)["layer9.w"] == _packs(store, first)["layer9.w"]
+            _check(store, first, state)
+            _check(store, second, _small_state(2))
+            assert store.verify().ok
+    finally:
+        remove_bucket(s3_endpoint, bucket)
 
 
 def test_the_same_chunk_twice_in_one_save_is_packed_once(pstore: chunkstore.Store) -> None:
