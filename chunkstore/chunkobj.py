@@ -3,7 +3,7 @@
 Header, little-endian, 24 bytes (+32 when a base key is present)::
 
     0  4s  magic b"CSCK"
-    4  u8  chunk format version (2; 1 is read too)
+    4  u8  chunk format version (3; 1 and 2 are read too)
     5  u8  codec id
     6  u8  element size in bytes (used by shuffle codecs)
     7  u8  flags: bit 0 = a 32-byte base key follows the header (delta codecs)
@@ -28,9 +28,11 @@ from chunkstore.digest import DIGEST_SIZE, Digest
 from chunkstore.errors import CorruptChunkError, FormatVersionError
 
 MAGIC = b"CSCK"
-CHUNK_FORMAT_VERSION = 2
-#: Codec ids each chunk format version knows (version 1: no delta codec).
-_CODECS_OF_VERSION = {1: frozenset({0, 1, 2}), 2: frozenset({0, 1, 2, 3})}
+CHUNK_FORMAT_VERSION = 3
+#: Codec ids each chunk format version knows (version 1: no delta codec; version 3
+#: adds packs).
+_CODECS_OF_VERSION = {1: frozenset({0, 1, 2}), 2: frozenset({0, 1, 2, 3}),
+                      3: frozenset({0, 1, 2, 3, 4})}
 HEADER = struct.Struct("<4sBBBBQQ")
 FLAG_BASE = 0x01
 #: The largest raw length a reader decodes: a store's chunks are never longer.

@@ -144,11 +144,9 @@ class ParentChunks:
         self.chains = {}
         for leaf in entries.values():
             for shard in leaf.shards:
-                if not shard.bases:
-                    for digest in shard.chunks:
-                        self.chains.setdefault(digest, ())
-                    continue
                 for i, digest in enumerate(shard.chunks):
+                    if shard.location(i) is not None:
+                        continue  # a packed chunk is no object: no chain to reuse it by
                     chain = shard.chain(i)
                     self.chains.setdefault(digest, chain)
                     for k, base in enumerate(chain):
@@ -172,8 +170,10 @@ class ParentChunks:
                 or entry.shards[0].sizes != shape):
             return []
         shard = entry.shards[0]
+        # A packed chunk is never a base (docs/format.md §3.5): it is no object.
         return [BaseSlot(d, shard.chain(i), name, i)
-                if len(shard.chain(i)) < self.depth and not self.skips.skip(name, i) else None
+                if len(shard.chain(i)) < self.depth and shard.location(i) is None
+                and not self.skips.skip(name, i) else None
                 for i, d in enumerate(shard.chunks)]
 
 

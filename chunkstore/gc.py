@@ -41,6 +41,10 @@ model, are why each step is where it is):
    those objects are never again dedup targets there), delete expired
    tombstones and old temporary files.
 
+A pack of small chunks (:mod:`chunkstore.packs`) is one chunk object here:
+versions reference the pack, never its members, so it is marked, fenced,
+condemned and deleted whole, and a save that reuses a member claims the pack.
+
 Why no interleaving loses an object a published or in-progress version
 needs.  Take any object X this run deletes and any save S.  If S stored its
 session before step 5 completed and had not read the entry, step 6 waited

@@ -41,11 +41,13 @@ import lmdb
 
 from chunkstore import indexfile
 from chunkstore.digest import Digest
+from chunkstore.manifest import PackLocation
 
 INDEX_SCHEMA = 2
 DEFAULT_MAP_SIZE = 1 << 36
 _CHUNK = struct.Struct("<BBxxIQQd")
 _SINCE = struct.Struct("<d")
+_PACKED = struct.Struct("<32sQQ")  # pack digest, offset, length
 CHUNK = b"c"
 NODE = b"n"
 KINDS = (CHUNK, NODE)
@@ -158,6 +160,9 @@ class Index:
         self.session_claims = self.env.open_db(b"session_claims")  # session id + digest
         self.meta = self.env.open_db(b"meta")
         self.journal = self.env.open_db(b"journal")  # GC journal entry ids applied here
+        # member digest -> pack digest, offset, length: where a packed chunk was
+        # stored (a dedup cache; a missing entry only means "write it again")
+        self.packed = self.env.open_db(b"packed")
         other_schema = self._check_schema()
         self.reader_check()
         return other_schema
@@ -183,7 +188,7 @@ class Index:
     def _tables(self) -> tuple[Any, ...]:
         return (self.chunks, self.nodes, self.zero, self.versions_db, self.refs,
                 self.node_refs, self.tags_db, self.sessions, self.claims, self.session_claims,
-                self.journal)
+                self.journal, self.packed)
 
     def close(self) -> None:
         self.env.close()
@@ -266,6 +271,50 @@ class Index:
             return Claim.WRITE
         return Claim.DEDUP if record.state == ChunkState.LIVE else Claim.WRITE
 
+    def claim_small(self, session_id: str, digests: Iterable[Digest]
+                    ) -> dict[Digest, tuple[Claim, PackLocation | None]]:
+        """Claim what a batch of small chunks can reuse, in one transaction.
+
+        A chunk stored as an object of its own (LIVE) is claimed as
+        :meth:`claim_many` claims it; else a chunk this index saw stored inside a
+        pack whose record is LIVE gets the pack claimed (the pack, never the
+        member: a member is not an object) and its location; else nothing is
+        claimed and the answer is WRITE: the writer stores the chunk in a new pack.
+        """
+        now = time.time()
+        sid = session_id.encode()
+        found: dict[Digest, tuple[Claim, PackLocation | None]] = {}
+        with self.env.begin(write=True) as txn:
+            for digest in digests:
+                record = self._get(txn, self.chunks, digest)
+                if record is not None and record.state == ChunkState.LIVE:
+                    found[digest] = (self._claim(txn, sid, CHUNK, digest, now), None)
+                    continue
+                location = self._packed(txn, digest)
+                if location is None:
+                    found[digest] = (Claim.WRITE, None)
+                    continue
+                pack = self._get(txn, self.chunks, location.pack)
+                if pack is None or pack.state != ChunkState.LIVE:
+                    if pack is None:  # deleted: the location is of no further use
+                        txn.delete(digest.raw, db=self.packed)
+                    found[digest] = (Claim.WRITE, None)
+                    continue
+                found[digest] = (self._claim(txn, sid, CHUNK, location.pack, now), location)
+        return found
+
+    def _packed(self, txn: lmdb.Transaction, digest: Digest) -> PackLocation | None:
+        data = txn.get(digest.raw, db=self.packed)
+        if data is None:
+            return None
+        pack, offset, length = _PACKED.unpack(data)
+        return PackLocation(Digest(pack), offset, length)
+
+    def pack_location(self, digest: Digest) -> PackLocation | None:
+        """Where this index saw ``digest`` stored inside a pack, if it did."""
+        with self.env.begin() as txn:
+            return self._packed(txn, digest)
+
     def is_claimed(self, digest: Digest, txn: lmdb.Transaction | None = None) -> bool:
         if txn is None:
             with self.env.begin() as own:
@@ -324,11 +373,13 @@ class Index:
     # --- versions ------------------------------------------------------------------------
 
     def add_version(self, entry: VersionEntry, refs: Iterable[Digest], nodes: dict[Digest, int],
-                    new_chunks: Iterable[NewChunk], session_id: str | None = None) -> bool:
+                    new_chunks: Iterable[NewChunk], session_id: str | None = None,
+                    packed: dict[Digest, PackLocation] | None = None) -> bool:
         """Count one version in: its chunks' and nodes' refcounts, and the chunks it wrote.
 
         ``nodes`` maps every node of the version's tree to its size in bytes
-        (0 when unknown).  Returns False when ``session_id`` no longer exists
+        (0 when unknown); ``packed`` where its packed chunks lie (remembered for
+        deduplication).  Returns False when ``session_id`` no longer exists
         (GC expired it, so its claims did not protect what it reused).
         """
         now = time.time()
@@ -360,6 +411,9 @@ class Index:
             txn.put(entry.id.encode(), entry.to_json(), db=self.versions_db)
             txn.put(entry.id.encode(), b"".join(d.raw for d in ref_list), db=self.refs)
             txn.put(entry.id.encode(), b"".join(d.raw for d in node_list), db=self.node_refs)
+            for member, location in (packed or {}).items():
+                txn.put(member.raw, _PACKED.pack(location.pack.raw, location.offset,
+                                                 location.length), db=self.packed)
             if session_id:
                 self._drop_session(txn, session_id)
         return alive

@@ -22,9 +22,10 @@ from chunkstore.dtypes import element_size, numpy_dtype
 from chunkstore.errors import CorruptNodeError, FormatVersionError, InvalidNameError
 from chunkstore.names import check_component
 
-NODE_FORMAT_VERSION = 2
-#: Node format versions this release reads (1: no delta bases in shards).
-NODE_FORMAT_VERSIONS = (1, 2)
+NODE_FORMAT_VERSION = 3
+#: Node format versions this release reads (1: no delta bases in shards; 2: no
+#: pack locations).
+NODE_FORMAT_VERSIONS = (1, 2, 3)
 #: Bounds a reader checks before it allocates (docs/format.md §5-6).
 MAX_RANK = 64  # numpy's limit
 MAX_DIM = 2**62
@@ -33,6 +34,24 @@ MAX_SHARDS = 256
 MAX_CHUNK_BYTES = 256 * 1024 * 1024  # the largest chunk size a store may have
 #: The longest delta chain a shard may list for one chunk (a store's depth is at most this).
 MAX_DELTA_DEPTH = 64
+#: The longest member object a pack location may name: a chunk's header, base
+#: key and payload (docs/format.md §3.1 bounds the payload).
+MAX_MEMBER_BYTES = 56 + MAX_CHUNK_BYTES + 1024 * 1024
+#: The largest pack content a location may point into.
+MAX_PACK_BYTES = MAX_CHUNK_BYTES
+
+
+@dataclass(frozen=True)
+class PackLocation:
+    """Where a packed chunk's object lies: ``length`` bytes at ``offset`` of the
+    raw content of the pack object ``pack`` (docs/format.md §3.5)."""
+
+    pack: Digest
+    offset: int
+    length: int
+
+    def to_json(self) -> list[Any]:
+        return [self.pack.hex, self.offset, self.length]
 
 
 @dataclass(frozen=True)
@@ -42,7 +61,9 @@ class Shard:
     ``bases`` is empty when no chunk is a delta; otherwise one chain per chunk,
     nearest base first, listing every chunk object the chunk's object may need
     (empty for a standalone chunk).  GC and the index learn the base edges here,
-    without reading chunk objects.
+    without reading chunk objects.  ``packs`` is empty when no chunk is packed;
+    otherwise one entry per chunk: where its object lies inside a pack, or None
+    for a chunk stored as an object of its own.
     """
 
     offsets: tuple[int, ...]
@@ -50,10 +71,23 @@ class Shard:
     chunk_bytes: int
     chunks: tuple[Digest, ...]
     bases: tuple[tuple[Digest, ...], ...] = ()
+    packs: tuple[PackLocation | None, ...] = ()
 
     def chain(self, i: int) -> tuple[Digest, ...]:
         """The listed bases of chunk ``i``, nearest first (empty: standalone)."""
         return self.bases[i] if self.bases else ()
+
+    def location(self, i: int) -> PackLocation | None:
+        """Where chunk ``i`` lies inside a pack; None when it is an object of its own."""
+        return self.packs[i] if self.packs else None
+
+    def objects(self) -> Iterator[Digest]:
+        """Every chunk object a read of the shard needs: a packed chunk's pack (a
+        member is not an object), every other chunk and the bases of its chain."""
+        for i, digest in enumerate(self.chunks):
+            location = self.location(i)
+            yield digest if location is None else location.pack
+            yield from self.chain(i)
 
     def nbytes(self, itemsize: int) -> int:
         return math.prod(self.sizes) * itemsize
@@ -72,6 +106,8 @@ class Shard:
         }
         if any(self.bases):
             body["bases"] = [[d.hex for d in chain] for chain in self.bases]
+        if any(self.packs):
+            body["packs"] = [None if p is None else p.to_json() for p in self.packs]
         return body
 
 
@@ -86,11 +122,10 @@ class TensorEntry:
         return math.prod(self.shape) * element_size(self.dtype)
 
     def chunk_digests(self) -> Iterator[Digest]:
-        """Every chunk object a read of the entry needs: its chunks and their bases."""
+        """Every chunk object a read of the entry needs: its chunks (for a packed
+        chunk, its pack) and their bases."""
         for shard in self.shards:
-            yield from shard.chunks
-            for chain in shard.bases:
-                yield from chain
+            yield from shard.objects()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -239,8 +274,36 @@ def _shard_from_json(obj: object, itemsize: int) -> Shard:
         raise ValueError(f"chunk_bytes {chunk_bytes} is not a positive multiple of the element"
                          f" size {itemsize}")
     chunks = tuple(_digest(c, "chunk") for c in obj["chunks"])
+    bases = _bases(obj.get("bases", []), chunks)
     return Shard(_int_list(obj.get("offsets"), "offsets"), _int_list(obj.get("sizes"), "sizes"),
-                 chunk_bytes, chunks, _bases(obj.get("bases", []), chunks))
+                 chunk_bytes, chunks, bases, _packs(obj.get("packs", []), chunks, bases))
+
+
+def _packs(value: object, chunks: tuple[Digest, ...], bases: tuple[tuple[Digest, ...], ...]
+           ) -> tuple[PackLocation | None, ...]:
+    """A shard's pack locations: absent, or one per chunk, null or [pack, offset,
+    length]; a packed chunk has no delta chain and is not its own pack."""
+    if value == []:
+        return ()
+    if not isinstance(value, list) or len(value) != len(chunks):
+        raise ValueError("packs must be a list with one location (or null) per chunk")
+    locations: list[PackLocation | None] = []
+    for i, (chunk, item) in enumerate(zip(chunks, value, strict=True)):
+        if item is None:
+            locations.append(None)
+            continue
+        if not isinstance(item, list) or len(item) != 3:
+            raise ValueError("a pack location is [pack digest, offset, length]")
+        location = PackLocation(_digest(item[0], "pack"),
+                                exact_int(item[1], "pack offset", 0, MAX_PACK_BYTES),
+                                exact_int(item[2], "member length", 24, MAX_MEMBER_BYTES))
+        if location.offset + location.length > MAX_PACK_BYTES:
+            raise ValueError(f"chunk {chunk.short()} lies beyond the largest pack")
+        if location.pack == chunk or (bases and bases[i]):
+            raise ValueError(f"packed chunk {chunk.short()} is its own pack or has a delta"
+                             " chain")
+        locations.append(location)
+    return tuple(locations) if any(locations) else ()
 
 
 def _bases(value: object, chunks: tuple[Digest, ...]) -> tuple[tuple[Digest, ...], ...]:

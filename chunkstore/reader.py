@@ -20,7 +20,8 @@ from chunkstore.errors import (
     InvalidInputError,
     ShapeMismatchError,
 )
-from chunkstore.manifest import DataEntry, TensorEntry, decode_data
+from chunkstore.manifest import DataEntry, PackLocation, TensorEntry, decode_data
+from chunkstore.packs import MemberRead, read_member_into, read_members_into, read_runs
 from chunkstore.shards import (
     box_chunk_range,
     box_of,
@@ -37,10 +38,13 @@ if TYPE_CHECKING:
 
 def read_chunk_into(store: Store, digest: Digest, out: memoryview,
                     chain: tuple[Digest, ...] = (), cache: BaseCache | None = None, *,
-                    check_links: bool = False) -> None:
+                    check_links: bool = False, location: PackLocation | None = None) -> None:
     """Fill ``out`` with the chunk's bytes, verified; raw chunks are read in place,
     deltas through their listed ``chain`` (bases cached in ``cache``, default the
-    store's)."""
+    store's), a packed chunk by range from its pack at ``location``."""
+    if location is not None:
+        read_member_into(store, digest, location, out, check_pack=check_links)
+        return
     key = chunk_key(digest)
     try:
         header = parse_header(digest, store.backend.get_range(key, 0, HEADER.size + DIGEST_SIZE))
@@ -67,11 +71,12 @@ def read_chunk_into(store: Store, digest: Digest, out: memoryview,
     decode_chain(store, digest, data, chain, out, cache, check_links=check_links)
 
 
-ChunkRead = tuple[Digest, int, int, tuple[Digest, ...]]
+ChunkRead = tuple[Digest, int, int, tuple[Digest, ...], PackLocation | None]
 
 
 def chunk_reads(entry: TensorEntry, chunk_size: int) -> list[ChunkRead]:
-    """(digest, offset, length, chain) of every chunk read that fills ``entry``'s bytes.
+    """(digest, offset, length, chain, pack location) of every chunk read that fills
+    ``entry``'s bytes.
 
     This is the one place where a read decides whether an entry can be read:
     ``verify`` calls it for every tensor, so what verify passes, a read can
@@ -86,8 +91,8 @@ def chunk_reads(entry: TensorEntry, chunk_size: int) -> list[ChunkRead]:
         if shard.chunk_bytes > chunk_size:
             raise ValueError(f"chunks of {shard.chunk_bytes} bytes exceed the store's chunk size"
                              f" {chunk_size}")
-        reads.extend((digest, base + start, length, shard.chain(i)) for i, (digest, start, length)
-                     in enumerate(shard.chunk_spans(itemsize)))
+        reads.extend((digest, base + start, length, shard.chain(i), shard.location(i))
+                     for i, (digest, start, length) in enumerate(shard.chunk_spans(itemsize)))
     return reads
 
 
@@ -155,13 +160,17 @@ class VersionReader:
             self._check_buffer(name, entry, out, dtype)
             target = out
             if is_sharded(entry):  # read the shards end to end, then put each in its box
-                target = np.empty(sum(length for _, _, length, _ in reads), dtype=np.uint8)
+                target = np.empty(sum(read[2] for read in reads), dtype=np.uint8)
                 sharded.append((entry, target, out))
             checked.append((reads, target))
         futures: list[Future[None]] = []
+        members: list[MemberRead] = []
         try:
             for reads, out in checked:
-                futures.extend(self._submit(reads, out))
+                futures.extend(self._submit(reads, out, members))
+            # Packed chunks: neighbours in a pack are fetched by one ranged read.
+            futures.extend(self._store.executor.submit(read_members_into, self._store, run)
+                           for run in read_runs(members))
         finally:
             wait(futures)  # no job may still write into a caller's buffer after we return
         for future in futures:
@@ -169,11 +178,19 @@ class VersionReader:
         for entry, staged, out in sharded:
             scatter_shards(entry, staged, out)
 
-    def _submit(self, reads: list[ChunkRead], out: np.ndarray) -> list[Future[None]]:
+    def _submit(self, reads: list[ChunkRead], out: np.ndarray, members: list[MemberRead]
+                ) -> list[Future[None]]:
+        """Start reading the chunks stored as objects of their own; collect the packed
+        ones in ``members``."""
         flat = out.reshape(-1).view(np.uint8).data if out.size else memoryview(b"")
-        return [self._store.executor.submit(read_chunk_into, self._store, digest,
-                                            flat[start:start + length], chain)
-                for digest, start, length, chain in reads]
+        futures = []
+        for digest, start, length, chain, location in reads:
+            if location is not None:
+                members.append((digest, location, flat[start:start + length]))
+                continue
+            futures.append(self._store.executor.submit(read_chunk_into, self._store, digest,
+                                                       flat[start:start + length], chain))
+        return futures
 
     def _check_buffer(self, name: str, entry: TensorEntry, out: np.ndarray,
                       dtype: str | None) -> None:
@@ -221,12 +238,16 @@ class VersionReader:
                                      f"{getattr(out, 'dtype', type(out).__name__)}"
                                      f"{list(getattr(out, 'shape', ()))}")
         spans = list(box.chunk_spans(itemsize))
-        reads = [(*spans[i], box.chain(i)) for i in box_chunk_range(box, itemsize, offsets, sizes)]
+        reads: list[ChunkRead] = [(*spans[i], box.chain(i), box.location(i))
+                                  for i in box_chunk_range(box, itemsize, offsets, sizes)]
         in_place = out.flags.c_contiguous and tuple(sizes) == box.sizes
         target = out if in_place else np.empty(box.nbytes(itemsize), dtype=np.uint8)
-        futures = []
+        futures: list[Future[None]] = []
+        members: list[MemberRead] = []
         try:
-            futures = self._submit(reads, target)
+            futures = self._submit(reads, target, members)
+            futures.extend(self._store.executor.submit(read_members_into, self._store, run)
+                           for run in read_runs(members))
         finally:
             wait(futures)
         for future in futures:

@@ -88,7 +88,8 @@ def count_in(store: Store, version_id: str) -> bool:
     node_digests = sorted(flat.tree_nodes | flat.data_nodes(), key=lambda d: d.raw)
     nodes = dict(zip(node_digests, store.executor.map(lambda d: _node_size(store, d),
                                                       node_digests), strict=True))
-    store.index.add_version(entry_from_record(version_id, record), refs, nodes, new_chunks)
+    store.index.add_version(entry_from_record(version_id, record), refs, nodes, new_chunks,
+                            packed=flat.pack_members())
     if not store.backend.exists(version_key(version_id)):
         store.index.remove_version(version_id)  # removed while it was being counted in
         return False

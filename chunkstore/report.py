@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from chunkstore.codecs import XOR_DELTA
+from chunkstore.codecs import PACK, XOR_DELTA
 from chunkstore.digest import Digest
+from chunkstore.dtypes import element_size
 from chunkstore.errors import ChunkStoreError, GcAbortedError, GcBusyError
 from chunkstore.index import CHUNK, NODE
-from chunkstore.manifest import TensorEntry
+from chunkstore.manifest import PackLocation, TensorEntry
 from chunkstore.tree import flatten
 
 if TYPE_CHECKING:
@@ -39,8 +40,12 @@ class StoreStats:
     """
 
     versions: list[VersionStats] = field(default_factory=list)
-    chunks: int = 0  # live chunks
+    chunks: int = 0  # live chunks (packed ones included)
     unique_raw_bytes: int = 0  # the live chunks' bytes before encoding
+    packs: int = 0  # live pack objects
+    packed_chunks: int = 0  # live chunks stored inside packs
+    #: bytes inside live packs that no live version lists (members of removed versions)
+    packed_garbage_bytes: int = 0
     live_bytes: int = 0  # what the live chunk and node objects occupy
     awaiting_gc_objects: int = 0  # objects no published version reaches
     awaiting_gc_bytes: int = 0
@@ -104,6 +109,8 @@ class StoreStats:
                 "reclaimable_now_bytes": self.reclaimable_now_bytes,
                 "grace_s": self.grace_s,
                 "delta_chunks": self.delta_chunks,
+                "packs": self.packs, "packed_chunks": self.packed_chunks,
+                "packed_garbage_bytes": self.packed_garbage_bytes,
                 "mean_chain_depth": round(self.mean_chain_depth, 3),
                 "gc_unknown": self.gc_unknown,
             },
@@ -140,35 +147,56 @@ def stats(store: Store, grace_s: float = 3600.0, now: float | None = None) -> St
         result.awaiting_gc_bytes = awaiting.bytes_freed + awaiting.orphan_bytes_freed
         result.reclaimable_now_objects = _objects(later)
         result.reclaimable_now_bytes = later.bytes_freed + later.orphan_bytes_freed
+    depths, members = _manifest_census(store)
+    pack_content: dict[Digest, int] = {}
     for kind in (CHUNK, NODE):
-        for _, record in store.index.iter_records(kind):
+        for digest, record in store.index.iter_records(kind):
             if record.refcount > 0:
                 result.live_bytes += record.stored_length
-                if kind == CHUNK:
+                if kind == CHUNK and record.codec_id == PACK.id:
+                    pack_content[digest] = record.raw_length
+                elif kind == CHUNK:
                     result.chunks += 1
                     result.unique_raw_bytes += record.raw_length
                     result.delta_chunks += record.codec_id == XOR_DELTA.id
-    depths = _listed_depths(store)
+    result.packs = len(pack_content)
+    packed_raw = {digest: raw for (digest, _), raw in members.items()}
+    result.packed_chunks = len(packed_raw)
+    result.chunks += result.packed_chunks
+    result.unique_raw_bytes += sum(packed_raw.values())
+    listed: dict[Digest, int] = {}
+    for (_, location), _raw in members.items():
+        listed[location.pack] = listed.get(location.pack, 0) + location.length
+    result.packed_garbage_bytes = sum(max(size - listed.get(pack, 0), 0)
+                                      for pack, size in pack_content.items())
     if depths:
         result.mean_chain_depth = sum(depths.values()) / len(depths)
     return result
 
 
-def _listed_depths(store: Store) -> dict[Digest, int]:
-    """Chain depth of every chunk a live version lists with bases (from the manifests)."""
+def _manifest_census(store: Store) -> tuple[dict[Digest, int], dict[tuple[Digest, PackLocation],
+                                                                     int]]:
+    """From the live versions' manifests: the chain depth of every chunk listed with
+    bases, and the raw length of every packed chunk by (digest, location)."""
     depths: dict[Digest, int] = {}
+    members: dict[tuple[Digest, PackLocation], int] = {}
     for info in store.versions():
         try:
             flat = flatten(store.backend, info.root, store.node_cache)
         except ChunkStoreError:
             continue  # verify reports it
         for leaf in flat.leaves.values():
-            if isinstance(leaf, TensorEntry):
-                for shard in leaf.shards:
-                    for digest, chain in zip(shard.chunks, shard.bases, strict=False):
-                        if chain:
-                            depths[digest] = max(depths.get(digest, 0), len(chain))
-    return depths
+            if not isinstance(leaf, TensorEntry):
+                continue
+            for shard in leaf.shards:
+                for digest, chain in zip(shard.chunks, shard.bases, strict=False):
+                    if chain:
+                        depths[digest] = max(depths.get(digest, 0), len(chain))
+                spans = shard.chunk_spans(element_size(leaf.dtype))
+                for (digest, _start, length), location in zip(spans, shard.packs, strict=False):
+                    if location is not None:
+                        members[(digest, location)] = length
+    return depths, members
 
 
 def _objects(result: GcResult) -> int:

@@ -49,6 +49,7 @@ from chunkstore.index import Index, VersionEntry
 from chunkstore.journal import sync_journal
 from chunkstore.manifest import MAX_DELTA_DEPTH, TensorEntry
 from chunkstore.names import check_label
+from chunkstore.packs import MAX_PACK_TARGET, PACK_TARGET_BYTES
 from chunkstore.reader import VersionReader
 from chunkstore.records import (
     DEFAULT_CHUNK_SIZE,
@@ -152,6 +153,7 @@ def open(
     url: str | os.PathLike[str], *, create: bool = True, chunk_size: int | None = None,
     compression: str | None = None, threads: int | None = None, index_dir: str | None = None,
     storage_options: dict[str, Any] | None = None, delta_depth: int | None = None,
+    pack_size: int | None = None,
 ) -> Store:
     """Open the store at a path or fsspec URL, creating it when absent (``create=True``).
 
@@ -161,8 +163,14 @@ def open(
     a save holds at most ``2 x threads`` chunks in memory).  ``delta_depth``
     (applies when the store is created; 0 turns deltas off) bounds the chains
     of XOR-delta chunks a save builds against the run's previous version.
+    ``pack_size`` is the size at which this handle's saves seal a pack of small
+    chunks (default :data:`chunkstore.packs.PACK_TARGET_BYTES`).
     """
     _validate_settings(chunk_size, compression)
+    if pack_size is not None and not (type(pack_size) is int
+                                      and 1 <= pack_size <= MAX_PACK_TARGET):
+        raise InvalidSettingError(f"pack size {pack_size!r} must be an integer in"
+                                  f" [1, {MAX_PACK_TARGET}]")
     if delta_depth is not None and not (type(delta_depth) is int
                                         and 0 <= delta_depth <= MAX_DELTA_DEPTH):
         raise InvalidSettingError(f"delta depth {delta_depth!r} must be an integer in"
@@ -175,6 +183,7 @@ def open(
                                   " the chunk size of an existing store cannot change")
     index = Index(index_dir or default_index_dir(text, backend))
     store = Store(text, backend, config, index, compression or config.compression, threads)
+    store.pack_size = pack_size or PACK_TARGET_BYTES
     if index.needs_rebuild:  # another index schema (emptied), or damaged and set aside
         # With saves elsewhere in progress, the reconcile below counts every version in.
         with contextlib.suppress(SavesInProgressError):
@@ -228,6 +237,8 @@ class Store:
         # The tensor entries of the last version this handle saved, per run (the
         # next save's parent: see chunkstore.delta.ParentChunks).
         self.parent_cache: dict[str, ParentCacheEntry] = {}
+        #: saves seal a pack of small chunks once it holds this many bytes
+        self.pack_size = PACK_TARGET_BYTES
 
     @property
     def chunk_size(self) -> int:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from chunkstore.backends import Backend
 from chunkstore.digest import Digest, node_key
 from chunkstore.errors import CorruptNodeError
-from chunkstore.manifest import DataEntry, TensorEntry, TreeNode, decode_tree
+from chunkstore.manifest import DataEntry, PackLocation, TensorEntry, TreeNode, decode_tree
 from chunkstore.names import MAX_NAME_LENGTH
 
 Leaf = TensorEntry | DataEntry
@@ -71,6 +71,13 @@ class FlatTree:
     def chunk_digests(self) -> set[Digest]:
         return {d for leaf in self.leaves.values() if isinstance(leaf, TensorEntry)
                 for d in leaf.chunk_digests()}
+
+    def pack_members(self) -> dict[Digest, PackLocation]:
+        """Where each packed chunk of the version lies (the index's dedup cache)."""
+        return {digest: location for leaf in self.leaves.values()
+                if isinstance(leaf, TensorEntry) for shard in leaf.shards
+                for digest, location in zip(shard.chunks, shard.packs, strict=False)
+                if location is not None}
 
     def data_nodes(self) -> set[Digest]:
         return {leaf.digest for leaf in self.leaves.values() if isinstance(leaf, DataEntry)}

@@ -24,7 +24,7 @@ from chunkstore.errors import (
     FormatVersionError,
     MissingChunkError,
 )
-from chunkstore.manifest import DataEntry, decode_data
+from chunkstore.manifest import DataEntry, PackLocation, decode_data
 from chunkstore.progress import NullProgress, Progress
 from chunkstore.reader import chunk_reads, read_chunk_into
 from chunkstore.records import Tag
@@ -34,8 +34,8 @@ if TYPE_CHECKING:
     from chunkstore.store import Store
 
 
-#: one chunk read verify makes: digest, length and listed delta chain
-ChunkCheck = tuple[Digest, int, tuple[Digest, ...]]
+#: one chunk read verify makes: digest, length, listed delta chain and pack location
+ChunkCheck = tuple[Digest, int, tuple[Digest, ...], PackLocation | None]
 
 
 @dataclass(frozen=True)
@@ -100,8 +100,8 @@ def _check_leaves(store: Store, version_id: str, flat: FlatTree, result: VerifyR
             corrupt = CorruptNodeError(flat.owners[name].hex, f"entry {name!r}: {exc}")
             result.problems.append(_problem_from(corrupt, version_id))
             continue
-        for digest, _start, length, chain in spans:
-            needed_by = reads.setdefault((digest, length, chain), [])
+        for digest, _start, length, chain, location in spans:
+            needed_by = reads.setdefault((digest, length, chain, location), [])
             if not needed_by or needed_by[-1] != version_id:
                 needed_by.append(version_id)
 
@@ -130,16 +130,17 @@ def _check_chunk(store: Store, check: ChunkCheck, read_data: bool
                  ) -> tuple[int, Problem | None]:
     """Read the chunk exactly as a read of the version would (same checks, same code:
     a delta through its listed chain, so a missing or corrupt base is found here)."""
-    digest, length, chain = check
+    digest, length, chain, location = check
+    stored = digest if location is None else location.pack
     try:
         if read_data:
             read_chunk_into(store, digest, memoryview(bytearray(length)), chain, NO_CACHE,
-                            check_links=True)
+                            check_links=True, location=location)
             return length, None
-        store.backend.stat(chunk_key(digest))
+        store.backend.stat(chunk_key(stored))
         return 0, None
     except FileNotFoundError:
-        return 0, _problem_from(missing_chunk(store, digest), None)
+        return 0, _problem_from(missing_chunk(store, stored), None)
     except ChunkStoreError as exc:
         return 0, _problem_from(exc, None)
 

@@ -14,9 +14,12 @@ Order of a save (invariants 1 and 3 in DESIGN.md; the GC side is in
    or deduplicates against is claimed by it, so a GC of the same index
    leaves them alone;
 3. chunk objects are written (put-if-absent) by a thread pool while the
-   caller keeps adding entries; memory stays O(chunk_size x threads).  On a
-   local store a dedup hit is also checked to exist (a stat), so an object
-   lost behind the index's back is written again, not referenced;
+   caller keeps adding entries; memory stays O(chunk_size x threads) plus one
+   open pack.  Small tensors' chunks that must be written go into packs
+   (:mod:`chunkstore.packs`, which argues why reusing a member of an older
+   pack is safe).  On a local store a dedup hit is also checked to exist (a
+   stat), so an object lost behind the index's back is written again, not
+   referenced;
 4. on commit, manifest nodes are claimed like chunks and the missing ones
    written; then one backend flush makes every object durable (a local
    store: one syncfs instead of two fsyncs per object);
@@ -48,7 +51,7 @@ from chunkstore import plaindata
 from chunkstore.chain import base_bytes, base_prefix, header_chain
 from chunkstore.chunkobj import ChunkHeader, decode_object, encode_object, parse_header
 from chunkstore.claims import GroupClaims
-from chunkstore.codecs import XOR_DELTA
+from chunkstore.codecs import PACK, XOR_DELTA
 from chunkstore.codecs.policy import encode_with_policy
 from chunkstore.delta import (
     BaseSlot,
@@ -75,6 +78,7 @@ from chunkstore.journal import Fence, sync_journal
 from chunkstore.manifest import (
     MAX_DELTA_DEPTH,
     DataEntry,
+    PackLocation,
     Shard,
     TensorEntry,
     TreeNode,
@@ -83,6 +87,7 @@ from chunkstore.manifest import (
     tensor_entry,
 )
 from chunkstore.names import check_entry_name, check_label
+from chunkstore.packs import PackBuilder, PackSlot
 from chunkstore.records import MAX_COUNT, CommitRecord
 from chunkstore.sessions import StoreSession
 
@@ -116,13 +121,13 @@ class _SmallChunk:
     view: memoryview
     dtype: str
     itemsize: int
-    base: BaseSlot | None
     digest: Digest
 
 
-#: What storing one chunk gives: its digest, what was written (None: reused), and the
-#: chain of bases its object may need (nearest first; empty when standalone).
-StoredChunk = tuple[Digest, NewChunk | None, tuple[Digest, ...]]
+#: What storing one chunk gives: its digest, what was written as an object of its own
+#: (None: reused, or packed), the chain of bases its object may need (nearest first;
+#: empty when standalone), and where it lies in a pack (None: an object of its own).
+StoredChunk = tuple[Digest, NewChunk | None, tuple[Digest, ...], PackSlot | None]
 
 
 def _as_le_contiguous(array: np.ndarray) -> np.ndarray:
@@ -154,6 +159,8 @@ class VersionWriter:
         self._adopted_new: dict[Digest, NewChunk] = {}
         self._small: list[_SmallChunk] = []
         self._small_bytes = 0
+        self._packs = PackBuilder(self._write_pack, store.pack_size)
+        self._reusable_packs: dict[Digest, bool] = {}
         self._closed = False
         self._info: VersionInfo | None = None
         self._inflight = threading.BoundedSemaphore(store.max_inflight)
@@ -206,8 +213,9 @@ class VersionWriter:
         self._tensors[name] = pending
         try:
             if 0 < len(flat) <= min(chunk_bytes, SMALL_TENSOR_BYTES):
+                # Packed, so never a delta (a member's object stands alone).
                 self._small.append(_SmallChunk(pending, flat, stored_dtype, itemsize,
-                                               bases[0] if bases else None, Digest.of(flat)))
+                                               Digest.of(flat)))
                 self._small_bytes += len(flat)
                 if (len(self._small) >= SMALL_BATCH_COUNT
                         or self._small_bytes >= SMALL_BATCH_BYTES):
@@ -226,19 +234,21 @@ class VersionWriter:
             raise
 
     def _flush_small(self) -> None:
-        """Claim the waiting small chunks in one index transaction, then hand them
-        to the workers with their claims."""
+        """Claim what the waiting small chunks can reuse in one index transaction,
+        then hand them to the workers, each with its place in the pack order."""
         batch, self._small, self._small_bytes = self._small, [], 0
         if not batch:
             return
         self._heartbeat_now_and_then()
         generation = self._fence.generation  # read before the claims: see _pre_claimed
-        claims = self._store.index.claim_many(self._session, CHUNK, [c.digest for c in batch])
+        claims = self._store.index.claim_small(self._session, [c.digest for c in batch])
         for chunk in batch:
+            claim, location = claims[chunk.digest]
+            seq = self._packs.reserve()
             self._inflight.acquire()
             chunk.pending.futures.append(self._store.executor.submit(
-                self._store_chunk_job, chunk.view, chunk.dtype, chunk.itemsize, chunk.base,
-                chunk.digest, self._pre_claimed(claims[chunk.digest], generation)))
+                self._store_small_job, chunk, self._pre_claimed(claim, generation),
+                claim, location, seq))
 
     def _pre_claimed(self, claimed: Claim, generation: int) -> Callable[[Digest], Claim]:
         """The claim function of a chunk claimed with its batch: the batch's answer while
@@ -251,6 +261,67 @@ class VersionWriter:
                 return claimed
             return self._claim(digest)
         return claim
+
+    def _store_small_job(self, chunk: _SmallChunk, claim: Callable[[Digest], Claim],
+                         claimed: Claim, location: PackLocation | None, seq: int
+                         ) -> StoredChunk:
+        """Reuse the chunk, or encode it standalone and hand it to the open pack (its
+        place ``seq`` is always handed over, so later members are not held up)."""
+        try:
+            member = None
+            try:
+                reused = self._reuse_small(chunk.digest, claim, claimed, location)
+                if reused is None:
+                    header, payload, _ = self._encode(chunk.view, chunk.dtype, chunk.itemsize,
+                                                      None)
+                    member = (header.pack(), payload)
+            except BaseException:
+                self._packs.add(seq, chunk.digest, None, 0)
+                raise
+            slot = self._packs.add(seq, chunk.digest, member, len(chunk.view))
+            return reused if reused is not None else (chunk.digest, None, (), slot)
+        finally:
+            self._inflight.release()
+
+    def _reuse_small(self, digest: Digest, claim: Callable[[Digest], Claim], claimed: Claim,
+                     location: PackLocation | None) -> StoredChunk | None:
+        """A small chunk stored before, when it may be referenced without writing it:
+        an object of its own, or a member of an older pack that may be reused."""
+        if location is None:
+            if claimed == Claim.DEDUP and self._reusable(CHUNK, digest, claim):
+                chain = self._reusable_chain(digest)
+                if chain is not None:
+                    return digest, None, chain, None
+            return None
+        if self._pack_reusable(location.pack, claim):
+            return digest, None, (), PackSlot(location)
+        return None
+
+    def _pack_reusable(self, pack: Digest, claim: Callable[[Digest], Claim]) -> bool:
+        """Whether the older pack may be referenced: claimed, fenced and checked once
+        per save, exactly as a dedup hit on any chunk object (the claim lasts the save)."""
+        known = self._reusable_packs.get(pack)
+        if known is None:
+            known = self._reusable(CHUNK, pack, claim)
+            self._reusable_packs[pack] = known
+        return known
+
+    def _write_pack(self, digest: Digest, data: bytes) -> int:
+        """Store a sealed pack object as a new chunk object would be (claim it, wait
+        out a GC that is deleting or fencing a copy, put-if-absent); return the bytes
+        written."""
+        if self._reusable(CHUNK, digest, self._claim):
+            return 0  # the same pack is stored and safe to reference: nothing written
+        key = chunk_key(digest)
+        if self._store.backend.put_if_absent_deferred(key, data):
+            return len(data)
+        try:  # a copy exists (an orphan of an earlier save): keep it only if intact
+            decode_object(digest, self._store.backend.get(key))
+            return len(data)
+        except (FileNotFoundError, ChunkStoreError):
+            pass
+        self._store.backend.put(key, data)
+        return len(data)
 
     def put_data(self, name: str, value: object) -> None:
         """Add plain data (numbers, strings, lists, dicts, tuples, bytes), encoded safely."""
@@ -323,7 +394,7 @@ class VersionWriter:
         if self._reusable(CHUNK, digest, claim or self._claim):
             chain = self._reusable_chain(digest)
             if chain is not None:
-                return digest, None, chain
+                return digest, None, chain, None
             # A base of the stored object cannot be referenced: store the chunk whole.
             return self._write(digest, view, dtype, itemsize, None)
         if base is not None and all(self._reusable(CHUNK, d, self._claim)
@@ -383,7 +454,7 @@ class VersionWriter:
         key = chunk_key(digest)
         data = encode_object(header, payload)
         if self._store.backend.put_if_absent_deferred(key, data):
-            return digest, NewChunk(digest, header.codec_id, len(view), len(data)), chain
+            return digest, NewChunk(digest, header.codec_id, len(view), len(data)), chain, None
         # Already stored (an orphan of an earlier save, a chunk GC had condemned,
         # or a concurrent writer): reuse it only if it is standalone and decodes
         # to these bytes, else replace it whole, standalone (an existing object is
@@ -393,40 +464,54 @@ class VersionWriter:
             found = parse_header(digest, existing)
             if found.base is None:
                 decode_object(digest, existing)
-                return digest, NewChunk(digest, found.codec_id, len(view), len(existing)), ()
+                return (digest, NewChunk(digest, found.codec_id, len(view), len(existing)), (),
+                        None)
         except (FileNotFoundError, ChunkStoreError):
             pass
         if chain:
             header, payload, chain = self._encode(view, dtype, itemsize, None)
             data = encode_object(header, payload)
         self._store.backend.put(key, data)
-        return digest, NewChunk(digest, header.codec_id, len(view), len(data)), ()
+        return digest, NewChunk(digest, header.codec_id, len(view), len(data)), (), None
 
     # --- commit ----------------------------------------------------------------------------
 
-    def _collect(self) -> tuple[dict[str, TensorEntry], list[NewChunk]]:
+    def _collect(self) -> tuple[dict[str, TensorEntry], list[NewChunk], int]:
+        """The version's tensor entries, the chunk objects it wrote (packs included)
+        and the raw bytes of the chunks it stored."""
         self._flush_small()
-        entries: dict[str, TensorEntry] = {}
-        new_chunks: list[NewChunk] = []
         for name, pending in self._tensors.items():
             expected = -(-math.prod(pending.shape) * element_size(pending.dtype)
                          // pending.chunk_bytes)
             if len(pending.futures) != expected:  # never publish a tensor short of chunks
                 raise VersionClosedError(f"entry {name!r} has {len(pending.futures)} of its"
                                          f" {expected} chunks queued; the version is aborted")
-            digests, chains = [], []
-            for future in pending.futures:
-                digest, new, chain = future.result()
+        results = {name: [future.result() for future in pending.futures]
+                   for name, pending in self._tensors.items()}
+        self._packs.finish()  # every member handed over: seal and write the last pack
+        entries: dict[str, TensorEntry] = {}
+        new_chunks = [NewChunk(d, PACK.id, content, size)
+                      for d, content, size in self._packs.packs if size]
+        new_bytes = self._packs.member_raw_bytes
+        for name, pending in self._tensors.items():
+            digests, chains, packs = [], [], []
+            for digest, new, chain, slot in results[name]:
                 digests.append(digest)
                 chains.append(chain)
+                packs.append(None if slot is None else slot.location)
                 if new is not None:
                     new_chunks.append(new)
+                    new_bytes += new.raw_length
+            if any(slot is not None and slot.location is None for _, _, _, slot in results[name]):
+                raise RuntimeError(f"entry {name!r}: a packed chunk has no location")
             shard = Shard((0,) * len(pending.shape), pending.shape, pending.chunk_bytes,
-                          tuple(digests), tuple(chains) if any(chains) else ())
+                          tuple(digests), tuple(chains) if any(chains) else (),
+                          tuple(packs) if any(packs) else ())
             entries[name] = TensorEntry(pending.dtype, pending.shape, (shard,))
         entries.update(self._adopted)
         new_chunks.extend(self._adopted_new.values())
-        return entries, new_chunks
+        new_bytes += sum(c.raw_length for c in self._adopted_new.values())
+        return entries, new_chunks, new_bytes
 
     def _build_tree(self, tensors: dict[str, TensorEntry]) -> tuple[Digest, dict[Digest, bytes]]:
         """Encode the nested tree bottom-up; returns the root and every node's bytes."""
@@ -475,7 +560,7 @@ class VersionWriter:
         if self._closed:
             raise VersionClosedError("this version is already committed or aborted")
         try:
-            tensors, new_chunks = self._collect()
+            tensors, new_chunks, new_bytes = self._collect()
             root, nodes = self._build_tree(tensors)
             store = self._store
             same_step = [v for v in store.versions(self.run) if v.step == self.step]
@@ -493,7 +578,7 @@ class VersionWriter:
                 created=time.time(), root=root, meta=self.meta,
                 logical_bytes=sum(t.nbytes for t in tensors.values())
                 + sum(size for _, _, size in self._data.values()),
-                new_bytes=sum(c.raw_length for c in new_chunks),
+                new_bytes=new_bytes,
                 new_stored_bytes=sum(c.stored_length for c in new_chunks) + node_bytes,
             )
             version_id, data = record.encode()
@@ -512,7 +597,7 @@ class VersionWriter:
             self._store_session.close()
             refs = {d for t in tensors.values() for d in t.chunk_digests()}
             store.index.add_version(entry, refs, {d: len(b) for d, b in nodes.items()},
-                                    new_chunks, self._session)
+                                    new_chunks, self._session, self._packs.written)
         except Exception as exc:
             # The commit record is the truth; reconcile counts the version in on
             # the next open or GC.  A leftover session object ends with this process.
@@ -589,7 +674,7 @@ class VersionWriter:
         if self._closed:
             raise VersionClosedError("this version is already committed or aborted")
         try:
-            entries, new_chunks = self._collect()
+            entries, new_chunks, _ = self._collect()
             self._store.backend.flush()  # durable before the publisher may reference them
         finally:
             self.abort()  # ends this writer's sessions; every chunk job is done

@@ -7,7 +7,10 @@ newest two of its own versions.  ROLE ``gc``: run ``gc(grace=0)`` in a loop.
 Both stop after SECONDS and print what they did.  With ``RACE_DELTAS=1`` in
 the environment the store writes XOR-deltas: half the blocks change every
 save (small deltas against the previous version's), half are a few shared
-blocks that GC keeps deleting and saves keep deduplicating against.
+blocks that GC keeps deleting and saves keep deduplicating against.  With
+``RACE_PACKS=1`` each version also holds small tensors, stored in packs: a few
+drawn from a small shared pool (members of older packs that saves reuse while
+GC keeps deleting the packs no kept version needs) and one of its own.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ from chunkstore.errors import GcBusyError
 
 CHUNK = 64 * 1024
 DELTAS = os.environ.get("RACE_DELTAS") == "1"
+PACKS = os.environ.get("RACE_PACKS") == "1"
+SMALL_POOL = 8
+SMALL = 4096  # bytes of a small tensor (packed)
 POOL = 10
 DELTA_POOL = 3
 TWEAKS = 3  # values of a block's first element with deltas on
@@ -54,19 +60,36 @@ def expected(writer: int, step: int, deltas: bool = DELTAS) -> np.ndarray:
     return np.concatenate([block(i, deltas) for i in version_blocks(writer, step, deltas)])
 
 
+def small_state(writer: int, step: int) -> dict[str, np.ndarray]:
+    """Small tensors of a version (RACE_PACKS): three pool blocks and one of its own."""
+    picks = np.random.default_rng(writer * 7_000_001 + step).integers(0, SMALL_POOL, 3)
+    own = SMALL_POOL + writer * 1_000_003 + step
+    return {f"s{j}": np.random.default_rng(int(i) + 10**9).integers(0, 2**31, SMALL // 4,
+                                                                   dtype=np.int32)
+            for j, i in enumerate([*picks, own])}
+
+
 def save_loop(store: chunkstore.Store, writer: int, seconds: float) -> None:
     deadline = time.monotonic() + seconds
-    step = deltas = 0
+    step = deltas = reused = 0
     while time.monotonic() < deadline:
         with store.new_version(f"w{writer}", step) as v:
             v.put("w", expected(writer, step))
-        (shard,) = store.open_version(v.info.id).entries()["w"].shards  # type: ignore[union-attr]
+            if PACKS:
+                for name, array in small_state(writer, step).items():
+                    v.put(name, array)
+        entries = store.open_version(v.info.id).entries()
+        (shard,) = entries["w"].shards  # type: ignore[union-attr]
         deltas += sum(1 for chain in shard.bases if chain)
+        if PACKS:  # s3 is new in every save, so its pack is this save's own
+            packs = {name: entries[name].shards[0].packs[0].pack  # type: ignore[union-attr]
+                     for name in ("s0", "s1", "s2", "s3")}
+            reused += sum(1 for name in ("s0", "s1", "s2") if packs[name] != packs["s3"])
         mine = store.versions(f"w{writer}")
         for info in mine[:-2]:
             store.delete(info.id)
         step += 1
-    print(f"saved {step} {deltas}", flush=True)
+    print(f"saved {step} {deltas} {reused}", flush=True)
 
 
 def gc_loop(store: chunkstore.Store, seconds: float) -> None:

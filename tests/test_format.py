@@ -42,6 +42,7 @@ from chunkstore.errors import ChunkStoreError, FormatVersionError
 from chunkstore.manifest import (
     NODE_FORMAT_VERSION,
     DataEntry,
+    PackLocation,
     Shard,
     TensorEntry,
     TreeNode,
@@ -157,8 +158,11 @@ def test_fixture_reads_back_exactly(name: str, tmp_path: Path) -> None:
         result = store.verify()
         assert result.ok, result.to_json()
         assert result.versions_checked == len(expected["versions"])
+        # a pack is one file, and verify reads each of its members on its own
         assert result.chunks_checked == (sum(expected["codec_counts"].values())
-                                         - expected.get("awaiting_gc_chunks", 0))
+                                         - expected.get("awaiting_gc_chunks", 0)
+                                         - expected["codec_counts"].get("pack", 0)
+                                         + expected.get("packed_chunks", 0))
     assert tree_snapshot(root) == before, "reading a store must not change it"
 
 
@@ -209,7 +213,7 @@ def test_fixture_objects_carry_their_format_versions(name: str) -> None:
             data = path.read_bytes()
             assert (data[:4], data[4]) == (b"CSCK", versions["chunk"]), path.name
             census[data[5]] = census.get(data[5], 0) + 1
-    codec_ids = {"raw": 0, "zstd": 1, "shuffle-zstd": 2, "xor-delta": 3}
+    codec_ids = {"raw": 0, "zstd": 1, "shuffle-zstd": 2, "xor-delta": 3, "pack": 4}
     assert census == {codec_ids[n]: c for n, c in expected["codec_counts"].items()}
     for path in (root / "nodes").rglob("*"):
         if path.is_file():
@@ -292,7 +296,7 @@ def test_encoder_reproduces_records_config_and_tags(rebuilt_current: tuple[str, 
 
 
 def _hand_header(codec_id: int, element_size: int, raw_length: int, payload_length: int,
-                 flags: int = 0, version: int = 2) -> bytes:
+                 flags: int = 0, version: int = 3) -> bytes:
     return (b"CSCK" + bytes([version, codec_id, element_size, flags])
             + raw_length.to_bytes(8, "little") + payload_length.to_bytes(8, "little"))
 
@@ -348,6 +352,26 @@ def test_xor_delta_layout() -> None:
     assert bytes(XOR_DELTA.encode(memoryview(xor), 1)) == one_plane
 
 
+def test_pack_layout() -> None:
+    """Codec 4 (chunk version 3): a pack's content is complete member chunk objects end
+    to end, stored as they are; its key is the digest of the content; a shard lists
+    ``[pack, offset, length]`` (offset into the content) for each packed chunk."""
+    a, b = bytes(range(12)), b"xyz" * 5
+    member_a = _hand_header(0, 4, 12, 12) + a
+    member_b = _hand_header(0, 1, 15, 15) + b
+    content = member_a + member_b
+    pack = _hand_header(4, 1, len(content), len(content)) + content
+    key = Digest.of(content)
+    assert encode_object(ChunkHeader(4, 1, len(content), len(content)), content) == pack
+    assert bytes(decode_object(key, pack)) == content
+    with pytest.raises(ChunkStoreError, match="unknown codec id 4"):
+        parse_header(key, _hand_header(4, 1, len(content), len(content), version=2))
+    shard = Shard((0,), (15,), 4096, (Digest.of(b),), (),
+                  (PackLocation(key, len(member_a), len(member_b)),))
+    assert shard.to_json()["packs"] == [[key.hex, 36, 39]]
+    assert list(TensorEntry("uint8", (15,), (shard,)).chunk_digests()) == [key]
+
+
 def _shuffle_payload(raw: bytes, element_size: int) -> bytes:
     """Plane i holds byte i of every element; a plane that zstd does not shrink stays raw.
     (Planes of at most 64 KiB, so the encoder's probe never applies.)"""
@@ -389,7 +413,7 @@ def test_key_layout() -> None:
 def test_store_config_bytes() -> None:
     assert StoreConfig(4096, "auto", 1.25, 4).encode() == (
         b'{"chunk_size":4096,"compression":"auto","created":1.25,"delta_depth":4,'
-        b'"format":"chunkstore","format_version":3}')
+        b'"format":"chunkstore","format_version":4}')
     old = (b'{"chunk_size":4096,"compression":"auto","created":1.25,"format":"chunkstore",'
            b'"format_version":1}')
     assert StoreConfig.decode("x", old).delta_depth == 0  # version 1: no deltas
@@ -432,7 +456,7 @@ def test_tree_node_bytes() -> None:
         '"sizes":[2]}]}},'
         '"w":{"tensor":{"dtype":"float32","shape":[2,3],"shards":[{"chunk_bytes":'
         f'4096,"chunks":["{d2.hex}"],"offsets":[0,0],"sizes":[2,3]}}]}},"tree":"{d1.hex}"}},'
-        f'"\u00e9":{{"data":{{"nbytes":5,"node":"{d3.hex}"}}}}}},"format_version":2,'
+        f'"\u00e9":{{"data":{{"nbytes":5,"node":"{d3.hex}"}}}}}},"format_version":3,'
         '"kind":"tree"}').encode()
     assert digest.hex == blake3.blake3(data).hexdigest()
     assert decode_tree(digest, data) == node
@@ -445,7 +469,7 @@ def test_data_node_bytes_and_tags() -> None:
     payload = (b'{"$dict":[["a",[1,2.5,null,true]],["t",{"$tuple":[1,"\\u00e9"]}],'
                b'["b",{"$bytes":"AP8="}],["f",[{"$float":"nan"},{"$float":"inf"},'
                b'{"$float":"-inf"}]],["$k",1]]}')
-    assert data == b'{"format_version":2,"kind":"data","value":' + payload + b"}"
+    assert data == b'{"format_version":3,"kind":"data","value":' + payload + b"}"
     assert nbytes == len(payload)
     assert digest.hex == blake3.blake3(data).hexdigest()
     decoded = decode_data(digest, data)

@@ -340,13 +340,16 @@ def test_report_shows_what_gc_could_reclaim(store: chunkstore.Store, shared: np.
     assert store.stats().reclaimable_bytes == 0
 
 
-@pytest.mark.parametrize("deltas", [False, True], ids=["dedup", "deltas"])
+@pytest.mark.parametrize(("deltas", "packs"), [(False, False), (True, False), (False, True)],
+                         ids=["dedup", "deltas", "packs"])
 def test_saves_racing_gc_with_no_grace_never_publish_a_version_with_a_deleted_chunk(
-        store_path: Path, monkeypatch: pytest.MonkeyPatch, deltas: bool) -> None:
+        store_path: Path, monkeypatch: pytest.MonkeyPatch, deltas: bool, packs: bool) -> None:
     """The dedup-versus-GC race: two saving processes and a GC process, grace 0; with
-    deltas, saves also encode against bases that GC keeps condemning."""
+    deltas, saves also encode against bases that GC keeps condemning; with packs,
+    saves reuse members of packs that GC keeps deleting."""
     monkeypatch.setenv("RACE_DELTAS", "1" if deltas else "0")
-    from tests.gc_race_child import CHUNK, expected
+    monkeypatch.setenv("RACE_PACKS", "1" if packs else "0")
+    from tests.gc_race_child import CHUNK, expected, small_state
 
     chunkstore.open(store_path, chunk_size=CHUNK, compression="none",
                     delta_depth=2 if deltas else 0).close()
@@ -364,6 +367,8 @@ def test_saves_racing_gc_with_no_grace_never_publish_a_version_with_a_deleted_ch
     gc_runs, gc_deleted = (int(x) for x in outputs[2][0].split()[1:])
     assert saves >= 10 and gc_runs >= 5 and gc_deleted > 0  # the race really ran
     assert (delta_chunks > 0) == deltas
+    reused = sum(int(out.split()[3]) for out, _ in outputs[:2])
+    assert (reused > 0) == packs  # saves reused members of packs GC was collecting
     with chunkstore.open(store_path) as store:
         result = store.verify()
         assert result.ok, result.problems
@@ -371,8 +376,11 @@ def test_saves_racing_gc_with_no_grace_never_publish_a_version_with_a_deleted_ch
         assert len(versions) == 4  # each writer keeps its newest two
         for info in versions:
             writer = int(info.run[1:])
-            np.testing.assert_array_equal(store.open_version(info.id).get("w"),
-                                          expected(writer, info.step, deltas))
+            reader = store.open_version(info.id)
+            np.testing.assert_array_equal(reader.get("w"), expected(writer, info.step, deltas))
+            if packs:
+                for name, array in small_state(writer, info.step).items():
+                    np.testing.assert_array_equal(reader.get(name), array)
         store.gc(grace=0)
         assert store.verify().ok
 

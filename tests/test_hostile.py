@@ -90,10 +90,11 @@ def _good_root(path: Path) -> dict[str, Any]:
 
 
 def _tensor(shape: list[int], chunks: list[str], chunk_bytes: int = 4096,
-            shards: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+            shards: list[dict[str, Any]] | None = None,
+            packs: list[Any] | None = None) -> dict[str, Any]:
     if shards is None:
         shards = [{"offsets": [0] * len(shape), "sizes": shape, "chunk_bytes": chunk_bytes,
-                   "chunks": chunks}]
+                   "chunks": chunks, **({"packs": packs} if packs else {})}]
     return {"tensor": {"dtype": "float32", "shape": shape, "shards": shards}}
 
 
@@ -123,9 +124,10 @@ def test_empty_shards_list_is_refused_and_reported(store_dir: Path) -> None:
 
 def test_chunk_of_the_wrong_length_fails_verify(store_dir: Path) -> None:
     good = _good_root(store_dir)
-    w_chunk = good["entries"]["w"]["tensor"]["shards"][0]["chunks"][0]  # 4096 bytes
+    w_shard = good["entries"]["w"]["tensor"]["shards"][0]
+    w_chunk = w_shard["chunks"][0]  # 4096 bytes, packed
     # 512 float32 = 2048 bytes in one chunk: the real chunk is twice as long.
-    root = _tree(store_dir, {"w": _tensor([512], [w_chunk])})
+    root = _tree(store_dir, {"w": _tensor([512], [w_chunk], packs=w_shard["packs"])})
     vid = _record(store_dir, root)
     _check_reported(store_dir, vid, "corrupt-chunk")
     with chunkstore.open(store_dir, create=False) as store:
@@ -143,8 +145,9 @@ def test_huge_shapes_are_refused_before_allocating(store_dir: Path, shape: list[
 
 def test_chunk_bytes_above_the_store_chunk_size(store_dir: Path) -> None:
     good = _good_root(store_dir)
-    w_chunk = good["entries"]["w"]["tensor"]["shards"][0]["chunks"][0]
-    root = _tree(store_dir, {"w": _tensor([1024], [w_chunk], chunk_bytes=8192)})
+    w_shard = good["entries"]["w"]["tensor"]["shards"][0]
+    root = _tree(store_dir, {"w": _tensor([1024], w_shard["chunks"], chunk_bytes=8192,
+                                          packs=w_shard["packs"])})
     vid = _record(store_dir, root)
     _check_reported(store_dir, vid, "corrupt-node")
 

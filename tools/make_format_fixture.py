@@ -47,7 +47,7 @@ TAG = "best"
 TAGGED_SELECTOR = f"{RUN}@1"
 DATA_DIR = Path(__file__).resolve().parent.parent / "tests" / "data"
 #: Codec ids every fixture must contain at least one chunk of.
-REQUIRED_CODECS = {0: "raw", 1: "zstd", 2: "shuffle-zstd", 3: "xor-delta"}
+REQUIRED_CODECS = {0: "raw", 1: "zstd", 2: "shuffle-zstd", 3: "xor-delta", 4: "pack"}
 MAX_FIXTURE_BYTES = 300_000
 #: The fixture store's delta chain bound: the versions after the second build
 #: chains of every depth up to it, then one that starts over standalone.
@@ -185,6 +185,26 @@ def _chain_depths(store: chunkstore.Store) -> set[int]:
     return depths
 
 
+def _packed_chunks(store: chunkstore.Store) -> tuple[int, int]:
+    """Distinct packed chunks the versions list, and the versions that reuse a pack
+    an earlier version wrote (deduplication against an older pack)."""
+    members: set[tuple[str, str]] = set()
+    first_seen: dict[str, str] = {}
+    reusing = set()
+    for info in store.versions():
+        for leaf in store.open_version(info.id).entries().values():
+            for shard in getattr(leaf, "shards", ()):
+                for i, digest in enumerate(shard.chunks):
+                    location = shard.location(i)
+                    if location is None:
+                        continue
+                    members.add((digest.hex, location.pack.hex))
+                    owner = first_seen.setdefault(location.pack.hex, info.id)
+                    if owner != info.id:
+                        reusing.add(info.id)
+    return len(members), len(reusing)
+
+
 def build(root: Path) -> dict[str, Any]:
     """Create the fixture store at ``root`` (must not exist); return the expectations."""
     arrays, data = arrays_v1(), data_v1()
@@ -200,6 +220,10 @@ def build(root: Path) -> dict[str, Any]:
             arrays = version_n(arrays, step)
             versions.append(_write_version(store, step, arrays, data, {"step": step}))
         store.tag(TAGGED_SELECTOR, TAG)
+        packed, reusing = _packed_chunks(store)
+        if packed == 0 or reusing == 0:
+            raise SystemExit("the fixture needs packed chunks and a version that reuses an"
+                             " older pack")
         depths = _chain_depths(store)
         if depths != set(range(DELTA_DEPTH + 1)):
             raise SystemExit(f"fixture chains have depths {sorted(depths)}, not 0..{DELTA_DEPTH}")
@@ -229,6 +253,8 @@ def build(root: Path) -> dict[str, Any]:
         "tags": {TAG: TAGGED_SELECTOR},
         "removed": [removed],
         "awaiting_gc_chunks": awaiting,
+        # verify reads each packed chunk on its own, and the pack holding it is one file
+        "packed_chunks": packed,
         "objects": _object_digests(root),
     }
 

@@ -310,6 +310,9 @@ def report_text(stats: StoreStats, store_path: str) -> None:
         ("compression ratio", format_ratio(stats.compression_ratio or None)),
         ("delta chunks", f"{stats.delta_chunks}  (XOR-deltas against an earlier version;"
          f" {stats.mean_chain_depth:.2f} bases behind one on average)"),
+        ("packed chunks", f"{stats.packed_chunks} in {plural(stats.packs, 'pack')}  (small"
+         f" chunks stored together; {format_size(stats.packed_garbage_bytes)} inside live"
+         " packs no live version lists)"),
         ("amplification", format_ratio(stats.amplification or None)
          + "  (physical / logical of the latest version; one full copy per version"
          f" would be {len(stats.versions)}.00x)" if stats.versions else "-"),

@@ -55,13 +55,14 @@ def names() -> dict[int, str]:
     return {cid: c.name for cid, c in sorted(_REGISTRY.items())}
 
 
+from chunkstore.codecs.pack import PACK  # noqa: E402
 from chunkstore.codecs.raw import RAW  # noqa: E402
 from chunkstore.codecs.shuffle import SHUFFLE_ZSTD  # noqa: E402
 from chunkstore.codecs.xordelta import XOR_DELTA  # noqa: E402
 from chunkstore.codecs.zstd import ZSTD  # noqa: E402
 
-for _codec in (RAW, ZSTD, SHUFFLE_ZSTD, XOR_DELTA):
+for _codec in (RAW, ZSTD, SHUFFLE_ZSTD, XOR_DELTA, PACK):
     register(_codec)
 
-__all__ = ["RAW", "SHUFFLE_ZSTD", "XOR_DELTA", "ZSTD", "Codec", "by_id", "by_name", "names",
+__all__ = ["PACK", "RAW", "SHUFFLE_ZSTD", "XOR_DELTA", "ZSTD", "Codec", "by_id", "by_name", "names",
            "register"]

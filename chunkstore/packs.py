@@ -1,0 +1,280 @@
+"""Packs: many small chunk objects stored as one object (docs/format.md §3.5).
+
+A pack is an ordinary chunk object (codec ``pack``) under ``chunks/<digest of
+its content>``; its content is complete member chunk objects laid end to end.
+A manifest lists, for a packed chunk, the pack and the member's offset and
+length; everything that walks manifests for the objects a version needs (GC's
+mark, the index's references, ``index rebuild``, ``verify``) sees the pack,
+never the member, so packs are kept, claimed, fenced, condemned and deleted
+exactly as any chunk object, with no change to that protocol.
+
+A save packs the small chunks it must write:
+
+1. the caller claims a batch of small chunks in one index transaction
+   (:meth:`Index.claim_small`): a chunk stored as an object of its own is
+   claimed as today; a chunk this index saw inside a pack gets the **pack**
+   claimed (a member is not an object and is never claimed); the rest are
+   written;
+2. a worker reuses a claimed chunk or pack only through the writer's
+   ``_reusable`` (fence wait, index claim, existence check), exactly as a
+   dedup hit on any object; a pack it may not reuse makes it write the
+   member again, into a new pack;
+3. members to write are encoded in the workers and appended to the open pack
+   in the order the caller handed them out (:class:`PackBuilder`), so a save
+   of the same state writes the same packs; a pack is sealed at
+   :data:`PACK_TARGET_BYTES` and at commit, its digest claimed like any
+   chunk's, and written with put-if-absent;
+4. the version lists each member's location; the index remembers the
+   locations (a dedup cache only: a missing entry means "write it again").
+
+Why reusing a member of an older pack is safe while a GC may delete that
+pack: the save references the pack P, claims P and checks the fence and the
+store for P exactly as a dedup hit on a chunk object P, and its version lists
+P among the objects it needs.  So the argument of :mod:`chunkstore.gc` holds
+with X = P word for word: either the GC waited for this save (step 6) and
+marks P through the published version (step 7), or the save read the GC's
+entry and does not reuse P (it writes the member again, into a new pack).  A
+member's bytes are never reached except through P's key, which is what GC
+deletes and what the save protects; nothing is deleted member by member.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from chunkstore import codecs
+from chunkstore.chain import missing_chunk
+from chunkstore.chunkobj import (
+    HEADER,
+    MAX_PAYLOAD_OVERHEAD,
+    ChunkHeader,
+    decode_object,
+    parse_header,
+)
+from chunkstore.codecs import PACK
+from chunkstore.digest import DIGEST_SIZE, Digest, chunk_key
+from chunkstore.errors import CorruptChunkError
+from chunkstore.manifest import PackLocation
+
+if TYPE_CHECKING:
+    from chunkstore.store import Store
+
+#: A pack is sealed once its content reaches this size.  Measured on this project's
+#: 2-core machine: writing a pack costs its bytes plus one object; above a few MiB the
+#: per-object cost is noise, and a pack stays small next to a 4 MiB chunk.
+PACK_TARGET_BYTES = 8 * 1024 * 1024
+#: The largest target a store handle accepts: a pack's content stays far below the
+#: largest chunk object (one member more than the target at most).
+MAX_PACK_TARGET = 64 * 1024 * 1024
+
+
+class PackSlot:
+    """Where a member lies; filled in when its pack is sealed."""
+
+    __slots__ = ("location",)
+
+    def __init__(self, location: PackLocation | None = None) -> None:
+        self.location = location
+
+
+#: A member object as the writer encoded it: its header bytes and its payload.
+Member = tuple[bytes, bytes | memoryview]
+#: The members of one pack once it is full: (digest, offset, length) each, the
+#: object's pieces in order, and the content's length.
+_Sealed = tuple[list[tuple[Digest, int, int]], list[bytes | memoryview], int]
+
+
+class PackBuilder:
+    """Collects a save's members in the order they were handed out; seals packs.
+
+    ``write(digest, data)`` stores one sealed pack object (claimed,
+    put-if-absent) and returns the bytes written.  Thread-safe: workers add
+    members as they finish encoding; the worker that fills a pack joins,
+    hashes and writes it outside the lock, one copy of the bytes in all.
+    """
+
+    def __init__(self, write: Callable[[Digest, bytes], int],
+                 target: int = PACK_TARGET_BYTES) -> None:
+        self._write = write
+        self._target = target
+        self._lock = threading.Lock()
+        self._reserved = 0
+        self._next = 0
+        self._waiting: dict[int, tuple[Digest, Member | None, int]] = {}
+        self._parts: list[bytes | memoryview] = []
+        self._size = 0
+        self._open: list[tuple[Digest, int, int]] = []
+        self._slots: dict[Digest, PackSlot] = {}
+        self._placed: set[Digest] = set()
+        #: where each member this save wrote lies (for the index)
+        self.written: dict[Digest, PackLocation] = {}
+        #: (pack digest, content bytes, object bytes written) of each pack
+        self.packs: list[tuple[Digest, int, int]] = []
+        #: raw bytes of the members written
+        self.member_raw_bytes = 0
+
+    def reserve(self) -> int:
+        """A place in the pack order (the caller's thread, in the order of the state)."""
+        with self._lock:
+            self._reserved += 1
+            return self._reserved - 1
+
+    def add(self, seq: int, digest: Digest, member: Member | None, raw_length: int
+            ) -> PackSlot | None:
+        """Hand over place ``seq``: a member object to pack, or None (nothing to
+        write).  Returns the member's slot."""
+        with self._lock:
+            self._waiting[seq] = (digest, member, raw_length)
+            slot = self._slots.setdefault(digest, PackSlot()) if member is not None else None
+            sealed = self._drain()
+        for pack in sealed:
+            self._store(pack)
+        return slot
+
+    def finish(self) -> None:
+        """Seal and write the last pack; every place must have been handed over."""
+        with self._lock:
+            if self._next != self._reserved:
+                raise RuntimeError(f"{self._reserved - self._next} pack members never arrived")
+            sealed = [self._seal()] if self._parts else []
+        for pack in sealed:
+            self._store(pack)
+
+    def _drain(self) -> list[_Sealed]:
+        sealed = []
+        while self._next in self._waiting:
+            digest, member, raw_length = self._waiting.pop(self._next)
+            self._next += 1
+            if member is None or digest in self._placed:
+                continue  # the same chunk twice in one save: packed once
+            self._placed.add(digest)
+            length = len(member[0]) + len(member[1])
+            self._open.append((digest, self._size, length))
+            self._parts.extend(member)
+            self._size += length
+            self.member_raw_bytes += raw_length
+            if self._size >= self._target:
+                sealed.append(self._seal())
+        return sealed
+
+    def _seal(self) -> _Sealed:
+        sealed = (self._open, self._parts, self._size)
+        self._parts, self._open, self._size = [], [], 0
+        return sealed
+
+    def _store(self, pack: _Sealed) -> None:
+        members, parts, size = pack
+        header = ChunkHeader(PACK.id, 1, size, size).pack()
+        data = b"".join([header, *parts])
+        pack_digest = Digest.of(memoryview(data)[len(header):])
+        written = self._write(pack_digest, data)
+        with self._lock:
+            for digest, offset, length in members:
+                location = PackLocation(pack_digest, offset, length)
+                self._slots[digest].location = location
+                self.written[digest] = location
+            self.packs.append((pack_digest, size, written))
+
+
+#: Neighbouring members of one pack are read together when the gap between them is
+#: at most this (bytes read for nothing) and the whole read at most READ_RUN_BYTES.
+READ_GAP_BYTES = 64 * 1024
+READ_RUN_BYTES = 8 * 1024 * 1024
+
+#: A packed chunk to read: its digest, location and the caller's buffer for it.
+MemberRead = tuple[Digest, PackLocation, memoryview]
+
+
+def read_member_into(store: Store, digest: Digest, location: PackLocation, out: memoryview,
+                     *, check_pack: bool = False) -> None:
+    """Fill ``out`` with packed chunk ``digest``, read by range from its pack and
+    checked as the member object it is (header, length, decode, hash).
+
+    ``check_pack`` (verify) also reads the pack's header: it must be a pack
+    holding the member's range.
+    """
+    if check_pack:
+        try:
+            _check_pack_header(store, location)
+        except FileNotFoundError:
+            raise missing_chunk(store, location.pack) from None
+    read_members_into(store, [(digest, location, out)])
+
+
+def read_members_into(store: Store, members: list[MemberRead]) -> None:
+    """Read members of one pack with one ranged read (they lie close together: see
+    :func:`read_runs`), then check and decode each as :func:`read_member_into` does."""
+    pack = members[0][1].pack
+    for digest, location, out in members:  # bounded before anything is read
+        if location.length > HEADER.size + DIGEST_SIZE + len(out) + MAX_PAYLOAD_OVERHEAD:
+            raise CorruptChunkError(digest.hex, f"listed as {location.length} bytes in pack"
+                                    f" {pack.short()}, too long for {len(out)} raw bytes")
+    start = min(location.offset for _, location, _ in members)
+    end = max(location.offset + location.length for _, location, _ in members)
+    try:
+        data = memoryview(store.backend.get_range(chunk_key(pack), HEADER.size + start,
+                                                  end - start))
+    except FileNotFoundError:
+        raise missing_chunk(store, pack) from None
+    for digest, location, out in members:
+        begin = location.offset - start
+        _decode_member(digest, location, data[begin : begin + location.length], out)
+
+
+def read_runs(members: list[MemberRead]) -> list[list[MemberRead]]:
+    """Group packed chunk reads into runs, each one ranged read of one pack: members
+    of a pack sorted by offset, split where the gap or the run grows too large."""
+    by_pack: dict[Digest, list[MemberRead]] = {}
+    for member in members:
+        by_pack.setdefault(member[1].pack, []).append(member)
+    runs: list[list[MemberRead]] = []
+    for group in by_pack.values():
+        group.sort(key=lambda m: m[1].offset)
+        run: list[MemberRead] = []
+        run_start = run_end = 0
+        for member in group:
+            location = member[1]
+            if run and (location.offset > run_end + READ_GAP_BYTES
+                        or location.offset + location.length - run_start > READ_RUN_BYTES):
+                runs.append(run)
+                run = []
+            if not run:
+                run_start = run_end = location.offset
+            run.append(member)
+            run_end = max(run_end, location.offset + location.length)
+        runs.append(run)
+    return runs
+
+
+def _decode_member(digest: Digest, location: PackLocation, data: memoryview,
+                   out: memoryview) -> None:
+    if len(data) != location.length:
+        raise CorruptChunkError(digest.hex, f"pack {location.pack.short()} ends before the"
+                                f" member's {location.length} bytes at {location.offset}")
+    header = parse_header(digest, data)
+    codec = codecs.by_id(header.codec_id)
+    if header.base is not None or codec is None or codec.needs_base or codec is PACK:
+        raise CorruptChunkError(digest.hex, "a pack member is never a delta or a pack")
+    if header.raw_length != len(out):
+        raise CorruptChunkError(digest.hex, f"holds {header.raw_length} bytes, the manifest"
+                                f" expects {len(out)}")
+    if header.size + header.payload_length != len(data):
+        raise CorruptChunkError(digest.hex, f"member object is {len(data)} bytes, its header"
+                                f" says {header.size + header.payload_length}")
+    decode_object(digest, data, out)
+
+
+def _check_pack_header(store: Store, location: PackLocation) -> None:
+    pack = location.pack
+    header = parse_header(pack, store.backend.get_range(chunk_key(pack), 0, HEADER.size))
+    if header.codec_id != PACK.id or header.raw_length != header.payload_length:
+        raise CorruptChunkError(pack.hex, "listed as a pack, but is not one")
+    size = store.backend.stat(chunk_key(pack)).size
+    if size != HEADER.size + header.payload_length:
+        raise CorruptChunkError(pack.hex, f"pack object is {size} bytes, its header says"
+                                f" {HEADER.size + header.payload_length} (truncated or padded)")
+    if location.offset + location.length > header.raw_length:
+        raise CorruptChunkError(pack.hex, f"holds {header.raw_length} bytes; a member is listed"
+                                f" at {location.offset}+{location.length}")
