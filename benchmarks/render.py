@@ -104,6 +104,20 @@ def _pause_cell(r: dict[str, Any]) -> str:
                    else " (sync)")
 
 
+def objects_per_save(record: dict[str, Any]) -> tuple[int, float] | None:
+    """Objects (files) the first save wrote, and the median a later save added."""
+    counts = record.get("cumulative_objects")
+    if not counts:
+        return None
+    added = [b - a for a, b in itertools.pairwise(counts)]
+    return counts[0], statistics.median(added) if added else 0.0
+
+
+def _objects_cell(r: dict[str, Any]) -> str:
+    counts = objects_per_save(r)
+    return "-" if counts is None else f"{counts[0]} / {counts[1]:.0f}"
+
+
 def detail_table(records: list[dict[str, Any]]) -> list[str]:
     lines = ["| workload | system | stored after N | added per save | save (first / then)"
              " | pause | restore latest / oldest | peak RSS (state loaded) | verified |",
@@ -148,6 +162,10 @@ def markdown(folder: Path) -> str:
         " the staging buffers), the sync save for torch.save and safetensors. memcpy: a"
         " plain copy of the whole state into reused buffers, measured in the same process.",
         "", *pivot(records, _pause_cell), "",
+        "## Objects written per save", "",
+        "Files (objects, on an object store: PUT requests) the first save wrote / the"
+        " median a later save added.", "",
+        *pivot(records, _objects_cell), "",
         "## Sync save and restore time", "",
         "Median sync save after the first / restore of the latest version (into the"
         " training state's tensors, hash- or bit-checked).", "",

@@ -119,7 +119,8 @@ BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 def render_all() -> str:
     parts = []
     sections = suite_sections(("Storage amplification after N versions",
-                               "Training pause per save", "Sync save and restore time"))
+                               "Storage per incremental version", "Training pause per save",
+                               "Objects written per save", "Sync save and restore time"))
     if sections:
         parts.append("\n".join(sections).strip())
     for name, render in (("core.json", core_table), ("pause.json", pause_table),

@@ -48,6 +48,13 @@ def tree_bytes(root: Path) -> int:
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
 
 
+def tree_files(root: Path, skip: str | None = None) -> int:
+    """Files under ``root`` (on an object store, objects), not counting the top-level
+    directory ``skip``."""
+    return sum(1 for p in root.rglob("*")
+               if p.is_file() and (skip is None or p.relative_to(root).parts[0] != skip))
+
+
 class FileSystem:
     """A system that writes one file or directory per version under ``root``."""
 
@@ -71,6 +78,9 @@ class FileSystem:
 
     def physical_bytes(self) -> int:
         return tree_bytes(self.root)
+
+    def objects(self) -> int:
+        return tree_files(self.root)
 
     def close(self) -> None:
         pass
@@ -152,6 +162,10 @@ class Chunkstore:
 
     def physical_bytes(self) -> int:
         return self.store.stats().physical_bytes
+
+    def objects(self) -> int:
+        """Objects in the store (the local index is not one)."""
+        return tree_files(Path(self.store.url), skip="index")
 
     def close(self) -> None:
         self.store.close()

@@ -61,14 +61,16 @@ def steady(times: list[float]) -> float:
     return statistics.median(times[1:] if len(times) > 1 else times)
 
 
-def save_all(system: Any, reader: TraceReader) -> tuple[list[float], list[int]]:
-    times, stored = [], []
+def save_all(system: Any, reader: TraceReader) -> tuple[list[float], list[int], list[int]]:
+    """Each save's time, and the bytes and objects stored after it."""
+    times, stored, objects = [], [], []
     for version, state in reader:
         started = time.perf_counter()
         system.save(version, state)
         times.append(time.perf_counter() - started)
         stored.append(system.physical_bytes())
-    return times, stored
+        objects.append(system.objects())
+    return times, stored, objects
 
 
 def pause_all(system: Any, reader: TraceReader) -> list[float]:
@@ -116,7 +118,7 @@ def run(trace_dir: Path, system_name: str, work_dir: Path, repeat: int) -> dict[
     reader.load(0)
     baseline_rss = peak_rss_bytes()
     system = open_sync(system_name, work_dir / "sync")
-    save_times, stored = save_all(system, reader)
+    save_times, stored, objects = save_all(system, reader)
     peak_rss = peak_rss_bytes()
     restore_s, latest_ok = restore_one(system, reader, reader.versions[-1], repeat)
     restore_oldest_s, oldest_ok = restore_one(system, reader, reader.versions[0], repeat)
@@ -140,6 +142,7 @@ def run(trace_dir: Path, system_name: str, work_dir: Path, repeat: int) -> dict[
         "restore_oldest_s": restore_oldest_s, "restore_verified": latest_ok and oldest_ok,
         "memcpy_s": memcpy_time(reader, repeat), "baseline_rss_bytes": baseline_rss,
         "cumulative_bytes": stored, "save_times_s": save_times, "pause_times_s": pauses,
+        "cumulative_objects": objects,
     }
 
 

@@ -510,7 +510,7 @@ class VersionWriter:
             entries[name] = TensorEntry(pending.dtype, pending.shape, (shard,))
         entries.update(self._adopted)
         new_chunks.extend(self._adopted_new.values())
-        new_bytes += sum(c.raw_length for c in self._adopted_new.values())
+        new_bytes += _adopted_raw_bytes(self._adopted, self._adopted_new)
         return entries, new_chunks, new_bytes
 
     def _build_tree(self, tensors: dict[str, TensorEntry]) -> tuple[Digest, dict[Digest, bytes]]:
@@ -596,8 +596,13 @@ class VersionWriter:
         try:
             self._store_session.close()
             refs = {d for t in tensors.values() for d in t.chunk_digests()}
+            # Where every packed chunk of the version lies, those packed by other
+            # processes (adopted entries) included: dedup targets for later saves.
+            packed = {digest: location for t in tensors.values() for shard in t.shards
+                      for i, digest in enumerate(shard.chunks)
+                      if (location := shard.location(i)) is not None}
             store.index.add_version(entry, refs, {d: len(b) for d, b in nodes.items()},
-                                    new_chunks, self._session, self._packs.written)
+                                    new_chunks, self._session, packed)
         except Exception as exc:
             # The commit record is the truth; reconcile counts the version in on
             # the next open or GC.  A leftover session object ends with this process.
@@ -749,6 +754,23 @@ def _open_store_session(store: Store, purpose: str) -> tuple[StoreSession, Fence
         session.close()
         raise
     return session, fence
+
+
+def _adopted_raw_bytes(entries: dict[str, TensorEntry], written: dict[Digest, NewChunk]
+                       ) -> int:
+    """The raw bytes of the chunks other processes stored for adopted entries: each new
+    object of its own, and each member of a new pack (a pack's own length is encoded)."""
+    packs = {d for d, chunk in written.items() if chunk.codec_id == PACK.id}
+    members: dict[Digest, int] = {}
+    for entry in entries.values():
+        itemsize = element_size(entry.dtype)
+        for shard in entry.shards:
+            for i, (digest, _, length) in enumerate(shard.chunk_spans(itemsize)):
+                location = shard.location(i)
+                if location is not None and location.pack in packs:
+                    members[digest] = length
+    return sum(members.values()) + sum(c.raw_length for c in written.values()
+                                       if c.codec_id != PACK.id)
 
 
 def entry_from_record(version_id: str, record: CommitRecord) -> VersionEntry:

@@ -266,7 +266,8 @@ def _write_items(store: Store, run: str, step: int, items: list[WriteItem],
         if item.tensor_data is not None:  # a tensor's box, placed in the global shape
             shape = tuple(item.tensor_data.size)
             local = dataclasses.replace(local, offsets=tuple(item.tensor_data.chunk.offsets))
-        mine = [new.pop(d) for d in dict.fromkeys(local.chunks) if d in new]
+        # The objects this box needs that this rank wrote (a packed chunk's pack).
+        mine = [new.pop(d) for d in dict.fromkeys(local.objects()) if d in new]
         staged = StagedShard(entry.dtype, shape, local, tuple(
             (c.digest, c.codec_id, c.raw_length, c.stored_length) for c in mine))
         results.append(WriteResult(index=item.index, size_in_bytes=entry.nbytes,
