@@ -6,6 +6,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -70,13 +71,13 @@ def test_small_tensors_are_claimed_in_batches_and_read_back_exactly(tmp_path: Pa
              for i in range(1000)}
     with chunkstore.open(tmp_path / "s") as store:
         calls: list[int] = []
-        claim_many = store.index.claim_many
+        claim_small = store.index.claim_small
 
-        def counting(session: str, kind: bytes, digests: list[Digest]) -> dict[Digest, Claim]:
+        def counting(session: str, digests: list[Digest]) -> Any:
             calls.append(len(digests))
-            return claim_many(session, kind, digests)
+            return claim_small(session, digests)
 
-        store.index.claim_many = counting  # type: ignore[method-assign]
+        store.index.claim_small = counting  # type: ignore[method-assign]
         with store.new_version(run="r", step=1) as version:
             for name, array in state.items():
                 version.put(name, array)
@@ -97,15 +98,15 @@ def test_a_failed_batch_claim_aborts_the_version(tmp_path: Path) -> None:
     """A small tensor's entry exists before its batch is claimed: when the claim fails,
     the version is aborted, never committed with entries short of chunks."""
     with chunkstore.open(tmp_path / "s") as store:
-        claim_many = store.index.claim_many
+        claim_small = store.index.claim_small
         failures = [OSError("index unavailable (injected)")]
 
-        def failing_once(session: str, kind: bytes, digests: list[Digest]) -> dict[Digest, Claim]:
+        def failing_once(session: str, digests: list[Digest]) -> Any:
             if failures:
                 raise failures.pop()
-            return claim_many(session, kind, digests)
+            return claim_small(session, digests)
 
-        store.index.claim_many = failing_once  # type: ignore[method-assign]
+        store.index.claim_small = failing_once  # type: ignore[method-assign]
         version = store.new_version(run="r", step=1)
         with pytest.raises(OSError, match="injected"):
             for i in range(1000):
