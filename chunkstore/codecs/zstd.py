@@ -21,12 +21,13 @@ from chunkstore import codecs
 LEVEL = 1
 #: Byte planes of float tensors (codecs 2 and 3) use zstd's ``fast`` strategy with a
 #: 128 KiB window, a 64-entry hash table and 7-byte matches, chosen by measurement
-#: (``python -m benchmarks.bench_codec``): such planes are low-entropy noise with
-#: few real repeats, and level 1's larger table spends its time on short matches
-#: that pay less than entropy coding the literals.  On 1 Mi-element planes of
-#: weights, Adam moments, bfloat16 and XOR deltas this compresses 1.5-2.8x faster
-#: than level 1 to slightly fewer bytes, and decodes about 2x faster (fewer,
-#: longer sequences).  Any zstd decoder reads either.
+#: (``python -m benchmarks.bench_codec``, ``benchmarks/results/codec.json``): such
+#: planes are low-entropy noise with few real repeats, and level 1's larger table
+#: spends its time on short matches that pay less than entropy coding the literals.
+#: On the exponent planes of float32 and bfloat16 weights and Adam moments this
+#: compresses 2.5-2.8x faster than level 1, to 8-10% fewer bytes, and decodes
+#: 1.3-1.7x faster; on XOR planes it is level 1's equal (sparse ones encode 1.5x
+#: faster and decode 0.7x as fast, at several GB/s).  Any zstd decoder reads either.
 PLANE_PARAMETERS = zstandard.ZstdCompressionParameters(
     window_log=17, hash_log=6, chain_log=6, search_log=1, min_match=7, target_length=0,
     strategy=1, write_content_size=True)
