@@ -84,6 +84,7 @@ from chunkstore.manifest import (
     TreeNode,
     encode_data,
     encode_tree,
+    shard_from_json,
     tensor_entry,
 )
 from chunkstore.names import check_entry_name, check_label
@@ -724,7 +725,10 @@ class VersionWriter:
                 raise InvalidInputError(f"entry {name!r}: chunks longer than the store's chunk"
                                         f" size {self._store.chunk_size}")
             try:  # what a reader would refuse is never published
-                tensor_entry(entry.dtype, entry.shape, entry.shards)
+                # Each shard as a reader decodes it (pack locations and delta chains
+                # included), then the entry as a whole.
+                shards = tuple(shard_from_json(s.to_json(), entry.dtype) for s in entry.shards)
+                tensor_entry(entry.dtype, entry.shape, shards)
             except ValueError as exc:
                 raise InvalidInputError(f"entry {name!r}: {exc}") from exc
         digests = sorted({d for entry in entries.values() for d in entry.chunk_digests()})

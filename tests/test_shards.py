@@ -21,7 +21,7 @@ import chunkstore
 from chunkstore.cli import cli
 from chunkstore.errors import InvalidInputError, StagedChunkMissingError
 from chunkstore.index import NewChunk
-from chunkstore.manifest import TensorEntry
+from chunkstore.manifest import PackLocation, TensorEntry
 from chunkstore.shards import StagedShard, box_chunk_range
 
 FULL = np.arange(96 * 64, dtype=np.float32).reshape(96, 64)  # 24 KiB: 6 chunks of 4 KiB
@@ -130,3 +130,17 @@ def test_show_lists_each_shard_box(small_store: chunkstore.Store, tmp_path: Path
     assert "[0, 0]+[32, 64] [32, 0]+[64, 64]" in text
     report = CliRunner().invoke(cli, ["report", str(tmp_path / "store"), "--json"])
     assert report.exit_code == 0, report.output
+
+
+def test_adopted_shards_with_malformed_pack_locations_are_refused(
+        small_store: chunkstore.Store) -> None:
+    """adopt() checks a shard as a reader decodes it: a pack location list that does not
+    match the chunks is refused before anything is published."""
+    with small_store as store:
+        staged, _ = _stage(store, slice(0, 96))
+        shard = staged.shard
+        location = PackLocation(shard.chunks[0], 0, 4096 + 24)
+        broken = dataclasses.replace(shard, packs=(location,))  # one location for 6 chunks
+        with pytest.raises(InvalidInputError, match="pack"):
+            _publish(store, [dataclasses.replace(staged, shard=broken)])
+        assert store.versions() == []
