@@ -81,9 +81,9 @@ class PackSlot:
 
 #: A member object as the writer encoded it: its header bytes and its payload.
 Member = tuple[bytes, bytes | memoryview]
-#: The members of one pack once it is full: (digest, offset, length) each, the
+#: The members of one pack once it is full: (digest, offset, length, raw length) each, the
 #: object's pieces in order, and the content's length.
-_Sealed = tuple[list[tuple[Digest, int, int]], list[bytes | memoryview], int]
+_Sealed = tuple[list[tuple[Digest, int, int, int]], list[bytes | memoryview], int]
 
 
 class PackBuilder:
@@ -105,14 +105,14 @@ class PackBuilder:
         self._waiting: dict[int, tuple[Digest, Member | None, int]] = {}
         self._parts: list[bytes | memoryview] = []
         self._size = 0
-        self._open: list[tuple[Digest, int, int]] = []
+        self._open: list[tuple[Digest, int, int, int]] = []
         self._slots: dict[Digest, PackSlot] = {}
         self._placed: set[Digest] = set()
         #: where each member this save wrote lies (for the index)
         self.written: dict[Digest, PackLocation] = {}
         #: (pack digest, content bytes, object bytes written) of each pack
         self.packs: list[tuple[Digest, int, int]] = []
-        #: raw bytes of the members written
+        #: raw bytes of the members of the packs written (not of a pack found stored)
         self.member_raw_bytes = 0
 
     def reserve(self) -> int:
@@ -151,10 +151,9 @@ class PackBuilder:
                 continue  # the same chunk twice in one save: packed once
             self._placed.add(digest)
             length = len(member[0]) + len(member[1])
-            self._open.append((digest, self._size, length))
+            self._open.append((digest, self._size, length, raw_length))
             self._parts.extend(member)
             self._size += length
-            self.member_raw_bytes += raw_length
             if self._size >= self._target:
                 sealed.append(self._seal())
         return sealed
@@ -171,11 +170,13 @@ class PackBuilder:
         pack_digest = Digest.of(memoryview(data)[len(header):])
         written = self._write(pack_digest, data)
         with self._lock:
-            for digest, offset, length in members:
+            for digest, offset, length, _ in members:
                 location = PackLocation(pack_digest, offset, length)
                 self._slots[digest].location = location
                 self.written[digest] = location
             self.packs.append((pack_digest, size, written))
+            if written:
+                self.member_raw_bytes += sum(raw for *_, raw in members)
 
 
 #: Neighbouring members of one pack are read together when the gap between them is
