@@ -32,11 +32,14 @@ The commit protocol.  DCP calls, in this order: ``set_up_storage_writer`` and
    (:meth:`VersionWriter.follow_publisher`), writes the rank's items: each
    tensor's local box, each bytes item as ``uint8``.  It waits for every
    chunk, makes them durable (``flush``), ends its sessions and returns, per
-   item, the shard (offsets, sizes, chunk size, digests, delta bases), the
-   dtype, the global shape and the chunks it wrote, as plain data
-   (:class:`StagedShard`).  Nothing is published: what it wrote is orphaned;
+   item, the shard (offsets, sizes, chunk size, digests, delta bases, and
+   the pack, offset and length of each chunk it packed), the dtype, the
+   global shape and the chunk objects it wrote (packs included), as plain
+   data (:class:`StagedShard`).  Nothing is published: what it wrote is
+   orphaned;
 3. ``finish``, on the coordinator: build the entries from the results, then
-   claim every chunk (and listed base) through the path a deduplication hit
+   claim every chunk object (a packed chunk's pack, and listed bases) through
+   the path a deduplication hit
    takes (:meth:`VersionWriter.adopt`: the fence of the session from step 1,
    the index claim, an existence check); a chunk that is missing fails the
    save (:class:`StagedChunkMissingError`) and nothing is published.  Then
