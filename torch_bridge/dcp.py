@@ -88,7 +88,6 @@ import dataclasses
 import io
 import os
 import uuid
-import weakref
 from typing import Any
 
 import numpy as np
@@ -111,13 +110,13 @@ from torch_bridge.dcp_layout import (
     item_key,
     open_options,
 )
-from torch_bridge.dcp_reader import ChunkStoreReader, is_store
+from torch_bridge.dcp_reader import ChunkStoreReader, HandleOwner
 from torch_bridge.tensors import as_array, check_storable, host_copy
 
 __all__ = ["ChunkStoreReader", "ChunkStoreWriter"]
 
 
-class ChunkStoreWriter(StorageWriter):
+class ChunkStoreWriter(HandleOwner, StorageWriter):
     """A DCP ``StorageWriter`` that publishes each save as one chunkstore version.
 
     ``store`` is a path, an fsspec URL (created when absent) or an open
@@ -144,29 +143,16 @@ class ChunkStoreWriter(StorageWriter):
         self.step = step
         self.meta = dict(meta or {})
         self.replace = replace
-        self._handle = StoreHandle(store, open_options(storage_options, index_dir))
-        self._finalizer = weakref.finalize(self, StoreHandle.release, self._handle)
+        self._use(StoreHandle(store, open_options(storage_options, index_dir)))
         self.is_coordinator = False
         self.save_id = uuid.uuid4().hex
         self.info: VersionInfo | None = None
 
     # --- what DCP calls --------------------------------------------------------------------
 
-    @property
-    def checkpoint_id(self) -> str:
-        return self._handle.url
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
-        """True for a local folder holding a chunkstore store."""
-        return is_store(checkpoint_id)
-
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         self._handle.release()
-        if checkpoint_id is not None and os.fspath(checkpoint_id) != self._handle.url:
-            self._handle = StoreHandle(checkpoint_id, self._handle.options)
-            self._finalizer.detach()
-            self._finalizer = weakref.finalize(self, StoreHandle.release, self._handle)
+        self._switch(checkpoint_id)
         self.save_id = uuid.uuid4().hex
 
     def storage_meta(self) -> StorageMeta | None:

@@ -40,7 +40,40 @@ def is_store(checkpoint_id: str | os.PathLike[str]) -> bool:
     return os.path.isfile(os.path.join(os.fspath(checkpoint_id), "chunkstore.json"))
 
 
-class ChunkStoreReader(StorageReader):
+class HandleOwner:
+    """What the DCP writer and reader share: the store they use through a
+    :class:`StoreHandle`, released when the owner is collected."""
+
+    _handle: StoreHandle
+    _finalizer: weakref.finalize[Any, Any]
+
+    def _use(self, handle: StoreHandle) -> None:
+        """Take ``handle``, releasing the one held before."""
+        old = getattr(self, "_handle", None)
+        if old is not None:
+            old.release()
+            self._finalizer.detach()
+        self._handle = handle
+        self._finalizer = weakref.finalize(self, StoreHandle.release, handle)
+
+    def _switch(self, checkpoint_id: str | os.PathLike[str] | None) -> bool:
+        """Use the store at ``checkpoint_id`` when DCP names another; True if it did."""
+        if checkpoint_id is None or os.fspath(checkpoint_id) == self._handle.url:
+            return False
+        self._use(StoreHandle(checkpoint_id, self._handle.options))
+        return True
+
+    @property
+    def checkpoint_id(self) -> str:
+        return self._handle.url
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        """True for a local folder holding a chunkstore store."""
+        return is_store(checkpoint_id)
+
+
+class ChunkStoreReader(HandleOwner, StorageReader):
     """A DCP ``StorageReader`` of one chunkstore version written by :class:`ChunkStoreWriter`.
 
     ``selector`` is any version selector (``RUN@latest``, ``RUN@STEP``, an id or
@@ -55,13 +88,16 @@ class ChunkStoreReader(StorageReader):
                  index_dir: str | None = None) -> None:
         super().__init__()
         self.selector = selector
-        self._handle = StoreHandle(store, open_options(storage_options, index_dir))
-        self._finalizer = weakref.finalize(self, StoreHandle.release, self._handle)
+        self._use(StoreHandle(store, open_options(storage_options, index_dir)))
+        self._load()
+        self.load_id = uuid.uuid4().hex
+
+    def _load(self) -> None:
+        """Resolve the selector and read DCP's metadata (the store is closed after)."""
         try:
             self.info, self._items = self._resolve()
         finally:
             self._handle.release()
-        self.load_id = uuid.uuid4().hex
 
     def _resolve(self) -> tuple[VersionInfo, StoredItems]:
         store = self._handle.open(create=False)
@@ -75,24 +111,9 @@ class ChunkStoreReader(StorageReader):
                 " torch_bridge.Checkpointer or chunkstore's own reader")
         return reader.info, StoredItems(leaf, reader.get_data(METADATA_ENTRY), entries)
 
-    @property
-    def checkpoint_id(self) -> str:
-        return self._handle.url
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
-        return is_store(checkpoint_id)
-
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
-        if checkpoint_id is not None and os.fspath(checkpoint_id) != self._handle.url:
-            self._handle.release()
-            self._handle = StoreHandle(checkpoint_id, self._handle.options)
-            self._finalizer.detach()
-            self._finalizer = weakref.finalize(self, StoreHandle.release, self._handle)
-            try:
-                self.info, self._items = self._resolve()
-            finally:
-                self._handle.release()
+        if self._switch(checkpoint_id):
+            self._load()
         self.load_id = uuid.uuid4().hex
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
