@@ -41,14 +41,16 @@ def _files(store_path: Path, prefix: str) -> set[str]:
             if p.is_file() and not p.name.startswith(".tmp-")}
 
 
-def _run_child(store_path: Path, first: int, last: int, fault: str | None
-               ) -> subprocess.CompletedProcess[str]:
+def run_child(store_path: Path, first: int, last: int, fault: str | None, *,
+              child: Path = CHILD, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run a crash child (saves ``first``..``last`` into the store) with ``fault``
+    injected, if any."""
     env = {k: v for k, v in os.environ.items() if k != FAULT_ENV_VAR}
     if fault is not None:
         env[FAULT_ENV_VAR] = fault
-    return subprocess.run([sys.executable, str(CHILD), str(store_path), str(first), str(last)],
-                          env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
-                          check=False)
+    return subprocess.run([sys.executable, str(child), str(store_path), str(first), str(last)],
+                          env=env, cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=timeout, check=False)
 
 
 def _check_version(store: chunkstore.Store, step: int) -> chunkstore.VersionInfo:
@@ -132,7 +134,7 @@ def test_kill_before_the_commit_record_publishes_nothing(
     chunks_before = _files(store_path, "chunks")
     nodes_before = _files(store_path, "nodes")
 
-    result = _run_child(store_path, 3, 3, fault)
+    result = run_child(store_path, 3, 3, fault)
 
     assert result.returncode == -signal.SIGKILL, result.stderr
     assert "saved" not in result.stdout
@@ -154,7 +156,7 @@ def test_kill_before_the_commit_record_publishes_nothing(
             store.resolve(f"{RUN}@3")
         assert store.latest(RUN).step == 2  # type: ignore[union-attr]
     # A later save (another process, like a restarted job) completes normally.
-    again = _run_child(store_path, 3, 4, None)
+    again = run_child(store_path, 3, 4, None)
     assert again.returncode == 0, again.stderr
     _check_store(store_path, [1, 2, 3, 4])
 
@@ -162,7 +164,7 @@ def test_kill_before_the_commit_record_publishes_nothing(
 def test_kill_after_the_commit_record_publishes_the_version(
     store_path: Path, two_versions: list[str]
 ) -> None:
-    result = _run_child(store_path, 3, 3, "kill-after-put:versions/:0")
+    result = run_child(store_path, 3, 3, "kill-after-put:versions/:0")
 
     assert result.returncode == -signal.SIGKILL, result.stderr
     assert "saved" not in result.stdout  # the commit call never returned
@@ -185,7 +187,7 @@ def test_kill_after_the_commit_record_publishes_the_version(
     # The index reconcile built holds the same chunk sizes a full rebuild finds.
     assert (reconciled.chunks, reconciled.unique_raw_bytes) == (
         rebuilt.chunks, rebuilt.unique_raw_bytes)
-    again = _run_child(store_path, 4, 4, None)
+    again = run_child(store_path, 4, 4, None)
     assert again.returncode == 0, again.stderr
     _check_store(store_path, [1, 2, 3, 4])
 
@@ -193,7 +195,7 @@ def test_kill_after_the_commit_record_publishes_the_version(
 def test_kill_while_removing_the_session_after_the_commit_publishes_the_version(
     store_path: Path, two_versions: list[str]
 ) -> None:
-    result = _run_child(store_path, 3, 3, "kill-before-delete:sessions/:0")
+    result = run_child(store_path, 3, 3, "kill-before-delete:sessions/:0")
 
     assert result.returncode == -signal.SIGKILL, result.stderr
     assert len(_files(store_path, "sessions")) == 1  # the dead process's session is left
@@ -241,6 +243,6 @@ def test_kill_at_random_moments_while_saving_in_a_loop(store_path: Path) -> None
         assert len(steps) - len(published) - len(reported) in (0, 1), f"seed {seed}"
         published = steps
         _check_store(store_path, published)
-    again = _run_child(store_path, published[-1] + 1, published[-1] + 1, None)
+    again = run_child(store_path, published[-1] + 1, published[-1] + 1, None)
     assert again.returncode == 0, again.stderr
     _check_store(store_path, [*published, published[-1] + 1])

@@ -3,11 +3,9 @@ older packs, GC, verify, crashes.  Real files, real LMDB, real subprocesses."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,13 +14,14 @@ import numpy as np
 import pytest
 
 import chunkstore
-from chunkstore.backends.wrappers import FAULT_ENV_VAR, ForwardingBackend
+from chunkstore.backends.wrappers import ForwardingBackend
 from chunkstore.digest import Digest, chunk_key
 from chunkstore.dtypes import DTYPES
 from chunkstore.errors import CorruptChunkError, InvalidSettingError, MissingChunkError
 from chunkstore.manifest import PackLocation, TensorEntry
 from chunkstore.records import STORE_FORMAT_VERSION
 from tests.s3server import s3_endpoint
+from tests.test_crash import run_child
 
 __all__ = ["s3_endpoint"]  # the session fixture, re-exported so pytest finds it here
 REPO = Path(__file__).resolve().parent.parent
@@ -335,12 +334,7 @@ def test_a_version_3_store_is_upgraded_by_its_first_save(tmp_path: Path) -> None
 
 def _run_child(root: Path, first: int, last: int, fault: str | None
                ) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != FAULT_ENV_VAR}
-    if fault is not None:
-        env[FAULT_ENV_VAR] = fault
-    return subprocess.run([sys.executable, str(CHILD), str(root), str(first), str(last)],
-                          env=env, cwd=REPO, capture_output=True, text=True, timeout=120,
-                          check=False)
+    return run_child(root, first, last, fault, child=CHILD, timeout=120)
 
 
 def _check_published(root: Path, steps: list[int]) -> None:
