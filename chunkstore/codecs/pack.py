@@ -10,20 +10,14 @@ A reader reaches a member through the location a manifest lists for it
 
 from __future__ import annotations
 
-from chunkstore import codecs
+from chunkstore.codecs.raw import RawCodec
 
 
-class PackCodec(codecs.Codec):
+class PackCodec(RawCodec):
+    """Stored as it is, like raw; its own id says the content is member objects."""
+
     id = 4
     name = "pack"
-
-    def encode(self, raw: memoryview, element_size: int) -> memoryview:
-        return raw
-
-    def decode(self, payload: memoryview, raw_length: int, element_size: int) -> memoryview:
-        if len(payload) != raw_length:
-            raise ValueError(f"pack payload is {len(payload)} bytes, header says {raw_length}")
-        return payload
 
 
 PACK = PackCodec()

@@ -14,7 +14,8 @@ class RawCodec(codecs.Codec):
 
     def decode(self, payload: memoryview, raw_length: int, element_size: int) -> memoryview:
         if len(payload) != raw_length:
-            raise ValueError(f"raw payload is {len(payload)} bytes, header says {raw_length}")
+            raise ValueError(f"{self.name} payload is {len(payload)} bytes, header says"
+                             f" {raw_length}")
         return payload
 
 
