@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 
 import chunkstore
-from chunkstore.digest import Digest, chunk_key, version_key
+from chunkstore.digest import chunk_key, version_key
+from chunkstore.manifest import TensorEntry
 from tests.machine_child import CHUNK_SIZE, loop_state, state
 from tests.s3server import create_bucket, remove_bucket, s3_endpoint, storage_options
 
@@ -279,42 +280,46 @@ def test_an_index_idle_past_the_journals_pruning_trusts_nothing_it_may_have_miss
 
 
 def test_a_batch_claim_taken_before_another_indexs_gc_finished_is_not_trusted() -> None:
-    """Small tensors are claimed in a batch before the save waits out the GC fence.
-    A GC of another index fenced both objects of a batch; the save waits for it on
-    the first, then applies its deletions; the second must not be reused on the
-    strength of the claim the batch took before (a remote store has no cheap
+    """Small tensors are claimed in a batch (their packs, here) before the save waits
+    out the GC fence.  A GC of another index fenced both packs; the save waits for it
+    on the first, then applies its deletions; the second pack must not be reused on
+    the strength of the claim the batch took before (a remote store has no cheap
     existence check to catch it)."""
     from chunkstore.index import CHUNK
     from chunkstore.journal import DONE, start_entry, write_entry
 
     a, b = np.full(16, 1, np.int32), np.full(16, 2, np.int32)
     with chunkstore.open(f"memory://cs-{os.urandom(8).hex()}", threads=1) as store:
-        with store.new_version(run="r", step=1) as version:
-            version.put("a", a)
-            version.put("b", b)
-        # Another machine removed that version; this index has not noticed (it is
-        # still the run's latest here, so the save takes its chunks' chains from it).
-        store.backend.delete(version_key(version.info.id))
-        digests = [Digest.of(x.data.cast("B")) for x in (a, b)]
-        entry = start_entry(store.backend, [(CHUNK, d) for d in digests])  # the other GC
+        packs = []
+        for step, (name, value) in enumerate([("a", a), ("b", b)], start=1):
+            with store.new_version(run="old", step=step) as version:  # one pack each
+                version.put(name, value)
+            entry = store.open_version(version.info.id).entry(name)
+            assert isinstance(entry, TensorEntry)
+            location = entry.shards[0].location(0)
+            assert location is not None
+            packs.append(location.pack)
+            # Another machine removed the version; this index has not noticed.
+            store.backend.delete(version_key(version.info.id))
+        gc_entry = start_entry(store.backend, [(CHUNK, p) for p in packs])  # the other GC
 
         def other_gc_deletes() -> None:
-            time.sleep(0.3)  # while the save waits on the entry for "a"
-            for digest in digests:
-                store.backend.delete(chunk_key(digest))
-            entry.state = DONE
-            write_entry(store.backend, entry)
+            time.sleep(0.3)  # while the save waits on the entry for the first pack
+            for pack in packs:
+                store.backend.delete(chunk_key(pack))
+            gc_entry.state = DONE
+            write_entry(store.backend, gc_entry)
 
-        with store.new_version(run="r", step=2) as version:
+        with store.new_version(run="r", step=1) as version:
             collector = threading.Thread(target=other_gc_deletes)
             collector.start()
             version.put("a", a)
             version.put("b", b)
         collector.join()
-        reader = store.open_version("r@2")
+        reader = store.open_version("r@1")
         np.testing.assert_array_equal(reader.get("a"), a)
         np.testing.assert_array_equal(reader.get("b"), b)
-        # This index still counts the version removed behind its back (a refcount
+        # This index still counts the versions removed behind its back (a refcount
         # problem only, which reconcile repairs); no object is missing or damaged.
         problems = [p for p in store.verify().problems if p.kind != "refcount"]
         assert problems == []
