@@ -1,11 +1,13 @@
 """Manifest nodes: immutable, content-addressed JSON (see docs/format.md).
 
 A version's root is a *tree* node.  Entry names are split on ``.``; each
-component maps to an object with an optional ``tree`` (digest of the subtree
-of longer names) and at most one leaf: ``tensor`` (the tensor described
-inline: dtype, shape and shards of chunk digests) or ``data`` (digest of a
-*data* node holding plain data).  Unchanged subtrees encode to the same
-bytes, hash the same and are shared between versions.
+name in a tree node (one component, or from node format 4 a dotted path of
+several: a small subtree inlined into its parent) maps to an object with an
+optional ``tree`` (digest of the subtree of longer names) and at most one
+leaf: ``tensor`` (the tensor described inline: dtype, shape and shards of
+chunk digests) or ``data`` (digest of a *data* node holding plain data).
+Unchanged subtrees encode to the same bytes, hash the same and are shared
+between versions.
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ from chunkstore import plaindata
 from chunkstore.digest import Digest
 from chunkstore.dtypes import element_size, numpy_dtype
 from chunkstore.errors import CorruptNodeError, FormatVersionError, InvalidNameError
-from chunkstore.names import check_component
+from chunkstore.names import check_component, check_entry_name
 
-NODE_FORMAT_VERSION = 3
+NODE_FORMAT_VERSION = 4
 #: Node format versions this release reads (1: no delta bases in shards; 2: no
-#: pack locations).
-NODE_FORMAT_VERSIONS = (1, 2, 3)
+#: pack locations; 3: one name component per tree entry, no inlined subtrees).
+NODE_FORMAT_VERSIONS = (1, 2, 3, 4)
+#: The first node format whose tree entries may be dotted paths (inlined subtrees).
+DOTTED_NAMES_SINCE = 4  # and continuation nodes (``more``)
 #: Bounds a reader checks before it allocates (docs/format.md §5-6).
 MAX_RANK = 64  # numpy's limit
 MAX_DIM = 2**62
@@ -142,33 +146,64 @@ class DataEntry:
 
 @dataclass
 class TreeNode:
-    """Children by name component; each may have a subtree and one leaf."""
+    """Children by name; each may have a subtree and one leaf.  ``more`` lists tree
+    nodes whose entries continue this node's, under the same names' prefix (a level
+    too large for one node is split into several, node format 4)."""
 
     subtrees: dict[str, Digest] = field(default_factory=dict)
     leaves: dict[str, TensorEntry | DataEntry] = field(default_factory=dict)
+    more: tuple[Digest, ...] = ()
+
+    def children(self) -> list[Digest]:
+        """The tree nodes this one needs: its subtrees and continuations."""
+        return [*self.subtrees.values(), *self.more]
+
+
+def canonical_json(obj: object) -> str:
+    """Canonical JSON text (docs/format.md §4)."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False)
 
 
 def encode_node(body: dict[str, Any]) -> tuple[Digest, bytes]:
-    data = json.dumps(
-        {"format_version": NODE_FORMAT_VERSION, **body},
-        sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False,
-    ).encode("utf-8")
+    data = canonical_json({"format_version": NODE_FORMAT_VERSION, **body}).encode("utf-8")
+    return Digest.of(data), data
+
+
+def leaf_text(leaf: TensorEntry | DataEntry) -> str:
+    """The canonical JSON of a leaf's field in its tree entry (``tensor`` or ``data``)."""
+    if isinstance(leaf, TensorEntry):
+        return '"tensor":' + canonical_json(leaf.to_json())
+    return '"data":' + canonical_json({"node": leaf.digest.hex, "nbytes": leaf.nbytes})
+
+
+def entry_text(leaf: str | None, tree: Digest | None) -> str:
+    """The canonical JSON of a tree entry from its leaf's text and subtree (keys sorted:
+    ``data`` and ``tensor`` come before ``tree``)."""
+    fields = [f for f in (leaf, None if tree is None else f'"tree":"{tree.hex}"') if f]
+    return "{" + ",".join(fields) + "}"
+
+
+def tree_bytes(entries: list[tuple[str, str]], more: tuple[Digest, ...] = ()
+               ) -> tuple[Digest, bytes]:
+    """A tree node from (name, entry text) pairs and continuation nodes: byte for
+    byte what :func:`encode_node` writes for them, without re-encoding the entries."""
+    body = ",".join(f"{json.dumps(name, ensure_ascii=False)}:{text}"
+                    for name, text in sorted(entries))
+    tail = "" if not more else ',"more":[' + ",".join(f'"{d.hex}"' for d in more) + "]"
+    text = (f'{{"entries":{{{body}}},"format_version":{NODE_FORMAT_VERSION},"kind":"tree"'
+            f"{tail}}}")
+    data = text.encode("utf-8")
     return Digest.of(data), data
 
 
 def encode_tree(node: TreeNode) -> tuple[Digest, bytes]:
-    entries: dict[str, dict[str, Any]] = {}
-    for name in sorted(set(node.subtrees) | set(node.leaves)):
-        entry: dict[str, Any] = {}
-        if name in node.subtrees:
-            entry["tree"] = node.subtrees[name].hex
+    entries = []
+    for name in set(node.subtrees) | set(node.leaves):
         leaf = node.leaves.get(name)
-        if isinstance(leaf, TensorEntry):
-            entry["tensor"] = leaf.to_json()
-        elif isinstance(leaf, DataEntry):
-            entry["data"] = {"node": leaf.digest.hex, "nbytes": leaf.nbytes}
-        entries[name] = entry
-    return encode_node({"kind": "tree", "entries": entries})
+        entries.append((name, entry_text(None if leaf is None else leaf_text(leaf),
+                                          node.subtrees.get(name))))
+    return tree_bytes(entries, node.more)
 
 
 def encode_data(value: object) -> tuple[Digest, bytes, int]:
@@ -228,9 +263,21 @@ def decode_tree(digest: Digest, data: bytes) -> TreeNode:
     if not isinstance(entries, dict):
         raise CorruptNodeError(digest.hex, "tree node without an entries object")
     node = TreeNode()
+    check_name = check_entry_name if body["format_version"] >= DOTTED_NAMES_SINCE \
+        else check_component
+    if "more" in body:
+        more = body["more"]
+        if body["format_version"] < DOTTED_NAMES_SINCE or not isinstance(more, list) \
+                or not more:
+            raise CorruptNodeError(digest.hex, "more must be a non-empty list of tree node"
+                                   " digests, and only in node format 4 or later")
+        try:
+            node.more = tuple(_digest(d, "continuation node") for d in more)
+        except ValueError as exc:
+            raise CorruptNodeError(digest.hex, str(exc)) from exc
     for name, entry in entries.items():
         try:
-            check_component(name)
+            check_name(name)
             _decode_entry(node, name, entry)
         except (InvalidNameError, ValueError) as exc:
             raise CorruptNodeError(digest.hex, f"entry {name!r}: {exc}") from exc

@@ -95,7 +95,7 @@ def _mark_tree(store: Store, root: Digest, marks: MarkSet) -> None:
             elif isinstance(leaf, DataEntry):
                 marks.add(NODE, leaf.digest)
         marks.add_many(CHUNK, chunks)
-        stack.extend(node.subtrees.values())
+        stack.extend(node.children())
 
 
 

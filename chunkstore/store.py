@@ -74,6 +74,12 @@ if TYPE_CHECKING:
     from chunkstore.verify import VerifyResult
 
 MIN_PREFIX = 4
+#: Saves inline a subtree of the names into its parent manifest node while the parent
+#: stays this small (docs/format.md §5.1), so a model's version is a few nodes, not one
+#: per branch of its names; a change rewrites at most about this much per level above it.
+NODE_TARGET_BYTES = 64 * 1024
+#: The largest inlining target a store handle accepts (0: a node per branch, as before).
+MAX_NODE_TARGET = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -153,7 +159,7 @@ def open(
     url: str | os.PathLike[str], *, create: bool = True, chunk_size: int | None = None,
     compression: str | None = None, threads: int | None = None, index_dir: str | None = None,
     storage_options: dict[str, Any] | None = None, delta_depth: int | None = None,
-    pack_size: int | None = None,
+    pack_size: int | None = None, node_size: int | None = None,
 ) -> Store:
     """Open the store at a path or fsspec URL, creating it when absent (``create=True``).
 
@@ -164,13 +170,19 @@ def open(
     (applies when the store is created; 0 turns deltas off) bounds the chains
     of XOR-delta chunks a save builds against the run's previous version.
     ``pack_size`` is the size at which this handle's saves seal a pack of small
-    chunks (default :data:`chunkstore.packs.PACK_TARGET_BYTES`).
+    chunks (default :data:`chunkstore.packs.PACK_TARGET_BYTES`); ``node_size`` the
+    size up to which they inline a subtree of the names into its parent manifest
+    node (default :data:`NODE_TARGET_BYTES`).
     """
     _validate_settings(chunk_size, compression)
     if pack_size is not None and not (type(pack_size) is int
                                       and 1 <= pack_size <= MAX_PACK_TARGET):
         raise InvalidSettingError(f"pack size {pack_size!r} must be an integer in"
                                   f" [1, {MAX_PACK_TARGET}]")
+    if node_size is not None and not (type(node_size) is int
+                                      and 0 <= node_size <= MAX_NODE_TARGET):
+        raise InvalidSettingError(f"node size {node_size!r} must be an integer in"
+                                  f" [0, {MAX_NODE_TARGET}]")
     if delta_depth is not None and not (type(delta_depth) is int
                                         and 0 <= delta_depth <= MAX_DELTA_DEPTH):
         raise InvalidSettingError(f"delta depth {delta_depth!r} must be an integer in"
@@ -184,6 +196,7 @@ def open(
     index = Index(index_dir or default_index_dir(text, backend))
     store = Store(text, backend, config, index, compression or config.compression, threads)
     store.pack_size = pack_size or PACK_TARGET_BYTES
+    store.node_size = NODE_TARGET_BYTES if node_size is None else node_size
     if index.needs_rebuild:  # another index schema (emptied), or damaged and set aside
         # With saves elsewhere in progress, the reconcile below counts every version in.
         with contextlib.suppress(SavesInProgressError):
@@ -239,6 +252,8 @@ class Store:
         self.parent_cache: dict[str, ParentCacheEntry] = {}
         #: saves seal a pack of small chunks once it holds this many bytes
         self.pack_size = PACK_TARGET_BYTES
+        #: saves inline a subtree into its parent tree node while it stays this small
+        self.node_size = NODE_TARGET_BYTES
 
     @property
     def chunk_size(self) -> int:

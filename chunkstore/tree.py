@@ -67,6 +67,8 @@ class FlatTree:
     tree_nodes: set[Digest] = field(default_factory=set)
     #: the tree node that holds each leaf (to name it in an error)
     owners: dict[str, Digest] = field(default_factory=dict)
+    #: the full name of every subtree (a name has one subtree)
+    subtree_names: set[str] = field(default_factory=set)
 
     def chunk_digests(self) -> set[Digest]:
         return {d for leaf in self.leaves.values() if isinstance(leaf, TensorEntry)
@@ -111,7 +113,12 @@ def flatten(backend: Backend, root: Digest, cache: NodeCache) -> FlatTree:
             flat.leaves[full] = leaf
             flat.owners[full] = digest
         for name, child in node.subtrees.items():
-            stack.append((f"{prefix}{name}.", child))
+            full = prefix + name
+            if full in flat.subtree_names:
+                raise CorruptNodeError(digest.hex, f"subtree {full[:60]!r} appears twice")
+            flat.subtree_names.add(full)
+            stack.append((f"{full}.", child))
+        stack.extend((prefix, more) for more in node.more)
     flat.leaves = dict(sorted(flat.leaves.items()))
     return flat
 
@@ -126,7 +133,7 @@ def _load_distinct(backend: Backend, root: Digest, cache: NodeCache) -> dict[Dig
         if len(nodes) >= MAX_ENTRIES:
             raise CorruptNodeError(root.hex, f"the tree has more than {MAX_ENTRIES} nodes")
         nodes[digest] = node = load_tree(backend, digest, cache)
-        todo.extend(d for d in node.subtrees.values() if d not in nodes)
+        todo.extend(d for d in node.children() if d not in nodes)
     return nodes
 
 
@@ -142,8 +149,8 @@ def _expanded_size(root: Digest, nodes: dict[Digest, TreeNode]) -> int:
         node = nodes[digest]
         if children_done:
             sizes[digest] = 1 + len(node.leaves) + sum(sizes.get(d, MAX_ENTRIES + 1)
-                                                       for d in node.subtrees.values())
+                                                       for d in node.children())
         else:
             stack.append((digest, True))
-            stack.extend((d, False) for d in node.subtrees.values() if d not in sizes)
+            stack.extend((d, False) for d in node.children() if d not in sizes)
     return sizes[root]

@@ -81,9 +81,7 @@ from chunkstore.manifest import (
     PackLocation,
     Shard,
     TensorEntry,
-    TreeNode,
     encode_data,
-    encode_tree,
     shard_from_json,
     tensor_entry,
 )
@@ -91,6 +89,7 @@ from chunkstore.names import check_entry_name, check_label
 from chunkstore.packs import PackBuilder, PackSlot
 from chunkstore.records import MAX_COUNT, CommitRecord
 from chunkstore.sessions import StoreSession
+from chunkstore.treelayout import build_tree
 
 if TYPE_CHECKING:
     from chunkstore.store import Store, VersionInfo
@@ -103,6 +102,10 @@ HEARTBEAT_S = 30.0
 SMALL_TENSOR_BYTES = 256 * 1024
 SMALL_BATCH_COUNT = 256
 SMALL_BATCH_BYTES = 8 * 1024 * 1024
+#: A worker stores a batch's small chunks in groups of at most this many (and at most
+#: a chunk's size of bytes, so the writer's memory bound holds): one job per group,
+#: not per tensor, as the job's own cost is most of a small chunk's.
+SMALL_GROUP_COUNT = 64
 log = logging.getLogger(__name__)
 
 
@@ -111,7 +114,15 @@ class _PendingTensor:
     dtype: str
     shape: tuple[int, ...]
     chunk_bytes: int
-    futures: list[Future[StoredChunk]]
+    #: one job per chunk, or for a small tensor its group's job (a list of results)
+    futures: list[Future[Any]]
+    #: a small tensor's place in the result of its group's job (None: one job per chunk)
+    part: int | None = None
+
+    def results(self) -> list[StoredChunk]:
+        if self.part is None:
+            return [future.result() for future in self.futures]
+        return [self.futures[0].result()[self.part]]
 
 
 @dataclass(frozen=True)
@@ -243,13 +254,22 @@ class VersionWriter:
         self._heartbeat_now_and_then()
         generation = self._fence.generation  # read before the claims: see _pre_claimed
         claims = self._store.index.claim_small(self._session, [c.digest for c in batch])
-        for chunk in batch:
-            claim, location = claims[chunk.digest]
-            seq = self._packs.reserve()
+        limit = self._store.chunk_size
+        start = 0
+        while start < len(batch):
+            end, size = start, 0
+            while end < len(batch) and end - start < SMALL_GROUP_COUNT and (
+                    end == start or size + len(batch[end].view) <= limit):
+                size += len(batch[end].view)
+                end += 1
+            group = [(chunk, *claims[chunk.digest], self._packs.reserve())
+                     for chunk in batch[start:end]]
             self._inflight.acquire()
-            chunk.pending.futures.append(self._store.executor.submit(
-                self._store_small_job, chunk, self._pre_claimed(claim, generation),
-                claim, location, seq))
+            future = self._store.executor.submit(self._store_small_group, group, generation)
+            for part, chunk in enumerate(batch[start:end]):
+                chunk.pending.futures.append(future)
+                chunk.pending.part = part
+            start = end
 
     def _pre_claimed(self, claimed: Claim, generation: int) -> Callable[[Digest], Claim]:
         """The claim function of a chunk claimed with its batch: the batch's answer while
@@ -263,26 +283,39 @@ class VersionWriter:
             return self._claim(digest)
         return claim
 
-    def _store_small_job(self, chunk: _SmallChunk, claim: Callable[[Digest], Claim],
-                         claimed: Claim, location: PackLocation | None, seq: int
-                         ) -> StoredChunk:
-        """Reuse the chunk, or encode it standalone and hand it to the open pack (its
-        place ``seq`` is always handed over, so later members are not held up)."""
+    def _store_small_group(self, group: list[tuple[_SmallChunk, Claim, PackLocation | None,
+                                                    int]], generation: int) -> list[StoredChunk]:
+        """Store a group of small chunks in order (see :meth:`_store_small`); on an
+        error, hand over the places of the rest too, so later members are not held up."""
+        stored: list[StoredChunk] = []
         try:
-            member = None
-            try:
-                reused = self._reuse_small(chunk.digest, claim, claimed, location)
-                if reused is None:
-                    header, payload, _ = self._encode(chunk.view, chunk.dtype, chunk.itemsize,
-                                                      None)
-                    member = (header.pack(), payload)
-            except BaseException:
+            for chunk, claimed, location, seq in group:
+                stored.append(self._store_small(chunk, self._pre_claimed(claimed, generation),
+                                                claimed, location, seq))
+            return stored
+        except BaseException:
+            for chunk, _, _, seq in group[len(stored) + 1:]:
                 self._packs.add(seq, chunk.digest, None, 0)
-                raise
-            slot = self._packs.add(seq, chunk.digest, member, len(chunk.view))
-            return reused if reused is not None else (chunk.digest, None, (), slot)
+            raise
         finally:
             self._inflight.release()
+
+    def _store_small(self, chunk: _SmallChunk, claim: Callable[[Digest], Claim],
+                     claimed: Claim, location: PackLocation | None, seq: int) -> StoredChunk:
+        """Reuse the chunk, or encode it standalone and hand it to the open pack (its
+        place ``seq`` is always handed over, so later members are not held up)."""
+        member = None
+        try:
+            reused = self._reuse_small(chunk.digest, claim, claimed, location)
+            if reused is None:
+                header, payload, _ = self._encode(chunk.view, chunk.dtype, chunk.itemsize,
+                                                  None)
+                member = (header.pack(), payload)
+        except BaseException:
+            self._packs.add(seq, chunk.digest, None, 0)
+            raise
+        slot = self._packs.add(seq, chunk.digest, member, len(chunk.view))
+        return reused if reused is not None else (chunk.digest, None, (), slot)
 
     def _reuse_small(self, digest: Digest, claim: Callable[[Digest], Claim], claimed: Claim,
                      location: PackLocation | None) -> StoredChunk | None:
@@ -487,8 +520,7 @@ class VersionWriter:
             if len(pending.futures) != expected:  # never publish a tensor short of chunks
                 raise VersionClosedError(f"entry {name!r} has {len(pending.futures)} of its"
                                          f" {expected} chunks queued; the version is aborted")
-        results = {name: [future.result() for future in pending.futures]
-                   for name, pending in self._tensors.items()}
+        results = {name: pending.results() for name, pending in self._tensors.items()}
         self._packs.finish()  # every member handed over: seal and write the last pack
         entries: dict[str, TensorEntry] = {}
         new_chunks = [NewChunk(d, PACK.id, content, size)
@@ -515,30 +547,13 @@ class VersionWriter:
         return entries, new_chunks, new_bytes
 
     def _build_tree(self, tensors: dict[str, TensorEntry]) -> tuple[Digest, dict[Digest, bytes]]:
-        """Encode the nested tree bottom-up; returns the root and every node's bytes."""
-        nodes: dict[Digest, bytes] = {d: b for d, b, _ in self._data.values()}
+        """Encode the tree (see :func:`chunkstore.treelayout.build_tree`); returns the root
+        and every node's bytes, data nodes included."""
         leaves: dict[str, TensorEntry | DataEntry] = dict(tensors)
         leaves.update({n: DataEntry(d, size) for n, (d, _, size) in self._data.items()})
-        nested: dict[str, Any] = {}
-        for name, leaf in leaves.items():
-            *parents, last = name.split(".")
-            level = nested
-            for part in parents:
-                level = level.setdefault(part, {}).setdefault("", {})
-            level.setdefault(last, {})[None] = leaf
-
-        def encode_level(level: dict[str, Any]) -> Digest:
-            node = TreeNode()
-            for part, slot in level.items():
-                if None in slot:
-                    node.leaves[part] = slot[None]
-                if "" in slot:
-                    node.subtrees[part] = encode_level(slot[""])
-            digest, data = encode_tree(node)
-            nodes[digest] = data
-            return digest
-
-        return encode_level(nested), nodes
+        root, nodes = build_tree(leaves, self._store.node_size)
+        nodes.update({d: b for d, b, _ in self._data.values()})
+        return root, nodes
 
     def _write_nodes(self, nodes: dict[Digest, bytes]) -> int:
         """Claim every node of the tree; write, durably, those the store lacks.

@@ -55,7 +55,9 @@ def _object_path(store_path: Path, prefix: str, hex_digest: str) -> Path:
 
 
 def _save(store_path: Path, compression: str) -> Saved:
-    with chunkstore.open(store_path, chunk_size=SMALL_CHUNK, compression=compression) as store:
+    # node_size 0: "model" is a tree node of its own, for the damaged-subtree tests.
+    with chunkstore.open(store_path, chunk_size=SMALL_CHUNK, compression=compression,
+                         node_size=0) as store:
         with store.new_version(run="r", step=1) as version:
             version.put("model.w", WEIGHTS)
             version.put("model.other", OTHER)

@@ -413,7 +413,7 @@ def test_key_layout() -> None:
 def test_store_config_bytes() -> None:
     assert StoreConfig(4096, "auto", 1.25, 4).encode() == (
         b'{"chunk_size":4096,"compression":"auto","created":1.25,"delta_depth":4,'
-        b'"format":"chunkstore","format_version":4}')
+        b'"format":"chunkstore","format_version":5}')
     old = (b'{"chunk_size":4096,"compression":"auto","created":1.25,"format":"chunkstore",'
            b'"format_version":1}')
     assert StoreConfig.decode("x", old).delta_depth == 0  # version 1: no deltas
@@ -456,7 +456,7 @@ def test_tree_node_bytes() -> None:
         '"sizes":[2]}]}},'
         '"w":{"tensor":{"dtype":"float32","shape":[2,3],"shards":[{"chunk_bytes":'
         f'4096,"chunks":["{d2.hex}"],"offsets":[0,0],"sizes":[2,3]}}]}},"tree":"{d1.hex}"}},'
-        f'"\u00e9":{{"data":{{"nbytes":5,"node":"{d3.hex}"}}}}}},"format_version":3,'
+        f'"\u00e9":{{"data":{{"nbytes":5,"node":"{d3.hex}"}}}}}},"format_version":4,'
         '"kind":"tree"}').encode()
     assert digest.hex == blake3.blake3(data).hexdigest()
     assert decode_tree(digest, data) == node
@@ -469,7 +469,7 @@ def test_data_node_bytes_and_tags() -> None:
     payload = (b'{"$dict":[["a",[1,2.5,null,true]],["t",{"$tuple":[1,"\\u00e9"]}],'
                b'["b",{"$bytes":"AP8="}],["f",[{"$float":"nan"},{"$float":"inf"},'
                b'{"$float":"-inf"}]],["$k",1]]}')
-    assert data == b'{"format_version":3,"kind":"data","value":' + payload + b"}"
+    assert data == b'{"format_version":4,"kind":"data","value":' + payload + b"}"
     assert nbytes == len(payload)
     assert digest.hex == blake3.blake3(data).hexdigest()
     decoded = decode_data(digest, data)

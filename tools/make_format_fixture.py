@@ -37,9 +37,11 @@ import numpy as np
 import chunkstore
 from chunkstore import plaindata
 from chunkstore.chunkobj import CHUNK_FORMAT_VERSION, HEADER
+from chunkstore.digest import Digest
 from chunkstore.dtypes import dtype_name
 from chunkstore.manifest import NODE_FORMAT_VERSION
 from chunkstore.records import RECORD_FORMAT_VERSION, STORE_FORMAT_VERSION
+from chunkstore.tree import load_tree
 
 CHUNK_SIZE = 4096
 RUN = "fmt"
@@ -52,6 +54,10 @@ MAX_FIXTURE_BYTES = 300_000
 #: The fixture store's delta chain bound: the versions after the second build
 #: chains of every depth up to it, then one that starts over standalone.
 DELTA_DEPTH = 3
+#: The fixture store's handle inlines subtrees into tree nodes up to this size (node
+#: format 4): small enough that its versions have inlined subtrees (dotted names) next
+#: to subtrees that are nodes of their own, and levels split into continuation nodes.
+NODE_SIZE = 1200
 
 
 def _noise(length: int, seed: bytes) -> np.ndarray:
@@ -205,12 +211,31 @@ def _packed_chunks(store: chunkstore.Store) -> tuple[int, int]:
     return len(members), len(reusing)
 
 
+def _tree_layout(store: chunkstore.Store) -> tuple[int, int, int]:
+    """Tree entries named by a dotted path (an inlined subtree), entries that name a
+    subtree node, and continuation nodes listed, over every version's tree nodes."""
+    inlined = referenced = continued = 0
+    seen: set[Digest] = set()
+    todo = [info.root for info in store.versions()]
+    while todo:
+        digest = todo.pop()
+        if digest in seen:
+            continue
+        seen.add(digest)
+        node = load_tree(store.backend, digest, store.node_cache)
+        inlined += sum("." in name for name in set(node.leaves) | set(node.subtrees))
+        referenced += len(node.subtrees)
+        continued += len(node.more)
+        todo.extend(node.children())
+    return inlined, referenced, continued
+
+
 def build(root: Path) -> dict[str, Any]:
     """Create the fixture store at ``root`` (must not exist); return the expectations."""
     arrays, data = arrays_v1(), data_v1()
     versions = []
     with chunkstore.open(root, chunk_size=CHUNK_SIZE, compression="auto",
-                         delta_depth=DELTA_DEPTH) as store:
+                         delta_depth=DELTA_DEPTH, node_size=NODE_SIZE) as store:
         meta: dict[str, object] = {"code_rev": "0123abc", "dataset": ("toy", 2),
                                    "note": "format fixture"}
         versions.append(_write_version(store, 1, arrays, data, meta))
@@ -224,6 +249,11 @@ def build(root: Path) -> dict[str, Any]:
         if packed == 0 or reusing == 0:
             raise SystemExit("the fixture needs packed chunks and a version that reuses an"
                              " older pack")
+        inlined, referenced, continued = _tree_layout(store)
+        if not inlined or not referenced or not continued:
+            raise SystemExit(f"the fixture's tree nodes need inlined subtrees (saw {inlined}),"
+                             f" subtrees of their own (saw {referenced}) and continuation"
+                             f" nodes (saw {continued})")
         depths = _chain_depths(store)
         if depths != set(range(DELTA_DEPTH + 1)):
             raise SystemExit(f"fixture chains have depths {sorted(depths)}, not 0..{DELTA_DEPTH}")
