@@ -6,8 +6,11 @@ each in a fresh process (``benchmarks.worker``) so its peak memory is its
 own (the quick mode runs everything in one process instead: it checks that
 the suite works and what storage must show by construction, not speed or
 memory).  It also runs the ~1 GB throughput benchmark against the machine's
-limits (``bench_core``) and the async-pause benchmark (``bench_pause``), then
-writes ``latest.json``, ``run.json``, ``latest.md`` and PNG plots.  Usage::
+limits (``bench_core``), the async-pause benchmark (``bench_pause``) and the
+sharded DCP benchmark at world sizes 1, 2 and 4 (``bench_dcp``: DCP's
+FileSystemWriter against ChunkStoreWriter, 10 versions; quick: 2 versions
+of a tiny state at world sizes 1 and 2), then writes ``latest.json``,
+``run.json``, ``latest.md`` and PNG plots.  Usage::
 
     python -m benchmarks.suite                 # full mode, into benchmarks/results/
     python -m benchmarks.suite --quick         # smoke test (~30 s), into benchmarks/results/quick/
@@ -32,7 +35,7 @@ from typing import Any
 
 import torch
 
-from benchmarks import bench_core, bench_pause, render, worker
+from benchmarks import bench_core, bench_dcp, bench_pause, render, worker
 from benchmarks.systems import SYSTEMS
 from benchmarks.trace import TraceWriter
 from benchmarks.workloads import FULL, QUICK, TRAIN, WORKLOADS, Scale
@@ -87,21 +90,28 @@ def run_systems(trace_dir: Path, work_dir: Path, systems: list[str], repeat: int
 
 
 def run_reference(out_dir: Path, work_dir: Path, quick: bool) -> None:
-    """bench_core (~1 GB state vs the machine's limits) and bench_pause, into ``out_dir``.
+    """bench_core (~1 GB state vs the machine's limits), bench_pause and bench_dcp (a
+    sharded state at world sizes 1, 2 and 4, N versions), into ``out_dir``.
 
-    Quick: tiny states, in this process (the smoke test checks they run, not their figures).
+    Quick: tiny states, in this process (the smoke test checks they run, not their
+    figures); bench_dcp's ranks are processes in either mode.
     """
     core = ["--gib", "0.015625", "--repeat", "1"] if quick else ["--gib", "1", "--repeat", "3"]
     core += ["--out", str(out_dir / "core.json"), "--workdir", str(work_dir)]
     pause = ["--mib", "4", "--repeat", "2"] if quick else ["--mib", "256", "--repeat", "5"]
     pause += ["--out", str(out_dir / "pause.json"), "--dir", str(work_dir)]
+    sharded = (["--smoke", "--worlds", "1", "2"] if quick
+               else ["--mib", "32", "--versions", "10", "--worlds", "1", "2", "4"])
+    sharded += ["--out", str(out_dir / "dcp.json")]
     if quick:
         with contextlib.redirect_stdout(io.StringIO()):
             bench_core.main(core)
             bench_pause.main(pause)
+            bench_dcp.main(sharded)
         return
     _python("benchmarks.bench_core", *core)
     _python("benchmarks.bench_pause", *pause)
+    _python("benchmarks.bench_dcp", *sharded)
 
 
 def machine() -> dict[str, Any]:
@@ -127,7 +137,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=None,
                         help="timing repeats for restores (default: 3, 1 with --quick)")
     parser.add_argument("--no-reference", action="store_true",
-                        help="skip bench_core and bench_pause")
+                        help="skip bench_core, bench_pause and bench_dcp")
     args = parser.parse_args(argv)
     if args.out_dir is None:
         args.out_dir = REPO / "benchmarks" / "results" / ("quick" if args.quick else "")

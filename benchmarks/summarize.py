@@ -94,6 +94,64 @@ def protocol_table(after: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _mib(n: float) -> str:
+    return f"{n / (1 << 20):.1f}"
+
+
+def _pair(mine: float, theirs: float, unit: str, digits: int = 3) -> str:
+    """``mine / theirs unit (ratio)``: chunkstore's figure against DCP's."""
+    ratio = f" ({mine / theirs:.2f}x)" if theirs else ""
+    if unit == "MiB":
+        return f"{_mib(mine)} / {_mib(theirs)} MiB{ratio}"
+    return f"{mine:.{digits}f} / {theirs:.{digits}f} {unit}{ratio}"
+
+
+def _per_rank(result: dict[str, Any]) -> str:
+    sizes = result.get("per_rank_bytes")
+    if not sizes:
+        return "-"
+    low, high = min(sizes), max(sizes)
+    return f"{_mib(low)}" + ("" if _mib(low) == _mib(high) else f"-{_mib(high)}")
+
+
+def dcp_table(report: dict[str, Any]) -> list[str]:
+    """The sharded DCP benchmark: chunkstore against DCP's FileSystemWriter, per world size."""
+    by = {(r["world"], r["system"]): r for r in report["results"]}
+    worlds = sorted({r["world"] for r in report["results"]})
+    head = report.get("head_fraction")
+    state = (f"a {report['mib']} MiB frozen base sharded by rows over the ranks"
+             + (f", a trained head of {head:.0%} of its size sharded with its Adam moments and"
+                " a small replicated vector with its moments" if head is not None else ""))
+    lines = [
+        f"Sharded state through `torch.distributed.checkpoint` (`{report['command']}`): {state};"
+        f" {report['versions']} versions (the last with `dcp.async_save`), ranks as gloo"
+        f" processes on one {report['machine']['cpus']}-CPU machine. Each cell: chunkstore"
+        " (`ChunkStoreWriter`) / DCP (`FileSystemWriter`).",
+        "",
+        "| world size | stored | stored per rank (MiB) | median save | async pause | load |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for w in worlds:
+        mine, theirs = by[w, "chunkstore"], by[w, "dcp-filesystem"]
+        lines.append(
+            f"| {w} | {_pair(mine['stored_bytes'], theirs['stored_bytes'], 'MiB')}"
+            f" | {_per_rank(mine)} / {_per_rank(theirs)}"
+            f" | {_pair(mine['save_s_median'], theirs['save_s_median'], 's')}"
+            f" | {_pair(mine['async_pause_s'], theirs['async_pause_s'], 's')}"
+            f" | {_pair(mine['load_s'], theirs['load_s'], 's')} |")
+    targets = report.get("targets")
+    if targets:
+        ratios = report["chunkstore_over_dcp"]
+        verdicts = []
+        for key, what in (("stored", "stored bytes"), ("save_time", "median save time")):
+            missed = [w for w in map(str, worlds) if not ratios[w]["meets_target"][key]]
+            verdicts.append(f"{what} at most {targets[key]}x DCP's: "
+                            + ("met at every world size" if not missed
+                               else f"missed at world size {', '.join(missed)}"))
+        lines += ["", "Targets: " + "; ".join(verdicts) + "."]
+    return lines
+
+
 def suite_sections(names: tuple[str, ...]) -> list[str]:
     """Sections of the suite's latest.md, by heading, with their tables."""
     path = RESULTS / "latest.md"
@@ -124,7 +182,8 @@ def render_all() -> str:
     if sections:
         parts.append("\n".join(sections).strip())
     for name, render in (("core.json", core_table), ("pause.json", pause_table),
-                         ("gc.json", gc_table), ("protocol.json", protocol_table)):
+                         ("gc.json", gc_table), ("protocol.json", protocol_table),
+                         ("dcp.json", dcp_table)):
         doc = _load(name)
         if doc is not None:
             parts.append("\n".join(render(doc)))

@@ -1,4 +1,5 @@
-"""``report``: logical and physical bytes, dedup and compression, amplification."""
+"""``report``: logical and physical bytes, dedup and compression, amplification; and,
+for versions saved by several processes, the bytes each rank's shards hold."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ from typing import TYPE_CHECKING, Any
 from chunkstore.codecs import PACK, XOR_DELTA
 from chunkstore.digest import Digest
 from chunkstore.dtypes import element_size
-from chunkstore.errors import ChunkStoreError, GcAbortedError, GcBusyError
+from chunkstore.errors import ChunkStoreError, CorruptNodeError, GcAbortedError, GcBusyError
 from chunkstore.index import CHUNK, NODE
-from chunkstore.manifest import PackLocation, TensorEntry
-from chunkstore.tree import flatten
+from chunkstore.manifest import DataEntry, PackLocation, TensorEntry
+from chunkstore.reader import VersionReader
+from chunkstore.shards import RANKS_ENTRY, ShardRanks
+from chunkstore.tree import Leaf, flatten
 
 if TYPE_CHECKING:
     from chunkstore.gc import GcResult
@@ -27,6 +30,96 @@ class VersionStats:
     logical_bytes: int
     new_bytes: int
     new_stored_bytes: int
+
+
+@dataclass(frozen=True)
+class RankStats:
+    """The shards one rank wrote in one version.
+
+    ``new_bytes``: raw bytes of its chunks that no earlier version lists and no
+    lower rank of this version lists (a chunk two ranks hold, such as a zero
+    box, counts once, for the lower rank).
+    """
+
+    rank: int
+    shards: int
+    chunks: int
+    logical_bytes: int
+    new_bytes: int
+
+    def to_json(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class VersionRanks:
+    """A version saved by several processes, by rank (ranks that wrote nothing included)."""
+
+    id: str
+    run: str
+    step: int
+    world_size: int
+    ranks: tuple[RankStats, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "run": self.run, "step": self.step,
+                "world_size": self.world_size, "ranks": [r.to_json() for r in self.ranks]}
+
+
+def shard_ranks(reader: VersionReader) -> ShardRanks | None:
+    """The version's record of which rank wrote each shard; None when it has none
+    (a save by one process, or one made before the record existed)."""
+    entries = reader.entries()
+    leaf = entries.get(RANKS_ENTRY)
+    if not isinstance(leaf, DataEntry):
+        return None
+    try:
+        return ShardRanks.from_plain(reader.get_data(RANKS_ENTRY), dict(entries))
+    except ValueError as exc:
+        raise CorruptNodeError(leaf.digest.hex, f"malformed ranks record: {exc}") from exc
+
+
+def ranks_of(entries: dict[str, Leaf], record: ShardRanks, seen: set[Digest] | None = None
+             ) -> tuple[RankStats, ...]:
+    """Per rank: shards, chunks, logical bytes and new bytes (chunks not in ``seen``,
+    which gains this version's chunks; None: every chunk counts as new)."""
+    seen = set() if seen is None else seen
+    totals = [[0, 0, 0, 0] for _ in range(record.world_size)]
+    shards = sorted(((rank, name, i) for name, ranks in record.ranks.items()
+                     for i, rank in enumerate(ranks)))
+    for rank, name, i in shards:  # lower ranks first: a chunk two ranks hold is new once
+        entry = entries[name]
+        assert isinstance(entry, TensorEntry)
+        shard, row = entry.shards[i], totals[rank]
+        itemsize = element_size(entry.dtype)
+        row[0] += 1
+        row[1] += len(shard.chunks)
+        row[2] += shard.nbytes(itemsize)
+        for digest, _start, length in shard.chunk_spans(itemsize):
+            if digest not in seen:
+                seen.add(digest)
+                row[3] += length
+    return tuple(RankStats(rank, *row) for rank, row in enumerate(totals))
+
+
+def version_ranks(store: Store) -> list[VersionRanks]:
+    """Every readable version that records its shards' ranks, oldest first; new
+    bytes count against every earlier version (ranked or not)."""
+    seen: set[Digest] = set()
+    found = []
+    for info in store.versions():
+        try:
+            reader = VersionReader(store, info)
+            record = shard_ranks(reader)
+        except ChunkStoreError:
+            continue  # verify reports it
+        entries = reader.entries()
+        if record is not None:
+            found.append(VersionRanks(info.id, info.run, info.step, record.world_size,
+                                      ranks_of(entries, record, seen)))
+        seen.update(d for leaf in entries.values() if isinstance(leaf, TensorEntry)
+                    for shard in leaf.shards for d in shard.chunks)
+    return found
 
 
 @dataclass
@@ -60,6 +153,8 @@ class StoreStats:
     #: Why the awaiting-GC and reclaimable figures are unknown (a version cannot
     #: be read, so GC itself would delete nothing); None when they are known.
     gc_unknown: str | None = None
+    #: Versions saved by several processes: their bytes by rank.
+    ranks: list[VersionRanks] = field(default_factory=list)
 
     @property
     def physical_bytes(self) -> int:
@@ -114,6 +209,7 @@ class StoreStats:
                 "mean_chain_depth": round(self.mean_chain_depth, 3),
                 "gc_unknown": self.gc_unknown,
             },
+            "ranks": [v.to_json() for v in self.ranks],
         }
 
 
@@ -171,6 +267,7 @@ def stats(store: Store, grace_s: float = 3600.0, now: float | None = None) -> St
                                       for pack, size in pack_content.items())
     if depths:
         result.mean_chain_depth = sum(depths.values()) / len(depths)
+    result.ranks = version_ranks(store)
     return result
 
 

@@ -13,7 +13,10 @@ geometry both need, with no I/O:
 - :class:`StagedShard`: one shard whose chunks a process stored without
   publishing, as plain data, so that it can travel to the process that
   publishes the version (which claims every chunk again before it commits:
-  :meth:`chunkstore.writer.VersionWriter.adopt`).
+  :meth:`chunkstore.writer.VersionWriter.adopt`);
+- :class:`ShardRanks`: which process (rank) wrote each shard of a version,
+  kept as plain data in the entry :data:`RANKS_ENTRY`, for ``show`` and
+  ``report``.
 """
 
 from __future__ import annotations
@@ -32,10 +35,18 @@ from chunkstore.manifest import (
     MAX_CHUNK_BYTES,
     MAX_DIM,
     MAX_RANK,
+    MAX_SHARDS,
     Shard,
     TensorEntry,
     shard_from_json,
 )
+
+#: The plain-data entry in which a save by several processes records which one wrote
+#: each shard (:class:`ShardRanks`).  Versions without it are read as before: their
+#: shards' writers are unknown, only their boxes are shown.
+RANKS_ENTRY = "_shards.ranks"
+#: The largest world size a ranks record may name.
+MAX_WORLD_SIZE = 1 << 20
 
 #: (digest, codec id, raw length, stored length) of a chunk object a process wrote.
 WrittenChunk = tuple[Digest, int, int, int]
@@ -162,3 +173,48 @@ class StagedShard:
         check_box(Shard((0,) * len(staged.shape), staged.shape, 1, ()), shard.offsets,
                   shard.sizes)
         return staged
+
+
+@dataclass(frozen=True)
+class ShardRanks:
+    """Which rank (0 .. ``world_size - 1``) wrote each shard of a version's tensors.
+
+    ``ranks`` maps an entry name to one rank per shard, in the entry's shard
+    order.  Stored as plain data (:data:`RANKS_ENTRY`)::
+
+        {"format": 1, "world_size": 2, "shards": {"w": [0, 1], "bias": [0]}}
+
+    It only annotates the version: a reader of the tensors never needs it.
+    """
+
+    world_size: int
+    ranks: dict[str, tuple[int, ...]]
+
+    def to_plain(self) -> dict[str, Any]:
+        return {"format": 1, "world_size": self.world_size,
+                "shards": {name: list(ranks) for name, ranks in sorted(self.ranks.items())}}
+
+    @classmethod
+    def from_plain(cls, value: object, entries: dict[str, object]) -> ShardRanks:
+        """Read :meth:`to_plain`'s output, checked against the version's ``entries``
+        (every name a tensor entry, one rank per shard, each below the world size);
+        ``ValueError`` on anything else."""
+        if not isinstance(value, dict) or value.get("format") != 1 \
+                or not isinstance(value.get("shards"), dict):
+            raise ValueError("a ranks record is {format: 1, world_size, shards: {entry: ranks}}")
+        world = value.get("world_size")
+        if type(world) is not int or not 1 <= world <= MAX_WORLD_SIZE:
+            raise ValueError(f"world_size must be an integer in [1, {MAX_WORLD_SIZE}],"
+                             f" not {world!r}")
+        ranks: dict[str, tuple[int, ...]] = {}
+        for name, listed in value["shards"].items():
+            entry = entries.get(name)
+            if not isinstance(entry, TensorEntry):
+                raise ValueError(f"names {name!r}, which is no tensor entry of the version")
+            if not isinstance(listed, list) or len(listed) != len(entry.shards) \
+                    or len(listed) > MAX_SHARDS \
+                    or not all(type(r) is int and 0 <= r < world for r in listed):
+                raise ValueError(f"{name!r}: needs one rank in [0, {world}) for each of its"
+                                 f" {len(entry.shards)} shards, not {listed!r}")
+            ranks[name] = tuple(listed)
+        return cls(world, ranks)

@@ -105,3 +105,23 @@ def test_reports_and_plots(results: Path) -> None:
         assert (results / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for name in ("core.json", "pause.json"):
         assert json.loads((results / name).read_text())
+
+
+def test_the_sharded_dcp_benchmark_reports_per_rank(results: Path) -> None:
+    """bench_dcp at smoke size: DCP's FileSystemWriter and ChunkStoreWriter at world
+    sizes 1 and 2, bytes in total and per rank, times, and the ratios to the targets."""
+    report = json.loads((results / "dcp.json").read_text())
+    assert report["versions"] == 3 and report["worlds"] == [1, 2]
+    assert {(r["system"], r["world"]) for r in report["results"]} == {
+        (system, world) for system in ("dcp-filesystem", "chunkstore") for world in (1, 2)}
+    for r in report["results"]:
+        assert len(r["per_rank_bytes"]) == r["world"] and all(r["per_rank_bytes"]), r
+        assert sum(r["per_rank_bytes"]) + r["metadata_bytes"] == r["stored_bytes"], r
+        assert r["metadata_bytes"] > 0 and len(r["saves_s"]) == 2, r
+        for key in ("save_s_median", "async_pause_s", "load_s"):
+            assert r[key] > 0, (key, r)
+    for world in ("1", "2"):
+        ratios = report["chunkstore_over_dcp"][world]
+        # the frozen base is stored once: well under DCP's three full copies
+        assert ratios["stored"] < 0.5 and ratios["meets_target"]["stored"], ratios
+        assert ratios["save_time"] > 0 and set(ratios["meets_target"]) == set(report["targets"])

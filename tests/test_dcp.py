@@ -30,7 +30,6 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 import chunkstore
-from benchmarks import bench_dcp
 from chunkstore.errors import (
     InvalidInputError,
     NotAStoreError,
@@ -321,16 +320,6 @@ def test_a_chunk_missing_at_finish_fails_the_save_and_publishes_nothing(
         assert "nothing was published" in str(error)
         assert store.versions() == []
         assert not list(store.backend.list("sessions/")), "the save's session must end"
-
-
-def test_the_dcp_benchmark_runs_and_reports(tmp_path: Path) -> None:
-    out = tmp_path / "dcp.json"
-    bench_dcp.main(["--mib", "1", "--versions", "1", "--worlds", "2", "--out", str(out)])
-    report = json.loads(out.read_text())
-    assert {(r["system"], r["world"]) for r in report["results"]} == {
-        ("dcp-filesystem", 2), ("chunkstore", 2)}
-    assert all(r["stored_bytes"] > 0 and r["load_s"] > 0 for r in report["results"])
-    assert set(report["chunkstore_over_dcp"]["2"]) == {"stored", "save_time"}
 
 
 @pytest.mark.s3

@@ -124,8 +124,9 @@ def test_show_lists_each_shard_box(small_store: chunkstore.Store, tmp_path: Path
     shown = CliRunner().invoke(cli, ["show", str(tmp_path / "store"), "sharded@1", "--json"],
                                catch_exceptions=False)
     (entry,) = json.loads(shown.output)["entries"]
-    assert entry["shards"] == [{"offsets": [0, 0], "sizes": [32, 64], "chunks": 2},
-                               {"offsets": [32, 0], "sizes": [64, 64], "chunks": 4}]
+    assert entry["shards"] == [
+        {"offsets": [0, 0], "sizes": [32, 64], "chunks": 2, "bytes": 32 * 64 * 4},
+        {"offsets": [32, 0], "sizes": [64, 64], "chunks": 4, "bytes": 64 * 64 * 4}]
     text = CliRunner().invoke(cli, ["show", str(tmp_path / "store"), "sharded@1"]).output
     assert "[0, 0]+[32, 64] [32, 0]+[64, 64]" in text
     report = CliRunner().invoke(cli, ["report", str(tmp_path / "store"), "--json"])

@@ -43,7 +43,9 @@ The commit protocol.  DCP calls, in this order: ``set_up_storage_writer`` and
    takes (:meth:`VersionWriter.adopt`: the fence of the session from step 1,
    the index claim, an existence check); a chunk that is missing fails the
    save (:class:`StagedChunkMissingError`) and nothing is published.  Then
-   the metadata entry, the nodes, one flush and the commit record, refused
+   the metadata entry (and, from a save by several ranks, the record of which
+   rank wrote each shard: :class:`chunkstore.shards.ShardRanks`), the nodes,
+   one flush and the commit record, refused
    if the session's heartbeat lapsed for half the lease (a GC elsewhere may
    have counted it dead).  The session object goes last.
 
@@ -101,7 +103,7 @@ from chunkstore import Store, VersionInfo
 from chunkstore.errors import InvalidInputError, UnsupportedDtypeError
 from chunkstore.names import check_label
 from chunkstore.records import MAX_COUNT
-from chunkstore.shards import StagedShard
+from chunkstore.shards import RANKS_ENTRY, ShardRanks, StagedShard
 from torch_bridge.dcp_layout import (
     METADATA_ENTRY,
     StoreHandle,
@@ -214,9 +216,14 @@ class ChunkStoreWriter(HandleOwner, StorageWriter):
         try:
             staged = {item_key(r.index.fqn, r.index.offset): StagedShard.from_plain(r.storage_data)
                       for per_rank in results for r in per_rank}
-            layout = VersionLayout(metadata, staged)
+            # DCP gathers the results in rank order: the writer of each item.
+            writers = {item_key(r.index.fqn, r.index.offset): rank
+                       for rank, per_rank in enumerate(results) for r in per_rank}
+            layout = VersionLayout(metadata, staged, writers)
             version.adopt(layout.tensors, layout.written.values())
             version.put_data(METADATA_ENTRY, layout.plain)
+            if len(results) > 1:
+                version.put_data(RANKS_ENTRY, ShardRanks(len(results), layout.ranks).to_plain())
             self.info = version.commit()
         except BaseException:
             version.abort()

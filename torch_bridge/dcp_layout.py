@@ -18,6 +18,12 @@ safe encoding (never pickle)::
 Sizes, offsets and dtypes are not repeated there: a reader takes them from
 the tensor entries, which it checks anyway (shards tile the shape).
 
+A save by more than one rank also stores chunkstore's ranks record
+(:data:`chunkstore.shards.RANKS_ENTRY`, :class:`chunkstore.shards.ShardRanks`):
+the rank that wrote each shard, which ``chunkstore show`` and ``report``
+present.  Loading does not read it; versions saved before it existed (and
+saves by one process) have none, and their shards are shown by box.
+
 :class:`StoreHandle` is how the writer and the reader hold the store.
 """
 
@@ -44,12 +50,14 @@ from chunkstore.errors import CorruptNodeError, InvalidInputError, InvalidNameEr
 from chunkstore.index import NewChunk
 from chunkstore.manifest import DataEntry, TensorEntry, tensor_entry
 from chunkstore.names import check_entry_name
-from chunkstore.shards import StagedShard
+from chunkstore.shards import RANKS_ENTRY, StagedShard
 from torch_bridge.tensors import stored_name, torch_dtype
 
 METADATA_ENTRY = "_dcp.metadata"
 FORMAT = 1
 _PREFIX = "_dcp"
+#: First name components an item's FQN may not take as its entry name.
+_RESERVED = (_PREFIX, RANKS_ENTRY.split(".")[0])
 _MEMORY_FORMATS = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last,
                    "preserve": torch.preserve_format}
 _FORMAT_NAMES = {v: k for k, v in _MEMORY_FORMATS.items()}
@@ -70,7 +78,7 @@ def _entry_name(fqn: str, fallback: str, prefix: str = "") -> str:
         name = check_entry_name(f"{prefix}{fqn}")
     except InvalidNameError:
         return fallback
-    return name if prefix or name.split(".")[0] != _PREFIX else fallback
+    return name if prefix or name.split(".")[0] not in _RESERVED else fallback
 
 
 def _storage_meta_plain(meta: StorageMeta | None) -> dict[str, Any] | None:
@@ -84,14 +92,18 @@ def _storage_meta_plain(meta: StorageMeta | None) -> dict[str, Any] | None:
 class VersionLayout:
     """The entries and plain metadata of one DCP save, built from every rank's results."""
 
-    def __init__(self, metadata: Metadata, staged: dict[ItemKey, StagedShard]) -> None:
+    def __init__(self, metadata: Metadata, staged: dict[ItemKey, StagedShard],
+                 writers: dict[ItemKey, int] | None = None) -> None:
         self.tensors: dict[str, TensorEntry] = {}
         self.written: dict[Digest, NewChunk] = {}
+        #: entry name -> the rank that wrote each shard (when ``writers`` says)
+        self.ranks: dict[str, tuple[int, ...]] = {}
         items: list[list[Any]] = []
         for n, (fqn, item) in enumerate(metadata.state_dict_metadata.items()):
             if isinstance(item, BytesStorageMetadata):
                 name = _entry_name(fqn, f"{_PREFIX}.b{n}", f"{_PREFIX}.bytes.")
                 self.tensors[name] = self._entry(fqn, [self._take(staged, fqn, None)], "uint8")
+                self._record_ranks(name, writers, [item_key(fqn, None)])
                 items.append([fqn, "bytes", name, {}])
                 continue
             shards = [self._take(staged, fqn, chunk.offsets) for chunk in item.chunks]
@@ -103,6 +115,7 @@ class VersionLayout:
                                             f" {list(chunk.sizes)} in {list(item.size)}")
             name = _entry_name(fqn, f"{_PREFIX}.t{n}")
             self.tensors[name] = self._entry(fqn, shards, stored_name(item.properties.dtype))
+            self._record_ranks(name, writers, [item_key(fqn, c.offsets) for c in item.chunks])
             props = item.properties
             items.append([fqn, "tensor", name, {
                 "requires_grad": bool(props.requires_grad), "pin_memory": bool(props.pin_memory),
@@ -113,6 +126,11 @@ class VersionLayout:
         self.plain = {"format": FORMAT, "version": metadata.version, "items": items,
                       "planner_data": metadata.planner_data,
                       "storage_meta": _storage_meta_plain(metadata.storage_meta)}
+
+    def _record_ranks(self, name: str, writers: dict[ItemKey, int] | None,
+                      keys: list[ItemKey]) -> None:
+        if writers is not None:
+            self.ranks[name] = tuple(writers[key] for key in keys)
 
     @staticmethod
     def _take(staged: dict[ItemKey, StagedShard], fqn: str, offsets: Iterable[int] | None

@@ -10,8 +10,9 @@ import torch
 
 from chunkstore import Store, VersionReader
 from chunkstore.errors import InvalidInputError
-from chunkstore.manifest import TensorEntry
+from chunkstore.manifest import DataEntry, TensorEntry
 from torch_bridge.checkpointer import open_store
+from torch_bridge.dcp_layout import METADATA_ENTRY, StoredItems
 from torch_bridge.layout import BRIDGE_ENTRY, read_sections
 from torch_bridge.state import TensorRecord
 from torch_bridge.tensors import as_array, torch_dtype
@@ -23,30 +24,45 @@ def _names(reader: VersionReader, prefix: str) -> dict[str, str]:
     """Output name -> entry name for the tensors under ``prefix``.
 
     For torch_bridge versions a model's tensor is named by its state_dict key
-    (exactly, even where the entry name had to be adjusted); for other versions
-    by the entry name with the prefix removed.
+    (exactly, even where the entry name had to be adjusted); for DCP saves by
+    its FQN (DCP's bytes items, pickled values, are no tensors to export); for
+    other versions by the entry name with the prefix removed.
     """
+    entries = reader.entries()
+    if BRIDGE_ENTRY in entries:
+        return _bridge_names(reader, prefix)
+    leaf = entries.get(METADATA_ENTRY)
+    if isinstance(leaf, DataEntry):
+        items = StoredItems(leaf, reader.get_data(METADATA_ENTRY), entries)
+        return {fqn[len(prefix):]: name for fqn, name in items.tensors.items()
+                if fqn.startswith(prefix)}
+    return {name[len(prefix):]: name for name, leaf in entries.items()
+            if isinstance(leaf, TensorEntry) and name.startswith(prefix)}
+
+
+def _bridge_names(reader: VersionReader, prefix: str) -> dict[str, str]:
     names: dict[str, str] = {}
-    if BRIDGE_ENTRY in reader.names():
-        for key, section in read_sections(reader).items():
-            for plain in section["tensors"]:
-                record = TensorRecord.from_plain(plain)
-                if record.kind != "torch" or not record.entry.startswith(prefix):
-                    continue
-                single = len(record.path) == 1 and isinstance(record.path[0], str)
-                if single and prefix == f"{key}.":
-                    names[record.path[0]] = record.entry
-                else:
-                    names[record.entry[len(prefix):]] = record.entry
-        return names
-    for name, leaf in reader.entries().items():
-        if isinstance(leaf, TensorEntry) and name.startswith(prefix):
-            names[name[len(prefix):]] = name
+    for key, section in read_sections(reader).items():
+        for plain in section["tensors"]:
+            record = TensorRecord.from_plain(plain)
+            if record.kind != "torch" or not record.entry.startswith(prefix):
+                continue
+            single = len(record.path) == 1 and isinstance(record.path[0], str)
+            if single and prefix == f"{key}.":
+                names[record.path[0]] = record.entry
+            else:
+                names[record.entry[len(prefix):]] = record.entry
     return names
 
 
 def read_tensor(reader: VersionReader, name: str) -> torch.Tensor:
-    """One tensor entry as a new CPU tensor (hash-verified)."""
+    """One tensor entry as a new CPU tensor (hash-verified).
+
+    A tensor saved as several shards (by several ranks) is assembled from its
+    shards' boxes: the manifest decoder has refused any entry whose boxes do
+    not tile its shape exactly (a gap or an overlap is a
+    :class:`~chunkstore.errors.CorruptNodeError` before anything is read).
+    """
     entry = reader.entry(name)
     if not isinstance(entry, TensorEntry):
         raise InvalidInputError(f"entry {name!r} is not a tensor")

@@ -35,7 +35,14 @@ from chunkstore.dtypes import element_size
 from chunkstore.errors import NotAStoreError
 from chunkstore.manifest import MAX_DELTA_DEPTH, TensorEntry
 from chunkstore.records import DEFAULT_DELTA_DEPTH
-from chunkstore.report import StoreStats, VersionStats
+from chunkstore.report import (
+    RankStats,
+    StoreStats,
+    VersionRanks,
+    VersionStats,
+    ranks_of,
+    shard_ranks,
+)
 from chunkstore.report import stats as store_stats
 from chunkstore.retention import parse_duration
 from chunkstore.store import VersionInfo
@@ -137,13 +144,18 @@ def size_cells(v: VersionInfo | VersionStats) -> list[str]:
 # --- show -----------------------------------------------------------------------------------
 
 
-def describe_leaf(name: str, leaf: Leaf) -> dict[str, Any]:
-    """What ``show`` and ``diff`` say about one entry."""
+def describe_leaf(name: str, leaf: Leaf, ranks: tuple[int, ...] | None = None
+                  ) -> dict[str, Any]:
+    """What ``show`` and ``diff`` say about one entry (with the rank that wrote each
+    shard, when the version records it)."""
     if isinstance(leaf, TensorEntry):
+        shards = [{"offsets": list(s.offsets), "sizes": list(s.sizes), "chunks": len(s.chunks),
+                   "bytes": s.nbytes(element_size(leaf.dtype))} for s in leaf.shards]
+        for shard, rank in zip(shards, ranks or (), strict=False):
+            shard["rank"] = rank
         return {"name": name, "kind": "tensor", "dtype": leaf.dtype, "shape": list(leaf.shape),
                 "bytes": leaf.nbytes, "chunks": sum(len(s.chunks) for s in leaf.shards),
-                "shards": [{"offsets": list(s.offsets), "sizes": list(s.sizes),
-                            "chunks": len(s.chunks)} for s in leaf.shards]}
+                "shards": shards}
     return {"name": name, "kind": "data", "dtype": None, "shape": None, "bytes": leaf.nbytes,
             "chunks": 0}
 
@@ -154,7 +166,13 @@ def type_text(entry: dict[str, Any]) -> str:
     return f"{entry['dtype']}{entry['shape']}"
 
 
-def show_text(info: VersionInfo, tags: list[str], entries: list[dict[str, Any]]) -> None:
+def shard_text(shard: dict[str, Any]) -> str:
+    box = f"{shard['offsets']}+{shard['sizes']}"
+    return box if "rank" not in shard else f"rank {shard['rank']}: {box}"
+
+
+def show_text(info: VersionInfo, tags: list[str], entries: list[dict[str, Any]],
+              ranks: tuple[RankStats, ...] | None = None) -> None:
     fields = [("id", info.id), ("run@step", f"{info.run}@{info.step}"),
               ("created", local_time(info)), ("parent", info.parent or "-"),
               ("root", info.root.hex), ("tags", ", ".join(tags) or "-")]
@@ -170,11 +188,20 @@ def show_text(info: VersionInfo, tags: list[str], entries: list[dict[str, Any]])
     rows = [[e["name"], e["kind"], type_text(e), format_size(e["bytes"]), str(e["chunks"])]
             for e in entries]
     headers = ["NAME", "KIND", "TYPE", "SIZE", "CHUNKS"]
-    if any(len(e.get("shards", ())) > 1 for e in entries):  # saved by several processes
-        headers.append("SHARDS (offsets+sizes)")
+    if ranks is not None or any(len(e.get("shards", ())) > 1 for e in entries):
+        # saved by several processes: each shard's box, and its rank where recorded
+        headers.append("SHARDS (rank: offsets+sizes)" if ranks is not None
+                       else "SHARDS (offsets+sizes)")
         for row, e in zip(rows, entries, strict=True):
-            row.append(" ".join(f"{s['offsets']}+{s['sizes']}" for s in e.get("shards", ())))
+            row.append((", " if ranks is not None else " ").join(
+                shard_text(s) for s in e.get("shards", ())))
     echo_lines(["  " + line for line in render_table(headers, rows, right=(3, 4))])
+    if ranks is not None:
+        click.echo(f"shards by rank (saved by {plural(len(ranks), 'rank')}):")
+        table = [[str(r.rank), str(r.shards), str(r.chunks), format_size(r.logical_bytes)]
+                 for r in ranks]
+        echo_lines(["  " + line for line in render_table(["RANK", "SHARDS", "CHUNKS", "SIZE"],
+                                                          table, right=(0, 1, 2, 3))])
 
 
 @click.command()
@@ -186,7 +213,12 @@ def show(store_path: str, selector: str, as_json: bool) -> None:
     """Show one version: its record, metadata and every entry.
 
     Entries are tensors (dtype, shape, size, number of chunks) or plain
-    data (trainer state and the like, stored as one encoded node).
+    data (trainer state and the like, stored as one encoded node). A tensor
+    saved by several processes (torch.distributed.checkpoint through
+    torch_bridge.dcp) lists its shards: the box each holds (offsets+sizes
+    in the full tensor) and the rank that wrote it; a table then sums the
+    shards, chunks and bytes of each rank (--json: "rank" in each shard,
+    "ranks" per rank).
 
     \b
     Example:
@@ -198,12 +230,20 @@ def show(store_path: str, selector: str, as_json: bool) -> None:
     with open_store(store_path) as store:
         reader = store.open_version(selector)
         tags = tags_by_version(store).get(reader.info.id, [])
-        entries = [describe_leaf(n, leaf) for n, leaf in reader.entries().items()]
+        leaves = reader.entries()
+        record = shard_ranks(reader)
+        listed = {} if record is None else record.ranks
+        entries = [describe_leaf(n, leaf, listed.get(n)) for n, leaf in leaves.items()]
+        ranks = None if record is None else ranks_of(leaves, record)
     if as_json:
         version: dict[str, Any] = {**reader.info.to_json(), "tags": tags}
-        emit_json({"version": version, "entries": entries})
+        doc: dict[str, Any] = {"version": version, "entries": entries}
+        if ranks is not None:
+            doc["ranks"] = [{k: v for k, v in r.to_json().items() if k != "new_bytes"}
+                            for r in ranks]
+        emit_json(doc)
     else:
-        show_text(reader.info, tags, entries)
+        show_text(reader.info, tags, entries, ranks)
 
 
 # --- diff -----------------------------------------------------------------------------------
@@ -289,11 +329,27 @@ def diff(store_path: str, old: str, new: str, show_all: bool, as_json: bool) -> 
 # --- report ---------------------------------------------------------------------------------
 
 
+def ranks_text(versions: list[VersionRanks]) -> None:
+    """The versions saved by several processes, one row per rank."""
+    click.echo("by rank (versions saved by several processes):")
+    rows = [[v.id[:12], f"{v.run}@{v.step}", str(r.rank), str(r.shards),
+             format_size(r.logical_bytes), format_size(r.new_bytes)]
+            for v in versions for r in v.ranks]
+    echo_lines(["  " + line for line in render_table(
+        ["ID", "RUN@STEP", "RANK", "SHARDS", "LOGICAL", "NEW RAW"], rows,
+        right=(2, 3, 4, 5))])
+    click.echo("  (a rank's shards: their bytes, and those of their chunks no earlier version"
+               " and no lower rank holds)")
+    click.echo("")
+
+
 def report_text(stats: StoreStats, store_path: str) -> None:
     if stats.versions:
         rows = [[v.id[:12], f"{v.run}@{v.step}", *size_cells(v)] for v in stats.versions]
         echo_lines(render_table(["ID", "RUN@STEP", *SIZE_HEADERS], rows, right=(2, 3, 4)))
         click.echo("")
+    if stats.ranks:
+        ranks_text(stats.ranks)
     fields = [
         ("versions", str(len(stats.versions))),
         ("chunks", str(stats.chunks)),
@@ -346,6 +402,9 @@ def report(store_path: str, grace: str, as_json: bool) -> None:
     copy each time, as torch.save does, gives N after N versions) and what
     `gc` with the same --grace would delete now. The figures come from the
     same code as `gc --dry-run`, so the two always agree.
+    Per rank, for versions saved by several processes (torch_bridge.dcp):
+    the shards each rank wrote, their bytes, and the raw bytes of their
+    chunks that no earlier version and no lower rank holds (--json: "ranks").
 
     \b
     Example:
