@@ -12,7 +12,7 @@ from chunkstore import Store, VersionReader
 from chunkstore.errors import InvalidInputError
 from chunkstore.manifest import TensorEntry
 from torch_bridge.checkpointer import open_store
-from torch_bridge.layout import BRIDGE_ENTRY, read_sections
+from torch_bridge.layout import BRIDGE_ENTRY, DTENSOR, saved_ranks
 from torch_bridge.state import TensorRecord
 from torch_bridge.tensors import as_array, torch_dtype
 
@@ -28,10 +28,12 @@ def _names(reader: VersionReader, prefix: str) -> dict[str, str]:
     """
     names: dict[str, str] = {}
     if BRIDGE_ENTRY in reader.names():
-        for key, section in read_sections(reader).items():
+        # A multi-rank version: rank 0's names (its replicated and sharded tensors are
+        # every rank's; what differs per rank is no model weight).
+        for key, section in saved_ranks(reader)[0].items():
             for plain in section["tensors"]:
                 record = TensorRecord.from_plain(plain)
-                if record.kind != "torch" or not record.entry.startswith(prefix):
+                if record.kind not in ("torch", DTENSOR) or not record.entry.startswith(prefix):
                     continue
                 single = len(record.path) == 1 and isinstance(record.path[0], str)
                 if single and prefix == f"{key}.":
