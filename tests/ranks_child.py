@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import random
+import signal
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -35,7 +36,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 import chunkstore
 from chunkstore.manifest import TensorEntry
-from torch_bridge import Checkpointer, ResumableSampler
+from torch_bridge import Checkpointer, ResumableSampler, ranks
 
 RUN = "ranks"
 EXAMPLES = 48
@@ -187,10 +188,33 @@ def _break_box(store: chunkstore.Store, selector: str, name: str, rank: int) -> 
     path.write_bytes(bytes(data))
 
 
+def killed_mid_save(rank: int, world: int, url: str, extra: dict[str, Any]
+                    ) -> dict[str, Any]:
+    """Save step 1; then step 2, with rank 1 SIGKILLed once its chunks are durable,
+    before it reports them to rank 0."""
+    trainer = Trainer(rank, world)
+    with Checkpointer(url, run=RUN) as ckpt:
+        ckpt.save(1, **trainer.state())
+        trainer.step()
+        if rank == 1:
+            stage = ranks.stage_boxes
+
+            def stage_then_die(*args: Any, **kwargs: Any) -> Any:
+                staged = stage(*args, **kwargs)
+                Path(os.environ["RANKS_TEST_OUT"], "rank1.staged").touch()
+                os.kill(os.getpid(), signal.SIGKILL)
+                return staged
+
+            ranks.stage_boxes = stage_then_die  # type: ignore[assignment]
+        ckpt.save(2, **trainer.state())
+    return {}
+
+
 JOBS: dict[str, Callable[[int, int, str, dict[str, Any]], dict[str, Any]]] = {
     "train": train,
     "mismatched_steps": mismatched_steps,
     "damaged_newest": damaged_newest,
+    "killed_mid_save": killed_mid_save,
 }
 
 

@@ -131,6 +131,22 @@ def test_ranks_at_different_steps_are_refused_and_nothing_is_published(
         assert not list(store.backend.list("sessions/"))
 
 
+def test_a_rank_killed_mid_save_publishes_nothing(store_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "kill"
+    reports = Ranks("killed_mid_save", store_url, out).join()
+    assert (out / "rank1.staged").exists(), "rank 1 did not get to store its chunks"
+    assert reports[1] is None, "rank 1 was not SIGKILLed"
+    assert reports[0] is not None and not reports[0]["ok"], "rank 0's save did not fail"
+    with chunkstore.open(store_url) as store:
+        assert [v.step for v in store.versions(RUN)] == [1], "the killed save was published"
+        result = store.verify()
+        assert result.ok, result.problems
+        swept = store.gc(grace=0)
+        assert swept.chunks_deleted + swept.orphans_deleted > 0, "rank 1's chunks stay"
+        result = store.verify()
+        assert result.ok, result.problems
+
+
 def test_restore_picks_the_same_version_on_every_rank(store_url: str, tmp_path: Path
                                                       ) -> None:
     reports = _all_ok(Ranks("damaged_newest", store_url, tmp_path / "damaged").join())
