@@ -14,10 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
+from safetensors.torch import load_file
 
 import chunkstore
-from tests.ranks_child import RUN, run_rank
+from tests.ranks_child import ROWS, RUN, run_rank
+from torch_bridge import Checkpointer, export_safetensors
+from torch_bridge.errors import AsyncSaveUnderProcessGroupError, WorldSizeMismatchError
 
 SPAWN_TIMEOUT_S = 90.0
 WORLD = 2
@@ -152,3 +157,31 @@ def test_restore_picks_the_same_version_on_every_rank(store_url: str, tmp_path: 
     reports = _all_ok(Ranks("damaged_newest", store_url, tmp_path / "damaged").join())
     assert [r["restored"] for r in reports] == [1, 1], "every rank must fall back to step 1"
     assert not any(r["equals_step_2"] for r in reports)
+    # Without a process group: the weights export whole; a restore is refused (per-rank
+    # state restores rank for rank).
+    export_safetensors(store_url, f"{RUN}@1", tmp_path / "w.safetensors", prefix="table.")
+    table = load_file(tmp_path / "w.safetensors")["w"]
+    assert table.shape == (ROWS * WORLD, 256) and bool(table.abs().sum() > 0)
+    with Checkpointer(store_url, run=RUN) as ckpt, pytest.raises(
+            WorldSizeMismatchError, match="saved by 2 rank"):
+        ckpt.restore(table={})
+
+
+def test_async_save_under_a_process_group_is_refused(tmp_path: Path) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}",
+                            rank=0, world_size=1)
+    try:
+        with pytest.raises(AsyncSaveUnderProcessGroupError, match="async_save=False"):
+            Checkpointer(str(tmp_path / "store"), async_save=True)
+        with Checkpointer(str(tmp_path / "store"), run="one") as ckpt:
+            ckpt.async_save = True
+            with pytest.raises(AsyncSaveUnderProcessGroupError):
+                ckpt.save(1, state={"w": torch.ones(3)})
+            assert ckpt.all_steps() == []
+            ckpt.async_save = False
+            ckpt.save(1, state={"w": torch.ones(3)})
+            loaded: dict[str, Any] = {"w": torch.zeros(3)}
+            assert ckpt.restore(state=loaded) == 1
+            assert torch.equal(loaded["w"], torch.ones(3))
+    finally:
+        dist.destroy_process_group()

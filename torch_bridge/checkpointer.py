@@ -80,6 +80,16 @@ class Checkpointer:
     ``async_save=True`` makes ``save`` return after copying the state into
     reused host buffers; the write runs in a background thread.
 
+    Under torch.distributed (a default process group initialised before the
+    Checkpointer is made) ``save`` and ``restore`` are collectives: every rank
+    makes the Checkpointer and calls them with its own objects at the same
+    step; each save is one version rank 0 publishes once every rank's data is
+    durable, holding every rank's state (DTensor boxes once, tensors equal on
+    several ranks once, RNG states and other per-rank state per rank), and
+    ``restore`` loads the same version on every rank.  ``async_save=True`` is
+    refused there (:class:`AsyncSaveUnderProcessGroupError`).  The protocol
+    and why it is safe: :mod:`torch_bridge.ranks`.
+
     Every version records provenance: the git revision of the working
     directory (``code_rev``, ``code_dirty``), library versions, host and
     world size, with ``meta`` merged over it.  Outside a git checkout
@@ -121,6 +131,8 @@ class Checkpointer:
         Synchronous: returns the published version.  Async: waits for the
         previous save, copies the state into staging buffers and returns None;
         ``wait()`` returns the version.  Bad state raises here, naming its key path.
+        Under a process group every rank returns the version; ranks at different
+        steps raise ``RanksDisagreeError`` on every rank and publish nothing.
         """
         self._check_open()
         self.wait()
@@ -219,7 +231,8 @@ class Checkpointer:
         Returns None (touching nothing) when the run has no versions.  A
         damaged newest version warns and falls back to the one before.  With
         ``step``, exactly that step is loaded (no fallback).  ``rng=False``
-        leaves the global RNGs alone.
+        leaves the global RNGs alone.  Under a process group every rank loads
+        the same version: the newest whose parts read back intact on every rank.
         """
         self._check_open()
         self.wait()
