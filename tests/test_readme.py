@@ -43,7 +43,7 @@ def test_python_block_runs_as_written(index: int, tmp_path: Path) -> None:
     if "torch" in code and not HAS_TORCH:
         pytest.skip("needs torch")
     first = _run(code, tmp_path)
-    if "Checkpointer(" in code:
+    if "starting at step" in code:
         # Run twice, as the README says: the second run resumes where the first ended.
         assert "starting at step 0" in first
         assert "starting at step 48" in _run(code, tmp_path)

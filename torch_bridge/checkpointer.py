@@ -18,12 +18,19 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+import torch.distributed as dist
 
 import chunkstore
 from chunkstore import Store, VersionInfo, plaindata
 from chunkstore.errors import IntegrityError, InvalidInputError, SelectorError
 from torch_bridge import boundary
-from torch_bridge.errors import AsyncSaveError, NotAtUpdateBoundaryWarning, RestoreFallbackWarning
+from torch_bridge.collectives import process_group_active
+from torch_bridge.errors import (
+    AsyncSaveError,
+    AsyncSaveUnderProcessGroupError,
+    NotAtUpdateBoundaryWarning,
+    RestoreFallbackWarning,
+)
 from torch_bridge.layout import (
     RESERVED_KEYS,
     apply_states,
@@ -33,6 +40,7 @@ from torch_bridge.layout import (
     write_version,
 )
 from torch_bridge.provenance import provenance
+from torch_bridge.ranks import restore_ranks, save_ranks
 from torch_bridge.rng import capture_rng, restore_rng
 from torch_bridge.staging import StagingBuffers
 from torch_bridge.state import CapturedState
@@ -72,6 +80,16 @@ class Checkpointer:
     ``async_save=True`` makes ``save`` return after copying the state into
     reused host buffers; the write runs in a background thread.
 
+    Under torch.distributed (a default process group initialised before the
+    Checkpointer is made) ``save`` and ``restore`` are collectives: every rank
+    makes the Checkpointer and calls them with its own objects at the same
+    step; each save is one version rank 0 publishes once every rank's data is
+    durable, holding every rank's state (DTensor boxes once, tensors equal on
+    several ranks once, RNG states and other per-rank state per rank), and
+    ``restore`` loads the same version on every rank.  ``async_save=True`` is
+    refused there (:class:`AsyncSaveUnderProcessGroupError`).  The protocol
+    and why it is safe: :mod:`torch_bridge.ranks`.
+
     Every version records provenance: the git revision of the working
     directory (``code_rev``, ``code_dirty``), library versions, host and
     world size, with ``meta`` merged over it.  Outside a git checkout
@@ -87,8 +105,10 @@ class Checkpointer:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 1):
                 raise InvalidInputError(f"{name} must be a positive int or None, got {value!r}")
-        self.store, self._owns_store = open_store(path_or_url, chunk_size=chunk_size,
-                                                  compression=compression)
+        if async_save and process_group_active():
+            raise _async_refused()
+        self.store, self._owns_store = _open_store_on_ranks(path_or_url, chunk_size,
+                                                            compression)
         self.run = run
         self.keep_last = keep_last
         self.keep_every = keep_every
@@ -111,17 +131,15 @@ class Checkpointer:
         Synchronous: returns the published version.  Async: waits for the
         previous save, copies the state into staging buffers and returns None;
         ``wait()`` returns the version.  Bad state raises here, naming its key path.
+        Under a process group every rank returns the version; ranks at different
+        steps raise ``RanksDisagreeError`` on every rank and publish nothing.
         """
         self._check_open()
         self.wait()
+        self._warn_unapplied(step, stateful)
+        if process_group_active():
+            return self._save_ranks(step, stateful)
         states = self._states(stateful)
-        unapplied = boundary.unapplied_gradients(stateful.items())
-        if unapplied:
-            warnings.warn(NotAtUpdateBoundaryWarning(
-                f"step {step}: {unapplied[0]} holds a gradient no optimizer step has applied"
-                f" ({len(unapplied)} parameters); a save between backward() and step() or"
-                " mid-accumulation does not resume exactly: save after optimizer.step()"),
-                stacklevel=2)
         captured = capture_states(states)
         if not self.async_save:
             info = self._write(step, captured, sync_arrays(captured))
@@ -136,6 +154,28 @@ class Checkpointer:
         self._pending = (step, self._executor.submit(self._write, step, captured, arrays))
         return None
 
+    @staticmethod
+    def _warn_unapplied(step: int, stateful: dict[str, Any]) -> None:
+        unapplied = boundary.unapplied_gradients(stateful.items())
+        if unapplied:
+            warnings.warn(NotAtUpdateBoundaryWarning(
+                f"step {step}: {unapplied[0]} holds a gradient no optimizer step has applied"
+                f" ({len(unapplied)} parameters); a save between backward() and step() or"
+                " mid-accumulation does not resume exactly: save after optimizer.step()"),
+                stacklevel=3)
+
+    def _save_ranks(self, step: int, stateful: dict[str, Any]) -> VersionInfo:
+        """Every rank's state as one version (:mod:`torch_bridge.ranks`); rank 0 publishes
+        it and applies retention."""
+        if self.async_save:
+            raise _async_refused()
+        info = save_ranks(self.store, self.run, step, self.meta,
+                          lambda: self._states(stateful))
+        if dist.get_rank() == 0:
+            self._retain(step, info)
+        self._last_info = info
+        return info
+
     def _states(self, stateful: dict[str, Any]) -> dict[str, Any]:
         for key in stateful:
             if key in RESERVED_KEYS:
@@ -147,13 +187,16 @@ class Checkpointer:
     def _write(self, step: int, captured: list[CapturedState],
                arrays: list[tuple[np.ndarray, str | None]]) -> VersionInfo:
         info = write_version(self.store, self.run, step, self.meta, captured, arrays)
+        self._retain(step, info)
+        return info
+
+    def _retain(self, step: int, info: VersionInfo) -> None:
         try:
             self._apply_retention(info.id)
         except Exception as exc:  # the version is published; retention can run next time
             warnings.warn(RuntimeWarning(
                 f"run {self.run!r}: step {step} was saved, but removing old versions"
-                f" failed: {exc}"), stacklevel=2)
-        return info
+                f" failed: {exc}"), stacklevel=3)
 
     def wait(self) -> VersionInfo | None:
         """Block until the save in flight is published; raise AsyncSaveError if it failed."""
@@ -188,12 +231,17 @@ class Checkpointer:
         Returns None (touching nothing) when the run has no versions.  A
         damaged newest version warns and falls back to the one before.  With
         ``step``, exactly that step is loaded (no fallback).  ``rng=False``
-        leaves the global RNGs alone.
+        leaves the global RNGs alone.  Under a process group every rank loads
+        the same version: the newest whose parts read back intact on every rank.
         """
         self._check_open()
         self.wait()
         for key in stateful:
             check_key(key)
+        if process_group_active():
+            targets = {**stateful, "rng": {}} if rng else dict(stateful)
+            return restore_ranks(self.store, self.run, step, targets,
+                                 {"rng": restore_rng} if rng else {})
         candidates = self._candidates(step)
         failures: list[str] = []
         for info in candidates:
@@ -272,6 +320,28 @@ class Checkpointer:
         with contextlib.suppress(AsyncSaveError):  # the exception propagating matters more
             self.close()
 
+
+
+def _open_store_on_ranks(path_or_store: str | os.PathLike[str] | Store,
+                         chunk_size: int | None, compression: str | None
+                         ) -> tuple[Store, bool]:
+    """The store; under a process group rank 0 opens (and maybe creates) it first, so
+    the ranks never race to create one store."""
+    if not process_group_active() or isinstance(path_or_store, Store):
+        return open_store(path_or_store, chunk_size=chunk_size, compression=compression)
+    opened = None
+    if dist.get_rank() == 0:
+        opened = open_store(path_or_store, chunk_size=chunk_size, compression=compression)
+    dist.barrier()
+    return opened or open_store(path_or_store, chunk_size=chunk_size, compression=compression)
+
+
+def _async_refused() -> AsyncSaveUnderProcessGroupError:
+    return AsyncSaveUnderProcessGroupError(
+        "async_save=True is not supported under torch.distributed: the save's collectives"
+        " would run in a background thread beside the training's own and could deadlock;"
+        " use async_save=False, or dcp.async_save with torch_bridge.dcp.ChunkStoreWriter"
+        " for sharded state")
 
 
 #: Checkpointers not yet closed: at exit, a failed background save is reported

@@ -100,6 +100,7 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from chunkstore import Store, VersionInfo
+from chunkstore.dtypes import element_size
 from chunkstore.errors import InvalidInputError, UnsupportedDtypeError
 from chunkstore.names import check_label
 from chunkstore.records import MAX_COUNT
@@ -113,6 +114,7 @@ from torch_bridge.dcp_layout import (
     open_options,
 )
 from torch_bridge.dcp_reader import ChunkStoreReader, HandleOwner
+from torch_bridge.sharded import Box, stage_boxes
 from torch_bridge.tensors import as_array, check_storable, host_copy
 
 __all__ = ["ChunkStoreReader", "ChunkStoreWriter"]
@@ -241,34 +243,20 @@ class ChunkStoreWriter(HandleOwner, StorageWriter):
 
 def _write_items(store: Store, run: str, step: int, items: list[WriteItem],
                  planner: SavePlanner, gc_seen: list[str]) -> list[WriteResult]:
-    """Store the items' chunks (entry ``i<n>`` for item n), publish nothing, and
-    describe each item's shard for the coordinator."""
-    writer = store.new_version(run, step)
-    try:
-        writer.follow_publisher(gc_seen)
-        for n, item in enumerate(items):
-            array, override = _as_array(item, planner.resolve_data(item))
-            writer.put(f"i{n}", array, dtype=override)
-        entries, written = writer.write_unpublished()
-    except BaseException:
-        writer.abort()
-        raise
-    new = {c.digest: c for c in written}
-    results = []
+    """Store the items' chunks, publish nothing, and describe each item's shard for
+    the coordinator."""
+    boxes = []
     for n, item in enumerate(items):
-        entry = entries[f"i{n}"]
-        (local,) = entry.shards
-        shape = entry.shape
+        array, override = _as_array(item, planner.resolve_data(item))
+        box = Box(f"i{n}", array, override)
         if item.tensor_data is not None:  # a tensor's box, placed in the global shape
-            shape = tuple(item.tensor_data.size)
-            local = dataclasses.replace(local, offsets=tuple(item.tensor_data.chunk.offsets))
-        # The objects this box needs that this rank wrote (a packed chunk's pack).
-        mine = [new.pop(d) for d in dict.fromkeys(local.objects()) if d in new]
-        staged = StagedShard(entry.dtype, shape, local, tuple(
-            (c.digest, c.codec_id, c.raw_length, c.stored_length) for c in mine))
-        results.append(WriteResult(index=item.index, size_in_bytes=entry.nbytes,
-                                   storage_data=staged.to_plain()))
-    return results
+            box = dataclasses.replace(box, shape=tuple(item.tensor_data.size),
+                                      offsets=tuple(item.tensor_data.chunk.offsets))
+        boxes.append(box)
+    staged = stage_boxes(store, run, step, boxes, gc_seen)
+    return [WriteResult(index=item.index, size_in_bytes=shard.shard.nbytes(
+                element_size(shard.dtype)), storage_data=shard.to_plain())
+            for item, shard in zip(items, staged, strict=True)]
 
 
 def _as_array(item: WriteItem, data: object) -> tuple[np.ndarray, str | None]:

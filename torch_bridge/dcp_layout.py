@@ -48,9 +48,10 @@ from chunkstore import Store, VersionWriter
 from chunkstore.digest import Digest
 from chunkstore.errors import CorruptNodeError, InvalidInputError, InvalidNameError
 from chunkstore.index import NewChunk
-from chunkstore.manifest import DataEntry, TensorEntry, tensor_entry
+from chunkstore.manifest import DataEntry, TensorEntry
 from chunkstore.names import check_entry_name
 from chunkstore.shards import RANKS_ENTRY, StagedShard
+from torch_bridge.sharded import staged_entry
 from torch_bridge.tensors import stored_name, torch_dtype
 
 METADATA_ENTRY = "_dcp.metadata"
@@ -102,7 +103,8 @@ class VersionLayout:
         for n, (fqn, item) in enumerate(metadata.state_dict_metadata.items()):
             if isinstance(item, BytesStorageMetadata):
                 name = _entry_name(fqn, f"{_PREFIX}.b{n}", f"{_PREFIX}.bytes.")
-                self.tensors[name] = self._entry(fqn, [self._take(staged, fqn, None)], "uint8")
+                self.tensors[name] = staged_entry(fqn, [self._take(staged, fqn, None)], "uint8",
+                                                 self.written)
                 self._record_ranks(name, writers, [item_key(fqn, None)])
                 items.append([fqn, "bytes", name, {}])
                 continue
@@ -114,7 +116,8 @@ class VersionLayout:
                                             f" {list(shard.shape)}, the plan says"
                                             f" {list(chunk.sizes)} in {list(item.size)}")
             name = _entry_name(fqn, f"{_PREFIX}.t{n}")
-            self.tensors[name] = self._entry(fqn, shards, stored_name(item.properties.dtype))
+            self.tensors[name] = staged_entry(fqn, shards, stored_name(item.properties.dtype),
+                                             self.written)
             self._record_ranks(name, writers, [item_key(fqn, c.offsets) for c in item.chunks])
             props = item.properties
             items.append([fqn, "tensor", name, {
@@ -140,21 +143,6 @@ class VersionLayout:
         except KeyError:
             raise InvalidInputError(f"no rank stored item {fqn!r} at offsets"
                                     f" {None if offsets is None else list(offsets)}") from None
-
-    def _entry(self, fqn: str, shards: list[StagedShard], dtype: str) -> TensorEntry:
-        if not shards:
-            raise InvalidInputError(f"{fqn}: the save's metadata names no box of it")
-        for shard in shards:
-            if shard.dtype != dtype:
-                raise InvalidInputError(f"{fqn}: a rank stored {shard.dtype}, the plan says"
-                                        f" {dtype}")
-            for digest, codec, raw, stored in shard.written:
-                self.written.setdefault(digest, NewChunk(digest, codec, raw, stored))
-        try:
-            return tensor_entry(dtype, shards[0].shape, tuple(s.shard for s in shards))
-        except ValueError as exc:
-            raise InvalidInputError(f"{fqn}: the ranks' shards do not form a tensor: {exc}"
-                                    ) from exc
 
 
 class StoredItems:

@@ -54,3 +54,52 @@ class RestoreFallbackWarning(UserWarning):
 
 class RngMismatchWarning(UserWarning):
     """Warned when a checkpoint's CUDA RNG states cannot be applied on this machine."""
+
+
+class RanksDisagreeError(InvalidInputError):
+    """Raised on every rank when the ranks of a save or restore ask for different things
+    (step, run, state keys); nothing is published or loaded.
+
+    ``ranks`` are the ranks that differ from rank 0, ``values`` what each rank asked for.
+    """
+
+    def __init__(self, what: str, values: list[object]) -> None:
+        ranks = [r for r, value in enumerate(values) if value != values[0]]
+        shown = ", ".join(f"rank {r}: {values[r]!r}" for r in ranks[:8])
+        super().__init__(f"ranks {ranks} disagree with rank 0 on the {what} (rank 0:"
+                         f" {values[0]!r}; {shown}); every rank must call it with the same"
+                         f" {what}, at the same point of the training loop")
+        self.what = what
+        self.ranks = ranks
+        self.values = values
+
+
+class RanksFailedError(ChunkStoreError):
+    """Raised on the other ranks when a save or restore failed on some ranks (the failing
+    rank raises its own error); nothing was published or loaded.
+
+    ``failures`` maps each failing rank to its error, as text.
+    """
+
+    def __init__(self, action: str, failures: dict[int, str]) -> None:
+        shown = "; ".join(f"rank {r}: {text}" for r, text in sorted(failures.items())[:4])
+        super().__init__(f"{action} failed on ranks {sorted(failures)}: {shown}")
+        self.failures = failures
+
+
+class WorldSizeMismatchError(InvalidInputError):
+    """Raised when a version saved by one number of ranks is restored by another (each
+    rank's RNG and data position belong to that rank)."""
+
+    def __init__(self, version_id: str, saved: int, now: int) -> None:
+        super().__init__(f"version {version_id[:12]} was saved by {saved} rank(s) and this"
+                         f" restore runs on {now}; per-rank state (RNG, data position)"
+                         f" restores rank for rank: restore it on {saved} rank(s), or load"
+                         " the model alone with torch.distributed.checkpoint")
+        self.version_id = version_id
+        self.saved = saved
+        self.now = now
+
+
+class AsyncSaveUnderProcessGroupError(InvalidInputError):
+    """Raised when a Checkpointer with ``async_save=True`` saves under torch.distributed."""

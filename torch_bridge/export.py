@@ -13,7 +13,7 @@ from chunkstore.errors import InvalidInputError
 from chunkstore.manifest import DataEntry, TensorEntry
 from torch_bridge.checkpointer import open_store
 from torch_bridge.dcp_layout import METADATA_ENTRY, StoredItems
-from torch_bridge.layout import BRIDGE_ENTRY, read_sections
+from torch_bridge.layout import BRIDGE_ENTRY, DTENSOR, saved_ranks
 from torch_bridge.state import TensorRecord
 from torch_bridge.tensors import as_array, torch_dtype
 
@@ -42,10 +42,12 @@ def _names(reader: VersionReader, prefix: str) -> dict[str, str]:
 
 def _bridge_names(reader: VersionReader, prefix: str) -> dict[str, str]:
     names: dict[str, str] = {}
-    for key, section in read_sections(reader).items():
+    # Rank 0's names (one rank for a single-process version; in a multi-rank one its
+    # replicated and sharded tensors are every rank's, and no model weight differs).
+    for key, section in saved_ranks(reader)[0].items():
         for plain in section["tensors"]:
             record = TensorRecord.from_plain(plain)
-            if record.kind != "torch" or not record.entry.startswith(prefix):
+            if record.kind not in ("torch", DTENSOR) or not record.entry.startswith(prefix):
                 continue
             single = len(record.path) == 1 and isinstance(record.path[0], str)
             if single and prefix == f"{key}.":

@@ -8,6 +8,11 @@ entry ``_torch_bridge``::
      "states": {"model": {"skeleton": ..., "tensors": [[path, entry, kind, dtype, shape]],
                           "module_metadata": ...}, ...}}
 
+A version saved by many ranks (:mod:`torch_bridge.ranks`) holds
+``"world_size": W, "ranks": [states of rank 0, ..., states of rank W-1]``
+instead of ``"states"``; a tensor of kind ``dtensor`` is a global tensor of
+which the rank held a box (its entry's shards are the boxes of every rank).
+
 Reading is two passes: check that every tensor fits the object it goes into
 (nothing is touched when one does not), then read each tensor, hash-verified,
 straight into the existing storage where it can.
@@ -24,7 +29,13 @@ import torch
 from chunkstore.dtypes import numpy_dtype
 from chunkstore.errors import InvalidInputError, UnsupportedDtypeError
 from chunkstore.manifest import TensorEntry
-from torch_bridge.errors import NotACheckpointError, StateMismatchError, StateNotFoundError
+from torch_bridge.dtensors import is_dtensor, read_local
+from torch_bridge.errors import (
+    NotACheckpointError,
+    StateMismatchError,
+    StateNotFoundError,
+    WorldSizeMismatchError,
+)
 from torch_bridge.state import (
     CapturedState,
     EntryNames,
@@ -43,6 +54,9 @@ if TYPE_CHECKING:
 BRIDGE_ENTRY = "_torch_bridge"
 FORMAT = 1
 RESERVED_KEYS = frozenset({"rng", "step"})
+#: The kind of a tensor record whose entry is a global tensor of which this rank
+#: holds a box (a DTensor): written and read by :mod:`torch_bridge.ranks`.
+DTENSOR = "dtensor"
 
 Array = tuple[np.ndarray, str | None]
 
@@ -90,7 +104,8 @@ def write_version(store: Store, run: str, step: int, meta: dict[str, Any],
     return version.info
 
 
-def read_sections(reader: VersionReader) -> dict[str, dict[str, Any]]:
+def saved_ranks(reader: VersionReader) -> list[dict[str, dict[str, Any]]]:
+    """Each rank's states, in rank order (one rank for a single-process version)."""
     if BRIDGE_ENTRY not in reader.names():
         raise NotACheckpointError(f"version {reader.info.short_id} was not written by"
                                   " torch_bridge (it has no _torch_bridge entry)")
@@ -98,8 +113,19 @@ def read_sections(reader: VersionReader) -> dict[str, dict[str, Any]]:
     if header.get("format") != FORMAT:
         raise NotACheckpointError(f"version {reader.info.short_id} has torch_bridge format"
                                   f" {header.get('format')!r}; this release reads {FORMAT}")
-    states: dict[str, dict[str, Any]] = header["states"]
-    return states
+    ranks: list[dict[str, dict[str, Any]]] = (
+        header["ranks"] if "ranks" in header else [header["states"]])
+    return ranks
+
+
+def read_sections(reader: VersionReader, rank: int = 0, world: int = 1
+                  ) -> dict[str, dict[str, Any]]:
+    """The states ``rank`` of ``world`` saved; WorldSizeMismatchError when the version
+    was saved by another number of ranks."""
+    ranks = saved_ranks(reader)
+    if len(ranks) != world:
+        raise WorldSizeMismatchError(reader.info.id, len(ranks), world)
+    return ranks[rank]
 
 
 class _Plan:
@@ -112,13 +138,18 @@ class _Plan:
         self.targets: list[torch.Tensor | np.ndarray] = []
 
 
-def load_states(reader: VersionReader, targets: dict[str, Any]) -> dict[str, Any]:
+def load_states(reader: VersionReader, targets: dict[str, Any],
+                sections: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Read the states named by ``targets`` (live objects or trees); return rebuilt trees.
 
     Tensors land in the live tree's tensors when shape and dtype agree;
     a disagreement raises StateMismatchError before anything is read.
+    ``sections``: one rank's states of a multi-rank version (the version's
+    own for a single-process one); their ``dtensor`` records fill the live
+    DTensors' local boxes.
     """
-    sections = read_sections(reader)
+    if sections is None:
+        sections = read_sections(reader)
     missing = sorted(k for k in targets if k not in sections)
     if missing:
         raise StateNotFoundError(reader.info.id, missing, sorted(sections))
@@ -133,10 +164,17 @@ def load_states(reader: VersionReader, targets: dict[str, Any]) -> dict[str, Any
         raise StateMismatchError(reader.info.id, problems)
     requests: list[tuple[str, np.ndarray, str | None]] = []
     copies: list[tuple[torch.Tensor, torch.Tensor, bool]] = []
+    boxes: list[tuple[str, torch.Tensor]] = []
     for plan in plans:
         for record, target in zip(plan.records, plan.targets, strict=True):
-            requests.append(_request(record, target, copies))
+            if record.kind == DTENSOR:
+                assert isinstance(target, torch.Tensor)
+                boxes.append((record.entry, target))
+            else:
+                requests.append(_request(record, target, copies))
     reader.get_many_into(requests)  # every chunk of every tensor, hash-checked, in parallel
+    for name, dtensor in boxes:
+        read_local(reader, name, dtensor)
     for target, staging, pin in copies:
         with torch.no_grad():
             target.copy_(staging, non_blocking=pin)
@@ -163,6 +201,11 @@ def _target(reader: VersionReader, key: str, record: TensorRecord, live: Any,
         problems.append(f"{path_text(key, record.path)}: {exc}")
         return np.empty(0)
     existing = lookup(live, record.path)
+    if record.kind == DTENSOR and not is_dtensor(existing):
+        problems.append(f"{path_text(key, record.path)} is a sharded tensor (DTensor) in the"
+                        " checkpoint but not here: restore into objects whose state holds"
+                        " it (e.g. an optimizer whose state is initialised)")
+        return np.empty(0)
     if is_missing(existing) or not isinstance(existing, torch.Tensor):
         return torch.empty(shape, dtype=dtype)
     if tuple(existing.shape) != shape or existing.dtype != dtype:

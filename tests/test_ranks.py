@@ -1,0 +1,187 @@
+"""The Checkpointer under torch.distributed: real gloo ranks, real stores, real SIGKILL.
+
+The ranks are ``torch.multiprocessing`` forkserver processes on 127.0.0.1 running
+jobs of :mod:`tests.ranks_child`; each writes its findings to a file the test
+reads.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from safetensors.torch import load_file
+
+import chunkstore
+from tests.ranks_child import ROWS, RUN, run_rank
+from torch_bridge import Checkpointer, export_safetensors
+from torch_bridge.errors import AsyncSaveUnderProcessGroupError, WorldSizeMismatchError
+
+SPAWN_TIMEOUT_S = 90.0
+WORLD = 2
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class Ranks:
+    """``world`` rank processes running one job of :mod:`tests.ranks_child`."""
+
+    def __init__(self, job: str, url: str, out: Path, extra: dict[str, Any] | None = None,
+                 world: int = WORLD) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        self.out = out
+        ctx = mp.get_context("forkserver")
+        # One server process imports torch and the jobs once; every rank forks from it.
+        ctx.set_forkserver_preload(["tests.ranks_child"])
+        port = _free_port()
+        self.processes = [ctx.Process(target=run_rank, args=(r, world, port, url, job,
+                                                             str(out), extra or {}),
+                                      daemon=True) for r in range(world)]
+        for process in self.processes:
+            process.start()
+        self.deadline = time.monotonic() + SPAWN_TIMEOUT_S
+
+    def wait_for(self, marker: str) -> None:
+        """Until every rank has written ``rank<r>.<marker>``."""
+        while not all((self.out / f"rank{r}.{marker}").exists()
+                      for r in range(len(self.processes))):
+            assert time.monotonic() < self.deadline, f"no rank wrote {marker} in time"
+            assert all(p.is_alive() for p in self.processes), "a rank ended early"
+            time.sleep(0.005)
+
+    def kill(self) -> list[int | None]:
+        """SIGKILL every rank; their exit codes."""
+        for process in self.processes:
+            process.kill()
+        for process in self.processes:
+            process.join()
+        return [p.exitcode for p in self.processes]
+
+    def join(self) -> list[dict[str, Any] | None]:
+        """Wait for every rank (a straggler is killed and fails); each rank's report."""
+        for process in self.processes:
+            process.join(max(0.0, self.deadline - time.monotonic()))
+        stragglers = [r for r, p in enumerate(self.processes) if p.is_alive()]
+        if stragglers:
+            self.kill()
+        assert not stragglers, f"ranks {stragglers} still ran after {SPAWN_TIMEOUT_S}s"
+        reports = []
+        for r in range(len(self.processes)):
+            path = self.out / f"rank{r}.json"
+            reports.append(json.loads(path.read_text()) if path.exists() else None)
+        return reports
+
+
+def _all_ok(reports: list[dict[str, Any] | None]) -> list[dict[str, Any]]:
+    for rank, report in enumerate(reports):
+        assert report is not None, f"rank {rank} reported nothing"
+        assert report["ok"], f"rank {rank}: {report['error']}\n{report['traceback']}"
+    return [r for r in reports if r is not None]
+
+
+@pytest.fixture
+def store_url(tmp_path: Path) -> str:
+    url = str(tmp_path / "store")
+    chunkstore.open(url, chunk_size=4096).close()
+    return url
+
+
+def test_kill_and_resume_at_world_size_2_is_bit_exact(store_url: str, tmp_path: Path
+                                                      ) -> None:
+    plan = {"steps": 16, "save_every": 4}
+    reference_url = str(tmp_path / "reference")
+    chunkstore.open(reference_url, chunk_size=4096).close()
+    # The uninterrupted run and the run to kill run side by side (two process groups).
+    uninterrupted = Ranks("train", reference_url, tmp_path / "reference-run", plan)
+    killed = Ranks("train", store_url, tmp_path / "killed", {**plan, "hang_after": 10})
+    killed.wait_for("ready")  # step 8 is saved; steps 9 and 10 are not
+    assert killed.kill() == [-9, -9], "the ranks were not SIGKILLed"
+    expected = [r["fingerprint"] for r in _all_ok(uninterrupted.join())]
+    with chunkstore.open(store_url) as store:
+        saved = [v.step for v in store.versions(RUN)]
+        assert saved[:2] == [4, 8], saved
+        result = store.verify()
+        assert result.ok, result.problems
+
+    resumed = _all_ok(Ranks("train", store_url, tmp_path / "resumed",
+                            {**plan, "resume": True}).join())
+    assert {r["start"] for r in resumed} == {saved[-1]}, "the ranks resumed different steps"
+    for rank, report in enumerate(resumed):
+        differ = [k for k, v in report["fingerprint"].items() if v != expected[rank][k]]
+        assert not differ, f"rank {rank} differs from the uninterrupted run in {differ}"
+
+
+def test_ranks_at_different_steps_are_refused_and_nothing_is_published(
+        store_url: str, tmp_path: Path) -> None:
+    reports = Ranks("mismatched_steps", store_url, tmp_path / "steps").join()
+    for report in reports:
+        assert report is not None and not report["ok"]
+        assert report["type"] == "RanksDisagreeError", report["error"]
+        assert "ranks [1] disagree with rank 0 on the step" in report["error"]
+        assert "rank 0: 2" in report["error"] and "rank 1: 3" in report["error"]
+    with chunkstore.open(store_url) as store:
+        assert store.versions() == []
+        assert not list(store.backend.list("sessions/"))
+
+
+def test_a_rank_killed_mid_save_publishes_nothing(store_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "kill"
+    reports = Ranks("killed_mid_save", store_url, out).join()
+    assert (out / "rank1.staged").exists(), "rank 1 did not get to store its chunks"
+    assert reports[1] is None, "rank 1 was not SIGKILLed"
+    assert reports[0] is not None and not reports[0]["ok"], "rank 0's save did not fail"
+    with chunkstore.open(store_url) as store:
+        assert [v.step for v in store.versions(RUN)] == [1], "the killed save was published"
+        result = store.verify()
+        assert result.ok, result.problems
+        swept = store.gc(grace=0)
+        assert swept.chunks_deleted + swept.orphans_deleted > 0, "rank 1's chunks stay"
+        result = store.verify()
+        assert result.ok, result.problems
+
+
+def test_restore_picks_the_same_version_on_every_rank(store_url: str, tmp_path: Path
+                                                      ) -> None:
+    reports = _all_ok(Ranks("damaged_newest", store_url, tmp_path / "damaged").join())
+    assert [r["restored"] for r in reports] == [1, 1], "every rank must fall back to step 1"
+    assert not any(r["equals_step_2"] for r in reports)
+    # Without a process group: the weights export whole; a restore is refused (per-rank
+    # state restores rank for rank).
+    export_safetensors(store_url, f"{RUN}@1", tmp_path / "w.safetensors", prefix="table.")
+    table = load_file(tmp_path / "w.safetensors")["w"]
+    assert table.shape == (ROWS * WORLD, 256) and bool(table.abs().sum() > 0)
+    with Checkpointer(store_url, run=RUN) as ckpt, pytest.raises(
+            WorldSizeMismatchError, match="saved by 2 rank"):
+        ckpt.restore(table={})
+
+
+def test_async_save_under_a_process_group_is_refused(tmp_path: Path) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}",
+                            rank=0, world_size=1)
+    try:
+        with pytest.raises(AsyncSaveUnderProcessGroupError, match="async_save=False"):
+            Checkpointer(str(tmp_path / "store"), async_save=True)
+        with Checkpointer(str(tmp_path / "store"), run="one") as ckpt:
+            ckpt.async_save = True
+            with pytest.raises(AsyncSaveUnderProcessGroupError):
+                ckpt.save(1, state={"w": torch.ones(3)})
+            assert ckpt.all_steps() == []
+            ckpt.async_save = False
+            ckpt.save(1, state={"w": torch.ones(3)})
+            loaded: dict[str, Any] = {"w": torch.zeros(3)}
+            assert ckpt.restore(state=loaded) == 1
+            assert torch.equal(loaded["w"], torch.ones(3))
+    finally:
+        dist.destroy_process_group()
