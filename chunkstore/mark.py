@@ -71,7 +71,7 @@ def mark_live(store: Store, marks: MarkSet, progress: Progress,
     for entry in versions:
         check_time()
         try:
-            _mark_tree(store, Digest.parse(entry.root), marks)
+            mark_tree(store, Digest.parse(entry.root), marks)
         except ChunkStoreError:
             fallback.append(entry.id)
             marks.add_many(CHUNK, store.index.version_refs(entry.id))
@@ -81,7 +81,8 @@ def mark_live(store: Store, marks: MarkSet, progress: Progress,
     return fallback
 
 
-def _mark_tree(store: Store, root: Digest, marks: MarkSet) -> None:
+def mark_tree(store: Store, root: Digest, marks: MarkSet) -> None:
+    """Mark every tree and data node and every chunk object the tree at ``root`` needs."""
     stack = [root]
     while stack:
         digest = stack.pop()
@@ -109,7 +110,7 @@ def mark_unindexed(store: Store, marks: MarkSet) -> None:
             continue
         try:
             root = store.read_record(version_id).root
-            _mark_tree(store, root, marks)
+            mark_tree(store, root, marks)
         except FileNotFoundError:
             continue  # removed meanwhile
         except ChunkStoreError as exc:
@@ -128,7 +129,7 @@ def mark_removed(store: Store, marks: MarkSet, removed_after: float) -> list[str
             expired.append(tombstone.version_id)
         elif tombstone.root is not None:
             try:
-                _mark_tree(store, tombstone.root, marks)
+                mark_tree(store, tombstone.root, marks)
             except ChunkStoreError:
                 continue  # partly gone already: what was marked stays protected
     return expired

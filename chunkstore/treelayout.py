@@ -6,19 +6,28 @@ With a target size N (a store handle's ``node_size``):
   inlined into its parent (its names become dotted paths there);
 - a larger subtree is a node of its own;
 - a node whose entries come to more than N bytes is split, in name order, into
-  continuation nodes of at most N bytes each (one entry more when a single
-  entry is larger), listed in ``more`` by a node that holds no entries.
+  continuation nodes listed in ``more`` by a node that holds no entries.  A run
+  ends after an entry whose name hashes to a cut point once it holds N/2
+  bytes, and in any case before it would pass N (a single larger entry is a
+  run of its own): cut points depend on names only, so a change to one entry,
+  or one entry added or removed, rewrites about one run, not every run after
+  it.
 
-So a save writes about (manifest bytes / N) + depth tree nodes, whatever the
-number of tensors, and a change rewrites one run of entries and the nodes
-above it.  The layout depends only on the entries, so an unchanged subtree or
+Sizes are UTF-8 bytes of the entries' JSON; the node listing continuations
+and a level's own subtree references are not bounded by N.  So a save writes
+about (manifest bytes / (N/2)) + depth tree nodes, whatever the number of
+tensors.  The layout depends only on the entries, so an unchanged subtree or
 run encodes to the same node and is shared between versions.  N = 0: one node
-per branch of the names, nothing inlined or split (node formats 1 to 3).
+per branch of the names, nothing inlined or split (the layout of node formats
+1 to 3, written as format 4).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
+
+import blake3
 
 from chunkstore.digest import Digest
 from chunkstore.manifest import DataEntry, TensorEntry, entry_text, leaf_text, tree_bytes
@@ -41,8 +50,17 @@ def build_tree(leaves: dict[str, TensorEntry | DataEntry], limit: int
     return root, nodes
 
 
+#: A run may end after an entry whose name's BLAKE3 is 0 modulo this (one in 16 names).
+CUT_MODULUS = 16
+
+
 def _cost(name: str, text: str) -> int:
-    return len(name) + len(text) + 4  # "name":text,
+    """UTF-8 bytes of ``"name":text,`` in the node."""
+    return len(json.dumps(name, ensure_ascii=False).encode()) + len(text.encode()) + 2
+
+
+def _is_cut(name: str) -> bool:
+    return blake3.blake3(name.encode()).digest(length=2)[0] % CUT_MODULUS == 0
 
 
 def _entries_of(level: dict[str, Any], limit: int, nodes: dict[Digest, bytes]) -> Entries:
@@ -53,7 +71,8 @@ def _entries_of(level: dict[str, Any], limit: int, nodes: dict[Digest, bytes]) -
         tree = None
         if "" in slot:
             inner = _entries_of(slot[""], limit, nodes)
-            if sum(_cost(n, t) for n, t in inner) + len(inner) * len(part) <= limit:
+            prefix = len(part.encode()) + 1  # "part." before each inlined name
+            if sum(_cost(n, t) + prefix for n, t in inner) <= limit:
                 entries.extend((f"{part}.{n}", t) for n, t in inner)
             else:
                 tree = _store(inner, limit, nodes)
@@ -64,7 +83,7 @@ def _entries_of(level: dict[str, Any], limit: int, nodes: dict[Digest, bytes]) -
 
 
 def _store(entries: Entries, limit: int, nodes: dict[Digest, bytes]) -> Digest:
-    """One node for ``entries``, or a node listing continuations of at most ``limit``."""
+    """One node for ``entries``, or a node listing continuations (see above)."""
     if not limit or len(entries) < 2 or sum(_cost(n, t) for n, t in entries) <= limit:
         digest, data = tree_bytes(entries)
         nodes[digest] = data
@@ -72,11 +91,17 @@ def _store(entries: Entries, limit: int, nodes: dict[Digest, bytes]) -> Digest:
     runs: list[Entries] = [[]]
     used = 0
     for name, text in sorted(entries):
-        if runs[-1] and used + _cost(name, text) > limit:
+        cost = _cost(name, text)
+        if runs[-1] and used + cost > limit:
             runs.append([])
             used = 0
         runs[-1].append((name, text))
-        used += _cost(name, text)
+        used += cost
+        if used >= limit // 2 and _is_cut(name):
+            runs.append([])
+            used = 0
+    if not runs[-1]:
+        runs.pop()
     more = []
     for run in runs:
         digest, data = tree_bytes(run)

@@ -89,6 +89,7 @@ from chunkstore.names import check_entry_name, check_label
 from chunkstore.packs import PackBuilder, PackSlot
 from chunkstore.records import MAX_COUNT, CommitRecord
 from chunkstore.sessions import StoreSession
+from chunkstore.tree import flatten
 from chunkstore.treelayout import build_tree
 
 if TYPE_CHECKING:
@@ -555,6 +556,25 @@ class VersionWriter:
         nodes.update({d: b for d, b, _ in self._data.values()})
         return root, nodes
 
+    def _same_content(self, version: VersionInfo, tensors: dict[str, TensorEntry]) -> bool:
+        """Whether ``version`` holds exactly this version's entries (the same names,
+        dtypes, shapes, boxes and chunks, the same data), whatever its node layout
+        or packs: a version saved again after an upgrade, or by a handle with
+        another ``node_size``."""
+        try:
+            stored = flatten(self._store.backend, version.root, self._store.node_cache).leaves
+        except ChunkStoreError:
+            return False
+        if stored.keys() != tensors.keys() | self._data.keys():
+            return False
+        for name, leaf in stored.items():
+            if name in self._data:
+                if not isinstance(leaf, DataEntry) or leaf.digest != self._data[name][0]:
+                    return False
+            elif not isinstance(leaf, TensorEntry) or _content(leaf) != _content(tensors[name]):
+                return False
+        return True
+
     def _write_nodes(self, nodes: dict[Digest, bytes]) -> int:
         """Claim every node of the tree; write, durably, those the store lacks.
 
@@ -581,6 +601,9 @@ class VersionWriter:
             store = self._store
             same_step = [v for v in store.versions(self.run) if v.step == self.step]
             identical = next((v for v in same_step if v.root == root), None)
+            if identical is None and not self._replace:  # stored under another layout?
+                identical = next((v for v in same_step if self._same_content(v, tensors)),
+                                 None)
             if identical is not None:  # saved before, byte for byte: publish nothing
                 self.abort()
                 self._info = identical
@@ -790,6 +813,12 @@ def _adopted_raw_bytes(entries: dict[str, TensorEntry], written: dict[Digest, Ne
                     members[digest] = length
     return sum(members.values()) + sum(c.raw_length for c in written.values()
                                        if c.codec_id != PACK.id)
+
+
+def _content(entry: TensorEntry) -> tuple[object, ...]:
+    """What a tensor entry holds, apart from where its chunks are stored."""
+    return entry.dtype, entry.shape, tuple(
+        (s.offsets, s.sizes, s.chunk_bytes, s.chunks) for s in entry.shards)
 
 
 def entry_from_record(version_id: str, record: CommitRecord) -> VersionEntry:
