@@ -7,7 +7,7 @@ endpoint in ``CHUNKSTORE_TEST_S3_ENDPOINT``.  Ops (each prints one JSON line):
 - ``rm SELECTOR``;
 - ``gc GRACE_S [CLOCK_OFFSET_S]``: a GC whose clock runs CLOCK_OFFSET_S ahead;
 - ``rebuild``; ``verify``;
-- ``save-loop RUN SECONDS``: save RUN@0, RUN@1, ... from a small pool of
+- ``save-loop RUN SECONDS [UNTIL]``: save RUN@0, RUN@1, ... from a small pool of
   blocks (so saves deduplicate against each other and against removed
   versions), keeping the newest two; prints the ids that reported success;
 - ``gc-loop SECONDS``: open the store afresh and ``gc(grace=0)`` in a loop, as
@@ -62,17 +62,26 @@ def save(store: chunkstore.Store, run: str, step: int, arrays: dict[str, np.ndar
     return version.info.id
 
 
-def save_loop(url: str, index_dir: str, run: str, seconds: float) -> list[str]:
+def save_loop(url: str, index_dir: str, run: str, seconds: float, until: str | None = None
+              ) -> list[str]:
+    """Save for ``seconds``; with ``until``, go on (up to six times as long) until that
+    file exists, so a test sees what it waits for however slow the machine is."""
     published = []
     with open_store(url, index_dir) as store:
-        deadline = time.monotonic() + seconds
+        start = time.monotonic()
         step = 0
-        while time.monotonic() < deadline:
+        while not _loop_done(time.monotonic() - start, seconds, until):
             published.append(save(store, run, step, {"w": loop_state(run, step)}))
             for info in store.versions(run)[:-2]:
                 store.delete_listed(info.id)
             step += 1
     return published
+
+
+def _loop_done(elapsed: float, seconds: float, until: str | None) -> bool:
+    if elapsed >= 6 * seconds:
+        return True
+    return elapsed >= seconds and (until is None or os.path.exists(until))
 
 
 def gc_loop(url: str, index_dir: str, seconds: float) -> dict[str, int]:
@@ -91,7 +100,8 @@ def gc_loop(url: str, index_dir: str, seconds: float) -> dict[str, int]:
 
 def run_op(url: str, index_dir: str, op: str, args: list[str]) -> object:  # noqa: PLR0911
     if op == "save-loop":
-        return save_loop(url, index_dir, args[0], float(args[1]))
+        return save_loop(url, index_dir, args[0], float(args[1]),
+                         args[2] if len(args) > 2 else None)
     if op == "gc-loop":
         return gc_loop(url, index_dir, float(args[0]))
     with open_store(url, index_dir) as store:

@@ -220,16 +220,19 @@ def test_index_deleted_under_a_writer_while_another_process_collects(
 
 
 def test_index_rebuild_refuses_during_saves_and_no_save_fails_because_of_it(
-        cluster: Cluster) -> None:
+        cluster: Cluster, tmp_path: Path) -> None:
     """Rebuilds from another process while one saves in a loop: a rebuild either refuses
     (a save is in progress, seen in the store) or runs between saves; no save fails."""
-    writer = cluster.popen("a", "save-loop", "w", 10)
+    refused = tmp_path / "refused"  # the writer goes on until a rebuild was refused
+    writer = cluster.popen("a", "save-loop", "w", 10, refused)
     finished: list[tuple[str, str]] = []  # read its output as it comes: a full pipe blocks it
     reader = threading.Thread(target=lambda: finished.append(writer.communicate(timeout=300)))
     reader.start()
     outcomes: list[dict[str, Any]] = []
     while reader.is_alive():  # rebuild as often as we can while it saves
         outcomes.append(cluster.run("a", "rebuild"))
+        if "refused" in outcomes[-1]:
+            refused.touch()
     reader.join()
     out, err = finished[0]
     assert writer.returncode == 0, err  # no save raised
