@@ -13,6 +13,7 @@ from chunkstore.errors import InvalidNameError
 MAX_NAME_LENGTH = 1024
 _RUN_OR_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=-]{0,127}$")
 RESERVED_SELECTORS = frozenset({"latest"})
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def _check_common(name: object, kind: str) -> str:
@@ -26,7 +27,7 @@ def _check_common(name: object, kind: str) -> str:
         raise InvalidNameError(name, "is not valid Unicode (a lone surrogate)") from None
     if "\x00" in name:
         raise InvalidNameError(name, "contains a NUL byte")
-    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+    if _CONTROL.search(name):
         raise InvalidNameError(name, "contains a control character")
     if ".." in name:
         raise InvalidNameError(name, "contains '..'")

@@ -77,7 +77,22 @@ def _float(value: float) -> object:
     return {"$float": "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")}
 
 
-def _scalar(value: object, path: str) -> object:
+#: Where a value sits, for error messages only: "$", or (parent, key, style).  Built
+#: as tuples while encoding and written out only when an error names it.
+Path = str | tuple[Any, object, int]
+_ITEM, _ATTR, _KEY, _VALUE = range(4)  # [i], .k, <key 'k'>, ['k']
+
+
+def _path_text(path: Path) -> str:
+    parts = []
+    while isinstance(path, tuple):
+        path, key, style = path
+        parts.append(f"[{key}]" if style == _ITEM else f".{key}" if style == _ATTR
+                     else f"<key {key!r}>" if style == _KEY else f"[{key!r}]")
+    return path + "".join(reversed(parts))
+
+
+def _scalar(value: object, path: Path) -> object:
     if isinstance(value, np.bool_):
         return bool(value)
     if isinstance(value, np.integer):
@@ -85,15 +100,21 @@ def _scalar(value: object, path: str) -> object:
     if isinstance(value, np.floating):
         return _float(float(value))
     raise NotSerializableError(
-        path, type(value).__name__,
+        _path_text(path), type(value).__name__,
         "plain data holds None, bool, int, float, str, bytes, list, tuple and dict;"
         " store arrays with put()",
     )
 
 
-def _to_json(value: object, path: str, depth: int) -> object:  # noqa: PLR0911
+def _to_json(value: object, path: Path, depth: int) -> object:  # noqa: PLR0911
     if depth > MAX_DEPTH:
-        raise NotSerializableError(path, type(value).__name__, f"nested deeper than {MAX_DEPTH}")
+        raise NotSerializableError(_path_text(path), type(value).__name__,
+                                   f"nested deeper than {MAX_DEPTH}")
+    kind = type(value)
+    if kind is str:  # the common cases first, by exact type
+        return _check_str(value, path)  # type: ignore[arg-type]
+    if kind is int:
+        return _check_int(value, path)  # type: ignore[arg-type]
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, str):
@@ -105,26 +126,27 @@ def _to_json(value: object, path: str, depth: int) -> object:  # noqa: PLR0911
     if isinstance(value, (bytes, bytearray)):
         return {"$bytes": base64.b64encode(bytes(value)).decode("ascii")}
     if isinstance(value, tuple):
-        return {"$tuple": [_to_json(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value)]}
+        return {"$tuple": [_to_json(v, (path, i, _ITEM), depth + 1)
+                           for i, v in enumerate(value)]}
     if isinstance(value, list):
-        return [_to_json(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value)]
+        return [_to_json(v, (path, i, _ITEM), depth + 1) for i, v in enumerate(value)]
     if isinstance(value, dict):
         return _dict_to_json(value, path, depth)
     return _scalar(value, path)
 
 
-def _dict_to_json(value: dict[Any, Any], path: str, depth: int) -> object:
-    plain = all(isinstance(k, str) and not k.startswith("$") for k in value)
+def _dict_to_json(value: dict[Any, Any], path: Path, depth: int) -> object:
+    plain = all(type(k) is str and not k.startswith("$") for k in value)
     if plain:
-        return {_check_str(k, path): _to_json(v, f"{path}.{k}", depth + 1)
+        return {_check_str(k, path): _to_json(v, (path, k, _ATTR), depth + 1)
                 for k, v in value.items()}
     pairs = []
     for k, v in value.items():
-        key = _to_json(k, f"{path}<key {k!r}>", depth + 1)
+        key = _to_json(k, (path, k, _KEY), depth + 1)
         if isinstance(key, (list, dict)) and not _is_hashable_tag(key):
-            raise NotSerializableError(f"{path}<key {k!r}>", type(k).__name__,
+            raise NotSerializableError(f"{_path_text(path)}<key {k!r}>", type(k).__name__,
                                        "dict keys must be hashable")
-        pairs.append([key, _to_json(v, f"{path}[{k!r}]", depth + 1)])
+        pairs.append([key, _to_json(v, (path, k, _VALUE), depth + 1)])
     return {"$dict": pairs}
 
 
@@ -142,15 +164,17 @@ def int_fits(value: int) -> bool:
     return bool(abs(value) < 10**MAX_INT_DIGITS)
 
 
-def _check_int(value: int, path: str) -> int:
+def _check_int(value: int, path: Path) -> int:
     if not int_fits(value):
-        raise NotSerializableError(path, "int", f"more than {MAX_INT_DIGITS} decimal digits")
+        raise NotSerializableError(_path_text(path), "int",
+                                   f"more than {MAX_INT_DIGITS} decimal digits")
     return value
 
 
-def _check_str(value: str, path: str) -> str:
-    if not is_unicode(value):
-        raise NotSerializableError(path, "str", "not valid Unicode (a lone surrogate)")
+def _check_str(value: str, path: Path) -> str:
+    if not value.isascii() and not is_unicode(value):
+        raise NotSerializableError(_path_text(path), "str",
+                                   "not valid Unicode (a lone surrogate)")
     return value
 
 

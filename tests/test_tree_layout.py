@@ -15,7 +15,15 @@ from chunkstore.digest import Digest, node_key
 from chunkstore.errors import CorruptNodeError, DuplicateStepError, InvalidSettingError
 from chunkstore.index import CHUNK as CHUNK_KIND
 from chunkstore.index import NODE
-from chunkstore.manifest import NODE_FORMAT_VERSION, decode_tree
+from chunkstore.manifest import (
+    NODE_FORMAT_VERSION,
+    PackLocation,
+    Shard,
+    TensorEntry,
+    canonical_json,
+    decode_tree,
+    tensor_text,
+)
 from chunkstore.mark import MarkSet, mark_tree
 from chunkstore.store import MAX_NODE_TARGET
 from chunkstore.tree import NodeCache, flatten, load_tree
@@ -291,3 +299,29 @@ def test_adding_an_entry_to_a_split_level_rewrites_about_one_run(tmp_path: Path)
     assert len(before) > 10
     # The new entry's run and the node listing the runs (a cut in between may make two).
     assert len(set(after) - set(before)) <= 3
+
+
+def test_tensor_text_is_the_canonical_json_of_the_entry() -> None:
+    rng = np.random.default_rng(7)
+
+    def digest() -> Digest:
+        return Digest(rng.bytes(32))
+
+    for _ in range(300):
+        shards = []
+        for _ in range(int(rng.integers(1, 4))):
+            n = int(rng.integers(0, 5))
+            chunks = tuple(digest() for _ in range(n))
+            bases = tuple(tuple(digest() for _ in range(int(rng.integers(0, 3))))
+                          for _ in range(n)) if rng.random() < 0.5 else ()
+            packs = tuple(None if rng.random() < 0.3 else PackLocation(
+                digest(), int(rng.integers(0, 2**40)), int(rng.integers(24, 2**30)))
+                for _ in range(n)) if rng.random() < 0.5 else ()
+            rank = int(rng.integers(0, 4))
+            shards.append(Shard(tuple(int(x) for x in rng.integers(0, 2**62, rank)),
+                                tuple(int(x) for x in rng.integers(0, 2**62, rank)),
+                                int(rng.integers(1, 2**28)), chunks, bases, packs))
+        entry = TensorEntry(str(rng.choice(["float32", "bfloat16", "int8", "é\"x"])),
+                            tuple(int(x) for x in rng.integers(0, 2**40, len(shards[0].sizes))),
+                            tuple(shards))
+        assert tensor_text(entry) == canonical_json(entry.to_json())
