@@ -224,7 +224,7 @@ def test_index_rebuild_refuses_during_saves_and_no_save_fails_because_of_it(
     """Rebuilds from another process while one saves in a loop: a rebuild either refuses
     (a save is in progress, seen in the store) or runs between saves; no save fails."""
     refused = tmp_path / "refused"  # the writer goes on until a rebuild was refused
-    writer = cluster.popen("a", "save-loop", "w", 10, refused)
+    writer = cluster.popen("a", "save-loop", "w", 3, refused)
     finished: list[tuple[str, str]] = []  # read its output as it comes: a full pipe blocks it
     reader = threading.Thread(target=lambda: finished.append(writer.communicate(timeout=300)))
     reader.start()
