@@ -17,9 +17,11 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from click.testing import CliRunner
 from safetensors.torch import load_file
 
 import chunkstore
+from chunkstore.cli import cli
 from tests.ranks_child import ROWS, RUN, run_rank
 from torch_bridge import Checkpointer, export_safetensors
 from torch_bridge.errors import AsyncSaveUnderProcessGroupError, WorldSizeMismatchError
@@ -114,6 +116,14 @@ def test_kill_and_resume_at_world_size_2_is_bit_exact(store_url: str, tmp_path: 
         assert saved[:2] == [4, 8], saved
         result = store.verify()
         assert result.ok, result.problems
+    # show names the rank that wrote each shard: the table's row blocks, one per rank.
+    shown = CliRunner().invoke(cli, ["show", store_url, f"{RUN}@8", "--json"],
+                               catch_exceptions=False)
+    assert shown.exit_code == 0, shown.output
+    doc = json.loads(shown.output)
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1]
+    table = next(e for e in doc["entries"] if e["name"].startswith("table."))
+    assert [s["rank"] for s in table["shards"]] == [0, 1]
 
     resumed = _all_ok(Ranks("train", store_url, tmp_path / "resumed",
                             {**plan, "resume": True}).join())

@@ -74,7 +74,7 @@ from chunkstore import Store, VersionInfo, VersionReader, VersionWriter, plainda
 from chunkstore.digest import Digest
 from chunkstore.errors import IntegrityError, SelectorError
 from chunkstore.index import NewChunk
-from chunkstore.shards import StagedShard
+from chunkstore.shards import RANKS_ENTRY, ShardRanks, StagedShard
 from torch_bridge.collectives import all_gather_bytes, rank_and_world
 from torch_bridge.dtensors import is_dtensor, local_box
 from torch_bridge.errors import RanksDisagreeError, RanksFailedError, RestoreFallbackWarning
@@ -182,7 +182,7 @@ def _assign(plans: list[dict[str, Any]]) -> list[dict[tuple[str, int], _Slot]]:
             holders.setdefault(ident, set()).add(rank)
             mine.append((ident, plaindata.encode([ident.decode(), offsets])))
         keyed.append(mine)
-    names = EntryNames({BRIDGE_ENTRY})
+    names = EntryNames({BRIDGE_ENTRY, RANKS_ENTRY})
     named: dict[bytes, str] = {}
     writers: dict[bytes, int] = {}
     slots: list[dict[tuple[str, int], _Slot]] = []
@@ -283,14 +283,19 @@ def _publish(version: list[VersionWriter], results: list[dict[str, Any]],
     if not version:
         return None
     staged: dict[str, list[StagedShard]] = {}
-    for result in results:
+    writers: dict[str, list[int]] = {}  # the rank that wrote each shard, in shard order
+    for rank, result in enumerate(results):
         for name, plain in result["staged"]:
             staged.setdefault(name, []).append(StagedShard.from_plain(plain))
+            writers.setdefault(name, []).append(rank)
     written: dict[Digest, NewChunk] = {}
     entries = {name: staged_entry(name, shards, shards[0].dtype, written)
                for name, shards in staged.items()}
     version[0].adopt(entries, written.values())
     version[0].put_data(BRIDGE_ENTRY, header)
+    if len(results) > 1:  # for show and report: which rank wrote what
+        version[0].put_data(RANKS_ENTRY, ShardRanks(
+            len(results), {name: tuple(ranks) for name, ranks in writers.items()}).to_plain())
     return version[0].commit()
 
 
