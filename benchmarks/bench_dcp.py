@@ -213,6 +213,13 @@ def _ratios(results: list[dict[str, Any]], worlds: list[int]) -> dict[str, dict[
     return ratios
 
 
+def _relative(arg: str) -> str:
+    """A path under the current directory as a relative one (for the recorded command)."""
+    if os.path.isabs(arg) and Path(arg).resolve().is_relative_to(Path.cwd().resolve()):
+        return os.path.relpath(arg)
+    return arg
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -235,7 +242,9 @@ def main(argv: list[str] | None = None) -> None:
                   f" {result['async_pause_s']:.3f} s  load {result['load_s']:.3f} s",
                   file=sys.stderr)
             results.append(result)
-    report = {"command": " ".join(["python", "-m", "benchmarks.bench_dcp", *argv]), "mib": args.mib,
+    shown = [_relative(a) for a in argv]  # the command as run from the repository root
+    report = {"command": " ".join(["python", "-m", "benchmarks.bench_dcp", *shown]),
+              "mib": args.mib,
               "versions": args.versions + 1, "worlds": args.worlds,
               "head_fraction": HEAD_FRACTION, "targets": TARGETS,
               "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
