@@ -210,3 +210,31 @@ def test_ctrl_c_exits_130_with_one_line(filled: Path, as_json: bool) -> None:
     assert proc.returncode == 130
     assert stderr == "chunkstore: error: interrupted\n"
     assert stdout == ""
+
+
+_INTERRUPTED_IN_A_POOL_LOCK = """
+import sys, threading
+import chunkstore
+from chunkstore.cli import main
+
+def verify(self, *args, **kwargs):
+    done = threading.Event()
+    self.executor.submit(done.wait)  # a worker, busy until done
+    # What a Ctrl-C that strikes inside the pool's submit can leave behind: the lock of
+    # the pool's idle semaphore held, so the worker blocks once its job ends.
+    self.executor._idle_semaphore._cond.acquire()
+    done.set()
+    raise KeyboardInterrupt
+
+chunkstore.Store.verify = verify
+sys.argv = ["chunkstore", "verify", sys.argv[1]]
+main()
+"""
+
+
+def test_ctrl_c_never_waits_for_the_worker_threads(filled: Path) -> None:
+    """Ctrl-C may leave a lock of the worker pool held; the command still exits at once."""
+    result = subprocess.run([sys.executable, "-c", _INTERRUPTED_IN_A_POOL_LOCK, str(filled)],
+                            check=False, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 130, result.stderr
+    assert result.stderr == "chunkstore: error: interrupted\n"

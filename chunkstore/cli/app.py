@@ -21,6 +21,7 @@ and ``chunkstore log --frob`` are covered as well as the commands' own work.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -34,6 +35,7 @@ import chunkstore
 from chunkstore.cli import inspection, maintenance, versions
 from chunkstore.cli.common import (
     EXIT_FAILURE,
+    EXIT_INTERRUPTED,
     CliError,
     Interrupted,
     exit_code_for,
@@ -173,4 +175,14 @@ for _command in (*inspection.COMMANDS, *versions.COMMANDS, *maintenance.COMMANDS
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``chunkstore`` console script."""
-    cli.main(args=list(argv) if argv is not None else None, prog_name="chunkstore")
+    try:
+        cli.main(args=list(argv) if argv is not None else None, prog_name="chunkstore")
+    except SystemExit as exc:
+        if exc.code != EXIT_INTERRUPTED or argv is not None:  # argv: called from Python
+            raise
+        # Interrupted: end now, without the interpreter's wait for worker threads (a
+        # Ctrl-C that struck inside one of their locks would make it wait forever).
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(EXIT_INTERRUPTED)

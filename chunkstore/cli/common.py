@@ -168,8 +168,16 @@ def open_store(path: str) -> Iterator[Store]:
     store = chunkstore.open(path, create=False)
     try:
         yield store
-    finally:
+    except KeyboardInterrupt:
+        # Not closed: Ctrl-C may have struck inside a lock of the worker pool (Python
+        # raises it between any two bytecodes), and waiting for the workers could then
+        # wait forever.  The process ends at once (see app.main), as a killed one
+        # would, which no store state depends on.
+        raise
+    except BaseException:
         store.close()
+        raise
+    store.close()
 
 
 def emit_json(doc: object) -> None:
