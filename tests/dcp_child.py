@@ -9,12 +9,9 @@ it loaded against the full tensors of the step.
 
 from __future__ import annotations
 
-import datetime
-import json
 import os
 import signal
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +25,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 from torch.futures import Future
 
+from tests.gloo_ranks import run_job
 from torch_bridge.dcp import ChunkStoreReader, ChunkStoreWriter
 
 RUN = "dcp"
@@ -172,15 +170,4 @@ JOBS: dict[str, Callable[[int, int, str, dict[str, Any]], dict[str, Any]]] = {
 def run_rank(rank: int, world: int, port: int, url: str, job: str, out: str,
              extra: dict[str, Any]) -> None:
     os.environ["DCP_TEST_OUT"] = out
-    torch.set_num_threads(1)
-    Path(out, f"rank{rank}.started").write_text(str(time.time()))
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=30))
-    try:
-        report = {"ok": True, **JOBS[job](rank, world, url, extra)}
-    except BaseException as exc:  # the parent reads every rank's story
-        report = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
-                  "traceback": traceback.format_exc()}
-    Path(out, f"rank{rank}.json").write_text(json.dumps(report))
-    if report["ok"]:
-        dist.destroy_process_group()
+    run_job(JOBS, rank, world, port, url, job, out, extra)

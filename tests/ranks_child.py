@@ -15,14 +15,12 @@ position.
 
 from __future__ import annotations
 
-import datetime
 import hashlib
 import json
 import os
 import random
 import signal
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +34,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 import chunkstore
 from chunkstore.manifest import TensorEntry
+from tests.gloo_ranks import run_job
 from torch_bridge import Checkpointer, ResumableSampler, ranks
 
 RUN = "ranks"
@@ -221,14 +220,4 @@ JOBS: dict[str, Callable[[int, int, str, dict[str, Any]], dict[str, Any]]] = {
 def run_rank(rank: int, world: int, port: int, url: str, job: str, out: str,
              extra: dict[str, Any]) -> None:
     os.environ["RANKS_TEST_OUT"] = out
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=30))
-    try:
-        report = {"ok": True, **JOBS[job](rank, world, url, extra)}
-    except BaseException as exc:  # the parent reads every rank's story
-        report = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
-                  "type": type(exc).__name__, "traceback": traceback.format_exc()}
-    Path(out, f"rank{rank}.json").write_text(json.dumps(report))
-    if report["ok"]:
-        dist.destroy_process_group()
+    run_job(JOBS, rank, world, port, url, job, out, extra)

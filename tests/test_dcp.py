@@ -8,9 +8,7 @@ many ranks saved).
 
 from __future__ import annotations
 
-import json
 import os
-import socket
 import threading
 import time
 import uuid
@@ -21,7 +19,6 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-import torch.multiprocessing as mp
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata
@@ -38,6 +35,7 @@ from chunkstore.errors import (
 )
 from chunkstore.manifest import TensorEntry
 from tests.dcp_child import RUN, full_state, run_rank
+from tests.gloo_ranks import Ranks, all_ok
 from tests.s3server import ENDPOINT_ENV_VAR, create_bucket, remove_bucket, storage_options
 from torch_bridge import export_safetensors
 from torch_bridge.dcp import ChunkStoreReader, ChunkStoreWriter
@@ -47,52 +45,17 @@ pytestmark = pytest.mark.filterwarnings(
     "ignore:torch.distributed is disabled:UserWarning")
 
 CHUNK = 4096
-SPAWN_TIMEOUT_S = 90.0
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _spawn(job: str, world: int, url: str, out: Path, extra: dict[str, Any] | None = None
            ) -> tuple[list[dict[str, Any] | None], list[int | None]]:
     """Run ``job`` on ``world`` gloo ranks; each rank's report (None if it wrote none)
-    and exit code.  Every rank is bounded in time; a straggler is killed and fails."""
-    out.mkdir(parents=True, exist_ok=True)
-    ctx = mp.get_context("forkserver")
-    # One server process imports torch and the jobs once; every rank forks from it.
-    ctx.set_forkserver_preload(["tests.dcp_child"])
-    port = _free_port()
-    ranks = [ctx.Process(target=run_rank, args=(r, world, port, url, job, str(out),
-                                                extra or {}), daemon=True)
-             for r in range(world)]
-    for process in ranks:
-        process.start()
-    deadline = time.monotonic() + SPAWN_TIMEOUT_S
-    for process in ranks:
-        process.join(max(0.0, deadline - time.monotonic()))
-    stragglers = [r for r, p in enumerate(ranks) if p.is_alive()]
-    for process in ranks:
-        if process.is_alive():
-            process.kill()
-            process.join()
-    assert not stragglers, f"ranks {stragglers} of {job} still ran after {SPAWN_TIMEOUT_S}s"
-    reports = []
-    for r in range(world):
-        path = out / f"rank{r}.json"
-        reports.append(json.loads(path.read_text()) if path.exists() else None)
-    return reports, [p.exitcode for p in ranks]
+    and exit code."""
+    ranks = Ranks("tests.dcp_child", run_rank, job, url, out, extra, world)
+    return ranks.join(), ranks.exit_codes()
 
 
-def _all_ok(reports: list[dict[str, Any] | None]) -> list[dict[str, Any]]:
-    for rank, report in enumerate(reports):
-        assert report is not None, f"rank {rank} reported nothing"
-        assert report["ok"], f"rank {rank}: {report['error']}\n{report['traceback']}"
-        assert not report.get("problems"), f"rank {rank}: {report['problems']}"
-    return [r for r in reports if r is not None]
+_all_ok = all_ok
 
 
 def _load_here(store: chunkstore.Store | str, selector: str, step: int) -> None:

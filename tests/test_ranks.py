@@ -8,89 +8,27 @@ reads.
 from __future__ import annotations
 
 import json
-import socket
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
 import chunkstore
 from chunkstore.cli import cli
+from tests.gloo_ranks import Ranks, all_ok
 from tests.ranks_child import ROWS, RUN, run_rank
 from torch_bridge import Checkpointer, export_safetensors
 from torch_bridge.errors import AsyncSaveUnderProcessGroupError, WorldSizeMismatchError
 
-SPAWN_TIMEOUT_S = 90.0
 WORLD = 2
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-class Ranks:
-    """``world`` rank processes running one job of :mod:`tests.ranks_child`."""
-
-    def __init__(self, job: str, url: str, out: Path, extra: dict[str, Any] | None = None,
-                 world: int = WORLD) -> None:
-        out.mkdir(parents=True, exist_ok=True)
-        self.out = out
-        ctx = mp.get_context("forkserver")
-        # One server process imports torch and the jobs once; every rank forks from it.
-        ctx.set_forkserver_preload(["tests.ranks_child"])
-        port = _free_port()
-        self.processes = [ctx.Process(target=run_rank, args=(r, world, port, url, job,
-                                                             str(out), extra or {}),
-                                      daemon=True) for r in range(world)]
-        for process in self.processes:
-            process.start()
-        self.deadline = time.monotonic() + SPAWN_TIMEOUT_S
-
-    def wait_for(self, marker: str) -> None:
-        """Until every rank has written ``rank<r>.<marker>``."""
-        while not all((self.out / f"rank{r}.{marker}").exists()
-                      for r in range(len(self.processes))):
-            assert time.monotonic() < self.deadline, f"no rank wrote {marker} in time"
-            assert all(p.is_alive() for p in self.processes), "a rank ended early"
-            time.sleep(0.005)
-
-    def kill(self) -> list[int | None]:
-        """SIGKILL every rank; their exit codes."""
-        for process in self.processes:
-            process.kill()
-        for process in self.processes:
-            process.join()
-        return [p.exitcode for p in self.processes]
-
-    def join(self) -> list[dict[str, Any] | None]:
-        """Wait for every rank (a straggler is killed and fails); each rank's report."""
-        for process in self.processes:
-            process.join(max(0.0, self.deadline - time.monotonic()))
-        stragglers = [r for r, p in enumerate(self.processes) if p.is_alive()]
-        if stragglers:
-            self.kill()
-        assert not stragglers, f"ranks {stragglers} still ran after {SPAWN_TIMEOUT_S}s"
-        reports = []
-        for r in range(len(self.processes)):
-            path = self.out / f"rank{r}.json"
-            reports.append(json.loads(path.read_text()) if path.exists() else None)
-        return reports
-
-
-def _all_ok(reports: list[dict[str, Any] | None]) -> list[dict[str, Any]]:
-    for rank, report in enumerate(reports):
-        assert report is not None, f"rank {rank} reported nothing"
-        assert report["ok"], f"rank {rank}: {report['error']}\n{report['traceback']}"
-    return [r for r in reports if r is not None]
+def _ranks(job: str, url: str, out: Path, extra: dict[str, Any] | None = None) -> Ranks:
+    return Ranks("tests.ranks_child", run_rank, job, url, out, extra, WORLD)
 
 
 @pytest.fixture
@@ -106,11 +44,11 @@ def test_kill_and_resume_at_world_size_2_is_bit_exact(store_url: str, tmp_path: 
     reference_url = str(tmp_path / "reference")
     chunkstore.open(reference_url, chunk_size=4096).close()
     # The uninterrupted run and the run to kill run side by side (two process groups).
-    uninterrupted = Ranks("train", reference_url, tmp_path / "reference-run", plan)
-    killed = Ranks("train", store_url, tmp_path / "killed", {**plan, "hang_after": 10})
+    uninterrupted = _ranks("train", reference_url, tmp_path / "reference-run", plan)
+    killed = _ranks("train", store_url, tmp_path / "killed", {**plan, "hang_after": 10})
     killed.wait_for("ready")  # step 8 is saved; steps 9 and 10 are not
     assert killed.kill() == [-9, -9], "the ranks were not SIGKILLed"
-    expected = [r["fingerprint"] for r in _all_ok(uninterrupted.join())]
+    expected = [r["fingerprint"] for r in all_ok(uninterrupted.join())]
     with chunkstore.open(store_url) as store:
         saved = [v.step for v in store.versions(RUN)]
         assert saved[:2] == [4, 8], saved
@@ -125,7 +63,7 @@ def test_kill_and_resume_at_world_size_2_is_bit_exact(store_url: str, tmp_path: 
     table = next(e for e in doc["entries"] if e["name"].startswith("table."))
     assert [s["rank"] for s in table["shards"]] == [0, 1]
 
-    resumed = _all_ok(Ranks("train", store_url, tmp_path / "resumed",
+    resumed = all_ok(_ranks("train", store_url, tmp_path / "resumed",
                             {**plan, "resume": True}).join())
     assert {r["start"] for r in resumed} == {saved[-1]}, "the ranks resumed different steps"
     for rank, report in enumerate(resumed):
@@ -135,7 +73,7 @@ def test_kill_and_resume_at_world_size_2_is_bit_exact(store_url: str, tmp_path: 
 
 def test_ranks_at_different_steps_are_refused_and_nothing_is_published(
         store_url: str, tmp_path: Path) -> None:
-    reports = Ranks("mismatched_steps", store_url, tmp_path / "steps").join()
+    reports = _ranks("mismatched_steps", store_url, tmp_path / "steps").join()
     for report in reports:
         assert report is not None and not report["ok"]
         assert report["type"] == "RanksDisagreeError", report["error"]
@@ -148,7 +86,7 @@ def test_ranks_at_different_steps_are_refused_and_nothing_is_published(
 
 def test_a_rank_killed_mid_save_publishes_nothing(store_url: str, tmp_path: Path) -> None:
     out = tmp_path / "kill"
-    reports = Ranks("killed_mid_save", store_url, out).join()
+    reports = _ranks("killed_mid_save", store_url, out).join()
     assert (out / "rank1.staged").exists(), "rank 1 did not get to store its chunks"
     assert reports[1] is None, "rank 1 was not SIGKILLed"
     assert reports[0] is not None and not reports[0]["ok"], "rank 0's save did not fail"
@@ -164,7 +102,7 @@ def test_a_rank_killed_mid_save_publishes_nothing(store_url: str, tmp_path: Path
 
 def test_restore_picks_the_same_version_on_every_rank(store_url: str, tmp_path: Path
                                                       ) -> None:
-    reports = _all_ok(Ranks("damaged_newest", store_url, tmp_path / "damaged").join())
+    reports = all_ok(_ranks("damaged_newest", store_url, tmp_path / "damaged").join())
     assert [r["restored"] for r in reports] == [1, 1], "every rank must fall back to step 1"
     assert not any(r["equals_step_2"] for r in reports)
     # Without a process group: the weights export whole; a restore is refused (per-rank
