@@ -114,3 +114,15 @@ def run_job(jobs: dict[str, Job], rank: int, world: int, port: int, url: str, jo
     Path(out, f"rank{rank}.json").write_text(json.dumps(report))
     if report["ok"]:
         dist.destroy_process_group()
+
+
+def assert_only_the_first_save_published(store: Any, run: str) -> None:
+    """After a save whose rank 1 was killed: only step 1 is published, the store
+    verifies, and GC at grace 0 removes the killed rank's chunks."""
+    assert [v.step for v in store.versions(run)] == [1], "the killed save was published"
+    result = store.verify()
+    assert result.ok, result.problems
+    swept = store.gc(grace=0)
+    assert swept.chunks_deleted + swept.orphans_deleted > 0, "rank 1's chunks stay"
+    result = store.verify()
+    assert result.ok, result.problems
