@@ -9,6 +9,7 @@ itself) and then checks the store against :func:`make_state`.
 from __future__ import annotations
 
 import itertools
+import os
 import sys
 from typing import Any
 
@@ -54,12 +55,17 @@ def save(store: chunkstore.Store, step: int) -> chunkstore.VersionInfo:
     return version.info
 
 
+#: The tree layout's node size for the saves (tests/test_crash.py sets it).
+NODE_SIZE_ENV_VAR = "CHUNKSTORE_TEST_NODE_SIZE"
+
+
 def main(argv: list[str]) -> None:
     path, first = argv[0], int(argv[1])
     steps = range(first, int(argv[2]) + 1) if len(argv) > 2 else itertools.count(first)
-    # node_size 0: a node per branch of the names, so a save writes several nodes and
-    # the tests can kill it between two of them.
-    with chunkstore.open(path, threads=THREADS, node_size=0) as store:
+    # node_size 0 unless the test says: a node per branch of the names, so a save writes
+    # several nodes and the tests can kill it between two of them.
+    node_size = int(os.environ.get(NODE_SIZE_ENV_VAR, "0"))
+    with chunkstore.open(path, threads=THREADS, node_size=node_size) as store:
         for step in steps:
             info = save(store, step)
             print(f"saved {step} {info.id}", flush=True)

@@ -24,8 +24,9 @@ import chunkstore
 from chunkstore.backends.wrappers import FAULT_ENV_VAR
 from chunkstore.errors import SelectorError
 from chunkstore.index import Index
+from chunkstore.tree import load_tree
 from tests.conftest import SMALL_CHUNK
-from tests.crash_child import RUN, THREADS, make_state, save
+from tests.crash_child import NODE_SIZE_ENV_VAR, RUN, THREADS, make_state, save
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CHILD = Path(__file__).with_name("crash_child.py")
@@ -210,17 +211,22 @@ def test_kill_while_removing_the_session_after_the_commit_publishes_the_version(
     _check_store(store_path, [2, 3])
 
 
-def test_kill_at_random_moments_while_saving_in_a_loop(store_path: Path) -> None:
+@pytest.mark.parametrize("node_size", [0, 200], ids=["node-per-branch", "split-tree"])
+def test_kill_at_random_moments_while_saving_in_a_loop(store_path: Path, node_size: int
+                                                       ) -> None:
+    """node_size 200: every level of the names is split into continuation nodes."""
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
     chunkstore.open(store_path, chunk_size=SMALL_CHUNK, delta_depth=2).close()
     published: list[int] = []
+    env = {k: v for k, v in os.environ.items() if k != FAULT_ENV_VAR}
+    env[NODE_SIZE_ENV_VAR] = str(node_size)
     for _ in range(4):
         first = published[-1] + 1 if published else 1
         child = subprocess.Popen(
             [sys.executable, str(CHILD), str(store_path), str(first)],
             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={k: v for k, v in os.environ.items() if k != FAULT_ENV_VAR},
+            env=env,
         )
         try:
             assert child.stdout is not None
@@ -246,3 +252,8 @@ def test_kill_at_random_moments_while_saving_in_a_loop(store_path: Path) -> None
     again = run_child(store_path, published[-1] + 1, published[-1] + 1, None)
     assert again.returncode == 0, again.stderr
     _check_store(store_path, [*published, published[-1] + 1])
+    with chunkstore.open(store_path, create=False) as store:
+        # The last version the loop's children saved (run_child saves with node_size 0).
+        root = load_tree(store.backend, store.resolve(f"{RUN}@{published[-1]}").root,
+                         store.node_cache)
+        assert bool(root.more) == (node_size > 0), "the layout under test was not written"
