@@ -32,7 +32,9 @@ import blake3
 from chunkstore.digest import Digest
 from chunkstore.manifest import DataEntry, TensorEntry, entry_text, leaf_text, tree_bytes
 
-Entries = list[tuple[str, str]]  # (name relative to the node, entry's canonical JSON)
+#: (name relative to the node, entry's canonical JSON, UTF-8 bytes of ``"name":entry,``):
+#: the size is counted once per entry and grows by the prefix when a subtree is inlined.
+Entries = list[tuple[str, str, int]]
 
 
 def build_tree(leaves: dict[str, TensorEntry | DataEntry], limit: int
@@ -54,9 +56,9 @@ def build_tree(leaves: dict[str, TensorEntry | DataEntry], limit: int
 CUT_MODULUS = 16
 
 
-def _cost(name: str, text: str) -> int:
-    """UTF-8 bytes of ``"name":text,`` in the node."""
-    return len(json.dumps(name, ensure_ascii=False).encode()) + len(text.encode()) + 2
+def _entry(name: str, text: str) -> tuple[str, str, int]:
+    """An entry with its size: UTF-8 bytes of ``"name":text,`` in the node."""
+    return name, text, len(json.dumps(name, ensure_ascii=False).encode()) + len(text.encode()) + 2
 
 
 def _is_cut(name: str) -> bool:
@@ -72,26 +74,26 @@ def _entries_of(level: dict[str, Any], limit: int, nodes: dict[Digest, bytes]) -
         if "" in slot:
             inner = _entries_of(slot[""], limit, nodes)
             prefix = len(part.encode()) + 1  # "part." before each inlined name
-            if sum(_cost(n, t) + prefix for n, t in inner) <= limit:
-                entries.extend((f"{part}.{n}", t) for n, t in inner)
+            if sum(cost + prefix for _, _, cost in inner) <= limit:
+                entries.extend((f"{part}.{n}", t, cost + prefix) for n, t, cost in inner)
             else:
                 tree = _store(inner, limit, nodes)
         leaf = slot.get(None)
         if leaf is not None or tree is not None:
-            entries.append((part, entry_text(None if leaf is None else leaf_text(leaf), tree)))
+            entries.append(_entry(part, entry_text(None if leaf is None else leaf_text(leaf),
+                                                   tree)))
     return entries
 
 
 def _store(entries: Entries, limit: int, nodes: dict[Digest, bytes]) -> Digest:
     """One node for ``entries``, or a node listing continuations (see above)."""
-    if not limit or len(entries) < 2 or sum(_cost(n, t) for n, t in entries) <= limit:
-        digest, data = tree_bytes(entries)
+    if not limit or len(entries) < 2 or sum(cost for _, _, cost in entries) <= limit:
+        digest, data = tree_bytes([(n, t) for n, t, _ in entries])
         nodes[digest] = data
         return digest
-    runs: list[Entries] = [[]]
+    runs: list[list[tuple[str, str]]] = [[]]
     used = 0
-    for name, text in sorted(entries):
-        cost = _cost(name, text)
+    for name, text, cost in sorted(entries):
         if runs[-1] and used + cost > limit:
             runs.append([])
             used = 0

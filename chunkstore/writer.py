@@ -102,8 +102,9 @@ HEARTBEAT_S = 30.0
 #: state of thousands of small tensors pays for a few commits, not one per tensor) and
 #: packed.  Measured on this project's 2-core machine, a dense GPT sync save (788
 #: tensors, most 256 KiB-1 MiB) with `auto`: 576-613 ms when only tensors up to 256 KiB
-#: were packed, 412-421 ms with every one-chunk tensor packed (91 objects per save
-#: then 22); with `none` no faster or slower.
+#: were packed, 412-421 ms with every one-chunk tensor packed, and no faster or slower
+#: with `none`; objects per dense save went from 91 to 21 (benchmarks/results/latest.md,
+#: `python -m benchmarks.suite`).
 SMALL_TENSOR_BYTES = 4 * 1024 * 1024
 #: In a store with delta chains, only tensors up to this size are packed: a packed
 #: chunk is never a delta nor a base (docs/format.md §3.5), and larger tensors are

@@ -30,6 +30,7 @@ from torch_bridge.errors import (
     AsyncSaveUnderProcessGroupError,
     NotAtUpdateBoundaryWarning,
     RestoreFallbackWarning,
+    nothing_restored,
 )
 from torch_bridge.layout import (
     RESERVED_KEYS,
@@ -253,14 +254,11 @@ class Checkpointer:
                 failures.append(f"{info.short_id} (step {info.step}): {exc}")
                 continue
             if failures:
-                warnings.warn(RestoreFallbackWarning(
-                    f"run {self.run!r}: skipped damaged version(s) {'; '.join(failures)};"
-                    f" restored step {info.step}"), stacklevel=2)
+                warnings.warn(RestoreFallbackWarning.skipped(self.run, failures, info.step),
+                              stacklevel=2)
             return info.step
         if failures:
-            raise IntegrityError(f"run {self.run!r}: no version could be restored, and the"
-                                 " objects passed in may hold part of a damaged version:"
-                                 f" {'; '.join(failures)}")
+            raise nothing_restored(self.run, failures)
         return None
 
     def _candidates(self, step: int | None) -> list[VersionInfo]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from chunkstore.errors import ChunkStoreError, InvalidInputError
+from chunkstore.errors import ChunkStoreError, IntegrityError, InvalidInputError
 
 
 class StateMismatchError(InvalidInputError):
@@ -50,6 +50,19 @@ class NotAtUpdateBoundaryWarning(UserWarning):
 
 class RestoreFallbackWarning(UserWarning):
     """Warned when the newest version is damaged and restore falls back to an older one."""
+
+    @classmethod
+    def skipped(cls, run: str, failures: list[str], step: int, where: str = ""
+                ) -> RestoreFallbackWarning:
+        """The warning for a restore of ``step`` after skipping damaged ``failures``."""
+        return cls(f"run {run!r}: skipped damaged version(s) {'; '.join(failures)};"
+                   f"{where} restored step {step}")
+
+
+def nothing_restored(run: str, failures: list[str], where: str = "") -> IntegrityError:
+    """The error when every candidate version of ``run`` was damaged."""
+    return IntegrityError(f"run {run!r}: no version could be restored{where}, and the objects"
+                          f" passed in may hold part of a damaged version: {'; '.join(failures)}")
 
 
 class RngMismatchWarning(UserWarning):

@@ -77,7 +77,12 @@ from chunkstore.index import NewChunk
 from chunkstore.shards import RANKS_ENTRY, ShardRanks, StagedShard
 from torch_bridge.collectives import all_gather_bytes, rank_and_world
 from torch_bridge.dtensors import is_dtensor, local_box
-from torch_bridge.errors import RanksDisagreeError, RanksFailedError, RestoreFallbackWarning
+from torch_bridge.errors import (
+    RanksDisagreeError,
+    RanksFailedError,
+    RestoreFallbackWarning,
+    nothing_restored,
+)
 from torch_bridge.layout import (
     BRIDGE_ENTRY,
     DTENSOR,
@@ -350,14 +355,11 @@ def restore_ranks(store: Store, run: str, step: int | None, targets: dict[str, A
             continue
         apply_states(targets, trees, special)
         if failures:
-            warnings.warn(RestoreFallbackWarning(
-                f"run {run!r}: skipped damaged version(s) {'; '.join(failures)}; every rank"
-                f" restored step {info.step}"), stacklevel=3)
+            warnings.warn(RestoreFallbackWarning.skipped(run, failures, info.step, " every rank"),
+                          stacklevel=3)
         return info.step
     if failures:
-        raise IntegrityError(f"run {run!r}: no version could be restored on every rank, and"
-                             " the objects passed in may hold part of a damaged version:"
-                             f" {'; '.join(failures)}")
+        raise nothing_restored(run, failures, " on every rank")
     return None
 
 
