@@ -22,7 +22,14 @@ model, are why each step is where it is):
    subtrees once) and of every version removed less than the grace period
    ago (its tombstone, :mod:`chunkstore.tombstones`: the grace period runs
    from unreachability, whoever removed it and whatever the index knows);
-   drop every candidate the mark reaches;
+   drop every candidate the mark reaches.  Packed chunks are marked where the
+   manifests list them and followed through the moved records (read after
+   the walk) to the packs that hold them now;
+   4b. repack (:mod:`chunkstore.repack`, which argues its own order): live
+   packs at least ``repack_unused`` garbage have their live members copied
+   into new packs under a save session, then their moved records written;
+   the old packs join the candidates, as does every pack with a moved
+   record that is still stored;
 5. fence: store a journal entry ``gc/<id>`` naming the remaining candidates.
    From the moment it is stored, every save that starts reads it and never
    reuses those objects;
@@ -44,6 +51,13 @@ model, are why each step is where it is):
 A pack of small chunks (:mod:`chunkstore.packs`) is one chunk object here:
 versions reference the pack, never its members, so it is marked, fenced,
 condemned and deleted whole, and a save that reuses a member claims the pack.
+A pack counts as reached when a live version lists a member of it that its
+moved record (if any) does not cover; a pack whose every listed member is
+covered is deleted even though versions still list it (its refcount in the
+index does not count), and readers follow the record.  A moved record is
+deleted once its pack was already gone when the run started and no version
+reaches it: the GC that deleted the pack waited for every save that could
+still list it.
 
 Why no interleaving loses an object a published or in-progress version
 needs.  Take any object X this run deletes and any save S.  If S stored its
@@ -88,7 +102,7 @@ from chunkstore.digest import (
     digest_from_node_key,
     node_key,
 )
-from chunkstore.errors import GcAbortedError, GcBusyError
+from chunkstore.errors import GcAbortedError, GcBusyError, InvalidSettingError
 from chunkstore.index import CHUNK, NODE, ChunkState
 from chunkstore.journal import (
     ABANDONED,
@@ -101,7 +115,9 @@ from chunkstore.journal import (
     write_entry,
 )
 from chunkstore.mark import MarkSet, mark_live, mark_removed, mark_unindexed
+from chunkstore.moved import MovedRecord, list_moved, moved_key
 from chunkstore.progress import NullProgress, Progress
+from chunkstore.repack import DEFAULT_UNUSED, plan, repack
 from chunkstore.retention import parse_duration
 from chunkstore.sessions import HEARTBEAT_S, LEASE_S, list_sessions, owner_is_dead
 from chunkstore.tombstones import tombstone_key
@@ -158,6 +174,25 @@ class GcResult:
     sessions_waited_for: int = 0
     #: Objects not deleted because saves outlasted the wait; the next run retries.
     deferred: int = 0
+    #: Packs repacked (a dry run: that would be), the live bytes copied out of them,
+    #: the bytes their new packs take, and what repacking frees net (stored bytes of
+    #: the old packs less the bytes copied; in a real run their deletion is counted
+    #: in ``chunks_deleted`` and ``bytes_freed``).
+    packs_repacked: int = 0
+    repack_bytes_copied: int = 0
+    repack_bytes_written: int = 0
+    repack_bytes_freed: int = 0
+    #: Bytes inside live packs that no live version lists (before this run's repacking),
+    #: and the live packs (those holding a member a live version reads) and their bytes.
+    pack_garbage_bytes: int = 0
+    live_packs: int = 0
+    live_pack_bytes: int = 0
+    #: The repack threshold of this run (None: no repacking).
+    repack_unused: float | None = None
+    #: Moved records of packs long gone that no version reaches any more.
+    moved_records_deleted: int = 0
+    #: Packs planned for repacking but left as they are, and why.
+    repack_skipped: list[str] = field(default_factory=list)
     journal_entry: str | None = None
     index_disagreements: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -235,18 +270,26 @@ def session_is_dead(info: dict[str, Any], now: float, grace_s: float) -> bool:
 
 class _Run:
     def __init__(self, store: Store, grace_s: float, dry_run: bool, sweep: bool,
-                 clock: Callable[[], float], progress: Progress, session_wait_s: float) -> None:
+                 clock: Callable[[], float], progress: Progress, session_wait_s: float,
+                 repack_unused: float | None) -> None:
         self.store, self.index, self.backend = store, store.index, store.backend
         self.grace_s, self.dry_run, self.sweep = grace_s, dry_run, sweep
+        self.repack_unused = repack_unused
+        #: packs with a moved record still stored: versions may list them, but they are
+        #: candidates all the same (the mark says whether a member is still read there)
+        self.forwarded: set[Digest] = set()
+        #: packs with a moved record that were gone when this run started
+        self.gone_moved: set[Digest] = set()
         self.clock, self.progress, self.session_wait_s = clock, progress, session_wait_s
         self.started = clock()
         self.before = self.started - grace_s
-        self.result = GcResult(dry_run=dry_run, grace_s=grace_s)
+        self.result = GcResult(dry_run=dry_run, grace_s=grace_s, repack_unused=repack_unused)
         self.expired: set[str] = set()
         self.expired_tombstones: list[str] = []
         self.deleted: list[tuple[bytes, Digest]] = []
         self.entry: JournalEntry | None = None
         self.marks: MarkSet | None = None  # steps 4 and 7 share one
+        self.moved: dict[Digest, MovedRecord | None] = {}  # read by the last mark
         self.last_beat, self.last_beat_wall = time.monotonic(), time.time()
 
     def check_time(self) -> None:
@@ -283,9 +326,19 @@ class _Run:
         candidates = self.find_candidates()
         if self.sweep:
             candidates += self.find_orphans()
+        candidates += self.find_moved(candidates)
         self.result.candidates = len(candidates)
-        if candidates:
+        # Packs gain garbage only when versions are removed: a run with no candidate
+        # marks nothing unless one was removed since repacking was last planned (a dry
+        # run marks anyway: report's census of packs comes from it).
+        unused = self.repack_unused
+        removals = None if unused is None else self.index.repack_pending(unused)
+        if candidates or self.gone_moved or removals is not None \
+                or (self.dry_run and unused is not None):
             candidates = self.confirm_unreachable(candidates)
+            candidates += self.repack()
+            if unused is not None and removals is not None and not self.dry_run:
+                self.index.repack_checked(removals, unused)
         if self.dry_run:
             for candidate in candidates:
                 self._count(candidate)
@@ -343,6 +396,57 @@ class _Run:
                 found.append(Candidate(kind, digest, info.size, False))
         return found
 
+    def find_moved(self, found: list[Candidate]) -> list[Candidate]:
+        """Packs GC repacked that are still stored (candidates whatever the index says),
+        and those already gone (their moved records may go once nothing reaches them)."""
+        listed = {c.digest for c in found if c.kind == CHUNK}
+        more = []
+        for pack in list_moved(self.backend):
+            try:
+                size = self.backend.stat(chunk_key(pack)).size
+            except FileNotFoundError:
+                self.gone_moved.add(pack)
+                continue
+            self.forwarded.add(pack)
+            record = self.index.record(CHUNK, pack)
+            if pack in listed or (record is not None and record.state == ChunkState.DELETING):
+                continue
+            if self._claimed(pack):
+                self.result.kept_by_sessions += 1
+                continue
+            more.append(Candidate(CHUNK, pack, size, record is not None))
+        return more
+
+    def repack(self) -> list[Candidate]:
+        """Plan from the mark which live packs to repack; repack them (not in a dry run)
+        and return the old packs as candidates (:mod:`chunkstore.repack`)."""
+        assert self.marks is not None
+        chosen = plan(self.store, self.marks, self.moved, self.repack_unused, self.forwarded)
+        self.result.pack_garbage_bytes = chosen.garbage_bytes
+        self.result.live_packs = chosen.live_packs
+        self.result.live_pack_bytes = chosen.live_pack_bytes
+        if not chosen.packs:
+            return []
+        self.result.repack_bytes_freed = chosen.freed_bytes
+        self.result.repack_bytes_copied = chosen.copy_bytes
+        if self.dry_run:
+            self.result.packs_repacked = len(chosen.packs)
+            return []
+        self.check_time()
+        done = repack(self.store, chosen.packs, self.store.pack_size)
+        self.result.packs_repacked = len(done.repacked)
+        self.result.repack_bytes_written = done.bytes_written
+        self.result.repack_skipped = done.skipped
+        repacked = set(done.repacked)
+        if len(repacked) < len(chosen.packs):
+            kept = [use for use in chosen.packs if use.pack in repacked]
+            self.result.repack_bytes_copied = sum(use.live for use in kept)
+            self.result.repack_bytes_freed = sum(use.stored - use.live for use in kept)
+        self.forwarded |= repacked
+        return [Candidate(CHUNK, use.pack, use.stored,
+                          self.index.record(CHUNK, use.pack) is not None)
+                for use in chosen.packs if use.pack in repacked]
+
     def confirm_unreachable(self, candidates: list[Candidate]) -> list[Candidate]:
         """Drop every candidate a live or recently removed version reaches (steps 4, 7).
 
@@ -356,6 +460,9 @@ class _Run:
         fallback = mark_live(self.store, marks, self.progress, self.check_time)
         mark_unindexed(self.store, marks)
         self.expired_tombstones = mark_removed(self.store, marks, self.before)
+        # Read after the walk: a pack repacked since is not reached through its members.
+        self.moved = list_moved(self.backend)
+        marks.resolve(self.moved)
         for vid in fallback:
             note = (f"version {vid[:12]}: manifest unreadable, marked from the index instead"
                     " (run `chunkstore verify`)")
@@ -365,7 +472,8 @@ class _Run:
         for candidate in candidates:
             if (candidate.kind, candidate.digest) not in marks:
                 confirmed.append(candidate)
-            elif candidate.indexed and self._refcount(candidate) == 0:
+            elif candidate.indexed and self._refcount(candidate) == 0 \
+                    and not marks.forwarded_to(candidate.digest):
                 self._disagree(candidate)
         return confirmed
 
@@ -429,9 +537,11 @@ class _Run:
         self.progress.start(len(candidates), "gc: delete")
         for kind in (CHUNK, NODE):
             indexed = [c.digest for c in candidates if c.kind == kind and c.indexed]
-            for digest in self.index.condemn(kind, indexed, self.before):
+            forwarded = frozenset(self.forwarded) if kind == CHUNK else frozenset()
+            for digest in self.index.condemn(kind, indexed, self.before, forwarded):
                 self.check_time()
-                record = self.index.start_delete(kind, digest, self.before)
+                record = self.index.start_delete(kind, digest, self.before,
+                                                 digest in forwarded)
                 if record is not None:
                     self.backend.delete(_KEY_OF[kind](digest))
                     self.index.finish_delete(kind, digest)
@@ -462,7 +572,15 @@ class _Run:
     def clean_up(self) -> None:
         """Expired tombstones, finished journal entries older than a week, and the
         temporary files of interrupted writes."""
+        # A moved record of a pack gone before this run began: every version that
+        # lists one of its members was published before then (the GC that deleted the
+        # pack waited for the saves that could reuse it), so this run's mark saw it.
+        unused = [p for p in self.gone_moved
+                  if self.marks is not None and not self.marks.record_used(p)]
+        self.result.moved_records_deleted = len(unused)
         if not self.dry_run:
+            for pack in unused:
+                self.backend.delete(moved_key(pack))
             for version_id in self.expired_tombstones:
                 self.backend.delete(tombstone_key(version_id))
             self.result.journal_entries_pruned = prune_journal(self.backend, self.started)
@@ -478,15 +596,23 @@ class _Run:
 def collect(store: Store, grace: object = DEFAULT_GRACE_S, *, dry_run: bool = False,
             sweep: bool = True, clock: Callable[[], float] = time.time,
             progress: Progress | None = None,
-            session_wait: float = DEFAULT_SESSION_WAIT_S) -> GcResult:
-    """Run one garbage collection; see the module docstring for the order of steps."""
+            session_wait: float = DEFAULT_SESSION_WAIT_S,
+            repack_unused: float | None = DEFAULT_UNUSED) -> GcResult:
+    """Run one garbage collection; see the module docstring for the order of steps.
+
+    ``repack_unused``: repack live packs at least this fraction garbage (in
+    (0, 1]; None: never repack)."""
     grace_s = parse_duration(grace)
+    if repack_unused is not None and not (type(repack_unused) in (int, float)
+                                          and 0 < repack_unused <= 1):
+        raise InvalidSettingError(f"repack_unused must be a fraction in (0, 1], not"
+                                  f" {repack_unused!r}")
     # A dry run waits a little for a running GC (or index rebuild) rather than fail.
     with gc_lock(store.index.path, wait_s=30.0 if dry_run else 0.0) as held:
         if not held:
             raise GcBusyError("another gc is running on this store; wait for it to finish")
         run = _Run(store, grace_s, dry_run, sweep, clock, progress or NullProgress(),
-                   session_wait)
+                   session_wait, repack_unused)
         try:
             return run.run()
         finally:

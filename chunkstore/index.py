@@ -431,6 +431,8 @@ class Index:
                     self._bump(txn, kind, Digest(refs[i:i + 32]), -1, now)
                 txn.delete(key, db=db)
             txn.delete(key, db=self.versions_db)
+            removals = int(txn.get(b"removals", db=self.meta) or b"0")
+            txn.put(b"removals", str(removals + 1).encode(), db=self.meta)
             for tag, target in list(txn.cursor(db=self.tags_db)):
                 if bytes(target) == key:
                     txn.delete(bytes(tag), db=self.tags_db)
@@ -479,17 +481,21 @@ class Index:
                 raw = bytes(key)
                 yield raw[:1], Digest(raw[1:]), _SINCE.unpack(value)[0]
 
-    def condemn(self, kind: bytes, digests: Iterable[Digest], before: float) -> list[Digest]:
+    def condemn(self, kind: bytes, digests: Iterable[Digest], before: float,
+                forwarded: frozenset[Digest] = frozenset()) -> list[Digest]:
         """Mark unreferenced, unclaimed records older than ``before`` CONDEMNED, durably.
 
         Returns the digests condemned (now or by an earlier run).  A writer
         that claims one of them later resurrects it in its own transaction.
+        ``forwarded`` are packs that versions still list but reach only through
+        their moved records (GC's mark decided): their refcount does not count.
         """
         done = []
         with self.env.begin(write=True) as txn:
             for digest in digests:
                 rec = self._get(txn, self._db(kind), digest)
-                if rec is None or not self._collectable(txn, digest, rec, before):
+                if rec is None or not self._collectable(txn, digest, rec, before,
+                                                        digest in forwarded):
                     continue
                 if rec.state == ChunkState.LIVE:
                     self._put(txn, kind, digest, replace(rec, state=ChunkState.CONDEMNED))
@@ -498,12 +504,13 @@ class Index:
         return done
 
     def _collectable(self, txn: lmdb.Transaction, digest: Digest, rec: ChunkRecord,
-                     before: float) -> bool:
-        return (rec.refcount == 0 and rec.since <= before
+                     before: float, forwarded: bool = False) -> bool:
+        return ((forwarded or (rec.refcount == 0 and rec.since <= before))
                 and rec.state in (ChunkState.LIVE, ChunkState.WRITING, ChunkState.CONDEMNED)
                 and not self.is_claimed(digest, txn))
 
-    def start_delete(self, kind: bytes, digest: Digest, before: float) -> ChunkRecord | None:
+    def start_delete(self, kind: bytes, digest: Digest, before: float,
+                     forwarded: bool = False) -> ChunkRecord | None:
         """Re-check a condemned record and move it to DELETING; None if it must stay.
 
         From this transaction on, a writer that wants the object waits
@@ -512,7 +519,7 @@ class Index:
         with self.env.begin(write=True) as txn:
             rec = self._get(txn, self._db(kind), digest)
             if rec is None or rec.state not in (ChunkState.CONDEMNED, ChunkState.WRITING) \
-                    or not self._collectable(txn, digest, rec, before):
+                    or not self._collectable(txn, digest, rec, before, forwarded):
                 return None
             self._put(txn, kind, digest, replace(rec, state=ChunkState.DELETING))
         return rec
@@ -615,6 +622,23 @@ class Index:
         with self.env.begin(db=self.meta) as txn:
             found = txn.get(b"journal_synced")
         return int(found) if found is not None else None
+
+    def repack_pending(self, unused: float) -> int | None:
+        """Whether GC should look for packs at least ``unused`` garbage: None when it
+        looked since the last version was counted out, with this threshold or a lower
+        one; else the count of versions counted out so far, for
+        :meth:`repack_checked` once it has looked (always for a fresh index)."""
+        with self.env.begin(db=self.meta) as txn:
+            removals = int(txn.get(b"removals") or b"0")
+            checked = bytes(txn.get(b"repack_checked") or b"-1 1").split()
+        if int(checked[0]) == removals and float(checked[1]) <= unused:
+            return None
+        return removals
+
+    def repack_checked(self, removals: int, unused: float) -> None:
+        """GC looked for packs at least ``unused`` garbage after ``removals`` removals."""
+        with self.env.begin(write=True, db=self.meta) as txn:
+            txn.put(b"repack_checked", f"{removals} {float(unused)!r}".encode())
 
     def set_journal_synced(self, time_ns: int) -> None:
         with self.env.begin(write=True, db=self.meta) as txn:

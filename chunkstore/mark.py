@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
 import tempfile
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
@@ -14,7 +15,8 @@ import lmdb
 from chunkstore.digest import Digest
 from chunkstore.errors import ChunkStoreError, GcAbortedError
 from chunkstore.index import CHUNK, NODE
-from chunkstore.manifest import DataEntry, TensorEntry
+from chunkstore.manifest import DataEntry, PackLocation, TensorEntry
+from chunkstore.moved import MAX_HOPS, MovedRecord
 from chunkstore.progress import Progress
 from chunkstore.tombstones import list_tombstones
 from chunkstore.tree import load_tree
@@ -23,7 +25,14 @@ if TYPE_CHECKING:
     from chunkstore.store import Store
 
 class MarkSet:
-    """A set of (kind, digest) on disk, so marking a large store needs little memory."""
+    """A set of (kind, digest) on disk, so marking a large store needs little memory.
+
+    Packed chunks are marked as members (pack, offset, length, chunk digest),
+    not as their pack: :meth:`resolve` follows them through the store's moved
+    records to the packs that hold them now, into a second table it rebuilds
+    each time (a pack repacked since the last resolve is then no longer
+    reached through members that moved).
+    """
 
     def __init__(self, parent: str) -> None:
         for attempt in range(5):  # an index directory may be deleted at any time
@@ -31,7 +40,8 @@ class MarkSet:
                 os.makedirs(parent, exist_ok=True)
                 self.path = tempfile.mkdtemp(prefix="gc-mark-", dir=parent)
                 self.env = lmdb.open(self.path, map_size=1 << 36, sync=False,
-                                     metasync=False, lock=False)
+                                     metasync=False, lock=False, max_dbs=2)
+                self.resolved = self.env.open_db(b"resolved")
                 break
             except (lmdb.Error, OSError):
                 if attempt == 4:
@@ -47,13 +57,121 @@ class MarkSet:
         with self.env.begin(write=True) as txn:
             return bool(txn.put(kind + digest.raw, b"", overwrite=False))
 
+    def add_members(self, members: list[tuple[PackLocation, Digest]]) -> None:
+        """Mark packed chunks where a manifest lists them."""
+        with self.env.begin(write=True) as txn:
+            for location, digest in members:
+                txn.put(_MEMBER + location.pack.raw + _OFFSET.pack(location.offset),
+                        digest.raw + _OFFSET.pack(location.length), overwrite=False)
+
     def __contains__(self, item: tuple[bytes, Digest]) -> bool:
+        """Whether the object is reached: marked itself, or (a pack) holding a member."""
+        kind, digest = item
         with self.env.begin() as txn:
-            return txn.get(item[0] + item[1].raw) is not None
+            return txn.get(kind + digest.raw) is not None or (
+                kind == CHUNK and txn.get(_HOLDS + digest.raw, db=self.resolved) is not None)
+
+    def forwarded_to(self, pack: Digest) -> bool:
+        """Whether ``pack`` is reached only through a moved record (an index that never
+        counted it is then not wrong)."""
+        with self.env.begin() as txn:
+            return txn.get(_VIA + pack.raw, db=self.resolved) is not None
+
+    def record_used(self, pack: Digest) -> bool:
+        """Whether a member is listed in ``pack``, or reached through its moved record."""
+        with self.env.begin() as txn:
+            return (txn.get(_USED + pack.raw, db=self.resolved) is not None
+                    or txn.get(_HOLDS + pack.raw, db=self.resolved) is not None
+                    or txn.get(CHUNK + pack.raw) is not None)
+
+    def resolve(self, moved: dict[Digest, MovedRecord | None]) -> None:
+        """Follow every marked member through ``moved`` (every moved record in the
+        store, read after the marking it resolves) to the pack that holds it."""
+        broken = [pack for pack, record in moved.items() if record is None]
+        if broken:
+            raise GcAbortedError(
+                f"the moved record of pack {broken[0].short()} cannot be read, so gc cannot"
+                " know where that pack's members went and deletes nothing; run `chunkstore"
+                " verify`")
+        with self.env.begin(write=True) as txn:
+            txn.drop(self.resolved, delete=False)
+            self._keep_targets_of_whole_packs(txn, moved)
+            cursor = txn.cursor()
+            if not cursor.set_range(_MEMBER):
+                return
+            for raw_key, raw_value in cursor.iternext():
+                key = bytes(raw_key)
+                if not key.startswith(_MEMBER):
+                    break
+                self._resolve_member(txn, moved, key, bytes(raw_value))
+
+    def _keep_targets_of_whole_packs(self, txn: lmdb.Transaction,
+                                     moved: dict[Digest, MovedRecord | None]) -> None:
+        """A pack marked whole (a version marked from the index's references, its
+        manifest unreadable): keep every pack its members may have moved to."""
+        for pack, first in moved.items():
+            record = first if txn.get(CHUNK + pack.raw) is not None else None
+            for _ in range(MAX_HOPS):
+                if record is None:
+                    break
+                txn.put(_HOLDS + record.to.raw, b"", db=self.resolved)
+                record = moved.get(record.to)
+
+    def _resolve_member(self, txn: lmdb.Transaction, moved: dict[Digest, MovedRecord | None],
+                        key: bytes, value: bytes) -> None:
+        location = PackLocation(Digest(key[1:33]), _OFFSET.unpack(key[33:])[0],
+                                _OFFSET.unpack(value[32:])[0])
+        path = []
+        for _ in range(MAX_HOPS):
+            record = moved.get(location.pack)
+            new = record.forward(location) if record is not None else None
+            if new is None:
+                break
+            txn.put(_USED + location.pack.raw, b"", db=self.resolved)
+            path.append(location.pack)
+            location = new
+        else:  # longer than a reader follows (a cycle?): keep every pack on it
+            for pack in path:
+                txn.put(_HOLDS + pack.raw, b"", db=self.resolved)
+        txn.put(_HOLDS + location.pack.raw, b"", db=self.resolved)
+        if path:
+            txn.put(_VIA + location.pack.raw, b"", db=self.resolved)
+        txn.put(_LIVE + location.pack.raw + _OFFSET.pack(location.offset), value,
+                db=self.resolved)
+
+    def live_members(self) -> Iterator[tuple[Digest, list[tuple[Digest, int, int]]]]:
+        """Per pack a resolved member lies in: its live members (digest, offset, length)
+        in offset order."""
+        with self.env.begin() as txn:
+            cursor = txn.cursor(db=self.resolved)
+            if not cursor.set_range(_LIVE):
+                return
+            pack: Digest | None = None
+            members: list[tuple[Digest, int, int]] = []
+            for raw_key, raw_value in cursor.iternext():
+                key, value = bytes(raw_key), bytes(raw_value)
+                if not key.startswith(_LIVE):
+                    break
+                this = Digest(key[1:33])
+                if this != pack:
+                    if pack is not None:
+                        yield pack, members
+                    pack, members = this, []
+                members.append((Digest(value[:32]), _OFFSET.unpack(key[33:])[0],
+                                _OFFSET.unpack(value[32:])[0]))
+            if pack is not None:
+                yield pack, members
 
     def close(self) -> None:
         self.env.close()
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+#: Mark set keys: a member where a manifest lists it (pack + offset -> chunk + length);
+#: in the resolved table, a pack holding a reached member, a pack reached through a
+#: moved record, a pack whose moved record was followed, and a member where it lies now.
+_MEMBER, _HOLDS, _VIA, _USED, _LIVE = b"m", b"p", b"v", b"u", b"l"
+_OFFSET = struct.Struct(">Q")
 
 
 def mark_live(store: Store, marks: MarkSet, progress: Progress,
@@ -90,12 +208,21 @@ def mark_tree(store: Store, root: Digest, marks: MarkSet) -> None:
             continue  # shared with a version marked before
         node = load_tree(store.backend, digest, store.node_cache)
         chunks: list[Digest] = []
+        members: list[tuple[PackLocation, Digest]] = []
         for leaf in node.leaves.values():
             if isinstance(leaf, TensorEntry):
-                chunks.extend(leaf.chunk_digests())
+                for shard in leaf.shards:
+                    for i, digest in enumerate(shard.chunks):
+                        location = shard.location(i)
+                        if location is None:
+                            chunks.append(digest)
+                        else:
+                            members.append((location, digest))
+                        chunks.extend(shard.chain(i))
             elif isinstance(leaf, DataEntry):
                 marks.add(NODE, leaf.digest)
         marks.add_many(CHUNK, chunks)
+        marks.add_members(members)
         stack.extend(node.children())
 
 

@@ -57,6 +57,7 @@ from chunkstore.codecs import PACK
 from chunkstore.digest import DIGEST_SIZE, Digest, chunk_key
 from chunkstore.errors import CorruptChunkError
 from chunkstore.manifest import PackLocation
+from chunkstore.moved import MAX_HOPS, read_moved
 
 if TYPE_CHECKING:
     from chunkstore.store import Store
@@ -194,19 +195,35 @@ def read_member_into(store: Store, digest: Digest, location: PackLocation, out: 
     checked as the member object it is (header, length, decode, hash).
 
     ``check_pack`` (verify) also reads the pack's header: it must be a pack
-    holding the member's range.
+    holding the member's range.  A pack GC repacked is followed through its
+    moved record (:mod:`chunkstore.moved`).
     """
     if check_pack:
-        try:
-            _check_pack_header(store, location)
-        except FileNotFoundError:
-            raise missing_chunk(store, location.pack) from None
+        for hops in range(MAX_HOPS + 1):
+            try:
+                _check_pack_header(store, location)
+                break
+            except FileNotFoundError:
+                ((_, location, _),) = _forward(store, [(digest, location, out)], hops)
     read_members_into(store, [(digest, location, out)])
 
 
-def read_members_into(store: Store, members: list[MemberRead]) -> None:
+def locate_member(store: Store, digest: Digest, location: PackLocation) -> PackLocation:
+    """Where a packed chunk lies now: its listed location while that pack exists, else
+    where the moved records say (a missing chunk when they say nothing)."""
+    for hops in range(MAX_HOPS + 1):
+        try:
+            store.backend.stat(chunk_key(location.pack))
+            return location
+        except FileNotFoundError:
+            ((_, location, _),) = _forward(store, [(digest, location, memoryview(b""))], hops)
+    raise AssertionError("unreachable: _forward refuses the hop after the last")
+
+
+def read_members_into(store: Store, members: list[MemberRead], hops: int = 0) -> None:
     """Read members of one pack with one ranged read (they lie close together: see
-    :func:`read_runs`), then check and decode each as :func:`read_member_into` does."""
+    :func:`read_runs`), then check and decode each as :func:`read_member_into` does.
+    Members of a pack GC repacked are read where its moved record says."""
     pack = members[0][1].pack
     for digest, location, out in members:  # bounded before anything is read
         if location.length > HEADER.size + DIGEST_SIZE + len(out) + MAX_PAYLOAD_OVERHEAD:
@@ -218,10 +235,52 @@ def read_members_into(store: Store, members: list[MemberRead]) -> None:
         data = memoryview(store.backend.get_range(chunk_key(pack), HEADER.size + start,
                                                   end - start))
     except FileNotFoundError:
-        raise missing_chunk(store, pack) from None
+        for run in read_runs(_forward(store, members, hops)):
+            read_members_into(store, run, hops + 1)
+        return
     for digest, location, out in members:
         begin = location.offset - start
         _decode_member(digest, location, data[begin : begin + location.length], out)
+
+
+def _forward(store: Store, members: list[MemberRead], hops: int) -> list[MemberRead]:
+    """The members of a missing pack where its moved record puts them; a pack with no
+    record, or a member it does not list, is a missing chunk."""
+    pack = members[0][1].pack
+    if hops >= MAX_HOPS:
+        raise CorruptChunkError(pack.hex, f"moved more than {MAX_HOPS} times (a cycle of"
+                                " moved records?)")
+    record = store.moved_cache.get(pack) or read_moved(store.backend, pack)
+    if record is None:
+        raise missing_chunk(store, pack)
+    store.moved_cache[pack] = record
+    moved = []
+    for digest, location, out in members:
+        new = record.forward(location)
+        if new is None:
+            raise missing_chunk(store, pack)
+        moved.append((digest, new, out))
+    return moved
+
+
+def copy_members(store: Store, pack: Digest, members: list[tuple[Digest, int, int]]
+                 ) -> list[bytes]:
+    """The member objects at (digest, offset, length) of ``pack``, each checked as a
+    read checks it (so a repack never copies damage): the bytes to pack again."""
+    reads = [(digest, PackLocation(pack, offset, length), memoryview(bytearray(0)))
+             for digest, offset, length in members]
+    copied: dict[tuple[int, int], bytes] = {}
+    for run in read_runs(reads):
+        start = run[0][1].offset
+        end = max(location.offset + location.length for _, location, _ in run)
+        data = memoryview(store.backend.get_range(chunk_key(pack), HEADER.size + start,
+                                                  end - start))
+        for digest, location, _ in run:
+            member = data[location.offset - start : location.offset - start + location.length]
+            raw_length = parse_header(digest, member).raw_length
+            _decode_member(digest, location, member, memoryview(bytearray(raw_length)))
+            copied[(location.offset, location.length)] = bytes(member)
+    return [copied[(offset, length)] for _, offset, length in members]
 
 
 def read_runs(members: list[MemberRead]) -> list[list[MemberRead]]:

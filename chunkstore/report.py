@@ -233,6 +233,7 @@ def stats(store: Store, grace_s: float = 3600.0, now: float | None = None) -> St
         result.logical_bytes_total += info.logical_bytes
     if result.versions:
         result.latest_logical_bytes = result.versions[-1].logical_bytes
+    awaiting: GcResult | None = None
     try:
         awaiting = collect(store, 0, dry_run=True, clock=lambda: now)
         later = collect(store, grace_s, dry_run=True, clock=lambda: now)
@@ -245,12 +246,14 @@ def stats(store: Store, grace_s: float = 3600.0, now: float | None = None) -> St
         result.reclaimable_now_bytes = later.bytes_freed + later.orphan_bytes_freed
     depths, members = _manifest_census(store)
     pack_content: dict[Digest, int] = {}
+    pack_stored: dict[Digest, int] = {}
     for kind in (CHUNK, NODE):
         for digest, record in store.index.iter_records(kind):
             if record.refcount > 0:
                 result.live_bytes += record.stored_length
                 if kind == CHUNK and record.codec_id == PACK.id:
                     pack_content[digest] = record.raw_length
+                    pack_stored[digest] = record.stored_length
                 elif kind == CHUNK:
                     result.chunks += 1
                     result.unique_raw_bytes += record.raw_length
@@ -260,15 +263,30 @@ def stats(store: Store, grace_s: float = 3600.0, now: float | None = None) -> St
     result.packed_chunks = len(packed_raw)
     result.chunks += result.packed_chunks
     result.unique_raw_bytes += sum(packed_raw.values())
+    _count_packs(result, awaiting if result.gc_unknown is None else None, members,
+                 pack_content, pack_stored)
+    if depths:
+        result.mean_chain_depth = sum(depths.values()) / len(depths)
+    result.ranks = version_ranks(store)
+    return result
+
+
+def _count_packs(result: StoreStats, awaiting: GcResult | None,
+                 members: dict[tuple[Digest, PackLocation], int],
+                 pack_content: dict[Digest, int], pack_stored: dict[Digest, int]) -> None:
+    """Live packs, their bytes and the garbage inside them."""
+    if awaiting is not None:
+        # GC's mark knows where each member lies now (a repacked pack's members
+        # are in its new pack), and that a pack counted in the index is gone.
+        result.live_bytes += awaiting.live_pack_bytes - sum(pack_stored.values())
+        result.packs = awaiting.live_packs
+        result.packed_garbage_bytes = awaiting.pack_garbage_bytes
+        return
     listed: dict[Digest, int] = {}
     for (_, location), _raw in members.items():
         listed[location.pack] = listed.get(location.pack, 0) + location.length
     result.packed_garbage_bytes = sum(max(size - listed.get(pack, 0), 0)
                                       for pack, size in pack_content.items())
-    if depths:
-        result.mean_chain_depth = sum(depths.values()) / len(depths)
-    result.ranks = version_ranks(store)
-    return result
 
 
 def _manifest_census(store: Store) -> tuple[dict[Digest, int], dict[tuple[Digest, PackLocation],

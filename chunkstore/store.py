@@ -48,6 +48,7 @@ from chunkstore.errors import (
 from chunkstore.index import Index, VersionEntry
 from chunkstore.journal import sync_journal
 from chunkstore.manifest import MAX_DELTA_DEPTH, TensorEntry
+from chunkstore.moved import MovedRecord
 from chunkstore.names import check_label
 from chunkstore.packs import MAX_PACK_TARGET, PACK_TARGET_BYTES
 from chunkstore.reader import VersionReader
@@ -245,6 +246,8 @@ class Store:
         self.max_inflight = self.threads * 2
         self.executor = ThreadPoolExecutor(self.threads, thread_name_prefix="chunkstore")
         self.node_cache = NodeCache()
+        #: moved records read so far (immutable once written: docs/format.md §3.6)
+        self.moved_cache: dict[Digest, MovedRecord] = {}
         # Decoded delta bases, shared by reads and saves: a few chunks per thread.
         self.base_cache = BaseCache(2 * self.threads * config.chunk_size)
         # The tensor entries of the last version this handle saved, per run (the
@@ -549,7 +552,7 @@ class Store:
 
     def gc(self, grace: object = "1h", *, dry_run: bool = False, sweep: bool = True,
            clock: Callable[[], float] = time.time, progress: Progress | None = None,
-           session_wait: float = 120.0) -> GcResult:
+           session_wait: float = 120.0, repack_unused: float | None = 0.5) -> GcResult:
         """Delete chunks and nodes that no live version has referenced for ``grace``.
 
         ``grace`` is seconds, a ``timedelta`` or text (``"30m"``, ``"1h"``,
@@ -558,12 +561,16 @@ class Store:
         removes objects the index does not know that are older than the grace
         period.  ``session_wait`` bounds the wait for saves in progress (on any
         machine) that started before this GC; past it nothing is deleted and
-        the result says how much was deferred.  See :mod:`chunkstore.gc`.
+        the result says how much was deferred.  ``repack_unused``: a live pack
+        at least this fraction garbage has its live members copied into a new
+        pack and is deleted (None: never repack; :mod:`chunkstore.repack`).
+        See :mod:`chunkstore.gc`.
         """
         from chunkstore.gc import collect
 
         return collect(self, grace, dry_run=dry_run, sweep=sweep, clock=clock,
-                       progress=progress, session_wait=session_wait)
+                       progress=progress, session_wait=session_wait,
+                       repack_unused=repack_unused)
 
     def prune(self, *, run: str | None = None, dry_run: bool = False, verify: bool = True,
               keep_last: int | None = None, keep_every: int | None = None,

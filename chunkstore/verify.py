@@ -25,6 +25,7 @@ from chunkstore.errors import (
     MissingChunkError,
 )
 from chunkstore.manifest import DataEntry, PackLocation, decode_data
+from chunkstore.packs import locate_member
 from chunkstore.progress import NullProgress, Progress
 from chunkstore.reader import chunk_reads, read_chunk_into
 from chunkstore.records import Tag
@@ -137,7 +138,10 @@ def _check_chunk(store: Store, check: ChunkCheck, read_data: bool
             read_chunk_into(store, digest, memoryview(bytearray(length)), chain, NO_CACHE,
                             check_links=True, location=location)
             return length, None
-        store.backend.stat(chunk_key(stored))
+        if location is None:
+            store.backend.stat(chunk_key(stored))
+        else:
+            locate_member(store, digest, location)
         return 0, None
     except FileNotFoundError:
         return 0, _problem_from(missing_chunk(store, stored), None)

@@ -186,7 +186,7 @@ class VersionWriter:
         self._closed = False
         self._info: VersionInfo | None = None
         self._inflight = threading.BoundedSemaphore(store.max_inflight)
-        self._store_session, self._fence = _open_store_session(store, f"save {self.run}@"
+        self._store_session, self._fence = open_store_session(store, f"save {self.run}@"
                                                                f"{self.step}")
         # Dedup hits are checked to exist where that costs a stat (local disks), and
         # everywhere when the GC journal could not be read.
@@ -794,7 +794,7 @@ class VersionWriter:
             self._adopted_new.setdefault(chunk.digest, chunk)
 
 
-def _open_store_session(store: Store, purpose: str) -> tuple[StoreSession, Fence]:
+def open_store_session(store: Store, purpose: str) -> tuple[StoreSession, Fence]:
     """Store the session object, then read the GC journal (in that order: see step 1)."""
     store.upgrade_format()  # sessions are a version-2 object
     session = StoreSession(store.backend, purpose)

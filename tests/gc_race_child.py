@@ -10,7 +10,8 @@ save (small deltas against the previous version's), half are a few shared
 blocks that GC keeps deleting and saves keep deduplicating against.  With
 ``RACE_PACKS=1`` each version also holds small tensors, stored in packs: a few
 drawn from a small shared pool (members of older packs that saves reuse while
-GC keeps deleting the packs no kept version needs) and one of its own.
+GC keeps deleting the packs no kept version needs, or repacking those that are
+mostly garbage) and one of its own.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def save_loop(store: chunkstore.Store, writer: int, seconds: float) -> None:
 
 def gc_loop(store: chunkstore.Store, seconds: float) -> None:
     deadline = time.monotonic() + seconds
-    runs = deleted = 0
+    runs = deleted = repacked = 0
     while time.monotonic() < deadline:
         try:
             result = store.gc(grace=0)
@@ -102,7 +103,8 @@ def gc_loop(store: chunkstore.Store, seconds: float) -> None:
             continue
         runs += 1
         deleted += result.chunks_deleted
-    print(f"gc {runs} {deleted}", flush=True)
+        repacked += result.packs_repacked
+    print(f"gc {runs} {deleted} {repacked}", flush=True)
 
 
 def main(argv: list[str]) -> None:

@@ -346,7 +346,7 @@ def test_saves_racing_gc_with_no_grace_never_publish_a_version_with_a_deleted_ch
         store_path: Path, monkeypatch: pytest.MonkeyPatch, deltas: bool, packs: bool) -> None:
     """The dedup-versus-GC race: two saving processes and a GC process, grace 0; with
     deltas, saves also encode against bases that GC keeps condemning; with packs,
-    saves reuse members of packs that GC keeps deleting."""
+    saves reuse members of packs that GC keeps deleting or repacking."""
     monkeypatch.setenv("RACE_DELTAS", "1" if deltas else "0")
     monkeypatch.setenv("RACE_PACKS", "1" if packs else "0")
     from tests.gc_race_child import CHUNK, expected, small_state
@@ -364,11 +364,12 @@ def test_saves_racing_gc_with_no_grace_never_publish_a_version_with_a_deleted_ch
         assert proc.returncode == 0, err
     saves = sum(int(out.split()[1]) for out, _ in outputs[:2])
     delta_chunks = sum(int(out.split()[2]) for out, _ in outputs[:2])
-    gc_runs, gc_deleted = (int(x) for x in outputs[2][0].split()[1:])
+    gc_runs, gc_deleted, gc_repacked = (int(x) for x in outputs[2][0].split()[1:])
     assert saves >= 10 and gc_runs >= 5 and gc_deleted > 0  # the race really ran
     assert (delta_chunks > 0) == deltas
     reused = sum(int(out.split()[3]) for out, _ in outputs[:2])
     assert (reused > 0) == packs  # saves reused members of packs GC was collecting
+    assert (gc_repacked > 0) == packs  # ... or repacking
     with chunkstore.open(store_path) as store:
         result = store.verify()
         assert result.ok, result.problems

@@ -145,8 +145,9 @@ def _tensor_expectation(array: np.ndarray) -> dict[str, Any]:
 
 
 def _write_version(store: chunkstore.Store, step: int, arrays: dict[str, np.ndarray],
-                   data: dict[str, object], meta: dict[str, object]) -> dict[str, Any]:
-    with store.new_version(run=RUN, step=step, meta=meta) as version:
+                   data: dict[str, object], meta: dict[str, object], run: str = RUN
+                   ) -> dict[str, Any]:
+    with store.new_version(run=run, step=step, meta=meta) as version:
         for name, array in arrays.items():
             version.put(name, array)
         for name, value in data.items():
@@ -154,8 +155,46 @@ def _write_version(store: chunkstore.Store, step: int, arrays: dict[str, np.ndar
     entries: dict[str, Any] = {name: _tensor_expectation(a) for name, a in arrays.items()}
     for name, value in data.items():
         entries[name] = {"kind": "data", "value": plaindata.to_tree(value)}
-    return {"id": version.info.id, "run": RUN, "step": step,
+    return {"id": version.info.id, "run": run, "step": step, "parent": version.info.parent,
             "meta": plaindata.to_tree(meta), "entries": dict(sorted(entries.items()))}
+
+
+#: The run whose packs GC repacks (store version 6): ten small tensors; step 2 changes
+#: the first six, step 3 the first nine.
+MOVED_RUN = "moved"
+MOVED_CHANGES = {1: 10, 2: 6, 3: 9}
+
+
+def moved_arrays(step: int) -> dict[str, np.ndarray]:
+    """Tensor ``t<i>`` holds the noise of the last step (up to ``step``) that changed it."""
+    def last_change(i: int) -> int:
+        return max(s for s, count in MOVED_CHANGES.items() if s <= step and i < count)
+    return {f"t{i}": _noise(300, f"t{i}@{last_change(i)}".encode()) for i in range(10)}
+
+
+def _repacked_versions(store: chunkstore.Store) -> list[dict[str, Any]]:
+    """Versions whose packs GC repacked twice (store version 6): after step 1 is removed,
+    step 1's pack is 6/10 garbage and its four live members move to a new pack; after
+    step 2 is removed, three of those four are garbage and the last moves again, so step
+    3 reads it through two moved records (step 1's pack, then the first new pack)."""
+    written = [_write_version(store, step, moved_arrays(step), {}, {"step": step}, MOVED_RUN)
+               for step in MOVED_CHANGES]
+    for removed in written[:2]:
+        store.delete(removed["id"])
+        result = store.gc(grace=0)
+        if result.packs_repacked != 1:
+            raise SystemExit(f"gc repacked {result.packs_repacked} packs after removing"
+                             f" {MOVED_RUN}@{removed['step']}, not 1")
+    records = sorted(store.backend.list("moved/"))
+    if len(records) != 2:
+        raise SystemExit(f"the fixture needs two moved records, saw {records}")
+    return written[2:]
+
+
+def _is_repack_target(root: Path, key: str) -> bool:
+    """Whether chunk object ``key`` is a pack a moved record points to."""
+    targets = {json.loads(p.read_bytes())["to"] for p in (root / "moved").glob("*")}
+    return key.rsplit("/", 1)[-1] in targets
 
 
 def _object_digests(root: Path) -> dict[str, str]:
@@ -257,6 +296,8 @@ def build(root: Path) -> dict[str, Any]:
         depths = _chain_depths(store)
         if depths != set(range(DELTA_DEPTH + 1)):
             raise SystemExit(f"fixture chains have depths {sorted(depths)}, not 0..{DELTA_DEPTH}")
+        versions.extend(_repacked_versions(store))
+        packed, _ = _packed_chunks(store)
         # A removed version (store version 2): its tombstone, and its chunks awaiting GC.
         removed = _write_version(store, 99, removed_version(), {}, {})["id"]
         kept = {d for v in store.versions() if v.id != removed
@@ -285,6 +326,10 @@ def build(root: Path) -> dict[str, Any]:
         "awaiting_gc_chunks": awaiting,
         # verify reads each packed chunk on its own, and the pack holding it is one file
         "packed_chunks": packed,
+        # packs GC wrote when repacking: no version lists them, so a rebuilt index counts
+        # them unreferenced (GC's mark reaches them through the moved records)
+        "repacked_into": sum(1 for key in _object_digests(root)
+                             if key.startswith("chunks/") and _is_repack_target(root, key)),
         "objects": _object_digests(root),
     }
 

@@ -99,6 +99,20 @@ def gc_text(result: GcResult) -> None:
     if result.temporaries_deleted:
         click.echo(f"removed {plural(result.temporaries_deleted, 'temporary file')} of"
                    " interrupted writes")
+    if result.packs_repacked:
+        click.echo(f"{'would repack' if result.dry_run else 'repacked'}"
+                   f" {plural(result.packs_repacked, 'pack')} at least"
+                   f" {result.repack_unused or 0:.0%} garbage:"
+                   f" {format_size(result.repack_bytes_copied)} live copied into new packs,"
+                   f" {format_size(result.repack_bytes_freed)} freed")
+    if result.pack_garbage_bytes:
+        click.echo(f"garbage inside live packs before this run:"
+                   f" {format_size(result.pack_garbage_bytes)}")
+    for line in result.repack_skipped:
+        click.echo(f"not repacked: {line}")
+    if result.moved_records_deleted:
+        click.echo(f"{'would delete' if result.dry_run else 'deleted'}"
+                   f" {plural(result.moved_records_deleted, 'moved record')} no version needs")
     if result.unfinished_deletions:
         click.echo(f"finished {plural(result.unfinished_deletions, 'deletion')} of an"
                    " interrupted gc")
@@ -113,8 +127,15 @@ def gc_text(result: GcResult) -> None:
               help="Decide exactly as a real run would; delete nothing.")
 @click.option("--no-sweep", is_flag=True,
               help="Skip listing storage for objects the index does not know.")
+@click.option("--repack-unused", type=click.FloatRange(0, 1, min_open=True), default=0.5,
+              show_default=True, metavar="FRACTION",
+              help="Repack a pack of small chunks once this fraction of it is garbage: copy"
+              " its live chunks into a new pack and delete it.")
+@click.option("--no-repack", is_flag=True,
+              help="Never repack; a pack is deleted only when all of it is garbage.")
 @JSON_OPT
-def gc(store_path: str, grace: str, dry_run: bool, no_sweep: bool, as_json: bool) -> None:
+def gc(store_path: str, grace: str, dry_run: bool, no_sweep: bool, repack_unused: float,
+       no_repack: bool, as_json: bool) -> None:
     """Delete chunks and manifest nodes that no version references.
 
     An object is deleted only after it has been unreferenced for the
@@ -122,8 +143,12 @@ def gc(store_path: str, grace: str, dry_run: bool, no_sweep: bool, as_json: bool
     moment ago keeps working, and never while a save in progress uses it.
     Objects left by killed saves are collected the same way, by write
     time. Versions are removed with `rm` or `prune` first; gc frees their
-    space. A gc that outlives half the grace period stops (exit 4) rather
-    than break that promise; run it again. Only one gc runs at a time.
+    space. Small chunks live in packs, deleted whole: a pack at least
+    --repack-unused garbage has its live chunks copied into a new pack
+    (old versions keep reading them, through a moved record) and is then
+    deleted like any other object; --dry-run says what that would do.
+    A gc that outlives half the grace period stops (exit 4) rather than
+    break that promise; run it again. Only one gc runs at a time.
 
     \b
     Examples:
@@ -136,7 +161,7 @@ def gc(store_path: str, grace: str, dry_run: bool, no_sweep: bool, as_json: bool
     """
     with open_store(store_path) as store, TerminalProgress() as progress:
         result = store.gc(parse_duration(grace), dry_run=dry_run, sweep=not no_sweep,
-                          progress=progress)
+                          progress=progress, repack_unused=None if no_repack else repack_unused)
     if as_json:
         emit_json(result.to_json())
     else:

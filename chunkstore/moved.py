@@ -1,0 +1,138 @@
+"""Moved records: where the live members of a repacked pack went (docs/format.md §3.6).
+
+Manifests are immutable, so a version keeps listing a packed chunk at
+``(pack, offset, length)`` after GC has copied the pack's live members into
+a new pack and deleted the old one.  ``moved/<pack hex>`` says, for each
+member it copied, where the same member object now lies.  A reader that
+finds a pack missing looks for its moved record and reads the member there
+(hash-checked as always, so a wrong record is a corrupt chunk, never data);
+GC's mark follows the records from the locations the manifests list to the
+packs that hold the bytes now.  Records are written once (put-if-absent) and
+deleted only when no version can reach them (:mod:`chunkstore.gc`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from chunkstore.digest import Digest
+from chunkstore.errors import CorruptChunkError
+from chunkstore.manifest import (
+    MAX_MEMBER_BYTES,
+    MAX_PACK_BYTES,
+    PackLocation,
+    exact_int,
+    is_version,
+)
+
+if TYPE_CHECKING:
+    from chunkstore.backends import Backend
+
+MOVED_PREFIX = "moved/"
+MOVED_FORMAT = 1
+#: A location is followed through at most this many moved records (a pack repacked,
+#: its new pack repacked again, ...); a longer path is a corrupt store.
+MAX_HOPS = 16
+#: A record names at most this many members (a pack's content bounds it far below).
+MAX_MEMBERS = MAX_PACK_BYTES // 24
+
+
+def moved_key(pack: Digest) -> str:
+    return f"{MOVED_PREFIX}{pack.hex}"
+
+
+@dataclass(frozen=True)
+class MovedRecord:
+    """Members of ``pack`` copied into ``to``: old offset -> (length, new offset)."""
+
+    pack: Digest
+    to: Digest
+    members: dict[int, tuple[int, int]]
+
+    def forward(self, location: PackLocation) -> PackLocation | None:
+        """Where the member at ``location`` (inside ``pack``) lies now; None if not moved."""
+        found = self.members.get(location.offset)
+        if found is None or found[0] != location.length:
+            return None
+        return PackLocation(self.to, found[1], location.length)
+
+    def encode(self) -> bytes:
+        body = {"format_version": MOVED_FORMAT, "pack": self.pack.hex, "to": self.to.hex,
+                "members": [[offset, length, new] for offset, (length, new)
+                            in sorted(self.members.items())]}
+        return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, pack: Digest, data: bytes) -> MovedRecord:
+        """Parse and check a record read from ``moved/<pack>``; damage is a corrupt chunk
+        (the pack's members cannot be found)."""
+        def bad(reason: str) -> CorruptChunkError:
+            return CorruptChunkError(pack.hex, f"its moved record ({moved_key(pack)}) {reason}")
+
+        try:
+            obj = json.loads(data)
+        except (ValueError, UnicodeDecodeError):
+            raise bad("is not JSON") from None
+        if not isinstance(obj, dict) or not is_version(obj.get("format_version"), MOVED_FORMAT):
+            raise bad("is not a format 1 record")
+        if obj.get("pack") != pack.hex:
+            raise bad("names another pack")
+        to_hex = obj.get("to")
+        try:
+            to = Digest.parse(to_hex if isinstance(to_hex, str) else "")
+        except ValueError:
+            raise bad("names no pack it moved to") from None
+        if to == pack:
+            raise bad("moves the pack into itself")
+        members = obj.get("members")
+        if not isinstance(members, list) or not 0 < len(members) <= MAX_MEMBERS:
+            raise bad("lists no members, or too many")
+        parsed: dict[int, tuple[int, int]] = {}
+        for item in members:
+            try:
+                if not isinstance(item, list) or len(item) != 3:
+                    raise ValueError("not [offset, length, new offset]")
+                offset = exact_int(item[0], "offset", 0, MAX_PACK_BYTES)
+                length = exact_int(item[1], "length", 24, MAX_MEMBER_BYTES)
+                new = exact_int(item[2], "new offset", 0, MAX_PACK_BYTES)
+            except ValueError as exc:
+                raise bad(f"lists an impossible member: {exc}") from None
+            if offset in parsed:
+                raise bad(f"lists the member at {offset} twice")
+            parsed[offset] = (length, new)
+        return cls(pack, to, parsed)
+
+
+def read_moved(backend: Backend, pack: Digest) -> MovedRecord | None:
+    """The moved record of ``pack``; None when it has none."""
+    try:
+        data = backend.get(moved_key(pack))
+    except FileNotFoundError:
+        return None
+    return MovedRecord.decode(pack, data)
+
+
+def list_moved(backend: Backend) -> dict[Digest, MovedRecord | None]:
+    """Every moved record in the store by pack; None for one that cannot be parsed
+    (GC then keeps everything it might forward to: see :mod:`chunkstore.mark`)."""
+    found: dict[Digest, MovedRecord | None] = {}
+    for key in backend.list(MOVED_PREFIX):
+        try:
+            pack = Digest.parse(key[len(MOVED_PREFIX):])
+        except ValueError:
+            continue
+        try:
+            record = read_moved(backend, pack)
+        except CorruptChunkError:
+            found[pack] = None
+            continue
+        if record is not None:  # else deleted since the listing
+            found[pack] = record
+    return found
+
+
+def write_moved(backend: Backend, record: MovedRecord) -> bool:
+    """Store a record once; False when the pack already has one (another GC moved it)."""
+    return backend.put_if_absent(moved_key(record.pack), record.encode())

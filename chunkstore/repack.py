@@ -1,0 +1,221 @@
+"""Repacking: GC copies the live members of a mostly-garbage pack into a new pack.
+
+A pack is deleted whole, so one live member keeps all its bytes.  When GC's
+mark finds that at least ``unused`` of a pack's content is listed by no live
+version, the pack's live members are copied (byte for byte, each checked as a
+read checks it) into a new pack, its moved record (:mod:`chunkstore.moved`)
+says where each went, and the old pack becomes a GC candidate like any other:
+fenced, waited for, marked again, condemned and deleted (:mod:`chunkstore.gc`
+steps 5-8).  The order, and why no interleaving loses a member:
+
+1. GC's mark resolves every member the live versions list to the pack that
+   holds it now; the plan is made from that;
+2. a save session is stored and the journal read (as a save does,
+   docs/format.md §11.1), then each new pack is written with put-if-absent;
+   a new pack an active journal entry names is not written (its GC may be
+   deleting a copy), and a copy found stored is used only after it hashes to
+   its key;
+3. each old pack's moved record is written with put-if-absent (after its new
+   pack is durable); an old pack that already has one (another GC moved it)
+   is left alone; the session ends once the records are written;
+4. the old packs join GC's candidates.
+
+A new pack is an object no index counts: until its moved record exists it is
+protected as anything a save in progress writes (a GC elsewhere that fenced
+it waits for the session of step 2, then marks through the moved record); from
+then on GC's mark reaches it through the record from every version that lists
+a moved member.  An old pack is deleted only when step 7 of the GC that
+repacked it (or of any later GC) finds no live version listing a member of it
+that its moved record does not cover: a save that reused a garbage member of
+the pack while it was being repacked either was waited for (step 6; its
+version then keeps the pack) or read the journal entry naming the pack and
+did not reuse it.  A reader that finds the pack gone follows the record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from chunkstore.chunkobj import HEADER, ChunkHeader, parse_header
+from chunkstore.codecs import PACK
+from chunkstore.digest import Digest, chunk_key
+from chunkstore.errors import ChunkStoreError
+from chunkstore.index import CHUNK
+from chunkstore.moved import MovedRecord, write_moved
+from chunkstore.packs import copy_members
+
+if TYPE_CHECKING:
+    from chunkstore.journal import Fence
+    from chunkstore.mark import MarkSet
+    from chunkstore.sessions import StoreSession
+    from chunkstore.store import Store
+
+#: Repack a pack once at least this fraction of its content is garbage (the default
+#: of ``gc``'s ``repack_unused``; ``restic prune --max-unused`` works per repository,
+#: this per pack, so a pack's live bytes are copied at most about as often as
+#: they are shared with garbage).
+DEFAULT_UNUSED = 0.5
+
+
+@dataclass
+class PackUse:
+    """A live pack: its content size and its live members (digest, offset, length)."""
+
+    pack: Digest
+    content: int
+    members: list[tuple[Digest, int, int]]
+    stored: int
+
+    @property
+    def live(self) -> int:
+        return sum(length for _, _, length in self.members)
+
+    @property
+    def garbage(self) -> int:
+        return max(self.content - self.live, 0)
+
+
+@dataclass
+class RepackPlan:
+    """What a GC run repacks: live packs at least ``unused`` garbage."""
+
+    packs: list[PackUse] = field(default_factory=list)
+    #: bytes inside live packs no live version lists (all live packs, planned or not)
+    garbage_bytes: int = 0
+    #: every pack holding a member a live version reads, and their stored bytes
+    live_packs: int = 0
+    live_pack_bytes: int = 0
+
+    @property
+    def copy_bytes(self) -> int:
+        return sum(p.live for p in self.packs)
+
+    @property
+    def freed_bytes(self) -> int:
+        """Stored bytes the old packs occupy less the bytes copied out of them."""
+        return sum(p.stored for p in self.packs) - self.copy_bytes
+
+
+def plan(store: Store, marks: MarkSet, moved: dict[Digest, MovedRecord | None],
+         unused: float | None, skip: set[Digest]) -> RepackPlan:
+    """Measure every live pack's garbage; choose those at least ``unused`` garbage
+    (None: choose none) that have no moved record and are not in ``skip``."""
+    result = RepackPlan()
+    for pack, members in marks.live_members():
+        size = _pack_size(store, pack)
+        if size is None:
+            continue  # missing or not a pack: verify reports it; nothing to copy from
+        content, stored = size
+        use = PackUse(pack, content, members, stored)
+        result.garbage_bytes += use.garbage
+        result.live_packs += 1
+        result.live_pack_bytes += stored
+        if unused is None or pack in moved or pack in skip or not content:
+            continue
+        if use.garbage >= unused * content and use.garbage > 0:
+            result.packs.append(use)
+    return result
+
+
+def _pack_size(store: Store, pack: Digest) -> tuple[int, int] | None:
+    """A pack's content and stored bytes: from the index when it knows the pack, else
+    from the pack's header."""
+    record = store.index.record(CHUNK, pack)
+    if record is not None and record.codec_id == PACK.id and record.stored_length:
+        return record.raw_length, record.stored_length
+    try:
+        header = parse_header(pack, store.backend.get_range(chunk_key(pack), 0, HEADER.size))
+    except (FileNotFoundError, ChunkStoreError):
+        return None
+    if header.codec_id != PACK.id:
+        return None
+    return header.raw_length, HEADER.size + header.payload_length
+
+
+@dataclass
+class RepackResult:
+    repacked: list[Digest] = field(default_factory=list)  # old packs, now candidates
+    new_packs: int = 0
+    bytes_written: int = 0
+    skipped: list[str] = field(default_factory=list)  # why a planned pack was left
+
+
+def repack(store: Store, chosen: list[PackUse], target: int) -> RepackResult:
+    """Steps 2-3 of the module docstring for the ``chosen`` packs."""
+    from chunkstore.writer import open_store_session
+
+    result = RepackResult()
+    store.upgrade_format()  # moved records are a store format 6 object
+    session, fence = open_store_session(store, "gc repack")
+    try:
+        group: list[tuple[PackUse, list[bytes]]] = []
+        size = 0
+        for use in chosen:
+            try:
+                copied = copy_members(store, use.pack, use.members)
+            except FileNotFoundError:
+                result.skipped.append(f"pack {use.pack.short()}: deleted meanwhile")
+                continue
+            except ChunkStoreError as exc:
+                result.skipped.append(f"pack {use.pack.short()}: {exc} (run `chunkstore"
+                                      " verify`); not repacked")
+                continue
+            group.append((use, copied))
+            size += sum(len(m) for m in copied)
+            if size >= target:
+                _write_group(store, fence, session, group, result)
+                group, size = [], 0
+        if group:
+            _write_group(store, fence, session, group, result)
+    finally:
+        session.close()
+    return result
+
+
+def _write_group(store: Store, fence: Fence, session: StoreSession,
+                 group: list[tuple[PackUse, list[bytes]]], result: RepackResult) -> None:
+    """Write one new pack holding every member of ``group``, then the moved records."""
+    parts: list[bytes] = []
+    records: list[MovedRecord] = []
+    offset = 0
+    placed: dict[bytes, int] = {}
+    for use, copied in group:
+        members: dict[int, tuple[int, int]] = {}
+        for (_, old, length), member in zip(use.members, copied, strict=True):
+            new = placed.get(member)
+            if new is None:  # the same member object in two old packs: copied once
+                new = placed[member] = offset
+                parts.append(member)
+                offset += len(member)
+            members[old] = (length, new)
+        records.append(MovedRecord(use.pack, Digest(b"\0" * 32), members))
+    header = ChunkHeader(PACK.id, 1, offset, offset).pack()
+    data = b"".join([header, *parts])
+    new_pack = Digest.of(memoryview(data)[len(header):])
+    if fence.blocking(CHUNK, new_pack) is not None:
+        result.skipped.extend(f"pack {use.pack.short()}: its new pack is being deleted by"
+                              " another gc; not repacked" for use, _ in group)
+        return
+    if not store.backend.put_if_absent(chunk_key(new_pack), data):
+        try:
+            intact = store.backend.get(chunk_key(new_pack)) == data
+        except FileNotFoundError:
+            intact = False
+        if not intact:  # damaged or deleted meanwhile: replaced whole
+            store.backend.put(chunk_key(new_pack), data)
+    result.new_packs += 1
+    result.bytes_written += len(data)
+    for record in records:
+        if record.pack == new_pack:
+            # Its live members, with those of the others (members it holds that
+            # another old pack's versions list), make exactly its own content.
+            continue
+        if session.lapsed():  # a GC elsewhere may have counted us dead and taken the pack
+            result.skipped.append(f"pack {record.pack.short()}: the repack's session"
+                                  " lapsed; not repacked")
+            continue
+        if write_moved(store.backend, MovedRecord(record.pack, new_pack, record.members)):
+            result.repacked.append(record.pack)
+        else:
+            result.skipped.append(f"pack {record.pack.short()}: already moved by another gc")
