@@ -78,7 +78,11 @@ MIN_PREFIX = 4
 #: Saves inline a subtree of the names into its parent manifest node while the parent
 #: stays this small (docs/format.md §5.1), so a model's version is a few nodes, not one
 #: per branch of its names; a change rewrites at most about this much per level above it.
-NODE_TARGET_BYTES = 64 * 1024
+#: Measured on the benchmark workloads (python -m benchmarks.suite): at 64 KiB a save of
+#: a GPT's scattered updates rewrote 8-12 nodes (LoRA: 10 nodes next to one pack); at
+#: 512 KiB the trees of all six are one or two nodes, and rewriting half a MiB of node
+#: bytes is small next to the data of a save.
+NODE_TARGET_BYTES = 512 * 1024
 #: The largest inlining target a store handle accepts (0: a node per branch, as before).
 MAX_NODE_TARGET = 16 * 1024 * 1024
 
