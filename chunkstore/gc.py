@@ -102,7 +102,13 @@ from chunkstore.digest import (
     digest_from_node_key,
     node_key,
 )
-from chunkstore.errors import GcAbortedError, GcBusyError, InvalidSettingError
+from chunkstore.errors import (
+    ChunkStoreError,
+    CorruptChunkError,
+    GcAbortedError,
+    GcBusyError,
+    InvalidSettingError,
+)
 from chunkstore.index import CHUNK, NODE, ChunkState
 from chunkstore.journal import (
     ABANDONED,
@@ -115,7 +121,8 @@ from chunkstore.journal import (
     write_entry,
 )
 from chunkstore.mark import MarkSet, mark_live, mark_removed, mark_unindexed
-from chunkstore.moved import MovedRecord, list_moved, moved_key
+from chunkstore.moved import MovedRecord, list_moved, moved_key, resolve_location
+from chunkstore.packs import copy_members
 from chunkstore.progress import NullProgress, Progress
 from chunkstore.repack import DEFAULT_UNUSED, plan, repack
 from chunkstore.retention import parse_duration
@@ -462,7 +469,7 @@ class _Run:
         self.expired_tombstones = mark_removed(self.store, marks, self.before)
         # Read after the walk: a pack repacked since is not reached through its members.
         self.moved = list_moved(self.backend)
-        marks.resolve(self.moved)
+        marks.resolve(self.moved, self._stored_now())
         for vid in fallback:
             note = (f"version {vid[:12]}: manifest unreadable, marked from the index instead"
                     " (run `chunkstore verify`)")
@@ -533,8 +540,41 @@ class _Run:
             time.sleep(delay)
             delay = min(delay * 2, 0.5)
 
+    def _stored_now(self) -> Callable[[Digest], bool]:
+        """Whether a pack object exists, each asked once per mark."""
+        known: dict[Digest, bool] = {}
+
+        def stored(pack: Digest) -> bool:
+            if pack not in known:
+                known[pack] = self.backend.exists(chunk_key(pack))
+            return known[pack]
+        return stored
+
+    def _intact_elsewhere(self, pack: Digest) -> bool:
+        """Before a pack the versions still list is deleted: every member they list in
+        it reads back, hash-checked, where the moved records put it (so a damaged,
+        crafted or stale record never costs data)."""
+        assert self.marks is not None
+        stored = self._stored_now()
+        for digest, listed in self.marks.listed_members(pack):
+            location, _ = resolve_location(listed, self.moved, stored)
+            try:
+                if location.pack == pack:
+                    raise CorruptChunkError(pack.hex, "a listed member was not moved")
+                copy_members(self.store, location.pack,
+                             [(digest, location.offset, location.length)])
+            except (FileNotFoundError, ChunkStoreError) as exc:
+                self.result.repack_skipped.append(
+                    f"pack {pack.short()}: kept, its moved member {digest.short()} does not"
+                    f" read back where its moved record says ({exc}); run `chunkstore"
+                    " verify`")
+                return False
+        return True
+
     def delete(self, candidates: list[Candidate]) -> None:
         self.progress.start(len(candidates), "gc: delete")
+        candidates = [c for c in candidates if c.kind != CHUNK or c.digest not in self.forwarded
+                      or self._intact_elsewhere(c.digest)]
         for kind in (CHUNK, NODE):
             indexed = [c.digest for c in candidates if c.kind == kind and c.indexed]
             forwarded = frozenset(self.forwarded) if kind == CHUNK else frozenset()
@@ -543,22 +583,24 @@ class _Run:
                 record = self.index.start_delete(kind, digest, self.before,
                                                  digest in forwarded)
                 if record is not None:
-                    self.backend.delete(_KEY_OF[kind](digest))
+                    existed = self.backend.delete(_KEY_OF[kind](digest))
                     self.index.finish_delete(kind, digest)
-                    self._count(Candidate(kind, digest, record.stored_length, True))
+                    self._count(Candidate(kind, digest, record.stored_length, True), existed)
                 self.progress.advance()
         for candidate in candidates:
             if not candidate.indexed:
                 self.check_time()
                 if self.index.start_orphan_delete(candidate.kind, candidate.digest):
-                    self.backend.delete(_KEY_OF[candidate.kind](candidate.digest))
+                    existed = self.backend.delete(_KEY_OF[candidate.kind](candidate.digest))
                     self.index.finish_delete(candidate.kind, candidate.digest)
-                    self._count(candidate)
+                    self._count(candidate, existed)
                 self.progress.advance()
         self.progress.finish()
 
-    def _count(self, candidate: Candidate) -> None:
+    def _count(self, candidate: Candidate, existed: bool = True) -> None:
         self.deleted.append((candidate.kind, candidate.digest))
+        if not existed:  # gone already (a pack deleted after repacking, counted then)
+            return
         if not candidate.indexed:
             self.result.orphans_deleted += 1
             self.result.orphan_bytes_freed += candidate.size

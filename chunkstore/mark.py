@@ -16,7 +16,7 @@ from chunkstore.digest import Digest
 from chunkstore.errors import ChunkStoreError, GcAbortedError
 from chunkstore.index import CHUNK, NODE
 from chunkstore.manifest import DataEntry, PackLocation, TensorEntry
-from chunkstore.moved import MAX_HOPS, MovedRecord
+from chunkstore.moved import MAX_HOPS, MovedRecord, resolve_location
 from chunkstore.progress import Progress
 from chunkstore.tombstones import list_tombstones
 from chunkstore.tree import load_tree
@@ -58,11 +58,25 @@ class MarkSet:
             return bool(txn.put(kind + digest.raw, b"", overwrite=False))
 
     def add_members(self, members: list[tuple[PackLocation, Digest]]) -> None:
-        """Mark packed chunks where a manifest lists them."""
+        """Mark packed chunks where a manifest lists them (a location listed with two
+        lengths is two members: one listing never hides another)."""
         with self.env.begin(write=True) as txn:
             for location, digest in members:
-                txn.put(_MEMBER + location.pack.raw + _OFFSET.pack(location.offset),
-                        digest.raw + _OFFSET.pack(location.length), overwrite=False)
+                txn.put(_MEMBER + _location_key(location), digest.raw, overwrite=False)
+
+    def listed_members(self, pack: Digest) -> list[tuple[Digest, PackLocation]]:
+        """Every member the marked versions list inside ``pack``: (digest, location)."""
+        found = []
+        with self.env.begin() as txn:
+            cursor = txn.cursor()
+            prefix = _MEMBER + pack.raw
+            if cursor.set_range(prefix):
+                for raw_key, raw_value in cursor.iternext():
+                    key = bytes(raw_key)
+                    if not key.startswith(prefix):
+                        break
+                    found.append((Digest(bytes(raw_value)), _location_of(key)))
+        return found
 
     def __contains__(self, item: tuple[bytes, Digest]) -> bool:
         """Whether the object is reached: marked itself, or (a pack) holding a member."""
@@ -84,9 +98,12 @@ class MarkSet:
                     or txn.get(_HOLDS + pack.raw, db=self.resolved) is not None
                     or txn.get(CHUNK + pack.raw) is not None)
 
-    def resolve(self, moved: dict[Digest, MovedRecord | None]) -> None:
+    def resolve(self, moved: dict[Digest, MovedRecord | None],
+                stored: Callable[[Digest], bool]) -> None:
         """Follow every marked member through ``moved`` (every moved record in the
-        store, read after the marking it resolves) to the pack that holds it."""
+        store, read after the marking it resolves) to the pack that holds it, as
+        :func:`chunkstore.moved.resolve_location` decides with ``stored`` (whether a
+        pack object exists)."""
         broken = [pack for pack, record in moved.items() if record is None]
         if broken:
             raise GcAbortedError(
@@ -95,7 +112,7 @@ class MarkSet:
                 " verify`")
         with self.env.begin(write=True) as txn:
             txn.drop(self.resolved, delete=False)
-            self._keep_targets_of_whole_packs(txn, moved)
+            self._keep_targets(txn, moved, stored)
             cursor = txn.cursor()
             if not cursor.set_range(_MEMBER):
                 return
@@ -103,41 +120,38 @@ class MarkSet:
                 key = bytes(raw_key)
                 if not key.startswith(_MEMBER):
                     break
-                self._resolve_member(txn, moved, key, bytes(raw_value))
+                self._resolve_member(txn, moved, stored, _location_of(key), bytes(raw_value))
 
-    def _keep_targets_of_whole_packs(self, txn: lmdb.Transaction,
-                                     moved: dict[Digest, MovedRecord | None]) -> None:
-        """A pack marked whole (a version marked from the index's references, its
-        manifest unreadable): keep every pack its members may have moved to."""
+    def _keep_targets(self, txn: lmdb.Transaction, moved: dict[Digest, MovedRecord | None],
+                      stored: Callable[[Digest], bool]) -> None:
+        """Keep the packs a record leads to while the pack it leaves is stored (a save
+        may still deduplicate against that pack and list a member the record moved),
+        or marked whole (a version marked from the index's references, its manifest
+        unreadable)."""
         for pack, first in moved.items():
-            record = first if txn.get(CHUNK + pack.raw) is not None else None
+            whole = txn.get(CHUNK + pack.raw) is not None
+            record = first if whole or stored(pack) else None
             for _ in range(MAX_HOPS):
                 if record is None:
                     break
                 txn.put(_HOLDS + record.to.raw, b"", db=self.resolved)
+                txn.put(_VIA + record.to.raw, b"", db=self.resolved)
+                txn.put(_USED + record.pack.raw, b"", db=self.resolved)
                 record = moved.get(record.to)
 
     def _resolve_member(self, txn: lmdb.Transaction, moved: dict[Digest, MovedRecord | None],
-                        key: bytes, value: bytes) -> None:
-        location = PackLocation(Digest(key[1:33]), _OFFSET.unpack(key[33:])[0],
-                                _OFFSET.unpack(value[32:])[0])
-        path = []
-        for _ in range(MAX_HOPS):
-            record = moved.get(location.pack)
-            new = record.forward(location) if record is not None else None
-            if new is None:
-                break
-            txn.put(_USED + location.pack.raw, b"", db=self.resolved)
-            path.append(location.pack)
-            location = new
-        else:  # longer than a reader follows (a cycle?): keep every pack on it
+                        stored: Callable[[Digest], bool], listed: PackLocation,
+                        digest: bytes) -> None:
+        location, path = resolve_location(listed, moved, stored)
+        for pack in path:
+            txn.put(_USED + pack.raw, b"", db=self.resolved)
+        if len(path) == MAX_HOPS:  # as long as a reader follows (a cycle?): keep them all
             for pack in path:
                 txn.put(_HOLDS + pack.raw, b"", db=self.resolved)
         txn.put(_HOLDS + location.pack.raw, b"", db=self.resolved)
         if path:
             txn.put(_VIA + location.pack.raw, b"", db=self.resolved)
-        txn.put(_LIVE + location.pack.raw + _OFFSET.pack(location.offset), value,
-                db=self.resolved)
+        txn.put(_LIVE + _location_key(location), digest, db=self.resolved)
 
     def live_members(self) -> Iterator[tuple[Digest, list[tuple[Digest, int, int]]]]:
         """Per pack a resolved member lies in: its live members (digest, offset, length)
@@ -149,16 +163,15 @@ class MarkSet:
             pack: Digest | None = None
             members: list[tuple[Digest, int, int]] = []
             for raw_key, raw_value in cursor.iternext():
-                key, value = bytes(raw_key), bytes(raw_value)
+                key = bytes(raw_key)
                 if not key.startswith(_LIVE):
                     break
-                this = Digest(key[1:33])
-                if this != pack:
+                location = _location_of(key)
+                if location.pack != pack:
                     if pack is not None:
                         yield pack, members
-                    pack, members = this, []
-                members.append((Digest(value[:32]), _OFFSET.unpack(key[33:])[0],
-                                _OFFSET.unpack(value[32:])[0]))
+                    pack, members = location.pack, []
+                members.append((Digest(bytes(raw_value)), location.offset, location.length))
             if pack is not None:
                 yield pack, members
 
@@ -171,7 +184,17 @@ class MarkSet:
 #: in the resolved table, a pack holding a reached member, a pack reached through a
 #: moved record, a pack whose moved record was followed, and a member where it lies now.
 _MEMBER, _HOLDS, _VIA, _USED, _LIVE = b"m", b"p", b"v", b"u", b"l"
-_OFFSET = struct.Struct(">Q")
+_PLACE = struct.Struct(">QQ")  # offset, length: sorts by offset within a pack
+
+
+def _location_key(location: PackLocation) -> bytes:
+    return location.pack.raw + _PLACE.pack(location.offset, location.length)
+
+
+def _location_of(key: bytes) -> PackLocation:
+    """The location in a mark set key (after its one-byte prefix)."""
+    offset, length = _PLACE.unpack(key[33:])
+    return PackLocation(Digest(key[1:33]), offset, length)
 
 
 def mark_live(store: Store, marks: MarkSet, progress: Progress,

@@ -14,6 +14,7 @@ deleted only when no version can reach them (:mod:`chunkstore.gc`).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -73,7 +74,7 @@ class MovedRecord:
 
         try:
             obj = json.loads(data)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             raise bad("is not JSON") from None
         if not isinstance(obj, dict) or not is_version(obj.get("format_version"), MOVED_FORMAT):
             raise bad("is not a format 1 record")
@@ -103,6 +104,23 @@ class MovedRecord:
                 raise bad(f"lists the member at {offset} twice")
             parsed[offset] = (length, new)
         return cls(pack, to, parsed)
+
+
+def resolve_location(location: PackLocation, moved: dict[Digest, MovedRecord | None],
+                     stored: Callable[[Digest], bool]) -> tuple[PackLocation, list[Digest]]:
+    """Where GC counts a listed member as held: through each moved record that covers
+    it, as long as the pack it leads to is stored or the pack it leaves is not (a
+    record is never trusted to replace bytes that exist with bytes that do not).
+    Returns the final location and the packs whose records were followed."""
+    path: list[Digest] = []
+    for _ in range(MAX_HOPS):
+        record = moved.get(location.pack)
+        new = record.forward(location) if record is not None else None
+        if new is None or not (stored(new.pack) or not stored(location.pack)):
+            break
+        path.append(location.pack)
+        location = new
+    return location, path
 
 
 def read_moved(backend: Backend, pack: Digest) -> MovedRecord | None:

@@ -24,16 +24,21 @@ A new pack is an object no index counts: until its moved record exists it is
 protected as anything a save in progress writes (a GC elsewhere that fenced
 it waits for the session of step 2, then marks through the moved record); from
 then on GC's mark reaches it through the record from every version that lists
-a moved member.  An old pack is deleted only when step 7 of the GC that
-repacked it (or of any later GC) finds no live version listing a member of it
-that its moved record does not cover: a save that reused a garbage member of
-the pack while it was being repacked either was waited for (step 6; its
-version then keeps the pack) or read the journal entry naming the pack and
-did not reuse it.  A reader that finds the pack gone follows the record.
+a moved member, and while the old pack is stored (a save may still deduplicate
+against the old pack and list a moved member of it).  An old pack is deleted
+only when step 7 of the GC that repacked it (or of any later GC) finds no live
+version listing a member of it that its moved record does not cover: a save
+that reused a garbage member of the pack while it was being repacked either
+was waited for (step 6; its version then keeps the pack) or read the journal
+entry naming the pack and did not reuse it.  And before deleting it, GC reads
+back, hash-checked, every member the versions list in it where the records put
+it (a damaged or crafted record keeps the pack).  A reader that finds the pack
+gone follows the record.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -41,7 +46,7 @@ from chunkstore.chunkobj import HEADER, ChunkHeader, parse_header
 from chunkstore.codecs import PACK
 from chunkstore.digest import Digest, chunk_key
 from chunkstore.errors import ChunkStoreError
-from chunkstore.index import CHUNK
+from chunkstore.index import CHUNK, ChunkRecord, ChunkState
 from chunkstore.moved import MovedRecord, write_moved
 from chunkstore.packs import copy_members
 
@@ -206,6 +211,10 @@ def _write_group(store: Store, fence: Fence, session: StoreSession,
             store.backend.put(chunk_key(new_pack), data)
     result.new_packs += 1
     result.bytes_written += len(data)
+    # Counted by this index (referenced by no version: GC's mark keeps it while a moved
+    # record leads to it), so a GC without the orphan sweep frees it when it is not.
+    store.index.put_record_if_absent(CHUNK, new_pack, ChunkRecord(
+        ChunkState.LIVE, PACK.id, 0, offset, len(data), time.time()))
     for record in records:
         if record.pack == new_pack:
             # Its live members, with those of the others (members it holds that

@@ -1,0 +1,255 @@
+"""Repacking under races, crashes and hostile moved records: the interleavings and
+inputs a review of the repacking change found losing data, each now kept safe.
+
+Real files, real LMDB; the only hook is the one tests/test_repack.py uses (a save run
+right after GC's repack step, as a concurrent save would)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import chunkstore
+from chunkstore.digest import Digest
+from chunkstore.moved import moved_key
+from tests.test_repack import check, exists, moved, packs_of, state, three_versions
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path / "store"
+
+
+def _racing_gc(store: chunkstore.Store, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A GC that repacks step 1's pack while a save reuses one of its garbage members
+    (t0 of step 1): the documented way an old pack outlives its repack."""
+    import chunkstore.gc as gc_module
+
+    real_repack = gc_module.repack
+    racing: list[str] = []
+
+    def repack_then_save(*args: object, **kwargs: object) -> object:
+        done = real_repack(*args, **kwargs)  # type: ignore[arg-type]
+        with store.new_version("racer", 1) as version:
+            version.put("t0", state(1)["t0"])
+        racing.append(version.info.id)
+        return done
+
+    monkeypatch.setattr(gc_module, "repack", repack_then_save)
+    result = store.gc(grace=0)
+    monkeypatch.undo()
+    assert result.packs_repacked == 1 and racing
+    return racing[0]
+
+
+def test_an_old_pack_a_save_lists_again_outlives_its_lost_new_pack(
+        root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """P repacked into N but kept (a racer lists a member the record lacks).  N is kept
+    while P is stored, even when no version lists a moved member; and when N is lost
+    anyway, a later save that lists a moved member at P (its index offers P) keeps P:
+    a record is never followed to a pack that is missing while the listed one is
+    stored."""
+    ids, first = three_versions(root)
+    with chunkstore.open(root) as store:
+        store.delete(ids[0])
+        store.gc(grace=0, repack_unused=None)
+        racer = _racing_gc(store, monkeypatch)
+        assert exists(store, first)
+        new = Digest.parse(moved(root)[first.hex]["to"])  # type: ignore[arg-type]
+        # every version that lists a moved member goes: N is reached by nothing
+        store.delete(ids[1])
+        store.delete(ids[2])
+        store.gc(grace=0)
+        # P kept by the racer; N kept while P is stored (a save may yet list a moved
+        # member of P); when N is lost anyway (deleted by hand here), P must stay
+        assert exists(store, first) and exists(store, new)
+        (root / "chunks" / new.hex[:2] / new.hex).unlink()
+        # a save deduplicates t6 of step 1 against P, as the index allows
+        with store.new_version("late", 1) as version:
+            version.put("t6", state(1)["t6"])
+        late = version.info.id
+        assert packs_of(store, late)["t6"].pack == first
+        assert store.verify().ok  # readable: P is there
+        store.delete(racer)
+        store.gc(grace=0)
+        assert store.verify().ok, [p.message for p in store.verify().problems]
+        assert store.open_version(late).get("t6").tobytes() == state(1)["t6"].tobytes()
+
+
+@pytest.mark.parametrize("target", ["absent", "other pack"])
+def test_a_crafted_moved_record_never_makes_gc_delete_a_live_pack(root: Path, target: str) -> None:
+    """A parseable moved/<P> for a live pack P that was never repacked, pointing to a
+    missing pack or to another pack: GC makes P a candidate, but keeps it (the target
+    is missing, or the listed members do not read back there)."""
+    ids, first = three_versions(root)
+    with chunkstore.open(root) as store:
+        listed = {loc.offset: loc.length for vid in ids
+                  for loc in packs_of(store, vid).values() if loc.pack == first}
+        other = packs_of(store, ids[2])["t0"].pack
+        assert other != first
+    to = Digest(b"\x42" * 32).hex if target == "absent" else other.hex
+    record = {"format_version": 1, "pack": first.hex, "to": to,
+              "members": [[off, length, off] for off, length in sorted(listed.items())]}
+    path = root / moved_key(first)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(json.dumps(record).encode())
+    with chunkstore.open(root) as store:
+        store.gc(grace=0)
+        assert exists(store, first), "gc deleted a live pack on the word of a moved record"
+
+
+@pytest.mark.parametrize("who", ["reader", "gc", "verify"])
+def test_a_deeply_nested_moved_record_is_a_typed_error(root: Path, who: str) -> None:
+    """A deeply nested moved record (json.loads raises RecursionError) is a corrupt
+    chunk for readers and verify, and stops GC with a typed error."""
+    from chunkstore.errors import CorruptChunkError, GcAbortedError
+
+    ids, first = three_versions(root)
+    with chunkstore.open(root) as store:
+        store.delete(ids[0])
+        store.gc(grace=0)
+        assert not exists(store, first)
+    (root / moved_key(first)).write_bytes(b"[" * 200_000 + b"]" * 200_000)
+    with chunkstore.open(root) as store:
+        if who == "reader":
+            with pytest.raises(CorruptChunkError):
+                store.open_version(ids[2]).get("t9")
+        elif who == "gc":
+            with pytest.raises(GcAbortedError):
+                store.gc(grace=0)
+        else:
+            assert not store.verify().ok
+
+
+def test_second_gc_on_another_index_between_new_pack_and_moved_record(
+        root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GC A has written the new pack but not yet the moved record when GC B (another
+    index, grace 0, sweeping) runs in full: B does not delete A's new pack (an orphan
+    to it) nor lose anything; B also repacks the same pack and may win the record."""
+    import chunkstore.repack as repack_module
+
+    ids, first = three_versions(root)
+    with chunkstore.open(root) as store:
+        store.delete(ids[0])
+        store.gc(grace=0, repack_unused=None)
+    real_write = repack_module.write_moved
+    other: list[object] = []
+
+    def b_runs_first(backend, record):  # type: ignore[no-untyped-def]
+        if not other:
+            other.append(None)  # B's own repack goes through here too
+            with chunkstore.open(root, index_dir=str(tmp_path / "b")) as b:
+                other.append(b.gc(grace=0, session_wait=1.0))
+        return real_write(backend, record)
+
+    monkeypatch.setattr(repack_module, "write_moved", b_runs_first)
+    with chunkstore.open(root) as store:
+        store.gc(grace=0, session_wait=1.0)
+    monkeypatch.undo()
+    assert other[1].deferred  # B waited for A's repack session, deleted nothing
+    with chunkstore.open(root) as store:
+        for vid, step in zip(ids[1:], (2, 3), strict=True):
+            check(store, vid, step)
+        assert store.verify().ok
+        store.gc(grace=0)
+        for vid, step in zip(ids[1:], (2, 3), strict=True):
+            check(store, vid, step)
+        assert store.verify().ok and not exists(store, first)
+
+
+def test_a_gc_killed_past_its_moved_record_leaves_nothing_to_lose_later(root: Path) -> None:
+    """GC SIGKILLed right after writing moved/P (P stays); a save reuses a garbage member
+    of P, which keeps P; every version listing a moved member goes (N is kept while P
+    is stored); a save lists a moved member at P; the racer goes; P is deleted and the
+    late version reads its member through the record."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from chunkstore.backends.wrappers import FAULT_ENV_VAR
+    from tests.test_repack import GC_CHILD, REPO
+
+    ids, first = three_versions(root)
+    with chunkstore.open(root) as store:
+        store.delete(ids[0])
+        store.gc(grace=0, repack_unused=None)
+    proc = subprocess.run([sys.executable, "-c", GC_CHILD, str(root)],
+                          env={**os.environ, FAULT_ENV_VAR: "kill-after-put:moved/:0"},
+                          cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    with chunkstore.open(root) as store:
+        assert exists(store, first) and first.hex in moved(root)
+        new = Digest.parse(moved(root)[first.hex]["to"])  # type: ignore[arg-type]
+        with store.new_version("racer", 1) as version:  # t0 of step 1: not in the record
+            version.put("t0", state(1)["t0"])
+        racer = version.info.id
+        assert packs_of(store, racer)["t0"].pack == first
+        store.delete(ids[1])
+        store.delete(ids[2])
+        store.gc(grace=0)
+        assert exists(store, first) and exists(store, new)  # N kept while P is stored
+        with store.new_version("late", 1) as version:
+            version.put("t6", state(1)["t6"])
+        late = version.info.id
+        assert packs_of(store, late)["t6"].pack == first
+        store.delete(racer)
+        store.gc(grace=0)
+        assert store.open_version(late).get("t6").tobytes() == state(1)["t6"].tobytes()
+
+
+def test_a_crafted_version_listing_a_wrong_length_hides_no_other_versions_member(
+        root: Path) -> None:
+    """A crafted version (created=0, so marked first) lists t9's (P, offset) with a
+    wrong length: the mark keeps both listings (members are keyed by offset and
+    length), so the honest one still reaches the new pack."""
+    from tests.test_hostile import _record, _tensor, _tree
+
+    ids, first = three_versions(root)
+    with chunkstore.open(root) as store:
+        store.delete(ids[0])
+        store.gc(grace=0)  # P -> N (t6-t9 of step 1), P deleted
+        assert not exists(store, first)
+        store.delete(ids[1])  # now only step 3's t9 reads N
+        leaf = store.open_version(ids[2]).entries()["t9"]
+        location = leaf.shards[0].location(0)
+        digest = leaf.shards[0].chunks[0]
+        assert location is not None and location.pack == first
+    bad = _tree(root, {"x": _tensor([256], [digest.hex], chunk_bytes=64 * 1024, packs=[
+        [first.hex, location.offset, location.length + 1]])})
+    _record(root, bad, created=0.0)
+    with chunkstore.open(root) as store:
+        store.gc(grace=0, repack_unused=None)
+        assert store.open_version(ids[2]).get("t9").tobytes() == state(3)["t9"].tobytes()
+
+
+def test_a_forwarded_pack_deleted_once_is_not_counted_freed_again(root: Path) -> None:
+    """The repacked pack's record stays (WRITING, refcount > 0) after its deletion; when
+    its versions go, a later GC does not count its bytes freed a second time."""
+    ids, first = three_versions(root)
+    with chunkstore.open(root) as store:
+        store.delete(ids[0])
+        store.gc(grace=0)
+        assert not exists(store, first)
+        store.delete(ids[1])
+        store.delete(ids[2])
+        on_disk = sum(p.stat().st_size for d in ("chunks", "nodes")
+                      for p in (root / d).rglob("*") if p.is_file())
+        result = store.gc(grace=0)
+        assert result.bytes_freed + result.orphan_bytes_freed == on_disk
+
+
+def test_a_new_pack_is_freed_without_the_orphan_sweep(root: Path) -> None:
+    """The repacking GC's index counts the new pack (refcount 0), so GC without the
+    orphan sweep (gc --no-sweep) frees it once every version that reached it went."""
+    ids, _ = three_versions(root)
+    with chunkstore.open(root) as store:
+        store.delete(ids[0])
+        store.gc(grace=0, sweep=False)
+        for vid in ids[1:]:
+            store.delete(vid)
+        store.gc(grace=0, sweep=False)
+        store.gc(grace=0, sweep=False)
+        assert not [p for p in (root / "chunks").rglob("*") if p.is_file()]
