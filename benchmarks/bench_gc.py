@@ -8,7 +8,12 @@ to make ``--garbage`` of the chunks unreferenced, and times:
   sessions, candidates from the zero-refcount table, orphan sweep);
 * ``gc_dry_run``: the dry run after the deletions (mark included);
 * ``gc``: the real run, deleting the garbage (files and directory fsyncs);
-* ``gc_no_sweep``: an idle run without the orphan sweep (no listing).
+* ``gc_no_sweep``: an idle run without the orphan sweep (no listing);
+* ``repack``: a second store of small tensors (packed), ``--packed-versions``
+  versions of 256 tensors of 4 KiB, tensor i changed every i mod 4 + 1 saves;
+  all but every fourth version are unpublished, and a GC repacks the packs
+  that became mostly garbage (time, packs repacked, bytes copied, the store's
+  bytes before and after, and every kept version read back).
 
 Usage::
 
@@ -47,6 +52,47 @@ def build(root: Path, chunks: int, versions: int) -> list[str]:
     return ids
 
 
+def packed_state(version: int) -> dict[str, np.ndarray]:
+    """Tensor i holds the values of the last version that changed it (every i % 4 + 1)."""
+    return {f"t{i}": np.random.default_rng(1000 * i + version - version % (i % 4 + 1))
+            .integers(0, 2**31, CHUNK // 4, dtype=np.int32) for i in range(256)}
+
+
+def repack_bench(root: Path, versions: int) -> dict[str, Any]:
+    with chunkstore.open(root, chunk_size=64 * 1024, compression="none") as store:
+        ids = []
+        for v in range(versions):
+            with store.new_version("packed", v) as writer:
+                for name, array in packed_state(v).items():
+                    writer.put(name, array)
+            ids.append(writer.info.id)
+        kept = {v: vid for v, vid in enumerate(ids) if v % 4 == 3}
+        for v, vid in enumerate(ids):
+            if v not in kept:
+                store.delete(vid)
+        before = tree_bytes(root)
+        dry = store.gc(grace=0, dry_run=True)
+        seconds, result = timed(store, grace=0)
+        after = tree_bytes(root)
+        for v, vid in kept.items():
+            reader = store.open_version(vid)
+            for name, array in packed_state(v).items():
+                assert reader.get(name).tobytes() == array.tobytes(), (v, name)
+        return {"versions": versions, "versions_kept": len(kept),
+                "live_packs_before": dry.live_packs,
+                "pack_garbage_bytes_before": dry.pack_garbage_bytes,
+                "gc_s": round(seconds, 3), "packs_repacked": result.packs_repacked,
+                "repack_bytes_copied": result.repack_bytes_copied,
+                "repack_bytes_written": result.repack_bytes_written,
+                "store_bytes_before": before, "store_bytes_after": after,
+                "kept_versions_read_back": True}
+
+
+def tree_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*")
+               if p.is_file() and p.relative_to(root).parts[0] in ("chunks", "nodes"))
+
+
 def timed(store: chunkstore.Store, **kwargs: Any) -> tuple[float, Any]:
     start = time.perf_counter()
     result = store.gc(**kwargs)
@@ -60,6 +106,7 @@ def main() -> None:
     parser.add_argument("--garbage", type=float, default=0.01)
     parser.add_argument("--out", default="benchmarks/results/gc.json")
     parser.add_argument("--workdir", default=None)
+    parser.add_argument("--packed-versions", type=int, default=40)
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="cs-gc-", dir=args.workdir))
     try:
@@ -90,6 +137,7 @@ def main() -> None:
             "chunks_deleted": result.chunks_deleted, "nodes_deleted": result.nodes_deleted,
             "bytes_freed": result.bytes_freed, "chunks_left": chunks_left,
             "verify_quick_s": round(verify_s, 3), "verify_ok": ok,
+            "repack": repack_bench(workdir / "packed", args.packed_versions),
         }
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
