@@ -34,6 +34,37 @@ The world:
 - a **remover** (tombstone, then delete the commit record), a **reader** that
   opens a published version and reads it later, and a **clock**.
 
+A **pack world** (``Config.packed``; :mod:`chunkstore.repack`, docs/format.md
+3.6) adds repacking.  Chunks are members ``a``, ``b`` of pack objects, each
+pack named by the members it holds (``P`` holds both; ``Qa`` only ``a``: the
+pack a repack copying ``a`` writes, and the pack a save writing only ``a``
+seals, are the same object).  Versions list member locations (``P.a``); a
+**moved record** per pack says which of its members went to which new pack.
+A save deduplicates a chunk against the pack its index lists it in (fenced
+and claimed as any object), else packs it anew and writes the sealed pack as
+any object.  A GC's run, in a pack world: mark (walk the versions'
+locations, then resolve them through the moved records: a location reaches
+the pack that holds the member now, an old pack only through members its
+record does not cover), with ``find_moved`` (a still-stored pack with a
+record is a candidate whatever its age; a record whose pack was gone at the
+start may be deleted at the end if nothing went through it) -> if ``P`` is
+present, has no record and at least half of it is garbage: store a save
+session -> read the journal (and record ``seen``) -> copy the live members
+(``P`` still there) -> write the new pack (put-if-absent; not when an active
+entry names it) -> write ``P``'s moved record (put-if-absent; not when the
+session lapsed) -> end the session; ``P`` joins the candidates -> fence ->
+session wait -> second mark (walk, adding to the first; then the records) ->
+delete -> done -> delete unused moved records.  Readers (and the invariant)
+follow moved records of missing packs.  Abstracted away: member offsets and
+lengths (a member is its name), records of more than one hop (only ``P``
+has members to spare), index claims, the index's choice of location (the
+biggest pack it lists holding the chunk; a rebuilt index lists every stored
+pack), ``removals``-driven planning (a run plans a repack whenever it can,
+or with ``optional_repack`` may also not).  One step each: step 4's walk
+and moved-record read; the second mark's moved-record read and its checks
+of which packs are stored; the repack's journal read and ``seen`` update;
+the lapse check and the record's write (as a commit's).
+
 Every step of every actor is one atomic transition.  :func:`explore` runs a
 breadth-first search over canonical states (every interleaving, up to a
 depth bound or to exhaustion) and checks after every transition that no
@@ -51,14 +82,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, fields
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 OBJECT_NAMES = "xyzw"
+MEMBER_NAMES = "abcd"
 
 # writer phases
 W_IDLE, W_LIST, W_READ, W_SEEN, W_OBJ, W_COMMIT, W_END, W_RB1, W_RB2 = range(9)
-# gc phases
-G_IDLE, G_FENCE, G_WAIT, G_REMARK, G_DEL = range(5)
+# gc phases (G_RESOLVE onwards: pack worlds only)
+(G_IDLE, G_FENCE, G_WAIT, G_REMARK, G_DEL, G_RESOLVE, G_CLEAN, G_RP_SESSION, G_RP_JOURNAL,
+ G_RP_COPY, G_RP_FIRST, G_RP_SECOND, G_RP_END) = range(13)
 # journal entry states
 FENCED, DONE, ABANDONED = "fenced", "done", "abandoned"
 
@@ -78,6 +111,18 @@ class Protocol:
     #: entry, a session wait or a mark.  The code does not: ``gc.finish_deletions`` hands
     #: them back to a whole run.
     finish_deletions_blindly: bool = False
+    #: Pack worlds.  GC's mark follows a moved record whether or not the pack it leads to
+    #: exists, and keeps that pack only through members versions list (7e0f583:
+    #: ``MarkSet._resolve_member``).  Unsafe: a save may deduplicate a moved member
+    #: against the old pack (``_pack_reusable`` fences and claims the old pack only)
+    #: after a GC deleted the new pack as unreached; a GC then deletes the old pack too.
+    #: The safe choice (``fixed``; what 729afb4 on main does): the mark keeps the pack a
+    #: record leads to while the pack it leaves is stored (``MarkSet._keep_targets``),
+    #: and follows a record only while the pack it leads to is stored or the pack it
+    #: leaves is not (``moved.resolve_location``).  (729afb4's read-back of moved
+    #: members before deleting the old pack adds nothing here: in the model a record
+    #: is never damaged, and a missing new pack already keeps the old one.)
+    mark_trusts_moved_records: bool = True
 
     # --- one rule broken at a time -------------------------------------------------------------
     #: GC does not wait for sessions before deleting.
@@ -101,10 +146,32 @@ class Protocol:
     #: Index rebuild lists the objects before it lists the finished journal entries.
     break_rebuild_objects_first: bool = False
 
+    # --- repacking (pack worlds), one rule broken at a time --------------------------------------
+    #: The repack writes the moved record before its new pack (the record points at nothing
+    #: until the pack is written, and at nothing for good if the GC dies in between).
+    break_moved_before_new_pack: bool = False
+    #: The second mark resolves members through the moved records the first mark read
+    #: (before the fence and the session wait), not through ones read after its walk.
+    break_stale_moved: bool = False
+    #: A repacked pack is deleted after the session wait without the second mark.
+    break_repack_no_remark: bool = False
+    #: The repack writes its new pack and moved record without storing a save session.
+    break_repack_without_session: bool = False
+    #: The repack writes its new pack although an active journal entry it read names it.
+    break_repack_ignores_fence: bool = False
+    #: The repack writes the moved record although its session lapsed (a GC that fenced
+    #: the new pack stopped waiting for it and may have deleted the pack).
+    break_moved_when_lapsed: bool = False
+    #: A moved record is deleted although its pack was still stored when the GC started.
+    break_moved_delete_while_present: bool = False
+    #: A moved record of a pack gone at the start is deleted although a live version
+    #: (or young tombstone) lists a member it covers.
+    break_moved_delete_reached: bool = False
+
     def fixed(self) -> Protocol:
-        """The three code behaviours above replaced by the safe ones."""
+        """The four code behaviours above replaced by the safe ones."""
         return _replace(self, wait_every_blocker=True, gc_stops_when_lapsed=True,
-                        finish_deletions_blindly=False)
+                        finish_deletions_blindly=False, mark_trusts_moved_records=False)
 
     def breaks(self) -> list[str]:
         return [f.name for f in fields(self)
@@ -141,9 +208,30 @@ class Config:
     gc_crashes: int = 1
     reader: bool = False
     max_depth: int | None = None
+    #: A pack world: the chunks saves write are the members ``a``, ``b``, ... of packs
+    #: (``contents``, ``initial_version`` and ``initial_moved`` then name members, not
+    #: objects).  A pack object is named by the members it holds (a save packs what it
+    #: writes, a repack what it copies, and the same members make the same pack): ``P``
+    #: holds them all, ``Qa`` only ``a``.  The store starts with ``P`` present, indexed by
+    #: every writer; ``initial_version`` lists members at ``P``.
+    packed: bool = False
+    members: int = 2
+    #: Pack world: GCs repack a present pack that is at least half garbage.
+    repack: bool = True
+    #: Pack world: members of ``P`` a GC repacked before the start: their new pack is
+    #: present (indexed by no writer) and ``P``'s moved record says where they went.
+    initial_moved: tuple[int, ...] = ()
+    #: Pack world: GC repack sessions may be killed (after the first of their two writes,
+    #: or after both), from the ``gc_crashes`` budget.
+    repack_crashes: bool = False
+    #: Pack world: a run that could repack may also not (``gc --no-repack``, or its index
+    #: planned since the last removal it counted: ``Index.repack_pending``).
+    optional_repack: bool = False
 
     @property
     def objects(self) -> int:
+        if self.packed:
+            return (1 << self.members) - 1
         used = {o for c in self.contents for o in c} | set(self.initial_version or ()) \
             | set(self.initial_orphans)
         return max(used) + 1
@@ -156,10 +244,17 @@ class Writer(NamedTuple):
     believed: frozenset[int]  # its index: objects it believes stored (dedup targets)
     applied: frozenset[int]  # journal entries applied to its index
     fence: frozenset[tuple[int, frozenset[int]]]  # active entries (id, objects) it read
-    obtained: frozenset[int]  # objects this save reused or wrote
+    obtained: frozenset[Any]  # objects (pack world: member locations) reused or written
     pending: tuple[int, ...]  # journal ids still to read / listing kept by a rebuild
     saves: int
     lapsed: bool
+    written: frozenset[int] = frozenset()  # pack world: members this save packs anew
+
+
+#: A pack world's chunk reference: (pack object, member), as a manifest lists it.
+Ref = tuple[int, int]
+#: A moved record: (the new pack, the members of the old pack it covers).
+Moved = tuple[int, frozenset[int]]
 
 
 class Gc(NamedTuple):
@@ -172,6 +267,14 @@ class Gc(NamedTuple):
     deleting: frozenset[int]  # DELETING records in this GC's index (a killed run's)
     runs: int
     lapsed: bool
+    # pack world only
+    walked: frozenset[Ref] = frozenset()  # member locations marked (step 4, then step 7 too)
+    gone: frozenset[int] = frozenset()  # packs with a moved record, absent at the start
+    drop: frozenset[int] = frozenset()  # moved records the last mark found unused
+    seen_moved: tuple[Moved | None, ...] = ()  # step 4's moved records (break_stale_moved)
+    rp: tuple[int, frozenset[int]] | None = None  # repack: (new pack, live members of P)
+    rp_blocked: bool = False  # the repack read an active entry naming its new pack
+    rp_done: bool = False  # the repack wrote P's moved record
 
 
 class Entry(NamedTuple):
@@ -201,6 +304,9 @@ class State(NamedTuple):
     gcs: tuple[Gc, ...]
     reader: tuple[int, int] | None  # (version, opened at); (-1, 0) once read
     budget: tuple[int, ...]  # removals, drops, rebuilds, wlapse, glapse, gcrash
+    # pack world only (sessions then also hold one slot per GC, for its repack)
+    moved: tuple[Moved | None, ...] = ()  # moved record per pack object
+    vrefs: tuple[frozenset[Ref], ...] = ()  # per version id: the member locations it lists
 
 
 @dataclass
@@ -215,6 +321,12 @@ class Model:
         for w, content in enumerate(cfg.contents):
             for n in range(cfg.saves_per_writer):
                 self.version_objects[self.vid(w, n)] = frozenset(content)
+        self.versions = 1 + len(cfg.contents) * cfg.saves_per_writer
+        if cfg.packed:
+            # pack object o holds the members of the bits of o + 1; P (all of them) is last
+            self.full = cfg.objects - 1
+            self.holds = tuple(frozenset(m for m in range(cfg.members) if (o + 1) >> m & 1)
+                               for o in range(cfg.objects))
 
     def vid(self, writer: int, n: int) -> int:
         return 1 + writer * self.config.saves_per_writer + n
@@ -225,15 +337,25 @@ class Model:
         w, n = divmod(vid - 1, self.config.saves_per_writer)
         return f"W{w}.save{n + 1}"
 
+    def pack_of(self, members: frozenset[int]) -> int:
+        """The pack object that holds exactly ``members`` (content addressing)."""
+        return sum(1 << m for m in members) - 1
+
+    def refs(self, s: State, v: int) -> frozenset[int] | frozenset[Ref]:
+        """What version ``v`` lists: objects, or in a pack world member locations."""
+        return s.vrefs[v] if self.config.packed else self.version_objects[v]
+
     # --- the start ---------------------------------------------------------------------------
 
     def initial(self) -> State:
         cfg = self.config
+        gc = Gc(G_IDLE, -1, frozenset(), 0, (), frozenset(), frozenset(), 0, False)
+        if cfg.packed:
+            return self._initial_packed(gc)
         known = frozenset(cfg.initial_version or ()) | frozenset(cfg.initial_orphans)
         present = tuple(0 if o in known else -1 for o in range(cfg.objects))
         writer = Writer(W_IDLE, 0, False, known, frozenset(), frozenset(), frozenset(), (), 0,
                         False)
-        gc = Gc(G_IDLE, -1, frozenset(), 0, (), frozenset(), frozenset(), 0, False)
         return State(
             clock=0, present=present,
             published=frozenset({0}) if cfg.initial_version is not None else frozenset(),
@@ -243,33 +365,84 @@ class Model:
             budget=(cfg.removals, cfg.index_drops, cfg.rebuilds, cfg.writer_lapses,
                     cfg.gc_lapses, cfg.gc_crashes))
 
+    def _initial_packed(self, gc: Gc) -> State:
+        cfg = self.config
+        big = self.full
+        present = [-1] * cfg.objects
+        present[big] = 0
+        moved: list[Moved | None] = [None] * cfg.objects
+        if cfg.initial_moved:
+            covered = frozenset(cfg.initial_moved)
+            present[self.pack_of(covered)] = 0
+            moved[big] = (self.pack_of(covered), covered)
+        vrefs = [frozenset[Ref]()] * self.versions
+        vrefs[0] = frozenset((big, m) for m in cfg.initial_version or ())
+        writer = Writer(W_IDLE, 0, False, frozenset({big}), frozenset(), frozenset(),
+                        frozenset(), (), 0, False)
+        return State(
+            clock=0, present=tuple(present),
+            published=frozenset({0}) if cfg.initial_version is not None else frozenset(),
+            tombstones=frozenset(), removed_at=frozenset(), removing=-1,
+            sessions=(None,) * (len(cfg.contents) + cfg.gcs), journal=(),
+            writers=(writer,) * len(cfg.contents), gcs=(gc,) * cfg.gcs, reader=None,
+            budget=(cfg.removals, cfg.index_drops, cfg.rebuilds, cfg.writer_lapses,
+                    cfg.gc_lapses, cfg.gc_crashes),
+            moved=tuple(moved), vrefs=tuple(vrefs))
+
     # --- the invariant -----------------------------------------------------------------------
 
     def violation(self, s: State) -> str | None:
         for v in s.published:
-            missing = [o for o in self.version_objects[v] if s.present[o] < 0]
+            missing = self._unreadable(s, self.refs(s, v))
             if missing:
                 return f"published version {self.version_name(v)} references deleted " \
                        f"{self._names(missing)}"
-        for w, (writer, session) in enumerate(zip(s.writers, s.sessions, strict=True)):
+        for w, (writer, session) in enumerate(zip(s.writers, s.sessions, strict=False)):
             if session is None or not session.alive or writer.lapsed:
                 continue
-            missing = [o for o in writer.obtained if s.present[o] < 0]
+            missing = self._unreadable(s, writer.obtained)
             if missing:
                 return f"save in progress on W{w} obtained {self._names(missing)}, now deleted"
         if s.reader is not None and s.reader[0] >= 0:
             v, _ = s.reader
             removed = [t for vv, t in s.removed_at if vv == v]
             if v in s.published or (removed and s.clock < removed[0] + self.config.grace):
-                missing = [o for o in self.version_objects[v] if s.present[o] < 0]
+                missing = self._unreadable(s, self.refs(s, v))
                 if missing:
                     return f"reader of {self.version_name(v)} (within the grace period)" \
                            f" finds {self._names(missing)} deleted"
         return None
 
-    @staticmethod
-    def _names(objs: object) -> str:
-        return ",".join(OBJECT_NAMES[o] for o in sorted(objs))  # type: ignore[call-overload]
+    def _unreadable(self, s: State, refs: frozenset) -> list:  # type: ignore[type-arg]
+        if not self.config.packed:
+            return [o for o in refs if s.present[o] < 0]
+        return [r for r in refs if not self._readable(s, r)]
+
+    def _readable(self, s: State, ref: Ref) -> bool:
+        """A reader's view (docs/format.md 3.6): the listed pack if present, else where its
+        moved record says, if it lists the member."""
+        pack, member = ref
+        for _ in range(len(s.present)):
+            if s.present[pack] >= 0:
+                return True
+            record = s.moved[pack]
+            if record is None or member not in record[1]:
+                return False
+            pack = record[0]
+        return False
+
+    def obj_name(self, o: int) -> str:
+        if not self.config.packed:
+            return OBJECT_NAMES[o]
+        if o == self.full:
+            return "P"
+        return "Q" + "".join(MEMBER_NAMES[m] for m in sorted(self.holds[o]))
+
+    def _names(self, items: object) -> str:
+        """Objects, or in a pack world also member locations ``P.a``."""
+        return ",".join(self.obj_name(i) if isinstance(i, int)
+                        else f"{self.obj_name(i[0])}.{MEMBER_NAMES[i[1]]}"
+                        for i in sorted(items))  # type: ignore[call-overload]
 
     # --- helpers -------------------------------------------------------------------------------
 
@@ -282,6 +455,55 @@ class Model:
         for v in roots:
             reached |= self.version_objects[v]
         return frozenset(reached)
+
+    def _walk(self, s: State, start: int) -> frozenset[Ref]:
+        """Pack world: the member locations the manifests of the roots list (the walk of
+        ``mark_live``/``mark_removed``; ``MarkSet.add_members``)."""
+        roots = set(s.published)
+        if not self.protocol.break_grace_from_write_time:
+            roots |= {v for v, t in s.tombstones if t > start - self.config.grace}
+        walked: set[Ref] = set()
+        for v in roots:
+            walked |= s.vrefs[v]
+        return frozenset(walked)
+
+    def _path(self, s: State, moved: tuple[Moved | None, ...], ref: Ref) -> list[int]:
+        """``MarkSet._resolve_member``: the packs a member location goes through, the last
+        one holding it.  As the code at 7e0f583 does (``mark_trusts_moved_records``), a
+        record is followed whether or not the packs exist; else as
+        ``moved.resolve_location`` (729afb4) does, only while the pack it leads to is
+        stored or the pack it leaves is not."""
+        pack, member = ref
+        path = [pack]
+        trust = self.protocol.mark_trusts_moved_records
+        for _ in range(len(moved)):
+            record = moved[pack]
+            if record is None or member not in record[1]:
+                break
+            if not trust and s.present[record[0]] < 0 and s.present[pack] >= 0:
+                break
+            pack = record[0]
+            path.append(pack)
+        return path
+
+    def _held(self, s: State, walked: frozenset[Ref],
+              moved: tuple[Moved | None, ...]) -> frozenset[int]:
+        """Packs the mark reaches: each holding a walked member (``MarkSet.__contains__``);
+        unless ``mark_trusts_moved_records``, also the pack each moved record of a stored
+        pack leads to (``MarkSet._keep_targets``, 729afb4)."""
+        held = {self._path(s, moved, ref)[-1] for ref in walked}
+        if not self.protocol.mark_trusts_moved_records:
+            held |= {r[0] for o, r in enumerate(moved) if r is not None and s.present[o] >= 0}
+        return frozenset(held)
+
+    def _drop(self, s: State, gone: frozenset[int], walked: frozenset[Ref],
+              moved: tuple[Moved | None, ...]) -> frozenset[int]:
+        """Moved records of packs gone at the start that no walked member goes through
+        (``MarkSet.record_used``): ``clean_up`` deletes them."""
+        if self.protocol.break_moved_delete_reached:
+            return gone
+        used = {pack for ref in walked for pack in self._path(s, moved, ref)}
+        return gone - used
 
     @staticmethod
     def _set(tup: tuple, i: int, value: object) -> tuple:  # type: ignore[type-arg]
@@ -390,6 +612,8 @@ class Model:
                         seen=session.seen | fenced)))))
             else:
                 out.append((f"{name}: starts on its objects", self._with_writer(s, i, nw)))
+        elif w.phase == W_OBJ and cfg.packed:
+            self._packed_object_step(s, i, out)
         elif w.phase == W_OBJ:
             o = content[w.pos]
             blockers = [] if p.break_ignore_fence else \
@@ -404,19 +628,19 @@ class Model:
                 if not s.journal[e].active():
                     nw = w._replace(fence=w.fence - {(e, named)}, believed=w.believed - named,
                                     applied=w.applied | {e}, waited=True)
-                    out.append((f"{name}: waited out entry {e} for {OBJECT_NAMES[o]}",
+                    out.append((f"{name}: waited out entry {e} for {self.obj_name(o)}",
                                 self._with_writer(s, i, nw)))
                 return
             if not blockers and not w.waited and o in w.believed:
-                out.append((f"{name}: dedups {OBJECT_NAMES[o]} (its index lists it)",
+                out.append((f"{name}: dedups {self.obj_name(o)} (its index lists it)",
                             self._with_writer(s, i, w._replace(
                                 obtained=w.obtained | {o}, **after))))  # type: ignore[arg-type]
                 return
             if s.present[o] >= 0:
-                label = f"{name}: writes {OBJECT_NAMES[o]}: already there, reuses that copy"
+                label = f"{name}: writes {self.obj_name(o)}: already there, reuses that copy"
                 ns = s
             else:
-                label = f"{name}: writes {OBJECT_NAMES[o]}"
+                label = f"{name}: writes {self.obj_name(o)}"
                 ns = s._replace(present=self._set(s.present, o, s.clock))
             out.append((label, self._with_writer(ns, i, w._replace(
                 obtained=w.obtained | {o}, **after))))  # type: ignore[arg-type]
@@ -424,6 +648,14 @@ class Model:
             if w.lapsed and not p.break_publish_when_lapsed:
                 out.append((f"{name}: session lapsed, refuses to publish", self._with_writer(
                     s, i, self._end(w), sessions=self._set(s.sessions, i, None))))
+            elif cfg.packed:
+                v = self.vid(i, w.saves)
+                packs = frozenset(o for o, _ in w.obtained)
+                out.append((f"{name}: publishes {self.version_name(v)}"
+                             f" ({self._names(w.obtained)})", self._with_writer(
+                                 s, i, w._replace(phase=W_END, believed=w.believed | packs),
+                                 published=s.published | {v},
+                                 vrefs=self._set(s.vrefs, v, w.obtained))))
             else:
                 v = self.vid(i, w.saves)
                 out.append((f"{name}: publishes {self.version_name(v)}", self._with_writer(
@@ -441,7 +673,81 @@ class Model:
     @staticmethod
     def _end(w: Writer) -> Writer:
         return w._replace(phase=W_IDLE, pos=0, waited=False, fence=frozenset(),
-                          obtained=frozenset(), pending=(), saves=w.saves + 1, lapsed=False)
+                          obtained=frozenset(), pending=(), saves=w.saves + 1, lapsed=False,
+                          written=frozenset())
+
+    def _packed_object_step(self, s: State, i: int,  # noqa: PLR0912
+                            out: list[tuple[str, State]]) -> None:
+        """A save in a pack world (``VersionWriter._store_small``, ``_write_pack``): per
+        chunk, reuse it where its index lists it inside a pack (the pack claimed and
+        fenced exactly as a dedup hit on any object: ``_pack_reusable``), else pack it
+        anew; then seal the pack of the members packed anew and write it as any object
+        (fence wait, reuse when the index lists it, put-if-absent)."""
+        p, cfg = self.protocol, self.config
+        w = s.writers[i]
+        name = f"W{i}"
+        content = cfg.contents[i]
+        if w.pos < len(content):
+            c = content[w.pos]
+            member = MEMBER_NAMES[c]
+            targets = [o for o in w.believed if c in self.holds[o]]
+            written, obtained = w.written, w.obtained
+            if not targets:
+                written = written | {c}
+                label = f"{name}: no pack in its index holds {member}: packs it anew"
+            else:
+                # the location the index keeps for the chunk: in the biggest pack it knows
+                o = max(targets, key=lambda t: (len(self.holds[t]), -t))
+                blockers = [] if p.break_ignore_fence else \
+                    sorted((e, objs) for e, objs in w.fence if o in objs)
+                if blockers and not p.break_no_fence_wait and \
+                        (not w.waited or p.wait_every_blocker):
+                    e, named = blockers[0]
+                    if not s.journal[e].active():
+                        nw = w._replace(fence=w.fence - {(e, named)},
+                                        believed=w.believed - named, applied=w.applied | {e},
+                                        waited=True)
+                        out.append((f"{name}: waited out entry {e} for {self.obj_name(o)}",
+                                    self._with_writer(s, i, nw)))
+                    return
+                if blockers or w.waited:
+                    written = written | {c}
+                    label = f"{name}: may not reuse {self.obj_name(o)} for {member}:" \
+                            " packs it anew"
+                else:
+                    obtained = obtained | {(o, c)}
+                    label = f"{name}: dedups {member} at {self.obj_name(o)}.{member}" \
+                            f" (its index lists {self.obj_name(o)})"
+            if w.pos + 1 < len(content):
+                phase, pos = W_OBJ, w.pos + 1
+            else:
+                phase, pos = (W_OBJ, len(content)) if written else (W_COMMIT, 0)
+            out.append((label, self._with_writer(s, i, w._replace(
+                phase=phase, pos=pos, waited=False, written=written, obtained=obtained))))
+            return
+        o = self.pack_of(w.written)
+        blockers = [] if p.break_ignore_fence else \
+            sorted((e, objs) for e, objs in w.fence if o in objs)
+        if blockers and not p.break_no_fence_wait and (not w.waited or p.wait_every_blocker):
+            e, named = blockers[0]
+            if not s.journal[e].active():
+                nw = w._replace(fence=w.fence - {(e, named)}, believed=w.believed - named,
+                                applied=w.applied | {e}, waited=True)
+                out.append((f"{name}: waited out entry {e} for {self.obj_name(o)}",
+                            self._with_writer(s, i, nw)))
+            return
+        refs = frozenset((o, m) for m in w.written)
+        nw = w._replace(phase=W_COMMIT, pos=0, waited=False, written=frozenset(),
+                        obtained=w.obtained | refs)
+        what = f"{name}: seals {self.obj_name(o)} ({self._names(refs)})"
+        if not blockers and not w.waited and o in w.believed:
+            out.append((f"{what}: its index lists it, nothing written",
+                        self._with_writer(s, i, nw)))
+        elif s.present[o] >= 0:
+            out.append((f"{what}: already there, reuses that copy", self._with_writer(s, i, nw)))
+        else:
+            out.append((f"{what}, writes it", self._with_writer(
+                s._replace(present=self._set(s.present, o, s.clock)), i, nw)))
 
     @staticmethod
     def _present(s: State) -> tuple[int, ...]:
@@ -455,6 +761,25 @@ class Model:
         # was interrupted after deleting something (then every candidate)
         objs = gc.deleted if state == DONE or not gc.deleted else old.objects
         return self._set(s.journal, gc.entry, old._replace(state=state, objects=objs))
+
+    def _run_over(self, gc: Gc) -> Gc:
+        """A run that ends normally: in a pack world its clean-up (moved records to delete)
+        comes next, if any, and the run's own fields are reset."""
+        if not self.config.packed:
+            return gc._replace(phase=G_IDLE, runs=gc.runs + 1, entry=-1, todo=())
+        if gc.drop:
+            return gc._replace(phase=G_CLEAN, entry=-1, todo=())
+        return self._run_killed(gc)
+
+    def _run_killed(self, gc: Gc) -> Gc:
+        """A run that stops (killed, or aborted: no clean-up)."""
+        if not self.config.packed:
+            return gc._replace(phase=G_IDLE, runs=gc.runs + 1, entry=-1, todo=())
+        return Gc(G_IDLE, -1, frozenset(), 0, (), frozenset(), gc.deleting, gc.runs + 1, False)
+
+    def _session_names(self, s: State, slots: list[int]) -> str:
+        n = len(s.writers)
+        return ",".join(f"W{k}" if k < n else f"GC{k - n}'s repack" for k in slots)
 
     def _gc_steps(self, s: State, g: int,  # noqa: C901, PLR0912
                   out: list[tuple[str, State]]) -> None:
@@ -470,6 +795,9 @@ class Model:
                 out.append((f"{name}: finishes the killed run's deletion of"
                             f" {self._names(gc.deleting)}", self._with_gc(
                                 s, g, gc._replace(deleting=frozenset()), present=present)))
+                return
+            if cfg.packed:
+                self._packed_gc_start(s, g, out)
                 return
             start = s.clock
             reached = self._reached(s, start)
@@ -498,24 +826,39 @@ class Model:
                        if sess is not None and sess.alive and gc.entry not in sess.seen]
             if not waiting or p.break_session_wait:
                 out.append((f"{name}: no session to wait for"
-                            + (f" (skips W{waiting})" if waiting else ""),
+                            + (f" (skips {self._session_names(s, waiting)})" if waiting else ""),
                             self._with_gc(s, g, gc._replace(phase=G_REMARK))))
             out.append((f"{name}: gives up waiting, abandons entry {gc.entry}", self._with_gc(
-                s, g, gc._replace(phase=G_IDLE, runs=gc.runs + 1, entry=-1),
-                journal=self._finish_entry(s, gc, ABANDONED))))
+                s, g, self._run_over(gc), journal=self._finish_entry(s, gc, ABANDONED))))
+        elif gc.phase == G_REMARK and cfg.packed and not p.break_no_remark:
+            walked = gc.walked | self._walk(s, gc.start)
+            out.append((f"{name}: marks again: walks the versions"
+                        f" ({self._names(walked) or 'nothing listed'})",
+                        self._with_gc(s, g, gc._replace(phase=G_RESOLVE, walked=walked))))
         elif gc.phase == G_REMARK:
             todo = gc.candidates if p.break_no_remark else \
                 gc.candidates - self._reached(s, gc.start)
             out.append((f"{name}: marks again, will delete {self._names(todo) or 'nothing'}",
                         self._with_gc(s, g, gc._replace(phase=G_DEL, todo=tuple(sorted(todo))))))
+        elif gc.phase == G_RESOLVE:
+            moved = gc.seen_moved if p.break_stale_moved else s.moved
+            todo = gc.candidates - self._held(s, gc.walked, moved)
+            if p.break_repack_no_remark and gc.rp_done:
+                todo |= gc.candidates & {self.full}
+            drop = self._drop(s, gc.gone, gc.walked, moved)
+            out.append((f"{name}: reads the moved records"
+                        f"{' (those of its first mark)' if p.break_stale_moved else ''},"
+                        f" will delete {self._names(todo) or 'nothing'}"
+                        + (f", then the moved record of {self._names(drop)}" if drop else ""),
+                        self._with_gc(s, g, gc._replace(phase=G_DEL, todo=tuple(sorted(todo)),
+                                                        drop=drop))))
         elif gc.phase == G_DEL:
             if gc.lapsed and p.gc_stops_when_lapsed:
                 out.append((f"{name}: finds its heartbeat lapsed, stops", self._with_gc(
-                    s, g, gc._replace(phase=G_IDLE, runs=gc.runs + 1, entry=-1, todo=()),
-                    journal=self._finish_entry(s, gc, ABANDONED))))
+                    s, g, self._run_killed(gc), journal=self._finish_entry(s, gc, ABANDONED))))
             elif gc.todo:
                 o = gc.todo[0]
-                out.append((f"{name}: deletes {OBJECT_NAMES[o]}", self._with_gc(
+                out.append((f"{name}: deletes {self.obj_name(o)}", self._with_gc(
                     s, g, gc._replace(todo=gc.todo[1:], deleted=gc.deleted | {o}),
                     present=self._set(s.present, o, -1))))
             else:
@@ -523,32 +866,194 @@ class Model:
                 if gc.entry < 0:  # deleted before writing the journal
                     journal = (*journal, Entry(DONE, gc.deleted, True))
                 out.append((f"{name}: marks its entry done", self._with_gc(
-                    s, g, gc._replace(phase=G_IDLE, runs=gc.runs + 1, entry=-1, todo=()),
-                    journal=journal,
+                    s, g, self._run_over(gc), journal=journal,
                     tombstones=frozenset(x for x in s.tombstones if x[1] > gc.start - grace))))
-        if gc.phase in (G_WAIT, G_REMARK, G_DEL) and gc.entry >= 0 and s.journal[gc.entry].alive:
+        elif gc.phase == G_CLEAN:
+            moved = tuple(None if o in gc.drop else r for o, r in enumerate(s.moved))
+            out.append((f"{name}: deletes the moved record of {self._names(gc.drop)}",
+                        self._with_gc(s, g, self._run_killed(gc), moved=moved)))
+        elif gc.phase >= G_RP_SESSION:
+            self._repack_steps(s, g, out)
+        if gc.phase in (G_WAIT, G_REMARK, G_RESOLVE, G_DEL) and gc.entry >= 0 \
+                and s.journal[gc.entry].alive:
             if s.budget[4] > 0 and not gc.lapsed:
                 out.append((f"{name}: paused past the lease (counted dead, still running)",
                             self._with_gc(s, g, gc._replace(lapsed=True),
                                           budget=self._budget(s, 4),
                                           journal=self._dead(s.journal, gc.entry))))
             if s.budget[5] > 0:
-                dead = gc._replace(phase=G_IDLE, runs=gc.runs + 1, entry=-1, todo=())
+                dead = self._run_killed(gc)
                 out.append((f"{name}: killed", self._with_gc(
                     s, g, dead, budget=self._budget(s, 5),
                     journal=self._dead(s.journal, gc.entry))))
                 if gc.phase == G_DEL and gc.todo:
                     o = gc.todo[0]
                     d = dead._replace(deleting=frozenset({o}))
-                    out.append((f"{name}: killed while deleting {OBJECT_NAMES[o]} (object still"
+                    out.append((f"{name}: killed while deleting {self.obj_name(o)} (object still"
                                 " there, DELETING in its index)", self._with_gc(
                                     s, g, d, budget=self._budget(s, 5),
                                     journal=self._dead(s.journal, gc.entry))))
-                    out.append((f"{name}: killed right after deleting {OBJECT_NAMES[o]}"
+                    out.append((f"{name}: killed right after deleting {self.obj_name(o)}"
                                 " (DELETING in its index)", self._with_gc(
                                     s, g, d, budget=self._budget(s, 5),
                                     journal=self._dead(s.journal, gc.entry),
                                     present=self._set(s.present, o, -1))))
+
+    def _packed_gc_start(self, s: State, g: int, out: list[tuple[str, State]]) -> None:
+        """Steps 1-4 and the repack plan in a pack world, as one step (``_Run.run`` up to
+        ``repack``): ``find_moved`` (packs with a moved record: still stored ones are
+        candidates whatever their age, gone ones have records that may go), the mark
+        (walk, then the moved records, resolved), and the plan: ``P`` present, with no
+        moved record, at least half of its members listed by no live version."""
+        p, cfg = self.protocol, self.config
+        gc = s.gcs[g]
+        name = f"GC{g}"
+        start = s.clock
+        walked = self._walk(s, start)
+        held = self._held(s, walked, s.moved)
+        recorded = [o for o, r in enumerate(s.moved) if r is not None]
+        forwarded = frozenset(o for o in recorded if s.present[o] >= 0)
+        gone = frozenset(recorded) if p.break_moved_delete_while_present else \
+            frozenset(o for o in recorded if s.present[o] < 0)
+        cands = frozenset(o for o, t in enumerate(s.present) if t >= 0 and o not in held
+                          and (t <= start - cfg.grace or o in forwarded))
+        big = self.full
+        rp = None
+        if cfg.repack and s.present[big] >= 0 and big not in forwarded:
+            live = frozenset(m for o, m in walked if o == big)
+            if live and 2 * len(live) <= len(self.holds[big]):
+                rp = (self.pack_of(live), live)
+        drop = self._drop(s, gone, walked, s.moved)
+        base = gc._replace(deleting=frozenset(), deleted=frozenset(), lapsed=False, start=start,
+                           candidates=cands, todo=(), walked=walked, gone=gone, drop=drop,
+                           seen_moved=s.moved if p.break_stale_moved else (), rp=rp,
+                           rp_blocked=False, rp_done=False)
+        what = f"{name}: marks ({self._names(walked) or 'nothing listed'}), candidates" \
+               f" {self._names(cands) or 'none'}"
+        if drop:
+            what += f", will delete the moved record of {self._names(drop)}"
+        if rp is not None:
+            moving = self._names({(big, m) for m in rp[1]})
+            out.append((f"{what}; P is half garbage: repacks {moving} into"
+                        f" {self.obj_name(rp[0])}",
+                        self._with_gc(s, g, base._replace(phase=G_RP_SESSION))))
+            if not cfg.optional_repack:
+                return
+            # ``gc --no-repack``, or an index that planned since the last removal
+            # (``Index.repack_pending``): the same run without the repack
+            base = base._replace(rp=None)
+            what += " (not repacking)"
+        if cands and p.break_delete_before_journal:
+            out.append((f"{what}, deletes at once", self._with_gc(s, g, base._replace(
+                phase=G_DEL, entry=-1, todo=tuple(sorted(cands))))))
+        elif cands:
+            out.append((what, self._with_gc(s, g, base._replace(phase=G_FENCE))))
+        else:
+            out.append((f"{what}: nothing to delete", self._with_gc(
+                s, g, self._run_over(base),
+                tombstones=frozenset(x for x in s.tombstones if x[1] > start - cfg.grace))))
+
+    def _repack_steps(self, s: State, g: int,  # noqa: C901, PLR0912
+                      out: list[tuple[str, State]]) -> None:
+        """``repack.repack``: a save session, the journal, the copy, the new pack, the moved
+        record (put-if-absent, unless the session lapsed), the session's end; the old pack
+        then joins the run's candidates (fence, wait, second mark, delete)."""
+        p, cfg = self.protocol, self.config
+        gc = s.gcs[g]
+        name = f"GC{g}"
+        slot = len(s.writers) + g
+        session = s.sessions[slot]
+        big = self.full
+        assert gc.rp is not None
+        new, live = gc.rp
+        new_name = self.obj_name(new)
+
+        def write_pack(nxt: int) -> None:
+            if s.present[new] >= 0:
+                out.append((f"{name}: writes {new_name}: already there, reuses that copy",
+                            self._with_gc(s, g, gc._replace(phase=nxt))))
+            else:
+                out.append((f"{name}: writes {new_name}", self._with_gc(
+                    s, g, gc._replace(phase=nxt), present=self._set(s.present, new, s.clock))))
+
+        def write_moved(nxt: int) -> None:
+            if session is not None and not session.alive and not p.break_moved_when_lapsed:
+                out.append((f"{name}: its repack session lapsed: not repacked",
+                            self._with_gc(s, g, gc._replace(phase=G_RP_END))))
+            elif s.moved[big] is not None:
+                out.append((f"{name}: P already has a moved record: not repacked",
+                            self._with_gc(s, g, gc._replace(phase=G_RP_END))))
+            else:
+                covered = self._names({(big, m) for m in live})
+                out.append((f"{name}: writes P's moved record ({covered} -> {new_name})",
+                            self._with_gc(s, g, gc._replace(phase=nxt, rp_done=True),
+                                          moved=self._set(s.moved, big, (new, live)))))
+
+        if gc.phase == G_RP_SESSION:
+            if p.break_repack_without_session:
+                out.append((f"{name}: repack starts (no session stored)",
+                            self._with_gc(s, g, gc._replace(phase=G_RP_JOURNAL))))
+            else:
+                out.append((f"{name}: stores a save session for the repack", self._with_gc(
+                    s, g, gc._replace(phase=G_RP_JOURNAL),
+                    sessions=self._set(s.sessions, slot, Session(True, frozenset())))))
+        elif gc.phase == G_RP_JOURNAL:
+            active = frozenset(e for e, entry in enumerate(s.journal) if entry.active())
+            blocking = sorted(e for e in active if new in s.journal[e].objects)
+            label = f"{name}: repack reads the journal"
+            kw: dict[str, object] = {}
+            if active and session is not None:
+                label += f", records seen {sorted(active)}"
+                kw["sessions"] = self._set(s.sessions, slot,
+                                           session._replace(seen=session.seen | active))
+            if blocking:
+                label += f" (entry {blocking[0]} names {new_name})"
+            out.append((label, self._with_gc(s, g, gc._replace(
+                phase=G_RP_COPY, rp_blocked=bool(blocking) and not p.break_repack_ignores_fence),
+                **kw)))
+        elif gc.phase == G_RP_COPY:
+            if s.present[big] < 0:
+                out.append((f"{name}: finds P deleted meanwhile: not repacked",
+                            self._with_gc(s, g, gc._replace(phase=G_RP_END))))
+            else:
+                out.append((f"{name}: copies {self._names({(big, m) for m in live})}",
+                            self._with_gc(s, g, gc._replace(phase=G_RP_FIRST))))
+        elif gc.phase == G_RP_FIRST:
+            if gc.rp_blocked:
+                out.append((f"{name}: {new_name} is being deleted by another gc: not repacked",
+                            self._with_gc(s, g, gc._replace(phase=G_RP_END))))
+            elif p.break_moved_before_new_pack:
+                write_moved(G_RP_SECOND)
+            else:
+                write_pack(G_RP_SECOND)
+        elif gc.phase == G_RP_SECOND:
+            if p.break_moved_before_new_pack:
+                write_pack(G_RP_END)
+            else:
+                write_moved(G_RP_END)
+        elif gc.phase == G_RP_END:
+            cands = gc.candidates | ({big} if gc.rp_done else frozenset())
+            ended = gc._replace(candidates=cands)
+            label = f"{name}: ends the repack session" + \
+                ("; P joins the candidates" if gc.rp_done else "")
+            sessions = self._set(s.sessions, slot, None)
+            if cands:
+                out.append((label, self._with_gc(s, g, ended._replace(phase=G_FENCE),
+                                                 sessions=sessions)))
+            else:
+                out.append((label, self._with_gc(
+                    s, g, self._run_over(ended), sessions=sessions,
+                    tombstones=frozenset(x for x in s.tombstones if x[1] > gc.start - cfg.grace))))
+        if session is not None and session.alive and s.budget[4] > 0 \
+                and gc.phase in (G_RP_JOURNAL, G_RP_COPY, G_RP_FIRST, G_RP_SECOND):
+            out.append((f"{name}: paused past the lease in its repack (session counted dead)",
+                        self._with_gc(s, g, gc, budget=self._budget(s, 4),
+                                      sessions=self._set(s.sessions, slot,
+                                                         session._replace(alive=False)))))
+        if cfg.repack_crashes and s.budget[5] > 0 and gc.phase in (G_RP_SECOND, G_RP_END):
+            out.append((f"{name}: killed in its repack (session counted dead)", self._with_gc(
+                s, g, self._run_killed(gc), budget=self._budget(s, 5),
+                sessions=self._set(s.sessions, slot, None))))
 
     def _dead(self, journal: tuple[Entry, ...], e: int) -> tuple[Entry, ...]:
         return self._set(journal, e, journal[e]._replace(alive=False))
