@@ -112,17 +112,17 @@ class Protocol:
     #: them back to a whole run.
     finish_deletions_blindly: bool = False
     #: Pack worlds.  GC's mark follows a moved record whether or not the pack it leads to
-    #: exists, and keeps that pack only through members versions list (7e0f583:
-    #: ``MarkSet._resolve_member``).  Unsafe: a save may deduplicate a moved member
-    #: against the old pack (``_pack_reusable`` fences and claims the old pack only)
-    #: after a GC deleted the new pack as unreached; a GC then deletes the old pack too.
-    #: The safe choice (``fixed``; what 729afb4 on main does): the mark keeps the pack a
-    #: record leads to while the pack it leaves is stored (``MarkSet._keep_targets``),
-    #: and follows a record only while the pack it leads to is stored or the pack it
-    #: leaves is not (``moved.resolve_location``).  (729afb4's read-back of moved
-    #: members before deleting the old pack adds nothing here: in the model a record
-    #: is never damaged, and a missing new pack already keeps the old one.)
-    mark_trusts_moved_records: bool = True
+    #: exists, and keeps that pack only through members versions list (the first
+    #: repacking commit, 7e0f583).  Unsafe: a save may deduplicate a moved member against
+    #: the old pack (``_pack_reusable`` fences and claims the old pack only) after a GC
+    #: deleted the new pack as unreached; a GC then deletes the old pack too.  The code
+    #: makes the safe choice (729afb4): the mark keeps the pack a record leads to while
+    #: the pack it leaves is stored (``MarkSet._keep_targets``), and follows a record
+    #: only while the pack it leads to is stored or the pack it leaves is not
+    #: (``moved.resolve_location``).  (Its read-back of moved members before deleting
+    #: the old pack adds nothing here: in the model a record is never damaged, and a
+    #: missing new pack already keeps the old one.)
+    mark_trusts_moved_records: bool = False
 
     # --- one rule broken at a time -------------------------------------------------------------
     #: GC does not wait for sessions before deleting.
