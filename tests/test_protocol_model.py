@@ -98,16 +98,14 @@ def check(name: str, config: Config, protocol: Protocol) -> Result:
     return result
 
 
+def test_the_code_makes_every_safe_choice() -> None:
+    """The protocol as implemented is the safe one, so exploring it covers both."""
+    assert IMPLEMENTED == SAFE
+
+
 @pytest.mark.parametrize("world", list(WORLDS))
 def test_protocol_as_implemented_loses_nothing(world: str) -> None:
     result = check(world, WORLDS[world], IMPLEMENTED)
-    assert result.violation is None, result.report()
-    assert result.complete
-
-
-@pytest.mark.parametrize("world", list(WORLDS))
-def test_protocol_with_safe_choices_loses_nothing(world: str) -> None:
-    result = check(world, WORLDS[world], SAFE)
     assert result.violation is None, result.report()
     assert result.complete, "the whole reachable space must be explored"
     assert result.states > 1000
