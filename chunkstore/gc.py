@@ -221,8 +221,14 @@ def gc_lock(index_path: str, *, wait: bool = False, wait_s: float = 0.0) -> Iter
     if fcntl is None:  # pragma: no cover
         yield True
         return
-    os.makedirs(index_path, exist_ok=True)  # an index directory may be deleted at any time
-    fd = os.open(os.path.join(index_path, "gc.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    for attempt in range(5):  # an index directory may be deleted at any time
+        os.makedirs(index_path, exist_ok=True)
+        try:
+            fd = os.open(os.path.join(index_path, "gc.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+            break
+        except FileNotFoundError:  # deleted between the two calls
+            if attempt == 4:
+                raise
     try:
         deadline = time.monotonic() + wait_s
         while True:
