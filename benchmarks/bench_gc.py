@@ -71,6 +71,11 @@ def repack_bench(root: Path, versions: int) -> dict[str, Any]:
             if v not in kept:
                 store.delete(vid)
         before = tree_bytes(root)
+        store.index.sync()
+        shutil.copytree(root, root.with_name("no-repack"))
+        with chunkstore.open(root.with_name("no-repack")) as other:
+            other.gc(grace=0, repack_unused=None)
+        no_repack = tree_bytes(root.with_name("no-repack"))
         dry = store.gc(grace=0, dry_run=True)
         seconds, result = timed(store, grace=0)
         after = tree_bytes(root)
@@ -85,6 +90,7 @@ def repack_bench(root: Path, versions: int) -> dict[str, Any]:
                 "repack_bytes_copied": result.repack_bytes_copied,
                 "repack_bytes_written": result.repack_bytes_written,
                 "store_bytes_before": before, "store_bytes_after": after,
+                "store_bytes_after_gc_without_repacking": no_repack,
                 "kept_versions_read_back": True}
 
 

@@ -58,13 +58,26 @@ def pause_table(pause: dict[str, Any]) -> list[str]:
 
 
 def gc_table(gc: dict[str, Any]) -> list[str]:
-    return [
+    lines = [
         f"GC on a store of {gc['chunks']:,} chunks after {gc['garbage_fraction']:.0%} became"
         f" garbage: {gc['gc_s']:.2f} s ({gc['chunks_deleted']:,} chunks deleted; the dry run"
         f" {gc['gc_dry_run_s']:.2f} s). A run with nothing to delete takes"
         f" {gc['gc_idle_no_sweep_s'] * 1e3:.0f} ms without the orphan sweep and"
-        f" {gc['gc_idle_s']:.2f} s with it (the sweep lists every object).",
+        f" {gc['gc_idle_s']:.2f} s with it (the sweep lists every object; this first run of"
+        " a fresh index also marks every version to look for packs to repack).",
     ]
+    repack = gc.get("repack")
+    if repack:
+        lines += ["", (
+            f"Repacking ({repack['versions']} versions of 256 small tensors, all but"
+            f" {repack['versions_kept']} unpublished): the GC took {repack['gc_s']:.2f} s,"
+            f" repacked {repack['packs_repacked']} of {repack['live_packs_before']} live packs"
+            f" ({repack['repack_bytes_copied'] / 2**20:.1f} MiB of live members copied), and"
+            f" the store went from {repack['store_bytes_before'] / 2**20:.1f} to"
+            f" {repack['store_bytes_after'] / 2**20:.1f} MiB (to"
+            f" {repack['store_bytes_after_gc_without_repacking'] / 2**20:.1f} MiB with"
+            " `--no-repack`); every kept version read back exact.")]
+    return lines
 
 
 def protocol_table(after: dict[str, Any]) -> list[str]:
