@@ -459,3 +459,71 @@ def test_a_malformed_pack_location_is_a_corrupt_node(packs: object, bases: objec
         return
     with pytest.raises(CorruptNodeError):
         decode_tree(Digest.of(data), data)
+
+
+@pytest.fixture
+def pack_large(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks of larger tensors packed on the local disk too (as on object stores)."""
+    import chunkstore.writer
+
+    monkeypatch.setattr(chunkstore.writer, "PACK_LARGE_TENSORS", True)
+
+
+def test_chunks_of_large_tensors_are_packed_and_reused(tmp_path: Path, pack_large: None
+                                                       ) -> None:
+    """A table of many chunks, a few rows changed per save: each save packs the chunks
+    it must write (a few objects, not one per chunk), reuses the others from older
+    packs, and every version reads back exact; GC and verify follow."""
+    rng = np.random.default_rng(7)
+    table = rng.standard_normal((4096, 64)).astype(np.float32)  # 1 MiB: 16 chunks
+    with chunkstore.open(tmp_path / "store", chunk_size=64 * 1024, pack_size=256 * 1024,
+                         compression="none") as store:
+        versions, states = [], []
+        for step in range(4):
+            table = table.copy()
+            table[step * 1000 : step * 1000 + 10] += 1  # touches one chunk
+            states.append({"table": table, "bias": np.arange(10, dtype=np.float32) * step})
+            before = _objects(tmp_path / "store")
+            versions.append(_save(store, step, states[-1]))
+            written = _objects(tmp_path / "store") - before
+            assert len(written) <= (6 if step == 0 else 1), written  # packs, not 16 chunks
+        (entry,) = [e for n, e in store.open_version(versions[-1]).entries().items()
+                    if n == "table"]
+        assert isinstance(entry, TensorEntry)
+        locations = entry.shards[0].packs
+        assert len(locations) == 16 and all(loc is not None for loc in locations)
+        first = {loc.pack for loc in _entry_packs(store, versions[0])}
+        assert first & {loc.pack for loc in locations if loc is not None}  # reused
+        for version, state in zip(versions, states, strict=True):
+            _check(store, version, state)
+        store.delete(versions[0])
+        store.gc(grace=0)
+        assert store.verify().ok
+        for version, state in zip(versions[1:], states[1:], strict=True):
+            _check(store, version, state)
+
+
+def _entry_packs(store: chunkstore.Store, version: str) -> list[PackLocation]:
+    entry = store.open_version(version).entries()["table"]
+    assert isinstance(entry, TensorEntry)
+    return [loc for loc in entry.shards[0].packs if loc is not None]
+
+
+@pytest.mark.s3
+def test_an_s3_store_packs_the_chunks_of_large_tensors(s3_endpoint: str,
+                                                       tmp_path: Path) -> None:
+    from tests.s3server import create_bucket, remove_bucket, storage_options
+    bucket = create_bucket(s3_endpoint)
+    try:
+        with chunkstore.open(f"s3://{bucket}/store", index_dir=str(tmp_path / "index"),
+                             chunk_size=64 * 1024, compression="none",
+                             storage_options=storage_options(s3_endpoint)) as store:
+            state = {"table": np.arange(200_000, dtype=np.float32)}  # 13 chunks
+            version = _save(store, 1, state)
+            assert len(_entry_packs(store, version)) == 13
+            chunks = [k for k in store.backend.list("chunks/")]
+            assert len(chunks) == 1  # one pack (8 MiB target), not 13 objects
+            _check(store, version, state)
+            assert store.verify().ok
+    finally:
+        remove_bucket(s3_endpoint, bucket)
