@@ -94,6 +94,37 @@ def root(tmp_path: Path) -> Path:
     return tmp_path / "store"
 
 
+def gc_killed_at(root: Path, fault: str) -> None:
+    """Run ``gc(grace=0)`` in a subprocess that SIGKILLs itself at ``fault``."""
+    proc = subprocess.run([sys.executable, "-c", GC_CHILD, str(root)],
+                          env={**os.environ, FAULT_ENV_VAR: fault}, cwd=REPO,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+
+
+def racing_gc(store: chunkstore.Store, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A GC that repacks step 1's pack while a save publishes a version listing one of
+    its garbage members (t0 of step 1) between the repack and the second mark: the
+    worst moment a concurrent save can pick.  Returns that version's id."""
+    import chunkstore.gc as gc_module
+
+    real_repack = gc_module.repack
+    racing: list[str] = []
+
+    def repack_then_save(*args: object, **kwargs: object) -> object:
+        done = real_repack(*args, **kwargs)  # type: ignore[arg-type]
+        with store.new_version("racer", 1) as version:
+            version.put("t0", state(1)["t0"])
+        racing.append(version.info.id)
+        return done
+
+    monkeypatch.setattr(gc_module, "repack", repack_then_save)
+    result = store.gc(grace=0)
+    monkeypatch.undo()
+    assert result.packs_repacked == 1 and racing
+    return racing[0]
+
+
 def three_versions(root: Path) -> tuple[list[str], Digest]:
     """Steps 1-3 saved; returns their ids and the pack step 1 wrote."""
     with chunkstore.open(root, chunk_size=64 * 1024) as store:
@@ -244,35 +275,20 @@ def test_a_save_that_reuses_a_member_the_repack_left_out_keeps_the_old_pack(
     lists a garbage member of the pack just after GC copied the live members out and
     wrote the moved record, before GC marks again.  The record does not cover that
     member, so the old pack must stay until no version lists it."""
-    import chunkstore.gc as gc_module
-
     ids, first = three_versions(root)
     with chunkstore.open(root) as store:
         store.delete(ids[0])
         store.gc(grace=0, repack_unused=None)  # step 1's nodes go; its pack stays
-        real_repack = gc_module.repack
-        racing: list[str] = []
-
-        def repack_then_save(*args: object, **kwargs: object) -> object:
-            done = real_repack(*args, **kwargs)  # type: ignore[arg-type]
-            with store.new_version("racer", 1) as version:  # t0 of step 1: garbage
-                version.put("t0", state(1)["t0"])
-            racing.append(version.info.id)
-            return done
-
-        monkeypatch.setattr(gc_module, "repack", repack_then_save)
-        result = store.gc(grace=0)
-        monkeypatch.undo()
-        assert result.packs_repacked == 1 and racing
-        assert packs_of(store, racing[0])["t0"].pack == first  # reused the old pack
+        racer = racing_gc(store, monkeypatch)
+        assert packs_of(store, racer)["t0"].pack == first  # reused the old pack
         assert exists(store, first)  # kept: the racer lists a member the record lacks
-        assert store.open_version(racing[0]).get("t0").tobytes() == state(1)["t0"].tobytes()
+        assert store.open_version(racer).get("t0").tobytes() == state(1)["t0"].tobytes()
         for vid, step in zip(ids[1:], (2, 3), strict=True):
             check(store, vid, step)
         assert store.verify().ok
         assert store.gc(grace=0).chunks_deleted == 0  # still listed: still kept
         assert exists(store, first)
-        store.delete(racing[0])
+        store.delete(racer)
         store.gc(grace=0)  # now every listed member of it is covered by its record
         assert not exists(store, first)
         for vid, step in zip(ids[1:], (2, 3), strict=True):
@@ -292,10 +308,7 @@ def test_a_repack_killed_at_any_step_leaves_every_version_readable(
     ids, first = three_versions(root)
     with chunkstore.open(root) as store:
         store.delete(ids[0])
-    proc = subprocess.run([sys.executable, "-c", GC_CHILD, str(root)],
-                          env={**os.environ, FAULT_ENV_VAR: fault}, cwd=REPO,
-                          capture_output=True, text=True, timeout=120, check=False)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    gc_killed_at(root, fault)
     with chunkstore.open(root) as store:
         assert store.verify().ok
         for vid, step in zip(ids[1:], (2, 3), strict=True):
@@ -320,10 +333,7 @@ def test_a_gc_killed_while_deleting_moved_records_leaves_a_store_that_verifies(
         store.gc(grace=0)
         store.delete(ids[2])
         assert len(moved(root)) == 2
-    proc = subprocess.run([sys.executable, "-c", GC_CHILD, str(root)],
-                          env={**os.environ, FAULT_ENV_VAR: fault}, cwd=REPO,
-                          capture_output=True, text=True, timeout=120, check=False)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    gc_killed_at(root, fault)
     with chunkstore.open(root) as store:
         assert store.verify().ok
         store.gc(grace=0)

@@ -14,34 +14,21 @@ import pytest
 import chunkstore
 from chunkstore.digest import Digest
 from chunkstore.moved import moved_key
-from tests.test_repack import check, exists, moved, packs_of, state, three_versions
+from tests.test_repack import (
+    check,
+    exists,
+    gc_killed_at,
+    moved,
+    packs_of,
+    racing_gc,
+    state,
+    three_versions,
+)
 
 
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
     return tmp_path / "store"
-
-
-def _racing_gc(store: chunkstore.Store, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A GC that repacks step 1's pack while a save reuses one of its garbage members
-    (t0 of step 1): the documented way an old pack outlives its repack."""
-    import chunkstore.gc as gc_module
-
-    real_repack = gc_module.repack
-    racing: list[str] = []
-
-    def repack_then_save(*args: object, **kwargs: object) -> object:
-        done = real_repack(*args, **kwargs)  # type: ignore[arg-type]
-        with store.new_version("racer", 1) as version:
-            version.put("t0", state(1)["t0"])
-        racing.append(version.info.id)
-        return done
-
-    monkeypatch.setattr(gc_module, "repack", repack_then_save)
-    result = store.gc(grace=0)
-    monkeypatch.undo()
-    assert result.packs_repacked == 1 and racing
-    return racing[0]
 
 
 def test_an_old_pack_a_save_lists_again_outlives_its_lost_new_pack(
@@ -55,7 +42,7 @@ def test_an_old_pack_a_save_lists_again_outlives_its_lost_new_pack(
     with chunkstore.open(root) as store:
         store.delete(ids[0])
         store.gc(grace=0, repack_unused=None)
-        racer = _racing_gc(store, monkeypatch)
+        racer = racing_gc(store, monkeypatch)
         assert exists(store, first)
         new = Digest.parse(moved(root)[first.hex]["to"])  # type: ignore[arg-type]
         # every version that lists a moved member goes: N is reached by nothing
@@ -164,22 +151,11 @@ def test_a_gc_killed_past_its_moved_record_leaves_nothing_to_lose_later(root: Pa
     of P, which keeps P; every version listing a moved member goes (N is kept while P
     is stored); a save lists a moved member at P; the racer goes; P is deleted and the
     late version reads its member through the record."""
-    import os
-    import signal
-    import subprocess
-    import sys
-
-    from chunkstore.backends.wrappers import FAULT_ENV_VAR
-    from tests.test_repack import GC_CHILD, REPO
-
     ids, first = three_versions(root)
     with chunkstore.open(root) as store:
         store.delete(ids[0])
         store.gc(grace=0, repack_unused=None)
-    proc = subprocess.run([sys.executable, "-c", GC_CHILD, str(root)],
-                          env={**os.environ, FAULT_ENV_VAR: "kill-after-put:moved/:0"},
-                          cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    gc_killed_at(root, "kill-after-put:moved/:0")
     with chunkstore.open(root) as store:
         assert exists(store, first) and first.hex in moved(root)
         new = Digest.parse(moved(root)[first.hex]["to"])  # type: ignore[arg-type]
