@@ -446,24 +446,25 @@ class Model:
 
     # --- helpers -------------------------------------------------------------------------------
 
-    def _reached(self, s: State, start: int) -> frozenset[int]:
-        """What a mark from the store reaches: published versions, young tombstones."""
+    def _roots(self, s: State, start: int) -> set[int]:
+        """The versions a mark starts from: published ones, young tombstones."""
         roots = set(s.published)
         if not self.protocol.break_grace_from_write_time:
             roots |= {v for v, t in s.tombstones if t > start - self.config.grace}
+        return roots
+
+    def _reached(self, s: State, start: int) -> frozenset[int]:
+        """What a mark from the store reaches."""
         reached: set[int] = set()
-        for v in roots:
+        for v in self._roots(s, start):
             reached |= self.version_objects[v]
         return frozenset(reached)
 
     def _walk(self, s: State, start: int) -> frozenset[Ref]:
         """Pack world: the member locations the manifests of the roots list (the walk of
         ``mark_live``/``mark_removed``; ``MarkSet.add_members``)."""
-        roots = set(s.published)
-        if not self.protocol.break_grace_from_write_time:
-            roots |= {v for v, t in s.tombstones if t > start - self.config.grace}
         walked: set[Ref] = set()
-        for v in roots:
+        for v in self._roots(s, start):
             walked |= s.vrefs[v]
         return frozenset(walked)
 

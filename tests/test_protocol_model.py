@@ -186,19 +186,7 @@ def test_explorer_finds_the_schedule_of_each_unsafe_choice(unsafe: str) -> None:
 
 def test_model_sanity() -> None:
     """The model can do what the invariant is about: delete, dedup, publish, read."""
-    model = Model(SAVES, SAFE)
-    labels = set()
-    seen = {model.initial()}
-    frontier = [model.initial()]
-    while frontier:
-        nxt = []
-        for s in frontier:
-            for label, t in model.successors(s):
-                labels.add(label)
-                if t not in seen:
-                    seen.add(t)
-                    nxt.append(t)
-        frontier = nxt
+    labels = _labels(SAVES)
     for what in ("deletes x", "dedups x", "publishes", "writes y", "records seen",
                  "waited out entry", "index is deleted", "index rebuild lists objects x",
                  "abandons", "reads entry 0 (done"):
@@ -206,6 +194,7 @@ def test_model_sanity() -> None:
 
 
 def _labels(config: Config) -> set[str]:
+    """The labels of every transition reachable in ``config``."""
     model = Model(config, SAFE)
     labels = set()
     seen = {model.initial()}
