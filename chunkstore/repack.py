@@ -141,7 +141,6 @@ def _pack_size(store: Store, pack: Digest) -> tuple[int, int] | None:
 @dataclass
 class RepackResult:
     repacked: list[Digest] = field(default_factory=list)  # old packs, now candidates
-    new_packs: int = 0
     bytes_written: int = 0
     skipped: list[str] = field(default_factory=list)  # why a planned pack was left
 
@@ -209,7 +208,6 @@ def _write_group(store: Store, fence: Fence, session: StoreSession,
             intact = False
         if not intact:  # damaged or deleted meanwhile: replaced whole
             store.backend.put(chunk_key(new_pack), data)
-    result.new_packs += 1
     result.bytes_written += len(data)
     # Counted by this index (referenced by no version: GC's mark keeps it while a moved
     # record leads to it), so a GC without the orphan sweep frees it when it is not.
