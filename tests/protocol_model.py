@@ -446,6 +446,17 @@ class Model:
 
     # --- helpers -------------------------------------------------------------------------------
 
+    def _wait_out(self, s: State, i: int, w: Writer, name: str, o: int,
+                  blocker: tuple[int, frozenset[int]], out: list[tuple[str, State]]) -> None:
+        """A writer waits for the fence entry ``blocker`` naming object ``o``: once the
+        entry is finished, it forgets the entry's objects and goes on."""
+        e, named = blocker
+        if not s.journal[e].active():
+            nw = w._replace(fence=w.fence - {(e, named)}, believed=w.believed - named,
+                            applied=w.applied | {e}, waited=True)
+            out.append((f"{name}: waited out entry {e} for {self.obj_name(o)}",
+                        self._with_writer(s, i, nw)))
+
     def _roots(self, s: State, start: int) -> set[int]:
         """The versions a mark starts from: published ones, young tombstones."""
         roots = set(s.published)
@@ -625,12 +636,7 @@ class Model:
             must_wait = blockers and not p.break_no_fence_wait and \
                 (not w.waited or p.wait_every_blocker)
             if must_wait:
-                e, named = blockers[0]
-                if not s.journal[e].active():
-                    nw = w._replace(fence=w.fence - {(e, named)}, believed=w.believed - named,
-                                    applied=w.applied | {e}, waited=True)
-                    out.append((f"{name}: waited out entry {e} for {self.obj_name(o)}",
-                                self._with_writer(s, i, nw)))
+                self._wait_out(s, i, w, name, o, blockers[0], out)
                 return
             if not blockers and not w.waited and o in w.believed:
                 out.append((f"{name}: dedups {self.obj_name(o)} (its index lists it)",
@@ -730,12 +736,7 @@ class Model:
         blockers = [] if p.break_ignore_fence else \
             sorted((e, objs) for e, objs in w.fence if o in objs)
         if blockers and not p.break_no_fence_wait and (not w.waited or p.wait_every_blocker):
-            e, named = blockers[0]
-            if not s.journal[e].active():
-                nw = w._replace(fence=w.fence - {(e, named)}, believed=w.believed - named,
-                                applied=w.applied | {e}, waited=True)
-                out.append((f"{name}: waited out entry {e} for {self.obj_name(o)}",
-                            self._with_writer(s, i, nw)))
+            self._wait_out(s, i, w, name, o, blockers[0], out)
             return
         refs = frozenset((o, m) for m in w.written)
         nw = w._replace(phase=W_COMMIT, pos=0, waited=False, written=frozenset(),
