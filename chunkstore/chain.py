@@ -1,6 +1,6 @@
 """Reading a chunk through its delta chain (docs/format.md §3.4).
 
-A delta object (codec ``xor-delta``) names its base in its header; the base
+A delta object (codec ``xor-delta`` or ``sub-delta``) names its base in its header; the base
 may itself be a delta.  The manifest lists, for every chunk, the bases its
 object may need, nearest first (:attr:`chunkstore.manifest.Shard.bases`), so
 GC keeps them without reading chunk objects.  A reader follows the headers
@@ -13,8 +13,9 @@ and checks each step against that list:
 3. the base's raw bytes come from the cache or from steps 1-4 on the base
    (so a chain of depth d reads at most d+1 objects, and never more than
    the listed chain allows);
-4. the payload is decoded, the base XORed in, and the result hash-checked,
-   so every base on the way is verified as the chunk itself is.
+4. the payload is decoded, the base applied (XORed or added in), and the
+   result hash-checked, so every base on the way is verified as the chunk
+   itself is.
 
 Decoded bases are kept in a small LRU of bounded bytes (:class:`BaseCache`),
 so a restore or a save decodes a base shared by several chunks once.
@@ -116,9 +117,10 @@ def decode_chain(store: Store, digest: Digest, data: bytes | memoryview,
 
     The result is always hash-checked.  With ``check_links`` every base on the
     way is hash-checked too, so a damaged base is named as such (verify);
-    otherwise the chain is decoded in the plane domain and only the result is
-    checked, which proves every base on the way right as well (a wrong base
-    changes the XOR of the whole chain).
+    otherwise a chain of XOR links is decoded in the plane domain and only the
+    result is checked, which proves every base on the way right as well (a
+    wrong base changes the XOR of the whole chain); other chains are decoded
+    link by link from the root.
     """
     header = parse_header(digest, data)
     if header.base is None or not _is_delta(header.codec_id):
@@ -127,7 +129,8 @@ def decode_chain(store: Store, digest: Digest, data: bytes | memoryview,
     if not check_links:
         links, root, root_raw = _chain_objects(store, digest, header, memoryview(data), chain,
                                                cache)
-        if all(link[1].element_size == header.element_size for link in links):
+        if all(link[1].codec_id == codecs.XOR_DELTA.id
+               and link[1].element_size == header.element_size for link in links):
             return _decode_planes(digest, links, root, root_raw, out)
     base = base_bytes(store, chain[0], chain[1:], cache, check_links=check_links)
     return decode_object(digest, data, out, base)
@@ -234,22 +237,29 @@ def base_prefix(store: Store, digest: Digest, chain: tuple[Digest, ...], length:
         else:
             return None  # the listed chain ends in a delta: let the full decode refuse it
         size = objects[0][0].element_size
+        deltas = (codecs.XOR_DELTA.id, codecs.SUB_DELTA.id)
         if size < 1 or length % size or any(
                 h.element_size != size or h.raw_length != objects[0][0].raw_length
-                or h.codec_id not in (codecs.SHUFFLE_ZSTD.id, codecs.XOR_DELTA.id)
-                for h, _ in objects):
+                or h.codec_id not in (codecs.SHUFFLE_ZSTD.id, *deltas) for h, _ in objects):
             return None
         elements = length // size
-        planes = np.zeros((size, elements), dtype=np.uint8)
-        for header, payload in objects:
+        prefix: memoryview | None = None
+        for header, payload in reversed(objects):  # the root first, then each delta on it
+            planes = np.empty((size, elements), dtype=np.uint8)
             minimum = 1 if _is_delta(header.codec_id) else 2
             for i, (mode, start, count) in enumerate(
                     plane_table(payload, header.raw_length, size, minimum)):
                 body = payload[start : start + count]
                 part = (body[:elements] if mode == 0
                         else zstd.decompress_prefix(body, elements))
-                np.bitwise_xor(planes[i], np.frombuffer(part, dtype=np.uint8), out=planes[i])
-        return np.ascontiguousarray(planes.T).tobytes()
+                planes[i] = np.frombuffer(part, dtype=np.uint8)
+            image = np.ascontiguousarray(planes.T).reshape(-1).data
+            if prefix is not None:
+                codec = codecs.by_id(header.codec_id)
+                assert codec is not None
+                codec.apply_base(image, prefix, size)
+            prefix = image
+        return None if prefix is None else bytes(prefix)
     except (ChunkStoreError, ValueError, struct.error):
         return None
 

@@ -3,16 +3,17 @@
 Header, little-endian, 24 bytes (+32 when a base key is present)::
 
     0  4s  magic b"CSCK"
-    4  u8  chunk format version (3; 1 and 2 are read too)
+    4  u8  chunk format version (4; 1 to 3 are read too)
     5  u8  codec id
     6  u8  element size in bytes (used by shuffle codecs)
     7  u8  flags: bit 0 = a 32-byte base key follows the header (delta codecs)
     8  u64 raw length (bytes after decoding)
     16 u64 payload length (bytes after the header)
 
-In version 2 the BASE flag is set exactly when the codec is a delta codec
-(``xor-delta``): the payload decodes to the XOR of the chunk with its base,
-whose raw bytes the caller supplies (:mod:`chunkstore.chain` reads chains).
+From version 2 the BASE flag is set exactly when the codec is a delta codec
+(``xor-delta``; ``sub-delta`` from version 4): the payload decodes to an image
+of the chunk against its base (their XOR, or their difference), whose raw
+bytes the caller supplies (:mod:`chunkstore.chain` reads chains).
 Every decode re-hashes the result: a chunk whose bytes do not hash to its
 key raises :class:`CorruptChunkError`, so nothing corrupt is returned.
 """
@@ -23,16 +24,15 @@ import struct
 from dataclasses import dataclass
 
 from chunkstore import codecs
-from chunkstore.codecs.xordelta import xor_into
 from chunkstore.digest import DIGEST_SIZE, Digest
 from chunkstore.errors import CorruptChunkError, FormatVersionError
 
 MAGIC = b"CSCK"
-CHUNK_FORMAT_VERSION = 3
+CHUNK_FORMAT_VERSION = 4
 #: Codec ids each chunk format version knows (version 1: no delta codec; version 3
-#: adds packs).
+#: adds packs; version 4 the sub-delta codec).
 _CODECS_OF_VERSION = {1: frozenset({0, 1, 2}), 2: frozenset({0, 1, 2, 3}),
-                      3: frozenset({0, 1, 2, 3, 4})}
+                      3: frozenset({0, 1, 2, 3, 4}), 4: frozenset({0, 1, 2, 3, 4, 5})}
 HEADER = struct.Struct("<4sBBBBQQ")
 FLAG_BASE = 0x01
 #: The largest raw length a reader decodes: a store's chunks are never longer.
@@ -107,12 +107,18 @@ def decode_object(digest: Digest, data: bytes | memoryview, out: memoryview | No
     """
     view = memoryview(data)
     header = parse_header(digest, view)
-    if header.base is not None and header.codec_id == codecs.XOR_DELTA.id:
+    codec = codecs.by_id(header.codec_id)
+    assert codec is not None  # parse_header checked it
+    if header.base is not None and codec.needs_base:
         if base is None or len(base) != header.raw_length:
             raise CorruptChunkError(digest.hex, f"delta against {header.base.short(16)}, whose"
                                     " bytes were not supplied or have another length")
         raw = decode_payload(digest, header, view, out)
-        xor_into(memoryview(raw).cast("B"), base)
+        try:
+            codec.apply_base(memoryview(raw).cast("B"), base, header.element_size)
+        except ValueError as exc:
+            raise CorruptChunkError(digest.hex, f"{codec.name} payload does not decode:"
+                                    f" {exc}") from exc
         check_digest(digest, raw)
         return raw
     raw = decode_payload(digest, header, view, out)
@@ -122,7 +128,7 @@ def decode_object(digest: Digest, data: bytes | memoryview, out: memoryview | No
 
 def decode_payload(digest: Digest, header: ChunkHeader, view: memoryview,
                    out: memoryview | None) -> bytes | memoryview:
-    """Decode the payload as the header says, unchecked (a delta gives the XOR image)."""
+    """Decode the payload as the header says, unchecked (a delta gives its image)."""
     payload = view[header.size :]
     if len(payload) != header.payload_length:
         raise CorruptChunkError(
@@ -140,7 +146,7 @@ def decode_payload(digest: Digest, header: ChunkHeader, view: memoryview,
             return out
         raw = codec.decode(payload, header.raw_length, header.element_size)
         if codec.needs_base and isinstance(raw, bytes):
-            raw = memoryview(bytearray(raw))  # XORed in place by the caller
+            raw = memoryview(bytearray(raw))  # the base is applied in place by the caller
         return raw
     except (ValueError, struct.error) as exc:
         raise CorruptChunkError(digest.hex, f"{codec.name} payload does not decode: {exc}") from exc

@@ -15,7 +15,7 @@ How a save uses deltas (the writer calls these; the format is docs/format.md
    parent is encoded against the parent's chunk at the same position, when
    that chunk's chain is shorter than the store's ``delta_depth``: the base
    and its chain are claimed first (they are *reused*, exactly as a dedup
-   hit is), then decoded and verified, XORed with the new bytes and encoded
+   hit is), then decoded and verified, differenced with the new bytes and encoded
    (:func:`encode_delta`).  The delta is kept only when it is below
    ``MARGIN`` of the standalone encoding's size;
 4. the version's manifest lists the chain of every chunk (``bases``), so
@@ -38,9 +38,9 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from chunkstore.codecs import XOR_DELTA, Codec
+from chunkstore.codecs import SUB_DELTA, XOR_DELTA, Codec
 from chunkstore.codecs.policy import PROBE_BYTES, encode_with_policy
-from chunkstore.codecs.xordelta import xor_of
+from chunkstore.codecs.subdelta import LANES
 from chunkstore.digest import Digest
 from chunkstore.errors import ChunkStoreError
 from chunkstore.manifest import TensorEntry
@@ -50,8 +50,12 @@ if TYPE_CHECKING:
     from chunkstore.store import Store
 
 #: A delta is kept only below this fraction of the standalone encoding's size:
-#: every link of a chain costs a read and a decode on restore.
-MARGIN = 0.8
+#: every link of a chain costs a read and a decode on restore.  Measured with
+#: sub-delta on the suite's dense and mixed-precision workloads (delta_depth 2, /tmp
+#: A/B scripts): at 0.8 only weights take deltas (Adam's second moment saves ~8%, its
+#: first ~1%), and a delta version stores 0.793 / 0.733 of a full copy; at 0.9 the
+#: second moment takes deltas too, 0.774 / 0.717; 0.95 adds nothing more.
+MARGIN = 0.9
 #: A tensor of one chunk smaller than this is stored standalone: its delta saves few
 #: bytes and costs as much per object (a base to read and decode) as a large one.
 MIN_DELTA_TENSOR_BYTES = 64 * 1024
@@ -191,8 +195,15 @@ def _probe_pays(policy: str, raw: memoryview, base: bytes | memoryview, dtype: s
     encoding of it is below ``MARGIN`` of that; else None."""
     n = probe_length(len(raw), itemsize)
     probe = len(encode_with_policy(policy, raw[:n], dtype, itemsize)[1])
-    delta_probe = XOR_DELTA.encode(xor_of(raw[:n], base[:n]), itemsize)
+    codec = delta_codec(itemsize)
+    delta_probe = codec.encode(codec.image_of(raw[:n], base[:n], itemsize), itemsize)
     return probe / n if len(delta_probe) < MARGIN * probe else None
+
+
+def delta_codec(itemsize: int) -> Codec:
+    """The codec a writer encodes deltas with: sub-delta where the element size is a
+    machine integer's (1, 2, 4, 8 bytes), xor-delta otherwise (``complex128``)."""
+    return SUB_DELTA if itemsize in LANES else XOR_DELTA
 
 
 def delta_may_pay(policy: str, raw: memoryview, base_prefix: bytes, dtype: str,
@@ -203,23 +214,26 @@ def delta_may_pay(policy: str, raw: memoryview, base_prefix: bytes, dtype: str,
 
 
 def encode_delta(policy: str, raw: memoryview, base: bytes | memoryview, dtype: str,
-                 itemsize: int) -> tuple[bytes | None, Standalone | None]:
-    """The xor-delta payload of ``raw`` against ``base`` when it pays (else None), and
-    the standalone encoding when judging needed all of it (so it is not made twice).
+                 itemsize: int) -> tuple[Standalone | None, Standalone | None]:
+    """The delta codec and payload of ``raw`` against ``base`` when it pays (else
+    None), and the standalone encoding when judging needed all of it (so it is not
+    made twice).
 
     A chunk over 256 KiB is judged on a 64 KiB probe first, both ways, so a delta
     that does not pay costs two small encodes, not a full one.
     """
     if len(base) != len(raw) or not raw:
         return None, None
+    codec = delta_codec(itemsize)
     if not probe_length(len(raw), itemsize):
         standalone = encode_with_policy(policy, raw, dtype, itemsize)
-        payload = XOR_DELTA.encode(xor_of(raw, base), itemsize)
-        return (payload if len(payload) < MARGIN * len(standalone[1]) else None), standalone
+        payload = codec.encode(codec.image_of(raw, base, itemsize), itemsize)
+        pays = len(payload) < MARGIN * len(standalone[1])
+        return ((codec, payload) if pays else None), standalone
     ratio = _probe_pays(policy, raw, base, dtype, itemsize)
     if ratio is None:
         return None, None
-    payload = XOR_DELTA.encode(xor_of(raw, base), itemsize)
+    payload = codec.encode(codec.image_of(raw, base, itemsize), itemsize)
     if len(payload) >= MARGIN * ratio * len(raw):
         return None, None
-    return payload, None
+    return (codec, payload), None

@@ -8,13 +8,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 
 import chunkstore
 from chunkstore.chain import base_bytes, base_prefix
 from chunkstore.chunkobj import parse_header
-from chunkstore.codecs import XOR_DELTA
+from chunkstore.codecs import SUB_DELTA, XOR_DELTA
 from chunkstore.delta import SKIP_SAVES, probe_length
 from chunkstore.digest import Digest, chunk_key
 from chunkstore.errors import CorruptChunkError, MissingChunkError
@@ -192,7 +193,7 @@ def test_a_base_the_manifest_does_not_list_is_refused(store: chunkstore.Store) -
     ids, a, _ = _three_deep(store)
     c = shard(store, ids[2]).chunks[0]
     data = bytearray(object_path(store, c).read_bytes())
-    assert data[5] == XOR_DELTA.id
+    assert data[5] == SUB_DELTA.id  # float32: the writer's delta codec for 4-byte elements
     data[24:56] = a.raw  # now names A instead of B
     object_path(store, c).write_bytes(bytes(data))
     with pytest.raises(CorruptChunkError, match="manifest lists"):
@@ -367,3 +368,65 @@ def test_a_position_whose_delta_did_not_pay_is_stored_standalone_for_a_few_saves
     for version in store.versions("r"):
         store.open_version(version.id).get("emb")
     assert store.verify().ok
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint16", "float16", "bfloat16", "float32", "int32",
+                                   "float64", "int64", "complex64", "complex128"])
+def test_every_element_size_takes_deltas_that_read_back_exact(tmp_path: Path,
+                                                                dtype: str) -> None:
+    """Sub-delta for element sizes 1, 2, 4 and 8 (small steps of either sign, and steps
+    that wrap around the integer), xor-delta for 16-byte complex128."""
+    rng = np.random.default_rng(7)
+    wanted = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    raw = rng.integers(0, 256, 3 * CHUNK, dtype=np.uint8)
+    expected_codec = SUB_DELTA.id if wanted.itemsize <= 8 else XOR_DELTA.id
+    with chunkstore.open(tmp_path / "s", chunk_size=CHUNK, delta_depth=DEPTH) as store:
+        kept = {}
+        for step in range(DEPTH + 2):
+            lanes = raw.view(f"<u{min(wanted.itemsize, 8)}")
+            lanes[rng.integers(0, lanes.size, 8)] += np.array(1, lanes.dtype)  # carries
+            lanes[rng.integers(0, lanes.size, 8)] -= np.array(1, lanes.dtype)  # borrows
+            np.subtract(lanes[:1], lanes[:1] + np.array(1, lanes.dtype), out=lanes[:1])  # wraps
+            table = raw.view(wanted).copy()
+            kept[save(store, step, table)] = table
+        codecs_seen = {parse_header(d, object_path(store, d).read_bytes()).codec_id
+                       for vid in kept for d in shard(store, vid).chunks}
+        assert expected_codec in codecs_seen
+        store.gc(grace=0)
+        for version_id, table in kept.items():
+            assert store.open_version(version_id).get("emb").tobytes() == table.tobytes()
+        assert store.verify().ok
+
+
+def test_a_sub_delta_on_an_xor_delta_chain_reads_back(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store an older release wrote xor-delta chains into, extended by this release's
+    sub-deltas: the mixed chain decodes link by link, verifies, and its base prefix is the
+    decoded base's."""
+    from chunkstore import delta
+
+    table = np.random.default_rng(5).standard_normal((ROWS, DIM)).astype(np.float32)
+    with chunkstore.open(tmp_path / "s", chunk_size=CHUNK, delta_depth=DEPTH) as store:
+        ids, tables = [], []
+        for step in range(DEPTH + 1):
+            if step < 2:  # the older release: xor-delta for every element size
+                monkeypatch.setattr(delta, "delta_codec", lambda itemsize: XOR_DELTA)
+            else:
+                monkeypatch.undo()
+            table.reshape(-1)[step::CHUNK // 4] += np.float32(0.25)  # one element per chunk
+            tables.append(table.copy())
+            ids.append(save(store, step, tables[-1]))
+        newest = shard(store, ids[-1])
+        mixed = [i for i in range(len(newest.chunks)) if len(newest.chain(i)) == DEPTH]
+        assert mixed, "the test must build a chain xor -> sub"
+        for i in mixed:
+            links = [newest.chunks[i], *newest.chain(i)[:-1]]
+            kinds = [parse_header(d, object_path(store, d).read_bytes()).codec_id for d in links]
+            assert kinds == [SUB_DELTA.id, SUB_DELTA.id, XOR_DELTA.id]
+            base, chain = newest.chain(i)[0], newest.chain(i)[1:]
+            n = 1024
+            assert base_prefix(store, base, chain, n) == bytes(base_bytes(store, base, chain))[:n]
+        store.base_cache.clear()
+        for version_id, table in zip(ids, tables, strict=True):
+            np.testing.assert_array_equal(store.open_version(version_id).get("emb"), table)
+        assert store.verify().ok

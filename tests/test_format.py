@@ -36,7 +36,7 @@ from chunkstore.chunkobj import (
     encode_object,
     parse_header,
 )
-from chunkstore.codecs import RAW, SHUFFLE_ZSTD, XOR_DELTA, ZSTD
+from chunkstore.codecs import RAW, SHUFFLE_ZSTD, SUB_DELTA, XOR_DELTA, ZSTD
 from chunkstore.digest import Digest, chunk_key, node_key, tag_key, version_key
 from chunkstore.errors import ChunkStoreError, FormatVersionError
 from chunkstore.manifest import (
@@ -214,7 +214,8 @@ def test_fixture_objects_carry_their_format_versions(name: str) -> None:
             data = path.read_bytes()
             assert (data[:4], data[4]) == (b"CSCK", versions["chunk"]), path.name
             census[data[5]] = census.get(data[5], 0) + 1
-    codec_ids = {"raw": 0, "zstd": 1, "shuffle-zstd": 2, "xor-delta": 3, "pack": 4}
+    codec_ids = {"raw": 0, "zstd": 1, "shuffle-zstd": 2, "xor-delta": 3, "pack": 4,
+                 "sub-delta": 5}
     assert census == {codec_ids[n]: c for n, c in expected["codec_counts"].items()}
     for path in (root / "nodes").rglob("*"):
         if path.is_file():
@@ -297,7 +298,7 @@ def test_encoder_reproduces_records_config_and_tags(rebuilt_current: tuple[str, 
 
 
 def _hand_header(codec_id: int, element_size: int, raw_length: int, payload_length: int,
-                 flags: int = 0, version: int = 3) -> bytes:
+                 flags: int = 0, version: int = 4) -> bytes:
     return (b"CSCK" + bytes([version, codec_id, element_size, flags])
             + raw_length.to_bytes(8, "little") + payload_length.to_bytes(8, "little"))
 
@@ -351,6 +352,50 @@ def test_xor_delta_layout() -> None:
         decode_object(Digest.of(raw), obj, base=raw)  # another base: caught by the hash
     one_plane = _shuffle_payload(xor, 1)
     assert bytes(XOR_DELTA.encode(memoryview(xor), 1)) == one_plane
+
+
+@pytest.mark.parametrize("element_size", [1, 2, 4, 8])
+def test_sub_delta_layout(element_size: int) -> None:
+    """Codec 5 (chunk version 4): header, base digest, then the shuffle payload of the
+    zigzag of (chunk - base), element by element as little-endian unsigned integers,
+    modulo 2^(8 x element size); computed here with Python integers."""
+    rng = np.random.default_rng(element_size)
+    base_raw = rng.integers(0, 256, 512 * element_size, dtype=np.uint8).tobytes()
+    new = bytearray(base_raw)
+    for i in (0, 3, 100, 511):  # small steps either way, and one wrapping around
+        old = int.from_bytes(base_raw[i * element_size:(i + 1) * element_size], "little")
+        step = {0: 1, 3: -1, 100: 300, 511: 2 ** (8 * element_size - 1)}[i]
+        new[i * element_size:(i + 1) * element_size] = (
+            (old + step) % 2 ** (8 * element_size)).to_bytes(element_size, "little")
+    raw, bits = bytes(new), 8 * element_size
+    image = b""
+    for i in range(0, len(raw), element_size):
+        d = (int.from_bytes(raw[i:i + element_size], "little")
+             - int.from_bytes(base_raw[i:i + element_size], "little")) % 2 ** bits
+        signed = d - 2 ** bits if d >= 2 ** (bits - 1) else d
+        zigzag = 2 * signed if signed >= 0 else -2 * signed - 1
+        image += zigzag.to_bytes(element_size, "little")
+    payload = _shuffle_payload(image, element_size)
+    base = Digest.of(base_raw)
+    obj = _hand_header(5, element_size, len(raw), len(payload), flags=1) + base.raw + payload
+    assert bytes(SUB_DELTA.image_of(memoryview(raw), base_raw, element_size)) == image
+    assert encode_object(ChunkHeader(SUB_DELTA.id, element_size, len(raw), len(payload), base),
+                         SUB_DELTA.encode(memoryview(image), element_size)) == obj
+    assert bytes(decode_object(Digest.of(raw), obj, base=base_raw)) == raw
+    with pytest.raises(ChunkStoreError, match="hashes to"):
+        decode_object(Digest.of(raw), obj, base=raw)  # another base: caught by the hash
+    with pytest.raises(ChunkStoreError, match="unknown codec id 5"):
+        parse_header(Digest.of(raw), _hand_header(5, element_size, len(raw), len(payload),
+                                                  flags=1, version=3) + base.raw)
+
+
+def test_sub_delta_refuses_other_element_sizes() -> None:
+    """An element size that is no machine integer's is refused as corrupt, not guessed."""
+    raw = bytes(range(48))
+    payload = _shuffle_payload(raw, 3)
+    obj = _hand_header(5, 3, len(raw), len(payload), flags=1) + Digest.of(raw).raw + payload
+    with pytest.raises(ChunkStoreError, match="element size"):
+        decode_object(Digest.of(raw), obj, base=raw)
 
 
 def test_pack_layout() -> None:
@@ -414,7 +459,7 @@ def test_key_layout() -> None:
 def test_store_config_bytes() -> None:
     assert StoreConfig(4096, "auto", 1.25, 4).encode() == (
         b'{"chunk_size":4096,"compression":"auto","created":1.25,"delta_depth":4,'
-        b'"format":"chunkstore","format_version":6}')
+        b'"format":"chunkstore","format_version":7}')
     old = (b'{"chunk_size":4096,"compression":"auto","created":1.25,"format":"chunkstore",'
            b'"format_version":1}')
     assert StoreConfig.decode("x", old).delta_depth == 0  # version 1: no deltas

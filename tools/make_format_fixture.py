@@ -49,7 +49,8 @@ TAG = "best"
 TAGGED_SELECTOR = f"{RUN}@1"
 DATA_DIR = Path(__file__).resolve().parent.parent / "tests" / "data"
 #: Codec ids every fixture must contain at least one chunk of.
-REQUIRED_CODECS = {0: "raw", 1: "zstd", 2: "shuffle-zstd", 3: "xor-delta", 4: "pack"}
+REQUIRED_CODECS = {0: "raw", 1: "zstd", 2: "shuffle-zstd", 3: "xor-delta", 4: "pack",
+                   5: "sub-delta"}
 MAX_FIXTURE_BYTES = 300_000
 #: The fixture store's delta chain bound: the versions after the second build
 #: chains of every depth up to it, then one that starts over standalone.
@@ -81,6 +82,8 @@ def arrays_v1() -> dict[str, np.ndarray]:
         "model.layers.0.w": np.arange(-60, 60, dtype=np.int16).reshape(2, 3, 20),
         "model.layers.1.w": np.arange(24, dtype=np.complex64).reshape(4, 6) * (1 + 2j),
         "head": np.arange(12, dtype=np.float64).reshape(3, 4) / 8,
+        # complex128 (16-byte elements): its deltas are xor-delta, the others sub-delta.
+        "head.phase": np.arange(300, dtype=np.complex128) * (0.25 - 0.5j),
         "empty": np.zeros((0, 3), dtype=np.float16),
         "scalar": np.array(2.5, dtype=np.float64),
         "big.endian": np.arange(10, dtype=">u4"),  # stored little-endian, as uint32
@@ -128,6 +131,9 @@ def version_n(arrays: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
     bias = arrays["model.embed.bias"].copy()
     bias[[n, 1500 + n]] = ml_dtypes.bfloat16(-n)
     arrays["model.embed.bias"] = bias
+    phase = arrays["head.phase"].copy()
+    phase[[n, 290 - n]] += 1j * n
+    arrays["head.phase"] = phase
     return arrays
 
 
@@ -213,7 +219,7 @@ def _codec_census(root: Path) -> tuple[dict[str, int], set[int]]:
         codec_id, element_size = data[5], data[6]
         name = REQUIRED_CODECS.get(codec_id, str(codec_id))
         counts[name] = counts.get(name, 0) + 1
-        if codec_id in (2, 3):
+        if codec_id in (2, 3, 5):
             start = HEADER.size + (32 if data[7] & 1 else 0) + 1  # after any base digest
             modes.update(struct.unpack_from("<B", data, start + 5 * i)[0]
                          for i in range(element_size))

@@ -29,6 +29,18 @@ class Codec(abc.ABC):
         """Decode into ``out`` (exactly the raw length); codecs override it to skip a copy."""
         out[:] = self.decode(payload, len(out), element_size)
 
+    def image_of(self, raw: memoryview, base: bytes | memoryview, element_size: int
+                 ) -> memoryview:
+        """A delta codec's image of ``raw`` against ``base`` (equal lengths): what its
+        payload encodes."""
+        raise TypeError(f"{self.name} is not a delta codec")
+
+    def apply_base(self, image: memoryview, base: bytes | memoryview, element_size: int
+                   ) -> None:
+        """Turn a decoded image into the chunk's bytes, in place, given its base's;
+        ``ValueError`` when the element size does not suit the codec."""
+        raise TypeError(f"{self.name} is not a delta codec")
+
 
 _REGISTRY: dict[int, Codec] = {}
 _BY_NAME: dict[str, Codec] = {}
@@ -58,11 +70,12 @@ def names() -> dict[int, str]:
 from chunkstore.codecs.pack import PACK  # noqa: E402
 from chunkstore.codecs.raw import RAW  # noqa: E402
 from chunkstore.codecs.shuffle import SHUFFLE_ZSTD  # noqa: E402
+from chunkstore.codecs.subdelta import SUB_DELTA  # noqa: E402
 from chunkstore.codecs.xordelta import XOR_DELTA  # noqa: E402
 from chunkstore.codecs.zstd import ZSTD  # noqa: E402
 
-for _codec in (RAW, ZSTD, SHUFFLE_ZSTD, XOR_DELTA, PACK):
+for _codec in (RAW, ZSTD, SHUFFLE_ZSTD, XOR_DELTA, PACK, SUB_DELTA):
     register(_codec)
 
-__all__ = ["PACK", "RAW", "SHUFFLE_ZSTD", "XOR_DELTA", "ZSTD", "Codec", "by_id", "by_name", "names",
-           "register"]
+__all__ = ["PACK", "RAW", "SHUFFLE_ZSTD", "SUB_DELTA", "XOR_DELTA", "ZSTD", "Codec", "by_id",
+           "by_name", "names", "register"]

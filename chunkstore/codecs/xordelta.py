@@ -30,6 +30,14 @@ class XorDeltaCodec(ShuffleZstdCodec):
     min_planes = 1
     needs_base = True
 
+    def image_of(self, raw: memoryview, base: bytes | memoryview, element_size: int
+                 ) -> memoryview:
+        return xor_of(raw, base)
+
+    def apply_base(self, image: memoryview, base: bytes | memoryview, element_size: int
+                   ) -> None:
+        xor_into(image, base)
+
 
 def xor_into(target: memoryview, other: bytes | memoryview) -> None:
     """``target ^= other``, bytewise, in place (equal lengths)."""
