@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,7 @@ HASHABLE_TAGS = frozenset({"$tuple", "$bytes", "$float"})
 
 def encode(value: object) -> bytes:
     """Encode ``value`` canonically (sorted keys, no spaces); raises NotSerializableError."""
-    tree = _to_json(value, "$", 0)
+    tree = to_tree(value)
     return json.dumps(tree, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
@@ -40,8 +41,17 @@ def decode(data: bytes) -> Any:
 
 
 def to_tree(value: object) -> object:
-    """The tagged-JSON tree of ``value`` (what :func:`encode` serialises)."""
-    return _to_json(value, "$", 0)
+    """The tagged-JSON tree of ``value`` (what :func:`encode` serialises).
+
+    Tried first without tracking where each value sits (a save encodes a
+    state's skeleton, thousands of nodes, every time); anything unusual, or
+    wrong, is encoded again by the full walk, which gives the same tree or the
+    error naming the value's path.
+    """
+    try:
+        return _fast_tree(value, 0)
+    except (_Unusual, RecursionError):
+        return _to_json(value, "$", 0)
 
 
 def from_tree(tree: object) -> Any:
@@ -133,6 +143,59 @@ def _to_json(value: object, path: Path, depth: int) -> object:  # noqa: PLR0911
     if isinstance(value, dict):
         return _dict_to_json(value, path, depth)
     return _scalar(value, path)
+
+
+class _Unusual(Exception):
+    """A value :func:`_fast_tree` leaves to the full walk."""
+
+
+def _fast_tree(value: object, depth: int) -> object:
+    """:func:`_to_json` for values of the exact built-in types, without paths; raises
+    ``_Unusual`` for anything else (subclasses, numpy scalars, values to refuse)."""
+    if type(value) is list:
+        if depth >= MAX_DEPTH:
+            raise _Unusual
+        return [_fast_tree(v, depth + 1) for v in value]
+    if type(value) is dict or type(value) is OrderedDict:  # state dicts are OrderedDicts
+        if depth >= MAX_DEPTH:
+            raise _Unusual
+        return _fast_dict(value, depth)
+    if type(value) is tuple:
+        if depth >= MAX_DEPTH:
+            raise _Unusual
+        return {"$tuple": [_fast_tree(v, depth + 1) for v in value]}
+    return _fast_scalar(value)
+
+
+def _fast_scalar(value: object) -> object:
+    if type(value) is str:
+        if value.isascii() or is_unicode(value):
+            return value
+        raise _Unusual
+    if type(value) is int:
+        if int_fits(value):
+            return value
+        raise _Unusual
+    if value is None or type(value) is bool:
+        return value
+    if type(value) is float:
+        return _float(value)
+    if type(value) is bytes:
+        return {"$bytes": base64.b64encode(value).decode("ascii")}
+    raise _Unusual
+
+
+def _fast_dict(value: dict[Any, Any], depth: int) -> object:
+    if all(type(k) is str and not k.startswith("$") and (k.isascii() or is_unicode(k))
+           for k in value):
+        return {k: _fast_tree(v, depth + 1) for k, v in value.items()}
+    pairs = []
+    for k, v in value.items():
+        key = _fast_tree(k, depth + 1)
+        if isinstance(key, (list, dict)) and not _is_hashable_tag(key):
+            raise _Unusual
+        pairs.append([key, _fast_tree(v, depth + 1)])
+    return {"$dict": pairs}
 
 
 def _dict_to_json(value: dict[Any, Any], path: Path, depth: int) -> object:

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import enum
 import json
+from collections import OrderedDict
 from typing import Any
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from chunkstore import plaindata
 from chunkstore.digest import Digest
-from chunkstore.errors import CorruptNodeError
+from chunkstore.errors import CorruptNodeError, NotSerializableError
 from chunkstore.manifest import NODE_FORMAT_VERSION, decode_data, decode_tree
 
 CHUNK = Digest.of(b"x").hex
@@ -57,3 +62,68 @@ def test_a_dict_key_that_cannot_be_a_key_is_corrupt_data_not_a_crash() -> None:
     with pytest.raises(CorruptNodeError, match="malformed"):
         decode_data(Digest.of(data), data)
     assert plaindata.decode(plaindata.encode({(1, 2): 3})) == {(1, 2): 3}
+
+
+# --- plain data: the fast encoder agrees with the full walk ----------------------------------
+
+class _Level(enum.IntEnum):
+    LOW = 1
+
+
+_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.integers(min_value=10**4300),
+    st.floats(allow_nan=True, allow_infinity=True), st.text(), st.binary(max_size=8),
+    st.sampled_from(["$x", "\ud800", "a\udfffb", "é"]),
+    st.sampled_from([np.int64(3), np.float32(0.5), np.bool_(True), _Level.LOW,
+                     bytearray(b"ab")]))
+_keys = st.one_of(st.text(max_size=4), st.sampled_from(["$k", "\ud800"]), st.integers(),
+                  st.tuples(st.integers()), st.none(), st.binary(max_size=2))
+
+
+def _containers(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.one_of(
+        st.lists(children, max_size=4), st.tuples(children, children),
+        st.dictionaries(st.text(max_size=4), children, max_size=4),
+        st.dictionaries(_keys, children, max_size=4),
+        st.dictionaries(st.text(max_size=3), children, max_size=3).map(OrderedDict),
+        st.lists(st.lists(children, max_size=2), max_size=2).map(tuple))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.recursive(_scalars, _containers, max_leaves=20))
+def test_plain_data_fast_encoding_is_the_full_walks(value: Any) -> None:
+    """``to_tree`` tries a walk without paths first; whatever it returns is exactly what
+    the full walk returns, and what it cannot take gets the full walk's tree or error."""
+    try:
+        slow = plaindata._to_json(value, "$", 0)
+    except NotSerializableError as exc:
+        with pytest.raises(NotSerializableError) as raised:
+            plaindata.to_tree(value)
+        assert str(raised.value) == str(exc)
+        return
+    assert _same(plaindata.to_tree(value), slow)
+    try:
+        fast = plaindata._fast_tree(value, 0)
+    except plaindata._Unusual:
+        return
+    assert _same(fast, slow)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as canonical JSON (NaN is never equal to itself as a float)."""
+    dump = lambda t: json.dumps(t, sort_keys=True, separators=(",", ":"), allow_nan=True)  # noqa: E731
+    return dump(a) == dump(b)
+
+
+def test_plain_data_nesting_at_the_limit_encodes_as_the_full_walk() -> None:
+    for depth in (plaindata.MAX_DEPTH - 1, plaindata.MAX_DEPTH, plaindata.MAX_DEPTH + 1):
+        value: Any = 1
+        for _ in range(depth):
+            value = [value]
+        try:
+            want = plaindata._to_json(value, "$", 0)
+        except NotSerializableError:
+            with pytest.raises(NotSerializableError):
+                plaindata.to_tree(value)
+            continue
+        assert plaindata.to_tree(value) == want
