@@ -117,23 +117,23 @@ def decode_chain(store: Store, digest: Digest, data: bytes | memoryview,
 
     The result is always hash-checked.  With ``check_links`` every base on the
     way is hash-checked too, so a damaged base is named as such (verify);
-    otherwise a chain of XOR links is decoded in the plane domain and only the
-    result is checked, which proves every base on the way right as well (a
-    wrong base changes the XOR of the whole chain); other chains are decoded
-    link by link from the root.
+    otherwise only the result is checked, which proves every base on the way
+    right as well (a wrong base changes the result), and the bases decoded on
+    the way are not cached: a chain of XOR links is decoded in the plane
+    domain, other chains link by link from the root.
     """
     header = parse_header(digest, data)
     if header.base is None or not _is_delta(header.codec_id):
         return decode_object(digest, data, out)
     _check_base(digest, header, chain)
-    if not check_links:
-        links, root, root_raw = _chain_objects(store, digest, header, memoryview(data), chain,
-                                               cache)
-        if all(link[1].codec_id == codecs.XOR_DELTA.id
-               and link[1].element_size == header.element_size for link in links):
-            return _decode_planes(digest, links, root, root_raw, out)
-    base = base_bytes(store, chain[0], chain[1:], cache, check_links=check_links)
-    return decode_object(digest, data, out, base)
+    if check_links:
+        base = base_bytes(store, chain[0], chain[1:], cache, check_links=True)
+        return decode_object(digest, data, out, base)
+    links, root, root_raw = _chain_objects(store, digest, header, memoryview(data), chain, cache)
+    if all(link[1].codec_id == codecs.XOR_DELTA.id
+           and link[1].element_size == header.element_size for link in links):
+        return _decode_planes(digest, links, root, root_raw, out)
+    return _decode_links(digest, links, root, root_raw, out)
 
 
 Link = tuple[Digest, ChunkHeader, memoryview]
@@ -197,6 +197,33 @@ def _decode_planes(digest: Digest, links: list[Link], root: Link | None,
         columns[:, i] = planes[i]
     check_digest(digest, out)
     return out
+
+
+def _decode_links(digest: Digest, links: list[Link], root: Link | None,
+                  root_raw: bytes | memoryview | None, out: memoryview | None
+                  ) -> bytes | memoryview:
+    """Decode the chain's root, apply each link's image to it with the link's codec,
+    nearest the root first, and hash-check the result only."""
+    length = links[0][1].raw_length
+    if root_raw is None:
+        assert root is not None
+        root_raw = decode_payload(*root, None)
+    if len(root_raw) != length:
+        raise CorruptChunkError(digest.hex, "a delta base of another length")
+    current = root_raw
+    for i, (link_digest, link_header, link_view) in enumerate(reversed(links)):
+        image = decode_payload(link_digest, link_header, link_view,
+                               out if i == len(links) - 1 else None)
+        codec = codecs.by_id(link_header.codec_id)
+        assert codec is not None  # parse_header checked it
+        try:
+            codec.apply_base(memoryview(image).cast("B"), current, link_header.element_size)
+        except ValueError as exc:
+            raise CorruptChunkError(link_digest.hex, f"{codec.name} payload does not decode:"
+                                    f" {exc}") from exc
+        current = image
+    check_digest(digest, current)
+    return current
 
 
 def _planes_of(digest: Digest, payload: memoryview, planes: np.ndarray, *, xor: bool) -> None:

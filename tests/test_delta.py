@@ -14,7 +14,7 @@ import pytest
 
 import chunkstore
 from chunkstore.chain import base_bytes, base_prefix
-from chunkstore.chunkobj import parse_header
+from chunkstore.chunkobj import ChunkHeader, encode_object, parse_header
 from chunkstore.codecs import SUB_DELTA, XOR_DELTA
 from chunkstore.delta import SKIP_SAVES, probe_length
 from chunkstore.digest import Digest, chunk_key
@@ -174,6 +174,21 @@ def test_a_flipped_byte_in_a_base_is_reported_on_every_dependent_version(
     store.base_cache.clear()  # as in a process that did not save them
     with pytest.raises(CorruptChunkError):
         store.open_version(ids[2]).get("emb")
+
+
+def test_a_base_replaced_by_another_valid_chunk_is_caught_by_the_hash(
+        store: chunkstore.Store) -> None:
+    """A base object that decodes cleanly to other bytes (a valid raw chunk of the same
+    length): a read through the chain, which checks only its result, refuses it, as
+    verify, which checks every link, does."""
+    ids, a, _ = _three_deep(store)
+    other = np.random.default_rng(9).integers(0, 256, CHUNK, dtype=np.uint8).tobytes()
+    object_path(store, a).write_bytes(encode_object(ChunkHeader(0, 4, CHUNK, CHUNK), other))
+    store.base_cache.clear()  # as in a process that did not save them
+    for version_id in ids:
+        with pytest.raises(CorruptChunkError, match="hashes to"):
+            store.open_version(version_id).get("emb")
+    assert _problems(store) == {v: {a.hex} for v in ids}
 
 
 def test_a_deleted_base_is_reported_on_every_dependent_version(
