@@ -59,8 +59,19 @@ def from_tree(tree: object) -> Any:
 
     Iterative, so a hostile tree cannot exhaust the Python stack; it refuses
     what :func:`encode` never writes (nesting beyond ``MAX_DEPTH``, unknown
-    tags, ``$`` keys outside a tag, non-finite numbers, duplicate keys).
+    tags, ``$`` keys outside a tag, non-finite numbers, duplicate keys).  A
+    tree nested at most ``FAST_DEPTH`` deep with nothing to refuse is decoded
+    by a recursive walk first (a restore decodes a state's skeleton, thousands
+    of nodes, every time); anything else by the iterative one, which gives the
+    same value or the error.
     """
+    try:
+        return _fast_value(tree, 0)
+    except _Unusual:
+        return _from_tree_iteratively(tree)
+
+
+def _from_tree_iteratively(tree: object) -> Any:
     first = _open(tree, 0)
     if not isinstance(first, _Frame):
         return first
@@ -81,6 +92,70 @@ def from_tree(tree: object) -> Any:
         stack[-1].done.append(value)
 
 
+#: How deep :func:`_fast_value` recurses before it leaves a tree to the iterative decoder.
+FAST_DEPTH = 64
+
+
+def _fast_value(node: Any, depth: int) -> Any:
+    """:func:`from_tree` for trees with nothing to refuse, recursively; raises
+    ``_Unusual`` for anything it does not decode exactly as the iterative walk."""
+    if type(node) is list:
+        if depth >= FAST_DEPTH:
+            raise _Unusual
+        return [_fast_value(v, depth + 1) for v in node]
+    if type(node) is dict:
+        if depth >= FAST_DEPTH:
+            raise _Unusual
+        return _fast_object(node, depth)
+    if type(node) is str:
+        if node.isascii() or is_unicode(node):
+            return node
+        raise _Unusual
+    if type(node) is int:
+        if int_fits(node):
+            return node
+        raise _Unusual
+    if node is None or type(node) is bool or (type(node) is float and math.isfinite(node)):
+        return node
+    raise _Unusual
+
+
+def _fast_object(node: dict[Any, Any], depth: int) -> Any:
+    if len(node) == 1:
+        ((tag, body),) = node.items()
+        if type(tag) is str and tag.startswith("$"):
+            return _fast_tag(tag, body, depth)
+    for key in node:
+        if type(key) is not str or key.startswith("$") or not (key.isascii()
+                                                               or is_unicode(key)):
+            raise _Unusual
+    return {k: _fast_value(v, depth + 1) for k, v in node.items()}
+
+
+def _fast_tag(tag: str, body: Any, depth: int) -> Any:
+    if tag == "$tuple" and type(body) is list:
+        return tuple(_fast_value(v, depth + 1) for v in body)
+    if tag == "$dict" and type(body) is list:
+        keys, values = [], []
+        for pair in body:
+            if not (type(pair) is list and len(pair) == 2 and _is_key(pair[0])):
+                raise _Unusual
+            keys.append(_fast_value(pair[0], depth + 1))
+            values.append(_fast_value(pair[1], depth + 1))
+        try:
+            return _pairs_to_dict(keys, values)
+        except ValueError:
+            raise _Unusual from None
+    if tag == "$float" and type(body) is str and body in ("nan", "inf", "-inf"):
+        return float(body)
+    if tag == "$bytes" and type(body) is str:
+        try:
+            return base64.b64decode(body.encode("ascii"), validate=True)
+        except ValueError:  # binascii.Error and UnicodeEncodeError are ValueErrors
+            raise _Unusual from None
+    raise _Unusual
+
+
 def _float(value: float) -> object:
     if math.isfinite(value):
         return value
@@ -98,8 +173,17 @@ def _path_text(path: Path) -> str:
     while isinstance(path, tuple):
         path, key, style = path
         parts.append(f"[{key}]" if style == _ITEM else f".{key}" if style == _ATTR
-                     else f"<key {key!r}>" if style == _KEY else f"[{key!r}]")
+                     else f"<key {_repr(key)}>" if style == _KEY else f"[{_repr(key)}]")
     return path + "".join(reversed(parts))
+
+
+def _repr(key: object) -> str:
+    """``repr(key)``, or a description where Python refuses to print it (an int of
+    more than 4,300 digits, alone or inside a tuple)."""
+    try:
+        return repr(key)
+    except ValueError:
+        return f"<a {type(key).__name__} too large to print>"
 
 
 def _scalar(value: object, path: Path) -> object:

@@ -127,3 +127,64 @@ def test_plain_data_nesting_at_the_limit_encodes_as_the_full_walk() -> None:
                 plaindata.to_tree(value)
             continue
         assert plaindata.to_tree(value) == want
+
+
+_json_leaves = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.builds(lambda: 10**4400), st.floats(),
+    st.text(max_size=4), st.sampled_from(["\ud800", "$", "é"]))
+
+
+def _json_containers(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    keys = st.one_of(st.text(max_size=3), st.sampled_from(["$x", "$tuple", "\udc00"]))
+    pair = st.one_of(st.lists(children, min_size=2, max_size=2), st.lists(children, max_size=3))
+    return st.one_of(
+        st.lists(children, max_size=4), st.dictionaries(keys, children, max_size=3),
+        st.builds(lambda b: {"$tuple": b}, st.one_of(st.lists(children, max_size=3), children)),
+        st.builds(lambda b: {"$dict": b}, st.one_of(st.lists(pair, max_size=3), children)),
+        st.builds(lambda b: {"$float": b}, st.sampled_from(["nan", "inf", "-inf", "x", 1])),
+        st.builds(lambda b: {"$bytes": b}, st.sampled_from(["AAE=", "!!", "\u00e9", 3])),
+        st.builds(lambda b: {"$other": b}, children))
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.recursive(_json_leaves, _json_containers, max_leaves=25))
+def test_plain_data_fast_decoding_is_the_iterative_walks(tree: Any) -> None:
+    """``from_tree`` tries a recursive walk first; it returns exactly what the iterative
+    walk returns, and raises the same error where that one refuses the tree."""
+    try:
+        want = plaindata._from_tree_iteratively(tree)
+    except ValueError as exc:
+        with pytest.raises(ValueError) as raised:
+            plaindata.from_tree(tree)
+        assert str(raised.value) == str(exc)
+        return
+    got = plaindata.from_tree(tree)
+    assert repr(got) == repr(want) and type(got) is type(want)
+    try:
+        fast = plaindata._fast_value(tree, 0)
+    except plaindata._Unusual:
+        return
+    assert repr(fast) == repr(want)
+
+
+def test_plain_data_nested_past_the_fast_walk_decodes_iteratively() -> None:
+    for depth in (plaindata.FAST_DEPTH - 1, plaindata.FAST_DEPTH + 1, plaindata.MAX_DEPTH + 1):
+        tree: Any = {"$tuple": [1]}
+        for _ in range(depth):
+            tree = [tree]
+        try:
+            want = plaindata._from_tree_iteratively(tree)
+        except ValueError:
+            with pytest.raises(ValueError, match="nested deeper"):
+                plaindata.from_tree(tree)
+            continue
+        assert plaindata.from_tree(tree) == want
+
+
+def test_a_key_too_large_to_print_gets_the_typed_error() -> None:
+    """The error names where the bad value sits even when its key cannot be printed
+    (Python refuses to print an int of more than 4,300 digits)."""
+    with pytest.raises(NotSerializableError, match="too large to print"):
+        plaindata.encode({(10**5000,): 1})
+    with pytest.raises(NotSerializableError, match="too large to print"):
+        plaindata.encode({10**5000: 1, "x": [10**5000]})
