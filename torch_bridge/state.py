@@ -143,8 +143,16 @@ def _walk(node: Any, path: Path, out: CapturedState, names: EntryNames) -> Any:
     if cls is dict or cls is OrderedDict:
         return _walk_mapping(node, path, out, names)
     if cls is list:
-        return [_walk(v, (*path, i), out, names) for i, v in enumerate(node)]
+        return _walk_items(node, path, out, names)
+    if cls is tuple:  # the RNG states: python's is a tuple of 625 ints
+        return tuple(_walk_items(node, path, out, names))
     return _walk_other(node, path, out, names)
+
+
+def _walk_items(node: list[Any] | tuple[Any, ...], path: Path, out: CapturedState,
+                names: EntryNames) -> list[Any]:
+    return [v if type(v) in _PLAIN_EXACT else _walk(v, (*path, i), out, names)
+            for i, v in enumerate(node)]
 
 
 def _walk_mapping(node: Mapping[Any, Any], path: Path, out: CapturedState, names: EntryNames
@@ -180,9 +188,9 @@ def _walk_other(node: Any, path: Path, out: CapturedState, names: EntryNames) ->
     if isinstance(node, Mapping):
         return _walk_mapping(node, path, out, names)
     if isinstance(node, list):
-        return [_walk(v, (*path, i), out, names) for i, v in enumerate(node)]
+        return _walk_items(node, path, out, names)
     if isinstance(node, tuple):
-        return tuple(_walk(v, (*path, i), out, names) for i, v in enumerate(node))
+        return tuple(_walk_items(node, path, out, names))
     raise NotSerializableError(path_text(out.key, path), type(node).__name__, _HINT)
 
 
