@@ -64,3 +64,39 @@ def test_a_revision_passed_in_meta_replaces_the_unknown_one(
     meta = _meta(tmp_path / "s", meta={"code_rev": "v1.2-abc123", "code_dirty": False})
     assert meta["code_rev"] == "v1.2-abc123" and meta["code_dirty"] is False
     assert "code_rev_unknown" not in meta
+
+
+def test_the_functional_save_asks_git_once_per_directory_and_merges_meta_per_call(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch_bridge import provenance, save
+
+    calls: list[str] = []
+    real_git = provenance._git
+
+    def counting_git(*args: str) -> tuple[str | None, str]:
+        calls.append(args[0])
+        return real_git(*args)
+
+    monkeypatch.setattr(provenance, "_git", counting_git)
+    monkeypatch.setattr(provenance, "_REVISIONS", {})
+    monkeypatch.chdir(REPO)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    state = {"model": torch.nn.Linear(2, 2)}
+    first = save(tmp_path / "s", state, run="r", step=1, meta={"note": "a"})
+    second = save(tmp_path / "s", state, run="r", step=2, meta={"code_rev": "mine"})
+    third = save(tmp_path / "s", state, run="r", step=3)
+    assert calls == ["rev-parse", "status"]  # once for the three saves
+    assert first.meta["code_rev"] == head and first.meta["note"] == "a"
+    assert second.meta["code_rev"] == "mine" and "note" not in second.meta
+    assert third.meta["code_rev"] == head and "note" not in third.meta
+
+    _outside_git(tmp_path, monkeypatch)  # another directory: git is asked there
+    outside = save(tmp_path / "s", state, run="r", step=4)
+    assert calls == ["rev-parse", "status", "rev-parse"]
+    assert outside.meta["code_rev"] is None and "code_rev_unknown" in outside.meta
+    overridden = save(tmp_path / "s", state, run="r", step=5, meta={"code_rev": "v2"})
+    assert overridden.meta["code_rev"] == "v2" and "code_rev_unknown" not in overridden.meta
+    again = save(tmp_path / "s", state, run="r", step=6)
+    assert "code_rev_unknown" in again.meta  # the override changed no cached answer
+    assert calls == ["rev-parse", "status", "rev-parse"]

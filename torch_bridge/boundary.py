@@ -50,18 +50,31 @@ def unapplied_gradients(objects: Iterable[tuple[str, Any]]) -> list[str]:
 
     A parameter that an optimizer updated before the hook was installed (it
     has optimizer state but no record) cannot be judged and is not reported.
+    A parameter both a model and an optimizer hold is judged (and named) once:
+    this runs in every save's pause.
     """
     objects = list(objects)
-    stepped = {id(p) for _, obj in objects if isinstance(obj, torch.optim.Optimizer)
-               for p, state in obj.state.items() if state}
+    stepped: set[int] | None = None  # parameters with optimizer state, found when needed
+    seen: set[int] = set()
     found = []
     for name, param in _parameters(objects):
         grad = param.grad
-        if grad is None:
+        if grad is None or id(param) in seen:
             continue
+        seen.add(id(param))
         record = _consumed.get(param)  # type: ignore[no-untyped-call]
-        if record == (id(grad), grad._version) or (record is None and id(param) in stepped):
+        if record == (id(grad), grad._version):
             continue
+        if record is None:
+            if stepped is None:
+                stepped = _stepped(objects)
+            if id(param) in stepped:
+                continue
         if bool(grad.detach().ne(0).any()):
             found.append(name)
     return found
+
+
+def _stepped(objects: list[tuple[str, Any]]) -> set[int]:
+    return {id(p) for _, obj in objects if isinstance(obj, torch.optim.Optimizer)
+            for p, state in obj.state.items() if state}

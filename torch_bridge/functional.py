@@ -8,7 +8,7 @@ from typing import Any
 from chunkstore import Store, VersionInfo
 from torch_bridge.checkpointer import open_store, sync_arrays
 from torch_bridge.layout import apply_states, capture_states, check_key, load_states, write_version
-from torch_bridge.provenance import provenance
+from torch_bridge.provenance import code_revision_once, provenance
 
 
 def save(store: Store | str | os.PathLike[str], state_dict: dict[str, Any], *, run: str,
@@ -18,14 +18,20 @@ def save(store: Store | str | os.PathLike[str], state_dict: dict[str, Any], *, r
     Each top-level key is one state: a tree of tensors and plain values (a
     model's state_dict) or an object with ``state_dict()``.  RNG states are
     not captured (use :class:`~torch_bridge.Checkpointer` for training loops).
+
+    The version's provenance is a Checkpointer's, with ``meta`` merged over it
+    per call; its git part (``code_rev``, ``code_dirty``) is asked of git once
+    per process and working directory, not at every save (two subprocesses
+    cost more than a small save), so a commit or an edit made while the
+    process runs is not seen.
     """
     for key in state_dict:
         check_key(key)
     opened, owned = open_store(store)
     try:
         captured = capture_states(state_dict)
-        return write_version(opened, run, step, provenance(meta), captured,
-                             sync_arrays(captured))
+        return write_version(opened, run, step, provenance(meta, code_revision_once()),
+                             captured, sync_arrays(captured))
     finally:
         if owned:
             opened.close()

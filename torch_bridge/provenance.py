@@ -45,6 +45,22 @@ def code_revision() -> dict[str, Any]:
     return {"code_rev": rev, "code_dirty": bool(dirty) if dirty is not None else None}
 
 
+#: Working directory -> code_revision() there, for saves with no object to keep it in.
+_REVISIONS: dict[str, dict[str, Any]] = {}
+
+
+def code_revision_once() -> dict[str, Any]:
+    """:func:`code_revision`, asking git once per process and working directory.
+
+    For :func:`torch_bridge.save`, which has no object to keep it in between
+    calls: two git subprocesses cost more than a small save.
+    """
+    cwd = os.getcwd()
+    if cwd not in _REVISIONS:
+        _REVISIONS[cwd] = code_revision()
+    return dict(_REVISIONS[cwd])
+
+
 def world_size() -> int:
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
@@ -52,13 +68,15 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def provenance(meta: dict[str, Any] | None = None) -> dict[str, Any]:
+def provenance(meta: dict[str, Any] | None = None,
+               revision: dict[str, Any] | None = None) -> dict[str, Any]:
     """Captured once per Checkpointer, with the user's ``meta`` merged over it.
 
-    A ``code_rev`` in ``meta`` replaces the one git gives (or the note that
-    it is unknown).
+    ``revision``: :func:`code_revision`'s answer when the caller has it
+    already (else git is asked now).  A ``code_rev`` in ``meta`` replaces the
+    one git gives (or the note that it is unknown).
     """
-    revision = code_revision()
+    revision = dict(revision) if revision is not None else code_revision()
     if meta is not None and "code_rev" in meta:
         revision.pop("code_rev_unknown", None)
     return {

@@ -26,7 +26,7 @@ import torch
 
 from chunkstore.errors import InvalidNameError, NotSerializableError
 from chunkstore.names import check_entry_name
-from torch_bridge.tensors import check_storable, stored_name
+from torch_bridge.tensors import STORED_NAMES, check_storable
 
 Path = tuple[Any, ...]
 PLAIN_TYPES = (type(None), bool, int, float, str, bytes)
@@ -125,7 +125,54 @@ def _module_metadata(key: str, tree: Any) -> Any:
     return _walk(dict(metadata), ("_metadata",), CapturedState(key, None), EntryNames(set()))
 
 
-def _walk(node: Any, path: Path, out: CapturedState, names: EntryNames) -> Any:  # noqa: PLR0911
+# The walk visits every node of every state at every save, inside the training
+# pause: the node types state_dict() returns are recognised by exact type first
+# (one identity test each), and only other values go through the isinstance
+# chain of _walk_other, which defines what is accepted.
+_PLAIN_EXACT = frozenset(PLAIN_TYPES)
+_MAPPINGS_EXACT = (dict, OrderedDict)
+
+
+def _walk(node: Any, path: Path, out: CapturedState, names: EntryNames) -> Any:
+    cls = type(node)
+    if cls is torch.Tensor:
+        _add_tensor(node, path, out, names)
+        return None
+    if cls in _PLAIN_EXACT:
+        return node
+    if cls is dict or cls is OrderedDict:
+        return _walk_mapping(node, path, out, names)
+    if cls is list:
+        return _walk_items(node, path, out, names)
+    if cls is tuple:  # the RNG states: python's is a tuple of 625 ints
+        return tuple(_walk_items(node, path, out, names))
+    return _walk_other(node, path, out, names)
+
+
+def _walk_items(node: list[Any] | tuple[Any, ...], path: Path, out: CapturedState,
+                names: EntryNames) -> list[Any]:
+    return [v if type(v) in _PLAIN_EXACT else _walk(v, (*path, i), out, names)
+            for i, v in enumerate(node)]
+
+
+def _walk_mapping(node: Mapping[Any, Any], path: Path, out: CapturedState, names: EntryNames
+                  ) -> dict[Any, Any]:
+    skeleton: dict[Any, Any] = {}
+    for key, value in node.items():
+        if type(key) is not str:
+            _check_key(key, path, out.key)
+        cls = type(value)
+        if cls is torch.Tensor:  # the common leaf, handled without a call to _walk
+            _add_tensor(value, (*path, key), out, names)
+            skeleton[key] = None
+        elif cls in _PLAIN_EXACT:
+            skeleton[key] = value
+        else:
+            skeleton[key] = _walk(value, (*path, key), out, names)
+    return skeleton
+
+
+def _walk_other(node: Any, path: Path, out: CapturedState, names: EntryNames) -> Any:  # noqa: PLR0911
     if isinstance(node, torch.Tensor):
         _add_tensor(node, path, out, names)
         return None
@@ -139,12 +186,11 @@ def _walk(node: Any, path: Path, out: CapturedState, names: EntryNames) -> Any: 
     if isinstance(node, (np.bool_, np.integer, np.floating)):
         return node.item()
     if isinstance(node, Mapping):
-        return {_check_key(k, path, out.key): _walk(v, (*path, k), out, names)
-                for k, v in node.items()}
+        return _walk_mapping(node, path, out, names)
     if isinstance(node, list):
-        return [_walk(v, (*path, i), out, names) for i, v in enumerate(node)]
+        return _walk_items(node, path, out, names)
     if isinstance(node, tuple):
-        return tuple(_walk(v, (*path, i), out, names) for i, v in enumerate(node))
+        return tuple(_walk_items(node, path, out, names))
     raise NotSerializableError(path_text(out.key, path), type(node).__name__, _HINT)
 
 
@@ -159,11 +205,14 @@ def _check_key(key: Any, path: Path, root: str) -> Any:
 
 def _add_tensor(tensor: torch.Tensor, path: Path, out: CapturedState, names: EntryNames
                 ) -> None:
-    problem = check_storable(tensor)
-    if problem is not None:
+    dtype = STORED_NAMES.get(tensor.dtype)
+    if dtype is None or tensor.layout != torch.strided or tensor.is_meta:
+        problem = check_storable(tensor)
+        assert problem is not None  # check_storable refuses what the test above refuses
         raise NotSerializableError(path_text(out.key, path), type(tensor).__name__, problem)
-    out.records.append(TensorRecord(path, names.claim(out.key, path), "torch",
-                                    stored_name(tensor.dtype), tuple(tensor.shape)))
+    # tensor.shape is a torch.Size, a tuple: kept as it is, not copied into another one
+    out.records.append(TensorRecord(path, names.claim(out.key, path), "torch", dtype,
+                                    tensor.shape))
     out.values.append(tensor)
 
 

@@ -35,6 +35,8 @@ for _name in ("uint16", "uint32", "uint64"):
     if hasattr(torch, _name):
         _BY_TORCH[getattr(torch, _name)] = (_name, None)
 _BY_NAME = {name: dtype for dtype, (name, _) in _BY_TORCH.items()}
+#: torch dtype -> chunkstore dtype name, for every dtype stored (one lookup per tensor).
+STORED_NAMES: dict[torch.dtype, str] = {dtype: name for dtype, (name, _) in _BY_TORCH.items()}
 
 
 def stored_name(dtype: torch.dtype) -> str:
@@ -59,7 +61,7 @@ def check_storable(tensor: torch.Tensor) -> str | None:
     """Why ``tensor`` cannot be stored as plain bytes, or None when it can."""
     if tensor.layout != torch.strided:
         return f"layout {tensor.layout} (only dense tensors are stored; call .to_dense())"
-    if tensor.device.type == "meta":
+    if tensor.is_meta:  # not device.type: building a device object costs more than a copy
         return "it is on the meta device (it has no data)"
     if tensor.dtype not in _BY_TORCH:
         return f"dtype {tensor.dtype} has no stable byte format here"
