@@ -173,7 +173,7 @@ def open(
     ``threads`` the size of the worker pool (default :func:`default_threads`;
     a save holds at most ``2 x threads`` chunks in memory).  ``delta_depth``
     (applies when the store is created; 0 turns deltas off) bounds the chains
-    of XOR-delta chunks a save builds against the run's previous version.
+    of delta chunks a save builds against the run's previous version.
     ``pack_size`` is the size at which this handle's saves seal a pack of small
     chunks (default :data:`chunkstore.packs.PACK_TARGET_BYTES`); ``node_size`` the
     size up to which they inline a subtree of the names into its parent manifest

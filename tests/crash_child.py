@@ -26,7 +26,7 @@ def make_state(step: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """The arrays and plain data saved at ``step``: deterministic, several chunks each.
 
     ``model.frozen`` is the same at every step (a dedup hit after the first
-    save); ``model.embed`` changes in one row per step (an XOR-delta against
+    save); ``model.embed`` changes in one row per step (a delta against
     the previous step's chunk); the rest changes, so every save writes new
     chunks and nodes.
     """

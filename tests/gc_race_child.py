@@ -5,7 +5,7 @@ blocks of a small shared pool (so saves deduplicate against chunks other
 saves and deletions keep making unreferenced), and unpublish all but the
 newest two of its own versions.  ROLE ``gc``: run ``gc(grace=0)`` in a loop.
 Both stop after SECONDS and print what they did.  With ``RACE_DELTAS=1`` in
-the environment the store writes XOR-deltas: half the blocks change every
+the environment the store writes deltas: half the blocks change every
 save (small deltas against the previous version's), half are a few shared
 blocks that GC keeps deleting and saves keep deduplicating against.  With
 ``RACE_PACKS=1`` each version also holds small tensors, stored in packs: a few

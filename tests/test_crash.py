@@ -30,7 +30,7 @@ from tests.crash_child import NODE_SIZE_ENV_VAR, RUN, THREADS, make_state, save
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CHILD = Path(__file__).with_name("crash_child.py")
-# A step's new objects (see make_state): 12 chunks of 64 KiB (one of them an XOR-delta
+# A step's new objects (see make_state): 12 chunks of 64 KiB (one of them a delta
 # against the previous step's), 4 manifest nodes.
 NEW_CHUNKS_PER_STEP = 12
 NEW_NODES_PER_STEP = 4

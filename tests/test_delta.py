@@ -1,6 +1,7 @@
-"""XOR-delta chunks: chains of every depth round-trip through removals and GC, GC keeps
-every base a live delta needs (and only those), and a damaged base is reported on
-every version that depends on it."""
+"""Delta chunks (sub-delta; xor-delta in old chains and for complex128): chains of
+every depth round-trip through removals and GC, GC keeps every base a live delta
+needs (and only those), and a damaged base is reported on every version that depends
+on it."""
 
 from __future__ import annotations
 
@@ -445,3 +446,38 @@ def test_a_sub_delta_on_an_xor_delta_chain_reads_back(tmp_path: Path,
         for version_id, table in zip(ids, tables, strict=True):
             np.testing.assert_array_equal(store.open_version(version_id).get("emb"), table)
         assert store.verify().ok
+
+
+@pytest.mark.parametrize("depth", [2, 4])
+def test_a_chain_is_read_one_object_per_link(tmp_path: Path, depth: int) -> None:
+    """A chunk at chain depth d reads d+1 objects (its own head by range, then d whole
+    objects), not a chain per link."""
+    chunk = 256 * 1024
+    table = np.random.default_rng(1).standard_normal(chunk // 4).astype(np.float32)
+    with chunkstore.open(tmp_path / "s", chunk_size=chunk, delta_depth=depth) as store:
+        for step in range(depth + 1):
+            table[step::97] += np.float32(0.001)
+            version_id = save(store, step, table.copy())
+        assert len(shard(store, version_id).chain(0)) == depth
+        store.base_cache.clear()
+        gets: list[str] = []
+        original = store.backend.get
+
+        def counting_get(key: str) -> bytes:
+            gets.append(key)
+            return original(key)
+
+        store.backend.get = counting_get  # type: ignore[method-assign]
+        np.testing.assert_array_equal(store.open_version(version_id).get("emb"), table)
+        chunk_gets = [k for k in gets if k.startswith("chunks/")]
+        assert len(chunk_gets) <= depth and len(set(chunk_gets)) == len(chunk_gets), chunk_gets
+
+
+def test_a_delta_codec_without_the_base_flag_is_refused() -> None:
+    """From chunk version 2 the BASE flag is set exactly for delta codecs, sub-delta too."""
+    raw = bytes(16)
+    for codec_id in (3, 5):
+        head = (b"CSCK" + bytes([4, codec_id, 4, 0]) + (16).to_bytes(8, "little")
+                + (16).to_bytes(8, "little"))
+        with pytest.raises(CorruptChunkError, match="BASE flag"):
+            parse_header(Digest.of(raw), head + raw)

@@ -333,7 +333,7 @@ def test_unencodable_meta_fails_when_the_checkpointer_is_made(tmp_path: Path) ->
 
 
 def test_restore_falls_back_past_versions_whose_delta_base_is_gone(tmp_path: Path) -> None:
-    """Async saves of a sparse update write XOR-deltas; when the base that step 2
+    """Async saves of a sparse update write deltas; when the base that step 2
     wrote and step 3 builds on is lost, restore falls back past both to step 1."""
     torch.manual_seed(0)
     model = nn.Embedding(2000, 32)  # 256 KB: four 64 KiB chunks

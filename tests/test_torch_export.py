@@ -112,7 +112,7 @@ def test_export_gives_the_file_the_usual_mode_and_takes_store_urls(tmp_path: Pat
 
 
 def test_export_and_diff_read_delta_versions(tmp_path: Path) -> None:
-    """A sparse update saved as XOR-deltas exports and diffs like any version."""
+    """A sparse update saved as deltas exports and diffs like any version."""
     from chunkstore.cli import cli
 
     torch.manual_seed(0)

@@ -59,11 +59,11 @@ from chunkstore.tree import Leaf
 @click.option("--compression", type=click.Choice(["auto", "none", "zstd", "shuffle-zstd"]),
               default="auto", show_default=True,
               help="Codec policy for new chunks (auto: shuffle-zstd for floats, zstd for"
-              " the rest, raw where compressing does not pay, and XOR-deltas against the"
-              " run's previous version where they pay).")
+              " the rest, raw where compressing does not pay, and deltas against the"
+              " run's previous version where they pay, in a store with --delta-depth).")
 @click.option("--delta-depth", type=click.IntRange(0, MAX_DELTA_DEPTH), default=DEFAULT_DELTA_DEPTH,
               show_default=True,
-              help="Longest chain of XOR-delta chunks a save builds (0: no deltas). Deeper"
+              help="Longest chain of delta chunks a save builds (0: no deltas). Deeper"
               " chains store less per version and restore slower. Fixed for the life of"
               " the store.")
 def init(path: str, chunk_size: int, compression: str, delta_depth: int) -> None:
@@ -364,7 +364,7 @@ def report_text(stats: StoreStats, store_path: str) -> None:
         ("physical (stored)", format_size(stats.physical_bytes)),
         ("dedup ratio", format_ratio(stats.dedup_ratio or None)),
         ("compression ratio", format_ratio(stats.compression_ratio or None)),
-        ("delta chunks", f"{stats.delta_chunks}  (XOR-deltas against an earlier version;"
+        ("delta chunks", f"{stats.delta_chunks}  (deltas against an earlier version;"
          f" {stats.mean_chain_depth:.2f} bases behind one on average)"),
         ("packed chunks", f"{stats.packed_chunks} in {plural(stats.packs, 'pack')}  (small"
          f" chunks stored together; {format_size(stats.packed_garbage_bytes)} inside live"

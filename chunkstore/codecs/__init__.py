@@ -14,7 +14,7 @@ class Codec(abc.ABC):
 
     id: int
     name: str
-    #: a delta codec: the payload decodes to the XOR with a base chunk
+    #: a delta codec: the payload decodes to an image of the chunk against a base chunk
     needs_base = False
 
     @abc.abstractmethod

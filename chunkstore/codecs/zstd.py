@@ -19,7 +19,7 @@ from chunkstore import codecs
 #: Whole chunks (codec 1: integers, bools, bytes) are compressed at level 1: their
 #: repeats are real (counters, ids, masks) and worth zstd's match finder.
 LEVEL = 1
-#: Byte planes of float tensors (codecs 2 and 3) use zstd's ``fast`` strategy with a
+#: Byte planes of float tensors and of deltas (codecs 2, 3, 5) use zstd's ``fast`` strategy with a
 #: 128 KiB window, a 64-entry hash table and 7-byte matches, chosen by measurement
 #: (``python -m benchmarks.bench_codec``, ``benchmarks/results/codec.json``): such
 #: planes are low-entropy noise with few real repeats, and level 1's larger table
