@@ -79,6 +79,23 @@ def _chunk_seeds() -> tuple[bytes, ...]:
     return tuple(seeds)
 
 
+def _delta_seeds() -> tuple[tuple[bytes, bytes, Digest], ...]:
+    """(delta chunk object, its base's raw bytes, its key): sub-delta for element sizes
+    1, 2, 4 and 8, xor-delta for 4 and 16, a few elements changed against the base."""
+    rng = np.random.default_rng(11)
+    seeds = []
+    for size, codec in ((1, codecs.SUB_DELTA), (2, codecs.SUB_DELTA), (4, codecs.SUB_DELTA),
+                        (8, codecs.SUB_DELTA), (4, codecs.XOR_DELTA), (16, codecs.XOR_DELTA)):
+        base = rng.standard_normal(128 * size // 4).astype("<f4").tobytes()
+        raw = bytearray(base)
+        for i in rng.integers(0, len(raw), 6):
+            raw[i] ^= 0x10
+        payload = codec.encode(codec.image_of(memoryview(bytes(raw)), base, size), size)
+        header = ChunkHeader(codec.id, size, len(raw), len(payload), Digest.of(base))
+        seeds.append((encode_object(header, payload), base, Digest.of(bytes(raw))))
+    return tuple(seeds)
+
+
 def _tree_seeds() -> tuple[bytes, ...]:
     chunk = Digest.of(b"chunk")
     tensor = TensorEntry("float32", (3, 40), (Shard((0, 0), (3, 40), 256, (chunk,) * 2),))
@@ -162,6 +179,20 @@ def _chunk(seed: bytes, data: bytes) -> None:
     assert out == raw
 
 
+_DELTA_SEEDS = {seed: (base, key) for seed, base, key in _delta_seeds()}
+
+
+def _delta(seed: bytes, data: bytes) -> None:
+    """A mutated delta object decoded against its seed's base: a typed error, or exactly
+    the content the seed's key names."""
+    base, digest = _DELTA_SEEDS[seed]
+    raw = bytes(decode_object(digest, data, None, base))
+    assert Digest.of(raw) == digest
+    out = bytearray(len(raw))
+    decode_object(digest, data, memoryview(out), base)
+    assert out == raw
+
+
 def _codec(seed: bytes, data: bytes) -> None:
     """Each codec's decode on the payload alone, with the header's lengths as they
     are after the mutation: ``ValueError`` is the codec's contract."""
@@ -186,6 +217,8 @@ TARGETS: tuple[Target, ...] = (
     Target("plain", tuple(plaindata.encode(v) for v in _VALUES), _plain, True),
     Target("chunk", _CHUNK_SEEDS, _chunk, False),
     Target("codec", _CHUNK_SEEDS, _codec, False),
+    Target("delta", tuple(_DELTA_SEEDS), _delta, False),
+    Target("delta-codec", tuple(_DELTA_SEEDS), _codec, False),
 )
 
 

@@ -3,7 +3,8 @@
     python tools/fuzz_decoders.py --seconds 600 [--seed N]
 
 Runs the targets and mutations of ``tests/test_fuzz_decoders.py`` (config, tag,
-commit record, tree node, data node, plain data, chunk object, each codec) in
+commit record, tree node, data node, plain data, chunk object, each codec, delta
+chunk objects decoded against their bases) in
 turn with a seeded random generator.  Every input must either raise a
 ``chunkstore.errors`` type or decode to something that round-trips, without
 allocating more than a bound proportional to the input.  The first failure is
