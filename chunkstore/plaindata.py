@@ -107,14 +107,8 @@ def _fast_value(node: Any, depth: int) -> Any:
         if depth >= FAST_DEPTH:
             raise _Unusual
         return _fast_object(node, depth)
-    if type(node) is str:
-        if node.isascii() or is_unicode(node):
-            return node
-        raise _Unusual
-    if type(node) is int:
-        if int_fits(node):
-            return node
-        raise _Unusual
+    if type(node) is str or type(node) is int:
+        return _plain_str_or_int(node)
     if node is None or type(node) is bool or (type(node) is float and math.isfinite(node)):
         return node
     raise _Unusual
@@ -251,15 +245,17 @@ def _fast_tree(value: object, depth: int) -> object:
     return _fast_scalar(value)
 
 
+def _plain_str_or_int(value: str | int) -> str | int:
+    """A str or int as it is where plain data holds it (no lone surrogate, at most
+    ``MAX_INT_DIGITS`` digits); ``_Unusual`` otherwise, for the full walks to refuse."""
+    if (value.isascii() or is_unicode(value)) if isinstance(value, str) else int_fits(value):
+        return value
+    raise _Unusual
+
+
 def _fast_scalar(value: object) -> object:
-    if type(value) is str:
-        if value.isascii() or is_unicode(value):
-            return value
-        raise _Unusual
-    if type(value) is int:
-        if int_fits(value):
-            return value
-        raise _Unusual
+    if type(value) is str or type(value) is int:
+        return _plain_str_or_int(value)
     if value is None or type(value) is bool:
         return value
     if type(value) is float:
