@@ -326,3 +326,45 @@ def test_a_batch_claim_taken_before_another_indexs_gc_finished_is_not_trusted() 
         # problem only, which reconcile repairs); no object is missing or damaged.
         problems = [p for p in store.verify().problems if p.kind != "refcount"]
         assert problems == []
+
+
+def test_a_delta_base_another_indexs_gc_fenced_is_never_encoded_against() -> None:
+    """A save encodes a changed chunk against the same chunk of the run's previous
+    version, which another machine removed; that machine's GC fenced the bases and
+    deletes them while the save runs.  The save claims each base as it claims a
+    chunk it deduplicates against, so it waits out the fence and then stores the
+    chunks whole: the new version reads back and nothing it lists is missing."""
+    from chunkstore.index import CHUNK
+    from chunkstore.journal import DONE, start_entry, write_entry
+
+    rng = np.random.default_rng(3)
+    table = rng.standard_normal((256, 16)).astype(np.float32)  # 16 KiB: four chunks
+    with chunkstore.open(f"memory://cs-{os.urandom(8).hex()}", threads=1, chunk_size=4096,
+                         delta_depth=2) as store:
+        with store.new_version(run="r", step=0) as version:
+            version.put("emb", table)
+        entry = store.open_version(version.info.id).entry("emb")
+        assert isinstance(entry, TensorEntry)
+        bases = list(entry.shards[0].chunks)
+        # Another machine removed the version; this index has not noticed.
+        store.backend.delete(version_key(version.info.id))
+        gc_entry = start_entry(store.backend, [(CHUNK, d) for d in bases])  # the other GC
+
+        def other_gc_deletes() -> None:
+            time.sleep(0.3)  # while the save waits on the entry for the first base
+            for digest in bases:
+                store.backend.delete(chunk_key(digest))
+            gc_entry.state = DONE
+            write_entry(store.backend, gc_entry)
+
+        changed = table.copy()
+        changed.reshape(-1)[::1024] += np.float32(1)  # one element in every chunk
+        collector = threading.Thread(target=other_gc_deletes)
+        with store.new_version(run="r", step=1) as version:
+            collector.start()
+            version.put("emb", changed)
+        collector.join()
+        store.base_cache.clear()
+        np.testing.assert_array_equal(store.open_version("r@1").get("emb"), changed)
+        problems = [p for p in store.verify().problems if p.kind != "refcount"]
+        assert problems == []
