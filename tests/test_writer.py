@@ -120,3 +120,35 @@ def test_a_failed_batch_claim_aborts_the_version(tmp_path: Path) -> None:
             again.put("t0", np.full(16, 0, dtype=np.int32))
         np.testing.assert_array_equal(store.open_version("r@1").get("t0"), np.zeros(16, np.int32))
         assert store.verify().ok
+
+
+@pytest.mark.parametrize("compression", ["none", "auto"])
+def test_a_committed_save_leaves_nothing_for_the_cyclic_garbage_collector(
+        tmp_path: Path, compression: str) -> None:
+    """A save's objects (its writer, pack builder, claims and entries) are freed when
+    the save ends, not left in reference cycles for a full garbage collection; and
+    dropping the caller's arrays frees them."""
+    import gc
+    import weakref
+
+    rng = np.random.default_rng(1)
+    with chunkstore.open(tmp_path / "s", compression=compression, delta_depth=2) as store:
+        for step in (1, 2):  # the second save has a parent: deltas and dedup on
+            arrays = {f"t{i}": rng.standard_normal(n).astype(np.float32)
+                      for i, n in enumerate([10, 300, 70_000, 600_000])}
+            alive = [weakref.ref(a) for a in arrays.values()]
+            enabled = gc.isenabled()
+            gc.collect()
+            gc.disable()
+            try:
+                with store.new_version(run="r", step=step) as version:
+                    for name, array in arrays.items():
+                        version.put(name, array)
+                del version, array
+                arrays.clear()
+                assert [r() for r in alive] == [None] * len(alive)
+                assert gc.collect() == 0
+            finally:
+                if enabled:
+                    gc.enable()
+        assert store.verify().ok
