@@ -25,6 +25,7 @@ from chunkstore import Store, VersionInfo, plaindata
 from chunkstore.errors import IntegrityError, InvalidInputError, SelectorError
 from torch_bridge import boundary
 from torch_bridge.collectives import process_group_active
+from torch_bridge.collector import collector_paused
 from torch_bridge.errors import (
     AsyncSaveError,
     AsyncSaveUnderProcessGroupError,
@@ -126,6 +127,7 @@ class Checkpointer:
 
     # --- saving ------------------------------------------------------------------------------
 
+    @collector_paused()
     def save(self, step: int, **stateful: Any) -> VersionInfo | None:
         """Save ``stateful`` objects (and every RNG state) as the version of ``step``.
 
@@ -225,6 +227,7 @@ class Checkpointer:
 
     # --- restoring ---------------------------------------------------------------------------
 
+    @collector_paused()
     def restore(self, step: int | None = None, *, rng: bool = True,
                 **stateful: Any) -> int | None:
         """Load the newest version that verifies into ``stateful``; return its step.

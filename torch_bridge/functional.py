@@ -7,10 +7,12 @@ from typing import Any
 
 from chunkstore import Store, VersionInfo
 from torch_bridge.checkpointer import open_store, sync_arrays
+from torch_bridge.collector import collector_paused
 from torch_bridge.layout import apply_states, capture_states, check_key, load_states, write_version
 from torch_bridge.provenance import code_revision_once, provenance
 
 
+@collector_paused()
 def save(store: Store | str | os.PathLike[str], state_dict: dict[str, Any], *, run: str,
          step: int, meta: dict[str, Any] | None = None) -> VersionInfo:
     """Publish ``state_dict`` as a version of ``run`` at ``step`` and return it.
@@ -37,6 +39,7 @@ def save(store: Store | str | os.PathLike[str], state_dict: dict[str, Any], *, r
             opened.close()
 
 
+@collector_paused()
 def load(store: Store | str | os.PathLike[str], selector: str, state_dict: dict[str, Any]
          ) -> dict[str, Any]:
     """Load the states named by ``state_dict``'s keys from the version ``selector``.
