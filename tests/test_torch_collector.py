@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,6 @@ torch = pytest.importorskip("torch")
 
 import chunkstore  # noqa: E402
 from torch_bridge import Checkpointer, load, save  # noqa: E402
-from torch_bridge.collector import collector_paused  # noqa: E402
 
 nn = torch.nn
 
@@ -82,30 +80,6 @@ def test_a_collector_the_caller_turned_off_stays_off(tmp_path: Path) -> None:
     finally:
         if enabled:
             gc.enable()
-
-
-def test_overlapping_pauses_resume_the_collector_once_after_the_last() -> None:
-    enabled = gc.isenabled()
-    gc.enable()
-    try:
-        inside, leave = threading.Event(), threading.Event()
-
-        def other() -> None:
-            with collector_paused():
-                inside.set()
-                leave.wait(10)
-
-        thread = threading.Thread(target=other)
-        with collector_paused():
-            thread.start()
-            assert inside.wait(10)
-        assert not gc.isenabled()  # the other thread's pause still holds
-        leave.set()
-        thread.join(10)
-        assert gc.isenabled()
-    finally:
-        if not enabled:
-            gc.disable()
 
 
 @pytest.mark.parametrize("async_save", [False, True])

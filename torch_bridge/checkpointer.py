@@ -22,10 +22,10 @@ import torch.distributed as dist
 
 import chunkstore
 from chunkstore import Store, VersionInfo, plaindata
+from chunkstore.collector import collector_paused
 from chunkstore.errors import IntegrityError, InvalidInputError, SelectorError
 from torch_bridge import boundary
 from torch_bridge.collectives import process_group_active
-from torch_bridge.collector import collector_paused
 from torch_bridge.errors import (
     AsyncSaveError,
     AsyncSaveUnderProcessGroupError,

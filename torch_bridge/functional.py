@@ -6,8 +6,8 @@ import os
 from typing import Any
 
 from chunkstore import Store, VersionInfo
+from chunkstore.collector import collector_paused
 from torch_bridge.checkpointer import open_store, sync_arrays
-from torch_bridge.collector import collector_paused
 from torch_bridge.layout import apply_states, capture_states, check_key, load_states, write_version
 from torch_bridge.provenance import code_revision_once, provenance
 

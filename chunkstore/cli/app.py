@@ -41,6 +41,7 @@ from chunkstore.cli.common import (
     exit_code_for,
     missing_dependency,
 )
+from chunkstore.collector import collector_paused
 from chunkstore.errors import ChunkStoreError
 
 #: Commands that need PyTorch live in torch_bridge and are imported only when run,
@@ -116,7 +117,7 @@ class ChunkstoreGroup(click.Group):
             return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
-        with one_line_errors():
+        with one_line_errors(), collector_paused():
             return super().invoke(ctx)
 
 
