@@ -3,7 +3,8 @@
 For each workload (real CPU training, a save every k steps, N versions) the
 suite records the saved states once, then replays them into every system,
 each in a fresh process (``benchmarks.worker``) so its peak memory is its
-own (the quick mode runs everything in one process instead: it checks that
+own, the processes taking turns step by step so that every system is timed
+in the same minutes (the quick mode runs everything in one process instead: it checks that
 the suite works and what storage must show by construction, not speed or
 memory).  It also runs the ~1 GB throughput benchmark against the machine's
 limits (``bench_core``), the async-pause benchmark (``bench_pause``) and the
@@ -43,10 +44,13 @@ from benchmarks.workloads import FULL, QUICK, TRAIN, WORKLOADS, Scale
 REPO = Path(__file__).resolve().parent.parent
 
 
+def _child_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
 def _python(module: str, *args: str) -> str:
     """Run ``python -m module args`` from the repository root; its stdout."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env,
+    done = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=_child_env(),
                           capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{module} {' '.join(args)} failed:\n{done.stderr[-4000:]}")
@@ -77,16 +81,87 @@ def record_trace(workload: str, scale: Scale, trace_dir: Path) -> dict[str, Any]
 
 def run_systems(trace_dir: Path, work_dir: Path, systems: list[str], repeat: int,
                 in_process: bool) -> list[dict[str, Any]]:
-    """Each system in a fresh worker process, one after another, or all in this process."""
+    """Each system in a fresh worker process, all taking turns (or all in this process).
+
+    The workers start together; each timed step of one (a save, a restore, an
+    async save) runs while the others wait, and the turns go round-robin from
+    a different system each round, so every system is timed in the same minutes
+    (``benchmarks.worker``'s docstring says why).
+    """
     if in_process:
         return [{**worker.run(trace_dir, system, work_dir / system, repeat),
                  "rss_isolated": False} for system in systems]
-    records: list[dict[str, Any]] = []
-    for system in systems:
-        out = _python("benchmarks.worker", str(trace_dir), system, str(work_dir / system),
-                      "--repeat", str(repeat))
-        records += json.loads(out)
-    return records
+    workers = {system: _Worker(trace_dir, system, work_dir / system, repeat)
+               for system in systems}
+    try:
+        waiting = [system for system in systems if workers[system].until_ready()]
+        rounds = 0
+        while waiting:
+            start = rounds % len(waiting)
+            still = []
+            for system in waiting[start:] + waiting[:start]:
+                if workers[system].turn():
+                    still.append(system)
+            waiting = [system for system in systems if system in still]
+            rounds += 1
+        return [record for system in systems for record in workers[system].finish()]
+    finally:
+        for each in workers.values():
+            each.close()
+
+
+class _Worker:
+    """One system's ``benchmarks.worker`` process, run with ``--turns``."""
+
+    def __init__(self, trace_dir: Path, system: str, work_dir: Path, repeat: int) -> None:
+        self.system = system
+        self.records: list[dict[str, Any]] | None = None
+        # A file, not a pipe: a pipe could fill up while the worker waits; closed in
+        # close().
+        self.stderr = tempfile.TemporaryFile()  # noqa: SIM115
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.worker", str(trace_dir), system,
+             str(work_dir), "--repeat", str(repeat), "--turns"],
+            cwd=REPO, env=_child_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=self.stderr, text=True)
+
+    def _failed(self, what: str) -> RuntimeError:
+        self.stderr.seek(0)
+        tail = self.stderr.read().decode(errors="replace")[-4000:]
+        return RuntimeError(f"the {self.system} worker {what} (exit status"
+                            f" {self.process.wait()}):\n{tail}")
+
+    def until_ready(self) -> bool:
+        """Read until the worker waits for a turn (True) or has printed its records."""
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            if line.startswith(worker.TURN_READY):
+                return True
+            if line.startswith(worker.RESULT_PREFIX):
+                self.records = json.loads(line[len(worker.RESULT_PREFIX):])
+                return False
+        raise self._failed("ended without its records")
+
+    def turn(self) -> bool:
+        """Let the worker run one timed step; whether it wants another."""
+        assert self.process.stdin is not None
+        self.process.stdin.write("go\n")
+        self.process.stdin.flush()
+        return self.until_ready()
+
+    def finish(self) -> list[dict[str, Any]]:
+        if self.process.wait() != 0 or self.records is None:
+            raise self._failed("failed")
+        return self.records
+
+    def close(self) -> None:
+        """End the process if it still runs (another worker failed) and close its files."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        for stream in (self.process.stdin, self.process.stdout, self.stderr):
+            if stream is not None:
+                stream.close()
 
 
 def run_reference(out_dir: Path, work_dir: Path, quick: bool) -> None:

@@ -5,11 +5,21 @@ version is saved synchronously and the peak resident set is read (so it
 holds the state plus what saving added, nothing from restores); then the
 restores, the async pauses and the memcpy reference are measured.  Usage::
 
-    python -m benchmarks.worker TRACE_DIR SYSTEM[,SYSTEM...] WORK_DIR [--repeat 3]
+    python -m benchmarks.worker TRACE_DIR SYSTEM[,SYSTEM...] WORK_DIR [--repeat 3] [--turns]
 
 With several systems the process is shared, so only the first one's peak
 memory is its own (``rss_isolated`` says which); the suite's quick mode calls
 ``run`` in its own process instead, so none is.
+
+With ``--turns`` the worker takes turns with the other systems' workers: it
+says ``TURN_READY`` on stdout before each timed step (a save, a restore, an
+async save, the memcpy reference), waits for ``go`` on stdin, and holds the
+turn (doing the untimed work that follows too) until it next says it is
+ready; it prints its records after ``RESULT_PREFIX``.  The suite hands the
+turns round-robin (:func:`benchmarks.suite.run_systems`), so every system is
+measured in the same minutes, save by save: a slow spell of the machine's
+disk or of a neighbour falls on all of them alike, not on whichever system
+happened to run then.
 """
 
 from __future__ import annotations
@@ -47,9 +57,31 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
-def median_time(fn: Callable[[], object], repeat: int) -> float:
+TURN_READY = "@turn-ready"
+RESULT_PREFIX = "@result "
+
+
+class Turns:
+    """When this process may run a timed step (see the module docstring)."""
+
+    def __init__(self, shared: bool) -> None:
+        self.shared = shared
+
+    def take(self) -> None:
+        if not self.shared:
+            return
+        print(TURN_READY, flush=True)
+        if sys.stdin.readline().strip() != "go":
+            raise SystemExit("the suite ended the run")
+
+
+ALONE = Turns(shared=False)
+
+
+def median_time(fn: Callable[[], object], repeat: int, turns: Turns = ALONE) -> float:
     times = []
     for _ in range(repeat):
+        turns.take()
         started = time.perf_counter()
         fn()
         times.append(time.perf_counter() - started)
@@ -61,10 +93,12 @@ def steady(times: list[float]) -> float:
     return statistics.median(times[1:] if len(times) > 1 else times)
 
 
-def save_all(system: Any, reader: TraceReader) -> tuple[list[float], list[int], list[int]]:
+def save_all(system: Any, reader: TraceReader, turns: Turns = ALONE
+             ) -> tuple[list[float], list[int], list[int]]:
     """Each save's time, and the bytes and objects stored after it."""
     times, stored, objects = [], [], []
     for version, state in reader:
+        turns.take()
         started = time.perf_counter()
         system.save(version, state)
         times.append(time.perf_counter() - started)
@@ -73,9 +107,10 @@ def save_all(system: Any, reader: TraceReader) -> tuple[list[float], list[int], 
     return times, stored, objects
 
 
-def pause_all(system: Any, reader: TraceReader) -> list[float]:
+def pause_all(system: Any, reader: TraceReader, turns: Turns = ALONE) -> list[float]:
     pauses = []
     for version, state in reader:
+        turns.take()
         started = time.perf_counter()
         system.save(version, state)
         pauses.append(time.perf_counter() - started)
@@ -83,7 +118,7 @@ def pause_all(system: Any, reader: TraceReader) -> list[float]:
     return pauses
 
 
-def memcpy_time(reader: TraceReader, repeat: int) -> float:
+def memcpy_time(reader: TraceReader, repeat: int, turns: Turns = ALONE) -> float:
     """A plain copy of the whole state into reused buffers: the floor of any pause."""
     tensors = list(flatten(reader.load(reader.versions[-1].index)).values())
     buffers = [torch.empty_like(t) for t in tensors]
@@ -93,11 +128,11 @@ def memcpy_time(reader: TraceReader, repeat: int) -> float:
             buffer.copy_(tensor)
 
     copy()
-    return median_time(copy, repeat)
+    return median_time(copy, repeat, turns)
 
 
 def restore_one(system: Any, reader: TraceReader, version: TraceVersion,
-                repeat: int) -> tuple[float, bool]:
+                repeat: int, turns: Turns = ALONE) -> tuple[float, bool]:
     """Median restore time of ``version`` and whether every tensor came back bit for bit."""
     expected = flatten(reader.load(version.index))
     target = empty_like_tree(reader.load(version.index))
@@ -106,28 +141,30 @@ def restore_one(system: Any, reader: TraceReader, version: TraceVersion,
     def restore() -> None:
         restored["tree"] = system.restore(version, target)
 
-    seconds = median_time(restore, repeat)
+    seconds = median_time(restore, repeat, turns)
     got = flatten(restored["tree"])
     ok = got.keys() == expected.keys() and all(
         torch.equal(got[name], tensor) for name, tensor in expected.items())
     return seconds, ok
 
 
-def run(trace_dir: Path, system_name: str, work_dir: Path, repeat: int) -> dict[str, Any]:
+def run(trace_dir: Path, system_name: str, work_dir: Path, repeat: int,
+        turns: Turns = ALONE) -> dict[str, Any]:
     reader = TraceReader(trace_dir)
     reader.load(0)
     baseline_rss = peak_rss_bytes()
     system = open_sync(system_name, work_dir / "sync")
-    save_times, stored, objects = save_all(system, reader)
+    save_times, stored, objects = save_all(system, reader, turns)
     peak_rss = peak_rss_bytes()
-    restore_s, latest_ok = restore_one(system, reader, reader.versions[-1], repeat)
-    restore_oldest_s, oldest_ok = restore_one(system, reader, reader.versions[0], repeat)
+    restore_s, latest_ok = restore_one(system, reader, reader.versions[-1], repeat, turns)
+    restore_oldest_s, oldest_ok = restore_one(system, reader, reader.versions[0], repeat,
+                                              turns)
     system.close()
     shutil.rmtree(work_dir / "sync")
     async_system = open_async(system_name, work_dir / "async")
     pauses: list[float] = []
     if async_system is not None:
-        pauses = pause_all(async_system, reader)
+        pauses = pause_all(async_system, reader, turns)
         async_system.close()
         shutil.rmtree(work_dir / "async")
     logical = reader.versions[-1].logical_bytes
@@ -140,7 +177,7 @@ def run(trace_dir: Path, system_name: str, work_dir: Path, repeat: int) -> dict[
         "pause_kind": "async" if pauses else "sync (no async save)",
         "first_save_s": save_times[0], "first_pause_s": pauses[0] if pauses else None,
         "restore_oldest_s": restore_oldest_s, "restore_verified": latest_ok and oldest_ok,
-        "memcpy_s": memcpy_time(reader, repeat), "baseline_rss_bytes": baseline_rss,
+        "memcpy_s": memcpy_time(reader, repeat, turns), "baseline_rss_bytes": baseline_rss,
         "cumulative_bytes": stored, "save_times_s": save_times, "pause_times_s": pauses,
         "cumulative_objects": objects,
     }
@@ -152,12 +189,15 @@ def main() -> None:
     parser.add_argument("systems", help="comma-separated system names")
     parser.add_argument("work_dir", type=Path)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--turns", action="store_true",
+                        help="take turns with other workers (see the module docstring)")
     args = parser.parse_args()
+    turns = Turns(shared=args.turns)
     records = []
     for i, system in enumerate(args.systems.split(",")):
-        record = run(args.trace_dir, system, args.work_dir / system, args.repeat)
+        record = run(args.trace_dir, system, args.work_dir / system, args.repeat, turns)
         records.append({**record, "rss_isolated": i == 0})
-    json.dump(records, sys.stdout)
+    print(RESULT_PREFIX + json.dumps(records), flush=True)
 
 
 if __name__ == "__main__":

@@ -125,3 +125,23 @@ def test_the_sharded_dcp_benchmark_reports_per_rank(results: Path) -> None:
         # the frozen base is stored once: well under DCP's three full copies
         assert ratios["stored"] < 0.5 and ratios["meets_target"]["stored"], ratios
         assert ratios["save_time"] > 0 and set(ratios["meets_target"]) == set(report["targets"])
+
+
+def test_workers_taking_turns_measure_every_system(tmp_path: Path) -> None:
+    """The full mode's workers (one process per system, timed steps in turns) return
+    every system's record, and a worker that fails stops the run with its error."""
+    sys.path.insert(0, str(REPO))
+    from benchmarks import suite
+    from benchmarks.workloads import QUICK
+
+    trace = tmp_path / "trace"
+    suite.record_trace("lora", QUICK, trace)
+    records = suite.run_systems(trace, tmp_path / "work", ["torch.save", "chunkstore-auto"],
+                                repeat=1, in_process=False)
+    assert [r["system"] for r in records] == ["torch.save", "chunkstore-auto"]
+    for record in records:
+        assert len(record["save_times_s"]) == record["versions"]
+        assert record["restore_verified"]
+    with pytest.raises(RuntimeError, match="no-such-system"):
+        suite.run_systems(trace, tmp_path / "work2", ["torch.save", "no-such-system"],
+                          repeat=1, in_process=False)
