@@ -1,7 +1,9 @@
 """Save/restore throughput of chunkstore against torch.save/torch.load on the same arrays.
 
 One run measures the machine's own limits too (memcpy, BLAKE3, write+fsync),
-so every figure is a ratio taken under the same conditions.  Usage::
+so every figure is a ratio taken under the same conditions; the systems and
+the write+fsync reference are timed in rounds (:func:`in_rounds`), each round
+running each once.  Usage::
 
     python benchmarks/bench_core.py --gib 1 --repeat 3 --out benchmarks/results/core.json
 """
@@ -33,10 +35,36 @@ def _timed(fn: Callable[[], object], repeat: int, before: Callable[[], object] |
     for _ in range(repeat):
         if before is not None:
             before()
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
+        times.append(_seconds(fn))
     return statistics.median(times)
+
+
+def _seconds(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+#: One round of a system's measurements: each step's name and seconds, in order.
+Round = Callable[[], dict[str, float]]
+
+
+def in_rounds(systems: dict[str, Round], repeat: int) -> dict[str, dict[str, float]]:
+    """Median seconds of each system's steps over ``repeat`` rounds.
+
+    Every round runs every system once, starting from a different one, so a
+    slow spell of the machine (its disk above all) falls on every system
+    alike and the ratios between them hold.
+    """
+    times: dict[str, dict[str, list[float]]] = {name: {} for name in systems}
+    names = list(systems)
+    for index in range(repeat):
+        first = index % len(names)
+        for name in names[first:] + names[:first]:
+            for step, seconds in systems[name]().items():
+                times[name].setdefault(step, []).append(seconds)
+    return {name: {step: statistics.median(v) for step, v in steps.items()}
+            for name, steps in times.items()}
 
 
 def make_state(total_bytes: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -52,26 +80,35 @@ def make_state(total_bytes: int, seed: int = 0) -> dict[str, np.ndarray]:
     return state
 
 
-def limits(workdir: Path, nbytes: int) -> dict[str, float]:
+def limits(nbytes: int) -> dict[str, float]:
+    """memcpy and one thread's BLAKE3 (CPU limits; write+fsync is a round of its own)."""
     data = np.random.default_rng(1).integers(0, 255, nbytes, dtype=np.uint8)
     target = np.ones_like(data)  # touched, so the copy measures bandwidth, not page faults
     memcpy = nbytes / _timed(lambda: np.copyto(target, data), 3)
     view = memoryview(data.data)
     hash1 = nbytes / _timed(lambda: blake3.blake3(view).digest(), 3)
+    return {"memcpy_gbps": memcpy / 1e9, "blake3_1thread_gbps": hash1 / 1e9}
+
+
+def write_fsync_round(workdir: Path, nbytes: int) -> Round:
+    view = memoryview(np.random.default_rng(2).integers(0, 255, nbytes, dtype=np.uint8).data)
+    path = workdir / "fsync.bin"
 
     def write_fsync() -> None:
-        path = workdir / "fsync.bin"
         with open(path, "wb") as f:
             f.write(view)
             f.flush()
             os.fsync(f.fileno())
+
+    def one() -> dict[str, float]:
+        seconds = _seconds(write_fsync)
         path.unlink()
+        return {"write_fsync_s": seconds}
 
-    return {"memcpy_gbps": memcpy / 1e9, "blake3_1thread_gbps": hash1 / 1e9,
-            "write_fsync_gbps": nbytes / _timed(write_fsync, 3) / 1e9}
+    return one
 
 
-def bench_torch(workdir: Path, state: dict[str, np.ndarray], repeat: int) -> dict[str, float]:
+def torch_round(workdir: Path, state: dict[str, np.ndarray]) -> Round:
     import torch
 
     tensors = {k: torch.from_numpy(v) for k, v in state.items()}
@@ -83,38 +120,36 @@ def bench_torch(workdir: Path, state: dict[str, np.ndarray], repeat: int) -> dic
             f.flush()
             os.fsync(f.fileno())  # the same durability chunkstore gives
 
-    save_s = _timed(save, repeat)
-    load_s = _timed(lambda: torch.load(path, weights_only=True), repeat)
-    return {"save_s": save_s, "load_s": load_s}
+    return lambda: {"save_s": _seconds(save),
+                    "load_s": _seconds(lambda: torch.load(path, weights_only=True))}
 
 
-def bench_chunkstore(workdir: Path, state: dict[str, np.ndarray], repeat: int,
-                     compression: str) -> dict[str, float]:
+def chunkstore_round(workdir: Path, state: dict[str, np.ndarray], compression: str) -> Round:
+    """A first save into an empty store, an unchanged re-save (a new version whose
+    chunks are all stored), a restore into existing arrays."""
     root = workdir / f"cs-{compression}"
+    outs = {k: np.empty_like(v) for k, v in state.items()}
 
-    def fresh() -> None:
-        shutil.rmtree(root, ignore_errors=True)
-
-    def save(step: int = 0) -> None:
+    def save(step: int) -> None:
         with chunkstore.open(root, compression=compression) as store, \
                 store.new_version(run="bench", step=step) as v:
             for name, array in state.items():
                 v.put(name, array)
 
-    first_s = _timed(save, repeat, before=fresh)
-    resave_s = _timed(lambda: save(1), repeat)
-    with chunkstore.open(root) as store:
-        reader = store.open_version("latest")
-        outs = {k: np.empty_like(v) for k, v in state.items()}
+    def restore() -> None:
+        with chunkstore.open(root) as store:
+            store.open_version("latest").get_many_into(
+                (name, out, None) for name, out in outs.items())
 
-        def restore() -> None:
-            for name, out in outs.items():
-                reader.get_into(name, out)
+    def one() -> dict[str, float]:
+        shutil.rmtree(root, ignore_errors=True)
+        times = {"first_save_s": _seconds(lambda: save(0)),
+                 "resave_s": _seconds(lambda: save(1)), "restore_s": _seconds(restore)}
+        with chunkstore.open(root) as store:
+            times["physical_bytes"] = store.stats().physical_bytes
+        return times
 
-        restore_s = _timed(restore, repeat)
-        physical = store.stats().physical_bytes
-    return {"first_save_s": first_s, "resave_s": resave_s, "restore_s": restore_s,
-            "physical_bytes": physical}
+    return one
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -129,15 +164,23 @@ def main(argv: list[str] | None = None) -> None:
     try:
         state = make_state(nbytes)
         logical = sum(a.nbytes for a in state.values())
+        fsync_bytes = min(nbytes, 512 << 20)
+        measured = in_rounds({
+            "torch": torch_round(workdir, state),
+            "chunkstore-none": chunkstore_round(workdir, state, "none"),
+            "chunkstore-auto": chunkstore_round(workdir, state, "auto"),
+            "write_fsync": write_fsync_round(workdir, fsync_bytes),
+        }, args.repeat)
+        machine_limits = limits(fsync_bytes)
+        machine_limits["write_fsync_gbps"] = (
+            fsync_bytes / measured.pop("write_fsync")["write_fsync_s"] / 1e9)
         result: dict[str, Any] = {
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                         "platform": platform.platform()},
-            "logical_bytes": logical, "limits": limits(workdir, min(nbytes, 512 << 20)),
-            "torch": bench_torch(workdir, state, args.repeat),
+            "logical_bytes": logical, "limits": machine_limits, **measured,
         }
-        for compression in ("none", "auto"):
-            result[f"chunkstore-{compression}"] = bench_chunkstore(workdir, state, args.repeat,
-                                                                   compression)
+        for key in ("chunkstore-none", "chunkstore-auto"):
+            result[key]["physical_bytes"] = int(result[key]["physical_bytes"])
         t = result["torch"]
         for key in ("chunkstore-none", "chunkstore-auto"):
             r = result[key]
