@@ -160,7 +160,8 @@ def markdown(folder: Path) -> str:
         "How long the training loop stops per save: `Checkpointer(async_save=True)` for"
         " chunkstore, `async_save` for DCP (median after the first, which also allocates"
         " the staging buffers), the sync save for torch.save and safetensors. memcpy: a"
-        " plain copy of the whole state into reused buffers, measured in the same process.",
+        " plain copy of the whole state into reused buffers, timed right after each async"
+        " save in its turn (median after the first).",
         "", *pivot(records, _pause_cell), "",
         "## Objects written per save", "",
         "Files (objects, on an object store: PUT requests) the first save wrote / the"

@@ -171,7 +171,7 @@ def run_reference(out_dir: Path, work_dir: Path, quick: bool) -> None:
     Quick: tiny states, in this process (the smoke test checks they run, not their
     figures); bench_dcp's ranks are processes in either mode.
     """
-    core = ["--gib", "0.015625", "--repeat", "1"] if quick else ["--gib", "1", "--repeat", "3"]
+    core = ["--gib", "0.015625", "--repeat", "1"] if quick else ["--gib", "1", "--repeat", "5"]
     core += ["--out", str(out_dir / "core.json"), "--workdir", str(work_dir)]
     pause = ["--mib", "4", "--repeat", "2"] if quick else ["--mib", "256", "--repeat", "5"]
     pause += ["--out", str(out_dir / "pause.json"), "--dir", str(work_dir)]
@@ -210,14 +210,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--repeat", type=int, default=None,
-                        help="timing repeats for restores (default: 3, 1 with --quick)")
+                        help="timing repeats for restores (default: 5, 1 with --quick)")
     parser.add_argument("--no-reference", action="store_true",
                         help="skip bench_core, bench_pause and bench_dcp")
     args = parser.parse_args(argv)
     if args.out_dir is None:
         args.out_dir = REPO / "benchmarks" / "results" / ("quick" if args.quick else "")
     if args.repeat is None:
-        args.repeat = 1 if args.quick else 3
+        args.repeat = 1 if args.quick else 5
     return args
 
 

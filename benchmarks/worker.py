@@ -107,15 +107,32 @@ def save_all(system: Any, reader: TraceReader, turns: Turns = ALONE
     return times, stored, objects
 
 
-def pause_all(system: Any, reader: TraceReader, turns: Turns = ALONE) -> list[float]:
-    pauses = []
+def pause_all(system: Any, reader: TraceReader, turns: Turns = ALONE
+              ) -> tuple[list[float], list[float]]:
+    """Each async save's pause, and a memcpy of the same state timed in the same turn
+    right after it (the machine's speed drifts; a pause is compared with its own)."""
+    pauses, copies = [], []
     for version, state in reader:
         turns.take()
         started = time.perf_counter()
         system.save(version, state)
         pauses.append(time.perf_counter() - started)
         system.wait()  # nothing in flight at the next save: the pause is the capture alone
-    return pauses
+        copies.append(_copy_seconds(state))
+    return pauses, copies
+
+
+def _copy_seconds(state: Any) -> float:
+    """A plain copy of ``state`` into buffers that exist already (the second of two)."""
+    tensors = list(flatten(state).values())
+    buffers = [torch.empty_like(t) for t in tensors]
+    seconds = 0.0
+    for _ in range(2):
+        started = time.perf_counter()
+        for buffer, tensor in zip(buffers, tensors, strict=True):
+            buffer.copy_(tensor)
+        seconds = time.perf_counter() - started
+    return seconds
 
 
 def memcpy_time(reader: TraceReader, repeat: int, turns: Turns = ALONE) -> float:
@@ -163,8 +180,9 @@ def run(trace_dir: Path, system_name: str, work_dir: Path, repeat: int,
     shutil.rmtree(work_dir / "sync")
     async_system = open_async(system_name, work_dir / "async")
     pauses: list[float] = []
+    copies: list[float] = []
     if async_system is not None:
-        pauses = pause_all(async_system, reader, turns)
+        pauses, copies = pause_all(async_system, reader, turns)
         async_system.close()
         shutil.rmtree(work_dir / "async")
     logical = reader.versions[-1].logical_bytes
@@ -177,7 +195,8 @@ def run(trace_dir: Path, system_name: str, work_dir: Path, repeat: int,
         "pause_kind": "async" if pauses else "sync (no async save)",
         "first_save_s": save_times[0], "first_pause_s": pauses[0] if pauses else None,
         "restore_oldest_s": restore_oldest_s, "restore_verified": latest_ok and oldest_ok,
-        "memcpy_s": memcpy_time(reader, repeat, turns), "baseline_rss_bytes": baseline_rss,
+        "memcpy_s": steady(copies) if copies else memcpy_time(reader, repeat, turns),
+        "baseline_rss_bytes": baseline_rss,
         "cumulative_bytes": stored, "save_times_s": save_times, "pause_times_s": pauses,
         "cumulative_objects": objects,
     }
