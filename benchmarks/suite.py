@@ -76,6 +76,9 @@ def record_trace(workload: str, scale: Scale, trace_dir: Path) -> dict[str, Any]
                                                             for v in versions)),
     })
     writer.finish(meta)
+    # The trace is gigabytes of dirty pages; written back now, not while systems are
+    # timed (a syncfs, as chunkstore's save does, would wait for all of it).
+    os.sync()
     return meta
 
 
