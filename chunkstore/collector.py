@@ -11,7 +11,7 @@ objects needs the collector: chunkstore and torch_bridge make no reference
 cycles (tests/test_writer.py and tests/test_torch_collector.py check it), so
 reference counting frees them when the operation returns.  Pausing the
 collector for that long only delays the collection of cyclic garbage that
-other threads make meanwhile.  The command line runs each command paused too:
+other threads make meanwhile.  The store's commands (chunkstore.cli) run paused too:
 a quick ``verify`` of a store of 100,000 chunks took 2.6 s instead of 3.2 s.
 """
 
@@ -19,36 +19,65 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import threading
 from collections.abc import Iterator
 
 
 class _Pause:
-    """The one pause that every save and restore in the process shares."""
+    """The one pause that every save and restore in the process shares.
+
+    The order of the steps makes an interruption (a KeyboardInterrupt between
+    two bytecodes) leave the collector on, never off: a holder is counted
+    before the collector is turned off and uncounted after it is turned back
+    on, so the worst case is a count that stays above zero, and later pauses
+    then leave the collector alone.
+    """
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        # Re-entrant: a signal handler that saves a checkpoint may run on a thread
+        # that holds the lock.
+        self.lock = threading.RLock()
         self.holders = 0
         self.resume = False
 
+    def enter(self) -> None:
+        with self.lock:
+            self.holders += 1
+            if self.holders == 1:
+                self.resume = gc.isenabled()
+                gc.disable()
+
+    def leave(self) -> None:
+        with self.lock:
+            if self.holders == 1 and self.resume:
+                gc.enable()
+            self.holders -= 1
+
+    def reset_in_child(self) -> None:
+        """After fork: the child has no save or restore in progress."""
+        self.lock = threading.RLock()
+        if self.holders and self.resume:
+            gc.enable()
+        self.holders = 0
+
 
 _PAUSE = _Pause()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_PAUSE.reset_in_child)
 
 
 @contextlib.contextmanager
 def collector_paused() -> Iterator[None]:
-    """Pause automatic collection for the block (also as a decorator); nested and
-    concurrent uses share one pause, and the collector is enabled again after the
-    last one only if it was enabled before the first."""
-    with _PAUSE.lock:
-        if _PAUSE.holders == 0:
-            _PAUSE.resume = gc.isenabled()
-            gc.disable()
-        _PAUSE.holders += 1
+    """Pause automatic collection for the block (also as a decorator).
+
+    Nested and concurrent uses share one pause; the collector is enabled again
+    after the last one only if it was enabled before the first.  A
+    ``gc.disable()`` called by other code during the pause is undone when it
+    ends.
+    """
+    _PAUSE.enter()
     try:
         yield
     finally:
-        with _PAUSE.lock:
-            _PAUSE.holders -= 1
-            if _PAUSE.holders == 0 and _PAUSE.resume:
-                gc.enable()
+        _PAUSE.leave()

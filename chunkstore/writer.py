@@ -145,9 +145,12 @@ class _PendingTensor:
     part: int | None = None
 
     def results(self) -> list[StoredChunk]:
+        # No frame of ours holds a future while its result is taken: a job's exception
+        # keeps its traceback, and a frame there that referred to the future would
+        # make a cycle holding the writer and the caller's arrays.
         if self.part is None:
-            return [future.result() for future in self.futures]
-        return [self.futures[0].result()[self.part]]
+            return list(map(Future.result, self.futures))
+        return [Future.result(self.futures[0])[self.part]]
 
 
 @dataclass(frozen=True)
@@ -757,6 +760,9 @@ class VersionWriter:
             for future in pending.futures:
                 if not future.cancelled():
                     future.exception()  # wait, so no job touches the caller's arrays later
+            # A failed job's exception holds its frames, the writer among them: let go
+            # of the futures so nothing of the aborted save outlives it in a cycle.
+            pending.futures = []
         try:
             self._store.index.close_session(self._session)
         finally:

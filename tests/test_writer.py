@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -122,33 +124,66 @@ def test_a_failed_batch_claim_aborts_the_version(tmp_path: Path) -> None:
         assert store.verify().ok
 
 
+def _cyclic_garbage_of(action: Callable[[], object]) -> list[object]:
+    """What of this project the cyclic collector would have to free after ``action``
+    (run with the collector off; everything it found is restored afterwards)."""
+    import gc
+
+    enabled, debug = gc.isenabled(), gc.get_debug()
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds is kept in gc.garbage
+    try:
+        action()
+        gc.collect()
+        return [thing for thing in gc.garbage
+                if (getattr(thing, "__module__", None) or type(thing).__module__ or ""
+                    ).startswith("chunkstore")]
+    finally:
+        gc.garbage.clear()
+        gc.set_debug(debug)
+        if enabled:
+            gc.enable()
+
+
 @pytest.mark.parametrize("compression", ["none", "auto"])
-def test_a_committed_save_leaves_nothing_for_the_cyclic_garbage_collector(
+def test_a_save_leaves_nothing_for_the_cyclic_garbage_collector(
         tmp_path: Path, compression: str) -> None:
     """A save's objects (its writer, pack builder, claims and entries) are freed when
-    the save ends, not left in reference cycles for a full garbage collection; and
-    dropping the caller's arrays frees them."""
-    import gc
+    the save ends, committed or failed, not left in reference cycles for a full garbage
+    collection; and dropping the caller's arrays frees them."""
     import weakref
 
     rng = np.random.default_rng(1)
-    with chunkstore.open(tmp_path / "s", compression=compression, delta_depth=2) as store:
-        for step in (1, 2):  # the second save has a parent: deltas and dedup on
-            arrays = {f"t{i}": rng.standard_normal(n).astype(np.float32)
-                      for i, n in enumerate([10, 300, 70_000, 600_000])}
-            alive = [weakref.ref(a) for a in arrays.values()]
-            enabled = gc.isenabled()
-            gc.collect()
-            gc.disable()
-            try:
-                with store.new_version(run="r", step=step) as version:
-                    for name, array in arrays.items():
-                        version.put(name, array)
-                del version, array
-                arrays.clear()
+    alive: list[weakref.ref[np.ndarray]] = []
+
+    def save(store: chunkstore.Store, step: int) -> None:
+        arrays = {f"t{i}": rng.standard_normal(n).astype(np.float32)
+                  for i, n in enumerate([10, 300, 70_000, 600_000, 3_000_000])}
+        alive.extend(weakref.ref(a) for a in arrays.values())
+        with store.new_version(run="r", step=step) as version:
+            for name, array in arrays.items():
+                version.put(name, array)
+
+    def failing_save(store: chunkstore.Store, step: int) -> None:
+        healthy = store.backend.put_if_absent_deferred
+
+        def failing(key: str, data: bytes | memoryview) -> bool:
+            if key.startswith("chunks/"):
+                raise OSError("disk full (injected)")
+            return healthy(key, data)
+
+        store.backend.put_if_absent_deferred = failing  # type: ignore[method-assign]
+        try:
+            with pytest.raises(OSError, match="injected"):
+                save(store, step)
+        finally:
+            del store.backend.put_if_absent_deferred
+
+    for depth in (0, 2):
+        with chunkstore.open(tmp_path / f"s{depth}", compression=compression,
+                             delta_depth=depth) as store:
+            for step, run in ((1, save), (2, save), (3, failing_save)):  # 2: a parent
+                assert _cyclic_garbage_of(functools.partial(run, store, step)) == []
                 assert [r() for r in alive] == [None] * len(alive)
-                assert gc.collect() == 0
-            finally:
-                if enabled:
-                    gc.enable()
-        assert store.verify().ok
+            assert store.verify().ok

@@ -117,7 +117,7 @@ class ChunkstoreGroup(click.Group):
             return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
-        with one_line_errors(), collector_paused():
+        with one_line_errors():
             return super().invoke(ctx)
 
 
@@ -171,6 +171,10 @@ def cli() -> None:
 
 
 for _command in (*inspection.COMMANDS, *versions.COMMANDS, *maintenance.COMMANDS):
+    # The store's own commands run with the cyclic garbage collector paused
+    # (chunkstore.collector); the torch commands (the demo trains) do not.
+    if _command.callback is not None:
+        _command.callback = collector_paused()(_command.callback)
     cli.add_command(_command)
 
 
