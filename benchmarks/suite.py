@@ -148,8 +148,11 @@ class _Worker:
     def turn(self) -> bool:
         """Let the worker run one timed step; whether it wants another."""
         assert self.process.stdin is not None
-        self.process.stdin.write("go\n")
-        self.process.stdin.flush()
+        try:
+            self.process.stdin.write("go\n")
+            self.process.stdin.flush()
+        except BrokenPipeError:
+            raise self._failed("ended while it waited for its turn") from None
         return self.until_ready()
 
     def finish(self) -> list[dict[str, Any]]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import shutil
 import statistics
@@ -62,17 +63,30 @@ RESULT_PREFIX = "@result "
 
 
 class Turns:
-    """When this process may run a timed step (see the module docstring)."""
+    """When this process may run a timed step (see the module docstring).
+
+    Shared, the protocol keeps stdout to itself: what anything else in the
+    process prints there goes to stderr, so no stray text can hide a line the
+    suite waits for.
+    """
 
     def __init__(self, shared: bool) -> None:
         self.shared = shared
+        self.channel = sys.stdout
+        if shared:
+            self.channel = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+            sys.stdout.flush()
+            os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
 
     def take(self) -> None:
         if not self.shared:
             return
-        print(TURN_READY, flush=True)
+        self.say(TURN_READY)
         if sys.stdin.readline().strip() != "go":
             raise SystemExit("the suite ended the run")
+
+    def say(self, line: str) -> None:
+        print(line, file=self.channel, flush=True)
 
 
 ALONE = Turns(shared=False)
@@ -94,17 +108,20 @@ def steady(times: list[float]) -> float:
 
 
 def save_all(system: Any, reader: TraceReader, turns: Turns = ALONE
-             ) -> tuple[list[float], list[int], list[int]]:
-    """Each save's time, and the bytes and objects stored after it."""
-    times, stored, objects = [], [], []
+             ) -> tuple[list[float], list[int], list[int], list[list[float]]]:
+    """Each save's time, the bytes and objects stored after it, and when it ran
+    (``time.monotonic``, one clock for every process: turns must not overlap)."""
+    times, stored, objects, spans = [], [], [], []
     for version, state in reader:
         turns.take()
+        began = time.monotonic()
         started = time.perf_counter()
         system.save(version, state)
         times.append(time.perf_counter() - started)
+        spans.append([began, time.monotonic()])
         stored.append(system.physical_bytes())
         objects.append(system.objects())
-    return times, stored, objects
+    return times, stored, objects, spans
 
 
 def pause_all(system: Any, reader: TraceReader, turns: Turns = ALONE
@@ -171,7 +188,7 @@ def run(trace_dir: Path, system_name: str, work_dir: Path, repeat: int,
     reader.load(0)
     baseline_rss = peak_rss_bytes()
     system = open_sync(system_name, work_dir / "sync")
-    save_times, stored, objects = save_all(system, reader, turns)
+    save_times, stored, objects, save_spans = save_all(system, reader, turns)
     peak_rss = peak_rss_bytes()
     restore_s, latest_ok = restore_one(system, reader, reader.versions[-1], repeat, turns)
     restore_oldest_s, oldest_ok = restore_one(system, reader, reader.versions[0], repeat,
@@ -198,7 +215,7 @@ def run(trace_dir: Path, system_name: str, work_dir: Path, repeat: int,
         "memcpy_s": steady(copies) if copies else memcpy_time(reader, repeat, turns),
         "baseline_rss_bytes": baseline_rss,
         "cumulative_bytes": stored, "save_times_s": save_times, "pause_times_s": pauses,
-        "cumulative_objects": objects,
+        "cumulative_objects": objects, "save_spans": save_spans,
     }
 
 
@@ -216,7 +233,7 @@ def main() -> None:
     for i, system in enumerate(args.systems.split(",")):
         record = run(args.trace_dir, system, args.work_dir / system, args.repeat, turns)
         records.append({**record, "rss_isolated": i == 0})
-    print(RESULT_PREFIX + json.dumps(records), flush=True)
+    turns.say(RESULT_PREFIX + json.dumps(records))
 
 
 if __name__ == "__main__":

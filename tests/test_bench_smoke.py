@@ -10,6 +10,7 @@ fast the disk stores it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -127,10 +128,11 @@ def test_the_sharded_dcp_benchmark_reports_per_rank(results: Path) -> None:
         assert ratios["save_time"] > 0 and set(ratios["meets_target"]) == set(report["targets"])
 
 
-def test_workers_taking_turns_measure_every_system(tmp_path: Path) -> None:
+def test_workers_taking_turns_measure_every_system(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The full mode's workers (one process per system, timed steps in turns) return
     every system's record, and a worker that fails stops the run with its error."""
-    sys.path.insert(0, str(REPO))
+    monkeypatch.syspath_prepend(str(REPO))
     from benchmarks import suite
     from benchmarks.workloads import QUICK
 
@@ -142,6 +144,11 @@ def test_workers_taking_turns_measure_every_system(tmp_path: Path) -> None:
     for record in records:
         assert len(record["save_times_s"]) == record["versions"]
         assert record["restore_verified"]
-    with pytest.raises(RuntimeError, match="no-such-system"):
+    spans = sorted((start, end, record["system"]) for record in records
+                   for start, end in record["save_spans"])
+    assert all(end <= following[0] for (_, end, _), following in itertools.pairwise(spans))
+    runs = [len(list(same)) for _, same in itertools.groupby(s for _, _, s in spans)]
+    assert max(runs) <= 2  # in turns, round-robin from a different system each round
+    with pytest.raises(RuntimeError, match="KeyError: 'no-such-system'"):
         suite.run_systems(trace, tmp_path / "work2", ["torch.save", "no-such-system"],
                           repeat=1, in_process=False)
