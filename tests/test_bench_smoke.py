@@ -152,3 +152,18 @@ def test_workers_taking_turns_measure_every_system(
     with pytest.raises(RuntimeError, match="KeyError: 'no-such-system'"):
         suite.run_systems(trace, tmp_path / "work2", ["torch.save", "no-such-system"],
                           repeat=1, in_process=False)
+
+
+def test_the_collector_benchmark_compares_both_ways(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(REPO))
+    import torch
+
+    from benchmarks import bench_collector
+
+    states = [{"model": {"w": torch.full((64, 64), float(i))}} for i in range(3)]
+    result = bench_collector.compare("tiny", states, rounds=1, work=tmp_path)
+    assert set(result) == {"paused", "running"}
+    for way in result.values():
+        assert way["saves"] == 2
+        assert way["save_total_s"] > 0 and way["restore_total_s"] > 0
