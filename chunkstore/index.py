@@ -284,6 +284,10 @@ class Index:
         now = time.time()
         sid = session_id.encode()
         found: dict[Digest, tuple[Claim, PackLocation | None]] = {}
+        # Each pack is looked up and claimed once per transaction, however many of
+        # its members the batch reuses: None when it is not LIVE, ``gone`` when deleted.
+        packs: dict[Digest, Claim | None] = {}
+        gone: set[Digest] = set()
         with self.env.begin(write=True) as txn:
             for digest in digests:
                 record = self._get(txn, self.chunks, digest)
@@ -294,13 +298,20 @@ class Index:
                 if location is None:
                     found[digest] = (Claim.WRITE, None)
                     continue
-                pack = self._get(txn, self.chunks, location.pack)
-                if pack is None or pack.state != ChunkState.LIVE:
-                    if pack is None:  # deleted: the location is of no further use
+                if location.pack not in packs:
+                    pack = self._get(txn, self.chunks, location.pack)
+                    live = pack is not None and pack.state == ChunkState.LIVE
+                    packs[location.pack] = (self._claim(txn, sid, CHUNK, location.pack, now)
+                                            if live else None)
+                    if pack is None:
+                        gone.add(location.pack)
+                claimed = packs[location.pack]
+                if claimed is None:
+                    if location.pack in gone:  # deleted: the location is of no further use
                         txn.delete(digest.raw, db=self.packed)
                     found[digest] = (Claim.WRITE, None)
                     continue
-                found[digest] = (self._claim(txn, sid, CHUNK, location.pack, now), location)
+                found[digest] = (claimed, location)
         return found
 
     def _packed(self, txn: lmdb.Transaction, digest: Digest) -> PackLocation | None:

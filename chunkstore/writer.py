@@ -63,7 +63,7 @@ from chunkstore.delta import (
     encode_delta,
     probe_length,
 )
-from chunkstore.digest import Digest, chunk_key, node_key, version_key
+from chunkstore.digest import Digest, chunk_key, digests_of, node_key, version_key
 from chunkstore.dtypes import check_override, dtype_name, element_size
 from chunkstore.errors import (
     BackendError,
@@ -99,14 +99,14 @@ if TYPE_CHECKING:
 
 DELETING_WAIT_S = 120.0
 HEARTBEAT_S = 30.0
-#: A tensor of one chunk (of at most the chunk size) up to this size is hashed by the
-#: caller, claimed with others in one index transaction (each commits to disk, so a
-#: state of thousands of small tensors pays for a few commits, not one per tensor) and
-#: packed.  Measured on this project's 2-core machine, a dense GPT sync save (788
-#: tensors, most 256 KiB-1 MiB) with `auto`: 576-613 ms when only tensors up to 256 KiB
-#: were packed, 412-421 ms with every one-chunk tensor packed, and no faster or slower
-#: with `none`; objects per dense save went from 91 to 21 (benchmarks/results/latest.md,
-#: `python -m benchmarks.suite`).
+#: A tensor of one chunk (of at most the chunk size) up to this size is hashed with its
+#: batch (by the caller and idle workers), claimed with others in one index transaction
+#: (each commits to disk, so a state of thousands of small tensors pays for a few
+#: commits, not one per tensor) and packed.  Measured on this project's 2-core
+#: machine, a dense GPT sync save (788 tensors, most 256 KiB-1 MiB) with `auto`:
+#: 576-613 ms when only tensors up to 256 KiB were packed, 412-421 ms with every
+#: one-chunk tensor packed, and no faster or slower with `none`; objects per dense save
+#: went from 91 to 21 (benchmarks/results/latest.md, `python -m benchmarks.suite`).
 SMALL_TENSOR_BYTES = 4 * 1024 * 1024
 #: In a store with delta chains, only tensors up to this size are packed: a packed
 #: chunk is never a delta nor a base (docs/format.md §3.5), and larger tensors are
@@ -155,7 +155,7 @@ class _PendingTensor:
 
 @dataclass(frozen=True)
 class _SmallChunk:
-    """A one-chunk tensor hashed by the caller, waiting for its batch's claim."""
+    """A one-chunk tensor, hashed, with its batch's claim to come."""
 
     pending: _PendingTensor
     view: memoryview
@@ -215,7 +215,7 @@ class VersionWriter:
         self._data: dict[str, tuple[Digest, bytes, int]] = {}
         self._adopted: dict[str, TensorEntry] = {}  # stored by other processes: adopt()
         self._adopted_new: dict[Digest, NewChunk] = {}
-        self._small: list[_SmallChunk] = []
+        self._small: list[tuple[_PendingTensor, memoryview, str, int]] = []
         self._small_bytes = 0
         self._packs = PackBuilder(_weakly(self._write_pack), store.pack_size)
         self._reusable_packs: dict[Digest, bool] = {}
@@ -272,9 +272,9 @@ class VersionWriter:
         try:
             small = SMALL_TENSOR_BYTES_WITH_DELTAS if self._parent.depth else SMALL_TENSOR_BYTES
             if 0 < len(flat) <= min(chunk_bytes, small):
-                # Packed, so never a delta (a member's object stands alone).
-                self._small.append(_SmallChunk(pending, flat, stored_dtype, itemsize,
-                                               Digest.of(flat)))
+                # Packed, so never a delta (a member's object stands alone); hashed
+                # with its batch (see _flush_small).
+                self._small.append((pending, flat, stored_dtype, itemsize))
                 self._small_bytes += len(flat)
                 if (len(self._small) >= SMALL_BATCH_COUNT
                         or self._small_bytes >= SMALL_BATCH_BYTES):
@@ -301,11 +301,16 @@ class VersionWriter:
             raise
 
     def _flush_small(self) -> None:
-        """Claim what the waiting small chunks can reuse in one index transaction,
-        then hand them to the workers, each with its place in the pack order."""
-        batch, self._small, self._small_bytes = self._small, [], 0
-        if not batch:
+        """Hash the waiting small chunks (the caller and idle workers together), claim
+        what they can reuse in one index transaction, then hand them to the workers,
+        each with its place in the pack order."""
+        waiting, self._small, self._small_bytes = self._small, [], 0
+        if not waiting:
             return
+        digests = digests_of([view for _, view, _, _ in waiting], self._store.executor,
+                             self._store.threads - 1)
+        batch = [_SmallChunk(*small, digest) for small, digest in zip(waiting, digests,
+                                                                      strict=True)]
         self._heartbeat_now_and_then()
         generation = self._fence.generation  # read before the claims: see _pre_claimed
         claims = self._store.index.claim_small(self._session, [c.digest for c in batch])

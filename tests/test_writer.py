@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import chunkstore
-from chunkstore.digest import Digest
+from chunkstore.digest import Digest, digests_of
 from chunkstore.errors import VersionClosedError
 from chunkstore.index import Claim
 from chunkstore.writer import GroupClaims
@@ -122,6 +122,72 @@ def test_a_failed_batch_claim_aborts_the_version(tmp_path: Path) -> None:
             again.put("t0", np.full(16, 0, dtype=np.int32))
         np.testing.assert_array_equal(store.open_version("r@1").get("t0"), np.zeros(16, np.int32))
         assert store.verify().ok
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 300])
+def test_a_batch_is_hashed_in_turns_by_the_caller_and_the_pool(count: int) -> None:
+    rng = np.random.default_rng(count)
+    items = [rng.bytes(int(rng.integers(0, 300_000))) for _ in range(count)]
+    hashed_by: set[str] = set()
+    of = Digest.of
+
+    def noting(data: bytes | memoryview) -> Digest:
+        hashed_by.add(threading.current_thread().name)
+        time.sleep(0.001)  # long enough that the pool's job starts before the end
+        return of(data)
+
+    with ThreadPoolExecutor(2, thread_name_prefix="pool") as pool:
+        Digest.of = noting  # type: ignore[method-assign]
+        try:
+            digests = digests_of(items, pool, helpers=1)
+        finally:
+            Digest.of = of  # type: ignore[method-assign]
+    assert digests == [Digest.of(item) for item in items]
+    if count > 100:
+        assert len(hashed_by) == 2, hashed_by  # the caller and one worker took turns
+
+
+def test_hashing_a_batch_never_waits_behind_a_busy_pool() -> None:
+    """A pool busy with other work (encoding) does not hold the caller up: the job
+    queued behind that work is cancelled and the caller hashes everything."""
+    items = [bytes([i]) * 1000 for i in range(50)]
+    release = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        busy = pool.submit(release.wait, 60)
+        start = time.monotonic()
+        digests = digests_of(items, pool, helpers=1)
+        waited = time.monotonic() - start
+        release.set()
+        busy.result()
+    assert digests == [Digest.of(item) for item in items]
+    assert waited < 30
+
+
+def test_a_pack_reused_by_many_members_is_claimed_once_per_batch(tmp_path: Path) -> None:
+    """claim_small looks a pack up and claims it once for all its reused members (the
+    pack, never a member: a member is not an object)."""
+    rng = np.random.default_rng(1)
+    state = {f"b{i}": rng.standard_normal(100).astype(np.float32) for i in range(200)}
+    with chunkstore.open(tmp_path / "s") as store:
+        with store.new_version(run="r", step=1) as version:
+            for name, array in state.items():
+                version.put(name, array)
+        digests = [Digest.of(array.tobytes()) for array in state.values()]
+        claimed: list[Digest] = []
+        claim = store.index._claim
+
+        def counting(txn: Any, sid: bytes, kind: bytes, digest: Digest, now: float) -> Claim:
+            claimed.append(digest)
+            return claim(txn, sid, kind, digest, now)
+
+        store.index._claim = counting  # type: ignore[method-assign]
+        session = store.index.open_session("test")
+        found = store.index.claim_small(session, digests)
+        packs = {location.pack for _, location in found.values() if location is not None}
+        assert len(packs) == 1 and all(claim == Claim.DEDUP for claim, _ in found.values())
+        assert claimed == list(packs)
+        assert store.index.claimants(claimed[0]) == [session]
+        store.index.close_session(session)
 
 
 def _cyclic_garbage_of(action: Callable[[], object]) -> list[object]:
