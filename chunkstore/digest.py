@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future, wait
 from dataclasses import dataclass
 
 import blake3
@@ -66,7 +66,11 @@ def digests_of(items: Sequence[bytes | memoryview], executor: Executor, helpers:
     BLAKE3's own threads gain nothing on inputs under about 1 MiB, so a batch of
     small tensors is spread over threads instead.  A job the pool has not started
     when the caller runs out of items (its threads busy encoding) is cancelled: the
-    caller has hashed everything, and never waits behind other work.
+    caller has hashed everything, and never waits behind other work.  However the
+    call ends (an error in a job, an interrupt in the caller), no job takes another
+    item and the started ones are waited for: nothing reads ``items`` after it
+    returns, and no frame left behind holds a job's error (a cycle that would keep
+    the caller's buffers until a full collection).
     """
     digests: list[Digest | None] = [None] * len(items)
     lock = threading.Lock()
@@ -81,11 +85,24 @@ def digests_of(items: Sequence[bytes | memoryview], executor: Executor, helpers:
                 return
             digests[i] = Digest.of(items[i])
 
-    jobs = [executor.submit(hash_in_turn) for _ in range(min(helpers, len(items) - 1))]
-    hash_in_turn()
-    for job in jobs:
-        if not job.cancel():
-            job.result()  # started: it ends after the item in hand
+    jobs: list[Future[None]] = []
+    try:
+        for _ in range(min(helpers, len(items) - 1)):
+            jobs.append(executor.submit(hash_in_turn))
+        hash_in_turn()
+    finally:
+        with lock:
+            taken = len(items)
+        started = [job for job in jobs if not job.cancel()]
+        jobs.clear()
+        wait(started)  # each ends after the item in hand
+    error = next((e for e in map(Future.exception, started) if e is not None), None)
+    started.clear()
+    if error is not None:
+        try:
+            raise error
+        finally:
+            del error
     return digests  # type: ignore[return-value]  # every place was filled
 
 

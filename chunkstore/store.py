@@ -248,6 +248,9 @@ class Store:
         self.compression = compression
         self.threads = threads or default_threads()
         self.max_inflight = self.threads * 2
+        #: pool jobs that hash a batch of small tensors with the caller: a thread per
+        #: core in all (hashing is CPU work; the pool is sized for fsync waits)
+        self.hashing_helpers = max(0, min(self.threads, os.cpu_count() or 1) - 1)
         self.executor = ThreadPoolExecutor(self.threads, thread_name_prefix="chunkstore")
         self.node_cache = NodeCache()
         #: moved records read so far (immutable once written: docs/format.md §3.6)

@@ -301,15 +301,16 @@ class VersionWriter:
             raise
 
     def _flush_small(self) -> None:
-        """Hash the waiting small chunks (the caller and idle workers together), claim
-        what they can reuse in one index transaction, then hand them to the workers,
-        each with its place in the pack order."""
+        """Hash the waiting small chunks (the caller and idle workers, a thread per
+        core), claim what they can reuse in one index transaction, then hand them to
+        the workers, each with its place in the pack order."""
         waiting, self._small, self._small_bytes = self._small, [], 0
         if not waiting:
             return
         digests = digests_of([view for _, view, _, _ in waiting], self._store.executor,
-                             self._store.threads - 1)
-        batch = [_SmallChunk(*small, digest) for small, digest in zip(waiting, digests,
+                             self._store.hashing_helpers)
+        batch = [_SmallChunk(pending, view, dtype, itemsize, digest)
+                 for (pending, view, dtype, itemsize), digest in zip(waiting, digests,
                                                                       strict=True)]
         self._heartbeat_now_and_then()
         generation = self._fence.generation  # read before the claims: see _pre_claimed

@@ -125,9 +125,11 @@ def test_a_failed_batch_claim_aborts_the_version(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("count", [0, 1, 2, 300])
-def test_a_batch_is_hashed_in_turns_by_the_caller_and_the_pool(count: int) -> None:
+def test_a_batch_is_hashed_in_turns_by_the_caller_and_the_pool(
+        count: int, monkeypatch: pytest.MonkeyPatch) -> None:
     rng = np.random.default_rng(count)
     items = [rng.bytes(int(rng.integers(0, 300_000))) for _ in range(count)]
+    expected = [Digest.of(item) for item in items]
     hashed_by: set[str] = set()
     of = Digest.of
 
@@ -136,15 +138,68 @@ def test_a_batch_is_hashed_in_turns_by_the_caller_and_the_pool(count: int) -> No
         time.sleep(0.001)  # long enough that the pool's job starts before the end
         return of(data)
 
+    monkeypatch.setattr(Digest, "of", noting)
     with ThreadPoolExecutor(2, thread_name_prefix="pool") as pool:
-        Digest.of = noting  # type: ignore[method-assign]
-        try:
-            digests = digests_of(items, pool, helpers=1)
-        finally:
-            Digest.of = of  # type: ignore[method-assign]
-    assert digests == [Digest.of(item) for item in items]
+        digests = digests_of(items, pool, helpers=1)
+    assert digests == expected
     if count > 100:
         assert len(hashed_by) == 2, hashed_by  # the caller and one worker took turns
+
+
+def test_a_helpers_error_reaches_the_caller_and_holds_none_of_its_buffers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The error comes back, and no cycle through the failed job keeps the caller's
+    arrays alive until a full collection (the collector is off here)."""
+    import gc
+    import weakref
+
+    of = Digest.of
+
+    def failing_in_the_pool(data: bytes | memoryview) -> Digest:
+        time.sleep(0.001)
+        if threading.current_thread() is not threading.main_thread():
+            raise OSError("injected in a helper")
+        return of(data)
+
+    monkeypatch.setattr(Digest, "of", failing_in_the_pool)
+    arrays = [np.full(1000, i, dtype=np.uint8) for i in range(200)]
+    alive = [weakref.ref(array) for array in arrays]
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            with pytest.raises(OSError, match="injected in a helper"):
+                digests_of([array.data for array in arrays], pool, helpers=1)
+        del arrays
+        assert sum(ref() is not None for ref in alive) == 0
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def test_nothing_reads_the_buffers_once_an_interrupted_hashing_returns(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C in the caller: the jobs stop taking items, so when the interrupt reaches
+    the writer (which then aborts and lets the caller reuse its arrays) no thread of
+    the pool is still reading them."""
+    of = Digest.of
+    hashed_at: list[float] = []
+
+    def slow(data: bytes | memoryview) -> Digest:
+        if threading.current_thread() is threading.main_thread() and len(hashed_at) > 5:
+            raise KeyboardInterrupt
+        time.sleep(0.005)
+        hashed_at.append(time.monotonic())
+        return of(data)
+
+    monkeypatch.setattr(Digest, "of", slow)
+    with ThreadPoolExecutor(2) as pool:
+        with pytest.raises(KeyboardInterrupt):
+            digests_of([bytes([i % 256]) * 100 for i in range(300)], pool, helpers=1)
+        returned = time.monotonic()
+        time.sleep(0.1)
+    assert [t for t in hashed_at if t > returned] == []
+    assert len(hashed_at) < 100
 
 
 def test_hashing_a_batch_never_waits_behind_a_busy_pool() -> None:
