@@ -167,3 +167,19 @@ def test_the_collector_benchmark_compares_both_ways(
     for way in result.values():
         assert way["saves"] == 2
         assert way["save_total_s"] > 0 and way["restore_total_s"] > 0
+
+
+def test_the_small_saves_benchmark_compares_three_ways(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(REPO))
+    import torch
+
+    from benchmarks import bench_small_saves
+
+    states = [{"model": {f"b{j}": torch.full((16,), float(i + j)) for j in range(40)}}
+              for i in range(3)]
+    result = bench_small_saves.compare("tiny", states, rounds=1, work=tmp_path)
+    assert set(result) == {"safetensors", "shared", "caller-alone"}
+    for way in result.values():
+        assert way["saves"] == 2 and way["save_median_s"] > 0
+    assert result["safetensors"]["vs_safetensors"] == 1.0
