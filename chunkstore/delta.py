@@ -38,6 +38,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from chunkstore.basecopies import BaseCopies, SaveCopies
 from chunkstore.codecs import SUB_DELTA, XOR_DELTA, Codec
 from chunkstore.codecs.policy import PROBE_BYTES, encode_with_policy
 from chunkstore.codecs.subdelta import LANES
@@ -99,6 +100,12 @@ class Skips:
                 self._next.setdefault(name, {})[position] = left - 1
         return left > 0
 
+    def will_skip(self, name: str, position: int) -> bool:
+        """Whether the next save skips the delta of this position (what this save
+        learnt so far: call it once the position's chunk is stored)."""
+        with self._lock:
+            return self._next.get(name, {}).get(position, 0) > 0
+
     def paid_last(self, slot: BaseSlot) -> bool:
         """Whether the last save's delta at this position paid (so a probe is skipped)."""
         return self._previous.get(slot.name, {}).get(slot.position) == self.PAID
@@ -130,6 +137,9 @@ class ParentChunks:
         self.chains: dict[Digest, tuple[Digest, ...]] = {}
         self.skips = Skips()
         parent = store.latest(run)
+        # Copies of the parent's chunks this handle kept (chunkstore.basecopies).
+        self.copies = (store.base_copies.for_save(run, parent.id if parent else None)
+                       if self.depth else SaveCopies(BaseCopies(0), {}))
         if parent is None:
             return
         cached = store.parent_cache.get(run)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from chunkstore import plaindata
 from chunkstore.backends import Backend, open_backend
 from chunkstore.backends.wrappers import wrap_from_env
+from chunkstore.basecopies import BASE_COPY_BYTES, BaseCopies
 from chunkstore.chain import BaseCache
 from chunkstore.codecs.policy import check_policy
 from chunkstore.digest import (
@@ -257,6 +258,8 @@ class Store:
         self.moved_cache: dict[Digest, MovedRecord] = {}
         # Decoded delta bases, shared by reads and saves: a few chunks per thread.
         self.base_cache = BaseCache(2 * self.threads * config.chunk_size)
+        #: copies of the chunks a delta save wrote, the run's next bases (chunkstore.basecopies)
+        self.base_copies = BaseCopies(BASE_COPY_BYTES)
         # The tensor entries of the last version this handle saved, per run (the
         # next save's parent: see chunkstore.delta.ParentChunks).
         self.parent_cache: dict[str, ParentCacheEntry] = {}
@@ -271,6 +274,7 @@ class Store:
 
     def close(self) -> None:
         self.executor.shutdown(wait=True)
+        self.base_copies.clear()
         self.index.close()
         self.backend.close()
 

@@ -50,12 +50,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from chunkstore import plaindata
+from chunkstore.basecopies import Place
 from chunkstore.chain import base_bytes, base_prefix, header_chain
 from chunkstore.chunkobj import ChunkHeader, decode_object, encode_object, parse_header
 from chunkstore.claims import GroupClaims
 from chunkstore.codecs import PACK
 from chunkstore.codecs.policy import encode_with_policy
 from chunkstore.delta import (
+    MIN_DELTA_TENSOR_BYTES,
     BaseSlot,
     ParentChunks,
     Standalone,
@@ -283,6 +285,9 @@ class VersionWriter:
             pack_chunks = not self._parent.depth and (
                 self._store.backend.local_path() is None if PACK_LARGE_TENSORS is None
                 else PACK_LARGE_TENSORS)
+            # A chunk that may be a base of the run's next save (chunkstore.basecopies).
+            may_be_base = self._parent.depth and len(flat) >= min(MIN_DELTA_TENSOR_BYTES,
+                                                                  chunk_bytes + 1)
             for i, start in enumerate(range(0, len(flat), chunk_bytes)):
                 view = flat[start : start + chunk_bytes]
                 self._inflight.acquire()
@@ -293,7 +298,8 @@ class VersionWriter:
                     continue
                 pending.futures.append(self._store.executor.submit(
                     self._store_chunk_job, view, stored_dtype, itemsize,
-                    bases[i] if i < len(bases) else None))
+                    bases[i] if i < len(bases) else None, place=(name, i) if may_be_base
+                    else None))
         except BaseException:
             # Entries are registered before their chunks are queued: a version with
             # some of them missing must never be committed.
@@ -448,11 +454,38 @@ class VersionWriter:
 
     def _store_chunk_job(self, view: memoryview, dtype: str, itemsize: int,
                          base: BaseSlot | None, digest: Digest | None = None,
-                         claim: Callable[[Digest], Claim] | None = None) -> StoredChunk:
+                         claim: Callable[[Digest], Claim] | None = None, *,
+                         place: Place | None = None) -> StoredChunk:
         try:
-            return self._store_chunk(view, dtype, itemsize, base, digest, claim)
+            if place is None:
+                return self._store_chunk(view, dtype, itemsize, base, digest, claim)
+            return self._store_chunk_at(place, view, dtype, itemsize, base)
         finally:
             self._inflight.release()
+
+    def _store_chunk_at(self, place: Place, view: memoryview, dtype: str, itemsize: int,
+                        base: BaseSlot | None) -> StoredChunk:
+        """Store a chunk that may be a base of the run's next save, from a copy kept
+        for that save where the last save wrote this place anew, and with the copy
+        the last save kept of its base, if any (chunkstore.basecopies)."""
+        copies = self._parent.copies
+        copy = copies.buffer(len(view)) if copies.copy_first(place) else None
+        if copy is not None:  # hashed, encoded and written from the copy, never the array
+            memoryview(copy)[:] = view
+            view = memoryview(copy)
+        base_copy = None if base is None else copies.base(place, base.digest)
+        try:
+            stored = self._store_chunk(view, dtype, itemsize, base, base_copy=base_copy)
+        except BaseException:
+            copies.release(copy)
+            raise
+        finally:
+            copies.release(base_copy)
+        digest, written, chain, _ = stored
+        copies.leave(place, digest, copy, written=written is not None,
+                     as_base=written is not None and len(chain) < self._parent.depth
+                     and not self._parent.skips.will_skip(*place))
+        return stored
 
     def _claim(self, digest: Digest) -> Claim:
         self._heartbeat_now_and_then()
@@ -502,9 +535,11 @@ class VersionWriter:
 
     def _store_chunk(self, view: memoryview, dtype: str, itemsize: int,
                      base: BaseSlot | None, digest: Digest | None = None,
-                     claim: Callable[[Digest], Claim] | None = None) -> StoredChunk:
+                     claim: Callable[[Digest], Claim] | None = None,
+                     base_copy: bytearray | None = None) -> StoredChunk:
         """Store one chunk; ``digest`` and ``claim`` when the caller hashed and claimed
-        it already (a small tensor's batch: :meth:`_pre_claimed`)."""
+        it already (a small tensor's batch: :meth:`_pre_claimed`); ``base_copy``: the
+        raw bytes of ``base`` when a copy was kept."""
         if digest is None:
             digest = Digest.of(view)
         if self._reusable(CHUNK, digest, claim or self._claim):
@@ -515,7 +550,7 @@ class VersionWriter:
             return self._write(digest, view, dtype, itemsize, None)
         if base is not None and all(self._reusable(CHUNK, d, self._claim)
                                     for d in (base.digest, *base.chain)):
-            return self._write(digest, view, dtype, itemsize, base)
+            return self._write(digest, view, dtype, itemsize, base, base_copy)
         return self._write(digest, view, dtype, itemsize, None)
 
     def _reusable_chain(self, digest: Digest) -> tuple[Digest, ...] | None:
@@ -528,9 +563,11 @@ class VersionWriter:
             return None
         return chain
 
-    def _delta_payload(self, view: memoryview, dtype: str, itemsize: int, base: BaseSlot
-                       ) -> tuple[Standalone | None, Standalone | None]:
+    def _delta_payload(self, view: memoryview, dtype: str, itemsize: int, base: BaseSlot,
+                       base_copy: bytearray | None) -> tuple[Standalone | None, Standalone | None]:
         policy = self._store.compression
+        if base_copy is not None:
+            return encode_delta(policy, view, memoryview(base_copy), dtype, itemsize)
         probe = probe_length(len(view), itemsize)
         # On a local disk the base's first bytes are read to judge first; on an object
         # store that would fetch the chain twice when the delta pays.
@@ -547,12 +584,13 @@ class VersionWriter:
             return None, None
         return encode_delta(policy, view, base_raw, dtype, itemsize)
 
-    def _encode(self, view: memoryview, dtype: str, itemsize: int, base: BaseSlot | None
+    def _encode(self, view: memoryview, dtype: str, itemsize: int, base: BaseSlot | None,
+                base_copy: bytearray | None = None
                 ) -> tuple[ChunkHeader, bytes | memoryview, tuple[Digest, ...]]:
         """The object's header and payload: a delta against ``base`` when that pays."""
         standalone = None
         if base is not None:
-            delta, standalone = self._delta_payload(view, dtype, itemsize, base)
+            delta, standalone = self._delta_payload(view, dtype, itemsize, base, base_copy)
             if delta is None:
                 self._parent.skips.did_not_pay(base)
             else:
@@ -565,9 +603,9 @@ class VersionWriter:
         return ChunkHeader(codec.id, itemsize, len(view), len(payload)), payload, ()
 
     def _write(self, digest: Digest, view: memoryview, dtype: str, itemsize: int,
-               base: BaseSlot | None) -> StoredChunk:
+               base: BaseSlot | None, base_copy: bytearray | None = None) -> StoredChunk:
         """Write the chunk with put-if-absent (a delta against ``base`` when that pays)."""
-        header, payload, chain = self._encode(view, dtype, itemsize, base)
+        header, payload, chain = self._encode(view, dtype, itemsize, base, base_copy)
         key = chunk_key(digest)
         data = encode_object(header, payload)
         if self._store.backend.put_if_absent_deferred(key, data):
@@ -731,6 +769,7 @@ class VersionWriter:
                         " (%s); it is counted in when the store is next opened",
                         version_id[:12], self.run, self.step, exc)
         self._parent.remember(store, self.run, version_id, tensors)
+        self._parent.copies.commit(self.run, version_id)
         self._remove_replaced(same_step)
         return self._info
 
@@ -767,6 +806,7 @@ class VersionWriter:
             # A failed job's exception holds its frames, the writer among them: let go
             # of the futures so nothing of the aborted save outlives it in a cycle.
             pending.futures = []
+        self._parent.copies.drop()
         try:
             self._store.index.close_session(self._session)
         finally:

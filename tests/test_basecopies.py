@@ -1,0 +1,172 @@
+"""A handle's copies of its last save's chunks, the bases of the run's next delta save
+(chunkstore.basecopies): used only for the base they copy, never read back, within
+their budget, and every version reads back exact whatever the handle saw in between."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import chunkstore
+from chunkstore.backends.wrappers import ForwardingBackend
+from chunkstore.digest import Digest, chunk_key
+from chunkstore.manifest import TensorEntry
+
+CHUNK = 4096
+ROWS, DIM = 256, 16  # 16 KiB of float32: four chunks
+
+
+class CountingBackend(ForwardingBackend):
+    """Counts whole-object reads of chunk objects."""
+
+    def __init__(self, inner: chunkstore.Store) -> None:
+        super().__init__(inner.backend)
+        self.chunk_reads: list[str] = []
+
+    def get(self, key: str) -> bytes:
+        if key.startswith("chunks/"):
+            self.chunk_reads.append(key)
+        return self.inner.get(key)
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        if key.startswith("chunks/"):
+            self.chunk_reads.append(key)
+        return self.inner.get_range(key, start, length)
+
+
+def tables(seed: int = 0) -> Iterator[np.ndarray]:
+    """An embedding table of which each state changes a few rows of every chunk."""
+    rng = np.random.default_rng(seed)
+    table = rng.standard_normal((ROWS, DIM)).astype(np.float32)
+    while True:
+        yield table.copy()
+        table[rng.integers(0, ROWS, 12)] += np.float32(0.5)
+
+
+def open_store(path: Path, **kwargs: object) -> chunkstore.Store:
+    return chunkstore.open(path, chunk_size=CHUNK, delta_depth=3, **kwargs)  # type: ignore[arg-type]
+
+
+def save(store: chunkstore.Store, step: int, table: np.ndarray, run: str = "r") -> str:
+    with store.new_version(run=run, step=step) as version:
+        version.put("emb", table)
+    return version.info.id
+
+
+def chains(store: chunkstore.Store, version_id: str) -> list[tuple[Digest, ...]]:
+    entry = store.open_version(version_id).entry("emb")
+    assert isinstance(entry, TensorEntry)
+    (shard,) = entry.shards
+    return [shard.chain(i) for i in range(len(shard.chunks))]
+
+
+@pytest.mark.parametrize("budget", [None, 0])
+def test_a_handles_next_delta_save_reads_no_base_back(tmp_path: Path,
+                                                      budget: int | None) -> None:
+    """With copies (the default) a loop's delta saves read no chunk object; with them
+    off (budget 0) each delta's base is read back, and both store the same deltas."""
+    store = open_store(tmp_path / "s")
+    if budget is not None:
+        store.base_copies.budget = budget
+    counting = CountingBackend(store)
+    store.backend = counting
+    states = tables()
+    kept = {}
+    for step in range(4):
+        table = next(states)
+        kept[save(store, step, table)] = table
+    deltas = sum(1 for version_id in kept for chain in chains(store, version_id) if chain)
+    assert deltas >= 3 * 3  # saves 1-3: (nearly) every chunk a delta
+    if budget is None:
+        assert counting.chunk_reads == []
+    else:
+        assert len(counting.chunk_reads) >= deltas
+    for version_id, table in kept.items():
+        np.testing.assert_array_equal(store.open_version(version_id).get("emb"), table)
+    assert store.verify().ok
+    store.close()
+
+
+def test_copies_hold_exactly_the_bytes_of_their_digest(tmp_path: Path) -> None:
+    with open_store(tmp_path / "s") as store:
+        states = tables()
+        for step in range(3):
+            save(store, step, next(states))
+        (held,) = store.base_copies._runs.values()
+        copies = [(digest, copy) for digest, copy, _ in held.left.values() if copy is not None]
+        assert len(copies) == ROWS * DIM * 4 // CHUNK
+        assert all(Digest.of(copy) == digest for digest, copy in copies)
+
+
+def test_copies_serve_only_the_version_that_made_them(tmp_path: Path) -> None:
+    """The handle saves r@0, then r@1 (its copies are now of r@1's chunks), removes r@1
+    and saves r@2 on top of r@0: r@2's bases are r@0's chunks, read from the store,
+    never r@1's copies; every version reads back exact."""
+    with open_store(tmp_path / "s") as store:
+        states = tables()
+        first, second = next(states), next(states)
+        kept = {save(store, 0, first): first}
+        store.delete(save(store, 1, second))
+        third = first.copy()
+        third[:, 0] += np.float32(0.25)
+        last = save(store, 2, third)
+        kept[last] = third
+        assert all(chains(store, last))  # every chunk a delta against r@0's
+        store.base_cache.clear()
+        for version_id, table in kept.items():
+            np.testing.assert_array_equal(store.open_version(version_id).get("emb"), table)
+        assert store.verify().ok
+
+
+def test_a_small_budget_bounds_the_copies_and_saves_stay_exact(tmp_path: Path) -> None:
+    with open_store(tmp_path / "s") as store:
+        store.base_copies.budget = 2 * CHUNK  # half the table's chunks
+        states = tables()
+        kept = {}
+        for step in range(5):
+            table = next(states)
+            kept[save(store, step, table)] = table
+            assert store.base_copies._owned <= 2 * CHUNK
+        assert store.base_copies._owned == 2 * CHUNK
+        for version_id, table in kept.items():
+            np.testing.assert_array_equal(store.open_version(version_id).get("emb"), table)
+        assert store.verify().ok
+
+
+def test_an_aborted_save_leaves_the_next_one_exact(tmp_path: Path) -> None:
+    with open_store(tmp_path / "s") as store:
+        states = tables()
+        table = next(states)
+        kept = {save(store, 0, table): table}
+        writer = store.new_version(run="r", step=1)
+        writer.put("emb", next(states))  # takes (and gives back) the copies of r@0
+        writer.abort()
+        for step in (2, 3):
+            table = next(states)
+            kept[save(store, step, table)] = table
+        assert all(chains(store, version_id) for version_id in list(kept)[1:])
+        for version_id, table in kept.items():
+            np.testing.assert_array_equal(store.open_version(version_id).get("emb"), table)
+        assert store.verify().ok
+
+
+def test_a_copy_stands_in_for_its_base_only_not_for_what_is_stored(tmp_path: Path) -> None:
+    """A base object damaged after its save is not read by the next save of the handle
+    (the copy stands in, as a deduplicated chunk is trusted), and verify reports both
+    the damaged version and the one whose delta needs it."""
+    with open_store(tmp_path / "s") as store:
+        states = tables()
+        first = save(store, 0, next(states))
+        path = Path(store.url) / chunk_key(store.open_version(first).entry("emb")
+                                           .shards[0].chunks[0])  # type: ignore[union-attr]
+        data = bytearray(path.read_bytes())
+        data[-1] ^= 0xFF
+        path.write_bytes(bytes(data))
+        second = save(store, 1, next(states))
+        assert chains(store, second)[0]  # a delta on the damaged base, as dedup would
+        result = store.verify()
+        damaged = {problem.version for problem in result.problems}
+        assert {first, second} <= damaged, result.problems
