@@ -18,15 +18,21 @@ Why a copy may stand in for the stored base:
 - a copy is used only for the base the parent's manifest lists at that tensor
   and position, with that digest, and only by the next save of the same run
   on the same handle whose parent is the version that made it;
-- the base object is still claimed, fenced and checked to exist exactly as
-  before (``VersionWriter._reusable``): the copy replaces only the read of its
-  content.  That the stored object still holds those bytes is then trusted
-  as a deduplicated chunk's is (reused by digest, never read back); ``verify``
-  checks both.
+- the base object is still claimed and fenced as before, and checked to
+  exist where a dedup hit is (``VersionWriter._reusable``): the copy replaces
+  only the read of its content.  That the stored object still holds those
+  bytes is then trusted as a deduplicated chunk's is (reused by digest, never
+  read back).  What that gives up: a base damaged on disk after its save was
+  caught by the read and the chunk written standalone; now the delta is
+  written against it, and the damage reaches the versions whose chains pass
+  through it (at most ``delta_depth`` saves), as it reaches every version that
+  deduplicated against a damaged chunk.  ``verify`` reports each of them.
 
 Memory: the handle's copies, with the spare buffers kept for the next save
 (so a save does not fault in fresh pages), hold at most
-``Store.base_copy_bytes`` in all; what does not fit is read back as before.
+``Store.base_copies.budget`` bytes in all (:data:`BASE_COPY_BYTES`); what does
+not fit is read back as before.  They are held until the handle is closed, or
+given up to another run's save that needs the room.
 A chunk is copied only where the last save wrote that position anew (or the
 tensor is new to the handle): positions that stay unchanged (frozen layers)
 are not copied again.
@@ -35,6 +41,7 @@ are not copied again.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -57,87 +64,139 @@ class _RunCopies:
     version_id: str
     left: dict[Place, Left] = field(default_factory=dict)
 
+    def buffers(self) -> list[bytearray]:
+        return [copy for _, copy, _ in self.left.values() if copy is not None]
+
 
 class BaseCopies:
-    """A store handle's copies by run, and its spare buffers, within one budget."""
+    """A store handle's copies by run, and its spare buffers, within one budget.
+
+    The budget counts every buffer the handle holds: the runs' copies, the spare
+    buffers, and what each save in progress holds (its parent's copies, the
+    copies it made).  A save dropped without a commit or an abort stops counting
+    once it is garbage (its buffers go with it).  When a save needs a buffer over
+    the budget, spare buffers are freed first, then the copies of the run saved
+    longest ago are given up.
+    """
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
-        self._runs: dict[str, _RunCopies] = {}
+        self._runs: dict[str, _RunCopies] = {}  # the run saved longest ago first
         self._spare: list[bytearray] = []
-        self._owned = 0  # bytes of every buffer this object handed out and not dropped
-        self._lock = threading.Lock()
+        self._pooled = 0  # bytes in _runs and _spare
+        self._saves: weakref.WeakSet[SaveCopies] = weakref.WeakSet()
+        self._closed = False
+        self.lock = threading.Lock()
 
     def for_save(self, run: str, parent_id: str | None) -> SaveCopies:
         """The copies a save of ``run`` on top of ``parent_id`` may use; the run's
         copies are handed over to it (a second save of the run sees none)."""
-        with self._lock:
+        with self.lock:
             held = self._runs.pop(run, None)
-        previous: dict[Place, Left] = {}
-        if held is not None:
-            if held.version_id == parent_id:
-                previous = held.left
-            else:  # another process saved the run since: these are no one's base
-                self._release(buf for _, buf, _ in held.left.values())
-        return SaveCopies(self, previous)
+            previous: dict[Place, Left] = {}
+            if held is not None:
+                self._pooled -= sum(map(len, held.buffers()))
+                if held.version_id == parent_id:
+                    previous = held.left
+                else:  # the run was saved since (elsewhere) or its version removed
+                    self._to_spare(held.buffers())
+            save = SaveCopies(self, previous,
+                              sum(len(c) for _, c, _ in previous.values() if c is not None))
+            self._saves.add(save)
+        return save
+
+    def held(self) -> int:
+        """Bytes of every buffer counted against the budget now."""
+        with self.lock:
+            return self._held()
 
     def clear(self) -> None:
-        with self._lock:
+        """Give up every copy and spare buffer (the handle is closing)."""
+        with self.lock:
+            self._closed = True
             self._runs.clear()
             self._spare.clear()
-            self._owned = 0
+            self._pooled = 0
 
-    def buffer(self, size: int) -> bytearray | None:
-        """A buffer of ``size`` bytes (a spare one first), or None over the budget."""
-        with self._lock:
-            for i, spare in enumerate(self._spare):
-                if len(spare) == size:
-                    return self._spare.pop(i)
-            while self._spare and self._owned + size > self.budget:
-                self._owned -= len(self._spare.pop())
-            if self._owned + size > self.budget:
-                return None
-            self._owned += size
+    def _held(self) -> int:
+        return self._pooled + sum(save.held for save in self._saves)
+
+    def _buffer(self, save: SaveCopies, size: int) -> bytearray | None:
+        with self.lock:
+            while True:
+                for i, spare in enumerate(self._spare):
+                    if len(spare) == size:
+                        self._pooled -= size
+                        save.held += size
+                        return self._spare.pop(i)
+                if self._closed:
+                    return None
+                if self._held() + size <= self.budget:
+                    save.held += size
+                    break
+                if self._spare:
+                    self._pooled -= len(self._spare.pop())
+                elif self._runs:  # the copies of the run saved longest ago become spare
+                    oldest = self._runs.pop(next(iter(self._runs)))
+                    self._spare.extend(oldest.buffers())
+                else:
+                    return None
         return bytearray(size)
 
-    def _release(self, buffers: Iterable[bytearray | None]) -> None:
-        with self._lock:
-            for buf in buffers:
-                if buf is not None:
-                    self._spare.append(buf)
+    def _to_spare(self, buffers: Iterable[bytearray]) -> None:
+        """Under the lock: ``buffers`` (no longer counted elsewhere) become spare."""
+        if self._closed:
+            return
+        for buf in buffers:
+            self._spare.append(buf)
+            self._pooled += len(buf)
 
-    def _keep(self, run: str, version_id: str, left: dict[Place, Left]) -> None:
-        with self._lock:
+    def _give_back(self, save: SaveCopies, buffers: list[bytearray]) -> None:
+        with self.lock:
+            save.held -= sum(map(len, buffers))
+            self._to_spare(buffers)
+
+    def _keep(self, save: SaveCopies, run: str, version_id: str, left: dict[Place, Left],
+              unused: list[bytearray]) -> None:
+        with self.lock:
             old = self._runs.pop(run, None)
-            self._runs[run] = _RunCopies(version_id, left)
-        if old is not None:
-            self._release(buf for _, buf, _ in old.left.values())
+            if old is not None:  # another save of the run committed meanwhile
+                self._pooled -= sum(map(len, old.buffers()))
+                self._to_spare(old.buffers())
+            save.held = 0
+            self._to_spare(unused)
+            if not self._closed:
+                kept = _RunCopies(version_id, left)
+                self._runs[run] = kept
+                self._pooled += sum(map(len, kept.buffers()))
 
 
 class SaveCopies:
     """One save's view: the previous save's copies to take bases from, the copies
     this save leaves for the next."""
 
-    def __init__(self, pool: BaseCopies, previous: dict[Place, Left]) -> None:
+    def __init__(self, pool: BaseCopies, previous: dict[Place, Left], held: int) -> None:
         self._pool = pool
         self._previous = previous
         self._next: dict[Place, Left] = {}
-        self._lock = threading.Lock()
+        #: bytes of the buffers this save holds (counted by the pool, under its lock)
+        self.held = held
 
     def copy_first(self, place: Place) -> bool:
         """Whether to copy the chunk at ``place`` before hashing it: the last save
         wrote this place anew, or this handle has not saved it."""
-        with self._lock:
+        with self._pool.lock:
             left = self._previous.get(place)
         return left is None or left[2]
 
     def buffer(self, size: int) -> bytearray | None:
-        return self._pool.buffer(size)
+        """A buffer for a copy (a spare one first), or None over the budget."""
+        return self._pool._buffer(self, size)
 
     def base(self, place: Place, digest: Digest) -> bytearray | None:
         """The copy of ``digest`` the last save left at ``place`` (taken: a place's base
         serves one chunk), or None.  Hand it back with :meth:`release` once used."""
-        with self._lock:
+        with self._pool.lock:
             left = self._previous.pop(place, None)
         if left is None or left[1] is None:
             return None
@@ -152,26 +211,27 @@ class SaveCopies:
         ``copy`` is kept for the next save when the chunk may be its base
         (``as_base``), else given back."""
         kept = copy if as_base else None
-        with self._lock:
+        with self._pool.lock:
             self._next[place] = (digest, kept, written)
         if copy is not None and kept is None:
             self.release(copy)
 
     def release(self, copy: bytearray | None) -> None:
         if copy is not None:
-            self._pool._release((copy,))
+            self._pool._give_back(self, [copy])
 
     def commit(self, run: str, version_id: str) -> None:
         """The save is published: its copies serve the run's next save."""
-        with self._lock:
+        with self._pool.lock:
             previous, self._previous = self._previous, {}
             left, self._next = self._next, {}
-        self._pool._release(buf for _, buf, _ in previous.values())
-        self._pool._keep(run, version_id, left)
+        unused = [copy for _, copy, _ in previous.values() if copy is not None]
+        self._pool._keep(self, run, version_id, left, unused)
 
     def drop(self) -> None:
         """The save was abandoned: every buffer goes back to the spare list."""
-        with self._lock:
+        with self._pool.lock:
             previous, self._previous = self._previous, {}
             left, self._next = self._next, {}
-        self._pool._release(buf for _, buf, _ in (*previous.values(), *left.values()))
+        self._pool._give_back(self, [copy for _, copy, _ in (*previous.values(), *left.values())
+                                     if copy is not None])

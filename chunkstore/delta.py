@@ -38,7 +38,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from chunkstore.basecopies import BaseCopies, SaveCopies
+from chunkstore.basecopies import BaseCopies
 from chunkstore.codecs import SUB_DELTA, XOR_DELTA, Codec
 from chunkstore.codecs.policy import PROBE_BYTES, encode_with_policy
 from chunkstore.codecs.subdelta import LANES
@@ -139,7 +139,7 @@ class ParentChunks:
         parent = store.latest(run)
         # Copies of the parent's chunks this handle kept (chunkstore.basecopies).
         self.copies = (store.base_copies.for_save(run, parent.id if parent else None)
-                       if self.depth else SaveCopies(BaseCopies(0), {}))
+                       if self.depth else BaseCopies(0).for_save(run, None))
         if parent is None:
             return
         cached = store.parent_cache.get(run)

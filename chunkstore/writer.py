@@ -768,8 +768,8 @@ class VersionWriter:
             log.warning("version %s of %s@%d is published, but the index was not updated"
                         " (%s); it is counted in when the store is next opened",
                         version_id[:12], self.run, self.step, exc)
-        self._parent.remember(store, self.run, version_id, tensors)
         self._parent.copies.commit(self.run, version_id)
+        self._parent.remember(store, self.run, version_id, tensors)
         self._remove_replaced(same_step)
         return self._info
 

@@ -4,6 +4,7 @@ their budget, and every version reads back exact whatever the handle saw in betw
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 
 import chunkstore
 from chunkstore.backends.wrappers import ForwardingBackend
+from chunkstore.basecopies import BaseCopies
 from chunkstore.digest import Digest, chunk_key
 from chunkstore.manifest import TensorEntry
 
@@ -129,8 +131,8 @@ def test_a_small_budget_bounds_the_copies_and_saves_stay_exact(tmp_path: Path) -
         for step in range(5):
             table = next(states)
             kept[save(store, step, table)] = table
-            assert store.base_copies._owned <= 2 * CHUNK
-        assert store.base_copies._owned == 2 * CHUNK
+            assert store.base_copies.held() <= 2 * CHUNK
+        assert store.base_copies.held() == 2 * CHUNK
         for version_id, table in kept.items():
             np.testing.assert_array_equal(store.open_version(version_id).get("emb"), table)
         assert store.verify().ok
@@ -170,3 +172,89 @@ def test_a_copy_stands_in_for_its_base_only_not_for_what_is_stored(tmp_path: Pat
         result = store.verify()
         damaged = {problem.version for problem in result.problems}
         assert {first, second} <= damaged, result.problems
+
+
+def accounted(copies: BaseCopies) -> int:
+    """Bytes of the buffers the handle holds between saves: runs' copies and spares."""
+    return (sum(len(c) for run in copies._runs.values() for c in run.buffers())
+            + sum(map(len, copies._spare)))
+
+
+def test_the_budget_counts_exactly_the_buffers_held_whatever_the_saves_did(
+        tmp_path: Path) -> None:
+    """After commits, an abort, a writer dropped unfinished, a removed latest version,
+    and a tensor that changes shape or goes away, what is counted is what is held."""
+    with open_store(tmp_path / "s") as store:
+        copies = store.base_copies
+        states = tables()
+        for step in range(2):
+            save(store, step, next(states))
+        assert copies.held() == accounted(copies) > 0
+        writer = store.new_version(run="r", step=2)
+        writer.put("emb", next(states))
+        writer.abort()
+        assert copies.held() == accounted(copies)
+        writer = store.new_version(run="r", step=3)
+        writer.put("emb", next(states))
+        writer._flush_small()
+        for pending in writer._tensors.values():
+            for future in pending.futures:
+                future.result()
+        del writer, pending, future  # dropped without commit or abort
+        gc.collect()
+        assert copies.held() == accounted(copies)
+        save(store, 4, next(states))
+        store.delete(save(store, 5, next(states)))
+        save(store, 6, next(states))
+        assert copies.held() == accounted(copies)
+        with store.new_version(run="r", step=7) as version:  # a new shape; "emb" gone
+            version.put("other", next(states).reshape(DIM, ROWS))
+        assert copies.held() == accounted(copies)
+        assert store.verify().ok
+
+
+def test_a_run_saved_long_ago_gives_its_copies_up_to_the_run_saving_now(
+        tmp_path: Path) -> None:
+    """With room for one run's copies (and the copies a save makes while it holds its
+    parent's), a second run's delta saves take them over (the first run's next save
+    reads its bases back) and read no base themselves."""
+    store = open_store(tmp_path / "s")
+    store.base_copies.budget = 2 * ROWS * DIM * 4
+    counting = CountingBackend(store)
+    store.backend = counting
+    first, second = tables(1), tables(2)
+    for step in range(2):
+        save(store, step, next(first), run="a")
+    counting.chunk_reads.clear()
+    for step in range(3):
+        save(store, step, next(second), run="b")
+    assert counting.chunk_reads == []
+    assert list(store.base_copies._runs) == ["b"]
+    assert store.verify().ok
+    store.close()
+
+
+def test_an_array_changed_during_its_save_does_not_reach_the_next_save(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """put()'s contract broken (the caller changes the array while it is hashed): the
+    chunk is hashed and written from the copy, so the copy the next save encodes
+    against is the stored chunk, and the next version reads back exact."""
+    with open_store(tmp_path / "s") as store:
+        states = tables()
+        save(store, 0, next(states))
+        table = next(states)
+        real = Digest.of.__func__  # type: ignore[attr-defined]
+
+        def of(cls: type[Digest], data: bytes | memoryview) -> Digest:
+            table[:] += np.float32(1)
+            return real(cls, data)  # type: ignore[no-any-return]
+
+        monkeypatch.setattr(Digest, "of", classmethod(of))
+        save(store, 1, table)
+        monkeypatch.undo()
+        last = next(states)
+        version_id = save(store, 2, last)
+        assert any(chains(store, version_id))
+        store.base_cache.clear()
+        np.testing.assert_array_equal(store.open_version(version_id).get("emb"), last)
+        assert store.verify().ok
