@@ -8,7 +8,7 @@ process, which holds what a training process holds (torch imported, the
 states).  Rounds after the first save the same states again (unchanged
 re-saves).  Figures: total and median seconds of each way.  Usage::
 
-    python benchmarks/bench_collector.py --out benchmarks/results/collector.json
+    python -m benchmarks.bench_collector --out benchmarks/results/collector.json
 """
 
 from __future__ import annotations

@@ -183,3 +183,26 @@ def test_the_small_saves_benchmark_compares_three_ways(
     for way in result.values():
         assert way["saves"] == 2 and way["save_median_s"] > 0
     assert result["safetensors"]["vs_safetensors"] == 1.0
+
+
+def test_the_delta_saves_benchmark_compares_three_ways(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(REPO))
+    import torch
+
+    from benchmarks import bench_delta_saves
+
+    generator = torch.Generator().manual_seed(0)
+    table = torch.randn(2048, 64, generator=generator)  # over 128 KiB: not packed
+    states = []
+    for _ in range(4):
+        states.append({"model": {"emb": table.clone()}})
+        table[torch.randint(0, 2048, (8,), generator=generator)] += 0.5
+    result = bench_delta_saves.compare("tiny", states, work=tmp_path)
+    assert set(result) == {"auto", "d2", "d2-read-back"}
+    for way in result.values():
+        assert way["saves"] == 3 and way["save_median_s"] > 0 and way["stored_bytes"] > 0
+    assert result["auto"]["vs_auto"] == 1.0
+    # The same deltas whether bases come from copies or from the store.
+    assert result["d2"]["stored_bytes"] == result["d2-read-back"]["stored_bytes"]
+    assert result["d2"]["stored_bytes"] < result["auto"]["stored_bytes"]
