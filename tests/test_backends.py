@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -178,6 +179,20 @@ class TestMemoryBackend(BackendConformance):
     def test_create_is_atomic_only_within_the_process(self, backend: Backend) -> None:
         assert isinstance(backend, FsspecBackend)
         assert backend.atomic_create is False
+
+
+def test_a_store_without_a_conditional_create_says_to_save_from_one_process(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A protocol with no conditional create this release knows (here fsspec's own
+    ``file://``, reached through the fsspec backend) is announced when opened; S3 and
+    memory:// (one process) are not."""
+    with caplog.at_level(logging.WARNING, logger="chunkstore.backends.fsspec_backend"):
+        FsspecBackend(f"memory://chunkstore-test-{uuid.uuid4().hex}")
+        assert not caplog.records
+        backend = FsspecBackend(f"file://{tmp_path}")
+    assert backend.atomic_create is False
+    (record,) = caplog.records
+    assert "one process at a time" in record.getMessage()
 
 
 # --- S3 (a real moto server, or the one CI names) ------------------------------------------

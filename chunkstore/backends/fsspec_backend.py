@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import builtins
 import functools
+import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timezone
@@ -57,6 +58,8 @@ def _typed_errors(method: Callable[_P, _T]) -> Callable[_P, _T]:
 
     return wrapper
 
+log = logging.getLogger(__name__)
+
 #: Serialises check-then-write creates for filesystems without a conditional PUT.
 #: Process-wide because memory:// keeps one store per process, shared by instances.
 _LOCAL_CREATE_LOCK = threading.Lock()
@@ -70,6 +73,8 @@ class FsspecBackend(Backend):
 
     #: Protocols whose ``pipe_file(mode="create")`` is a server-side conditional create.
     ATOMIC_CREATE_PROTOCOLS: ClassVar[frozenset[str]] = frozenset({"s3", "s3a"})
+    #: Protocols whose storage lives in one process, so the create lock covers every writer.
+    ONE_PROCESS_PROTOCOLS: ClassVar[frozenset[str]] = frozenset({"memory"})
     #: Protocols whose ``find`` takes a server-side ``prefix`` filter.
     PREFIX_FIND_PROTOCOLS: ClassVar[frozenset[str]] = frozenset({"s3", "s3a"})
     #: Protocols that accept ``use_listings_cache`` (listings must never be stale).
@@ -96,6 +101,11 @@ class FsspecBackend(Backend):
         self._protocol = protocol
         #: Whether put_if_absent is atomic across processes (server-side condition).
         self.atomic_create = protocol in self.ATOMIC_CREATE_PROTOCOLS
+        if not self.atomic_create and protocol not in self.ONE_PROCESS_PROTOCOLS:
+            log.warning("%s: objects are created check-then-write here (this release knows"
+                        " a conditional create only on S3), which is atomic within one"
+                        " process only: save to this store from one process at a time",
+                        url)
 
     # --- the abstract interface ----------------------------------------------------------
 
