@@ -3,10 +3,12 @@ errors and missing torch included), a reader that closes the pipe early, Ctrl-C.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -171,8 +173,8 @@ def test_head_reading_a_few_lines_of_a_long_listing(store_path: Path) -> None:
 
 
 def _stall_one_chunk(store_path: Path) -> Path:
-    """Replace one chunk object by a named pipe: reading it blocks until the test
-    writes, so the command is certainly in the middle of its work at SIGINT."""
+    """Replace one chunk object by a named pipe that nothing writes: opening it blocks,
+    so the command is certainly in the middle of its work at SIGINT."""
     with chunkstore.open(store_path, create=False) as store:
         digest = store.open_version("r@2").entry("model.big").shards[0].chunks[0]
     path = store_path / chunk_key(digest)
@@ -181,33 +183,54 @@ def _stall_one_chunk(store_path: Path) -> Path:
     return path
 
 
-def _open_when_read(fifo: Path, timeout: float = 60.0) -> int:
-    """Open the pipe for writing as soon as the command has opened it for reading."""
+def _wait_until_blocked_opening(pid: int, timeout: float = 60.0) -> None:
+    """Wait until a thread of ``pid`` is blocked opening the pipe (no writer ever opens
+    it, so every read of that chunk, whole or by range, stays blocked in open(2))."""
     deadline = time.monotonic() + timeout
     while True:
-        try:
-            return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-        except OSError:  # ENXIO: nobody reads it yet
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.02)
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                if (task / "wchan").read_text() == "wait_for_partner":
+                    return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"process {pid} never opened the stalled chunk")
+        time.sleep(0.02)
+
+
+def _can_see_blocked_opens(tmp_path: Path) -> bool:
+    """Whether /proc shows where a thread sleeps (Linux with kernel symbols)."""
+    fifo = tmp_path / "probe"
+    os.mkfifo(fifo)
+    opener = threading.Thread(target=lambda: open(fifo, "rb").close(), daemon=True)
+    opener.start()
+    try:
+        _wait_until_blocked_opening(os.getpid(), timeout=5.0)
+        return True
+    except AssertionError:
+        return False
+    finally:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # lets the opener go
+        opener.join(timeout=5.0)
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
 @pytest.mark.parametrize("as_json", [False, True])
-def test_ctrl_c_exits_130_with_one_line(filled: Path, as_json: bool) -> None:
-    fifo = _stall_one_chunk(filled)
+def test_ctrl_c_exits_130_with_one_line(filled: Path, tmp_path: Path, as_json: bool) -> None:
+    if not _can_see_blocked_opens(tmp_path):
+        pytest.skip("needs /proc/PID/task/TID/wchan")
+    _stall_one_chunk(filled)
     with subprocess.Popen([*CLI, "verify", str(filled), *(["--json"] if as_json else [])],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
-        writer = _open_when_read(fifo)
         try:
+            _wait_until_blocked_opening(proc.pid)
             assert proc.poll() is None
             proc.send_signal(signal.SIGINT)
-            # The command ends at once, while the read it started still hangs (it does
+            # The command ends at once, while the open it started still hangs (it does
             # not wait for its worker threads): nothing here depends on timing.
             stdout, stderr = proc.communicate(timeout=120)
         finally:
-            os.close(writer)
+            if proc.poll() is None:
+                proc.kill()
     assert (proc.returncode, stderr, stdout) == (130, "chunkstore: error: interrupted\n", "")
 
 
