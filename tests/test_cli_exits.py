@@ -213,13 +213,26 @@ def _can_see_blocked_opens(tmp_path: Path) -> bool:
         opener.join(timeout=5.0)
 
 
+# `chunkstore ARGS` with Ctrl-C handled as an interactive shell leaves it: a job started
+# in the background of a non-interactive shell (a CI script's `&`) inherits SIGINT
+# ignored, and Python keeps it so.
+_CLI_WITH_CTRL_C = """
+import signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
+from chunkstore.cli import main
+sys.argv = ["chunkstore", *sys.argv[1:]]
+main()
+"""
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
 @pytest.mark.parametrize("as_json", [False, True])
 def test_ctrl_c_exits_130_with_one_line(filled: Path, tmp_path: Path, as_json: bool) -> None:
     if not _can_see_blocked_opens(tmp_path):
         pytest.skip("needs /proc/PID/task/TID/wchan")
     _stall_one_chunk(filled)
-    with subprocess.Popen([*CLI, "verify", str(filled), *(["--json"] if as_json else [])],
+    args = ["verify", str(filled), *(["--json"] if as_json else [])]
+    with subprocess.Popen([sys.executable, "-c", _CLI_WITH_CTRL_C, *args],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
         try:
             _wait_until_blocked_opening(proc.pid)
