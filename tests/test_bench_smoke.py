@@ -206,3 +206,27 @@ def test_the_delta_saves_benchmark_compares_three_ways(
     # The same deltas whether bases come from copies or from the store.
     assert result["d2"]["stored_bytes"] == result["d2-read-back"]["stored_bytes"]
     assert result["d2"]["stored_bytes"] < result["auto"]["stored_bytes"]
+
+
+@pytest.mark.parametrize("config", ["auto", "auto-d2"])
+def test_chunkstore_physical_bytes_are_what_stats_counts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: str) -> None:
+    """The suite reads a store's bytes off its directory; they are store.stats()'s
+    physical bytes (chunk and node objects, packs, deltas and garbage included)."""
+    monkeypatch.syspath_prepend(str(REPO))
+    import torch
+
+    from benchmarks.systems import Chunkstore
+    from benchmarks.trace import TraceVersion
+
+    system = Chunkstore(tmp_path / "s", config)
+    try:
+        table = torch.arange(300_000, dtype=torch.float32)
+        for step in range(3):
+            table[step::7] += 1
+            small = {f"b{i}": torch.full((50,), float(step + i)) for i in range(30)}
+            system.save(TraceVersion(step, "r", step, 0, 0), {"model": {"t": table, **small}})
+        system.store.delete("r@1")  # garbage, counted until GC deletes it
+        assert system.physical_bytes() == system.store.stats().physical_bytes > 0
+    finally:
+        system.close()
