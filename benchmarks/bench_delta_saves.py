@@ -8,9 +8,10 @@ the handle kept of its last save (``chunkstore.basecopies``); ``d2-read-back``
 store, as saves did before; ``auto`` makes no deltas.  For each workload the
 suite's recorded states are saved the three ways in turn, save by save (the
 first way rotating), in this one process, so a slow spell of the disk or of the
-VM falls on every way alike.  Figures: medians of a save after the first, wall
-and CPU (``time.process_time``) seconds, their ratios to ``auto``, and the bytes
-each store holds at the end.  Usage::
+VM falls on every way alike; the whole comparison is repeated (``--repeat``)
+into fresh stores, each run reported on its own.  Figures per run: medians of a
+save after the first, wall and CPU (``time.process_time``) seconds, their ratios
+to ``auto``, and the bytes each store holds at the end.  Usage::
 
     python -m benchmarks.bench_delta_saves --out benchmarks/results/delta_saves.json
 """
@@ -36,6 +37,7 @@ WAYS = ("auto", "d2", "d2-read-back")
 
 
 def compare(workload: str, states: list[dict[str, Any]], work: Path) -> dict[str, Any]:
+    work.mkdir(parents=True, exist_ok=True)
     stores = {way: chunkstore.open(work / f"{workload}-{way}", compression="auto",
                                    delta_depth=0 if way == "auto" else 2) for way in WAYS}
     stores["d2-read-back"].base_copies.budget = 0
@@ -67,17 +69,24 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workloads", default="dense,mixed-precision,sparse-embedding")
     parser.add_argument("--states", type=int, default=11)
+    parser.add_argument("--repeat", type=int, default=2,
+                        help="times to save each workload's states the three ways (each into"
+                        " fresh stores), each reported on its own")
     parser.add_argument("--out", default="benchmarks/results/delta_saves.json")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="cs-delta-saves-"))
     result: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "platform": platform.platform()},
-        "states": args.states, "workloads": {}}
+        "states": args.states, "repeat": args.repeat, "workloads": {}}
     try:
         for workload in args.workloads.split(","):
             states = record_states(workload, args.states)
-            result["workloads"][workload] = compare(workload, states, work)
+            runs = []
+            for run in range(args.repeat):
+                runs.append(compare(workload, states, work / str(run)))
+                shutil.rmtree(work / str(run))  # the sparse stores take gigabytes
+            result["workloads"][workload] = runs
             del states
     finally:
         shutil.rmtree(work, ignore_errors=True)
