@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 import chunkstore
+from chunkstore.basecopies import BASE_COPY_BYTES
 from chunkstore.cli.common import (
     EXIT_USAGE,
     GRACE_OPT,
@@ -64,8 +65,10 @@ from chunkstore.tree import Leaf
 @click.option("--delta-depth", type=click.IntRange(0, MAX_DELTA_DEPTH), default=DEFAULT_DELTA_DEPTH,
               show_default=True,
               help="Longest chain of delta chunks a save builds (0: no deltas). Deeper"
-              " chains store less per version and restore slower. Fixed for the life of"
-              " the store.")
+              " chains store less per version and restore slower. A saving process keeps"
+              " a copy of the chunks that changed, to encode its next save against (up"
+              f" to {BASE_COPY_BYTES / 2**30:g} GiB; Store.base_copies.budget). Fixed for"
+              " the life of the store.")
 def init(path: str, chunk_size: int, compression: str, delta_depth: int) -> None:
     """Create an empty store at PATH (a directory or fsspec URL).
 
