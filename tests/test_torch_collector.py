@@ -55,13 +55,13 @@ def test_saves_and_restores_run_with_the_collector_paused_and_resume_it(
             load(store, "r@1", state)
             assert gc.isenabled()
             for async_save in (False, True):
-                checkpointer = Checkpointer(store, run=f"c{async_save}", async_save=async_save)
-                checkpointer.save(1, **state)
-                checkpointer.wait()
-                assert gc.isenabled()
-                checkpointer.restore(**state)
-                assert gc.isenabled()
-                checkpointer.close()
+                with Checkpointer(store, run=f"c{async_save}",
+                                  async_save=async_save) as checkpointer:
+                    checkpointer.save(1, **state)
+                    checkpointer.wait()
+                    assert gc.isenabled()
+                    checkpointer.restore(**state)
+                    assert gc.isenabled()
         calls = state["probe"].collector_on
         assert len(calls) >= 6
         assert not any(calls)
@@ -91,8 +91,8 @@ def test_saves_and_restores_leave_nothing_for_the_cyclic_collector(
     state = _training_state()
     enabled = gc.isenabled()
     debug = gc.get_debug()
-    with chunkstore.open(tmp_path / "s") as store:
-        checkpointer = Checkpointer(store, run="c", async_save=async_save)
+    with chunkstore.open(tmp_path / "s") as store, \
+            Checkpointer(store, run="c", async_save=async_save) as checkpointer:
         checkpointer.save(1, **state)  # first use: lazy imports and caches
         checkpointer.wait()
         checkpointer.restore(**state)
@@ -116,7 +116,6 @@ def test_saves_and_restores_leave_nothing_for_the_cyclic_collector(
             gc.set_debug(debug)
             if enabled:
                 gc.enable()
-        checkpointer.close()
 
 
 def _from_this_project(thing: object) -> bool:
