@@ -53,6 +53,29 @@ def record_states(workload: str, count: int) -> list[dict[str, Any]]:
     return states
 
 
+def run_workloads(workload_names: str, count: int,
+                  compare_one: Callable[[str, list[dict[str, Any]], Path], Any],
+                  settings: dict[str, Any], out: str, prefix: str) -> None:
+    """Record ``count`` states of each workload (comma-separated names), compare them with
+    ``compare_one(workload, states, work directory)``, and write what it returns, with the
+    machine and ``settings``, to ``out`` as JSON (and print it)."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    result: dict[str, Any] = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "platform": platform.platform()},
+        **settings, "workloads": {}}
+    try:
+        for workload in workload_names.split(","):
+            states = record_states(workload, count)
+            result["workloads"][workload] = compare_one(workload, states, work)
+            del states  # before the next workload's are recorded
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
 def _seconds(fn: Callable[[], object]) -> float:
     start = time.perf_counter()
     fn()
@@ -96,20 +119,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default="benchmarks/results/collector.json")
     args = parser.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="cs-collector-"))
-    result: dict[str, Any] = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "platform": platform.platform()},
-        "states": args.states, "rounds": args.rounds, "workloads": {}}
-    try:
-        for workload in args.workloads.split(","):
-            states = record_states(workload, args.states)
-            result["workloads"][workload] = compare(workload, states, args.rounds, work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    run_workloads(args.workloads, args.states,
+                  lambda workload, states, work: compare(workload, states, args.rounds, work),
+                  {"states": args.states, "rounds": args.rounds}, args.out, "cs-collector-")
 
 
 if __name__ == "__main__":

@@ -19,19 +19,15 @@ to ``auto``, and the bytes each store holds at the end.  Usage::
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import shutil
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import chunkstore
 import torch_bridge
-from benchmarks.bench_collector import record_states
+from benchmarks.bench_collector import run_workloads
 
 WAYS = ("auto", "d2", "d2-read-back")
 
@@ -74,25 +70,16 @@ def main(argv: list[str] | None = None) -> None:
                         " fresh stores), each reported on its own")
     parser.add_argument("--out", default="benchmarks/results/delta_saves.json")
     args = parser.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="cs-delta-saves-"))
-    result: dict[str, Any] = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "platform": platform.platform()},
-        "states": args.states, "repeat": args.repeat, "workloads": {}}
-    try:
-        for workload in args.workloads.split(","):
-            states = record_states(workload, args.states)
-            runs = []
-            for run in range(args.repeat):
-                runs.append(compare(workload, states, work / str(run)))
-                shutil.rmtree(work / str(run))  # the sparse stores take gigabytes
-            result["workloads"][workload] = runs
-            del states
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+
+    def runs(workload: str, states: list[dict[str, Any]], work: Path) -> list[dict[str, Any]]:
+        found = []
+        for run in range(args.repeat):
+            found.append(compare(workload, states, work / str(run)))
+            shutil.rmtree(work / str(run))  # the sparse stores take gigabytes
+        return found
+
+    run_workloads(args.workloads, args.states, runs,
+                  {"states": args.states, "repeat": args.repeat}, args.out, "cs-delta-saves-")
 
 
 if __name__ == "__main__":

@@ -15,19 +15,14 @@ a save after the first, and the ratio to safetensors'.  Usage::
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
-import shutil
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import chunkstore
 import torch_bridge
-from benchmarks.bench_collector import record_states
+from benchmarks.bench_collector import run_workloads
 from benchmarks.systems import Safetensors
 from benchmarks.trace import TraceVersion
 
@@ -75,20 +70,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default="benchmarks/results/small_saves.json")
     args = parser.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="cs-small-saves-"))
-    result: dict[str, Any] = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "platform": platform.platform()},
-        "states": args.states, "rounds": args.rounds, "workloads": {}}
-    try:
-        for workload in args.workloads.split(","):
-            states = record_states(workload, args.states)
-            result["workloads"][workload] = compare(workload, states, args.rounds, work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    run_workloads(args.workloads, args.states,
+                  lambda workload, states, work: compare(workload, states, args.rounds, work),
+                  {"states": args.states, "rounds": args.rounds}, args.out, "cs-small-saves-")
 
 
 if __name__ == "__main__":
