@@ -15,10 +15,7 @@ import chunkstore
 from chunkstore.backends.wrappers import ForwardingBackend
 from chunkstore.basecopies import BaseCopies
 from chunkstore.digest import Digest, chunk_key
-from chunkstore.manifest import TensorEntry
-
-CHUNK = 4096
-ROWS, DIM = 256, 16  # 16 KiB of float32: four chunks
+from tests.test_delta import CHUNK, DIM, ROWS, save, shard, sparse_states
 
 
 class CountingBackend(ForwardingBackend):
@@ -41,28 +38,16 @@ class CountingBackend(ForwardingBackend):
 
 def tables(seed: int = 0) -> Iterator[np.ndarray]:
     """An embedding table of which each state changes a few rows of every chunk."""
-    rng = np.random.default_rng(seed)
-    table = rng.standard_normal((ROWS, DIM)).astype(np.float32)
-    while True:
-        yield table.copy()
-        table[rng.integers(0, ROWS, 12)] += np.float32(0.5)
+    return sparse_states(seed, rows=12)
 
 
 def open_store(path: Path, **kwargs: object) -> chunkstore.Store:
     return chunkstore.open(path, chunk_size=CHUNK, delta_depth=3, **kwargs)  # type: ignore[arg-type]
 
 
-def save(store: chunkstore.Store, step: int, table: np.ndarray, run: str = "r") -> str:
-    with store.new_version(run=run, step=step) as version:
-        version.put("emb", table)
-    return version.info.id
-
-
 def chains(store: chunkstore.Store, version_id: str) -> list[tuple[Digest, ...]]:
-    entry = store.open_version(version_id).entry("emb")
-    assert isinstance(entry, TensorEntry)
-    (shard,) = entry.shards
-    return [shard.chain(i) for i in range(len(shard.chunks))]
+    only = shard(store, version_id)
+    return [only.chain(i) for i in range(len(only.chunks))]
 
 
 @pytest.mark.parametrize("budget", [None, 0])

@@ -28,13 +28,14 @@ DEPTH = 3
 ROWS, DIM = 256, 16  # 16 KiB of float32: four chunks
 
 
-def sparse_states(seed: int = 0) -> Iterator[np.ndarray]:
-    """An embedding table of which each state changes two rows (a sparse update)."""
+def sparse_states(seed: int = 0, rows: int = 2) -> Iterator[np.ndarray]:
+    """An embedding table of which each state changes ``rows`` random rows (a sparse
+    update)."""
     rng = np.random.default_rng(seed)
     table = rng.standard_normal((ROWS, DIM)).astype(np.float32)
     while True:
         yield table.copy()
-        table[rng.integers(0, ROWS, 2)] += np.float32(0.5)
+        table[rng.integers(0, ROWS, rows)] += np.float32(0.5)
 
 
 @pytest.fixture
