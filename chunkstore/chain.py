@@ -40,6 +40,7 @@ from chunkstore.chunkobj import (
     parse_header,
 )
 from chunkstore.codecs import zstd
+from chunkstore.codecs.planes import join, split
 from chunkstore.codecs.shuffle import plane_table, planes_into
 from chunkstore.digest import DIGEST_SIZE, Digest, chunk_key
 from chunkstore.errors import ChunkStoreError, CorruptChunkError, MissingChunkError
@@ -182,9 +183,9 @@ def _decode_planes(digest: Digest, links: list[Link], root: Link | None,
         else:
             root_raw = decode_payload(root_digest, root_header, root_view, None)
     if root_raw is not None:
-        columns = np.frombuffer(root_raw, dtype=np.uint8).reshape(-1, size)
-        for i in range(size):
-            planes[i] = columns[:, i]
+        if len(root_raw) != length:
+            raise CorruptChunkError(digest.hex, "a delta base of another length")
+        split(root_raw, planes, size)
     for link_digest, link_header, link_view in reversed(links):
         _planes_of(link_digest, link_view[link_header.size:], planes, xor=True)
     if out is None:
@@ -192,9 +193,7 @@ def _decode_planes(digest: Digest, links: list[Link], root: Link | None,
     elif len(out) != length:
         raise CorruptChunkError(digest.hex, f"holds {length} bytes, the manifest expects"
                                 f" {len(out)}")
-    columns = np.frombuffer(out, dtype=np.uint8).reshape(-1, size)
-    for i in range(size):  # one strided copy per plane: several times faster than .T
-        columns[:, i] = planes[i]
+    join(planes, out)
     check_digest(digest, out)
     return out
 
@@ -280,7 +279,8 @@ def base_prefix(store: Store, digest: Digest, chain: tuple[Digest, ...], length:
                 part = (body[:elements] if mode == 0
                         else zstd.decompress_prefix(body, elements))
                 planes[i] = np.frombuffer(part, dtype=np.uint8)
-            image = np.ascontiguousarray(planes.T).reshape(-1).data
+            image = memoryview(bytearray(size * elements))
+            join(planes, image)
             if prefix is not None:
                 codec = codecs.by_id(header.codec_id)
                 assert codec is not None

@@ -16,6 +16,7 @@ import struct
 import numpy as np
 
 from chunkstore import codecs
+from chunkstore.codecs.planes import join, split_planes
 from chunkstore.codecs.zstd import check_frame, decompress, plane_compressor
 
 PROBE_BYTES = 16 * 1024
@@ -46,8 +47,7 @@ class ShuffleZstdCodec(codecs.Codec):
         if element_size < self.min_planes or len(raw) % element_size:
             raise ValueError(f"{self.name} needs an element size of at least"
                              f" {self.min_planes} that divides the chunk")
-        elements = np.frombuffer(raw, dtype=np.uint8).reshape(-1, element_size)
-        planes = np.ascontiguousarray(elements.T)
+        planes = split_planes(raw, element_size)
         header = bytearray([element_size])
         bodies: list[bytes | memoryview] = []
         for plane in planes:
@@ -65,13 +65,12 @@ class ShuffleZstdCodec(codecs.Codec):
     def decode_into(self, payload: memoryview, out: memoryview, element_size: int) -> None:
         table = plane_table(payload, len(out), element_size, self.min_planes)
         plane_len = len(out) // element_size
-        # Each plane is written straight into its column of the result: one
-        # strided copy per plane, several times faster than transposing after.
-        columns = np.frombuffer(out, dtype=np.uint8).reshape(plane_len, element_size)
-        for i, (mode, start, length) in enumerate(table):
-            body = payload[start : start + length]
-            plane = body if mode == 0 else decompress(body, plane_len)
-            columns[:, i] = np.frombuffer(plane, dtype=np.uint8)
+        # A raw plane is read where it lies in the payload; all are interleaved
+        # into the result in one pass.
+        bodies = [payload[start : start + length] if mode == 0
+                  else decompress(payload[start : start + length], plane_len)
+                  for mode, start, length in table]
+        join(bodies, out)
 
 
 def planes_into(payload: memoryview, planes: np.ndarray, min_planes: int, *, xor: bool) -> None:
