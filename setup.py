@@ -1,11 +1,11 @@
-"""The one build step pyproject.toml cannot state stably: the optional native
-byte-plane loops (chunkstore/codecs/_planes.c, see chunkstore/codecs/planes.py).
+"""The one build step pyproject.toml cannot state stably: the codecs' optional
+native loops (chunkstore/codecs/_native.c, see chunkstore/codecs/native.py).
 
 ``optional=True``: where no C compiler is at hand the install still succeeds and
-chunkstore uses the numpy fallback, which writes and reads the same bytes.
+chunkstore uses the numpy fallbacks, which write and read the same bytes.
 """
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("chunkstore.codecs._planes", ["chunkstore/codecs/_planes.c"],
+setup(ext_modules=[Extension("chunkstore.codecs._native", ["chunkstore/codecs/_native.c"],
                              optional=True, extra_compile_args=["-O3"])])

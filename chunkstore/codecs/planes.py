@@ -5,21 +5,19 @@ every element, in element order; :func:`split` writes the planes one after the
 other, :func:`join` interleaves them again.  Every shuffle codec and the
 delta chain decoder go through these two functions.
 
-Both have a native implementation (``chunkstore/codecs/_planes.c``, built
-with the package where a C compiler is at hand: 7-9 GB/s against numpy's
-2.4 GB/s for a strided copy per plane on this project's machine) and this
-module's numpy fallback, which gives the same bytes (a test compares them).
-``NATIVE`` says which is in use; ``CHUNKSTORE_NO_NATIVE=1`` in the environment
-forces the fallback.
+Both have a native implementation (:mod:`chunkstore.codecs.native`: 7-9 GB/s
+against numpy's 2.4 GB/s for a strided copy per plane on this project's
+machine) and this module's numpy fallback, which gives the same bytes (a test
+compares them).
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Iterable
 
 import numpy as np
+
+from chunkstore.codecs import native
 
 Buffer = bytes | bytearray | memoryview | np.ndarray
 
@@ -54,39 +52,24 @@ def join_numpy(planes: Iterable[Buffer], out: Buffer) -> None:
         columns[:, j] = values
 
 
-def _native() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
-    if os.environ.get("CHUNKSTORE_NO_NATIVE") == "1":
-        return None
-    try:
-        from chunkstore.codecs import _planes  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return _planes.split, _planes.join
-
-
-_IMPLEMENTATION = _native()
-#: True when the native loops are in use.
-NATIVE = _IMPLEMENTATION is not None
-
-
 def split(raw: Buffer, out: Buffer, element_size: int) -> None:
     """Write the planes of ``raw`` (``n`` elements of ``element_size`` bytes) into ``out``:
     plane ``j`` at ``out[j * n : (j + 1) * n]``.  Both buffers contiguous, one length, not
     overlapping; ``ValueError`` otherwise."""
-    if _IMPLEMENTATION is None:
+    if native.MODULE is None:
         split_numpy(raw, out, element_size)
     else:
-        _IMPLEMENTATION[0](raw, out, element_size)
+        native.MODULE.split(raw, out, element_size)
 
 
 def join(planes: Iterable[Buffer], out: Buffer) -> None:
     """Interleave ``planes`` (one buffer per byte position, each ``n`` bytes; the rows of
     an array will do) into ``out`` (``n`` times the number of planes bytes, not
     overlapping them): the inverse of :func:`split`.  ``ValueError`` on other lengths."""
-    if _IMPLEMENTATION is None:
+    if native.MODULE is None:
         join_numpy(planes, out)
     else:
-        _IMPLEMENTATION[1](planes, out)
+        native.MODULE.join(planes, out)
 
 
 def split_planes(raw: Buffer, element_size: int) -> np.ndarray:
