@@ -1116,8 +1116,11 @@ class Result:
         return f"{head}\nVIOLATION after {len(self.schedule)} steps: {self.violation}\n{steps}"
 
 
-def explore(model: Model, max_depth: int | None = None) -> Result:
-    """Breadth-first over every interleaving; stops at the first violation (shortest)."""
+def explore(model: Model, max_depth: int | None = None,
+            labels: set[str] | None = None) -> Result:
+    """Breadth-first over every interleaving; stops at the first violation (shortest).
+
+    With ``labels``, the label of every transition taken is added to it."""
     start = time.perf_counter()
     init = model.initial()
     parents: dict[State, tuple[State | None, str]] = {init: (None, "")}
@@ -1133,6 +1136,8 @@ def explore(model: Model, max_depth: int | None = None) -> Result:
         for s in frontier:
             for label, t in model.successors(s):
                 transitions += 1
+                if labels is not None:
+                    labels.add(label)
                 if t in parents:
                     continue
                 parents[t] = (s, label)
