@@ -1,7 +1,10 @@
 """One "machine" in the many-indexes tests: a process with its own index directory.
 
-``python tests/machine_child.py URL INDEX_DIR OP [ARGS...]``; an S3 URL uses the
-endpoint in ``CHUNKSTORE_TEST_S3_ENDPOINT``.  Ops (each prints one JSON line):
+``python tests/machine_child.py URL INDEX_DIR OP [ARGS...] [-- OP [ARGS...]]...``; an
+S3 URL uses the endpoint in ``CHUNKSTORE_TEST_S3_ENDPOINT``.  Several ops separated
+by ``--`` run one after the other in this process (the machine doing several things
+in a row), each opening the store afresh as a process of its own would.  Ops (each
+prints one JSON line):
 
 - ``save RUN STEP SEED``: save :func:`state` (SEED) as RUN@STEP; prints the id;
 - ``rm SELECTOR``;
@@ -124,5 +127,17 @@ def run_op(url: str, index_dir: str, op: str, args: list[str]) -> object:  # noq
     raise SystemExit(f"unknown op {op!r}")
 
 
+def split_ops(words: list[str]) -> list[list[str]]:
+    """``OP ARGS -- OP ARGS ...`` -> one list per op."""
+    ops: list[list[str]] = [[]]
+    for word in words:
+        if word == "--":
+            ops.append([])
+        else:
+            ops[-1].append(word)
+    return ops
+
+
 if __name__ == "__main__":
-    print(json.dumps(run_op(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:])), flush=True)
+    for op, *op_args in split_ops(sys.argv[3:]):
+        print(json.dumps(run_op(sys.argv[1], sys.argv[2], op, op_args)), flush=True)

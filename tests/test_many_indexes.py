@@ -56,6 +56,17 @@ class Cluster:
         assert proc.returncode == 0, err
         return json.loads(out.splitlines()[-1])
 
+    def run_in_a_row(self, machine: str, *ops: tuple[object, ...]) -> list[Any]:
+        """Run ``ops`` one after the other on ``machine``, in one process (each opens the
+        store afresh, as its own process would); their results."""
+        args = [word for op in ops for word in ("--", *op)][1:]
+        proc = self.popen(machine, *args)
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        results = [json.loads(line) for line in out.splitlines()[-len(ops):]]
+        assert len(results) == len(ops), out
+        return results
+
     def open(self, machine: str) -> chunkstore.Store:
         options = {}
         if self.url.startswith("s3://"):
@@ -100,11 +111,11 @@ def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]
 def test_a_gc_on_another_machine_never_breaks_a_later_save_of_the_same_bytes(
         cluster: Cluster) -> None:
     """Machine B's GC deletes what A removed; A saves those bytes again: A must write them."""
-    a1 = cluster.run("a", "save", "a", 1, 1)
-    a2 = cluster.run("a", "save", "a", 2, 2)
-    cluster.run("a", "rm", a1)
-    b1 = cluster.run("b", "save", "b", 1, 3)
-    result = cluster.run("b", "gc", HOUR, 2 * HOUR)  # the default grace, two hours later
+    a1, a2, removed = cluster.run_in_a_row("a", ("save", "a", 1, 1), ("save", "a", 2, 2),
+                                           ("rm", "a@1"))
+    assert removed == a1
+    b1, result = cluster.run_in_a_row("b", ("save", "b", 1, 3),
+                                      ("gc", HOUR, 2 * HOUR))  # default grace, 2 h later
     assert result["orphans_deleted"] + result["chunks_deleted"] > 0  # a@1's objects went
     again = cluster.run("a", "save", "a", 3, 1)  # a@1's bytes, from A's stale index
     cluster.assert_all_whole("a", {a2: state(2), b1: state(3), again: state(1)})
@@ -122,7 +133,7 @@ def test_a_chunk_lost_from_storage_is_never_deduplicated_against_again(
         store.backend.delete(chunk_key(lost))
         if store.backend.local_path() is None:
             assert not store.verify().ok  # finds it missing, and the index forgets it
-    later = [cluster.run("a", "save", "a", step, 1) for step in (2, 3)]
+    later = cluster.run_in_a_row("a", *[("save", "a", step, 1) for step in (2, 3)])
     cluster.assert_all_whole("a", {v: state(1) for v in [first, *later]})
 
 
@@ -267,13 +278,13 @@ def test_an_index_idle_past_the_journals_pruning_trusts_nothing_it_may_have_miss
         cluster: Cluster) -> None:
     """GC prunes journal entries older than a week; an index that has not read the
     journal since then forgets every dedup target instead of trusting them."""
-    a1 = cluster.run("a", "save", "a", 1, 1)
-    a2 = cluster.run("a", "save", "a", 2, 2)
-    cluster.run("a", "rm", a1)
-    first = cluster.run("b", "gc", HOUR, 2 * HOUR)
+    a1, a2, removed = cluster.run_in_a_row("a", ("save", "a", 1, 1), ("save", "a", 2, 2),
+                                           ("rm", "a@1"))
+    assert removed == a1
+    first, later = cluster.run_in_a_row("b", ("gc", HOUR, 2 * HOUR),
+                                        ("gc", HOUR, 8 * 24 * HOUR))  # then a week on
     assert first["orphans_deleted"] + first["chunks_deleted"] > 0
     assert first["journal_entries_pruned"] == 0  # a day old at most: kept
-    later = cluster.run("b", "gc", HOUR, 8 * 24 * HOUR)  # a week on
     assert later["journal_entries_pruned"] >= 1
     with cluster.open("b") as store:
         keys = list(store.backend.list("gc/"))
