@@ -184,7 +184,8 @@ def test_fixed_mark_makes_rule_redundant(broken: str) -> None:
     assert result.complete
 
 
-_PLAIN = (("two_gcs", TWO_GCS), ("failures", FAILURES))
+# The small world first: the test stops at the first world that loses data.
+_PLAIN = (("failures", FAILURES), ("two_gcs", TWO_GCS))
 UNSAFE_CHOICES = {"wait_every_blocker": _PLAIN, "gc_stops_when_lapsed": _PLAIN,
                   "finish_deletions_blindly": _PLAIN,
                   "mark_trusts_moved_records": (("moved", MOVED),)}
@@ -194,7 +195,7 @@ UNSAFE_CHOICES = {"wait_every_blocker": _PLAIN, "gc_stops_when_lapsed": _PLAIN,
 def test_explorer_finds_the_schedule_of_each_unsafe_choice(unsafe: str) -> None:
     """Each of the four choices, alone made unsafe, loses data in some world."""
     protocol = dataclasses.replace(SAFE, **{unsafe: not getattr(SAFE, unsafe)})
-    results = [check(name, config, protocol) for name, config in UNSAFE_CHOICES[unsafe]]
+    results = (check(name, config, protocol) for name, config in UNSAFE_CHOICES[unsafe])
     assert any(r.violation is not None for r in results), f"{unsafe}: no schedule found"
 
 
