@@ -5,23 +5,20 @@ size, replays them into every system and checks the results' schema and the
 storage amplification each system must show by construction.  The quick mode
 runs in one process (a few seconds of it importing torch), on a memory-backed
 file system where there is one: the smoke test checks what is stored, not how
-fast the disk stores it.
+fast the disk stores it.  That process starts in the background with the test
+session (tests/quick_suite.py), and the tests that read its results run last.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.quick_suite import QuickSuiteRun
 
 REPO = Path(__file__).resolve().parent.parent
 WORKLOADS = {"dense", "frozen", "lora", "sparse-embedding", "sweep", "mixed-precision"}
@@ -29,27 +26,19 @@ SYSTEM_PREFIXES = ("torch.save", "safetensors", "dcp", "chunkstore")
 KEYS = {"workload": str, "system": str, "versions": int, "logical_bytes": int,
         "physical_bytes": int, "amplification": float, "save_s": float, "pause_s": float,
         "restore_s": float, "peak_rss_bytes": int}
-SHM = Path("/dev/shm")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    out = tmp_path_factory.mktemp("results")
-    on_shm = SHM.is_dir() and os.access(SHM, os.W_OK)
-    work = Path(tempfile.mkdtemp(prefix="cs-smoke-", dir=SHM if on_shm else out))
-    try:
-        subprocess.run([sys.executable, "-m", "benchmarks.suite", "--quick", "--out-dir",
-                        str(out), "--work-dir", str(work)], cwd=REPO, check=True, timeout=240,
-                       env={**os.environ, "PYTHONPATH": str(REPO)})
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    yield out
+def quick_suite_results(quick_suite_run: QuickSuiteRun | None) -> Path:
+    """The results folder of ``benchmarks.suite --quick``, once it has ended well."""
+    assert quick_suite_run is not None  # started: this fixture is among the selected tests'
+    return quick_suite_run.results()
 
 
 @pytest.fixture(scope="module")
-def records(results: Path) -> list[dict[str, Any]]:
-    loaded: list[dict[str, Any]] = json.loads((results / "latest.json").read_text())
+def records(quick_suite_results: Path) -> list[dict[str, Any]]:
+    loaded: list[dict[str, Any]] = json.loads((quick_suite_results / "latest.json").read_text())
     return loaded
 
 
@@ -95,7 +84,8 @@ def test_amplification_is_sane(records: list[dict[str, Any]]) -> None:
         assert r["amplification"] >= 0.95 * r["versions"], r
 
 
-def test_reports_and_plots(results: Path) -> None:
+def test_reports_and_plots(quick_suite_results: Path) -> None:
+    results = quick_suite_results
     markdown = (results / "latest.md").read_text()
     assert "| workload |" in markdown
     for workload in WORKLOADS:
@@ -108,10 +98,10 @@ def test_reports_and_plots(results: Path) -> None:
         assert json.loads((results / name).read_text())
 
 
-def test_the_sharded_dcp_benchmark_reports_per_rank(results: Path) -> None:
+def test_the_sharded_dcp_benchmark_reports_per_rank(quick_suite_results: Path) -> None:
     """bench_dcp at smoke size: DCP's FileSystemWriter and ChunkStoreWriter at world
     sizes 1 and 2, bytes in total and per rank, times, and the ratios to the targets."""
-    report = json.loads((results / "dcp.json").read_text())
+    report = json.loads((quick_suite_results / "dcp.json").read_text())
     assert report["versions"] == 3 and report["worlds"] == [1, 2]
     assert {(r["system"], r["world"]) for r in report["results"]} == {
         (system, world) for system in ("dcp-filesystem", "chunkstore") for world in (1, 2)}
