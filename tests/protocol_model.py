@@ -309,6 +309,24 @@ class State(NamedTuple):
     vrefs: tuple[frozenset[Ref], ...] = ()  # per version id: the member locations it lists
 
 
+def _fast_replace(cls: type) -> Any:
+    """``cls._replace`` without the generality of ``namedtuple``'s (a map over every field,
+    then a length check): the explorer calls it for nearly every transition, and it was
+    a sixth of the exploring time.  The same tuples come out."""
+    index = {name: i for i, name in enumerate(cls._fields)}  # type: ignore[attr-defined]
+
+    def _replace(self: tuple, **changes: object) -> tuple:  # type: ignore[type-arg]
+        values = list(self)
+        for name, value in changes.items():
+            values[index[name]] = value
+        return tuple.__new__(cls, values)
+    return _replace
+
+
+for _cls in (Writer, Gc, Entry, Session, State):
+    _cls._replace = _fast_replace(_cls)  # type: ignore[method-assign]
+
+
 @dataclass
 class Model:
     config: Config
