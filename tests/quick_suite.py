@@ -5,9 +5,10 @@ background as the test session starts.
 for half a minute and more; the tests read only its output files.  Started at
 the session's first test, it runs beside the tests before it (most of the suite
 waits on subprocesses, sleeps and I/O and leaves the second core idle) instead of
-adding its time to the run; the tests that read its results are moved to the end
-of the session, where they wait for it if it has not ended yet.  It starts only
-when a selected test needs it.
+adding its time to the run.  The module of the tests that read its results runs
+at the end of the session: they wait for the run there if it has not ended yet,
+and the module's other benchmark tests (worker processes importing torch) do not
+compete with it for the CPU.  It starts only when a selected test needs it.
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ def quick_suite_run(request: pytest.FixtureRequest,
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests that read the run go last (in their order), so it has the time of the
-    rest of the session to end."""
-    items.sort(key=lambda item: RESULTS_FIXTURE in getattr(item, "fixturenames", ()))
+    """The modules of the tests that read the run go last (their tests in their order),
+    so it has the time of the rest of the session to end."""
+    last = {item.path for item in items if RESULTS_FIXTURE in getattr(item, "fixturenames", ())}
+    items.sort(key=lambda item: item.path in last)

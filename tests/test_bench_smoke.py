@@ -6,7 +6,7 @@ storage amplification each system must show by construction.  The quick mode
 runs in one process (a few seconds of it importing torch), on a memory-backed
 file system where there is one: the smoke test checks what is stored, not how
 fast the disk stores it.  That process starts in the background with the test
-session (tests/quick_suite.py), and the tests that read its results run last.
+session (tests/quick_suite.py), and this module's tests run last.
 """
 
 from __future__ import annotations
