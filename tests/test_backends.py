@@ -198,14 +198,20 @@ def test_a_store_without_a_conditional_create_says_to_save_from_one_process(
 # --- S3 (a real moto server, or the one CI names) ------------------------------------------
 
 
+@pytest.fixture(scope="class")
+def s3_bucket(s3_endpoint: str) -> Iterator[str]:
+    """One bucket for the class: each test's backend has a fresh prefix of its own."""
+    bucket = create_bucket(s3_endpoint)
+    yield bucket
+    remove_bucket(s3_endpoint, bucket)
+
+
 @pytest.mark.s3
 class TestS3Backend(BackendConformance):
     @pytest.fixture(autouse=True)
-    def _bucket(self, s3_endpoint: str) -> Iterator[None]:
+    def _bucket(self, s3_endpoint: str, s3_bucket: str) -> None:
         self.endpoint = s3_endpoint
-        self.bucket = create_bucket(s3_endpoint)
-        yield
-        remove_bucket(s3_endpoint, self.bucket)
+        self.bucket = s3_bucket
 
     def make_backend(self) -> Backend:
         url = f"s3://{self.bucket}/{uuid.uuid4().hex[:8]}"
