@@ -8,7 +8,10 @@ waits on subprocesses, sleeps and I/O and leaves the second core idle) instead o
 adding its time to the run.  The module of the tests that read its results runs
 at the end of the session: they wait for the run there if it has not ended yet,
 and the module's other benchmark tests (worker processes importing torch) do not
-compete with it for the CPU.  It starts only when a selected test needs it.
+compete with it for the CPU.  test_protocol_model.py runs first: it keeps one core
+busy in this process for a good part of the run's time and starts no process of
+its own, so the run has the other core to itself then.  It starts only when a
+selected test needs it (and the order changes only then).
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ REPO = Path(__file__).resolve().parent.parent
 SHM = Path("/dev/shm")
 #: The fixture (in test_bench_smoke.py) of the tests that read the run's results.
 RESULTS_FIXTURE = "quick_suite_results"
+#: Modules that keep one core busy in this process and start no other: they go first,
+#: while the run has the other core.
+BESIDE_THE_RUN = ("test_protocol_model.py",)
 
 
 class QuickSuiteRun:
@@ -91,6 +97,8 @@ def quick_suite_run(request: pytest.FixtureRequest,
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The modules of the tests that read the run go last (their tests in their order),
-    so it has the time of the rest of the session to end."""
+    so it has the time of the rest of the session to end; BESIDE_THE_RUN goes first."""
     last = {item.path for item in items if RESULTS_FIXTURE in getattr(item, "fixturenames", ())}
-    items.sort(key=lambda item: item.path in last)
+    if not last:
+        return
+    items.sort(key=lambda item: (item.path in last, item.path.name not in BESIDE_THE_RUN))
