@@ -9,16 +9,11 @@ from pathlib import Path
 import pytest
 
 import chunkstore
-from tests.background import (
-    background_lane,
-    pytest_collection_modifyitems,
-    pytest_configure,
-)
+from tests.quick_suite import pytest_collection_modifyitems, quick_suite_run
 
-# Commands tests read the outcome of, run in the background from the start of the session
-# (the fixture, and the hooks that order the tests and declare the marker): re-exported so
-# pytest finds them here.
-__all__ = ["background_lane", "pytest_collection_modifyitems", "pytest_configure"]
+# The quick benchmark run of test_bench_smoke.py, started with the session, and the hook
+# that moves the tests reading it to the end: re-exported so pytest finds them here.
+__all__ = ["pytest_collection_modifyitems", "quick_suite_run"]
 
 SMALL_CHUNK = 64 * 1024
 

@@ -5,23 +5,20 @@ size, replays them into every system and checks the results' schema and the
 storage amplification each system must show by construction.  The quick mode
 runs in one process (a few seconds of it importing torch), on a memory-backed
 file system where there is one: the smoke test checks what is stored, not how
-fast the disk stores it.  That process runs in the background from the start of
-the test session (tests/background.py), and this module's tests run last.
+fast the disk stores it.  That process starts in the background with the test
+session (tests/quick_suite.py), and this module's tests run last.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-import os
-import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.background import BackgroundRun, Command, Runs, background_outcome
+from tests.quick_suite import QuickSuiteRun
 
 REPO = Path(__file__).resolve().parent.parent
 WORKLOADS = {"dense", "frozen", "lora", "sparse-embedding", "sweep", "mixed-precision"}
@@ -29,35 +26,19 @@ SYSTEM_PREFIXES = ("torch.save", "safetensors", "dcp", "chunkstore")
 KEYS = {"workload": str, "system": str, "versions": int, "logical_bytes": int,
         "physical_bytes": int, "amplification": float, "save_s": float, "pause_s": float,
         "restore_s": float, "peak_rss_bytes": int}
-SHM = Path("/dev/shm")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-#: The tests that read the quick run's results (this module runs last: see background.py).
-reads_the_quick_run = pytest.mark.background("quick-suite", last=True)
-
-
-def _quick_suite(root: Path) -> BackgroundRun:
-    """``python -m benchmarks.suite --quick`` writing into ``root / "results"``."""
-    on_shm = SHM.is_dir() and os.access(SHM, os.W_OK)
-    work = Path(tempfile.mkdtemp(prefix="cs-smoke-", dir=SHM if on_shm else root))
-    command = [sys.executable, "-m", "benchmarks.suite", "--quick", "--out-dir",
-               str(root / "results"), "--work-dir", str(work)]
-    return BackgroundRun([Command(command, REPO, {**os.environ, "PYTHONPATH": str(REPO)},
-                                  timeout_s=240)], remove_after=[work])
-
-
-BACKGROUND_RUNS = {"quick-suite": _quick_suite}
 
 
 @pytest.fixture(scope="module")
-def results(background_lane: Runs) -> Path:
-    (done,) = background_outcome(background_lane, "quick-suite")
-    assert done.returncode == 0, f"benchmarks.suite --quick failed:\n{done.stderr[-4000:]}"
-    return Path(done.args[5])  # --out-dir
+def quick_suite_results(quick_suite_run: QuickSuiteRun | None) -> Path:
+    """The results folder of ``benchmarks.suite --quick``, once it has ended well."""
+    assert quick_suite_run is not None  # started: this fixture is among the selected tests'
+    return quick_suite_run.results()
 
 
 @pytest.fixture(scope="module")
-def records(results: Path) -> list[dict[str, Any]]:
-    loaded: list[dict[str, Any]] = json.loads((results / "latest.json").read_text())
+def records(quick_suite_results: Path) -> list[dict[str, Any]]:
+    loaded: list[dict[str, Any]] = json.loads((quick_suite_results / "latest.json").read_text())
     return loaded
 
 
@@ -66,7 +47,6 @@ def _record(records: list[dict[str, Any]], workload: str, system: str) -> dict[s
     return found
 
 
-@reads_the_quick_run
 def test_schema(records: list[dict[str, Any]]) -> None:
     assert isinstance(records, list)
     assert {r["workload"] for r in records} == WORKLOADS
@@ -85,7 +65,6 @@ def test_schema(records: list[dict[str, Any]]) -> None:
         assert len(record["cumulative_bytes"]) == record["versions"] >= 5
 
 
-@reads_the_quick_run
 def test_amplification_is_sane(records: list[dict[str, Any]]) -> None:
     for workload in WORKLOADS:
         for system in ("torch.save", "safetensors"):
@@ -105,8 +84,8 @@ def test_amplification_is_sane(records: list[dict[str, Any]]) -> None:
         assert r["amplification"] >= 0.95 * r["versions"], r
 
 
-@reads_the_quick_run
-def test_reports_and_plots(results: Path) -> None:
+def test_reports_and_plots(quick_suite_results: Path) -> None:
+    results = quick_suite_results
     markdown = (results / "latest.md").read_text()
     assert "| workload |" in markdown
     for workload in WORKLOADS:
@@ -119,11 +98,10 @@ def test_reports_and_plots(results: Path) -> None:
         assert json.loads((results / name).read_text())
 
 
-@reads_the_quick_run
-def test_the_sharded_dcp_benchmark_reports_per_rank(results: Path) -> None:
+def test_the_sharded_dcp_benchmark_reports_per_rank(quick_suite_results: Path) -> None:
     """bench_dcp at smoke size: DCP's FileSystemWriter and ChunkStoreWriter at world
     sizes 1 and 2, bytes in total and per rank, times, and the ratios to the targets."""
-    report = json.loads((results / "dcp.json").read_text())
+    report = json.loads((quick_suite_results / "dcp.json").read_text())
     assert report["versions"] == 3 and report["worlds"] == [1, 2]
     assert {(r["system"], r["world"]) for r in report["results"]} == {
         (system, world) for system in ("dcp-filesystem", "chunkstore") for world in (1, 2)}

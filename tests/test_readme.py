@@ -1,8 +1,4 @@
-"""The README runs as written: every Python block executes, the CLI synopsis matches ``--help``.
-
-The blocks run in the background from the start of the session (tests/background.py):
-each test reads what its block's runs printed.
-"""
+"""The README runs as written: every Python block executes, the CLI synopsis matches ``--help``."""
 
 from __future__ import annotations
 
@@ -11,14 +7,12 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import click
 import pytest
 
 from chunkstore.cli import cli
-from tests.background import BackgroundRun, Command, Runs, background_outcome
 
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()
@@ -26,24 +20,13 @@ PYTHON_BLOCKS = re.findall(r"^```python\n(.*?)^```$", README, re.S | re.M)
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 
-def _runs(code: str) -> Callable[[Path], BackgroundRun]:
-    """Run ``code`` as a script in a fresh folder, as a user pasting it would: twice when
-    it resumes (as the README says, the second run resumes where the first ended)."""
-    def start(cwd: Path) -> BackgroundRun:
-        if "torch" in code and not HAS_TORCH:
-            return BackgroundRun([])  # the test skips
-        script = cwd / "example.py"
-        script.write_text(code)
-        run = Command([sys.executable, str(script)], cwd,
-                      {**os.environ, "PYTHONWARNINGS": "error"}, timeout_s=240)
-        return BackgroundRun([run, run] if "starting at step" in code else [run])
-    return start
-
-
-BACKGROUND_RUNS = {f"readme-{i}": _runs(code) for i, code in enumerate(PYTHON_BLOCKS)}
-
-
-def _stdout(done: subprocess.CompletedProcess[str], code: str) -> str:
+def _run(code: str, cwd: Path) -> str:
+    """Run ``code`` as a script in ``cwd``, as a user pasting it would; its stdout."""
+    script = cwd / "example.py"
+    script.write_text(code)
+    env = {**os.environ, "PYTHONWARNINGS": "error"}
+    done = subprocess.run([sys.executable, str(script)], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=240, check=False)
     assert done.returncode == 0, f"README block failed:\n{code}\n{done.stderr[-3000:]}"
     return done.stdout
 
@@ -54,19 +37,16 @@ def test_readme_has_the_examples() -> None:
     assert any("from torch_bridge import" in block for block in PYTHON_BLOCKS)
 
 
-@pytest.mark.parametrize("index", [pytest.param(i, marks=pytest.mark.background(f"readme-{i}"))
-                                   for i in range(len(PYTHON_BLOCKS))])
-def test_python_block_runs_as_written(index: int, background_lane: Runs) -> None:
+@pytest.mark.parametrize("index", range(len(PYTHON_BLOCKS)))
+def test_python_block_runs_as_written(index: int, tmp_path: Path) -> None:
     code = PYTHON_BLOCKS[index]
     if "torch" in code and not HAS_TORCH:
         pytest.skip("needs torch")
-    runs = background_outcome(background_lane, f"readme-{index}")
-    first = _stdout(runs[0], code)
+    first = _run(code, tmp_path)
     if "starting at step" in code:
         # Run twice, as the README says: the second run resumes where the first ended.
         assert "starting at step 0" in first
-        assert len(runs) == 2
-        assert "starting at step 48" in _stdout(runs[1], code)
+        assert "starting at step 48" in _run(code, tmp_path)
 
 
 # --- the synopsis of the "Command line" section -------------------------------------------
