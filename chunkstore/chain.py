@@ -17,6 +17,11 @@ and checks each step against that list:
    result hash-checked, so every base on the way is verified as the chunk
    itself is.
 
+A base may lie inside a pack (docs/format.md §3.5): the manifest then lists
+where (:meth:`chunkstore.manifest.Shard.chain_locations`), and the base's
+member object is read by range from the pack (following moved records) and
+decoded exactly as an object of its own would be.
+
 Decoded bases are kept in a small LRU of bounded bytes (:class:`BaseCache`),
 so a restore or a save decodes a base shared by several chunks once.
 """
@@ -45,9 +50,14 @@ from chunkstore.codecs.shuffle import plane_table, planes_into
 from chunkstore.digest import DIGEST_SIZE, Digest, chunk_key
 from chunkstore.errors import ChunkStoreError, CorruptChunkError, MissingChunkError
 from chunkstore.index import CHUNK
+from chunkstore.manifest import PackLocation
 
 if TYPE_CHECKING:
     from chunkstore.store import Store
+
+#: Where each base of a chain lies inside a pack (None: an object of its own), in chain
+#: order; empty when every base is an object of its own.
+Locations = tuple[PackLocation | None, ...]
 
 
 class BaseCache:
@@ -90,11 +100,21 @@ def missing_chunk(store: Store, digest: Digest) -> MissingChunkError:
     return MissingChunkError(digest.hex)
 
 
-def _get(store: Store, digest: Digest) -> bytes:
+def _get(store: Store, digest: Digest, location: PackLocation | None = None
+         ) -> bytes | memoryview:
+    """The object of ``digest``: stored under its key, or the member object at
+    ``location`` inside a pack."""
+    if location is not None:
+        from chunkstore.packs import member_object  # packs reads chains of members
+        return member_object(store, digest, location)
     try:
         return store.backend.get(chunk_key(digest))
     except FileNotFoundError:
         raise missing_chunk(store, digest) from None
+
+
+def _at(locations: Locations, i: int) -> PackLocation | None:
+    return locations[i] if i < len(locations) else None
 
 
 #: For reads that must see the objects as stored now (verify): caches nothing.
@@ -111,10 +131,11 @@ def _check_base(digest: Digest, header: ChunkHeader, chain: tuple[Digest, ...]) 
 
 def decode_chain(store: Store, digest: Digest, data: bytes | memoryview,
                  chain: tuple[Digest, ...], out: memoryview | None = None,
-                 cache: BaseCache | None = None, *, check_links: bool = False
-                 ) -> bytes | memoryview:
-    """Decode the object ``data`` of ``digest``, following its listed ``chain``;
-    decoded bases come from and go to ``cache`` (default: the store's).
+                 cache: BaseCache | None = None, *, check_links: bool = False,
+                 locations: Locations = ()) -> bytes | memoryview:
+    """Decode the object ``data`` of ``digest``, following its listed ``chain``
+    (whose bases lie where ``locations`` says); decoded bases come from and go to
+    ``cache`` (default: the store's).
 
     The result is always hash-checked.  With ``check_links`` every base on the
     way is hash-checked too, so a damaged base is named as such (verify);
@@ -128,9 +149,11 @@ def decode_chain(store: Store, digest: Digest, data: bytes | memoryview,
         return decode_object(digest, data, out)
     _check_base(digest, header, chain)
     if check_links:
-        base = base_bytes(store, chain[0], chain[1:], cache, check_links=True)
+        base = base_bytes(store, chain[0], chain[1:], cache, check_links=True,
+                          location=_at(locations, 0), locations=locations[1:])
         return decode_object(digest, data, out, base)
-    links, root, root_raw = _chain_objects(store, digest, header, memoryview(data), chain, cache)
+    links, root, root_raw = _chain_objects(store, digest, header, memoryview(data), chain, cache,
+                                           locations)
     if all(link[1].codec_id == codecs.XOR_DELTA.id
            and link[1].element_size == header.element_size for link in links):
         return _decode_planes(digest, links, root, root_raw, out)
@@ -141,7 +164,7 @@ Link = tuple[Digest, ChunkHeader, memoryview]
 
 
 def _chain_objects(store: Store, digest: Digest, header: ChunkHeader, view: memoryview,
-                   chain: tuple[Digest, ...], cache: BaseCache | None
+                   chain: tuple[Digest, ...], cache: BaseCache | None, locations: Locations
                    ) -> tuple[list[Link], Link | None, bytes | memoryview | None]:
     """The delta objects from the chunk down its chain (nearest first), then either
     the standalone object that ends it or the bytes of a base found in the cache."""
@@ -161,8 +184,9 @@ def _chain_objects(store: Store, digest: Digest, header: ChunkHeader, view: memo
         cached = cache.get(rest[0])
         if cached is not None:
             return links, None, cached
+        at = _at(locations, len(links) - 1)
         current, rest = rest[0], rest[1:]
-        view = memoryview(_get(store, current))
+        view = memoryview(_get(store, current, at))
         header = parse_header(current, view)
 
 
@@ -233,29 +257,32 @@ def _planes_of(digest: Digest, payload: memoryview, planes: np.ndarray, *, xor: 
 
 
 def base_bytes(store: Store, digest: Digest, chain: tuple[Digest, ...],
-               cache: BaseCache | None = None, *, check_links: bool = False
+               cache: BaseCache | None = None, *, check_links: bool = False,
+               location: PackLocation | None = None, locations: Locations = ()
                ) -> bytes | memoryview:
-    """The verified raw bytes of ``digest`` (a base), from the cache or decoded."""
+    """The verified raw bytes of ``digest`` (a base, inside a pack at ``location`` or
+    an object of its own), from the cache or decoded."""
     cache = store.base_cache if cache is None else cache
     raw = cache.get(digest)
     if raw is None:
-        raw = decode_chain(store, digest, _get(store, digest), chain, None, cache,
-                           check_links=check_links)
+        raw = decode_chain(store, digest, _get(store, digest, location), chain, None, cache,
+                           check_links=check_links, locations=locations)
         cache.put(digest, raw)
     return raw
 
 
-def base_prefix(store: Store, digest: Digest, chain: tuple[Digest, ...], length: int
-                ) -> bytes | None:
+def base_prefix(store: Store, digest: Digest, chain: tuple[Digest, ...], length: int,
+                locations: Locations = ()) -> bytes | None:
     """The first ``length`` raw bytes of the chunk ``digest`` (a would-be base), decoding
     only what they need: enough to judge whether a delta pays before the whole base is
     read, decoded and verified.  Not hash-checked: use it to decide, never to encode.
     None where the objects are not plane-coded alike (the caller decodes in full).
+    ``locations``: where ``digest`` and then each base of ``chain`` lie in packs.
     """
     try:
         digests, objects = (digest, *chain), []
-        for current in digests:
-            view = memoryview(_get(store, current))
+        for i, current in enumerate(digests):
+            view = memoryview(_get(store, current, _at(locations, i)))
             header = parse_header(current, view)
             objects.append((header, view[header.size:]))
             if header.base is None or not _is_delta(header.codec_id):

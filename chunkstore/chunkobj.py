@@ -3,7 +3,7 @@
 Header, little-endian, 24 bytes (+32 when a base key is present)::
 
     0  4s  magic b"CSCK"
-    4  u8  chunk format version (4; 1 to 3 are read too)
+    4  u8  chunk format version (5; 1 to 4 are read too)
     5  u8  codec id
     6  u8  element size in bytes (used by shuffle codecs)
     7  u8  flags: bit 0 = a 32-byte base key follows the header (delta codecs)
@@ -28,11 +28,15 @@ from chunkstore.digest import DIGEST_SIZE, Digest
 from chunkstore.errors import CorruptChunkError, FormatVersionError
 
 MAGIC = b"CSCK"
-CHUNK_FORMAT_VERSION = 4
+CHUNK_FORMAT_VERSION = 5
 #: Codec ids each chunk format version knows (version 1: no delta codec; version 3
-#: adds packs; version 4 the sub-delta codec).
+#: adds packs; version 4 the sub-delta codec; version 5 no new codec: a pack member
+#: of version 5 may be a delta).
 _CODECS_OF_VERSION = {1: frozenset({0, 1, 2}), 2: frozenset({0, 1, 2, 3}),
-                      3: frozenset({0, 1, 2, 3, 4}), 4: frozenset({0, 1, 2, 3, 4, 5})}
+                      3: frozenset({0, 1, 2, 3, 4}), 4: frozenset({0, 1, 2, 3, 4, 5}),
+                      5: frozenset({0, 1, 2, 3, 4, 5})}
+#: The first chunk format version whose pack members may be deltas (docs/format.md §3.5).
+DELTA_MEMBERS_SINCE = 5
 HEADER = struct.Struct("<4sBBBBQQ")
 FLAG_BASE = 0x01
 #: The largest raw length a reader decodes: a store's chunks are never longer.
@@ -49,6 +53,8 @@ class ChunkHeader:
     raw_length: int
     payload_length: int
     base: Digest | None = None
+    #: the chunk format version the header was read with (writers write the current one)
+    version: int = CHUNK_FORMAT_VERSION
 
     @property
     def size(self) -> int:
@@ -88,7 +94,7 @@ def parse_header(digest: Digest, data: bytes | memoryview) -> ChunkHeader:
         if len(data) < HEADER.size + DIGEST_SIZE:
             raise CorruptChunkError(digest.hex, "truncated base key")
         base = Digest(bytes(data[HEADER.size : HEADER.size + DIGEST_SIZE]))
-    return ChunkHeader(codec_id, element_size, raw_len, payload_len, base)
+    return ChunkHeader(codec_id, element_size, raw_len, payload_len, base, version)
 
 
 def encode_object(header: ChunkHeader, payload: bytes | memoryview) -> bytes:

@@ -5,24 +5,28 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
+from typing import Generic, TypeVar
 
 from chunkstore.digest import Digest
-from chunkstore.index import Claim
+
+T = TypeVar("T")
 
 
-class GroupClaims:
+class GroupClaims(Generic[T]):
     """Group commit for chunk claims: the worker threads' claims that arrive while
     one LMDB transaction runs go together into the next one, so a save of many
-    small tensors pays for a few index commits, not one per chunk."""
+    small tensors pays for a few index commits, not one per chunk.  ``claim_many``
+    claims a list of digests in one transaction and answers for each (a
+    :class:`~chunkstore.index.Claim`, or what ``Index.claim_small`` answers)."""
 
-    def __init__(self, claim_many: Callable[[list[Digest]], dict[Digest, Claim]]) -> None:
+    def __init__(self, claim_many: Callable[[list[Digest]], dict[Digest, T]]) -> None:
         self._claim_many = claim_many
         self._lock = threading.Lock()
-        self._queue: list[tuple[Digest, Future[Claim]]] = []
+        self._queue: list[tuple[Digest, Future[T]]] = []
         self._leader = False
 
-    def claim(self, digest: Digest) -> Claim:
-        future: Future[Claim] = Future()
+    def claim(self, digest: Digest) -> T:
+        future: Future[T] = Future()
         with self._lock:
             self._queue.append((digest, future))
             lead = not self._leader

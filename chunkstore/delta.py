@@ -9,8 +9,10 @@ How a save uses deltas (the writer calls these; the format is docs/format.md
 2. a chunk that is already stored is reused as deduplication always did,
    and its listed chain is taken from the parent's manifest or, for a chunk
    the parent does not list, from the object headers; every base of the
-   chain is claimed like the chunk itself, and when one cannot be (a GC has
-   condemned it) the chunk is written standalone instead;
+   chain is claimed like the chunk itself (a packed base: its pack), and
+   when one cannot be (a GC has condemned it) the chunk is written
+   standalone instead.  A packed chunk is reused with its chain only where
+   the parent lists it (the index remembers standalone members only);
 3. a new chunk whose tensor has the same dtype, shape and chunk size in the
    parent is encoded against the parent's chunk at the same position, when
    that chunk's chain is shorter than the store's ``delta_depth``: the base
@@ -39,12 +41,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from chunkstore.basecopies import BaseCopies
+from chunkstore.chain import Locations
 from chunkstore.codecs import SUB_DELTA, XOR_DELTA, Codec
 from chunkstore.codecs.policy import PROBE_BYTES, encode_with_policy
 from chunkstore.codecs.subdelta import LANES
 from chunkstore.digest import Digest
 from chunkstore.errors import ChunkStoreError
-from chunkstore.manifest import TensorEntry
+from chunkstore.manifest import PackLocation, TensorEntry
 from chunkstore.tree import flatten
 
 if TYPE_CHECKING:
@@ -79,6 +82,20 @@ class BaseSlot:
     chain: tuple[Digest, ...]
     name: str = ""
     position: int = 0
+    #: where the base lies inside a pack (None: an object of its own)
+    location: PackLocation | None = None
+    #: where each base of its chain lies inside a pack (empty: objects of their own)
+    locations: Locations = ()
+
+    def refs(self) -> tuple[tuple[Digest, ...], Locations]:
+        """The chain a delta against this base lists, and where its bases lie."""
+        return ((self.digest, *self.chain),
+                (self.location, *(self.locations or (None,) * len(self.chain))))
+
+
+#: How the parent lists a chunk: where it lies in a pack (None: an object of its own),
+#: its chain, and where the chain's bases lie.
+Listing = tuple[PackLocation | None, tuple[Digest, ...], Locations]
 
 
 class Skips:
@@ -134,7 +151,7 @@ class ParentChunks:
     def __init__(self, store: Store, run: str) -> None:
         self.depth = store.config.delta_depth if store.compression in DELTA_POLICIES else 0
         self._entries: dict[str, TensorEntry] = {}
-        self.chains: dict[Digest, tuple[Digest, ...]] = {}
+        self.listings: dict[Digest, Listing] = {}
         self.skips = Skips()
         parent = store.latest(run)
         # Copies of the parent's chunks this handle kept (chunkstore.basecopies).
@@ -144,7 +161,7 @@ class ParentChunks:
             return
         cached = store.parent_cache.get(run)
         if cached is not None and cached[0] == parent.id:
-            self._entries, self.chains, self.skips = cached[1], cached[2], Skips(cached[3])
+            self._entries, self.listings, self.skips = cached[1], cached[2], Skips(cached[3])
             return
         try:
             flat = flatten(store.backend, parent.root, store.node_cache)
@@ -155,23 +172,22 @@ class ParentChunks:
 
     def _learn(self, entries: dict[str, TensorEntry]) -> None:
         self._entries = entries
-        self.chains = {}
+        self.listings = {}
         for leaf in entries.values():
             for shard in leaf.shards:
                 for i, digest in enumerate(shard.chunks):
-                    if shard.location(i) is not None:
-                        continue  # a packed chunk is no object: no chain to reuse it by
-                    chain = shard.chain(i)
-                    self.chains.setdefault(digest, chain)
+                    chain, locations = shard.chain(i), shard.chain_locations(i)
+                    self.listings.setdefault(digest, (shard.location(i), chain, locations))
                     for k, base in enumerate(chain):
-                        self.chains.setdefault(base, chain[k + 1:])
+                        self.listings.setdefault(base, (locations[k], chain[k + 1:],
+                                                        locations[k + 1:]))
 
     def remember(self, store: Store, run: str, version_id: str,
                  entries: dict[str, TensorEntry]) -> None:
         """Cache what the next save of ``run`` needs of the version just committed."""
         known = ParentChunks.__new__(ParentChunks)
         known._learn(entries)
-        store.parent_cache[run] = (version_id, known._entries, known.chains,
+        store.parent_cache[run] = (version_id, known._entries, known.listings,
                                    self.skips.carried())
 
     def bases(self, name: str, dtype: str, shape: tuple[int, ...], chunk_bytes: int
@@ -184,10 +200,8 @@ class ParentChunks:
                 or entry.shards[0].sizes != shape):
             return []
         shard = entry.shards[0]
-        # A packed chunk is never a base (docs/format.md §3.5): it is no object.
-        return [BaseSlot(d, shard.chain(i), name, i)
-                if len(shard.chain(i)) < self.depth and shard.location(i) is None
-                and not self.skips.skip(name, i) else None
+        return [BaseSlot(d, shard.chain(i), name, i, shard.location(i), shard.chain_locations(i))
+                if len(shard.chain(i)) < self.depth and not self.skips.skip(name, i) else None
                 for i, d in enumerate(shard.chunks)]
 
 

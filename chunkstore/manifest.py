@@ -24,12 +24,16 @@ from chunkstore.dtypes import element_size, numpy_dtype
 from chunkstore.errors import CorruptNodeError, FormatVersionError, InvalidNameError
 from chunkstore.names import check_component, check_entry_name
 
-NODE_FORMAT_VERSION = 4
+NODE_FORMAT_VERSION = 5
 #: Node format versions this release reads (1: no delta bases in shards; 2: no
-#: pack locations; 3: one name component per tree entry, no inlined subtrees).
-NODE_FORMAT_VERSIONS = (1, 2, 3, 4)
+#: pack locations; 3: one name component per tree entry, no inlined subtrees; 4: no
+#: packed delta chunks, no packed bases).
+NODE_FORMAT_VERSIONS = (1, 2, 3, 4, 5)
 #: The first node format whose tree entries may be dotted paths (inlined subtrees).
 DOTTED_NAMES_SINCE = 4  # and continuation nodes (``more``)
+#: The first node format whose packed chunks may be deltas and whose bases may be
+#: packed (a shard's ``base_packs``).
+PACKED_DELTAS_SINCE = 5
 #: Bounds a reader checks before it allocates (docs/format.md §5-6).
 MAX_RANK = 64  # numpy's limit
 MAX_DIM = 2**62
@@ -67,7 +71,9 @@ class Shard:
     (empty for a standalone chunk).  GC and the index learn the base edges here,
     without reading chunk objects.  ``packs`` is empty when no chunk is packed;
     otherwise one entry per chunk: where its object lies inside a pack, or None
-    for a chunk stored as an object of its own.
+    for a chunk stored as an object of its own.  ``base_packs`` is empty when no
+    listed base is packed; otherwise one tuple per chunk, parallel to its chain:
+    where each base's object lies inside a pack, or None (an object of its own).
     """
 
     offsets: tuple[int, ...]
@@ -76,10 +82,18 @@ class Shard:
     chunks: tuple[Digest, ...]
     bases: tuple[tuple[Digest, ...], ...] = ()
     packs: tuple[PackLocation | None, ...] = ()
+    base_packs: tuple[tuple[PackLocation | None, ...], ...] = ()
 
     def chain(self, i: int) -> tuple[Digest, ...]:
         """The listed bases of chunk ``i``, nearest first (empty: standalone)."""
         return self.bases[i] if self.bases else ()
+
+    def chain_locations(self, i: int) -> tuple[PackLocation | None, ...]:
+        """Where each listed base of chunk ``i`` lies inside a pack (None: an object of
+        its own), in chain order; as long as :meth:`chain`."""
+        if self.base_packs:
+            return self.base_packs[i]
+        return (None,) * len(self.chain(i))
 
     def location(self, i: int) -> PackLocation | None:
         """Where chunk ``i`` lies inside a pack; None when it is an object of its own."""
@@ -87,11 +101,24 @@ class Shard:
 
     def objects(self) -> Iterator[Digest]:
         """Every chunk object a read of the shard needs: a packed chunk's pack (a
-        member is not an object), every other chunk and the bases of its chain."""
+        member is not an object), every other chunk, and the bases of its chain (a
+        packed base's pack)."""
         for i, digest in enumerate(self.chunks):
             location = self.location(i)
             yield digest if location is None else location.pack
-            yield from self.chain(i)
+            for base, at in zip(self.chain(i), self.chain_locations(i), strict=True):
+                yield base if at is None else at.pack
+
+    def members(self) -> Iterator[tuple[PackLocation, Digest]]:
+        """(location, digest) of every packed chunk and packed base a read of the
+        shard needs."""
+        for i, digest in enumerate(self.chunks):
+            location = self.location(i)
+            if location is not None:
+                yield location, digest
+            for base, at in zip(self.chain(i), self.chain_locations(i), strict=True):
+                if at is not None:
+                    yield at, base
 
     def nbytes(self, itemsize: int) -> int:
         return math.prod(self.sizes) * itemsize
@@ -110,6 +137,9 @@ class Shard:
         }
         if any(self.bases):
             body["bases"] = [[d.hex for d in chain] for chain in self.bases]
+        if any(any(chain) for chain in self.base_packs):
+            body["base_packs"] = [[None if p is None else p.to_json() for p in chain]
+                                  for chain in self.base_packs]
         if any(self.packs):
             body["packs"] = [None if p is None else p.to_json() for p in self.packs]
         return body
@@ -185,21 +215,27 @@ def _hexes(digests: tuple[Digest, ...]) -> str:
     return "[" + ",".join(f'"{d.hex}"' for d in digests) + "]"
 
 
+def _location_text(p: PackLocation | None) -> str:
+    return "null" if p is None else f'["{p.pack.hex}",{p.offset},{p.length}]'
+
+
 def tensor_text(entry: TensorEntry) -> str:
     """``canonical_json(entry.to_json())``, written out directly (a save encodes
     thousands of entries; the format tests check both agree byte for byte)."""
     shards = []
     for shard in entry.shards:
         fields = []
+        if any(any(chain) for chain in shard.base_packs):
+            fields.append('"base_packs":[' + ",".join(
+                "[" + ",".join(_location_text(p) for p in chain) + "]"
+                for chain in shard.base_packs) + "]")
         if any(shard.bases):
             fields.append('"bases":[' + ",".join(_hexes(c) for c in shard.bases) + "]")
         fields.append(f'"chunk_bytes":{shard.chunk_bytes}')
         fields.append('"chunks":' + _hexes(shard.chunks))
         fields.append('"offsets":' + _ints(shard.offsets))
         if any(shard.packs):
-            fields.append('"packs":[' + ",".join(
-                "null" if p is None else f'["{p.pack.hex}",{p.offset},{p.length}]'
-                for p in shard.packs) + "]")
+            fields.append('"packs":[' + ",".join(_location_text(p) for p in shard.packs) + "]")
         fields.append('"sizes":' + _ints(shard.sizes))
         shards.append("{" + ",".join(fields) + "}")
     return (f'{{"dtype":{json.dumps(entry.dtype, ensure_ascii=False)},'
@@ -310,6 +346,15 @@ def decode_tree(digest: Digest, data: bytes) -> TreeNode:
             _decode_entry(node, name, entry)
         except (InvalidNameError, ValueError) as exc:
             raise CorruptNodeError(digest.hex, f"entry {name!r}: {exc}") from exc
+    if body["format_version"] < PACKED_DELTAS_SINCE:
+        for name, leaf in node.leaves.items():
+            if isinstance(leaf, TensorEntry) and any(
+                    shard.base_packs or any(shard.location(i) is not None and shard.chain(i)
+                                            for i in range(len(shard.chunks)))
+                    for shard in leaf.shards):
+                raise CorruptNodeError(digest.hex, f"entry {name!r}: a packed delta chunk or"
+                                       " a packed base, which node format"
+                                       f" {body['format_version']} does not have")
     return node
 
 
@@ -352,34 +397,58 @@ def _shard_from_json(obj: object, itemsize: int) -> Shard:
     chunks = tuple(_digest(c, "chunk") for c in obj["chunks"])
     bases = _bases(obj.get("bases", []), chunks)
     return Shard(_int_list(obj.get("offsets"), "offsets"), _int_list(obj.get("sizes"), "sizes"),
-                 chunk_bytes, chunks, bases, _packs(obj.get("packs", []), chunks, bases))
+                 chunk_bytes, chunks, bases, _packs(obj.get("packs", []), chunks),
+                 _base_packs(obj.get("base_packs", []), chunks, bases))
 
 
-def _packs(value: object, chunks: tuple[Digest, ...], bases: tuple[tuple[Digest, ...], ...]
-           ) -> tuple[PackLocation | None, ...]:
+def _location(item: object, digest: Digest) -> PackLocation | None:
+    """A pack location, [pack, offset, length], or None for null; never the chunk's
+    own digest as its pack."""
+    if item is None:
+        return None
+    if not isinstance(item, list) or len(item) != 3:
+        raise ValueError("a pack location is [pack digest, offset, length]")
+    location = PackLocation(_digest(item[0], "pack"),
+                            exact_int(item[1], "pack offset", 0, MAX_PACK_BYTES),
+                            exact_int(item[2], "member length", 24, MAX_MEMBER_BYTES))
+    if location.offset + location.length > MAX_PACK_BYTES:
+        raise ValueError(f"chunk {digest.short()} lies beyond the largest pack")
+    if location.pack == digest:
+        raise ValueError(f"packed chunk {digest.short()} is its own pack")
+    return location
+
+
+def _packs(value: object, chunks: tuple[Digest, ...]) -> tuple[PackLocation | None, ...]:
     """A shard's pack locations: absent, or one per chunk, null or [pack, offset,
-    length]; a packed chunk has no delta chain and is not its own pack."""
+    length]."""
     if value == []:
         return ()
     if not isinstance(value, list) or len(value) != len(chunks):
         raise ValueError("packs must be a list with one location (or null) per chunk")
-    locations: list[PackLocation | None] = []
-    for i, (chunk, item) in enumerate(zip(chunks, value, strict=True)):
-        if item is None:
-            locations.append(None)
-            continue
-        if not isinstance(item, list) or len(item) != 3:
-            raise ValueError("a pack location is [pack digest, offset, length]")
-        location = PackLocation(_digest(item[0], "pack"),
-                                exact_int(item[1], "pack offset", 0, MAX_PACK_BYTES),
-                                exact_int(item[2], "member length", 24, MAX_MEMBER_BYTES))
-        if location.offset + location.length > MAX_PACK_BYTES:
-            raise ValueError(f"chunk {chunk.short()} lies beyond the largest pack")
-        if location.pack == chunk or (bases and bases[i]):
-            raise ValueError(f"packed chunk {chunk.short()} is its own pack or has a delta"
-                             " chain")
-        locations.append(location)
-    return tuple(locations) if any(locations) else ()
+    locations = tuple(_location(item, chunk) for chunk, item in zip(chunks, value, strict=True))
+    return locations if any(locations) else ()
+
+
+def _base_packs(value: object, chunks: tuple[Digest, ...],
+                bases: tuple[tuple[Digest, ...], ...]
+                ) -> tuple[tuple[PackLocation | None, ...], ...]:
+    """A shard's base locations: absent, or one list per chunk as long as its chain,
+    each entry null or the location of that base inside a pack."""
+    if value == []:
+        return ()
+    if not isinstance(value, list) or len(value) != len(chunks) or not bases:
+        raise ValueError("base_packs must be a list with one list per chunk, and only"
+                         " beside bases")
+    chains = []
+    for chunk, chain, items in zip(chunks, bases, value, strict=True):
+        if not isinstance(items, list) or len(items) != len(chain):
+            raise ValueError(f"the base locations of chunk {chunk.short()} do not match its"
+                             " delta chain")
+        located = tuple(_location(item, base) for base, item in zip(chain, items, strict=True))
+        if any(at is not None and at.pack == chunk for at in located):
+            raise ValueError(f"chunk {chunk.short()} is the pack of its own base")
+        chains.append(located)
+    return tuple(chains) if any(any(chain) for chain in chains) else ()
 
 
 def _bases(value: object, chunks: tuple[Digest, ...]) -> tuple[tuple[Digest, ...], ...]:

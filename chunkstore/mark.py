@@ -236,12 +236,13 @@ def mark_tree(store: Store, root: Digest, marks: MarkSet) -> None:
             if isinstance(leaf, TensorEntry):
                 for shard in leaf.shards:
                     for i, digest in enumerate(shard.chunks):
-                        location = shard.location(i)
-                        if location is None:
+                        if shard.location(i) is None:
                             chunks.append(digest)
-                        else:
-                            members.append((location, digest))
-                        chunks.extend(shard.chain(i))
+                        for base, at in zip(shard.chain(i), shard.chain_locations(i),
+                                            strict=True):
+                            if at is None:
+                                chunks.append(base)
+                    members.extend(shard.members())
             elif isinstance(leaf, DataEntry):
                 marks.add(NODE, leaf.digest)
         marks.add_many(CHUNK, chunks)

@@ -25,7 +25,15 @@ A save packs the small chunks it must write:
    :data:`PACK_TARGET_BYTES` and at commit, its digest claimed like any
    chunk's, and written with put-if-absent;
 4. the version lists each member's location; the index remembers the
-   locations (a dedup cache only: a missing entry means "write it again").
+   locations of standalone members (a dedup cache only: a missing entry
+   means "write it again").
+
+In a store with delta chains the chunks of larger tensors are packed too
+(chunk format 5), each a delta where that pays: a delta member lists its
+chain and where each base lies, and its bases (members of older packs, or
+objects) are claimed as every reused object is, its pack for a packed base.
+A delta member is reused only with the chain a manifest lists for it (the
+parent's), never through the index, which knows no chains.
 
 Why reusing a member of an older pack is safe while a GC may delete that
 pack: the save references the pack P, claims P and checks the fence and the
@@ -45,12 +53,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from chunkstore import codecs
-from chunkstore.chain import missing_chunk
+from chunkstore.chain import BaseCache, Locations, decode_chain, missing_chunk
 from chunkstore.chunkobj import (
+    DELTA_MEMBERS_SINCE,
     HEADER,
     MAX_PAYLOAD_OVERHEAD,
     ChunkHeader,
     decode_object,
+    decode_payload,
     parse_header,
 )
 from chunkstore.codecs import PACK
@@ -69,15 +79,22 @@ PACK_TARGET_BYTES = 8 * 1024 * 1024
 #: The largest target a store handle accepts: a pack's content stays far below the
 #: largest chunk object (one member more than the target at most).
 MAX_PACK_TARGET = 64 * 1024 * 1024
+#: A member's listed delta chain and where each base lies (empty for a standalone one).
+Chain = tuple[tuple[Digest, ...], Locations]
+NO_CHAIN: Chain = ((), ())
 
 
 class PackSlot:
-    """Where a member lies; filled in when its pack is sealed."""
+    """Where a member lies (filled in when its pack is sealed) and the delta chain it
+    lists; ``new``: a member this save writes, not one it reuses."""
 
-    __slots__ = ("location",)
+    __slots__ = ("chain", "location", "new")
 
-    def __init__(self, location: PackLocation | None = None) -> None:
+    def __init__(self, location: PackLocation | None = None, chain: Chain | None = None, *,
+                 new: bool = False) -> None:
         self.location = location
+        self.chain = NO_CHAIN if chain is None else chain
+        self.new = new
 
 
 #: A member object as the writer encoded it: its header bytes and its payload.
@@ -103,7 +120,7 @@ class PackBuilder:
         self._lock = threading.Lock()
         self._reserved = 0
         self._next = 0
-        self._waiting: dict[int, tuple[Digest, Member | None, int]] = {}
+        self._waiting: dict[int, tuple[Digest, Member | None, int, Chain]] = {}
         self._parts: list[bytes | memoryview] = []
         self._size = 0
         self._open: list[tuple[Digest, int, int, int]] = []
@@ -122,13 +139,16 @@ class PackBuilder:
             self._reserved += 1
             return self._reserved - 1
 
-    def add(self, seq: int, digest: Digest, member: Member | None, raw_length: int
-            ) -> PackSlot | None:
-        """Hand over place ``seq``: a member object to pack, or None (nothing to
-        write).  Returns the member's slot."""
+    def add(self, seq: int, digest: Digest, member: Member | None, raw_length: int,
+            chain: Chain = NO_CHAIN) -> PackSlot | None:
+        """Hand over place ``seq``: a member object to pack (a delta lists ``chain``),
+        or None (nothing to write).  Returns the member's slot: when one chunk is
+        handed over twice, it is packed once, and both get the slot of the member
+        packed (its location and chain: the encodings may differ)."""
         with self._lock:
-            self._waiting[seq] = (digest, member, raw_length)
-            slot = self._slots.setdefault(digest, PackSlot()) if member is not None else None
+            self._waiting[seq] = (digest, member, raw_length, chain)
+            slot = (self._slots.setdefault(digest, PackSlot(new=True)) if member is not None
+                    else None)
             sealed = self._drain()
         for pack in sealed:
             self._store(pack)
@@ -146,11 +166,12 @@ class PackBuilder:
     def _drain(self) -> list[_Sealed]:
         sealed = []
         while self._next in self._waiting:
-            digest, member, raw_length = self._waiting.pop(self._next)
+            digest, member, raw_length, chain = self._waiting.pop(self._next)
             self._next += 1
             if member is None or digest in self._placed:
                 continue  # the same chunk twice in one save: packed once
             self._placed.add(digest)
+            self._slots[digest].chain = chain
             length = len(member[0]) + len(member[1])
             self._open.append((digest, self._size, length, raw_length))
             self._parts.extend(member)
@@ -185,17 +206,21 @@ class PackBuilder:
 READ_GAP_BYTES = 64 * 1024
 READ_RUN_BYTES = 8 * 1024 * 1024
 
-#: A packed chunk to read: its digest, location and the caller's buffer for it.
-MemberRead = tuple[Digest, PackLocation, memoryview]
+#: A packed chunk to read: its digest, location, the caller's buffer for it and its
+#: listed delta chain.
+MemberRead = tuple[Digest, PackLocation, memoryview, Chain]
 
 
 def read_member_into(store: Store, digest: Digest, location: PackLocation, out: memoryview,
-                     *, check_pack: bool = False) -> None:
+                     *, check_pack: bool = False, chain: Chain = NO_CHAIN,
+                     cache: BaseCache | None = None) -> None:
     """Fill ``out`` with packed chunk ``digest``, read by range from its pack and
-    checked as the member object it is (header, length, decode, hash).
+    checked as the member object it is (header, length, decode through its listed
+    ``chain``, hash).
 
     ``check_pack`` (verify) also reads the pack's header: it must be a pack
-    holding the member's range.  A pack GC repacked is followed through its
+    holding the member's range; and every base of a delta is hash-checked on its
+    own, so a damaged base is named.  A pack GC repacked is followed through its
     moved record (:mod:`chunkstore.moved`).
     """
     if check_pack:
@@ -204,8 +229,32 @@ def read_member_into(store: Store, digest: Digest, location: PackLocation, out: 
                 _check_pack_header(store, location)
                 break
             except FileNotFoundError:
-                ((_, location, _),) = _forward(store, [(digest, location, out)], hops)
-    read_members_into(store, [(digest, location, out)])
+                ((_, location, _, _),) = _forward(store, [(digest, location, out, chain)], hops)
+    read_members_into(store, [(digest, location, out, chain)], cache=cache,
+                      check_links=check_pack)
+
+
+def member_object(store: Store, digest: Digest, location: PackLocation) -> memoryview:
+    """The member object of packed chunk ``digest`` at ``location`` (a base to decode):
+    read by range, following moved records, its header and length checked."""
+    for hops in range(MAX_HOPS + 1):
+        try:
+            data = memoryview(store.backend.get_range(chunk_key(location.pack),
+                                                      HEADER.size + location.offset,
+                                                      location.length))
+        except FileNotFoundError:
+            ((_, location, _, _),) = _forward(store, [(digest, location, memoryview(b""),
+                                                       NO_CHAIN)], hops)
+            continue
+        if len(data) != location.length:
+            raise CorruptChunkError(digest.hex, f"pack {location.pack.short()} ends before the"
+                                    f" member's {location.length} bytes at {location.offset}")
+        header = _member_header(digest, data)
+        if header.size + header.payload_length != len(data):
+            raise CorruptChunkError(digest.hex, f"member object is {len(data)} bytes, its"
+                                    f" header says {header.size + header.payload_length}")
+        return data
+    raise AssertionError("unreachable: _forward refuses the hop after the last")
 
 
 def locate_member(store: Store, digest: Digest, location: PackLocation) -> PackLocation:
@@ -216,31 +265,34 @@ def locate_member(store: Store, digest: Digest, location: PackLocation) -> PackL
             store.backend.stat(chunk_key(location.pack))
             return location
         except FileNotFoundError:
-            ((_, location, _),) = _forward(store, [(digest, location, memoryview(b""))], hops)
+            ((_, location, _, _),) = _forward(store, [(digest, location, memoryview(b""),
+                                                       NO_CHAIN)], hops)
     raise AssertionError("unreachable: _forward refuses the hop after the last")
 
 
-def read_members_into(store: Store, members: list[MemberRead], hops: int = 0) -> None:
+def read_members_into(store: Store, members: list[MemberRead], hops: int = 0, *,
+                      cache: BaseCache | None = None, check_links: bool = False) -> None:
     """Read members of one pack with one ranged read (they lie close together: see
     :func:`read_runs`), then check and decode each as :func:`read_member_into` does.
     Members of a pack GC repacked are read where its moved record says."""
     pack = members[0][1].pack
-    for digest, location, out in members:  # bounded before anything is read
+    for digest, location, out, _ in members:  # bounded before anything is read
         if location.length > HEADER.size + DIGEST_SIZE + len(out) + MAX_PAYLOAD_OVERHEAD:
             raise CorruptChunkError(digest.hex, f"listed as {location.length} bytes in pack"
                                     f" {pack.short()}, too long for {len(out)} raw bytes")
-    start = min(location.offset for _, location, _ in members)
-    end = max(location.offset + location.length for _, location, _ in members)
+    start = min(location.offset for _, location, _, _ in members)
+    end = max(location.offset + location.length for _, location, _, _ in members)
     try:
         data = memoryview(store.backend.get_range(chunk_key(pack), HEADER.size + start,
                                                   end - start))
     except FileNotFoundError:
         for run in read_runs(_forward(store, members, hops)):
-            read_members_into(store, run, hops + 1)
+            read_members_into(store, run, hops + 1, cache=cache, check_links=check_links)
         return
-    for digest, location, out in members:
+    for digest, location, out, chain in members:
         begin = location.offset - start
-        _decode_member(digest, location, data[begin : begin + location.length], out)
+        _decode_member(store, digest, location, data[begin : begin + location.length], out,
+                       chain, cache, check_links)
 
 
 def _forward(store: Store, members: list[MemberRead], hops: int) -> list[MemberRead]:
@@ -255,30 +307,39 @@ def _forward(store: Store, members: list[MemberRead], hops: int) -> list[MemberR
         raise missing_chunk(store, pack)
     store.moved_cache[pack] = record
     moved = []
-    for digest, location, out in members:
+    for digest, location, out, chain in members:
         new = record.forward(location)
         if new is None:
             raise missing_chunk(store, pack)
-        moved.append((digest, new, out))
+        moved.append((digest, new, out, chain))
     return moved
 
 
 def copy_members(store: Store, pack: Digest, members: list[tuple[Digest, int, int]]
                  ) -> list[bytes]:
     """The member objects at (digest, offset, length) of ``pack``, each checked as a
-    read checks it (so a repack never copies damage): the bytes to pack again."""
-    reads = [(digest, PackLocation(pack, offset, length), memoryview(bytearray(0)))
-             for digest, offset, length in members]
+    read checks it (so a repack never copies damage): the bytes to pack again.  A
+    delta member is checked as far as it can be without its bases (header, length,
+    its payload decodes): its bytes are copied unchanged, and a read through its
+    chain still hash-checks them."""
+    reads: list[MemberRead] = [(digest, PackLocation(pack, offset, length),
+                                memoryview(bytearray(0)), NO_CHAIN)
+                               for digest, offset, length in members]
     copied: dict[tuple[int, int], bytes] = {}
     for run in read_runs(reads):
         start = run[0][1].offset
-        end = max(location.offset + location.length for _, location, _ in run)
+        end = max(location.offset + location.length for _, location, _, _ in run)
         data = memoryview(store.backend.get_range(chunk_key(pack), HEADER.size + start,
                                                   end - start))
-        for digest, location, _ in run:
+        for digest, location, _, _ in run:
             member = data[location.offset - start : location.offset - start + location.length]
-            raw_length = parse_header(digest, member).raw_length
-            _decode_member(digest, location, member, memoryview(bytearray(raw_length)))
+            header = _member_header(digest, member)
+            out = memoryview(bytearray(header.raw_length))
+            if header.base is None:
+                _decode_member(store, digest, location, member, out, NO_CHAIN, None, False)
+            else:
+                _check_member_length(digest, location, member, header, out)
+                decode_payload(digest, header, member, out)
             copied[(location.offset, location.length)] = bytes(member)
     return [copied[(offset, length)] for _, offset, length in members]
 
@@ -308,22 +369,46 @@ def read_runs(members: list[MemberRead]) -> list[list[MemberRead]]:
     return runs
 
 
-def _decode_member(digest: Digest, location: PackLocation, data: memoryview,
-                   out: memoryview) -> None:
+def _member_header(digest: Digest, data: memoryview) -> ChunkHeader:
+    """A member's header, checked: never a pack, and a delta only from chunk format
+    version 5."""
+    header = parse_header(digest, data)
+    codec = codecs.by_id(header.codec_id)
+    if codec is None or codec is PACK:
+        raise CorruptChunkError(digest.hex, "a pack member is never a pack")
+    if (header.base is not None or codec.needs_base) and header.version < DELTA_MEMBERS_SINCE:
+        raise CorruptChunkError(digest.hex, f"a pack member of chunk format {header.version}"
+                                " is never a delta")
+    return header
+
+
+def _check_member_length(digest: Digest, location: PackLocation, data: memoryview,
+                         header: ChunkHeader, out: memoryview) -> None:
     if len(data) != location.length:
         raise CorruptChunkError(digest.hex, f"pack {location.pack.short()} ends before the"
                                 f" member's {location.length} bytes at {location.offset}")
-    header = parse_header(digest, data)
-    codec = codecs.by_id(header.codec_id)
-    if header.base is not None or codec is None or codec.needs_base or codec is PACK:
-        raise CorruptChunkError(digest.hex, "a pack member is never a delta or a pack")
     if header.raw_length != len(out):
         raise CorruptChunkError(digest.hex, f"holds {header.raw_length} bytes, the manifest"
                                 f" expects {len(out)}")
     if header.size + header.payload_length != len(data):
         raise CorruptChunkError(digest.hex, f"member object is {len(data)} bytes, its header"
                                 f" says {header.size + header.payload_length}")
-    decode_object(digest, data, out)
+
+
+def _decode_member(store: Store, digest: Digest, location: PackLocation, data: memoryview,
+                   out: memoryview, chain: Chain, cache: BaseCache | None,
+                   check_links: bool) -> None:
+    if len(data) < HEADER.size:
+        raise CorruptChunkError(digest.hex, f"pack {location.pack.short()} ends before the"
+                                f" member's {location.length} bytes at {location.offset}")
+    header = _member_header(digest, data)
+    _check_member_length(digest, location, data, header, out)
+    if header.base is None:
+        decode_object(digest, data, out)
+        return
+    bases, locations = chain
+    decode_chain(store, digest, data, bases, out, cache, check_links=check_links,
+                 locations=locations)
 
 
 def _check_pack_header(store: Store, location: PackLocation) -> None:

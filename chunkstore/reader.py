@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from chunkstore.chain import BaseCache, decode_chain, missing_chunk
+from chunkstore.chain import BaseCache, Locations, decode_chain, missing_chunk
 from chunkstore.chunkobj import HEADER, check_digest, parse_header
 from chunkstore.codecs import RAW
 from chunkstore.digest import DIGEST_SIZE, Digest, chunk_key
@@ -38,12 +38,15 @@ if TYPE_CHECKING:
 
 def read_chunk_into(store: Store, digest: Digest, out: memoryview,
                     chain: tuple[Digest, ...] = (), cache: BaseCache | None = None, *,
-                    check_links: bool = False, location: PackLocation | None = None) -> None:
+                    check_links: bool = False, location: PackLocation | None = None,
+                    locations: Locations = ()) -> None:
     """Fill ``out`` with the chunk's bytes, verified; raw chunks are read in place,
     deltas through their listed ``chain`` (bases cached in ``cache``, default the
-    store's), a packed chunk by range from its pack at ``location``."""
+    store's; packed bases where ``locations`` says), a packed chunk by range from
+    its pack at ``location``."""
     if location is not None:
-        read_member_into(store, digest, location, out, check_pack=check_links)
+        read_member_into(store, digest, location, out, check_pack=check_links,
+                         chain=(chain, locations), cache=cache)
         return
     key = chunk_key(digest)
     try:
@@ -68,15 +71,16 @@ def read_chunk_into(store: Store, digest: Digest, out: memoryview,
         data = store.backend.get_range(key, 0, header.size + header.payload_length + 1)
     except FileNotFoundError:
         raise missing_chunk(store, digest) from None
-    decode_chain(store, digest, data, chain, out, cache, check_links=check_links)
+    decode_chain(store, digest, data, chain, out, cache, check_links=check_links,
+                 locations=locations)
 
 
-ChunkRead = tuple[Digest, int, int, tuple[Digest, ...], PackLocation | None]
+ChunkRead = tuple[Digest, int, int, tuple[Digest, ...], PackLocation | None, Locations]
 
 
 def chunk_reads(entry: TensorEntry, chunk_size: int) -> list[ChunkRead]:
-    """(digest, offset, length, chain, pack location) of every chunk read that fills
-    ``entry``'s bytes.
+    """(digest, offset, length, chain, pack location, the chain's pack locations) of
+    every chunk read that fills ``entry``'s bytes.
 
     This is the one place where a read decides whether an entry can be read:
     ``verify`` calls it for every tensor, so what verify passes, a read can
@@ -91,7 +95,8 @@ def chunk_reads(entry: TensorEntry, chunk_size: int) -> list[ChunkRead]:
         if shard.chunk_bytes > chunk_size:
             raise ValueError(f"chunks of {shard.chunk_bytes} bytes exceed the store's chunk size"
                              f" {chunk_size}")
-        reads.extend((digest, base + start, length, shard.chain(i), shard.location(i))
+        reads.extend((digest, base + start, length, shard.chain(i), shard.location(i),
+                      shard.chain_locations(i))
                      for i, (digest, start, length) in enumerate(shard.chunk_spans(itemsize)))
     return reads
 
@@ -184,12 +189,14 @@ class VersionReader:
         ones in ``members``."""
         flat = out.reshape(-1).view(np.uint8).data if out.size else memoryview(b"")
         futures = []
-        for digest, start, length, chain, location in reads:
+        for digest, start, length, chain, location, locations in reads:
             if location is not None:
-                members.append((digest, location, flat[start:start + length]))
+                members.append((digest, location, flat[start:start + length],
+                                (chain, locations)))
                 continue
             futures.append(self._store.executor.submit(read_chunk_into, self._store, digest,
-                                                       flat[start:start + length], chain))
+                                                       flat[start:start + length], chain,
+                                                       locations=locations))
         return futures
 
     def _check_buffer(self, name: str, entry: TensorEntry, out: np.ndarray,
@@ -238,7 +245,8 @@ class VersionReader:
                                      f"{getattr(out, 'dtype', type(out).__name__)}"
                                      f"{list(getattr(out, 'shape', ()))}")
         spans = list(box.chunk_spans(itemsize))
-        reads: list[ChunkRead] = [(*spans[i], box.chain(i), box.location(i))
+        reads: list[ChunkRead] = [(*spans[i], box.chain(i), box.location(i),
+                                   box.chain_locations(i))
                                   for i in box_chunk_range(box, itemsize, offsets, sizes)]
         in_place = out.flags.c_contiguous and tuple(sizes) == box.sizes
         target = out if in_place else np.empty(box.nbytes(itemsize), dtype=np.uint8)

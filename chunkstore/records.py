@@ -22,7 +22,7 @@ from chunkstore.manifest import MAX_DELTA_DEPTH, exact_int, is_version
 from chunkstore.names import check_label
 
 STORE_FORMAT = "chunkstore"
-STORE_FORMAT_VERSION = 7
+STORE_FORMAT_VERSION = 8
 #: Store versions this release reads: 2 is 1 plus the keys of docs/format.md §11
 #: (save sessions, the GC journal, tombstones), which every writer must honour; 3 adds
 #: ``delta_depth`` (stores of versions 1 and 2 get no deltas); 4 adds packs of small
@@ -31,8 +31,10 @@ STORE_FORMAT_VERSION = 7
 #: a release reading only 4 could not mark; 6 adds moved records of repacked packs
 #: (docs/format.md §3.6), without which a release reading only 5 would not find the
 #: members of a pack GC deleted after copying them; 7 adds sub-delta chunks (chunk format
-#: 4), which a release reading only 6 could not decode.
-STORE_FORMAT_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
+#: 4), which a release reading only 6 could not decode; 8 adds packed delta chunks and
+#: packed bases (chunk format 5, node format 5), which a release reading only 7 would
+#: refuse, and whose GC could not mark the packs a chain needs.
+STORE_FORMAT_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)
 READABLE_STORE_VERSIONS = STORE_FORMAT_VERSIONS
 RECORD_FORMAT = "chunkstore.version"
 RECORD_FORMAT_VERSION = 1

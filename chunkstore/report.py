@@ -261,6 +261,7 @@ def stats(store: Store, grace_s: float = 3600.0, now: float | None = None) -> St
     result.packs = len(pack_content)
     packed_raw = {digest: raw for (digest, _), raw in members.items()}
     result.packed_chunks = len(packed_raw)
+    result.delta_chunks += sum(1 for digest in packed_raw if digest in depths)
     result.chunks += result.packed_chunks
     result.unique_raw_bytes += sum(packed_raw.values())
     _count_packs(result, awaiting if result.gc_unknown is None else None, members,

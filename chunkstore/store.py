@@ -25,6 +25,7 @@ from chunkstore.backends.wrappers import wrap_from_env
 from chunkstore.basecopies import BASE_COPY_BYTES, BaseCopies
 from chunkstore.chain import BaseCache
 from chunkstore.codecs.policy import check_policy
+from chunkstore.delta import Listing
 from chunkstore.digest import (
     CONFIG_KEY,
     TAG_PREFIX,
@@ -233,7 +234,9 @@ def _load_or_create_config(url: str, backend: Backend, create: bool, chunk_size:
 
 #: A run's last saved version on this handle: its id, tensor entries, chunk chains and
 #: the chunk positions whose delta did not pay lately (chunkstore.delta.Skips).
-ParentCacheEntry = tuple[str, dict[str, TensorEntry], dict[Digest, tuple[Digest, ...]],
+#: What :attr:`Store.pack_delta_chunks` is for a new handle.
+PACK_DELTA_CHUNKS = True
+ParentCacheEntry = tuple[str, dict[str, TensorEntry], dict[Digest, Listing],
                          dict[str, dict[int, int]]]
 
 
@@ -265,6 +268,10 @@ class Store:
         self.parent_cache: dict[str, ParentCacheEntry] = {}
         #: saves seal a pack of small chunks once it holds this many bytes
         self.pack_size = PACK_TARGET_BYTES
+        #: in a store with delta chains, saves pack the chunks of larger tensors too
+        #: (deltas included); False writes each as an object of its own, as releases
+        #: before chunk format 5 did
+        self.pack_delta_chunks = PACK_DELTA_CHUNKS
         #: saves inline a subtree into its parent tree node while it stays this small
         self.node_size = NODE_TARGET_BYTES
 

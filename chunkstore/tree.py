@@ -75,11 +75,12 @@ class FlatTree:
                 for d in leaf.chunk_digests()}
 
     def pack_members(self) -> dict[Digest, PackLocation]:
-        """Where each packed chunk of the version lies (the index's dedup cache)."""
+        """Where each standalone packed chunk of the version lies (the index's dedup
+        cache: a packed delta is reused only with the chain a manifest lists)."""
         return {digest: location for leaf in self.leaves.values()
                 if isinstance(leaf, TensorEntry) for shard in leaf.shards
-                for digest, location in zip(shard.chunks, shard.packs, strict=False)
-                if location is not None}
+                for i, digest in enumerate(shard.chunks)
+                if (location := shard.location(i)) is not None and not shard.chain(i)}
 
     def data_nodes(self) -> set[Digest]:
         return {leaf.digest for leaf in self.leaves.values() if isinstance(leaf, DataEntry)}

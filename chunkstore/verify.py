@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from chunkstore.chain import NO_CACHE, missing_chunk
+from chunkstore.chain import NO_CACHE, Locations, missing_chunk
 from chunkstore.digest import TAG_PREFIX, Digest, chunk_key
 from chunkstore.errors import (
     ChunkStoreError,
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 
 #: one chunk read verify makes: digest, length, listed delta chain and pack location
-ChunkCheck = tuple[Digest, int, tuple[Digest, ...], PackLocation | None]
+ChunkCheck = tuple[Digest, int, tuple[Digest, ...], PackLocation | None, Locations]
 
 
 @dataclass(frozen=True)
@@ -101,8 +101,8 @@ def _check_leaves(store: Store, version_id: str, flat: FlatTree, result: VerifyR
             corrupt = CorruptNodeError(flat.owners[name].hex, f"entry {name!r}: {exc}")
             result.problems.append(_problem_from(corrupt, version_id))
             continue
-        for digest, _start, length, chain, location in spans:
-            needed_by = reads.setdefault((digest, length, chain, location), [])
+        for digest, _start, length, chain, location, locations in spans:
+            needed_by = reads.setdefault((digest, length, chain, location, locations), [])
             if not needed_by or needed_by[-1] != version_id:
                 needed_by.append(version_id)
 
@@ -131,17 +131,22 @@ def _check_chunk(store: Store, check: ChunkCheck, read_data: bool
                  ) -> tuple[int, Problem | None]:
     """Read the chunk exactly as a read of the version would (same checks, same code:
     a delta through its listed chain, so a missing or corrupt base is found here)."""
-    digest, length, chain, location = check
+    digest, length, chain, location, locations = check
     stored = digest if location is None else location.pack
     try:
         if read_data:
             read_chunk_into(store, digest, memoryview(bytearray(length)), chain, NO_CACHE,
-                            check_links=True, location=location)
+                            check_links=True, location=location, locations=locations)
             return length, None
         if location is None:
             store.backend.stat(chunk_key(stored))
         else:
             locate_member(store, digest, location)
+        for base, at in zip(chain, locations or (None,) * len(chain), strict=True):
+            if at is not None:
+                locate_member(store, base, at)
+            elif not store.backend.exists(chunk_key(base)):
+                return 0, _problem_from(missing_chunk(store, base), None)
         return 0, None
     except FileNotFoundError:
         return 0, _problem_from(missing_chunk(store, stored), None)

@@ -51,7 +51,7 @@ import numpy as np
 
 from chunkstore import plaindata
 from chunkstore.basecopies import Place
-from chunkstore.chain import base_bytes, base_prefix, header_chain
+from chunkstore.chain import Locations, base_bytes, base_prefix, header_chain
 from chunkstore.chunkobj import ChunkHeader, decode_object, encode_object, parse_header
 from chunkstore.claims import GroupClaims
 from chunkstore.codecs import PACK
@@ -90,7 +90,7 @@ from chunkstore.manifest import (
     tensor_entry,
 )
 from chunkstore.names import check_entry_name, check_label
-from chunkstore.packs import PackBuilder, PackSlot
+from chunkstore.packs import Chain, PackBuilder, PackSlot
 from chunkstore.records import MAX_COUNT, CommitRecord
 from chunkstore.sessions import StoreSession
 from chunkstore.tree import flatten
@@ -110,12 +110,14 @@ HEARTBEAT_S = 30.0
 #: one-chunk tensor packed, and no faster or slower with `none`; objects per dense save
 #: went from 91 to 21 (benchmarks/results/latest.md, `python -m benchmarks.suite`).
 SMALL_TENSOR_BYTES = 4 * 1024 * 1024
-#: In a store with delta chains, only tensors up to this size are packed: a packed
-#: chunk is never a delta nor a base (docs/format.md §3.5), and larger tensors are
-#: where deltas pay.  Measured on the suite's mixed-precision workload (delta_depth 2,
-#: /tmp A/B script): at 256 KiB a GPT's 256x256 attention matrices and their Adam
-#: moments (29% of the state) were packed, never deltas, and a delta version stored
-#: 0.717 of a full copy; at 128 KiB they are deltas, 0.699, for 2.3x the objects.
+#: In a store with delta chains, only tensors up to this size are stored as small
+#: chunks (hashed with their batch, never deltas); larger ones are where deltas pay,
+#: and their chunks are packed one by one, deltas included (``Store.pack_delta_chunks``;
+#: before chunk format 5 each was an object of its own).  Measured on the suite's
+#: mixed-precision workload (delta_depth 2, /tmp A/B script, chunks as objects): at
+#: 256 KiB a GPT's 256x256 attention matrices and their Adam moments (29% of the
+#: state) were never deltas, and a delta version stored 0.717 of a full copy; at
+#: 128 KiB they are deltas, 0.699.
 SMALL_TENSOR_BYTES_WITH_DELTAS = 128 * 1024
 #: Whether the chunks of larger tensors are packed too, in a store without delta chains
 #: (hashed and claimed by the workers, one by one), so a save writes about new bytes /
@@ -168,8 +170,9 @@ class _SmallChunk:
 
 #: What storing one chunk gives: its digest, what was written as an object of its own
 #: (None: reused, or packed), the chain of bases its object may need (nearest first;
-#: empty when standalone), and where it lies in a pack (None: an object of its own).
-StoredChunk = tuple[Digest, NewChunk | None, tuple[Digest, ...], PackSlot | None]
+#: empty when standalone), where it lies in a pack (None: an object of its own; a packed
+#: chunk lists its slot's chain, not this one), and where the chain's bases lie.
+StoredChunk = tuple[Digest, NewChunk | None, tuple[Digest, ...], PackSlot | None, Locations]
 
 
 def _as_le_contiguous(array: np.ndarray) -> np.ndarray:
@@ -236,6 +239,8 @@ class VersionWriter:
             raise
         self._claims = GroupClaims(functools.partial(store.index.claim_many, self._session,
                                                      CHUNK))
+        self._small_claims = GroupClaims(functools.partial(store.index.claim_small,
+                                                           self._session))
         self._last_heartbeat = time.monotonic()
         self._parent = ParentChunks(store, self.run)
 
@@ -274,7 +279,7 @@ class VersionWriter:
         try:
             small = SMALL_TENSOR_BYTES_WITH_DELTAS if self._parent.depth else SMALL_TENSOR_BYTES
             if 0 < len(flat) <= min(chunk_bytes, small):
-                # Packed, so never a delta (a member's object stands alone); hashed
+                # Packed standalone, never a delta (too small for one to pay); hashed
                 # with its batch (see _flush_small).
                 self._small.append((pending, flat, stored_dtype, itemsize))
                 self._small_bytes += len(flat)
@@ -285,6 +290,10 @@ class VersionWriter:
             pack_chunks = not self._parent.depth and (
                 self._store.backend.local_path() is None if PACK_LARGE_TENSORS is None
                 else PACK_LARGE_TENSORS)
+            # In a store with delta chains, deltas and standalone chunks alike are packed
+            # (Store.pack_delta_chunks), so a delta save writes about new bytes / pack
+            # size objects instead of one per chunk (docs/format.md §3.5, chunk format 5).
+            pack_members = bool(self._parent.depth) and self._store.pack_delta_chunks
             # A chunk that may be a base of the run's next save (chunkstore.basecopies).
             may_be_base = self._parent.depth and len(flat) >= min(MIN_DELTA_TENSOR_BYTES,
                                                                   chunk_bytes + 1)
@@ -299,7 +308,7 @@ class VersionWriter:
                 pending.futures.append(self._store.executor.submit(
                     self._store_chunk_job, view, stored_dtype, itemsize,
                     bases[i] if i < len(bases) else None, place=(name, i) if may_be_base
-                    else None))
+                    else None, seq=self._packs.reserve() if pack_members else None))
         except BaseException:
             # Entries are registered before their chunks are queued: a version with
             # some of them missing must never be committed.
@@ -396,14 +405,14 @@ class VersionWriter:
         try:
             reused = self._reuse_small(chunk.digest, claim, claimed, location)
             if reused is None:
-                header, payload, _ = self._encode(chunk.view, chunk.dtype, chunk.itemsize,
-                                                  None)
+                header, payload, _, _ = self._encode(chunk.view, chunk.dtype, chunk.itemsize,
+                                                     None)
                 member = (header.pack(), payload)
         except BaseException:
             self._packs.add(seq, chunk.digest, None, 0)
             raise
         slot = self._packs.add(seq, chunk.digest, member, len(chunk.view))
-        return reused if reused is not None else (chunk.digest, None, (), slot)
+        return reused if reused is not None else (chunk.digest, None, (), slot, ())
 
     def _reuse_small(self, digest: Digest, claim: Callable[[Digest], Claim], claimed: Claim,
                      location: PackLocation | None) -> StoredChunk | None:
@@ -413,10 +422,10 @@ class VersionWriter:
             if claimed == Claim.DEDUP and self._reusable(CHUNK, digest, claim):
                 chain = self._reusable_chain(digest)
                 if chain is not None:
-                    return digest, None, chain, None
+                    return digest, None, chain[0], None, chain[1]
             return None
         if self._pack_reusable(location.pack, claim):
-            return digest, None, (), PackSlot(location)
+            return digest, None, (), PackSlot(location), ()
         return None
 
     def _pack_reusable(self, pack: Digest, claim: Callable[[Digest], Claim]) -> bool:
@@ -455,16 +464,16 @@ class VersionWriter:
     def _store_chunk_job(self, view: memoryview, dtype: str, itemsize: int,
                          base: BaseSlot | None, digest: Digest | None = None,
                          claim: Callable[[Digest], Claim] | None = None, *,
-                         place: Place | None = None) -> StoredChunk:
+                         place: Place | None = None, seq: int | None = None) -> StoredChunk:
         try:
             if place is None:
-                return self._store_chunk(view, dtype, itemsize, base, digest, claim)
-            return self._store_chunk_at(place, view, dtype, itemsize, base)
+                return self._store_chunk(view, dtype, itemsize, base, digest, claim, seq=seq)
+            return self._store_chunk_at(place, view, dtype, itemsize, base, seq)
         finally:
             self._inflight.release()
 
     def _store_chunk_at(self, place: Place, view: memoryview, dtype: str, itemsize: int,
-                        base: BaseSlot | None) -> StoredChunk:
+                        base: BaseSlot | None, seq: int | None = None) -> StoredChunk:
         """Store a chunk that may be a base of the run's next save, from a copy kept
         for that save where the last save wrote this place anew, and with the copy
         the last save kept of its base, if any (chunkstore.basecopies)."""
@@ -475,15 +484,16 @@ class VersionWriter:
             view = memoryview(copy)
         base_copy = None if base is None else copies.base(place, base.digest)
         try:
-            stored = self._store_chunk(view, dtype, itemsize, base, base_copy=base_copy)
+            stored = self._store_chunk(view, dtype, itemsize, base, base_copy=base_copy, seq=seq)
         except BaseException:
             copies.release(copy)
             raise
         finally:
             copies.release(base_copy)
-        digest, written, chain, _ = stored
-        copies.leave(place, digest, copy, written=written is not None,
-                     as_base=written is not None and len(chain) < self._parent.depth
+        digest, new, chain, slot, _ = stored
+        written = new is not None or (slot is not None and slot.new)
+        copies.leave(place, digest, copy, written=written,
+                     as_base=written and len(chain) < self._parent.depth
                      and not self._parent.skips.will_skip(*place))
         return stored
 
@@ -536,32 +546,99 @@ class VersionWriter:
     def _store_chunk(self, view: memoryview, dtype: str, itemsize: int,
                      base: BaseSlot | None, digest: Digest | None = None,
                      claim: Callable[[Digest], Claim] | None = None,
-                     base_copy: bytearray | None = None) -> StoredChunk:
+                     base_copy: bytearray | None = None, seq: int | None = None
+                     ) -> StoredChunk:
         """Store one chunk; ``digest`` and ``claim`` when the caller hashed and claimed
         it already (a small tensor's batch: :meth:`_pre_claimed`); ``base_copy``: the
-        raw bytes of ``base`` when a copy was kept."""
+        raw bytes of ``base`` when a copy was kept; ``seq``: its place in the pack
+        order, when it is packed (:meth:`_store_member`)."""
+        if seq is not None:
+            return self._store_member(view, dtype, itemsize, base, base_copy, seq)
         if digest is None:
             digest = Digest.of(view)
         if self._reusable(CHUNK, digest, claim or self._claim):
             chain = self._reusable_chain(digest)
             if chain is not None:
-                return digest, None, chain, None
+                return digest, None, chain[0], None, chain[1]
             # A base of the stored object cannot be referenced: store the chunk whole.
             return self._write(digest, view, dtype, itemsize, None)
-        if base is not None and all(self._reusable(CHUNK, d, self._claim)
-                                    for d in (base.digest, *base.chain)):
+        if base is not None and self._refs_reusable(*base.refs()):
             return self._write(digest, view, dtype, itemsize, base, base_copy)
         return self._write(digest, view, dtype, itemsize, None)
 
-    def _reusable_chain(self, digest: Digest) -> tuple[Digest, ...] | None:
-        """The listed chain of a reused chunk with every base claimed, or None when
-        one is not reusable (or the headers cannot be read)."""
-        chain = self._parent.chains.get(digest)
-        if chain is None:
-            chain = header_chain(self._store, digest, MAX_DELTA_DEPTH)
-        if chain is None or not all(self._reusable(CHUNK, d, self._claim) for d in chain):
+    def _store_member(self, view: memoryview, dtype: str, itemsize: int,
+                      base: BaseSlot | None, base_copy: bytearray | None, seq: int
+                      ) -> StoredChunk:
+        """A chunk of a larger tensor in a store with delta chains, packed: reused
+        where the parent lists it (with its chain) or the index knows it, else
+        encoded (a delta against ``base`` when that pays) and handed to the open
+        pack at place ``seq``, which is always handed over, so later members are
+        not held up."""
+        digest = _NO_DIGEST
+        try:
+            digest = Digest.of(view)
+            reused = self._reuse_listed(digest)
+            if reused is None:
+                generation = self._fence.generation  # before the claim: see _pre_claimed
+                claimed, location = self._small_claims.claim(digest)
+                reused = self._reuse_small(digest, self._pre_claimed(claimed, generation),
+                                           claimed, location)
+            if reused is None:
+                if base is not None and not self._refs_reusable(*base.refs()):
+                    base = None
+                header, payload, chain, locations = self._encode(view, dtype, itemsize, base,
+                                                                 base_copy)
+        except BaseException:
+            self._packs.add(seq, digest, None, 0)
+            raise
+        if reused is not None:
+            self._packs.add(seq, digest, None, 0)
+            return reused
+        # A raw payload is a view of the chunk, and the chunk may be a copy whose buffer
+        # serves another chunk once this one is stored (chunkstore.basecopies): the pack
+        # joins its members later, so it gets bytes of its own.
+        member = (header.pack(), payload if isinstance(payload, bytes) else bytes(payload))
+        slot = self._packs.add(seq, digest, member, len(view), (chain, locations))
+        return digest, None, chain, slot, locations
+
+    def _reuse_listed(self, digest: Digest) -> StoredChunk | None:
+        """A chunk the parent lists inside a pack, when its pack and its chain's
+        objects may be referenced (claimed and checked as every dedup hit is): the
+        parent's listing, reused.  (The index remembers standalone members only: a
+        packed delta is reused only with the chain a manifest lists for it.)"""
+        listing = self._parent.listings.get(digest)
+        if listing is None:
             return None
-        return chain
+        location, chain, locations = listing
+        if location is None:
+            return None
+        if not self._pack_reusable(location.pack, self._claim) \
+                or not self._refs_reusable(chain, locations):
+            return None
+        return digest, None, chain, PackSlot(location, (chain, locations)), locations
+
+    def _refs_reusable(self, chain: tuple[Digest, ...], locations: Locations) -> bool:
+        """Whether every object a chain needs may be referenced: each base, or the pack
+        a packed base lies in, claimed and checked as a dedup hit is."""
+        return all(self._reusable(CHUNK, base, self._claim) if at is None
+                   else self._pack_reusable(at.pack, self._claim)
+                   for base, at in zip(chain, locations or (None,) * len(chain), strict=True))
+
+    def _reusable_chain(self, digest: Digest) -> Chain | None:
+        """The listed chain of a reused chunk object (and where its bases lie) with
+        every base claimed, or None when one is not reusable (or the headers cannot
+        be read)."""
+        listing = self._parent.listings.get(digest)
+        if listing is not None and listing[0] is None:  # the parent lists the object
+            chain, locations = listing[1], listing[2]
+        else:
+            found = header_chain(self._store, digest, MAX_DELTA_DEPTH)
+            if found is None:
+                return None
+            chain, locations = found, ()
+        if not self._refs_reusable(chain, locations):
+            return None
+        return chain, locations
 
     def _delta_payload(self, view: memoryview, dtype: str, itemsize: int, base: BaseSlot,
                        base_copy: bytearray | None) -> tuple[Standalone | None, Standalone | None]:
@@ -574,11 +651,13 @@ class VersionWriter:
         if (probe and self._store.backend.local_path() is not None
                 and not self._parent.skips.paid_last(base)
                 and self._store.base_cache.get(base.digest) is None):
-            prefix = base_prefix(self._store, base.digest, base.chain, probe)
+            prefix = base_prefix(self._store, base.digest, base.chain, probe,
+                                 base.refs()[1])
             if prefix is not None and not delta_may_pay(policy, view, prefix, dtype, itemsize):
                 return None, None
         try:
-            base_raw = base_bytes(self._store, base.digest, base.chain)
+            base_raw = base_bytes(self._store, base.digest, base.chain, location=base.location,
+                                  locations=base.locations)
         except ChunkStoreError as exc:  # a damaged base: write standalone, verify reports it
             log.warning("chunk %s cannot serve as a delta base: %s", base.digest.short(), exc)
             return None, None
@@ -586,8 +665,9 @@ class VersionWriter:
 
     def _encode(self, view: memoryview, dtype: str, itemsize: int, base: BaseSlot | None,
                 base_copy: bytearray | None = None
-                ) -> tuple[ChunkHeader, bytes | memoryview, tuple[Digest, ...]]:
-        """The object's header and payload: a delta against ``base`` when that pays."""
+                ) -> tuple[ChunkHeader, bytes | memoryview, tuple[Digest, ...], Locations]:
+        """The object's header and payload, and the chain it lists (with where its
+        bases lie): a delta against ``base`` when that pays."""
         standalone = None
         if base is not None:
             delta, standalone = self._delta_payload(view, dtype, itemsize, base, base_copy)
@@ -597,19 +677,20 @@ class VersionWriter:
                 self._parent.skips.paid(base)
                 codec, payload = delta
                 header = ChunkHeader(codec.id, itemsize, len(view), len(payload), base.digest)
-                return header, payload, (base.digest, *base.chain)
+                return (header, payload, *base.refs())
         codec, payload = standalone or encode_with_policy(self._store.compression, view, dtype,
                                                           itemsize)
-        return ChunkHeader(codec.id, itemsize, len(view), len(payload)), payload, ()
+        return ChunkHeader(codec.id, itemsize, len(view), len(payload)), payload, (), ()
 
     def _write(self, digest: Digest, view: memoryview, dtype: str, itemsize: int,
                base: BaseSlot | None, base_copy: bytearray | None = None) -> StoredChunk:
         """Write the chunk with put-if-absent (a delta against ``base`` when that pays)."""
-        header, payload, chain = self._encode(view, dtype, itemsize, base, base_copy)
+        header, payload, chain, locations = self._encode(view, dtype, itemsize, base, base_copy)
         key = chunk_key(digest)
         data = encode_object(header, payload)
         if self._store.backend.put_if_absent_deferred(key, data):
-            return digest, NewChunk(digest, header.codec_id, len(view), len(data)), chain, None
+            return (digest, NewChunk(digest, header.codec_id, len(view), len(data)), chain, None,
+                    locations)
         # Already stored (an orphan of an earlier save, a chunk GC had condemned,
         # or a concurrent writer): reuse it only if it is standalone and decodes
         # to these bytes, else replace it whole, standalone (an existing object is
@@ -620,14 +701,14 @@ class VersionWriter:
             if found.base is None:
                 decode_object(digest, existing)
                 return (digest, NewChunk(digest, found.codec_id, len(view), len(existing)), (),
-                        None)
+                        None, ())
         except (FileNotFoundError, ChunkStoreError):
             pass
         if chain:
-            header, payload, chain = self._encode(view, dtype, itemsize, None)
+            header, payload, chain, _ = self._encode(view, dtype, itemsize, None)
             data = encode_object(header, payload)
         self._store.backend.put(key, data)
-        return digest, NewChunk(digest, header.codec_id, len(view), len(data)), (), None
+        return digest, NewChunk(digest, header.codec_id, len(view), len(data)), (), None, ()
 
     # --- commit ----------------------------------------------------------------------------
 
@@ -649,18 +730,23 @@ class VersionWriter:
         new_bytes = self._packs.member_raw_bytes
         for name, pending in self._tensors.items():
             digests, chains, packs = [], [], []
-            for digest, new, chain, slot in results[name]:
+            base_packs: list[Locations] = []
+            for digest, new, listed, slot, listed_at in results[name]:
+                # A packed chunk lists the chain of the member packed (one per chunk).
+                chain, locations = (listed, listed_at) if slot is None else slot.chain
+                if slot is not None and slot.location is None:
+                    raise RuntimeError(f"entry {name!r}: a packed chunk has no location")
                 digests.append(digest)
                 chains.append(chain)
                 packs.append(None if slot is None else slot.location)
+                base_packs.append(locations or (None,) * len(chain))
                 if new is not None:
                     new_chunks.append(new)
                     new_bytes += new.raw_length
-            if any(slot is not None and slot.location is None for _, _, _, slot in results[name]):
-                raise RuntimeError(f"entry {name!r}: a packed chunk has no location")
             shard = Shard((0,) * len(pending.shape), pending.shape, pending.chunk_bytes,
                           tuple(digests), tuple(chains) if any(chains) else (),
-                          tuple(packs) if any(packs) else ())
+                          tuple(packs) if any(packs) else (),
+                          tuple(base_packs) if any(any(b) for b in base_packs) else ())
             entries[name] = TensorEntry(pending.dtype, pending.shape, (shard,))
         entries.update(self._adopted)
         new_chunks.extend(self._adopted_new.values())
@@ -757,9 +843,10 @@ class VersionWriter:
             refs = {d for t in tensors.values() for d in t.chunk_digests()}
             # Where every packed chunk of the version lies, those packed by other
             # processes (adopted entries) included: dedup targets for later saves.
+            # (Standalone members only: a packed delta is reused with its listed chain.)
             packed = {digest: location for t in tensors.values() for shard in t.shards
                       for i, digest in enumerate(shard.chunks)
-                      if (location := shard.location(i)) is not None}
+                      if (location := shard.location(i)) is not None and not shard.chain(i)}
             store.index.add_version(entry, refs, {d: len(b) for d, b in nodes.items()},
                                     new_chunks, self._session, packed)
         except Exception as exc:

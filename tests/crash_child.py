@@ -57,6 +57,18 @@ def save(store: chunkstore.Store, step: int) -> chunkstore.VersionInfo:
 
 #: The tree layout's node size for the saves (tests/test_crash.py sets it).
 NODE_SIZE_ENV_VAR = "CHUNKSTORE_TEST_NODE_SIZE"
+#: "1": the saves pack their delta chunks (Store.pack_delta_chunks) into packs of
+#: PACK_SIZE bytes, several per save; else every chunk is an object of its own.
+PACK_DELTAS_ENV_VAR = "CHUNKSTORE_TEST_PACK_DELTAS"
+PACK_SIZE = 128 * 1024
+
+
+def open_store(path: str, node_size: int = 0) -> chunkstore.Store:
+    """The store as the crash tests' saves use it (packing as the environment says)."""
+    packed = os.environ.get(PACK_DELTAS_ENV_VAR) == "1"
+    store = chunkstore.open(path, threads=THREADS, node_size=node_size, pack_size=PACK_SIZE)
+    store.pack_delta_chunks = packed
+    return store
 
 
 def main(argv: list[str]) -> None:
@@ -65,7 +77,7 @@ def main(argv: list[str]) -> None:
     # node_size 0 unless the test says: a node per branch of the names, so a save writes
     # several nodes and the tests can kill it between two of them.
     node_size = int(os.environ.get(NODE_SIZE_ENV_VAR, "0"))
-    with chunkstore.open(path, threads=THREADS, node_size=node_size) as store:
+    with open_store(path, node_size) as store:
         for step in steps:
             info = save(store, step)
             print(f"saved {step} {info.id}", flush=True)

@@ -11,7 +11,9 @@ blocks that GC keeps deleting and saves keep deduplicating against.  With
 ``RACE_PACKS=1`` each version also holds small tensors, stored in packs: a few
 drawn from a small shared pool (members of older packs that saves reuse while
 GC keeps deleting the packs no kept version needs, or repacking those that are
-mostly garbage) and one of its own.
+mostly garbage) and one of its own.  With ``RACE_PACK_DELTAS=1`` too, the saves
+pack the delta chunks and their bases (chunk format 5): every save then reuses
+bases inside packs that GC keeps deleting or repacking.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from chunkstore.errors import GcBusyError
 CHUNK = 64 * 1024
 DELTAS = os.environ.get("RACE_DELTAS") == "1"
 PACKS = os.environ.get("RACE_PACKS") == "1"
+PACK_DELTAS = os.environ.get("RACE_PACK_DELTAS") == "1"
 SMALL_POOL = 8
 SMALL = 4096  # bytes of a small tensor (packed)
 POOL = 10
@@ -111,6 +114,7 @@ def main(argv: list[str]) -> None:
     path, role, seconds = argv[0], argv[1], float(argv[2])
     compression = "auto" if DELTAS else "none"
     with chunkstore.open(path, chunk_size=CHUNK, compression=compression, threads=4) as store:
+        store.pack_delta_chunks = PACK_DELTAS
         if role == "gc":
             gc_loop(store, seconds)
         else:

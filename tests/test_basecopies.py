@@ -14,6 +14,7 @@ import pytest
 import chunkstore
 from chunkstore.backends.wrappers import ForwardingBackend
 from chunkstore.basecopies import BaseCopies
+from chunkstore.chunkobj import HEADER
 from chunkstore.digest import Digest, chunk_key
 from tests.test_delta import CHUNK, DIM, ROWS, save, shard, sparse_states
 
@@ -147,10 +148,13 @@ def test_a_copy_stands_in_for_its_base_only_not_for_what_is_stored(tmp_path: Pat
     with open_store(tmp_path / "s") as store:
         states = tables()
         first = save(store, 0, next(states))
-        path = Path(store.url) / chunk_key(store.open_version(first).entry("emb")
-                                           .shards[0].chunks[0])  # type: ignore[union-attr]
+        listed = store.open_version(first).entry("emb").shards[0]  # type: ignore[union-attr]
+        location = listed.location(0)  # the base is packed (chunk format 5) or an object
+        path = Path(store.url) / chunk_key(listed.chunks[0] if location is None
+                                           else location.pack)
         data = bytearray(path.read_bytes())
-        data[-1] ^= 0xFF
+        last = -1 if location is None else HEADER.size + location.offset + location.length - 1
+        data[last] ^= 0xFF  # the last payload byte of the base's object
         path.write_bytes(bytes(data))
         second = save(store, 1, next(states))
         assert chains(store, second)[0]  # a delta on the damaged base, as dedup would

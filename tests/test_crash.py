@@ -24,9 +24,18 @@ import chunkstore
 from chunkstore.backends.wrappers import FAULT_ENV_VAR
 from chunkstore.errors import SelectorError
 from chunkstore.index import Index
+from chunkstore.manifest import TensorEntry
 from chunkstore.tree import load_tree
 from tests.conftest import SMALL_CHUNK
-from tests.crash_child import NODE_SIZE_ENV_VAR, RUN, THREADS, make_state, save
+from tests.crash_child import (
+    NODE_SIZE_ENV_VAR,
+    PACK_DELTAS_ENV_VAR,
+    RUN,
+    THREADS,
+    make_state,
+    open_store,
+    save,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CHILD = Path(__file__).with_name("crash_child.py")
@@ -43,10 +52,12 @@ def _files(store_path: Path, prefix: str) -> set[str]:
 
 
 def run_child(store_path: Path, first: int, last: int, fault: str | None, *,
-              child: Path = CHILD, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+              child: Path = CHILD, timeout: float = 60, packed: bool = False
+              ) -> subprocess.CompletedProcess[str]:
     """Run a crash child (saves ``first``..``last`` into the store) with ``fault``
-    injected, if any."""
-    env = {k: v for k, v in os.environ.items() if k != FAULT_ENV_VAR}
+    injected, if any; ``packed``: it packs its delta chunks."""
+    env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV_VAR, PACK_DELTAS_ENV_VAR)}
+    env[PACK_DELTAS_ENV_VAR] = "1" if packed else "0"
     if fault is not None:
         env[FAULT_ENV_VAR] = fault
     return subprocess.run([sys.executable, str(child), str(store_path), str(first), str(last)],
@@ -108,8 +119,11 @@ def test_kill_after_put_dies_once_the_write_is_durable(tmp_path: Path) -> None:
 
 @pytest.fixture
 def two_versions(store_path: Path) -> list[str]:
-    """A store holding steps 1 and 2, saved (and closed) by this process."""
-    with chunkstore.open(store_path, chunk_size=SMALL_CHUNK, delta_depth=2) as store:
+    """A store holding steps 1 and 2, saved (and closed) by this process, every chunk an
+    object of its own (the tests below count them)."""
+    chunkstore.open(store_path, chunk_size=SMALL_CHUNK, delta_depth=2).close()
+    with open_store(str(store_path)) as store:
+        store.pack_delta_chunks = False
         ids = [save(store, 1).id, save(store, 2).id]
     return ids
 
@@ -211,16 +225,19 @@ def test_kill_while_removing_the_session_after_the_commit_publishes_the_version(
     _check_store(store_path, [2, 3])
 
 
-@pytest.mark.parametrize("node_size", [0, 200], ids=["node-per-branch", "split-tree"])
-def test_kill_at_random_moments_while_saving_in_a_loop(store_path: Path, node_size: int
-                                                       ) -> None:
-    """node_size 200: every level of the names is split into continuation nodes."""
+@pytest.mark.parametrize(("node_size", "packed"), [(0, False), (200, False), (0, True)],
+                         ids=["node-per-branch", "split-tree", "packed-deltas"])
+def test_kill_at_random_moments_while_saving_in_a_loop(store_path: Path, node_size: int,
+                                                       packed: bool) -> None:
+    """node_size 200: every level of the names is split into continuation nodes;
+    packed: the saves pack their delta chunks, several packs a save."""
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
     chunkstore.open(store_path, chunk_size=SMALL_CHUNK, delta_depth=2).close()
     published: list[int] = []
-    env = {k: v for k, v in os.environ.items() if k != FAULT_ENV_VAR}
+    env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV_VAR, PACK_DELTAS_ENV_VAR)}
     env[NODE_SIZE_ENV_VAR] = str(node_size)
+    env[PACK_DELTAS_ENV_VAR] = "1" if packed else "0"
     for _ in range(4):
         first = published[-1] + 1 if published else 1
         child = subprocess.Popen(
@@ -249,11 +266,52 @@ def test_kill_at_random_moments_while_saving_in_a_loop(store_path: Path, node_si
         assert len(steps) - len(published) - len(reported) in (0, 1), f"seed {seed}"
         published = steps
         _check_store(store_path, published)
-    again = run_child(store_path, published[-1] + 1, published[-1] + 1, None)
+    again = run_child(store_path, published[-1] + 1, published[-1] + 1, None, packed=packed)
     assert again.returncode == 0, again.stderr
     _check_store(store_path, [*published, published[-1] + 1])
     with chunkstore.open(store_path, create=False) as store:
+        entry = store.open_version(f"{RUN}@{published[-1] + 1}").entry("model.embed")
+        assert isinstance(entry, TensorEntry)
+        assert any(entry.shards[0].packs) == packed, "the layout under test was not written"
         # The last version the loop's children saved (run_child saves with node_size 0).
         root = load_tree(store.backend, store.resolve(f"{RUN}@{published[-1]}").root,
                          store.node_cache)
         assert bool(root.more) == (node_size > 0), "the layout under test was not written"
+
+
+@pytest.mark.parametrize("fault", [
+    "kill-before-put:chunks/:0", "kill-before-put:chunks/:2", "kill-after-put:chunks/:2",
+    "kill-before-put:nodes/:0", "kill-before-put:versions/:0", "kill-after-put:versions/:0",
+], ids=["before-first-pack", "before-third-pack", "after-third-pack", "before-nodes",
+        "before-commit-record", "after-commit-record"])
+def test_kill_during_a_packed_delta_save_leaves_every_published_version_readable(
+        store_path: Path, fault: str) -> None:
+    """Saves that pack their delta chunks and whose bases lie in packs (chunk format 5),
+    killed at each step of a save: what was published stays exact, verify is clean,
+    later saves and a GC at grace 0 keep it so."""
+    chunkstore.open(store_path, chunk_size=SMALL_CHUNK, delta_depth=2).close()
+    setup = run_child(store_path, 1, 2, None, packed=True)
+    assert setup.returncode == 0, setup.stderr
+    with chunkstore.open(store_path, create=False) as store:
+        entry = store.open_version(f"{RUN}@2").entry("model.embed")
+        assert isinstance(entry, TensorEntry)
+        (shard,) = entry.shards
+        assert any(shard.packs) and any(shard.bases) and shard.base_packs, \
+            "the saves must write packed deltas on packed bases"
+    packs_before = len(_files(store_path, "chunks"))
+
+    result = run_child(store_path, 3, 3, fault, packed=True)
+
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    if fault == "kill-after-put:chunks/:2":
+        assert len(_files(store_path, "chunks")) - packs_before >= 3  # several packs a save
+    published = [1, 2, 3] if fault.endswith("versions/:0") and "after" in fault else [1, 2]
+    _check_store(store_path, published)
+    again = run_child(store_path, published[-1] + 1, published[-1] + 2, None, packed=True)
+    assert again.returncode == 0, again.stderr
+    published += [published[-1] + 1, published[-1] + 2]
+    _check_store(store_path, published)
+    with chunkstore.open(store_path, create=False) as store:
+        store.delete(f"{RUN}@1")
+        store.gc(grace=0)
+    _check_store(store_path, published[1:])

@@ -1,7 +1,13 @@
 """Delta chunks (sub-delta; xor-delta in old chains and for complex128): chains of
 every depth round-trip through removals and GC, GC keeps every base a live delta
 needs (and only those), and a damaged base is reported on every version that depends
-on it."""
+on it.
+
+Every test runs twice: with delta chunks as objects of their own (what releases
+before chunk format 5 wrote, and ``Store.pack_delta_chunks = False``) and packed
+(this release's default), except those marked ``delta_objects``, which look at
+the chunk objects themselves (tests/test_packed_deltas.py has their packed
+counterparts)."""
 
 from __future__ import annotations
 
@@ -36,6 +42,15 @@ def sparse_states(seed: int = 0, rows: int = 2) -> Iterator[np.ndarray]:
     while True:
         yield table.copy()
         table[rng.integers(0, ROWS, rows)] += np.float32(0.5)
+
+
+@pytest.fixture(autouse=True, params=["objects", "packed"])
+def delta_layout(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    packed = request.param == "packed"
+    if packed and request.node.get_closest_marker("delta_objects"):
+        pytest.skip("looks at delta chunks as objects of their own")
+    monkeypatch.setattr(chunkstore.store, "PACK_DELTA_CHUNKS", packed)
+    return str(request.param)
 
 
 @pytest.fixture
@@ -89,6 +104,7 @@ def test_chains_of_every_depth_round_trip_with_middle_versions_removed_and_gc_be
     assert result.ok, result.problems
 
 
+@pytest.mark.delta_objects
 def test_a_chunk_reads_at_most_depth_plus_one_objects(store: chunkstore.Store) -> None:
     ids = _chunk0_changing(store, DEPTH + 2)
     for version_id, depth in zip(ids, [0, 1, 2, 3, 0], strict=True):
@@ -103,6 +119,7 @@ def test_a_chunk_reads_at_most_depth_plus_one_objects(store: chunkstore.Store) -
         assert tuple(found) == chain
 
 
+@pytest.mark.delta_objects
 def test_a_base_needed_by_a_live_delta_survives_gc_and_goes_when_unneeded(
         store: chunkstore.Store) -> None:
     states = sparse_states()
@@ -165,6 +182,7 @@ def _problems(store: chunkstore.Store) -> dict[str | None, set[str | None]]:
     return found
 
 
+@pytest.mark.delta_objects
 def test_a_flipped_byte_in_a_base_is_reported_on_every_dependent_version(
         store: chunkstore.Store) -> None:
     ids, a, _ = _three_deep(store)
@@ -178,6 +196,7 @@ def test_a_flipped_byte_in_a_base_is_reported_on_every_dependent_version(
         store.open_version(ids[2]).get("emb")
 
 
+@pytest.mark.delta_objects
 def test_a_base_replaced_by_another_valid_chunk_is_caught_by_the_hash(
         store: chunkstore.Store) -> None:
     """A base object that decodes cleanly to other bytes (a valid raw chunk of the same
@@ -193,6 +212,7 @@ def test_a_base_replaced_by_another_valid_chunk_is_caught_by_the_hash(
     assert _problems(store) == {v: {a.hex} for v in ids}
 
 
+@pytest.mark.delta_objects
 def test_a_deleted_base_is_reported_on_every_dependent_version(
         store: chunkstore.Store) -> None:
     ids, _, b = _three_deep(store)
@@ -204,6 +224,7 @@ def test_a_deleted_base_is_reported_on_every_dependent_version(
     store.open_version(ids[0]).get("emb")  # needs no base: reads
 
 
+@pytest.mark.delta_objects
 def test_a_base_the_manifest_does_not_list_is_refused(store: chunkstore.Store) -> None:
     """A delta whose header names a base its version does not list (so GC would not
     keep it) is refused, even while that base is present."""
@@ -228,6 +249,7 @@ def test_none_writes_no_deltas_and_old_stores_get_none(tmp_path: Path) -> None:
         assert not any(shard(off, save(off, 2, next(states))).bases)
 
 
+@pytest.mark.delta_objects
 def test_a_reused_delta_keeps_its_chain_in_a_new_run(store: chunkstore.Store) -> None:
     """A run that deduplicates against another run's delta chunk lists its chain too
     (found from the headers), so removing the other run keeps it readable."""
@@ -276,6 +298,7 @@ def test_init_sets_the_delta_depth(tmp_path: Path) -> None:
         assert opened.config.delta_depth == 5
 
 
+@pytest.mark.delta_objects
 def test_a_save_never_encodes_against_a_base_gc_has_condemned(
         store: chunkstore.Store) -> None:
     """The base is claimed like a dedup target: one a GC has condemned (and is about
@@ -299,6 +322,7 @@ def test_a_save_never_encodes_against_a_base_gc_has_condemned(
 BIG_CHUNK = 512 * 1024  # over four probes: a delta is judged on a probe first
 
 
+@pytest.mark.delta_objects
 def test_the_base_prefix_is_the_prefix_of_the_decoded_base(tmp_path: Path) -> None:
     """A delta is judged against the base's first bytes before the base is read whole;
     those bytes are the decoded base's, through chains of every depth."""
@@ -319,6 +343,7 @@ def test_the_base_prefix_is_the_prefix_of_the_decoded_base(tmp_path: Path) -> No
         assert depths == set(range(DEPTH + 1))
 
 
+@pytest.mark.delta_objects
 def test_large_chunks_take_deltas_only_where_they_pay(tmp_path: Path) -> None:
     rng = np.random.default_rng(3)
     sparse = rng.standard_normal(BIG_CHUNK // 4).astype(np.float32)
@@ -387,6 +412,7 @@ def test_a_position_whose_delta_did_not_pay_is_stored_standalone_for_a_few_saves
     assert store.verify().ok
 
 
+@pytest.mark.delta_objects
 @pytest.mark.parametrize("dtype", ["int8", "uint16", "float16", "bfloat16", "float32", "int32",
                                    "float64", "int64", "complex64", "complex128"])
 def test_every_element_size_takes_deltas_that_read_back_exact(tmp_path: Path,
@@ -415,6 +441,7 @@ def test_every_element_size_takes_deltas_that_read_back_exact(tmp_path: Path,
         assert store.verify().ok
 
 
+@pytest.mark.delta_objects
 def test_a_sub_delta_on_an_xor_delta_chain_reads_back(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """A store an older release wrote xor-delta chains into, extended by this release's

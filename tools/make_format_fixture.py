@@ -37,6 +37,7 @@ import numpy as np
 import chunkstore
 from chunkstore import plaindata
 from chunkstore.chunkobj import CHUNK_FORMAT_VERSION, HEADER
+from chunkstore.codecs import PACK
 from chunkstore.digest import Digest
 from chunkstore.dtypes import dtype_name
 from chunkstore.manifest import NODE_FORMAT_VERSION
@@ -216,14 +217,52 @@ def _codec_census(root: Path) -> tuple[dict[str, int], set[int]]:
         if not path.is_file():
             continue
         data = path.read_bytes()
-        codec_id, element_size = data[5], data[6]
-        name = REQUIRED_CODECS.get(codec_id, str(codec_id))
+        name = REQUIRED_CODECS.get(data[5], str(data[5]))
         counts[name] = counts.get(name, 0) + 1
-        if codec_id in (2, 3, 5):
-            start = HEADER.size + (32 if data[7] & 1 else 0) + 1  # after any base digest
-            modes.update(struct.unpack_from("<B", data, start + 5 * i)[0]
-                         for i in range(element_size))
+        modes |= _plane_modes(data, 0)
     return dict(sorted(counts.items())), modes
+
+
+def _plane_modes(data: bytes, pos: int) -> set[int]:
+    """The plane modes of the codec-2, 3 or 5 object at ``pos`` of ``data``."""
+    codec_id, element_size, flags = data[pos + 5], data[pos + 6], data[pos + 7]
+    if codec_id not in (2, 3, 5):
+        return set()
+    start = pos + HEADER.size + (32 if flags & 1 else 0) + 1  # after any base digest
+    return {struct.unpack_from("<B", data, start + 5 * i)[0] for i in range(element_size)}
+
+
+def _member_census(root: Path) -> tuple[set[str], set[int]]:
+    """The codecs of the members inside the fixture's packs, and their plane modes."""
+    names: set[str] = set()
+    modes: set[int] = set()
+    for path in sorted((root / "chunks").rglob("*")):
+        data = path.read_bytes() if path.is_file() else b""
+        if len(data) < HEADER.size or data[5] != 4:
+            continue
+        pos = HEADER.size
+        while pos < len(data):
+            *_, flags, _, payload_length = HEADER.unpack_from(data, pos)
+            names.add(REQUIRED_CODECS.get(data[pos + 5], str(data[pos + 5])))
+            modes |= _plane_modes(data, pos)
+            pos += HEADER.size + (32 if flags & 1 else 0) + payload_length
+    return names, modes
+
+
+def _packed_deltas(store: chunkstore.Store) -> tuple[int, int]:
+    """Packed chunks listed with a delta chain, and listed bases that lie in packs."""
+    deltas: set[str] = set()
+    bases: set[str] = set()
+    for info in store.versions():
+        for leaf in store.open_version(info.id).entries().values():
+            for shard in getattr(leaf, "shards", ()):
+                for i, digest in enumerate(shard.chunks):
+                    if shard.location(i) is not None and shard.chain(i):
+                        deltas.add(digest.hex)
+                    bases.update(base.hex for base, at in zip(shard.chain(i),
+                                                              shard.chain_locations(i),
+                                                              strict=True) if at is not None)
+    return len(deltas), len(bases)
 
 
 def _chain_depths(store: chunkstore.Store) -> set[int]:
@@ -302,13 +341,21 @@ def build(root: Path) -> dict[str, Any]:
         depths = _chain_depths(store)
         if depths != set(range(DELTA_DEPTH + 1)):
             raise SystemExit(f"fixture chains have depths {sorted(depths)}, not 0..{DELTA_DEPTH}")
+        packed_deltas, packed_bases = _packed_deltas(store)
+        if CHUNK_FORMAT_VERSION >= 5 and (not packed_deltas or not packed_bases):
+            raise SystemExit(f"the fixture needs packed deltas ({packed_deltas}) on packed"
+                             f" bases ({packed_bases}) (chunk format 5)")
         versions.extend(_repacked_versions(store))
         packed, _ = _packed_chunks(store)
         # A removed version (store version 2): its tombstone, and its chunks awaiting GC.
         removed = _write_version(store, 99, removed_version(), {}, {})["id"]
         kept = {d for v in store.versions() if v.id != removed
                 for d in store.index.version_refs(v.id)}
-        awaiting = len(set(store.index.version_refs(removed)) - kept)
+        awaiting_objects = set(store.index.version_refs(removed)) - kept
+        awaiting = len(awaiting_objects)
+        awaiting_packs = sum(1 for d in awaiting_objects
+                             if (record := store.index.chunk(d)) is not None
+                             and record.codec_id == PACK.id)
         store.delete(removed)
         result = store.verify()
         if not result.ok:
@@ -316,8 +363,9 @@ def build(root: Path) -> dict[str, Any]:
     # The index is a cache, rebuilt on open: it is not part of the format.
     shutil.rmtree(root / "index")
     codec_counts, plane_modes = _codec_census(root)
-    missing = set(REQUIRED_CODECS.values()) - set(codec_counts)
-    if missing or plane_modes != {0, 1}:
+    member_codecs, member_modes = _member_census(root)
+    missing = set(REQUIRED_CODECS.values()) - set(codec_counts) - member_codecs
+    if missing or plane_modes | member_modes != {0, 1}:
         raise SystemExit(f"fixture lacks codecs {sorted(missing)} or shuffle plane modes"
                          f" (saw {sorted(plane_modes)}); adjust the arrays")
     return {
@@ -330,6 +378,8 @@ def build(root: Path) -> dict[str, Any]:
         "tags": {TAG: TAGGED_SELECTOR},
         "removed": [removed],
         "awaiting_gc_chunks": awaiting,
+        # of which packs (verify reads their members, not them: see packed_chunks)
+        "awaiting_gc_packs": awaiting_packs,
         # verify reads each packed chunk on its own, and the pack holding it is one file
         "packed_chunks": packed,
         # packs GC wrote when repacking: no version lists them, so a rebuilt index counts

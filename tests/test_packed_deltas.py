@@ -1,0 +1,287 @@
+"""Packed delta chunks (chunk format 5, node format 5, store format 8): in a store with
+delta chains the chunks of larger tensors are packed, deltas included, and a delta's
+bases may lie in packs.  What tests/test_delta.py checks on delta objects, checked
+here on packed ones: the manifest lists where every base lies, GC keeps a base's pack
+while a live delta needs it (through repacks too), a damaged or missing base pack is
+reported on every version that depends on it, a save never encodes against a base
+whose pack GC condemned, and older formats are refused what they do not have."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import chunkstore
+from chunkstore.chunkobj import HEADER
+from chunkstore.digest import Digest, chunk_key
+from chunkstore.errors import CorruptChunkError, CorruptNodeError
+from chunkstore.index import CHUNK as CHUNK_KIND
+from chunkstore.manifest import (
+    PackLocation,
+    Shard,
+    TensorEntry,
+    TreeNode,
+    canonical_json,
+    decode_tree,
+    encode_tree,
+    tensor_text,
+)
+from tests.test_delta import CHUNK, DIM, ROWS, save, shard, sparse_states
+
+DEPTH = 3
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[chunkstore.Store]:
+    with chunkstore.open(tmp_path / "s", chunk_size=CHUNK, delta_depth=DEPTH) as opened:
+        assert opened.pack_delta_chunks  # the default
+        yield opened
+
+
+def chunk0_changing(store: chunkstore.Store, versions: int) -> list[str]:
+    """Versions in which only chunk 0 of ``emb`` changes (one element per version)."""
+    table = np.random.default_rng(5).standard_normal((ROWS, DIM)).astype(np.float32)
+    ids = []
+    for step in range(versions):
+        table[0, step] += 1
+        ids.append(save(store, step, table.copy()))
+    return ids
+
+
+def pack_path(store: chunkstore.Store, pack: Digest) -> Path:
+    return Path(store.url) / chunk_key(pack)
+
+
+def problems(store: chunkstore.Store) -> set[str | None]:
+    return {problem.version for problem in store.verify().problems}
+
+
+def test_deltas_and_their_bases_are_packed_and_listed_with_their_locations(
+        store: chunkstore.Store) -> None:
+    ids = chunk0_changing(store, DEPTH + 2)
+    for version_id, depth in zip(ids, [0, 1, 2, 3, 0], strict=True):
+        listed = shard(store, version_id)
+        assert all(listed.packs), "every chunk of the tensor is packed"
+        assert len(listed.chain(0)) == depth
+        locations = listed.chain_locations(0)
+        assert len(locations) == depth and all(locations), "every base lies in a pack"
+        # Each base is listed where the version that wrote it lists it.
+        for base, at in zip(listed.chain(0), locations, strict=True):
+            owner = next(shard(store, v) for v in ids if shard(store, v).chunks[0] == base)
+            assert owner.location(0) == at
+        # The member named is a delta against the first listed base (its header says so).
+        location = listed.location(0)
+        assert location is not None
+        member = pack_path(store, location.pack).read_bytes()[
+            HEADER.size + location.offset : HEADER.size + location.offset + location.length]
+        assert (member[4], member[7] & 1) == (5, 1 if depth else 0)
+        if depth:
+            assert member[HEADER.size : HEADER.size + 32] == listed.chain(0)[0].raw
+    for version_id, step in zip(ids, range(len(ids)), strict=True):
+        expected = np.random.default_rng(5).standard_normal((ROWS, DIM)).astype(np.float32)
+        expected[0, : step + 1] += 1
+        np.testing.assert_array_equal(store.open_version(version_id).get("emb"), expected)
+    assert store.verify().ok
+    # A delta save of a dense change writes one pack, not an object per chunk.
+    assert store.versions()[-1].new_stored_bytes > 0
+
+
+def test_chains_round_trip_with_middle_versions_removed_and_gc_between(
+        store: chunkstore.Store) -> None:
+    states = sparse_states()
+    saved: dict[str, np.ndarray] = {}
+    for step in range(12):
+        table = next(states)
+        saved[save(store, step, table)] = table
+        if step % 3 == 2:  # remove a version from the middle of the chains, then collect
+            victim = list(saved)[len(saved) // 2]
+            store.delete(victim)
+            del saved[victim]
+            store.gc(grace=0)
+        for version_id, expected in saved.items():
+            np.testing.assert_array_equal(store.open_version(version_id).get("emb"), expected)
+    assert any(any(shard(store, v).base_packs) for v in saved), "no packed base was listed"
+    assert store.verify().ok
+
+
+def test_a_base_pack_a_live_delta_needs_survives_gc_and_goes_when_unneeded(
+        store: chunkstore.Store) -> None:
+    first, second = chunk0_changing(store, 2)
+    (at,) = shard(store, second).chain_locations(0)
+    assert at is not None and at == shard(store, first).location(0)
+    store.delete(first)
+    store.gc(grace=0)
+    assert pack_path(store, at.pack).exists(), "GC deleted the pack of a base a live delta needs"
+    table = store.open_version(second).get("emb")
+    assert store.verify().ok
+    store.delete(second)
+    store.gc(grace=0)
+    assert not pack_path(store, at.pack).exists()
+    assert not [p for p in (Path(store.url) / "chunks").rglob("*") if p.is_file()]
+    assert table.shape == (ROWS, DIM)
+
+
+def test_a_flipped_byte_in_a_packed_base_is_reported_on_every_dependent_version(
+        store: chunkstore.Store) -> None:
+    ids = chunk0_changing(store, 3)
+    location = shard(store, ids[0]).location(0)  # the root of the chain of ids[2]
+    assert location is not None
+    assert shard(store, ids[2]).chain_locations(0)[-1] == location
+    path = pack_path(store, location.pack)
+    data = bytearray(path.read_bytes())
+    data[HEADER.size + location.offset + location.length - 1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    store.base_cache.clear()
+    assert problems(store) == set(ids)
+    for version_id in ids:
+        with pytest.raises(CorruptChunkError):
+            store.open_version(version_id).get("emb")
+
+
+def test_a_deleted_base_pack_is_reported_on_every_dependent_version(
+        store: chunkstore.Store) -> None:
+    ids = chunk0_changing(store, 3)
+    middle = shard(store, ids[1]).location(0)
+    assert middle is not None
+    pack_path(store, middle.pack).unlink()
+    store.base_cache.clear()
+    assert problems(store) == set(ids[1:])
+    assert store.verify(read_data=False).problems  # found without reading data too
+    np.testing.assert_array_equal(store.open_version(ids[0]).get("emb").shape, (ROWS, DIM))
+
+
+def test_a_delta_member_of_an_older_chunk_format_is_refused(store: chunkstore.Store) -> None:
+    first, second = chunk0_changing(store, 2)
+    location = shard(store, second).location(0)
+    assert location is not None
+    path = pack_path(store, location.pack)
+    data = bytearray(path.read_bytes())
+    assert data[HEADER.size + location.offset + 4] == 5
+    data[HEADER.size + location.offset + 4] = 4  # chunk format 4: no delta members
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptChunkError, match="never a delta"):
+        store.open_version(second).get("emb")
+    assert problems(store) == {second}
+    store.open_version(first).get("emb")
+
+
+def test_a_save_never_encodes_against_a_base_whose_pack_gc_has_condemned(
+        store: chunkstore.Store) -> None:
+    (first,) = chunk0_changing(store, 1)
+    location = shard(store, first).location(0)
+    assert location is not None
+    writer = store.new_version(run="r", step=1)  # takes the first version as its parent
+    store.delete(first)
+    assert store.index.condemn(CHUNK_KIND, [location.pack], time.time() + 3600) == [
+        location.pack]
+    table = np.random.default_rng(5).standard_normal((ROWS, DIM)).astype(np.float32)
+    table[0, 0] += 1
+    table[0, 1] += 1
+    writer.put("emb", table)
+    info = writer.commit()
+    pack_path(store, location.pack).unlink()  # the condemning GC deletes it
+    store.base_cache.clear()
+    listed = shard(store, info.id)
+    assert not any(listed.bases) and all(at is None or at.pack != location.pack
+                                         for at in listed.packs)
+    np.testing.assert_array_equal(store.open_version(info.id).get("emb"), table)
+
+
+def test_a_repacked_base_is_read_through_its_moved_record(store: chunkstore.Store) -> None:
+    """The first version's pack is mostly a tensor the next save replaces: GC repacks the
+    bases the second version's deltas need into a new pack, and they are read there."""
+    rng = np.random.default_rng(9)
+    table = rng.standard_normal((ROWS, DIM)).astype(np.float32)
+    ids = []
+    for step in range(2):
+        table[0, step] += 1
+        with store.new_version(run="r", step=step) as version:
+            version.put("emb", table.copy())
+            version.put("noise", rng.integers(0, 2**31, 12 * CHUNK // 4, dtype=np.int32))
+        ids.append(version.info.id)
+    (at,) = shard(store, ids[1]).chain_locations(0)
+    assert at is not None
+    store.delete(ids[0])
+    result = store.gc(grace=0)
+    assert result.packs_repacked >= 1
+    store.gc(grace=0)  # the old pack goes once no save can still reuse it
+    assert not pack_path(store, at.pack).exists()
+    assert store.backend.exists(f"moved/{at.pack.hex}")
+    store.base_cache.clear()
+    np.testing.assert_array_equal(store.open_version(ids[1]).get("emb"), table)
+    assert store.verify().ok
+
+
+def _packed_delta_shard() -> tuple[Shard, Digest, Digest, Digest]:
+    chunk, base, pack, base_pack = (Digest(bytes([i]) * 32) for i in (1, 2, 3, 4))
+    listed = Shard((0,), (4096,), 4096, (chunk,), ((base,),), (PackLocation(pack, 0, 100),),
+                   ((PackLocation(base_pack, 100, 90),),))
+    return listed, chunk, pack, base_pack
+
+
+def test_a_packed_delta_shard_encodes_canonically_and_needs_both_packs() -> None:
+    listed, chunk, pack, base_pack = _packed_delta_shard()
+    entry = TensorEntry("uint8", (4096,), (listed,))
+    body = listed.to_json()
+    assert list(body) == ["offsets", "sizes", "chunk_bytes", "chunks", "bases", "base_packs",
+                          "packs"]
+    assert body["base_packs"] == [[[base_pack.hex, 100, 90]]]
+    assert tensor_text(entry) == canonical_json(entry.to_json())
+    assert canonical_json(entry.to_json()).index('"base_packs"') < canonical_json(
+        entry.to_json()).index('"bases"')
+    assert list(entry.chunk_digests()) == [pack, base_pack]
+    assert list(listed.members()) == [(PackLocation(pack, 0, 100), chunk),
+                                      (PackLocation(base_pack, 100, 90), listed.chain(0)[0])]
+    digest, data = encode_tree(TreeNode(leaves={"t": entry}))
+    assert decode_tree(digest, data).leaves["t"] == entry
+
+
+@pytest.mark.parametrize("edit", ["version-4", "version-4-packed-delta", "short",
+                                  "without-bases", "own-pack"])
+def test_a_node_with_base_locations_it_may_not_have_is_refused(edit: str) -> None:
+    listed, chunk, _, base_pack = _packed_delta_shard()
+    _, data = encode_tree(TreeNode(leaves={"t": TensorEntry("uint8", (4096,), (listed,))}))
+    text = data.decode()
+    if edit == "version-4":
+        text = text.replace('"format_version":5', '"format_version":4')
+    elif edit == "version-4-packed-delta":  # no base_packs, but a packed chunk with a chain
+        text = text.replace(f'"base_packs":[[["{base_pack.hex}",100,90]]],', "").replace(
+            '"format_version":5', '"format_version":4')
+    elif edit == "short":
+        text = text.replace(f'[[["{base_pack.hex}",100,90]]]', "[[]]")
+    elif edit == "without-bases":
+        text = text.replace(f'"bases":[["{listed.chain(0)[0].hex}"]],', "")
+    else:  # the chunk's own digest as its base's pack
+        text = text.replace(f'[[["{base_pack.hex}"', f'[[["{chunk.hex}"')
+    raw = text.encode()
+    with pytest.raises(CorruptNodeError):
+        decode_tree(Digest.of(raw), raw)
+
+
+def test_incompressible_chunks_packed_from_the_handles_copies_read_back_exact(
+        store: chunkstore.Store) -> None:
+    """A raw member's payload is the chunk itself; taken from a base copy whose buffer
+    goes on to serve another chunk, it must be packed as it was, not as the buffer is
+    when the pack is joined."""
+    rng = np.random.default_rng(3)
+    saved = {}
+    for step in range(4):
+        noise = rng.integers(0, 2**31, 24 * CHUNK // 4, dtype=np.int32)
+        with store.new_version(run="r", step=step) as version:
+            version.put("noise", noise)
+        saved[version.info.id] = noise
+        assert all(shard_of(store, version.info.id, "noise").packs)
+    for version_id, noise in saved.items():
+        np.testing.assert_array_equal(store.open_version(version_id).get("noise"), noise)
+    assert store.verify().ok
+
+
+def shard_of(store: chunkstore.Store, version_id: str, name: str) -> Shard:
+    entry = store.open_version(version_id).entry(name)
+    assert isinstance(entry, TensorEntry)
+    (only,) = entry.shards
+    return only
