@@ -20,6 +20,7 @@ from chunkstore.chunkobj import HEADER
 from chunkstore.digest import Digest, chunk_key
 from chunkstore.errors import CorruptChunkError, CorruptNodeError
 from chunkstore.index import CHUNK as CHUNK_KIND
+from chunkstore.index import ChunkRecord, ChunkState
 from chunkstore.manifest import (
     PackLocation,
     Shard,
@@ -123,6 +124,42 @@ def test_a_base_pack_a_live_delta_needs_survives_gc_and_goes_when_unneeded(
     assert not pack_path(store, at.pack).exists()
     assert not [p for p in (Path(store.url) / "chunks").rglob("*") if p.is_file()]
     assert table.shape == (ROWS, DIM)
+
+
+def test_a_pack_only_bases_need_is_kept_by_gc_and_counted_by_the_index(
+        store: chunkstore.Store) -> None:
+    """Every chunk changes a little: the second version lists the first one's pack only
+    as the pack of its bases, and that alone keeps it (GC's mark, index rebuild)."""
+    table = np.random.default_rng(5).standard_normal((ROWS, DIM)).astype(np.float32)
+    first = save(store, 0, table.copy())
+    table[:: ROWS // 4, 0] += 1  # one element in each chunk
+    second = save(store, 1, table.copy())
+    packs_of_first = {at.pack for at in shard(store, first).packs if at is not None}
+    listed = shard(store, second)
+    assert all(listed.bases) and packs_of_first.isdisjoint(
+        at.pack for at in listed.packs if at is not None)
+    assert {at.pack for chain in listed.base_packs for at in chain if at} == packs_of_first
+    store.delete(first)
+    store.rebuild_index()
+    assert all(store.index.chunk(pack).refcount == 1 for pack in packs_of_first)
+    store.gc(grace=0)
+    assert all(pack_path(store, pack).exists() for pack in packs_of_first)
+    # An index that counts no reference to them (another machine's, or a damaged one):
+    # GC's mark of the live manifests keeps them all the same, and says so.
+    for pack in packs_of_first:
+        record = store.index.chunk(pack)
+        assert record is not None
+        store.index.put_chunk_record(pack, ChunkRecord(ChunkState.LIVE, record.codec_id, 0,
+                                                       record.raw_length,
+                                                       record.stored_length, 0.0))
+    result = store.gc(grace=0)
+    assert all(pack_path(store, pack).exists() for pack in packs_of_first)
+    assert all(any(pack.short(16) in note for note in result.index_disagreements)
+               for pack in packs_of_first)
+    store.rebuild_index()
+    store.base_cache.clear()
+    np.testing.assert_array_equal(store.open_version(second).get("emb"), table)
+    assert store.verify().ok
 
 
 def test_a_flipped_byte_in_a_packed_base_is_reported_on_every_dependent_version(
