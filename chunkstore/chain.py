@@ -100,13 +100,14 @@ def missing_chunk(store: Store, digest: Digest) -> MissingChunkError:
     return MissingChunkError(digest.hex)
 
 
-def _get(store: Store, digest: Digest, location: PackLocation | None = None
+def _get(store: Store, digest: Digest, location: PackLocation | None, raw_length: int
          ) -> bytes | memoryview:
-    """The object of ``digest``: stored under its key, or the member object at
-    ``location`` inside a pack."""
+    """The object of ``digest`` (of ``raw_length`` raw bytes): stored under its key, or
+    the member object at ``location`` inside a pack (bounded by that length before it
+    is read)."""
     if location is not None:
         from chunkstore.packs import member_object  # packs reads chains of members
-        return member_object(store, digest, location)
+        return member_object(store, digest, location, raw_length)
     try:
         return store.backend.get(chunk_key(digest))
     except FileNotFoundError:
@@ -148,9 +149,13 @@ def decode_chain(store: Store, digest: Digest, data: bytes | memoryview,
     if header.base is None or not _is_delta(header.codec_id):
         return decode_object(digest, data, out)
     _check_base(digest, header, chain)
+    if out is not None and header.raw_length != len(out):  # before any base is read
+        raise CorruptChunkError(digest.hex, f"holds {header.raw_length} bytes, the manifest"
+                                f" expects {len(out)}")
     if check_links:
-        base = base_bytes(store, chain[0], chain[1:], cache, check_links=True,
-                          location=_at(locations, 0), locations=locations[1:])
+        base = base_bytes(store, chain[0], chain[1:], header.raw_length, cache,
+                          check_links=True, location=_at(locations, 0),
+                          locations=locations[1:])
         return decode_object(digest, data, out, base)
     links, root, root_raw = _chain_objects(store, digest, header, memoryview(data), chain, cache,
                                            locations)
@@ -186,7 +191,7 @@ def _chain_objects(store: Store, digest: Digest, header: ChunkHeader, view: memo
             return links, None, cached
         at = _at(locations, len(links) - 1)
         current, rest = rest[0], rest[1:]
-        view = memoryview(_get(store, current, at))
+        view = memoryview(_get(store, current, at, links[0][1].raw_length))
         header = parse_header(current, view)
 
 
@@ -256,33 +261,37 @@ def _planes_of(digest: Digest, payload: memoryview, planes: np.ndarray, *, xor: 
         raise CorruptChunkError(digest.hex, f"payload does not decode: {exc}") from exc
 
 
-def base_bytes(store: Store, digest: Digest, chain: tuple[Digest, ...],
+def base_bytes(store: Store, digest: Digest, chain: tuple[Digest, ...], raw_length: int,
                cache: BaseCache | None = None, *, check_links: bool = False,
                location: PackLocation | None = None, locations: Locations = ()
                ) -> bytes | memoryview:
-    """The verified raw bytes of ``digest`` (a base, inside a pack at ``location`` or
-    an object of its own), from the cache or decoded."""
+    """The verified raw bytes of ``digest`` (a base of ``raw_length`` bytes, inside a
+    pack at ``location`` or an object of its own), from the cache or decoded."""
     cache = store.base_cache if cache is None else cache
     raw = cache.get(digest)
     if raw is None:
-        raw = decode_chain(store, digest, _get(store, digest, location), chain, None, cache,
-                           check_links=check_links, locations=locations)
+        raw = decode_chain(store, digest, _get(store, digest, location, raw_length), chain,
+                           None, cache, check_links=check_links, locations=locations)
+        if len(raw) != raw_length:
+            raise CorruptChunkError(digest.hex, f"a delta base of {len(raw)} bytes, not"
+                                    f" {raw_length}")
         cache.put(digest, raw)
     return raw
 
 
 def base_prefix(store: Store, digest: Digest, chain: tuple[Digest, ...], length: int,
-                locations: Locations = ()) -> bytes | None:
+                raw_length: int, locations: Locations = ()) -> bytes | None:
     """The first ``length`` raw bytes of the chunk ``digest`` (a would-be base), decoding
     only what they need: enough to judge whether a delta pays before the whole base is
     read, decoded and verified.  Not hash-checked: use it to decide, never to encode.
     None where the objects are not plane-coded alike (the caller decodes in full).
-    ``locations``: where ``digest`` and then each base of ``chain`` lie in packs.
+    ``raw_length``: the raw length the base must have; ``locations``: where ``digest``
+    and then each base of ``chain`` lie in packs.
     """
     try:
         digests, objects = (digest, *chain), []
         for i, current in enumerate(digests):
-            view = memoryview(_get(store, current, _at(locations, i)))
+            view = memoryview(_get(store, current, _at(locations, i), raw_length))
             header = parse_header(current, view)
             objects.append((header, view[header.size:]))
             if header.base is None or not _is_delta(header.codec_id):

@@ -234,10 +234,13 @@ def read_member_into(store: Store, digest: Digest, location: PackLocation, out: 
                       check_links=check_pack)
 
 
-def member_object(store: Store, digest: Digest, location: PackLocation) -> memoryview:
-    """The member object of packed chunk ``digest`` at ``location`` (a base to decode):
-    read by range, following moved records, its header and length checked."""
+def member_object(store: Store, digest: Digest, location: PackLocation, raw_length: int
+                  ) -> memoryview:
+    """The member object of packed chunk ``digest`` at ``location`` (a base to decode,
+    of ``raw_length`` raw bytes): bounded by that length before it is read, read by
+    range, following moved records, its header and length checked."""
     for hops in range(MAX_HOPS + 1):
+        _check_listed_length(digest, location, raw_length)
         try:
             data = memoryview(store.backend.get_range(chunk_key(location.pack),
                                                       HEADER.size + location.offset,
@@ -277,9 +280,7 @@ def read_members_into(store: Store, members: list[MemberRead], hops: int = 0, *,
     Members of a pack GC repacked are read where its moved record says."""
     pack = members[0][1].pack
     for digest, location, out, _ in members:  # bounded before anything is read
-        if location.length > HEADER.size + DIGEST_SIZE + len(out) + MAX_PAYLOAD_OVERHEAD:
-            raise CorruptChunkError(digest.hex, f"listed as {location.length} bytes in pack"
-                                    f" {pack.short()}, too long for {len(out)} raw bytes")
+        _check_listed_length(digest, location, len(out))
     start = min(location.offset for _, location, _, _ in members)
     end = max(location.offset + location.length for _, location, _, _ in members)
     try:
@@ -293,6 +294,16 @@ def read_members_into(store: Store, members: list[MemberRead], hops: int = 0, *,
         begin = location.offset - start
         _decode_member(store, digest, location, data[begin : begin + location.length], out,
                        chain, cache, check_links)
+
+
+def _check_listed_length(digest: Digest, location: PackLocation, raw_length: int) -> None:
+    """A member listed longer than any object of ``raw_length`` raw bytes can be is
+    refused before anything is read (a crafted manifest or moved record could
+    otherwise make a reader fetch and allocate up to a whole pack)."""
+    if location.length > HEADER.size + DIGEST_SIZE + raw_length + MAX_PAYLOAD_OVERHEAD:
+        raise CorruptChunkError(digest.hex, f"listed as {location.length} bytes in pack"
+                                f" {location.pack.short()}, too long for {raw_length} raw"
+                                " bytes")
 
 
 def _forward(store: Store, members: list[MemberRead], hops: int) -> list[MemberRead]:

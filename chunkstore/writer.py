@@ -651,13 +651,13 @@ class VersionWriter:
         if (probe and self._store.backend.local_path() is not None
                 and not self._parent.skips.paid_last(base)
                 and self._store.base_cache.get(base.digest) is None):
-            prefix = base_prefix(self._store, base.digest, base.chain, probe,
+            prefix = base_prefix(self._store, base.digest, base.chain, probe, len(view),
                                  base.refs()[1])
             if prefix is not None and not delta_may_pay(policy, view, prefix, dtype, itemsize):
                 return None, None
         try:
-            base_raw = base_bytes(self._store, base.digest, base.chain, location=base.location,
-                                  locations=base.locations)
+            base_raw = base_bytes(self._store, base.digest, base.chain, len(view),
+                                  location=base.location, locations=base.locations)
         except ChunkStoreError as exc:  # a damaged base: write standalone, verify reports it
             log.warning("chunk %s cannot serve as a delta base: %s", base.digest.short(), exc)
             return None, None

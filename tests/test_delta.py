@@ -338,8 +338,8 @@ def test_the_base_prefix_is_the_prefix_of_the_decoded_base(tmp_path: Path) -> No
             for i, digest in enumerate(current.chunks):
                 chain = current.chain(i)
                 depths.add(len(chain))
-                prefix = base_prefix(store, digest, chain, n)
-                assert prefix == bytes(base_bytes(store, digest, chain))[:n]
+                prefix = base_prefix(store, digest, chain, n, BIG_CHUNK)
+                assert prefix == bytes(base_bytes(store, digest, chain, BIG_CHUNK))[:n]
         assert depths == set(range(DEPTH + 1))
 
 
@@ -469,7 +469,8 @@ def test_a_sub_delta_on_an_xor_delta_chain_reads_back(tmp_path: Path,
             assert kinds == [SUB_DELTA.id, SUB_DELTA.id, XOR_DELTA.id]
             base, chain = newest.chain(i)[0], newest.chain(i)[1:]
             n = 1024
-            assert base_prefix(store, base, chain, n) == bytes(base_bytes(store, base, chain))[:n]
+            assert base_prefix(store, base, chain, n, CHUNK) == bytes(
+                base_bytes(store, base, chain, CHUNK))[:n]
         store.base_cache.clear()
         for version_id, table in zip(ids, tables, strict=True):
             np.testing.assert_array_equal(store.open_version(version_id).get("emb"), table)

@@ -4,7 +4,8 @@ bases may lie in packs.  What tests/test_delta.py checks on delta objects, check
 here on packed ones: the manifest lists where every base lies, GC keeps a base's pack
 while a live delta needs it (through repacks too), a damaged or missing base pack is
 reported on every version that depends on it, a save never encodes against a base
-whose pack GC condemned, and older formats are refused what they do not have."""
+whose pack GC condemned, older formats are refused what they do not have, and a base
+listed longer than its chunk can be is refused before it is read."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 
 import chunkstore
+from chunkstore.chain import NO_CACHE, base_bytes, decode_chain
 from chunkstore.chunkobj import HEADER
 from chunkstore.digest import Digest, chunk_key
 from chunkstore.errors import CorruptChunkError, CorruptNodeError
@@ -189,6 +191,39 @@ def test_a_deleted_base_pack_is_reported_on_every_dependent_version(
     assert problems(store) == set(ids[1:])
     assert store.verify(read_data=False).problems  # found without reading data too
     np.testing.assert_array_equal(store.open_version(ids[0]).get("emb").shape, (ROWS, DIM))
+
+
+def test_a_packed_base_listed_longer_than_its_chunk_is_refused_before_it_is_read(
+        store: chunkstore.Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A crafted manifest that lists a base at the length of a whole pack would make a
+    reader fetch and allocate all of it: the listed length is bounded by the raw
+    length the base must have, as a packed chunk's own is, before anything is read."""
+    _, second = chunk0_changing(store, 2)
+    listed = shard(store, second)
+    (base,), (at,), location = listed.chain(0), listed.chain_locations(0), listed.location(0)
+    assert at is not None and location is not None
+    member = pack_path(store, location.pack).read_bytes()[
+        HEADER.size + location.offset : HEADER.size + location.offset + location.length]
+    too_long = PackLocation(at.pack, at.offset, 200 * 1024 * 1024)
+    lengths: list[int] = []
+    real_get_range = store.backend.get_range
+
+    def get_range(key: str, start: int, length: int) -> bytes:
+        lengths.append(length)
+        return real_get_range(key, start, length)
+
+    monkeypatch.setattr(store.backend, "get_range", get_range)
+    store.base_cache.clear()
+    with pytest.raises(CorruptChunkError, match="too long"):
+        base_bytes(store, base, (), listed.chunk_bytes, location=too_long)
+    with pytest.raises(CorruptChunkError, match="too long"):  # a restore's path
+        decode_chain(store, listed.chunks[0], member, (base,),
+                     memoryview(bytearray(listed.chunk_bytes)), NO_CACHE, locations=(too_long,))
+    assert lengths == []
+    # Listed at its true length, the same base reads (the bound refuses only the lie).
+    decode_chain(store, listed.chunks[0], member, (base,),
+                 memoryview(bytearray(listed.chunk_bytes)), NO_CACHE, locations=(at,))
+    assert lengths == [at.length]
 
 
 def test_a_delta_member_of_an_older_chunk_format_is_refused(store: chunkstore.Store) -> None:
