@@ -54,7 +54,11 @@ condemned and deleted whole, and a save that reuses a member claims the pack.
 A pack counts as reached when a live version lists a member of it that its
 moved record (if any) does not cover; a pack whose every listed member is
 covered is deleted even though versions still list it (its refcount in the
-index does not count), and readers follow the record.  A moved record is
+index does not count), and readers follow the record.  Before such a pack
+is deleted, every member versions list in it must read back where the record
+puts it: hash-checked, and a delta member (which cannot be hashed without its
+bases) byte for byte equal to the member it was copied from, since a repack
+copies members unchanged.  A moved record is
 deleted once its pack was already gone when the run started and no version
 reaches it: the GC that deleted the pack waited for every save that could
 still list it.
@@ -93,6 +97,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from chunkstore.chunkobj import HEADER, parse_header
 from chunkstore.digest import (
     CHUNK_PREFIX,
     NODE_PREFIX,
@@ -558,8 +563,9 @@ class _Run:
 
     def _intact_elsewhere(self, pack: Digest) -> bool:
         """Before a pack the versions still list is deleted: every member they list in
-        it reads back, hash-checked, where the moved records put it (so a damaged,
-        crafted or stale record never costs data)."""
+        it reads back where the moved records put it, hash-checked, or for a delta
+        member (no hash without its bases) equal byte for byte to the member it was
+        copied from (so a damaged, crafted or stale record never costs data)."""
         assert self.marks is not None
         stored = self._stored_now()
         for digest, listed in self.marks.listed_members(pack):
@@ -567,8 +573,13 @@ class _Run:
             try:
                 if location.pack == pack:
                     raise CorruptChunkError(pack.hex, "a listed member was not moved")
-                copy_members(self.store, location.pack,
-                             [(digest, location.offset, location.length)])
+                (moved,) = copy_members(self.store, location.pack,
+                                        [(digest, location.offset, location.length)])
+                if parse_header(digest, moved).base is not None and moved != bytes(
+                        self.backend.get_range(chunk_key(pack), HEADER.size + listed.offset,
+                                               listed.length)):
+                    raise CorruptChunkError(digest.hex, "its moved copy differs from the"
+                                            f" member in pack {pack.short()}")
             except (FileNotFoundError, ChunkStoreError) as exc:
                 self.result.repack_skipped.append(
                     f"pack {pack.short()}: kept, its moved member {digest.short()} does not"

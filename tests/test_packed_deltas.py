@@ -9,6 +9,7 @@ listed longer than its chunk can be is refused before it is read."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,8 @@ import pytest
 
 import chunkstore
 from chunkstore.chain import NO_CACHE, base_bytes, decode_chain
-from chunkstore.chunkobj import HEADER
+from chunkstore.chunkobj import HEADER, parse_header
+from chunkstore.codecs.shuffle import plane_table
 from chunkstore.digest import Digest, chunk_key
 from chunkstore.errors import CorruptChunkError, CorruptNodeError
 from chunkstore.index import CHUNK as CHUNK_KIND
@@ -286,6 +288,65 @@ def test_a_repacked_base_is_read_through_its_moved_record(store: chunkstore.Stor
     store.base_cache.clear()
     np.testing.assert_array_equal(store.open_version(ids[1]).get("emb"), table)
     assert store.verify().ok
+
+
+def _alter_moved_delta_member(store: chunkstore.Store, at: PackLocation, base: Digest) -> None:
+    """Flip a bit of a raw plane of the moved copy of the delta member at ``at``: the
+    copy still parses and decodes, but holds other bytes."""
+    record = json.loads(store.backend.get(f"moved/{at.pack.hex}"))
+    new_offset = next(new for old, length, new in record["members"]
+                      if (old, length) == (at.offset, at.length))
+    path = pack_path(store, Digest.parse(record["to"]))
+    data = bytearray(path.read_bytes())
+    start = HEADER.size + new_offset
+    member = bytes(data[start : start + at.length])
+    header = parse_header(base, member)
+    assert header.base is not None, "the moved member must be a delta"
+    raw_planes = [offset for mode, offset, _ in plane_table(
+        memoryview(member)[header.size :], header.raw_length, header.element_size, 1)
+        if mode == 0]
+    assert raw_planes, "the test needs a plane stored raw (it stays decodable when altered)"
+    data[start + header.size + raw_planes[0]] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_a_moved_delta_member_that_differs_from_its_original_never_costs_the_pack(
+        store: chunkstore.Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A delta member cannot be hash-checked without its bases, so a moved copy that
+    decodes but holds other bytes (a damaged or crafted copy, a stale record) would
+    pass a structural check: GC compares it byte for byte with the member in the pack
+    it is about to delete, and keeps that pack when they differ."""
+    import chunkstore.gc as gc_module
+
+    rng = np.random.default_rng(11)
+    table = rng.standard_normal((ROWS, DIM)).astype(np.float32)
+    ids = []
+    for step in range(3):  # every element moves a little: every chunk is a delta
+        table *= np.float32(1) + rng.standard_normal(table.shape).astype(np.float32) * 1e-4
+        with store.new_version(run="r", step=step) as version:
+            version.put("emb", table.copy())
+            version.put("noise", rng.integers(0, 2**31, 12 * CHUNK // 4, dtype=np.int32))
+        ids.append(version.info.id)
+    listed = shard(store, ids[2])
+    assert all(len(listed.chain(i)) == 2 for i in range(len(listed.chunks)))
+    at = listed.chain_locations(0)[0]  # chunk 0 of ids[1]: a delta, then a base
+    assert at is not None
+    real_repack = gc_module.repack
+
+    def repack_then_alter(*args: object, **kwargs: object) -> object:
+        done = real_repack(*args, **kwargs)  # type: ignore[arg-type]
+        _alter_moved_delta_member(store, at, listed.chain(0)[0])
+        return done
+
+    monkeypatch.setattr(gc_module, "repack", repack_then_alter)
+    store.delete(ids[1])  # its pack is now mostly noise nobody needs: repacked
+    result = store.gc(grace=0)
+    monkeypatch.undo()
+    assert result.packs_repacked >= 1
+    assert pack_path(store, at.pack).exists(), "GC deleted a pack whose moved copy is altered"
+    assert any(at.pack.short() in note and "differs" in note for note in result.repack_skipped)
+    store.base_cache.clear()
+    np.testing.assert_array_equal(store.open_version(ids[2]).get("emb"), table)
 
 
 def _packed_delta_shard() -> tuple[Shard, Digest, Digest, Digest]:
