@@ -49,8 +49,10 @@ MAX_COUNT = 2**63 - 1  # steps and byte counts of a record
 #: restore, and a save decodes its base's chain too.  Storage per version in the steady
 #: state is (d x delta + full) / (d + 1): 0.34 of a full copy at depth 2, 0.17 at 8.
 #: Restore time is bounded first (1.5x is the goal; a sparse chunk at depth 2 takes
-#: ~1.7x, at 8 ~4.5x), so 2: deeper chains trade restore time for storage.
-DEFAULT_DELTA_DEPTH = 0  # opt-in until a delta save is as fast as a plain one (issue 10)
+#: ~1.7x, at 8 ~4.5x), so 2: deeper chains trade restore time for storage.  On by
+#: default (every save differential where a delta pays); 0 turns deltas off, and a store
+#: keeps the depth it was created with.
+DEFAULT_DELTA_DEPTH = 2
 
 
 def _dumps(obj: dict[str, Any]) -> bytes:

@@ -174,7 +174,7 @@ def open(
     codec policy for this handle's writes (default: the store's setting);
     ``threads`` the size of the worker pool (default :func:`default_threads`;
     a save holds at most ``2 x threads`` chunks in memory).  ``delta_depth``
-    (applies when the store is created; 0 turns deltas off) bounds the chains
+    (applies when the store is created; default 2, 0 turns deltas off) bounds the chains
     of delta chunks a save builds against the run's previous version.
     ``pack_size`` is the size at which this handle's saves seal a pack of small
     chunks (default :data:`chunkstore.packs.PACK_TARGET_BYTES`); ``node_size`` the

@@ -556,6 +556,9 @@ class VersionWriter:
             return self._store_member(view, dtype, itemsize, base, base_copy, seq)
         if digest is None:
             digest = Digest.of(view)
+        packed = self._reuse_packed(digest) if claim is None else None
+        if packed is not None:
+            return packed
         if self._reusable(CHUNK, digest, claim or self._claim):
             chain = self._reusable_chain(digest)
             if chain is not None:
@@ -600,6 +603,17 @@ class VersionWriter:
         member = (header.pack(), payload if isinstance(payload, bytes) else bytes(payload))
         slot = self._packs.add(seq, digest, member, len(view), (chain, locations))
         return digest, None, chain, slot, locations
+
+    def _reuse_packed(self, digest: Digest) -> StoredChunk | None:
+        """A chunk this index saw stored standalone inside a pack (a save in a store
+        with delta chains packs the chunks of larger tensors too), reused through its
+        pack.  The location is only a hint: the pack is claimed, fenced and checked to
+        exist as every dedup hit is (:meth:`_pack_reusable`), so a condemned, deleted
+        or unknown pack means the chunk is written."""
+        location = self._store.index.pack_location(digest)
+        if location is None or not self._pack_reusable(location.pack, self._claim):
+            return None
+        return digest, None, (), PackSlot(location), ()
 
     def _reuse_listed(self, digest: Digest) -> StoredChunk | None:
         """A chunk the parent lists inside a pack, when its pack and its chain's

@@ -33,6 +33,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 
 import chunkstore
+from chunkstore.chunkobj import HEADER
 from chunkstore.manifest import TensorEntry
 from tests.gloo_ranks import run_job
 from torch_bridge import Checkpointer, ResumableSampler, ranks
@@ -173,16 +174,18 @@ def damaged_newest(rank: int, world: int, url: str, extra: dict[str, Any]) -> di
 
 
 def _break_box(store: chunkstore.Store, selector: str, name: str, rank: int) -> None:
-    """Flip a byte in the first chunk object of ``rank``'s box (rows ROWS*rank...) of entry
-    ``name`` in the version ``selector`` names."""
+    """Flip a byte in the first chunk of ``rank``'s box (rows ROWS*rank...) of entry
+    ``name`` in the version ``selector`` names: the last byte of its object, or of its
+    member object inside a pack."""
     entry = store.open_version(selector).entry(name)
     assert isinstance(entry, TensorEntry)
     shard = next(s for s in entry.shards if s.offsets[0] == ROWS * rank)
-    assert shard.location(0) is None, "the box's chunk is packed"
-    digest = shard.chunks[0].hex
+    location = shard.location(0)
+    digest = (shard.chunks[0] if location is None else location.pack).hex
     path = Path(store.url, "chunks", digest[:2], digest)
     data = bytearray(path.read_bytes())
-    data[-1] ^= 0xFF
+    end = len(data) if location is None else HEADER.size + location.offset + location.length
+    data[end - 1] ^= 0xFF
     path.chmod(0o644)
     path.write_bytes(bytes(data))
 

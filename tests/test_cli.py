@@ -26,10 +26,21 @@ def run(*args: str) -> Result:
 @pytest.fixture
 def filled(store_path: Path) -> Path:
     """A store with three versions of run r (steps 1-3); step 3 changes one tensor."""
+    return _fill(store_path, None)
+
+
+@pytest.fixture
+def filled_objects(store_path: Path) -> Path:
+    """``filled`` without delta chains: every chunk of the larger tensors is an object
+    of its own, for the tests that count or damage chunk objects on disk."""
+    return _fill(store_path, 0)
+
+
+def _fill(store_path: Path, delta_depth: int | None) -> Path:
     rng = np.random.default_rng(1)
     base = rng.standard_normal(50_000).astype(np.float32)
     head = rng.standard_normal(20_000).astype(np.float32)
-    with chunkstore.open(store_path, chunk_size=SMALL_CHUNK) as store:
+    with chunkstore.open(store_path, chunk_size=SMALL_CHUNK, delta_depth=delta_depth) as store:
         for step in (1, 2, 3):
             if step == 3:
                 head = head + 1
@@ -94,33 +105,33 @@ def test_diff_counts_changed_chunks_without_reading_data(filled: Path) -> None:
     assert same["changed_bytes"] < 100
 
 
-def test_report_json_matches_the_store(filled: Path) -> None:
-    doc = json.loads(run("report", str(filled), "--json").output)
+def test_report_json_matches_the_store(filled_objects: Path) -> None:
+    doc = json.loads(run("report", str(filled_objects), "--json").output)
     totals = doc["totals"]
     assert totals["versions"] == 3
     assert 280_000 < totals["latest_logical_bytes"] < 280_100  # two tensors and a small dict
-    chunk_files = [p for p in (filled / "chunks").rglob("*") if p.is_file()]
+    chunk_files = [p for p in (filled_objects / "chunks").rglob("*") if p.is_file()]
     assert totals["chunks"] == len(chunk_files)
     assert totals["physical_bytes"] >= sum(p.stat().st_size for p in chunk_files)
     assert totals["amplification"] < 2  # three versions, one full copy plus the change
-    assert "amplification" in run("report", str(filled)).output
+    assert "amplification" in run("report", str(filled_objects)).output
 
 
-def test_verify_clean_then_exit_1_on_a_corrupt_chunk(filled: Path) -> None:
-    assert run("verify", str(filled)).exit_code == 0
-    with chunkstore.open(filled, create=False) as store:
+def test_verify_clean_then_exit_1_on_a_corrupt_chunk(filled_objects: Path) -> None:
+    assert run("verify", str(filled_objects)).exit_code == 0
+    with chunkstore.open(filled_objects, create=False) as store:
         entry = store.open_version("r@1").entry("model.base")
         digest = entry.shards[0].chunks[0]
-    path = filled / chunk_key(digest)
+    path = filled_objects / chunk_key(digest)
     data = bytearray(path.read_bytes())
     data[-1] ^= 0xFF
     path.write_bytes(bytes(data))
-    result = run("verify", str(filled), "--json")
+    result = run("verify", str(filled_objects), "--json")
     assert result.exit_code == 1
     doc = json.loads(result.output)
     assert not doc["ok"]
     assert {p["kind"] for p in doc["problems"]} == {"corrupt-chunk"}
-    quick = run("verify", str(filled), "--quick")
+    quick = run("verify", str(filled_objects), "--quick")
     assert quick.exit_code == 0  # --quick only checks presence
 
 
@@ -255,7 +266,8 @@ def test_a_bar_of_unknown_length_counts_up() -> None:
     assert "5" in tty.getvalue().rsplit("\r", 1)[-1]
 
 
-def test_prune_then_gc_frees_the_space_of_removed_versions(filled: Path) -> None:
+def test_prune_then_gc_frees_the_space_of_removed_versions(filled_objects: Path) -> None:
+    filled = filled_objects
     assert run("prune", str(filled)).exit_code == 2  # no policy: refuse
     dry = json.loads(run("prune", str(filled), "--keep-last", "1", "--dry-run", "--json").output)
     assert [v["step"] for v in dry["removed"]] == [1]  # 3 kept by keep_last, 2 as its predecessor

@@ -173,11 +173,13 @@ def test_head_reading_a_few_lines_of_a_long_listing(store_path: Path) -> None:
 
 
 def _stall_one_chunk(store_path: Path) -> Path:
-    """Replace one chunk object by a named pipe that nothing writes: opening it blocks,
-    so the command is certainly in the middle of its work at SIGINT."""
+    """Replace one chunk object (or the pack holding the chunk) by a named pipe that
+    nothing writes: opening it blocks, so the command is certainly in the middle of
+    its work at SIGINT."""
     with chunkstore.open(store_path, create=False) as store:
-        digest = store.open_version("r@2").entry("model.big").shards[0].chunks[0]
-    path = store_path / chunk_key(digest)
+        shard = store.open_version("r@2").entry("model.big").shards[0]
+    location = shard.location(0)  # in a store with delta chains the chunk lies in a pack
+    path = store_path / chunk_key(shard.chunks[0] if location is None else location.pack)
     path.unlink()
     os.mkfifo(path)
     return path

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 import chunkstore
+from chunkstore.digest import Digest
 from tests.conftest import SMALL_CHUNK
 
 
@@ -103,3 +104,41 @@ def test_dedup_across_codecs(tmp_path: Path) -> None:
             v.put("x", smooth)
         assert v.info.new_bytes == 0
         assert s.open_version("r@2").get("x").tobytes() == smooth.tobytes()
+
+
+def test_a_chunk_of_a_larger_tensor_dedups_against_a_packed_small_tensor(
+        tmp_path: Path) -> None:
+    """A small tensor is packed; a chunk of a larger tensor with the same bytes is
+    referenced inside that pack, not written again as an object of its own."""
+    small = np.arange(SMALL_CHUNK // 4, dtype=np.float32)
+    large = np.concatenate([small, small + 1])
+    with chunkstore.open(tmp_path / "s", chunk_size=SMALL_CHUNK, compression="none",
+                         delta_depth=0) as store:
+        with store.new_version(run="r", step=1) as v:
+            v.put("small", small)
+        with store.new_version(run="r", step=2) as v:
+            v.put("large", large)
+        assert v.info.new_bytes == SMALL_CHUNK  # only the second chunk is new
+        assert store.open_version("r@2").get("large").tobytes() == large.tobytes()
+        assert store.verify().ok
+
+
+def test_a_chunk_of_a_deleted_pack_is_written_again_not_referenced(tmp_path: Path) -> None:
+    """The index remembers where a chunk lay inside a pack after GC deleted the pack:
+    the location is a hint only, the pack is claimed and checked like every dedup
+    target, and the chunk is written again."""
+    small = np.arange(SMALL_CHUNK // 4, dtype=np.float32)
+    large = np.concatenate([small, small + 1])
+    with chunkstore.open(tmp_path / "s", chunk_size=SMALL_CHUNK, compression="none",
+                         delta_depth=0) as store:
+        with store.new_version(run="r", step=1) as v:
+            v.put("small", small)
+        store.delete("r@1")
+        assert store.gc(grace=0).chunks_deleted
+        digest = Digest.of(small.tobytes())
+        assert store.index.pack_location(digest) is not None, "the test needs a stale location"
+        with store.new_version(run="r", step=2) as v:
+            v.put("large", large)
+        assert v.info.new_bytes == 2 * SMALL_CHUNK
+        assert store.open_version("r@2").get("large").tobytes() == large.tobytes()
+        assert store.verify().ok

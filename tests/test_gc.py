@@ -303,7 +303,7 @@ print("finished", flush=True)
 """
 
 
-@pytest.mark.parametrize("fault", ["kill-before-delete:chunks/:3", "kill-after-delete:chunks/:3",
+@pytest.mark.parametrize("fault", ["kill-before-delete:chunks/:1", "kill-after-delete:chunks/:1",
                                    "kill-before-delete:nodes/:0",
                                    # the protocol's own steps: the journal entry, fenced
                                    # and done, and the cleanup of expired tombstones

@@ -359,7 +359,7 @@ def saved_by_a_child(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("fault", [
     "kill-before-put:chunks/:0", "kill-after-put:chunks/:0", "kill-before-put:chunks/:1",
-    "kill-before-put:chunks/:2", "kill-before-put:nodes/:0", "kill-before-put:versions/:0",
+    "kill-after-put:chunks/:1", "kill-before-put:nodes/:0", "kill-before-put:versions/:0",
     "kill-after-put:versions/:0", "kill-before-delete:sessions/:0",
 ])
 def test_a_packed_save_killed_anywhere_leaves_every_published_version_readable(
