@@ -281,6 +281,19 @@ class Index:
         member: a member is not an object) and its location; else nothing is
         claimed and the answer is WRITE: the writer stores the chunk in a new pack.
         """
+        digests = list(digests)
+        # A batch none of whose chunks this index has a record or a pack location for is
+        # answered from a read transaction: the write transaction below would write
+        # nothing for it and answer WRITE for each, but would wait for the index's single
+        # writer, which every worker's claims and commits contend for (a delta save claims
+        # the changed chunks of its larger tensors a few at a time).  The answer is the one
+        # the write transaction would have given at the snapshot, and a WRITE grants no
+        # dedup: the chunk is written under the save's session, which protects it whatever
+        # the index holds.
+        with self.env.begin() as txn:
+            if not any(txn.get(d.raw, db=self.chunks) is not None
+                       or txn.get(d.raw, db=self.packed) is not None for d in digests):
+                return {d: (Claim.WRITE, None) for d in digests}
         now = time.time()
         sid = session_id.encode()
         found: dict[Digest, tuple[Claim, PackLocation | None]] = {}

@@ -245,6 +245,46 @@ def test_a_pack_reused_by_many_members_is_claimed_once_per_batch(tmp_path: Path)
         store.index.close_session(session)
 
 
+def test_a_batch_the_index_never_saw_never_waits_for_the_index_writer(
+        tmp_path: Path) -> None:
+    """claim_small answers WRITE for chunks with neither a record nor a pack location
+    from a read transaction (the write transaction would write nothing for them), so
+    such a batch does not wait while another thread holds the index's single writer;
+    a batch with a chunk the index knows takes the writer and claims that chunk."""
+    rng = np.random.default_rng(2)
+    known = rng.standard_normal(100).astype(np.float32)
+    with chunkstore.open(tmp_path / "s") as store:
+        with store.new_version(run="r", step=1) as version:
+            version.put("known", known)
+        unseen = [Digest.of(rng.standard_normal(100).astype(np.float32).tobytes())
+                  for _ in range(5)]
+        session = store.index.open_session("test")
+        held, release = threading.Event(), threading.Event()
+
+        def hold_the_writer() -> None:
+            with store.index.env.begin(write=True):
+                held.set()
+                release.wait(30)
+
+        with ThreadPoolExecutor(2) as pool:
+            holder = pool.submit(hold_the_writer)
+            assert held.wait(30)
+            try:
+                answer = pool.submit(store.index.claim_small, session, unseen)
+                found = answer.result(timeout=10)
+            finally:
+                release.set()
+            holder.result()
+        assert found == {digest: (Claim.WRITE, None) for digest in unseen}
+        assert all(store.index.claimants(digest) == [] for digest in unseen)
+        mixed = store.index.claim_small(session, [*unseen, Digest.of(known.tobytes())])
+        claim, location = mixed[Digest.of(known.tobytes())]
+        assert claim == Claim.DEDUP and location is not None
+        assert store.index.claimants(location.pack) == [session]
+        assert all(mixed[digest] == (Claim.WRITE, None) for digest in unseen)
+        store.index.close_session(session)
+
+
 def _cyclic_garbage_of(action: Callable[[], object]) -> list[object]:
     """What of this project the cyclic collector would have to free after ``action``
     (run with the collector off; everything it found is restored afterwards)."""
