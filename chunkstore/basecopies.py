@@ -33,9 +33,14 @@ Memory: the handle's copies, with the spare buffers kept for the next save
 ``Store.base_copies.budget`` bytes in all (:data:`BASE_COPY_BYTES`); what does
 not fit is read back as before.  They are held until the handle is closed, or
 given up to another run's save that needs the room.
-A chunk is copied only where the last save wrote that position anew (or the
-tensor is new to the handle): positions that stay unchanged (frozen layers)
-are not copied again.
+A chunk is copied only by a save that continues the handle's own run (the
+handle saved the version it builds on), and only where the last save wrote
+that position anew (or the tensor is new to the run): positions that stay
+unchanged (frozen layers) are not copied again.  A handle's first save of a
+run (a new run, a resumed one, a one-shot process) copies nothing: most such
+saves have no next save on the handle, and a first full save of a large
+state would pay a copy of every byte for it.  The run's second save then
+reads its bases back once, as a save without copies does.
 """
 
 from __future__ import annotations
@@ -94,14 +99,16 @@ class BaseCopies:
         with self.lock:
             held = self._runs.pop(run, None)
             previous: dict[Place, Left] = {}
+            continuing = False
             if held is not None:
                 self._pooled -= sum(map(len, held.buffers()))
                 if held.version_id == parent_id:
-                    previous = held.left
+                    previous, continuing = held.left, True
                 else:  # the run was saved since (elsewhere) or its version removed
                     self._to_spare(held.buffers())
             save = SaveCopies(self, previous,
-                              sum(len(c) for _, c, _ in previous.values() if c is not None))
+                              sum(len(c) for _, c, _ in previous.values() if c is not None),
+                              continuing=continuing)
             self._saves.add(save)
         return save
 
@@ -175,16 +182,21 @@ class SaveCopies:
     """One save's view: the previous save's copies to take bases from, the copies
     this save leaves for the next."""
 
-    def __init__(self, pool: BaseCopies, previous: dict[Place, Left], held: int) -> None:
+    def __init__(self, pool: BaseCopies, previous: dict[Place, Left], held: int, *,
+                 continuing: bool = False) -> None:
         self._pool = pool
         self._previous = previous
+        #: whether the handle saved the version this save builds on (else: no copies)
+        self._continuing = continuing
         self._next: dict[Place, Left] = {}
         #: bytes of the buffers this save holds (counted by the pool, under its lock)
         self.held = held
 
     def copy_first(self, place: Place) -> bool:
-        """Whether to copy the chunk at ``place`` before hashing it: the last save
-        wrote this place anew, or this handle has not saved it."""
+        """Whether to copy the chunk at ``place`` before hashing it: the save continues
+        the handle's run, and its last save wrote this place anew or did not save it."""
+        if not self._continuing:
+            return False
         with self._pool.lock:
             left = self._previous.get(place)
         return left is None or left[2]

@@ -54,8 +54,10 @@ def chains(store: chunkstore.Store, version_id: str) -> list[tuple[Digest, ...]]
 @pytest.mark.parametrize("budget", [None, 0])
 def test_a_handles_next_delta_save_reads_no_base_back(tmp_path: Path,
                                                       budget: int | None) -> None:
-    """With copies (the default) a loop's delta saves read no chunk object; with them
-    off (budget 0) each delta's base is read back, and both store the same deltas."""
+    """With copies (the default) a loop's delta saves read no chunk object once the
+    handle continues its own run (its first save copies nothing, so its second reads
+    its bases back once); with them off (budget 0) each delta's base is read back, and
+    both store the same deltas."""
     store = open_store(tmp_path / "s")
     if budget is not None:
         store.base_copies.budget = budget
@@ -63,15 +65,18 @@ def test_a_handles_next_delta_save_reads_no_base_back(tmp_path: Path,
     store.backend = counting
     states = tables()
     kept = {}
+    later: list[str] = []  # the reads of saves 2 and 3
     for step in range(4):
+        if step == 2:
+            later, counting.chunk_reads = counting.chunk_reads, later
         table = next(states)
         kept[save(store, step, table)] = table
     deltas = sum(1 for version_id in kept for chain in chains(store, version_id) if chain)
     assert deltas >= 3 * 3  # saves 1-3: (nearly) every chunk a delta
     if budget is None:
-        assert counting.chunk_reads == []
+        assert counting.chunk_reads == [] and later, (counting.chunk_reads, later)
     else:
-        assert len(counting.chunk_reads) >= deltas
+        assert len(counting.chunk_reads) + len(later) >= deltas
     for version_id, table in kept.items():
         np.testing.assert_array_equal(store.open_version(version_id).get("emb"), table)
     assert store.verify().ok
@@ -142,12 +147,14 @@ def test_an_aborted_save_leaves_the_next_one_exact(tmp_path: Path) -> None:
 
 
 def test_a_copy_stands_in_for_its_base_only_not_for_what_is_stored(tmp_path: Path) -> None:
-    """A base object damaged after its save is not read by the next save of the handle
-    (the copy stands in, as a deduplicated chunk is trusted), and verify reports both
-    the damaged version and the one whose delta needs it."""
+    """A base object damaged after its save is not read by the handle's next save of the
+    run (the copy stands in, as a deduplicated chunk is trusted), and verify reports
+    both the damaged version and the one whose delta needs it.  (The run's first save
+    on the handle copies nothing: the copies are made by its second.)"""
     with open_store(tmp_path / "s") as store:
         states = tables()
-        first = save(store, 0, next(states))
+        save(store, 0, next(states))
+        first = save(store, 1, next(states))
         listed = store.open_version(first).entry("emb").shards[0]  # type: ignore[union-attr]
         location = listed.location(0)  # the base is packed (chunk format 5) or an object
         path = Path(store.url) / chunk_key(listed.chunks[0] if location is None
@@ -156,7 +163,7 @@ def test_a_copy_stands_in_for_its_base_only_not_for_what_is_stored(tmp_path: Pat
         last = -1 if location is None else HEADER.size + location.offset + location.length - 1
         data[last] ^= 0xFF  # the last payload byte of the base's object
         path.write_bytes(bytes(data))
-        second = save(store, 1, next(states))
+        second = save(store, 2, next(states))
         assert chains(store, second)[0]  # a delta on the damaged base, as dedup would
         result = store.verify()
         damaged = {problem.version for problem in result.problems}
@@ -206,16 +213,18 @@ def test_a_run_saved_long_ago_gives_its_copies_up_to_the_run_saving_now(
         tmp_path: Path) -> None:
     """With room for one run's copies (and the copies a save makes while it holds its
     parent's), a second run's delta saves take them over (the first run's next save
-    reads its bases back) and read no base themselves."""
+    reads its bases back) and, from its third save on (its first copies nothing, its
+    second reads its bases back), read no base themselves."""
     store = open_store(tmp_path / "s")
     store.base_copies.budget = 2 * ROWS * DIM * 4
     counting = CountingBackend(store)
     store.backend = counting
     first, second = tables(1), tables(2)
-    for step in range(2):
-        save(store, step, next(first), run="a")
-    counting.chunk_reads.clear()
     for step in range(3):
+        save(store, step, next(first), run="a")
+    for step in range(4):
+        if step == 2:
+            counting.chunk_reads.clear()
         save(store, step, next(second), run="b")
     assert counting.chunk_reads == []
     assert list(store.base_copies._runs) == ["b"]
@@ -247,3 +256,26 @@ def test_an_array_changed_during_its_save_does_not_reach_the_next_save(
         store.base_cache.clear()
         np.testing.assert_array_equal(store.open_version(version_id).get("emb"), last)
         assert store.verify().ok
+
+
+def test_a_save_on_a_version_the_handle_did_not_save_copies_nothing(tmp_path: Path) -> None:
+    """A handle's first save of a run (a new run, a resumed one on a fresh handle, a
+    one-shot process) copies no chunk; only a save continuing the handle's own run does,
+    and every version reads back exact either way."""
+    states = tables()
+    kept = {}
+    with open_store(tmp_path / "s") as store:
+        table = next(states)
+        kept[save(store, 0, table)] = table
+        assert store.base_copies.held() == 0
+        table = next(states)
+        kept[save(store, 1, table)] = table
+        assert store.base_copies.held() > 0  # continuing its own run: copies kept
+    with open_store(tmp_path / "s") as resumed:  # another process resuming the run
+        table = next(states)
+        kept[save(resumed, 2, table)] = table
+        assert resumed.base_copies.held() == 0
+        assert all(chains(resumed, list(kept)[-1]))  # deltas all the same, bases read back
+        for version_id, expected in kept.items():
+            np.testing.assert_array_equal(resumed.open_version(version_id).get("emb"), expected)
+        assert resumed.verify().ok
