@@ -71,6 +71,18 @@ DELTA_POLICIES = ("auto",)
 #: for this many saves of the same handle (its base would be read and decoded for
 #: nothing: a dense update rarely changes character from one save to the next).
 SKIP_SAVES = 4
+#: A position whose delta paid is judged by the next this many saves against the
+#: standalone encoding's bytes per raw byte measured then, encoding only the delta: a
+#: dense update's planes compress alike from one save to the next, and judging anew
+#: encoded every chunk up to 256 KiB both ways (a probe of each way above that).  A
+#: delta that misses the measured ratio is judged anew, both ways, before it is dropped.
+RATIO_USES = 4
+
+#: What the last saves learnt, by tensor and position: saves left to skip a delta that
+#: did not pay (a positive count) or that the last delta paid (``Skips.PAID``); and for
+#: positions whose delta paid, the standalone bytes per raw byte measured then and the
+#: judgements it may still serve.
+Learnt = tuple[dict[str, dict[int, int]], dict[str, dict[int, tuple[float, int]]]]
 
 
 @dataclass(frozen=True)
@@ -100,13 +112,15 @@ Listing = tuple[PackLocation | None, tuple[Digest, ...], Locations]
 
 class Skips:
     """What the last saves learnt per chunk position, by tensor: saves left to skip a
-    delta that did not pay (a positive count), or that the last delta paid (``PAID``)."""
+    delta that did not pay (a positive count), or that the last delta paid (``PAID``),
+    with the ratio it was judged against (:data:`Learnt`)."""
 
     PAID = -1
 
-    def __init__(self, previous: dict[str, dict[int, int]] | None = None) -> None:
-        self._previous = previous or {}
+    def __init__(self, previous: Learnt | None = None) -> None:
+        self._previous, self._ratios = previous or ({}, {})
         self._next: dict[str, dict[int, int]] = {}
+        self._next_ratios: dict[str, dict[int, tuple[float, int]]] = {}
         self._lock = threading.Lock()
 
     def skip(self, name: str, position: int) -> bool:
@@ -127,17 +141,44 @@ class Skips:
         """Whether the last save's delta at this position paid (so a probe is skipped)."""
         return self._previous.get(slot.name, {}).get(slot.position) == self.PAID
 
+    def known_ratio(self, slot: BaseSlot) -> float | None:
+        """The standalone bytes per raw byte a paying delta at this position was last
+        judged against, while it may still serve (:data:`RATIO_USES`)."""
+        if not self.paid_last(slot):
+            return None
+        known = self._ratios.get(slot.name, {}).get(slot.position)
+        return None if known is None else known[0]
+
+    def carry(self, name: str, position: int) -> None:
+        """Pass what this position learnt on to the next save unchanged: this save
+        stores it standalone because its chain is full, and judges nothing there."""
+        with self._lock:
+            if position in self._previous.get(name, {}):
+                self._next.setdefault(name, {})[position] = self._previous[name][position]
+            if position in self._ratios.get(name, {}):
+                self._next_ratios.setdefault(name, {})[position] = self._ratios[name][position]
+
     def did_not_pay(self, slot: BaseSlot) -> None:
         with self._lock:
             self._next.setdefault(slot.name, {})[slot.position] = SKIP_SAVES
 
-    def paid(self, slot: BaseSlot) -> None:
+    def paid(self, slot: BaseSlot, measured: float | None) -> None:
+        """The delta paid, judged against the ratio ``measured`` now, or (None) against
+        the one learnt before, which then has one judgement fewer left."""
         with self._lock:
             self._next.setdefault(slot.name, {})[slot.position] = self.PAID
+            if measured is not None:
+                ratio, uses = measured, RATIO_USES
+            else:
+                ratio, uses = self._ratios.get(slot.name, {}).get(slot.position, (0.0, 1))
+                uses -= 1
+            if uses > 0:
+                self._next_ratios.setdefault(slot.name, {})[slot.position] = (ratio, uses)
 
-    def carried(self) -> dict[str, dict[int, int]]:
+    def carried(self) -> Learnt:
         with self._lock:
-            return {name: dict(left) for name, left in self._next.items()}
+            return ({name: dict(left) for name, left in self._next.items()},
+                    {name: dict(known) for name, known in self._next_ratios.items()})
 
 
 class ParentChunks:
@@ -200,9 +241,17 @@ class ParentChunks:
                 or entry.shards[0].sizes != shape):
             return []
         shard = entry.shards[0]
-        return [BaseSlot(d, shard.chain(i), name, i, shard.location(i), shard.chain_locations(i))
-                if len(shard.chain(i)) < self.depth and not self.skips.skip(name, i) else None
-                for i, d in enumerate(shard.chunks)]
+        slots: list[BaseSlot | None] = []
+        for i, digest in enumerate(shard.chunks):
+            if len(shard.chain(i)) >= self.depth:
+                self.skips.carry(name, i)  # standalone: the chain is full
+                slots.append(None)
+            elif self.skips.skip(name, i):
+                slots.append(None)
+            else:
+                slots.append(BaseSlot(digest, shard.chain(i), name, i, shard.location(i),
+                                      shard.chain_locations(i)))
+        return slots
 
 
 Standalone = tuple[Codec, bytes | memoryview]
@@ -237,27 +286,40 @@ def delta_may_pay(policy: str, raw: memoryview, base_prefix: bytes, dtype: str,
     return _probe_pays(policy, raw, base_prefix, dtype, itemsize) is not None
 
 
-def encode_delta(policy: str, raw: memoryview, base: bytes | memoryview, dtype: str,
-                 itemsize: int) -> tuple[Standalone | None, Standalone | None]:
-    """The delta codec and payload of ``raw`` against ``base`` when it pays (else
-    None), and the standalone encoding when judging needed all of it (so it is not
-    made twice).
+#: What judging a delta gives: the delta's codec and payload when it pays (else None),
+#: the standalone encoding when judging made it whole (so it is not made twice), and the
+#: standalone bytes per raw byte measured (None: judged against a ratio learnt before).
+Judged = tuple[Standalone | None, Standalone | None, float | None]
 
-    A chunk over 256 KiB is judged on a 64 KiB probe first, both ways, so a delta
-    that does not pay costs two small encodes, not a full one.
+
+def encode_delta(policy: str, raw: memoryview, base: bytes | memoryview, dtype: str,
+                 itemsize: int, known_ratio: float | None = None) -> Judged:
+    """Encode ``raw`` against ``base`` and judge whether the delta pays.
+
+    With ``known_ratio`` (the position's last delta paid: :meth:`Skips.known_ratio`)
+    only the delta is encoded and judged against that ratio; a delta that misses it
+    is judged anew.  Else a chunk over 256 KiB is judged on a 64 KiB probe first,
+    both ways, so a delta that does not pay costs two small encodes, not a full one,
+    and a smaller chunk is encoded both ways.
     """
     if len(base) != len(raw) or not raw:
-        return None, None
+        return None, None, None
     codec = delta_codec(itemsize)
-    if not probe_length(len(raw), itemsize):
-        standalone = encode_with_policy(policy, raw, dtype, itemsize)
+    payload = None
+    if known_ratio is not None:
         payload = codec.encode(codec.image_of(raw, base, itemsize), itemsize)
+        if len(payload) < MARGIN * known_ratio * len(raw):
+            return (codec, payload), None, None
+    if payload is not None or not probe_length(len(raw), itemsize):
+        standalone = encode_with_policy(policy, raw, dtype, itemsize)
+        if payload is None:
+            payload = codec.encode(codec.image_of(raw, base, itemsize), itemsize)
         pays = len(payload) < MARGIN * len(standalone[1])
-        return ((codec, payload) if pays else None), standalone
+        return ((codec, payload) if pays else None), standalone, len(standalone[1]) / len(raw)
     ratio = _probe_pays(policy, raw, base, dtype, itemsize)
     if ratio is None:
-        return None, None
+        return None, None, None
     payload = codec.encode(codec.image_of(raw, base, itemsize), itemsize)
     if len(payload) >= MARGIN * ratio * len(raw):
-        return None, None
-    return (codec, payload), None
+        return None, None, None
+    return (codec, payload), None, ratio

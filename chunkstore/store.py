@@ -25,7 +25,7 @@ from chunkstore.backends.wrappers import wrap_from_env
 from chunkstore.basecopies import BASE_COPY_BYTES, BaseCopies
 from chunkstore.chain import BaseCache
 from chunkstore.codecs.policy import check_policy
-from chunkstore.delta import Listing
+from chunkstore.delta import Learnt, Listing
 from chunkstore.digest import (
     CONFIG_KEY,
     TAG_PREFIX,
@@ -233,11 +233,10 @@ def _load_or_create_config(url: str, backend: Backend, create: bool, chunk_size:
 
 
 #: A run's last saved version on this handle: its id, tensor entries, chunk chains and
-#: the chunk positions whose delta did not pay lately (chunkstore.delta.Skips).
+#: what the chunk positions learnt of their deltas lately (chunkstore.delta.Skips).
 #: What :attr:`Store.pack_delta_chunks` is for a new handle.
 PACK_DELTA_CHUNKS = True
-ParentCacheEntry = tuple[str, dict[str, TensorEntry], dict[Digest, Listing],
-                         dict[str, dict[int, int]]]
+ParentCacheEntry = tuple[str, dict[str, TensorEntry], dict[Digest, Listing], Learnt]
 
 
 class Store:

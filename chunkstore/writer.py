@@ -59,8 +59,8 @@ from chunkstore.codecs.policy import encode_with_policy
 from chunkstore.delta import (
     MIN_DELTA_TENSOR_BYTES,
     BaseSlot,
+    Judged,
     ParentChunks,
-    Standalone,
     delta_may_pay,
     encode_delta,
     probe_length,
@@ -655,10 +655,11 @@ class VersionWriter:
         return chain, locations
 
     def _delta_payload(self, view: memoryview, dtype: str, itemsize: int, base: BaseSlot,
-                       base_copy: bytearray | None) -> tuple[Standalone | None, Standalone | None]:
+                       base_copy: bytearray | None) -> Judged:
         policy = self._store.compression
+        known = self._parent.skips.known_ratio(base)
         if base_copy is not None:
-            return encode_delta(policy, view, memoryview(base_copy), dtype, itemsize)
+            return encode_delta(policy, view, memoryview(base_copy), dtype, itemsize, known)
         probe = probe_length(len(view), itemsize)
         # On a local disk the base's first bytes are read to judge first; on an object
         # store that would fetch the chain twice when the delta pays.
@@ -668,14 +669,14 @@ class VersionWriter:
             prefix = base_prefix(self._store, base.digest, base.chain, probe, len(view),
                                  base.refs()[1])
             if prefix is not None and not delta_may_pay(policy, view, prefix, dtype, itemsize):
-                return None, None
+                return None, None, None
         try:
             base_raw = base_bytes(self._store, base.digest, base.chain, len(view),
                                   location=base.location, locations=base.locations)
         except ChunkStoreError as exc:  # a damaged base: write standalone, verify reports it
             log.warning("chunk %s cannot serve as a delta base: %s", base.digest.short(), exc)
-            return None, None
-        return encode_delta(policy, view, base_raw, dtype, itemsize)
+            return None, None, None
+        return encode_delta(policy, view, base_raw, dtype, itemsize, known)
 
     def _encode(self, view: memoryview, dtype: str, itemsize: int, base: BaseSlot | None,
                 base_copy: bytearray | None = None
@@ -684,11 +685,12 @@ class VersionWriter:
         bases lie): a delta against ``base`` when that pays."""
         standalone = None
         if base is not None:
-            delta, standalone = self._delta_payload(view, dtype, itemsize, base, base_copy)
+            delta, standalone, measured = self._delta_payload(view, dtype, itemsize, base,
+                                                              base_copy)
             if delta is None:
                 self._parent.skips.did_not_pay(base)
             else:
-                self._parent.skips.paid(base)
+                self._parent.skips.paid(base, measured)
                 codec, payload = delta
                 header = ChunkHeader(codec.id, itemsize, len(view), len(payload), base.digest)
                 return (header, payload, *base.refs())

@@ -510,3 +510,38 @@ def test_a_delta_codec_without_the_base_flag_is_refused() -> None:
                 + (16).to_bytes(8, "little"))
         with pytest.raises(CorruptChunkError, match="BASE flag"):
             parse_header(Digest.of(raw), head + raw)
+
+
+def test_a_position_whose_delta_paid_is_judged_against_the_ratio_measured_then(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A delta that paid is judged by the next RATIO_USES saves against the standalone
+    bytes per byte measured then, encoding only the delta; a save that stores the
+    position standalone because its chain is full passes that on; then it is judged
+    anew, both ways.  Every version reads back exact."""
+    from chunkstore import delta
+    from chunkstore.delta import RATIO_USES
+
+    assert RATIO_USES == 4  # the expected counts below follow it
+    judged: list[int] = []
+    real = delta.encode_with_policy
+
+    def counting(*args: object) -> object:
+        judged[-1] += 1
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(delta, "encode_with_policy", counting)
+    table = np.random.default_rng(5).standard_normal((ROWS, DIM)).astype(np.float32)
+    chunks = table.nbytes // CHUNK
+    kept = {}
+    with chunkstore.open(tmp_path / "s", chunk_size=CHUNK, delta_depth=2) as store:
+        for step in range(9):
+            table.reshape(-1)[step :: CHUNK // 4] += np.float32(0.25)  # every chunk changes
+            judged.append(0)
+            kept[save(store, step, table.copy())] = table.copy()
+        depths = [len(shard(store, v).chain(0)) for v in kept]
+        for version_id, expected in kept.items():
+            np.testing.assert_array_equal(store.open_version(version_id).get("emb"), expected)
+        assert store.verify().ok
+    assert depths == [0, 1, 2, 0, 1, 2, 0, 1, 2]
+    # measured at 1; its ratio serves 2, 4, 5 and 7 (3 and 6 are full chains: carried)
+    assert judged == [0, chunks, 0, 0, 0, 0, 0, 0, chunks]
