@@ -14,7 +14,10 @@ prints one JSON line):
   blocks (so saves deduplicate against each other and against removed
   versions), keeping the newest two; prints the ids that reported success;
 - ``gc-loop SECONDS``: open the store afresh and ``gc(grace=0)`` in a loop, as
-  a cron job would.
+  a cron job would;
+- ``rebuild-loop STOP REFUSED``: open the store afresh and rebuild its index in a
+  loop until the file STOP exists, touching the file REFUSED when a rebuild is
+  refused; prints each rebuild's outcome.
 """
 
 from __future__ import annotations
@@ -101,7 +104,27 @@ def gc_loop(url: str, index_dir: str, seconds: float) -> dict[str, int]:
     return {"runs": runs, "deleted": deleted}
 
 
+def rebuild(store: chunkstore.Store) -> dict[str, Any]:
+    try:
+        return store.rebuild_index().to_json()
+    except SavesInProgressError as exc:
+        return {"refused": str(exc)}
+
+
+def rebuild_loop(url: str, index_dir: str, stop: str, refused: str) -> list[dict[str, Any]]:
+    outcomes = []
+    while not os.path.exists(stop):
+        with open_store(url, index_dir) as store:
+            outcomes.append(rebuild(store))
+        if "refused" in outcomes[-1]:
+            with open(refused, "a"):
+                pass
+    return outcomes
+
+
 def run_op(url: str, index_dir: str, op: str, args: list[str]) -> object:  # noqa: PLR0911
+    if op == "rebuild-loop":
+        return rebuild_loop(url, index_dir, args[0], args[1])
     if op == "save-loop":
         return save_loop(url, index_dir, args[0], float(args[1]),
                          args[2] if len(args) > 2 else None)
@@ -117,10 +140,7 @@ def run_op(url: str, index_dir: str, op: str, args: list[str]) -> object:  # noq
             return store.gc(grace=float(args[0]), clock=lambda: time.time() + offset,
                             session_wait=30).to_json()
         if op == "rebuild":
-            try:
-                return store.rebuild_index().to_json()
-            except SavesInProgressError as exc:
-                return {"refused": str(exc)}
+            return rebuild(store)
         if op == "verify":
             result = store.verify()
             return {"ok": result.ok, "problems": [str(p) for p in result.problems]}

@@ -235,17 +235,21 @@ def test_index_rebuild_refuses_during_saves_and_no_save_fails_because_of_it(
     """Rebuilds from another process while one saves in a loop: a rebuild either refuses
     (a save is in progress, seen in the store) or runs between saves; no save fails."""
     refused = tmp_path / "refused"  # the writer goes on until a rebuild was refused
+    stop = tmp_path / "stop"  # the rebuilds go on until the writer has ended
     writer = cluster.popen("a", "save-loop", "w", 3, refused)
+    # Rebuild as often as we can while it saves: one rebuild after another, each opening
+    # the store afresh, in a process of their own.
+    rebuilder = cluster.popen("a", "rebuild-loop", stop, refused)
     finished: list[tuple[str, str]] = []  # read its output as it comes: a full pipe blocks it
-    reader = threading.Thread(target=lambda: finished.append(writer.communicate(timeout=300)))
+    reader = threading.Thread(target=lambda: finished.append(rebuilder.communicate(timeout=300)))
     reader.start()
-    outcomes: list[dict[str, Any]] = []
-    while reader.is_alive():  # rebuild as often as we can while it saves
-        outcomes.append(cluster.run("a", "rebuild"))
-        if "refused" in outcomes[-1]:
-            refused.touch()
-    reader.join()
-    out, err = finished[0]
+    try:
+        out, err = writer.communicate(timeout=300)
+    finally:
+        stop.touch()
+        reader.join()
+    assert rebuilder.returncode == 0, finished[0][1]
+    outcomes: list[dict[str, Any]] = json.loads(finished[0][0].splitlines()[-1])
     assert writer.returncode == 0, err  # no save raised
     published = json.loads(out.splitlines()[-1])
     assert len(published) >= 3
