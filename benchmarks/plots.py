@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 MB = 1e6
 STYLE = {"torch.save": ("tab:red", "o"), "safetensors": ("tab:orange", "s"),
          "dcp": ("tab:purple", "^"), "chunkstore-none": ("tab:blue", "D"),
-         "chunkstore-auto": ("tab:green", "v")}
+         "chunkstore-auto-d0": ("tab:olive", "P"), "chunkstore-auto": ("tab:green", "v")}
 
 
 def _style(system: str) -> tuple[str, str]:

@@ -9,9 +9,11 @@ files and directory, as chunkstore and DCP's FileSystemWriter do.
   version; the pause is ``async_save``'s.
 - ``chunkstore-<compression>[-d<depth>]``: one store; sync saves through
   ``torch_bridge.save``, the pause through ``Checkpointer(async_save=True)``.
-  ``chunkstore-auto`` is the default store (no XOR-deltas while they are
-  opt-in: ``delta_depth`` 0); ``chunkstore-auto-d2`` is the same policy with
-  XOR-deltas against the previous version, chains of at most 2.
+  ``chunkstore-auto`` is the default store: policy ``auto`` with delta chains
+  of at most 2 (``delta_depth`` 2: a changed chunk stored as its difference
+  from the previous version's where that pays); ``chunkstore-auto-d0`` is the
+  same policy without delta chains (``delta_depth`` 0), the default store of
+  earlier releases; ``chunkstore-none`` stores raw chunks, never deltas.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ from benchmarks.trace import TraceVersion, flatten
 
 # DCP without a process group says once per call that it assumes one process.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-SYSTEMS = ("torch.save", "safetensors", "dcp", "chunkstore-none", "chunkstore-auto",
-           "chunkstore-auto-d2")
+SYSTEMS = ("torch.save", "safetensors", "dcp", "chunkstore-none", "chunkstore-auto-d0",
+           "chunkstore-auto")
 
 
 def _fsync_path(path: Path) -> None:

@@ -198,7 +198,7 @@ def test_the_delta_saves_benchmark_compares_three_ways(
     assert result["d2"]["stored_bytes"] < result["auto"]["stored_bytes"]
 
 
-@pytest.mark.parametrize("config", ["auto", "auto-d2"])
+@pytest.mark.parametrize("config", ["auto", "auto-d0"])
 def test_chunkstore_physical_bytes_are_what_stats_counts(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: str) -> None:
     """The suite reads a store's bytes off its directory; they are store.stats()'s
