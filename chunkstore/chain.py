@@ -58,6 +58,9 @@ if TYPE_CHECKING:
 #: Where each base of a chain lies inside a pack (None: an object of its own), in chain
 #: order; empty when every base is an object of its own.
 Locations = tuple[PackLocation | None, ...]
+#: Member objects of packed bases a reader read ahead, by listed location
+#: (:func:`chunkstore.packs.prefetch_bases`).
+Prefetched = dict[PackLocation, memoryview]
 
 
 class BaseCache:
@@ -100,14 +103,14 @@ def missing_chunk(store: Store, digest: Digest) -> MissingChunkError:
     return MissingChunkError(digest.hex)
 
 
-def _get(store: Store, digest: Digest, location: PackLocation | None, raw_length: int
-         ) -> bytes | memoryview:
+def _get(store: Store, digest: Digest, location: PackLocation | None, raw_length: int,
+         prefetched: Prefetched | None = None) -> bytes | memoryview:
     """The object of ``digest`` (of ``raw_length`` raw bytes): stored under its key, or
     the member object at ``location`` inside a pack (bounded by that length before it
-    is read)."""
+    is read; from ``prefetched`` where it was read ahead)."""
     if location is not None:
         from chunkstore.packs import member_object  # packs reads chains of members
-        return member_object(store, digest, location, raw_length)
+        return member_object(store, digest, location, raw_length, prefetched)
     try:
         return store.backend.get(chunk_key(digest))
     except FileNotFoundError:
@@ -133,10 +136,12 @@ def _check_base(digest: Digest, header: ChunkHeader, chain: tuple[Digest, ...]) 
 def decode_chain(store: Store, digest: Digest, data: bytes | memoryview,
                  chain: tuple[Digest, ...], out: memoryview | None = None,
                  cache: BaseCache | None = None, *, check_links: bool = False,
-                 locations: Locations = ()) -> bytes | memoryview:
+                 locations: Locations = (), prefetched: Prefetched | None = None
+                 ) -> bytes | memoryview:
     """Decode the object ``data`` of ``digest``, following its listed ``chain``
-    (whose bases lie where ``locations`` says); decoded bases come from and go to
-    ``cache`` (default: the store's).
+    (whose bases lie where ``locations`` says, their member objects in ``prefetched``
+    where a reader read them ahead); decoded bases come from and go to ``cache``
+    (default: the store's).
 
     The result is always hash-checked.  With ``check_links`` every base on the
     way is hash-checked too, so a damaged base is named as such (verify);
@@ -155,10 +160,10 @@ def decode_chain(store: Store, digest: Digest, data: bytes | memoryview,
     if check_links:
         base = base_bytes(store, chain[0], chain[1:], header.raw_length, cache,
                           check_links=True, location=_at(locations, 0),
-                          locations=locations[1:])
+                          locations=locations[1:], prefetched=prefetched)
         return decode_object(digest, data, out, base)
     links, root, root_raw = _chain_objects(store, digest, header, memoryview(data), chain, cache,
-                                           locations)
+                                           locations, prefetched)
     if all(link[1].codec_id == codecs.XOR_DELTA.id
            and link[1].element_size == header.element_size for link in links):
         return _decode_planes(digest, links, root, root_raw, out)
@@ -169,7 +174,8 @@ Link = tuple[Digest, ChunkHeader, memoryview]
 
 
 def _chain_objects(store: Store, digest: Digest, header: ChunkHeader, view: memoryview,
-                   chain: tuple[Digest, ...], cache: BaseCache | None, locations: Locations
+                   chain: tuple[Digest, ...], cache: BaseCache | None, locations: Locations,
+                   prefetched: Prefetched | None = None
                    ) -> tuple[list[Link], Link | None, bytes | memoryview | None]:
     """The delta objects from the chunk down its chain (nearest first), then either
     the standalone object that ends it or the bytes of a base found in the cache."""
@@ -191,7 +197,7 @@ def _chain_objects(store: Store, digest: Digest, header: ChunkHeader, view: memo
             return links, None, cached
         at = _at(locations, len(links) - 1)
         current, rest = rest[0], rest[1:]
-        view = memoryview(_get(store, current, at, links[0][1].raw_length))
+        view = memoryview(_get(store, current, at, links[0][1].raw_length, prefetched))
         header = parse_header(current, view)
 
 
@@ -263,15 +269,16 @@ def _planes_of(digest: Digest, payload: memoryview, planes: np.ndarray, *, xor: 
 
 def base_bytes(store: Store, digest: Digest, chain: tuple[Digest, ...], raw_length: int,
                cache: BaseCache | None = None, *, check_links: bool = False,
-               location: PackLocation | None = None, locations: Locations = ()
-               ) -> bytes | memoryview:
+               location: PackLocation | None = None, locations: Locations = (),
+               prefetched: Prefetched | None = None) -> bytes | memoryview:
     """The verified raw bytes of ``digest`` (a base of ``raw_length`` bytes, inside a
     pack at ``location`` or an object of its own), from the cache or decoded."""
     cache = store.base_cache if cache is None else cache
     raw = cache.get(digest)
     if raw is None:
-        raw = decode_chain(store, digest, _get(store, digest, location, raw_length), chain,
-                           None, cache, check_links=check_links, locations=locations)
+        raw = decode_chain(store, digest, _get(store, digest, location, raw_length, prefetched),
+                           chain, None, cache, check_links=check_links, locations=locations,
+                           prefetched=prefetched)
         if len(raw) != raw_length:
             raise CorruptChunkError(digest.hex, f"a delta base of {len(raw)} bytes, not"
                                     f" {raw_length}")

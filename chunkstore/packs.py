@@ -53,7 +53,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from chunkstore import codecs
-from chunkstore.chain import BaseCache, Locations, decode_chain, missing_chunk
+from chunkstore.chain import BaseCache, Locations, Prefetched, decode_chain, missing_chunk
 from chunkstore.chunkobj import (
     DELTA_MEMBERS_SINCE,
     HEADER,
@@ -234,13 +234,17 @@ def read_member_into(store: Store, digest: Digest, location: PackLocation, out: 
                       check_links=check_pack)
 
 
-def member_object(store: Store, digest: Digest, location: PackLocation, raw_length: int
-                  ) -> memoryview:
+def member_object(store: Store, digest: Digest, location: PackLocation, raw_length: int,
+                  prefetched: Prefetched | None = None) -> memoryview:
     """The member object of packed chunk ``digest`` at ``location`` (a base to decode,
-    of ``raw_length`` raw bytes): bounded by that length before it is read, read by
-    range, following moved records, its header and length checked."""
+    of ``raw_length`` raw bytes): bounded by that length before it is read, taken from
+    ``prefetched`` (:func:`prefetch_bases`) or read by range, following moved records,
+    its header and length checked."""
     for hops in range(MAX_HOPS + 1):
         _check_listed_length(digest, location, raw_length)
+        found = None if prefetched is None else prefetched.get(location)
+        if found is not None:
+            return _checked_member(digest, location, found)
         try:
             data = memoryview(store.backend.get_range(chunk_key(location.pack),
                                                       HEADER.size + location.offset,
@@ -249,15 +253,51 @@ def member_object(store: Store, digest: Digest, location: PackLocation, raw_leng
             ((_, location, _, _),) = _forward(store, [(digest, location, memoryview(b""),
                                                        NO_CHAIN)], hops)
             continue
-        if len(data) != location.length:
-            raise CorruptChunkError(digest.hex, f"pack {location.pack.short()} ends before the"
-                                    f" member's {location.length} bytes at {location.offset}")
-        header = _member_header(digest, data)
-        if header.size + header.payload_length != len(data):
-            raise CorruptChunkError(digest.hex, f"member object is {len(data)} bytes, its"
-                                    f" header says {header.size + header.payload_length}")
-        return data
+        return _checked_member(digest, location, data)
     raise AssertionError("unreachable: _forward refuses the hop after the last")
+
+
+def _checked_member(digest: Digest, location: PackLocation, data: memoryview) -> memoryview:
+    """The member object read at ``location``, its length and header checked."""
+    if len(data) != location.length:
+        raise CorruptChunkError(digest.hex, f"pack {location.pack.short()} ends before the"
+                                f" member's {location.length} bytes at {location.offset}")
+    header = _member_header(digest, data)
+    if header.size + header.payload_length != len(data):
+        raise CorruptChunkError(digest.hex, f"member object is {len(data)} bytes, its"
+                                f" header says {header.size + header.payload_length}")
+    return data
+
+
+def prefetch_bases(store: Store, members: list[MemberRead], cache: BaseCache | None
+                   ) -> Prefetched:
+    """The member objects of the packed bases that ``members``' listed chains need (and
+    that ``cache`` does not hold decoded), fetched with one ranged read per run of
+    neighbours, as the members themselves are: a chain of depth d then costs a few
+    reads per run of chunks, not d per chunk (on an object store, d requests).  Each
+    is bounded by its chunk's raw length before anything is read; a pack that is gone
+    is left out, so its bases are read one by one where its moved record says, and
+    every object taken from here is checked when it is used (:func:`member_object`)."""
+    cache = store.base_cache if cache is None else cache
+    wanted: dict[PackLocation, MemberRead] = {}
+    for _, _, out, (bases, locations) in members:
+        for base, at in zip(bases, locations, strict=False):
+            if at is not None and at not in wanted and cache.get(base) is None:
+                _check_listed_length(base, at, len(out))
+                wanted[at] = (base, at, out, NO_CHAIN)
+    found: Prefetched = {}
+    for run in read_runs(list(wanted.values())):
+        start = run[0][1].offset
+        end = max(location.offset + location.length for _, location, _, _ in run)
+        try:
+            data = memoryview(store.backend.get_range(chunk_key(run[0][1].pack),
+                                                      HEADER.size + start, end - start))
+        except FileNotFoundError:
+            continue
+        for _, location, _, _ in run:
+            found[location] = data[location.offset - start :
+                                   location.offset - start + location.length]
+    return found
 
 
 def locate_member(store: Store, digest: Digest, location: PackLocation) -> PackLocation:
@@ -290,10 +330,11 @@ def read_members_into(store: Store, members: list[MemberRead], hops: int = 0, *,
         for run in read_runs(_forward(store, members, hops)):
             read_members_into(store, run, hops + 1, cache=cache, check_links=check_links)
         return
+    prefetched = prefetch_bases(store, members, cache)
     for digest, location, out, chain in members:
         begin = location.offset - start
         _decode_member(store, digest, location, data[begin : begin + location.length], out,
-                       chain, cache, check_links)
+                       chain, cache, check_links, prefetched)
 
 
 def _check_listed_length(digest: Digest, location: PackLocation, raw_length: int) -> None:
@@ -408,7 +449,7 @@ def _check_member_length(digest: Digest, location: PackLocation, data: memoryvie
 
 def _decode_member(store: Store, digest: Digest, location: PackLocation, data: memoryview,
                    out: memoryview, chain: Chain, cache: BaseCache | None,
-                   check_links: bool) -> None:
+                   check_links: bool, prefetched: Prefetched | None = None) -> None:
     if len(data) < HEADER.size:
         raise CorruptChunkError(digest.hex, f"pack {location.pack.short()} ends before the"
                                 f" member's {location.length} bytes at {location.offset}")
@@ -419,7 +460,7 @@ def _decode_member(store: Store, digest: Digest, location: PackLocation, data: m
         return
     bases, locations = chain
     decode_chain(store, digest, data, bases, out, cache, check_links=check_links,
-                 locations=locations)
+                 locations=locations, prefetched=prefetched)
 
 
 def _check_pack_header(store: Store, location: PackLocation) -> None:
