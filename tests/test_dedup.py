@@ -106,16 +106,22 @@ def test_dedup_across_codecs(tmp_path: Path) -> None:
         assert s.open_version("r@2").get("x").tobytes() == smooth.tobytes()
 
 
+def _small_packed(path: Path) -> tuple[chunkstore.Store, np.ndarray, np.ndarray]:
+    """A store (chunks of larger tensors stored as objects) whose r@1 holds a small
+    tensor, packed; and a larger tensor whose first chunk has the small one's bytes."""
+    small = np.arange(SMALL_CHUNK // 4, dtype=np.float32)
+    store = chunkstore.open(path, chunk_size=SMALL_CHUNK, compression="none", delta_depth=0)
+    with store.new_version(run="r", step=1) as v:
+        v.put("small", small)
+    return store, small, np.concatenate([small, small + 1])
+
+
 def test_a_chunk_of_a_larger_tensor_dedups_against_a_packed_small_tensor(
         tmp_path: Path) -> None:
     """A small tensor is packed; a chunk of a larger tensor with the same bytes is
     referenced inside that pack, not written again as an object of its own."""
-    small = np.arange(SMALL_CHUNK // 4, dtype=np.float32)
-    large = np.concatenate([small, small + 1])
-    with chunkstore.open(tmp_path / "s", chunk_size=SMALL_CHUNK, compression="none",
-                         delta_depth=0) as store:
-        with store.new_version(run="r", step=1) as v:
-            v.put("small", small)
+    store, _, large = _small_packed(tmp_path / "s")
+    with store:
         with store.new_version(run="r", step=2) as v:
             v.put("large", large)
         assert v.info.new_bytes == SMALL_CHUNK  # only the second chunk is new
@@ -127,12 +133,8 @@ def test_a_chunk_of_a_deleted_pack_is_written_again_not_referenced(tmp_path: Pat
     """The index remembers where a chunk lay inside a pack after GC deleted the pack:
     the location is a hint only, the pack is claimed and checked like every dedup
     target, and the chunk is written again."""
-    small = np.arange(SMALL_CHUNK // 4, dtype=np.float32)
-    large = np.concatenate([small, small + 1])
-    with chunkstore.open(tmp_path / "s", chunk_size=SMALL_CHUNK, compression="none",
-                         delta_depth=0) as store:
-        with store.new_version(run="r", step=1) as v:
-            v.put("small", small)
+    store, small, large = _small_packed(tmp_path / "s")
+    with store:
         store.delete("r@1")
         assert store.gc(grace=0).chunks_deleted
         digest = Digest.of(small.tobytes())

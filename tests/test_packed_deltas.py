@@ -61,6 +61,20 @@ def pack_path(store: chunkstore.Store, pack: Digest) -> Path:
     return Path(store.url) / chunk_key(pack)
 
 
+def ranged_reads(store: chunkstore.Store, monkeypatch: pytest.MonkeyPatch
+                 ) -> list[tuple[str, int]]:
+    """From now on, every ranged read of the store's backend: (key, length)."""
+    reads: list[tuple[str, int]] = []
+    real_get_range = store.backend.get_range
+
+    def get_range(key: str, start: int, length: int) -> bytes:
+        reads.append((key, length))
+        return real_get_range(key, start, length)
+
+    monkeypatch.setattr(store.backend, "get_range", get_range)
+    return reads
+
+
 def problems(store: chunkstore.Store) -> set[str | None]:
     return {problem.version for problem in store.verify().problems}
 
@@ -207,25 +221,18 @@ def test_a_packed_base_listed_longer_than_its_chunk_is_refused_before_it_is_read
     member = pack_path(store, location.pack).read_bytes()[
         HEADER.size + location.offset : HEADER.size + location.offset + location.length]
     too_long = PackLocation(at.pack, at.offset, 200 * 1024 * 1024)
-    lengths: list[int] = []
-    real_get_range = store.backend.get_range
-
-    def get_range(key: str, start: int, length: int) -> bytes:
-        lengths.append(length)
-        return real_get_range(key, start, length)
-
-    monkeypatch.setattr(store.backend, "get_range", get_range)
+    ranges = ranged_reads(store, monkeypatch)
     store.base_cache.clear()
     with pytest.raises(CorruptChunkError, match="too long"):
         base_bytes(store, base, (), listed.chunk_bytes, location=too_long)
     with pytest.raises(CorruptChunkError, match="too long"):  # a restore's path
         decode_chain(store, listed.chunks[0], member, (base,),
                      memoryview(bytearray(listed.chunk_bytes)), NO_CACHE, locations=(too_long,))
-    assert lengths == []
+    assert ranges == []
     # Listed at its true length, the same base reads (the bound refuses only the lie).
     decode_chain(store, listed.chunks[0], member, (base,),
                  memoryview(bytearray(listed.chunk_bytes)), NO_CACHE, locations=(at,))
-    assert lengths == [at.length]
+    assert [length for _, length in ranges] == [at.length]
 
 
 def test_a_restore_reads_the_packed_bases_of_neighbouring_chunks_together(
@@ -244,14 +251,7 @@ def test_a_restore_reads_the_packed_bases_of_neighbouring_chunks_together(
     base_packs = {at.pack for i in range(len(listed.chunks))
                   for at in listed.chain_locations(i) if at is not None}
     assert len(base_packs) == 2 and len(listed.chunks) == 4
-    reads: list[str] = []
-    real_get_range = store.backend.get_range
-
-    def get_range(key: str, start: int, length: int) -> bytes:
-        reads.append(key)
-        return real_get_range(key, start, length)
-
-    monkeypatch.setattr(store.backend, "get_range", get_range)
+    reads = ranged_reads(store, monkeypatch)
     store.base_cache.clear()
     np.testing.assert_array_equal(store.open_version(ids[-1]).get("emb"), table)
     assert len(reads) == 1 + len(base_packs), reads  # 1 + 2 x 4 without reading ahead
