@@ -205,6 +205,10 @@ class PackBuilder:
 #: at most this (bytes read for nothing) and the whole read at most READ_RUN_BYTES.
 READ_GAP_BYTES = 64 * 1024
 READ_RUN_BYTES = 8 * 1024 * 1024
+#: A run's packed bases are read ahead up to this many bytes in all (the rest one by one,
+#: as before), so a run of deep chains, or a manifest that lists them, holds at most this
+#: much besides the run itself.
+PREFETCH_BYTES = 2 * READ_RUN_BYTES
 
 #: A packed chunk to read: its digest, location, the caller's buffer for it and its
 #: listed delta chain.
@@ -275,16 +279,21 @@ def prefetch_bases(store: Store, members: list[MemberRead], cache: BaseCache | N
     that ``cache`` does not hold decoded), fetched with one ranged read per run of
     neighbours, as the members themselves are: a chain of depth d then costs a few
     reads per run of chunks, not d per chunk (on an object store, d requests).  Each
-    is bounded by its chunk's raw length before anything is read; a pack that is gone
-    is left out, so its bases are read one by one where its moved record says, and
+    is bounded by its chunk's raw length before anything is read, and all of them by
+    :data:`PREFETCH_BYTES` (what does not fit is read when it is used); a pack that is
+    gone is left out, so its bases are read one by one where its moved record says;
     every object taken from here is checked when it is used (:func:`member_object`)."""
     cache = store.base_cache if cache is None else cache
     wanted: dict[PackLocation, MemberRead] = {}
+    budget = PREFETCH_BYTES
     for _, _, out, (bases, locations) in members:
         for base, at in zip(bases, locations, strict=False):
-            if at is not None and at not in wanted and cache.get(base) is None:
-                _check_listed_length(base, at, len(out))
-                wanted[at] = (base, at, out, NO_CHAIN)
+            if (at is None or at in wanted or at.length > budget
+                    or cache.get(base) is not None):
+                continue
+            _check_listed_length(base, at, len(out))
+            wanted[at] = (base, at, out, NO_CHAIN)
+            budget -= at.length
     found: Prefetched = {}
     for run in read_runs(list(wanted.values())):
         start = run[0][1].offset

@@ -255,6 +255,12 @@ def test_a_restore_reads_the_packed_bases_of_neighbouring_chunks_together(
     store.base_cache.clear()
     np.testing.assert_array_equal(store.open_version(ids[-1]).get("emb"), table)
     assert len(reads) == 1 + len(base_packs), reads  # 1 + 2 x 4 without reading ahead
+    # Past the read-ahead budget, bases are read one by one when they are used.
+    from chunkstore import packs
+    monkeypatch.setattr(packs, "PREFETCH_BYTES", 0)
+    reads.clear()
+    np.testing.assert_array_equal(store.open_version(ids[-1]).get("emb"), table)
+    assert len(reads) == 1 + 2 * len(listed.chunks), reads
     monkeypatch.undo()
     # A flipped byte in a prefetched base is caught by the hash check, as before.
     at = listed.chain_locations(0)[0]
