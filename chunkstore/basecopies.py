@@ -141,11 +141,14 @@ class BaseCopies:
                 if self._held() + size <= self.budget:
                     save.held += size
                     break
+                # The copies of the run saved longest ago that holds any become spare (a
+                # run holding none keeps its place: it is what makes its next save copy).
+                oldest = next((run for run, kept in self._runs.items() if kept.buffers()),
+                              None)
                 if self._spare:
                     self._pooled -= len(self._spare.pop())
-                elif self._runs:  # the copies of the run saved longest ago become spare
-                    oldest = self._runs.pop(next(iter(self._runs)))
-                    self._spare.extend(oldest.buffers())
+                elif oldest is not None:
+                    self._spare.extend(self._runs.pop(oldest).buffers())
                 else:
                     return None
         return bytearray(size)

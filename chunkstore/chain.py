@@ -276,12 +276,13 @@ def base_bytes(store: Store, digest: Digest, chain: tuple[Digest, ...], raw_leng
     cache = store.base_cache if cache is None else cache
     raw = cache.get(digest)
     if raw is None:
-        raw = decode_chain(store, digest, _get(store, digest, location, raw_length, prefetched),
-                           chain, None, cache, check_links=check_links, locations=locations,
-                           prefetched=prefetched)
-        if len(raw) != raw_length:
-            raise CorruptChunkError(digest.hex, f"a delta base of {len(raw)} bytes, not"
-                                    f" {raw_length}")
+        data = _get(store, digest, location, raw_length, prefetched)
+        # Before its own bases are read: they are bounded by the length it claims.
+        if parse_header(digest, data).raw_length != raw_length:
+            raise CorruptChunkError(digest.hex, f"a delta base of {raw_length} bytes holds"
+                                    f" {parse_header(digest, data).raw_length}")
+        raw = decode_chain(store, digest, data, chain, None, cache, check_links=check_links,
+                           locations=locations, prefetched=prefetched)
         cache.put(digest, raw)
     return raw
 

@@ -285,19 +285,21 @@ def prefetch_bases(store: Store, members: list[MemberRead], cache: BaseCache | N
     every object taken from here is checked when it is used (:func:`member_object`)."""
     cache = store.base_cache if cache is None else cache
     wanted: dict[PackLocation, MemberRead] = {}
-    budget = PREFETCH_BYTES
     for _, _, out, (bases, locations) in members:
         for base, at in zip(bases, locations, strict=False):
-            if (at is None or at in wanted or at.length > budget
-                    or cache.get(base) is not None):
-                continue
-            _check_listed_length(base, at, len(out))
-            wanted[at] = (base, at, out, NO_CHAIN)
-            budget -= at.length
+            if cache.get(base) is not None:
+                break  # decoded already: the deeper bases are not read
+            if at is not None and at not in wanted:
+                _check_listed_length(base, at, len(out))
+                wanted[at] = (base, at, out, NO_CHAIN)
     found: Prefetched = {}
+    budget = PREFETCH_BYTES  # the bytes read, gaps between neighbours included
     for run in read_runs(list(wanted.values())):
         start = run[0][1].offset
         end = max(location.offset + location.length for _, location, _, _ in run)
+        if end - start > budget:
+            continue
+        budget -= end - start
         try:
             data = memoryview(store.backend.get_range(chunk_key(run[0][1].pack),
                                                       HEADER.size + start, end - start))

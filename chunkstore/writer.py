@@ -607,13 +607,16 @@ class VersionWriter:
     def _reuse_packed(self, digest: Digest) -> StoredChunk | None:
         """A chunk this index saw stored standalone inside a pack (a save in a store
         with delta chains packs the chunks of larger tensors too), reused through its
-        pack.  The location is only a hint: the pack is claimed, fenced and checked to
-        exist as every dedup hit is (:meth:`_pack_reusable`), so a condemned, deleted
-        or unknown pack means the chunk is written."""
-        location = self._store.index.pack_location(digest)
-        if location is None or not self._pack_reusable(location.pack, self._claim):
+        pack, claimed as a small chunk's is (``claim_small``: only a LIVE pack, and the
+        location of a deleted one forgotten), then fenced and checked to exist as every
+        dedup hit is (:meth:`_reuse_small`).  None: no pack may serve (the object path
+        decides)."""
+        generation = self._fence.generation  # before the claim: see _pre_claimed
+        claimed, location = self._small_claims.claim(digest)
+        if location is None:
             return None
-        return digest, None, (), PackSlot(location), ()
+        return self._reuse_small(digest, self._pre_claimed(claimed, generation), claimed,
+                                 location)
 
     def _reuse_listed(self, digest: Digest) -> StoredChunk | None:
         """A chunk the parent lists inside a pack, when its pack and its chain's

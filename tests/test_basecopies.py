@@ -279,3 +279,18 @@ def test_a_save_on_a_version_the_handle_did_not_save_copies_nothing(tmp_path: Pa
         for version_id, expected in kept.items():
             np.testing.assert_array_equal(resumed.open_version(version_id).get("emb"), expected)
         assert resumed.verify().ok
+
+
+def test_a_run_holding_no_copies_keeps_its_place_when_another_needs_room(
+        tmp_path: Path) -> None:
+    """Room is made by giving up the copies of the run saved longest ago that holds
+    any: a run whose last save made none (its first) keeps its place, so its next save
+    still continues its run and copies."""
+    with open_store(tmp_path / "s") as store:
+        store.base_copies.budget = CHUNK  # room for one copy: the next run's saves evict
+        first, second = tables(1), tables(2)
+        save(store, 0, next(first), run="a")
+        save(store, 0, next(second), run="b")  # b's first save: no copies, a place
+        save(store, 1, next(first), run="a")  # a continues: copies, over the budget
+        assert "b" in store.base_copies._runs
+        assert store.verify().ok

@@ -142,5 +142,6 @@ def test_a_chunk_of_a_deleted_pack_is_written_again_not_referenced(tmp_path: Pat
         with store.new_version(run="r", step=2) as v:
             v.put("large", large)
         assert v.info.new_bytes == 2 * SMALL_CHUNK
+        assert store.index.pack_location(digest) is None  # the stale location is forgotten
         assert store.open_version("r@2").get("large").tobytes() == large.tobytes()
         assert store.verify().ok

@@ -229,6 +229,12 @@ def test_a_packed_base_listed_longer_than_its_chunk_is_refused_before_it_is_read
         decode_chain(store, listed.chunks[0], member, (base,),
                      memoryview(bytearray(listed.chunk_bytes)), NO_CACHE, locations=(too_long,))
     assert ranges == []
+    # A base whose header claims another length than its chunk's is refused before its
+    # own bases (bounded by that claim) are read.
+    with pytest.raises(CorruptChunkError, match="a delta base of"):
+        base_bytes(store, base, (), listed.chunk_bytes // 2, location=at)
+    assert [length for _, length in ranges] == [at.length]
+    ranges.clear()
     # Listed at its true length, the same base reads (the bound refuses only the lie).
     decode_chain(store, listed.chunks[0], member, (base,),
                  memoryview(bytearray(listed.chunk_bytes)), NO_CACHE, locations=(at,))
