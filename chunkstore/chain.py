@@ -278,9 +278,10 @@ def base_bytes(store: Store, digest: Digest, chain: tuple[Digest, ...], raw_leng
     if raw is None:
         data = _get(store, digest, location, raw_length, prefetched)
         # Before its own bases are read: they are bounded by the length it claims.
-        if parse_header(digest, data).raw_length != raw_length:
+        claimed = parse_header(digest, data).raw_length
+        if claimed != raw_length:
             raise CorruptChunkError(digest.hex, f"a delta base of {raw_length} bytes holds"
-                                    f" {parse_header(digest, data).raw_length}")
+                                    f" {claimed}")
         raw = decode_chain(store, digest, data, chain, None, cache, check_links=check_links,
                            locations=locations, prefetched=prefetched)
         cache.put(digest, raw)

@@ -295,8 +295,7 @@ def prefetch_bases(store: Store, members: list[MemberRead], cache: BaseCache | N
     found: Prefetched = {}
     budget = PREFETCH_BYTES  # the bytes read, gaps between neighbours included
     for run in read_runs(list(wanted.values())):
-        start = run[0][1].offset
-        end = max(location.offset + location.length for _, location, _, _ in run)
+        start, end = _span(run)
         if end - start > budget:
             continue
         budget -= end - start
@@ -332,8 +331,7 @@ def read_members_into(store: Store, members: list[MemberRead], hops: int = 0, *,
     pack = members[0][1].pack
     for digest, location, out, _ in members:  # bounded before anything is read
         _check_listed_length(digest, location, len(out))
-    start = min(location.offset for _, location, _, _ in members)
-    end = max(location.offset + location.length for _, location, _, _ in members)
+    start, end = _span(members)
     try:
         data = memoryview(store.backend.get_range(chunk_key(pack), HEADER.size + start,
                                                   end - start))
@@ -346,6 +344,12 @@ def read_members_into(store: Store, members: list[MemberRead], hops: int = 0, *,
         begin = location.offset - start
         _decode_member(store, digest, location, data[begin : begin + location.length], out,
                        chain, cache, check_links, prefetched)
+
+
+def _span(members: list[MemberRead]) -> tuple[int, int]:
+    """The byte range of a pack's content that holds ``members``: (start, end)."""
+    return (min(location.offset for _, location, _, _ in members),
+            max(location.offset + location.length for _, location, _, _ in members))
 
 
 def _check_listed_length(digest: Digest, location: PackLocation, raw_length: int) -> None:
@@ -390,8 +394,7 @@ def copy_members(store: Store, pack: Digest, members: list[tuple[Digest, int, in
                                for digest, offset, length in members]
     copied: dict[tuple[int, int], bytes] = {}
     for run in read_runs(reads):
-        start = run[0][1].offset
-        end = max(location.offset + location.length for _, location, _, _ in run)
+        start, end = _span(run)
         data = memoryview(store.backend.get_range(chunk_key(pack), HEADER.size + start,
                                                   end - start))
         for digest, location, _, _ in run:
