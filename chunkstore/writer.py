@@ -223,7 +223,8 @@ class VersionWriter:
         self._small: list[tuple[_PendingTensor, memoryview, str, int]] = []
         self._small_bytes = 0
         self._packs = PackBuilder(_weakly(self._write_pack), store.pack_size)
-        self._reusable_packs: dict[Digest, bool] = {}
+        self._reusable_packs: dict[Digest, Future[bool]] = {}
+        self._reusable_packs_lock = threading.Lock()
         self._closed = False
         self._info: VersionInfo | None = None
         self._inflight = threading.BoundedSemaphore(store.max_inflight)
@@ -430,12 +431,28 @@ class VersionWriter:
 
     def _pack_reusable(self, pack: Digest, claim: Callable[[Digest], Claim]) -> bool:
         """Whether the older pack may be referenced: claimed, fenced and checked once
-        per save, exactly as a dedup hit on any chunk object (the claim lasts the save)."""
-        known = self._reusable_packs.get(pack)
-        if known is None:
-            known = self._reusable(CHUNK, pack, claim)
-            self._reusable_packs[pack] = known
-        return known
+        per save, exactly as a dedup hit on any chunk object (the claim lasts the save).
+
+        Once: the workers that ask about a pack while the first asker checks it wait
+        for its answer.  (Each asked on its own before, and a save reusing the chunks
+        of a few packs paid an index commit and a stat per chunk, not per pack: 268
+        claims in 95 commits per re-save of a GiB of unchanged tensors.)"""
+        with self._reusable_packs_lock:
+            known = self._reusable_packs.get(pack)
+            lead = known is None
+            if known is None:
+                known = self._reusable_packs[pack] = Future()
+        if not lead:
+            return known.result()
+        try:
+            reusable = self._reusable(CHUNK, pack, claim)
+        except BaseException as exc:
+            with self._reusable_packs_lock:  # a later asker checks again
+                del self._reusable_packs[pack]
+            known.set_exception(exc)
+            raise
+        known.set_result(reusable)
+        return reusable
 
     def _write_pack(self, digest: Digest, data: bytes) -> int:
         """Store a sealed pack object as a new chunk object would be (claim it, wait

@@ -357,3 +357,31 @@ def test_a_save_leaves_nothing_for_the_cyclic_garbage_collector(
             # whatever cycle any of them left.
             assert _cyclic_garbage_of(functools.partial(three_saves, store)) == []
             assert store.verify().ok
+
+
+def test_a_pack_whose_chunks_a_save_reuses_is_claimed_once_not_once_per_chunk(
+        tmp_path: Path) -> None:
+    """Workers that reach a pack while another checks it wait for that answer: a save
+    that reuses 32 chunks of one pack commits one claim of it, not one per chunk."""
+    weights = np.random.default_rng(0).standard_normal(32 * 16384).astype(np.float32)
+    with chunkstore.open(tmp_path / "s", chunk_size=65536, delta_depth=2) as store:
+        with store.new_version(run="r", step=1) as version:
+            version.put("w", weights)
+        claimed: list[Digest] = []
+        claim_many = store.index.claim_many
+
+        def slow(session: str, kind: bytes, digests: Any) -> Any:
+            digests = list(digests)
+            claimed.extend(digests)
+            time.sleep(0.05)  # a slow index commit: the other workers reach the pack meanwhile
+            return claim_many(session, kind, digests)
+
+        store.index.claim_many = slow  # type: ignore[method-assign]
+        with store.new_version(run="r", step=2) as version:
+            version.put("w", weights)
+        assert version.info.new_bytes == 0
+        assert claimed, "the pack was never claimed"
+        assert len(claimed) == len(set(claimed)), (
+            f"{len(claimed)} claims of {len(set(claimed))} objects")
+        np.testing.assert_array_equal(store.open_version("r@2").get("w"), weights)
+        assert store.verify().ok
