@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -189,6 +189,11 @@ class TreeNode:
         return [*self.subtrees.values(), *self.more]
 
 
+#: A str as canonical JSON writes it: ``json.dumps(s, ensure_ascii=False)`` without
+#: making an encoder per call (a save quotes every entry's name and dtype).
+quote: Callable[[str], str] = json.encoder.encode_basestring
+
+
 def canonical_json(obj: object) -> str:
     """Canonical JSON text (docs/format.md §4)."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
@@ -238,7 +243,7 @@ def tensor_text(entry: TensorEntry) -> str:
             fields.append('"packs":[' + ",".join(_location_text(p) for p in shard.packs) + "]")
         fields.append('"sizes":' + _ints(shard.sizes))
         shards.append("{" + ",".join(fields) + "}")
-    return (f'{{"dtype":{json.dumps(entry.dtype, ensure_ascii=False)},'
+    return (f'{{"dtype":{quote(entry.dtype)},'
             f'"shape":{_ints(entry.shape)},"shards":[{",".join(shards)}]}}')
 
 
@@ -253,7 +258,7 @@ def tree_bytes(entries: list[tuple[str, str]], more: tuple[Digest, ...] = ()
                ) -> tuple[Digest, bytes]:
     """A tree node from (name, entry text) pairs and continuation nodes: byte for
     byte what :func:`encode_node` writes for them, without re-encoding the entries."""
-    body = ",".join(f"{json.dumps(name, ensure_ascii=False)}:{text}"
+    body = ",".join(f"{quote(name)}:{text}"
                     for name, text in sorted(entries))
     tail = "" if not more else ',"more":[' + ",".join(f'"{d.hex}"' for d in more) + "]"
     text = (f'{{"entries":{{{body}}},"format_version":{NODE_FORMAT_VERSION},"kind":"tree"'

@@ -24,13 +24,12 @@ per branch of the names, nothing inlined or split (the layout of node formats
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import blake3
 
 from chunkstore.digest import Digest
-from chunkstore.manifest import DataEntry, TensorEntry, entry_text, leaf_text, tree_bytes
+from chunkstore.manifest import DataEntry, TensorEntry, entry_text, leaf_text, quote, tree_bytes
 
 #: (name relative to the node, entry's canonical JSON, UTF-8 bytes of ``"name":entry,``):
 #: the size is counted once per entry and grows by the prefix when a subtree is inlined.
@@ -58,7 +57,7 @@ CUT_MODULUS = 16
 
 def _entry(name: str, text: str) -> tuple[str, str, int]:
     """An entry with its size: UTF-8 bytes of ``"name":text,`` in the node."""
-    return name, text, len(json.dumps(name, ensure_ascii=False).encode()) + len(text.encode()) + 2
+    return name, text, len(quote(name).encode()) + len(text.encode()) + 2
 
 
 def _is_cut(name: str) -> bool:

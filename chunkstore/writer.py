@@ -45,7 +45,7 @@ import weakref
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -157,9 +157,10 @@ class _PendingTensor:
         return [Future.result(self.futures[0])[self.part]]
 
 
-@dataclass(frozen=True)
-class _SmallChunk:
-    """A one-chunk tensor, hashed, with its batch's claim to come."""
+class _SmallChunk(NamedTuple):
+    """A one-chunk tensor, hashed, with its batch's claim to come.  (A tuple: a save
+    makes one per small tensor on the caller's thread, and a frozen dataclass costs
+    several times as much to make.)"""
 
     pending: _PendingTensor
     view: memoryview
