@@ -14,12 +14,13 @@ Order of a save (invariants 1 and 3 in DESIGN.md; the GC side is in
    or deduplicates against is claimed by it, so a GC of the same index
    leaves them alone;
 3. chunk objects are written (put-if-absent) by a thread pool while the
-   caller keeps adding entries; memory stays O(chunk_size x threads) plus one
-   open pack.  Small tensors' chunks that must be written go into packs
-   (:mod:`chunkstore.packs`, which argues why reusing a member of an older
-   pack is safe).  On a local store a dedup hit is also checked to exist (a
-   stat), so an object lost behind the index's back is written again, not
-   referenced;
+   caller keeps adding entries (:mod:`chunkstore.chunkjobs`); memory stays
+   O(chunk_size x threads) plus one open pack.  Small tensors' chunks that
+   must be written go into packs (:mod:`chunkstore.packs`, which argues why
+   reusing a member of an older pack is safe).  Whether a stored object may be
+   reused instead is decided in :mod:`chunkstore.reuse`; on a local store a
+   dedup hit is also checked to exist (a stat), so an object lost behind the
+   index's back is written again, not referenced;
 4. on commit, manifest nodes are claimed like chunks and the missing ones
    written; then one backend flush makes every object durable (a local
    store: one syncfs instead of two fsyncs per object);
@@ -44,31 +45,19 @@ import time
 import weakref
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from chunkstore import plaindata
-from chunkstore.basecopies import Place
-from chunkstore.chain import Locations, base_bytes, base_prefix, header_chain
-from chunkstore.chunkobj import ChunkHeader, decode_object, encode_object, parse_header
+from chunkstore.chain import Locations
+from chunkstore.chunkjobs import ChunkJobs, PendingTensor
 from chunkstore.claims import GroupClaims
 from chunkstore.codecs import PACK
-from chunkstore.codecs.policy import encode_with_policy
-from chunkstore.delta import (
-    MIN_DELTA_TENSOR_BYTES,
-    BaseSlot,
-    Judged,
-    ParentChunks,
-    delta_may_pay,
-    encode_delta,
-    probe_length,
-)
-from chunkstore.digest import Digest, chunk_key, digests_of, node_key, version_key
+from chunkstore.delta import MIN_DELTA_TENSOR_BYTES, ParentChunks
+from chunkstore.digest import Digest, chunk_key, node_key, version_key
 from chunkstore.dtypes import check_override, dtype_name, element_size
 from chunkstore.errors import (
-    BackendError,
     ChunkStoreError,
     DuplicateEntryError,
     DuplicateStepError,
@@ -80,9 +69,7 @@ from chunkstore.errors import (
 from chunkstore.index import CHUNK, NODE, Claim, NewChunk, VersionEntry
 from chunkstore.journal import Fence, sync_journal
 from chunkstore.manifest import (
-    MAX_DELTA_DEPTH,
     DataEntry,
-    PackLocation,
     Shard,
     TensorEntry,
     encode_data,
@@ -90,7 +77,7 @@ from chunkstore.manifest import (
     tensor_entry,
 )
 from chunkstore.names import check_entry_name, check_label
-from chunkstore.packs import Chain, PackBuilder, PackSlot
+from chunkstore.packs import PackBuilder
 from chunkstore.records import MAX_COUNT, CommitRecord
 from chunkstore.sessions import StoreSession
 from chunkstore.tree import flatten
@@ -99,8 +86,6 @@ from chunkstore.treelayout import build_tree
 if TYPE_CHECKING:
     from chunkstore.store import Store, VersionInfo
 
-DELETING_WAIT_S = 120.0
-HEARTBEAT_S = 30.0
 #: A tensor of one chunk (of at most the chunk size) up to this size is hashed with its
 #: batch (by the caller and idle workers), claimed with others in one index transaction
 #: (each commits to disk, so a state of thousands of small tensors pays for a few
@@ -128,52 +113,9 @@ SMALL_TENSOR_BYTES_WITH_DELTAS = 128 * 1024
 #: again and joined, and packs are sealed in order); on a moto S3 server on loopback
 #: it was 5% faster (1.30 -> 1.23 s), before any network latency per request.
 PACK_LARGE_TENSORS: bool | None = None
-_NO_DIGEST = Digest(bytes(32))  # the place of a chunk that failed before it was hashed
 SMALL_BATCH_COUNT = 256
 SMALL_BATCH_BYTES = 8 * 1024 * 1024
-#: A worker stores a batch's small chunks in groups of at most this many (and at most
-#: a chunk's size of bytes, so the writer's memory bound holds): one job per group,
-#: not per tensor, as the job's own cost is most of a small chunk's.
-SMALL_GROUP_COUNT = 64
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _PendingTensor:
-    dtype: str
-    shape: tuple[int, ...]
-    chunk_bytes: int
-    #: one job per chunk, or for a small tensor its group's job (a list of results)
-    futures: list[Future[Any]]
-    #: a small tensor's place in the result of its group's job (None: one job per chunk)
-    part: int | None = None
-
-    def results(self) -> list[StoredChunk]:
-        # No frame of ours holds a future while its result is taken: a job's exception
-        # keeps its traceback, and a frame there that referred to the future would
-        # make a cycle holding the writer and the caller's arrays.
-        if self.part is None:
-            return list(map(Future.result, self.futures))
-        return [Future.result(self.futures[0])[self.part]]
-
-
-class _SmallChunk(NamedTuple):
-    """A one-chunk tensor, hashed, with its batch's claim to come.  (A tuple: a save
-    makes one per small tensor on the caller's thread, and a frozen dataclass costs
-    several times as much to make.)"""
-
-    pending: _PendingTensor
-    view: memoryview
-    dtype: str
-    itemsize: int
-    digest: Digest
-
-
-#: What storing one chunk gives: its digest, what was written as an object of its own
-#: (None: reused, or packed), the chain of bases its object may need (nearest first;
-#: empty when standalone), where it lies in a pack (None: an object of its own; a packed
-#: chunk lists its slot's chain, not this one), and where the chain's bases lie.
-StoredChunk = tuple[Digest, NewChunk | None, tuple[Digest, ...], PackSlot | None, Locations]
 
 
 def _as_le_contiguous(array: np.ndarray) -> np.ndarray:
@@ -201,7 +143,7 @@ def _weakly(method: Callable[[Digest, bytes], int]) -> Callable[[Digest, bytes],
     return call
 
 
-class VersionWriter:
+class VersionWriter(ChunkJobs):
     """Collects one version's entries; use as a context manager or call commit()/abort()."""
 
     def __init__(self, store: Store, run: str, step: int, meta: dict[str, Any] | None, *,
@@ -217,11 +159,11 @@ class VersionWriter:
         self.meta = dict(meta or {})
         self._replace = replace
         plaindata.encode(self.meta)  # fail now, not at commit, on unserialisable metadata
-        self._tensors: dict[str, _PendingTensor] = {}
+        self._tensors: dict[str, PendingTensor] = {}
         self._data: dict[str, tuple[Digest, bytes, int]] = {}
         self._adopted: dict[str, TensorEntry] = {}  # stored by other processes: adopt()
         self._adopted_new: dict[Digest, NewChunk] = {}
-        self._small: list[tuple[_PendingTensor, memoryview, str, int]] = []
+        self._small: list[tuple[PendingTensor, memoryview, str, int]] = []
         self._small_bytes = 0
         self._packs = PackBuilder(_weakly(self._write_pack), store.pack_size)
         self._reusable_packs: dict[Digest, Future[bool]] = {}
@@ -276,7 +218,7 @@ class VersionWriter:
         chunk_bytes = max(itemsize, self._store.chunk_size - self._store.chunk_size % itemsize)
         flat = contiguous.reshape(-1).view(np.uint8).data if contiguous.size else memoryview(b"")
         bases = self._parent.bases(name, stored_dtype, tuple(array.shape), chunk_bytes)
-        pending = _PendingTensor(stored_dtype, tuple(array.shape), chunk_bytes, [])
+        pending = PendingTensor(stored_dtype, tuple(array.shape), chunk_bytes, [])
         self._tensors[name] = pending
         try:
             small = SMALL_TENSOR_BYTES_WITH_DELTAS if self._parent.depth else SMALL_TENSOR_BYTES
@@ -317,435 +259,10 @@ class VersionWriter:
             self.abort()
             raise
 
-    def _flush_small(self) -> None:
-        """Hash the waiting small chunks (the caller and idle workers, a thread per
-        core), claim what they can reuse in one index transaction, then hand them to
-        the workers, each with its place in the pack order."""
-        waiting, self._small, self._small_bytes = self._small, [], 0
-        if not waiting:
-            return
-        digests = digests_of([view for _, view, _, _ in waiting], self._store.executor,
-                             self._store.hashing_helpers)
-        batch = [_SmallChunk(pending, view, dtype, itemsize, digest)
-                 for (pending, view, dtype, itemsize), digest in zip(waiting, digests,
-                                                                      strict=True)]
-        self._heartbeat_now_and_then()
-        generation = self._fence.generation  # read before the claims: see _pre_claimed
-        claims = self._store.index.claim_small(self._session, [c.digest for c in batch])
-        limit = self._store.chunk_size
-        start = 0
-        while start < len(batch):
-            end, size = start, 0
-            while end < len(batch) and end - start < SMALL_GROUP_COUNT and (
-                    end == start or size + len(batch[end].view) <= limit):
-                size += len(batch[end].view)
-                end += 1
-            group = [(chunk, *claims[chunk.digest], self._packs.reserve())
-                     for chunk in batch[start:end]]
-            self._inflight.acquire()
-            future = self._store.executor.submit(self._store_small_group, group, generation)
-            for part, chunk in enumerate(batch[start:end]):
-                chunk.pending.futures.append(future)
-                chunk.pending.part = part
-            start = end
-
-    def _pre_claimed(self, claimed: Claim, generation: int) -> Callable[[Digest], Claim]:
-        """The claim function of a chunk claimed with its batch: the batch's answer while
-        no GC journal entry was applied to the index since it was taken, else a fresh
-        claim.  (``_reusable`` asks after waiting out the fence: an entry applied in
-        between may have made the object a deleted one that the answer still calls
-        reusable.)"""
-        def claim(digest: Digest) -> Claim:
-            if claimed != Claim.WAIT and self._fence.generation == generation:
-                return claimed
-            return self._claim(digest)
-        return claim
-
-    def _store_small_group(self, group: list[tuple[_SmallChunk, Claim, PackLocation | None,
-                                                    int]], generation: int) -> list[StoredChunk]:
-        """Store a group of small chunks in order (see :meth:`_store_small`); on an
-        error, hand over the places of the rest too, so later members are not held up."""
-        stored: list[StoredChunk] = []
-        try:
-            for chunk, claimed, location, seq in group:
-                stored.append(self._store_small(chunk, self._pre_claimed(claimed, generation),
-                                                claimed, location, seq))
-            return stored
-        except BaseException:
-            for chunk, _, _, seq in group[len(stored) + 1:]:
-                self._packs.add(seq, chunk.digest, None, 0)
-            raise
-        finally:
-            self._inflight.release()
-
-    def _store_packed_chunk_job(self, pending: _PendingTensor, view: memoryview, dtype: str,
-                                itemsize: int, seq: int) -> StoredChunk:
-        """A chunk of a tensor of several chunks, in a store without delta chains: hashed
-        and claimed here, in a worker (so hashing runs on every core), then stored as a
-        small chunk is (:meth:`_store_small`): reused, or packed at place ``seq``."""
-        try:
-            try:
-                digest = Digest.of(view)
-                self._heartbeat_now_and_then()
-                generation = self._fence.generation  # before the claim: see _pre_claimed
-                claimed, location = self._store.index.claim_small(self._session,
-                                                                  [digest])[digest]
-            except BaseException:
-                self._packs.add(seq, _NO_DIGEST, None, 0)  # later members are not held up
-                raise
-            chunk = _SmallChunk(pending, view, dtype, itemsize, digest)
-            return self._store_small(chunk, self._pre_claimed(claimed, generation), claimed,
-                                     location, seq)
-        finally:
-            self._inflight.release()
-
-    def _store_small(self, chunk: _SmallChunk, claim: Callable[[Digest], Claim],
-                     claimed: Claim, location: PackLocation | None, seq: int) -> StoredChunk:
-        """Reuse the chunk, or encode it standalone and hand it to the open pack (its
-        place ``seq`` is always handed over, so later members are not held up)."""
-        member = None
-        try:
-            reused = self._reuse_small(chunk.digest, claim, claimed, location)
-            if reused is None:
-                header, payload, _, _ = self._encode(chunk.view, chunk.dtype, chunk.itemsize,
-                                                     None)
-                member = (header.pack(), payload)
-        except BaseException:
-            self._packs.add(seq, chunk.digest, None, 0)
-            raise
-        slot = self._packs.add(seq, chunk.digest, member, len(chunk.view))
-        return reused if reused is not None else (chunk.digest, None, (), slot, ())
-
-    def _reuse_small(self, digest: Digest, claim: Callable[[Digest], Claim], claimed: Claim,
-                     location: PackLocation | None) -> StoredChunk | None:
-        """A small chunk stored before, when it may be referenced without writing it:
-        an object of its own, or a member of an older pack that may be reused."""
-        if location is None:
-            if claimed == Claim.DEDUP and self._reusable(CHUNK, digest, claim):
-                chain = self._reusable_chain(digest)
-                if chain is not None:
-                    return digest, None, chain[0], None, chain[1]
-            return None
-        if self._pack_reusable(location.pack, claim):
-            return digest, None, (), PackSlot(location), ()
-        return None
-
-    def _pack_reusable(self, pack: Digest, claim: Callable[[Digest], Claim]) -> bool:
-        """Whether the older pack may be referenced: claimed, fenced and checked once
-        per save, exactly as a dedup hit on any chunk object (the claim lasts the save).
-
-        Once: the workers that ask about a pack while the first asker checks it wait
-        for its answer.  (Each asked on its own before, and a save reusing the chunks
-        of a few packs paid an index commit and a stat per chunk, not per pack: 268
-        claims in 95 commits per re-save of a GiB of unchanged tensors.)"""
-        with self._reusable_packs_lock:
-            known = self._reusable_packs.get(pack)
-            lead = known is None
-            if known is None:
-                known = self._reusable_packs[pack] = Future()
-        if not lead:
-            return known.result()
-        try:
-            reusable = self._reusable(CHUNK, pack, claim)
-        except BaseException as exc:
-            with self._reusable_packs_lock:  # a later asker checks again
-                del self._reusable_packs[pack]
-            known.set_exception(exc)
-            raise
-        known.set_result(reusable)
-        return reusable
-
-    def _write_pack(self, digest: Digest, data: bytes) -> int:
-        """Store a sealed pack object as a new chunk object would be (claim it, wait
-        out a GC that is deleting or fencing a copy, put-if-absent); return the bytes
-        written."""
-        if self._reusable(CHUNK, digest, self._claim):
-            return 0  # the same pack is stored and safe to reference: nothing written
-        key = chunk_key(digest)
-        if self._store.backend.put_if_absent_deferred(key, data):
-            return len(data)
-        try:  # a copy exists (an orphan of an earlier save): keep it only if intact
-            decode_object(digest, self._store.backend.get(key))
-            return len(data)
-        except (FileNotFoundError, ChunkStoreError):
-            pass
-        self._store.backend.put(key, data)
-        return len(data)
-
     def put_data(self, name: str, value: object) -> None:
         """Add plain data (numbers, strings, lists, dicts, tuples, bytes), encoded safely."""
         name = self._check_new_name(name)
         self._data[name] = encode_data(value)
-
-    # --- the chunk pipeline (runs in the store's thread pool) ------------------------------
-
-    def _store_chunk_job(self, view: memoryview, dtype: str, itemsize: int,
-                         base: BaseSlot | None, digest: Digest | None = None,
-                         claim: Callable[[Digest], Claim] | None = None, *,
-                         place: Place | None = None, seq: int | None = None) -> StoredChunk:
-        try:
-            if place is None:
-                return self._store_chunk(view, dtype, itemsize, base, digest, claim, seq=seq)
-            return self._store_chunk_at(place, view, dtype, itemsize, base, seq)
-        finally:
-            self._inflight.release()
-
-    def _store_chunk_at(self, place: Place, view: memoryview, dtype: str, itemsize: int,
-                        base: BaseSlot | None, seq: int | None = None) -> StoredChunk:
-        """Store a chunk that may be a base of the run's next save, from a copy kept
-        for that save where the last save wrote this place anew, and with the copy
-        the last save kept of its base, if any (chunkstore.basecopies)."""
-        copies = self._parent.copies
-        copy = copies.buffer(len(view)) if copies.copy_first(place) else None
-        if copy is not None:  # hashed, encoded and written from the copy, never the array
-            memoryview(copy)[:] = view
-            view = memoryview(copy)
-        base_copy = None if base is None else copies.base(place, base.digest)
-        try:
-            stored = self._store_chunk(view, dtype, itemsize, base, base_copy=base_copy, seq=seq)
-        except BaseException:
-            copies.release(copy)
-            raise
-        finally:
-            copies.release(base_copy)
-        digest, new, chain, slot, _ = stored
-        written = new is not None or (slot is not None and slot.new)
-        copies.leave(place, digest, copy, written=written,
-                     as_base=written and len(chain) < self._parent.depth
-                     and not self._parent.skips.will_skip(*place))
-        return stored
-
-    def _claim(self, digest: Digest) -> Claim:
-        self._heartbeat_now_and_then()
-        return self._wait_out_deletion(digest, lambda: self._claims.claim(digest))
-
-    def _wait_out_deletion(self, digest: Digest, claim: Callable[[], Claim]) -> Claim:
-        """Claim; while GC deletes the object, wait (or finish a crashed GC's deletion)."""
-        deadline = time.monotonic() + DELETING_WAIT_S
-        while True:
-            result = claim()
-            if result != Claim.WAIT:
-                return result
-            self._store.finish_abandoned_deletions()
-            if time.monotonic() > deadline:
-                raise BackendError(f"object {digest.short()} has been in deletion by GC for"
-                                   f" {DELETING_WAIT_S:.0f}s; is a GC run stuck?")
-            time.sleep(0.02)
-
-    def _node_claimer(self, digest: Digest) -> Callable[[], Claim]:
-        return lambda: self._store.index.claim_nodes(self._session, [digest])[digest]
-
-    def _reusable(self, kind: bytes, digest: Digest, claim: Callable[[Digest], Claim]) -> bool:
-        """Claim the object; True when it may be referenced without writing it.
-
-        An object an active GC run may delete is never reused: the save waits
-        for that run first, and then writes it (keeping an intact copy).
-        """
-        fenced = False
-        # Every active entry that names it, not only the first: each one's GC
-        # relies on this save (which listed it as seen) not to touch the object.
-        while (blocker := self._fence.blocking(kind, digest)) is not None:
-            self._fence.wait(blocker)
-            fenced = True
-        if claim(digest) != Claim.DEDUP or fenced:
-            return False
-        if self._check_dedup:
-            key = chunk_key(digest) if kind == CHUNK else node_key(digest)
-            if not self._store.backend.exists(key):
-                self._store.index.forget_missing(kind, digest)
-                return False
-        return True
-
-    def _heartbeat_now_and_then(self) -> None:
-        if time.monotonic() - self._last_heartbeat > HEARTBEAT_S:
-            self._last_heartbeat = time.monotonic()
-            self._store.index.heartbeat(self._session)
-
-    def _store_chunk(self, view: memoryview, dtype: str, itemsize: int,
-                     base: BaseSlot | None, digest: Digest | None = None,
-                     claim: Callable[[Digest], Claim] | None = None,
-                     base_copy: bytearray | None = None, seq: int | None = None
-                     ) -> StoredChunk:
-        """Store one chunk; ``digest`` and ``claim`` when the caller hashed and claimed
-        it already (a small tensor's batch: :meth:`_pre_claimed`); ``base_copy``: the
-        raw bytes of ``base`` when a copy was kept; ``seq``: its place in the pack
-        order, when it is packed (:meth:`_store_member`)."""
-        if seq is not None:
-            return self._store_member(view, dtype, itemsize, base, base_copy, seq)
-        if digest is None:
-            digest = Digest.of(view)
-        packed = self._reuse_packed(digest) if claim is None else None
-        if packed is not None:
-            return packed
-        if self._reusable(CHUNK, digest, claim or self._claim):
-            chain = self._reusable_chain(digest)
-            if chain is not None:
-                return digest, None, chain[0], None, chain[1]
-            # A base of the stored object cannot be referenced: store the chunk whole.
-            return self._write(digest, view, dtype, itemsize, None)
-        if base is not None and self._refs_reusable(*base.refs()):
-            return self._write(digest, view, dtype, itemsize, base, base_copy)
-        return self._write(digest, view, dtype, itemsize, None)
-
-    def _store_member(self, view: memoryview, dtype: str, itemsize: int,
-                      base: BaseSlot | None, base_copy: bytearray | None, seq: int
-                      ) -> StoredChunk:
-        """A chunk of a larger tensor in a store with delta chains, packed: reused
-        where the parent lists it (with its chain) or the index knows it, else
-        encoded (a delta against ``base`` when that pays) and handed to the open
-        pack at place ``seq``, which is always handed over, so later members are
-        not held up."""
-        digest = _NO_DIGEST
-        try:
-            digest = Digest.of(view)
-            reused = self._reuse_listed(digest)
-            if reused is None:
-                generation = self._fence.generation  # before the claim: see _pre_claimed
-                claimed, location = self._small_claims.claim(digest)
-                reused = self._reuse_small(digest, self._pre_claimed(claimed, generation),
-                                           claimed, location)
-            if reused is None:
-                if base is not None and not self._refs_reusable(*base.refs()):
-                    base = None
-                header, payload, chain, locations = self._encode(view, dtype, itemsize, base,
-                                                                 base_copy)
-        except BaseException:
-            self._packs.add(seq, digest, None, 0)
-            raise
-        if reused is not None:
-            self._packs.add(seq, digest, None, 0)
-            return reused
-        # A raw payload is a view of the chunk, and the chunk may be a copy whose buffer
-        # serves another chunk once this one is stored (chunkstore.basecopies): the pack
-        # joins its members later, so it gets bytes of its own.
-        member = (header.pack(), payload if isinstance(payload, bytes) else bytes(payload))
-        slot = self._packs.add(seq, digest, member, len(view), (chain, locations))
-        return digest, None, chain, slot, locations
-
-    def _reuse_packed(self, digest: Digest) -> StoredChunk | None:
-        """A chunk this index saw stored standalone inside a pack (a save in a store
-        with delta chains packs the chunks of larger tensors too), reused through its
-        pack, claimed as a small chunk's is (``claim_small``: only a LIVE pack, and the
-        location of a deleted one forgotten), then fenced and checked to exist as every
-        dedup hit is (:meth:`_reuse_small`).  None: no pack may serve (the object path
-        decides)."""
-        generation = self._fence.generation  # before the claim: see _pre_claimed
-        claimed, location = self._small_claims.claim(digest)
-        if location is None:
-            return None
-        return self._reuse_small(digest, self._pre_claimed(claimed, generation), claimed,
-                                 location)
-
-    def _reuse_listed(self, digest: Digest) -> StoredChunk | None:
-        """A chunk the parent lists inside a pack, when its pack and its chain's
-        objects may be referenced (claimed and checked as every dedup hit is): the
-        parent's listing, reused.  (The index remembers standalone members only: a
-        packed delta is reused only with the chain a manifest lists for it.)"""
-        listing = self._parent.listings.get(digest)
-        if listing is None:
-            return None
-        location, chain, locations = listing
-        if location is None:
-            return None
-        if not self._pack_reusable(location.pack, self._claim) \
-                or not self._refs_reusable(chain, locations):
-            return None
-        return digest, None, chain, PackSlot(location, (chain, locations)), locations
-
-    def _refs_reusable(self, chain: tuple[Digest, ...], locations: Locations) -> bool:
-        """Whether every object a chain needs may be referenced: each base, or the pack
-        a packed base lies in, claimed and checked as a dedup hit is."""
-        return all(self._reusable(CHUNK, base, self._claim) if at is None
-                   else self._pack_reusable(at.pack, self._claim)
-                   for base, at in zip(chain, locations or (None,) * len(chain), strict=True))
-
-    def _reusable_chain(self, digest: Digest) -> Chain | None:
-        """The listed chain of a reused chunk object (and where its bases lie) with
-        every base claimed, or None when one is not reusable (or the headers cannot
-        be read)."""
-        listing = self._parent.listings.get(digest)
-        if listing is not None and listing[0] is None:  # the parent lists the object
-            chain, locations = listing[1], listing[2]
-        else:
-            found = header_chain(self._store, digest, MAX_DELTA_DEPTH)
-            if found is None:
-                return None
-            chain, locations = found, ()
-        if not self._refs_reusable(chain, locations):
-            return None
-        return chain, locations
-
-    def _delta_payload(self, view: memoryview, dtype: str, itemsize: int, base: BaseSlot,
-                       base_copy: bytearray | None) -> Judged:
-        policy = self._store.compression
-        known = self._parent.skips.known_ratio(base)
-        if base_copy is not None:
-            return encode_delta(policy, view, memoryview(base_copy), dtype, itemsize, known)
-        probe = probe_length(len(view), itemsize)
-        # On a local disk the base's first bytes are read to judge first; on an object
-        # store that would fetch the chain twice when the delta pays.
-        if (probe and self._store.backend.local_path() is not None
-                and not self._parent.skips.paid_last(base)
-                and self._store.base_cache.get(base.digest) is None):
-            prefix = base_prefix(self._store, base.digest, base.chain, probe, len(view),
-                                 base.refs()[1])
-            if prefix is not None and not delta_may_pay(policy, view, prefix, dtype, itemsize):
-                return None, None, None
-        try:
-            base_raw = base_bytes(self._store, base.digest, base.chain, len(view),
-                                  location=base.location, locations=base.locations)
-        except ChunkStoreError as exc:  # a damaged base: write standalone, verify reports it
-            log.warning("chunk %s cannot serve as a delta base: %s", base.digest.short(), exc)
-            return None, None, None
-        return encode_delta(policy, view, base_raw, dtype, itemsize, known)
-
-    def _encode(self, view: memoryview, dtype: str, itemsize: int, base: BaseSlot | None,
-                base_copy: bytearray | None = None
-                ) -> tuple[ChunkHeader, bytes | memoryview, tuple[Digest, ...], Locations]:
-        """The object's header and payload, and the chain it lists (with where its
-        bases lie): a delta against ``base`` when that pays."""
-        standalone = None
-        if base is not None:
-            delta, standalone, measured = self._delta_payload(view, dtype, itemsize, base,
-                                                              base_copy)
-            if delta is None:
-                self._parent.skips.did_not_pay(base)
-            else:
-                self._parent.skips.paid(base, measured)
-                codec, payload = delta
-                header = ChunkHeader(codec.id, itemsize, len(view), len(payload), base.digest)
-                return (header, payload, *base.refs())
-        codec, payload = standalone or encode_with_policy(self._store.compression, view, dtype,
-                                                          itemsize)
-        return ChunkHeader(codec.id, itemsize, len(view), len(payload)), payload, (), ()
-
-    def _write(self, digest: Digest, view: memoryview, dtype: str, itemsize: int,
-               base: BaseSlot | None, base_copy: bytearray | None = None) -> StoredChunk:
-        """Write the chunk with put-if-absent (a delta against ``base`` when that pays)."""
-        header, payload, chain, locations = self._encode(view, dtype, itemsize, base, base_copy)
-        key = chunk_key(digest)
-        data = encode_object(header, payload)
-        if self._store.backend.put_if_absent_deferred(key, data):
-            return (digest, NewChunk(digest, header.codec_id, len(view), len(data)), chain, None,
-                    locations)
-        # Already stored (an orphan of an earlier save, a chunk GC had condemned,
-        # or a concurrent writer): reuse it only if it is standalone and decodes
-        # to these bytes, else replace it whole, standalone (an existing object is
-        # never replaced by a delta: other versions may list a shorter chain).
-        try:
-            existing = self._store.backend.get(key)
-            found = parse_header(digest, existing)
-            if found.base is None:
-                decode_object(digest, existing)
-                return (digest, NewChunk(digest, found.codec_id, len(view), len(existing)), (),
-                        None, ())
-        except (FileNotFoundError, ChunkStoreError):
-            pass
-        if chain:
-            header, payload, chain, _ = self._encode(view, dtype, itemsize, None)
-            data = encode_object(header, payload)
-        self._store.backend.put(key, data)
-        return digest, NewChunk(digest, header.codec_id, len(view), len(data)), (), None, ()
 
     # --- commit ----------------------------------------------------------------------------
 
