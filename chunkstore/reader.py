@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from concurrent.futures import Future, wait
+import collections
+import functools
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Executor, wait
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -101,6 +103,47 @@ def chunk_reads(entry: TensorEntry, chunk_size: int) -> list[ChunkRead]:
     return reads
 
 
+def run_jobs(executor: Executor, jobs: list[Callable[[], None]], at_once: int) -> None:
+    """Run every job in ``executor``, at most ``at_once`` at a time, and return when all
+    are done (none may still write into a caller's buffer); then raise the error of the
+    first job in order that failed, if any.
+
+    ``at_once`` pool jobs each take the next job until none is left, so the pool's
+    other threads stay asleep (more threads than cores only switch between jobs that
+    all want a core)."""
+    if not jobs:
+        return
+    queue = collections.deque(enumerate(jobs))  # popleft is atomic: no lock needed
+    failed: list[tuple[int, BaseException]] = []
+
+    def take_turns() -> None:
+        while True:
+            try:
+                number, job = queue.popleft()
+            except IndexError:
+                return
+            try:
+                job()
+            except BaseException as exc:  # the others still run; raised below
+                failed.append((number, exc))
+
+    futures = []
+    try:
+        for _ in range(min(at_once, len(jobs))):
+            futures.append(executor.submit(take_turns))
+    finally:
+        wait(futures)
+    for future in futures:
+        future.result()
+    if failed:
+        error = min(failed, key=lambda item: item[0])[1]
+        failed.clear()
+        try:
+            raise error
+        finally:
+            del error  # no cycle (this frame, the error, its traceback) holds the buffers
+
+
 class VersionReader:
     """A published version, opened for reading.  Loading runs no code."""
 
@@ -168,36 +211,32 @@ class VersionReader:
                 target = np.empty(sum(read[2] for read in reads), dtype=np.uint8)
                 sharded.append((entry, target, out))
             checked.append((reads, target))
-        futures: list[Future[None]] = []
+        jobs: list[Callable[[], None]] = []
         members: list[MemberRead] = []
-        try:
-            for reads, out in checked:
-                futures.extend(self._submit(reads, out, members))
-            # Packed chunks: neighbours in a pack are fetched by one ranged read.
-            futures.extend(self._store.executor.submit(read_members_into, self._store, run)
-                           for run in read_runs(members))
-        finally:
-            wait(futures)  # no job may still write into a caller's buffer after we return
-        for future in futures:
-            future.result()  # the first error, if any
+        for reads, out in checked:
+            jobs.extend(self._jobs(reads, out, members))
+        # Packed chunks: neighbours in a pack are fetched by one ranged read.
+        jobs.extend(functools.partial(read_members_into, self._store, run)
+                    for run in read_runs(members))
+        run_jobs(self._store.executor, jobs, self._store.read_jobs)
         for entry, staged, out in sharded:
             scatter_shards(entry, staged, out)
 
-    def _submit(self, reads: list[ChunkRead], out: np.ndarray, members: list[MemberRead]
-                ) -> list[Future[None]]:
-        """Start reading the chunks stored as objects of their own; collect the packed
-        ones in ``members``."""
+    def _jobs(self, reads: list[ChunkRead], out: np.ndarray, members: list[MemberRead]
+              ) -> list[Callable[[], None]]:
+        """The jobs that read the chunks stored as objects of their own; the packed ones
+        are collected in ``members``."""
         flat = out.reshape(-1).view(np.uint8).data if out.size else memoryview(b"")
-        futures = []
+        jobs: list[Callable[[], None]] = []
         for digest, start, length, chain, location, locations in reads:
             if location is not None:
                 members.append((digest, location, flat[start:start + length],
                                 (chain, locations)))
                 continue
-            futures.append(self._store.executor.submit(read_chunk_into, self._store, digest,
-                                                       flat[start:start + length], chain,
-                                                       locations=locations))
-        return futures
+            jobs.append(functools.partial(read_chunk_into, self._store, digest,
+                                          flat[start:start + length], chain,
+                                          locations=locations))
+        return jobs
 
     def _check_buffer(self, name: str, entry: TensorEntry, out: np.ndarray,
                       dtype: str | None) -> None:
@@ -250,15 +289,10 @@ class VersionReader:
                                   for i in box_chunk_range(box, itemsize, offsets, sizes)]
         in_place = out.flags.c_contiguous and tuple(sizes) == box.sizes
         target = out if in_place else np.empty(box.nbytes(itemsize), dtype=np.uint8)
-        futures: list[Future[None]] = []
         members: list[MemberRead] = []
-        try:
-            futures = self._submit(reads, target, members)
-            futures.extend(self._store.executor.submit(read_members_into, self._store, run)
-                           for run in read_runs(members))
-        finally:
-            wait(futures)
-        for future in futures:
-            future.result()
+        jobs = self._jobs(reads, target, members)
+        jobs.extend(functools.partial(read_members_into, self._store, run)
+                    for run in read_runs(members))
+        run_jobs(self._store.executor, jobs, self._store.read_jobs)
         if not in_place:
             out[...] = box_of(target, box, offsets, sizes, out.dtype)

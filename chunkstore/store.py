@@ -255,6 +255,12 @@ class Store:
         #: core in all (hashing is CPU work; the pool is sized for fsync waits)
         self.hashing_helpers = max(0, min(self.threads, os.cpu_count() or 1) - 1)
         self.executor = ThreadPoolExecutor(self.threads, thread_name_prefix="chunkstore")
+        #: read jobs of one read call that run at once: from a local store a thread per
+        #: core, as decoding and hashing are CPU work and a read from the page cache
+        #: waits on nothing (with 8 at once a restore took 12-15% longer than with 2, on
+        #: 2 cores); from other stores every thread, each read waiting on a request
+        self.read_jobs = self.threads if backend.local_path() is None \
+            else max(1, min(self.threads, os.cpu_count() or 1))
         self.node_cache = NodeCache()
         #: moved records read so far (immutable once written: docs/format.md §3.6)
         self.moved_cache: dict[Digest, MovedRecord] = {}

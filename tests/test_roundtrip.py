@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -192,3 +193,64 @@ def test_get_many_into_reads_every_entry_and_checks_every_buffer_first(
     with pytest.raises(chunkstore.errors.ShapeMismatchError):
         reader.get_many_into([*((n, o, None) for n, o in fresh.items()), ("layer0.w", wrong, None)])
     assert all(not out.any() for out in fresh.values())  # nothing read before the check failed
+
+
+def _read_concurrency(store: chunkstore.Store, arrays: dict[str, np.ndarray],
+                      monkeypatch: pytest.MonkeyPatch) -> int:
+    """The most read jobs one get_many_into ran at once (each held 10 ms); every array
+    must read back exact."""
+    import threading
+    import time
+
+    import chunkstore.reader
+
+    lock = threading.Lock()
+    running = [0, 0]  # now, most
+
+    def tracked(real: Any) -> Any:
+        def read(*args: object, **kwargs: object) -> None:
+            with lock:
+                running[0] += 1
+                running[1] = max(running)
+            try:
+                time.sleep(0.01)
+                real(*args, **kwargs)
+            finally:
+                with lock:
+                    running[0] -= 1
+        return read
+
+    with store.new_version(run="r", step=1) as version:
+        for name, array in arrays.items():
+            version.put(name, array)
+    for name in ("read_chunk_into", "read_members_into"):  # objects, runs of a pack
+        monkeypatch.setattr(chunkstore.reader, name, tracked(getattr(chunkstore.reader, name)))
+    outs = {name: np.empty_like(array) for name, array in arrays.items()}
+    store.open_version("r@1").get_many_into((name, out, None) for name, out in outs.items())
+    for name, array in arrays.items():
+        np.testing.assert_array_equal(outs[name], array)
+    return running[1]
+
+
+def test_a_local_read_runs_at_most_a_job_per_core_and_an_object_store_read_more(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading from a local store is CPU work: one call's chunk reads run on at most a
+    thread per core, the pool's other threads asleep.  From other stores (each read
+    waits on a request) every thread reads."""
+    import os
+
+    rng = np.random.default_rng(0)
+    arrays = {f"t{i}": rng.standard_normal(40_000).astype(np.float32) for i in range(24)}
+    cores = os.cpu_count() or 1
+    # Small chunks and packs: dozens of read jobs, objects on the disk, runs of packs in memory.
+    with chunkstore.open(tmp_path / "s", chunk_size=65536, threads=8, delta_depth=0,
+                         pack_size=65536) as store:
+        assert 1 <= _read_concurrency(store, arrays, monkeypatch) <= min(8, cores)
+    monkeypatch.undo()
+    with chunkstore.open(f"memory://cs-{os.urandom(8).hex()}", chunk_size=65536, threads=8,
+                         delta_depth=0, pack_size=65536,
+                         index_dir=str(tmp_path / "memory-index")) as store:
+        most = _read_concurrency(store, arrays, monkeypatch)
+        assert most <= 8
+        if cores < 8:
+            assert most > cores
