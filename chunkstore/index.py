@@ -27,6 +27,7 @@ never by scanning every chunk.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import struct
@@ -44,6 +45,9 @@ from chunkstore.digest import Digest
 from chunkstore.manifest import PackLocation
 
 INDEX_SCHEMA = 2
+#: The meta key naming the store an index describes (:meth:`Index.describe_store`).
+STORE_KEY = b"store"
+log = logging.getLogger(__name__)
 DEFAULT_MAP_SIZE = 1 << 36
 _CHUNK = struct.Struct("<BBxxIQQd")
 _SINCE = struct.Struct("<d")
@@ -717,14 +721,51 @@ class Index:
 
     def replace_contents(self, other: Index) -> None:
         """Make this index hold exactly what ``other`` holds, in one write transaction:
-        a reader in any process sees the old contents or the new, never a half."""
+        a reader in any process sees the old contents or the new, never a half.  The
+        store it describes stays named (``other`` is built from the same store)."""
         with self.env.begin(write=True) as txn, other.env.begin() as source:
+            store = txn.get(STORE_KEY, db=self.meta)
             for mine, theirs in zip((*self._tables(), self.meta),
                                     (*other._tables(), other.meta), strict=True):
                 txn.drop(mine, delete=False)
                 cursor = txn.cursor(db=mine)
                 cursor.putmulti(source.cursor(db=theirs).iternext(), append=True)
+            if store is not None and txn.get(STORE_KEY, db=self.meta) is None:
+                txn.put(STORE_KEY, store, db=self.meta)
         self.needs_rebuild = False
+
+    def describe_store(self, identity: str) -> bool:
+        """Make sure this index describes the store ``identity`` names
+        (:meth:`chunkstore.records.StoreConfig.identity`); True when it had to forget
+        everything.
+
+        An index records the store it was built for.  Opened on another store at the
+        same location (one deleted and created again), or given another store's
+        index directory, every record it holds would be a lie: objects it calls
+        stored are not there, and a save deduplicating against them would publish a
+        version that cannot be read.  So it is emptied, in the same write
+        transaction as the check (two processes opening the new store cannot both
+        empty it, the second after the first has begun to save), and the store
+        rebuilds it.  An index that names no store (new, or made by an earlier
+        release) is taken to describe this one."""
+        with self.env.begin(write=True) as txn:
+            found = txn.get(STORE_KEY, db=self.meta)
+            if found is not None and bytes(found) == identity.encode():
+                return False
+            if found is not None:
+                for db in (*self._tables(), self.meta):
+                    txn.drop(db, delete=False)
+                txn.put(b"schema", str(INDEX_SCHEMA).encode(), db=self.meta)
+                # Empty again: it has missed no GC journal entry of this store.
+                txn.put(b"journal_synced", str(time.time_ns()).encode(), db=self.meta)
+            txn.put(STORE_KEY, identity.encode(), db=self.meta)
+        if found is None:
+            return False
+        log.warning("the index at %s described another store (%s), not the one at this"
+                    " location now (%s): emptied and rebuilt from the store", self.path,
+                    bytes(found).decode(errors="replace"), identity)
+        self.needs_rebuild = True
+        return True
 
     def put_chunk_record(self, digest: Digest, record: ChunkRecord) -> None:
         self.put_record(CHUNK, digest, record)

@@ -70,6 +70,12 @@ class StoreConfig:
     #: The store version found (a store this release creates or upgrades is the current one).
     format_version: int = STORE_FORMAT_VERSION
 
+    def identity(self) -> str:
+        """What tells this store from another at the same location: its creation time,
+        to the precision it was written with (a store deleted and created again has
+        another; an upgrade keeps it)."""
+        return f"created {self.created!r}"
+
     def encode(self) -> bytes:
         """The config as this release writes it: always the current store version."""
         return _dumps({"format": STORE_FORMAT, "format_version": STORE_FORMAT_VERSION,

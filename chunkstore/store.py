@@ -201,10 +201,15 @@ def open(
         raise InvalidSettingError(f"{text} was created with chunk size {config.chunk_size};"
                                   " the chunk size of an existing store cannot change")
     index = Index(index_dir or default_index_dir(text, backend))
+    try:
+        index.describe_store(config.identity())  # emptied if it describes another store
+    except BaseException:
+        index.close()
+        raise
     store = Store(text, backend, config, index, compression or config.compression, threads)
     store.pack_size = pack_size or PACK_TARGET_BYTES
     store.node_size = NODE_TARGET_BYTES if node_size is None else node_size
-    if index.needs_rebuild:  # another index schema (emptied), or damaged and set aside
+    if index.needs_rebuild:  # another schema or store (emptied), or damaged and set aside
         # With saves elsewhere in progress, the reconcile below counts every version in.
         with contextlib.suppress(SavesInProgressError):
             store.rebuild_index()

@@ -383,3 +383,84 @@ def test_a_delta_base_another_indexs_gc_fenced_is_never_encoded_against() -> Non
         np.testing.assert_array_equal(store.open_version("r@1").get("emb"), changed)
         problems = [p for p in store.verify().problems if p.kind != "refcount"]
         assert problems == []
+
+
+@pytest.fixture(params=["memory", "s3"])
+def recreated(request: pytest.FixtureRequest, tmp_path: Path
+              ) -> Iterator[tuple[str, dict[str, Any], Any]]:
+    """A remote store's URL, its options, and a way to delete everything in it (as a
+    user who empties the prefix and starts over does)."""
+    if request.param == "memory":
+        url = f"memory://cs-{os.urandom(8).hex()}"
+
+        def wipe() -> None:
+            with chunkstore.open(url, create=False, index_dir=str(tmp_path / "x")) as store:
+                for key in list(store.backend.list("")):
+                    store.backend.delete(key)
+
+        yield url, {}, wipe
+        return
+    import s3fs
+
+    endpoint = request.getfixturevalue("s3_endpoint")
+    bucket = create_bucket(endpoint)
+    url = f"s3://{bucket}/store"
+    try:
+        yield url, storage_options(endpoint), lambda: s3fs.S3FileSystem(
+            **storage_options(endpoint)).rm(f"{bucket}/store", recursive=True)
+    finally:
+        remove_bucket(endpoint, bucket)
+
+
+def test_a_store_deleted_and_created_again_never_dedups_against_the_old_ones_index(
+        recreated: tuple[str, dict[str, Any], Any], tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """An index records the store it describes.  Emptied and created again at the same
+    location, the store is another: the index still calls every old object stored,
+    and a remote store has no cheap existence check to catch it.  It is emptied and
+    rebuilt, so the first save of the new store writes what it needs and reads back."""
+    url, options, wipe = recreated
+    index_dir = str(tmp_path / "index")
+    weights = np.arange(50_000, dtype=np.float32)
+    for attempt in range(2):
+        with chunkstore.open(url, index_dir=index_dir, storage_options=options) as store:
+            with store.new_version(run="r", step=1) as version:
+                version.put("w", weights)
+                version.put_data("trainer", {"step": 1})
+            np.testing.assert_array_equal(store.open_version("r@1").get("w"), weights)
+            assert store.verify().ok
+            if attempt:
+                assert version.info.new_bytes > 0  # written again, not deduplicated
+        if not attempt:
+            wipe()
+    assert any("described another store" in r.getMessage() for r in caplog.records)
+    # The same store opened again keeps its index: no warning, the version is reused.
+    caplog.clear()
+    with chunkstore.open(url, index_dir=index_dir, storage_options=options) as store:
+        with store.new_version(run="r", step=2) as version:
+            version.put("w", weights)
+        assert version.info.new_bytes == 0
+    assert not any("described another store" in r.getMessage() for r in caplog.records)
+
+
+def test_an_index_that_names_no_store_is_kept_and_named(tmp_path: Path) -> None:
+    """An index made by an earlier release names no store: it is taken to describe the
+    store it is opened on (its records kept) and names it from then on."""
+    from chunkstore.index import STORE_KEY
+
+    index_dir = tmp_path / "index"
+    weights = np.arange(10_000, dtype=np.float32)
+    with chunkstore.open(tmp_path / "s", index_dir=str(index_dir)) as store:
+        with store.new_version(run="r", step=1) as version:
+            version.put("w", weights)
+        named = store.index.env.begin().get(STORE_KEY, db=store.index.meta)
+        assert named is not None
+        store.rebuild_index()  # a rebuilt index still names its store
+        assert store.index.env.begin().get(STORE_KEY, db=store.index.meta) == named
+        with store.index.env.begin(write=True) as txn:  # as an earlier release left it
+            txn.delete(STORE_KEY, db=store.index.meta)
+    with chunkstore.open(tmp_path / "s", index_dir=str(index_dir)) as store:
+        assert store.index.env.begin().get(STORE_KEY, db=store.index.meta) == named
+        with store.new_version(run="r", step=2) as version:
+            version.put("w", weights)
+        assert version.info.new_bytes == 0  # its records were kept
