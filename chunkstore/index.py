@@ -748,6 +748,9 @@ class Index:
         empty it, the second after the first has begun to save), and the store
         rebuilds it.  An index that names no store (new, or made by an earlier
         release) is taken to describe this one."""
+        with self.env.begin(db=self.meta) as txn:  # the usual answer, without the writer
+            if txn.get(STORE_KEY) == identity.encode():
+                return False
         with self.env.begin(write=True) as txn:
             found = txn.get(STORE_KEY, db=self.meta)
             if found is not None and bytes(found) == identity.encode():
