@@ -184,10 +184,18 @@ class Index:
             empty = found is None and txn.stat(self.versions_db)["entries"] == 0 \
                 and txn.stat(self.chunks)["entries"] == 0
             if empty:
-                txn.put(b"schema", str(INDEX_SCHEMA).encode(), db=self.meta)
-                # Nothing in it yet: it has missed no GC journal entry.
-                txn.put(b"journal_synced", str(time.time_ns()).encode(), db=self.meta)
+                self._stamp_empty(txn)
             return not empty
+
+    def _stamp_empty(self, txn: lmdb.Transaction) -> None:
+        """Stamp an index that holds nothing: the schema, and, as nothing is in it yet,
+        that it has missed no GC journal entry."""
+        txn.put(b"schema", str(INDEX_SCHEMA).encode(), db=self.meta)
+        txn.put(b"journal_synced", str(time.time_ns()).encode(), db=self.meta)
+
+    def _drop_records(self, txn: lmdb.Transaction) -> None:
+        for db in self._tables():
+            txn.drop(db, delete=False)
 
     def _tables(self) -> tuple[Any, ...]:
         return (self.chunks, self.nodes, self.zero, self.versions_db, self.refs,
@@ -714,8 +722,7 @@ class Index:
     def clear(self) -> None:
         """Drop every record (the first step of a rebuild) and stamp the current schema."""
         with self.env.begin(write=True) as txn:
-            for db in self._tables():
-                txn.drop(db, delete=False)
+            self._drop_records(txn)
             txn.put(b"schema", str(INDEX_SCHEMA).encode(), db=self.meta)
         self.needs_rebuild = False
 
@@ -756,11 +763,9 @@ class Index:
             if found is not None and bytes(found) == identity.encode():
                 return False
             if found is not None:
-                for db in (*self._tables(), self.meta):
-                    txn.drop(db, delete=False)
-                txn.put(b"schema", str(INDEX_SCHEMA).encode(), db=self.meta)
-                # Empty again: it has missed no GC journal entry of this store.
-                txn.put(b"journal_synced", str(time.time_ns()).encode(), db=self.meta)
+                self._drop_records(txn)
+                txn.drop(self.meta, delete=False)
+                self._stamp_empty(txn)
             txn.put(STORE_KEY, identity.encode(), db=self.meta)
         if found is None:
             return False
