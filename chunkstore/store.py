@@ -262,9 +262,9 @@ class Store:
         self.executor = ThreadPoolExecutor(self.threads, thread_name_prefix="chunkstore")
         #: read jobs of one read call that run at once: from a local store a thread per
         #: core, as decoding and hashing are CPU work and a read from the page cache
-        #: waits on nothing (through a pool of 8 threads a restore took 12-15% longer
-        #: than through 2, on 2 cores; /tmp A/B); from other stores every thread, each
-        #: read waiting on a request
+        #: waits on nothing (on 2 cores a restore took 0.90-1.00x the time of a job per
+        #: pool thread: python -m benchmarks.bench_read_jobs); from other stores every
+        #: thread, each read waiting on a request
         self.read_jobs = self.threads if backend.local_path() is None \
             else max(1, min(self.threads, os.cpu_count() or 1))
         self.node_cache = NodeCache()
