@@ -11,9 +11,14 @@ here, by one rule (invariants 1 and 3 in DESIGN.md; the GC side is in
 2. the save's index session claims the object (one transaction per group of
    claims, :class:`chunkstore.claims.GroupClaims`), so a GC of the same index
    leaves it alone; only a LIVE record is reused, a DELETING one is waited out;
-3. where a stat is cheap (a local store), or the GC journal could not be read,
-   the object is checked to exist, so one lost behind the index's back is
-   written again, not referenced.
+3. the object is checked to exist, so one lost behind the index's back is
+   written again, not referenced: at every reuse where a stat is cheap (a local
+   store) or the GC journal could not be read; elsewhere, where a check costs a
+   request, once per store handle (``Store.seen_stored``: what a save of the
+   handle found stored, or stored and published), before its first reuse.
+   What the protocol deletes is kept out by rules 1 and 2 whenever it happens;
+   the check catches what vanished outside it before the process opened the
+   store (a bucket put back to an older copy, a lifecycle rule).
 
 A pack is decided once per save, and the workers that reach it while the first
 checks it wait for that answer; a reused delta is reused only with every object
@@ -105,11 +110,12 @@ class Reuse:
             fenced = True
         if claim(digest) != Claim.DEDUP or fenced:
             return False
-        if self._check_dedup:
+        if self._check_dedup or not self._store.seen_stored(kind, digest):
             key = chunk_key(digest) if kind == CHUNK else node_key(digest)
             if not self._store.backend.exists(key):
                 self._store.index.forget_missing(kind, digest)
                 return False
+            self._store.saw_stored(kind, (digest,))
         return True
 
     def _pre_claimed(self, claimed: Claim, generation: int) -> Callable[[Digest], Claim]:

@@ -13,8 +13,9 @@ import datetime as dt
 import hashlib
 import json
 import os
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -241,6 +242,8 @@ def _load_or_create_config(url: str, backend: Backend, create: bool, chunk_size:
 #: what the chunk positions learnt of their deltas lately (chunkstore.delta.Skips).
 #: What :attr:`Store.pack_delta_chunks` is for a new handle.
 PACK_DELTA_CHUNKS = True
+#: Objects a handle remembers having found stored (about 150 bytes each).
+SEEN_STORED_MAX = 1 << 20
 ParentCacheEntry = tuple[str, dict[str, TensorEntry], dict[Digest, Listing], Learnt]
 
 
@@ -285,10 +288,31 @@ class Store:
         self.pack_delta_chunks = PACK_DELTA_CHUNKS
         #: saves inline a subtree into its parent tree node while it stays this small
         self.node_size = NODE_TARGET_BYTES
+        # Objects a save of this handle found stored where a check costs a request
+        # (chunkstore.reuse: each is checked once per handle, before its first reuse).
+        self._seen_stored: set[tuple[bytes, Digest]] = set()
+        self._seen_stored_lock = threading.Lock()
 
     @property
     def chunk_size(self) -> int:
         return self.config.chunk_size
+
+    def seen_stored(self, kind: bytes, digest: Digest) -> bool:
+        """Whether a save of this handle found the object stored (see :meth:`saw_stored`)."""
+        return (kind, digest) in self._seen_stored
+
+    def saw_stored(self, kind: bytes, digests: Iterable[Digest]) -> None:
+        """Remember objects a save found stored, or stored itself and published, on a
+        store where a check costs a request (on a local store saves stat every reused
+        object, and nothing is remembered).  Bounded: past :data:`SEEN_STORED_MAX`
+        objects the handle starts over (and checks again)."""
+        if self.backend.local_path() is not None:
+            return
+        with self._seen_stored_lock:
+            for digest in digests:
+                if len(self._seen_stored) >= SEEN_STORED_MAX:
+                    self._seen_stored.clear()
+                self._seen_stored.add((kind, digest))
 
     def close(self) -> None:
         self.executor.shutdown(wait=True)

@@ -173,8 +173,8 @@ class VersionWriter(ChunkJobs):
         self._inflight = threading.BoundedSemaphore(store.max_inflight)
         self._store_session, self._fence = open_store_session(store, f"save {self.run}@"
                                                                f"{self.step}")
-        # Dedup hits are checked to exist where that costs a stat (local disks), and
-        # everywhere when the GC journal could not be read.
+        # Dedup hits are checked to exist at every reuse where that costs a stat (local
+        # disks) or the GC journal could not be read; elsewhere once per store handle.
         self._check_dedup = self._fence.distrust_index or store.backend.local_path() is not None
         try:
             self._session = store.index.open_session(f"save {self.run}@{self.step}")
@@ -392,9 +392,13 @@ class VersionWriter(ChunkJobs):
         self._closed = True
         entry = entry_from_record(version_id, record)
         self._info = store.info_from_entry(entry)
+        refs = {d for t in tensors.values() for d in t.chunk_digests()}
+        # Every object the version needs is stored now: later saves of this handle
+        # need not ask (chunkstore.reuse, rule 3).
+        store.saw_stored(CHUNK, refs)
+        store.saw_stored(NODE, nodes)
         try:
             self._store_session.close()
-            refs = {d for t in tensors.values() for d in t.chunk_digests()}
             # Where every packed chunk of the version lies, those packed by other
             # processes (adopted entries) included: dedup targets for later saves.
             # (Standalone members only: a packed delta is reused with its listed chain.)

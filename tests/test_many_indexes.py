@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 import chunkstore
+from chunkstore.backends.wrappers import ForwardingBackend
 from chunkstore.digest import chunk_key, version_key
 from chunkstore.manifest import TensorEntry
 from tests.machine_child import CHUNK_SIZE, loop_state, state
@@ -126,7 +127,8 @@ def test_a_chunk_lost_from_storage_is_never_deduplicated_against_again(
         cluster: Cluster) -> None:
     """An operator deletes a chunk: the next save that has it writes it again (locally
     a dedup hit is stat-checked; on S3 the first read or verify that finds it missing
-    tells the index), and verify names every broken version."""
+    tells the index, and a process checks each object once before it reuses it), and
+    verify names every broken version."""
     first = cluster.run("a", "save", "a", 1, 1)
     with cluster.open("a") as store:
         lost = store.index.version_refs(first)[0]
@@ -470,3 +472,68 @@ def test_an_index_that_names_no_store_is_kept_and_named(tmp_path: Path) -> None:
         with store.new_version(run="r", step=2) as version:
             version.put("w", weights)
         assert version.info.new_bytes == 0  # its records were kept
+
+
+def test_a_store_put_back_to_an_older_copy_never_dedups_against_what_the_copy_lacks(
+        recreated: tuple[str, dict[str, Any], Any], tmp_path: Path) -> None:
+    """A bucket put back to an older copy of itself (or objects a lifecycle rule
+    expired) keeps the store's ``created`` time, so its index still calls stored the
+    objects the copy lacks, and a remote store has no cheap existence check.  A store
+    handle checks each object once before it first reuses it: the next save writes
+    again what is gone and reads back, and verify is clean."""
+    from chunkstore.backends import open_backend
+
+    url, options, _ = recreated
+    index_dir = str(tmp_path / "index")
+    older = np.arange(50_000, dtype=np.float32)
+    newer = older + 1
+    with chunkstore.open(url, index_dir=index_dir, storage_options=options) as store:
+        with store.new_version(run="r", step=1) as version:
+            version.put("w", older)
+    backend = open_backend(url, **options)
+    copy = {key: backend.get(key) for key in backend.list("")}
+    with chunkstore.open(url, index_dir=index_dir, storage_options=options) as store:
+        with store.new_version(run="r", step=2) as version:
+            version.put("w", newer)
+            version.put_data("trainer", {"step": 2})
+        assert version.info.new_bytes > 0
+    for key in list(backend.list("")):  # the store as the copy holds it, nothing else
+        if key not in copy:
+            backend.delete(key)
+    for key, data in copy.items():
+        backend.put(key, data)
+    with chunkstore.open(url, index_dir=index_dir, storage_options=options) as store:
+        assert [v.step for v in store.versions("r")] == [1]
+        with store.new_version(run="r", step=3) as version:
+            version.put("w", newer)
+            version.put_data("trainer", {"step": 2})
+        assert version.info.new_bytes > 0  # written again, not deduplicated
+        np.testing.assert_array_equal(store.open_version("r@3").get("w"), newer)
+        np.testing.assert_array_equal(store.open_version("r@1").get("w"), older)
+        assert store.verify().ok
+        # Once per handle: what this handle found stored, or stored and published, is
+        # not asked about again.
+        store.backend = counting = _CountingExists(store.backend)
+        with store.new_version(run="r", step=4) as version:
+            version.put("w", newer)
+        assert version.info.new_bytes == 0
+        store.backend = counting.inner
+        assert counting.checked == []
+
+
+class _CountingExists(ForwardingBackend):
+    """The store's backend, noting every chunk or node it is asked whether it holds."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.checked: list[str] = []
+
+    def exists(self, key: str) -> bool:
+        if key.startswith(("chunks/", "nodes/")):
+            self.checked.append(key)
+        return self.inner.exists(key)
+
+    def stat(self, key: str) -> Any:
+        if key.startswith(("chunks/", "nodes/")):
+            self.checked.append(key)
+        return self.inner.stat(key)
