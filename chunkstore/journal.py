@@ -238,10 +238,14 @@ def sync_journal(backend: Backend, index: Index) -> Fence:
         try:
             entry = read_entry(backend, entry_id)
         except ValueError:
+            entry = None
+        if entry is None:
+            # Unreadable, or listed and gone: a GC pruned it since the listing, and its
+            # horizon marker, stored after the listing, went unseen.  What it deleted is
+            # not known: nothing is trusted now, and the index is not called synced past
+            # it, so the next sync meets the horizon and forgets every record.
             fence.distrust_index = True
             covered_ns = min(covered_ns, entry_time_ns(entry_id))
-            continue
-        if entry is None:
             continue
         if entry.active(now):
             fence.active[entry_id] = entry

@@ -487,6 +487,9 @@ def test_a_store_put_back_to_an_older_copy_never_dedups_against_what_the_copy_la
     index_dir = str(tmp_path / "index")
     older = np.arange(50_000, dtype=np.float32)
     newer = older + 1
+    # Random bits: no delta of anything, so the next save reuses it as a member of
+    # the pack this save writes (the other reuse path from the delta chunk of "w").
+    noise = np.random.default_rng(0).integers(0, 2**31, 3_000, dtype=np.int64)
     with chunkstore.open(url, index_dir=index_dir, storage_options=options) as store:
         with store.new_version(run="r", step=1) as version:
             version.put("w", older)
@@ -495,6 +498,7 @@ def test_a_store_put_back_to_an_older_copy_never_dedups_against_what_the_copy_la
     with chunkstore.open(url, index_dir=index_dir, storage_options=options) as store:
         with store.new_version(run="r", step=2) as version:
             version.put("w", newer)
+            version.put("noise", noise)
             version.put_data("trainer", {"step": 2})
         assert version.info.new_bytes > 0
     for key in list(backend.list("")):  # the store as the copy holds it, nothing else
@@ -506,9 +510,11 @@ def test_a_store_put_back_to_an_older_copy_never_dedups_against_what_the_copy_la
         assert [v.step for v in store.versions("r")] == [1]
         with store.new_version(run="r", step=3) as version:
             version.put("w", newer)
+            version.put("noise", noise)
             version.put_data("trainer", {"step": 2})
         assert version.info.new_bytes > 0  # written again, not deduplicated
         np.testing.assert_array_equal(store.open_version("r@3").get("w"), newer)
+        np.testing.assert_array_equal(store.open_version("r@3").get("noise"), noise)
         np.testing.assert_array_equal(store.open_version("r@1").get("w"), older)
         assert store.verify().ok
         # Once per handle: what this handle found stored, or stored and published, is
@@ -537,3 +543,66 @@ class _CountingExists(ForwardingBackend):
         if key.startswith(("chunks/", "nodes/")):
             self.checked.append(key)
         return self.inner.stat(key)
+
+
+def test_a_journal_entry_pruned_between_the_listing_and_its_read_is_not_taken_as_applied(
+        tmp_path: Path) -> None:
+    """Another GC prunes a finished entry this index never applied, after the sync
+    listed the journal and before it read the entry.  What that entry deleted cannot be
+    known: the save distrusts the index (checks every reuse), and the index is not
+    recorded as synced past the entry, so the next sync sees the new horizon and stops
+    treating any record as stored."""
+    from chunkstore.index import CHUNK, ChunkState
+    from chunkstore.journal import (
+        HORIZON_PREFIX,
+        JOURNAL_PREFIX,
+        entry_key,
+        entry_time_ns,
+        list_entry_ids,
+        read_entry,
+        sync_journal,
+    )
+
+    path = tmp_path / "s"
+    with chunkstore.open(path, index_dir=str(tmp_path / "b")) as b:
+        with b.new_version(run="r", step=1) as version:
+            version.put("w", np.arange(20_000, dtype=np.float32))
+    with chunkstore.open(path, index_dir=str(tmp_path / "a")) as a:  # counts r@1 in
+        with chunkstore.open(path, index_dir=str(tmp_path / "b")) as b:
+            b.delete(version.info.id)
+            b.gc(grace=0)
+            (entry_id,) = list_entry_ids(b.backend)
+            entry = read_entry(b.backend, entry_id)
+        assert entry is not None
+        deleted = [d for kind, d in entry.objects() if kind == CHUNK]
+        assert deleted and all(a.index.record(CHUNK, d).state == ChunkState.LIVE
+                               for d in deleted)
+        fence = sync_journal(_PrunedAfterListing(a.backend, entry_id), a.index)
+        assert fence.distrust_index
+        synced = a.index.journal_synced()
+        assert synced is not None and synced <= entry_time_ns(entry_id)
+        sync_journal(a.backend, a.index)  # the next save's sync sees the horizon
+        assert all(a.index.record(CHUNK, d).state == ChunkState.WRITING for d in deleted)
+    assert list(a.backend.list(f"{JOURNAL_PREFIX}{HORIZON_PREFIX}"))
+    assert not a.backend.exists(entry_key(entry_id))
+
+
+class _PrunedAfterListing(ForwardingBackend):
+    """The store as a GC elsewhere prunes one journal entry right after this backend's
+    next listing of the journal: the horizon marker first, then the entry (as
+    ``prune_journal`` does)."""
+
+    def __init__(self, inner: Any, entry_id: str) -> None:
+        super().__init__(inner)
+        self.entry_id: str | None = entry_id
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        from chunkstore.journal import HORIZON_PREFIX, JOURNAL_PREFIX, entry_key, entry_time_ns
+
+        keys = list(self.inner.list(prefix))
+        if prefix == JOURNAL_PREFIX and self.entry_id is not None:
+            horizon = entry_time_ns(self.entry_id)
+            self.inner.put(f"{JOURNAL_PREFIX}{HORIZON_PREFIX}{horizon:020d}", b"")
+            self.inner.delete(entry_key(self.entry_id))
+            self.entry_id = None
+        return iter(keys)
