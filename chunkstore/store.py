@@ -242,8 +242,9 @@ def _load_or_create_config(url: str, backend: Backend, create: bool, chunk_size:
 #: what the chunk positions learnt of their deltas lately (chunkstore.delta.Skips).
 #: What :attr:`Store.pack_delta_chunks` is for a new handle.
 PACK_DELTA_CHUNKS = True
-#: Objects a handle remembers having found stored (about 150 bytes each).
-SEEN_STORED_MAX = 1 << 20
+#: Objects a handle remembers having found stored (about 200 bytes each, so some 50 MB at
+#: most; with 8 MiB packs, 2 TiB of them).
+SEEN_STORED_MAX = 1 << 18
 ParentCacheEntry = tuple[str, dict[str, TensorEntry], dict[Digest, Listing], Learnt]
 
 
