@@ -207,8 +207,9 @@ def _decode_planes(digest: Digest, links: list[Link], root: Link | None,
     """XOR the chain's byte planes together, unshuffle once, hash-check the result."""
     head = links[0][1]
     size, length = head.element_size, head.raw_length
-    if length % size:
-        raise CorruptChunkError(digest.hex, "raw length is not a multiple of the element size")
+    if size < 1 or length % size:
+        raise CorruptChunkError(digest.hex, f"raw length {length} is not a multiple of the"
+                                f" element size {size}")
     planes = np.empty((size, length // size), dtype=np.uint8)
     if root_raw is None:
         assert root is not None

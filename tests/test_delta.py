@@ -225,6 +225,27 @@ def test_a_deleted_base_is_reported_on_every_dependent_version(
 
 
 @pytest.mark.delta_objects
+@pytest.mark.parametrize("codec", [3, 5])
+def test_a_delta_of_element_size_zero_is_a_corrupt_chunk(store: chunkstore.Store,
+                                                          codec: int) -> None:
+    """A delta header claiming elements of 0 bytes (a crafted or damaged object) is a
+    corrupt chunk to every reader, not a division by zero."""
+    states = sparse_states()
+    ids = [save(store, step, next(states)) for step in range(2)]
+    later = shard(store, ids[1])
+    i = next(i for i in range(len(later.chunks)) if later.chain(i))
+    path = object_path(store, later.chunks[i])
+    data = bytearray(path.read_bytes())
+    data[5], data[6] = codec, 0  # codec id, element size
+    path.write_bytes(bytes(data))
+    store.base_cache.clear()
+    with pytest.raises(CorruptChunkError):
+        store.open_version(ids[1]).get("emb")
+    result = store.verify()
+    assert not result.ok and any(p.kind == "corrupt-chunk" for p in result.problems)
+
+
+@pytest.mark.delta_objects
 def test_a_base_the_manifest_does_not_list_is_refused(store: chunkstore.Store) -> None:
     """A delta whose header names a base its version does not list (so GC would not
     keep it) is refused, even while that base is present."""
