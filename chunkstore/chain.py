@@ -38,6 +38,7 @@ import numpy as np
 from chunkstore import codecs
 from chunkstore.chunkobj import (
     HEADER,
+    MAX_PAYLOAD_OVERHEAD,
     ChunkHeader,
     check_digest,
     decode_object,
@@ -112,7 +113,10 @@ def _get(store: Store, digest: Digest, location: PackLocation | None, raw_length
         from chunkstore.packs import member_object  # packs reads chains of members
         return member_object(store, digest, location, raw_length, prefetched)
     try:
-        return store.backend.get(chunk_key(digest))
+        # At most one byte more than any object of raw_length bytes can be: a padded
+        # object is refused by its header check without being read whole.
+        return store.backend.get_range(chunk_key(digest), 0, HEADER.size + DIGEST_SIZE
+                                       + raw_length + MAX_PAYLOAD_OVERHEAD + 1)
     except FileNotFoundError:
         raise missing_chunk(store, digest) from None
 

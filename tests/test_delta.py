@@ -14,12 +14,14 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import ml_dtypes
 import numpy as np
 import pytest
 
 import chunkstore
+from chunkstore.backends.wrappers import ForwardingBackend
 from chunkstore.chain import base_bytes, base_prefix
 from chunkstore.chunkobj import ChunkHeader, encode_object, parse_header
 from chunkstore.codecs import SUB_DELTA, XOR_DELTA
@@ -222,6 +224,43 @@ def test_a_deleted_base_is_reported_on_every_dependent_version(
     with pytest.raises(MissingChunkError):
         store.open_version(ids[2]).get("emb")
     store.open_version(ids[0]).get("emb")  # needs no base: reads
+
+
+@pytest.mark.delta_objects
+def test_a_padded_base_is_refused_without_being_read_whole(store: chunkstore.Store) -> None:
+    """A base object padded on storage (64 MiB of zeros after it) is a corrupt chunk to
+    a reader and to verify, found from a read bounded by the chunk's length: no read
+    of the store returns more than a chunk object can be."""
+    ids = _three_deep(store)[0]
+    base = shard(store, ids[1]).chain(0)[0]
+    with object_path(store, base).open("r+b") as f:
+        f.truncate(object_path(store, base).stat().st_size + (64 << 20))
+    store.base_cache.clear()
+    store.backend = reads = _LargestRead(store.backend)
+    with pytest.raises(CorruptChunkError):
+        store.open_version(ids[1]).get("emb")
+    result = store.verify()
+    store.backend = reads.inner
+    assert not result.ok
+    assert 0 < reads.largest < (2 << 20), reads.largest
+
+
+class _LargestRead(ForwardingBackend):
+    """The store's backend, noting the most bytes one read returned."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.largest = 0
+
+    def get(self, key: str) -> bytes:
+        data = self.inner.get(key)
+        self.largest = max(self.largest, len(data))
+        return data
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        data = self.inner.get_range(key, start, length)
+        self.largest = max(self.largest, len(data))
+        return data
 
 
 @pytest.mark.delta_objects
