@@ -66,7 +66,7 @@ from chunkstore.chunkobj import (
 from chunkstore.codecs import PACK
 from chunkstore.digest import DIGEST_SIZE, Digest, chunk_key
 from chunkstore.errors import CorruptChunkError
-from chunkstore.manifest import PackLocation
+from chunkstore.manifest import MAX_PACK_BYTES, PackLocation
 from chunkstore.moved import MAX_HOPS, read_moved
 
 if TYPE_CHECKING:
@@ -76,9 +76,18 @@ if TYPE_CHECKING:
 #: 2-core machine: writing a pack costs its bytes plus one object; above a few MiB the
 #: per-object cost is noise, and a pack stays small next to a 4 MiB chunk.
 PACK_TARGET_BYTES = 8 * 1024 * 1024
-#: The largest target a store handle accepts: a pack's content stays far below the
-#: largest chunk object (one member more than the target at most).
+#: The largest target a store handle accepts.  A pack holds one member more than its
+#: target at most, and never more than a location may point into (``MAX_PACK_BYTES``):
+#: a member that would cross it starts a new pack.
 MAX_PACK_TARGET = 64 * 1024 * 1024
+
+
+def chunks_fit_in_packs(chunk_bytes: int) -> bool:
+    """Whether every object a chunk of ``chunk_bytes`` can be encoded to (its header,
+    a base's key and a payload of at most its bytes plus a codec's framing) fits in a
+    pack; the chunks of a store whose chunk size is close to the largest are objects
+    of their own."""
+    return HEADER.size + DIGEST_SIZE + chunk_bytes + MAX_PAYLOAD_OVERHEAD <= MAX_PACK_BYTES
 #: A member's listed delta chain and where each base lies (empty for a standalone one).
 Chain = tuple[tuple[Digest, ...], Locations]
 NO_CHAIN: Chain = ((), ())
@@ -173,6 +182,10 @@ class PackBuilder:
             self._placed.add(digest)
             self._slots[digest].chain = chain
             length = len(member[0]) + len(member[1])
+            if length > MAX_PACK_BYTES:  # the writer packs only chunks_fit_in_packs
+                raise ValueError(f"a member of {length} bytes cannot be packed")
+            if self._open and self._size + length > MAX_PACK_BYTES:
+                sealed.append(self._seal())  # no location may end past MAX_PACK_BYTES
             self._open.append((digest, self._size, length, raw_length))
             self._parts.extend(member)
             self._size += length

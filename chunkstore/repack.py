@@ -47,6 +47,7 @@ from chunkstore.codecs import PACK
 from chunkstore.digest import Digest, chunk_key
 from chunkstore.errors import ChunkStoreError
 from chunkstore.index import CHUNK, ChunkRecord, ChunkState
+from chunkstore.manifest import MAX_PACK_BYTES
 from chunkstore.moved import MovedRecord, write_moved
 from chunkstore.packs import copy_members
 
@@ -165,8 +166,12 @@ def repack(store: Store, chosen: list[PackUse], target: int) -> RepackResult:
                 result.skipped.append(f"pack {use.pack.short()}: {exc} (run `chunkstore"
                                       " verify`); not repacked")
                 continue
+            more = sum(len(m) for m in copied)
+            if group and size + more > MAX_PACK_BYTES:  # no moved offset may pass it
+                _write_group(store, fence, session, group, result)
+                group, size = [], 0
             group.append((use, copied))
-            size += sum(len(m) for m in copied)
+            size += more
             if size >= target:
                 _write_group(store, fence, session, group, result)
                 group, size = [], 0

@@ -77,7 +77,7 @@ from chunkstore.manifest import (
     tensor_entry,
 )
 from chunkstore.names import check_entry_name, check_label
-from chunkstore.packs import PackBuilder
+from chunkstore.packs import PackBuilder, chunks_fit_in_packs
 from chunkstore.records import MAX_COUNT, CommitRecord
 from chunkstore.sessions import StoreSession
 from chunkstore.tree import flatten
@@ -231,13 +231,16 @@ class VersionWriter(ChunkJobs):
                         or self._small_bytes >= SMALL_BATCH_BYTES):
                     self._flush_small()
                 return
-            pack_chunks = not self._parent.depth and (
+            # Chunks of nearly the largest chunk size are objects of their own: no pack
+            # location may end past MAX_PACK_BYTES.
+            fit = chunks_fit_in_packs(chunk_bytes)
+            pack_chunks = fit and not self._parent.depth and (
                 self._store.backend.local_path() is None if PACK_LARGE_TENSORS is None
                 else PACK_LARGE_TENSORS)
             # In a store with delta chains, deltas and standalone chunks alike are packed
             # (Store.pack_delta_chunks), so a delta save writes about new bytes / pack
             # size objects instead of one per chunk (docs/format.md §3.5, chunk format 5).
-            pack_members = bool(self._parent.depth) and self._store.pack_delta_chunks
+            pack_members = fit and bool(self._parent.depth) and self._store.pack_delta_chunks
             # A chunk that may be a base of the run's next save (chunkstore.basecopies).
             may_be_base = self._parent.depth and len(flat) >= min(MIN_DELTA_TENSOR_BYTES,
                                                                   chunk_bytes + 1)

@@ -536,3 +536,45 @@ def test_an_s3_store_packs_the_chunks_of_large_tensors(s3_endpoint: str,
             assert store.verify().ok
     finally:
         remove_bucket(s3_endpoint, bucket)
+
+
+def test_a_store_of_the_largest_chunk_size_keeps_its_chunks_readable(tmp_path: Path) -> None:
+    """With the largest chunk size (256 MiB) and delta chains, an incompressible chunk
+    would make a member whose location ends past the largest pack a reader accepts: it
+    is stored as an object of its own, and the version reads back."""
+    from chunkstore.manifest import MAX_CHUNK_BYTES
+
+    data = np.frombuffer(np.random.default_rng(0).bytes(MAX_CHUNK_BYTES), dtype=np.uint8)
+    with chunkstore.open(tmp_path / "s", chunk_size=MAX_CHUNK_BYTES, delta_depth=2) as store:
+        with store.new_version(run="r", step=1) as version:
+            version.put("big", data)
+        entry = store.open_version("r@1").entry("big")
+        assert isinstance(entry, TensorEntry)
+        assert entry.shards[0].location(0) is None
+        assert np.array_equal(store.open_version("r@1").get("big"), data)
+        assert store.verify().ok
+
+
+def test_a_pack_is_sealed_before_a_member_would_end_past_the_largest_pack(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Members are packed in order until the next would end past the largest pack a
+    location may point into (made 3 MiB here, for writer and reader alike, so 1 MiB
+    chunks show it): then a new pack starts.  Every location stays within it and the
+    version reads back."""
+    from chunkstore import manifest, packs
+
+    limit = 3 << 20
+    monkeypatch.setattr(manifest, "MAX_PACK_BYTES", limit)
+    monkeypatch.setattr(packs, "MAX_PACK_BYTES", limit)
+    data = np.frombuffer(np.random.default_rng(1).bytes(8 << 20), dtype=np.uint8)
+    with chunkstore.open(tmp_path / "s", chunk_size=1 << 20, delta_depth=2,
+                         pack_size=64 << 20) as store:
+        with store.new_version(run="r", step=1) as version:
+            version.put("t", data)
+        entry = store.open_version("r@1").entry("t")
+        assert isinstance(entry, TensorEntry)
+        locations = [entry.shards[0].location(i) for i in range(8)]
+        assert all(at is not None and at.offset + at.length <= limit for at in locations)
+        assert len({at.pack for at in locations if at is not None}) == 4  # 2 members each
+        assert np.array_equal(store.open_version("r@1").get("t"), data)
+        assert store.verify().ok

@@ -397,3 +397,36 @@ def test_an_s3_store_repacks_and_reads_through_moved_records(s3_endpoint: str,
                 check(other, vid, step)
     finally:
         remove_bucket(s3_endpoint, bucket)
+
+
+def test_a_repack_starts_a_new_pack_before_one_would_pass_the_largest_pack(
+        root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two mostly-garbage packs whose live members together pass the largest pack a
+    location may point into (made 1,500 bytes for the repack here) go into two new
+    packs, not one whose moved offsets no reader would accept."""
+    from chunkstore import repack
+
+    limit = 1500
+    with chunkstore.open(root, chunk_size=64 * 1024, pack_size=5000) as store:
+        first = save(store, 1)  # ten members of about 940 bytes: packs of six and four
+        packs = {at.pack for at in packs_of(store, first).values()}
+        assert len(packs) == 2
+        kept = ("t0", "t9")  # one live member in each pack
+        assert {packs_of(store, first)[name].pack for name in kept} == packs
+        with store.new_version("r", 2) as version:
+            for name in kept:
+                version.put(name, state(1)[name])
+        store.delete(first)
+        monkeypatch.setattr(repack, "MAX_PACK_BYTES", limit)
+        result = store.gc(grace=0)
+        assert result.packs_repacked == 2
+        records = list(moved(root).values())
+        assert {r["pack"] for r in records} == {p.hex for p in packs}
+        assert len({r["to"] for r in records}) == 2  # each pack's member in a pack of its own
+        for record in records:
+            assert all(new + length <= limit  # type: ignore[operator]
+                       for _, length, new in record["members"])  # type: ignore[union-attr]
+        got = store.open_version(version.info.id)
+        for name in kept:
+            np.testing.assert_array_equal(got.get(name), state(1)[name])
+        assert store.verify().ok
