@@ -562,13 +562,16 @@ class _Run:
         return stored
 
     def _intact_elsewhere(self, pack: Digest) -> bool:
-        """Before a pack the versions still list is deleted: every member they list in
-        it reads back where the moved records put it, hash-checked, or for a delta
-        member (no hash without its bases) equal byte for byte to the member it was
-        copied from (so a damaged, crafted or stale record never costs data)."""
+        """Before a pack that holds members of live versions is deleted: every member
+        they list in it, or reach through it (a pack a repack wrote, which versions
+        reach only through moved records), reads back where the moved records put it
+        next, hash-checked, or for a delta member (no hash without its bases) equal
+        byte for byte to the member it was copied from (so a damaged, crafted or stale
+        record never costs data)."""
         assert self.marks is not None
         stored = self._stored_now()
-        for digest, listed in self.marks.listed_members(pack):
+        members = self.marks.listed_members(pack) + self.marks.passing_members(pack)
+        for digest, listed in members:
             location, _ = resolve_location(listed, self.moved, stored)
             try:
                 if location.pack == pack:

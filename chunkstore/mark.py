@@ -8,7 +8,7 @@ import shutil
 import struct
 import tempfile
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import lmdb
 
@@ -16,7 +16,7 @@ from chunkstore.digest import Digest
 from chunkstore.errors import ChunkStoreError, GcAbortedError
 from chunkstore.index import CHUNK, NODE
 from chunkstore.manifest import DataEntry, PackLocation, TensorEntry
-from chunkstore.moved import MAX_HOPS, MovedRecord, resolve_location
+from chunkstore.moved import MAX_HOPS, MovedRecord, resolve_hops
 from chunkstore.progress import Progress
 from chunkstore.tombstones import list_tombstones
 from chunkstore.tree import load_tree
@@ -66,10 +66,18 @@ class MarkSet:
 
     def listed_members(self, pack: Digest) -> list[tuple[Digest, PackLocation]]:
         """Every member the marked versions list inside ``pack``: (digest, location)."""
+        return self._members(_MEMBER + pack.raw, None)
+
+    def passing_members(self, pack: Digest) -> list[tuple[Digest, PackLocation]]:
+        """Every marked member that the last :meth:`resolve` followed through ``pack``
+        on its way to where it lies now (``pack`` reached only through moved records,
+        as a repack's new pack is): (digest, its location in ``pack``)."""
+        return self._members(_PASS + pack.raw, self.resolved)
+
+    def _members(self, prefix: bytes, db: Any) -> list[tuple[Digest, PackLocation]]:
         found = []
         with self.env.begin() as txn:
-            cursor = txn.cursor()
-            prefix = _MEMBER + pack.raw
+            cursor = txn.cursor(db=db) if db is not None else txn.cursor()
             if cursor.set_range(prefix):
                 for raw_key, raw_value in cursor.iternext():
                     key = bytes(raw_key)
@@ -142,9 +150,12 @@ class MarkSet:
     def _resolve_member(self, txn: lmdb.Transaction, moved: dict[Digest, MovedRecord | None],
                         stored: Callable[[Digest], bool], listed: PackLocation,
                         digest: bytes) -> None:
-        location, path = resolve_location(listed, moved, stored)
+        hops = resolve_hops(listed, moved, stored)
+        location, path = hops[-1], [hop.pack for hop in hops[:-1]]
         for pack in path:
             txn.put(_USED + pack.raw, b"", db=self.resolved)
+        for passed in hops[1:-1]:  # in a pack only moved records reach (a repack's pack)
+            txn.put(_PASS + _location_key(passed), digest, db=self.resolved)
         if len(path) == MAX_HOPS:  # as long as a reader follows (a cycle?): keep them all
             for pack in path:
                 txn.put(_HOLDS + pack.raw, b"", db=self.resolved)
@@ -182,8 +193,9 @@ class MarkSet:
 
 #: Mark set keys: a member where a manifest lists it (pack + offset -> chunk + length);
 #: in the resolved table, a pack holding a reached member, a pack reached through a
-#: moved record, a pack whose moved record was followed, and a member where it lies now.
-_MEMBER, _HOLDS, _VIA, _USED, _LIVE = b"m", b"p", b"v", b"u", b"l"
+#: moved record, a pack whose moved record was followed, a member where it lies now,
+#: and a member in a pack its resolution passed through (neither listed nor final).
+_MEMBER, _HOLDS, _VIA, _USED, _LIVE, _PASS = b"m", b"p", b"v", b"u", b"l", b"t"
 _PLACE = struct.Struct(">QQ")  # offset, length: sorts by offset within a pack
 
 

@@ -112,15 +112,23 @@ def resolve_location(location: PackLocation, moved: dict[Digest, MovedRecord | N
     it, as long as the pack it leads to is stored or the pack it leaves is not (a
     record is never trusted to replace bytes that exist with bytes that do not).
     Returns the final location and the packs whose records were followed."""
-    path: list[Digest] = []
+    hops = resolve_hops(location, moved, stored)
+    return hops[-1], [hop.pack for hop in hops[:-1]]
+
+
+def resolve_hops(location: PackLocation, moved: dict[Digest, MovedRecord | None],
+                 stored: Callable[[Digest], bool]) -> list[PackLocation]:
+    """Every location :func:`resolve_location` passes through, ``location`` first and
+    the final one last."""
+    hops = [location]
     for _ in range(MAX_HOPS):
         record = moved.get(location.pack)
         new = record.forward(location) if record is not None else None
         if new is None or not (stored(new.pack) or not stored(location.pack)):
             break
-        path.append(location.pack)
         location = new
-    return location, path
+        hops.append(location)
+    return hops
 
 
 def read_moved(backend: Backend, pack: Digest) -> MovedRecord | None:

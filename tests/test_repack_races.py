@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import chunkstore
-from chunkstore.digest import Digest
+from chunkstore.digest import Digest, chunk_key
 from chunkstore.moved import moved_key
 from tests.test_repack import (
     check,
@@ -229,3 +229,51 @@ def test_a_new_pack_is_freed_without_the_orphan_sweep(root: Path) -> None:
         store.gc(grace=0, sweep=False)
         store.gc(grace=0, sweep=False)
         assert not [p for p in (root / "chunks").rglob("*") if p.is_file()]
+
+
+@pytest.mark.parametrize("damage", ["crafted record", "damaged copy"])
+def test_a_pack_only_moved_records_reach_is_deleted_only_when_its_members_read_back(
+        root: Path, damage: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A repack's new pack N is listed by no manifest: versions reach its members through
+    the moved record of the pack they were copied from.  Before N is deleted (repacked
+    again, or named by a moved record of its own), every member versions reach through
+    it must read back where its record puts it: a crafted moved/N, or N's repacked copy
+    damaged right after the repack, never costs the data."""
+    import chunkstore.gc as gc_module
+
+    ids, first = three_versions(root)
+    with chunkstore.open(root) as store:
+        store.delete(ids[0])
+        store.gc(grace=0)  # step 1's pack -> N
+        assert not exists(store, first)
+        record = moved(root)[first.hex]
+        new = Digest.parse(record["to"])  # type: ignore[arg-type]
+        other = packs_of(store, ids[2])["t0"].pack  # step 3's own pack
+    if damage == "crafted record":  # moved/N into another stored pack, at N's offsets
+        crafted = {"format_version": 1, "pack": new.hex, "to": other.hex,
+                   "members": [[at, length, at] for _, length, at in record["members"]]}  # type: ignore[union-attr]
+        (root / moved_key(new)).write_bytes(json.dumps(crafted).encode())
+    else:  # step 2 removed: N is mostly garbage, repacked into N2, damaged at once
+        real = gc_module.repack
+
+        def repack_then_damage(*args: object, **kwargs: object) -> object:
+            done = real(*args, **kwargs)  # type: ignore[arg-type]
+            for old in done.repacked:
+                to = json.loads((root / moved_key(old)).read_bytes())["to"]
+                path = root / chunk_key(Digest.parse(to))
+                data = bytearray(path.read_bytes())
+                data[-1] ^= 0xFF
+                path.write_bytes(bytes(data))
+            return done
+
+        monkeypatch.setattr(gc_module, "repack", repack_then_damage)
+        with chunkstore.open(root) as store:
+            store.delete(ids[1])
+    with chunkstore.open(root) as store:
+        result = store.gc(grace=0)
+        assert exists(store, new), "gc deleted a pack whose members do not read back elsewhere"
+        assert any(new.short() in note for note in result.repack_skipped)
+        if damage == "crafted record":
+            (root / moved_key(new)).unlink()
+            check(store, ids[1], 2)
+        check(store, ids[2], 3)
