@@ -25,6 +25,7 @@ from chunkstore.errors import (
     MissingChunkError,
 )
 from chunkstore.manifest import DataEntry, PackLocation, decode_data
+from chunkstore.moved import list_moved
 from chunkstore.packs import locate_member
 from chunkstore.progress import NullProgress, Progress
 from chunkstore.reader import chunk_reads, read_chunk_into
@@ -44,7 +45,7 @@ class Problem:
     """One finding: ``kind`` is a stable machine-readable word."""
 
     kind: str  # missing-chunk, corrupt-chunk, corrupt-node, corrupt-record, corrupt-tag,
-    #            format-version, unreadable, refcount, index
+    #            corrupt-moved, format-version, unreadable, refcount, index
     message: str
     version: str | None = None
     digest: str | None = None
@@ -164,6 +165,17 @@ def _check_tags(store: Store, result: VerifyResult) -> None:
             result.problems.append(_problem_from(exc, None))
 
 
+def _check_moved(store: Store, result: VerifyResult) -> None:
+    """A moved record that cannot be parsed stops every GC (it cannot know where that
+    pack's members went), and a read through it fails: name it."""
+    for pack, record in sorted(list_moved(store.backend).items()):
+        if record is None:
+            result.problems.append(Problem(
+                "corrupt-moved", f"the moved record of pack {pack.short()} cannot be parsed:"
+                " gc deletes nothing while it is there, and reads through it fail", None,
+                pack.hex))
+
+
 def _check_refcounts(store: Store, trees: dict[str, FlatTree], unreadable: set[str],
                      result: VerifyResult) -> None:
     indexed = {e.id for e in store.index.versions()}
@@ -214,5 +226,6 @@ def verify(store: Store, sel: str | None = None, *, read_data: bool = True,
     progress.finish()
     if sel is None:
         _check_tags(store, result)
+        _check_moved(store, result)
         _check_refcounts(store, trees, set(ids) - set(trees), result)
     return result

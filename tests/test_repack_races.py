@@ -277,3 +277,23 @@ def test_a_pack_only_moved_records_reach_is_deleted_only_when_its_members_read_b
             (root / moved_key(new)).unlink()
             check(store, ids[1], 2)
         check(store, ids[2], 3)
+
+
+def test_verify_names_a_moved_record_that_cannot_be_parsed(root: Path) -> None:
+    """Junk under moved/ for a pack that is still stored: no read goes through it, but
+    every GC stops on it; verify names it (it passed before)."""
+    from chunkstore.errors import GcAbortedError
+
+    ids, first = three_versions(root)
+    path = root / moved_key(first)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"{not json")
+    with chunkstore.open(root) as store:
+        check(store, ids[2], 3)
+        result = store.verify()
+        assert not result.ok
+        assert [p.kind for p in result.problems] == ["corrupt-moved"]
+        assert result.problems[0].digest == first.hex
+        store.delete(ids[0])
+        with pytest.raises(GcAbortedError):
+            store.gc(grace=0)

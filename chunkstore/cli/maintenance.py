@@ -56,8 +56,10 @@ def verify(store_path: str, selector: str | None, quick: bool, as_json: bool) ->
 
     With SELECTOR only that version is checked (and refcounts are not).
     Problems are listed one per line as KIND VERSION DETAIL; the kinds are
-    missing-chunk, corrupt-chunk, corrupt-node, corrupt-record,
-    format-version, refcount, index. Refcount and index problems are fixed
+    missing-chunk, corrupt-chunk, corrupt-node, corrupt-record, corrupt-tag,
+    corrupt-moved (a repacked pack's record of where its members went:
+    gc deletes nothing while one cannot be parsed), format-version,
+    unreadable, refcount, index. Refcount and index problems are fixed
     by `chunkstore index rebuild`; the others mean lost or damaged data.
 
     \b
