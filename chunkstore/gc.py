@@ -305,6 +305,7 @@ class _Run:
         self.expired: set[str] = set()
         self.expired_tombstones: list[str] = []
         self.deleted: list[tuple[bytes, Digest]] = []
+        self.delete_began = False
         self.entry: JournalEntry | None = None
         self.marks: MarkSet | None = None  # steps 4 and 7 share one
         self.moved: dict[Digest, MovedRecord | None] = {}  # read by the last mark
@@ -527,7 +528,7 @@ class _Run:
                 entry.state = ABANDONED  # interrupted: saves stop waiting for it
             # What other indexes must forget: only what was deleted (or, if the run
             # was interrupted mid-way, everything it may have deleted).
-            if entry.state == DONE or not self.deleted:
+            if entry.state == DONE or not self.delete_began:
                 entry.chunks = frozenset(d for k, d in self.deleted if k == CHUNK)
                 entry.nodes = frozenset(d for k, d in self.deleted if k == NODE)
             write_entry(self.backend, entry)
@@ -592,6 +593,7 @@ class _Run:
         return True
 
     def delete(self, candidates: list[Candidate]) -> None:
+        self.delete_began = True  # from here an interruption may leave any candidate deleted
         self.progress.start(len(candidates), "gc: delete")
         candidates = [c for c in candidates if c.kind != CHUNK or c.digest not in self.forwarded
                       or self._intact_elsewhere(c.digest)]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import lmdb
 
 from chunkstore.digest import Digest
-from chunkstore.errors import ChunkStoreError, GcAbortedError
+from chunkstore.errors import ChunkStoreError, GcAbortedError, IntegrityError
 from chunkstore.index import CHUNK, NODE
 from chunkstore.manifest import DataEntry, PackLocation, TensorEntry
 from chunkstore.moved import MAX_HOPS, MovedRecord, resolve_hops
@@ -239,9 +239,12 @@ def mark_tree(store: Store, root: Digest, marks: MarkSet) -> None:
     stack = [root]
     while stack:
         digest = stack.pop()
-        if not marks.add(NODE, digest):
+        if (NODE, digest) in marks:
             continue  # shared with a version marked before
+        # Marked once loaded, not before: a node a read failed on is walked again by the
+        # next walk that reaches it (step 7's of versions published meanwhile).
         node = load_tree(store.backend, digest, store.node_cache)
+        marks.add(NODE, digest)
         chunks: list[Digest] = []
         members: list[tuple[PackLocation, Digest]] = []
         for leaf in node.leaves.values():
@@ -293,6 +296,9 @@ def mark_removed(store: Store, marks: MarkSet, removed_after: float) -> list[str
         elif tombstone.root is not None:
             try:
                 mark_tree(store, tombstone.root, marks)
-            except ChunkStoreError:
+            except IntegrityError:
                 continue  # partly gone already: what was marked stays protected
+            except ChunkStoreError as exc:  # unreadable now, maybe not gone: keep everything
+                raise GcAbortedError(f"removed version {tombstone.version_id[:12]} cannot be"
+                                     f" read ({exc}); gc deletes nothing") from exc
     return expired

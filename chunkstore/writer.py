@@ -344,12 +344,17 @@ class VersionWriter(ChunkJobs):
         Returns the bytes written.
         """
         index, backend = self._store.index, self._store.backend
+        generation = self._fence.generation  # before the claims: see _pre_claimed
         claims = index.claim_nodes(self._session, nodes)
         for digest, found in claims.items():
             if found == Claim.WAIT:  # GC is deleting an unreferenced copy of it
                 claims[digest] = self._wait_out_deletion(digest, self._node_claimer(digest))
         # Claimed above, in one transaction: _reusable only reads the answer.
-        missing = [(d, nodes[d]) for d in nodes if not self._reusable(NODE, d, claims.__getitem__)]
+        def claim(digest: Digest) -> Claim:
+            if self._fence.generation == generation:
+                return claims[digest]
+            return self._wait_out_deletion(digest, self._node_claimer(digest))
+        missing = [(d, nodes[d]) for d in nodes if not self._reusable(NODE, d, claim)]
         done = self._store.executor.map(
             lambda item: backend.put_if_absent_deferred(node_key(item[0]), item[1]), missing)
         return sum(len(b) for (_, b), wrote in zip(missing, done, strict=True) if wrote)

@@ -26,6 +26,7 @@ import pytest
 import chunkstore
 from chunkstore.backends.wrappers import ForwardingBackend
 from chunkstore.digest import chunk_key, version_key
+from chunkstore.errors import BackendError, GcAbortedError
 from chunkstore.manifest import TensorEntry
 from tests.machine_child import CHUNK_SIZE, loop_state, state
 from tests.s3server import create_bucket, remove_bucket, s3_endpoint, storage_options
@@ -606,3 +607,145 @@ class _PrunedAfterListing(ForwardingBackend):
             self.inner.delete(entry_key(self.entry_id))
             self.entry_id = None
         return iter(keys)
+
+
+class _DeleteThenFail(ForwardingBackend):
+    """The first chunk DELETE takes effect and its answer is lost (a reset connection,
+    Ctrl-C): the caller sees an error for an object that is gone."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.fired = False
+
+    def delete(self, key: str) -> bool:
+        existed = self.inner.delete(key)
+        if key.startswith("chunks/") and not self.fired:
+            self.fired = True
+            raise BackendError(f"DELETE {key}: connection reset")
+        return existed
+
+
+def test_a_gc_interrupted_by_a_deletion_that_took_effect_names_every_candidate(
+        tmp_path: Path) -> None:
+    """A GC's first deletion takes effect and then raises: its journal entry must still
+    name everything it may have deleted, so another index stops deduplicating against
+    the deleted chunk (here a long-lived handle on a remote store, which found the
+    chunk stored before and does not ask again)."""
+    from chunkstore.journal import list_entry_ids, read_entry
+
+    url = f"memory://cs-{os.urandom(8).hex()}"
+    weights = np.random.default_rng(0).standard_normal(300_000).astype(np.float32)
+    with chunkstore.open(url, index_dir=str(tmp_path / "b")) as b:
+        with b.new_version(run="old", step=1) as version:
+            version.put("w", weights)
+        with chunkstore.open(url, index_dir=str(tmp_path / "a")) as a:
+            a.delete("old@1")
+            a.backend = _DeleteThenFail(a.backend)
+            with pytest.raises(BackendError):
+                a.gc(grace=0)
+            a.backend = a.backend.inner
+            (entry_id,) = list_entry_ids(a.backend)
+            entry = read_entry(a.backend, entry_id)
+            assert entry is not None and entry.chunks  # names what it may have deleted
+        with b.new_version(run="new", step=1) as version:
+            version.put("w", weights)
+    with chunkstore.open(url, index_dir=str(tmp_path / "c")) as c:
+        np.testing.assert_array_equal(c.open_version("new@1").get("w"), weights)
+        assert c.verify().ok
+
+
+def test_node_claims_taken_before_another_indexs_gc_finished_are_not_trusted(
+        tmp_path: Path) -> None:
+    """A commit claims its version's nodes in one batch, then waits out the GC entry
+    that names the first; that GC deletes them all meanwhile.  The batch's answers for
+    the other nodes are stale once the entry is applied: each is claimed again, found
+    deleted, and written (as chunk batches are, since 'claim_small')."""
+    import threading
+
+    from chunkstore.digest import node_key
+    from chunkstore.index import NODE
+    from chunkstore.journal import DONE, start_entry, write_entry
+
+    url = f"memory://cs-{os.urandom(8).hex()}"
+    with chunkstore.open(url, threads=1, index_dir=str(tmp_path / "i"), node_size=0) as store:
+        def content(version: Any) -> None:
+            version.put("m.a", np.arange(16, dtype=np.int32))
+            version.put("n.b", np.arange(16, dtype=np.int32) * 2)
+            version.put_data("cfg", {"lr": 0.1, "name": "x"})
+
+        with store.new_version(run="old", step=1) as version:
+            content(version)
+        old = version.info
+        nodes = sorted(store.index.version_node_refs(old.id), key=lambda d: d.hex)
+        assert len(nodes) > 2
+        # Another machine removed the old version (this index has not noticed) and its
+        # GC fences the old version's nodes, then deletes them while this save waits.
+        store.backend.delete(version_key(old.id))
+        entry = start_entry(store.backend, [(NODE, d) for d in nodes])
+
+        def other_gc_deletes() -> None:
+            time.sleep(0.3)
+            for digest in nodes:
+                store.backend.delete(node_key(digest))
+            entry.state = DONE
+            write_entry(store.backend, entry)
+
+        other = threading.Thread(target=other_gc_deletes)
+        with store.new_version(run="r", step=1) as version:  # reads the journal: active
+            content(version)
+            other.start()
+        other.join()
+    with chunkstore.open(url, index_dir=str(tmp_path / "fresh")) as fresh:
+        got = fresh.open_version("r@1")
+        np.testing.assert_array_equal(got.get("n.b"), np.arange(16, dtype=np.int32) * 2)
+        assert got.get_data("cfg") == {"lr": 0.1, "name": "x"}
+        assert fresh.verify().ok
+
+
+class _FlakyGet(ForwardingBackend):
+    """The first GET of one key fails as a busy server's would (a transient error)."""
+
+    def __init__(self, inner: Any, key: str) -> None:
+        super().__init__(inner)
+        self.key, self.failed = key, False
+
+    def get(self, key: str) -> bytes:
+        if key == self.key and not self.failed:
+            self.failed = True
+            raise BackendError(f"GET {key}: 503 slow down")
+        return self.inner.get(key)
+
+
+def test_a_removed_version_whose_tree_cannot_be_read_now_keeps_everything(
+        tmp_path: Path) -> None:
+    """A version removed within the grace period keeps its whole tree for a reader that
+    opened it before.  A GET of one of its subtree nodes fails once (a transient error):
+    the GC deletes nothing (it stops), and the reader reads on."""
+    from chunkstore.digest import node_key
+
+    root = tmp_path / "s"
+    rng = np.random.default_rng(1)
+    first, second = (rng.standard_normal(200_000).astype(np.float32) for _ in range(2))
+    with chunkstore.open(root, index_dir=str(tmp_path / "b"), node_size=0) as b:
+        with b.new_version(run="old", step=1) as version:
+            version.put("m.a", first)
+            version.put("m.b", second)
+            version.put("x", np.arange(10))
+        reader = b.open_version("old@1")
+        subtree = [d for d in b.index.version_node_refs(reader.info.id)
+                   if d.hex != reader.info.root.hex]
+        assert len(subtree) == 1
+        b.delete("old@1")  # its tombstone is young: a grace period starts
+        written_long_ago = time.time() - 2 * HOUR
+        for folder in ("chunks", "nodes"):
+            for path in (root / folder).rglob("*"):
+                if path.is_file():
+                    os.utime(path, (written_long_ago, written_long_ago))
+        with chunkstore.open(root, index_dir=str(tmp_path / "a"), node_size=0) as a:
+            a.backend = _FlakyGet(a.backend, node_key(subtree[0]))
+            with pytest.raises(GcAbortedError):
+                a.gc(grace="1h")
+            a.backend = a.backend.inner
+            assert a.gc(grace="1h").chunks_deleted + a.gc(grace="1h").orphans_deleted == 0
+        np.testing.assert_array_equal(reader.get("m.a"), first)
+        np.testing.assert_array_equal(reader.get("m.b"), second)
