@@ -343,21 +343,37 @@ class VersionWriter(ChunkJobs):
 
         Returns the bytes written.
         """
-        index, backend = self._store.index, self._store.backend
+        index = self._store.index
         generation = self._fence.generation  # before the claims: see _pre_claimed
         claims = index.claim_nodes(self._session, nodes)
         for digest, found in claims.items():
             if found == Claim.WAIT:  # GC is deleting an unreferenced copy of it
                 claims[digest] = self._wait_out_deletion(digest, self._node_claimer(digest))
-        # Claimed above, in one transaction: _reusable only reads the answer.
+        # Claimed above, in one transaction: _reusable reads the answer, unless a GC
+        # journal entry was applied since (then it may be stale: claimed again).
         def claim(digest: Digest) -> Claim:
             if self._fence.generation == generation:
                 return claims[digest]
             return self._wait_out_deletion(digest, self._node_claimer(digest))
         missing = [(d, nodes[d]) for d in nodes if not self._reusable(NODE, d, claim)]
-        done = self._store.executor.map(
-            lambda item: backend.put_if_absent_deferred(node_key(item[0]), item[1]), missing)
+        done = self._store.executor.map(lambda item: self._put_node(*item), missing)
         return sum(len(b) for (_, b), wrote in zip(missing, done, strict=True) if wrote)
+
+    def _put_node(self, digest: Digest, data: bytes) -> bool:
+        """Store a node the save may not reuse (put-if-absent); a copy found stored is
+        kept only when it holds exactly these bytes, else replaced (docs/format.md
+        §11.1, rule 2: an orphan or a copy a GC was deleting may be damaged).  True when
+        this save wrote it."""
+        backend, key = self._store.backend, node_key(digest)
+        if backend.put_if_absent_deferred(key, data):
+            return True
+        try:
+            if backend.get(key) == data:
+                return False
+        except FileNotFoundError:
+            pass
+        backend.put(key, data)
+        return True
 
     def commit(self) -> VersionInfo:
         """Publish the version: after this returns it is durable, listed and loadable."""

@@ -749,3 +749,31 @@ def test_a_removed_version_whose_tree_cannot_be_read_now_keeps_everything(
             assert a.gc(grace="1h").chunks_deleted + a.gc(grace="1h").orphans_deleted == 0
         np.testing.assert_array_equal(reader.get("m.a"), first)
         np.testing.assert_array_equal(reader.get("m.b"), second)
+
+
+def test_a_damaged_copy_of_a_node_a_save_must_write_is_replaced_not_kept(
+        tmp_path: Path) -> None:
+    """A node object is stored but damaged, and no version this index knows lists it (a
+    removed version's, seen by a new index): the save that needs it writes it, finds a
+    copy stored, and keeps the copy only if it holds the node's bytes; here it does not,
+    so it is replaced and the version reads back."""
+    from chunkstore.digest import node_key
+
+    root = tmp_path / "s"
+    weights = np.arange(10_000, dtype=np.float32)
+    with chunkstore.open(root, index_dir=str(tmp_path / "a")) as a:
+        with a.new_version(run="r", step=1) as version:
+            version.put("w", weights)
+        tree = version.info.root
+        a.delete(version.info.id)
+    path = root / node_key(tree)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with chunkstore.open(root, index_dir=str(tmp_path / "b")) as b:  # never counted r@1
+        with b.new_version(run="r", step=2) as version:
+            version.put("w", weights)
+        assert version.info.root == tree
+    with chunkstore.open(root, index_dir=str(tmp_path / "c")) as c:
+        np.testing.assert_array_equal(c.open_version("r@2").get("w"), weights)
+        assert c.verify().ok
