@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import blake3
 
 DIGEST_SIZE = 32
-_HEX = re.compile(r"^[0-9a-f]{64}$")
+_HEX = re.compile(r"[0-9a-f]{64}\Z")  # \Z: "$" would match before a final newline
 
 CHUNK_PREFIX = "chunks/"
 NODE_PREFIX = "nodes/"

@@ -11,7 +11,7 @@ import re
 from chunkstore.errors import InvalidNameError
 
 MAX_NAME_LENGTH = 1024
-_RUN_OR_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=-]{0,127}$")
+_RUN_OR_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+=-]{0,127}\Z")  # not "$": see digest._HEX
 RESERVED_SELECTORS = frozenset({"latest"})
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 

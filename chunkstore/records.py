@@ -213,6 +213,8 @@ class Tag:
         """Parse a tag object; ``CorruptTagError`` for anything a writer would not write."""
         try:
             check_label(name, "tag")
+            if looks_like_a_version_id(name):  # it would shadow the version it names
+                raise ValueError("the name looks like a version id (no writer makes one)")
             obj = plaindata.load_json(data)
             if not isinstance(obj, dict):
                 raise ValueError("not a JSON object")
@@ -222,6 +224,15 @@ class Tag:
             return cls(name, version, _time(obj.get("created"), "created"))
         except (InvalidNameError, ValueError) as exc:
             raise CorruptTagError(name, str(exc)) from exc
+
+
+#: The fewest hex characters a version id prefix has, as a selector.
+MIN_PREFIX = 4
+
+
+def looks_like_a_version_id(name: str) -> bool:
+    """Whether a name reads as a version id or an id prefix a selector resolves."""
+    return len(name) >= MIN_PREFIX and all(c in "0123456789abcdef" for c in name)
 
 
 def now() -> float:

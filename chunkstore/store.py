@@ -60,10 +60,12 @@ from chunkstore.records import (
     DEFAULT_DELTA_DEPTH,
     MAX_CHUNK_SIZE,
     MIN_CHUNK_SIZE,
+    MIN_PREFIX,
     STORE_FORMAT_VERSION,
     CommitRecord,
     StoreConfig,
     Tag,
+    looks_like_a_version_id,
 )
 from chunkstore.tombstones import write_tombstone
 from chunkstore.tree import NodeCache, flatten
@@ -77,7 +79,6 @@ if TYPE_CHECKING:
     from chunkstore.retention import PruneResult
     from chunkstore.verify import VerifyResult
 
-MIN_PREFIX = 4
 #: Saves inline a subtree of the names into its parent manifest node while the parent
 #: stays this small (docs/format.md §5.1), so a model's version is a few nodes, not one
 #: per branch of its names; a change rewrites at most about this much per level above it.
@@ -393,7 +394,7 @@ class Store:
         if "@" in selector:
             return self._resolve_run_step(selector)
         tags = self.index.tags()
-        if selector in tags:
+        if selector in tags and not looks_like_a_version_id(selector):
             return self._by_id(tags[selector], selector)
         return self._resolve_prefix(selector)
 
@@ -410,7 +411,7 @@ class Store:
             raise SelectorError(selector, f"no versions of run {run!r}")
         if step == "latest":
             return versions[-1]
-        if not step.isdigit():
+        if not (step.isascii() and step.isdigit() and len(step) <= 19):  # '²' is a digit
             raise SelectorError(selector, "expected RUN@STEP with an integer step, or RUN@latest")
         matches = [v for v in versions if v.step == int(step)]
         if not matches:
@@ -457,8 +458,7 @@ class Store:
     def tag(self, selector: str, name: str) -> VersionInfo:
         """Point tag ``name`` at a version (moving it if it exists).  Tags pin versions."""
         name = check_label(name, "tag")
-        if is_hex_digest(name) or (len(name) >= MIN_PREFIX and all(c in "0123456789abcdef"
-                                                                      for c in name)):
+        if looks_like_a_version_id(name):
             raise InvalidInputError(f"tag {name!r} looks like a version id; choose another name")
         info = self.resolve(selector)
         body = json.dumps({"version": info.id, "created": time.time()}).encode()

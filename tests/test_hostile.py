@@ -365,3 +365,51 @@ def test_all_errors_of_this_module_are_typed() -> None:
     huge = b'{"version": "' + Digest.of(b"v").hex.encode() + b'", "created": ' + b"9" * 400 + b"}"
     with pytest.raises(CorruptTagError, match="finite"):  # found by tools/fuzz_decoders.py
         Tag.decode("best", huge)
+
+
+def test_a_digest_followed_by_a_newline_is_not_a_digest(store_dir: Path) -> None:
+    """A regular expression ending in '$' also matches before a final newline: a digest
+    with one (in a manifest, or a key) is not a digest, and a stray key
+    ``versions/<hex>\\n`` is ignored as every key that is not a version's is."""
+    from chunkstore.digest import Digest, is_hex_digest
+
+    hexed = "ab" * 32
+    assert is_hex_digest(hexed) and not is_hex_digest(hexed + "\n")
+    with pytest.raises(ValueError):
+        Digest.parse(hexed + "\n")
+    with chunkstore.open(store_dir) as store:
+        versions = [v.id for v in store.versions()]
+        (store_dir / "versions" / (versions[0] + "\n")).write_bytes(b"junk")
+        assert [v.id for v in store.versions()] == versions
+        result = store.verify()
+        assert result.ok, result.problems
+
+
+def test_a_tag_named_like_a_version_id_never_stands_for_that_version(store_dir: Path) -> None:
+    """No writer names a tag like a version id; one crafted so (``tags/<id of
+    good@1>`` pointing at good@2) must not make that id select good@2: the id selects
+    its own version, and verify reports the tag."""
+    with chunkstore.open(store_dir) as store:
+        with store.new_version(run="good", step=2) as version:
+            version.put("w", W + 1)
+        first, second = (v.id for v in store.versions("good"))
+    body = json.dumps({"version": second, "created": time.time()}).encode()
+    for name in (first, first[:8]):
+        (store_dir / "tags" / name).parent.mkdir(parents=True, exist_ok=True)
+        (store_dir / "tags" / name).write_bytes(body)
+    with chunkstore.open(store_dir) as store:
+        assert store.resolve(first).id == first
+        assert store.resolve(first[:8]).id == first
+        result = store.verify()
+        assert {p.kind for p in result.problems} == {"corrupt-tag"}
+
+
+@pytest.mark.parametrize("step", ["\u00b2", "1" * 5000, "\u0661"])
+def test_a_step_that_is_not_plain_ascii_digits_is_a_selector_error(
+        store_dir: Path, step: str) -> None:
+    """'²' and Arabic-Indic digits are digits to str.isdigit(), and int() refuses the
+    first and a 5,000-digit step: each is a SelectorError, not a ValueError."""
+    from chunkstore.errors import SelectorError
+
+    with chunkstore.open(store_dir) as store, pytest.raises(SelectorError):
+        store.resolve(f"good@{step}")
