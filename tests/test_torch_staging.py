@@ -189,3 +189,23 @@ def test_async_saves_restore_each_step_bit_exact_through_changes(tmp_path: Path)
                     assert got.tobytes() == value.tobytes(), (step, key)
                 else:
                     assert got == value, (step, key)
+
+
+class _NoDevice(np.ndarray):
+    """An array as numpy before 2.0 makes one: reading ``device`` is an AttributeError."""
+
+    @property
+    def device(self) -> object:
+        raise AttributeError("'numpy.ndarray' object has no attribute 'device'")
+
+
+def test_numpy_arrays_without_a_device_attribute_are_staged() -> None:
+    """numpy 1.x arrays have no ``device``; every save holds numpy's RNG state, so an
+    async save must stage them without asking (it raised AttributeError on numpy 1.x)."""
+    staging = StagingBuffers()
+    for step in range(3):
+        array = (np.arange(12, dtype=np.int64) + step).view(_NoDevice)
+        tensor = torch.full((3,), float(step))
+        arrays = staging.stage(["a", "t"], [array, tensor])
+        assert np.array_equal(arrays[0][0], np.arange(12) + step)
+        assert np.array_equal(arrays[1][0], np.full(3, float(step), dtype=np.float32))

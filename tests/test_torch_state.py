@@ -111,3 +111,25 @@ def test_the_first_bad_value_in_walk_order_is_named() -> None:
     tree = {"first": torch.ones(2, device="meta"), "second": object()}
     with pytest.raises(NotSerializableError, match=r"s\['first'\]"):
         _capture("s", tree)
+
+
+def test_keys_whose_names_collide_with_a_suffixed_name_each_get_their_own_entry() -> None:
+    """'a.b', the path ('a', 'b') and a key 'a.b~3' (the suffix the second would get):
+    each tensor gets a name of its own, and the state saves and restores exactly."""
+    import tempfile
+
+    import torch
+
+    from torch_bridge import Checkpointer
+    from torch_bridge.state import EntryNames
+
+    names = EntryNames({"_torch_bridge"})
+    claimed = [names.claim("k", path) for path in [("a.b~3",), ("a.b",), ("a", "b")]]
+    assert len(set(claimed)) == 3
+    state = {"a.b~3": torch.tensor([0.0]), "a.b": torch.tensor([1.0]),
+             "a": {"b": torch.tensor([2.0])}}
+    with tempfile.TemporaryDirectory() as d, Checkpointer(d, run="r") as ckpt:
+        ckpt.save(1, k=state)
+        target = {"a.b~3": torch.zeros(1), "a.b": torch.zeros(1), "a": {"b": torch.zeros(1)}}
+        ckpt.restore(k=target, rng=False)
+    assert [target["a.b~3"].item(), target["a.b"].item(), target["a"]["b"].item()] == [0, 1, 2]

@@ -36,7 +36,9 @@ _foreach_copy = getattr(torch, "_foreach_copy_", None)
 def _layout(values: list[Value]) -> list[tuple[Any, ...]]:
     """What a batch copy relies on, per value: nothing but these may differ between saves
     (a copy_ into a buffer of another shape or dtype would broadcast or cast silently)."""
-    return [(type(v), v.dtype, v.shape, v.device) for v in values]
+    # numpy arrays have no ``device`` before numpy 2.0 (and need none: they are on the host)
+    return [(type(v), v.dtype, v.shape, v.device if isinstance(v, torch.Tensor) else None)
+            for v in values]
 
 
 class _Batch:

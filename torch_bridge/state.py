@@ -82,8 +82,9 @@ class EntryNames:
 
     def claim(self, key: str, path: Path) -> str:
         name = _valid_name(key, path) or f"{key}.t{len(self._used)}"
-        if name in self._used:
-            name = f"{name}~{len(self._used)}"
+        base, n = name, len(self._used)
+        while name in self._used:  # a suffixed name may be taken too ("a.b~3" as a key)
+            name, n = f"{base}~{n}", n + 1
         self._used.add(name)
         return name
 
