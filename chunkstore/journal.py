@@ -32,6 +32,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from chunkstore import plaindata
 from chunkstore.digest import Digest
 from chunkstore.errors import BackendError
 from chunkstore.index import CHUNK, NODE
@@ -95,13 +96,14 @@ class JournalEntry:
     @classmethod
     def decode(cls, entry_id: str, data: bytes) -> JournalEntry:
         """Parse an entry; ``ValueError`` when it is not one this release can read."""
-        body = json.loads(data)
+        body = plaindata.load_json(data)  # ValueError for nesting too deep, NaN, ...
         if not isinstance(body, dict) or body.get("format_version") != JOURNAL_FORMAT \
                 or isinstance(body.get("format_version"), bool) \
                 or body.get("state") not in (FENCED, DONE, ABANDONED):
             raise ValueError(f"gc journal entry {entry_id}: not a journal entry")
         chunks, nodes = body.pop("chunks", []), body.pop("nodes", [])
-        if not isinstance(chunks, list) or not isinstance(nodes, list):
+        if not isinstance(chunks, list) or not isinstance(nodes, list) \
+                or not all(isinstance(h, str) for h in (*chunks, *nodes)):
             raise ValueError(f"gc journal entry {entry_id}: object lists malformed")
         state = body.pop("state")
         return cls(entry_id, state, body, frozenset(Digest.parse(h) for h in chunks),

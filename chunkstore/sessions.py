@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from chunkstore import plaindata
 from chunkstore.index import pid_namespace, process_start
 
 if TYPE_CHECKING:
@@ -65,7 +66,8 @@ def owner_is_dead(info: dict[str, Any], now: float, lease_s: float = LEASE_S) ->
     """
     pid = info.get("pid")
     local = (info.get("host") == socket.gethostname() and isinstance(pid, int)
-             and not isinstance(pid, bool) and info.get("pidns") == pid_namespace())
+             and not isinstance(pid, bool) and 0 < pid < 2**31
+             and info.get("pidns") == pid_namespace())
     if local:
         assert isinstance(pid, int)
         start = process_start(pid)
@@ -112,7 +114,7 @@ def list_sessions(backend: Backend) -> Iterator[SessionInfo]:
     for key in backend.list(SESSION_PREFIX):
         session_id = key[len(SESSION_PREFIX):]
         try:
-            data = json.loads(backend.get(key))
+            data = plaindata.load_json(backend.get(key))  # ValueError when too deep, ...
         except FileNotFoundError:
             continue  # ended meanwhile
         except ValueError:

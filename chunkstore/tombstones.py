@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from chunkstore import plaindata
 from chunkstore.digest import Digest, is_hex_digest
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ def list_tombstones(backend: Backend) -> Iterator[Tombstone]:
         if not is_hex_digest(version_id):
             continue
         try:
-            body = json.loads(backend.get(key))
+            body = plaindata.load_json(backend.get(key))  # ValueError when too deep, ...
         except FileNotFoundError:
             continue
         except ValueError:
@@ -67,7 +68,11 @@ def _parse(version_id: str, body: object) -> Tombstone:
         return Tombstone(version_id, None, time.time())
     root, removed = body.get("root"), body.get("removed")
     digest = Digest.parse(root) if isinstance(root, str) and is_hex_digest(root) else None
-    if isinstance(removed, bool) or not isinstance(removed, (int, float)) \
-            or not math.isfinite(removed):
-        removed = time.time()
-    return Tombstone(version_id, digest, float(removed))
+    try:
+        if isinstance(removed, bool) or not isinstance(removed, (int, float)) \
+                or not math.isfinite(removed):
+            removed = time.time()
+        when = float(removed)
+    except OverflowError:  # an int past any float (10**400)
+        when = time.time()
+    return Tombstone(version_id, digest, when)

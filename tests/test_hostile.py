@@ -413,3 +413,52 @@ def test_a_step_that_is_not_plain_ascii_digits_is_a_selector_error(
 
     with chunkstore.open(store_dir) as store, pytest.raises(SelectorError):
         store.resolve(f"good@{step}")
+
+
+def _crafted(kind: str) -> tuple[str, bytes]:
+    """One hostile GC journal entry, tombstone or session object: (key, bytes)."""
+    import socket
+
+    from chunkstore.index import pid_namespace
+
+    deep = b"[" * 100_000 + b"]" * 100_000
+    entry = f"gc/{time.time_ns():020d}-{'0' * 12}"
+    tombstone = f"removed/{'cd' * 32}"
+    session = f"sessions/{'ef' * 16}"
+    return {
+        "journal entry naming a number": (entry, json.dumps(
+            {"format_version": 1, "id": entry[3:], "state": "done", "chunks": [5],
+             "nodes": []}).encode()),
+        "journal entry nested deep": (entry, deep),
+        "tombstone removed at 10**400": (tombstone, json.dumps(
+            {"format_version": 1, "version": "cd" * 32, "root": "ab" * 32,
+             "removed": 10**400}).encode()),
+        "tombstone nested deep": (tombstone, deep),
+        "session nested deep": (session, deep),
+        "session of a pid past any": (session, json.dumps(
+            {"format_version": 1, "host": socket.gethostname(), "pid": 10**30,
+             "pidns": pid_namespace(), "heartbeat": time.time()}).encode()),
+    }[kind]
+
+
+@pytest.mark.parametrize("kind", ["journal entry naming a number", "journal entry nested deep",
+                                  "tombstone removed at 10**400", "tombstone nested deep",
+                                  "session nested deep", "session of a pid past any"])
+def test_a_crafted_protocol_object_never_stops_the_store_from_opening(
+        store_dir: Path, kind: str) -> None:
+    """One bad GC journal entry, tombstone or session object in the store: the store
+    still opens, lists and verifies, and GC ends with a result or a typed error (these
+    raised TypeError, RecursionError and OverflowError from every command)."""
+    from chunkstore.errors import ChunkStoreError
+
+    key, data = _crafted(kind)
+    (store_dir / key).parent.mkdir(parents=True, exist_ok=True)
+    (store_dir / key).write_bytes(data)
+    with chunkstore.open(store_dir) as store:
+        assert [v.run for v in store.versions()] == ["good"]
+        assert store.verify().ok
+        try:
+            store.gc(grace=0, session_wait=0.5)
+        except ChunkStoreError:
+            pass
+        np.testing.assert_array_equal(store.open_version("good@1").get("w"), W)
