@@ -294,10 +294,16 @@ class Store:
         # (chunkstore.reuse: each is checked once per handle, before its first reuse).
         self._seen_stored: set[tuple[bytes, Digest]] = set()
         self._seen_stored_lock = threading.Lock()
+        self._run_locks: dict[str, threading.Lock] = {}
 
     @property
     def chunk_size(self) -> int:
         return self.config.chunk_size
+
+    def run_lock(self, run: str) -> threading.Lock:
+        """The lock a commit of ``run`` holds on this handle (see VersionWriter.commit)."""
+        with self._seen_stored_lock:
+            return self._run_locks.setdefault(run, threading.Lock())
 
     def seen_stored(self, kind: bytes, digest: Digest) -> bool:
         """Whether a save of this handle found the object stored (see :meth:`saw_stored`)."""

@@ -186,7 +186,14 @@ class VersionWriter(ChunkJobs):
         self._small_claims = GroupClaims(functools.partial(store.index.claim_small,
                                                            self._session))
         self._last_heartbeat = time.monotonic()
-        self._parent = ParentChunks(store, self.run)
+        try:
+            self._parent = ParentChunks(store, self.run)
+        except BaseException:  # an OSError or Ctrl-C reading the parent: end the sessions
+            try:
+                store.index.close_session(self._session)
+            finally:
+                self._store_session.close()
+            raise
 
     # --- adding entries --------------------------------------------------------------------
 
@@ -379,11 +386,24 @@ class VersionWriter(ChunkJobs):
         """Publish the version: after this returns it is durable, listed and loadable."""
         if self._closed:
             raise VersionClosedError("this version is already committed or aborted")
+        # One commit of a run at a time on this handle, from the same-step check until
+        # the index counts the version in (else two threads saving one RUN@STEP both
+        # publish).
+        with self._store.run_lock(self.run):
+            return self._commit()
+
+    def _commit(self) -> VersionInfo:
         try:
             tensors, new_chunks, new_bytes = self._collect()
             root, nodes = self._build_tree(tensors)
             store = self._store
             same_step = [v for v in store.versions(self.run) if v.step == self.step]
+            # The index may not know that another process removed one of them: a version
+            # whose commit record is gone is neither "saved before" nor in the way (it
+            # would be returned as this save, published nowhere).
+            for gone in [v for v in same_step if not store.backend.exists(version_key(v.id))]:
+                store.index.remove_version(gone.id)
+                same_step.remove(gone)
             identical = next((v for v in same_step if v.root == root), None)
             if identical is None and not self._replace:  # stored under another layout?
                 identical = next((v for v in same_step if self._same_content(v, tensors)),

@@ -7,6 +7,7 @@ instead of crashing or passing, and that the good version stays usable.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import subprocess
@@ -457,8 +458,6 @@ def test_a_crafted_protocol_object_never_stops_the_store_from_opening(
     with chunkstore.open(store_dir) as store:
         assert [v.run for v in store.versions()] == ["good"]
         assert store.verify().ok
-        try:
+        with contextlib.suppress(ChunkStoreError):  # a result or a typed error
             store.gc(grace=0, session_wait=0.5)
-        except ChunkStoreError:
-            pass
         np.testing.assert_array_equal(store.open_version("good@1").get("w"), W)

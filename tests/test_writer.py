@@ -385,3 +385,83 @@ def test_a_pack_whose_chunks_a_save_reuses_is_claimed_once_not_once_per_chunk(
             f"{len(claimed)} claims of {len(set(claimed))} objects")
         np.testing.assert_array_equal(store.open_version("r@2").get("w"), weights)
         assert store.verify().ok
+
+
+def test_an_identical_save_of_a_step_another_index_removed_is_published(
+        tmp_path: Path) -> None:
+    """Handle A saves r@1; handle B (its own index, as another machine) removes it; A,
+    whose index has not heard, saves r@1 again with the same bytes.  That is not "saved
+    before, publish nothing": A's save is published, reads back from a fresh handle, and
+    survives GC (it returned the removed version's info, published nowhere)."""
+    path = tmp_path / "s"
+    x = np.arange(100_000, dtype=np.float32)
+    with chunkstore.open(path, index_dir=str(tmp_path / "a")) as a, \
+            chunkstore.open(path, index_dir=str(tmp_path / "b")) as b:
+        with a.new_version("r", 1) as version:
+            version.put("x", x)
+        b.reconcile()
+        b.delete("r@1")
+        with a.new_version("r", 1) as version:
+            version.put("x", x)
+        assert version.info.id in b.backend_version_ids()
+    with chunkstore.open(path, index_dir=str(tmp_path / "c")) as c:
+        c.gc(grace=0)
+        np.testing.assert_array_equal(c.open_version("r@1").get("x"), x)
+        assert c.verify().ok
+
+
+def test_two_threads_saving_one_step_through_one_handle_publish_one_version(
+        tmp_path: Path) -> None:
+    """Both commits meet at the same-step check at once: one publishes, the other gets
+    DuplicateStepError (both published before, and r@5 named only one of them)."""
+    from chunkstore.errors import DuplicateStepError
+
+    with chunkstore.open(tmp_path / "s", chunk_size=64 * 1024) as store:
+        barrier = threading.Barrier(2)
+        outcomes: list[str] = []
+
+        def save(value: float) -> None:
+            version = store.new_version("r", 5)
+            version.put("x", np.full(200_000, value, np.float32))
+            barrier.wait()
+            try:
+                version.commit()
+                outcomes.append("published")
+            except DuplicateStepError:
+                outcomes.append("duplicate")
+
+        threads = [threading.Thread(target=save, args=(v,)) for v in (1.0, 2.0)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert sorted(outcomes) == ["duplicate", "published"]
+        assert len(store.versions("r")) == 1
+
+
+def test_a_new_version_that_fails_reading_its_parent_leaves_no_session(tmp_path: Path) -> None:
+    """new_version() opens its sessions, then reads the parent version; an OSError there
+    (EIO, or Ctrl-C) must end both sessions, or every GC waits for a save that does not
+    exist."""
+    from chunkstore.digest import node_key
+    from chunkstore.sessions import list_sessions
+
+    with chunkstore.open(tmp_path / "s", chunk_size=64 * 1024) as store:
+        with store.new_version("r", 1) as version:
+            version.put("x", np.arange(100_000, dtype=np.float32))
+        root = store.latest("r").root
+        store.node_cache = type(store.node_cache)()
+        store.parent_cache.clear()
+        real = store.backend.get
+
+        def get(key: str) -> bytes:
+            if key == node_key(root):
+                raise OSError(5, "Input/output error")
+            return real(key)
+
+        store.backend.get = get  # type: ignore[method-assign]
+        with pytest.raises(OSError):
+            store.new_version("r", 2)
+        store.backend.get = real  # type: ignore[method-assign]
+        assert list(list_sessions(store.backend)) == []
+        assert store.index.list_sessions() == {}
