@@ -163,6 +163,20 @@ def test_save_and_load_without_a_process_group_and_async(store_url: str) -> None
         assert result.ok, result.problems
 
 
+def test_an_async_save_keeps_conjugate_and_negative_views(store_url: str) -> None:
+    """dcp.async_save stages the state first: torch's default stager copies with set_,
+    which drops a conjugate or negative view's bit; the writer stages as torch's own
+    FileSystemWriter does, and the saved values are the views' values."""
+    c = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
+    state = {"c": c.conj(), "n": torch._neg_view(torch.tensor([1.0, 2.0]))}
+    writer = ChunkStoreWriter(store_url, run="views", step=1)
+    dcp.async_save(state, storage_writer=writer).result(timeout=60)
+    target = {"c": torch.zeros(2, dtype=torch.complex64), "n": torch.zeros(2)}
+    dcp.load(target, storage_reader=ChunkStoreReader(store_url, "views@1"))
+    assert torch.equal(target["c"], c.conj().resolve_conj())
+    assert target["n"].tolist() == [-1.0, -2.0]
+
+
 class _GcBeforeFinish(ChunkStoreWriter):
     """Runs a full GC (grace 0) in the window where the ranks' chunks are orphans."""
 

@@ -96,6 +96,7 @@ import numpy as np
 import torch
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
+from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
@@ -120,7 +121,7 @@ from torch_bridge.tensors import as_array, check_storable, host_copy
 __all__ = ["ChunkStoreReader", "ChunkStoreWriter"]
 
 
-class ChunkStoreWriter(HandleOwner, StorageWriter):
+class ChunkStoreWriter(HandleOwner, StorageWriter, BlockingAsyncStager):
     """A DCP ``StorageWriter`` that publishes each save as one chunkstore version.
 
     ``store`` is a path, an fsspec URL (created when absent) or an open
@@ -131,7 +132,9 @@ class ChunkStoreWriter(HandleOwner, StorageWriter):
     commit record.  ``replace`` publishes over an existing version of the
     same step.  After a save, :attr:`info` (coordinator only) describes the
     published version.  DCP saves store no XOR-deltas (a box's chunks are
-    deduplicated, never delta-encoded).
+    deduplicated, never delta-encoded).  ``dcp.async_save`` stages through
+    ``BlockingAsyncStager`` (as torch's own ``FileSystemWriter`` does): torch's
+    default stager copies with ``set_``, which drops conjugate and negative views.
     """
 
     def __init__(self, store: StoreLike, *, run: str, step: int,
@@ -139,6 +142,7 @@ class ChunkStoreWriter(HandleOwner, StorageWriter):
                  storage_options: dict[str, Any] | None = None,
                  index_dir: str | None = None) -> None:
         super().__init__()
+        BlockingAsyncStager.__init__(self)
         self.run = check_label(run, "run name")
         if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_COUNT:
             raise InvalidInputError(f"step must be a non-negative int below 2**63, got {step!r}")
