@@ -10,6 +10,8 @@ against plain numpy and each other.
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import sysconfig
 
 import numpy as np
@@ -152,3 +154,24 @@ def test_sub_delta_lanes_refuse_bad_lengths() -> None:
     assert out == bytearray(8)
     with pytest.raises(TypeError):
         native.MODULE.unzigzag_add(b"a" * 8, b"a" * 8, 2)  # read-only image
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="__buffer__ in Python needs 3.12")
+def test_a_plane_that_empties_the_list_while_joined_does_not_crash_the_process() -> None:
+    """join holds its own references to the planes: a plane whose __buffer__ empties the
+    list it came in freed the items the loop was still using (a segfault, in a
+    subprocess here).  Checked with Python 3.12 by hand when this was fixed (the old
+    build: SIGSEGV; the new: returns); CI's Python 3.11 cannot define __buffer__."""
+    code = (
+        "from chunkstore.codecs import _native\n"
+        "class Evil:\n"
+        "    def __buffer__(self, flags):\n"
+        "        planes.clear()\n"
+        "        return memoryview(b'ab')\n"
+        "planes = [Evil(), bytearray(b'cd'), bytearray(b'ef')]\n"
+        "out = bytearray(6)\n"
+        "_native.join(planes, out)\n"
+        "print(bytes(out))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr

@@ -133,10 +133,12 @@ static PyObject *planes_join(PyObject *self, PyObject *args)
     Py_buffer views[MAX_PLANES];
     const uint8_t *pointers[MAX_PLANES];
     Py_ssize_t held = 0, size = 0, count = 0;
-    items = PySequence_Fast(sequence, "join takes a sequence of planes");
+    /* A tuple of its own: the items of a list are borrowed, and a plane's __buffer__
+     * (Python 3.12+) could empty the list while its item is still in use. */
+    items = PySequence_Tuple(sequence);
     if (items == NULL)
         goto done;
-    size = PySequence_Fast_GET_SIZE(items);
+    size = PyTuple_GET_SIZE(items);
     if (size < 1 || size > MAX_PLANES || dst.len % size) {
         PyErr_Format(PyExc_ValueError, "join needs 1 to %d planes whose count divides the"
                      " output (got %zd planes, %zd bytes)", MAX_PLANES, size, dst.len);
@@ -144,7 +146,7 @@ static PyObject *planes_join(PyObject *self, PyObject *args)
     }
     count = dst.len / size;
     for (; held < size; held++) {
-        PyObject *item = PySequence_Fast_GET_ITEM(items, held);
+        PyObject *item = PyTuple_GET_ITEM(items, held);
         if (PyObject_GetBuffer(item, &views[held], PyBUF_C_CONTIGUOUS) < 0)
             goto done;
         if (views[held].len != count) {
