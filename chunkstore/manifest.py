@@ -491,7 +491,9 @@ def _check_tensor(entry: TensorEntry) -> None:
     """Refuse a tensor entry whose shards do not tile its shape or whose chunks do not
     cover exactly their bytes: reading it would leave part of the result unwritten."""
     itemsize = element_size(entry.dtype)
-    if entry.nbytes > MAX_BYTES:
+    # The non-zero extents too: numpy refuses to make an empty array of shape
+    # [2**62, 2**62, 0] ("array is too big"), though it holds no byte.
+    if math.prod(d for d in entry.shape if d) * itemsize > MAX_BYTES:
         raise ValueError(f"shape {list(entry.shape)} is too large ({MAX_BYTES} bytes at most)")
     for shard in entry.shards:
         dims = len(entry.shape)

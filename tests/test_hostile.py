@@ -146,6 +146,17 @@ def test_huge_shapes_are_refused_before_allocating(store_dir: Path, shape: list[
     _check_reported(store_dir, vid, "corrupt-node")
 
 
+def test_an_empty_shape_of_huge_extents_is_refused(store_dir: Path) -> None:
+    """[2**62, 2**62, 0] holds no byte, but numpy cannot make it ("array is too big", an
+    untyped ValueError from get()): a corrupt node, which verify reports."""
+    shape = [2**62, 2**62, 0]
+    root = _tree(store_dir, {"w": _tensor(shape, [])})
+    vid = _record(store_dir, root)
+    _check_reported(store_dir, vid, "corrupt-node")
+    with chunkstore.open(store_dir, create=False) as store, pytest.raises(CorruptNodeError):
+        store.open_version(vid).get("w")
+
+
 def test_chunk_bytes_above_the_store_chunk_size(store_dir: Path) -> None:
     good = _good_root(store_dir)
     w_shard = good["entries"]["w"]["tensor"]["shards"][0]

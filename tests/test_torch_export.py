@@ -43,6 +43,21 @@ def test_export_round_trips_through_safetensors(tmp_path: Path) -> None:
     assert summary["tensors"] == len(expected) and summary["step"] == 5
 
 
+def test_a_tensor_named_like_the_safetensors_header_is_refused_before_writing(
+        tmp_path: Path) -> None:
+    """A model entry named '__metadata__' would be written as a tensor of that name, and
+    the file would not load ("duplicate field"): refused, and no file is written."""
+    from chunkstore.errors import InvalidInputError
+
+    store = tmp_path / "s"
+    with Checkpointer(store, run="exp") as ckpt:
+        ckpt.save(1, model={"__metadata__": torch.ones(2), "w": torch.zeros(3)})
+    out = tmp_path / "model.safetensors"
+    with pytest.raises(InvalidInputError, match="__metadata__"):
+        export_safetensors(store, "exp@1", out)
+    assert not out.exists()
+
+
 def test_export_casts_floating_point_tensors(tmp_path: Path) -> None:
     store, expected = _saved(tmp_path)
     out = tmp_path / "half.safetensors"

@@ -94,6 +94,10 @@ def export_safetensors(store: Store | str | os.PathLike[str], selector: str,
         if not names:
             raise InvalidInputError(f"version {reader.info.short_id} has no tensors under"
                                     f" prefix {prefix!r}")
+        if "__metadata__" in names:  # the header's own key: the file would not load
+            raise InvalidInputError(f"version {reader.info.short_id} has a tensor named"
+                                    " '__metadata__' under the prefix, which a safetensors"
+                                    " file cannot hold; export with another --prefix")
         tensors = {}
         for out_name, entry in sorted(names.items()):
             tensor = read_tensor(reader, entry)
