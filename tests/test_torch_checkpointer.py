@@ -361,3 +361,27 @@ def test_restore_falls_back_past_versions_whose_delta_base_is_gone(tmp_path: Pat
         with pytest.warns(RestoreFallbackWarning, match=r"restored step 1"):
             assert ckpt.restore(model=fresh) == 1
     assert all(torch.equal(fresh.state_dict()[k], v) for k, v in states[0].items())
+
+
+def test_arrays_and_lists_are_restored_in_place_and_plain_values_are_refused(
+        tmp_path: Path) -> None:
+    """restore(ema=array, history=list) fills the caller's array and list (they stayed
+    as they were: the loaded values went to a copy of the targets); an array of another
+    shape or dtype is a StateMismatchError, as a tensor's is; an int target, which
+    cannot be filled in place, is refused before anything is read."""
+    import numpy as np
+
+    from chunkstore.errors import InvalidInputError
+    from torch_bridge.errors import StateMismatchError
+
+    with Checkpointer(tmp_path / "s", run="r") as ckpt:
+        ckpt.save(7, ema=np.arange(4, dtype=np.float64), history=[1, 2, 3],
+                  trainer={"global_step": 7})
+        ema, history, trainer = np.zeros(4), [], {"global_step": 0}
+        assert ckpt.restore(ema=ema, history=history, trainer=trainer, rng=False) == 7
+        assert ema.tolist() == [0.0, 1.0, 2.0, 3.0]
+        assert history == [1, 2, 3] and trainer == {"global_step": 7}
+        with pytest.raises(StateMismatchError):
+            ckpt.restore(ema=np.zeros((7, 7), dtype=np.int8), rng=False)
+        with pytest.raises(InvalidInputError, match="in place"):
+            ckpt.restore(trainer=0, rng=False)

@@ -38,6 +38,7 @@ from torch_bridge.layout import (
     apply_states,
     capture_states,
     check_key,
+    check_restorable,
     load_states,
     write_version,
 )
@@ -240,8 +241,9 @@ class Checkpointer:
         """
         self._check_open()
         self.wait()
-        for key in stateful:
+        for key, obj in stateful.items():
             check_key(key)
+            check_restorable(key, obj)
         if process_group_active():
             targets = {**stateful, "rng": {}} if rng else dict(stateful)
             return restore_ranks(self.store, self.run, step, targets,

@@ -194,7 +194,7 @@ def _target(reader: VersionReader, key: str, record: TensorRecord, live: Any,
         raise NotACheckpointError(f"entry {record.entry!r} should be a tensor")
     shape = tuple(entry.shape)
     if record.kind == "numpy":
-        return np.empty(shape, dtype=numpy_dtype(entry.dtype))
+        return _array_target(entry, key, record, live, problems)
     try:
         dtype = torch_dtype(entry.dtype)
     except UnsupportedDtypeError as exc:
@@ -232,6 +232,23 @@ def _request(record: TensorRecord, target: torch.Tensor | np.ndarray,
     return record.entry, array, override
 
 
+def _array_target(entry: TensorEntry, key: str, record: TensorRecord, live: Any,
+                  problems: list[str]) -> np.ndarray:
+    """Where a saved numpy array goes: the live array in place when shape and dtype
+    agree (as a tensor is), a new one where there is none."""
+    shape, want = tuple(entry.shape), numpy_dtype(entry.dtype)
+    existing = lookup(live, record.path)
+    if not isinstance(existing, np.ndarray):
+        return np.empty(shape, dtype=want)
+    if existing.shape != shape or existing.dtype != want:
+        problems.append(f"{path_text(key, record.path)} is {entry.dtype}{list(shape)} in the"
+                        f" checkpoint but {existing.dtype}{list(existing.shape)} here")
+        return existing
+    if existing.flags.writeable and existing.flags.c_contiguous:
+        return existing
+    return np.empty(shape, dtype=want)  # read beside it; apply_states copies it over
+
+
 def apply_states(targets: dict[str, Any], trees: dict[str, Any],
                  special: dict[str, Callable[[Any], None]] | None = None) -> None:
     """Hand each rebuilt tree to its object's load_state_dict (or a special loader)."""
@@ -243,5 +260,24 @@ def apply_states(targets: dict[str, Any], trees: dict[str, Any],
             obj.load_state_dict(tree)
         elif isinstance(obj, dict) and isinstance(tree, dict):
             obj.update(tree)
+        elif isinstance(obj, list) and isinstance(tree, list):
+            obj[:] = tree
+        elif isinstance(obj, np.ndarray) and isinstance(tree, np.ndarray):
+            if tree is not obj:  # read beside it (not writable or not contiguous)
+                np.copyto(obj, tree)
+        elif isinstance(obj, torch.Tensor) and isinstance(tree, torch.Tensor):
+            if tree is not obj:
+                with torch.no_grad():
+                    obj.copy_(tree)
         else:
             targets[key] = tree  # a plain value: the caller's dict gets the loaded one
+
+
+def check_restorable(key: str, obj: Any) -> None:
+    """Refuse, before anything is read, a restore target that cannot take the saved state
+    in place (an int, a str, a tuple): its loaded value would reach nobody."""
+    if not isinstance(obj, (Stateful, dict, list, np.ndarray, torch.Tensor)):
+        raise InvalidInputError(
+            f"state {key!r} is a {type(obj).__name__}, which cannot be restored in place:"
+            " pass an object with load_state_dict(), a dict, a list, a tensor or an array"
+            f" (e.g. {key}={{'value': ...}} saved and restored as a dict)")
