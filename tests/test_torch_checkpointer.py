@@ -385,3 +385,40 @@ def test_arrays_and_lists_are_restored_in_place_and_plain_values_are_refused(
             ckpt.restore(ema=np.zeros((7, 7), dtype=np.int8), rng=False)
         with pytest.raises(InvalidInputError, match="in place"):
             ckpt.restore(trainer=0, rng=False)
+
+
+@pytest.mark.parametrize("section", [
+    [1, 2], {"format": 1}, {"format": 1, "states": {"model": [1]}},
+    {"format": 1, "states": {"model": {"skeleton": {}}}},
+    {"format": 1, "states": {"model": {"skeleton": {}, "tensors": [[["weight"], "w"]]}}},
+    {"format": 1, "states": {"model": {"skeleton": {}, "tensors": [
+        [["weight"], 5, "torch", "float32", [2, 3]]]}}},
+    {"format": 1, "states": {"model": {"skeleton": {}, "tensors": [
+        [[["x"]], "model.weight", "torch", "float32", [2, 3]]]}}},
+    {"format": 1, "ranks": 5},
+], ids=["not a dict", "no states", "section a list", "no tensors", "short record",
+        "entry an int", "path unhashable", "ranks an int"])
+def test_a_malformed_torch_bridge_section_is_a_corrupt_checkpoint_and_restore_falls_back(
+        tmp_path: Path, section: object) -> None:
+    """A version whose _torch_bridge section no writer makes (a crafted or damaged
+    store) is a CorruptCheckpointError (it was AttributeError, KeyError, TypeError...):
+    restore warns and falls back to the version before, and export refuses it typed."""
+    import numpy as np
+
+    import chunkstore
+    from torch_bridge import CorruptCheckpointError, RestoreFallbackWarning, export_safetensors
+
+    model = torch.nn.Linear(3, 2)
+    with Checkpointer(tmp_path / "s", run="tb") as ckpt:
+        ckpt.save(1, model=model)
+    with chunkstore.open(tmp_path / "s") as store:
+        with store.new_version(run="tb", step=2) as version:
+            version.put("model.weight", np.zeros((2, 3), np.float32))
+            version.put_data("_torch_bridge", section)
+    target = torch.nn.Linear(3, 2)
+    with Checkpointer(tmp_path / "s", run="tb") as ckpt, \
+            pytest.warns(RestoreFallbackWarning):
+        assert ckpt.restore(model=target, rng=False) == 1
+    assert torch.equal(target.weight, model.weight)
+    with pytest.raises(CorruptCheckpointError):
+        export_safetensors(tmp_path / "s", "tb@2", tmp_path / "out.safetensors")

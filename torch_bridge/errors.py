@@ -34,6 +34,16 @@ class NotACheckpointError(InvalidInputError):
     """Raised when a version was not written by torch_bridge (no ``_torch_bridge`` entry)."""
 
 
+class CorruptCheckpointError(IntegrityError):
+    """Raised when a version's ``_torch_bridge`` section is not one torch_bridge writes
+    (a damaged or crafted store): restore falls back to an older version."""
+
+    def __init__(self, version_id: str, reason: str) -> None:
+        super().__init__(f"version {version_id[:12]}: its _torch_bridge section is malformed"
+                         f" ({reason}); run `chunkstore verify`, or restore an older step")
+        self.version_id = version_id
+
+
 class AsyncSaveError(ChunkStoreError):
     """Raised by save()/wait()/close() when the previous background save failed."""
 

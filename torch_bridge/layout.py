@@ -31,6 +31,7 @@ from chunkstore.errors import InvalidInputError, UnsupportedDtypeError
 from chunkstore.manifest import TensorEntry
 from torch_bridge.dtensors import is_dtensor, read_local
 from torch_bridge.errors import (
+    CorruptCheckpointError,
     NotACheckpointError,
     StateMismatchError,
     StateNotFoundError,
@@ -110,12 +111,44 @@ def saved_ranks(reader: VersionReader) -> list[dict[str, dict[str, Any]]]:
         raise NotACheckpointError(f"version {reader.info.short_id} was not written by"
                                   " torch_bridge (it has no _torch_bridge entry)")
     header = reader.get_data(BRIDGE_ENTRY)
+    if not isinstance(header, dict):
+        raise CorruptCheckpointError(reader.info.id, "not a dict")
     if header.get("format") != FORMAT:
         raise NotACheckpointError(f"version {reader.info.short_id} has torch_bridge format"
                                   f" {header.get('format')!r}; this release reads {FORMAT}")
-    ranks: list[dict[str, dict[str, Any]]] = (
-        header["ranks"] if "ranks" in header else [header["states"]])
+    ranks = header["ranks"] if "ranks" in header else [header.get("states")]
+    if not isinstance(ranks, list) or not ranks:
+        raise CorruptCheckpointError(reader.info.id, "no list of ranks' states")
+    for states in ranks:
+        _check_states(reader.info.id, states)
     return ranks
+
+
+def _check_states(version_id: str, states: Any) -> None:
+    """One rank's states as torch_bridge writes them, or CorruptCheckpointError: every
+    later step reads them without asking again."""
+    def bad(why: str) -> CorruptCheckpointError:
+        return CorruptCheckpointError(version_id, why)
+
+    if not isinstance(states, dict):
+        raise bad("a rank's states are not a dict")
+    for key, section in states.items():
+        if not isinstance(key, str) or not isinstance(section, dict) \
+                or "skeleton" not in section or not isinstance(section.get("tensors"), list):
+            raise bad(f"state {key!r} is not a section with a skeleton and tensors")
+        for plain in section["tensors"]:
+            if not (isinstance(plain, list) and len(plain) == 5):
+                raise bad(f"state {key!r} lists a tensor record that is not five fields")
+            path, entry, kind, dtype, shape = plain
+            try:
+                hash(tuple(path) if isinstance(path, list) else None)
+            except TypeError:
+                path = None
+            if not isinstance(path, list) or not isinstance(entry, str) \
+                    or kind not in ("torch", "numpy", DTENSOR) or not isinstance(dtype, str) \
+                    or not isinstance(shape, list) or not all(
+                        type(d) is int and d >= 0 for d in shape):
+                raise bad(f"state {key!r} lists a malformed tensor record {plain!r:.200}")
 
 
 def read_sections(reader: VersionReader, rank: int = 0, world: int = 1
