@@ -422,3 +422,35 @@ def test_a_malformed_torch_bridge_section_is_a_corrupt_checkpoint_and_restore_fa
     assert torch.equal(target.weight, model.weight)
     with pytest.raises(CorruptCheckpointError):
         export_safetensors(tmp_path / "s", "tb@2", tmp_path / "out.safetensors")
+
+
+def test_a_restore_that_does_not_fit_touches_nothing(tmp_path: Path) -> None:
+    """load_state_dict refuses a module whose state names other entries, or an optimizer
+    whose parameter groups differ, only after the tensors were read in place into the
+    live model: both are found before anything is read (StateMismatchError), and the
+    live tensors stay as they were."""
+    from torch_bridge.errors import StateMismatchError
+
+    def model(seed: int, extra: bool) -> torch.nn.Module:
+        torch.manual_seed(seed)
+        made = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+        if extra:
+            made.register_buffer("extra", torch.zeros(1))
+        return made
+
+    source = model(0, extra=True)
+    optimizer = torch.optim.Adam(source.parameters(), lr=1e-3)
+    source(torch.randn(3, 4)).sum().backward()
+    optimizer.step()
+    with Checkpointer(tmp_path / "s", run="r") as ckpt:
+        ckpt.save(1, model=source, optimizer=optimizer)
+        lacking = model(1, extra=False)  # the checkpoint has a buffer it lacks
+        regrouped = model(2, extra=True)  # fits; its optimizer's groups do not
+        other = torch.optim.Adam([{"params": [regrouped[0].weight]}, {"params": [
+            p for name, p in regrouped.named_parameters() if name != "0.weight"]}])
+        for target in ({"model": lacking}, {"model": regrouped, "optimizer": other}):
+            live = target["model"]
+            before = {k: v.clone() for k, v in live.state_dict().items()}
+            with pytest.raises(StateMismatchError):
+                ckpt.restore(rng=False, **target)
+            assert all(torch.equal(before[k], v) for k, v in live.state_dict().items())

@@ -191,6 +191,7 @@ def load_states(reader: VersionReader, targets: dict[str, Any],
     for plan in plans:
         obj = targets[plan.key]
         live = obj.state_dict() if isinstance(obj, Stateful) else obj
+        _check_structure(plan, obj, live, problems)
         for record in plan.records:
             plan.targets.append(_target(reader, plan.key, record, live, problems))
     if problems:
@@ -263,6 +264,29 @@ def _request(record: TensorRecord, target: torch.Tensor | np.ndarray,
     copies.append((target, staging, pin))
     array, override = as_array(staging)
     return record.entry, array, override
+
+
+def _check_structure(plan: _Plan, obj: Any, live: Any, problems: list[str]) -> None:
+    """What load_state_dict would refuse only after the tensors were read in place: a
+    module whose state names other entries, an optimizer whose parameter groups differ.
+    Found here, before anything is read, nothing live is touched."""
+    skeleton = plan.section.get("skeleton")
+    if isinstance(obj, torch.nn.Module) and isinstance(skeleton, dict) \
+            and isinstance(live, dict):
+        missing = sorted(str(k) for k in set(live) - set(skeleton))
+        unexpected = sorted(str(k) for k in set(skeleton) - set(live))
+        if missing or unexpected:
+            problems.append(f"{plan.key}: the checkpoint lacks {missing[:5]} and has"
+                            f" {unexpected[:5]} that this module does not")
+    elif isinstance(obj, torch.optim.Optimizer) and isinstance(skeleton, dict) \
+            and isinstance(live, dict):
+        def sizes(state: dict[str, Any]) -> list[int]:
+            groups = state.get("param_groups")
+            return [len(g.get("params", ())) if isinstance(g, dict) else -1
+                    for g in groups] if isinstance(groups, list) else []
+        if sizes(skeleton) != sizes(live):
+            problems.append(f"{plan.key}: the checkpoint's parameter groups hold"
+                            f" {sizes(skeleton)} parameters, this optimizer's {sizes(live)}")
 
 
 def _array_target(entry: TensorEntry, key: str, record: TensorRecord, live: Any,
