@@ -404,7 +404,10 @@ class VersionWriter(ChunkJobs):
             for gone in [v for v in same_step if not store.backend.exists(version_key(v.id))]:
                 store.index.remove_version(gone.id)
                 same_step.remove(gone)
-            identical = next((v for v in same_step if v.root == root), None)
+            # With replace, the new meta (metrics a retention policy reads) must be kept:
+            # only a save equal in meta too publishes nothing.
+            identical = next((v for v in same_step if v.root == root
+                              and (not self._replace or v.meta == self.meta)), None)
             if identical is None and not self._replace:  # stored under another layout?
                 identical = next((v for v in same_step if self._same_content(v, tensors)),
                                  None)

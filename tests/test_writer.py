@@ -465,3 +465,22 @@ def test_a_new_version_that_fails_reading_its_parent_leaves_no_session(tmp_path:
         store.backend.get = real  # type: ignore[method-assign]
         assert list(list_sessions(store.backend)) == []
         assert store.index.list_sessions() == {}
+
+
+def test_replacing_a_step_with_the_same_tensors_and_new_meta_keeps_the_new_meta(
+        tmp_path: Path) -> None:
+    """replace=True with identical tensors but other meta (a loss a retention policy
+    reads) publishes the new meta; it returned the old version, dropping it.  The same
+    tensors and the same meta still publish nothing."""
+    with chunkstore.open(tmp_path / "s") as store:
+        x = np.arange(1000, dtype=np.float32)
+        with store.new_version("r", 1, meta={"loss": 1.0}) as version:
+            version.put("x", x)
+        first = version.info.id
+        with store.new_version("r", 1, meta={"loss": 0.5}, replace=True) as version:
+            version.put("x", x)
+        assert store.resolve("r@1").meta == {"loss": 0.5}
+        assert [v.id for v in store.versions("r")] == [version.info.id] != [first]
+        with store.new_version("r", 1, meta={"loss": 0.5}, replace=True) as again:
+            again.put("x", x)
+        assert again.info.id == version.info.id
