@@ -388,15 +388,24 @@ class VersionWriter(ChunkJobs):
             raise VersionClosedError("this version is already committed or aborted")
         # One commit of a run at a time on this handle, from the same-step check until
         # the index counts the version in (else two threads saving one RUN@STEP both
-        # publish).
-        with self._store.run_lock(self.run):
-            return self._commit()
+        # publish).  Taken after every wait on a GC fence (chunks, nodes): a commit
+        # holding it while it waited could hold up a save that GC itself waits for.
+        held: list[threading.Lock] = []
+        try:
+            return self._commit(held)
+        finally:
+            for lock in held:
+                lock.release()
 
-    def _commit(self) -> VersionInfo:
+    def _commit(self, held: list[threading.Lock]) -> VersionInfo:
         try:
             tensors, new_chunks, new_bytes = self._collect()
             root, nodes = self._build_tree(tensors)
             store = self._store
+            node_bytes = self._write_nodes(nodes)  # reused where stored (an identical save)
+            lock = store.run_lock(self.run)
+            lock.acquire()
+            held.append(lock)
             same_step = [v for v in store.versions(self.run) if v.step == self.step]
             # The index may not know that another process removed one of them: a version
             # whose commit record is gone is neither "saved before" nor in the way (it
@@ -417,7 +426,6 @@ class VersionWriter(ChunkJobs):
                 return identical
             if same_step and not self._replace:
                 raise DuplicateStepError(self.run, self.step, same_step[-1].id)
-            node_bytes = self._write_nodes(nodes)
             latest = store.latest(self.run)
             record = CommitRecord(
                 run=self.run, step=self.step, parent=latest.id if latest else None,

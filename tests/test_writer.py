@@ -484,3 +484,52 @@ def test_replacing_a_step_with_the_same_tensors_and_new_meta_keeps_the_new_meta(
         with store.new_version("r", 1, meta={"loss": 0.5}, replace=True) as again:
             again.put("x", x)
         assert again.info.id == version.info.id
+
+
+def test_a_commit_waiting_on_a_gc_fence_does_not_hold_up_another_save_of_its_run(
+        tmp_path: Path) -> None:
+    """Save B of run r started before a GC fenced a chunk; save A of r started after and
+    reuses that chunk, so A's commit waits for the GC, and the GC waits for B's session
+    to end.  A must not hold r's commit turn while it waits: B commits at once, the GC
+    finishes, then A commits (held, B waited out the GC's whole session wait)."""
+    from chunkstore.index import CHUNK
+    from chunkstore.journal import ABANDONED, DONE, start_entry, write_entry
+    from chunkstore.sessions import list_sessions
+
+    with chunkstore.open(tmp_path / "s") as store:
+        x = np.random.default_rng(0).standard_normal(1 << 18).astype(np.float32)
+        with store.new_version("old", 1) as version:
+            version.put("w", x)
+        chunks = list(store.index.version_refs(version.info.id))
+        b = store.new_version("r", 2)  # its session is stored before the GC's entry
+        b.put("w", np.ones(1 << 18, np.float32))
+        entry = start_entry(store.backend, [(CHUNK, c) for c in chunks])  # a GC fences x
+        outcome: dict[str, float] = {}
+
+        def other_gc() -> None:
+            started = time.monotonic()
+            while time.monotonic() - started < 30:
+                if not [s for s in list_sessions(store.backend) if entry.id not in s.seen]:
+                    entry.state = DONE
+                    write_entry(store.backend, entry)
+                    return
+                time.sleep(0.05)
+            entry.state = ABANDONED
+            write_entry(store.backend, entry)
+
+        gc_thread = threading.Thread(target=other_gc)
+        gc_thread.start()
+        a = store.new_version("r", 3)  # sees the entry: reusing x waits for that GC
+        a.put("w", x)
+        started = time.monotonic()
+        a_thread = threading.Thread(target=a.commit)
+        a_thread.start()
+        time.sleep(0.3)  # A is waiting on the fence now
+        b.commit()
+        outcome["b"] = time.monotonic() - started
+        a_thread.join(timeout=60)
+        gc_thread.join(timeout=60)
+        assert outcome["b"] < 10, outcome
+        assert entry.state == DONE
+        assert [v.step for v in store.versions("r")] == [2, 3]
+        np.testing.assert_array_equal(store.open_version("r@3").get("w"), x)
