@@ -13,12 +13,17 @@ from typing import TYPE_CHECKING, Any
 import lmdb
 
 from chunkstore.digest import Digest
-from chunkstore.errors import ChunkStoreError, GcAbortedError, IntegrityError
+from chunkstore.errors import (
+    ChunkStoreError,
+    FormatVersionError,
+    GcAbortedError,
+    IntegrityError,
+)
 from chunkstore.index import CHUNK, NODE
 from chunkstore.manifest import DataEntry, PackLocation, TensorEntry
 from chunkstore.moved import MAX_HOPS, MovedRecord, resolve_hops
 from chunkstore.progress import Progress
-from chunkstore.tombstones import list_tombstones
+from chunkstore.tombstones import list_tombstones, tombstone_key
 from chunkstore.tree import load_tree
 
 if TYPE_CHECKING:
@@ -296,9 +301,14 @@ def mark_removed(store: Store, marks: MarkSet, removed_after: float) -> list[str
         elif tombstone.root is not None:
             try:
                 mark_tree(store, tombstone.root, marks)
-            except IntegrityError:
-                continue  # partly gone already: what was marked stays protected
+            except (IntegrityError, FormatVersionError):
+                continue  # partly gone already, or unreadable here: as it was marked
             except ChunkStoreError as exc:  # unreadable now, maybe not gone: keep everything
-                raise GcAbortedError(f"removed version {tombstone.version_id[:12]} cannot be"
-                                     f" read ({exc}); gc deletes nothing") from exc
+                if not tombstone.dated:  # would stop every run (it never ages): as damage
+                    continue
+                raise GcAbortedError(
+                    f"removed version {tombstone.version_id[:12]} (tombstone"
+                    f" {tombstone_key(tombstone.version_id)}) cannot be read now ({exc}); gc"
+                    " deletes nothing until it can, or until the tombstone is older than the"
+                    " grace period") from exc
     return expired

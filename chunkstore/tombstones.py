@@ -33,6 +33,8 @@ class Tombstone:
     version_id: str
     root: Digest | None  # None: unreadable, protects nothing but is still cleaned up
     removed: float
+    #: False when the removal time could not be read (it then counts as now, every run)
+    dated: bool = True
 
 
 def tombstone_key(version_id: str) -> str:
@@ -68,11 +70,11 @@ def _parse(version_id: str, body: object) -> Tombstone:
         return Tombstone(version_id, None, time.time())
     root, removed = body.get("root"), body.get("removed")
     digest = Digest.parse(root) if isinstance(root, str) and is_hex_digest(root) else None
-    try:
-        if isinstance(removed, bool) or not isinstance(removed, (int, float)) \
-                or not math.isfinite(removed):
-            removed = time.time()
-        when = float(removed)
-    except OverflowError:  # an int past any float (10**400)
-        when = time.time()
-    return Tombstone(version_id, digest, when)
+    dated, when = False, time.time()
+    if not isinstance(removed, bool) and isinstance(removed, (int, float)):
+        try:
+            if math.isfinite(removed):
+                dated, when = True, float(removed)
+        except OverflowError:  # an int past any float (10**400)
+            pass
+    return Tombstone(version_id, digest, when, dated)

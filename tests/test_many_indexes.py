@@ -777,3 +777,42 @@ def test_a_damaged_copy_of_a_node_a_save_must_write_is_replaced_not_kept(
     with chunkstore.open(root, index_dir=str(tmp_path / "c")) as c:
         np.testing.assert_array_equal(c.open_version("r@2").get("w"), weights)
         assert c.verify().ok
+
+
+@pytest.mark.parametrize("tree", ["newer format", "never readable"])
+def test_a_tombstone_that_never_ages_never_stops_every_gc(tmp_path: Path, tree: str) -> None:
+    """A tombstone whose removal time cannot be read counts as removed now at every run,
+    so it never ages out: if its tree cannot be read (a node of a newer format, or a GET
+    that always fails) GC must not stop on it run after run; it goes on as for damage."""
+    from chunkstore.digest import Digest, node_key
+
+    root = tmp_path / "s"
+    with chunkstore.open(root, index_dir=str(tmp_path / "i")) as store:
+        with store.new_version(run="r", step=1) as version:
+            version.put("w", np.arange(10, dtype=np.float32))
+        node = json.dumps({"format_version": 99, "kind": "tree", "entries": {}}).encode()
+        digest = Digest.of(node)
+        store.backend.put(node_key(digest), node)
+        removed = "ab" * 32
+        store.backend.put(f"removed/{removed}", json.dumps(
+            {"format_version": 1, "version": removed, "root": digest.hex, "run": "x",
+             "step": 1, "removed": 10**400}).encode())
+        if tree == "never readable":
+            store.backend = _AlwaysFailingGet(store.backend, node_key(digest))
+        for _ in range(2):
+            store.gc(grace=0)
+        np.testing.assert_array_equal(store.open_version("r@1").get("w"),
+                                      np.arange(10, dtype=np.float32))
+
+
+class _AlwaysFailingGet(ForwardingBackend):
+    """Every GET of one key fails (a 403 that does not go away)."""
+
+    def __init__(self, inner: Any, key: str) -> None:
+        super().__init__(inner)
+        self.key = key
+
+    def get(self, key: str) -> bytes:
+        if key == self.key:
+            raise BackendError(f"GET {key}: 403 forbidden")
+        return self.inner.get(key)
