@@ -454,3 +454,55 @@ def test_a_restore_that_does_not_fit_touches_nothing(tmp_path: Path) -> None:
             with pytest.raises(StateMismatchError):
                 ckpt.restore(rng=False, **target)
             assert all(torch.equal(before[k], v) for k, v in live.state_dict().items())
+
+
+def test_a_module_that_renames_its_keys_on_load_is_still_restored(tmp_path: Path) -> None:
+    """The key check before reading applies only where load_state_dict surely refuses
+    other keys: a module whose load pre-hook renames old keys (the usual way to read
+    checkpoints of an earlier layout) restores as it did."""
+    class Renamed(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.new = torch.nn.Linear(2, 2)
+
+            def rename(state: dict[str, Any], prefix: str, *args: Any) -> None:
+                for name in [k for k in state if k.startswith(prefix + "old.")]:
+                    state[prefix + "new." + name[len(prefix + "old."):]] = state.pop(name)
+            self._register_load_state_dict_pre_hook(rename)
+
+    class Old(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.old = torch.nn.Linear(2, 2)
+
+    saved = Old()
+    with Checkpointer(tmp_path / "s", run="r") as ckpt:
+        ckpt.save(1, model=saved)
+        target = Renamed()
+        assert ckpt.restore(model=target, rng=False) == 1
+    assert torch.equal(target.new.weight, saved.old.weight)
+
+
+@pytest.mark.parametrize("saved, target", [
+    ("array", "tensor"), ("tensor", "array"), ("dict", "list"), ("list", "dict")])
+def test_a_target_of_another_kind_than_the_saved_state_is_refused(
+        tmp_path: Path, saved: str, target: str) -> None:
+    """An array saved and a tensor given (or a dict and a list...): the loaded state had
+    nowhere to go and the restore returned the step; now a StateMismatchError before
+    anything is read.  A read-only array is refused as a target."""
+    import numpy as np
+
+    from chunkstore.errors import InvalidInputError
+    from torch_bridge.errors import StateMismatchError
+
+    values = {"array": np.arange(3.0), "tensor": torch.arange(3.0), "dict": {"a": 1},
+              "list": [1, 2]}
+    empty = {"array": np.zeros(3), "tensor": torch.zeros(3), "dict": {}, "list": []}
+    with Checkpointer(tmp_path / "s", run="r") as ckpt:
+        ckpt.save(1, x=values[saved])
+        with pytest.raises(StateMismatchError):
+            ckpt.restore(x=empty[target], rng=False)
+        frozen = np.zeros(3)
+        frozen.flags.writeable = False
+        with pytest.raises(InvalidInputError, match="read-only"):
+            ckpt.restore(x=frozen, rng=False)

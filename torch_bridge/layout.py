@@ -192,6 +192,7 @@ def load_states(reader: VersionReader, targets: dict[str, Any],
         obj = targets[plan.key]
         live = obj.state_dict() if isinstance(obj, Stateful) else obj
         _check_structure(plan, obj, live, problems)
+        _check_kind(plan, obj, problems)
         for record in plan.records:
             plan.targets.append(_target(reader, plan.key, record, live, problems))
     if problems:
@@ -272,14 +273,17 @@ def _check_structure(plan: _Plan, obj: Any, live: Any, problems: list[str]) -> N
     Found here, before anything is read, nothing live is touched."""
     skeleton = plan.section.get("skeleton")
     if isinstance(obj, torch.nn.Module) and isinstance(skeleton, dict) \
-            and isinstance(live, dict):
+            and isinstance(live, dict) and _loads_strictly(obj):
         missing = sorted(str(k) for k in set(live) - set(skeleton))
         unexpected = sorted(str(k) for k in set(skeleton) - set(live))
         if missing or unexpected:
             problems.append(f"{plan.key}: the checkpoint lacks {missing[:5]} and has"
                             f" {unexpected[:5]} that this module does not")
     elif isinstance(obj, torch.optim.Optimizer) and isinstance(skeleton, dict) \
-            and isinstance(live, dict):
+            and isinstance(live, dict) \
+            and type(obj).load_state_dict is torch.optim.Optimizer.load_state_dict \
+            and not getattr(obj, "_optimizer_load_state_dict_pre_hooks", None) \
+            and not getattr(obj, "_optimizer_load_state_dict_post_hooks", None):
         def sizes(state: dict[str, Any]) -> list[int]:
             groups = state.get("param_groups")
             return [len(g.get("params", ())) if isinstance(g, dict) else -1
@@ -287,6 +291,44 @@ def _check_structure(plan: _Plan, obj: Any, live: Any, problems: list[str]) -> N
         if sizes(skeleton) != sizes(live):
             problems.append(f"{plan.key}: the checkpoint's parameter groups hold"
                             f" {sizes(skeleton)} parameters, this optimizer's {sizes(live)}")
+
+
+def _check_kind(plan: _Plan, obj: Any, problems: list[str]) -> None:
+    """A target that is itself an array, a tensor, a list or a dict must have been saved
+    as one (else the loaded state has nowhere to go in it)."""
+    if isinstance(obj, Stateful):
+        return
+    skeleton = plan.section.get("skeleton")
+    whole = [r.kind for r in plan.records if r.path == ()]
+    if isinstance(obj, np.ndarray):
+        fits = whole == ["numpy"]
+    elif isinstance(obj, torch.Tensor):
+        fits = bool(whole) and whole[0] != "numpy"
+    elif isinstance(obj, list):
+        fits = isinstance(skeleton, (list, tuple))
+    elif isinstance(obj, dict):
+        fits = isinstance(skeleton, dict)
+    else:
+        return
+    if not fits:
+        saved = whole[0] if whole else type(skeleton).__name__
+        problems.append(f"{plan.key} is {saved} in the checkpoint but a"
+                        f" {type(obj).__name__} here")
+
+
+def _loads_strictly(module: torch.nn.Module) -> bool:
+    """Whether load_state_dict surely refuses other keys: no module in it renames or
+    fills keys (load hooks, its own _load_from_state_dict, as BatchNorm's, or its own
+    load_state_dict).  Only then are the keys compared before anything is read."""
+    base = torch.nn.Module
+    for sub in module.modules():
+        kind = type(sub)
+        if getattr(sub, "_load_state_dict_pre_hooks", None) \
+                or getattr(sub, "_load_state_dict_post_hooks", None) \
+                or kind._load_from_state_dict is not base._load_from_state_dict \
+                or kind.load_state_dict is not base.load_state_dict:
+            return False
+    return True
 
 
 def _array_target(entry: TensorEntry, key: str, record: TensorRecord, live: Any,
@@ -317,7 +359,7 @@ def apply_states(targets: dict[str, Any], trees: dict[str, Any],
             obj.load_state_dict(tree)
         elif isinstance(obj, dict) and isinstance(tree, dict):
             obj.update(tree)
-        elif isinstance(obj, list) and isinstance(tree, list):
+        elif isinstance(obj, list) and isinstance(tree, (list, tuple)):
             obj[:] = tree
         elif isinstance(obj, np.ndarray) and isinstance(tree, np.ndarray):
             if tree is not obj:  # read beside it (not writable or not contiguous)
@@ -333,6 +375,8 @@ def apply_states(targets: dict[str, Any], trees: dict[str, Any],
 def check_restorable(key: str, obj: Any) -> None:
     """Refuse, before anything is read, a restore target that cannot take the saved state
     in place (an int, a str, a tuple): its loaded value would reach nobody."""
+    if isinstance(obj, np.ndarray) and not obj.flags.writeable:
+        raise InvalidInputError(f"state {key!r} is a read-only array; pass a writable one")
     if not isinstance(obj, (Stateful, dict, list, np.ndarray, torch.Tensor)):
         raise InvalidInputError(
             f"state {key!r} is a {type(obj).__name__}, which cannot be restored in place:"
