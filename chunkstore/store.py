@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import hashlib
+import itertools
 import json
 import os
 import threading
@@ -292,7 +293,7 @@ class Store:
         self.node_size = NODE_TARGET_BYTES
         # Objects a save of this handle found stored where a check costs a request
         # (chunkstore.reuse: each is checked once per handle, before its first reuse).
-        self._seen_stored: set[tuple[bytes, Digest]] = set()
+        self._seen_stored: dict[tuple[bytes, Digest], None] = {}  # in the order seen
         self._seen_stored_lock = threading.Lock()
         self._run_locks: dict[str, threading.Lock] = {}
 
@@ -313,14 +314,15 @@ class Store:
         """Remember objects a save found stored, or stored itself and published, on a
         store where a check costs a request (on a local store saves stat every reused
         object, and nothing is remembered).  Bounded: past :data:`SEEN_STORED_MAX`
-        objects the handle starts over (and checks again)."""
+        objects the oldest quarter is forgotten (and checked again when reused)."""
         if self.backend.local_path() is not None:
             return
         with self._seen_stored_lock:
             for digest in digests:
-                if len(self._seen_stored) >= SEEN_STORED_MAX:
-                    self._seen_stored.clear()
-                self._seen_stored.add((kind, digest))
+                if len(self._seen_stored) >= SEEN_STORED_MAX:  # forget the oldest quarter
+                    for old in list(itertools.islice(self._seen_stored, SEEN_STORED_MAX // 4)):
+                        del self._seen_stored[old]
+                self._seen_stored[(kind, digest)] = None
 
     def close(self) -> None:
         self.executor.shutdown(wait=True)

@@ -816,3 +816,20 @@ class _AlwaysFailingGet(ForwardingBackend):
         if key == self.key:
             raise BackendError(f"GET {key}: 403 forbidden")
         return self.inner.get(key)
+
+
+def test_a_handle_forgets_the_oldest_objects_it_found_stored_not_all(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past its bound the handle forgets the oldest quarter of what it found stored, not
+    everything (a save reusing more objects than the bound asked about every one of
+    them again at every save)."""
+    import chunkstore.store as store_module
+    from chunkstore.digest import Digest
+    from chunkstore.index import CHUNK
+
+    monkeypatch.setattr(store_module, "SEEN_STORED_MAX", 8)
+    with chunkstore.open(f"memory://cs-{os.urandom(8).hex()}",
+                         index_dir=str(tmp_path / "i")) as store:
+        digests = [Digest.of(bytes([i])) for i in range(9)]
+        store.saw_stored(CHUNK, digests)
+        assert [store.seen_stored(CHUNK, d) for d in digests] == [False] * 2 + [True] * 7

@@ -94,7 +94,7 @@ def write_version(store: Store, run: str, step: int, meta: dict[str, Any],
 
     A step the run already has is replaced (``replace=True``): a resumed run
     that saves a step again, after a crash lost what followed, holds the state
-    to keep; an identical save publishes nothing.
+    to keep; a save identical in tensors and meta publishes nothing.
     """
     records = [r for c in captured for r in c.records]
     with store.new_version(run, step, meta=meta, replace=True) as version:
