@@ -96,9 +96,15 @@ import numpy as np
 import torch
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
-from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
+
+try:
+    from torch.distributed.checkpoint.staging import BlockingAsyncStager
+except ImportError:  # a torch without async staging has no dcp.async_save to stage for
+    class BlockingAsyncStager:  # type: ignore[no-redef]
+        def __init__(self) -> None:
+            pass
 
 from chunkstore import Store, VersionInfo
 from chunkstore.dtypes import element_size
