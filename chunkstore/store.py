@@ -240,13 +240,13 @@ def _load_or_create_config(url: str, backend: Backend, create: bool, chunk_size:
     return StoreConfig.decode(url, backend.get(CONFIG_KEY))
 
 
-#: A run's last saved version on this handle: its id, tensor entries, chunk chains and
-#: what the chunk positions learnt of their deltas lately (chunkstore.delta.Skips).
 #: What :attr:`Store.pack_delta_chunks` is for a new handle.
 PACK_DELTA_CHUNKS = True
 #: Objects a handle remembers having found stored (about 200 bytes each, so some 50 MB at
 #: most; with 8 MiB packs, 2 TiB of them).
 SEEN_STORED_MAX = 1 << 18
+#: A run's last saved version on this handle: its id, tensor entries, chunk chains and
+#: what the chunk positions learnt of their deltas lately (chunkstore.delta.Skips).
 ParentCacheEntry = tuple[str, dict[str, TensorEntry], dict[Digest, Listing], Learnt]
 
 
@@ -294,8 +294,8 @@ class Store:
         # Objects a save of this handle found stored where a check costs a request
         # (chunkstore.reuse: each is checked once per handle, before its first reuse).
         self._seen_stored: dict[tuple[bytes, Digest], None] = {}  # in the order seen
-        self._seen_stored_lock = threading.Lock()
-        self._run_locks: dict[str, threading.Lock] = {}
+        self._run_locks: dict[str, threading.Lock] = {}  # see run_lock
+        self._tables_lock = threading.Lock()  # guards the two tables above
 
     @property
     def chunk_size(self) -> int:
@@ -303,7 +303,7 @@ class Store:
 
     def run_lock(self, run: str) -> threading.Lock:
         """The lock a commit of ``run`` holds on this handle (see VersionWriter.commit)."""
-        with self._seen_stored_lock:
+        with self._tables_lock:
             return self._run_locks.setdefault(run, threading.Lock())
 
     def seen_stored(self, kind: bytes, digest: Digest) -> bool:
@@ -317,7 +317,7 @@ class Store:
         objects the oldest quarter is forgotten (and checked again when reused)."""
         if self.backend.local_path() is not None:
             return
-        with self._seen_stored_lock:
+        with self._tables_lock:
             for digest in digests:
                 if len(self._seen_stored) >= SEEN_STORED_MAX:  # forget the oldest quarter
                     for old in list(itertools.islice(self._seen_stored, SEEN_STORED_MAX // 4)):
