@@ -140,15 +140,19 @@ def _check_states(version_id: str, states: Any) -> None:
             if not (isinstance(plain, list) and len(plain) == 5):
                 raise bad(f"state {key!r} lists a tensor record that is not five fields")
             path, entry, kind, dtype, shape = plain
-            try:
-                hash(tuple(path) if isinstance(path, list) else None)
-            except TypeError:
-                path = None
-            if not isinstance(path, list) or not isinstance(entry, str) \
+            if not _is_path(path) or not isinstance(entry, str) \
                     or kind not in ("torch", "numpy", DTENSOR) or not isinstance(dtype, str) \
                     or not isinstance(shape, list) or not all(
                         type(d) is int and d >= 0 for d in shape):
                 raise bad(f"state {key!r} lists a malformed tensor record {plain!r:.200}")
+
+
+def _is_path(path: Any) -> bool:
+    """A saved tensor path: a list whose parts can be dict keys (a rebuilt tree's)."""
+    try:
+        return isinstance(path, list) and hash(tuple(path)) is not None
+    except TypeError:
+        return False
 
 
 def read_sections(reader: VersionReader, rank: int = 0, world: int = 1
