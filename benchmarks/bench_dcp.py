@@ -56,7 +56,7 @@ from torch.distributed.tensor import DTensor, Shard
 from torch.futures import Future
 
 import chunkstore
-from chunkstore.shards import StagedShard
+from chunkstore.format.shards import StagedShard
 from torch_bridge.dcp import ChunkStoreReader, ChunkStoreWriter
 
 SYSTEMS = ("dcp-filesystem", "chunkstore")

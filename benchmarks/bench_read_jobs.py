@@ -1,7 +1,7 @@
 """Restores with a job per core against a job per pool thread (``Store.read_jobs``).
 
 From a local store a read call runs at most a job per core
-(``chunkstore.reader.run_jobs``); before, it handed every read job to the
+(``chunkstore.read.reader.run_jobs``); before, it handed every read job to the
 store's pool, 8 threads or more.  For each workload the suite's recorded
 states are saved into one store (the default policy, delta chains of 2), which
 is copied once per way, so each way has its own handle, index and pool; then

@@ -2,7 +2,7 @@
 the caller hashing alone, and against safetensors.
 
 A store hashes each batch of small tensors on the caller and
-``Store.hashing_helpers`` pool jobs (``chunkstore.digest.digests_of``); a store
+``Store.hashing_helpers`` pool jobs (``chunkstore.format.digest.digests_of``); a store
 whose ``hashing_helpers`` is set to 0 hashes on the caller alone, as saves did
 before.  For each workload the suite's recorded states are saved by the three
 ways in turn, save by save (the first way rotating), in this one process.

@@ -7,9 +7,9 @@
 """
 
 from chunkstore import errors
-from chunkstore.reader import VersionReader
+from chunkstore.read.reader import VersionReader
 from chunkstore.store import Store, VersionInfo, open
-from chunkstore.writer import VersionWriter
+from chunkstore.write.writer import VersionWriter
 
 __version__ = "0.1.0"
 __all__ = ["Store", "VersionInfo", "VersionReader", "VersionWriter", "errors", "open"]

@@ -1,7 +1,8 @@
 """The store: opening, versions and selectors, tags, deletion.
 
 Operations that walk the whole store live in their own modules
-(:mod:`chunkstore.verify`, :mod:`chunkstore.report`, :mod:`chunkstore.rebuild`)
+(:mod:`chunkstore.maintenance.verify`, :mod:`chunkstore.maintenance.report`,
+:mod:`chunkstore.maintenance.rebuild`)
 and are exposed here as thin methods.
 """
 
@@ -21,23 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from chunkstore import plaindata
 from chunkstore.backends import Backend, open_backend
 from chunkstore.backends.wrappers import wrap_from_env
-from chunkstore.basecopies import BASE_COPY_BYTES, BaseCopies
-from chunkstore.chain import BaseCache
 from chunkstore.codecs.policy import check_policy
-from chunkstore.delta import Learnt, Listing
-from chunkstore.digest import (
-    CONFIG_KEY,
-    TAG_PREFIX,
-    VERSION_PREFIX,
-    Digest,
-    is_hex_digest,
-    tag_key,
-    version_id_from_key,
-    version_key,
-)
 from chunkstore.errors import (
     AmbiguousSelectorError,
     ChunkStoreError,
@@ -49,14 +36,20 @@ from chunkstore.errors import (
     SavesInProgressError,
     SelectorError,
 )
-from chunkstore.index import Index, VersionEntry
-from chunkstore.journal import sync_journal
-from chunkstore.manifest import MAX_DELTA_DEPTH, TensorEntry
-from chunkstore.moved import MovedRecord
-from chunkstore.names import check_label
-from chunkstore.packs import MAX_PACK_TARGET, PACK_TARGET_BYTES
-from chunkstore.reader import VersionReader
-from chunkstore.records import (
+from chunkstore.format import plaindata
+from chunkstore.format.digest import (
+    CONFIG_KEY,
+    TAG_PREFIX,
+    VERSION_PREFIX,
+    Digest,
+    is_hex_digest,
+    tag_key,
+    version_id_from_key,
+    version_key,
+)
+from chunkstore.format.manifest import MAX_DELTA_DEPTH, TensorEntry
+from chunkstore.format.names import check_label
+from chunkstore.format.records import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_DELTA_DEPTH,
     MAX_CHUNK_SIZE,
@@ -68,17 +61,25 @@ from chunkstore.records import (
     Tag,
     looks_like_a_version_id,
 )
-from chunkstore.tombstones import write_tombstone
-from chunkstore.tree import NodeCache, flatten
-from chunkstore.writer import VersionWriter, entry_from_record
+from chunkstore.index.lmdbindex import Index, VersionEntry
+from chunkstore.protocol.journal import sync_journal
+from chunkstore.protocol.moved import MovedRecord
+from chunkstore.protocol.tombstones import write_tombstone
+from chunkstore.read.chain import BaseCache
+from chunkstore.read.packs import MAX_PACK_TARGET, PACK_TARGET_BYTES
+from chunkstore.read.reader import VersionReader
+from chunkstore.read.tree import NodeCache, flatten
+from chunkstore.write.basecopies import BASE_COPY_BYTES, BaseCopies
+from chunkstore.write.delta import Learnt, Listing
+from chunkstore.write.writer import VersionWriter, entry_from_record
 
 if TYPE_CHECKING:
-    from chunkstore.gc import GcResult
+    from chunkstore.maintenance.gc import GcResult
+    from chunkstore.maintenance.rebuild import RebuildResult
+    from chunkstore.maintenance.report import StoreStats
+    from chunkstore.maintenance.retention import PruneResult
+    from chunkstore.maintenance.verify import VerifyResult
     from chunkstore.progress import Progress
-    from chunkstore.rebuild import RebuildResult
-    from chunkstore.report import StoreStats
-    from chunkstore.retention import PruneResult
-    from chunkstore.verify import VerifyResult
 
 #: Saves inline a subtree of the names into its parent manifest node while the parent
 #: stays this small (docs/format.md §5.1), so a model's version is a few nodes, not one
@@ -180,7 +181,7 @@ def open(
     (applies when the store is created; default 2, 0 turns deltas off) bounds the chains
     of delta chunks a save builds against the run's previous version.
     ``pack_size`` is the size at which this handle's saves seal a pack of small
-    chunks (default :data:`chunkstore.packs.PACK_TARGET_BYTES`); ``node_size`` the
+    chunks (default :data:`chunkstore.read.packs.PACK_TARGET_BYTES`); ``node_size`` the
     size up to which they inline a subtree of the names into its parent manifest
     node (default :data:`NODE_TARGET_BYTES`).
     """
@@ -246,7 +247,7 @@ PACK_DELTA_CHUNKS = True
 #: most; with 8 MiB packs, 2 TiB of them).
 SEEN_STORED_MAX = 1 << 18
 #: A run's last saved version on this handle: its id, tensor entries, chunk chains and
-#: what the chunk positions learnt of their deltas lately (chunkstore.delta.Skips).
+#: what the chunk positions learnt of their deltas lately (chunkstore.write.delta.Skips).
 ParentCacheEntry = tuple[str, dict[str, TensorEntry], dict[Digest, Listing], Learnt]
 
 
@@ -278,10 +279,11 @@ class Store:
         self.moved_cache: dict[Digest, MovedRecord] = {}
         # Decoded delta bases, shared by reads and saves: a few chunks per thread.
         self.base_cache = BaseCache(2 * self.threads * config.chunk_size)
-        #: copies of the chunks a delta save wrote, the run's next bases (chunkstore.basecopies)
+        #: copies of the chunks a delta save wrote, the run's next bases
+        #: (chunkstore.write.basecopies)
         self.base_copies = BaseCopies(BASE_COPY_BYTES)
         # The tensor entries of the last version this handle saved, per run (the
-        # next save's parent: see chunkstore.delta.ParentChunks).
+        # next save's parent: see chunkstore.write.delta.ParentChunks).
         self.parent_cache: dict[str, ParentCacheEntry] = {}
         #: saves seal a pack of small chunks once it holds this many bytes
         self.pack_size = PACK_TARGET_BYTES
@@ -292,7 +294,7 @@ class Store:
         #: saves inline a subtree into its parent tree node while it stays this small
         self.node_size = NODE_TARGET_BYTES
         # Objects a save of this handle found stored where a check costs a request
-        # (chunkstore.reuse: each is checked once per handle, before its first reuse).
+        # (chunkstore.write.reuse: each is checked once per handle, before its first reuse).
         self._seen_stored: dict[tuple[bytes, Digest], None] = {}  # in the order seen
         self._run_locks: dict[str, threading.Lock] = {}  # see run_lock
         self._tables_lock = threading.Lock()  # guards the two tables above
@@ -585,7 +587,7 @@ class Store:
 
     def reconcile(self) -> None:
         """Count in versions committed elsewhere, count out versions deleted elsewhere."""
-        from chunkstore.rebuild import reconcile
+        from chunkstore.maintenance.rebuild import reconcile
 
         reconcile(self)
 
@@ -602,13 +604,14 @@ class Store:
 
     def verify(self, sel: str | None = None, *, read_data: bool = True,
                progress: Progress | None = None) -> VerifyResult:
-        """Check versions (all, or the one ``sel`` names); see :mod:`chunkstore.verify`."""
-        from chunkstore.verify import verify
+        """Check versions (all, or the one ``sel`` names); see
+        :mod:`chunkstore.maintenance.verify`."""
+        from chunkstore.maintenance.verify import verify
 
         return verify(self, sel, read_data=read_data, progress=progress)
 
     def stats(self) -> StoreStats:
-        from chunkstore.report import stats
+        from chunkstore.maintenance.report import stats
 
         return stats(self)
 
@@ -625,10 +628,10 @@ class Store:
         machine) that started before this GC; past it nothing is deleted and
         the result says how much was deferred.  ``repack_unused``: a live pack
         at least this fraction garbage has its live members copied into a new
-        pack and is deleted (None: never repack; :mod:`chunkstore.repack`).
-        See :mod:`chunkstore.gc`.
+        pack and is deleted (None: never repack; :mod:`chunkstore.maintenance.repack`).
+        See :mod:`chunkstore.maintenance.gc`.
         """
-        from chunkstore.gc import collect
+        from chunkstore.maintenance.gc import collect
 
         return collect(self, grace, dry_run=dry_run, sweep=sweep, clock=clock,
                        progress=progress, session_wait=session_wait,
@@ -638,13 +641,14 @@ class Store:
               keep_last: int | None = None, keep_every: int | None = None,
               keep_within: object = None, keep_best: tuple[Any, ...] | None = None,
               min_previous: int = 1) -> PruneResult:
-        """Unpublish the versions no retention policy keeps (see :mod:`chunkstore.retention`).
+        """Unpublish the versions no retention policy keeps (see
+        :mod:`chunkstore.maintenance.retention`).
 
         Policies compose: a version is kept if any keeps it; tagged versions,
         the newest version that verifies and ``min_previous`` versions before
         it are always kept.  Space is freed by :meth:`gc` afterwards.
         """
-        from chunkstore.retention import Policy, prune
+        from chunkstore.maintenance.retention import Policy, prune
 
         policy = Policy(keep_last=keep_last, keep_every=keep_every,
                         keep_within=keep_within,  # type: ignore[arg-type]
@@ -653,11 +657,11 @@ class Store:
 
     def finish_abandoned_deletions(self) -> None:
         """Finish deletions a killed GC left behind, unless a GC is running now."""
-        from chunkstore.gc import finish_abandoned_deletions
+        from chunkstore.maintenance.gc import finish_abandoned_deletions
 
         finish_abandoned_deletions(self)
 
     def rebuild_index(self) -> RebuildResult:
-        from chunkstore.rebuild import rebuild
+        from chunkstore.maintenance.rebuild import rebuild
 
         return rebuild(self)

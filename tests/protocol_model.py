@@ -2,8 +2,9 @@
 every interleaving by a small explicit-state checker.
 
 Nothing here imports chunkstore: the model is the protocol of
-:mod:`chunkstore.gc`, :mod:`chunkstore.writer`, :mod:`chunkstore.journal`,
-:mod:`chunkstore.sessions` and :mod:`chunkstore.tombstones` reduced to what
+:mod:`chunkstore.maintenance.gc`, :mod:`chunkstore.write.writer`,
+:mod:`chunkstore.protocol.journal`,
+:mod:`chunkstore.protocol.sessions` and :mod:`chunkstore.protocol.tombstones` reduced to what
 decides whether an object is deleted while something needs it.
 
 The world:
@@ -34,7 +35,7 @@ The world:
 - a **remover** (tombstone, then delete the commit record), a **reader** that
   opens a published version and reads it later, and a **clock**.
 
-A **pack world** (``Config.packed``; :mod:`chunkstore.repack`, docs/format.md
+A **pack world** (``Config.packed``; :mod:`chunkstore.maintenance.repack`, docs/format.md
 3.6) adds repacking.  Chunks are members ``a``, ``b`` of pack objects, each
 pack named by the members it holds (``P`` holds both; ``Qa`` only ``a``: the
 pack a repack copying ``a`` writes, and the pack a save writing only ``a``

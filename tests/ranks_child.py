@@ -33,8 +33,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 
 import chunkstore
-from chunkstore.chunkobj import HEADER
-from chunkstore.manifest import TensorEntry
+from chunkstore.format.chunkobj import HEADER
+from chunkstore.format.manifest import TensorEntry
 from tests.gloo_ranks import run_job
 from torch_bridge import Checkpointer, ResumableSampler, ranks
 

@@ -1,5 +1,5 @@
 """A handle's copies of its last save's chunks, the bases of the run's next delta save
-(chunkstore.basecopies): used only for the base they copy, never read back, within
+(chunkstore.write.basecopies): used only for the base they copy, never read back, within
 their budget, and every version reads back exact whatever the handle saw in between."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import pytest
 
 import chunkstore
 from chunkstore.backends.wrappers import ForwardingBackend
-from chunkstore.basecopies import BaseCopies
-from chunkstore.chunkobj import HEADER
-from chunkstore.digest import Digest, chunk_key
+from chunkstore.format.chunkobj import HEADER
+from chunkstore.format.digest import Digest, chunk_key
+from chunkstore.write.basecopies import BaseCopies
 from tests.test_delta import CHUNK, DIM, ROWS, save, shard, sparse_states
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import chunkstore
-from chunkstore.digest import chunk_key
+from chunkstore.format.digest import chunk_key
 from tests.conftest import SMALL_CHUNK
 
 CLI = [sys.executable, "-m", "chunkstore"]

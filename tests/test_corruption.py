@@ -18,9 +18,7 @@ import numpy as np
 import pytest
 
 import chunkstore
-from chunkstore.chunkobj import HEADER
 from chunkstore.codecs import RAW, SHUFFLE_ZSTD, ZSTD
-from chunkstore.digest import Digest
 from chunkstore.errors import (
     CorruptChunkError,
     CorruptNodeError,
@@ -29,8 +27,10 @@ from chunkstore.errors import (
     IntegrityError,
     MissingChunkError,
 )
-from chunkstore.manifest import NODE_FORMAT_VERSION, TensorEntry, decode_tree
-from chunkstore.records import STORE_FORMAT_VERSION
+from chunkstore.format.chunkobj import HEADER
+from chunkstore.format.digest import Digest
+from chunkstore.format.manifest import NODE_FORMAT_VERSION, TensorEntry, decode_tree
+from chunkstore.format.records import STORE_FORMAT_VERSION
 from tests.conftest import SMALL_CHUNK
 
 # 4 chunks of 64 KiB (the last one short); compresses well under every codec.

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import chunkstore
-from chunkstore.indexfile import probe
+from chunkstore.index.indexfile import probe
 
 CLI = [sys.executable, "-m", "chunkstore"]
 W = np.arange(50_000, dtype=np.float32)

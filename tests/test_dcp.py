@@ -33,7 +33,7 @@ from chunkstore.errors import (
     SelectorError,
     StagedChunkMissingError,
 )
-from chunkstore.manifest import TensorEntry
+from chunkstore.format.manifest import TensorEntry
 from tests.dcp_child import RUN, full_state, run_rank
 from tests.gloo_ranks import Ranks, all_ok, assert_only_the_first_save_published
 from tests.s3server import ENDPOINT_ENV_VAR, create_bucket, remove_bucket, storage_options

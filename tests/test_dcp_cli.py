@@ -23,8 +23,8 @@ from safetensors.torch import load_file
 import chunkstore
 from chunkstore.cli import cli
 from chunkstore.errors import CorruptNodeError
-from chunkstore.manifest import Shard, TensorEntry
-from chunkstore.shards import RANKS_ENTRY, ShardRanks
+from chunkstore.format.manifest import Shard, TensorEntry
+from chunkstore.format.shards import RANKS_ENTRY, ShardRanks
 from tests.dcp_child import RUN, SHARDED, full_state
 from tests.test_dcp import CHUNK, _all_ok, _spawn
 from tests.test_hostile import _record, _tensor, _tree

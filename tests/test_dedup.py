@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 import chunkstore
-from chunkstore.digest import Digest
+from chunkstore.format.digest import Digest
 from tests.conftest import SMALL_CHUNK
 
 

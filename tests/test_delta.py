@@ -22,14 +22,14 @@ import pytest
 
 import chunkstore
 from chunkstore.backends.wrappers import ForwardingBackend
-from chunkstore.chain import base_bytes, base_prefix
-from chunkstore.chunkobj import ChunkHeader, encode_object, parse_header
 from chunkstore.codecs import SUB_DELTA, XOR_DELTA
-from chunkstore.delta import SKIP_SAVES, probe_length
-from chunkstore.digest import Digest, chunk_key
 from chunkstore.errors import CorruptChunkError, MissingChunkError
-from chunkstore.index import CHUNK as CHUNK_KIND
-from chunkstore.manifest import Shard, TensorEntry
+from chunkstore.format.chunkobj import ChunkHeader, encode_object, parse_header
+from chunkstore.format.digest import Digest, chunk_key
+from chunkstore.format.manifest import Shard, TensorEntry
+from chunkstore.index.lmdbindex import CHUNK as CHUNK_KIND
+from chunkstore.read.chain import base_bytes, base_prefix
+from chunkstore.write.delta import SKIP_SAVES, probe_length
 
 CHUNK = 4096
 DEPTH = 3
@@ -507,7 +507,7 @@ def test_a_sub_delta_on_an_xor_delta_chain_reads_back(tmp_path: Path,
     """A store an older release wrote xor-delta chains into, extended by this release's
     sub-deltas: the mixed chain decodes link by link, verifies, and its base prefix is the
     decoded base's."""
-    from chunkstore import delta
+    from chunkstore.write import delta
 
     table = np.random.default_rng(5).standard_normal((ROWS, DIM)).astype(np.float32)
     with chunkstore.open(tmp_path / "s", chunk_size=CHUNK, delta_depth=DEPTH) as store:
@@ -578,8 +578,8 @@ def test_a_position_whose_delta_paid_is_judged_against_the_ratio_measured_then(
     bytes per byte measured then, encoding only the delta; a save that stores the
     position standalone because its chain is full passes that on; then it is judged
     anew, both ways.  Every version reads back exact."""
-    from chunkstore import delta
-    from chunkstore.delta import RATIO_USES
+    from chunkstore.write import delta
+    from chunkstore.write.delta import RATIO_USES
 
     assert RATIO_USES == 4  # the expected counts below follow it
     judged: list[int] = []

@@ -28,18 +28,18 @@ import pytest
 import zstandard
 
 import chunkstore
-from chunkstore import plaindata
-from chunkstore.chunkobj import (
+from chunkstore.codecs import RAW, SHUFFLE_ZSTD, SUB_DELTA, XOR_DELTA, ZSTD
+from chunkstore.errors import ChunkStoreError, FormatVersionError
+from chunkstore.format import plaindata
+from chunkstore.format.chunkobj import (
     CHUNK_FORMAT_VERSION,
     ChunkHeader,
     decode_object,
     encode_object,
     parse_header,
 )
-from chunkstore.codecs import RAW, SHUFFLE_ZSTD, SUB_DELTA, XOR_DELTA, ZSTD
-from chunkstore.digest import Digest, chunk_key, node_key, tag_key, version_key
-from chunkstore.errors import ChunkStoreError, FormatVersionError
-from chunkstore.manifest import (
+from chunkstore.format.digest import Digest, chunk_key, node_key, tag_key, version_key
+from chunkstore.format.manifest import (
     NODE_FORMAT_VERSION,
     DataEntry,
     PackLocation,
@@ -51,14 +51,14 @@ from chunkstore.manifest import (
     encode_data,
     encode_tree,
 )
-from chunkstore.records import (
+from chunkstore.format.records import (
     RECORD_FORMAT_VERSION,
     STORE_FORMAT_VERSION,
     CommitRecord,
     StoreConfig,
 )
-from chunkstore.tree import flatten
-from chunkstore.writer import entry_from_record
+from chunkstore.read.tree import flatten
+from chunkstore.write.writer import entry_from_record
 from tests.conftest import tree_snapshot
 
 REPO = Path(__file__).resolve().parent.parent
@@ -130,7 +130,7 @@ def _check_entries(reader: Any, entries: dict[str, Any]) -> None:
             assert plaindata.to_tree(reader.get_data(name)) == want["value"], name
             continue
         array = reader.get(name)
-        assert chunkstore.dtypes.dtype_name(array.dtype) == want["dtype"], name
+        assert chunkstore.format.dtypes.dtype_name(array.dtype) == want["dtype"], name
         assert list(array.shape) == want["shape"], name
         assert array.nbytes == want["nbytes"], name
         assert blake3.blake3(array.tobytes()).hexdigest() == want["blake3"], name
@@ -612,7 +612,7 @@ def test_newer_tree_node_version_is_refused(v1_copy: Path) -> None:
             flatten(store.backend, newer_digest, store.node_cache)
         info = store.info_from_entry(entry_from_record(version_id, store.read_record(version_id)))
         with pytest.raises(FormatVersionError):
-            chunkstore.reader.VersionReader(store, info)
+            chunkstore.read.reader.VersionReader(store, info)
         problems = store.verify().problems
         assert [(p.kind, p.version) for p in problems] == [("format-version", version_id)]
 

@@ -21,11 +21,12 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chunkstore import codecs, plaindata
-from chunkstore.chunkobj import HEADER, ChunkHeader, decode_object, encode_object
-from chunkstore.digest import Digest
+from chunkstore import codecs
 from chunkstore.errors import ChunkStoreError
-from chunkstore.manifest import (
+from chunkstore.format import plaindata
+from chunkstore.format.chunkobj import HEADER, ChunkHeader, decode_object, encode_object
+from chunkstore.format.digest import Digest
+from chunkstore.format.manifest import (
     DataEntry,
     Shard,
     TensorEntry,
@@ -35,7 +36,7 @@ from chunkstore.manifest import (
     encode_data,
     encode_tree,
 )
-from chunkstore.records import STORE_FORMAT_VERSION, CommitRecord, StoreConfig, Tag
+from chunkstore.format.records import STORE_FORMAT_VERSION, CommitRecord, StoreConfig, Tag
 
 
 class FuzzFailure(AssertionError):

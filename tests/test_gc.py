@@ -14,16 +14,16 @@ import numpy as np
 import pytest
 
 import chunkstore
-from chunkstore.digest import Digest, chunk_key, node_key
 from chunkstore.errors import (
     GcAbortedError,
     GcBusyError,
     InvalidInputError,
     SavesInProgressError,
 )
-from chunkstore.gc import gc_lock
-from chunkstore.index import CHUNK, ChunkRecord, ChunkState, Claim
-from chunkstore.tree import flatten
+from chunkstore.format.digest import Digest, chunk_key, node_key
+from chunkstore.index.lmdbindex import CHUNK, ChunkRecord, ChunkState, Claim
+from chunkstore.maintenance.gc import gc_lock
+from chunkstore.read.tree import flatten
 from tests.conftest import SMALL_CHUNK, tree_snapshot
 
 HOUR = 3600.0
@@ -459,7 +459,7 @@ def test_a_tag_only_storage_knows_still_pins_its_version(store: chunkstore.Store
 
 def test_sessions_are_judged_by_heartbeat_outside_this_pid_namespace(
         store: chunkstore.Store) -> None:
-    from chunkstore.gc import session_is_dead
+    from chunkstore.maintenance.gc import session_is_dead
 
     session = store.index.open_session("mine")
     info = store.index.list_sessions()[session]

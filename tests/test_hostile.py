@@ -19,10 +19,7 @@ import numpy as np
 import pytest
 
 import chunkstore
-from chunkstore import plaindata
-from chunkstore.chunkobj import ChunkHeader, decode_object, encode_object
 from chunkstore.codecs import ZSTD
-from chunkstore.digest import Digest, chunk_key, node_key, tag_key, version_key
 from chunkstore.errors import (
     BackendError,
     ChunkStoreError,
@@ -36,8 +33,11 @@ from chunkstore.errors import (
     NotSerializableError,
     StorageFullError,
 )
-from chunkstore.manifest import decode_data, decode_tree
-from chunkstore.records import STORE_FORMAT_VERSION, CommitRecord, StoreConfig, Tag
+from chunkstore.format import plaindata
+from chunkstore.format.chunkobj import ChunkHeader, decode_object, encode_object
+from chunkstore.format.digest import Digest, chunk_key, node_key, tag_key, version_key
+from chunkstore.format.manifest import decode_data, decode_tree
+from chunkstore.format.records import STORE_FORMAT_VERSION, CommitRecord, StoreConfig, Tag
 
 W = np.arange(1024, dtype="<f4")
 
@@ -383,7 +383,7 @@ def test_a_digest_followed_by_a_newline_is_not_a_digest(store_dir: Path) -> None
     """A regular expression ending in '$' also matches before a final newline: a digest
     with one (in a manifest, or a key) is not a digest, and a stray key
     ``versions/<hex>\\n`` is ignored as every key that is not a version's is."""
-    from chunkstore.digest import Digest, is_hex_digest
+    from chunkstore.format.digest import Digest, is_hex_digest
 
     hexed = "ab" * 32
     assert is_hex_digest(hexed) and not is_hex_digest(hexed + "\n")
@@ -431,7 +431,7 @@ def _crafted(kind: str) -> tuple[str, bytes]:
     """One hostile GC journal entry, tombstone or session object: (key, bytes)."""
     import socket
 
-    from chunkstore.index import pid_namespace
+    from chunkstore.index.lmdbindex import pid_namespace
 
     deep = b"[" * 100_000 + b"]" * 100_000
     entry = f"gc/{time.time_ns():020d}-{'0' * 12}"

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from chunkstore.digest import Digest, chunk_key
-from chunkstore.manifest import NODE_FORMAT_VERSION
+from chunkstore.format.digest import Digest, chunk_key
+from chunkstore.format.manifest import NODE_FORMAT_VERSION
 from tests.test_hostile import (
     _good_root,
     _node,

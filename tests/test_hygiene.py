@@ -11,7 +11,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "chunkstore"
 
 
 def test_the_core_never_imports_torch() -> None:
-    code = ("import sys, chunkstore, chunkstore.cli, chunkstore.verify, chunkstore.rebuild\n"
+    code = ("import sys, chunkstore, chunkstore.cli, chunkstore.maintenance.verify,"
+            " chunkstore.maintenance.rebuild\n"
             "import chunkstore.backends.local, chunkstore.backends.fsspec_backend\n"
             "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))\n"
             "print(bad)\n")

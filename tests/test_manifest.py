@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chunkstore import plaindata
-from chunkstore.digest import Digest
 from chunkstore.errors import CorruptNodeError, NotSerializableError
-from chunkstore.manifest import NODE_FORMAT_VERSION, decode_data, decode_tree
+from chunkstore.format import plaindata
+from chunkstore.format.digest import Digest
+from chunkstore.format.manifest import NODE_FORMAT_VERSION, decode_data, decode_tree
 
 CHUNK = Digest.of(b"x").hex
 

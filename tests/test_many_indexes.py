@@ -25,9 +25,9 @@ import pytest
 
 import chunkstore
 from chunkstore.backends.wrappers import ForwardingBackend
-from chunkstore.digest import chunk_key, version_key
 from chunkstore.errors import BackendError, GcAbortedError
-from chunkstore.manifest import TensorEntry
+from chunkstore.format.digest import chunk_key, version_key
+from chunkstore.format.manifest import TensorEntry
 from tests.machine_child import CHUNK_SIZE, loop_state, state
 from tests.s3server import create_bucket, remove_bucket, s3_endpoint, storage_options
 
@@ -306,8 +306,8 @@ def test_a_batch_claim_taken_before_another_indexs_gc_finished_is_not_trusted() 
     on the first, then applies its deletions; the second pack must not be reused on
     the strength of the claim the batch took before (a remote store has no cheap
     existence check to catch it)."""
-    from chunkstore.index import CHUNK
-    from chunkstore.journal import DONE, start_entry, write_entry
+    from chunkstore.index.lmdbindex import CHUNK
+    from chunkstore.protocol.journal import DONE, start_entry, write_entry
 
     a, b = np.full(16, 1, np.int32), np.full(16, 2, np.int32)
     with chunkstore.open(f"memory://cs-{os.urandom(8).hex()}", threads=1) as store:
@@ -352,8 +352,8 @@ def test_a_delta_base_another_indexs_gc_fenced_is_never_encoded_against() -> Non
     deletes them while the save runs.  The save claims each base as it claims a
     chunk it deduplicates against, so it waits out the fence and then stores the
     chunks whole: the new version reads back and nothing it lists is missing."""
-    from chunkstore.index import CHUNK
-    from chunkstore.journal import DONE, start_entry, write_entry
+    from chunkstore.index.lmdbindex import CHUNK
+    from chunkstore.protocol.journal import DONE, start_entry, write_entry
 
     rng = np.random.default_rng(3)
     table = rng.standard_normal((256, 16)).astype(np.float32)  # 16 KiB: four chunks
@@ -455,7 +455,7 @@ def test_a_store_deleted_and_created_again_never_dedups_against_the_old_ones_ind
 def test_an_index_that_names_no_store_is_kept_and_named(tmp_path: Path) -> None:
     """An index made by an earlier release names no store: it is taken to describe the
     store it is opened on (its records kept) and names it from then on."""
-    from chunkstore.index import STORE_KEY
+    from chunkstore.index.lmdbindex import STORE_KEY
 
     index_dir = tmp_path / "index"
     weights = np.arange(10_000, dtype=np.float32)
@@ -553,8 +553,8 @@ def test_a_journal_entry_pruned_between_the_listing_and_its_read_is_not_taken_as
     known: the save distrusts the index (checks every reuse), and the index is not
     recorded as synced past the entry, so the next sync sees the new horizon and stops
     treating any record as stored."""
-    from chunkstore.index import CHUNK, ChunkState
-    from chunkstore.journal import (
+    from chunkstore.index.lmdbindex import CHUNK, ChunkState
+    from chunkstore.protocol.journal import (
         HORIZON_PREFIX,
         JOURNAL_PREFIX,
         entry_key,
@@ -598,7 +598,12 @@ class _PrunedAfterListing(ForwardingBackend):
         self.entry_id: str | None = entry_id
 
     def list(self, prefix: str = "") -> Iterator[str]:
-        from chunkstore.journal import HORIZON_PREFIX, JOURNAL_PREFIX, entry_key, entry_time_ns
+        from chunkstore.protocol.journal import (
+            HORIZON_PREFIX,
+            JOURNAL_PREFIX,
+            entry_key,
+            entry_time_ns,
+        )
 
         keys = list(self.inner.list(prefix))
         if prefix == JOURNAL_PREFIX and self.entry_id is not None:
@@ -631,7 +636,7 @@ def test_a_gc_interrupted_by_a_deletion_that_took_effect_names_every_candidate(
     name everything it may have deleted, so another index stops deduplicating against
     the deleted chunk (here a long-lived handle on a remote store, which found the
     chunk stored before and does not ask again)."""
-    from chunkstore.journal import list_entry_ids, read_entry
+    from chunkstore.protocol.journal import list_entry_ids, read_entry
 
     url = f"memory://cs-{os.urandom(8).hex()}"
     weights = np.random.default_rng(0).standard_normal(300_000).astype(np.float32)
@@ -662,9 +667,9 @@ def test_node_claims_taken_before_another_indexs_gc_finished_are_not_trusted(
     deleted, and written (as chunk batches are, since 'claim_small')."""
     import threading
 
-    from chunkstore.digest import node_key
-    from chunkstore.index import NODE
-    from chunkstore.journal import DONE, start_entry, write_entry
+    from chunkstore.format.digest import node_key
+    from chunkstore.index.lmdbindex import NODE
+    from chunkstore.protocol.journal import DONE, start_entry, write_entry
 
     url = f"memory://cs-{os.urandom(8).hex()}"
     with chunkstore.open(url, threads=1, index_dir=str(tmp_path / "i"), node_size=0) as store:
@@ -721,7 +726,7 @@ def test_a_removed_version_whose_tree_cannot_be_read_now_keeps_everything(
     """A version removed within the grace period keeps its whole tree for a reader that
     opened it before.  A GET of one of its subtree nodes fails once (a transient error):
     the GC deletes nothing (it stops), and the reader reads on."""
-    from chunkstore.digest import node_key
+    from chunkstore.format.digest import node_key
 
     root = tmp_path / "s"
     rng = np.random.default_rng(1)
@@ -757,7 +762,7 @@ def test_a_damaged_copy_of_a_node_a_save_must_write_is_replaced_not_kept(
     removed version's, seen by a new index): the save that needs it writes it, finds a
     copy stored, and keeps the copy only if it holds the node's bytes; here it does not,
     so it is replaced and the version reads back."""
-    from chunkstore.digest import node_key
+    from chunkstore.format.digest import node_key
 
     root = tmp_path / "s"
     weights = np.arange(10_000, dtype=np.float32)
@@ -784,7 +789,7 @@ def test_a_tombstone_that_never_ages_never_stops_every_gc(tmp_path: Path, tree: 
     """A tombstone whose removal time cannot be read counts as removed now at every run,
     so it never ages out: if its tree cannot be read (a node of a newer format, or a GET
     that always fails) GC must not stop on it run after run; it goes on as for damage."""
-    from chunkstore.digest import Digest, node_key
+    from chunkstore.format.digest import Digest, node_key
 
     root = tmp_path / "s"
     with chunkstore.open(root, index_dir=str(tmp_path / "i")) as store:
@@ -824,8 +829,8 @@ def test_a_handle_forgets_the_oldest_objects_it_found_stored_not_all(
     everything (a save reusing more objects than the bound asked about every one of
     them again at every save)."""
     import chunkstore.store as store_module
-    from chunkstore.digest import Digest
-    from chunkstore.index import CHUNK
+    from chunkstore.format.digest import Digest
+    from chunkstore.index.lmdbindex import CHUNK
 
     monkeypatch.setattr(store_module, "SEEN_STORED_MAX", 8)
     with chunkstore.open(f"memory://cs-{os.urandom(8).hex()}",

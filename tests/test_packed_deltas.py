@@ -18,14 +18,11 @@ import numpy as np
 import pytest
 
 import chunkstore
-from chunkstore.chain import NO_CACHE, base_bytes, decode_chain
-from chunkstore.chunkobj import HEADER, parse_header
 from chunkstore.codecs.shuffle import plane_table
-from chunkstore.digest import Digest, chunk_key
 from chunkstore.errors import CorruptChunkError, CorruptNodeError
-from chunkstore.index import CHUNK as CHUNK_KIND
-from chunkstore.index import ChunkRecord, ChunkState
-from chunkstore.manifest import (
+from chunkstore.format.chunkobj import HEADER, parse_header
+from chunkstore.format.digest import Digest, chunk_key
+from chunkstore.format.manifest import (
     PackLocation,
     Shard,
     TensorEntry,
@@ -35,6 +32,9 @@ from chunkstore.manifest import (
     encode_tree,
     tensor_text,
 )
+from chunkstore.index.lmdbindex import CHUNK as CHUNK_KIND
+from chunkstore.index.lmdbindex import ChunkRecord, ChunkState
+from chunkstore.read.chain import NO_CACHE, base_bytes, decode_chain
 from tests.test_delta import CHUNK, DIM, ROWS, save, shard, sparse_states
 
 DEPTH = 3
@@ -262,7 +262,7 @@ def test_a_restore_reads_the_packed_bases_of_neighbouring_chunks_together(
     np.testing.assert_array_equal(store.open_version(ids[-1]).get("emb"), table)
     assert len(reads) == 1 + len(base_packs), reads  # 1 + 2 x 4 without reading ahead
     # Past the read-ahead budget, bases are read one by one when they are used.
-    from chunkstore import packs
+    from chunkstore.read import packs
     monkeypatch.setattr(packs, "PREFETCH_BYTES", 0)
     reads.clear()
     np.testing.assert_array_equal(store.open_version(ids[-1]).get("emb"), table)
@@ -368,7 +368,7 @@ def test_a_moved_delta_member_that_differs_from_its_original_never_costs_the_pac
     decodes but holds other bytes (a damaged or crafted copy, a stale record) would
     pass a structural check: GC compares it byte for byte with the member in the pack
     it is about to delete, and keeps that pack when they differ."""
-    import chunkstore.gc as gc_module
+    import chunkstore.maintenance.gc as gc_module
 
     rng = np.random.default_rng(11)
     table = rng.standard_normal((ROWS, DIM)).astype(np.float32)

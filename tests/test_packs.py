@@ -15,11 +15,11 @@ import pytest
 
 import chunkstore
 from chunkstore.backends.wrappers import ForwardingBackend
-from chunkstore.digest import Digest, chunk_key
-from chunkstore.dtypes import DTYPES
 from chunkstore.errors import CorruptChunkError, InvalidSettingError, MissingChunkError
-from chunkstore.manifest import PackLocation, TensorEntry
-from chunkstore.records import STORE_FORMAT_VERSION
+from chunkstore.format.digest import Digest, chunk_key
+from chunkstore.format.dtypes import DTYPES
+from chunkstore.format.manifest import PackLocation, TensorEntry
+from chunkstore.format.records import STORE_FORMAT_VERSION
 from tests.s3server import s3_endpoint
 from tests.test_crash import run_child
 
@@ -121,7 +121,7 @@ def test_thousands_of_tiny_tensors_are_a_few_objects(tmp_path: Path) -> None:
         _check(store, version, state)
         stats = store.stats()
         assert stats.packs == len(chunks) and stats.packed_chunks == len(
-            {chunkstore.digest.Digest.of(np.ascontiguousarray(a).tobytes()) for a in
+            {chunkstore.format.digest.Digest.of(np.ascontiguousarray(a).tobytes()) for a in
              state.values() if a.nbytes})
         assert store.verify().ok
 
@@ -303,7 +303,7 @@ def test_a_location_that_lies_is_refused(pstore: chunkstore.Store) -> None:
     version = _save(pstore, 1, state)
     packs = _packs(pstore, version)
     assert packs["a"] is not None and packs["b"] is not None
-    from chunkstore.reader import read_chunk_into
+    from chunkstore.read.reader import read_chunk_into
     out = memoryview(bytearray(100))
     with pytest.raises(CorruptChunkError, match="hashes to"):
         read_chunk_into(pstore, Digest.of(state["a"].tobytes()), out, location=packs["b"])
@@ -406,7 +406,7 @@ def test_a_pack_another_index_deleted_is_not_reused(tmp_path: Path) -> None:
 
 
 def test_neighbouring_members_are_read_together() -> None:
-    from chunkstore.packs import READ_GAP_BYTES, READ_RUN_BYTES, read_runs
+    from chunkstore.read.packs import READ_GAP_BYTES, READ_RUN_BYTES, read_runs
     a, b = Digest.of(b"a"), Digest.of(b"b")
     out = memoryview(bytearray(1))
 
@@ -455,7 +455,7 @@ def test_a_malformed_pack_location_is_a_corrupt_node(packs: object, bases: objec
     import json
 
     from chunkstore.errors import CorruptNodeError
-    from chunkstore.manifest import decode_tree
+    from chunkstore.format.manifest import decode_tree
     shard: dict[str, object] = {"chunk_bytes": 4096, "chunks": [_C], "offsets": [0],
                                 "sizes": [10], "packs": packs}
     if bases is not None:
@@ -473,9 +473,9 @@ def test_a_malformed_pack_location_is_a_corrupt_node(packs: object, bases: objec
 @pytest.fixture
 def pack_large(monkeypatch: pytest.MonkeyPatch) -> None:
     """Chunks of larger tensors packed on the local disk too (as on object stores)."""
-    import chunkstore.writer
+    import chunkstore.write.writer
 
-    monkeypatch.setattr(chunkstore.writer, "PACK_LARGE_TENSORS", True)
+    monkeypatch.setattr(chunkstore.write.writer, "PACK_LARGE_TENSORS", True)
 
 
 def test_chunks_of_large_tensors_are_packed_and_reused(tmp_path: Path, pack_large: None
@@ -542,7 +542,7 @@ def test_a_store_of_the_largest_chunk_size_keeps_its_chunks_readable(tmp_path: P
     """With the largest chunk size (256 MiB) and delta chains, an incompressible chunk
     would make a member whose location ends past the largest pack a reader accepts: it
     is stored as an object of its own, and the version reads back."""
-    from chunkstore.manifest import MAX_CHUNK_BYTES
+    from chunkstore.format.manifest import MAX_CHUNK_BYTES
 
     data = np.frombuffer(np.random.default_rng(0).bytes(MAX_CHUNK_BYTES), dtype=np.uint8)
     with chunkstore.open(tmp_path / "s", chunk_size=MAX_CHUNK_BYTES, delta_depth=2) as store:
@@ -561,8 +561,8 @@ def test_a_pack_is_sealed_before_a_member_would_end_past_the_largest_pack(
     location may point into (made 3 MiB here, for writer and reader alike, so 1 MiB
     chunks show it): then a new pack starts.  Every location stays within it and the
     version reads back."""
-    from chunkstore import manifest, packs
-
+    from chunkstore.format import manifest
+    from chunkstore.read import packs
     limit = 3 << 20
     monkeypatch.setattr(manifest, "MAX_PACK_BYTES", limit)
     monkeypatch.setattr(packs, "MAX_PACK_BYTES", limit)

@@ -18,7 +18,7 @@ explorer found a schedule losing data for each (two GCs at once; a GC paused
 past the lease; a killed GC's deletions finished blindly), and the code was
 changed.  ``Protocol().fixed()`` names the safe choices explicitly.
 
-Pack worlds (``Config.packed``) add GC repacking (chunkstore/repack.py,
+Pack worlds (``Config.packed``) add GC repacking (chunkstore/maintenance/repack.py,
 docs/format.md 3.6): a pack ``P`` of members ``a``, ``b``, versions listing
 ``P.a``, a repack copying ``P``'s live members into a new pack and writing
 ``P``'s moved record, readers and marks following the records.  A fourth

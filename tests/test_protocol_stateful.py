@@ -26,8 +26,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import chunkstore
 from chunkstore.errors import SavesInProgressError
-from chunkstore.reader import VersionReader
-from chunkstore.writer import VersionWriter
+from chunkstore.read.reader import VersionReader
+from chunkstore.write.writer import VersionWriter
 
 CHUNK = 4096
 GRACE = 3600.0

@@ -18,16 +18,16 @@ from click.testing import CliRunner
 import chunkstore
 from chunkstore.backends.wrappers import FAULT_ENV_VAR
 from chunkstore.cli import cli
-from chunkstore.digest import Digest, chunk_key
 from chunkstore.errors import (
     CorruptChunkError,
     GcAbortedError,
     InvalidSettingError,
     MissingChunkError,
 )
-from chunkstore.index import CHUNK, ChunkState
-from chunkstore.manifest import PackLocation, TensorEntry
-from chunkstore.moved import MOVED_PREFIX, moved_key
+from chunkstore.format.digest import Digest, chunk_key
+from chunkstore.format.manifest import PackLocation, TensorEntry
+from chunkstore.index.lmdbindex import CHUNK, ChunkState
+from chunkstore.protocol.moved import MOVED_PREFIX, moved_key
 from tests.conftest import tree_snapshot
 from tests.s3server import s3_endpoint
 
@@ -106,7 +106,7 @@ def racing_gc(store: chunkstore.Store, monkeypatch: pytest.MonkeyPatch) -> str:
     """A GC that repacks step 1's pack while a save publishes a version listing one of
     its garbage members (t0 of step 1) between the repack and the second mark: the
     worst moment a concurrent save can pick.  Returns that version's id."""
-    import chunkstore.gc as gc_module
+    import chunkstore.maintenance.gc as gc_module
 
     real_repack = gc_module.repack
     racing: list[str] = []
@@ -404,7 +404,7 @@ def test_a_repack_starts_a_new_pack_before_one_would_pass_the_largest_pack(
     """Two mostly-garbage packs whose live members together pass the largest pack a
     location may point into (made 1,500 bytes for the repack here) go into two new
     packs, not one whose moved offsets no reader would accept."""
-    from chunkstore import repack
+    from chunkstore.maintenance import repack
 
     limit = 1500
     with chunkstore.open(root, chunk_size=64 * 1024, pack_size=5000) as store:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import chunkstore
-from chunkstore.digest import Digest, chunk_key
-from chunkstore.moved import moved_key
+from chunkstore.format.digest import Digest, chunk_key
+from chunkstore.protocol.moved import moved_key
 from tests.test_repack import (
     check,
     exists,
@@ -115,7 +115,7 @@ def test_second_gc_on_another_index_between_new_pack_and_moved_record(
     """GC A has written the new pack but not yet the moved record when GC B (another
     index, grace 0, sweeping) runs in full: B does not delete A's new pack (an orphan
     to it) nor lose anything; B also repacks the same pack and may win the record."""
-    import chunkstore.repack as repack_module
+    import chunkstore.maintenance.repack as repack_module
 
     ids, first = three_versions(root)
     with chunkstore.open(root) as store:
@@ -239,7 +239,7 @@ def test_a_pack_only_moved_records_reach_is_deleted_only_when_its_members_read_b
     again, or named by a moved record of its own), every member versions reach through
     it must read back where its record puts it: a crafted moved/N, or N's repacked copy
     damaged right after the repack, never costs the data."""
-    import chunkstore.gc as gc_module
+    import chunkstore.maintenance.gc as gc_module
 
     ids, first = three_versions(root)
     with chunkstore.open(root) as store:

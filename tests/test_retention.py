@@ -7,7 +7,7 @@ import datetime as dt
 import pytest
 
 from chunkstore.errors import InvalidSettingError
-from chunkstore.retention import (
+from chunkstore.maintenance.retention import (
     Candidate,
     Policy,
     UnknownMetricError,

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import chunkstore
-from chunkstore.dtypes import DTYPES
-from chunkstore.manifest import TensorEntry
+from chunkstore.format.dtypes import DTYPES
+from chunkstore.format.manifest import TensorEntry
 from tests.conftest import SMALL_CHUNK
 
 
@@ -202,7 +202,7 @@ def _read_concurrency(store: chunkstore.Store, arrays: dict[str, np.ndarray],
     import threading
     import time
 
-    import chunkstore.reader
+    import chunkstore.read.reader
 
     lock = threading.Lock()
     running = [0, 0]  # now, most
@@ -224,7 +224,8 @@ def _read_concurrency(store: chunkstore.Store, arrays: dict[str, np.ndarray],
         for name, array in arrays.items():
             version.put(name, array)
     for name in ("read_chunk_into", "read_members_into"):  # objects, runs of a pack
-        monkeypatch.setattr(chunkstore.reader, name, tracked(getattr(chunkstore.reader, name)))
+        reader = chunkstore.read.reader
+        monkeypatch.setattr(reader, name, tracked(getattr(reader, name)))
     outs = {name: np.empty_like(array) for name, array in arrays.items()}
     store.open_version("r@1").get_many_into((name, out, None) for name, out in outs.items())
     for name, array in arrays.items():

@@ -20,9 +20,9 @@ from click.testing import CliRunner
 import chunkstore
 from chunkstore.cli import cli
 from chunkstore.errors import InvalidInputError, StagedChunkMissingError
-from chunkstore.index import NewChunk
-from chunkstore.manifest import PackLocation, TensorEntry
-from chunkstore.shards import StagedShard, box_chunk_range
+from chunkstore.format.manifest import PackLocation, TensorEntry
+from chunkstore.format.shards import StagedShard, box_chunk_range
+from chunkstore.index.lmdbindex import NewChunk
 
 FULL = np.arange(96 * 64, dtype=np.float32).reshape(96, 64)  # 24 KiB: 6 chunks of 4 KiB
 

@@ -13,14 +13,14 @@ torch = pytest.importorskip("torch")
 
 import chunkstore  # noqa: E402
 from chunkstore.backends.wrappers import ForwardingBackend  # noqa: E402
-from chunkstore.digest import chunk_key  # noqa: E402
 from chunkstore.errors import (  # noqa: E402
     IntegrityError,
     InvalidInputError,
     NotSerializableError,
     SelectorError,
 )
-from chunkstore.manifest import TensorEntry  # noqa: E402
+from chunkstore.format.digest import chunk_key  # noqa: E402
+from chunkstore.format.manifest import TensorEntry  # noqa: E402
 from torch_bridge import (  # noqa: E402
     AsyncSaveError,
     Checkpointer,

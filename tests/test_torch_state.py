@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from chunkstore.errors import NotSerializableError  # noqa: E402
-from chunkstore.names import MAX_NAME_LENGTH  # noqa: E402
+from chunkstore.format.names import MAX_NAME_LENGTH  # noqa: E402
 from torch_bridge.state import EntryNames, capture  # noqa: E402
 
 

@@ -11,11 +11,9 @@ import numpy as np
 import pytest
 
 import chunkstore
-from chunkstore.digest import Digest, node_key
 from chunkstore.errors import CorruptNodeError, DuplicateStepError, InvalidSettingError
-from chunkstore.index import CHUNK as CHUNK_KIND
-from chunkstore.index import NODE
-from chunkstore.manifest import (
+from chunkstore.format.digest import Digest, node_key
+from chunkstore.format.manifest import (
     NODE_FORMAT_VERSION,
     PackLocation,
     Shard,
@@ -24,10 +22,12 @@ from chunkstore.manifest import (
     decode_tree,
     tensor_text,
 )
-from chunkstore.mark import MarkSet, mark_tree
-from chunkstore.moved import list_moved
+from chunkstore.index.lmdbindex import CHUNK as CHUNK_KIND
+from chunkstore.index.lmdbindex import NODE
+from chunkstore.maintenance.mark import MarkSet, mark_tree
+from chunkstore.protocol.moved import list_moved
+from chunkstore.read.tree import NodeCache, flatten, load_tree
 from chunkstore.store import MAX_NODE_TARGET
-from chunkstore.tree import NodeCache, flatten, load_tree
 
 CHUNK = Digest.of(b"x").hex
 TENSOR = {"dtype": "uint8", "shape": [1], "shards": [

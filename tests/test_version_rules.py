@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import chunkstore
-from chunkstore.digest import tag_key, version_key
 from chunkstore.errors import CorruptRecordError, DuplicateStepError, InvalidInputError
+from chunkstore.format.digest import tag_key, version_key
 from tests.conftest import tree_snapshot
 
 

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 import chunkstore
-from chunkstore.digest import Digest, digests_of
 from chunkstore.errors import VersionClosedError
-from chunkstore.index import Claim
-from chunkstore.writer import GroupClaims
+from chunkstore.format.digest import Digest, digests_of
+from chunkstore.index.lmdbindex import Claim
+from chunkstore.write.writer import GroupClaims
 
 
 def test_concurrent_claims_share_transactions_and_each_gets_its_own_answer() -> None:
@@ -443,8 +443,8 @@ def test_a_new_version_that_fails_reading_its_parent_leaves_no_session(tmp_path:
     """new_version() opens its sessions, then reads the parent version; an OSError there
     (EIO, or Ctrl-C) must end both sessions, or every GC waits for a save that does not
     exist."""
-    from chunkstore.digest import node_key
-    from chunkstore.sessions import list_sessions
+    from chunkstore.format.digest import node_key
+    from chunkstore.protocol.sessions import list_sessions
 
     with chunkstore.open(tmp_path / "s", chunk_size=64 * 1024) as store:
         with store.new_version("r", 1) as version:
@@ -492,9 +492,9 @@ def test_a_commit_waiting_on_a_gc_fence_does_not_hold_up_another_save_of_its_run
     reuses that chunk, so A's commit waits for the GC, and the GC waits for B's session
     to end.  A must not hold r's commit turn while it waits: B commits at once, the GC
     finishes, then A commits (held, B waited out the GC's whole session wait)."""
-    from chunkstore.index import CHUNK
-    from chunkstore.journal import ABANDONED, DONE, start_entry, write_entry
-    from chunkstore.sessions import list_sessions
+    from chunkstore.index.lmdbindex import CHUNK
+    from chunkstore.protocol.journal import ABANDONED, DONE, start_entry, write_entry
+    from chunkstore.protocol.sessions import list_sessions
 
     with chunkstore.open(tmp_path / "s") as store:
         x = np.random.default_rng(0).standard_normal(1 << 18).astype(np.float32)

@@ -35,14 +35,14 @@ import ml_dtypes
 import numpy as np
 
 import chunkstore
-from chunkstore import plaindata
-from chunkstore.chunkobj import CHUNK_FORMAT_VERSION, HEADER
 from chunkstore.codecs import PACK
-from chunkstore.digest import Digest
-from chunkstore.dtypes import dtype_name
-from chunkstore.manifest import NODE_FORMAT_VERSION
-from chunkstore.records import RECORD_FORMAT_VERSION, STORE_FORMAT_VERSION
-from chunkstore.tree import load_tree
+from chunkstore.format import plaindata
+from chunkstore.format.chunkobj import CHUNK_FORMAT_VERSION, HEADER
+from chunkstore.format.digest import Digest
+from chunkstore.format.dtypes import dtype_name
+from chunkstore.format.manifest import NODE_FORMAT_VERSION
+from chunkstore.format.records import RECORD_FORMAT_VERSION, STORE_FORMAT_VERSION
+from chunkstore.read.tree import load_tree
 
 CHUNK_SIZE = 4096
 RUN = "fmt"

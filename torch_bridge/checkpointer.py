@@ -21,9 +21,10 @@ import numpy as np
 import torch.distributed as dist
 
 import chunkstore
-from chunkstore import Store, VersionInfo, plaindata
+from chunkstore import Store, VersionInfo
 from chunkstore.collector import collector_paused
 from chunkstore.errors import IntegrityError, InvalidInputError, SelectorError
+from chunkstore.format import plaindata
 from torch_bridge import boundary
 from torch_bridge.collectives import process_group_active
 from torch_bridge.errors import (

@@ -3,7 +3,7 @@
 ``torch.distributed``'s ``*_object`` collectives pickle what they send and
 unpickle what they receive.  The Checkpointer's protocol (:mod:`torch_bridge.ranks`)
 exchanges plans, chunk lists and verdicts instead as chunkstore's safe plain-data
-encoding (:mod:`chunkstore.plaindata`) in ``uint8`` tensors: a rank runs no code
+encoding (:mod:`chunkstore.format.plaindata`) in ``uint8`` tensors: a rank runs no code
 another rank sent.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from chunkstore import plaindata
+from chunkstore.format import plaindata
 
 
 def process_group_active() -> bool:
@@ -56,6 +56,6 @@ def all_gather_bytes(data: bytes) -> list[bytes]:
 
 
 def all_gather_plain(value: object) -> list[Any]:
-    """Every rank's ``value`` (plain data, encoded by :mod:`chunkstore.plaindata`), in
+    """Every rank's ``value`` (plain data, encoded by :mod:`chunkstore.format.plaindata`), in
     rank order, on every rank; a collective, like :func:`all_gather_bytes`."""
     return [plaindata.decode(data) for data in all_gather_bytes(plaindata.encode(value))]

@@ -44,13 +44,13 @@ The commit protocol.  DCP calls, in this order: ``set_up_storage_writer`` and
    the index claim, an existence check); a chunk that is missing fails the
    save (:class:`StagedChunkMissingError`) and nothing is published.  Then
    the metadata entry (and, from a save by several ranks, the record of which
-   rank wrote each shard: :class:`chunkstore.shards.ShardRanks`), the nodes,
+   rank wrote each shard: :class:`chunkstore.format.shards.ShardRanks`), the nodes,
    one flush and the commit record, refused
    if the session's heartbeat lapsed for half the lease (a GC elsewhere may
    have counted it dead).  The session object goes last.
 
 Why no GC deletes a chunk this version names (the GC side is argued in
-:mod:`chunkstore.gc`: a GC deletes only after storing its fenced journal
+:mod:`chunkstore.maintenance.gc`: a GC deletes only after storing its fenced journal
 entry and waiting until every live session that does not list the entry as
 seen has ended).  Take any GC journal entry E naming a chunk X that a rank
 reuses or writes, and let R be the coordinator's journal read of step 1:
@@ -107,11 +107,11 @@ except ImportError:  # a torch without async staging has no dcp.async_save to st
             pass
 
 from chunkstore import Store, VersionInfo
-from chunkstore.dtypes import element_size
 from chunkstore.errors import InvalidInputError, UnsupportedDtypeError
-from chunkstore.names import check_label
-from chunkstore.records import MAX_COUNT
-from chunkstore.shards import RANKS_ENTRY, ShardRanks, StagedShard
+from chunkstore.format.dtypes import element_size
+from chunkstore.format.names import check_label
+from chunkstore.format.records import MAX_COUNT
+from chunkstore.format.shards import RANKS_ENTRY, ShardRanks, StagedShard
 from torch_bridge.dcp_layout import (
     METADATA_ENTRY,
     StoreHandle,

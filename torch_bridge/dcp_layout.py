@@ -19,7 +19,7 @@ Sizes, offsets and dtypes are not repeated there: a reader takes them from
 the tensor entries, which it checks anyway (shards tile the shape).
 
 A save by more than one rank also stores chunkstore's ranks record
-(:data:`chunkstore.shards.RANKS_ENTRY`, :class:`chunkstore.shards.ShardRanks`):
+(:data:`chunkstore.format.shards.RANKS_ENTRY`, :class:`chunkstore.format.shards.ShardRanks`):
 the rank that wrote each shard, which ``chunkstore show`` and ``report``
 present.  Loading does not read it; versions saved before it existed (and
 saves by one process) have none, and their shards are shown by box.
@@ -45,12 +45,12 @@ from torch.distributed.checkpoint.metadata import (
 
 import chunkstore
 from chunkstore import Store, VersionWriter
-from chunkstore.digest import Digest
 from chunkstore.errors import CorruptNodeError, InvalidInputError, InvalidNameError
-from chunkstore.index import NewChunk
-from chunkstore.manifest import DataEntry, TensorEntry
-from chunkstore.names import check_entry_name
-from chunkstore.shards import RANKS_ENTRY, StagedShard
+from chunkstore.format.digest import Digest
+from chunkstore.format.manifest import DataEntry, TensorEntry
+from chunkstore.format.names import check_entry_name
+from chunkstore.format.shards import RANKS_ENTRY, StagedShard
+from chunkstore.index.lmdbindex import NewChunk
 from torch_bridge.sharded import staged_entry
 from torch_bridge.tensors import stored_name, torch_dtype
 

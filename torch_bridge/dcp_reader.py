@@ -18,8 +18,8 @@ from torch.futures import Future
 
 from chunkstore import VersionInfo, VersionReader
 from chunkstore.errors import InvalidInputError
-from chunkstore.manifest import DataEntry, TensorEntry
-from chunkstore.shards import find_shard
+from chunkstore.format.manifest import DataEntry, TensorEntry
+from chunkstore.format.shards import find_shard
 from torch_bridge.dcp_layout import (
     METADATA_ENTRY,
     StoredItems,

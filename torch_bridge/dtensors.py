@@ -17,7 +17,7 @@ import torch
 
 from chunkstore import VersionReader
 from chunkstore.errors import InvalidInputError
-from chunkstore.manifest import TensorEntry
+from chunkstore.format.manifest import TensorEntry
 from torch_bridge.tensors import as_array, readable_in_place
 
 

@@ -10,7 +10,7 @@ import torch
 
 from chunkstore import Store, VersionReader
 from chunkstore.errors import InvalidInputError
-from chunkstore.manifest import DataEntry, TensorEntry
+from chunkstore.format.manifest import DataEntry, TensorEntry
 from torch_bridge.checkpointer import open_store
 from torch_bridge.dcp_layout import METADATA_ENTRY, StoredItems
 from torch_bridge.layout import BRIDGE_ENTRY, DTENSOR, saved_ranks

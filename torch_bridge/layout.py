@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from chunkstore.dtypes import numpy_dtype
 from chunkstore.errors import InvalidInputError, UnsupportedDtypeError
-from chunkstore.manifest import TensorEntry
+from chunkstore.format.dtypes import numpy_dtype
+from chunkstore.format.manifest import TensorEntry
 from torch_bridge.dtensors import is_dtensor, read_local
 from torch_bridge.errors import (
     CorruptCheckpointError,

@@ -70,11 +70,12 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from chunkstore import Store, VersionInfo, VersionReader, VersionWriter, plaindata
-from chunkstore.digest import Digest
+from chunkstore import Store, VersionInfo, VersionReader, VersionWriter
 from chunkstore.errors import IntegrityError, SelectorError
-from chunkstore.index import NewChunk
-from chunkstore.shards import RANKS_ENTRY, ShardRanks, StagedShard
+from chunkstore.format import plaindata
+from chunkstore.format.digest import Digest
+from chunkstore.format.shards import RANKS_ENTRY, ShardRanks, StagedShard
+from chunkstore.index.lmdbindex import NewChunk
 from torch_bridge.collectives import all_gather_bytes, rank_and_world
 from torch_bridge.dtensors import is_dtensor, local_box
 from torch_bridge.errors import (

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from chunkstore import Store
-from chunkstore.digest import Digest
 from chunkstore.errors import InvalidInputError
-from chunkstore.index import NewChunk
-from chunkstore.manifest import TensorEntry, tensor_entry
-from chunkstore.shards import StagedShard
+from chunkstore.format.digest import Digest
+from chunkstore.format.manifest import TensorEntry, tensor_entry
+from chunkstore.format.shards import StagedShard
+from chunkstore.index.lmdbindex import NewChunk
 
 
 @dataclass(frozen=True)

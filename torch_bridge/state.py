@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from chunkstore.errors import InvalidNameError, NotSerializableError
-from chunkstore.names import check_entry_name
+from chunkstore.format.names import check_entry_name
 from torch_bridge.tensors import STORED_NAMES, check_storable
 
 Path = tuple[Any, ...]
@@ -218,7 +218,7 @@ def _add_tensor(tensor: torch.Tensor, path: Path, out: CapturedState, names: Ent
 
 
 def _add_array(array: np.ndarray, path: Path, out: CapturedState, names: EntryNames) -> None:
-    from chunkstore.dtypes import dtype_name
+    from chunkstore.format.dtypes import dtype_name
 
     try:
         name = dtype_name(array.dtype)

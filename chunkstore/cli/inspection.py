@@ -9,7 +9,6 @@ from typing import Any
 import click
 
 import chunkstore
-from chunkstore.basecopies import BASE_COPY_BYTES
 from chunkstore.cli.common import (
     EXIT_USAGE,
     GRACE_OPT,
@@ -32,11 +31,11 @@ from chunkstore.cli.common import (
     tags_by_version,
     version_json,
 )
-from chunkstore.dtypes import element_size
 from chunkstore.errors import NotAStoreError
-from chunkstore.manifest import MAX_DELTA_DEPTH, TensorEntry
-from chunkstore.records import DEFAULT_DELTA_DEPTH
-from chunkstore.report import (
+from chunkstore.format.dtypes import element_size
+from chunkstore.format.manifest import MAX_DELTA_DEPTH, TensorEntry
+from chunkstore.format.records import DEFAULT_DELTA_DEPTH
+from chunkstore.maintenance.report import (
     RankStats,
     StoreStats,
     VersionRanks,
@@ -44,10 +43,11 @@ from chunkstore.report import (
     ranks_of,
     shard_ranks,
 )
-from chunkstore.report import stats as store_stats
-from chunkstore.retention import parse_duration
+from chunkstore.maintenance.report import stats as store_stats
+from chunkstore.maintenance.retention import parse_duration
+from chunkstore.read.tree import Leaf
 from chunkstore.store import VersionInfo
-from chunkstore.tree import Leaf
+from chunkstore.write.basecopies import BASE_COPY_BYTES
 
 # --- init -----------------------------------------------------------------------------------
 

@@ -22,10 +22,10 @@ from chunkstore.cli.common import (
     open_store,
     plural,
 )
-from chunkstore.gc import GcResult
+from chunkstore.maintenance.gc import GcResult
+from chunkstore.maintenance.retention import PruneResult, parse_duration
+from chunkstore.maintenance.verify import VerifyResult
 from chunkstore.progress import TerminalProgress
-from chunkstore.retention import PruneResult, parse_duration
-from chunkstore.verify import VerifyResult
 
 # --- verify ---------------------------------------------------------------------------------
 

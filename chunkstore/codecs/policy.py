@@ -9,8 +9,8 @@ save at least ``MIN_SAVING`` of its size.
 from __future__ import annotations
 
 from chunkstore import codecs
-from chunkstore.dtypes import FLOAT_NAMES
 from chunkstore.errors import InvalidSettingError
+from chunkstore.format.dtypes import FLOAT_NAMES
 
 POLICIES = ("none", "zstd", "shuffle-zstd", "auto")
 MIN_SAVING = 0.05

@@ -16,7 +16,7 @@ The lane loops run in C where the extension is built
 
 The payload is a shuffle-zstd payload (docs/format.md §3.2) of the image, one
 plane allowed, for element sizes 1, 2, 4 and 8; the reader adds the base back
-(:mod:`chunkstore.chunkobj`).  Writers use codec 3 for other element sizes.
+(:mod:`chunkstore.format.chunkobj`).  Writers use codec 3 for other element sizes.
 """
 
 from __future__ import annotations

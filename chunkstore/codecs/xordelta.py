@@ -14,7 +14,7 @@ shuffle stays, for element size 1 as a single plane.
 The payload is a shuffle-zstd payload (docs/format.md §3.2) of the XOR bytes,
 one plane allowed.  The codec turns XOR bytes into a payload and back; the
 chunk object names the base (header flag BASE) and the reader XORs the
-decoded base in (:mod:`chunkstore.chunkobj`).
+decoded base in (:mod:`chunkstore.format.chunkobj`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A delta object (codec ``xor-delta`` or ``sub-delta``) names its base in its header; the base
 may itself be a delta.  The manifest lists, for every chunk, the bases its
-object may need, nearest first (:attr:`chunkstore.manifest.Shard.bases`), so
+object may need, nearest first (:attr:`chunkstore.format.manifest.Shard.bases`), so
 GC keeps them without reading chunk objects.  A reader follows the headers
 and checks each step against that list:
 
@@ -18,7 +18,7 @@ and checks each step against that list:
    itself is.
 
 A base may lie inside a pack (docs/format.md §3.5): the manifest then lists
-where (:meth:`chunkstore.manifest.Shard.chain_locations`), and the base's
+where (:meth:`chunkstore.format.manifest.Shard.chain_locations`), and the base's
 member object is read by range from the pack (following moved records) and
 decoded exactly as an object of its own would be.
 
@@ -36,7 +36,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from chunkstore import codecs
-from chunkstore.chunkobj import (
+from chunkstore.codecs import zstd
+from chunkstore.codecs.planes import join, split
+from chunkstore.codecs.shuffle import plane_table, planes_into
+from chunkstore.errors import ChunkStoreError, CorruptChunkError, MissingChunkError
+from chunkstore.format.chunkobj import (
     HEADER,
     MAX_PAYLOAD_OVERHEAD,
     ChunkHeader,
@@ -45,13 +49,9 @@ from chunkstore.chunkobj import (
     decode_payload,
     parse_header,
 )
-from chunkstore.codecs import zstd
-from chunkstore.codecs.planes import join, split
-from chunkstore.codecs.shuffle import plane_table, planes_into
-from chunkstore.digest import DIGEST_SIZE, Digest, chunk_key
-from chunkstore.errors import ChunkStoreError, CorruptChunkError, MissingChunkError
-from chunkstore.index import CHUNK
-from chunkstore.manifest import PackLocation
+from chunkstore.format.digest import DIGEST_SIZE, Digest, chunk_key
+from chunkstore.format.manifest import PackLocation
+from chunkstore.index.lmdbindex import CHUNK
 
 if TYPE_CHECKING:
     from chunkstore.store import Store
@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 #: order; empty when every base is an object of its own.
 Locations = tuple[PackLocation | None, ...]
 #: Member objects of packed bases a reader read ahead, by listed location
-#: (:func:`chunkstore.packs.prefetch_bases`).
+#: (:func:`chunkstore.read.packs.prefetch_bases`).
 Prefetched = dict[PackLocation, memoryview]
 
 
@@ -110,7 +110,7 @@ def _get(store: Store, digest: Digest, location: PackLocation | None, raw_length
     the member object at ``location`` inside a pack (bounded by that length before it
     is read; from ``prefetched`` where it was read ahead)."""
     if location is not None:
-        from chunkstore.packs import member_object  # packs reads chains of members
+        from chunkstore.read.packs import member_object  # packs reads chains of members
         return member_object(store, digest, location, raw_length, prefetched)
     try:
         # At most one byte more than any object of raw_length bytes can be: a padded

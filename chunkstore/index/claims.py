@@ -7,7 +7,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Generic, TypeVar
 
-from chunkstore.digest import Digest
+from chunkstore.format.digest import Digest
 
 T = TypeVar("T")
 
@@ -17,7 +17,7 @@ class GroupClaims(Generic[T]):
     one LMDB transaction runs go together into the next one, so a save of many
     small tensors pays for a few index commits, not one per chunk.  ``claim_many``
     claims a list of digests in one transaction and answers for each (a
-    :class:`~chunkstore.index.Claim`, or what ``Index.claim_small`` answers)."""
+    :class:`~chunkstore.index.lmdbindex.Claim`, or what ``Index.claim_small`` answers)."""
 
     def __init__(self, claim_many: Callable[[list[Digest]], dict[Digest, T]]) -> None:
         self._claim_many = claim_many

@@ -3,7 +3,7 @@
 A save registers a session object ``sessions/<id>`` before it takes its
 first deduplication decision and removes it when it has published (or
 given up).  A GC on any machine, with any index, lists these objects; the
-protocol in :mod:`chunkstore.gc` waits for every session that may have
+protocol in :mod:`chunkstore.maintenance.gc` waits for every session that may have
 decided to reuse an object before the GC's condemnation was visible.
 
 The object is canonical JSON::
@@ -33,8 +33,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from chunkstore import plaindata
-from chunkstore.index import pid_namespace, process_start
+from chunkstore.format import plaindata
+from chunkstore.index.lmdbindex import pid_namespace, process_start
 
 if TYPE_CHECKING:
     from chunkstore.backends import Backend

@@ -38,7 +38,7 @@ parent's), never through the index, which knows no chains.
 Why reusing a member of an older pack is safe while a GC may delete that
 pack: the save references the pack P, claims P and checks the fence and the
 store for P exactly as a dedup hit on a chunk object P, and its version lists
-P among the objects it needs.  So the argument of :mod:`chunkstore.gc` holds
+P among the objects it needs.  So the argument of :mod:`chunkstore.maintenance.gc` holds
 with X = P word for word: either the GC waited for this save (step 6) and
 marks P through the published version (step 7), or the save read the GC's
 entry and does not reuse P (it writes the member again, into a new pack).  A
@@ -53,8 +53,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from chunkstore import codecs
-from chunkstore.chain import BaseCache, Locations, Prefetched, decode_chain, missing_chunk
-from chunkstore.chunkobj import (
+from chunkstore.codecs import PACK
+from chunkstore.errors import CorruptChunkError
+from chunkstore.format.chunkobj import (
     DELTA_MEMBERS_SINCE,
     HEADER,
     MAX_PAYLOAD_OVERHEAD,
@@ -63,11 +64,10 @@ from chunkstore.chunkobj import (
     decode_payload,
     parse_header,
 )
-from chunkstore.codecs import PACK
-from chunkstore.digest import DIGEST_SIZE, Digest, chunk_key
-from chunkstore.errors import CorruptChunkError
-from chunkstore.manifest import MAX_PACK_BYTES, PackLocation
-from chunkstore.moved import MAX_HOPS, read_moved
+from chunkstore.format.digest import DIGEST_SIZE, Digest, chunk_key
+from chunkstore.format.manifest import MAX_PACK_BYTES, PackLocation
+from chunkstore.protocol.moved import MAX_HOPS, read_moved
+from chunkstore.read.chain import BaseCache, Locations, Prefetched, decode_chain, missing_chunk
 
 if TYPE_CHECKING:
     from chunkstore.store import Store
@@ -238,7 +238,7 @@ def read_member_into(store: Store, digest: Digest, location: PackLocation, out: 
     ``check_pack`` (verify) also reads the pack's header: it must be a pack
     holding the member's range; and every base of a delta is hash-checked on its
     own, so a damaged base is named.  A pack GC repacked is followed through its
-    moved record (:mod:`chunkstore.moved`).
+    moved record (:mod:`chunkstore.protocol.moved`).
     """
     if check_pack:
         for hops in range(MAX_HOPS + 1):

@@ -13,8 +13,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from chunkstore.chain import NO_CACHE, Locations, missing_chunk
-from chunkstore.digest import TAG_PREFIX, Digest, chunk_key
 from chunkstore.errors import (
     ChunkStoreError,
     CorruptChunkError,
@@ -24,13 +22,15 @@ from chunkstore.errors import (
     FormatVersionError,
     MissingChunkError,
 )
-from chunkstore.manifest import DataEntry, PackLocation, decode_data
-from chunkstore.moved import list_moved
-from chunkstore.packs import locate_member
+from chunkstore.format.digest import TAG_PREFIX, Digest, chunk_key
+from chunkstore.format.manifest import DataEntry, PackLocation, decode_data
+from chunkstore.format.records import Tag
 from chunkstore.progress import NullProgress, Progress
-from chunkstore.reader import chunk_reads, read_chunk_into
-from chunkstore.records import Tag
-from chunkstore.tree import FlatTree, flatten, read_node
+from chunkstore.protocol.moved import list_moved
+from chunkstore.read.chain import NO_CACHE, Locations, missing_chunk
+from chunkstore.read.packs import locate_member
+from chunkstore.read.reader import chunk_reads, read_chunk_into
+from chunkstore.read.tree import FlatTree, flatten, read_node
 
 if TYPE_CHECKING:
     from chunkstore.store import Store

@@ -3,11 +3,11 @@
 A tensor of one chunk up to the small size is hashed with its batch (by the
 caller and idle workers), claimed with the batch in one index transaction, and
 stored by a worker with its group: reused, or encoded standalone and handed to
-the open pack (:mod:`chunkstore.packs`) at the place it was given in the order
+the open pack (:mod:`chunkstore.read.packs`) at the place it was given in the order
 of the state.  A chunk of a larger tensor is one job: hashed, reused where
-:mod:`chunkstore.reuse` allows, else encoded (as a delta against the chunk at
+:mod:`chunkstore.write.reuse` allows, else encoded (as a delta against the chunk at
 the same place in the run's previous version where that pays,
-:mod:`chunkstore.delta`) and written as an object of its own or packed.
+:mod:`chunkstore.write.delta`) and written as an object of its own or packed.
 """
 
 from __future__ import annotations
@@ -19,17 +19,17 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from chunkstore.basecopies import Place
-from chunkstore.chain import Locations, base_bytes, base_prefix
-from chunkstore.chunkobj import ChunkHeader, decode_object, encode_object, parse_header
 from chunkstore.codecs.policy import encode_with_policy
-from chunkstore.delta import BaseSlot, Judged, delta_may_pay, encode_delta, probe_length
-from chunkstore.digest import Digest, chunk_key, digests_of
 from chunkstore.errors import ChunkStoreError
-from chunkstore.index import CHUNK, Claim, NewChunk
-from chunkstore.manifest import PackLocation
-from chunkstore.packs import PackBuilder
-from chunkstore.reuse import Reuse, StoredChunk
+from chunkstore.format.chunkobj import ChunkHeader, decode_object, encode_object, parse_header
+from chunkstore.format.digest import Digest, chunk_key, digests_of
+from chunkstore.format.manifest import PackLocation
+from chunkstore.index.lmdbindex import CHUNK, Claim, NewChunk
+from chunkstore.read.chain import Locations, base_bytes, base_prefix
+from chunkstore.read.packs import PackBuilder
+from chunkstore.write.basecopies import Place
+from chunkstore.write.delta import BaseSlot, Judged, delta_may_pay, encode_delta, probe_length
+from chunkstore.write.reuse import Reuse, StoredChunk
 
 log = logging.getLogger(__name__)
 _NO_DIGEST = Digest(bytes(32))  # the place of a chunk that failed before it was hashed
@@ -71,7 +71,7 @@ class SmallChunk(NamedTuple):
 
 
 class ChunkJobs(Reuse):
-    """Storing one save's chunks (a part of :class:`chunkstore.writer.VersionWriter`,
+    """Storing one save's chunks (a part of :class:`chunkstore.write.writer.VersionWriter`,
     which sets these attributes)."""
 
     _small: list[tuple[PendingTensor, memoryview, str, int]]
@@ -94,7 +94,7 @@ class ChunkJobs(Reuse):
                         base: BaseSlot | None, seq: int | None = None) -> StoredChunk:
         """Store a chunk that may be a base of the run's next save, from a copy kept
         for that save where the last save wrote this place anew, and with the copy
-        the last save kept of its base, if any (chunkstore.basecopies)."""
+        the last save kept of its base, if any (chunkstore.write.basecopies)."""
         copies = self._parent.copies
         copy = copies.buffer(len(view)) if copies.copy_first(place) else None
         if copy is not None:  # hashed, encoded and written from the copy, never the array
@@ -170,7 +170,7 @@ class ChunkJobs(Reuse):
             self._packs.add(seq, digest, None, 0)
             return reused
         # A raw payload is a view of the chunk, and the chunk may be a copy whose buffer
-        # serves another chunk once this one is stored (chunkstore.basecopies): the pack
+        # serves another chunk once this one is stored (chunkstore.write.basecopies): the pack
         # joins its members later, so it gets bytes of its own.
         member = (header.pack(), payload if isinstance(payload, bytes) else bytes(payload))
         slot = self._packs.add(seq, digest, member, len(view), (chain, locations))

@@ -13,7 +13,7 @@ geometry both need, with no I/O:
 - :class:`StagedShard`: one shard whose chunks a process stored without
   publishing, as plain data, so that it can travel to the process that
   publishes the version (which claims every chunk again before it commits:
-  :meth:`chunkstore.writer.VersionWriter.adopt`);
+  :meth:`chunkstore.write.writer.VersionWriter.adopt`);
 - :class:`ShardRanks`: which process (rank) wrote each shard of a version,
   kept as plain data in the entry :data:`RANKS_ENTRY`, for ``show`` and
   ``report``.
@@ -28,10 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from chunkstore.digest import Digest
-from chunkstore.dtypes import element_size
 from chunkstore.errors import InvalidInputError
-from chunkstore.manifest import (
+from chunkstore.format.digest import Digest
+from chunkstore.format.dtypes import element_size
+from chunkstore.format.manifest import (
     MAX_CHUNK_BYTES,
     MAX_DIM,
     MAX_RANK,

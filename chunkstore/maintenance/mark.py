@@ -12,19 +12,19 @@ from typing import TYPE_CHECKING, Any
 
 import lmdb
 
-from chunkstore.digest import Digest
 from chunkstore.errors import (
     ChunkStoreError,
     FormatVersionError,
     GcAbortedError,
     IntegrityError,
 )
-from chunkstore.index import CHUNK, NODE
-from chunkstore.manifest import DataEntry, PackLocation, TensorEntry
-from chunkstore.moved import MAX_HOPS, MovedRecord, resolve_hops
+from chunkstore.format.digest import Digest
+from chunkstore.format.manifest import DataEntry, PackLocation, TensorEntry
+from chunkstore.index.lmdbindex import CHUNK, NODE
 from chunkstore.progress import Progress
-from chunkstore.tombstones import list_tombstones, tombstone_key
-from chunkstore.tree import load_tree
+from chunkstore.protocol.moved import MAX_HOPS, MovedRecord, resolve_hops
+from chunkstore.protocol.tombstones import list_tombstones, tombstone_key
+from chunkstore.read.tree import load_tree
 
 if TYPE_CHECKING:
     from chunkstore.store import Store
@@ -115,7 +115,7 @@ class MarkSet:
                 stored: Callable[[Digest], bool]) -> None:
         """Follow every marked member through ``moved`` (every moved record in the
         store, read after the marking it resolves) to the pack that holds it, as
-        :func:`chunkstore.moved.resolve_location` decides with ``stored`` (whether a
+        :func:`chunkstore.protocol.moved.resolve_location` decides with ``stored`` (whether a
         pack object exists)."""
         broken = [pack for pack, record in moved.items() if record is None]
         if broken:

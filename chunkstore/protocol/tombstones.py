@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from chunkstore import plaindata
-from chunkstore.digest import Digest, is_hex_digest
+from chunkstore.format import plaindata
+from chunkstore.format.digest import Digest, is_hex_digest
 
 if TYPE_CHECKING:
     from chunkstore.backends import Backend

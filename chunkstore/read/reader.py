@@ -10,11 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from chunkstore.chain import BaseCache, Locations, decode_chain, missing_chunk
-from chunkstore.chunkobj import HEADER, check_digest, parse_header
 from chunkstore.codecs import RAW
-from chunkstore.digest import DIGEST_SIZE, Digest, chunk_key
-from chunkstore.dtypes import dtype_name, element_size, numpy_dtype
 from chunkstore.errors import (
     CorruptChunkError,
     CorruptNodeError,
@@ -22,9 +18,11 @@ from chunkstore.errors import (
     InvalidInputError,
     ShapeMismatchError,
 )
-from chunkstore.manifest import DataEntry, PackLocation, TensorEntry, decode_data
-from chunkstore.packs import MemberRead, read_member_into, read_members_into, read_runs
-from chunkstore.shards import (
+from chunkstore.format.chunkobj import HEADER, check_digest, parse_header
+from chunkstore.format.digest import DIGEST_SIZE, Digest, chunk_key
+from chunkstore.format.dtypes import dtype_name, element_size, numpy_dtype
+from chunkstore.format.manifest import DataEntry, PackLocation, TensorEntry, decode_data
+from chunkstore.format.shards import (
     box_chunk_range,
     box_of,
     check_box,
@@ -32,7 +30,9 @@ from chunkstore.shards import (
     scatter_shards,
     shard_bases,
 )
-from chunkstore.tree import FlatTree, Leaf, flatten, read_node
+from chunkstore.read.chain import BaseCache, Locations, decode_chain, missing_chunk
+from chunkstore.read.packs import MemberRead, read_member_into, read_members_into, read_runs
+from chunkstore.read.tree import FlatTree, Leaf, flatten, read_node
 
 if TYPE_CHECKING:
     from chunkstore.store import Store, VersionInfo

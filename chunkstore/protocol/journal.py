@@ -4,7 +4,7 @@ An index on one machine cannot see what a GC on another machine (or on a
 deleted or rebuilt index) did.  So a GC writes, before it deletes anything,
 one journal entry ``gc/<entry id>`` naming every object it may delete, and
 marks it ``done`` after the deletions.  Every save reads the journal after
-storing its session object (:mod:`chunkstore.sessions`) and before its first
+storing its session object (:mod:`chunkstore.protocol.sessions`) and before its first
 deduplication decision:
 
 - entries ``done`` or ``abandoned`` (or whose GC died) are applied to the
@@ -32,15 +32,15 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from chunkstore import plaindata
-from chunkstore.digest import Digest
 from chunkstore.errors import BackendError
-from chunkstore.index import CHUNK, NODE
-from chunkstore.sessions import owner_info, owner_is_dead
+from chunkstore.format import plaindata
+from chunkstore.format.digest import Digest
+from chunkstore.index.lmdbindex import CHUNK, NODE
+from chunkstore.protocol.sessions import owner_info, owner_is_dead
 
 if TYPE_CHECKING:
     from chunkstore.backends import Backend
-    from chunkstore.index import Index
+    from chunkstore.index.lmdbindex import Index
 
 JOURNAL_PREFIX = "gc/"
 JOURNAL_FORMAT = 1

@@ -3,9 +3,9 @@
 A pack is deleted whole, so one live member keeps all its bytes.  When GC's
 mark finds that at least ``unused`` of a pack's content is listed by no live
 version, the pack's live members are copied (byte for byte, each checked as a
-read checks it) into a new pack, its moved record (:mod:`chunkstore.moved`)
+read checks it) into a new pack, its moved record (:mod:`chunkstore.protocol.moved`)
 says where each went, and the old pack becomes a GC candidate like any other:
-fenced, waited for, marked again, condemned and deleted (:mod:`chunkstore.gc`
+fenced, waited for, marked again, condemned and deleted (:mod:`chunkstore.maintenance.gc`
 steps 5-8).  The order, and why no interleaving loses a member:
 
 1. GC's mark resolves every member the live versions list to the pack that
@@ -42,19 +42,19 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from chunkstore.chunkobj import HEADER, ChunkHeader, parse_header
 from chunkstore.codecs import PACK
-from chunkstore.digest import Digest, chunk_key
 from chunkstore.errors import ChunkStoreError
-from chunkstore.index import CHUNK, ChunkRecord, ChunkState
-from chunkstore.manifest import MAX_PACK_BYTES
-from chunkstore.moved import MovedRecord, write_moved
-from chunkstore.packs import copy_members
+from chunkstore.format.chunkobj import HEADER, ChunkHeader, parse_header
+from chunkstore.format.digest import Digest, chunk_key
+from chunkstore.format.manifest import MAX_PACK_BYTES
+from chunkstore.index.lmdbindex import CHUNK, ChunkRecord, ChunkState
+from chunkstore.protocol.moved import MovedRecord, write_moved
+from chunkstore.read.packs import copy_members
 
 if TYPE_CHECKING:
-    from chunkstore.journal import Fence
-    from chunkstore.mark import MarkSet
-    from chunkstore.sessions import StoreSession
+    from chunkstore.maintenance.mark import MarkSet
+    from chunkstore.protocol.journal import Fence
+    from chunkstore.protocol.sessions import StoreSession
     from chunkstore.store import Store
 
 #: Repack a pack once at least this fraction of its content is garbage (the default
@@ -148,7 +148,7 @@ class RepackResult:
 
 def repack(store: Store, chosen: list[PackUse], target: int) -> RepackResult:
     """Steps 2-3 of the module docstring for the ``chosen`` packs."""
-    from chunkstore.writer import open_store_session
+    from chunkstore.write.writer import open_store_session
 
     result = RepackResult()
     store.upgrade_format()  # moved records are a store format 6 object

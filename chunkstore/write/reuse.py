@@ -3,13 +3,13 @@
 A save reuses a stored chunk object, a pack (for a member of it), or the bases
 a reused delta lists, instead of writing them.  Every such decision is taken
 here, by one rule (invariants 1 and 3 in DESIGN.md; the GC side is in
-:mod:`chunkstore.gc`, the order of a save in :mod:`chunkstore.writer`):
+:mod:`chunkstore.maintenance.gc`, the order of a save in :mod:`chunkstore.write.writer`):
 
 1. while an active GC run's journal entry names the object, the save waits for
    that run (``Fence.blocking``), and then does not reuse it: it writes the
    object (put-if-absent keeps an intact copy);
 2. the save's index session claims the object (one transaction per group of
-   claims, :class:`chunkstore.claims.GroupClaims`), so a GC of the same index
+   claims, :class:`chunkstore.index.claims.GroupClaims`), so a GC of the same index
    leaves it alone; only a LIVE record is reused, a DELETING one is waited out;
 3. the object is checked to exist, so one lost behind the index's back is
    written again, not referenced: at every reuse where a stat is cheap (a local
@@ -33,15 +33,15 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
-from chunkstore.chain import Locations, header_chain
-from chunkstore.claims import GroupClaims
-from chunkstore.delta import ParentChunks
-from chunkstore.digest import Digest, chunk_key, node_key
 from chunkstore.errors import BackendError
-from chunkstore.index import CHUNK, Claim, NewChunk
-from chunkstore.journal import Fence
-from chunkstore.manifest import MAX_DELTA_DEPTH, PackLocation
-from chunkstore.packs import Chain, PackSlot
+from chunkstore.format.digest import Digest, chunk_key, node_key
+from chunkstore.format.manifest import MAX_DELTA_DEPTH, PackLocation
+from chunkstore.index.claims import GroupClaims
+from chunkstore.index.lmdbindex import CHUNK, Claim, NewChunk
+from chunkstore.protocol.journal import Fence
+from chunkstore.read.chain import Locations, header_chain
+from chunkstore.read.packs import Chain, PackSlot
+from chunkstore.write.delta import ParentChunks
 
 if TYPE_CHECKING:
     from chunkstore.store import Store
@@ -57,7 +57,7 @@ StoredChunk = tuple[Digest, NewChunk | None, tuple[Digest, ...], PackSlot | None
 
 
 class Reuse:
-    """The dedup decisions of one save (a part of :class:`chunkstore.writer.VersionWriter`,
+    """The dedup decisions of one save (a part of :class:`chunkstore.write.writer.VersionWriter`,
     which sets these attributes)."""
 
     _store: Store

@@ -1,10 +1,10 @@
 """Writing one version: chunk, hash, dedup, encode and store in threads, then commit.
 
 Order of a save (invariants 1 and 3 in DESIGN.md; the GC side is in
-:mod:`chunkstore.gc`):
+:mod:`chunkstore.maintenance.gc`):
 
-1. a session object is stored in the store (:mod:`chunkstore.sessions`),
-   then the GC journal is read (:mod:`chunkstore.journal`): objects of
+1. a session object is stored in the store (:mod:`chunkstore.protocol.sessions`),
+   then the GC journal is read (:mod:`chunkstore.protocol.journal`): objects of
    finished GC runs stop being dedup targets in this index, and objects of
    GC runs still active are never reused (the save waits for such a run
    before writing one of them).  Only then is any dedup decision taken, so
@@ -14,11 +14,11 @@ Order of a save (invariants 1 and 3 in DESIGN.md; the GC side is in
    or deduplicates against is claimed by it, so a GC of the same index
    leaves them alone;
 3. chunk objects are written (put-if-absent) by a thread pool while the
-   caller keeps adding entries (:mod:`chunkstore.chunkjobs`); memory stays
+   caller keeps adding entries (:mod:`chunkstore.write.chunkjobs`); memory stays
    O(chunk_size x threads) plus one open pack.  Small tensors' chunks that
-   must be written go into packs (:mod:`chunkstore.packs`, which argues why
+   must be written go into packs (:mod:`chunkstore.read.packs`, which argues why
    reusing a member of an older pack is safe).  Whether a stored object may be
-   reused instead is decided in :mod:`chunkstore.reuse`; on a local store a
+   reused instead is decided in :mod:`chunkstore.write.reuse`; on a local store a
    dedup hit is also checked to exist (a stat), so an object lost behind the
    index's back is written again, not referenced;
 4. on commit, manifest nodes are claimed like chunks and the missing ones
@@ -49,14 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from chunkstore import plaindata
-from chunkstore.chain import Locations
-from chunkstore.chunkjobs import ChunkJobs, PendingTensor
-from chunkstore.claims import GroupClaims
 from chunkstore.codecs import PACK
-from chunkstore.delta import MIN_DELTA_TENSOR_BYTES, ParentChunks
-from chunkstore.digest import Digest, chunk_key, node_key, version_key
-from chunkstore.dtypes import check_override, dtype_name, element_size
 from chunkstore.errors import (
     ChunkStoreError,
     DuplicateEntryError,
@@ -66,9 +59,10 @@ from chunkstore.errors import (
     StagedChunkMissingError,
     VersionClosedError,
 )
-from chunkstore.index import CHUNK, NODE, Claim, NewChunk, VersionEntry
-from chunkstore.journal import Fence, sync_journal
-from chunkstore.manifest import (
+from chunkstore.format import plaindata
+from chunkstore.format.digest import Digest, chunk_key, node_key, version_key
+from chunkstore.format.dtypes import check_override, dtype_name, element_size
+from chunkstore.format.manifest import (
     DataEntry,
     Shard,
     TensorEntry,
@@ -76,12 +70,18 @@ from chunkstore.manifest import (
     shard_from_json,
     tensor_entry,
 )
-from chunkstore.names import check_entry_name, check_label
-from chunkstore.packs import PackBuilder, chunks_fit_in_packs
-from chunkstore.records import MAX_COUNT, CommitRecord
-from chunkstore.sessions import StoreSession
-from chunkstore.tree import flatten
-from chunkstore.treelayout import build_tree
+from chunkstore.format.names import check_entry_name, check_label
+from chunkstore.format.records import MAX_COUNT, CommitRecord
+from chunkstore.format.treelayout import build_tree
+from chunkstore.index.claims import GroupClaims
+from chunkstore.index.lmdbindex import CHUNK, NODE, Claim, NewChunk, VersionEntry
+from chunkstore.protocol.journal import Fence, sync_journal
+from chunkstore.protocol.sessions import StoreSession
+from chunkstore.read.chain import Locations
+from chunkstore.read.packs import PackBuilder, chunks_fit_in_packs
+from chunkstore.read.tree import flatten
+from chunkstore.write.chunkjobs import ChunkJobs, PendingTensor
+from chunkstore.write.delta import MIN_DELTA_TENSOR_BYTES, ParentChunks
 
 if TYPE_CHECKING:
     from chunkstore.store import Store, VersionInfo
@@ -248,7 +248,7 @@ class VersionWriter(ChunkJobs):
             # (Store.pack_delta_chunks), so a delta save writes about new bytes / pack
             # size objects instead of one per chunk (docs/format.md §3.5, chunk format 5).
             pack_members = fit and bool(self._parent.depth) and self._store.pack_delta_chunks
-            # A chunk that may be a base of the run's next save (chunkstore.basecopies).
+            # A chunk that may be a base of the run's next save (chunkstore.write.basecopies).
             may_be_base = self._parent.depth and len(flat) >= min(MIN_DELTA_TENSOR_BYTES,
                                                                   chunk_bytes + 1)
             for i, start in enumerate(range(0, len(flat), chunk_bytes)):
@@ -318,7 +318,7 @@ class VersionWriter(ChunkJobs):
         return entries, new_chunks, new_bytes
 
     def _build_tree(self, tensors: dict[str, TensorEntry]) -> tuple[Digest, dict[Digest, bytes]]:
-        """Encode the tree (see :func:`chunkstore.treelayout.build_tree`); returns the root
+        """Encode the tree (see :func:`chunkstore.format.treelayout.build_tree`); returns the root
         and every node's bytes, data nodes included."""
         leaves: dict[str, TensorEntry | DataEntry] = dict(tensors)
         leaves.update({n: DataEntry(d, size) for n, (d, _, size) in self._data.items()})
@@ -449,7 +449,7 @@ class VersionWriter(ChunkJobs):
         self._info = store.info_from_entry(entry)
         refs = {d for t in tensors.values() for d in t.chunk_digests()}
         # Every object the version needs is stored now: later saves of this handle
-        # need not ask (chunkstore.reuse, rule 3).
+        # need not ask (chunkstore.write.reuse, rule 3).
         store.saw_stored(CHUNK, refs)
         store.saw_stored(NODE, nodes)
         try:

@@ -28,8 +28,15 @@ from typing import Any
 
 import blake3
 
-from chunkstore.digest import Digest
-from chunkstore.manifest import DataEntry, TensorEntry, entry_text, leaf_text, quote, tree_bytes
+from chunkstore.format.digest import Digest
+from chunkstore.format.manifest import (
+    DataEntry,
+    TensorEntry,
+    entry_text,
+    leaf_text,
+    quote,
+    tree_bytes,
+)
 
 #: (name relative to the node, entry's canonical JSON, UTF-8 bytes of ``"name":entry,``):
 #: the size is counted once per entry and grows by the prefix when a subtree is inlined.

@@ -12,10 +12,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from chunkstore.backends import Backend
-from chunkstore.digest import Digest, node_key
 from chunkstore.errors import CorruptNodeError
-from chunkstore.manifest import DataEntry, PackLocation, TensorEntry, TreeNode, decode_tree
-from chunkstore.names import MAX_NAME_LENGTH
+from chunkstore.format.digest import Digest, node_key
+from chunkstore.format.manifest import DataEntry, PackLocation, TensorEntry, TreeNode, decode_tree
+from chunkstore.format.names import MAX_NAME_LENGTH
 
 Leaf = TensorEntry | DataEntry
 #: Nodes plus leaves of one version's expanded tree (a model has thousands).

@@ -8,8 +8,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from chunkstore import plaindata
-from chunkstore.digest import Digest, is_hex_digest
 from chunkstore.errors import (
     CorruptConfigError,
     CorruptRecordError,
@@ -18,8 +16,10 @@ from chunkstore.errors import (
     InvalidNameError,
     NotAStoreError,
 )
-from chunkstore.manifest import MAX_DELTA_DEPTH, exact_int, is_version
-from chunkstore.names import check_label
+from chunkstore.format import plaindata
+from chunkstore.format.digest import Digest, is_hex_digest
+from chunkstore.format.manifest import MAX_DELTA_DEPTH, exact_int, is_version
+from chunkstore.format.names import check_label
 
 STORE_FORMAT = "chunkstore"
 STORE_FORMAT_VERSION = 8

@@ -18,11 +18,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from chunkstore import plaindata
-from chunkstore.digest import Digest
-from chunkstore.dtypes import element_size, numpy_dtype
 from chunkstore.errors import CorruptNodeError, FormatVersionError, InvalidNameError
-from chunkstore.names import check_component, check_entry_name
+from chunkstore.format import plaindata
+from chunkstore.format.digest import Digest
+from chunkstore.format.dtypes import element_size, numpy_dtype
+from chunkstore.format.names import check_component, check_entry_name
 
 NODE_FORMAT_VERSION = 5
 #: Node format versions this release reads (1: no delta bases in shards; 2: no

@@ -1,6 +1,6 @@
 """Copies of a save's chunks that the run's next save encodes deltas against.
 
-A delta save (:mod:`chunkstore.delta`) encodes a changed chunk against the
+A delta save (:mod:`chunkstore.write.delta`) encodes a changed chunk against the
 chunk at the same tensor and position in the run's previous version.  Read
 back from the store, that base costs a read, a decode and a hash check per
 chunk (on the suite's dense workload about 170 ms of CPU per save, most of
@@ -50,7 +50,7 @@ import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from chunkstore.digest import Digest
+from chunkstore.format.digest import Digest
 
 #: The bytes of copies (and spare buffers) a store handle keeps at most, by default:
 #: a copy of the changing part of a state of up to a GiB (``Store.base_copies.budget``;

@@ -8,7 +8,7 @@ finds a pack missing looks for its moved record and reads the member there
 (hash-checked as always, so a wrong record is a corrupt chunk, never data);
 GC's mark follows the records from the locations the manifests list to the
 packs that hold the bytes now.  Records are written once (put-if-absent) and
-deleted only when no version can reach them (:mod:`chunkstore.gc`).
+deleted only when no version can reach them (:mod:`chunkstore.maintenance.gc`).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from chunkstore.digest import Digest
 from chunkstore.errors import CorruptChunkError
-from chunkstore.manifest import (
+from chunkstore.format.digest import Digest
+from chunkstore.format.manifest import (
     MAX_MEMBER_BYTES,
     MAX_PACK_BYTES,
     PackLocation,
@@ -142,7 +142,7 @@ def read_moved(backend: Backend, pack: Digest) -> MovedRecord | None:
 
 def list_moved(backend: Backend) -> dict[Digest, MovedRecord | None]:
     """Every moved record in the store by pack; None for one that cannot be parsed
-    (GC then keeps everything it might forward to: see :mod:`chunkstore.mark`)."""
+    (GC then keeps everything it might forward to: see :mod:`chunkstore.maintenance.mark`)."""
     found: dict[Digest, MovedRecord | None] = {}
     for key in backend.list(MOVED_PREFIX):
         try:

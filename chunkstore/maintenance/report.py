@@ -7,17 +7,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from chunkstore.codecs import PACK, SUB_DELTA, XOR_DELTA
-from chunkstore.digest import Digest
-from chunkstore.dtypes import element_size
 from chunkstore.errors import ChunkStoreError, CorruptNodeError, GcAbortedError, GcBusyError
-from chunkstore.index import CHUNK, NODE
-from chunkstore.manifest import DataEntry, PackLocation, TensorEntry
-from chunkstore.reader import VersionReader
-from chunkstore.shards import RANKS_ENTRY, ShardRanks
-from chunkstore.tree import Leaf, flatten
+from chunkstore.format.digest import Digest
+from chunkstore.format.dtypes import element_size
+from chunkstore.format.manifest import DataEntry, PackLocation, TensorEntry
+from chunkstore.format.shards import RANKS_ENTRY, ShardRanks
+from chunkstore.index.lmdbindex import CHUNK, NODE
+from chunkstore.read.reader import VersionReader
+from chunkstore.read.tree import Leaf, flatten
 
 if TYPE_CHECKING:
-    from chunkstore.gc import GcResult
+    from chunkstore.maintenance.gc import GcResult
     from chunkstore.store import Store
 
 
@@ -222,7 +222,7 @@ def stats(store: Store, grace_s: float = 3600.0, now: float | None = None) -> St
     """
     import time
 
-    from chunkstore.gc import collect
+    from chunkstore.maintenance.gc import collect
 
     now = time.time() if now is None else now
     result = StoreStats(grace_s=grace_s)

@@ -40,9 +40,9 @@ from typing import Any
 
 import lmdb
 
-from chunkstore import indexfile
-from chunkstore.digest import Digest
-from chunkstore.manifest import PackLocation
+from chunkstore.format.digest import Digest
+from chunkstore.format.manifest import PackLocation
+from chunkstore.index import indexfile
 
 INDEX_SCHEMA = 2
 #: The meta key naming the store an index describes (:meth:`Index.describe_store`).
@@ -127,7 +127,7 @@ class Index:
 
     ``needs_rebuild`` is set when the index on disk was written by another
     index schema (it is then emptied), or was damaged and set aside
-    (:mod:`chunkstore.indexfile`): the store rebuilds it from the manifests.
+    (:mod:`chunkstore.index.indexfile`): the store rebuilds it from the manifests.
     """
 
     def __init__(self, path: str, map_size: int = DEFAULT_MAP_SIZE) -> None:
@@ -743,7 +743,7 @@ class Index:
 
     def describe_store(self, identity: str) -> bool:
         """Make sure this index describes the store ``identity`` names
-        (:meth:`chunkstore.records.StoreConfig.identity`); True when it had to forget
+        (:meth:`chunkstore.format.records.StoreConfig.identity`); True when it had to forget
         everything.
 
         An index records the store it was built for.  Opened on another store at the

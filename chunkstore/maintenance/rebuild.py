@@ -15,10 +15,10 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from chunkstore import indexfile
 from chunkstore.backends.base import ObjectInfo
-from chunkstore.chunkobj import HEADER, parse_header
-from chunkstore.digest import (
+from chunkstore.errors import ChunkStoreError, SavesInProgressError
+from chunkstore.format.chunkobj import HEADER, parse_header
+from chunkstore.format.digest import (
     CHUNK_PREFIX,
     DIGEST_SIZE,
     NODE_PREFIX,
@@ -30,12 +30,12 @@ from chunkstore.digest import (
     tag_key,
     version_key,
 )
-from chunkstore.errors import ChunkStoreError, SavesInProgressError
-from chunkstore.index import CHUNK, NODE, ChunkRecord, ChunkState, Index, NewChunk
-from chunkstore.journal import list_entry_ids, read_entry, sync_journal
-from chunkstore.sessions import live_sessions
-from chunkstore.tree import flatten
-from chunkstore.writer import entry_from_record
+from chunkstore.index import indexfile
+from chunkstore.index.lmdbindex import CHUNK, NODE, ChunkRecord, ChunkState, Index, NewChunk
+from chunkstore.protocol.journal import list_entry_ids, read_entry, sync_journal
+from chunkstore.protocol.sessions import live_sessions
+from chunkstore.read.tree import flatten
+from chunkstore.write.writer import entry_from_record
 
 if TYPE_CHECKING:
     from chunkstore.store import Store
@@ -146,7 +146,7 @@ def rebuild(store: Store) -> RebuildResult:
     is in progress on the store, seen through the store's session objects
     (any machine, any index) and through this index's sessions.
     """
-    from chunkstore.gc import gc_lock, session_is_dead
+    from chunkstore.maintenance.gc import gc_lock, session_is_dead
 
     with gc_lock(store.index.path, wait=True):
         now = time.time()

@@ -40,15 +40,15 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from chunkstore.basecopies import BaseCopies
-from chunkstore.chain import Locations
 from chunkstore.codecs import SUB_DELTA, XOR_DELTA, Codec
 from chunkstore.codecs.policy import PROBE_BYTES, encode_with_policy
 from chunkstore.codecs.subdelta import LANES
-from chunkstore.digest import Digest
 from chunkstore.errors import ChunkStoreError
-from chunkstore.manifest import PackLocation, TensorEntry
-from chunkstore.tree import flatten
+from chunkstore.format.digest import Digest
+from chunkstore.format.manifest import PackLocation, TensorEntry
+from chunkstore.read.chain import Locations
+from chunkstore.read.tree import flatten
+from chunkstore.write.basecopies import BaseCopies
 
 if TYPE_CHECKING:
     from chunkstore.store import Store
@@ -195,7 +195,7 @@ class ParentChunks:
         self.listings: dict[Digest, Listing] = {}
         self.skips = Skips()
         parent = store.latest(run)
-        # Copies of the parent's chunks this handle kept (chunkstore.basecopies).
+        # Copies of the parent's chunks this handle kept (chunkstore.write.basecopies).
         self.copies = (store.base_copies.for_save(run, parent.id if parent else None)
                        if self.depth else BaseCopies(0).for_save(run, None))
         if parent is None:

@@ -9,7 +9,7 @@ model, are why each step is where it is):
 1. take this index's GC lock (one GC per index at a time; GCs on other
    indexes are safe to run at once, see below), count in or out versions
    committed or removed behind the index's back, apply the GC journal
-   entries other GCs finished (:mod:`chunkstore.journal`), and hand the
+   entries other GCs finished (:mod:`chunkstore.protocol.journal`), and hand the
    deletions a killed GC of this index left in the DELETING state back to
    this run (never finished blindly: that GC's entry died with it, so saves
    elsewhere may have written those objects again);
@@ -20,12 +20,12 @@ model, are why each step is where it is):
    versions) older than the grace period;
 4. mark: walk the manifests of every live version on storage (shared
    subtrees once) and of every version removed less than the grace period
-   ago (its tombstone, :mod:`chunkstore.tombstones`: the grace period runs
+   ago (its tombstone, :mod:`chunkstore.protocol.tombstones`: the grace period runs
    from unreachability, whoever removed it and whatever the index knows);
    drop every candidate the mark reaches.  Packed chunks are marked where the
    manifests list them and followed through the moved records (read after
    the walk) to the packs that hold them now;
-   4b. repack (:mod:`chunkstore.repack`, which argues its own order): live
+   4b. repack (:mod:`chunkstore.maintenance.repack`, which argues its own order): live
    packs at least ``repack_unused`` garbage have their live members copied
    into new packs under a save session, then their moved records written;
    the old packs join the candidates, as does every pack with a moved
@@ -48,7 +48,7 @@ model, are why each step is where it is):
    those objects are never again dedup targets there), delete expired
    tombstones and old temporary files.
 
-A pack of small chunks (:mod:`chunkstore.packs`) is one chunk object here:
+A pack of small chunks (:mod:`chunkstore.read.packs`) is one chunk object here:
 versions reference the pack, never its members, so it is marked, fenced,
 condemned and deleted whole, and a save that reuses a member claims the pack.
 A pack counts as reached when a live version lists a member of it that its
@@ -97,8 +97,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from chunkstore.chunkobj import HEADER, parse_header
-from chunkstore.digest import (
+from chunkstore.errors import (
+    ChunkStoreError,
+    CorruptChunkError,
+    GcAbortedError,
+    GcBusyError,
+    InvalidSettingError,
+)
+from chunkstore.format.chunkobj import HEADER, parse_header
+from chunkstore.format.digest import (
     CHUNK_PREFIX,
     NODE_PREFIX,
     Digest,
@@ -107,15 +114,12 @@ from chunkstore.digest import (
     digest_from_node_key,
     node_key,
 )
-from chunkstore.errors import (
-    ChunkStoreError,
-    CorruptChunkError,
-    GcAbortedError,
-    GcBusyError,
-    InvalidSettingError,
-)
-from chunkstore.index import CHUNK, NODE, ChunkState
-from chunkstore.journal import (
+from chunkstore.index.lmdbindex import CHUNK, NODE, ChunkState
+from chunkstore.maintenance.mark import MarkSet, mark_live, mark_removed, mark_unindexed
+from chunkstore.maintenance.repack import DEFAULT_UNUSED, plan, repack
+from chunkstore.maintenance.retention import parse_duration
+from chunkstore.progress import NullProgress, Progress
+from chunkstore.protocol.journal import (
     ABANDONED,
     DONE,
     FENCED,
@@ -125,14 +129,10 @@ from chunkstore.journal import (
     sync_journal,
     write_entry,
 )
-from chunkstore.mark import MarkSet, mark_live, mark_removed, mark_unindexed
-from chunkstore.moved import MovedRecord, list_moved, moved_key, resolve_location
-from chunkstore.packs import copy_members
-from chunkstore.progress import NullProgress, Progress
-from chunkstore.repack import DEFAULT_UNUSED, plan, repack
-from chunkstore.retention import parse_duration
-from chunkstore.sessions import HEARTBEAT_S, LEASE_S, list_sessions, owner_is_dead
-from chunkstore.tombstones import tombstone_key
+from chunkstore.protocol.moved import MovedRecord, list_moved, moved_key, resolve_location
+from chunkstore.protocol.sessions import HEARTBEAT_S, LEASE_S, list_sessions, owner_is_dead
+from chunkstore.protocol.tombstones import tombstone_key
+from chunkstore.read.packs import copy_members
 
 if TYPE_CHECKING:
     from chunkstore.store import Store
@@ -438,7 +438,7 @@ class _Run:
 
     def repack(self) -> list[Candidate]:
         """Plan from the mark which live packs to repack; repack them (not in a dry run)
-        and return the old packs as candidates (:mod:`chunkstore.repack`)."""
+        and return the old packs as candidates (:mod:`chunkstore.maintenance.repack`)."""
         assert self.marks is not None
         chosen = plan(self.store, self.marks, self.moved, self.repack_unused, self.forwarded)
         self.result.pack_garbage_bytes = chosen.garbage_bytes

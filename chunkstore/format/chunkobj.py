@@ -13,7 +13,7 @@ Header, little-endian, 24 bytes (+32 when a base key is present)::
 From version 2 the BASE flag is set exactly when the codec is a delta codec
 (``xor-delta``; ``sub-delta`` from version 4): the payload decodes to an image
 of the chunk against its base (their XOR, or their difference), whose raw
-bytes the caller supplies (:mod:`chunkstore.chain` reads chains).
+bytes the caller supplies (:mod:`chunkstore.read.chain` reads chains).
 Every decode re-hashes the result: a chunk whose bytes do not hash to its
 key raises :class:`CorruptChunkError`, so nothing corrupt is returned.
 """
@@ -24,8 +24,8 @@ import struct
 from dataclasses import dataclass
 
 from chunkstore import codecs
-from chunkstore.digest import DIGEST_SIZE, Digest
 from chunkstore.errors import CorruptChunkError, FormatVersionError
+from chunkstore.format.digest import DIGEST_SIZE, Digest
 
 MAGIC = b"CSCK"
 CHUNK_FORMAT_VERSION = 5

@@ -1,0 +1,1 @@
+"""Reading: manifest trees, chunks through delta chains and pack members, versions."""

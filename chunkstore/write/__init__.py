@@ -1,0 +1,1 @@
+"""Writing: a save's chunk jobs, dedup decisions, delta encoding, and the commit."""
