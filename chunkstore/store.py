@@ -38,14 +38,8 @@ from chunkstore.errors import (
 )
 from chunkstore.format import plaindata
 from chunkstore.format.digest import (
-    CONFIG_KEY,
-    TAG_PREFIX,
-    VERSION_PREFIX,
     Digest,
     is_hex_digest,
-    tag_key,
-    version_id_from_key,
-    version_key,
 )
 from chunkstore.format.manifest import MAX_DELTA_DEPTH, TensorEntry
 from chunkstore.format.names import check_label
@@ -62,6 +56,8 @@ from chunkstore.format.records import (
     looks_like_a_version_id,
 )
 from chunkstore.index.lmdbindex import Index, VersionEntry
+from chunkstore.objects.kinds import TAGS, VERSIONS
+from chunkstore.objects.objectstore import ObjectStore
 from chunkstore.protocol.journal import sync_journal
 from chunkstore.protocol.moved import MovedRecord
 from chunkstore.protocol.tombstones import write_tombstone
@@ -151,8 +147,8 @@ def _pinned_version(data: bytes) -> str | None:
     return version if isinstance(version, str) and is_hex_digest(version) else None
 
 
-def default_index_dir(url: str, backend: Backend) -> str:
-    local = backend.local_path()
+def default_index_dir(url: str, objects: ObjectStore) -> str:
+    local = objects.local_path()
     if local is not None:
         return os.path.join(local, "index")
     cache = os.environ.get("CHUNKSTORE_CACHE_DIR") or os.path.join(
@@ -199,18 +195,18 @@ def open(
         raise InvalidSettingError(f"delta depth {delta_depth!r} must be an integer in"
                                   f" [0, {MAX_DELTA_DEPTH}]")
     text = os.fspath(url)
-    backend = wrap_from_env(open_backend(text, **(storage_options or {})))
-    config = _load_or_create_config(text, backend, create, chunk_size, compression, delta_depth)
+    objects = ObjectStore(wrap_from_env(open_backend(text, **(storage_options or {}))))
+    config = _load_or_create_config(text, objects, create, chunk_size, compression, delta_depth)
     if chunk_size is not None and chunk_size != config.chunk_size:
         raise InvalidSettingError(f"{text} was created with chunk size {config.chunk_size};"
                                   " the chunk size of an existing store cannot change")
-    index = Index(index_dir or default_index_dir(text, backend))
+    index = Index(index_dir or default_index_dir(text, objects))
     try:
         index.describe_store(config.identity())  # emptied if it describes another store
     except BaseException:
         index.close()
         raise
-    store = Store(text, backend, config, index, compression or config.compression, threads)
+    store = Store(text, objects, config, index, compression or config.compression, threads)
     store.pack_size = pack_size or PACK_TARGET_BYTES
     store.node_size = NODE_TARGET_BYTES if node_size is None else node_size
     if index.needs_rebuild:  # another schema or store (emptied), or damaged and set aside
@@ -220,25 +216,26 @@ def open(
     store.reconcile()
     # What GCs on other indexes deleted (and, for a new index, which of their runs
     # are still active): one listing of the GC journal.
-    sync_journal(backend, index)
+    sync_journal(objects, index)
     return store
 
 
-def _load_or_create_config(url: str, backend: Backend, create: bool, chunk_size: int | None,
-                           compression: str | None, delta_depth: int | None) -> StoreConfig:
+def _load_or_create_config(url: str, objects: ObjectStore, create: bool,
+                           chunk_size: int | None, compression: str | None,
+                           delta_depth: int | None) -> StoreConfig:
     try:
-        return StoreConfig.decode(url, backend.get(CONFIG_KEY))
+        return StoreConfig.decode(url, objects.get_config())
     except FileNotFoundError:
         pass
     if not create:
         raise NotAStoreError(url, "no chunkstore.json (use `chunkstore init` to create a store)")
-    if next(iter(backend.list("")), None) is not None:
+    if not objects.is_empty():
         raise NotAStoreError(url, "the location is not empty and has no chunkstore.json")
     config = StoreConfig(chunk_size or DEFAULT_CHUNK_SIZE, compression or "auto", time.time(),
                          DEFAULT_DELTA_DEPTH if delta_depth is None else delta_depth)
-    backend.put_if_absent(CONFIG_KEY, config.encode())
+    objects.create_config(config.encode())
     # A concurrent creator may have won: the stored config is the one that counts.
-    return StoreConfig.decode(url, backend.get(CONFIG_KEY))
+    return StoreConfig.decode(url, objects.get_config())
 
 
 #: What :attr:`Store.pack_delta_chunks` is for a new handle.
@@ -254,10 +251,11 @@ ParentCacheEntry = tuple[str, dict[str, TensorEntry], dict[Digest, Listing], Lea
 class Store:
     """A chunkstore store.  Use :func:`chunkstore.open` to get one."""
 
-    def __init__(self, url: str, backend: Backend, config: StoreConfig, index: Index,
+    def __init__(self, url: str, objects: ObjectStore, config: StoreConfig, index: Index,
                  compression: str, threads: int | None) -> None:
         self.url = url
-        self.backend = backend
+        #: every stored object goes through here (chunkstore.objects)
+        self.objects = objects
         self.config = config
         self.index = index
         self.compression = compression
@@ -272,7 +270,7 @@ class Store:
         #: waits on nothing (on 2 cores a restore took 0.90-1.00x the time of a job per
         #: pool thread: python -m benchmarks.bench_read_jobs); from other stores every
         #: thread, each read waiting on a request
-        self.read_jobs = self.threads if backend.local_path() is None \
+        self.read_jobs = self.threads if objects.local_path() is None \
             else max(1, min(self.threads, os.cpu_count() or 1))
         self.node_cache = NodeCache()
         #: moved records read so far (immutable once written: docs/format.md §3.6)
@@ -300,6 +298,15 @@ class Store:
         self._tables_lock = threading.Lock()  # guards the two tables above
 
     @property
+    def backend(self) -> Backend:
+        """The backend under the object layer (replaceable by a wrapper of itself)."""
+        return self.objects.backend
+
+    @backend.setter
+    def backend(self, backend: Backend) -> None:
+        self.objects.backend = backend
+
+    @property
     def chunk_size(self) -> int:
         return self.config.chunk_size
 
@@ -317,7 +324,7 @@ class Store:
         store where a check costs a request (on a local store saves stat every reused
         object, and nothing is remembered).  Bounded: past :data:`SEEN_STORED_MAX`
         objects the oldest quarter is forgotten (and checked again when reused)."""
-        if self.backend.local_path() is not None:
+        if self.objects.local_path() is not None:
             return
         with self._tables_lock:
             for digest in digests:
@@ -330,7 +337,7 @@ class Store:
         self.executor.shutdown(wait=True)
         self.base_copies.clear()
         self.index.close()
-        self.backend.close()
+        self.objects.close()
 
     def __enter__(self) -> Store:
         return self
@@ -355,7 +362,7 @@ class Store:
         """
         if self.config.format_version >= STORE_FORMAT_VERSION:
             return
-        self.backend.put(CONFIG_KEY, self.config.encode())
+        self.objects.replace_config(self.config.encode())
         self.config = dataclasses.replace(self.config, format_version=STORE_FORMAT_VERSION)
 
     def new_version(self, run: str, step: int, meta: dict[str, Any] | None = None, *,
@@ -453,7 +460,7 @@ class Store:
             record = self.read_record(version_id)
         except FileNotFoundError:
             return
-        flatten(self.backend, record.root, self.node_cache)
+        flatten(self.objects, record.root, self.node_cache)
 
     def open_version(self, selector: str) -> VersionReader:
         """Open a version for reading; its manifest is loaded and hash-checked now."""
@@ -461,7 +468,7 @@ class Store:
 
     def read_record(self, version_id: str) -> CommitRecord:
         """Read and check a commit record from the backend (the truth)."""
-        return CommitRecord.decode(version_id, self.backend.get(version_key(version_id)))
+        return CommitRecord.decode(version_id, self.objects.get(VERSIONS, version_id))
 
     # --- tags and deletion -----------------------------------------------------------------
 
@@ -472,17 +479,16 @@ class Store:
             raise InvalidInputError(f"tag {name!r} looks like a version id; choose another name")
         info = self.resolve(selector)
         body = json.dumps({"version": info.id, "created": time.time()}).encode()
-        self.backend.put(tag_key(name), body)
+        self.objects.put(TAGS, name, body)
         self.index.set_tag(name, info.id)
         return info
 
     def stored_tags(self) -> dict[str, str]:
         """Tags as storage has them (``tags()`` reads the index)."""
         found = {}
-        for key in self.backend.list(TAG_PREFIX):
-            name = key[len(TAG_PREFIX):]
+        for name in self.objects.ids(TAGS):
             try:
-                data = self.backend.get(key)
+                data = self.objects.get(TAGS, name)
                 found[name] = Tag.decode(name, data).version
             except FileNotFoundError:
                 continue  # removed meanwhile
@@ -500,9 +506,9 @@ class Store:
         except InvalidNameError:
             # A damaged tag (another tool's) may carry a name writers refuse: it can
             # still be removed by its exact name, if it names a plain key.
-            if not _removable_key_name(name) or not self.backend.exists(tag_key(name)):
+            if not _removable_key_name(name) or not self.objects.exists(TAGS, name):
                 raise
-        existed = self.backend.delete(tag_key(name))
+        existed = self.objects.delete(TAGS, name)
         return self.index.delete_tag(name) or existed
 
     def tags(self) -> dict[str, str]:
@@ -525,13 +531,13 @@ class Store:
             raise InvalidInputError(f"version {info.short_id} is tagged {', '.join(pinned)};"
                                     " untag it first or pass force=True (--force)")
         for tag in pinned:
-            self.backend.delete(tag_key(tag))
+            self.objects.delete(TAGS, tag)
         # The tombstone first: from it every GC counts the grace period of what
         # the version reaches.  Then the record: from then on the version is
         # not published.  A crash before the index update is healed by reconcile().
         self.upgrade_format()
-        write_tombstone(self.backend, info.id, info.root, info.run, info.step)
-        self.backend.delete(version_key(info.id))
+        write_tombstone(self.objects, info.id, info.root, info.run, info.step)
+        self.objects.delete(VERSIONS, info.id)
         self.index.remove_version(info.id)
         return info
 
@@ -545,7 +551,7 @@ class Store:
         try:
             self.delete(version_id)
         except SelectorError:
-            if self.backend.exists(version_key(version_id)):
+            if self.objects.exists(VERSIONS, version_id):
                 raise
             self.index.remove_version(version_id)
             return False
@@ -558,11 +564,11 @@ class Store:
             return self.resolve(selector)
         except ChunkStoreError:
             if not (isinstance(selector, str) and is_hex_digest(selector)
-                    and self.backend.exists(version_key(selector))):
+                    and self.objects.exists(VERSIONS, selector)):
                 raise
         try:  # the index may only lag the store (another process's save or rebuild)
             record = self.read_record(selector)
-            flatten(self.backend, record.root, self.node_cache)
+            flatten(self.objects, record.root, self.node_cache)
         except FileNotFoundError:
             raise SelectorError(selector, "no version with this id (removed already?)") from None
         except ChunkStoreError:
@@ -578,8 +584,8 @@ class Store:
         """
         for tag, vid in self.stored_tags().items():
             if vid == info.id:
-                self.backend.delete(tag_key(tag))
-        self.backend.delete(version_key(info.id))
+                self.objects.delete(TAGS, tag)
+        self.objects.delete(VERSIONS, info.id)
         self.index.remove_version(info.id)
         return info
 
@@ -591,14 +597,9 @@ class Store:
 
         reconcile(self)
 
-    def backend_version_ids(self) -> list[str]:
-        ids = []
-        for key in self.backend.list(VERSION_PREFIX):
-            try:
-                ids.append(version_id_from_key(key))
-            except ValueError:
-                continue
-        return ids
+    def stored_version_ids(self) -> list[str]:
+        """The id of every commit record in the store (``versions()`` reads the index)."""
+        return list(self.objects.ids(VERSIONS))
 
     # --- whole-store operations ------------------------------------------------------------
 

@@ -55,7 +55,7 @@ def unchanged(store: chunkstore.Store, store_path: Path) -> Iterator[None]:
     yield
     assert tree_snapshot(store_path) == files  # commit records and tag files included
     assert [v.id for v in store.versions()] == versions
-    assert sorted(store.backend_version_ids()) == sorted(versions)
+    assert sorted(store.stored_version_ids()) == sorted(versions)
     assert store.tags() == tags
 
 

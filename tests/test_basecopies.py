@@ -14,7 +14,8 @@ import pytest
 import chunkstore
 from chunkstore.backends.wrappers import ForwardingBackend
 from chunkstore.format.chunkobj import HEADER
-from chunkstore.format.digest import Digest, chunk_key
+from chunkstore.format.digest import Digest
+from chunkstore.objects.kinds import chunk_key
 from chunkstore.write.basecopies import BaseCopies
 from tests.test_delta import CHUNK, DIM, ROWS, save, shard, sparse_states
 

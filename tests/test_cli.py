@@ -14,7 +14,7 @@ from click.testing import CliRunner, Result
 
 import chunkstore
 from chunkstore.cli import cli, format_size, parse_size
-from chunkstore.format.digest import chunk_key
+from chunkstore.objects.kinds import chunk_key
 from chunkstore.progress import TerminalProgress
 from tests.conftest import SMALL_CHUNK, tree_snapshot
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import chunkstore
-from chunkstore.format.digest import chunk_key
+from chunkstore.objects.kinds import chunk_key
 from tests.conftest import SMALL_CHUNK
 
 CLI = [sys.executable, "-m", "chunkstore"]

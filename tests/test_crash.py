@@ -90,7 +90,7 @@ def _check_store(store_path: Path, steps: list[int]) -> list[str]:
         result = store.verify()
         assert result.ok, result.problems
         assert result.versions_checked == len(steps)
-        assert sorted(store.backend_version_ids()) == sorted(ids)
+        assert sorted(store.stored_version_ids()) == sorted(ids)
     return ids
 
 
@@ -274,7 +274,7 @@ def test_kill_at_random_moments_while_saving_in_a_loop(store_path: Path, node_si
         assert isinstance(entry, TensorEntry)
         assert any(entry.shards[0].packs) == packed, "the layout under test was not written"
         # The last version the loop's children saved (run_child saves with node_size 0).
-        root = load_tree(store.backend, store.resolve(f"{RUN}@{published[-1]}").root,
+        root = load_tree(store.objects, store.resolve(f"{RUN}@{published[-1]}").root,
                          store.node_cache)
         assert bool(root.more) == (node_size > 0), "the layout under test was not written"
 

@@ -25,9 +25,10 @@ from chunkstore.backends.wrappers import ForwardingBackend
 from chunkstore.codecs import SUB_DELTA, XOR_DELTA
 from chunkstore.errors import CorruptChunkError, MissingChunkError
 from chunkstore.format.chunkobj import ChunkHeader, encode_object, parse_header
-from chunkstore.format.digest import Digest, chunk_key
+from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import Shard, TensorEntry
 from chunkstore.index.lmdbindex import CHUNK as CHUNK_KIND
+from chunkstore.objects.kinds import chunk_key
 from chunkstore.read.chain import base_bytes, base_prefix
 from chunkstore.write.delta import SKIP_SAVES, probe_length
 

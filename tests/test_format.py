@@ -38,7 +38,7 @@ from chunkstore.format.chunkobj import (
     encode_object,
     parse_header,
 )
-from chunkstore.format.digest import Digest, chunk_key, node_key, tag_key, version_key
+from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import (
     NODE_FORMAT_VERSION,
     DataEntry,
@@ -57,6 +57,7 @@ from chunkstore.format.records import (
     CommitRecord,
     StoreConfig,
 )
+from chunkstore.objects.kinds import chunk_key, node_key, tag_key, version_key
 from chunkstore.read.tree import flatten
 from chunkstore.write.writer import entry_from_record
 from tests.conftest import tree_snapshot
@@ -609,7 +610,7 @@ def test_newer_tree_node_version_is_refused(v1_copy: Path) -> None:
     with chunkstore.open(v1_copy, create=False) as store:
         assert version_id not in {v.id for v in store.versions()}
         with pytest.raises(FormatVersionError):
-            flatten(store.backend, newer_digest, store.node_cache)
+            flatten(store.objects, newer_digest, store.node_cache)
         info = store.info_from_entry(entry_from_record(version_id, store.read_record(version_id)))
         with pytest.raises(FormatVersionError):
             chunkstore.read.reader.VersionReader(store, info)

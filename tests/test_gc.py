@@ -20,9 +20,10 @@ from chunkstore.errors import (
     InvalidInputError,
     SavesInProgressError,
 )
-from chunkstore.format.digest import Digest, chunk_key, node_key
+from chunkstore.format.digest import Digest
 from chunkstore.index.lmdbindex import CHUNK, ChunkRecord, ChunkState, Claim
 from chunkstore.maintenance.gc import gc_lock
+from chunkstore.objects.kinds import chunk_key, node_key
 from chunkstore.read.tree import flatten
 from tests.conftest import SMALL_CHUNK, tree_snapshot
 
@@ -54,7 +55,7 @@ def objects(store_path: Path, prefix: str) -> set[str]:
 
 def reachable(store: chunkstore.Store, version_id: str) -> tuple[set[str], set[str]]:
     """(chunk hexes, node hexes) a version's manifest reaches, read from the manifest."""
-    flat = flatten(store.backend, store.read_record(version_id).root, store.node_cache)
+    flat = flatten(store.objects, store.read_record(version_id).root, store.node_cache)
     return ({d.hex for d in flat.chunk_digests()},
             {d.hex for d in flat.tree_nodes | flat.data_nodes()})
 

@@ -35,9 +35,10 @@ from chunkstore.errors import (
 )
 from chunkstore.format import plaindata
 from chunkstore.format.chunkobj import ChunkHeader, decode_object, encode_object
-from chunkstore.format.digest import Digest, chunk_key, node_key, tag_key, version_key
+from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import decode_data, decode_tree
 from chunkstore.format.records import STORE_FORMAT_VERSION, CommitRecord, StoreConfig, Tag
+from chunkstore.objects.kinds import chunk_key, node_key, tag_key, version_key
 
 W = np.arange(1024, dtype="<f4")
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from chunkstore.format.digest import Digest, chunk_key
+from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import NODE_FORMAT_VERSION
+from chunkstore.objects.kinds import chunk_key
 from tests.test_hostile import (
     _good_root,
     _node,

@@ -26,8 +26,8 @@ import pytest
 import chunkstore
 from chunkstore.backends.wrappers import ForwardingBackend
 from chunkstore.errors import BackendError, GcAbortedError
-from chunkstore.format.digest import chunk_key, version_key
 from chunkstore.format.manifest import TensorEntry
+from chunkstore.objects.kinds import chunk_key, version_key
 from tests.machine_child import CHUNK_SIZE, loop_state, state
 from tests.s3server import create_bucket, remove_bucket, s3_endpoint, storage_options
 
@@ -322,14 +322,14 @@ def test_a_batch_claim_taken_before_another_indexs_gc_finished_is_not_trusted() 
             packs.append(location.pack)
             # Another machine removed the version; this index has not noticed.
             store.backend.delete(version_key(version.info.id))
-        gc_entry = start_entry(store.backend, [(CHUNK, p) for p in packs])  # the other GC
+        gc_entry = start_entry(store.objects, [(CHUNK, p) for p in packs])  # the other GC
 
         def other_gc_deletes() -> None:
             time.sleep(0.3)  # while the save waits on the entry for the first pack
             for pack in packs:
                 store.backend.delete(chunk_key(pack))
             gc_entry.state = DONE
-            write_entry(store.backend, gc_entry)
+            write_entry(store.objects, gc_entry)
 
         with store.new_version(run="r", step=1) as version:
             collector = threading.Thread(target=other_gc_deletes)
@@ -366,14 +366,14 @@ def test_a_delta_base_another_indexs_gc_fenced_is_never_encoded_against() -> Non
         bases = list(entry.shards[0].chunks)
         # Another machine removed the version; this index has not noticed.
         store.backend.delete(version_key(version.info.id))
-        gc_entry = start_entry(store.backend, [(CHUNK, d) for d in bases])  # the other GC
+        gc_entry = start_entry(store.objects, [(CHUNK, d) for d in bases])  # the other GC
 
         def other_gc_deletes() -> None:
             time.sleep(0.3)  # while the save waits on the entry for the first base
             for digest in bases:
                 store.backend.delete(chunk_key(digest))
             gc_entry.state = DONE
-            write_entry(store.backend, gc_entry)
+            write_entry(store.objects, gc_entry)
 
         changed = table.copy()
         changed.reshape(-1)[::1024] += np.float32(1)  # one element in every chunk
@@ -554,10 +554,10 @@ def test_a_journal_entry_pruned_between_the_listing_and_its_read_is_not_taken_as
     recorded as synced past the entry, so the next sync sees the new horizon and stops
     treating any record as stored."""
     from chunkstore.index.lmdbindex import CHUNK, ChunkState
+    from chunkstore.objects.kinds import JOURNAL, entry_key
+    from chunkstore.objects.objectstore import ObjectStore
     from chunkstore.protocol.journal import (
         HORIZON_PREFIX,
-        JOURNAL_PREFIX,
-        entry_key,
         entry_time_ns,
         list_entry_ids,
         read_entry,
@@ -572,19 +572,19 @@ def test_a_journal_entry_pruned_between_the_listing_and_its_read_is_not_taken_as
         with chunkstore.open(path, index_dir=str(tmp_path / "b")) as b:
             b.delete(version.info.id)
             b.gc(grace=0)
-            (entry_id,) = list_entry_ids(b.backend)
-            entry = read_entry(b.backend, entry_id)
+            (entry_id,) = list_entry_ids(b.objects)
+            entry = read_entry(b.objects, entry_id)
         assert entry is not None
         deleted = [d for kind, d in entry.objects() if kind == CHUNK]
         assert deleted and all(a.index.record(CHUNK, d).state == ChunkState.LIVE
                                for d in deleted)
-        fence = sync_journal(_PrunedAfterListing(a.backend, entry_id), a.index)
+        fence = sync_journal(ObjectStore(_PrunedAfterListing(a.backend, entry_id)), a.index)
         assert fence.distrust_index
         synced = a.index.journal_synced()
         assert synced is not None and synced <= entry_time_ns(entry_id)
-        sync_journal(a.backend, a.index)  # the next save's sync sees the horizon
+        sync_journal(a.objects, a.index)  # the next save's sync sees the horizon
         assert all(a.index.record(CHUNK, d).state == ChunkState.WRITING for d in deleted)
-    assert list(a.backend.list(f"{JOURNAL_PREFIX}{HORIZON_PREFIX}"))
+    assert list(a.backend.list(f"{JOURNAL.prefix}{HORIZON_PREFIX}"))
     assert not a.backend.exists(entry_key(entry_id))
 
 
@@ -598,17 +598,13 @@ class _PrunedAfterListing(ForwardingBackend):
         self.entry_id: str | None = entry_id
 
     def list(self, prefix: str = "") -> Iterator[str]:
-        from chunkstore.protocol.journal import (
-            HORIZON_PREFIX,
-            JOURNAL_PREFIX,
-            entry_key,
-            entry_time_ns,
-        )
+        from chunkstore.objects.kinds import JOURNAL, entry_key
+        from chunkstore.protocol.journal import HORIZON_PREFIX, entry_time_ns
 
         keys = list(self.inner.list(prefix))
-        if prefix == JOURNAL_PREFIX and self.entry_id is not None:
+        if prefix == JOURNAL.prefix and self.entry_id is not None:
             horizon = entry_time_ns(self.entry_id)
-            self.inner.put(f"{JOURNAL_PREFIX}{HORIZON_PREFIX}{horizon:020d}", b"")
+            self.inner.put(f"{JOURNAL.prefix}{HORIZON_PREFIX}{horizon:020d}", b"")
             self.inner.delete(entry_key(self.entry_id))
             self.entry_id = None
         return iter(keys)
@@ -649,8 +645,8 @@ def test_a_gc_interrupted_by_a_deletion_that_took_effect_names_every_candidate(
             with pytest.raises(BackendError):
                 a.gc(grace=0)
             a.backend = a.backend.inner
-            (entry_id,) = list_entry_ids(a.backend)
-            entry = read_entry(a.backend, entry_id)
+            (entry_id,) = list_entry_ids(a.objects)
+            entry = read_entry(a.objects, entry_id)
             assert entry is not None and entry.chunks  # names what it may have deleted
         with b.new_version(run="new", step=1) as version:
             version.put("w", weights)
@@ -667,8 +663,8 @@ def test_node_claims_taken_before_another_indexs_gc_finished_are_not_trusted(
     deleted, and written (as chunk batches are, since 'claim_small')."""
     import threading
 
-    from chunkstore.format.digest import node_key
     from chunkstore.index.lmdbindex import NODE
+    from chunkstore.objects.kinds import node_key
     from chunkstore.protocol.journal import DONE, start_entry, write_entry
 
     url = f"memory://cs-{os.urandom(8).hex()}"
@@ -686,14 +682,14 @@ def test_node_claims_taken_before_another_indexs_gc_finished_are_not_trusted(
         # Another machine removed the old version (this index has not noticed) and its
         # GC fences the old version's nodes, then deletes them while this save waits.
         store.backend.delete(version_key(old.id))
-        entry = start_entry(store.backend, [(NODE, d) for d in nodes])
+        entry = start_entry(store.objects, [(NODE, d) for d in nodes])
 
         def other_gc_deletes() -> None:
             time.sleep(0.3)
             for digest in nodes:
                 store.backend.delete(node_key(digest))
             entry.state = DONE
-            write_entry(store.backend, entry)
+            write_entry(store.objects, entry)
 
         other = threading.Thread(target=other_gc_deletes)
         with store.new_version(run="r", step=1) as version:  # reads the journal: active
@@ -726,7 +722,7 @@ def test_a_removed_version_whose_tree_cannot_be_read_now_keeps_everything(
     """A version removed within the grace period keeps its whole tree for a reader that
     opened it before.  A GET of one of its subtree nodes fails once (a transient error):
     the GC deletes nothing (it stops), and the reader reads on."""
-    from chunkstore.format.digest import node_key
+    from chunkstore.objects.kinds import node_key
 
     root = tmp_path / "s"
     rng = np.random.default_rng(1)
@@ -762,7 +758,7 @@ def test_a_damaged_copy_of_a_node_a_save_must_write_is_replaced_not_kept(
     removed version's, seen by a new index): the save that needs it writes it, finds a
     copy stored, and keeps the copy only if it holds the node's bytes; here it does not,
     so it is replaced and the version reads back."""
-    from chunkstore.format.digest import node_key
+    from chunkstore.objects.kinds import node_key
 
     root = tmp_path / "s"
     weights = np.arange(10_000, dtype=np.float32)
@@ -789,7 +785,8 @@ def test_a_tombstone_that_never_ages_never_stops_every_gc(tmp_path: Path, tree: 
     """A tombstone whose removal time cannot be read counts as removed now at every run,
     so it never ages out: if its tree cannot be read (a node of a newer format, or a GET
     that always fails) GC must not stop on it run after run; it goes on as for damage."""
-    from chunkstore.format.digest import Digest, node_key
+    from chunkstore.format.digest import Digest
+    from chunkstore.objects.kinds import node_key
 
     root = tmp_path / "s"
     with chunkstore.open(root, index_dir=str(tmp_path / "i")) as store:

@@ -21,7 +21,7 @@ import chunkstore
 from chunkstore.codecs.shuffle import plane_table
 from chunkstore.errors import CorruptChunkError, CorruptNodeError
 from chunkstore.format.chunkobj import HEADER, parse_header
-from chunkstore.format.digest import Digest, chunk_key
+from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import (
     PackLocation,
     Shard,
@@ -34,6 +34,7 @@ from chunkstore.format.manifest import (
 )
 from chunkstore.index.lmdbindex import CHUNK as CHUNK_KIND
 from chunkstore.index.lmdbindex import ChunkRecord, ChunkState
+from chunkstore.objects.kinds import chunk_key
 from chunkstore.read.chain import NO_CACHE, base_bytes, decode_chain
 from tests.test_delta import CHUNK, DIM, ROWS, save, shard, sparse_states
 

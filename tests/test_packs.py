@@ -16,10 +16,11 @@ import pytest
 import chunkstore
 from chunkstore.backends.wrappers import ForwardingBackend
 from chunkstore.errors import CorruptChunkError, InvalidSettingError, MissingChunkError
-from chunkstore.format.digest import Digest, chunk_key
+from chunkstore.format.digest import Digest
 from chunkstore.format.dtypes import DTYPES
 from chunkstore.format.manifest import PackLocation, TensorEntry
 from chunkstore.format.records import STORE_FORMAT_VERSION
+from chunkstore.objects.kinds import chunk_key
 from tests.s3server import s3_endpoint
 from tests.test_crash import run_child
 

@@ -24,10 +24,10 @@ from chunkstore.errors import (
     InvalidSettingError,
     MissingChunkError,
 )
-from chunkstore.format.digest import Digest, chunk_key
+from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import PackLocation, TensorEntry
 from chunkstore.index.lmdbindex import CHUNK, ChunkState
-from chunkstore.protocol.moved import MOVED_PREFIX, moved_key
+from chunkstore.objects.kinds import MOVED, chunk_key, moved_key
 from tests.conftest import tree_snapshot
 from tests.s3server import s3_endpoint
 
@@ -363,7 +363,7 @@ def test_gc_of_a_store_without_packs_reads_no_pack_and_writes_no_record(root: Pa
             version.put("big", np.arange(10_000, dtype=np.float32))  # chunks of their own
         result = store.gc(grace=0)
         assert result.live_packs == 0 and result.packs_repacked == 0
-        assert not list(store.backend.list(MOVED_PREFIX))
+        assert not list(store.backend.list(MOVED.prefix))
         assert store.index.record(CHUNK, Digest(b"\0" * 32)) is None
 
 
@@ -384,7 +384,7 @@ def test_an_s3_store_repacks_and_reads_through_moved_records(s3_endpoint: str,
             store.delete(ids[0])
             assert store.gc(grace=0).packs_repacked == 1
             assert not exists(store, first)
-            assert list(store.backend.list(MOVED_PREFIX)) == [moved_key(first)]
+            assert list(store.backend.list(MOVED.prefix)) == [moved_key(first)]
             for vid, step in zip(ids[1:], (2, 3), strict=True):
                 check(store, vid, step)
             assert store.verify().ok and store.verify(read_data=False).ok

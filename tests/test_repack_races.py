@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import chunkstore
-from chunkstore.format.digest import Digest, chunk_key
-from chunkstore.protocol.moved import moved_key
+from chunkstore.format.digest import Digest
+from chunkstore.objects.kinds import chunk_key, moved_key
 from tests.test_repack import (
     check,
     exists,

@@ -19,8 +19,8 @@ from chunkstore.errors import (  # noqa: E402
     NotSerializableError,
     SelectorError,
 )
-from chunkstore.format.digest import chunk_key  # noqa: E402
 from chunkstore.format.manifest import TensorEntry  # noqa: E402
+from chunkstore.objects.kinds import chunk_key  # noqa: E402
 from torch_bridge import (  # noqa: E402
     AsyncSaveError,
     Checkpointer,

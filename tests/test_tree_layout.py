@@ -12,7 +12,7 @@ import pytest
 
 import chunkstore
 from chunkstore.errors import CorruptNodeError, DuplicateStepError, InvalidSettingError
-from chunkstore.format.digest import Digest, node_key
+from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import (
     NODE_FORMAT_VERSION,
     PackLocation,
@@ -25,6 +25,7 @@ from chunkstore.format.manifest import (
 from chunkstore.index.lmdbindex import CHUNK as CHUNK_KIND
 from chunkstore.index.lmdbindex import NODE
 from chunkstore.maintenance.mark import MarkSet, mark_tree
+from chunkstore.objects.kinds import node_key
 from chunkstore.protocol.moved import list_moved
 from chunkstore.read.tree import NodeCache, flatten, load_tree
 from chunkstore.store import MAX_NODE_TARGET
@@ -63,7 +64,7 @@ def _tree_nodes(store: chunkstore.Store, root: Digest) -> dict[Digest, Any]:
     while todo:
         digest = todo.pop()
         if digest not in nodes:
-            nodes[digest] = load_tree(store.backend, digest, NodeCache())
+            nodes[digest] = load_tree(store.objects, digest, NodeCache())
             todo.extend(nodes[digest].children())
     return nodes
 
@@ -266,7 +267,7 @@ def test_gc_and_index_rebuild_keep_every_node_of_a_split_tree(tmp_path: Path) ->
         marks = MarkSet(str(tmp_path))
         try:
             mark_tree(store, kept.root, marks)
-            marks.resolve(list_moved(store.backend), lambda _: True)  # members: to their packs
+            marks.resolve(list_moved(store.objects), lambda _: True)  # members: to their packs
             assert all((NODE, digest) in marks for digest in nodes)
             assert all((CHUNK_KIND, digest) in marks for digest in flatten(
                 store.backend, kept.root, NodeCache()).chunk_digests())

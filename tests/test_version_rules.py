@@ -10,7 +10,7 @@ import pytest
 
 import chunkstore
 from chunkstore.errors import CorruptRecordError, DuplicateStepError, InvalidInputError
-from chunkstore.format.digest import tag_key, version_key
+from chunkstore.objects.kinds import tag_key, version_key
 from tests.conftest import tree_snapshot
 
 

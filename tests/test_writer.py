@@ -403,7 +403,7 @@ def test_an_identical_save_of_a_step_another_index_removed_is_published(
         b.delete("r@1")
         with a.new_version("r", 1) as version:
             version.put("x", x)
-        assert version.info.id in b.backend_version_ids()
+        assert version.info.id in b.stored_version_ids()
     with chunkstore.open(path, index_dir=str(tmp_path / "c")) as c:
         c.gc(grace=0)
         np.testing.assert_array_equal(c.open_version("r@1").get("x"), x)
@@ -443,7 +443,7 @@ def test_a_new_version_that_fails_reading_its_parent_leaves_no_session(tmp_path:
     """new_version() opens its sessions, then reads the parent version; an OSError there
     (EIO, or Ctrl-C) must end both sessions, or every GC waits for a save that does not
     exist."""
-    from chunkstore.format.digest import node_key
+    from chunkstore.objects.kinds import node_key
     from chunkstore.protocol.sessions import list_sessions
 
     with chunkstore.open(tmp_path / "s", chunk_size=64 * 1024) as store:
@@ -463,7 +463,7 @@ def test_a_new_version_that_fails_reading_its_parent_leaves_no_session(tmp_path:
         with pytest.raises(OSError):
             store.new_version("r", 2)
         store.backend.get = real  # type: ignore[method-assign]
-        assert list(list_sessions(store.backend)) == []
+        assert list(list_sessions(store.objects)) == []
         assert store.index.list_sessions() == {}
 
 
@@ -503,19 +503,19 @@ def test_a_commit_waiting_on_a_gc_fence_does_not_hold_up_another_save_of_its_run
         chunks = list(store.index.version_refs(version.info.id))
         b = store.new_version("r", 2)  # its session is stored before the GC's entry
         b.put("w", np.ones(1 << 18, np.float32))
-        entry = start_entry(store.backend, [(CHUNK, c) for c in chunks])  # a GC fences x
+        entry = start_entry(store.objects, [(CHUNK, c) for c in chunks])  # a GC fences x
         outcome: dict[str, float] = {}
 
         def other_gc() -> None:
             started = time.monotonic()
             while time.monotonic() - started < 30:
-                if not [s for s in list_sessions(store.backend) if entry.id not in s.seen]:
+                if not [s for s in list_sessions(store.objects) if entry.id not in s.seen]:
                     entry.state = DONE
-                    write_entry(store.backend, entry)
+                    write_entry(store.objects, entry)
                     return
                 time.sleep(0.05)
             entry.state = ABANDONED
-            write_entry(store.backend, entry)
+            write_entry(store.objects, entry)
 
         gc_thread = threading.Thread(target=other_gc)
         gc_thread.start()

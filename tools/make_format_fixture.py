@@ -306,7 +306,7 @@ def _tree_layout(store: chunkstore.Store) -> tuple[int, int, int]:
         if digest in seen:
             continue
         seen.add(digest)
-        node = load_tree(store.backend, digest, store.node_cache)
+        node = load_tree(store.objects, digest, store.node_cache)
         inlined += sum("." in name for name in set(node.leaves) | set(node.subtrees))
         referenced += len(node.subtrees)
         continued += len(node.more)

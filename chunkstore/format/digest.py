@@ -1,8 +1,7 @@
-"""Content ids and the key layout.
+"""Content ids.
 
-A :class:`Digest` is the BLAKE3-256 of some bytes.  Where an object lives in a
-backend is decided by exactly one pair of functions per kind
-(:func:`chunk_key`/:func:`digest_from_chunk_key`, :func:`node_key`, ...).
+A :class:`Digest` is the BLAKE3-256 of some bytes.  Where an object of each kind
+lives in a store is decided in one place, :mod:`chunkstore.objects.kinds`.
 """
 
 from __future__ import annotations
@@ -17,13 +16,6 @@ import blake3
 
 DIGEST_SIZE = 32
 _HEX = re.compile(r"[0-9a-f]{64}\Z")  # \Z: "$" would match before a final newline
-
-CHUNK_PREFIX = "chunks/"
-NODE_PREFIX = "nodes/"
-VERSION_PREFIX = "versions/"
-TAG_PREFIX = "tags/"
-CONFIG_KEY = "chunkstore.json"
-
 
 @dataclass(frozen=True, order=True)
 class Digest:
@@ -108,45 +100,3 @@ def digests_of(items: Sequence[bytes | memoryview], executor: Executor, helpers:
 
 def is_hex_digest(text: str) -> bool:
     return bool(_HEX.match(text))
-
-
-def _fanout(prefix: str, digest: Digest) -> str:
-    h = digest.hex
-    return f"{prefix}{h[:2]}/{h}"
-
-
-def _from_fanout(prefix: str, key: str) -> Digest:
-    if not key.startswith(prefix):
-        raise ValueError(f"{key!r} is not under {prefix!r}")
-    return Digest.parse(key.rsplit("/", 1)[-1])
-
-
-def chunk_key(digest: Digest) -> str:
-    return _fanout(CHUNK_PREFIX, digest)
-
-
-def digest_from_chunk_key(key: str) -> Digest:
-    return _from_fanout(CHUNK_PREFIX, key)
-
-
-def node_key(digest: Digest) -> str:
-    return _fanout(NODE_PREFIX, digest)
-
-
-def digest_from_node_key(key: str) -> Digest:
-    return _from_fanout(NODE_PREFIX, key)
-
-
-def version_key(version_id: str) -> str:
-    return f"{VERSION_PREFIX}{version_id}"
-
-
-def version_id_from_key(key: str) -> str:
-    vid = key[len(VERSION_PREFIX) :]
-    if not key.startswith(VERSION_PREFIX) or not is_hex_digest(vid):
-        raise ValueError(f"{key!r} is not a commit record key")
-    return vid
-
-
-def tag_key(tag: str) -> str:
-    return f"{TAG_PREFIX}{tag}"

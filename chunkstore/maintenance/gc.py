@@ -105,19 +105,12 @@ from chunkstore.errors import (
     InvalidSettingError,
 )
 from chunkstore.format.chunkobj import HEADER, parse_header
-from chunkstore.format.digest import (
-    CHUNK_PREFIX,
-    NODE_PREFIX,
-    Digest,
-    chunk_key,
-    digest_from_chunk_key,
-    digest_from_node_key,
-    node_key,
-)
+from chunkstore.format.digest import Digest
 from chunkstore.index.lmdbindex import CHUNK, NODE, ChunkState
 from chunkstore.maintenance.mark import MarkSet, mark_live, mark_removed, mark_unindexed
 from chunkstore.maintenance.repack import DEFAULT_UNUSED, plan, repack
 from chunkstore.maintenance.retention import parse_duration
+from chunkstore.objects.kinds import CHUNKS, MOVED, NODES, TOMBSTONES
 from chunkstore.progress import NullProgress, Progress
 from chunkstore.protocol.journal import (
     ABANDONED,
@@ -129,9 +122,8 @@ from chunkstore.protocol.journal import (
     sync_journal,
     write_entry,
 )
-from chunkstore.protocol.moved import MovedRecord, list_moved, moved_key, resolve_location
+from chunkstore.protocol.moved import MovedRecord, list_moved, resolve_location
 from chunkstore.protocol.sessions import HEARTBEAT_S, LEASE_S, list_sessions, owner_is_dead
-from chunkstore.protocol.tombstones import tombstone_key
 from chunkstore.read.packs import copy_members
 
 if TYPE_CHECKING:
@@ -147,7 +139,8 @@ DEFAULT_GRACE_S = 3600.0
 DEFAULT_SESSION_WAIT_S = 120.0
 #: Temporary files of interrupted writes are removed only when older than this.
 TEMP_MIN_AGE_S = 600.0
-_KEY_OF = {CHUNK: chunk_key, NODE: node_key}
+#: The object kind of each index kind.
+_KIND_OF = {CHUNK: CHUNKS, NODE: NODES}
 _KIND_NAME = {CHUNK: "chunk", NODE: "node"}
 
 
@@ -290,7 +283,7 @@ class _Run:
     def __init__(self, store: Store, grace_s: float, dry_run: bool, sweep: bool,
                  clock: Callable[[], float], progress: Progress, session_wait_s: float,
                  repack_unused: float | None) -> None:
-        self.store, self.index, self.backend = store, store.index, store.backend
+        self.store, self.index, self.objects = store, store.index, store.objects
         self.grace_s, self.dry_run, self.sweep = grace_s, dry_run, sweep
         self.repack_unused = repack_unused
         #: packs with a moved record still stored: versions may list them, but they are
@@ -327,7 +320,7 @@ class _Run:
             raise GcAbortedError(
                 "gc could not renew its journal entry for half the session lease (paused,"
                 " or the store unreachable) and stopped deleting; run it again")
-        write_entry(self.backend, self.entry)
+        write_entry(self.objects, self.entry)
         self.last_beat, self.last_beat_wall = time.monotonic(), time.time()
 
     def run(self) -> GcResult:
@@ -338,7 +331,7 @@ class _Run:
         # version is counted in (with its references) just below.
         self.expire_sessions()
         self.store.reconcile()
-        sync_journal(self.backend, self.index)
+        sync_journal(self.objects, self.index)
         self.result.versions_considered = len(self.index.versions())
         if not self.dry_run:
             self.result.unfinished_deletions = finish_deletions(self.store)
@@ -402,13 +395,8 @@ class _Run:
     def find_orphans(self) -> list[Candidate]:
         """Objects on storage no index record names, older than the grace period."""
         found = []
-        for prefix, kind, parse in ((CHUNK_PREFIX, CHUNK, digest_from_chunk_key),
-                                    (NODE_PREFIX, NODE, digest_from_node_key)):
-            for info in self.backend.list_info(prefix):
-                try:
-                    digest = parse(info.key)
-                except ValueError:
-                    continue
+        for kind in (CHUNK, NODE):
+            for digest, info in self.objects.infos(_KIND_OF[kind]):
                 # Young first: it needs no index lookup (most objects of a busy store).
                 if info.mtime > self.before or self.index.record(kind, digest) is not None:
                     continue
@@ -420,9 +408,9 @@ class _Run:
         and those already gone (their moved records may go once nothing reaches them)."""
         listed = {c.digest for c in found if c.kind == CHUNK}
         more = []
-        for pack in list_moved(self.backend):
+        for pack in list_moved(self.objects):
             try:
-                size = self.backend.stat(chunk_key(pack)).size
+                size = self.objects.stat(CHUNKS, pack).size
             except FileNotFoundError:
                 self.gone_moved.add(pack)
                 continue
@@ -480,7 +468,7 @@ class _Run:
         mark_unindexed(self.store, marks)
         self.expired_tombstones = mark_removed(self.store, marks, self.before)
         # Read after the walk: a pack repacked since is not reached through its members.
-        self.moved = list_moved(self.backend)
+        self.moved = list_moved(self.objects)
         marks.resolve(self.moved, self._stored_now())
         for vid in fallback:
             note = (f"version {vid[:12]}: manifest unreadable, marked from the index instead"
@@ -510,7 +498,7 @@ class _Run:
     def fence_and_delete(self, candidates: list[Candidate]) -> None:
         """Steps 5-9: journal entry, wait for older saves, mark again, delete."""
         self.store.upgrade_format()  # the journal is a version-2 object
-        entry = start_entry(self.backend, ((c.kind, c.digest) for c in candidates))
+        entry = start_entry(self.objects, ((c.kind, c.digest) for c in candidates))
         self.entry = entry
         self.last_beat, self.last_beat_wall = time.monotonic(), time.time()
         self.result.journal_entry = entry.id
@@ -531,7 +519,7 @@ class _Run:
             if entry.state == DONE or not self.delete_began:
                 entry.chunks = frozenset(d for k, d in self.deleted if k == CHUNK)
                 entry.nodes = frozenset(d for k, d in self.deleted if k == NODE)
-            write_entry(self.backend, entry)
+            write_entry(self.objects, entry)
             self.index.mark_journal_applied([entry.id])  # this index saw every deletion
 
     def wait_for_sessions(self, entry: JournalEntry) -> bool:
@@ -540,7 +528,7 @@ class _Run:
         delay, waited = 0.01, set()
         while True:
             now = time.time()
-            waiting = [s.id for s in list_sessions(self.backend)
+            waiting = [s.id for s in list_sessions(self.objects)
                        if entry.id not in s.seen and not s.dead(now)]
             waited.update(waiting)
             self.result.sessions_waited_for = len(waited)
@@ -558,7 +546,7 @@ class _Run:
 
         def stored(pack: Digest) -> bool:
             if pack not in known:
-                known[pack] = self.backend.exists(chunk_key(pack))
+                known[pack] = self.objects.exists(CHUNKS, pack)
             return known[pack]
         return stored
 
@@ -580,7 +568,7 @@ class _Run:
                 (moved,) = copy_members(self.store, location.pack,
                                         [(digest, location.offset, location.length)])
                 if parse_header(digest, moved).base is not None and moved != bytes(
-                        self.backend.get_range(chunk_key(pack), HEADER.size + listed.offset,
+                        self.objects.get_range(CHUNKS, pack, HEADER.size + listed.offset,
                                                listed.length)):
                     raise CorruptChunkError(digest.hex, "its moved copy differs from the"
                                             f" member in pack {pack.short()}")
@@ -605,7 +593,7 @@ class _Run:
                 record = self.index.start_delete(kind, digest, self.before,
                                                  digest in forwarded)
                 if record is not None:
-                    existed = self.backend.delete(_KEY_OF[kind](digest))
+                    existed = self.objects.delete(_KIND_OF[kind], digest)
                     self.index.finish_delete(kind, digest)
                     self._count(Candidate(kind, digest, record.stored_length, True), existed)
                 self.progress.advance()
@@ -613,7 +601,7 @@ class _Run:
             if not candidate.indexed:
                 self.check_time()
                 if self.index.start_orphan_delete(candidate.kind, candidate.digest):
-                    existed = self.backend.delete(_KEY_OF[candidate.kind](candidate.digest))
+                    existed = self.objects.delete(_KIND_OF[candidate.kind], candidate.digest)
                     self.index.finish_delete(candidate.kind, candidate.digest)
                     self._count(candidate, existed)
                 self.progress.advance()
@@ -644,16 +632,16 @@ class _Run:
         self.result.moved_records_deleted = len(unused)
         if not self.dry_run:
             for pack in unused:
-                self.backend.delete(moved_key(pack))
+                self.objects.delete(MOVED, pack)
             for version_id in self.expired_tombstones:
-                self.backend.delete(tombstone_key(version_id))
-            self.result.journal_entries_pruned = prune_journal(self.backend, self.started)
+                self.objects.delete(TOMBSTONES, version_id)
+            self.result.journal_entries_pruned = prune_journal(self.objects, self.started)
         self.result.tombstones_deleted = len(self.expired_tombstones)
         if self.sweep:
             # A write in progress owns its temporary file: never touch a young one,
             # whatever the grace period.
             cutoff = min(self.before, self.started - TEMP_MIN_AGE_S)
-            self.result.temporaries_deleted = self.backend.remove_temporaries(
+            self.result.temporaries_deleted = self.objects.remove_temporaries(
                 cutoff, dry_run=self.dry_run)
 
 

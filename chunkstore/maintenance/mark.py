@@ -21,9 +21,10 @@ from chunkstore.errors import (
 from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import DataEntry, PackLocation, TensorEntry
 from chunkstore.index.lmdbindex import CHUNK, NODE
+from chunkstore.objects.kinds import TOMBSTONES
 from chunkstore.progress import Progress
 from chunkstore.protocol.moved import MAX_HOPS, MovedRecord, resolve_hops
-from chunkstore.protocol.tombstones import list_tombstones, tombstone_key
+from chunkstore.protocol.tombstones import list_tombstones
 from chunkstore.read.tree import load_tree
 
 if TYPE_CHECKING:
@@ -248,7 +249,7 @@ def mark_tree(store: Store, root: Digest, marks: MarkSet) -> None:
             continue  # shared with a version marked before
         # Marked once loaded, not before: a node a read failed on is walked again by the
         # next walk that reaches it (step 7's of versions published meanwhile).
-        node = load_tree(store.backend, digest, store.node_cache)
+        node = load_tree(store.objects, digest, store.node_cache)
         marks.add(NODE, digest)
         chunks: list[Digest] = []
         members: list[tuple[PackLocation, Digest]] = []
@@ -276,7 +277,7 @@ def mark_unindexed(store: Store, marks: MarkSet) -> None:
     """Mark versions on storage the index does not list (committed since the
     reconcile, or unreadable); refuse to go on when one cannot be read."""
     indexed = {e.id for e in store.index.versions()}
-    for version_id in store.backend_version_ids():
+    for version_id in store.stored_version_ids():
         if version_id in indexed:
             continue
         try:
@@ -295,7 +296,7 @@ def mark_removed(store: Store, marks: MarkSet, removed_after: float) -> list[str
     """Mark the trees of versions removed after ``removed_after`` (their grace period
     still runs); return the ids of tombstones older than that, which protect nothing."""
     expired = []
-    for tombstone in list_tombstones(store.backend):
+    for tombstone in list_tombstones(store.objects):
         if tombstone.removed <= removed_after:
             expired.append(tombstone.version_id)
         elif tombstone.root is not None:
@@ -308,7 +309,7 @@ def mark_removed(store: Store, marks: MarkSet, removed_after: float) -> list[str
                     continue
                 raise GcAbortedError(
                     f"removed version {tombstone.version_id[:12]} (tombstone"
-                    f" {tombstone_key(tombstone.version_id)}) cannot be read now ({exc}); gc"
+                    f" {TOMBSTONES.key(tombstone.version_id)}) cannot be read now ({exc}); gc"
                     " deletes nothing until it can, or until the tombstone is older than the"
                     " grace period") from exc
     return expired

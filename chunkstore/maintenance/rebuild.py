@@ -15,23 +15,23 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from chunkstore.backends.base import ObjectInfo
 from chunkstore.errors import ChunkStoreError, SavesInProgressError
 from chunkstore.format.chunkobj import HEADER, parse_header
 from chunkstore.format.digest import (
-    CHUNK_PREFIX,
     DIGEST_SIZE,
-    NODE_PREFIX,
     Digest,
-    chunk_key,
-    digest_from_chunk_key,
-    digest_from_node_key,
-    node_key,
-    tag_key,
-    version_key,
 )
 from chunkstore.index import indexfile
-from chunkstore.index.lmdbindex import CHUNK, NODE, ChunkRecord, ChunkState, Index, NewChunk
+from chunkstore.index.lmdbindex import (
+    CHUNK,
+    NODE,
+    ChunkRecord,
+    ChunkState,
+    Index,
+    NewChunk,
+)
+from chunkstore.objects.kinds import CHUNKS, NODES, TAGS, VERSIONS
+from chunkstore.objects.objectstore import ObjectInfo
 from chunkstore.protocol.journal import list_entry_ids, read_entry, sync_journal
 from chunkstore.protocol.sessions import live_sessions
 from chunkstore.read.tree import flatten
@@ -58,10 +58,10 @@ class RebuildResult:
 
 
 def _chunk_info(store: Store, digest: Digest) -> NewChunk | None:
-    key = chunk_key(digest)
     try:
-        header = parse_header(digest, store.backend.get_range(key, 0, HEADER.size + DIGEST_SIZE))
-        size = store.backend.stat(key).size
+        header = parse_header(digest, store.objects.get_range(CHUNKS, digest, 0,
+                                                              HEADER.size + DIGEST_SIZE))
+        size = store.objects.stat(CHUNKS, digest).size
     except (FileNotFoundError, ChunkStoreError):
         return None  # missing or damaged: verify reports it
     return NewChunk(digest, header.codec_id, header.raw_length, size)
@@ -76,7 +76,7 @@ def count_in(store: Store, version_id: str) -> bool:
     """Add a version found on the backend to the index; False if it cannot be read."""
     try:
         record = store.read_record(version_id)
-        flat = flatten(store.backend, record.root, store.node_cache)
+        flat = flatten(store.objects, record.root, store.node_cache)
     except (FileNotFoundError, ChunkStoreError) as exc:
         log.warning("version %s is not readable, left out of the index: %s", version_id[:12], exc)
         return False
@@ -90,7 +90,7 @@ def count_in(store: Store, version_id: str) -> bool:
                                                       node_digests), strict=True))
     store.index.add_version(entry_from_record(version_id, record), refs, nodes, new_chunks,
                             packed=flat.pack_members())
-    if not store.backend.exists(version_key(version_id)):
+    if not store.objects.exists(VERSIONS, version_id):
         store.index.remove_version(version_id)  # removed while it was being counted in
         return False
     return True
@@ -99,7 +99,7 @@ def count_in(store: Store, version_id: str) -> bool:
 def _node_size(store: Store, digest: Digest) -> int:
     """The node object's size; 0 (unknown: not a dedup target) when it is missing."""
     try:
-        return store.backend.stat(node_key(digest)).size
+        return store.objects.stat(NODES, digest).size
     except FileNotFoundError:
         return 0
 
@@ -111,7 +111,7 @@ def _sync_tags(store: Store) -> None:
         if in_index.get(tag) != vid and store.index.version(vid) is not None:
             store.index.set_tag(tag, vid)
     for tag in set(in_index) - set(on_backend):
-        if not store.backend.exists(tag_key(tag)):  # not re-created since the listing
+        if not store.objects.exists(TAGS, tag):  # not re-created since the listing
             store.index.delete_tag(tag)
 
 
@@ -124,7 +124,7 @@ def reconcile(store: Store, result: RebuildResult | None = None) -> RebuildResul
     """
     result = result or RebuildResult()
     in_index = {e.id for e in store.index.versions()}
-    on_backend = set(store.backend_version_ids())
+    on_backend = set(store.stored_version_ids())
     for version_id in sorted(on_backend - in_index):
         if store.index.version(version_id) is not None:
             continue  # its own save counted it in meanwhile
@@ -133,7 +133,7 @@ def reconcile(store: Store, result: RebuildResult | None = None) -> RebuildResul
         else:
             result.skipped.append(version_id)
     for version_id in in_index - on_backend:
-        if not store.backend.exists(version_key(version_id)):
+        if not store.objects.exists(VERSIONS, version_id):
             store.index.remove_version(version_id)
     _sync_tags(store)
     return result
@@ -150,7 +150,7 @@ def rebuild(store: Store) -> RebuildResult:
 
     with gc_lock(store.index.path, wait=True):
         now = time.time()
-        in_store = live_sessions(store.backend, now)
+        in_store = live_sessions(store.objects, now)
         in_index = [s for s, info in store.index.list_sessions().items()
                     if not session_is_dead(info, now, 3600.0)]
         busy = max(len(in_store), len(in_index))
@@ -184,7 +184,7 @@ def _rebuild(store: Store) -> RebuildResult:
     # Versions committed or removed while the scratch index was built (saves that
     # started after the check above): count them in or out now; and the GC journal.
     reconcile(store)
-    sync_journal(store.backend, store.index)
+    sync_journal(store.objects, store.index)
     return result
 
 
@@ -192,9 +192,9 @@ def _rebuild_into(store: Store) -> RebuildResult:
     # GC journal entries finished before the listing below are reflected in it:
     # the rebuilt index need not apply them.  Listed first, for that reason.
     finished = []
-    for entry_id in list_entry_ids(store.backend):
+    for entry_id in list_entry_ids(store.objects):
         try:
-            entry = read_entry(store.backend, entry_id)
+            entry = read_entry(store.objects, entry_id)
         except ValueError:
             continue
         if entry is not None and not entry.active(time.time()):
@@ -202,9 +202,9 @@ def _rebuild_into(store: Store) -> RebuildResult:
     store.index.clear()
     result = reconcile(store)
     store.index.mark_journal_applied(finished)
-    for prefix, kind in ((CHUNK_PREFIX, CHUNK), (NODE_PREFIX, NODE)):
-        for info in store.backend.list_info(prefix):
-            record = _unreferenced_record(store, kind, info)
+    for kind, objects in ((CHUNK, CHUNKS), (NODE, NODES)):
+        for digest, info in store.objects.infos(objects):
+            record = _unreferenced_record(store, kind, digest, info)
             if record is None:
                 continue
             if kind == CHUNK:
@@ -216,17 +216,13 @@ def _rebuild_into(store: Store) -> RebuildResult:
     return result
 
 
-def _unreferenced_record(store: Store, kind: bytes, info: ObjectInfo
+def _unreferenced_record(store: Store, kind: bytes, digest: Digest, info: ObjectInfo
                          ) -> tuple[Digest, ChunkRecord] | None:
     """A record for an object on storage (unreferenced until a version counts it in).
 
     Its ``since`` is the object's write time: the grace period of objects of
     removed versions is kept by their tombstones, not by this time.
     """
-    try:
-        digest = (digest_from_chunk_key if kind == CHUNK else digest_from_node_key)(info.key)
-    except ValueError:
-        return None
     if kind == NODE:
         return digest, ChunkRecord(ChunkState.LIVE, 0, 0, info.size, info.size, info.mtime)
     chunk = _chunk_info(store, digest)

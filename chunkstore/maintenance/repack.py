@@ -45,9 +45,10 @@ from typing import TYPE_CHECKING
 from chunkstore.codecs import PACK
 from chunkstore.errors import ChunkStoreError
 from chunkstore.format.chunkobj import HEADER, ChunkHeader, parse_header
-from chunkstore.format.digest import Digest, chunk_key
+from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import MAX_PACK_BYTES
 from chunkstore.index.lmdbindex import CHUNK, ChunkRecord, ChunkState
+from chunkstore.objects.kinds import CHUNKS
 from chunkstore.protocol.moved import MovedRecord, write_moved
 from chunkstore.read.packs import copy_members
 
@@ -131,7 +132,7 @@ def _pack_size(store: Store, pack: Digest) -> tuple[int, int] | None:
     if record is not None and record.codec_id == PACK.id and record.stored_length:
         return record.raw_length, record.stored_length
     try:
-        header = parse_header(pack, store.backend.get_range(chunk_key(pack), 0, HEADER.size))
+        header = parse_header(pack, store.objects.get_range(CHUNKS, pack, 0, HEADER.size))
     except (FileNotFoundError, ChunkStoreError):
         return None
     if header.codec_id != PACK.id:
@@ -206,13 +207,13 @@ def _write_group(store: Store, fence: Fence, session: StoreSession,
         result.skipped.extend(f"pack {use.pack.short()}: its new pack is being deleted by"
                               " another gc; not repacked" for use, _ in group)
         return
-    if not store.backend.put_if_absent(chunk_key(new_pack), data):
+    if not store.objects.put_if_absent(CHUNKS, new_pack, data):
         try:
-            intact = store.backend.get(chunk_key(new_pack)) == data
+            intact = store.objects.get(CHUNKS, new_pack) == data
         except FileNotFoundError:
             intact = False
         if not intact:  # damaged or deleted meanwhile: replaced whole
-            store.backend.put(chunk_key(new_pack), data)
+            store.objects.put(CHUNKS, new_pack, data)
     result.bytes_written += len(data)
     # Counted by this index (referenced by no version: GC's mark keeps it while a moved
     # record leads to it), so a GC without the orphan sweep frees it when it is not.
@@ -227,7 +228,7 @@ def _write_group(store: Store, fence: Fence, session: StoreSession,
             result.skipped.append(f"pack {record.pack.short()}: the repack's session"
                                   " lapsed; not repacked")
             continue
-        if write_moved(store.backend, MovedRecord(record.pack, new_pack, record.members)):
+        if write_moved(store.objects, MovedRecord(record.pack, new_pack, record.members)):
             result.repacked.append(record.pack)
         else:
             result.skipped.append(f"pack {record.pack.short()}: already moved by another gc")

@@ -298,7 +298,7 @@ def _manifest_census(store: Store) -> tuple[dict[Digest, int], dict[tuple[Digest
     members: dict[tuple[Digest, PackLocation], int] = {}
     for info in store.versions():
         try:
-            flat = flatten(store.backend, info.root, store.node_cache)
+            flat = flatten(store.objects, info.root, store.node_cache)
         except ChunkStoreError:
             continue  # verify reports it
         for leaf in flat.leaves.values():

@@ -22,9 +22,10 @@ from chunkstore.errors import (
     FormatVersionError,
     MissingChunkError,
 )
-from chunkstore.format.digest import TAG_PREFIX, Digest, chunk_key
+from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import DataEntry, PackLocation, decode_data
 from chunkstore.format.records import Tag
+from chunkstore.objects.kinds import CHUNKS, TAGS
 from chunkstore.progress import NullProgress, Progress
 from chunkstore.protocol.moved import list_moved
 from chunkstore.read.chain import NO_CACHE, Locations, missing_chunk
@@ -92,7 +93,7 @@ def _check_leaves(store: Store, version_id: str, flat: FlatTree, result: VerifyR
     for name, leaf in flat.leaves.items():
         try:
             if isinstance(leaf, DataEntry):
-                decode_data(leaf.digest, read_node(store.backend, leaf.digest))
+                decode_data(leaf.digest, read_node(store.objects, leaf.digest))
                 continue
             spans = chunk_reads(leaf, store.chunk_size)
         except ChunkStoreError as exc:
@@ -115,7 +116,7 @@ def _load_versions(store: Store, ids: list[str], result: VerifyResult,
         result.versions_checked += 1
         try:
             record = store.read_record(version_id)
-            flat = flatten(store.backend, record.root, store.node_cache)
+            flat = flatten(store.objects, record.root, store.node_cache)
         except FileNotFoundError:
             result.problems.append(Problem("corrupt-record", "commit record vanished while"
                                            " verifying (deleted concurrently?)", version_id))
@@ -140,13 +141,13 @@ def _check_chunk(store: Store, check: ChunkCheck, read_data: bool
                             check_links=True, location=location, locations=locations)
             return length, None
         if location is None:
-            store.backend.stat(chunk_key(stored))
+            store.objects.stat(CHUNKS, stored)
         else:
             locate_member(store, digest, location)
         for base, at in zip(chain, locations or (None,) * len(chain), strict=True):
             if at is not None:
                 locate_member(store, base, at)
-            elif not store.backend.exists(chunk_key(base)):
+            elif not store.objects.exists(CHUNKS, base):
                 return 0, _problem_from(missing_chunk(store, base), None)
         return 0, None
     except FileNotFoundError:
@@ -156,9 +157,9 @@ def _check_chunk(store: Store, check: ChunkCheck, read_data: bool
 
 
 def _check_tags(store: Store, result: VerifyResult) -> None:
-    for key in store.backend.list(TAG_PREFIX):
+    for name in store.objects.ids(TAGS):
         try:
-            Tag.decode(key[len(TAG_PREFIX):], store.backend.get(key))
+            Tag.decode(name, store.objects.get(TAGS, name))
         except FileNotFoundError:
             continue  # removed meanwhile
         except CorruptTagError as exc:
@@ -168,7 +169,7 @@ def _check_tags(store: Store, result: VerifyResult) -> None:
 def _check_moved(store: Store, result: VerifyResult) -> None:
     """A moved record that cannot be parsed stops every GC (it cannot know where that
     pack's members went), and a read through it fails: name it."""
-    for pack, record in sorted(list_moved(store.backend).items()):
+    for pack, record in sorted(list_moved(store.objects).items()):
         if record is None:
             result.problems.append(Problem(
                 "corrupt-moved", f"the moved record of pack {pack.short()} cannot be parsed:"
@@ -210,7 +211,7 @@ def verify(store: Store, sel: str | None = None, *, read_data: bool = True,
     """
     progress = progress or NullProgress()
     result = VerifyResult()
-    ids = [store.resolve(sel).id] if sel is not None else sorted(store.backend_version_ids())
+    ids = [store.resolve(sel).id] if sel is not None else sorted(store.stored_version_ids())
     reads: dict[ChunkCheck, list[str]] = {}
     trees = _load_versions(store, ids, result, reads)
     pending = list(reads)

@@ -36,13 +36,13 @@ from chunkstore.errors import BackendError
 from chunkstore.format import plaindata
 from chunkstore.format.digest import Digest
 from chunkstore.index.lmdbindex import CHUNK, NODE
+from chunkstore.objects.kinds import JOURNAL
 from chunkstore.protocol.sessions import owner_info, owner_is_dead
 
 if TYPE_CHECKING:
-    from chunkstore.backends import Backend
     from chunkstore.index.lmdbindex import Index
+    from chunkstore.objects.objectstore import ObjectStore
 
-JOURNAL_PREFIX = "gc/"
 JOURNAL_FORMAT = 1
 FENCED, DONE, ABANDONED = "fenced", "done", "abandoned"
 #: How long a save waits for a GC to finish with an object it needs.
@@ -54,10 +54,6 @@ JOURNAL_KEEP_S = 7 * 24 * 3600.0
 SYNC_MARGIN_S = 3600.0
 #: ``gc/horizon-<20 digits>``: entries created before that time (ns) may have been pruned.
 HORIZON_PREFIX = "horizon-"
-
-
-def entry_key(entry_id: str) -> str:
-    return f"{JOURNAL_PREFIX}{entry_id}"
 
 
 def new_entry_id() -> str:
@@ -122,48 +118,48 @@ class Listing:
 
     entry_ids: list[str]
     horizon_ns: int | None
-    horizon_keys: list[str]
+    horizon_names: list[str]
 
 
-def list_journal(backend: Backend) -> Listing:
+def list_journal(objects: ObjectStore) -> Listing:
     ids, horizons = [], []
-    for key in backend.list(JOURNAL_PREFIX):
-        name = key[len(JOURNAL_PREFIX):]
+    for name in objects.ids(JOURNAL):
         if name.startswith(HORIZON_PREFIX):
-            horizons.append(key)
+            horizons.append(name)
         else:
             ids.append(name)
-    times = [entry_time_ns(k[len(JOURNAL_PREFIX) + len(HORIZON_PREFIX):]) for k in horizons]
+    times = [entry_time_ns(name[len(HORIZON_PREFIX):]) for name in horizons]
     return Listing(ids, max(times) if times else None, horizons)
 
 
-def list_entry_ids(backend: Backend) -> list[str]:
-    return list_journal(backend).entry_ids
+def list_entry_ids(objects: ObjectStore) -> list[str]:
+    return list_journal(objects).entry_ids
 
 
-def read_entry(backend: Backend, entry_id: str) -> JournalEntry | None:
+def read_entry(objects: ObjectStore, entry_id: str) -> JournalEntry | None:
     """The entry, None if it is gone; ``ValueError`` if it cannot be read."""
     try:
-        data = backend.get(entry_key(entry_id))
+        data = objects.get(JOURNAL, entry_id)
     except FileNotFoundError:
         return None
     return JournalEntry.decode(entry_id, data)
 
 
-def write_entry(backend: Backend, entry: JournalEntry) -> None:
+def write_entry(objects: ObjectStore, entry: JournalEntry) -> None:
     entry.info["heartbeat"] = time.time()
-    backend.put(entry_key(entry.id), entry.encode())
+    objects.put(JOURNAL, entry.id, entry.encode())
 
 
-def start_entry(backend: Backend, objects: Iterable[tuple[bytes, Digest]]) -> JournalEntry:
-    """Write a new ``fenced`` entry naming ``objects``: from now on no save that reads
-    the journal reuses them, and the GC may delete them once older sessions end."""
-    chunks = frozenset(d for k, d in objects if k == CHUNK)
-    nodes = frozenset(d for k, d in objects if k == NODE)
+def start_entry(objects: ObjectStore, condemned: Iterable[tuple[bytes, Digest]]) -> JournalEntry:
+    """Write a new ``fenced`` entry naming the ``condemned`` objects: from now on no save
+    that reads the journal reuses them, and the GC may delete them once older sessions
+    end."""
+    chunks = frozenset(d for k, d in condemned if k == CHUNK)
+    nodes = frozenset(d for k, d in condemned if k == NODE)
     now = time.time()
     entry = JournalEntry(new_entry_id(), FENCED, {**owner_info(), "created": now}, chunks,
                          nodes)
-    write_entry(backend, entry)
+    write_entry(objects, entry)
     return entry
 
 
@@ -171,7 +167,7 @@ def start_entry(backend: Backend, objects: Iterable[tuple[bytes, Digest]]) -> Jo
 class Fence:
     """The active GC journal entries a save knows of; their objects are off limits."""
 
-    backend: Backend
+    objects: ObjectStore
     index: Index
     active: dict[str, JournalEntry] = field(default_factory=dict)
     #: An entry could not be read: no index record can be trusted for deduplication.
@@ -195,7 +191,7 @@ class Fence:
         delay = 0.02
         while True:
             try:
-                entry = read_entry(self.backend, entry_id)
+                entry = read_entry(self.objects, entry_id)
             except ValueError:
                 entry = None
             if entry is None or not entry.active(time.time()):
@@ -217,7 +213,7 @@ class Fence:
                 del self.active[entry_id]
 
 
-def sync_journal(backend: Backend, index: Index) -> Fence:
+def sync_journal(objects: ObjectStore, index: Index) -> Fence:
     """Apply finished journal entries to ``index``; return the still-active ones.
 
     Called by a save after its session object is stored, and by GC.  An index
@@ -225,8 +221,8 @@ def sync_journal(backend: Backend, index: Index) -> Fence:
     than the horizon) forgets every dedup target first.
     """
     started_ns = time.time_ns()
-    listing = list_journal(backend)
-    fence = Fence(backend, index)
+    listing = list_journal(objects)
+    fence = Fence(objects, index)
     synced = index.journal_synced()
     if listing.horizon_ns is not None and (
             synced is None or synced - int(SYNC_MARGIN_S * 1e9) <= listing.horizon_ns):
@@ -238,7 +234,7 @@ def sync_journal(backend: Backend, index: Index) -> Fence:
         if entry_id in applied:
             continue
         try:
-            entry = read_entry(backend, entry_id)
+            entry = read_entry(objects, entry_id)
         except ValueError:
             entry = None
         if entry is None:
@@ -258,20 +254,20 @@ def sync_journal(backend: Backend, index: Index) -> Fence:
     return fence
 
 
-def prune_journal(backend: Backend, now: float, keep_s: float = JOURNAL_KEEP_S) -> int:
+def prune_journal(objects: ObjectStore, now: float, keep_s: float = JOURNAL_KEEP_S) -> int:
     """Delete finished entries older than ``keep_s``; return how many.
 
     The horizon marker goes first: from the moment an entry may be missing,
     every index whose last sync is older knows it cannot trust its records.
     """
-    listing = list_journal(backend)
+    listing = list_journal(objects)
     cutoff_ns = int((now - keep_s) * 1e9)
     prunable = []
     for entry_id in listing.entry_ids:
         if entry_time_ns(entry_id) >= cutoff_ns:
             break  # the listing is in creation order
         try:
-            entry = read_entry(backend, entry_id)
+            entry = read_entry(objects, entry_id)
         except ValueError:
             continue  # unreadable: left for an operator (saves distrust their index)
         if entry is not None and not entry.active(time.time()):
@@ -279,10 +275,11 @@ def prune_journal(backend: Backend, now: float, keep_s: float = JOURNAL_KEEP_S) 
     if not prunable:
         return 0
     horizon = max(entry_time_ns(prunable[-1]), listing.horizon_ns or 0)
-    backend.put(f"{JOURNAL_PREFIX}{HORIZON_PREFIX}{horizon:020d}", b"")
-    for key in listing.horizon_keys:
-        if key != f"{JOURNAL_PREFIX}{HORIZON_PREFIX}{horizon:020d}":
-            backend.delete(key)
+    marker = f"{HORIZON_PREFIX}{horizon:020d}"
+    objects.put(JOURNAL, marker, b"")
+    for name in listing.horizon_names:
+        if name != marker:
+            objects.delete(JOURNAL, name)
     for entry_id in prunable:
-        backend.delete(entry_key(entry_id))
+        objects.delete(JOURNAL, entry_id)
     return len(prunable)

@@ -27,21 +27,17 @@ from chunkstore.format.manifest import (
     exact_int,
     is_version,
 )
+from chunkstore.objects.kinds import MOVED
 
 if TYPE_CHECKING:
-    from chunkstore.backends import Backend
+    from chunkstore.objects.objectstore import ObjectStore
 
-MOVED_PREFIX = "moved/"
 MOVED_FORMAT = 1
 #: A location is followed through at most this many moved records (a pack repacked,
 #: its new pack repacked again, ...); a longer path is a corrupt store.
 MAX_HOPS = 16
 #: A record names at most this many members (a pack's content bounds it far below).
 MAX_MEMBERS = MAX_PACK_BYTES // 24
-
-
-def moved_key(pack: Digest) -> str:
-    return f"{MOVED_PREFIX}{pack.hex}"
 
 
 @dataclass(frozen=True)
@@ -70,7 +66,7 @@ class MovedRecord:
         """Parse and check a record read from ``moved/<pack>``; damage is a corrupt chunk
         (the pack's members cannot be found)."""
         def bad(reason: str) -> CorruptChunkError:
-            return CorruptChunkError(pack.hex, f"its moved record ({moved_key(pack)}) {reason}")
+            return CorruptChunkError(pack.hex, f"its moved record ({MOVED.key(pack)}) {reason}")
 
         try:
             obj = json.loads(data)
@@ -131,26 +127,22 @@ def resolve_hops(location: PackLocation, moved: dict[Digest, MovedRecord | None]
     return hops
 
 
-def read_moved(backend: Backend, pack: Digest) -> MovedRecord | None:
+def read_moved(objects: ObjectStore, pack: Digest) -> MovedRecord | None:
     """The moved record of ``pack``; None when it has none."""
     try:
-        data = backend.get(moved_key(pack))
+        data = objects.get(MOVED, pack)
     except FileNotFoundError:
         return None
     return MovedRecord.decode(pack, data)
 
 
-def list_moved(backend: Backend) -> dict[Digest, MovedRecord | None]:
+def list_moved(objects: ObjectStore) -> dict[Digest, MovedRecord | None]:
     """Every moved record in the store by pack; None for one that cannot be parsed
     (GC then keeps everything it might forward to: see :mod:`chunkstore.maintenance.mark`)."""
     found: dict[Digest, MovedRecord | None] = {}
-    for key in backend.list(MOVED_PREFIX):
+    for pack in objects.ids(MOVED):
         try:
-            pack = Digest.parse(key[len(MOVED_PREFIX):])
-        except ValueError:
-            continue
-        try:
-            record = read_moved(backend, pack)
+            record = read_moved(objects, pack)
         except CorruptChunkError:
             found[pack] = None
             continue
@@ -159,6 +151,6 @@ def list_moved(backend: Backend) -> dict[Digest, MovedRecord | None]:
     return found
 
 
-def write_moved(backend: Backend, record: MovedRecord) -> bool:
+def write_moved(objects: ObjectStore, record: MovedRecord) -> bool:
     """Store a record once; False when the pack already has one (another GC moved it)."""
-    return backend.put_if_absent(moved_key(record.pack), record.encode())
+    return objects.put_if_absent(MOVED, record.pack, record.encode())

@@ -35,11 +35,11 @@ from typing import TYPE_CHECKING, Any
 
 from chunkstore.format import plaindata
 from chunkstore.index.lmdbindex import pid_namespace, process_start
+from chunkstore.objects.kinds import SESSIONS
 
 if TYPE_CHECKING:
-    from chunkstore.backends import Backend
+    from chunkstore.objects.objectstore import ObjectStore
 
-SESSION_PREFIX = "sessions/"
 SESSION_FORMAT = 1
 #: Environment variable that sets :data:`LEASE_S` (seconds; for tests and slow links).
 LEASE_ENV_VAR = "CHUNKSTORE_SESSION_LEASE"
@@ -88,10 +88,6 @@ def _pid_exists(pid: int) -> bool:
     return True
 
 
-def session_key(session_id: str) -> str:
-    return f"{SESSION_PREFIX}{session_id}"
-
-
 @dataclass(frozen=True)
 class SessionInfo:
     """One session object as read from the store."""
@@ -109,12 +105,12 @@ class SessionInfo:
         return owner_is_dead(self.info, now)
 
 
-def list_sessions(backend: Backend) -> Iterator[SessionInfo]:
+def list_sessions(objects: ObjectStore) -> Iterator[SessionInfo]:
     """Every session object in the store; unreadable ones count as alive (fields empty)."""
-    for key in backend.list(SESSION_PREFIX):
-        session_id = key[len(SESSION_PREFIX):]
+    for session_id in objects.ids(SESSIONS):
         try:
-            data = plaindata.load_json(backend.get(key))  # ValueError when too deep, ...
+            # ValueError when too deep, ...
+            data = plaindata.load_json(objects.get(SESSIONS, session_id))
         except FileNotFoundError:
             continue  # ended meanwhile
         except ValueError:
@@ -122,18 +118,17 @@ def list_sessions(backend: Backend) -> Iterator[SessionInfo]:
         yield SessionInfo(session_id, data if isinstance(data, dict) else {})
 
 
-def live_sessions(backend: Backend, now: float | None = None) -> list[SessionInfo]:
+def live_sessions(objects: ObjectStore, now: float | None = None) -> list[SessionInfo]:
     now = time.time() if now is None else now
-    return [s for s in list_sessions(backend) if not s.dead(now)]
+    return [s for s in list_sessions(objects) if not s.dead(now)]
 
 
 class StoreSession:
     """A save's session object, kept alive by a heartbeat thread until :meth:`close`."""
 
-    def __init__(self, backend: Backend, purpose: str) -> None:
-        self.backend = backend
+    def __init__(self, objects: ObjectStore, purpose: str) -> None:
+        self.objects = objects
         self.id = uuid.uuid4().hex
-        self.key = session_key(self.id)
         now = time.time()
         self._info: dict[str, Any] = {"format_version": SESSION_FORMAT, "id": self.id,
                                       "purpose": purpose, **owner_info(), "started": now,
@@ -152,8 +147,8 @@ class StoreSession:
         """
         with self._lock:
             body = json.dumps(self._info, sort_keys=True).encode()
-        if not self.backend.put_if_absent_deferred(self.key, body):
-            raise FileExistsError(self.key)  # a random 128-bit id: never
+        if not self.objects.put_if_absent_deferred(SESSIONS, self.id, body):
+            raise FileExistsError(self.id)  # a random 128-bit id: never
         self._thread = threading.Thread(target=self._beat, name="chunkstore-session",
                                         daemon=True)
         self._thread.start()
@@ -175,7 +170,7 @@ class StoreSession:
         with self._lock:
             self._info["heartbeat"] = now = time.time()
             body = json.dumps(self._info, sort_keys=True).encode()
-        self.backend.put(self.key, body)
+        self.objects.put(SESSIONS, self.id, body)
         with self._lock:
             # A gap between two stored beats longer than half the lease is a lapse for
             # good: a GC may have counted the session dead during it.
@@ -199,4 +194,4 @@ class StoreSession:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
-        self.backend.discard(self.key)
+        self.objects.discard(SESSIONS, self.id)

@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING
 
 from chunkstore.format import plaindata
 from chunkstore.format.digest import Digest, is_hex_digest
+from chunkstore.objects.kinds import TOMBSTONES
 
 if TYPE_CHECKING:
-    from chunkstore.backends import Backend
+    from chunkstore.objects.objectstore import ObjectStore
 
-REMOVED_PREFIX = "removed/"
 TOMBSTONE_FORMAT = 1
 
 
@@ -37,26 +37,22 @@ class Tombstone:
     dated: bool = True
 
 
-def tombstone_key(version_id: str) -> str:
-    return f"{REMOVED_PREFIX}{version_id}"
-
-
-def write_tombstone(backend: Backend, version_id: str, root: Digest, run: str,
+def write_tombstone(objects: ObjectStore, version_id: str, root: Digest, run: str,
                     step: int) -> None:
     body = {"format_version": TOMBSTONE_FORMAT, "version": version_id, "root": root.hex,
             "run": run, "step": step, "removed": time.time()}
-    backend.put(tombstone_key(version_id), json.dumps(body, sort_keys=True).encode())
+    objects.put(TOMBSTONES, version_id, json.dumps(body, sort_keys=True).encode())
 
 
-def list_tombstones(backend: Backend) -> Iterator[Tombstone]:
+def list_tombstones(objects: ObjectStore) -> Iterator[Tombstone]:
     """Every tombstone; one that cannot be parsed counts as removed now (it protects
     its version, if the root can be read, for a whole grace period from this GC)."""
-    for key in backend.list(REMOVED_PREFIX):
-        version_id = key[len(REMOVED_PREFIX):]
+    for version_id in objects.ids(TOMBSTONES):
         if not is_hex_digest(version_id):
             continue
         try:
-            body = plaindata.load_json(backend.get(key))  # ValueError when too deep, ...
+            # ValueError when too deep, ...
+            body = plaindata.load_json(objects.get(TOMBSTONES, version_id))
         except FileNotFoundError:
             continue
         except ValueError:

@@ -49,9 +49,10 @@ from chunkstore.format.chunkobj import (
     decode_payload,
     parse_header,
 )
-from chunkstore.format.digest import DIGEST_SIZE, Digest, chunk_key
+from chunkstore.format.digest import DIGEST_SIZE, Digest
 from chunkstore.format.manifest import PackLocation
 from chunkstore.index.lmdbindex import CHUNK
+from chunkstore.objects.kinds import CHUNKS
 
 if TYPE_CHECKING:
     from chunkstore.store import Store
@@ -115,7 +116,7 @@ def _get(store: Store, digest: Digest, location: PackLocation | None, raw_length
     try:
         # At most one byte more than any object of raw_length bytes can be: a padded
         # object is refused by its header check without being read whole.
-        return store.backend.get_range(chunk_key(digest), 0, HEADER.size + DIGEST_SIZE
+        return store.objects.get_range(CHUNKS, digest, 0, HEADER.size + DIGEST_SIZE
                                        + raw_length + MAX_PAYLOAD_OVERHEAD + 1)
     except FileNotFoundError:
         raise missing_chunk(store, digest) from None
@@ -349,7 +350,7 @@ def header_chain(store: Store, digest: Digest, limit: int) -> tuple[Digest, ...]
     current = digest
     while True:
         try:
-            head = store.backend.get_range(chunk_key(current), 0, HEADER.size + DIGEST_SIZE)
+            head = store.objects.get_range(CHUNKS, current, 0, HEADER.size + DIGEST_SIZE)
             header = parse_header(current, head)
         except (FileNotFoundError, ChunkStoreError):
             return None

@@ -64,8 +64,9 @@ from chunkstore.format.chunkobj import (
     decode_payload,
     parse_header,
 )
-from chunkstore.format.digest import DIGEST_SIZE, Digest, chunk_key
+from chunkstore.format.digest import DIGEST_SIZE, Digest
 from chunkstore.format.manifest import MAX_PACK_BYTES, PackLocation
+from chunkstore.objects.kinds import CHUNKS
 from chunkstore.protocol.moved import MAX_HOPS, read_moved
 from chunkstore.read.chain import BaseCache, Locations, Prefetched, decode_chain, missing_chunk
 
@@ -263,7 +264,7 @@ def member_object(store: Store, digest: Digest, location: PackLocation, raw_leng
         if found is not None:
             return _checked_member(digest, location, found)
         try:
-            data = memoryview(store.backend.get_range(chunk_key(location.pack),
+            data = memoryview(store.objects.get_range(CHUNKS, location.pack,
                                                       HEADER.size + location.offset,
                                                       location.length))
         except FileNotFoundError:
@@ -313,7 +314,7 @@ def prefetch_bases(store: Store, members: list[MemberRead], cache: BaseCache | N
             continue
         budget -= end - start
         try:
-            data = memoryview(store.backend.get_range(chunk_key(run[0][1].pack),
+            data = memoryview(store.objects.get_range(CHUNKS, run[0][1].pack,
                                                       HEADER.size + start, end - start))
         except FileNotFoundError:
             continue
@@ -328,7 +329,7 @@ def locate_member(store: Store, digest: Digest, location: PackLocation) -> PackL
     where the moved records say (a missing chunk when they say nothing)."""
     for hops in range(MAX_HOPS + 1):
         try:
-            store.backend.stat(chunk_key(location.pack))
+            store.objects.stat(CHUNKS, location.pack)
             return location
         except FileNotFoundError:
             ((_, location, _, _),) = _forward(store, [(digest, location, memoryview(b""),
@@ -346,7 +347,7 @@ def read_members_into(store: Store, members: list[MemberRead], hops: int = 0, *,
         _check_listed_length(digest, location, len(out))
     start, end = _span(members)
     try:
-        data = memoryview(store.backend.get_range(chunk_key(pack), HEADER.size + start,
+        data = memoryview(store.objects.get_range(CHUNKS, pack, HEADER.size + start,
                                                   end - start))
     except FileNotFoundError:
         for run in read_runs(_forward(store, members, hops)):
@@ -382,7 +383,7 @@ def _forward(store: Store, members: list[MemberRead], hops: int) -> list[MemberR
     if hops >= MAX_HOPS:
         raise CorruptChunkError(pack.hex, f"moved more than {MAX_HOPS} times (a cycle of"
                                 " moved records?)")
-    record = store.moved_cache.get(pack) or read_moved(store.backend, pack)
+    record = store.moved_cache.get(pack) or read_moved(store.objects, pack)
     if record is None:
         raise missing_chunk(store, pack)
     store.moved_cache[pack] = record
@@ -408,7 +409,7 @@ def copy_members(store: Store, pack: Digest, members: list[tuple[Digest, int, in
     copied: dict[tuple[int, int], bytes] = {}
     for run in read_runs(reads):
         start, end = _span(run)
-        data = memoryview(store.backend.get_range(chunk_key(pack), HEADER.size + start,
+        data = memoryview(store.objects.get_range(CHUNKS, pack, HEADER.size + start,
                                                   end - start))
         for digest, location, _, _ in run:
             member = data[location.offset - start : location.offset - start + location.length]
@@ -492,10 +493,10 @@ def _decode_member(store: Store, digest: Digest, location: PackLocation, data: m
 
 def _check_pack_header(store: Store, location: PackLocation) -> None:
     pack = location.pack
-    header = parse_header(pack, store.backend.get_range(chunk_key(pack), 0, HEADER.size))
+    header = parse_header(pack, store.objects.get_range(CHUNKS, pack, 0, HEADER.size))
     if header.codec_id != PACK.id or header.raw_length != header.payload_length:
         raise CorruptChunkError(pack.hex, "listed as a pack, but is not one")
-    size = store.backend.stat(chunk_key(pack)).size
+    size = store.objects.stat(CHUNKS, pack).size
     if size != HEADER.size + header.payload_length:
         raise CorruptChunkError(pack.hex, f"pack object is {size} bytes, its header says"
                                 f" {HEADER.size + header.payload_length} (truncated or padded)")

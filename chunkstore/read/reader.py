@@ -19,7 +19,7 @@ from chunkstore.errors import (
     ShapeMismatchError,
 )
 from chunkstore.format.chunkobj import HEADER, check_digest, parse_header
-from chunkstore.format.digest import DIGEST_SIZE, Digest, chunk_key
+from chunkstore.format.digest import DIGEST_SIZE, Digest
 from chunkstore.format.dtypes import dtype_name, element_size, numpy_dtype
 from chunkstore.format.manifest import DataEntry, PackLocation, TensorEntry, decode_data
 from chunkstore.format.shards import (
@@ -30,6 +30,7 @@ from chunkstore.format.shards import (
     scatter_shards,
     shard_bases,
 )
+from chunkstore.objects.kinds import CHUNKS
 from chunkstore.read.chain import BaseCache, Locations, decode_chain, missing_chunk
 from chunkstore.read.packs import MemberRead, read_member_into, read_members_into, read_runs
 from chunkstore.read.tree import FlatTree, Leaf, flatten, read_node
@@ -50,18 +51,19 @@ def read_chunk_into(store: Store, digest: Digest, out: memoryview,
         read_member_into(store, digest, location, out, check_pack=check_links,
                          chain=(chain, locations), cache=cache)
         return
-    key = chunk_key(digest)
+    objects = store.objects
     try:
-        header = parse_header(digest, store.backend.get_range(key, 0, HEADER.size + DIGEST_SIZE))
+        header = parse_header(digest, objects.get_range(CHUNKS, digest, 0,
+                                                        HEADER.size + DIGEST_SIZE))
         if header.codec_id == RAW.id and header.base is None:
-            size = store.backend.stat(key).size
+            size = objects.stat(CHUNKS, digest).size
             if header.raw_length != len(out) or header.payload_length != len(out):
                 raise CorruptChunkError(digest.hex, f"holds {header.raw_length} bytes, the"
                                         f" manifest expects {len(out)}")
             if size != HEADER.size + len(out):
                 raise CorruptChunkError(digest.hex, f"object is {size} bytes, header says"
                                         f" {HEADER.size + len(out)} (truncated or padded)")
-            if store.backend.read_into(key, HEADER.size, out) != len(out):
+            if objects.read_into(CHUNKS, digest, HEADER.size, out) != len(out):
                 raise CorruptChunkError(digest.hex, "truncated while reading")
             check_digest(digest, out)
             return
@@ -70,7 +72,7 @@ def read_chunk_into(store: Store, digest: Digest, out: memoryview,
                                     f" manifest expects {len(out)}")
         # One byte more than the header promises, so padding is seen without
         # reading an object of any size.
-        data = store.backend.get_range(key, 0, header.size + header.payload_length + 1)
+        data = objects.get_range(CHUNKS, digest, 0, header.size + header.payload_length + 1)
     except FileNotFoundError:
         raise missing_chunk(store, digest) from None
     decode_chain(store, digest, data, chain, out, cache, check_links=check_links,
@@ -150,7 +152,7 @@ class VersionReader:
     def __init__(self, store: Store, info: VersionInfo) -> None:
         self._store = store
         self.info = info
-        self._flat: FlatTree = flatten(store.backend, info.root, store.node_cache)
+        self._flat: FlatTree = flatten(store.objects, info.root, store.node_cache)
 
     def names(self) -> list[str]:
         return list(self._flat.leaves)
@@ -261,7 +263,7 @@ class VersionReader:
         leaf = self.entry(name)
         if not isinstance(leaf, DataEntry):
             raise InvalidInputError(f"entry {name!r} is a tensor; use get() or get_into()")
-        return decode_data(leaf.digest, read_node(self._store.backend, leaf.digest))
+        return decode_data(leaf.digest, read_node(self._store.objects, leaf.digest))
 
     def get_box(self, name: str, shard: int, offsets: Sequence[int], sizes: Sequence[int],
                 out: np.ndarray) -> None:

@@ -1,4 +1,4 @@
-"""Reading manifest trees from a backend: load nodes (hash-checked) and flatten.
+"""Reading manifest trees from the store: load nodes (hash-checked) and flatten.
 
 Every walk is iterative and bounded (distinct nodes, expanded size, name
 length) before it expands anything, so a hostile tree cannot recurse or
@@ -11,11 +11,12 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from chunkstore.backends import Backend
 from chunkstore.errors import CorruptNodeError
-from chunkstore.format.digest import Digest, node_key
+from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import DataEntry, PackLocation, TensorEntry, TreeNode, decode_tree
 from chunkstore.format.names import MAX_NAME_LENGTH
+from chunkstore.objects.kinds import NODES
+from chunkstore.objects.objectstore import ObjectStore
 
 Leaf = TensorEntry | DataEntry
 #: Nodes plus leaves of one version's expanded tree (a model has thousands).
@@ -44,17 +45,17 @@ class NodeCache:
                 self._items.popitem(last=False)
 
 
-def read_node(backend: Backend, digest: Digest) -> bytes:
+def read_node(objects: ObjectStore, digest: Digest) -> bytes:
     try:
-        return backend.get(node_key(digest))
+        return objects.get(NODES, digest)
     except FileNotFoundError:
         raise CorruptNodeError(digest.hex, "missing from the store") from None
 
 
-def load_tree(backend: Backend, digest: Digest, cache: NodeCache) -> TreeNode:
+def load_tree(objects: ObjectStore, digest: Digest, cache: NodeCache) -> TreeNode:
     node = cache.get(digest)
     if node is None:
-        node = decode_tree(digest, read_node(backend, digest))
+        node = decode_tree(digest, read_node(objects, digest))
         cache.put(digest, node)
     return node
 
@@ -86,14 +87,14 @@ class FlatTree:
         return {leaf.digest for leaf in self.leaves.values() if isinstance(leaf, DataEntry)}
 
 
-def flatten(backend: Backend, root: Digest, cache: NodeCache) -> FlatTree:
+def flatten(objects: ObjectStore, root: Digest, cache: NodeCache) -> FlatTree:
     """Walk the tree from ``root``; missing, corrupt or oversized trees raise typed errors.
 
     Subtrees are shared, so a few small nodes can describe a huge tree: every
     distinct node is loaded once, the size of the expanded tree is counted
     from them, and only a tree within ``MAX_ENTRIES`` is expanded.
     """
-    nodes = _load_distinct(backend, root, cache)
+    nodes = _load_distinct(objects, root, cache)
     size = _expanded_size(root, nodes)
     if size > MAX_ENTRIES:
         raise CorruptNodeError(root.hex, f"the tree expands to {size} nodes and leaves; a"
@@ -124,7 +125,7 @@ def flatten(backend: Backend, root: Digest, cache: NodeCache) -> FlatTree:
     return flat
 
 
-def _load_distinct(backend: Backend, root: Digest, cache: NodeCache) -> dict[Digest, TreeNode]:
+def _load_distinct(objects: ObjectStore, root: Digest, cache: NodeCache) -> dict[Digest, TreeNode]:
     nodes: dict[Digest, TreeNode] = {}
     todo = [root]
     while todo:
@@ -133,7 +134,7 @@ def _load_distinct(backend: Backend, root: Digest, cache: NodeCache) -> dict[Dig
             continue
         if len(nodes) >= MAX_ENTRIES:
             raise CorruptNodeError(root.hex, f"the tree has more than {MAX_ENTRIES} nodes")
-        nodes[digest] = node = load_tree(backend, digest, cache)
+        nodes[digest] = node = load_tree(objects, digest, cache)
         todo.extend(d for d in node.children() if d not in nodes)
     return nodes
 

@@ -22,9 +22,10 @@ from typing import Any, NamedTuple
 from chunkstore.codecs.policy import encode_with_policy
 from chunkstore.errors import ChunkStoreError
 from chunkstore.format.chunkobj import ChunkHeader, decode_object, encode_object, parse_header
-from chunkstore.format.digest import Digest, chunk_key, digests_of
+from chunkstore.format.digest import Digest, digests_of
 from chunkstore.format.manifest import PackLocation
 from chunkstore.index.lmdbindex import CHUNK, Claim, NewChunk
+from chunkstore.objects.kinds import CHUNKS
 from chunkstore.read.chain import Locations, base_bytes, base_prefix
 from chunkstore.read.packs import PackBuilder
 from chunkstore.write.basecopies import Place
@@ -185,7 +186,7 @@ class ChunkJobs(Reuse):
         probe = probe_length(len(view), itemsize)
         # On a local disk the base's first bytes are read to judge first; on an object
         # store that would fetch the chain twice when the delta pays.
-        if (probe and self._store.backend.local_path() is not None
+        if (probe and self._store.objects.local_path() is not None
                 and not self._parent.skips.paid_last(base)
                 and self._store.base_cache.get(base.digest) is None):
             prefix = base_prefix(self._store, base.digest, base.chain, probe, len(view),
@@ -224,9 +225,8 @@ class ChunkJobs(Reuse):
                base: BaseSlot | None, base_copy: bytearray | None = None) -> StoredChunk:
         """Write the chunk with put-if-absent (a delta against ``base`` when that pays)."""
         header, payload, chain, locations = self._encode(view, dtype, itemsize, base, base_copy)
-        key = chunk_key(digest)
         data = encode_object(header, payload)
-        if self._store.backend.put_if_absent_deferred(key, data):
+        if self._store.objects.put_if_absent_deferred(CHUNKS, digest, data):
             return (digest, NewChunk(digest, header.codec_id, len(view), len(data)), chain, None,
                     locations)
         # Already stored (an orphan of an earlier save, a chunk GC had condemned,
@@ -234,7 +234,7 @@ class ChunkJobs(Reuse):
         # to these bytes, else replace it whole, standalone (an existing object is
         # never replaced by a delta: other versions may list a shorter chain).
         try:
-            existing = self._store.backend.get(key)
+            existing = self._store.objects.get(CHUNKS, digest)
             found = parse_header(digest, existing)
             if found.base is None:
                 decode_object(digest, existing)
@@ -245,7 +245,7 @@ class ChunkJobs(Reuse):
         if chain:
             header, payload, chain, _ = self._encode(view, dtype, itemsize, None)
             data = encode_object(header, payload)
-        self._store.backend.put(key, data)
+        self._store.objects.put(CHUNKS, digest, data)
         return digest, NewChunk(digest, header.codec_id, len(view), len(data)), (), None, ()
 
     def _flush_small(self) -> None:
@@ -341,13 +341,12 @@ class ChunkJobs(Reuse):
         written."""
         if self._reusable(CHUNK, digest, self._claim):
             return 0  # the same pack is stored and safe to reference: nothing written
-        key = chunk_key(digest)
-        if self._store.backend.put_if_absent_deferred(key, data):
+        if self._store.objects.put_if_absent_deferred(CHUNKS, digest, data):
             return len(data)
         try:  # a copy exists (an orphan of an earlier save): keep it only if intact
-            decode_object(digest, self._store.backend.get(key))
+            decode_object(digest, self._store.objects.get(CHUNKS, digest))
             return len(data)
         except (FileNotFoundError, ChunkStoreError):
             pass
-        self._store.backend.put(key, data)
+        self._store.objects.put(CHUNKS, digest, data)
         return len(data)

@@ -205,7 +205,7 @@ class ParentChunks:
             self._entries, self.listings, self.skips = cached[1], cached[2], Skips(cached[3])
             return
         try:
-            flat = flatten(store.backend, parent.root, store.node_cache)
+            flat = flatten(store.objects, parent.root, store.node_cache)
         except ChunkStoreError:
             return  # an unreadable parent: every chunk is written standalone
         self._learn({name: leaf for name, leaf in flat.leaves.items()

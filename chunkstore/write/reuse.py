@@ -34,10 +34,11 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from chunkstore.errors import BackendError
-from chunkstore.format.digest import Digest, chunk_key, node_key
+from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import MAX_DELTA_DEPTH, PackLocation
 from chunkstore.index.claims import GroupClaims
 from chunkstore.index.lmdbindex import CHUNK, Claim, NewChunk
+from chunkstore.objects.kinds import CHUNKS, NODES
 from chunkstore.protocol.journal import Fence
 from chunkstore.read.chain import Locations, header_chain
 from chunkstore.read.packs import Chain, PackSlot
@@ -111,8 +112,7 @@ class Reuse:
         if claim(digest) != Claim.DEDUP or fenced:
             return False
         if self._check_dedup or not self._store.seen_stored(kind, digest):
-            key = chunk_key(digest) if kind == CHUNK else node_key(digest)
-            if not self._store.backend.exists(key):
+            if not self._store.objects.exists(CHUNKS if kind == CHUNK else NODES, digest):
                 self._store.index.forget_missing(kind, digest)
                 return False
             self._store.saw_stored(kind, (digest,))

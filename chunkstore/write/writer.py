@@ -60,7 +60,7 @@ from chunkstore.errors import (
     VersionClosedError,
 )
 from chunkstore.format import plaindata
-from chunkstore.format.digest import Digest, chunk_key, node_key, version_key
+from chunkstore.format.digest import Digest
 from chunkstore.format.dtypes import check_override, dtype_name, element_size
 from chunkstore.format.manifest import (
     DataEntry,
@@ -75,6 +75,7 @@ from chunkstore.format.records import MAX_COUNT, CommitRecord
 from chunkstore.format.treelayout import build_tree
 from chunkstore.index.claims import GroupClaims
 from chunkstore.index.lmdbindex import CHUNK, NODE, Claim, NewChunk, VersionEntry
+from chunkstore.objects.kinds import CHUNKS, NODES, VERSIONS
 from chunkstore.protocol.journal import Fence, sync_journal
 from chunkstore.protocol.sessions import StoreSession
 from chunkstore.read.chain import Locations
@@ -175,7 +176,7 @@ class VersionWriter(ChunkJobs):
                                                                f"{self.step}")
         # Dedup hits are checked to exist at every reuse where that costs a stat (local
         # disks) or the GC journal could not be read; elsewhere once per store handle.
-        self._check_dedup = self._fence.distrust_index or store.backend.local_path() is not None
+        self._check_dedup = self._fence.distrust_index or store.objects.local_path() is not None
         try:
             self._session = store.index.open_session(f"save {self.run}@{self.step}")
         except BaseException:
@@ -242,7 +243,7 @@ class VersionWriter(ChunkJobs):
             # location may end past MAX_PACK_BYTES.
             fit = chunks_fit_in_packs(chunk_bytes)
             pack_chunks = fit and not self._parent.depth and (
-                self._store.backend.local_path() is None if PACK_LARGE_TENSORS is None
+                self._store.objects.local_path() is None if PACK_LARGE_TENSORS is None
                 else PACK_LARGE_TENSORS)
             # In a store with delta chains, deltas and standalone chunks alike are packed
             # (Store.pack_delta_chunks), so a delta save writes about new bytes / pack
@@ -332,7 +333,7 @@ class VersionWriter(ChunkJobs):
         or packs: a version saved again after an upgrade, or by a handle with
         another ``node_size``."""
         try:
-            stored = flatten(self._store.backend, version.root, self._store.node_cache).leaves
+            stored = flatten(self._store.objects, version.root, self._store.node_cache).leaves
         except ChunkStoreError:
             return False
         if stored.keys() != tensors.keys() | self._data.keys():
@@ -371,15 +372,15 @@ class VersionWriter(ChunkJobs):
         kept only when it holds exactly these bytes, else replaced (docs/format.md
         §11.1, rule 2: an orphan or a copy a GC was deleting may be damaged).  True when
         this save wrote it."""
-        backend, key = self._store.backend, node_key(digest)
-        if backend.put_if_absent_deferred(key, data):
+        objects = self._store.objects
+        if objects.put_if_absent_deferred(NODES, digest, data):
             return True
         try:
-            if backend.get(key) == data:
+            if objects.get(NODES, digest) == data:
                 return False
         except FileNotFoundError:
             pass
-        backend.put(key, data)
+        objects.put(NODES, digest, data)
         return True
 
     def commit(self) -> VersionInfo:
@@ -410,7 +411,7 @@ class VersionWriter(ChunkJobs):
             # The index may not know that another process removed one of them: a version
             # whose commit record is gone is neither "saved before" nor in the way (it
             # would be returned as this save, published nowhere).
-            for gone in [v for v in same_step if not store.backend.exists(version_key(v.id))]:
+            for gone in [v for v in same_step if not store.objects.exists(VERSIONS, v.id)]:
                 store.index.remove_version(gone.id)
                 same_step.remove(gone)
             # With replace, the new meta (metrics a retention policy reads) must be kept:
@@ -436,10 +437,10 @@ class VersionWriter(ChunkJobs):
                 new_stored_bytes=sum(c.stored_length for c in new_chunks) + node_bytes,
             )
             version_id, data = record.encode()
-            store.backend.flush()  # every chunk and node durable before the commit point
+            store.objects.flush()  # every chunk and node durable before the commit point
             if self._store_session.lapsed():
                 raise self._expired()
-            store.backend.put_if_absent(version_key(version_id), data)  # the commit point
+            store.objects.put_if_absent(VERSIONS, version_id, data)  # the commit point
         except BaseException:
             self.abort()
             raise
@@ -544,7 +545,7 @@ class VersionWriter(ChunkJobs):
             raise VersionClosedError("this version is already committed or aborted")
         try:
             entries, new_chunks, _ = self._collect()
-            self._store.backend.flush()  # durable before the publisher may reference them
+            self._store.objects.flush()  # durable before the publisher may reference them
         finally:
             self.abort()  # ends this writer's sessions; every chunk job is done
         return entries, new_chunks
@@ -598,7 +599,7 @@ class VersionWriter(ChunkJobs):
 
         def present(digest: Digest) -> bool:
             return (self._reusable(CHUNK, digest, self._claim)
-                    or self._store.backend.exists(chunk_key(digest)))
+                    or self._store.objects.exists(CHUNKS, digest))
 
         missing = [d for d, ok in zip(digests, self._store.executor.map(present, digests),
                                       strict=True) if not ok]
@@ -612,10 +613,10 @@ class VersionWriter(ChunkJobs):
 def open_store_session(store: Store, purpose: str) -> tuple[StoreSession, Fence]:
     """Store the session object, then read the GC journal (in that order: see step 1)."""
     store.upgrade_format()  # sessions are a version-2 object
-    session = StoreSession(store.backend, purpose)
+    session = StoreSession(store.objects, purpose)
     session.open()
     try:
-        fence = sync_journal(store.backend, store.index)
+        fence = sync_journal(store.objects, store.index)
         session.record_seen(list(fence.active))
     except BaseException:
         session.close()

@@ -1,0 +1,128 @@
+"""The kinds of stored object and where each lives: the store's whole key layout.
+
+Every object of a store is one of these kinds, named by an id: a content
+digest (chunks and packs, manifest nodes, moved records) or a name (commit
+records by version id, tags, save sessions, GC journal entries, tombstones),
+plus the one config object.  A kind turns an id into a key and a listed key
+back into an id; nothing outside :mod:`chunkstore.objects` builds a key
+(docs/format.md §1 gives the same table).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from chunkstore.format.digest import Digest, is_hex_digest
+
+IdT = TypeVar("IdT", Digest, str)
+
+#: The store's config object (docs/format.md §2).
+CONFIG_KEY = "chunkstore.json"
+
+
+@dataclass(frozen=True)
+class Kind(abc.ABC, Generic[IdT]):
+    """A kind of stored object: every key of the kind starts with ``prefix``."""
+
+    #: what the kind is called in messages ("chunk", "commit record", ...)
+    name: str
+    prefix: str
+
+    @abc.abstractmethod
+    def key(self, object_id: IdT) -> str:
+        """The key of the object ``object_id`` names."""
+
+    @abc.abstractmethod
+    def id_of(self, key: str) -> IdT:
+        """The id a listed key names; ``ValueError`` when the key is not one this kind
+        writes (another tool's file, a damaged name)."""
+
+
+@dataclass(frozen=True)
+class DigestKind(Kind[Digest]):
+    """Objects named by a content digest: ``<prefix><hex>``, or with ``fanout``
+    ``<prefix><first two hex digits>/<hex>`` so that no directory grows too large."""
+
+    fanout: bool = True
+
+    def key(self, object_id: Digest) -> str:
+        h = object_id.hex
+        return f"{self.prefix}{h[:2]}/{h}" if self.fanout else f"{self.prefix}{h}"
+
+    def id_of(self, key: str) -> Digest:
+        if not key.startswith(self.prefix):
+            raise ValueError(f"{key!r} is not under {self.prefix!r}")
+        return Digest.parse(key.rsplit("/", 1)[-1] if self.fanout else key[len(self.prefix):])
+
+
+@dataclass(frozen=True)
+class NamedKind(Kind[str]):
+    """Objects named by a string: ``<prefix><name>``.  With ``hex_ids`` only names of
+    64 hex digits (version ids) are the kind's; listing skips the others."""
+
+    hex_ids: bool = False
+
+    def key(self, object_id: str) -> str:
+        return f"{self.prefix}{object_id}"
+
+    def id_of(self, key: str) -> str:
+        name = key[len(self.prefix):]
+        if not key.startswith(self.prefix) or (self.hex_ids and not is_hex_digest(name)):
+            raise ValueError(f"{key!r} is not a {self.name} key")
+        return name
+
+
+#: Chunk objects, packs among them (docs/format.md §3).
+CHUNKS = DigestKind("chunk", "chunks/")
+#: Manifest nodes (§5).
+NODES = DigestKind("node", "nodes/")
+#: Commit records by version id: the commit point of a save (§7).
+VERSIONS = NamedKind("commit record", "versions/", hex_ids=True)
+#: Tags by name (§8).
+TAGS = NamedKind("tag", "tags/")
+#: Save sessions in progress (§11).
+SESSIONS = NamedKind("save session", "sessions/")
+#: GC journal entries and pruning horizons (§11).
+JOURNAL = NamedKind("GC journal entry", "gc/")
+#: Tombstones of removed versions, by version id (§11).
+TOMBSTONES = NamedKind("tombstone", "removed/")
+#: Moved records of repacked packs, by pack digest (§3.6).
+MOVED = DigestKind("moved record", "moved/", fanout=False)
+
+ALL_KINDS: tuple[Kind[Digest] | Kind[str], ...] = (
+    CHUNKS, NODES, VERSIONS, TAGS, SESSIONS, JOURNAL, TOMBSTONES, MOVED)
+
+
+# The keys of single objects, for tests and tools that look at a store's files.
+def chunk_key(digest: Digest) -> str:
+    return CHUNKS.key(digest)
+
+
+def node_key(digest: Digest) -> str:
+    return NODES.key(digest)
+
+
+def version_key(version_id: str) -> str:
+    return VERSIONS.key(version_id)
+
+
+def tag_key(tag: str) -> str:
+    return TAGS.key(tag)
+
+
+def session_key(session_id: str) -> str:
+    return SESSIONS.key(session_id)
+
+
+def entry_key(entry_id: str) -> str:
+    return JOURNAL.key(entry_id)
+
+
+def tombstone_key(version_id: str) -> str:
+    return TOMBSTONES.key(version_id)
+
+
+def moved_key(pack: Digest) -> str:
+    return MOVED.key(pack)

@@ -1,0 +1,160 @@
+"""The object layer: the only code that talks to a storage backend.
+
+Everything above asks for objects by kind and id (:mod:`chunkstore.objects.kinds`)
+and never builds a key or calls a :class:`~chunkstore.backends.Backend`.  Every
+object's bytes pass through :meth:`ObjectStore._stored` on the way in and
+:meth:`ObjectStore._loaded` on the way out (ranged reads, of pack members and
+headers, through :meth:`ObjectStore._loaded_range`, or in place into a caller's
+buffer through :meth:`ObjectStore._loaded_into`): a transform of every stored
+object (encryption, a copy to a second store for mirroring) is a change to these
+methods and nothing else (tests/test_architecture.py stores every object through
+a transform and reads the store back).  Today the store keeps objects as they are
+encoded; the config object always stays so (it says how to read the rest).
+
+Errors keep the backend's contract: a missing object is ``FileNotFoundError``,
+a second create ``False``; the layers above turn them into domain errors, since
+only they know whether a missing object is damage or a race they expect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from chunkstore.backends import Backend, ObjectInfo
+from chunkstore.objects.kinds import CONFIG_KEY, IdT, Kind
+
+__all__ = ["ObjectInfo", "ObjectStore"]
+
+
+class ObjectStore:
+    """The objects of one store, by kind and id, on one backend."""
+
+    def __init__(self, backend: Backend) -> None:
+        #: may be replaced by a wrapper of itself (tests, fault injection, counting)
+        self.backend = backend
+
+    @property
+    def url(self) -> str:
+        return self.backend.url
+
+    # --- the bytes of every object pass here ------------------------------------------------
+
+    def _stored(self, kind: Kind[IdT], data: bytes | memoryview) -> bytes | memoryview:
+        """The bytes that go to the backend for an object of ``kind`` encoded as ``data``."""
+        return data
+
+    def _loaded(self, kind: Kind[IdT], data: bytes) -> bytes:
+        """An object's encoding from the bytes the backend holds."""
+        return data
+
+    def _loaded_range(self, kind: Kind[IdT], start: int, data: bytes) -> bytes:
+        """Bytes ``start`` onwards of an object's encoding from the same bytes stored."""
+        return data
+
+    def _loaded_into(self, kind: Kind[IdT], start: int, buffer: memoryview) -> None:
+        """:meth:`_loaded_range` in place: ``buffer`` holds stored bytes from ``start``."""
+
+    # --- writing ---------------------------------------------------------------------------
+
+    def put(self, kind: Kind[IdT], object_id: IdT, data: bytes | memoryview) -> None:
+        """Store (or replace) an object; atomic and durable on return."""
+        self.backend.put(kind.key(object_id), self._stored(kind, data))
+
+    def put_if_absent(self, kind: Kind[IdT], object_id: IdT, data: bytes | memoryview) -> bool:
+        """Create an object unless one is stored; whether this call created it (exactly
+        one of concurrent creators gets True).  Durable on return."""
+        return self.backend.put_if_absent(kind.key(object_id), self._stored(kind, data))
+
+    def put_if_absent_deferred(self, kind: Kind[IdT], object_id: IdT,
+                               data: bytes | memoryview) -> bool:
+        """:meth:`put_if_absent` whose durability may wait for the next :meth:`flush`."""
+        return self.backend.put_if_absent_deferred(kind.key(object_id),
+                                                   self._stored(kind, data))
+
+    def flush(self) -> None:
+        """Make every write so far durable (the step before a commit point)."""
+        self.backend.flush()
+
+    # --- reading ---------------------------------------------------------------------------
+
+    def get(self, kind: Kind[IdT], object_id: IdT) -> bytes:
+        """The whole object; ``FileNotFoundError`` when it is not stored."""
+        return self._loaded(kind, self.backend.get(kind.key(object_id)))
+
+    def get_range(self, kind: Kind[IdT], object_id: IdT, start: int, length: int) -> bytes:
+        """Up to ``length`` bytes from ``start`` (fewer at the end of the object)."""
+        return self._loaded_range(kind, start,
+                                  self.backend.get_range(kind.key(object_id), start, length))
+
+    def read_into(self, kind: Kind[IdT], object_id: IdT, start: int,
+                  buffer: memoryview) -> int:
+        """Fill ``buffer`` from ``start`` of the object, straight from the backend with
+        no copy; the bytes read (fewer only where the object ends first)."""
+        length = self.backend.read_into(kind.key(object_id), start, buffer)
+        self._loaded_into(kind, start, buffer[:length])
+        return length
+
+    def stat(self, kind: Kind[IdT], object_id: IdT) -> ObjectInfo:
+        """Stored size and modification time; ``FileNotFoundError`` when absent."""
+        return self.backend.stat(kind.key(object_id))
+
+    def exists(self, kind: Kind[IdT], object_id: IdT) -> bool:
+        return self.backend.exists(kind.key(object_id))
+
+    def ids(self, kind: Kind[IdT], prefix: str = "") -> Iterator[IdT]:
+        """The id of every stored object of ``kind`` (whose key continues with
+        ``prefix``), in key order; keys the kind does not write are skipped."""
+        for key in self.backend.list(kind.prefix + prefix):
+            try:
+                yield kind.id_of(key)
+            except ValueError:
+                continue
+
+    def infos(self, kind: Kind[IdT]) -> Iterator[tuple[IdT, ObjectInfo]]:
+        """:meth:`ids` with each object's size and modification time."""
+        for info in self.backend.list_info(kind.prefix):
+            try:
+                yield kind.id_of(info.key), info
+            except ValueError:
+                continue
+
+    # --- removing --------------------------------------------------------------------------
+
+    def delete(self, kind: Kind[IdT], object_id: IdT) -> bool:
+        """Remove an object durably; whether it was stored.  Idempotent."""
+        return self.backend.delete(kind.key(object_id))
+
+    def discard(self, kind: Kind[IdT], object_id: IdT) -> bool:
+        """:meth:`delete` whose removal need not survive a crash (a session's object)."""
+        return self.backend.discard(kind.key(object_id))
+
+    def remove_temporaries(self, older_than: float, dry_run: bool = False) -> int:
+        """Delete leftovers of interrupted writes older than ``older_than``; how many."""
+        return self.backend.remove_temporaries(older_than, dry_run)
+
+    # --- the config object -----------------------------------------------------------------
+
+    def get_config(self) -> bytes:
+        """The store's config object; ``FileNotFoundError`` where there is none.  It
+        stays as it is in every store: it says how to read the rest."""
+        return self.backend.get(CONFIG_KEY)
+
+    def create_config(self, data: bytes) -> bool:
+        """Store the config of a new store unless one is stored; whether this call did."""
+        return self.backend.put_if_absent(CONFIG_KEY, data)
+
+    def replace_config(self, data: bytes) -> None:
+        self.backend.put(CONFIG_KEY, data)
+
+    def is_empty(self) -> bool:
+        """Whether the location holds no object at all (of any kind, or another tool's)."""
+        return next(iter(self.backend.list("")), None) is None
+
+    # --- the location ----------------------------------------------------------------------
+
+    def local_path(self) -> str | None:
+        """The root directory of a local store, else None."""
+        return self.backend.local_path()
+
+    def close(self) -> None:
+        self.backend.close()
