@@ -36,7 +36,8 @@ import chunkstore
 from chunkstore.format.chunkobj import HEADER
 from chunkstore.format.manifest import TensorEntry
 from tests.gloo_ranks import run_job
-from torch_bridge import Checkpointer, ResumableSampler, ranks
+from torch_bridge import Checkpointer, ResumableSampler
+from torch_bridge.distributed import ranks
 
 RUN = "ranks"
 EXAMPLES = 48

@@ -5,12 +5,12 @@ of stored bytes placed in the object layer reaches every object a store writes."
 from __future__ import annotations
 
 import ast
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+import tomllib
 
 import chunkstore
 from chunkstore.backends import Backend

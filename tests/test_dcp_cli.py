@@ -29,8 +29,8 @@ from tests.dcp_child import RUN, SHARDED, full_state
 from tests.test_dcp import CHUNK, _all_ok, _spawn
 from tests.test_hostile import _record, _tensor, _tree
 from torch_bridge import export_safetensors
-from torch_bridge.cli import export
 from torch_bridge.dcp import ChunkStoreWriter
+from torch_bridge.tools.cli import export
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:torch.distributed is disabled:UserWarning")

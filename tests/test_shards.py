@@ -1,6 +1,6 @@
 """Tensors stored as several shards by several writers, published by one (no torch here).
 
-The pieces ``torch_bridge.dcp`` builds on: writers that store their chunks
+The pieces ``torch_bridge.dcp.writer`` builds on: writers that store their chunks
 without publishing (``write_unpublished``), plain data that carries each
 shard to the publisher (``StagedShard``), the publisher's ``adopt`` (every
 chunk claimed, a missing one fails the save), and reads of sharded entries:

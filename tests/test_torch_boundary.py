@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from torch_bridge import boundary  # noqa: E402
+from torch_bridge.capture import boundary  # noqa: E402
 
 
 def _model_and_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:

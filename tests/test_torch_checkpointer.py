@@ -31,7 +31,7 @@ from torch_bridge import (  # noqa: E402
     load,
     save,
 )
-from torch_bridge.training import DelayedBackend  # noqa: E402
+from torch_bridge.tools.training import DelayedBackend  # noqa: E402
 
 nn = torch.nn
 SMALL_CHUNK = 64 * 1024

@@ -15,7 +15,7 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 
 import chunkstore  # noqa: E402
 from torch_bridge import Checkpointer, export_safetensors  # noqa: E402
-from torch_bridge.cli import demo, export, plan  # noqa: E402
+from torch_bridge.tools.cli import demo, export, plan  # noqa: E402
 
 nn = torch.nn
 
@@ -100,7 +100,7 @@ def test_commands_have_help() -> None:
 
 
 def test_the_cli_module_imports_torch_only_when_a_command_needs_it() -> None:
-    code = ("import sys, torch_bridge, torch_bridge.cli, torch_bridge.plan\n"
+    code = ("import sys, torch_bridge, torch_bridge.tools.cli, torch_bridge.tools.plan\n"
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
                          text=True, timeout=120).stdout

@@ -68,8 +68,8 @@ def test_a_revision_passed_in_meta_replaces_the_unknown_one(
 
 def test_the_functional_save_asks_git_once_per_directory_and_merges_meta_per_call(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from torch_bridge import provenance, save
-
+    from torch_bridge import save
+    from torch_bridge.capture import provenance
     calls: list[str] = []
     real_git = provenance._git
 

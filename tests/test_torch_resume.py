@@ -9,8 +9,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from torch_bridge import Checkpointer, training  # noqa: E402
-from torch_bridge.demo import run_child  # noqa: E402
+from torch_bridge import Checkpointer  # noqa: E402
+from torch_bridge.tools import training  # noqa: E402
+from torch_bridge.tools.demo import run_child  # noqa: E402
 
 CONFIG = training.TrainConfig(steps=24, save_every=2)
 KILL_AFTER = 12
@@ -85,7 +86,7 @@ def test_leaving_out_any_piece_of_state_breaks_the_equivalence(
 def test_demo_command_resumes_bit_exactly(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from torch_bridge.cli import demo
+    from torch_bridge.tools.cli import demo
 
     result = CliRunner().invoke(demo, [str(tmp_path / "store")])
     assert result.exit_code == 0, result.output

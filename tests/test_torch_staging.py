@@ -12,8 +12,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from torch_bridge import Checkpointer, staging  # noqa: E402
-from torch_bridge.staging import StagingBuffers  # noqa: E402
+from torch_bridge import Checkpointer  # noqa: E402
+from torch_bridge.capture import staging  # noqa: E402
+from torch_bridge.capture.staging import StagingBuffers  # noqa: E402
 
 ENTRIES = ["s.a", "s.b", "s.c", "s.rng"]
 

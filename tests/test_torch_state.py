@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 
 from chunkstore.errors import NotSerializableError  # noqa: E402
 from chunkstore.format.names import MAX_NAME_LENGTH  # noqa: E402
-from torch_bridge.state import EntryNames, capture  # noqa: E402
+from torch_bridge.capture.state import EntryNames, capture  # noqa: E402
 
 
 class Level(enum.IntEnum):
@@ -121,7 +121,7 @@ def test_keys_whose_names_collide_with_a_suffixed_name_each_get_their_own_entry(
     import torch
 
     from torch_bridge import Checkpointer
-    from torch_bridge.state import EntryNames
+    from torch_bridge.capture.state import EntryNames
 
     names = EntryNames({"_torch_bridge"})
     claimed = [names.claim("k", path) for path in [("a.b~3",), ("a.b",), ("a", "b")]]

@@ -7,7 +7,7 @@ A thin adapter: capture state (tensors and plain data) -> chunkstore.
 ...     step = ckpt.restore(model=model, optimizer=opt) or 0
 ...     ckpt.save(step, model=model, optimizer=opt)
 
-Names are imported lazily, so ``import torch_bridge.cli`` (and through it the
+Names are imported lazily, so ``import torch_bridge.tools.cli`` (and through it the
 ``chunkstore`` command) loads torch only when a command needs it.
 """
 
@@ -18,10 +18,10 @@ from typing import Any
 
 _EXPORTS = {
     "Checkpointer": "torch_bridge.checkpointer",
-    "ResumableSampler": "torch_bridge.sampler",
+    "ResumableSampler": "torch_bridge.capture.sampler",
     "save": "torch_bridge.functional",
     "load": "torch_bridge.functional",
-    "export_safetensors": "torch_bridge.export",
+    "export_safetensors": "torch_bridge.tools.export",
     "AsyncSaveError": "torch_bridge.errors",
     "AsyncSaveUnderProcessGroupError": "torch_bridge.errors",
     "CorruptCheckpointError": "torch_bridge.errors",

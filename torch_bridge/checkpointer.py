@@ -25,16 +25,8 @@ from chunkstore import Store, VersionInfo
 from chunkstore.collector import collector_paused
 from chunkstore.errors import IntegrityError, InvalidInputError, SelectorError
 from chunkstore.format import plaindata
-from torch_bridge import boundary
-from torch_bridge.collectives import process_group_active
-from torch_bridge.errors import (
-    AsyncSaveError,
-    AsyncSaveUnderProcessGroupError,
-    NotAtUpdateBoundaryWarning,
-    RestoreFallbackWarning,
-    nothing_restored,
-)
-from torch_bridge.layout import (
+from torch_bridge.capture import boundary
+from torch_bridge.capture.layout import (
     RESERVED_KEYS,
     apply_states,
     capture_states,
@@ -43,12 +35,20 @@ from torch_bridge.layout import (
     load_states,
     write_version,
 )
-from torch_bridge.provenance import provenance
-from torch_bridge.ranks import restore_ranks, save_ranks
-from torch_bridge.rng import capture_rng, restore_rng
-from torch_bridge.staging import StagingBuffers
-from torch_bridge.state import CapturedState
-from torch_bridge.tensors import as_array, host_copy
+from torch_bridge.capture.provenance import provenance
+from torch_bridge.capture.rng import capture_rng, restore_rng
+from torch_bridge.capture.staging import StagingBuffers
+from torch_bridge.capture.state import CapturedState
+from torch_bridge.capture.tensors import as_array, host_copy
+from torch_bridge.distributed.collectives import process_group_active
+from torch_bridge.distributed.ranks import restore_ranks, save_ranks
+from torch_bridge.errors import (
+    AsyncSaveError,
+    AsyncSaveUnderProcessGroupError,
+    NotAtUpdateBoundaryWarning,
+    RestoreFallbackWarning,
+    nothing_restored,
+)
 
 boundary.install()  # at import, so the first optimizer steps of a loop are seen too
 
@@ -92,7 +92,7 @@ class Checkpointer:
     several ranks once, RNG states and other per-rank state per rank), and
     ``restore`` loads the same version on every rank.  ``async_save=True`` is
     refused there (:class:`AsyncSaveUnderProcessGroupError`).  The protocol
-    and why it is safe: :mod:`torch_bridge.ranks`.
+    and why it is safe: :mod:`torch_bridge.distributed.ranks`.
 
     Every version records provenance: the git revision of the working
     directory (``code_rev``, ``code_dirty``), library versions, host and
@@ -170,8 +170,8 @@ class Checkpointer:
                 stacklevel=3)
 
     def _save_ranks(self, step: int, stateful: dict[str, Any]) -> VersionInfo:
-        """Every rank's state as one version (:mod:`torch_bridge.ranks`); rank 0 publishes
-        it and applies retention."""
+        """Every rank's state as one version (:mod:`torch_bridge.distributed.ranks`); rank 0
+        publishes it and applies retention."""
         if self.async_save:
             raise _async_refused()
         info = save_ranks(self.store, self.run, step, self.meta,
@@ -344,7 +344,7 @@ def _async_refused() -> AsyncSaveUnderProcessGroupError:
     return AsyncSaveUnderProcessGroupError(
         "async_save=True is not supported under torch.distributed: the save's collectives"
         " would run in a background thread beside the training's own and could deadlock;"
-        " use async_save=False, or dcp.async_save with torch_bridge.dcp.ChunkStoreWriter"
+        " use async_save=False, or dcp.async_save with torch_bridge.dcp.writer.ChunkStoreWriter"
         " for sharded state")
 
 

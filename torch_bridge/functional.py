@@ -7,9 +7,15 @@ from typing import Any
 
 from chunkstore import Store, VersionInfo
 from chunkstore.collector import collector_paused
+from torch_bridge.capture.layout import (
+    apply_states,
+    capture_states,
+    check_key,
+    load_states,
+    write_version,
+)
+from torch_bridge.capture.provenance import code_revision_once, provenance
 from torch_bridge.checkpointer import open_store, sync_arrays
-from torch_bridge.layout import apply_states, capture_states, check_key, load_states, write_version
-from torch_bridge.provenance import code_revision_once, provenance
 
 
 @collector_paused()

@@ -10,7 +10,7 @@ The modules: :mod:`~chunkstore.cli.common` (exit codes, errors, sizes,
 tables), :mod:`~chunkstore.cli.inspection` (init, log, show, diff, report),
 :mod:`~chunkstore.cli.versions` (tag, rm), :mod:`~chunkstore.cli.maintenance`
 (verify, gc, prune, index) and :mod:`~chunkstore.cli.app` (the group and
-:func:`main`).  The torch commands live in :mod:`torch_bridge.cli`.
+:func:`main`).  The torch commands live in :mod:`torch_bridge.tools.cli`.
 """
 
 from chunkstore.cli.app import cli, main

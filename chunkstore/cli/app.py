@@ -48,11 +48,11 @@ from chunkstore.errors import ChunkStoreError
 #: so the core CLI (and ``chunkstore --help``) never imports torch.  The last field
 #: is the extra that installs what the command imports.
 LAZY_COMMANDS = {
-    "demo": ("torch_bridge.cli", "demo",
+    "demo": ("torch_bridge.tools.cli", "demo",
              "Train a small model with async saves, SIGKILL it, resume bit-exactly.", "torch"),
-    "export": ("torch_bridge.cli", "export",
+    "export": ("torch_bridge.tools.cli", "export",
                "Write a version's weights as a safetensors file.", "export"),
-    "plan": ("torch_bridge.cli", "plan",
+    "plan": ("torch_bridge.tools.cli", "plan",
              "The checkpoint interval that minimises pause cost plus lost work.", "torch"),
 }
 

@@ -11,11 +11,11 @@ import torch
 from chunkstore import Store, VersionReader
 from chunkstore.errors import InvalidInputError
 from chunkstore.format.manifest import DataEntry, TensorEntry
+from torch_bridge.capture.layout import BRIDGE_ENTRY, DTENSOR, saved_ranks
+from torch_bridge.capture.state import TensorRecord
+from torch_bridge.capture.tensors import as_array, torch_dtype
 from torch_bridge.checkpointer import open_store
-from torch_bridge.dcp_layout import METADATA_ENTRY, StoredItems
-from torch_bridge.layout import BRIDGE_ENTRY, DTENSOR, saved_ranks
-from torch_bridge.state import TensorRecord
-from torch_bridge.tensors import as_array, torch_dtype
+from torch_bridge.dcp.layout import METADATA_ENTRY, StoredItems
 
 CAST_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 

@@ -2,7 +2,7 @@
 
 Each rank passes its own objects to ``Checkpointer.save``/``restore`` (SPMD, as
 under torchrun).  A version holds every rank's states, one section per rank
-(``_torch_bridge``: ``"world_size"``, ``"ranks"``; :mod:`torch_bridge.layout`):
+(``_torch_bridge``: ``"world_size"``, ``"ranks"``; :mod:`torch_bridge.capture.layout`):
 
 - a DTensor (sharded or replicated placements) is one entry of the global
   tensor; each distinct box is written once, by the lowest rank holding it;
@@ -13,9 +13,9 @@ under torchrun).  A version holds every rank's states, one section per rank
   entry; one that differs is an entry per rank;
 - plain data (skeletons, sampler positions, RNG tuples) stays in each rank's
   section, in chunkstore's plain-data encoding.  Nothing is ever pickled:
-  the ranks exchange plain data too (:mod:`torch_bridge.collectives`).
+  the ranks exchange plain data too (:mod:`torch_bridge.distributed.collectives`).
 
-The save protocol is DCP's commit (:mod:`torch_bridge.dcp`) with the
+The save protocol is DCP's commit (:mod:`torch_bridge.dcp.writer`) with the
 Checkpointer's own planning; every step ends in a collective that carries
 each rank's verdict, so a failure on one rank fails the save on every rank,
 and no rank waits in a collective the others skip:
@@ -29,7 +29,7 @@ and no rank waits in a collective the others skip:
    journal read before the entries it lists as seen (``gc_seen``) go to the
    ranks, exactly as DCP's ``prepare_global_plan``;
 3. every rank stores the tensors assigned to it under a session of its own
-   fenced by ``gc_seen`` (:func:`torch_bridge.sharded.stage_boxes`), makes
+   fenced by ``gc_seen`` (:func:`torch_bridge.distributed.sharded.stage_boxes`), makes
    them durable (file and directory fsync; a completed PUT) and only then
    sends their chunk lists.  Nothing is published: they are orphans;
 4. rank 0, once every rank has reported success, claims every staged chunk
@@ -41,7 +41,7 @@ Published only when every rank's data is durable: rank 0 commits in step 4,
 which follows a collective in which every rank sent the result of step 3, and
 a rank sends it only after its flush returned; a rank that fails or dies
 before that fails the collective, so rank 0 aborts.  Why no GC deletes a
-staged chunk before or after the commit is :mod:`torch_bridge.dcp`'s argument
+staged chunk before or after the commit is :mod:`torch_bridge.dcp.writer`'s argument
 word for word (steps 1-3 there are steps 2-4 here).
 
 Restore: rank 0 lists the run's candidate versions (newest first) and sends
@@ -57,7 +57,7 @@ the protocol's collectives would run in a background thread on the training's
 process group, where they can interleave with the training's own collectives
 (a DDP all-reduce) in a different order on different ranks and deadlock.  For
 sharded state saved in the background, use ``dcp.async_save`` with
-:class:`torch_bridge.dcp.ChunkStoreWriter`.
+:class:`torch_bridge.dcp.writer.ChunkStoreWriter`.
 """
 
 from __future__ import annotations
@@ -76,15 +76,8 @@ from chunkstore.format import plaindata
 from chunkstore.format.digest import Digest
 from chunkstore.format.shards import RANKS_ENTRY, ShardRanks, StagedShard
 from chunkstore.index.lmdbindex import NewChunk
-from torch_bridge.collectives import all_gather_bytes, rank_and_world
-from torch_bridge.dtensors import is_dtensor, local_box
-from torch_bridge.errors import (
-    RanksDisagreeError,
-    RanksFailedError,
-    RestoreFallbackWarning,
-    nothing_restored,
-)
-from torch_bridge.layout import (
+from torch_bridge.capture.dtensors import is_dtensor, local_box
+from torch_bridge.capture.layout import (
     BRIDGE_ENTRY,
     DTENSOR,
     FORMAT,
@@ -93,9 +86,16 @@ from torch_bridge.layout import (
     load_states,
     read_sections,
 )
-from torch_bridge.sharded import Box, stage_boxes, staged_entry
-from torch_bridge.state import CapturedState, EntryNames
-from torch_bridge.tensors import as_array, host_copy
+from torch_bridge.capture.state import CapturedState, EntryNames
+from torch_bridge.capture.tensors import as_array, host_copy
+from torch_bridge.distributed.collectives import all_gather_bytes, rank_and_world
+from torch_bridge.distributed.sharded import Box, stage_boxes, staged_entry
+from torch_bridge.errors import (
+    RanksDisagreeError,
+    RanksFailedError,
+    RestoreFallbackWarning,
+    nothing_restored,
+)
 
 T = TypeVar("T")
 

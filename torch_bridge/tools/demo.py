@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 import torch
 
 import chunkstore
-from torch_bridge import training
+from torch_bridge.capture.rng import capture_rng
 from torch_bridge.checkpointer import Checkpointer
-from torch_bridge.rng import capture_rng
+from torch_bridge.tools import training
 
 DEMO_CONFIG = training.TrainConfig(steps=60, save_every=2, features=1024, hidden=64,
                                    classes=10, examples=256, batch_size=16,
@@ -53,7 +53,7 @@ class DemoResult:
 def run_child(store: str, config: training.TrainConfig, kill_after: int,
               save_delay: float = 0.0) -> int:
     """Train in a subprocess; SIGKILL it right after its save of ``kill_after`` returns."""
-    command = [sys.executable, "-m", "torch_bridge.training", store, "--run", RUN,
+    command = [sys.executable, "-m", "torch_bridge.tools.training", store, "--run", RUN,
                "--config", json.dumps(dataclasses.asdict(config)),
                "--save-delay", str(save_delay)]
     child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True,

@@ -26,7 +26,7 @@ import torch
 
 from chunkstore.errors import InvalidNameError, NotSerializableError
 from chunkstore.format.names import check_entry_name
-from torch_bridge.tensors import STORED_NAMES, check_storable
+from torch_bridge.capture.tensors import STORED_NAMES, check_storable
 
 Path = tuple[Any, ...]
 PLAIN_TYPES = (type(None), bool, int, float, str, bytes)

@@ -18,7 +18,7 @@ import torch
 from chunkstore import VersionReader
 from chunkstore.errors import InvalidInputError
 from chunkstore.format.manifest import TensorEntry
-from torch_bridge.tensors import as_array, readable_in_place
+from torch_bridge.capture.tensors import as_array, readable_in_place
 
 
 def is_dtensor(value: object) -> bool:

@@ -7,7 +7,7 @@ loader has its own ``generator`` (without one, creating an iterator draws
 from the global torch RNG, so a run resumed mid-epoch would diverge), and
 saves happen after ``optimizer.step()``, at an update boundary.
 
-Run as ``python -m torch_bridge.training STORE --config JSON`` it trains with
+Run as ``python -m torch_bridge.tools.training STORE --config JSON`` it trains with
 an async save every ``save_every`` steps and prints ``saved STEP`` after each
 save call: the demo and the tests SIGKILL it mid-run.
 """
@@ -28,8 +28,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from chunkstore.backends.wrappers import ForwardingBackend
+from torch_bridge.capture.sampler import ResumableSampler
 from torch_bridge.checkpointer import Checkpointer
-from torch_bridge.sampler import ResumableSampler
 
 STATE_PIECES = ("model", "optimizer", "scheduler", "data", "rng")
 
@@ -193,7 +193,7 @@ class DelayedBackend(ForwardingBackend):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m torch_bridge.training")
+    parser = argparse.ArgumentParser(prog="python -m torch_bridge.tools.training")
     parser.add_argument("store")
     parser.add_argument("--run", default="demo")
     parser.add_argument("--config", default="{}", help="TrainConfig fields as JSON")

@@ -29,7 +29,7 @@ from chunkstore.cli import CliError as CommandError
 from chunkstore.errors import ChunkStoreError
 
 if TYPE_CHECKING:
-    from torch_bridge.plan import Plan
+    from torch_bridge.tools.plan import Plan
 
 
 @contextlib.contextmanager
@@ -81,7 +81,7 @@ def demo(path: str | None) -> None:
     with _errors("demo"), _demo_dir(path) as where:
         if os.path.exists(where) and os.listdir(where):
             raise CommandError(f"{where} is not empty; give a new directory", EXIT_USAGE)
-        from torch_bridge.demo import run_demo
+        from torch_bridge.tools.demo import run_demo
 
         result = run_demo(where, say=click.echo)
         click.echo("")
@@ -96,7 +96,7 @@ def demo(path: str | None) -> None:
 
 
 def _demo_summary(result: object) -> list[str]:
-    from torch_bridge.demo import DemoResult
+    from torch_bridge.tools.demo import DemoResult
 
     assert isinstance(result, DemoResult)
     verdict = ("IDENTICAL: parameters, optimizer state, per-step losses and example ids"
@@ -154,7 +154,7 @@ def export(store_path: str, selector: str, out: str, prefix: str, dtype: str | N
     """
     with _errors("export", extra="export"):
         import chunkstore
-        from torch_bridge.export import export_safetensors
+        from torch_bridge.tools.export import export_safetensors
 
         with chunkstore.open(store_path, create=False) as store:
             summary = export_safetensors(store, selector, out, prefix=prefix, dtype=dtype)
@@ -197,7 +197,7 @@ def plan(save_seconds: float, mtbf: float, step_seconds: float | None, as_json: 
     \b
     Exit codes: 0 planned (also when no interval makes sense); 2 bad input.
     """
-    from torch_bridge.plan import plan as make_plan
+    from torch_bridge.tools.plan import plan as make_plan
 
     with _errors("plan"):
         result = make_plan(save_seconds, mtbf, step_seconds)

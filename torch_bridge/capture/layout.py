@@ -8,7 +8,7 @@ entry ``_torch_bridge``::
      "states": {"model": {"skeleton": ..., "tensors": [[path, entry, kind, dtype, shape]],
                           "module_metadata": ...}, ...}}
 
-A version saved by many ranks (:mod:`torch_bridge.ranks`) holds
+A version saved by many ranks (:mod:`torch_bridge.distributed.ranks`) holds
 ``"world_size": W, "ranks": [states of rank 0, ..., states of rank W-1]``
 instead of ``"states"``; a tensor of kind ``dtensor`` is a global tensor of
 which the rank held a box (its entry's shards are the boxes of every rank).
@@ -29,15 +29,8 @@ import torch
 from chunkstore.errors import InvalidInputError, UnsupportedDtypeError
 from chunkstore.format.dtypes import numpy_dtype
 from chunkstore.format.manifest import TensorEntry
-from torch_bridge.dtensors import is_dtensor, read_local
-from torch_bridge.errors import (
-    CorruptCheckpointError,
-    NotACheckpointError,
-    StateMismatchError,
-    StateNotFoundError,
-    WorldSizeMismatchError,
-)
-from torch_bridge.state import (
+from torch_bridge.capture.dtensors import is_dtensor, read_local
+from torch_bridge.capture.state import (
     CapturedState,
     EntryNames,
     TensorRecord,
@@ -47,7 +40,14 @@ from torch_bridge.state import (
     path_text,
     rebuild,
 )
-from torch_bridge.tensors import as_array, readable_in_place, torch_dtype
+from torch_bridge.capture.tensors import as_array, readable_in_place, torch_dtype
+from torch_bridge.errors import (
+    CorruptCheckpointError,
+    NotACheckpointError,
+    StateMismatchError,
+    StateNotFoundError,
+    WorldSizeMismatchError,
+)
 
 if TYPE_CHECKING:
     from chunkstore import Store, VersionInfo, VersionReader
@@ -56,7 +56,7 @@ BRIDGE_ENTRY = "_torch_bridge"
 FORMAT = 1
 RESERVED_KEYS = frozenset({"rng", "step"})
 #: The kind of a tensor record whose entry is a global tensor of which this rank
-#: holds a box (a DTensor): written and read by :mod:`torch_bridge.ranks`.
+#: holds a box (a DTensor): written and read by :mod:`torch_bridge.distributed.ranks`.
 DTENSOR = "dtensor"
 
 Array = tuple[np.ndarray, str | None]

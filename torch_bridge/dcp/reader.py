@@ -1,4 +1,4 @@
-"""The DCP ``StorageReader`` half of :mod:`torch_bridge.dcp` (import it from there)."""
+"""The DCP ``StorageReader`` half of :mod:`torch_bridge.dcp.writer` (import it from there)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from chunkstore import VersionInfo, VersionReader
 from chunkstore.errors import InvalidInputError
 from chunkstore.format.manifest import DataEntry, TensorEntry
 from chunkstore.format.shards import find_shard
-from torch_bridge.dcp_layout import (
+from torch_bridge.capture.tensors import as_array, torch_dtype
+from torch_bridge.dcp.layout import (
     METADATA_ENTRY,
     StoredItems,
     StoreHandle,
@@ -28,7 +29,6 @@ from torch_bridge.dcp_layout import (
     open_options,
 )
 from torch_bridge.errors import NotACheckpointError
-from torch_bridge.tensors import as_array, torch_dtype
 
 #: Boxes a rank reads at once (each spreads its chunks over the store's thread pool).
 READ_PARALLEL = 4

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from torch_bridge.tensors import as_array
+from torch_bridge.capture.tensors import as_array
 
 Array = tuple[np.ndarray, str | None]
 Value = torch.Tensor | np.ndarray

@@ -51,8 +51,8 @@ from chunkstore.format.manifest import DataEntry, TensorEntry
 from chunkstore.format.names import check_entry_name
 from chunkstore.format.shards import RANKS_ENTRY, StagedShard
 from chunkstore.index.lmdbindex import NewChunk
-from torch_bridge.sharded import staged_entry
-from torch_bridge.tensors import stored_name, torch_dtype
+from torch_bridge.capture.tensors import stored_name, torch_dtype
+from torch_bridge.distributed.sharded import staged_entry
 
 METADATA_ENTRY = "_dcp.metadata"
 FORMAT = 1

@@ -1,7 +1,7 @@
 """Plain data between the ranks of a process group, never pickled.
 
 ``torch.distributed``'s ``*_object`` collectives pickle what they send and
-unpickle what they receive.  The Checkpointer's protocol (:mod:`torch_bridge.ranks`)
+unpickle what they receive.  The Checkpointer's protocol (:mod:`torch_bridge.distributed.ranks`)
 exchanges plans, chunk lists and verdicts instead as chunkstore's safe plain-data
 encoding (:mod:`chunkstore.format.plaindata`) in ``uint8`` tensors: a rank runs no code
 another rank sent.

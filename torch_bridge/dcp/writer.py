@@ -10,7 +10,7 @@ chunk pipeline (deduplication, put-if-absent, the GC fence and claims all
 apply) and hands the coordinator its chunk lists; the coordinator publishes
 ONE version whose tensor entries name every rank's shards and whose
 ``_dcp.metadata`` entry holds DCP's ``Metadata`` as plain data (layout:
-:mod:`torch_bridge.dcp_layout`).  DCP's planner does the rest, resharding
+:mod:`torch_bridge.dcp.layout`).  DCP's planner does the rest, resharding
 included: a save at world size 4 loads at 2, or in one process without a
 process group.
 
@@ -112,7 +112,8 @@ from chunkstore.format.dtypes import element_size
 from chunkstore.format.names import check_label
 from chunkstore.format.records import MAX_COUNT
 from chunkstore.format.shards import RANKS_ENTRY, ShardRanks, StagedShard
-from torch_bridge.dcp_layout import (
+from torch_bridge.capture.tensors import as_array, check_storable, host_copy
+from torch_bridge.dcp.layout import (
     METADATA_ENTRY,
     StoreHandle,
     StoreLike,
@@ -120,11 +121,10 @@ from torch_bridge.dcp_layout import (
     item_key,
     open_options,
 )
-from torch_bridge.dcp_reader import ChunkStoreReader, HandleOwner
-from torch_bridge.sharded import Box, stage_boxes
-from torch_bridge.tensors import as_array, check_storable, host_copy
+from torch_bridge.dcp.reader import HandleOwner
+from torch_bridge.distributed.sharded import Box, stage_boxes
 
-__all__ = ["ChunkStoreReader", "ChunkStoreWriter"]
+__all__ = ["ChunkStoreWriter"]
 
 
 class ChunkStoreWriter(HandleOwner, StorageWriter, BlockingAsyncStager):

@@ -1,9 +1,9 @@
 """One version written by many processes: each stages its boxes, one publishes.
 
-The two halves of a sharded save that :mod:`torch_bridge.dcp` (DCP's storage
-plugin) and :mod:`torch_bridge.ranks` (the Checkpointer under torch.distributed)
+The two halves of a sharded save that :mod:`torch_bridge.dcp.writer` (DCP's storage
+plugin) and :mod:`torch_bridge.distributed.ranks` (the Checkpointer under torch.distributed)
 share; the protocol around them, and why no GC deletes what they stage, is
-argued in :mod:`torch_bridge.dcp`:
+argued in :mod:`torch_bridge.dcp.writer`:
 
 - :func:`stage_boxes`, on every process: store its boxes' chunks durably,
   publish nothing, and describe each box as a :class:`StagedShard`;
@@ -47,7 +47,7 @@ def stage_boxes(store: Store, run: str, step: int, boxes: Iterable[Box],
     nothing, and describe each box (in order) for the publishing process.
 
     ``gc_seen``: the GC journal entries the publisher's session lists as seen;
-    that session MUST be stored before this is called (see :mod:`torch_bridge.dcp`).
+    that session MUST be stored before this is called (see :mod:`torch_bridge.dcp.writer`).
     """
     boxes = list(boxes)
     writer = store.new_version(run, step)
