@@ -407,7 +407,7 @@ def test_a_pack_another_index_deleted_is_not_reused(tmp_path: Path) -> None:
 
 
 def test_neighbouring_members_are_read_together() -> None:
-    from chunkstore.read.packs import READ_GAP_BYTES, READ_RUN_BYTES, read_runs
+    from chunkstore.read.members import READ_GAP_BYTES, READ_RUN_BYTES, read_runs
     a, b = Digest.of(b"a"), Digest.of(b"b")
     out = memoryview(bytearray(1))
 

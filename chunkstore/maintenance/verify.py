@@ -28,8 +28,8 @@ from chunkstore.format.records import Tag
 from chunkstore.objects.kinds import CHUNKS, TAGS
 from chunkstore.progress import NullProgress, Progress
 from chunkstore.protocol.moved import list_moved
-from chunkstore.read.chain import NO_CACHE, Locations, missing_chunk
-from chunkstore.read.packs import locate_member
+from chunkstore.read.chain import NO_CACHE
+from chunkstore.read.members import Locations, locate_member, missing_chunk
 from chunkstore.read.reader import chunk_reads, read_chunk_into
 from chunkstore.read.tree import FlatTree, flatten, read_node
 

@@ -39,7 +39,7 @@ from chunkstore import codecs
 from chunkstore.codecs import zstd
 from chunkstore.codecs.planes import join, split
 from chunkstore.codecs.shuffle import plane_table, planes_into
-from chunkstore.errors import ChunkStoreError, CorruptChunkError, MissingChunkError
+from chunkstore.errors import ChunkStoreError, CorruptChunkError
 from chunkstore.format.chunkobj import (
     HEADER,
     MAX_PAYLOAD_OVERHEAD,
@@ -51,18 +51,11 @@ from chunkstore.format.chunkobj import (
 )
 from chunkstore.format.digest import DIGEST_SIZE, Digest
 from chunkstore.format.manifest import PackLocation
-from chunkstore.index.lmdbindex import CHUNK
 from chunkstore.objects.kinds import CHUNKS
+from chunkstore.read.members import Locations, Prefetched, member_object, missing_chunk
 
 if TYPE_CHECKING:
     from chunkstore.store import Store
-
-#: Where each base of a chain lies inside a pack (None: an object of its own), in chain
-#: order; empty when every base is an object of its own.
-Locations = tuple[PackLocation | None, ...]
-#: Member objects of packed bases a reader read ahead, by listed location
-#: (:func:`chunkstore.read.packs.prefetch_bases`).
-Prefetched = dict[PackLocation, memoryview]
 
 
 class BaseCache:
@@ -99,19 +92,12 @@ class BaseCache:
                 self._size -= len(old)
 
 
-def missing_chunk(store: Store, digest: Digest) -> MissingChunkError:
-    """The error for a chunk found missing; the index stops offering it for dedup."""
-    store.index.forget_missing(CHUNK, digest)
-    return MissingChunkError(digest.hex)
-
-
 def _get(store: Store, digest: Digest, location: PackLocation | None, raw_length: int,
          prefetched: Prefetched | None = None) -> bytes | memoryview:
     """The object of ``digest`` (of ``raw_length`` raw bytes): stored under its key, or
     the member object at ``location`` inside a pack (bounded by that length before it
     is read; from ``prefetched`` where it was read ahead)."""
     if location is not None:
-        from chunkstore.read.packs import member_object  # packs reads chains of members
         return member_object(store, digest, location, raw_length, prefetched)
     try:
         # At most one byte more than any object of raw_length bytes can be: a padded

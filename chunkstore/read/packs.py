@@ -52,11 +52,9 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from chunkstore import codecs
 from chunkstore.codecs import PACK
 from chunkstore.errors import CorruptChunkError
 from chunkstore.format.chunkobj import (
-    DELTA_MEMBERS_SINCE,
     HEADER,
     MAX_PAYLOAD_OVERHEAD,
     ChunkHeader,
@@ -67,8 +65,20 @@ from chunkstore.format.chunkobj import (
 from chunkstore.format.digest import DIGEST_SIZE, Digest
 from chunkstore.format.manifest import MAX_PACK_BYTES, PackLocation
 from chunkstore.objects.kinds import CHUNKS
-from chunkstore.protocol.moved import MAX_HOPS, read_moved
-from chunkstore.read.chain import BaseCache, Locations, Prefetched, decode_chain, missing_chunk
+from chunkstore.protocol.moved import MAX_HOPS
+from chunkstore.read.chain import BaseCache, decode_chain
+from chunkstore.read.members import (
+    NO_CHAIN,
+    READ_RUN_BYTES,
+    Chain,
+    MemberRead,
+    Prefetched,
+    check_listed_length,
+    forward_members,
+    member_header,
+    member_span,
+    read_runs,
+)
 
 if TYPE_CHECKING:
     from chunkstore.store import Store
@@ -89,9 +99,6 @@ def chunks_fit_in_packs(chunk_bytes: int) -> bool:
     pack; the chunks of a store whose chunk size is close to the largest are objects
     of their own."""
     return HEADER.size + DIGEST_SIZE + chunk_bytes + MAX_PAYLOAD_OVERHEAD <= MAX_PACK_BYTES
-#: A member's listed delta chain and where each base lies (empty for a standalone one).
-Chain = tuple[tuple[Digest, ...], Locations]
-NO_CHAIN: Chain = ((), ())
 
 
 class PackSlot:
@@ -215,18 +222,10 @@ class PackBuilder:
                 self.member_raw_bytes += sum(raw for *_, raw in members)
 
 
-#: Neighbouring members of one pack are read together when the gap between them is
-#: at most this (bytes read for nothing) and the whole read at most READ_RUN_BYTES.
-READ_GAP_BYTES = 64 * 1024
-READ_RUN_BYTES = 8 * 1024 * 1024
 #: A run's packed bases are read ahead up to this many bytes in all (the rest one by one,
 #: as before), so a run of deep chains, or a manifest that lists them, holds at most this
 #: much besides the run itself.
 PREFETCH_BYTES = 2 * READ_RUN_BYTES
-
-#: A packed chunk to read: its digest, location, the caller's buffer for it and its
-#: listed delta chain.
-MemberRead = tuple[Digest, PackLocation, memoryview, Chain]
 
 
 def read_member_into(store: Store, digest: Digest, location: PackLocation, out: memoryview,
@@ -247,44 +246,10 @@ def read_member_into(store: Store, digest: Digest, location: PackLocation, out: 
                 _check_pack_header(store, location)
                 break
             except FileNotFoundError:
-                ((_, location, _, _),) = _forward(store, [(digest, location, out, chain)], hops)
+                ((_, location, _, _),) = forward_members(
+                    store, [(digest, location, out, chain)], hops)
     read_members_into(store, [(digest, location, out, chain)], cache=cache,
                       check_links=check_pack)
-
-
-def member_object(store: Store, digest: Digest, location: PackLocation, raw_length: int,
-                  prefetched: Prefetched | None = None) -> memoryview:
-    """The member object of packed chunk ``digest`` at ``location`` (a base to decode,
-    of ``raw_length`` raw bytes): bounded by that length before it is read, taken from
-    ``prefetched`` (:func:`prefetch_bases`) or read by range, following moved records,
-    its header and length checked."""
-    for hops in range(MAX_HOPS + 1):
-        _check_listed_length(digest, location, raw_length)
-        found = None if prefetched is None else prefetched.get(location)
-        if found is not None:
-            return _checked_member(digest, location, found)
-        try:
-            data = memoryview(store.objects.get_range(CHUNKS, location.pack,
-                                                      HEADER.size + location.offset,
-                                                      location.length))
-        except FileNotFoundError:
-            ((_, location, _, _),) = _forward(store, [(digest, location, memoryview(b""),
-                                                       NO_CHAIN)], hops)
-            continue
-        return _checked_member(digest, location, data)
-    raise AssertionError("unreachable: _forward refuses the hop after the last")
-
-
-def _checked_member(digest: Digest, location: PackLocation, data: memoryview) -> memoryview:
-    """The member object read at ``location``, its length and header checked."""
-    if len(data) != location.length:
-        raise CorruptChunkError(digest.hex, f"pack {location.pack.short()} ends before the"
-                                f" member's {location.length} bytes at {location.offset}")
-    header = _member_header(digest, data)
-    if header.size + header.payload_length != len(data):
-        raise CorruptChunkError(digest.hex, f"member object is {len(data)} bytes, its"
-                                f" header says {header.size + header.payload_length}")
-    return data
 
 
 def prefetch_bases(store: Store, members: list[MemberRead], cache: BaseCache | None
@@ -304,12 +269,12 @@ def prefetch_bases(store: Store, members: list[MemberRead], cache: BaseCache | N
             if cache.get(base) is not None:
                 break  # decoded already: the deeper bases are not read
             if at is not None and at not in wanted:
-                _check_listed_length(base, at, len(out))
+                check_listed_length(base, at, len(out))
                 wanted[at] = (base, at, out, NO_CHAIN)
     found: Prefetched = {}
     budget = PREFETCH_BYTES  # the bytes read, gaps between neighbours included
     for run in read_runs(list(wanted.values())):
-        start, end = _span(run)
+        start, end = member_span(run)
         if end - start > budget:
             continue
         budget -= end - start
@@ -324,19 +289,6 @@ def prefetch_bases(store: Store, members: list[MemberRead], cache: BaseCache | N
     return found
 
 
-def locate_member(store: Store, digest: Digest, location: PackLocation) -> PackLocation:
-    """Where a packed chunk lies now: its listed location while that pack exists, else
-    where the moved records say (a missing chunk when they say nothing)."""
-    for hops in range(MAX_HOPS + 1):
-        try:
-            store.objects.stat(CHUNKS, location.pack)
-            return location
-        except FileNotFoundError:
-            ((_, location, _, _),) = _forward(store, [(digest, location, memoryview(b""),
-                                                       NO_CHAIN)], hops)
-    raise AssertionError("unreachable: _forward refuses the hop after the last")
-
-
 def read_members_into(store: Store, members: list[MemberRead], hops: int = 0, *,
                       cache: BaseCache | None = None, check_links: bool = False) -> None:
     """Read members of one pack with one ranged read (they lie close together: see
@@ -344,13 +296,13 @@ def read_members_into(store: Store, members: list[MemberRead], hops: int = 0, *,
     Members of a pack GC repacked are read where its moved record says."""
     pack = members[0][1].pack
     for digest, location, out, _ in members:  # bounded before anything is read
-        _check_listed_length(digest, location, len(out))
-    start, end = _span(members)
+        check_listed_length(digest, location, len(out))
+    start, end = member_span(members)
     try:
         data = memoryview(store.objects.get_range(CHUNKS, pack, HEADER.size + start,
                                                   end - start))
     except FileNotFoundError:
-        for run in read_runs(_forward(store, members, hops)):
+        for run in read_runs(forward_members(store, members, hops)):
             read_members_into(store, run, hops + 1, cache=cache, check_links=check_links)
         return
     prefetched = prefetch_bases(store, members, cache)
@@ -358,42 +310,6 @@ def read_members_into(store: Store, members: list[MemberRead], hops: int = 0, *,
         begin = location.offset - start
         _decode_member(store, digest, location, data[begin : begin + location.length], out,
                        chain, cache, check_links, prefetched)
-
-
-def _span(members: list[MemberRead]) -> tuple[int, int]:
-    """The byte range of a pack's content that holds ``members``: (start, end)."""
-    return (min(location.offset for _, location, _, _ in members),
-            max(location.offset + location.length for _, location, _, _ in members))
-
-
-def _check_listed_length(digest: Digest, location: PackLocation, raw_length: int) -> None:
-    """A member listed longer than any object of ``raw_length`` raw bytes can be is
-    refused before anything is read (a crafted manifest or moved record could
-    otherwise make a reader fetch and allocate up to a whole pack)."""
-    if location.length > HEADER.size + DIGEST_SIZE + raw_length + MAX_PAYLOAD_OVERHEAD:
-        raise CorruptChunkError(digest.hex, f"listed as {location.length} bytes in pack"
-                                f" {location.pack.short()}, too long for {raw_length} raw"
-                                " bytes")
-
-
-def _forward(store: Store, members: list[MemberRead], hops: int) -> list[MemberRead]:
-    """The members of a missing pack where its moved record puts them; a pack with no
-    record, or a member it does not list, is a missing chunk."""
-    pack = members[0][1].pack
-    if hops >= MAX_HOPS:
-        raise CorruptChunkError(pack.hex, f"moved more than {MAX_HOPS} times (a cycle of"
-                                " moved records?)")
-    record = store.moved_cache.get(pack) or read_moved(store.objects, pack)
-    if record is None:
-        raise missing_chunk(store, pack)
-    store.moved_cache[pack] = record
-    moved = []
-    for digest, location, out, chain in members:
-        new = record.forward(location)
-        if new is None:
-            raise missing_chunk(store, pack)
-        moved.append((digest, new, out, chain))
-    return moved
 
 
 def copy_members(store: Store, pack: Digest, members: list[tuple[Digest, int, int]]
@@ -408,12 +324,12 @@ def copy_members(store: Store, pack: Digest, members: list[tuple[Digest, int, in
                                for digest, offset, length in members]
     copied: dict[tuple[int, int], bytes] = {}
     for run in read_runs(reads):
-        start, end = _span(run)
+        start, end = member_span(run)
         data = memoryview(store.objects.get_range(CHUNKS, pack, HEADER.size + start,
                                                   end - start))
         for digest, location, _, _ in run:
             member = data[location.offset - start : location.offset - start + location.length]
-            header = _member_header(digest, member)
+            header = member_header(digest, member)
             out = memoryview(bytearray(header.raw_length))
             if header.base is None:
                 _decode_member(store, digest, location, member, out, NO_CHAIN, None, False)
@@ -422,44 +338,6 @@ def copy_members(store: Store, pack: Digest, members: list[tuple[Digest, int, in
                 decode_payload(digest, header, member, out)
             copied[(location.offset, location.length)] = bytes(member)
     return [copied[(offset, length)] for _, offset, length in members]
-
-
-def read_runs(members: list[MemberRead]) -> list[list[MemberRead]]:
-    """Group packed chunk reads into runs, each one ranged read of one pack: members
-    of a pack sorted by offset, split where the gap or the run grows too large."""
-    by_pack: dict[Digest, list[MemberRead]] = {}
-    for member in members:
-        by_pack.setdefault(member[1].pack, []).append(member)
-    runs: list[list[MemberRead]] = []
-    for group in by_pack.values():
-        group.sort(key=lambda m: m[1].offset)
-        run: list[MemberRead] = []
-        run_start = run_end = 0
-        for member in group:
-            location = member[1]
-            if run and (location.offset > run_end + READ_GAP_BYTES
-                        or location.offset + location.length - run_start > READ_RUN_BYTES):
-                runs.append(run)
-                run = []
-            if not run:
-                run_start = run_end = location.offset
-            run.append(member)
-            run_end = max(run_end, location.offset + location.length)
-        runs.append(run)
-    return runs
-
-
-def _member_header(digest: Digest, data: memoryview) -> ChunkHeader:
-    """A member's header, checked: never a pack, and a delta only from chunk format
-    version 5."""
-    header = parse_header(digest, data)
-    codec = codecs.by_id(header.codec_id)
-    if codec is None or codec is PACK:
-        raise CorruptChunkError(digest.hex, "a pack member is never a pack")
-    if (header.base is not None or codec.needs_base) and header.version < DELTA_MEMBERS_SINCE:
-        raise CorruptChunkError(digest.hex, f"a pack member of chunk format {header.version}"
-                                " is never a delta")
-    return header
 
 
 def _check_member_length(digest: Digest, location: PackLocation, data: memoryview,
@@ -481,7 +359,7 @@ def _decode_member(store: Store, digest: Digest, location: PackLocation, data: m
     if len(data) < HEADER.size:
         raise CorruptChunkError(digest.hex, f"pack {location.pack.short()} ends before the"
                                 f" member's {location.length} bytes at {location.offset}")
-    header = _member_header(digest, data)
+    header = member_header(digest, data)
     _check_member_length(digest, location, data, header, out)
     if header.base is None:
         decode_object(digest, data, out)

@@ -31,8 +31,9 @@ from chunkstore.format.shards import (
     shard_bases,
 )
 from chunkstore.objects.kinds import CHUNKS
-from chunkstore.read.chain import BaseCache, Locations, decode_chain, missing_chunk
-from chunkstore.read.packs import MemberRead, read_member_into, read_members_into, read_runs
+from chunkstore.read.chain import BaseCache, decode_chain
+from chunkstore.read.members import Locations, MemberRead, missing_chunk, read_runs
+from chunkstore.read.packs import read_member_into, read_members_into
 from chunkstore.read.tree import FlatTree, Leaf, flatten, read_node
 
 if TYPE_CHECKING:

@@ -26,7 +26,8 @@ from chunkstore.format.digest import Digest, digests_of
 from chunkstore.format.manifest import PackLocation
 from chunkstore.index.lmdbindex import CHUNK, Claim, NewChunk
 from chunkstore.objects.kinds import CHUNKS
-from chunkstore.read.chain import Locations, base_bytes, base_prefix
+from chunkstore.read.chain import base_bytes, base_prefix
+from chunkstore.read.members import Locations
 from chunkstore.read.packs import PackBuilder
 from chunkstore.write.basecopies import Place
 from chunkstore.write.delta import BaseSlot, Judged, delta_may_pay, encode_delta, probe_length

@@ -46,7 +46,7 @@ from chunkstore.codecs.subdelta import LANES
 from chunkstore.errors import ChunkStoreError
 from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import PackLocation, TensorEntry
-from chunkstore.read.chain import Locations
+from chunkstore.read.members import Locations
 from chunkstore.read.tree import flatten
 from chunkstore.write.basecopies import BaseCopies
 

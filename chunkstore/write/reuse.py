@@ -40,8 +40,9 @@ from chunkstore.index.claims import GroupClaims
 from chunkstore.index.lmdbindex import CHUNK, Claim, NewChunk
 from chunkstore.objects.kinds import CHUNKS, NODES
 from chunkstore.protocol.journal import Fence
-from chunkstore.read.chain import Locations, header_chain
-from chunkstore.read.packs import Chain, PackSlot
+from chunkstore.read.chain import header_chain
+from chunkstore.read.members import Chain, Locations
+from chunkstore.read.packs import PackSlot
 from chunkstore.write.delta import ParentChunks
 
 if TYPE_CHECKING:

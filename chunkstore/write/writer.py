@@ -78,7 +78,7 @@ from chunkstore.index.lmdbindex import CHUNK, NODE, Claim, NewChunk, VersionEntr
 from chunkstore.objects.kinds import CHUNKS, NODES, VERSIONS
 from chunkstore.protocol.journal import Fence, sync_journal
 from chunkstore.protocol.sessions import StoreSession
-from chunkstore.read.chain import Locations
+from chunkstore.read.members import Locations
 from chunkstore.read.packs import PackBuilder, chunks_fit_in_packs
 from chunkstore.read.tree import flatten
 from chunkstore.write.chunkjobs import ChunkJobs, PendingTensor

@@ -1,0 +1,180 @@
+"""Pack members: where a packed chunk lies and its member object, bounded and checked.
+
+The lowest part of reading packs (docs/format.md §3.5), below delta chains
+(:mod:`chunkstore.read.chain` reads packed bases through :func:`member_object`) and
+the pack readers and builder (:mod:`chunkstore.read.packs`): a member's listed
+length is bounded before anything is read, a pack GC repacked is followed through
+its moved record (:mod:`chunkstore.protocol.moved`), and reads of neighbouring
+members are grouped into runs, one ranged read each.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from chunkstore import codecs
+from chunkstore.codecs import PACK
+from chunkstore.errors import CorruptChunkError, MissingChunkError
+from chunkstore.format.chunkobj import (
+    DELTA_MEMBERS_SINCE,
+    HEADER,
+    MAX_PAYLOAD_OVERHEAD,
+    ChunkHeader,
+    parse_header,
+)
+from chunkstore.format.digest import DIGEST_SIZE, Digest
+from chunkstore.format.manifest import PackLocation
+from chunkstore.index.lmdbindex import CHUNK
+from chunkstore.objects.kinds import CHUNKS
+from chunkstore.protocol.moved import MAX_HOPS, read_moved
+
+if TYPE_CHECKING:
+    from chunkstore.store import Store
+
+
+#: Where each base of a chain lies inside a pack (None: an object of its own), in chain
+#: order; empty when every base is an object of its own.
+Locations = tuple[PackLocation | None, ...]
+#: Member objects of packed bases a reader read ahead, by listed location
+#: (:func:`chunkstore.read.packs.prefetch_bases`).
+Prefetched = dict[PackLocation, memoryview]
+#: A member's listed delta chain and where each base lies (empty for a standalone one).
+Chain = tuple[tuple[Digest, ...], Locations]
+NO_CHAIN: Chain = ((), ())
+#: A packed chunk to read: its digest, location, the caller's buffer for it and its
+#: listed delta chain.
+MemberRead = tuple[Digest, PackLocation, memoryview, Chain]
+
+
+#: Neighbouring members of one pack are read together when the gap between them is
+#: at most this (bytes read for nothing) and the whole read at most READ_RUN_BYTES.
+READ_GAP_BYTES = 64 * 1024
+READ_RUN_BYTES = 8 * 1024 * 1024
+
+
+def missing_chunk(store: Store, digest: Digest) -> MissingChunkError:
+    """The error for a chunk found missing; the index stops offering it for dedup."""
+    store.index.forget_missing(CHUNK, digest)
+    return MissingChunkError(digest.hex)
+
+
+def member_object(store: Store, digest: Digest, location: PackLocation, raw_length: int,
+                  prefetched: Prefetched | None = None) -> memoryview:
+    """The member object of packed chunk ``digest`` at ``location`` (a base to decode,
+    of ``raw_length`` raw bytes): bounded by that length before it is read, taken from
+    ``prefetched`` (:func:`chunkstore.read.packs.prefetch_bases`) or read by range,
+    following moved records, its header and length checked."""
+    for hops in range(MAX_HOPS + 1):
+        check_listed_length(digest, location, raw_length)
+        found = None if prefetched is None else prefetched.get(location)
+        if found is not None:
+            return checked_member(digest, location, found)
+        try:
+            data = memoryview(store.objects.get_range(CHUNKS, location.pack,
+                                                      HEADER.size + location.offset,
+                                                      location.length))
+        except FileNotFoundError:
+            ((_, location, _, _),) = forward_members(store, [(digest, location, memoryview(b""),
+                                                       NO_CHAIN)], hops)
+            continue
+        return checked_member(digest, location, data)
+    raise AssertionError("unreachable: forward_members refuses the hop after the last")
+
+
+def checked_member(digest: Digest, location: PackLocation, data: memoryview) -> memoryview:
+    """The member object read at ``location``, its length and header checked."""
+    if len(data) != location.length:
+        raise CorruptChunkError(digest.hex, f"pack {location.pack.short()} ends before the"
+                                f" member's {location.length} bytes at {location.offset}")
+    header = member_header(digest, data)
+    if header.size + header.payload_length != len(data):
+        raise CorruptChunkError(digest.hex, f"member object is {len(data)} bytes, its"
+                                f" header says {header.size + header.payload_length}")
+    return data
+
+
+def locate_member(store: Store, digest: Digest, location: PackLocation) -> PackLocation:
+    """Where a packed chunk lies now: its listed location while that pack exists, else
+    where the moved records say (a missing chunk when they say nothing)."""
+    for hops in range(MAX_HOPS + 1):
+        try:
+            store.objects.stat(CHUNKS, location.pack)
+            return location
+        except FileNotFoundError:
+            ((_, location, _, _),) = forward_members(store, [(digest, location, memoryview(b""),
+                                                       NO_CHAIN)], hops)
+    raise AssertionError("unreachable: forward_members refuses the hop after the last")
+
+
+def forward_members(store: Store, members: list[MemberRead], hops: int) -> list[MemberRead]:
+    """The members of a missing pack where its moved record puts them; a pack with no
+    record, or a member it does not list, is a missing chunk."""
+    pack = members[0][1].pack
+    if hops >= MAX_HOPS:
+        raise CorruptChunkError(pack.hex, f"moved more than {MAX_HOPS} times (a cycle of"
+                                " moved records?)")
+    record = store.moved_cache.get(pack) or read_moved(store.objects, pack)
+    if record is None:
+        raise missing_chunk(store, pack)
+    store.moved_cache[pack] = record
+    moved = []
+    for digest, location, out, chain in members:
+        new = record.forward(location)
+        if new is None:
+            raise missing_chunk(store, pack)
+        moved.append((digest, new, out, chain))
+    return moved
+
+
+def check_listed_length(digest: Digest, location: PackLocation, raw_length: int) -> None:
+    """A member listed longer than any object of ``raw_length`` raw bytes can be is
+    refused before anything is read (a crafted manifest or moved record could
+    otherwise make a reader fetch and allocate up to a whole pack)."""
+    if location.length > HEADER.size + DIGEST_SIZE + raw_length + MAX_PAYLOAD_OVERHEAD:
+        raise CorruptChunkError(digest.hex, f"listed as {location.length} bytes in pack"
+                                f" {location.pack.short()}, too long for {raw_length} raw"
+                                " bytes")
+
+
+def member_header(digest: Digest, data: memoryview) -> ChunkHeader:
+    """A member's header, checked: never a pack, and a delta only from chunk format
+    version 5."""
+    header = parse_header(digest, data)
+    codec = codecs.by_id(header.codec_id)
+    if codec is None or codec is PACK:
+        raise CorruptChunkError(digest.hex, "a pack member is never a pack")
+    if (header.base is not None or codec.needs_base) and header.version < DELTA_MEMBERS_SINCE:
+        raise CorruptChunkError(digest.hex, f"a pack member of chunk format {header.version}"
+                                " is never a delta")
+    return header
+
+
+def read_runs(members: list[MemberRead]) -> list[list[MemberRead]]:
+    """Group packed chunk reads into runs, each one ranged read of one pack: members
+    of a pack sorted by offset, split where the gap or the run grows too large."""
+    by_pack: dict[Digest, list[MemberRead]] = {}
+    for member in members:
+        by_pack.setdefault(member[1].pack, []).append(member)
+    runs: list[list[MemberRead]] = []
+    for group in by_pack.values():
+        group.sort(key=lambda m: m[1].offset)
+        run: list[MemberRead] = []
+        run_start = run_end = 0
+        for member in group:
+            location = member[1]
+            if run and (location.offset > run_end + READ_GAP_BYTES
+                        or location.offset + location.length - run_start > READ_RUN_BYTES):
+                runs.append(run)
+                run = []
+            if not run:
+                run_start = run_end = location.offset
+            run.append(member)
+            run_end = max(run_end, location.offset + location.length)
+        runs.append(run)
+    return runs
+
+
+def member_span(members: list[MemberRead]) -> tuple[int, int]:
+    """The byte range of a pack's content that holds ``members``: (start, end)."""
+    return (min(location.offset for _, location, _, _ in members),
+            max(location.offset + location.length for _, location, _, _ in members))
