@@ -3,7 +3,7 @@ back from the store, against no deltas.
 
 A store with delta chains (``delta_depth`` 2) encodes a changed chunk against the
 same chunk of the run's previous version.  ``d2`` takes that base from the copy
-the handle kept of its last save (``chunkstore.write.basecopies``); ``d2-read-back``
+the handle kept of its last save (``chunkstore.handle.basecopies``); ``d2-read-back``
 (``Store.base_copies.budget = 0``) reads, decodes and hash-checks it from the
 store, as saves did before; ``auto`` makes no deltas.  For each workload the
 suite's recorded states are saved the three ways in turn, save by save (the

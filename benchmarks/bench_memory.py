@@ -3,7 +3,7 @@
 DESIGN.md bounds a sync save's extra memory by the chunk size times the
 threads, not by the state; besides that, a store handle keeps copies of the
 bases of the next delta save, within ``Store.base_copies.budget`` bytes (1 GiB
-by default, ``chunkstore.write.basecopies``).  This checks both as the state grows.
+by default, ``chunkstore.handle.basecopies``).  This checks both as the state grows.
 
 For each size, a state of 64 float32 tensors is saved ``--saves`` times as one
 run into a new store (the default policy and delta chains), every element
@@ -46,7 +46,7 @@ import torch
 
 import chunkstore
 import torch_bridge
-from chunkstore.write.basecopies import BASE_COPY_BYTES
+from chunkstore.handle.basecopies import BASE_COPY_BYTES
 
 MIB = 1 << 20
 TENSORS = 64

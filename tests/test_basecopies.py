@@ -1,5 +1,5 @@
 """A handle's copies of its last save's chunks, the bases of the run's next delta save
-(chunkstore.write.basecopies): used only for the base they copy, never read back, within
+(chunkstore.handle.basecopies): used only for the base they copy, never read back, within
 their budget, and every version reads back exact whatever the handle saw in between."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import chunkstore
 from chunkstore.backends.wrappers import ForwardingBackend
 from chunkstore.format.chunkobj import HEADER
 from chunkstore.format.digest import Digest
+from chunkstore.handle.basecopies import BaseCopies
 from chunkstore.objects.kinds import chunk_key
-from chunkstore.write.basecopies import BaseCopies
 from tests.test_delta import CHUNK, DIM, ROWS, save, shard, sparse_states
 
 

@@ -24,8 +24,8 @@ import chunkstore
 from chunkstore.backends.wrappers import FAULT_ENV_VAR
 from chunkstore.errors import SelectorError
 from chunkstore.format.manifest import TensorEntry
+from chunkstore.handle.tree import load_tree
 from chunkstore.index.lmdbindex import Index
-from chunkstore.read.tree import load_tree
 from tests.conftest import SMALL_CHUNK
 from tests.crash_child import (
     NODE_SIZE_ENV_VAR,

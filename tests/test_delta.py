@@ -52,7 +52,7 @@ def delta_layout(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     packed = request.param == "packed"
     if packed and request.node.get_closest_marker("delta_objects"):
         pytest.skip("looks at delta chunks as objects of their own")
-    monkeypatch.setattr(chunkstore.store, "PACK_DELTA_CHUNKS", packed)
+    monkeypatch.setattr(chunkstore.handle.handle, "PACK_DELTA_CHUNKS", packed)
     return str(request.param)
 
 

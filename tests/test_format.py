@@ -57,9 +57,9 @@ from chunkstore.format.records import (
     CommitRecord,
     StoreConfig,
 )
+from chunkstore.handle.tree import flatten
+from chunkstore.handle.versions import entry_from_record
 from chunkstore.objects.kinds import chunk_key, node_key, tag_key, version_key
-from chunkstore.read.tree import flatten
-from chunkstore.write.writer import entry_from_record
 from tests.conftest import tree_snapshot
 
 REPO = Path(__file__).resolve().parent.parent

@@ -21,10 +21,10 @@ from chunkstore.errors import (
     SavesInProgressError,
 )
 from chunkstore.format.digest import Digest
+from chunkstore.handle.tree import flatten
 from chunkstore.index.lmdbindex import CHUNK, ChunkRecord, ChunkState, Claim
 from chunkstore.maintenance.gc import gc_lock
 from chunkstore.objects.kinds import chunk_key, node_key
-from chunkstore.read.tree import flatten
 from tests.conftest import SMALL_CHUNK, tree_snapshot
 
 HOUR = 3600.0

@@ -825,7 +825,7 @@ def test_a_handle_forgets_the_oldest_objects_it_found_stored_not_all(
     """Past its bound the handle forgets the oldest quarter of what it found stored, not
     everything (a save reusing more objects than the bound asked about every one of
     them again at every save)."""
-    import chunkstore.store as store_module
+    import chunkstore.handle.handle as store_module
     from chunkstore.format.digest import Digest
     from chunkstore.index.lmdbindex import CHUNK
 

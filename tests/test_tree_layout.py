@@ -22,13 +22,13 @@ from chunkstore.format.manifest import (
     decode_tree,
     tensor_text,
 )
+from chunkstore.handle.handle import MAX_NODE_TARGET
+from chunkstore.handle.tree import NodeCache, flatten, load_tree
 from chunkstore.index.lmdbindex import CHUNK as CHUNK_KIND
 from chunkstore.index.lmdbindex import NODE
 from chunkstore.maintenance.mark import MarkSet, mark_tree
 from chunkstore.objects.kinds import node_key
 from chunkstore.protocol.moved import list_moved
-from chunkstore.read.tree import NodeCache, flatten, load_tree
-from chunkstore.store import MAX_NODE_TARGET
 
 CHUNK = Digest.of(b"x").hex
 TENSOR = {"dtype": "uint8", "shape": [1], "shards": [
@@ -162,11 +162,11 @@ def test_dotted_names_decode_from_format_4_and_flatten_to_full_names() -> None:
     node = decode_tree(*root)
     assert set(node.leaves) == {"a.x.y", "c"} and set(node.subtrees) == {"a.x"}
 
-    class Backend:
-        def get(self, key: str) -> bytes:
-            return dict([root, child])[Digest.parse(key.rsplit("/", 1)[1])]
+    class Objects:  # the tree's node objects, by digest
+        def get(self, kind: object, digest: Digest) -> bytes:
+            return dict([root, child])[digest]
 
-    flat = flatten(Backend(), root[0], NodeCache())  # type: ignore[arg-type]
+    flat = flatten(Objects(), root[0], NodeCache())  # type: ignore[arg-type]
     assert sorted(flat.leaves) == ["a.x.b", "a.x.y", "c"]
 
 
@@ -188,11 +188,11 @@ def test_continuation_nodes_hold_entries_under_the_same_prefix() -> None:
     parent = _node({"x": {"tree": index[0].hex}})
     objects = dict([first, second, index, parent])
 
-    class Backend:
-        def get(self, key: str) -> bytes:
-            return objects[Digest.parse(key.rsplit("/", 1)[1])]
+    class Objects:  # the tree's node objects, by digest
+        def get(self, kind: object, digest: Digest) -> bytes:
+            return objects[digest]
 
-    flat = flatten(Backend(), parent[0], NodeCache())  # type: ignore[arg-type]
+    flat = flatten(Objects(), parent[0], NodeCache())  # type: ignore[arg-type]
     assert sorted(flat.leaves) == ["x.a", "x.b.c", "x.d"]
     assert decode_tree(*index).children() == [first[0], second[0]]
 
@@ -217,24 +217,24 @@ def test_a_name_in_two_continuation_nodes_is_corrupt(second_entries: dict[str, A
     index = _index([first[0], second[0]])
     objects = dict([child, other, first, second, index])
 
-    class Backend:
-        def get(self, key: str) -> bytes:
-            return objects[Digest.parse(key.rsplit("/", 1)[1])]
+    class Objects:  # the tree's node objects, by digest
+        def get(self, kind: object, digest: Digest) -> bytes:
+            return objects[digest]
 
     with pytest.raises(CorruptNodeError, match="appears twice"):
-        flatten(Backend(), index[0], NodeCache())  # type: ignore[arg-type]
+        flatten(Objects(), index[0], NodeCache())  # type: ignore[arg-type]
 
 
 def test_an_inlined_name_that_repeats_a_subtree_leaf_is_corrupt() -> None:
     child = _node({"b": {"tensor": TENSOR}})
     root = _node({"a.b": {"tensor": TENSOR}, "a": {"tree": child[0].hex}})
 
-    class Backend:
-        def get(self, key: str) -> bytes:
-            return dict([root, child])[Digest.parse(key.rsplit("/", 1)[1])]
+    class Objects:  # the tree's node objects, by digest
+        def get(self, kind: object, digest: Digest) -> bytes:
+            return dict([root, child])[digest]
 
     with pytest.raises(CorruptNodeError, match="appears twice"):
-        flatten(Backend(), root[0], NodeCache())  # type: ignore[arg-type]
+        flatten(Objects(), root[0], NodeCache())  # type: ignore[arg-type]
 
 
 def test_gc_and_index_rebuild_keep_every_node_of_a_split_tree(tmp_path: Path) -> None:
@@ -270,7 +270,7 @@ def test_gc_and_index_rebuild_keep_every_node_of_a_split_tree(tmp_path: Path) ->
             marks.resolve(list_moved(store.objects), lambda _: True)  # members: to their packs
             assert all((NODE, digest) in marks for digest in nodes)
             assert all((CHUNK_KIND, digest) in marks for digest in flatten(
-                store.backend, kept.root, NodeCache()).chunk_digests())
+                store.objects, kept.root, NodeCache()).chunk_digests())
         finally:
             marks.close()
 

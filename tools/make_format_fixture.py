@@ -42,7 +42,7 @@ from chunkstore.format.digest import Digest
 from chunkstore.format.dtypes import dtype_name
 from chunkstore.format.manifest import NODE_FORMAT_VERSION
 from chunkstore.format.records import RECORD_FORMAT_VERSION, STORE_FORMAT_VERSION
-from chunkstore.read.tree import load_tree
+from chunkstore.handle.tree import load_tree
 
 CHUNK_SIZE = 4096
 RUN = "fmt"

@@ -35,6 +35,8 @@ from chunkstore.errors import NotAStoreError
 from chunkstore.format.dtypes import element_size
 from chunkstore.format.manifest import MAX_DELTA_DEPTH, TensorEntry
 from chunkstore.format.records import DEFAULT_DELTA_DEPTH
+from chunkstore.handle.basecopies import BASE_COPY_BYTES
+from chunkstore.handle.tree import Leaf
 from chunkstore.maintenance.report import (
     RankStats,
     StoreStats,
@@ -45,9 +47,7 @@ from chunkstore.maintenance.report import (
 )
 from chunkstore.maintenance.report import stats as store_stats
 from chunkstore.maintenance.retention import parse_duration
-from chunkstore.read.tree import Leaf
 from chunkstore.store import VersionInfo
-from chunkstore.write.basecopies import BASE_COPY_BYTES
 
 # --- init -----------------------------------------------------------------------------------
 

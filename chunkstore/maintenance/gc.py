@@ -89,11 +89,10 @@ nothing.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -106,8 +105,10 @@ from chunkstore.errors import (
 )
 from chunkstore.format.chunkobj import HEADER, parse_header
 from chunkstore.format.digest import Digest
+from chunkstore.index.gclock import finish_deletions, gc_lock
 from chunkstore.index.lmdbindex import CHUNK, NODE, ChunkState
 from chunkstore.maintenance.mark import MarkSet, mark_live, mark_removed, mark_unindexed
+from chunkstore.maintenance.reconcile import reconcile
 from chunkstore.maintenance.repack import DEFAULT_UNUSED, plan, repack
 from chunkstore.maintenance.retention import parse_duration
 from chunkstore.objects.kinds import CHUNKS, MOVED, NODES, TOMBSTONES
@@ -127,12 +128,7 @@ from chunkstore.protocol.sessions import HEARTBEAT_S, LEASE_S, list_sessions, ow
 from chunkstore.read.packs import copy_members
 
 if TYPE_CHECKING:
-    from chunkstore.store import Store
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - not POSIX
-    fcntl = None  # type: ignore[assignment]
+    from chunkstore.handle.handle import StoreHandle
 
 DEFAULT_GRACE_S = 3600.0
 #: How long a GC waits for saves that started before its journal entry (step 6).
@@ -206,41 +202,7 @@ class GcResult:
         return dict(self.__dict__)
 
 
-# --- the GC lock ------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def gc_lock(index_path: str, *, wait: bool = False, wait_s: float = 0.0) -> Iterator[bool]:
-    """Hold this index's GC lock (an flock, released by the kernel if the holder dies).
-
-    Yields True when held.  Without ``wait``, tries for ``wait_s`` seconds and
-    yields False when another process still holds it.
-    """
-    if fcntl is None:  # pragma: no cover
-        yield True
-        return
-    for attempt in range(5):  # an index directory may be deleted at any time
-        os.makedirs(index_path, exist_ok=True)
-        try:
-            fd = os.open(os.path.join(index_path, "gc.lock"), os.O_RDWR | os.O_CREAT, 0o644)
-            break
-        except FileNotFoundError:  # deleted between the two calls
-            if attempt == 4:
-                raise
-    try:
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    yield False
-                    return
-                time.sleep(0.05)
-        yield True
-    finally:
-        os.close(fd)  # closing the descriptor releases the lock
+# --- leftovers of killed runs --------------------------------------------------------------
 
 
 def _remove_stale_marks(index_path: str) -> None:
@@ -249,25 +211,6 @@ def _remove_stale_marks(index_path: str) -> None:
     for name in os.listdir(index_path) if os.path.isdir(index_path) else []:
         if name.startswith(("gc-mark-", "rebuild-")):
             shutil.rmtree(os.path.join(index_path, name), ignore_errors=True)
-
-
-def finish_deletions(store: Store) -> int:
-    """Hand back every deletion a killed GC of this index left in the DELETING state.
-
-    Its records become WRITING (no dedup target), so the objects are decided
-    again by a whole run: journal entry, session wait and mark.  Deleting them
-    directly would skip all three, and a save on another index may have
-    written one again since (the dead GC's entry stopped protecting it).
-    The caller holds the GC lock.
-    """
-    return store.index.abandon_deletions()
-
-
-def finish_abandoned_deletions(store: Store) -> None:
-    """For a writer waiting on a DELETING object: finish it if no GC is running."""
-    with gc_lock(store.index.path) as held:
-        if held:
-            finish_deletions(store)
 
 
 def session_is_dead(info: dict[str, Any], now: float, grace_s: float) -> bool:
@@ -280,7 +223,7 @@ def session_is_dead(info: dict[str, Any], now: float, grace_s: float) -> bool:
 
 
 class _Run:
-    def __init__(self, store: Store, grace_s: float, dry_run: bool, sweep: bool,
+    def __init__(self, store: StoreHandle, grace_s: float, dry_run: bool, sweep: bool,
                  clock: Callable[[], float], progress: Progress, session_wait_s: float,
                  repack_unused: float | None) -> None:
         self.store, self.index, self.objects = store, store.index, store.objects
@@ -330,11 +273,11 @@ class _Run:
         # record but before its index update loses its claims here, and its
         # version is counted in (with its references) just below.
         self.expire_sessions()
-        self.store.reconcile()
+        reconcile(self.store)
         sync_journal(self.objects, self.index)
         self.result.versions_considered = len(self.index.versions())
         if not self.dry_run:
-            self.result.unfinished_deletions = finish_deletions(self.store)
+            self.result.unfinished_deletions = finish_deletions(self.index)
         candidates = self.find_candidates()
         if self.sweep:
             candidates += self.find_orphans()
@@ -507,7 +450,7 @@ class _Run:
                 self.result.deferred = len(candidates)
                 entry.state = ABANDONED
                 return
-            self.store.reconcile()  # versions the sessions just waited for published
+            reconcile(self.store)  # versions the sessions just waited for published
             candidates = self.confirm_unreachable(candidates)
             self.delete(candidates)
             entry.state = DONE
@@ -645,7 +588,7 @@ class _Run:
                 cutoff, dry_run=self.dry_run)
 
 
-def collect(store: Store, grace: object = DEFAULT_GRACE_S, *, dry_run: bool = False,
+def collect(store: StoreHandle, grace: object = DEFAULT_GRACE_S, *, dry_run: bool = False,
             sweep: bool = True, clock: Callable[[], float] = time.time,
             progress: Progress | None = None,
             session_wait: float = DEFAULT_SESSION_WAIT_S,

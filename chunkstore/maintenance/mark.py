@@ -20,15 +20,15 @@ from chunkstore.errors import (
 )
 from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import DataEntry, PackLocation, TensorEntry
+from chunkstore.handle.tree import load_tree
 from chunkstore.index.lmdbindex import CHUNK, NODE
 from chunkstore.objects.kinds import TOMBSTONES
 from chunkstore.progress import Progress
 from chunkstore.protocol.moved import MAX_HOPS, MovedRecord, resolve_hops
 from chunkstore.protocol.tombstones import list_tombstones
-from chunkstore.read.tree import load_tree
 
 if TYPE_CHECKING:
-    from chunkstore.store import Store
+    from chunkstore.handle.handle import StoreHandle
 
 class MarkSet:
     """A set of (kind, digest) on disk, so marking a large store needs little memory.
@@ -215,7 +215,7 @@ def _location_of(key: bytes) -> PackLocation:
     return PackLocation(Digest(key[1:33]), offset, length)
 
 
-def mark_live(store: Store, marks: MarkSet, progress: Progress,
+def mark_live(store: StoreHandle, marks: MarkSet, progress: Progress,
               check_time: Callable[[], None]) -> list[str]:
     """Mark every object the live versions reach; return versions marked from the index.
 
@@ -240,7 +240,7 @@ def mark_live(store: Store, marks: MarkSet, progress: Progress,
     return fallback
 
 
-def mark_tree(store: Store, root: Digest, marks: MarkSet) -> None:
+def mark_tree(store: StoreHandle, root: Digest, marks: MarkSet) -> None:
     """Mark every tree and data node and every chunk object the tree at ``root`` needs."""
     stack = [root]
     while stack:
@@ -273,7 +273,7 @@ def mark_tree(store: Store, root: Digest, marks: MarkSet) -> None:
 
 
 
-def mark_unindexed(store: Store, marks: MarkSet) -> None:
+def mark_unindexed(store: StoreHandle, marks: MarkSet) -> None:
     """Mark versions on storage the index does not list (committed since the
     reconcile, or unreadable); refuse to go on when one cannot be read."""
     indexed = {e.id for e in store.index.versions()}
@@ -292,7 +292,7 @@ def mark_unindexed(store: Store, marks: MarkSet) -> None:
                 " `chunkstore rm` the version if it is beyond repair") from exc
 
 
-def mark_removed(store: Store, marks: MarkSet, removed_after: float) -> list[str]:
+def mark_removed(store: StoreHandle, marks: MarkSet, removed_after: float) -> list[str]:
     """Mark the trees of versions removed after ``removed_after`` (their grace period
     still runs); return the ids of tombstones older than that, which protect nothing."""
     expired = []

@@ -53,10 +53,10 @@ from chunkstore.protocol.moved import MovedRecord, write_moved
 from chunkstore.read.packs import copy_members
 
 if TYPE_CHECKING:
+    from chunkstore.handle.handle import StoreHandle
     from chunkstore.maintenance.mark import MarkSet
     from chunkstore.protocol.journal import Fence
     from chunkstore.protocol.sessions import StoreSession
-    from chunkstore.store import Store
 
 #: Repack a pack once at least this fraction of its content is garbage (the default
 #: of ``gc``'s ``repack_unused``; ``restic prune --max-unused`` works per repository,
@@ -104,7 +104,7 @@ class RepackPlan:
         return sum(p.stored for p in self.packs) - self.copy_bytes
 
 
-def plan(store: Store, marks: MarkSet, moved: dict[Digest, MovedRecord | None],
+def plan(store: StoreHandle, marks: MarkSet, moved: dict[Digest, MovedRecord | None],
          unused: float | None, skip: set[Digest]) -> RepackPlan:
     """Measure every live pack's garbage; choose those at least ``unused`` garbage
     (None: choose none) that have no moved record and are not in ``skip``."""
@@ -125,7 +125,7 @@ def plan(store: Store, marks: MarkSet, moved: dict[Digest, MovedRecord | None],
     return result
 
 
-def _pack_size(store: Store, pack: Digest) -> tuple[int, int] | None:
+def _pack_size(store: StoreHandle, pack: Digest) -> tuple[int, int] | None:
     """A pack's content and stored bytes: from the index when it knows the pack, else
     from the pack's header."""
     record = store.index.record(CHUNK, pack)
@@ -147,7 +147,7 @@ class RepackResult:
     skipped: list[str] = field(default_factory=list)  # why a planned pack was left
 
 
-def repack(store: Store, chosen: list[PackUse], target: int) -> RepackResult:
+def repack(store: StoreHandle, chosen: list[PackUse], target: int) -> RepackResult:
     """Steps 2-3 of the module docstring for the ``chosen`` packs."""
     from chunkstore.write.writer import open_store_session
 
@@ -183,7 +183,7 @@ def repack(store: Store, chosen: list[PackUse], target: int) -> RepackResult:
     return result
 
 
-def _write_group(store: Store, fence: Fence, session: StoreSession,
+def _write_group(store: StoreHandle, fence: Fence, session: StoreSession,
                  group: list[tuple[PackUse, list[bytes]]], result: RepackResult) -> None:
     """Write one new pack holding every member of ``group``, then the moved records."""
     parts: list[bytes] = []

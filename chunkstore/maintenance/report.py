@@ -12,13 +12,13 @@ from chunkstore.format.digest import Digest
 from chunkstore.format.dtypes import element_size
 from chunkstore.format.manifest import DataEntry, PackLocation, TensorEntry
 from chunkstore.format.shards import RANKS_ENTRY, ShardRanks
+from chunkstore.handle.tree import Leaf, flatten
 from chunkstore.index.lmdbindex import CHUNK, NODE
 from chunkstore.read.reader import VersionReader
-from chunkstore.read.tree import Leaf, flatten
 
 if TYPE_CHECKING:
+    from chunkstore.handle.handle import StoreHandle
     from chunkstore.maintenance.gc import GcResult
-    from chunkstore.store import Store
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ def ranks_of(entries: dict[str, Leaf], record: ShardRanks, seen: set[Digest] | N
     return tuple(RankStats(rank, *row) for rank, row in enumerate(totals))
 
 
-def version_ranks(store: Store) -> list[VersionRanks]:
+def version_ranks(store: StoreHandle) -> list[VersionRanks]:
     """Every readable version that records its shards' ranks, oldest first; new
     bytes count against every earlier version (ranked or not)."""
     seen: set[Digest] = set()
@@ -213,7 +213,7 @@ class StoreStats:
         }
 
 
-def stats(store: Store, grace_s: float = 3600.0, now: float | None = None) -> StoreStats:
+def stats(store: StoreHandle, grace_s: float = 3600.0, now: float | None = None) -> StoreStats:
     """Sizes of ``store``; what GC could reclaim now and after a grace of ``grace_s``.
 
     Runs two GC dry runs (grace 0: everything awaiting GC; ``grace_s``: what
@@ -290,8 +290,8 @@ def _count_packs(result: StoreStats, awaiting: GcResult | None,
                                       for pack, size in pack_content.items())
 
 
-def _manifest_census(store: Store) -> tuple[dict[Digest, int], dict[tuple[Digest, PackLocation],
-                                                                     int]]:
+def _manifest_census(store: StoreHandle
+                     ) -> tuple[dict[Digest, int], dict[tuple[Digest, PackLocation], int]]:
     """From the live versions' manifests: the chain depth of every chunk listed with
     bases, and the raw length of every packed chunk by (digest, location)."""
     depths: dict[Digest, int] = {}

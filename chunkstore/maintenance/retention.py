@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chunkstore.errors import InvalidSettingError, UnknownMetricError
+from chunkstore.maintenance.verify import verify
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d|w)?\s*$")
 _UNIT_S = {None: 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -265,7 +266,7 @@ def _verified_newest(store: Any, infos: Sequence[Any], count: int, failed: list[
     for info in reversed(infos):
         if len(good) == count:
             break
-        if store.verify(info.id).ok:
+        if verify(store, info.id).ok:
             good.append(info.id)
         else:
             failed.append(info.id)

@@ -25,16 +25,16 @@ from chunkstore.errors import (
 from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import DataEntry, PackLocation, decode_data
 from chunkstore.format.records import Tag
+from chunkstore.handle.tree import FlatTree, flatten, read_node
 from chunkstore.objects.kinds import CHUNKS, TAGS
 from chunkstore.progress import NullProgress, Progress
 from chunkstore.protocol.moved import list_moved
 from chunkstore.read.chain import NO_CACHE
 from chunkstore.read.members import Locations, locate_member, missing_chunk
 from chunkstore.read.reader import chunk_reads, read_chunk_into
-from chunkstore.read.tree import FlatTree, flatten, read_node
 
 if TYPE_CHECKING:
-    from chunkstore.store import Store
+    from chunkstore.handle.handle import StoreHandle
 
 
 #: one chunk read verify makes: digest, length, listed delta chain and pack location
@@ -86,7 +86,7 @@ def _problem_from(exc: ChunkStoreError, version: str | None) -> Problem:
     return Problem(kind, str(exc), version, getattr(exc, "digest", None))
 
 
-def _check_leaves(store: Store, version_id: str, flat: FlatTree, result: VerifyResult,
+def _check_leaves(store: StoreHandle, version_id: str, flat: FlatTree, result: VerifyResult,
                   reads: dict[ChunkCheck, list[str]]) -> None:
     """Check every leaf the way a read does; collect the chunk reads it implies
     (each chunk at every length its positions imply, with the versions that need it)."""
@@ -109,7 +109,7 @@ def _check_leaves(store: Store, version_id: str, flat: FlatTree, result: VerifyR
                 needed_by.append(version_id)
 
 
-def _load_versions(store: Store, ids: list[str], result: VerifyResult,
+def _load_versions(store: StoreHandle, ids: list[str], result: VerifyResult,
                    reads: dict[ChunkCheck, list[str]]) -> dict[str, FlatTree]:
     trees: dict[str, FlatTree] = {}
     for version_id in ids:
@@ -129,7 +129,7 @@ def _load_versions(store: Store, ids: list[str], result: VerifyResult,
     return trees
 
 
-def _check_chunk(store: Store, check: ChunkCheck, read_data: bool
+def _check_chunk(store: StoreHandle, check: ChunkCheck, read_data: bool
                  ) -> tuple[int, Problem | None]:
     """Read the chunk exactly as a read of the version would (same checks, same code:
     a delta through its listed chain, so a missing or corrupt base is found here)."""
@@ -156,7 +156,7 @@ def _check_chunk(store: Store, check: ChunkCheck, read_data: bool
         return 0, _problem_from(exc, None)
 
 
-def _check_tags(store: Store, result: VerifyResult) -> None:
+def _check_tags(store: StoreHandle, result: VerifyResult) -> None:
     for name in store.objects.ids(TAGS):
         try:
             Tag.decode(name, store.objects.get(TAGS, name))
@@ -166,7 +166,7 @@ def _check_tags(store: Store, result: VerifyResult) -> None:
             result.problems.append(_problem_from(exc, None))
 
 
-def _check_moved(store: Store, result: VerifyResult) -> None:
+def _check_moved(store: StoreHandle, result: VerifyResult) -> None:
     """A moved record that cannot be parsed stops every GC (it cannot know where that
     pack's members went), and a read through it fails: name it."""
     for pack, record in sorted(list_moved(store.objects).items()):
@@ -177,7 +177,7 @@ def _check_moved(store: Store, result: VerifyResult) -> None:
                 pack.hex))
 
 
-def _check_refcounts(store: Store, trees: dict[str, FlatTree], unreadable: set[str],
+def _check_refcounts(store: StoreHandle, trees: dict[str, FlatTree], unreadable: set[str],
                      result: VerifyResult) -> None:
     indexed = {e.id for e in store.index.versions()}
     for vid in sorted(set(trees) - indexed):
@@ -202,7 +202,7 @@ def _check_refcounts(store: Store, trees: dict[str, FlatTree], unreadable: set[s
                                        " run `chunkstore index rebuild`", None, digest.hex))
 
 
-def verify(store: Store, sel: str | None = None, *, read_data: bool = True,
+def verify(store: StoreHandle, sel: str | None = None, *, read_data: bool = True,
            progress: Progress | None = None) -> VerifyResult:
     """Check the chosen version (all when ``sel`` is None); tags and refcounts only for all.
 

@@ -9,7 +9,10 @@ buffer through :meth:`ObjectStore._loaded_into`): a transform of every stored
 object (encryption, a copy to a second store for mirroring) is a change to these
 methods and nothing else (tests/test_architecture.py stores every object through
 a transform and reads the store back).  Today the store keeps objects as they are
-encoded; the config object always stays so (it says how to read the rest).
+encoded; the config object always stays so (it says how to read the rest).  A
+transform that changes lengths (a nonce and tag per object) also owns the sizes
+:meth:`ObjectStore.stat` reports and the offsets of ranged reads: readers above
+compare a chunk's stored size with its header, and read pack members by offset.
 
 Errors keep the backend's contract: a missing object is ``FileNotFoundError``,
 a second create ``False``; the layers above turn them into domain errors, since

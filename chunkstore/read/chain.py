@@ -29,8 +29,6 @@ so a restore or a save decodes a base shared by several chunks once.
 from __future__ import annotations
 
 import struct
-import threading
-from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -51,48 +49,15 @@ from chunkstore.format.chunkobj import (
 )
 from chunkstore.format.digest import DIGEST_SIZE, Digest
 from chunkstore.format.manifest import PackLocation
+from chunkstore.handle.caches import BaseCache
 from chunkstore.objects.kinds import CHUNKS
 from chunkstore.read.members import Locations, Prefetched, member_object, missing_chunk
 
 if TYPE_CHECKING:
-    from chunkstore.store import Store
+    from chunkstore.handle.handle import StoreHandle
 
 
-class BaseCache:
-    """Decoded, verified chunk bytes by digest; at most ``budget`` bytes in all."""
-
-    def __init__(self, budget: int) -> None:
-        self._items: OrderedDict[Digest, bytes | memoryview] = OrderedDict()
-        self._budget = budget
-        self._size = 0
-        self._lock = threading.Lock()
-
-    def get(self, digest: Digest) -> bytes | memoryview | None:
-        with self._lock:
-            raw = self._items.get(digest)
-            if raw is not None:
-                self._items.move_to_end(digest)
-            return raw
-
-    def clear(self) -> None:
-        with self._lock:
-            self._items.clear()
-            self._size = 0
-
-    def put(self, digest: Digest, raw: bytes | memoryview) -> None:
-        if len(raw) > self._budget:
-            return
-        with self._lock:
-            if digest in self._items:
-                return
-            self._items[digest] = raw
-            self._size += len(raw)
-            while self._size > self._budget:
-                _, old = self._items.popitem(last=False)
-                self._size -= len(old)
-
-
-def _get(store: Store, digest: Digest, location: PackLocation | None, raw_length: int,
+def _get(store: StoreHandle, digest: Digest, location: PackLocation | None, raw_length: int,
          prefetched: Prefetched | None = None) -> bytes | memoryview:
     """The object of ``digest`` (of ``raw_length`` raw bytes): stored under its key, or
     the member object at ``location`` inside a pack (bounded by that length before it
@@ -124,7 +89,7 @@ def _check_base(digest: Digest, header: ChunkHeader, chain: tuple[Digest, ...]) 
                                 f" {listed} as its base")
 
 
-def decode_chain(store: Store, digest: Digest, data: bytes | memoryview,
+def decode_chain(store: StoreHandle, digest: Digest, data: bytes | memoryview,
                  chain: tuple[Digest, ...], out: memoryview | None = None,
                  cache: BaseCache | None = None, *, check_links: bool = False,
                  locations: Locations = (), prefetched: Prefetched | None = None
@@ -164,7 +129,7 @@ def decode_chain(store: Store, digest: Digest, data: bytes | memoryview,
 Link = tuple[Digest, ChunkHeader, memoryview]
 
 
-def _chain_objects(store: Store, digest: Digest, header: ChunkHeader, view: memoryview,
+def _chain_objects(store: StoreHandle, digest: Digest, header: ChunkHeader, view: memoryview,
                    chain: tuple[Digest, ...], cache: BaseCache | None, locations: Locations,
                    prefetched: Prefetched | None = None
                    ) -> tuple[list[Link], Link | None, bytes | memoryview | None]:
@@ -259,7 +224,7 @@ def _planes_of(digest: Digest, payload: memoryview, planes: np.ndarray, *, xor: 
         raise CorruptChunkError(digest.hex, f"payload does not decode: {exc}") from exc
 
 
-def base_bytes(store: Store, digest: Digest, chain: tuple[Digest, ...], raw_length: int,
+def base_bytes(store: StoreHandle, digest: Digest, chain: tuple[Digest, ...], raw_length: int,
                cache: BaseCache | None = None, *, check_links: bool = False,
                location: PackLocation | None = None, locations: Locations = (),
                prefetched: Prefetched | None = None) -> bytes | memoryview:
@@ -280,7 +245,7 @@ def base_bytes(store: Store, digest: Digest, chain: tuple[Digest, ...], raw_leng
     return raw
 
 
-def base_prefix(store: Store, digest: Digest, chain: tuple[Digest, ...], length: int,
+def base_prefix(store: StoreHandle, digest: Digest, chain: tuple[Digest, ...], length: int,
                 raw_length: int, locations: Locations = ()) -> bytes | None:
     """The first ``length`` raw bytes of the chunk ``digest`` (a would-be base), decoding
     only what they need: enough to judge whether a delta pays before the whole base is
@@ -328,7 +293,7 @@ def base_prefix(store: Store, digest: Digest, chain: tuple[Digest, ...], length:
         return None
 
 
-def header_chain(store: Store, digest: Digest, limit: int) -> tuple[Digest, ...] | None:
+def header_chain(store: StoreHandle, digest: Digest, limit: int) -> tuple[Digest, ...] | None:
     """The bases of the stored object of ``digest`` as its headers name them (nearest
     first), reading headers only; None when an object is missing, damaged, or the
     chain is longer than ``limit``."""

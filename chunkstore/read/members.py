@@ -29,7 +29,7 @@ from chunkstore.objects.kinds import CHUNKS
 from chunkstore.protocol.moved import MAX_HOPS, read_moved
 
 if TYPE_CHECKING:
-    from chunkstore.store import Store
+    from chunkstore.handle.handle import StoreHandle
 
 
 #: Where each base of a chain lies inside a pack (None: an object of its own), in chain
@@ -52,13 +52,13 @@ READ_GAP_BYTES = 64 * 1024
 READ_RUN_BYTES = 8 * 1024 * 1024
 
 
-def missing_chunk(store: Store, digest: Digest) -> MissingChunkError:
+def missing_chunk(store: StoreHandle, digest: Digest) -> MissingChunkError:
     """The error for a chunk found missing; the index stops offering it for dedup."""
     store.index.forget_missing(CHUNK, digest)
     return MissingChunkError(digest.hex)
 
 
-def member_object(store: Store, digest: Digest, location: PackLocation, raw_length: int,
+def member_object(store: StoreHandle, digest: Digest, location: PackLocation, raw_length: int,
                   prefetched: Prefetched | None = None) -> memoryview:
     """The member object of packed chunk ``digest`` at ``location`` (a base to decode,
     of ``raw_length`` raw bytes): bounded by that length before it is read, taken from
@@ -93,7 +93,7 @@ def checked_member(digest: Digest, location: PackLocation, data: memoryview) -> 
     return data
 
 
-def locate_member(store: Store, digest: Digest, location: PackLocation) -> PackLocation:
+def locate_member(store: StoreHandle, digest: Digest, location: PackLocation) -> PackLocation:
     """Where a packed chunk lies now: its listed location while that pack exists, else
     where the moved records say (a missing chunk when they say nothing)."""
     for hops in range(MAX_HOPS + 1):
@@ -106,7 +106,7 @@ def locate_member(store: Store, digest: Digest, location: PackLocation) -> PackL
     raise AssertionError("unreachable: forward_members refuses the hop after the last")
 
 
-def forward_members(store: Store, members: list[MemberRead], hops: int) -> list[MemberRead]:
+def forward_members(store: StoreHandle, members: list[MemberRead], hops: int) -> list[MemberRead]:
     """The members of a missing pack where its moved record puts them; a pack with no
     record, or a member it does not list, is a missing chunk."""
     pack = members[0][1].pack

@@ -22,7 +22,7 @@ A save packs the small chunks it must write:
 3. members to write are encoded in the workers and appended to the open pack
    in the order the caller handed them out (:class:`PackBuilder`), so a save
    of the same state writes the same packs; a pack is sealed at
-   :data:`PACK_TARGET_BYTES` and at commit, its digest claimed like any
+   :data:`chunkstore.handle.handle.PACK_TARGET_BYTES` and at commit, its digest claimed like any
    chunk's, and written with put-if-absent;
 4. the version lists each member's location; the index remembers the
    locations of standalone members (a dedup cache only: a missing entry
@@ -64,9 +64,11 @@ from chunkstore.format.chunkobj import (
 )
 from chunkstore.format.digest import DIGEST_SIZE, Digest
 from chunkstore.format.manifest import MAX_PACK_BYTES, PackLocation
+from chunkstore.handle.caches import BaseCache
+from chunkstore.handle.handle import PACK_TARGET_BYTES
 from chunkstore.objects.kinds import CHUNKS
 from chunkstore.protocol.moved import MAX_HOPS
-from chunkstore.read.chain import BaseCache, decode_chain
+from chunkstore.read.chain import decode_chain
 from chunkstore.read.members import (
     NO_CHAIN,
     READ_RUN_BYTES,
@@ -81,16 +83,7 @@ from chunkstore.read.members import (
 )
 
 if TYPE_CHECKING:
-    from chunkstore.store import Store
-
-#: A pack is sealed once its content reaches this size.  Measured on this project's
-#: 2-core machine: writing a pack costs its bytes plus one object; above a few MiB the
-#: per-object cost is noise, and a pack stays small next to a 4 MiB chunk.
-PACK_TARGET_BYTES = 8 * 1024 * 1024
-#: The largest target a store handle accepts.  A pack holds one member more than its
-#: target at most, and never more than a location may point into (``MAX_PACK_BYTES``):
-#: a member that would cross it starts a new pack.
-MAX_PACK_TARGET = 64 * 1024 * 1024
+    from chunkstore.handle.handle import StoreHandle
 
 
 def chunks_fit_in_packs(chunk_bytes: int) -> bool:
@@ -228,7 +221,7 @@ class PackBuilder:
 PREFETCH_BYTES = 2 * READ_RUN_BYTES
 
 
-def read_member_into(store: Store, digest: Digest, location: PackLocation, out: memoryview,
+def read_member_into(store: StoreHandle, digest: Digest, location: PackLocation, out: memoryview,
                      *, check_pack: bool = False, chain: Chain = NO_CHAIN,
                      cache: BaseCache | None = None) -> None:
     """Fill ``out`` with packed chunk ``digest``, read by range from its pack and
@@ -252,7 +245,7 @@ def read_member_into(store: Store, digest: Digest, location: PackLocation, out: 
                       check_links=check_pack)
 
 
-def prefetch_bases(store: Store, members: list[MemberRead], cache: BaseCache | None
+def prefetch_bases(store: StoreHandle, members: list[MemberRead], cache: BaseCache | None
                    ) -> Prefetched:
     """The member objects of the packed bases that ``members``' listed chains need (and
     that ``cache`` does not hold decoded), fetched with one ranged read per run of
@@ -289,7 +282,7 @@ def prefetch_bases(store: Store, members: list[MemberRead], cache: BaseCache | N
     return found
 
 
-def read_members_into(store: Store, members: list[MemberRead], hops: int = 0, *,
+def read_members_into(store: StoreHandle, members: list[MemberRead], hops: int = 0, *,
                       cache: BaseCache | None = None, check_links: bool = False) -> None:
     """Read members of one pack with one ranged read (they lie close together: see
     :func:`read_runs`), then check and decode each as :func:`read_member_into` does.
@@ -312,7 +305,7 @@ def read_members_into(store: Store, members: list[MemberRead], hops: int = 0, *,
                        chain, cache, check_links, prefetched)
 
 
-def copy_members(store: Store, pack: Digest, members: list[tuple[Digest, int, int]]
+def copy_members(store: StoreHandle, pack: Digest, members: list[tuple[Digest, int, int]]
                  ) -> list[bytes]:
     """The member objects at (digest, offset, length) of ``pack``, each checked as a
     read checks it (so a repack never copies damage): the bytes to pack again.  A
@@ -353,7 +346,7 @@ def _check_member_length(digest: Digest, location: PackLocation, data: memoryvie
                                 f" says {header.size + header.payload_length}")
 
 
-def _decode_member(store: Store, digest: Digest, location: PackLocation, data: memoryview,
+def _decode_member(store: StoreHandle, digest: Digest, location: PackLocation, data: memoryview,
                    out: memoryview, chain: Chain, cache: BaseCache | None,
                    check_links: bool, prefetched: Prefetched | None = None) -> None:
     if len(data) < HEADER.size:
@@ -369,7 +362,7 @@ def _decode_member(store: Store, digest: Digest, location: PackLocation, data: m
                  locations=locations, prefetched=prefetched)
 
 
-def _check_pack_header(store: Store, location: PackLocation) -> None:
+def _check_pack_header(store: StoreHandle, location: PackLocation) -> None:
     pack = location.pack
     header = parse_header(pack, store.objects.get_range(CHUNKS, pack, 0, HEADER.size))
     if header.codec_id != PACK.id or header.raw_length != header.payload_length:

@@ -30,17 +30,19 @@ from chunkstore.format.shards import (
     scatter_shards,
     shard_bases,
 )
+from chunkstore.handle.caches import BaseCache
+from chunkstore.handle.tree import FlatTree, Leaf, flatten, read_node
+from chunkstore.handle.versions import VersionInfo
 from chunkstore.objects.kinds import CHUNKS
-from chunkstore.read.chain import BaseCache, decode_chain
+from chunkstore.read.chain import decode_chain
 from chunkstore.read.members import Locations, MemberRead, missing_chunk, read_runs
 from chunkstore.read.packs import read_member_into, read_members_into
-from chunkstore.read.tree import FlatTree, Leaf, flatten, read_node
 
 if TYPE_CHECKING:
-    from chunkstore.store import Store, VersionInfo
+    from chunkstore.handle.handle import StoreHandle
 
 
-def read_chunk_into(store: Store, digest: Digest, out: memoryview,
+def read_chunk_into(store: StoreHandle, digest: Digest, out: memoryview,
                     chain: tuple[Digest, ...] = (), cache: BaseCache | None = None, *,
                     check_links: bool = False, location: PackLocation | None = None,
                     locations: Locations = ()) -> None:
@@ -150,7 +152,7 @@ def run_jobs(executor: Executor, jobs: list[Callable[[], None]], at_once: int) -
 class VersionReader:
     """A published version, opened for reading.  Loading runs no code."""
 
-    def __init__(self, store: Store, info: VersionInfo) -> None:
+    def __init__(self, store: StoreHandle, info: VersionInfo) -> None:
         self._store = store
         self.info = info
         self._flat: FlatTree = flatten(store.objects, info.root, store.node_cache)

@@ -24,12 +24,12 @@ from chunkstore.errors import ChunkStoreError
 from chunkstore.format.chunkobj import ChunkHeader, decode_object, encode_object, parse_header
 from chunkstore.format.digest import Digest, digests_of
 from chunkstore.format.manifest import PackLocation
+from chunkstore.handle.basecopies import Place
 from chunkstore.index.lmdbindex import CHUNK, Claim, NewChunk
 from chunkstore.objects.kinds import CHUNKS
 from chunkstore.read.chain import base_bytes, base_prefix
 from chunkstore.read.members import Locations
 from chunkstore.read.packs import PackBuilder
-from chunkstore.write.basecopies import Place
 from chunkstore.write.delta import BaseSlot, Judged, delta_may_pay, encode_delta, probe_length
 from chunkstore.write.reuse import Reuse, StoredChunk
 
@@ -96,7 +96,7 @@ class ChunkJobs(Reuse):
                         base: BaseSlot | None, seq: int | None = None) -> StoredChunk:
         """Store a chunk that may be a base of the run's next save, from a copy kept
         for that save where the last save wrote this place anew, and with the copy
-        the last save kept of its base, if any (chunkstore.write.basecopies)."""
+        the last save kept of its base, if any (chunkstore.handle.basecopies)."""
         copies = self._parent.copies
         copy = copies.buffer(len(view)) if copies.copy_first(place) else None
         if copy is not None:  # hashed, encoded and written from the copy, never the array
@@ -172,7 +172,7 @@ class ChunkJobs(Reuse):
             self._packs.add(seq, digest, None, 0)
             return reused
         # A raw payload is a view of the chunk, and the chunk may be a copy whose buffer
-        # serves another chunk once this one is stored (chunkstore.write.basecopies): the pack
+        # serves another chunk once this one is stored (chunkstore.handle.basecopies): the pack
         # joins its members later, so it gets bytes of its own.
         member = (header.pack(), payload if isinstance(payload, bytes) else bytes(payload))
         slot = self._packs.add(seq, digest, member, len(view), (chain, locations))

@@ -46,12 +46,12 @@ from chunkstore.codecs.subdelta import LANES
 from chunkstore.errors import ChunkStoreError
 from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import PackLocation, TensorEntry
+from chunkstore.handle.basecopies import BaseCopies
+from chunkstore.handle.tree import flatten
 from chunkstore.read.members import Locations
-from chunkstore.read.tree import flatten
-from chunkstore.write.basecopies import BaseCopies
 
 if TYPE_CHECKING:
-    from chunkstore.store import Store
+    from chunkstore.handle.handle import StoreHandle
 
 #: A delta is kept only below this fraction of the standalone encoding's size:
 #: every link of a chain costs a read and a decode on restore.  Measured with
@@ -189,13 +189,13 @@ class ParentChunks:
     saves then read no manifest node of the previous version.
     """
 
-    def __init__(self, store: Store, run: str) -> None:
+    def __init__(self, store: StoreHandle, run: str) -> None:
         self.depth = store.config.delta_depth if store.compression in DELTA_POLICIES else 0
         self._entries: dict[str, TensorEntry] = {}
         self.listings: dict[Digest, Listing] = {}
         self.skips = Skips()
         parent = store.latest(run)
-        # Copies of the parent's chunks this handle kept (chunkstore.write.basecopies).
+        # Copies of the parent's chunks this handle kept (chunkstore.handle.basecopies).
         self.copies = (store.base_copies.for_save(run, parent.id if parent else None)
                        if self.depth else BaseCopies(0).for_save(run, None))
         if parent is None:
@@ -223,7 +223,7 @@ class ParentChunks:
                         self.listings.setdefault(base, (locations[k], chain[k + 1:],
                                                         locations[k + 1:]))
 
-    def remember(self, store: Store, run: str, version_id: str,
+    def remember(self, store: StoreHandle, run: str, version_id: str,
                  entries: dict[str, TensorEntry]) -> None:
         """Cache what the next save of ``run`` needs of the version just committed."""
         known = ParentChunks.__new__(ParentChunks)

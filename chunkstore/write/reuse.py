@@ -37,6 +37,7 @@ from chunkstore.errors import BackendError
 from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import MAX_DELTA_DEPTH, PackLocation
 from chunkstore.index.claims import GroupClaims
+from chunkstore.index.gclock import finish_abandoned_deletions
 from chunkstore.index.lmdbindex import CHUNK, Claim, NewChunk
 from chunkstore.objects.kinds import CHUNKS, NODES
 from chunkstore.protocol.journal import Fence
@@ -46,7 +47,7 @@ from chunkstore.read.packs import PackSlot
 from chunkstore.write.delta import ParentChunks
 
 if TYPE_CHECKING:
-    from chunkstore.store import Store
+    from chunkstore.handle.handle import StoreHandle
 
 DELETING_WAIT_S = 120.0
 HEARTBEAT_S = 30.0
@@ -62,7 +63,7 @@ class Reuse:
     """The dedup decisions of one save (a part of :class:`chunkstore.write.writer.VersionWriter`,
     which sets these attributes)."""
 
-    _store: Store
+    _store: StoreHandle
     _session: str
     _fence: Fence
     _check_dedup: bool
@@ -84,7 +85,7 @@ class Reuse:
             result = claim()
             if result != Claim.WAIT:
                 return result
-            self._store.finish_abandoned_deletions()
+            finish_abandoned_deletions(self._store.index)
             if time.monotonic() > deadline:
                 raise BackendError(f"object {digest.short()} has been in deletion by GC for"
                                    f" {DELETING_WAIT_S:.0f}s; is a GC run stuck?")

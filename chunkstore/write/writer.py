@@ -73,19 +73,20 @@ from chunkstore.format.manifest import (
 from chunkstore.format.names import check_entry_name, check_label
 from chunkstore.format.records import MAX_COUNT, CommitRecord
 from chunkstore.format.treelayout import build_tree
+from chunkstore.handle.tree import flatten
+from chunkstore.handle.versions import VersionInfo, entry_from_record
 from chunkstore.index.claims import GroupClaims
-from chunkstore.index.lmdbindex import CHUNK, NODE, Claim, NewChunk, VersionEntry
+from chunkstore.index.lmdbindex import CHUNK, NODE, Claim, NewChunk
 from chunkstore.objects.kinds import CHUNKS, NODES, VERSIONS
 from chunkstore.protocol.journal import Fence, sync_journal
 from chunkstore.protocol.sessions import StoreSession
 from chunkstore.read.members import Locations
 from chunkstore.read.packs import PackBuilder, chunks_fit_in_packs
-from chunkstore.read.tree import flatten
 from chunkstore.write.chunkjobs import ChunkJobs, PendingTensor
 from chunkstore.write.delta import MIN_DELTA_TENSOR_BYTES, ParentChunks
 
 if TYPE_CHECKING:
-    from chunkstore.store import Store, VersionInfo
+    from chunkstore.handle.handle import StoreHandle
 
 #: A tensor of one chunk (of at most the chunk size) up to this size is hashed with its
 #: batch (by the caller and idle workers), claimed with others in one index transaction
@@ -147,7 +148,7 @@ def _weakly(method: Callable[[Digest, bytes], int]) -> Callable[[Digest, bytes],
 class VersionWriter(ChunkJobs):
     """Collects one version's entries; use as a context manager or call commit()/abort()."""
 
-    def __init__(self, store: Store, run: str, step: int, meta: dict[str, Any] | None, *,
+    def __init__(self, store: StoreHandle, run: str, step: int, meta: dict[str, Any] | None, *,
                  replace: bool = False) -> None:
         self._store = store
         self.run = check_label(run, "run name")
@@ -246,10 +247,10 @@ class VersionWriter(ChunkJobs):
                 self._store.objects.local_path() is None if PACK_LARGE_TENSORS is None
                 else PACK_LARGE_TENSORS)
             # In a store with delta chains, deltas and standalone chunks alike are packed
-            # (Store.pack_delta_chunks), so a delta save writes about new bytes / pack
+            # (StoreHandle.pack_delta_chunks), so a delta save writes about new bytes / pack
             # size objects instead of one per chunk (docs/format.md §3.5, chunk format 5).
             pack_members = fit and bool(self._parent.depth) and self._store.pack_delta_chunks
-            # A chunk that may be a base of the run's next save (chunkstore.write.basecopies).
+            # A chunk that may be a base of the run's next save (chunkstore.handle.basecopies).
             may_be_base = self._parent.depth and len(flat) >= min(MIN_DELTA_TENSOR_BYTES,
                                                                   chunk_bytes + 1)
             for i, start in enumerate(range(0, len(flat), chunk_bytes)):
@@ -610,7 +611,7 @@ class VersionWriter(ChunkJobs):
             self._adopted_new.setdefault(chunk.digest, chunk)
 
 
-def open_store_session(store: Store, purpose: str) -> tuple[StoreSession, Fence]:
+def open_store_session(store: StoreHandle, purpose: str) -> tuple[StoreSession, Fence]:
     """Store the session object, then read the GC journal (in that order: see step 1)."""
     store.upgrade_format()  # sessions are a version-2 object
     session = StoreSession(store.objects, purpose)
@@ -645,14 +646,4 @@ def _content(entry: TensorEntry) -> tuple[object, ...]:
     """What a tensor entry holds, apart from where its chunks are stored."""
     return entry.dtype, entry.shape, tuple(
         (s.offsets, s.sizes, s.chunk_bytes, s.chunks) for s in entry.shards)
-
-
-def entry_from_record(version_id: str, record: CommitRecord) -> VersionEntry:
-    """The index entry of a committed version."""
-    return VersionEntry(
-        id=version_id, run=record.run, step=record.step, created=record.created,
-        root=record.root.hex, parent=record.parent, logical_bytes=record.logical_bytes,
-        new_bytes=record.new_bytes, new_stored_bytes=record.new_stored_bytes,
-        meta=plaindata.to_tree(record.meta),  # type: ignore[arg-type]
-    )
 

@@ -1,0 +1,128 @@
+"""Bringing the index in line with the store: count in the versions it lacks, count out
+those the store no longer has (``reconcile``, run when a store is opened and by GC).
+
+The manifests and commit records in the store are the truth; the index is a
+cache of them (docs/format.md §1).  ``index rebuild`` (:mod:`.rebuild`) starts it
+afresh and reconciles.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from chunkstore.errors import ChunkStoreError
+from chunkstore.format.chunkobj import HEADER, parse_header
+from chunkstore.format.digest import (
+    DIGEST_SIZE,
+    Digest,
+)
+from chunkstore.handle.tree import flatten
+from chunkstore.handle.versions import entry_from_record
+from chunkstore.index.lmdbindex import (
+    ChunkState,
+    NewChunk,
+)
+from chunkstore.objects.kinds import CHUNKS, NODES, TAGS, VERSIONS
+
+if TYPE_CHECKING:
+    from chunkstore.handle.handle import StoreHandle
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RebuildResult:
+    versions: int = 0
+    chunks: int = 0
+    unreferenced_chunks: int = 0
+    unreferenced_nodes: int = 0
+    skipped: list[str] = field(default_factory=list)  # versions that could not be read
+
+    def to_json(self) -> dict[str, object]:
+        return dict(self.__dict__)
+
+
+def chunk_info(store: StoreHandle, digest: Digest) -> NewChunk | None:
+    try:
+        header = parse_header(digest, store.objects.get_range(CHUNKS, digest, 0,
+                                                              HEADER.size + DIGEST_SIZE))
+        size = store.objects.stat(CHUNKS, digest).size
+    except (FileNotFoundError, ChunkStoreError):
+        return None  # missing or damaged: verify reports it
+    return NewChunk(digest, header.codec_id, header.raw_length, size)
+
+
+def _needs_info(store: StoreHandle, digest: Digest) -> bool:
+    record = store.index.chunk(digest)
+    return record is None or record.state == ChunkState.WRITING
+
+
+def count_in(store: StoreHandle, version_id: str) -> bool:
+    """Add a version found on the backend to the index; False if it cannot be read."""
+    try:
+        record = store.read_record(version_id)
+        flat = flatten(store.objects, record.root, store.node_cache)
+    except (FileNotFoundError, ChunkStoreError) as exc:
+        log.warning("version %s is not readable, left out of the index: %s", version_id[:12], exc)
+        return False
+    refs = flat.chunk_digests()
+    # A chunk still WRITING was claimed by a save that died before its index
+    # update (killed after the commit record): its size is known only here.
+    unknown = [d for d in refs if _needs_info(store, d)]
+    new_chunks = [c for c in store.executor.map(lambda d: chunk_info(store, d), unknown) if c]
+    node_digests = sorted(flat.tree_nodes | flat.data_nodes(), key=lambda d: d.raw)
+    nodes = dict(zip(node_digests, store.executor.map(lambda d: _node_size(store, d),
+                                                      node_digests), strict=True))
+    store.index.add_version(entry_from_record(version_id, record), refs, nodes, new_chunks,
+                            packed=flat.pack_members())
+    if not store.objects.exists(VERSIONS, version_id):
+        store.index.remove_version(version_id)  # removed while it was being counted in
+        return False
+    return True
+
+
+def _node_size(store: StoreHandle, digest: Digest) -> int:
+    """The node object's size; 0 (unknown: not a dedup target) when it is missing."""
+    try:
+        return store.objects.stat(NODES, digest).size
+    except FileNotFoundError:
+        return 0
+
+
+def _sync_tags(store: StoreHandle) -> None:
+    in_index = store.index.tags()  # before listing: a tag set meanwhile is on the backend
+    on_backend = store.stored_tags()
+    for tag, vid in on_backend.items():
+        if in_index.get(tag) != vid and store.index.version(vid) is not None:
+            store.index.set_tag(tag, vid)
+    for tag in set(in_index) - set(on_backend):
+        if not store.objects.exists(TAGS, tag):  # not re-created since the listing
+            store.index.delete_tag(tag)
+
+
+def reconcile(store: StoreHandle, result: RebuildResult | None = None) -> RebuildResult:
+    """Count in versions on storage the index lacks; count out those storage lacks.
+
+    The index is read before storage is listed, so a version committed
+    meanwhile is on the listing; a version missing from the listing is
+    checked again before it is counted out.
+    """
+    result = result or RebuildResult()
+    in_index = {e.id for e in store.index.versions()}
+    on_backend = set(store.stored_version_ids())
+    for version_id in sorted(on_backend - in_index):
+        if store.index.version(version_id) is not None:
+            continue  # its own save counted it in meanwhile
+        if count_in(store, version_id):
+            result.versions += 1
+        else:
+            result.skipped.append(version_id)
+    for version_id in in_index - on_backend:
+        if not store.objects.exists(VERSIONS, version_id):
+            store.index.remove_version(version_id)
+    _sync_tags(store)
+    return result
+
+
