@@ -106,6 +106,15 @@ class NotAStoreError(ChunkStoreError):
         self.url = url
 
 
+class StoreLocationError(InvalidInputError):
+    """Raised when a location cannot hold a store (a path under ``/proc``, a file where a
+    directory must be, a directory that cannot be created); nothing was written."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(f"cannot create a store at {url}: {reason}")
+        self.url = url
+
+
 class FormatVersionError(ChunkStoreError):
     """Raised when an object carries a format version this release cannot read."""
 

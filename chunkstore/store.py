@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import operator
 import os
 import time
 from collections.abc import Callable
@@ -20,7 +21,13 @@ from typing import TYPE_CHECKING, Any
 from chunkstore.backends import open_backend
 from chunkstore.backends.wrappers import wrap_from_env
 from chunkstore.codecs.policy import check_policy
-from chunkstore.errors import InvalidSettingError, NotAStoreError, SavesInProgressError
+from chunkstore.errors import (
+    InvalidInputError,
+    InvalidSettingError,
+    NotAStoreError,
+    SavesInProgressError,
+    StoreLocationError,
+)
 from chunkstore.format.manifest import MAX_DELTA_DEPTH
 from chunkstore.format.records import (
     DEFAULT_CHUNK_SIZE,
@@ -61,15 +68,41 @@ if TYPE_CHECKING:
 __all__ = ["Store", "VersionInfo", "open"]
 
 
-def _validate_settings(chunk_size: int | None, compression: str | None) -> None:
-    if chunk_size is not None and not (
-        MIN_CHUNK_SIZE <= chunk_size <= MAX_CHUNK_SIZE and chunk_size % 64 == 0
-    ):
+#: The most worker threads a store handle accepts.
+MAX_THREADS = 1024
+
+
+def _whole_number(value: object, what: str, low: int, high: int) -> int:
+    """``value`` as an int (numpy integers too, never a bool) in ``[low, high]``."""
+    try:
+        number = None if isinstance(value, bool) else operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        number = None
+    if number is None or not low <= number <= high:
+        raise InvalidSettingError(f"{what} {value!r} must be an integer in [{low}, {high}]")
+    return number
+
+
+def _chunk_size(value: object) -> int:
+    number = _whole_number(value, "chunk size", 0, 2**63)
+    if not (MIN_CHUNK_SIZE <= number <= MAX_CHUNK_SIZE and number % 64 == 0):
         raise InvalidSettingError(
-            f"chunk size {chunk_size} must be a multiple of 64 between {MIN_CHUNK_SIZE}"
+            f"chunk size {number} must be a multiple of 64 between {MIN_CHUNK_SIZE}"
             f" and {MAX_CHUNK_SIZE}")
-    if compression is not None:
-        check_policy(compression)
+    return number
+
+
+def _location(url: object) -> str:
+    """A store's path or URL as text; a typed error for what names no location."""
+    try:
+        text = os.fspath(url)  # type: ignore[call-overload]
+    except TypeError:
+        raise InvalidInputError(f"a store is named by a path or URL, not by"
+                                f" {type(url).__name__} {url!r}") from None
+    if not isinstance(text, str) or not text or "\0" in text:
+        raise InvalidInputError(f"{text!r} is not a store location (a path or URL: not"
+                                " empty, no NUL character, text)")
+    return text
 
 
 def default_index_dir(url: str, objects: ObjectStore) -> str:
@@ -100,20 +133,20 @@ def open(
     size up to which they inline a subtree of the names into its parent manifest
     node (default :data:`NODE_TARGET_BYTES`).
     """
-    _validate_settings(chunk_size, compression)
-    if pack_size is not None and not (type(pack_size) is int
-                                      and 1 <= pack_size <= MAX_PACK_TARGET):
-        raise InvalidSettingError(f"pack size {pack_size!r} must be an integer in"
-                                  f" [1, {MAX_PACK_TARGET}]")
-    if node_size is not None and not (type(node_size) is int
-                                      and 0 <= node_size <= MAX_NODE_TARGET):
-        raise InvalidSettingError(f"node size {node_size!r} must be an integer in"
-                                  f" [0, {MAX_NODE_TARGET}]")
-    if delta_depth is not None and not (type(delta_depth) is int
-                                        and 0 <= delta_depth <= MAX_DELTA_DEPTH):
-        raise InvalidSettingError(f"delta depth {delta_depth!r} must be an integer in"
-                                  f" [0, {MAX_DELTA_DEPTH}]")
-    text = os.fspath(url)
+    # Numbers are checked (numpy integers taken as ints) before anything is opened.
+    if chunk_size is not None:
+        chunk_size = _chunk_size(chunk_size)
+    if compression is not None:
+        check_policy(compression)
+    if pack_size is not None:
+        pack_size = _whole_number(pack_size, "pack size", 1, MAX_PACK_TARGET)
+    if node_size is not None:
+        node_size = _whole_number(node_size, "node size", 0, MAX_NODE_TARGET)
+    if delta_depth is not None:
+        delta_depth = _whole_number(delta_depth, "delta depth", 0, MAX_DELTA_DEPTH)
+    if threads is not None:
+        threads = _whole_number(threads, "threads", 1, MAX_THREADS)
+    text = _location(url)
     objects = ObjectStore(wrap_from_env(open_backend(text, **(storage_options or {}))))
     config = _load_or_create_config(text, objects, create, chunk_size, compression, delta_depth)
     if chunk_size is not None and chunk_size != config.chunk_size:
@@ -152,7 +185,10 @@ def _load_or_create_config(url: str, objects: ObjectStore, create: bool,
         raise NotAStoreError(url, "the location is not empty and has no chunkstore.json")
     config = StoreConfig(chunk_size or DEFAULT_CHUNK_SIZE, compression or "auto", time.time(),
                          DEFAULT_DELTA_DEPTH if delta_depth is None else delta_depth)
-    objects.create_config(config.encode())
+    try:
+        objects.create_config(config.encode())
+    except OSError as exc:  # not a place for a store: nothing of it was written
+        raise StoreLocationError(url, exc.strerror or str(exc)) from None
     # A concurrent creator may have won: the stored config is the one that counts.
     return StoreConfig.decode(url, objects.get_config())
 

@@ -435,3 +435,51 @@ def test_bad_settings(populated: chunkstore.Store, store_path: Path,
     with unchanged(populated, store_path):
         with pytest.raises(InvalidSettingError, match=reason):
             chunkstore.open(store_path, **settings)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("settings", "reason"),
+    [({"threads": -3}, "threads -3 must be an integer in"), ({"threads": 2.5}, "threads 2.5"),
+     ({"pack_size": True}, "pack size True"), ({"chunk_size": "4096"}, "chunk size '4096'"),
+     ({"delta_depth": np.float32(1)}, "delta depth")],
+)  # fmt: skip
+def test_settings_that_are_not_whole_numbers_are_typed_errors(
+        populated: chunkstore.Store, store_path: Path, settings: dict[str, object],
+        reason: str) -> None:
+    with unchanged(populated, store_path):
+        with pytest.raises(InvalidSettingError, match=reason):
+            chunkstore.open(store_path, **settings)  # type: ignore[arg-type]
+
+
+def test_numpy_integers_are_settings_like_ints(tmp_path: Path) -> None:
+    """A chunk size from a numpy computation (np.int64) makes a store (it raised
+    TypeError: not JSON serializable, from inside the config's encoding)."""
+    with chunkstore.open(tmp_path / "s", chunk_size=np.int64(65536), threads=np.int32(4),
+                         pack_size=np.int64(1 << 20)) as store:  # type: ignore[arg-type]
+        assert store.chunk_size == 65536 and type(store.chunk_size) is int
+        assert store.threads == 4
+
+
+@pytest.mark.parametrize("location", ["a\0b", "", "/proc/chunkstore-no-such-dir/s",
+                                      "/proc/self/status", "/dev/null/s", 42])
+def test_a_location_that_cannot_hold_a_store_is_a_typed_error(location: object) -> None:
+    with pytest.raises(InvalidInputError):
+        chunkstore.open(location)  # type: ignore[arg-type]
+
+
+def test_a_duration_past_any_float_is_a_typed_error(populated: chunkstore.Store,
+                                                    store_path: Path) -> None:
+    with unchanged(populated, store_path):
+        for grace in (10**400, "9" * 400 + "d"):
+            with pytest.raises(InvalidSettingError, match="must be finite"):
+                populated.gc(grace=grace)
+
+
+@pytest.mark.parametrize(("offsets", "sizes"), [(["0"], [4]), ([0], [4.0]), (0, [4]),
+                                                ([True], [4])])
+def test_a_box_of_other_than_integers_is_a_typed_error(
+        populated: chunkstore.Store, offsets: object, sizes: object) -> None:
+    reader = populated.open_version("latest")
+    out = np.empty(4, dtype=WEIGHTS.dtype)
+    with pytest.raises(InvalidInputError, match="integers"):
+        reader.get_box("model.w", 0, offsets, sizes, out)  # type: ignore[arg-type]

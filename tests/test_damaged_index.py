@@ -122,3 +122,26 @@ def test_a_rebuild_never_shows_other_processes_an_empty_index(saved: Path) -> No
         stop.set()
         reader.join()
     assert failures == []
+
+
+@pytest.mark.parametrize("shape", ["data.mdb is a directory", "lock.mdb is a directory",
+                                   "the index is a file"])
+def test_an_index_of_the_wrong_shape_is_set_aside(saved: Path, shape: str) -> None:
+    """A bad copy or restore leaves a directory where LMDB's file was, or a file where
+    the index directory was: set aside and rebuilt, as any damaged index (open raised
+    IsADirectoryError or FileExistsError until a person intervened)."""
+    index = saved / "index"
+    if shape == "the index is a file":
+        for child in index.iterdir():
+            child.unlink()
+        index.rmdir()
+        index.write_bytes(b"not an index")
+    else:
+        name = shape.split(maxsplit=1)[0]
+        (index / name).unlink()
+        (index / name).mkdir()
+    done = cli("log", saved)
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    assert "damaged" in done.stderr and "set aside" in done.stderr
+    assert "r@2" in done.stdout
+    assert_store_works(saved)

@@ -37,7 +37,13 @@ from chunkstore.format import plaindata
 from chunkstore.format.chunkobj import ChunkHeader, decode_object, encode_object
 from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import decode_data, decode_tree
-from chunkstore.format.records import STORE_FORMAT_VERSION, CommitRecord, StoreConfig, Tag
+from chunkstore.format.records import (
+    MAX_CHUNK_SIZE,
+    STORE_FORMAT_VERSION,
+    CommitRecord,
+    StoreConfig,
+    Tag,
+)
 from chunkstore.objects.kinds import chunk_key, node_key, tag_key, version_key
 
 W = np.arange(1024, dtype="<f4")
@@ -473,3 +479,23 @@ def test_a_crafted_protocol_object_never_stops_the_store_from_opening(
         with contextlib.suppress(ChunkStoreError):  # a result or a typed error
             store.gc(grace=0, session_wait=0.5)
         np.testing.assert_array_equal(store.open_version("good@1").get("w"), W)
+
+
+def test_a_tensor_its_chunks_cannot_hold_is_corrupt_not_out_of_memory(tmp_path: Path) -> None:
+    """A node (valid hashes) whose tensor claims 1 TiB, listing a real small chunk 4,096
+    times as 256 MiB chunks: get() checks the chunks' lengths when the buffer cannot be
+    had and names the damage (it raised numpy's MemoryError, no chunk checked)."""
+    path = tmp_path / "store"
+    with chunkstore.open(path, chunk_size=MAX_CHUNK_SIZE) as store:
+        with store.new_version(run="good", step=1) as version:
+            version.put("w", W)
+    shard = _good_root(path)["entries"]["w"]["tensor"]["shards"][0]
+    count = 2**40 // MAX_CHUNK_SIZE
+    packs = shard.get("packs")
+    root = _tree(path, {"w": _tensor([2**38], shard["chunks"] * count,
+                                     chunk_bytes=MAX_CHUNK_SIZE,
+                                     packs=packs * count if packs else None)})
+    version_id = _record(path, root)
+    with chunkstore.open(path, create=False) as store:
+        with pytest.raises(CorruptChunkError, match="the manifest lists it as 268435456"):
+            store.open_version(version_id).get("w")

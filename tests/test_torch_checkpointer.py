@@ -506,3 +506,16 @@ def test_a_target_of_another_kind_than_the_saved_state_is_refused(
         frozen.flags.writeable = False
         with pytest.raises(InvalidInputError, match="read-only"):
             ckpt.restore(x=frozen, rng=False)
+
+
+def test_a_step_or_meta_of_the_wrong_type_is_a_typed_error(tmp_path: Path) -> None:
+    """restore(step='20') said "no version at step 20; steps: [20]"; meta=[1] failed
+    inside the provenance merge."""
+    model = _model()
+    with pytest.raises(InvalidInputError, match="meta must be a dict"):
+        Checkpointer(tmp_path / "s", run="r", meta=[1])  # type: ignore[arg-type]
+    with Checkpointer(tmp_path / "s", run="r") as ckpt:
+        ckpt.save(20, model=model)
+        with pytest.raises(InvalidInputError, match="step must be an integer"):
+            ckpt.restore(step="20", model=model)  # type: ignore[arg-type]
+        assert ckpt.restore(step=torch.tensor(20).numpy()[()], model=model) == 20

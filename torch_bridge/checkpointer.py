@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import numbers
 import os
 import sys
 import warnings
@@ -109,6 +110,9 @@ class Checkpointer:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 1):
                 raise InvalidInputError(f"{name} must be a positive int or None, got {value!r}")
+        if meta is not None and not isinstance(meta, dict):
+            raise InvalidInputError(f"meta must be a dict of plain data (or None), got"
+                                    f" {type(meta).__name__} {meta!r}")
         if async_save and process_group_active():
             raise _async_refused()
         self.store, self._owns_store = _open_store_on_ranks(path_or_url, chunk_size,
@@ -241,6 +245,11 @@ class Checkpointer:
         the same version: the newest whose parts read back intact on every rank.
         """
         self._check_open()
+        if step is not None:
+            if isinstance(step, bool) or not isinstance(step, numbers.Integral):
+                raise InvalidInputError(f"step must be an integer (or None for the newest),"
+                                        f" got {type(step).__name__} {step!r}")
+            step = int(step)
         self.wait()
         for key, obj in stateful.items():
             check_key(key)

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from chunkstore.cli.common import (
+    EXIT_FAILURE,
     EXIT_PROBLEMS,
     EXIT_USAGE,
     GRACE_OPT,
@@ -118,6 +119,9 @@ def gc_text(result: GcResult) -> None:
     if result.unfinished_deletions:
         click.echo(f"finished {plural(result.unfinished_deletions, 'deletion')} of an"
                    " interrupted gc")
+    if result.deferred:
+        click.echo(f"deferred: {plural(result.deferred, 'object')}, for"
+                   f" {plural(result.sessions_waited_for, 'save')} in progress")
     for line in result.index_disagreements:
         click.echo(f"warning: {line}", err=True)
 
@@ -135,9 +139,13 @@ def gc_text(result: GcResult) -> None:
               " its live chunks into a new pack and delete it.")
 @click.option("--no-repack", is_flag=True,
               help="Never repack; a pack is deleted only when all of it is garbage.")
+@click.option("--session-wait", type=click.FloatRange(min=0), default=120.0,
+              show_default=True, metavar="SECONDS",
+              help="How long to wait for saves in progress (on any machine) that started"
+              " before this gc; past it nothing is deleted (exit 4: run gc again).")
 @JSON_OPT
 def gc(store_path: str, grace: str, dry_run: bool, no_sweep: bool, repack_unused: float,
-       no_repack: bool, as_json: bool) -> None:
+       no_repack: bool, session_wait: float, as_json: bool) -> None:
     """Delete chunks and manifest nodes that no version references.
 
     An object is deleted only after it has been unreferenced for the
@@ -159,15 +167,22 @@ def gc(store_path: str, grace: str, dry_run: bool, no_sweep: bool, repack_unused
 
     \b
     Exit codes: 0 done; 2 bad option or not a store; 4 another gc is
-    running, the run stopped at half the grace period, or storage failed.
+    running, the run stopped at half the grace period, saves in progress
+    outlasted --session-wait (nothing was deleted), or storage failed.
     """
     with open_store(store_path) as store, TerminalProgress() as progress:
         result = store.gc(parse_duration(grace), dry_run=dry_run, sweep=not no_sweep,
-                          progress=progress, repack_unused=None if no_repack else repack_unused)
+                          progress=progress, repack_unused=None if no_repack else repack_unused,
+                          session_wait=session_wait)
     if as_json:
         emit_json(result.to_json())
     else:
         gc_text(result)
+    if result.deferred:
+        raise CliError(f"deferred {plural(result.deferred, 'object')}:"
+                       f" {plural(result.sessions_waited_for, 'save')} in progress outlasted"
+                       f" the session wait ({format_duration(session_wait)}); nothing was"
+                       " deleted; run gc again once they finish", EXIT_FAILURE)
 
 
 def parse_best(text: str | None) -> tuple[Any, ...] | None:

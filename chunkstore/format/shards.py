@@ -93,7 +93,14 @@ def find_shard(entry: TensorEntry, offsets: Sequence[int]) -> int:
 
 
 def check_box(shard: Shard, offsets: Sequence[int], sizes: Sequence[int]) -> None:
-    """Refuse a sub-box that does not lie inside the shard."""
+    """Refuse a sub-box that does not lie inside the shard (or is not made of integers)."""
+    try:
+        numbers: tuple[object, ...] = (*offsets, *sizes)
+    except TypeError:
+        numbers = (None,)
+    if not all(isinstance(n, (int, np.integer)) and not isinstance(n, bool) for n in numbers):
+        raise InvalidInputError(f"box {offsets!r}+{sizes!r}: offsets and sizes must be"
+                                " sequences of integers")
     if len(offsets) != len(shard.sizes) or len(sizes) != len(shard.sizes) or any(
             o < 0 or s < 0 or o + s > full
             for o, s, full in zip(offsets, sizes, shard.sizes, strict=True)):

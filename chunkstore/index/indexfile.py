@@ -2,7 +2,7 @@
 
 The index is a cache of the store (docs/format.md §1), so a damaged index is
 set aside (renamed ``<index>.damaged-<time>``) and rebuilt from the store,
-with a warning, instead of failing every command.  Three ways it goes wrong:
+with a warning, instead of failing every command.  Four ways it goes wrong:
 
 - **truncated** (a full disk, a partial copy): LMDB maps the file and the
   first access past its end kills the process with SIGBUS.  The meta pages
@@ -10,6 +10,8 @@ with a warning, instead of failing every command.  Three ways it goes wrong:
   the last page they name, before anything is mapped;
 - **damaged bytes** LMDB notices (``lmdb.CorruptedError`` and kin) when the
   environment is opened or first read;
+- **the wrong shape**: the index directory is a file, or ``data.mdb`` or
+  ``lock.mdb`` is a directory (a bad copy or restore, a stray ``mkdir``);
 - **no address space** for the map (``ulimit -v`` below the map size): the
   map is retried smaller, down to what the data needs, and the error says
   what limit to raise.
@@ -46,6 +48,11 @@ DAMAGE = (lmdb.CorruptedError, lmdb.InvalidError, lmdb.PageNotFoundError,
 
 def probe(path: str) -> str | None:  # noqa: PLR0911 - one return per way it can be damaged
     """Why ``path``'s ``data.mdb`` cannot be mapped safely, or None when it can."""
+    if os.path.lexists(path) and not os.path.isdir(path):
+        return "it is not a directory"
+    for name in ("data.mdb", "lock.mdb"):
+        if os.path.isdir(os.path.join(path, name)):
+            return f"{name} is a directory"
     file = os.path.join(path, "data.mdb")
     try:
         with open(file, "rb") as handle:
@@ -104,12 +111,12 @@ def map_size(default: int) -> int:
 
 def open_env(path: str, size: int) -> tuple[lmdb.Environment, bool]:
     """Open the index environment; True when a damaged one was set aside (rebuild it)."""
-    os.makedirs(path, exist_ok=True)
     damaged = False
     reason = probe(path)
     if reason is not None:
         set_aside(path, reason)
         damaged = True
+    os.makedirs(path, exist_ok=True)
     try:
         return _open_with_fallback(path, size), damaged
     except DAMAGE as exc:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import re
+import reprlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,17 +30,21 @@ _UNIT_S = {None: 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400,
 def parse_duration(value: object) -> float:
     """Seconds from a number, a ``datetime.timedelta`` or text such as ``30m``, ``1h``, ``2d``."""
     seconds = getattr(value, "total_seconds", None)
-    if callable(seconds):
-        result = float(seconds())
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        result = float(value)
-    elif isinstance(value, str) and (match := _DURATION.match(value.lower())):
-        result = float(match.group(1)) * _UNIT_S[match.group(2)]
-    else:
-        raise InvalidSettingError(f"{value!r} is not a duration (examples: 90, '30m', '1h',"
-                                  " '2d', '1w', a timedelta)")
+    try:
+        if callable(seconds):
+            result = float(seconds())
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            result = float(value)
+        elif isinstance(value, str) and (match := _DURATION.match(value.lower())):
+            result = float(match.group(1)) * _UNIT_S[match.group(2)]
+        else:
+            raise InvalidSettingError(f"{value!r} is not a duration (examples: 90, '30m',"
+                                      " '1h', '2d', '1w', a timedelta)")
+    except OverflowError:  # an int past any float (10**400)
+        result = math.inf
     if not math.isfinite(result) or result < 0:
-        raise InvalidSettingError(f"duration {value!r} must be finite and not negative")
+        raise InvalidSettingError(f"duration {reprlib.repr(value)} must be finite and not"
+                                  " negative")
     return result
 
 

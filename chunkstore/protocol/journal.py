@@ -24,6 +24,7 @@ creation order.  The object is canonical JSON::
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -37,7 +38,14 @@ from chunkstore.format import plaindata
 from chunkstore.format.digest import Digest
 from chunkstore.index.lmdbindex import CHUNK, NODE
 from chunkstore.objects.kinds import JOURNAL
-from chunkstore.protocol.sessions import owner_info, owner_is_dead
+from chunkstore.protocol.sessions import (
+    HEARTBEAT_S,
+    LEASE_S,
+    owner_info,
+    owner_is_dead,
+    stored_time,
+    with_stored_heartbeat,
+)
 
 if TYPE_CHECKING:
     from chunkstore.index.lmdbindex import Index
@@ -45,8 +53,10 @@ if TYPE_CHECKING:
 
 JOURNAL_FORMAT = 1
 FENCED, DONE, ABANDONED = "fenced", "done", "abandoned"
-#: How long a save waits for a GC to finish with an object it needs.
-FENCE_WAIT_S = 600.0
+#: How long a save waits for a GC to finish with an object it needs: at least a lease and
+#: two heartbeats, so that an entry whose GC died (or that no GC wrote) has aged out by
+#: its stored time before the save would give up.
+FENCE_WAIT_S = max(600.0, LEASE_S + 2 * HEARTBEAT_S)
 #: Finished entries older than this are pruned by GC, behind a horizon marker.
 JOURNAL_KEEP_S = 7 * 24 * 3600.0
 #: An index counts as having missed a pruned entry created up to this long before its
@@ -137,12 +147,21 @@ def list_entry_ids(objects: ObjectStore) -> list[str]:
 
 
 def read_entry(objects: ObjectStore, entry_id: str) -> JournalEntry | None:
-    """The entry, None if it is gone; ``ValueError`` if it cannot be read."""
+    """The entry, None if it is gone; ``ValueError`` if it cannot be read.  A heartbeat
+    no live GC writes (see :func:`~chunkstore.protocol.sessions.with_stored_heartbeat`)
+    is replaced by the entry's stored time: a crafted or damaged entry never fences
+    objects for longer than a lease past its last write."""
     try:
         data = objects.get(JOURNAL, entry_id)
     except FileNotFoundError:
         return None
-    return JournalEntry.decode(entry_id, data)
+    entry = JournalEntry.decode(entry_id, data)
+    info = with_stored_heartbeat(entry.info, time.time(),
+                                 functools.partial(stored_time, objects, JOURNAL, entry_id))
+    if info is None:
+        return None  # pruned meanwhile
+    entry.info = info
+    return entry
 
 
 def write_entry(objects: ObjectStore, entry: JournalEntry) -> None:

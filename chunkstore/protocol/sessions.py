@@ -19,17 +19,26 @@ rewrites ``heartbeat`` every :data:`HEARTBEAT_S` seconds.  A session is dead
 when its process is gone (same host and pid namespace: checked directly) or,
 seen from elsewhere, when its heartbeat is older than :data:`LEASE_S`.  A
 save whose own heartbeat lapsed for half the lease refuses to publish.
+
+A heartbeat that cannot be believed (an object that cannot be read, as a power
+cut can leave one; a time that is not finite, or further ahead of this machine's
+clock than :data:`CLOCK_SKEW_S`) is replaced by the object's stored time: a live
+owner rewrites its object every :data:`HEARTBEAT_S`, so an object not written for a
+lease has no live owner, whatever it says.  Such an object never blocks a GC or an
+``index rebuild`` for longer than a lease.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import os
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +47,7 @@ from chunkstore.index.lmdbindex import pid_namespace, process_start
 from chunkstore.objects.kinds import SESSIONS
 
 if TYPE_CHECKING:
+    from chunkstore.objects.kinds import Kind
     from chunkstore.objects.objectstore import ObjectStore
 
 SESSION_FORMAT = 1
@@ -47,6 +57,8 @@ LEASE_ENV_VAR = "CHUNKSTORE_SESSION_LEASE"
 LEASE_S = float(os.environ.get(LEASE_ENV_VAR, "900"))
 #: How often a session (and a GC's journal entry) proves its process alive.
 HEARTBEAT_S = min(30.0, LEASE_S / 10)
+#: A heartbeat further ahead of this machine's clock than this is not believed.
+CLOCK_SKEW_S = LEASE_S
 
 
 def owner_info() -> dict[str, Any]:
@@ -61,8 +73,10 @@ def owner_is_dead(info: dict[str, Any], now: float, lease_s: float = LEASE_S) ->
 
     On this host and pid namespace the process is checked directly (its start
     time guards against a reused pid; one that exists but cannot be inspected
-    counts as alive).  Elsewhere, it is dead once its heartbeat is older
-    than ``lease_s``.
+    counts as alive).  Elsewhere, or where the object records no start time to
+    tell its process from another with the same pid, it is dead once its
+    heartbeat is older than ``lease_s`` (pass ``info`` through
+    :func:`with_stored_heartbeat` first, so that no heartbeat is believed blindly).
     """
     pid = info.get("pid")
     local = (info.get("host") == socket.gethostname() and isinstance(pid, int)
@@ -71,11 +85,39 @@ def owner_is_dead(info: dict[str, Any], now: float, lease_s: float = LEASE_S) ->
     if local:
         assert isinstance(pid, int)
         start = process_start(pid)
-        if start is not None:
-            return info.get("process_start") not in (None, start)
-        return not _pid_exists(pid)
+        if start is None:
+            return not _pid_exists(pid)
+        recorded = info.get("process_start")
+        if recorded is not None:
+            return bool(recorded != start)
+        # No start time: the live process with this pid may be another one (pid 1).
     heartbeat = info.get("heartbeat", info.get("started", 0.0))
     return not isinstance(heartbeat, (int, float)) or heartbeat < now - lease_s
+
+
+def _unbelievable(info: dict[str, Any], now: float) -> bool:
+    """Whether the heartbeat ``info`` records is one no live owner writes: not finite,
+    or further ahead of this clock than :data:`CLOCK_SKEW_S`."""
+    heartbeat = info.get("heartbeat", info.get("started", 0.0))
+    if not isinstance(heartbeat, (int, float)) or isinstance(heartbeat, bool):
+        return False  # no heartbeat at all: dead by owner_is_dead
+    try:
+        return not math.isfinite(heartbeat) or heartbeat > now + CLOCK_SKEW_S
+    except OverflowError:  # an int past any float
+        return True
+
+
+def with_stored_heartbeat(info: dict[str, Any] | None, now: float,
+                          stored_time: Callable[[], float | None]) -> dict[str, Any] | None:
+    """``info`` of an owner object, its heartbeat replaced by the object's stored time
+    where the heartbeat cannot be believed (``info`` None: the object could not be
+    read).  None when the object is gone (``stored_time`` returns None)."""
+    if info is not None and not _unbelievable(info, now):
+        return info
+    stored = stored_time()
+    if stored is None:
+        return None
+    return {**(info or {}), "heartbeat": stored, "heartbeat_from": "stored time"}
 
 
 def _pid_exists(pid: int) -> bool:
@@ -106,16 +148,30 @@ class SessionInfo:
 
 
 def list_sessions(objects: ObjectStore) -> Iterator[SessionInfo]:
-    """Every session object in the store; unreadable ones count as alive (fields empty)."""
+    """Every session object in the store; one that cannot be read, or whose heartbeat
+    cannot be believed, lives by its stored time (see :func:`with_stored_heartbeat`)."""
     for session_id in objects.ids(SESSIONS):
+        info: dict[str, Any] | None
         try:
             # ValueError when too deep, ...
             data = plaindata.load_json(objects.get(SESSIONS, session_id))
+            info = data if isinstance(data, dict) else {}
         except FileNotFoundError:
             continue  # ended meanwhile
         except ValueError:
-            data = {"started": time.time(), "heartbeat": time.time()}  # never dead by lease
-        yield SessionInfo(session_id, data if isinstance(data, dict) else {})
+            info = None
+        info = with_stored_heartbeat(info, time.time(),
+                                     functools.partial(stored_time, objects, SESSIONS, session_id))
+        if info is not None:  # else ended meanwhile
+            yield SessionInfo(session_id, info)
+
+
+def stored_time(objects: ObjectStore, kind: Kind[str], name: str) -> float | None:
+    """When the object was last written, by the store's clock; None when it is gone."""
+    try:
+        return objects.stat(kind, name).mtime
+    except FileNotFoundError:
+        return None
 
 
 def live_sessions(objects: ObjectStore, now: float | None = None) -> list[SessionInfo]:

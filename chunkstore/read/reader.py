@@ -35,7 +35,14 @@ from chunkstore.handle.tree import FlatTree, Leaf, flatten, read_node
 from chunkstore.handle.versions import VersionInfo
 from chunkstore.objects.kinds import CHUNKS
 from chunkstore.read.chain import decode_chain
-from chunkstore.read.members import Locations, MemberRead, missing_chunk, read_runs
+from chunkstore.read.members import (
+    Locations,
+    MemberRead,
+    locate_member,
+    member_header,
+    missing_chunk,
+    read_runs,
+)
 from chunkstore.read.packs import read_member_into, read_members_into
 
 if TYPE_CHECKING:
@@ -83,6 +90,46 @@ def read_chunk_into(store: StoreHandle, digest: Digest, out: memoryview,
 
 
 ChunkRead = tuple[Digest, int, int, tuple[Digest, ...], PackLocation | None, Locations]
+
+
+def allocate(store: StoreHandle, reads: list[ChunkRead], shape: Sequence[int],
+             dtype: np.dtype[Any]) -> np.ndarray:
+    """A buffer for the bytes ``reads`` fill.  Where there is no memory for it, the
+    chunks are checked first: an entry that lists a small chunk many times as large
+    ones (a crafted node, with valid hashes) is corrupt, not too large for memory;
+    a real one gets the MemoryError."""
+    try:
+        return np.empty(tuple(shape), dtype=dtype)
+    except MemoryError:
+        check_listed_lengths(store, reads)
+        raise
+
+
+def check_listed_lengths(store: StoreHandle, reads: list[ChunkRead]) -> None:
+    """Every distinct chunk ``reads`` name holds the raw length it is listed with
+    (headers only); a :class:`CorruptChunkError` for the first that does not."""
+    listed: dict[tuple[Digest, PackLocation | None], set[int]] = {}
+    for digest, _, length, _, location, _ in reads:
+        listed.setdefault((digest, location), set()).add(length)
+    for (digest, location), lengths in listed.items():
+        raw = _raw_length(store, digest, location)
+        if lengths != {raw}:
+            raise CorruptChunkError(digest.hex, f"holds {raw} bytes; the manifest lists it as"
+                                    f" {max(lengths - {raw})}")
+
+
+def _raw_length(store: StoreHandle, digest: Digest, location: PackLocation | None) -> int:
+    """The raw length the stored chunk's header gives (a member's, for a packed one)."""
+    try:
+        if location is None:
+            head = store.objects.get_range(CHUNKS, digest, 0, HEADER.size + DIGEST_SIZE)
+            return parse_header(digest, head).raw_length
+        now = locate_member(store, digest, location)
+        head = store.objects.get_range(CHUNKS, now.pack, HEADER.size + now.offset,
+                                       min(now.length, HEADER.size + DIGEST_SIZE))
+        return member_header(digest, memoryview(head)).raw_length
+    except FileNotFoundError:
+        raise missing_chunk(store, digest) from None
 
 
 def chunk_reads(entry: TensorEntry, chunk_size: int) -> list[ChunkRead]:
@@ -184,8 +231,8 @@ class VersionReader:
 
     def get(self, name: str) -> np.ndarray:
         """Return a new array with the entry's dtype and shape."""
-        entry, _ = self._tensor(name)
-        out = np.empty(entry.shape, dtype=numpy_dtype(entry.dtype))
+        entry, reads = self._tensor(name)
+        out = allocate(self._store, reads, entry.shape, numpy_dtype(entry.dtype))
         self.get_into(name, out)
         return out
 
@@ -213,7 +260,8 @@ class VersionReader:
             self._check_buffer(name, entry, out, dtype)
             target = out
             if is_sharded(entry):  # read the shards end to end, then put each in its box
-                target = np.empty(sum(read[2] for read in reads), dtype=np.uint8)
+                target = allocate(self._store, reads, (sum(read[2] for read in reads),),
+                                  np.dtype(np.uint8))
                 sharded.append((entry, target, out))
             checked.append((reads, target))
         jobs: list[Callable[[], None]] = []
