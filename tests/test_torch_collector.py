@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import chunkstore  # noqa: E402
+import torch_bridge  # noqa: E402
 from torch_bridge import Checkpointer, load, save  # noqa: E402
 
 nn = torch.nn
@@ -118,9 +120,32 @@ def test_saves_and_restores_leave_nothing_for_the_cyclic_collector(
                 gc.enable()
 
 
+#: Where the project's own code lies (a clone is often named ``chunkstore`` too, and its
+#: ``.venv/.../torch`` is not ours).
+PACKAGE_DIRS = tuple(os.path.join(os.path.dirname(os.path.realpath(package.__file__)), "")
+                     for package in (chunkstore, torch_bridge))
+
+
 def _from_this_project(thing: object) -> bool:
     module = getattr(thing, "__module__", None) or type(thing).__module__ or ""
     code = getattr(thing, "f_code", None) or getattr(thing, "__code__", None)
-    filename = code.co_filename if code is not None else ""
-    return module.split(".")[0] in ("chunkstore", "torch_bridge") or any(
-        f"/{package}/" in filename for package in ("chunkstore", "torch_bridge"))
+    filename = os.path.realpath(code.co_filename) if code is not None else ""
+    return module.split(".")[0] in ("chunkstore", "torch_bridge") or \
+        filename.startswith(PACKAGE_DIRS)
+
+
+def test_the_filter_knows_the_project_from_a_clone_named_like_it() -> None:
+    """In a clone named ``chunkstore`` torch's own closures live under
+    ``.../chunkstore/.venv/...``: not ours (the test counted them as ours)."""
+    clone = os.path.dirname(PACKAGE_DIRS[0].rstrip(os.sep))
+    torch_file = os.path.join(clone, ".venv", "lib", "python3.11", "site-packages", "torch",
+                              "chunkstore", "nn.py")
+
+    def function_in(filename: str) -> Any:
+        def function() -> None: ...
+        function.__code__ = function.__code__.replace(co_filename=filename)
+        function.__module__ = "elsewhere"
+        return function
+
+    assert _from_this_project(function_in(os.path.join(PACKAGE_DIRS[0], "store.py")))
+    assert not _from_this_project(function_in(torch_file))
