@@ -180,7 +180,10 @@ def _load_or_create_config(url: str, objects: ObjectStore, create: bool,
     except FileNotFoundError:
         pass
     if not create:
-        raise NotAStoreError(url, "no chunkstore.json (use `chunkstore init` to create a store)")
+        local = objects.local_path()
+        where = ("the directory does not exist" if local is not None and not os.path.isdir(local)
+                 else "nothing is stored there" if objects.is_empty() else "no chunkstore.json")
+        raise NotAStoreError(url, f"{where} (use `chunkstore init` to create a store)")
     if not objects.is_empty():
         raise NotAStoreError(url, "the location is not empty and has no chunkstore.json")
     config = StoreConfig(chunk_size or DEFAULT_CHUNK_SIZE, compression or "auto", time.time(),

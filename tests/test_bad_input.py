@@ -379,7 +379,7 @@ def test_wrong_kind_of_entry(populated: chunkstore.Store, store_path: Path) -> N
 
 def test_missing_path_is_not_a_store(tmp_path: Path) -> None:
     path = tmp_path / "absent"
-    with pytest.raises(NotAStoreError, match=r"no chunkstore\.json") as raised:
+    with pytest.raises(NotAStoreError, match="the directory does not exist") as raised:
         chunkstore.open(path, create=False)
     assert raised.value.url == str(path)
     assert not path.exists()
@@ -483,3 +483,17 @@ def test_a_box_of_other_than_integers_is_a_typed_error(
     out = np.empty(4, dtype=WEIGHTS.dtype)
     with pytest.raises(InvalidInputError, match="integers"):
         reader.get_box("model.w", 0, offsets, sizes, out)  # type: ignore[arg-type]
+
+
+def test_a_location_without_a_store_says_what_is_there(tmp_path: Path) -> None:
+    """A typo'd path said "no chunkstore.json"; it says the directory does not exist (and
+    reading it creates nothing)."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("x")
+    for name, says in (("nothere", "the directory does not exist"),
+                       ("empty", "nothing is stored there"), ("other", "no chunkstore.json")):
+        with pytest.raises(NotAStoreError, match=says):
+            chunkstore.open(tmp_path / name, create=False)
+    assert not (tmp_path / "nothere").exists()
+    assert [p.name for p in (tmp_path / "empty").iterdir()] == []

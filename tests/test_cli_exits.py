@@ -61,6 +61,9 @@ def filled(store_path: Path) -> Path:
     (["index", "rebuild"], "Missing argument 'STORE'"),
     (["prune", "{store}", "--keep-last", "0"], "--keep-last"),
     (["init", "{store}-new", "--chunk-size", "12 parsecs"], "not a size"),
+    # click's suggestion keeps its question mark, then the help (it read "...?); see")
+    (["log", "{store}", "--rn", "r"],
+     "No such option '--rn'. Did you mean one of: '--json', '--run'? See `chunkstore log"),
 ])
 def test_usage_errors_are_one_line_that_names_the_help(filled: Path, args: list[str],
                                                        words: str) -> None:
@@ -275,3 +278,10 @@ def test_ctrl_c_never_waits_for_the_worker_threads(filled: Path) -> None:
                             check=False, capture_output=True, text=True, timeout=60)
     assert result.returncode == 130, result.stderr
     assert result.stderr == "chunkstore: error: interrupted\n"
+
+
+def test_a_bad_duration_names_examples_a_shell_user_can_type(filled: Path) -> None:
+    """The examples named "a timedelta", which no command line can pass."""
+    line = assert_one_error_line(run_cli("gc", str(filled), "--grace", "5q"), 2)
+    assert "'5q' is not a duration (examples: 90 (seconds), 30m, 1h, 2d, 1w)" in line
+    assert "timedelta" not in line

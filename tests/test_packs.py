@@ -286,16 +286,21 @@ def test_a_deleted_pack_is_reported_on_every_version(pstore: chunkstore.Store,
 
 
 def test_a_damaged_pack_header_is_reported(pstore: chunkstore.Store, tmp_path: Path) -> None:
+    """As a warning: no read uses it (see the next-but-one test), so no version breaks."""
     root = tmp_path / "store"
-    version = _save(pstore, 1, _small_state(1))
+    state = _small_state(1)
+    version = _save(pstore, 1, state)
     location = _packs(pstore, version)["layer5.w"]
     assert location is not None
     path = root / chunk_key(location.pack)
     data = bytearray(path.read_bytes())
     data[5] = 0  # codec raw: no longer a pack
     path.write_bytes(bytes(data))
-    problems = pstore.verify().problems
-    assert problems and {(p.kind, p.version) for p in problems} == {("corrupt-chunk", version)}
+    result = pstore.verify()
+    assert result.ok, result.problems
+    assert [(w.kind, w.digest) for w in result.warnings] == [("pack-header", location.pack.hex)]
+    np.testing.assert_array_equal(pstore.open_version(version).get("layer5.w"),
+                                  state["layer5.w"])
 
 
 def test_a_location_that_lies_is_refused(pstore: chunkstore.Store) -> None:
@@ -579,3 +584,40 @@ def test_a_pack_is_sealed_before_a_member_would_end_past_the_largest_pack(
         assert len({at.pack for at in locations if at is not None}) == 4  # 2 members each
         assert np.array_equal(store.open_version("r@1").get("t"), data)
         assert store.verify().ok
+
+
+@pytest.mark.parametrize("damage", ["magic", "format version", "bytes appended"])
+def test_damage_to_a_packs_own_header_is_a_warning_while_reads_are_whole(
+        tmp_path: Path, damage: str) -> None:
+    """Reads never use a pack's own header (each member is checked by its own header
+    and hash), so damage there breaks no version: verify passes with a warning
+    naming the pack (it reported every version using the pack as corrupt while every
+    read returned exact bytes)."""
+    path = tmp_path / "s"
+    arrays = {f"b{i}": np.arange(64, dtype=np.float32) + i for i in range(10)}
+    with chunkstore.open(path) as store:
+        with store.new_version("r", 1) as version:
+            for name, array in arrays.items():
+                version.put(name, array)
+        entry = store.open_version("r@1").entry("b0")
+        assert isinstance(entry, TensorEntry)
+        location = entry.shards[0].location(0)
+        assert location is not None  # packed
+    pack_file = path / chunk_key(location.pack)
+    raw = bytearray(pack_file.read_bytes())
+    if damage == "magic":
+        raw[0] ^= 0xFF
+    elif damage == "format version":
+        raw[4] = 0xEE
+    else:
+        raw += b"\0" * 16
+    pack_file.chmod(0o644)
+    pack_file.write_bytes(bytes(raw))
+    with chunkstore.open(path) as store:
+        reader = store.open_version("r@1")
+        for name, array in arrays.items():
+            np.testing.assert_array_equal(reader.get(name), array)
+        result = store.verify()
+        assert result.ok, result.problems
+        assert [(w.kind, w.digest) for w in result.warnings] == [
+            ("pack-header", location.pack.hex)]

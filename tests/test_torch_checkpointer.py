@@ -519,3 +519,16 @@ def test_a_step_or_meta_of_the_wrong_type_is_a_typed_error(tmp_path: Path) -> No
         with pytest.raises(InvalidInputError, match="step must be an integer"):
             ckpt.restore(step="20", model=model)  # type: ignore[arg-type]
         assert ckpt.restore(step=torch.tensor(20).numpy()[()], model=model) == 20
+
+
+def test_every_error_a_user_can_meet_is_exported_from_the_package() -> None:
+    """``from torch_bridge import NotACheckpointError`` failed (it was not exported)."""
+    import torch_bridge
+    from torch_bridge import errors
+
+    public = {name for name, obj in vars(errors).items()
+              if isinstance(obj, type) and issubclass(obj, Warning | Exception)
+              and obj.__module__ == errors.__name__ and not name.startswith("_")}
+    assert public <= set(torch_bridge.__all__), public - set(torch_bridge.__all__)
+    for name in torch_bridge.__all__:
+        assert getattr(torch_bridge, name) is not None

@@ -25,6 +25,7 @@ _EXPORTS = {
     "AsyncSaveError": "torch_bridge.errors",
     "AsyncSaveUnderProcessGroupError": "torch_bridge.errors",
     "CorruptCheckpointError": "torch_bridge.errors",
+    "NotACheckpointError": "torch_bridge.errors",
     "RanksDisagreeError": "torch_bridge.errors",
     "RanksFailedError": "torch_bridge.errors",
     "WorldSizeMismatchError": "torch_bridge.errors",
@@ -32,6 +33,7 @@ _EXPORTS = {
     "StateNotFoundError": "torch_bridge.errors",
     "NotAtUpdateBoundaryWarning": "torch_bridge.errors",
     "RestoreFallbackWarning": "torch_bridge.errors",
+    "RngMismatchWarning": "torch_bridge.errors",
 }
 
 __all__ = [
@@ -39,11 +41,13 @@ __all__ = [
     "AsyncSaveUnderProcessGroupError",
     "Checkpointer",
     "CorruptCheckpointError",
+    "NotACheckpointError",
     "NotAtUpdateBoundaryWarning",
     "RanksDisagreeError",
     "RanksFailedError",
     "RestoreFallbackWarning",
     "ResumableSampler",
+    "RngMismatchWarning",
     "StateMismatchError",
     "StateNotFoundError",
     "WorldSizeMismatchError",

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import re
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -65,8 +66,15 @@ def one_line_errors() -> Iterator[None]:
     except (CliError, click.exceptions.NoArgsIsHelpError, click.exceptions.Exit):
         raise  # already one line, or help the user asked for by giving no arguments
     except click.UsageError as exc:
-        hint = f"; see `{exc.ctx.command_path} --help`" if exc.ctx is not None else ""
-        raise CliError(exc.format_message().rstrip(".") + hint, exc.exit_code) from exc
+        command = f"`{exc.ctx.command_path} --help`" if exc.ctx is not None else ""
+        message = exc.format_message().rstrip(".")
+        suggestion = re.fullmatch(r"(.*?)\.? \((Did you mean .*\?)\)", message)
+        if suggestion:  # click's "No such option '--rn'. (Did you mean one of: ...?)"
+            message, hint = f"{suggestion[1]}. {suggestion[2]}", f" See {command}."
+        else:
+            hint = f"; see {command}"
+        hint = hint if command else ""
+        raise CliError(message + hint, exc.exit_code) from exc
     except click.ClickException as exc:
         raise CliError(exc.format_message(), exc.exit_code) from exc
     except ChunkStoreError as exc:

@@ -41,7 +41,12 @@ def verify_text(result: VerifyResult, quick: bool) -> None:
     checked = (f"{chunks} present" if quick else
                f"{chunks} read and hash-checked ({format_size(result.bytes_checked)})")
     verdict = "ok" if result.ok else plural(len(result.problems), "problem")
+    if result.warnings:
+        verdict += f", {plural(len(result.warnings), 'warning')}"
     click.echo(f"{plural(result.versions_checked, 'version')}, {checked}: {verdict}")
+    for warning in result.warnings:
+        click.echo(f"warning: {warning.kind}: {warning.message} (every version reads back"
+                   " whole: reads check each member by its own header and hash)", err=True)
 
 
 @click.command()

@@ -38,8 +38,10 @@ def parse_duration(value: object) -> float:
         elif isinstance(value, str) and (match := _DURATION.match(value.lower())):
             result = float(match.group(1)) * _UNIT_S[match.group(2)]
         else:
-            raise InvalidSettingError(f"{value!r} is not a duration (examples: 90, '30m',"
-                                      " '1h', '2d', '1w', a timedelta)")
+            examples = ("90 (seconds), 30m, 1h, 2d, 1w" if isinstance(value, str)
+                        else "a number of seconds, a timedelta, or text such as '30m'")
+            raise InvalidSettingError(f"{reprlib.repr(value)} is not a duration (examples:"
+                                      f" {examples})")
     except OverflowError:  # an int past any float (10**400)
         result = math.inf
     if not math.isfinite(result) or result < 0:

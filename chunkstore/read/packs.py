@@ -53,7 +53,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from chunkstore.codecs import PACK
-from chunkstore.errors import CorruptChunkError
+from chunkstore.errors import ChunkStoreError, CorruptChunkError
 from chunkstore.format.chunkobj import (
     HEADER,
     MAX_PAYLOAD_OVERHEAD,
@@ -67,7 +67,6 @@ from chunkstore.format.manifest import MAX_PACK_BYTES, PackLocation
 from chunkstore.handle.caches import BaseCache
 from chunkstore.handle.handle import PACK_TARGET_BYTES
 from chunkstore.objects.kinds import CHUNKS
-from chunkstore.protocol.moved import MAX_HOPS
 from chunkstore.read.chain import decode_chain
 from chunkstore.read.members import (
     NO_CHAIN,
@@ -222,27 +221,19 @@ PREFETCH_BYTES = 2 * READ_RUN_BYTES
 
 
 def read_member_into(store: StoreHandle, digest: Digest, location: PackLocation, out: memoryview,
-                     *, check_pack: bool = False, chain: Chain = NO_CHAIN,
+                     *, check_links: bool = False, chain: Chain = NO_CHAIN,
                      cache: BaseCache | None = None) -> None:
     """Fill ``out`` with packed chunk ``digest``, read by range from its pack and
     checked as the member object it is (header, length, decode through its listed
-    ``chain``, hash).
+    ``chain``, hash).  The pack's own header is not needed, and not read: damage to
+    it is what :func:`pack_header_problem` reports.
 
-    ``check_pack`` (verify) also reads the pack's header: it must be a pack
-    holding the member's range; and every base of a delta is hash-checked on its
-    own, so a damaged base is named.  A pack GC repacked is followed through its
-    moved record (:mod:`chunkstore.protocol.moved`).
+    ``check_links`` (verify): every base of a delta is hash-checked on its own, so
+    a damaged base is named.  A pack GC repacked is followed through its moved
+    record (:mod:`chunkstore.protocol.moved`).
     """
-    if check_pack:
-        for hops in range(MAX_HOPS + 1):
-            try:
-                _check_pack_header(store, location)
-                break
-            except FileNotFoundError:
-                ((_, location, _, _),) = forward_members(
-                    store, [(digest, location, out, chain)], hops)
     read_members_into(store, [(digest, location, out, chain)], cache=cache,
-                      check_links=check_pack)
+                      check_links=check_links)
 
 
 def prefetch_bases(store: StoreHandle, members: list[MemberRead], cache: BaseCache | None
@@ -362,15 +353,21 @@ def _decode_member(store: StoreHandle, digest: Digest, location: PackLocation, d
                  locations=locations, prefetched=prefetched)
 
 
-def _check_pack_header(store: StoreHandle, location: PackLocation) -> None:
-    pack = location.pack
-    header = parse_header(pack, store.objects.get_range(CHUNKS, pack, 0, HEADER.size))
+def pack_header_problem(store: StoreHandle, pack: Digest) -> str | None:
+    """What is wrong with a pack object as a whole (its header, its length), or None.
+
+    Reads never use a pack's header (each member is read by its listed range and
+    checked by its own header and hash), so this is a warning for ``verify``: the
+    members still read back whole.  ``FileNotFoundError`` when the pack is gone.
+    """
+    try:
+        header = parse_header(pack, store.objects.get_range(CHUNKS, pack, 0, HEADER.size))
+    except ChunkStoreError as exc:  # damaged, or a format version no release wrote
+        return str(exc)
     if header.codec_id != PACK.id or header.raw_length != header.payload_length:
-        raise CorruptChunkError(pack.hex, "listed as a pack, but is not one")
+        return f"pack {pack.hex[:16]}: listed as a pack, but its header is not a pack's"
     size = store.objects.stat(CHUNKS, pack).size
     if size != HEADER.size + header.payload_length:
-        raise CorruptChunkError(pack.hex, f"pack object is {size} bytes, its header says"
-                                f" {HEADER.size + header.payload_length} (truncated or padded)")
-    if location.offset + location.length > header.raw_length:
-        raise CorruptChunkError(pack.hex, f"holds {header.raw_length} bytes; a member is listed"
-                                f" at {location.offset}+{location.length}")
+        return (f"pack {pack.hex[:16]}: the object is {size} bytes, its header says"
+                f" {HEADER.size + header.payload_length} (truncated or padded)")
+    return None

@@ -58,7 +58,7 @@ def read_chunk_into(store: StoreHandle, digest: Digest, out: memoryview,
     store's; packed bases where ``locations`` says), a packed chunk by range from
     its pack at ``location``."""
     if location is not None:
-        read_member_into(store, digest, location, out, check_pack=check_links,
+        read_member_into(store, digest, location, out, check_links=check_links,
                          chain=(chain, locations), cache=cache)
         return
     objects = store.objects
