@@ -129,7 +129,7 @@ def open(
     (applies when the store is created; default 2, 0 turns deltas off) bounds the chains
     of delta chunks a save builds against the run's previous version.
     ``pack_size`` is the size at which this handle's saves seal a pack of small
-    chunks (default :data:`chunkstore.read.packs.PACK_TARGET_BYTES`); ``node_size`` the
+    chunks (default :data:`chunkstore.handle.handle.PACK_TARGET_BYTES`); ``node_size`` the
     size up to which they inline a subtree of the names into its parent manifest
     node (default :data:`NODE_TARGET_BYTES`).
     """
