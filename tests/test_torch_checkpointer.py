@@ -532,3 +532,20 @@ def test_every_error_a_user_can_meet_is_exported_from_the_package() -> None:
     assert public <= set(torch_bridge.__all__), public - set(torch_bridge.__all__)
     for name in torch_bridge.__all__:
         assert getattr(torch_bridge, name) is not None
+
+
+def test_a_restore_of_a_run_the_store_lacks_names_the_runs_it_has(tmp_path: Path) -> None:
+    """run='mien' for 'mine' restored nothing without a word: training started over.
+    It still returns None (a first start looks the same), with a warning naming the
+    runs there are; a store with no run at all stays quiet."""
+    from torch_bridge import RunNotFoundWarning
+
+    model = _model()
+    with Checkpointer(tmp_path / "s", run="mine") as ckpt:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert ckpt.restore(model=model) is None  # the first start: nothing to say
+        ckpt.save(1, model=model)
+    with Checkpointer(tmp_path / "s", run="mien") as typo:
+        with pytest.warns(RunNotFoundWarning, match="run 'mien' has no version .* 'mine'"):
+            assert typo.restore(model=model) is None

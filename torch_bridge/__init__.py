@@ -34,6 +34,7 @@ _EXPORTS = {
     "NotAtUpdateBoundaryWarning": "torch_bridge.errors",
     "RestoreFallbackWarning": "torch_bridge.errors",
     "RngMismatchWarning": "torch_bridge.errors",
+    "RunNotFoundWarning": "torch_bridge.errors",
 }
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "RestoreFallbackWarning",
     "ResumableSampler",
     "RngMismatchWarning",
+    "RunNotFoundWarning",
     "StateMismatchError",
     "StateNotFoundError",
     "WorldSizeMismatchError",

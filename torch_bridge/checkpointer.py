@@ -48,6 +48,7 @@ from torch_bridge.errors import (
     AsyncSaveUnderProcessGroupError,
     NotAtUpdateBoundaryWarning,
     RestoreFallbackWarning,
+    RunNotFoundWarning,
     nothing_restored,
 )
 
@@ -256,8 +257,11 @@ class Checkpointer:
             check_restorable(key, obj)
         if process_group_active():
             targets = {**stateful, "rng": {}} if rng else dict(stateful)
-            return restore_ranks(self.store, self.run, step, targets,
-                                 {"rng": restore_rng} if rng else {})
+            restored = restore_ranks(self.store, self.run, step, targets,
+                                     {"rng": restore_rng} if rng else {})
+            if restored is None:
+                self._warn_of_other_runs()
+            return restored
         candidates = self._candidates(step)
         failures: list[str] = []
         for info in candidates:
@@ -274,7 +278,14 @@ class Checkpointer:
             return info.step
         if failures:
             raise nothing_restored(self.run, failures)
+        self._warn_of_other_runs()
         return None
+
+    def _warn_of_other_runs(self) -> None:
+        others = [run for run in self.store.runs() if run != self.run]
+        if others:
+            warnings.warn(RunNotFoundWarning.naming(self.run, self.store.url, others),
+                          stacklevel=3)
 
     def _candidates(self, step: int | None) -> list[VersionInfo]:
         versions = self.store.versions(self.run)
@@ -353,7 +364,7 @@ def _async_refused() -> AsyncSaveUnderProcessGroupError:
     return AsyncSaveUnderProcessGroupError(
         "async_save=True is not supported under torch.distributed: the save's collectives"
         " would run in a background thread beside the training's own and could deadlock;"
-        " use async_save=False, or dcp.async_save with torch_bridge.dcp.writer.ChunkStoreWriter"
+        " use async_save=False, or dcp.async_save with torch_bridge.dcp.ChunkStoreWriter"
         " for sharded state")
 
 

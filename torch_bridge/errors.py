@@ -75,6 +75,17 @@ def nothing_restored(run: str, failures: list[str], where: str = "") -> Integrit
                           f" passed in may hold part of a damaged version: {'; '.join(failures)}")
 
 
+class RunNotFoundWarning(UserWarning):
+    """Warned when a restore finds no version of its run in a store that holds other runs
+    (a typo in ``run=`` would otherwise start training from scratch without a word)."""
+
+    @classmethod
+    def naming(cls, run: str, url: str, others: list[str]) -> RunNotFoundWarning:
+        shown = ", ".join(repr(r) for r in others[:10]) + (", ..." if len(others) > 10 else "")
+        return cls(f"run {run!r} has no version in {url}, which holds run(s) {shown}: nothing"
+                   " was restored (check run=)")
+
+
 class RngMismatchWarning(UserWarning):
     """Warned when a checkpoint's CUDA RNG states cannot be applied on this machine."""
 
