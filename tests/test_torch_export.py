@@ -76,7 +76,8 @@ def test_export_command(tmp_path: Path) -> None:
     assert safetensors_torch.load_file(out).keys() == expected.keys()
     bad = CliRunner().invoke(export, [str(store), "exp@99", str(out)])
     assert bad.exit_code == 2 and "chunkstore: error: " in bad.output
-    empty = CliRunner().invoke(export, [str(store), "exp@5", str(out), "--prefix", "nope."])
+    empty = CliRunner().invoke(export, [str(store), "exp@5", str(tmp_path / "none.safetensors"),
+                                        "--prefix", "nope."])
     assert empty.exit_code == 2 and "no tensors under prefix" in empty.output
     missing = CliRunner().invoke(export, [str(tmp_path / "none"), "latest", str(out)])
     assert missing.exit_code == 2
@@ -148,3 +149,25 @@ def test_export_and_diff_read_delta_versions(tmp_path: Path) -> None:
     assert diff.exit_code == 0, diff.output
     rows = {r["name"]: r for r in json.loads(diff.output)["entries"]}
     assert rows["model.weight"]["changed_chunks"] == 1
+
+
+def test_export_never_clobbers_a_file_and_names_a_missing_directory(tmp_path: Path) -> None:
+    """An existing file was silently replaced, and a missing directory was reported by
+    the name of an internal temporary file.  Both are refused before anything is read
+    (--force / overwrite=True replaces), and no temporary file is left."""
+    from chunkstore.errors import InvalidInputError
+
+    store, expected = _saved(tmp_path)
+    out = tmp_path / "model.safetensors"
+    out.write_bytes(b"someone else's file")
+    with pytest.raises(InvalidInputError, match="exists; pass --force"):
+        export_safetensors(store, "exp@5", out)
+    assert out.read_bytes() == b"someone else's file"
+    result = CliRunner().invoke(export, [str(store), "exp@5", str(out)])
+    assert result.exit_code == 2 and "exists; pass --force" in result.output
+    result = CliRunner().invoke(export, [str(store), "exp@5", str(out), "--force"])
+    assert result.exit_code == 0, result.output
+    assert safetensors_torch.load_file(out).keys() == expected.keys()
+    with pytest.raises(InvalidInputError, match=r"the directory .*nowhere does not exist"):
+        export_safetensors(store, "exp@5", tmp_path / "nowhere" / "m.safetensors")
+    assert not list(tmp_path.rglob(".export-*"))

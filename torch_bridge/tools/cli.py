@@ -134,9 +134,10 @@ def _demo_dir(path: str | None) -> Iterator[str]:
                    " from the names (a model's tensors get their state_dict keys).")
 @click.option("--dtype", type=click.Choice(["float16", "bfloat16", "float32"]),
               help="Cast floating-point tensors to this dtype.")
+@click.option("--force", is_flag=True, help="Replace OUT if it exists (refused otherwise).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def export(store_path: str, selector: str, out: str, prefix: str, dtype: str | None,
-           as_json: bool) -> None:
+           force: bool, as_json: bool) -> None:
     """Write a version's weights to a safetensors file (optimizer and the rest stripped).
 
     SELECTOR is a version id (or unique prefix), RUN@STEP, RUN@latest, latest or
@@ -157,7 +158,8 @@ def export(store_path: str, selector: str, out: str, prefix: str, dtype: str | N
         from torch_bridge.tools.export import export_safetensors
 
         with chunkstore.open(store_path, create=False) as store:
-            summary = export_safetensors(store, selector, out, prefix=prefix, dtype=dtype)
+            summary = export_safetensors(store, selector, out, prefix=prefix, dtype=dtype,
+                                         overwrite=force)
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from typing import Any
@@ -76,17 +77,19 @@ def read_tensor(reader: VersionReader, name: str) -> torch.Tensor:
 
 def export_safetensors(store: Store | str | os.PathLike[str], selector: str,
                        out_path: str | os.PathLike[str], prefix: str = "model.",
-                       dtype: str | None = None) -> dict[str, Any]:
+                       dtype: str | None = None, *, overwrite: bool = False) -> dict[str, Any]:
     """Write the tensors under ``prefix`` of version ``selector`` to a safetensors file.
 
     ``dtype`` (float16, bfloat16, float32) casts floating-point tensors.  The
-    file is written beside its target and renamed into place.  Returns a
-    summary: version id, step, tensor count, bytes.
+    file is written beside its target and moved into place when complete; an
+    existing file is replaced only with ``overwrite``.  Returns a summary:
+    version id, step, tensor count, bytes.
     """
     from safetensors.torch import save_file
 
     if dtype is not None and dtype not in CAST_DTYPES:
         raise InvalidInputError(f"dtype {dtype!r}: choose one of {', '.join(CAST_DTYPES)}")
+    _check_target(os.fspath(out_path), overwrite)
     opened, owned = open_store(store, create=False)
     try:
         reader = opened.open_version(selector)
@@ -109,13 +112,26 @@ def export_safetensors(store: Store | str | os.PathLike[str], selector: str,
         if owned:
             opened.close()
     metadata = {"chunkstore_version": info.id, "run": info.run, "step": str(info.step)}
-    _write_atomically(tensors, os.fspath(out_path), metadata, save_file)
+    _write_atomically(tensors, os.fspath(out_path), metadata, save_file, overwrite)
     return {"version": info.id, "step": info.step, "tensors": len(tensors),
             "bytes": os.path.getsize(out_path), "path": os.fspath(out_path)}
 
 
+def _check_target(out_path: str, overwrite: bool) -> None:
+    """Refuse, before anything is read, a file that would land nowhere or clobber one."""
+    directory = os.path.dirname(os.path.abspath(out_path))
+    if not os.path.isdir(directory):
+        raise InvalidInputError(f"cannot write {out_path}: the directory {directory} does"
+                                " not exist")
+    if os.path.isdir(out_path):
+        raise InvalidInputError(f"cannot write {out_path}: it is a directory")
+    if os.path.lexists(out_path) and not overwrite:
+        raise InvalidInputError(f"{out_path} exists; pass --force (overwrite=True) to"
+                                " replace it")
+
+
 def _write_atomically(tensors: dict[str, torch.Tensor], out_path: str,
-                      metadata: dict[str, str], save_file: Any) -> None:
+                      metadata: dict[str, str], save_file: Any, overwrite: bool) -> None:
     directory = os.path.dirname(os.path.abspath(out_path))
     fd, tmp = tempfile.mkstemp(prefix=".export-", suffix=".tmp", dir=directory)
     os.close(fd)
@@ -124,7 +140,20 @@ def _write_atomically(tensors: dict[str, torch.Tensor], out_path: str,
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # the mode a plain open() would give, not 0600
-        os.replace(tmp, out_path)
+        if overwrite:
+            os.replace(tmp, out_path)
+        else:  # a hard link creates the name only where none is: no clobbering a file
+            try:  # written meanwhile by someone else
+                os.link(tmp, out_path)
+            except FileExistsError:
+                raise InvalidInputError(f"{out_path} appeared while exporting; pass --force"
+                                        " (overwrite=True) to replace it") from None
+            except OSError:  # a file system without hard links: checked, then moved
+                _check_target(out_path, overwrite)
+                os.replace(tmp, out_path)
+                return
+            os.unlink(tmp)
     except BaseException:
-        os.unlink(tmp)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
         raise
