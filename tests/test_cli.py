@@ -175,7 +175,11 @@ def test_index_rebuild_restores_a_lost_index(filled: Path) -> None:
     shutil.rmtree(filled / "index")
     result = run("index", "rebuild", str(filled), "--json")
     assert result.exit_code == 0
-    assert json.loads(result.output)["versions"] == 3
+    body = json.loads(result.output)
+    assert body["versions"] == 3 and 0 < body["packs"] <= body["chunks"]
+    # Packs are named: "30 chunks" read as a contradiction of verify's 424 chunks.
+    text = run("index", "rebuild", str(filled)).output
+    assert f"{body['chunks']} chunk objects" in text and "of small chunks among them" in text
     assert run("verify", str(filled)).exit_code == 0
     assert len(json.loads(run("log", str(filled), "--json").output)["versions"]) == 3
 

@@ -304,9 +304,11 @@ def index_rebuild(store_path: str, as_json: bool) -> None:
     if as_json:
         emit_json(result.to_json())
     else:
+        packs = f", {plural(result.packs, 'pack')} of small chunks among them" \
+            if result.packs else ""
         click.echo(f"index rebuilt: {plural(result.versions, 'version')},"
-                   f" {plural(result.chunks, 'chunk')} ({result.unreferenced_chunks}"
-                   " unreferenced)")
+                   f" {plural(result.chunks, 'chunk object')} ({result.unreferenced_chunks}"
+                   f" unreferenced{packs})")
         for vid in result.skipped:
             click.echo(f"skipped unreadable version {vid[:12]} (see `chunkstore verify`)")
     if result.skipped:

@@ -14,6 +14,7 @@ import tempfile
 import time
 from typing import TYPE_CHECKING
 
+from chunkstore.codecs import PACK
 from chunkstore.errors import SavesInProgressError
 from chunkstore.format.digest import (
     Digest,
@@ -110,6 +111,7 @@ def _rebuild_into(store: StoreHandle) -> RebuildResult:
                 continue
             if kind == CHUNK:
                 result.chunks += 1
+                result.packs += record[1].codec_id == PACK.id
             if store.index.put_record_if_absent(kind, record[0], record[1]):
                 result.unreferenced_chunks += kind == CHUNK
                 result.unreferenced_nodes += kind == NODE

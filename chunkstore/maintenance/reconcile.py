@@ -35,7 +35,9 @@ log = logging.getLogger(__name__)
 @dataclass
 class RebuildResult:
     versions: int = 0
+    #: chunk objects in the store: a pack of small chunks counts once (``packs`` of them)
     chunks: int = 0
+    packs: int = 0
     unreferenced_chunks: int = 0
     unreferenced_nodes: int = 0
     skipped: list[str] = field(default_factory=list)  # versions that could not be read
