@@ -15,7 +15,8 @@ import tomllib
 import chunkstore
 from chunkstore.backends import Backend
 from chunkstore.format.chunkobj import MAGIC as CHUNK_MAGIC
-from chunkstore.objects.kinds import IdT, Kind
+from chunkstore.format.digest import Digest
+from chunkstore.objects.kinds import ALL_KINDS, CONFIG_KEY, DigestKind, IdT, Kind
 from chunkstore.objects.objectstore import ObjectStore
 
 REPO = Path(__file__).resolve().parent.parent
@@ -78,6 +79,19 @@ def test_the_backend_check_sees_a_call(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text("def f(store):\n    return store.backend.get('chunks/x')\n")
     assert list(_backend_calls(module, tmp_path)) == ["m.py:2: backend.get()"]
+
+
+def test_every_kind_has_a_key_space_of_its_own() -> None:
+    """No kind's keys can be taken for another's (or for the config), and a listed key
+    gives back the id it was made from."""
+    prefixes = [kind.prefix for kind in ALL_KINDS]
+    assert len(set(prefixes)) == len(prefixes)
+    assert not [(a, b) for a in prefixes for b in prefixes if a != b and a.startswith(b)]
+    assert not any(CONFIG_KEY.startswith(prefix) for prefix in prefixes)
+    digest = Digest.of(b"an object")
+    for kind in ALL_KINDS:
+        object_id = digest if isinstance(kind, DigestKind) else digest.hex
+        assert kind.id_of(kind.key(object_id)) == object_id  # type: ignore[arg-type]
 
 
 # --- a transform of every object's bytes is a change to the object layer alone ----------

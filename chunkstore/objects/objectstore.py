@@ -36,10 +36,6 @@ class ObjectStore:
         #: may be replaced by a wrapper of itself (tests, fault injection, counting)
         self.backend = backend
 
-    @property
-    def url(self) -> str:
-        return self.backend.url
-
     # --- the bytes of every object pass here ------------------------------------------------
 
     def _stored(self, kind: Kind[IdT], data: bytes | memoryview) -> bytes | memoryview:
