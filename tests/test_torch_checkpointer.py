@@ -549,3 +549,15 @@ def test_a_restore_of_a_run_the_store_lacks_names_the_runs_it_has(tmp_path: Path
     with Checkpointer(tmp_path / "s", run="mien") as typo:
         with pytest.warns(RunNotFoundWarning, match="run 'mien' has no version .* 'mine'"):
             assert typo.restore(model=model) is None
+
+
+def test_a_closed_checkpointer_says_it_is_closed(tmp_path: Path) -> None:
+    """all_steps() after the with block raised LMDB's "operate on closed object"."""
+    model = _model()
+    with Checkpointer(tmp_path / "s", run="r") as ckpt:
+        ckpt.save(1, model=model)
+        assert ckpt.all_steps() == [1] and ckpt.latest_step() == 1
+    for call in (ckpt.all_steps, ckpt.latest_step, lambda: ckpt.restore(model=model),
+                 lambda: ckpt.save(2, model=model)):
+        with pytest.raises(InvalidInputError, match="this Checkpointer is closed"):
+            call()

@@ -309,10 +309,12 @@ class Checkpointer:
 
     def all_steps(self) -> list[int]:
         """Steps of the run's versions, in order (a save in flight not included)."""
+        self._check_open()
         return [v.step for v in self.store.versions(self.run)]
 
     def latest_step(self) -> int | None:
         """The highest step saved (what ``restore`` tries first)."""
+        self._check_open()
         versions = self.store.versions(self.run)
         return versions[-1].step if versions else None
 
