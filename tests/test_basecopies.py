@@ -16,7 +16,7 @@ from chunkstore.backends.wrappers import ForwardingBackend
 from chunkstore.format.chunkobj import HEADER
 from chunkstore.format.digest import Digest
 from chunkstore.handle.basecopies import BaseCopies
-from chunkstore.objects.kinds import chunk_key
+from chunkstore.objects.kinds import CHUNKS
 from tests.test_delta import CHUNK, DIM, ROWS, save, shard, sparse_states
 
 
@@ -158,7 +158,7 @@ def test_a_copy_stands_in_for_its_base_only_not_for_what_is_stored(tmp_path: Pat
         first = save(store, 1, next(states))
         listed = store.open_version(first).entry("emb").shards[0]  # type: ignore[union-attr]
         location = listed.location(0)  # the base is packed (chunk format 5) or an object
-        path = Path(store.url) / chunk_key(listed.chunks[0] if location is None
+        path = Path(store.url) / CHUNKS.key(listed.chunks[0] if location is None
                                            else location.pack)
         data = bytearray(path.read_bytes())
         last = -1 if location is None else HEADER.size + location.offset + location.length - 1

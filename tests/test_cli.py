@@ -14,7 +14,7 @@ from click.testing import CliRunner, Result
 
 import chunkstore
 from chunkstore.cli import cli, format_size, parse_size
-from chunkstore.objects.kinds import chunk_key
+from chunkstore.objects.kinds import CHUNKS
 from chunkstore.progress import TerminalProgress
 from tests.conftest import SMALL_CHUNK, tree_snapshot
 
@@ -122,7 +122,7 @@ def test_verify_clean_then_exit_1_on_a_corrupt_chunk(filled_objects: Path) -> No
     with chunkstore.open(filled_objects, create=False) as store:
         entry = store.open_version("r@1").entry("model.base")
         digest = entry.shards[0].chunks[0]
-    path = filled_objects / chunk_key(digest)
+    path = filled_objects / CHUNKS.key(digest)
     data = bytearray(path.read_bytes())
     data[-1] ^= 0xFF
     path.write_bytes(bytes(data))

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import chunkstore
-from chunkstore.objects.kinds import chunk_key
+from chunkstore.objects.kinds import CHUNKS
 from tests.conftest import SMALL_CHUNK
 
 CLI = [sys.executable, "-m", "chunkstore"]
@@ -182,7 +182,7 @@ def _stall_one_chunk(store_path: Path) -> Path:
     with chunkstore.open(store_path, create=False) as store:
         shard = store.open_version("r@2").entry("model.big").shards[0]
     location = shard.location(0)  # in a store with delta chains the chunk lies in a pack
-    path = store_path / chunk_key(shard.chunks[0] if location is None else location.pack)
+    path = store_path / CHUNKS.key(shard.chunks[0] if location is None else location.pack)
     path.unlink()
     os.mkfifo(path)
     return path

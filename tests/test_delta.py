@@ -28,7 +28,7 @@ from chunkstore.format.chunkobj import ChunkHeader, encode_object, parse_header
 from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import Shard, TensorEntry
 from chunkstore.index.lmdbindex import CHUNK as CHUNK_KIND
-from chunkstore.objects.kinds import chunk_key
+from chunkstore.objects.kinds import CHUNKS
 from chunkstore.read.chain import base_bytes, base_prefix
 from chunkstore.write.delta import SKIP_SAVES, probe_length
 
@@ -76,7 +76,7 @@ def shard(store: chunkstore.Store, version_id: str) -> Shard:
 
 
 def object_path(store: chunkstore.Store, digest: Digest) -> Path:
-    return Path(store.url) / chunk_key(digest)
+    return Path(store.url) / CHUNKS.key(digest)
 
 
 def header_base(store: chunkstore.Store, digest: Digest) -> Digest | None:

@@ -59,7 +59,7 @@ from chunkstore.format.records import (
 )
 from chunkstore.handle.tree import flatten
 from chunkstore.handle.versions import entry_from_record
-from chunkstore.objects.kinds import chunk_key, node_key, tag_key, version_key
+from chunkstore.objects.kinds import CHUNKS, NODES, TAGS, VERSIONS
 from tests.conftest import tree_snapshot
 
 REPO = Path(__file__).resolve().parent.parent
@@ -185,7 +185,7 @@ def test_fixture_index_is_rebuildable(name: str, tmp_path: Path) -> None:
 def test_records_reencode_to_their_own_bytes(v1_store: chunkstore.Store) -> None:
     """Decoding then encoding a commit record gives back its bytes and its id."""
     for info in v1_store.versions():
-        stored = v1_store.backend.get(version_key(info.id))
+        stored = v1_store.backend.get(VERSIONS.key(info.id))
         version_id, data = v1_store.read_record(info.id).encode()
         assert (version_id, data) == (info.id, stored)
 
@@ -452,10 +452,10 @@ def test_shuffle_payload_layout(element_size: int) -> None:
 def test_key_layout() -> None:
     empty = Digest.parse(BLAKE3_OF_NOTHING)
     assert Digest.of(b"") == empty
-    assert chunk_key(empty) == f"chunks/af/{BLAKE3_OF_NOTHING}"
-    assert node_key(empty) == f"nodes/af/{BLAKE3_OF_NOTHING}"
-    assert version_key(BLAKE3_OF_NOTHING) == f"versions/{BLAKE3_OF_NOTHING}"
-    assert tag_key("best") == "tags/best"
+    assert CHUNKS.key(empty) == f"chunks/af/{BLAKE3_OF_NOTHING}"
+    assert NODES.key(empty) == f"nodes/af/{BLAKE3_OF_NOTHING}"
+    assert VERSIONS.key(BLAKE3_OF_NOTHING) == f"versions/{BLAKE3_OF_NOTHING}"
+    assert TAGS.key("best") == "tags/best"
 
 
 def test_store_config_bytes() -> None:
@@ -561,14 +561,14 @@ def _add_record(root: Path, record: CommitRecord, version: int | None = None) ->
     if version is not None:
         data = _bumped_json(data, version)
         version_id = blake3.blake3(data).hexdigest()
-    _put(root, version_key(version_id), data)
+    _put(root, VERSIONS.key(version_id), data)
     return version_id
 
 
 def _first_record(root: Path) -> CommitRecord:
     expected = _expected("store-v1")
     version_id = expected["versions"][0]["id"]
-    return CommitRecord.decode(version_id, (root / version_key(version_id)).read_bytes())
+    return CommitRecord.decode(version_id, (root / VERSIONS.key(version_id)).read_bytes())
 
 
 def test_newer_store_version_is_refused(v1_copy: Path) -> None:
@@ -599,10 +599,10 @@ def test_newer_record_version_is_refused(v1_copy: Path) -> None:
 
 def test_newer_tree_node_version_is_refused(v1_copy: Path) -> None:
     record = _first_record(v1_copy)
-    root_bytes = (v1_copy / node_key(record.root)).read_bytes()
+    root_bytes = (v1_copy / NODES.key(record.root)).read_bytes()
     newer_root = _bumped_json(root_bytes, NODE_FORMAT_VERSION + 1)
     newer_digest = Digest.of(newer_root)
-    _put(v1_copy, node_key(newer_digest), newer_root)
+    _put(v1_copy, NODES.key(newer_digest), newer_root)
     version_id = _add_record(v1_copy, CommitRecord(**{**record.__dict__, "root": newer_digest,
                                                       "step": 99}))
     with pytest.raises(FormatVersionError):
@@ -621,9 +621,9 @@ def test_newer_tree_node_version_is_refused(v1_copy: Path) -> None:
 def test_newer_data_node_version_is_refused(v1_copy: Path) -> None:
     newer = _bumped_json(encode_data({"epoch": 5})[1], NODE_FORMAT_VERSION + 1)
     data_digest = Digest.of(newer)
-    _put(v1_copy, node_key(data_digest), newer)
+    _put(v1_copy, NODES.key(data_digest), newer)
     root_digest, root = encode_tree(TreeNode(leaves={"trainer": DataEntry(data_digest, 11)}))
-    _put(v1_copy, node_key(root_digest), root)
+    _put(v1_copy, NODES.key(root_digest), root)
     record = _first_record(v1_copy)
     _add_record(v1_copy, CommitRecord(**{**record.__dict__, "root": root_digest, "step": 99}))
     with chunkstore.open(v1_copy, create=False) as store:
@@ -635,11 +635,11 @@ def test_newer_data_node_version_is_refused(v1_copy: Path) -> None:
 
 def _bump_chunk(root: Path) -> tuple[str, bytes]:
     """Raise the version byte of the first chunk of ``model.counts`` (fmt@1); keep its key."""
-    node = json.loads((root / node_key(_first_record(root).root)).read_bytes())
-    model = json.loads((root / node_key(Digest.parse(node["entries"]["model"]["tree"])))
+    node = json.loads((root / NODES.key(_first_record(root).root)).read_bytes())
+    model = json.loads((root / NODES.key(Digest.parse(node["entries"]["model"]["tree"])))
                        .read_bytes())
     digest = model["entries"]["counts"]["tensor"]["shards"][0]["chunks"][0]
-    path = root / chunk_key(Digest.parse(digest))
+    path = root / CHUNKS.key(Digest.parse(digest))
     data = bytearray(path.read_bytes())
     data[4] = CHUNK_FORMAT_VERSION + 1
     path.write_bytes(bytes(data))
@@ -669,10 +669,10 @@ def test_newer_chunk_version_raises_format_version_error(v1_copy: Path) -> None:
 
 def test_verify_reports_an_edited_data_node(v1_copy: Path) -> None:
     record = _first_record(v1_copy)
-    root = decode_tree(record.root, (v1_copy / node_key(record.root)).read_bytes())
+    root = decode_tree(record.root, (v1_copy / NODES.key(record.root)).read_bytes())
     trainer = root.leaves["trainer"]
     assert isinstance(trainer, DataEntry)
-    path = v1_copy / node_key(trainer.digest)
+    path = v1_copy / NODES.key(trainer.digest)
     path.write_bytes(path.read_bytes().replace(b'"epoch":3', b'"epoch":5'))
     with chunkstore.open(v1_copy, create=False) as store:
         assert not store.verify().ok

@@ -24,7 +24,7 @@ from chunkstore.format.digest import Digest
 from chunkstore.handle.tree import flatten
 from chunkstore.index.lmdbindex import CHUNK, ChunkRecord, ChunkState, Claim
 from chunkstore.maintenance.gc import gc_lock
-from chunkstore.objects.kinds import chunk_key, node_key
+from chunkstore.objects.kinds import CHUNKS, NODES
 from tests.conftest import SMALL_CHUNK, tree_snapshot
 
 HOUR = 3600.0
@@ -85,8 +85,8 @@ def test_grace_keeps_fresh_garbage_and_then_frees_exactly_the_unreachable(
     assert fresh.kept_by_grace == len(chunks_a - chunks_b) + len(nodes_a - nodes_b)
     assert objects(store_path, "chunks") == chunks_a | chunks_b
 
-    doomed = [chunk_key(Digest.parse(h)) for h in chunks_a - chunks_b] + [
-        node_key(Digest.parse(h)) for h in nodes_a - nodes_b]
+    doomed = [CHUNKS.key(Digest.parse(h)) for h in chunks_a - chunks_b] + [
+        NODES.key(Digest.parse(h)) for h in nodes_a - nodes_b]
     doomed_bytes = sum((store_path / key).stat().st_size for key in doomed)
     result = store.gc(grace="1h", clock=lambda: later(2 * HOUR))
     assert objects(store_path, "chunks") == chunks_b
@@ -162,7 +162,7 @@ def test_a_save_that_reuses_a_condemned_chunk_resurrects_and_rewrites_it(
     assert store.index.condemn(CHUNK, digests, before) == digests
     # An object GC condemned may already be half gone (a power cut can undo the
     # index transaction after the unlink): the writer must not trust it.
-    (store_path / chunk_key(digests[0])).unlink()
+    (store_path / CHUNKS.key(digests[0])).unlink()
     session = store.index.open_session("test")
     assert store.index.claim_chunk(session, digests[0]) == Claim.WRITE
     record = store.index.chunk(digests[0])
@@ -259,20 +259,20 @@ def test_a_referenced_chunk_with_a_wrong_refcount_is_kept_and_reported(
     result = store.gc(grace=0)
     assert result.chunks_deleted == 0
     assert any(digest.short(16) in d for d in result.index_disagreements)
-    assert (store_path / chunk_key(digest)).exists()
+    assert (store_path / CHUNKS.key(digest)).exists()
 
 
 def test_objects_the_index_does_not_know_are_swept_after_the_grace_period(
         store: chunkstore.Store, store_path: Path, shared: np.ndarray) -> None:
     kept = save(store, 1, state(1, shared))
     stray = Digest.of(b"a chunk object whose index record was lost")
-    store.backend.put(chunk_key(stray), b"CSCK-not-even-valid")
-    store.backend.put(node_key(stray), b"{}")
+    store.backend.put(CHUNKS.key(stray), b"CSCK-not-even-valid")
+    store.backend.put(NODES.key(stray), b"{}")
     assert store.gc(grace="1h").orphans_deleted == 0
     result = store.gc(grace="1h", clock=lambda: later(2 * HOUR))
     assert result.orphans_deleted == 2
-    assert not (store_path / chunk_key(stray)).exists()
-    assert not (store_path / node_key(stray)).exists()
+    assert not (store_path / CHUNKS.key(stray)).exists()
+    assert not (store_path / NODES.key(stray)).exists()
     assert store.index.chunk(stray) is None
     assert_loads(store, kept, state(1, shared))
 
@@ -426,7 +426,7 @@ def test_a_chunk_lost_from_storage_is_rewritten_by_the_next_save_that_has_it(
     arrays = state(1, shared)
     va = save(store, 1, arrays)
     lost = store.index.version_refs(va)[0]
-    (store_path / chunk_key(lost)).unlink()
+    (store_path / CHUNKS.key(lost)).unlink()
     store.rebuild_index()
     record = store.index.chunk(lost)
     assert record is not None and record.state == ChunkState.WRITING and record.refcount == 1
@@ -499,7 +499,7 @@ def test_prune_keeps_a_predecessor_that_verifies_not_just_the_one_before(
         store: chunkstore.Store, store_path: Path, shared: np.ndarray) -> None:
     ids = [save(store, step, state(step, shared)) for step in (1, 2, 3, 4)]
     own = set(store.index.version_refs(ids[2])) - set(store.index.version_refs(ids[1]))
-    damaged = store_path / chunk_key(next(iter(own)))
+    damaged = store_path / CHUNKS.key(next(iter(own)))
     data = bytearray(damaged.read_bytes())
     data[-1] ^= 0xFF
     damaged.write_bytes(bytes(data))

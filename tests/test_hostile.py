@@ -44,7 +44,7 @@ from chunkstore.format.records import (
     StoreConfig,
     Tag,
 )
-from chunkstore.objects.kinds import chunk_key, node_key, tag_key, version_key
+from chunkstore.objects.kinds import CHUNKS, NODES, TAGS, VERSIONS
 
 W = np.arange(1024, dtype="<f4")
 
@@ -74,7 +74,7 @@ def _put(path: Path, key: str, data: bytes) -> None:
 def _node(path: Path, body: dict[str, Any] | bytes) -> Digest:
     data = body if isinstance(body, bytes) else _dumps({"format_version": 1, **body})
     digest = Digest.of(data)
-    _put(path, node_key(digest), data)
+    _put(path, NODES.key(digest), data)
     return digest
 
 
@@ -89,14 +89,14 @@ def _record(path: Path, root: Digest, **fields: Any) -> str:
     obj.update(fields)
     data = _dumps(obj) if "raw" not in fields else fields["raw"]
     version_id = Digest.of(data).hex
-    _put(path, version_key(version_id), data)
+    _put(path, VERSIONS.key(version_id), data)
     return version_id
 
 
 def _good_root(path: Path) -> dict[str, Any]:
     with chunkstore.open(path, create=False) as store:
         root = store.resolve("good@1").root
-    return json.loads((path / node_key(root)).read_bytes())
+    return json.loads((path / NODES.key(root)).read_bytes())
 
 
 def _tensor(shape: list[int], chunks: list[str], chunk_bytes: int = 4096,
@@ -125,7 +125,7 @@ def test_empty_shards_list_is_refused_and_reported(store_dir: Path) -> None:
     root = _tree(store_dir, {"w": _tensor([1048576], [], shards=[])})
     vid = _record(store_dir, root)
     with pytest.raises(CorruptNodeError, match="cover 0 of"):
-        decode_tree(root, (store_dir / node_key(root)).read_bytes())
+        decode_tree(root, (store_dir / NODES.key(root)).read_bytes())
     _check_reported(store_dir, vid, "corrupt-node")
 
 
@@ -179,7 +179,7 @@ def test_chunk_bytes_above_the_store_chunk_size(store_dir: Path) -> None:
 def _h_chunk(path: Path) -> Path:
     good = _good_root(path)
     digest = good["entries"]["h"]["tensor"]["shards"][0]["chunks"][0]
-    return path / chunk_key(Digest.parse(digest))
+    return path / CHUNKS.key(Digest.parse(digest))
 
 
 @pytest.mark.parametrize("bit", range(64, 128))
@@ -209,7 +209,7 @@ def test_data_node_nested_990_deep(store_dir: Path) -> None:
 
 
 def test_tag_naming_a_number(store_dir: Path) -> None:
-    _put(store_dir, tag_key("best"), b'{"version": 5}')
+    _put(store_dir, TAGS.key("best"), b'{"version": 5}')
     with pytest.raises(CorruptTagError):
         Tag.decode("best", b'{"version": 5}')
     _check_reported(store_dir, None, "corrupt-tag")
@@ -222,7 +222,7 @@ def test_record_whose_meta_nests_990_deep(store_dir: Path) -> None:
     deep = record.encode()[1].replace(b'{"m":1}', b"[" * 990 + b"]" * 990)
     vid = _record(store_dir, root, raw=deep)
     with pytest.raises(CorruptRecordError):
-        CommitRecord.decode(vid, (store_dir / version_key(vid)).read_bytes())
+        CommitRecord.decode(vid, (store_dir / VERSIONS.key(vid)).read_bytes())
     _check_reported(store_dir, vid, "corrupt-record")
 
 
@@ -284,7 +284,7 @@ def test_two_leaves_with_one_full_name(store_dir: Path) -> None:
 def test_record_a_writer_refuses(store_dir: Path, fields: dict[str, Any]) -> None:
     vid = _record(store_dir, _tree(store_dir, {}), **fields)
     with pytest.raises(CorruptRecordError):
-        CommitRecord.decode(vid, (store_dir / version_key(vid)).read_bytes())
+        CommitRecord.decode(vid, (store_dir / VERSIONS.key(vid)).read_bytes())
     _check_reported(store_dir, vid, "corrupt-record")
 
 

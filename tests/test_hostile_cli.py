@@ -14,7 +14,7 @@ import pytest
 
 from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import NODE_FORMAT_VERSION
-from chunkstore.objects.kinds import chunk_key
+from chunkstore.objects.kinds import CHUNKS
 from tests.test_hostile import (
     _good_root,
     _node,
@@ -45,10 +45,10 @@ def _seed_bad_objects(path: Path) -> dict[str, str]:
     newer = b'{"entries":{},"format_version":%d,"kind":"tree"}' % (NODE_FORMAT_VERSION + 1)
     bad["newer-node"] = _record(path, _node(path, newer), step=14)
     h_chunk = good["entries"]["h"]["tensor"]["shards"][0]["chunks"][0]
-    target = path / chunk_key(Digest.parse(h_chunk))
+    target = path / CHUNKS.key(Digest.parse(h_chunk))
     data = bytearray(target.read_bytes())
     data[12] ^= 0x80  # the raw length: 2**39 more
-    _put(path, chunk_key(Digest.parse(h_chunk)), bytes(data))
+    _put(path, CHUNKS.key(Digest.parse(h_chunk)), bytes(data))
     return bad
 
 

@@ -27,7 +27,7 @@ import chunkstore
 from chunkstore.backends.wrappers import ForwardingBackend
 from chunkstore.errors import BackendError, GcAbortedError
 from chunkstore.format.manifest import TensorEntry
-from chunkstore.objects.kinds import chunk_key, version_key
+from chunkstore.objects.kinds import CHUNKS, VERSIONS
 from tests.machine_child import CHUNK_SIZE, loop_state, state
 from tests.s3server import create_bucket, remove_bucket, s3_endpoint, storage_options
 
@@ -133,7 +133,7 @@ def test_a_chunk_lost_from_storage_is_never_deduplicated_against_again(
     first = cluster.run("a", "save", "a", 1, 1)
     with cluster.open("a") as store:
         lost = store.index.version_refs(first)[0]
-        store.backend.delete(chunk_key(lost))
+        store.backend.delete(CHUNKS.key(lost))
         if store.backend.local_path() is None:
             assert not store.verify().ok  # finds it missing, and the index forgets it
     later = cluster.run_in_a_row("a", *[("save", "a", step, 1) for step in (2, 3)])
@@ -321,13 +321,13 @@ def test_a_batch_claim_taken_before_another_indexs_gc_finished_is_not_trusted() 
             assert location is not None
             packs.append(location.pack)
             # Another machine removed the version; this index has not noticed.
-            store.backend.delete(version_key(version.info.id))
+            store.backend.delete(VERSIONS.key(version.info.id))
         gc_entry = start_entry(store.objects, [(CHUNK, p) for p in packs])  # the other GC
 
         def other_gc_deletes() -> None:
             time.sleep(0.3)  # while the save waits on the entry for the first pack
             for pack in packs:
-                store.backend.delete(chunk_key(pack))
+                store.backend.delete(CHUNKS.key(pack))
             gc_entry.state = DONE
             write_entry(store.objects, gc_entry)
 
@@ -365,13 +365,13 @@ def test_a_delta_base_another_indexs_gc_fenced_is_never_encoded_against() -> Non
         assert isinstance(entry, TensorEntry)
         bases = list(entry.shards[0].chunks)
         # Another machine removed the version; this index has not noticed.
-        store.backend.delete(version_key(version.info.id))
+        store.backend.delete(VERSIONS.key(version.info.id))
         gc_entry = start_entry(store.objects, [(CHUNK, d) for d in bases])  # the other GC
 
         def other_gc_deletes() -> None:
             time.sleep(0.3)  # while the save waits on the entry for the first base
             for digest in bases:
-                store.backend.delete(chunk_key(digest))
+                store.backend.delete(CHUNKS.key(digest))
             gc_entry.state = DONE
             write_entry(store.objects, gc_entry)
 
@@ -554,7 +554,7 @@ def test_a_journal_entry_pruned_between_the_listing_and_its_read_is_not_taken_as
     recorded as synced past the entry, so the next sync sees the new horizon and stops
     treating any record as stored."""
     from chunkstore.index.lmdbindex import CHUNK, ChunkState
-    from chunkstore.objects.kinds import JOURNAL, entry_key
+    from chunkstore.objects.kinds import JOURNAL
     from chunkstore.objects.objectstore import ObjectStore
     from chunkstore.protocol.journal import (
         HORIZON_PREFIX,
@@ -585,7 +585,7 @@ def test_a_journal_entry_pruned_between_the_listing_and_its_read_is_not_taken_as
         sync_journal(a.objects, a.index)  # the next save's sync sees the horizon
         assert all(a.index.record(CHUNK, d).state == ChunkState.WRITING for d in deleted)
     assert list(a.backend.list(f"{JOURNAL.prefix}{HORIZON_PREFIX}"))
-    assert not a.backend.exists(entry_key(entry_id))
+    assert not a.backend.exists(JOURNAL.key(entry_id))
 
 
 class _PrunedAfterListing(ForwardingBackend):
@@ -598,14 +598,14 @@ class _PrunedAfterListing(ForwardingBackend):
         self.entry_id: str | None = entry_id
 
     def list(self, prefix: str = "") -> Iterator[str]:
-        from chunkstore.objects.kinds import JOURNAL, entry_key
+        from chunkstore.objects.kinds import JOURNAL
         from chunkstore.protocol.journal import HORIZON_PREFIX, entry_time_ns
 
         keys = list(self.inner.list(prefix))
         if prefix == JOURNAL.prefix and self.entry_id is not None:
             horizon = entry_time_ns(self.entry_id)
             self.inner.put(f"{JOURNAL.prefix}{HORIZON_PREFIX}{horizon:020d}", b"")
-            self.inner.delete(entry_key(self.entry_id))
+            self.inner.delete(JOURNAL.key(self.entry_id))
             self.entry_id = None
         return iter(keys)
 
@@ -664,7 +664,7 @@ def test_node_claims_taken_before_another_indexs_gc_finished_are_not_trusted(
     import threading
 
     from chunkstore.index.lmdbindex import NODE
-    from chunkstore.objects.kinds import node_key
+    from chunkstore.objects.kinds import NODES
     from chunkstore.protocol.journal import DONE, start_entry, write_entry
 
     url = f"memory://cs-{os.urandom(8).hex()}"
@@ -681,13 +681,13 @@ def test_node_claims_taken_before_another_indexs_gc_finished_are_not_trusted(
         assert len(nodes) > 2
         # Another machine removed the old version (this index has not noticed) and its
         # GC fences the old version's nodes, then deletes them while this save waits.
-        store.backend.delete(version_key(old.id))
+        store.backend.delete(VERSIONS.key(old.id))
         entry = start_entry(store.objects, [(NODE, d) for d in nodes])
 
         def other_gc_deletes() -> None:
             time.sleep(0.3)
             for digest in nodes:
-                store.backend.delete(node_key(digest))
+                store.backend.delete(NODES.key(digest))
             entry.state = DONE
             write_entry(store.objects, entry)
 
@@ -722,7 +722,7 @@ def test_a_removed_version_whose_tree_cannot_be_read_now_keeps_everything(
     """A version removed within the grace period keeps its whole tree for a reader that
     opened it before.  A GET of one of its subtree nodes fails once (a transient error):
     the GC deletes nothing (it stops), and the reader reads on."""
-    from chunkstore.objects.kinds import node_key
+    from chunkstore.objects.kinds import NODES
 
     root = tmp_path / "s"
     rng = np.random.default_rng(1)
@@ -743,7 +743,7 @@ def test_a_removed_version_whose_tree_cannot_be_read_now_keeps_everything(
                 if path.is_file():
                     os.utime(path, (written_long_ago, written_long_ago))
         with chunkstore.open(root, index_dir=str(tmp_path / "a"), node_size=0) as a:
-            a.backend = _FlakyGet(a.backend, node_key(subtree[0]))
+            a.backend = _FlakyGet(a.backend, NODES.key(subtree[0]))
             with pytest.raises(GcAbortedError):
                 a.gc(grace="1h")
             a.backend = a.backend.inner
@@ -758,7 +758,7 @@ def test_a_damaged_copy_of_a_node_a_save_must_write_is_replaced_not_kept(
     removed version's, seen by a new index): the save that needs it writes it, finds a
     copy stored, and keeps the copy only if it holds the node's bytes; here it does not,
     so it is replaced and the version reads back."""
-    from chunkstore.objects.kinds import node_key
+    from chunkstore.objects.kinds import NODES
 
     root = tmp_path / "s"
     weights = np.arange(10_000, dtype=np.float32)
@@ -767,7 +767,7 @@ def test_a_damaged_copy_of_a_node_a_save_must_write_is_replaced_not_kept(
             version.put("w", weights)
         tree = version.info.root
         a.delete(version.info.id)
-    path = root / node_key(tree)
+    path = root / NODES.key(tree)
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
@@ -786,7 +786,7 @@ def test_a_tombstone_that_never_ages_never_stops_every_gc(tmp_path: Path, tree: 
     so it never ages out: if its tree cannot be read (a node of a newer format, or a GET
     that always fails) GC must not stop on it run after run; it goes on as for damage."""
     from chunkstore.format.digest import Digest
-    from chunkstore.objects.kinds import node_key
+    from chunkstore.objects.kinds import NODES
 
     root = tmp_path / "s"
     with chunkstore.open(root, index_dir=str(tmp_path / "i")) as store:
@@ -794,13 +794,13 @@ def test_a_tombstone_that_never_ages_never_stops_every_gc(tmp_path: Path, tree: 
             version.put("w", np.arange(10, dtype=np.float32))
         node = json.dumps({"format_version": 99, "kind": "tree", "entries": {}}).encode()
         digest = Digest.of(node)
-        store.backend.put(node_key(digest), node)
+        store.backend.put(NODES.key(digest), node)
         removed = "ab" * 32
         store.backend.put(f"removed/{removed}", json.dumps(
             {"format_version": 1, "version": removed, "root": digest.hex, "run": "x",
              "step": 1, "removed": 10**400}).encode())
         if tree == "never readable":
-            store.backend = _AlwaysFailingGet(store.backend, node_key(digest))
+            store.backend = _AlwaysFailingGet(store.backend, NODES.key(digest))
         for _ in range(2):
             store.gc(grace=0)
         np.testing.assert_array_equal(store.open_version("r@1").get("w"),

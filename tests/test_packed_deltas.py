@@ -34,7 +34,7 @@ from chunkstore.format.manifest import (
 )
 from chunkstore.index.lmdbindex import CHUNK as CHUNK_KIND
 from chunkstore.index.lmdbindex import ChunkRecord, ChunkState
-from chunkstore.objects.kinds import chunk_key
+from chunkstore.objects.kinds import CHUNKS
 from chunkstore.read.chain import NO_CACHE, base_bytes, decode_chain
 from tests.test_delta import CHUNK, DIM, ROWS, save, shard, sparse_states
 
@@ -59,7 +59,7 @@ def chunk0_changing(store: chunkstore.Store, versions: int) -> list[str]:
 
 
 def pack_path(store: chunkstore.Store, pack: Digest) -> Path:
-    return Path(store.url) / chunk_key(pack)
+    return Path(store.url) / CHUNKS.key(pack)
 
 
 def ranged_reads(store: chunkstore.Store, monkeypatch: pytest.MonkeyPatch

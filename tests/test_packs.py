@@ -20,7 +20,7 @@ from chunkstore.format.digest import Digest
 from chunkstore.format.dtypes import DTYPES
 from chunkstore.format.manifest import PackLocation, TensorEntry
 from chunkstore.format.records import STORE_FORMAT_VERSION
-from chunkstore.objects.kinds import chunk_key
+from chunkstore.objects.kinds import CHUNKS
 from tests.s3server import s3_endpoint
 from tests.test_crash import run_child
 
@@ -213,13 +213,13 @@ def test_a_lost_pack_is_written_again_not_referenced(pstore: chunkstore.Store,
     state = _small_state(1)
     first = _save(pstore, 1, state)
     (pack,) = {loc.pack for loc in _packs(pstore, first).values() if loc}
-    (root / chunk_key(pack)).unlink()
+    (root / CHUNKS.key(pack)).unlink()
     problems = pstore.verify().problems
     assert {(p.kind, p.version) for p in problems} == {("missing-chunk", first)}
     second = _save(pstore, 2, state)
     # The same members in the same order make the same pack: it is stored again.
     assert {loc.pack for loc in _packs(pstore, second).values() if loc} == {pack}
-    assert (root / chunk_key(pack)).is_file()
+    assert (root / CHUNKS.key(pack)).is_file()
     _check(pstore, second, state)
     _check(pstore, first, state)
     assert pstore.verify().ok
@@ -259,7 +259,7 @@ def test_a_flipped_byte_in_a_member_is_reported_on_every_version(pstore: chunkst
     ids = [_save(pstore, step, _small_state(step)) for step in (1, 2, 3)]
     location = _packs(pstore, ids[0])["layer20.w"]  # unchanged: in the first pack
     assert location is not None and all(_packs(pstore, v)["layer20.w"] == location for v in ids)
-    path = root / chunk_key(location.pack)
+    path = root / CHUNKS.key(location.pack)
     data = bytearray(path.read_bytes())
     data[24 + location.offset + location.length - 1] ^= 0x40  # the member's last byte
     path.write_bytes(bytes(data))
@@ -277,7 +277,7 @@ def test_a_deleted_pack_is_reported_on_every_version(pstore: chunkstore.Store,
     ids = [_save(pstore, step, _small_state(step)) for step in (1, 2, 3)]
     location = _packs(pstore, ids[0])["layer30.w"]
     assert location is not None
-    (root / chunk_key(location.pack)).unlink()
+    (root / CHUNKS.key(location.pack)).unlink()
     problems = pstore.verify().problems
     assert {(p.kind, p.version, p.digest) for p in problems} == {
         ("missing-chunk", v, location.pack.hex) for v in ids}
@@ -292,7 +292,7 @@ def test_a_damaged_pack_header_is_reported(pstore: chunkstore.Store, tmp_path: P
     version = _save(pstore, 1, state)
     location = _packs(pstore, version)["layer5.w"]
     assert location is not None
-    path = root / chunk_key(location.pack)
+    path = root / CHUNKS.key(location.pack)
     data = bytearray(path.read_bytes())
     data[5] = 0  # codec raw: no longer a pack
     path.write_bytes(bytes(data))
@@ -403,10 +403,10 @@ def test_a_pack_another_index_deleted_is_not_reused(tmp_path: Path) -> None:
         with chunkstore.open(url, index_dir=str(tmp_path / "b")) as b:
             b.delete(first)
             assert b.gc(grace=0).chunks_deleted == 1
-            assert not b.backend.exists(chunk_key(pack))
+            assert not b.backend.exists(CHUNKS.key(pack))
         second = _save(a, 2, state)
         _check(a, second, state)
-        assert a.backend.exists(chunk_key(pack))  # the same members: the same pack, again
+        assert a.backend.exists(CHUNKS.key(pack))  # the same members: the same pack, again
         a.reconcile()  # counts out the version B removed
         assert a.verify().ok
 
@@ -603,7 +603,7 @@ def test_damage_to_a_packs_own_header_is_a_warning_while_reads_are_whole(
         assert isinstance(entry, TensorEntry)
         location = entry.shards[0].location(0)
         assert location is not None  # packed
-    pack_file = path / chunk_key(location.pack)
+    pack_file = path / CHUNKS.key(location.pack)
     raw = bytearray(pack_file.read_bytes())
     if damage == "magic":
         raw[0] ^= 0xFF

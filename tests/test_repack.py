@@ -27,7 +27,7 @@ from chunkstore.errors import (
 from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import PackLocation, TensorEntry
 from chunkstore.index.lmdbindex import CHUNK, ChunkState
-from chunkstore.objects.kinds import MOVED, chunk_key, moved_key
+from chunkstore.objects.kinds import CHUNKS, MOVED
 from tests.conftest import tree_snapshot
 from tests.s3server import s3_endpoint
 
@@ -80,7 +80,7 @@ def packs_of(store: chunkstore.Store, version: str) -> dict[str, PackLocation]:
 
 
 def exists(store: chunkstore.Store, pack: Digest) -> bool:
-    return store.backend.exists(chunk_key(pack))
+    return store.backend.exists(CHUNKS.key(pack))
 
 
 def moved(root: Path) -> dict[str, dict[str, object]]:
@@ -235,7 +235,7 @@ def test_a_damaged_or_missing_moved_record_is_reported_never_read_as_data(root: 
     with chunkstore.open(root) as store:
         store.delete(ids[0])
         store.gc(grace=0)
-    path = root / moved_key(first)
+    path = root / MOVED.key(first)
     good = path.read_bytes()
     record = json.loads(good)
     # a record that sends a member to the wrong bytes: the hash check catches it
@@ -384,7 +384,7 @@ def test_an_s3_store_repacks_and_reads_through_moved_records(s3_endpoint: str,
             store.delete(ids[0])
             assert store.gc(grace=0).packs_repacked == 1
             assert not exists(store, first)
-            assert list(store.backend.list(MOVED.prefix)) == [moved_key(first)]
+            assert list(store.backend.list(MOVED.prefix)) == [MOVED.key(first)]
             for vid, step in zip(ids[1:], (2, 3), strict=True):
                 check(store, vid, step)
             assert store.verify().ok and store.verify(read_data=False).ok

@@ -13,7 +13,7 @@ import pytest
 
 import chunkstore
 from chunkstore.format.digest import Digest
-from chunkstore.objects.kinds import chunk_key, moved_key
+from chunkstore.objects.kinds import CHUNKS, MOVED
 from tests.test_repack import (
     check,
     exists,
@@ -79,7 +79,7 @@ def test_a_crafted_moved_record_never_makes_gc_delete_a_live_pack(root: Path, ta
     to = Digest(b"\x42" * 32).hex if target == "absent" else other.hex
     record = {"format_version": 1, "pack": first.hex, "to": to,
               "members": [[off, length, off] for off, length in sorted(listed.items())]}
-    path = root / moved_key(first)
+    path = root / MOVED.key(first)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(json.dumps(record).encode())
     with chunkstore.open(root) as store:
@@ -98,7 +98,7 @@ def test_a_deeply_nested_moved_record_is_a_typed_error(root: Path, who: str) -> 
         store.delete(ids[0])
         store.gc(grace=0)
         assert not exists(store, first)
-    (root / moved_key(first)).write_bytes(b"[" * 200_000 + b"]" * 200_000)
+    (root / MOVED.key(first)).write_bytes(b"[" * 200_000 + b"]" * 200_000)
     with chunkstore.open(root) as store:
         if who == "reader":
             with pytest.raises(CorruptChunkError):
@@ -252,15 +252,15 @@ def test_a_pack_only_moved_records_reach_is_deleted_only_when_its_members_read_b
     if damage == "crafted record":  # moved/N into another stored pack, at N's offsets
         crafted = {"format_version": 1, "pack": new.hex, "to": other.hex,
                    "members": [[at, length, at] for _, length, at in record["members"]]}  # type: ignore[union-attr]
-        (root / moved_key(new)).write_bytes(json.dumps(crafted).encode())
+        (root / MOVED.key(new)).write_bytes(json.dumps(crafted).encode())
     else:  # step 2 removed: N is mostly garbage, repacked into N2, damaged at once
         real = gc_module.repack
 
         def repack_then_damage(*args: object, **kwargs: object) -> object:
             done = real(*args, **kwargs)  # type: ignore[arg-type]
             for old in done.repacked:
-                to = json.loads((root / moved_key(old)).read_bytes())["to"]
-                path = root / chunk_key(Digest.parse(to))
+                to = json.loads((root / MOVED.key(old)).read_bytes())["to"]
+                path = root / CHUNKS.key(Digest.parse(to))
                 data = bytearray(path.read_bytes())
                 data[-1] ^= 0xFF
                 path.write_bytes(bytes(data))
@@ -274,7 +274,7 @@ def test_a_pack_only_moved_records_reach_is_deleted_only_when_its_members_read_b
         assert exists(store, new), "gc deleted a pack whose members do not read back elsewhere"
         assert any(new.short() in note for note in result.repack_skipped)
         if damage == "crafted record":
-            (root / moved_key(new)).unlink()
+            (root / MOVED.key(new)).unlink()
             check(store, ids[1], 2)
         check(store, ids[2], 3)
 
@@ -285,7 +285,7 @@ def test_verify_names_a_moved_record_that_cannot_be_parsed(root: Path) -> None:
     from chunkstore.errors import GcAbortedError
 
     ids, first = three_versions(root)
-    path = root / moved_key(first)
+    path = root / MOVED.key(first)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"{not json")
     with chunkstore.open(root) as store:

@@ -20,7 +20,7 @@ from chunkstore.errors import (  # noqa: E402
     SelectorError,
 )
 from chunkstore.format.manifest import TensorEntry  # noqa: E402
-from chunkstore.objects.kinds import chunk_key  # noqa: E402
+from chunkstore.objects.kinds import CHUNKS  # noqa: E402
 from torch_bridge import (  # noqa: E402
     AsyncSaveError,
     Checkpointer,
@@ -125,7 +125,7 @@ def _corrupt_newest_unique_chunk(store_path: Path) -> None:
                     for d in e.chunk_digests()}
 
         unique = sorted(chunks(newest.id) - chunks(previous.id), key=lambda d: d.hex)
-    target = store_path / chunk_key(unique[0])
+    target = store_path / CHUNKS.key(unique[0])
     data = bytearray(target.read_bytes())
     data[-1] ^= 0xFF
     target.write_bytes(bytes(data))
@@ -355,7 +355,7 @@ def test_restore_falls_back_past_versions_whose_delta_base_is_gone(tmp_path: Pat
         chain, (at, *_) = v3.shards[0].chain(0), v3.shards[0].chain_locations(0)
         assert chain[0] == v2.shards[0].chunks[0], "step 3 must be a delta on step 2"
         # The object holding the base: step 2's pack (packed deltas), or the base itself.
-        (tmp_path / "s" / chunk_key(chain[0] if at is None else at.pack)).unlink()
+        (tmp_path / "s" / CHUNKS.key(chain[0] if at is None else at.pack)).unlink()
     fresh = nn.Embedding(2000, 32)
     with _ckpt(tmp_path / "s") as ckpt:
         with pytest.warns(RestoreFallbackWarning, match=r"restored step 1"):

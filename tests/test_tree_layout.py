@@ -27,7 +27,7 @@ from chunkstore.handle.tree import NodeCache, flatten, load_tree
 from chunkstore.index.lmdbindex import CHUNK as CHUNK_KIND
 from chunkstore.index.lmdbindex import NODE
 from chunkstore.maintenance.mark import MarkSet, mark_tree
-from chunkstore.objects.kinds import node_key
+from chunkstore.objects.kinds import NODES
 from chunkstore.protocol.moved import list_moved
 
 CHUNK = Digest.of(b"x").hex
@@ -101,7 +101,7 @@ def test_node_size_bounds_the_nodes_and_unchanged_runs_are_shared(tmp_path: Path
     arrays = _model()
     first, nodes = _save(tmp_path, arrays, 1, 1500)
     with chunkstore.open(tmp_path) as store:
-        sizes = {d: len(store.backend.get(node_key(d))) for d in nodes}
+        sizes = {d: len(store.backend.get(NODES.key(d))) for d in nodes}
     total = sum(sizes.values())
     # A node holds at most node_size of entries (one more when a single entry is
     # larger), or lists the nodes that continue a level too large for one.
@@ -128,7 +128,7 @@ def test_a_level_of_thousands_of_names_is_a_few_nodes(tmp_path: Path) -> None:
             for name, array in arrays.items():
                 version.put(name, array)
         nodes = _tree_nodes(store, version.info.root)
-        sizes = [len(store.backend.get(node_key(d))) for d in nodes]
+        sizes = [len(store.backend.get(NODES.key(d))) for d in nodes]
         # About 3000 entries of ~300 bytes: runs of 32 to 64 KiB, not a node per name.
         assert len(nodes) <= sum(sizes) // (32 * 1024) + 3
         assert max(sizes) <= store.node_size + 1024
@@ -256,7 +256,7 @@ def test_gc_and_index_rebuild_keep_every_node_of_a_split_tree(tmp_path: Path) ->
         store.rebuild_index()
         store.gc(grace=0)
         for digest in nodes:
-            assert store.backend.exists(node_key(digest))
+            assert store.backend.exists(NODES.key(digest))
         reader = store.open_version(kept.id)
         for name, array in arrays.items():
             np.testing.assert_array_equal(reader.get(name), array)

@@ -10,7 +10,7 @@ import pytest
 
 import chunkstore
 from chunkstore.errors import CorruptRecordError, DuplicateStepError, InvalidInputError
-from chunkstore.objects.kinds import tag_key, version_key
+from chunkstore.objects.kinds import TAGS, VERSIONS
 from tests.conftest import tree_snapshot
 
 
@@ -68,25 +68,25 @@ def test_an_unreadable_version_can_be_removed_by_its_id(
         store: chunkstore.Store, store_path: Path) -> None:
     good = save(store, 1, 1.0)
     bad = "ab" * 32
-    store.backend.put(version_key(bad), b"{not a commit record")
-    store.backend.put(tag_key("pinned"), json.dumps({"version": bad, "created": 1.0}).encode())
+    store.backend.put(VERSIONS.key(bad), b"{not a commit record")
+    store.backend.put(TAGS.key("pinned"), json.dumps({"version": bad, "created": 1.0}).encode())
     with pytest.raises(CorruptRecordError):
         store.open_version(bad)
     removed = store.delete(bad)
     assert removed.id == bad
-    assert not (store_path / version_key(bad)).exists()
-    assert not (store_path / tag_key("pinned")).exists()
+    assert not (store_path / VERSIONS.key(bad)).exists()
+    assert not (store_path / TAGS.key("pinned")).exists()
     assert [v.id for v in store.versions()] == [good]
     assert store.verify().ok
 
 
 def test_a_damaged_tag_can_be_removed(store: chunkstore.Store, store_path: Path) -> None:
     save(store, 1, 1.0)
-    store.backend.put(tag_key("best"), b'{"version": 5}')
+    store.backend.put(TAGS.key("best"), b'{"version": 5}')
     assert store.stored_tags() == {}
     store.reconcile()  # no crash on the damaged tag
     assert store.untag("best")
-    assert not (store_path / tag_key("best")).exists()
+    assert not (store_path / TAGS.key("best")).exists()
 
 
 def test_the_cli_removes_an_unreadable_version_by_its_id(store: chunkstore.Store,
@@ -96,12 +96,12 @@ def test_the_cli_removes_an_unreadable_version_by_its_id(store: chunkstore.Store
 
     good = save(store, 1, 1.0)
     bad = "cd" * 32
-    store.backend.put(version_key(bad), b"\x00 not json")
+    store.backend.put(VERSIONS.key(bad), b"\x00 not json")
     cli = [sys.executable, "-m", "chunkstore"]
     done = subprocess.run([*cli, "rm", str(store_path), bad], capture_output=True, text=True,
                           check=False)
     assert done.returncode == 0, done.stderr
-    assert not (store_path / version_key(bad)).exists()
+    assert not (store_path / VERSIONS.key(bad)).exists()
     assert [v.id for v in store.versions()] == [good]
 
 

@@ -443,7 +443,7 @@ def test_a_new_version_that_fails_reading_its_parent_leaves_no_session(tmp_path:
     """new_version() opens its sessions, then reads the parent version; an OSError there
     (EIO, or Ctrl-C) must end both sessions, or every GC waits for a save that does not
     exist."""
-    from chunkstore.objects.kinds import node_key
+    from chunkstore.objects.kinds import NODES
     from chunkstore.protocol.sessions import list_sessions
 
     with chunkstore.open(tmp_path / "s", chunk_size=64 * 1024) as store:
@@ -455,7 +455,7 @@ def test_a_new_version_that_fails_reading_its_parent_leaves_no_session(tmp_path:
         real = store.backend.get
 
         def get(key: str) -> bytes:
-            if key == node_key(root):
+            if key == NODES.key(root):
                 raise OSError(5, "Input/output error")
             return real(key)
 

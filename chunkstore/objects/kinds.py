@@ -94,35 +94,3 @@ MOVED = DigestKind("moved record", "moved/", fanout=False)
 ALL_KINDS: tuple[Kind[Digest] | Kind[str], ...] = (
     CHUNKS, NODES, VERSIONS, TAGS, SESSIONS, JOURNAL, TOMBSTONES, MOVED)
 
-
-# The keys of single objects, for tests and tools that look at a store's files.
-def chunk_key(digest: Digest) -> str:
-    return CHUNKS.key(digest)
-
-
-def node_key(digest: Digest) -> str:
-    return NODES.key(digest)
-
-
-def version_key(version_id: str) -> str:
-    return VERSIONS.key(version_id)
-
-
-def tag_key(tag: str) -> str:
-    return TAGS.key(tag)
-
-
-def session_key(session_id: str) -> str:
-    return SESSIONS.key(session_id)
-
-
-def entry_key(entry_id: str) -> str:
-    return JOURNAL.key(entry_id)
-
-
-def tombstone_key(version_id: str) -> str:
-    return TOMBSTONES.key(version_id)
-
-
-def moved_key(pack: Digest) -> str:
-    return MOVED.key(pack)
