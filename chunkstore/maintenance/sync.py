@@ -1,0 +1,325 @@
+"""Copying versions from one store into another: ``sync``.
+
+A copy is verbatim: commit records, manifest nodes, chunk objects and packs keep
+their bytes and so their keys, and a version keeps its id (the BLAKE3 of its
+record).  Into the destination it is a save, under the destination's save-session
+protocol (docs/format.md §11.1), so a GC there, from any index, never races it.
+The order (docs/recovery.md says the same for users):
+
+1. everything is checked before anything is written: the source opens (never
+   created), every selector resolves there, the destination is another store with
+   the same chunk size and at least the source's delta depth (created with the
+   source's settings when it does not exist);
+2. a session object is stored in the destination and its GC journal read
+   (:func:`chunkstore.write.writer.open_store_session`), before the first decision
+   to leave an object uncopied; the session lives until the last version is
+   published;
+3. versions go oldest first; one the destination's index lists is skipped.  For
+   the others, the tree is walked in the source (:func:`~chunkstore.handle.tree.flatten`
+   bounds and checks it), and only what it references is asked about in the
+   destination, a subtree at a time (:mod:`chunkstore.maintenance.synccopy`): the chunk
+   objects first (packs and delta bases included; for a pack the source repacked,
+   its moved record and the pack it points to), then the nodes;
+4. one flush makes them durable; the commit record is created with put-if-absent,
+   verbatim: the commit point.  A session whose heartbeat lapsed publishes nothing;
+5. the destination's index counts the version in (its refcounts, the chunks written,
+   where packed chunks lie), in the transaction that ends the version's index session;
+6. tags that name a copied (or already present) version are created where the
+   destination has no tag of that name; one naming another version is a conflict,
+   reported and left alone;
+7. with ``verify`` every copied version is read back in the destination,
+   hash-checked, as ``chunkstore verify`` reads it.
+
+A sync killed anywhere leaves whole versions only: before step 4 of a version what it
+wrote is unreachable (orphans GC removes after the grace period).  Run again, it
+skips the versions published and finds the objects that landed: put-if-absent keeps
+them (they are read back and compared, not sent again).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from chunkstore.errors import (
+    ChunkStoreError,
+    InvalidInputError,
+    InvalidSettingError,
+    NotAStoreError,
+    SessionExpiredError,
+)
+from chunkstore.format.records import CommitRecord
+from chunkstore.handle.handle import StoreHandle
+from chunkstore.handle.tree import flatten
+from chunkstore.handle.versions import VersionInfo, entry_from_record
+from chunkstore.index.lmdbindex import CHUNK, NODE
+from chunkstore.maintenance.synccopy import Copied, VersionCopy
+from chunkstore.maintenance.verify import verify as verify_store
+from chunkstore.objects.kinds import MOVED, VERSIONS
+from chunkstore.progress import NullProgress, Progress
+from chunkstore.write.writer import open_store_session
+
+if TYPE_CHECKING:
+    from chunkstore.protocol.journal import Fence
+    from chunkstore.protocol.sessions import StoreSession
+
+#: Opens a store: ``chunkstore.open`` (the facade sits above this layer).
+Opener = Callable[..., StoreHandle]
+
+
+@dataclass
+class TagConflict:
+    """A tag the destination has under the same name, naming another version."""
+
+    name: str
+    src_version: str
+    dst_version: str
+
+
+@dataclass
+class SyncResult:
+    """What a sync copied (or, in a dry run, would copy)."""
+
+    src: str
+    dst: str
+    dry_run: bool = False
+    created: bool = False  # the destination was created (would be, in a dry run)
+    copied: list[str] = field(default_factory=list)  # version ids, oldest first
+    skipped: list[str] = field(default_factory=list)  # already in the destination
+    objects_copied: int = 0
+    bytes_copied: int = 0
+    #: objects the copied versions reference that the destination had (checked)
+    objects_present: int = 0
+    #: tree nodes the destination had with their whole subtree (nothing below asked)
+    subtrees_present: int = 0
+    tags_created: list[str] = field(default_factory=list)
+    tags_present: list[str] = field(default_factory=list)
+    conflicts: list[TagConflict] = field(default_factory=list)
+    verified: int = 0  # versions read back in the destination
+    problems: list[str] = field(default_factory=list)  # what that read-back found
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        doc = dict(self.__dict__)
+        doc["conflicts"] = [c.__dict__ for c in self.conflicts]
+        doc["ok"] = self.ok
+        return doc
+
+
+def select(src: StoreHandle, selectors: Sequence[str]) -> list[VersionInfo]:
+    """The versions ``selectors`` name in ``src`` (all when none), oldest first; a
+    selector that names none raises before anything is copied."""
+    if isinstance(selectors, str):
+        selectors = [selectors]
+    chosen = ({v.id: v for v in src.versions()} if not selectors
+              else {info.id: info for info in (src.resolve(s) for s in selectors)})
+    return sorted(chosen.values(), key=lambda v: (v.created, v.id))
+
+
+def check_pair(src: StoreHandle, dst: StoreHandle) -> None:
+    """Refuse a destination that is the source, or whose settings a copy cannot keep."""
+    if _same_location(src, dst) or src.config.identity() == dst.config.identity():
+        raise InvalidInputError(f"{dst.url} is the source store itself; name another store"
+                                " to copy into")
+    if src.config.chunk_size != dst.config.chunk_size:
+        raise InvalidSettingError(
+            f"{dst.url} has chunk size {dst.config.chunk_size}, {src.url} has"
+            f" {src.config.chunk_size}: a copy keeps the chunks as they are, so both must"
+            " have one chunk size; sync into a new (or empty) location instead")
+    if dst.config.delta_depth < src.config.delta_depth:
+        raise InvalidSettingError(
+            f"{dst.url} allows delta chains of {dst.config.delta_depth}, {src.url} builds"
+            f" them up to {src.config.delta_depth}: copied versions would hold chains longer"
+            " than the destination allows; sync into a new (or empty) location instead")
+
+
+def _same_location(src: StoreHandle, dst: StoreHandle) -> bool:
+    here, there = src.objects.local_path(), dst.objects.local_path()
+    if here is not None and there is not None:
+        return os.path.realpath(here) == os.path.realpath(there)
+    return src.url.rstrip("/") == dst.url.rstrip("/")
+
+
+def sync(src: StoreHandle, dst: StoreHandle | None, selectors: Sequence[str] = (), *,
+         dry_run: bool = False, verify: bool = False, progress: Progress | None = None,
+         created: bool = False) -> SyncResult:
+    """Copy the versions ``selectors`` name (all when none) that ``dst`` lacks; see the
+    module docstring.  ``dst`` None: a dry run into a store that does not exist yet."""
+    if dst is None and not dry_run:
+        raise InvalidInputError("a sync needs a destination store")
+    result = SyncResult(src.url, dst.url if dst is not None else "", dry_run, created)
+    versions = select(src, selectors)
+    if dst is not None:
+        check_pair(src, dst)
+    todo = [v for v in versions if dst is None or dst.index.version(v.id) is None]
+    result.skipped = [v.id for v in versions if v not in todo]
+    progress = progress or NullProgress()
+    session: StoreSession | None = None
+    fence: Fence | None = None
+    if todo and not dry_run:
+        assert dst is not None
+        session, fence = open_store_session(dst, f"sync from {src.url}")
+    try:
+        progress.start(len(todo), "sync")
+        for info in todo:
+            _copy_version(src, dst, info, session, fence, result)
+            result.copied.append(info.id)
+            progress.advance()
+    finally:
+        progress.finish()
+        if session is not None:
+            session.close()
+    _sync_tags(src, dst, versions, result)
+    if verify and dst is not None and not dry_run:
+        _verify(dst, result.copied, result, progress)
+    return result
+
+
+def _copy_version(src: StoreHandle, dst: StoreHandle | None, info: VersionInfo,
+                  session: StoreSession | None, fence: Fence | None,
+                  result: SyncResult) -> None:
+    """Copy one version's missing objects, then its commit record; count it in."""
+    data = src.objects.get(VERSIONS, info.id)
+    record = CommitRecord.decode(info.id, data)
+    flat = flatten(src.objects, record.root, src.node_cache)  # bounded and checked first
+    index_session = None
+    if session is not None:
+        assert dst is not None
+        index_session = dst.index.open_session(f"sync {info.run}@{info.step}")
+    try:
+        copied = VersionCopy(src, dst, session=index_session, fence=fence).run(record.root)
+        _add(result, copied)
+        if index_session is None:
+            return
+        assert dst is not None and session is not None
+        dst.objects.flush()  # every object durable before the commit point
+        for pack in copied.moved:  # a GC may drop a moved record no version reaches yet
+            if not dst.objects.exists(MOVED, pack):
+                raise ChunkStoreError(f"the moved record of pack {pack.short()} vanished from"
+                                      f" {dst.url} during the copy (a gc there?); sync again")
+        if session.lapsed():
+            raise SessionExpiredError(
+                f"the sync into {dst.url} could not keep its session alive for half the"
+                f" lease, so a GC there may have deleted objects it reuses; version"
+                f" {info.short_id} is not published. Sync again")
+        dst.objects.put_if_absent(VERSIONS, info.id, data)  # the commit point
+    except BaseException:
+        if index_session is not None and dst is not None:
+            dst.index.close_session(index_session)
+        raise
+    # Published: the index counts it in and ends the version's index session.
+    nodes = {d: copied.node_sizes.get(d, 0) for d in flat.tree_nodes | flat.data_nodes()}
+    refs = flat.chunk_digests()
+    dst.index.add_version(entry_from_record(info.id, record), refs, nodes, copied.new_chunks,
+                          index_session, flat.pack_members())
+    dst.saw_stored(CHUNK, refs)
+    dst.saw_stored(NODE, nodes)
+
+
+def _add(result: SyncResult, copied: Copied) -> None:
+    result.objects_copied += copied.objects
+    result.bytes_copied += copied.bytes
+    result.objects_present += copied.present
+    result.subtrees_present += copied.subtrees_present
+
+
+def _sync_tags(src: StoreHandle, dst: StoreHandle | None, versions: Iterable[VersionInfo],
+               result: SyncResult) -> None:
+    """Create the source's tags of the chosen versions; report those in the way."""
+    chosen = {v.id for v in versions}
+    wanted = {name: vid for name, vid in sorted(src.tags().items()) if vid in chosen}
+    if not wanted:
+        return
+    existing = dst.stored_tags() if dst is not None else {}
+    for name, version_id in wanted.items():
+        there = existing.get(name)
+        if there == version_id:
+            result.tags_present.append(name)
+        elif there is not None:
+            result.conflicts.append(TagConflict(name, version_id, there))
+        else:
+            if not result.dry_run:
+                assert dst is not None
+                dst.tag(version_id, name)
+            result.tags_created.append(name)
+
+
+def _verify(dst: StoreHandle, version_ids: list[str], result: SyncResult,
+            progress: Progress) -> None:
+    for version_id in version_ids:
+        found = verify_store(dst, version_id, read_data=True, progress=progress)
+        result.verified += 1
+        result.problems.extend(f"{version_id[:12]}: {p.kind}: {p.message}"
+                               for p in found.problems)
+
+
+# --- stores by URL ---------------------------------------------------------------------------
+
+
+def sync_locations(src: str | os.PathLike[str] | StoreHandle,
+                   dst: str | os.PathLike[str] | StoreHandle, selectors: Sequence[str] = (),
+                   *, opener: Opener, dry_run: bool = False, verify: bool = False,
+                   src_options: dict[str, Any] | None = None,
+                   dst_options: dict[str, Any] | None = None,
+                   progress: Progress | None = None) -> SyncResult:
+    """:func:`sync` between stores named by path or URL (or open ones), opened with
+    ``opener``: the source must exist; the destination is created with the source's
+    settings when it does not (not in a dry run), after every selector resolved."""
+    if not isinstance(src, StoreHandle) and not isinstance(dst, StoreHandle) \
+            and _normalised(src) == _normalised(dst):
+        raise InvalidInputError(f"source and destination are both {os.fspath(src)!r}; name"
+                                " another store to copy into")
+    opened: list[StoreHandle] = []
+    try:
+        if isinstance(src, StoreHandle):
+            source = src
+        else:
+            source = opener(src, create=False, storage_options=src_options)
+            opened.append(source)
+        select(source, selectors)  # a bad selector changes nothing, DST included
+        created = False
+        if isinstance(dst, StoreHandle):
+            target: StoreHandle | None = dst
+        else:
+            target, created = _open_destination(source, dst, opener, dst_options, dry_run)
+            if target is not None:
+                opened.append(target)
+        return sync(source, target, selectors, dry_run=dry_run, verify=verify,
+                    progress=progress, created=created)
+    finally:
+        for store in reversed(opened):
+            store.close()
+
+
+def _open_destination(src: StoreHandle, location: str | os.PathLike[str], opener: Opener,
+                      options: dict[str, Any] | None, dry_run: bool
+                      ) -> tuple[StoreHandle | None, bool]:
+    """The destination store, and whether it was created (None: a dry run's)."""
+    try:
+        return opener(location, create=False, storage_options=options), False
+    except NotAStoreError:
+        if not dry_run:
+            # Created only where nothing is stored (open refuses a non-empty location).
+            return opener(location, create=True, storage_options=options,
+                          chunk_size=src.config.chunk_size, compression=src.config.compression,
+                          delta_depth=src.config.delta_depth), True
+    path = os.fspath(location)
+    if "://" not in path and os.path.isdir(path) and os.listdir(path):
+        raise NotAStoreError(path, "the location is not empty and has no chunkstore.json")
+    return None, True
+
+
+def _normalised(location: str | os.PathLike[str]) -> str:
+    text = os.fspath(location)
+    if not isinstance(text, str):
+        return repr(text)
+    return os.path.realpath(text) if "://" not in text else text.rstrip("/")
+
+
+__all__ = ["SyncResult", "TagConflict", "check_pair", "select", "sync",
+           "sync_locations"]

@@ -1,0 +1,329 @@
+"""The objects of one version, copied from one store into another as a save writes them.
+
+:mod:`chunkstore.maintenance.sync` runs the whole copy; this module decides, for one
+version, which of the objects it needs the destination lacks, and copies those.  Every
+decision to leave an object uncopied is a deduplication decision of the destination's
+save-session protocol (docs/format.md §11.1), taken exactly as
+:mod:`chunkstore.write.reuse` takes it for a save: wait out an active GC entry that
+names the object (and then copy it), claim it in the destination's index (only a LIVE
+record may be reused), and check that it exists where a check is due.  A tree node the
+destination holds and a published version there counts (refcount above zero) stands
+for its whole subtree: nothing below it is read, claimed or checked.
+
+An object the destination holds already, but that this sync may not reuse unseen, is
+kept only when it is the source's bytes or a standalone object that decodes and
+hashes to its key; otherwise it is replaced by a standalone encoding of the same
+bytes, the one replacement docs/format.md §3.4 allows (a delta there against another
+base would not be what the copied manifest lists).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from chunkstore import codecs
+from chunkstore.errors import (
+    BackendError,
+    ChunkStoreError,
+    CorruptChunkError,
+    CorruptNodeError,
+    MissingChunkError,
+)
+from chunkstore.format.chunkobj import HEADER, ChunkHeader, decode_object, parse_header
+from chunkstore.format.digest import DIGEST_SIZE, Digest
+from chunkstore.format.manifest import DataEntry, PackLocation, TensorEntry
+from chunkstore.handle.tree import load_tree
+from chunkstore.index.gclock import finish_abandoned_deletions
+from chunkstore.index.lmdbindex import CHUNK, NODE, Claim, NewChunk
+from chunkstore.objects.kinds import CHUNKS, MOVED, NODES
+from chunkstore.protocol.moved import MAX_HOPS, read_moved
+from chunkstore.read.chain import decode_chain
+
+if TYPE_CHECKING:
+    from chunkstore.handle.handle import StoreHandle
+    from chunkstore.protocol.journal import Fence
+
+DELETING_WAIT_S = 120.0
+
+#: What a read of a chunk object needs of it: its listed chain and where each base lies
+#: (a standalone chunk: both empty), or None for a pack (content-addressed by its
+#: content, so every copy of it holds the same members).
+Need = tuple[tuple[Digest, ...], tuple[PackLocation | None, ...]] | None
+
+
+@dataclass
+class Copied:
+    """What copying one version moved."""
+
+    objects: int = 0
+    bytes: int = 0
+    present: int = 0  # referenced objects the destination had (checked, not copied)
+    subtrees_present: int = 0  # tree nodes standing for a whole subtree there
+    new_chunks: list[NewChunk] = field(default_factory=list)
+    node_sizes: dict[Digest, int] = field(default_factory=dict)
+    moved: list[Digest] = field(default_factory=list)  # moved records written
+
+
+class VersionCopy:
+    """Copies the objects of one version (``dst`` None: a dry run into an empty store)."""
+
+    def __init__(self, src: StoreHandle, dst: StoreHandle | None, *, session: str | None,
+                 fence: Fence | None) -> None:
+        self.src, self.dst = src, dst
+        self.session, self.fence = session, fence  # None: a dry run, nothing is written
+        # As a save: a reused object is checked to exist at every reuse on a local store
+        # or where the journal could not be read, elsewhere once per store handle.
+        self.check_all = dst is not None and (
+            dst.objects.local_path() is not None or (fence is not None and fence.distrust_index))
+        self.copied = Copied()
+        self._lock = threading.Lock()  # the copy jobs count into ``copied`` at once
+
+    def _count(self, data: bytes, new_chunk: NewChunk | None = None) -> None:
+        with self._lock:
+            self.copied.objects += 1
+            self.copied.bytes += len(data)
+            if new_chunk is not None:
+                self.copied.new_chunks.append(new_chunk)
+
+    @property
+    def dry_run(self) -> bool:
+        return self.session is None
+
+    def run(self, root: Digest) -> Copied:
+        """Copy what the tree at ``root`` needs, chunks before the nodes naming them."""
+        nodes, chunks = self._walk(root)
+        self._copy_chunks(chunks)
+        self._copy_nodes(nodes)
+        return self.copied
+
+    # --- what the version needs ------------------------------------------------------------
+
+    def _walk(self, root: Digest) -> tuple[list[Digest], dict[Digest, Need]]:
+        """The nodes and chunk objects the destination may lack: the tree from ``root``,
+        without the subtrees the destination holds whole."""
+        nodes: list[Digest] = []
+        chunks: dict[Digest, Need] = {}
+        stack, seen = [root], set()
+        while stack:
+            digest = stack.pop()
+            if digest in seen:
+                continue
+            seen.add(digest)
+            if self._subtree_present(digest):
+                self.copied.subtrees_present += 1
+                continue
+            nodes.append(digest)
+            node = load_tree(self.src.objects, digest, self.src.node_cache)
+            for leaf in node.leaves.values():
+                if isinstance(leaf, DataEntry):
+                    nodes.append(leaf.digest)
+                elif isinstance(leaf, TensorEntry):
+                    _add_needs(leaf, chunks)
+            stack.extend(node.children())
+        return nodes, chunks
+
+    def _subtree_present(self, digest: Digest) -> bool:
+        """Whether the destination holds the node and everything below it: a version
+        counted in there reaches it, and it may be reused as a save reuses a node."""
+        if self.dst is None:
+            return False
+        record = self.dst.index.record(NODE, digest)
+        if record is None or record.refcount <= 0:
+            return False
+        return digest in self._present(NODE, [digest])
+
+    # --- the deduplication decision --------------------------------------------------------
+
+    def _present(self, kind: bytes, digests: list[Digest]) -> set[Digest]:
+        """Those of ``digests`` that may stay uncopied (see the module docstring)."""
+        dst = self.dst
+        if dst is None or not digests:
+            return set()
+        if self.dry_run:  # what a sync would find: LIVE in the index, or simply stored
+            kind_of = CHUNKS if kind == CHUNK else NODES
+            found = dst.executor.map(lambda d: dst.objects.exists(kind_of, d), digests)
+            return {d for d, ok in zip(digests, found, strict=True) if ok}
+        assert self.fence is not None and self.session is not None
+        fenced = set()
+        for digest in digests:  # every active entry naming it, before any claim
+            while (blocker := self.fence.blocking(kind, digest)) is not None:
+                self.fence.wait(blocker)
+                fenced.add(digest)
+        claims = self._claim(kind, digests)
+        hits = [d for d in digests if claims[d] == Claim.DEDUP and d not in fenced]
+        checks = [d for d in hits if self.check_all or not dst.seen_stored(kind, d)]
+        kind_of = CHUNKS if kind == CHUNK else NODES
+        missing = {d for d, ok in zip(checks, dst.executor.map(
+            lambda d: dst.objects.exists(kind_of, d), checks), strict=True) if not ok}
+        for digest in missing:
+            dst.index.forget_missing(kind, digest)
+        dst.saw_stored(kind, [d for d in checks if d not in missing])
+        return {d for d in hits if d not in missing}
+
+    def _claim(self, kind: bytes, digests: list[Digest]) -> dict[Digest, Claim]:
+        """Claim in one transaction; an object a GC of this index is deleting is waited
+        out (or a crashed GC's deletion finished) and claimed again."""
+        assert self.dst is not None and self.session is not None
+        index, session = self.dst.index, self.session
+        claims = index.claim_many(session, kind, digests)
+        deadline = time.monotonic() + DELETING_WAIT_S
+        while waiting := [d for d, c in claims.items() if c == Claim.WAIT]:
+            if time.monotonic() > deadline:
+                raise BackendError(f"object {waiting[0].short()} has been in deletion by GC"
+                                   f" for {DELETING_WAIT_S:.0f}s; is a GC run stuck?")
+            finish_abandoned_deletions(index)
+            time.sleep(0.02)
+            claims.update(index.claim_many(session, kind, waiting))
+        return claims
+
+    def _compatible(self, digest: Digest, need: Need) -> bool:
+        """Whether the destination's object of a chunk reads as the copied manifest lists
+        it: standalone, or a delta against the listed first base (its index record says
+        which codec; only a delta's header is read)."""
+        assert self.dst is not None
+        record = self.dst.index.record(CHUNK, digest)
+        codec = codecs.by_id(record.codec_id) if record is not None else None
+        if need is None or codec is None or not codec.needs_base:
+            return True
+        try:
+            header = parse_header(digest, self.dst.objects.get_range(
+                CHUNKS, digest, 0, HEADER.size + DIGEST_SIZE))
+        except (FileNotFoundError, ChunkStoreError):
+            return False
+        return header.base is None or (bool(need[0]) and header.base == need[0][0])
+
+    # --- copying ---------------------------------------------------------------------------
+
+    def _copy_chunks(self, needs: dict[Digest, Need]) -> None:
+        for hop in range(MAX_HOPS + 1):  # a missing pack's members: through its moved record
+            digests = sorted(needs, key=lambda d: d.raw)
+            present = self._present(CHUNK, digests)
+            if self.dst is not None and not self.dry_run:
+                present = {d for d in present if self._compatible(d, needs[d])}
+            self.copied.present += len(present)
+            todo = [d for d in digests if d not in present]
+            moved: dict[Digest, Need] = {}
+            jobs = [(d, needs[d]) for d in todo]
+            for digest, forwarded in zip(todo, self._pool().map(
+                    lambda job: self._copy_chunk(*job), jobs), strict=True):
+                if forwarded is not None:
+                    moved[forwarded] = None
+                    self.copied.moved.append(digest)
+            if not moved:
+                return
+            if hop == MAX_HOPS:
+                raise CorruptChunkError(todo[0].hex, f"more than {MAX_HOPS} moved records deep")
+            needs = moved
+
+    def _pool(self) -> ThreadPoolExecutor:
+        return (self.dst or self.src).executor
+
+    def _copy_chunk(self, digest: Digest, need: Need) -> Digest | None:
+        """Copy one chunk object; for a pack the source no longer holds, its moved record
+        instead, returning the pack the record moves it to (copied next)."""
+        try:
+            data = self.src.objects.get(CHUNKS, digest)
+        except FileNotFoundError:
+            if need is not None:
+                raise MissingChunkError(digest.hex) from None
+            return self._copy_moved(digest)
+        if self.dst is None or self.dry_run:
+            self._count(data)
+            return None
+        stored = self._put_chunk(digest, data, need)
+        header = parse_header(digest, stored)
+        self._count(data, NewChunk(digest, header.codec_id, header.raw_length, len(stored)))
+        return None
+
+    def _put_chunk(self, digest: Digest, data: bytes, need: Need) -> bytes:
+        """Create the object (put-if-absent); the bytes the destination holds after."""
+        assert self.dst is not None
+        objects = self.dst.objects
+        if objects.put_if_absent_deferred(CHUNKS, digest, data):
+            return data
+        try:
+            existing = objects.get(CHUNKS, digest)
+        except FileNotFoundError:
+            existing = b""
+        if existing == data or _standalone_intact(digest, existing):
+            return existing
+        replacement = data if need is None or not need[0] else self._standalone(digest, data, need)
+        objects.put(CHUNKS, digest, replacement)
+        return replacement
+
+    def _standalone(self, digest: Digest, data: bytes, need: Need) -> bytes:
+        """A standalone (raw) object of a delta chunk, decoded through the source's chain."""
+        assert need is not None
+        raw = decode_chain(self.src, digest, data, need[0], locations=need[1])
+        header = parse_header(digest, data)
+        return ChunkHeader(codecs.RAW.id, header.element_size, len(raw), len(raw)).pack() \
+            + bytes(raw)
+
+    def _copy_moved(self, pack: Digest) -> Digest:
+        record = read_moved(self.src.objects, pack)
+        if record is None:
+            raise MissingChunkError(pack.hex)
+        data = self.src.objects.get(MOVED, pack)
+        self._count(data)
+        if self.dst is not None and not self.dry_run \
+                and not self.dst.objects.put_if_absent(MOVED, pack, data) \
+                and self.dst.objects.get(MOVED, pack) != data:
+            raise CorruptChunkError(pack.hex, "the destination has another moved record for"
+                                    " this pack (a repack of its own); sync cannot list the"
+                                    " members the source moved")
+        return record.to
+
+    def _copy_nodes(self, nodes: list[Digest]) -> None:
+        present = self._present(NODE, nodes)
+        self.copied.present += len(present)
+        todo = [d for d in nodes if d not in present]
+        for digest, size in zip(todo, self._pool().map(self._copy_node, todo), strict=True):
+            self.copied.node_sizes[digest] = size
+
+    def _copy_node(self, digest: Digest) -> int:
+        data = self.src.objects.get(NODES, digest)
+        if Digest.of(data) != digest:
+            raise CorruptNodeError(digest.hex, "the source's copy does not hash to its key")
+        self._count(data)
+        if self.dst is not None and not self.dry_run:
+            objects = self.dst.objects
+            if not objects.put_if_absent_deferred(NODES, digest, data):
+                try:
+                    intact = objects.get(NODES, digest) == data
+                except FileNotFoundError:
+                    intact = False
+                if not intact:  # a damaged copy (an orphan a power cut truncated)
+                    objects.put(NODES, digest, data)
+        return len(data)
+
+
+def _add_needs(entry: TensorEntry, needs: dict[Digest, Need]) -> None:
+    """The chunk objects a read of ``entry`` needs, with what it needs of each."""
+    for shard in entry.shards:
+        for i, digest in enumerate(shard.chunks):
+            chain, locations = shard.chain(i), shard.chain_locations(i)
+            location = shard.location(i)
+            if location is not None:
+                needs[location.pack] = None
+            else:
+                needs.setdefault(digest, (chain, locations))
+            for k, (base, at) in enumerate(zip(chain, locations, strict=True)):
+                if at is not None:
+                    needs[at.pack] = None
+                else:
+                    needs.setdefault(base, (chain[k + 1:], locations[k + 1:]))
+
+
+def _standalone_intact(digest: Digest, data: bytes) -> bool:
+    """Whether ``data`` is a standalone chunk object (or pack) of ``digest``, whole."""
+    try:
+        if parse_header(digest, data).base is not None:
+            return False
+        decode_object(digest, data)
+    except ChunkStoreError:
+        return False
+    return True
