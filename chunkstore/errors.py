@@ -106,6 +106,17 @@ class NotAStoreError(ChunkStoreError):
         self.url = url
 
 
+class NoStoreError(NotAStoreError):
+    """Raised when nothing is stored at a location (no such directory, an empty one, an
+    empty prefix): reading never creates a store, only ``chunkstore init``, a save or
+    ``chunkstore.open(..., create=True)`` do.  ``url`` names the location."""
+
+    def __init__(self, url: str, reason: str, hint: str = "") -> None:
+        ChunkStoreError.__init__(self, f"no store at {url}: {reason}{hint}")
+        self.url = url
+        self.reason = reason
+
+
 class StoreLocationError(InvalidInputError):
     """Raised when a location cannot hold a store (a path under ``/proc``, a file where a
     directory must be, a directory that cannot be created); nothing was written."""
@@ -239,11 +250,19 @@ class CorruptTagError(IntegrityError):
         self.reason = reason
 
 
-class StorageFullError(BackendError):
-    """Raised when the storage has no space (or quota) left for an object; nothing is published."""
+#: What a user can do about a full disk: removing versions and collecting works on a
+#: full disk (the index keeps a reserve of space for it), so say so.
+FREE_SPACE_ADVICE = ("free space: remove versions (`chunkstore rm`) and run `chunkstore gc`,"
+                     " which work on a full disk, or delete other files there; then try again")
 
-    def __init__(self, key: str, detail: str) -> None:
-        super().__init__(f"no space left to write {key!r}: {detail}; free space and save again")
+
+class StorageFullError(BackendError):
+    """Raised when the storage (or the index's filesystem) has no space or quota left;
+    nothing is published.  ``key`` is the object, or the path, that could not be written."""
+
+    def __init__(self, key: str, detail: str, *, what: str | None = None) -> None:
+        super().__init__(f"no space left to write {what or repr(key)}: {detail};"
+                         f" {FREE_SPACE_ADVICE}")
         self.key = key
         self.detail = detail
 

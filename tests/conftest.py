@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,9 @@ from tests.quick_suite import pytest_collection_modifyitems, quick_suite_run
 __all__ = ["pytest_collection_modifyitems", "quick_suite_run"]
 
 SMALL_CHUNK = 64 * 1024
+# The suite makes thousands of stores: each keeps a small space reserve for rm and gc
+# on a full disk, not the default 8 MiB (tests/test_full_disk.py runs the default).
+os.environ.setdefault("CHUNKSTORE_SPACE_RESERVE", str(256 << 10))
 
 
 @pytest.fixture
@@ -26,14 +30,14 @@ def store_path(tmp_path: Path) -> Path:
 @pytest.fixture
 def store(store_path: Path) -> Iterator[chunkstore.Store]:
     """A local store with small chunks, so small arrays span several chunks."""
-    with chunkstore.open(store_path, chunk_size=SMALL_CHUNK, delta_depth=2) as s:
+    with chunkstore.open(store_path, chunk_size=SMALL_CHUNK, delta_depth=2, create=True) as s:
         yield s
 
 
 @pytest.fixture
 def memory_store(tmp_path: Path) -> Iterator[chunkstore.Store]:
     with chunkstore.open(f"memory://cs-{uuid.uuid4().hex}", chunk_size=SMALL_CHUNK, delta_depth=2,
-                         index_dir=str(tmp_path / "index")) as s:
+                         index_dir=str(tmp_path / "index"), create=True) as s:
         yield s
 
 

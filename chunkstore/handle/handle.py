@@ -364,6 +364,9 @@ class StoreHandle:
         listed) is removed too.
         """
         info = self.resolve_for_removal(selector)
+        # Removing versions is how a full disk is freed: on one, the index's space
+        # reserve makes room for the tombstone and the index's own writes.
+        self.index.release_reserve_if_low()
         if info.meta.get("unreadable") is True:
             return self._delete_unreadable(info)
         # Storage is the truth for tags (the index may lag another process).

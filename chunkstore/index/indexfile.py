@@ -16,6 +16,15 @@ with a warning, instead of failing every command.  Four ways it goes wrong:
   map is retried smaller, down to what the data needs, and the error says
   what limit to raise.
 
+A **full disk** is a :class:`~chunkstore.errors.StorageFullError`, never
+LMDB's own error.  And so that removing versions and collecting garbage (the
+way to free space) still work when a save has filled the disk, the index
+keeps a reserve: a file of :data:`RESERVE_BYTES` (``reserve`` in the index
+directory; for a local store that is the store's own filesystem) made when
+there is room, and given up by ``rm`` and ``gc`` when the filesystem is
+nearly full (:func:`release_reserve_if_low`) so that their tombstones,
+journal entries and index writes find room.  Saves never touch it.
+
 LMDB's meta page (``lmdb/mdb.c``, 64-bit): a 16-byte page header, then
 ``mm_magic`` (u32, 0xBEEFC0DE) at 16, the free-list DB record at 40 whose
 first u32 is the page size, ``mm_last_pg`` (u64) at 136 and ``mm_txnid``
@@ -24,6 +33,8 @@ first u32 is the page size, ``mm_last_pg`` (u64) at 136 and ``mm_txnid``
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
 import struct
@@ -31,7 +42,7 @@ import time
 
 import lmdb
 
-from chunkstore.errors import BackendError
+from chunkstore.errors import BackendError, StorageFullError
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +52,12 @@ MAP_SIZE_ENV_VAR = "CHUNKSTORE_INDEX_MAP_SIZE"
 MIN_MAP_SIZE = 1 << 28
 _META = struct.Struct("<16xIIQQI")  # header, magic, version, address, mapsize, page size
 _TAIL = struct.Struct("<QQ")  # last page, txn id (at offset 136)
+#: Environment variable that sets the reserve's size in bytes (0: keep none).
+RESERVE_ENV_VAR = "CHUNKSTORE_SPACE_RESERVE"
+#: Space kept back for ``rm`` and ``gc`` on a full disk: a tombstone per version, a GC
+#: journal entry (about 70 bytes per candidate) and the index pages they change.
+RESERVE_BYTES = 8 << 20
+RESERVE_NAME = "reserve"
 #: What LMDB raises for an environment it cannot trust.
 DAMAGE = (lmdb.CorruptedError, lmdb.InvalidError, lmdb.PageNotFoundError,
           lmdb.VersionMismatchError, lmdb.BadRslotError, lmdb.PanicError)
@@ -148,9 +165,109 @@ def _open_with_fallback(path: str, size: int) -> lmdb.Environment:
             continue
         except DAMAGE:
             raise
+        except lmdb.DiskError as exc:
+            raise full(path, exc) from exc
         except lmdb.Error as exc:
             raise BackendError(f"cannot open the index at {path}: {exc}") from exc
         if attempt != size:
             log.warning("the index at %s is mapped with %d bytes, not %d (address space"
                         " limit); it holds fewer chunks before it is full", path, attempt, size)
         return env
+
+
+#: Below this many free bytes, a write LMDB saw fail (it reports a short write as an
+#: I/O error, not always as ENOSPC) is taken for a full filesystem.
+NEARLY_FULL_BYTES = 1 << 20
+_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def is_full(exc: BaseException, path: str) -> bool:
+    """Whether ``exc``, raised writing under ``path``, means its filesystem is full."""
+    if isinstance(exc, lmdb.DiskError):
+        return True
+    if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
+        return True
+    if isinstance(exc, lmdb.Error) and not isinstance(exc, DAMAGE):
+        free = free_bytes(path)
+        return free is not None and free < NEARLY_FULL_BYTES
+    return False
+
+
+def full(path: str, exc: BaseException) -> StorageFullError:
+    """The typed error for a write to the index at ``path`` that found no space."""
+    return StorageFullError(path, str(exc).split(": ")[-1] or "no space left on device",
+                            what=f"the index at {path}")
+
+
+def reserve_size() -> int:
+    text = os.environ.get(RESERVE_ENV_VAR)
+    if not text:
+        return RESERVE_BYTES
+    try:
+        return max(0, int(text))
+    except ValueError:
+        raise BackendError(f"{RESERVE_ENV_VAR}={text!r} is not a number of bytes") from None
+
+
+def free_bytes(path: str) -> int | None:
+    """Bytes an unprivileged write can still take on the filesystem holding ``path``."""
+    try:
+        info = os.statvfs(path)
+    except (OSError, AttributeError):
+        return None
+    return info.f_bavail * info.f_frsize
+
+
+def keep_reserve(path: str) -> None:
+    """Make the reserve in the index directory ``path`` when it is missing and the
+    filesystem has room for it twice over (best effort: it is never an error)."""
+    size = reserve_size()
+    target = os.path.join(path, RESERVE_NAME)
+    if size == 0 or os.path.exists(target):
+        return
+    free = free_bytes(path)
+    if free is None or free < 2 * size:
+        return
+    temp = f"{target}.tmp-{os.getpid()}"
+    try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _allocate(fd, size)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temp, target)
+    except OSError as exc:
+        log.debug("no space reserve at %s: %s", path, exc)
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+
+
+def _allocate(fd: int, size: int) -> None:
+    """Take ``size`` bytes of real blocks (a sparse file would reserve nothing)."""
+    if hasattr(os, "posix_fallocate"):
+        try:
+            os.posix_fallocate(fd, 0, size)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                raise
+    block = b"\0" * (1 << 20)
+    for start in range(0, size, len(block)):
+        os.write(fd, block[: size - start])
+
+
+def release_reserve_if_low(path: str) -> bool:
+    """Give the reserve back to the filesystem when less than it is free there; True
+    when it was (``rm`` and ``gc`` call this before they write anything)."""
+    target = os.path.join(path, RESERVE_NAME)
+    free = free_bytes(path)
+    if free is None or free >= reserve_size() or not os.path.exists(target):
+        return False
+    try:
+        os.unlink(target)
+    except OSError:
+        return False
+    log.warning("the filesystem of %s is full: its space reserve (%d bytes) was given up"
+                " so that versions can be removed and collected", path, reserve_size())
+    return True

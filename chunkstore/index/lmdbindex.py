@@ -26,6 +26,7 @@ never by scanning every chunk.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -177,7 +178,7 @@ class Index:
 
     def _check_schema(self) -> bool:
         """Stamp a new index with the schema; True when an existing one has another."""
-        with self.env.begin(write=True) as txn:
+        with self._writing() as txn:
             found = txn.get(b"schema", db=self.meta)
             if found is not None and int(found) == INDEX_SCHEMA:
                 return False
@@ -204,6 +205,25 @@ class Index:
 
     def close(self) -> None:
         self.env.close()
+
+    @contextlib.contextmanager
+    def _writing(self, db: Any = None) -> Iterator[lmdb.Transaction]:
+        """A write transaction; a full disk undoes it and is a ``StorageFullError``."""
+        try:
+            with self.env.begin(write=True, db=db) as txn:
+                yield txn
+        except lmdb.Error as exc:
+            if indexfile.is_full(exc, self.path):
+                raise indexfile.full(self.path, exc) from exc
+            raise
+
+    def keep_reserve(self) -> None:
+        """Make the space reserve ``rm`` and ``gc`` use on a full disk, where missing."""
+        indexfile.keep_reserve(self.path)
+
+    def release_reserve_if_low(self) -> bool:
+        """Give up the space reserve when the filesystem is nearly full (``rm``, ``gc``)."""
+        return indexfile.release_reserve_if_low(self.path)
 
     def sync(self) -> None:
         self.env.sync(True)
@@ -261,7 +281,7 @@ class Index:
                    ) -> dict[Digest, Claim]:
         """Claim several objects of one kind in one transaction (one commit, one sync)."""
         now = time.time()
-        with self.env.begin(write=True) as txn:
+        with self._writing() as txn:
             return {d: self._claim(txn, session_id.encode(), kind, d, now) for d in digests}
 
     def _claim(self, txn: lmdb.Transaction, sid: bytes, kind: bytes, digest: Digest,
@@ -313,7 +333,7 @@ class Index:
         # its members the batch reuses: None when it is not LIVE, ``gone`` when deleted.
         packs: dict[Digest, Claim | None] = {}
         gone: set[Digest] = set()
-        with self.env.begin(write=True) as txn:
+        with self._writing() as txn:
             for digest in digests:
                 record = self._get(txn, self.chunks, digest)
                 if record is not None and record.state == ChunkState.LIVE:
@@ -368,17 +388,17 @@ class Index:
         info = {"pid": os.getpid(), "host": socket.gethostname(), "started": now,
                 "heartbeat": now, "purpose": purpose, "process_start": process_start(os.getpid()),
                 "pidns": pid_namespace()}
-        with self.env.begin(write=True, db=self.sessions) as txn:
+        with self._writing(db=self.sessions) as txn:
             txn.put(session_id.encode(), json.dumps(info).encode())
         return session_id
 
     def heartbeat(self, session_id: str) -> bool:
         """Mark the session alive now; False when GC has expired it (its claims are gone)."""
-        with self.env.begin(write=True, db=self.sessions) as txn:
+        with self._writing(db=self.sessions) as txn:
             data = txn.get(session_id.encode())
             if data is None:
                 return False
-            info = json.loads(data)
+            info = json.loads(bytes(data))
             info["heartbeat"] = time.time()
             txn.put(session_id.encode(), json.dumps(info).encode())
             return True
@@ -403,7 +423,7 @@ class Index:
 
     def close_session(self, session_id: str) -> None:
         """Forget a session's claims (abort, or after its commit transaction)."""
-        with self.env.begin(write=True) as txn:
+        with self._writing() as txn:
             self._drop_session(txn, session_id)
 
     # --- versions ------------------------------------------------------------------------
@@ -419,7 +439,7 @@ class Index:
         (GC expired it, so its claims did not protect what it reused).
         """
         now = time.time()
-        with self.env.begin(write=True) as txn:
+        with self._writing() as txn:
             alive = session_id is None or txn.get(session_id.encode(),
                                                   db=self.sessions) is not None
             if txn.get(entry.id.encode(), db=self.versions_db) is not None:
@@ -458,7 +478,7 @@ class Index:
         """Count a version out; return whether the index knew it."""
         now = time.time()
         key = version_id.encode()
-        with self.env.begin(write=True) as txn:
+        with self._writing() as txn:
             if txn.get(key, db=self.versions_db) is None:
                 return False
             for kind, db in ((CHUNK, self.refs), (NODE, self.node_refs)):
@@ -527,7 +547,7 @@ class Index:
         their moved records (GC's mark decided): their refcount does not count.
         """
         done = []
-        with self.env.begin(write=True) as txn:
+        with self._writing() as txn:
             for digest in digests:
                 rec = self._get(txn, self._db(kind), digest)
                 if rec is None or not self._collectable(txn, digest, rec, before,
@@ -552,7 +572,7 @@ class Index:
         From this transaction on, a writer that wants the object waits
         instead of deduplicating against it, so the object may be deleted.
         """
-        with self.env.begin(write=True) as txn:
+        with self._writing() as txn:
             rec = self._get(txn, self._db(kind), digest)
             if rec is None or rec.state not in (ChunkState.CONDEMNED, ChunkState.WRITING) \
                     or not self._collectable(txn, digest, rec, before, forwarded):
@@ -567,7 +587,7 @@ class Index:
         it was being deleted) is kept as WRITING instead: the next save that
         needs the object writes it again, and verify reports the version.
         """
-        with self.env.begin(write=True) as txn:
+        with self._writing() as txn:
             rec = self._get(txn, self._db(kind), digest)
             if rec is None or rec.state != ChunkState.DELETING:
                 return False
@@ -583,7 +603,7 @@ class Index:
         The object may or may not still exist: WRITING makes it no dedup target,
         and leaves the decision to a whole GC run.
         """
-        with self.env.begin(write=True) as txn:
+        with self._writing() as txn:
             # DELETING records are all in the ``zero`` table, whatever their refcount.
             keys = [bytes(k) for k, _ in txn.cursor(db=self.zero)]
             count = 0
@@ -597,7 +617,7 @@ class Index:
 
     def put_record_if_absent(self, kind: bytes, digest: Digest, record: ChunkRecord) -> bool:
         """Add a record unless one exists (one transaction); return whether it was added."""
-        with self.env.begin(write=True) as txn:
+        with self._writing() as txn:
             if self._get(txn, self._db(kind), digest) is not None:
                 return False
             self._put(txn, kind, digest, record)
@@ -609,7 +629,7 @@ class Index:
         Writers then wait instead of deduplicating against the object while
         the sweep deletes it.
         """
-        with self.env.begin(write=True) as txn:
+        with self._writing() as txn:
             if self._get(txn, self._db(kind), digest) is not None:
                 return False
             self._put(txn, kind, digest, ChunkRecord(ChunkState.DELETING, 0, 0, 0, 0, 0.0))
@@ -644,7 +664,7 @@ class Index:
         finds.  Refcounts are kept.  ``entry_id`` (a GC journal entry) is
         remembered so that it is applied once.
         """
-        with self.env.begin(write=True) as txn:
+        with self._writing() as txn:
             for kind, digest in objects:
                 rec = self._get(txn, self._db(kind), digest)
                 if rec is not None and rec.state in (ChunkState.LIVE, ChunkState.CONDEMNED):
@@ -673,18 +693,18 @@ class Index:
 
     def repack_checked(self, removals: int, unused: float) -> None:
         """GC looked for packs at least ``unused`` garbage after ``removals`` removals."""
-        with self.env.begin(write=True, db=self.meta) as txn:
+        with self._writing(db=self.meta) as txn:
             txn.put(b"repack_checked", f"{removals} {float(unused)!r}".encode())
 
     def set_journal_synced(self, time_ns: int) -> None:
-        with self.env.begin(write=True, db=self.meta) as txn:
+        with self._writing(db=self.meta) as txn:
             txn.put(b"journal_synced", str(time_ns).encode())
 
     def forget_all(self) -> int:
         """No record is a dedup target any more (the index missed pruned journal
         entries, so it cannot know what was deleted); return how many changed."""
         changed = 0
-        with self.env.begin(write=True) as txn:
+        with self._writing() as txn:
             for kind in KINDS:
                 db = self._db(kind)
                 stale = [(Digest(bytes(k)), ChunkRecord.unpack(v)) for k, v in txn.cursor(db=db)]
@@ -695,7 +715,7 @@ class Index:
         return changed
 
     def mark_journal_applied(self, entry_ids: Iterable[str]) -> None:
-        with self.env.begin(write=True, db=self.journal) as txn:
+        with self._writing(db=self.journal) as txn:
             for entry_id in entry_ids:
                 txn.put(entry_id.encode(), b"")
 
@@ -706,11 +726,11 @@ class Index:
     # --- tags ----------------------------------------------------------------------------
 
     def set_tag(self, tag: str, version_id: str) -> None:
-        with self.env.begin(write=True, db=self.tags_db) as txn:
+        with self._writing(db=self.tags_db) as txn:
             txn.put(tag.encode(), version_id.encode())
 
     def delete_tag(self, tag: str) -> bool:
-        with self.env.begin(write=True, db=self.tags_db) as txn:
+        with self._writing(db=self.tags_db) as txn:
             return bool(txn.delete(tag.encode()))
 
     def tags(self) -> dict[str, str]:
@@ -721,7 +741,7 @@ class Index:
 
     def clear(self) -> None:
         """Drop every record (the first step of a rebuild) and stamp the current schema."""
-        with self.env.begin(write=True) as txn:
+        with self._writing() as txn:
             self._drop_records(txn)
             txn.put(b"schema", str(INDEX_SCHEMA).encode(), db=self.meta)
         self.needs_rebuild = False
@@ -730,7 +750,7 @@ class Index:
         """Make this index hold exactly what ``other`` holds, in one write transaction:
         a reader in any process sees the old contents or the new, never a half.  The
         store it describes stays named (``other`` is built from the same store)."""
-        with self.env.begin(write=True) as txn, other.env.begin() as source:
+        with self._writing() as txn, other.env.begin() as source:
             store = txn.get(STORE_KEY, db=self.meta)
             for mine, theirs in zip((*self._tables(), self.meta),
                                     (*other._tables(), other.meta), strict=True):
@@ -758,7 +778,7 @@ class Index:
         with self.env.begin(db=self.meta) as txn:  # the usual answer, without the writer
             if txn.get(STORE_KEY) == identity.encode():
                 return False
-        with self.env.begin(write=True) as txn:
+        with self._writing() as txn:
             found = txn.get(STORE_KEY, db=self.meta)
             if found is not None and bytes(found) == identity.encode():
                 return False
@@ -779,7 +799,7 @@ class Index:
         self.put_record(CHUNK, digest, record)
 
     def put_record(self, kind: bytes, digest: Digest, record: ChunkRecord) -> None:
-        with self.env.begin(write=True) as txn:
+        with self._writing() as txn:
             self._put(txn, kind, digest, record)
 
     def node_bytes(self) -> int:

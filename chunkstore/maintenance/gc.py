@@ -606,9 +606,14 @@ def collect(store: StoreHandle, grace: object = DEFAULT_GRACE_S, *, dry_run: boo
     with gc_lock(store.index.path, wait_s=30.0 if dry_run else 0.0) as held:
         if not held:
             raise GcBusyError("another gc is running on this store; wait for it to finish")
+        if not dry_run:  # on a full disk, the index's reserve makes room for the journal
+            store.index.release_reserve_if_low()
         run = _Run(store, grace_s, dry_run, sweep, clock, progress or NullProgress(),
                    session_wait, repack_unused)
         try:
-            return run.run()
+            result = run.run()
         finally:
             run.close()
+        if not dry_run:
+            store.index.keep_reserve()  # taken again where the run freed room for it
+        return result

@@ -3,12 +3,13 @@ period) reach, collected into an on-disk set so a large store needs little memor
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import struct
 import tempfile
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import lmdb
 
@@ -17,10 +18,12 @@ from chunkstore.errors import (
     FormatVersionError,
     GcAbortedError,
     IntegrityError,
+    StorageFullError,
 )
 from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import DataEntry, PackLocation, TensorEntry
 from chunkstore.handle.tree import load_tree
+from chunkstore.index.indexfile import is_full
 from chunkstore.index.lmdbindex import CHUNK, NODE
 from chunkstore.objects.kinds import TOMBSTONES
 from chunkstore.progress import Progress
@@ -29,6 +32,10 @@ from chunkstore.protocol.tombstones import list_tombstones
 
 if TYPE_CHECKING:
     from chunkstore.handle.handle import StoreHandle
+
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
 
 class MarkSet:
     """A set of (kind, digest) on disk, so marking a large store needs little memory.
@@ -41,34 +48,78 @@ class MarkSet:
     """
 
     def __init__(self, parent: str) -> None:
-        for attempt in range(5):  # an index directory may be deleted at any time
+        # Where a mark set may live, nearest first: beside the index, else the temporary
+        # directory, else memory (/dev/shm), so GC (the way to free space) runs on a
+        # full disk; a write that finds its filesystem full moves the set on.
+        self._places = [parent, tempfile.gettempdir(), "/dev/shm"]
+        self.path, self.env = self._next_place(None, None)
+        self.resolved = self.env.open_db(b"resolved")
+
+    def _next_place(self, full: BaseException | None, source: lmdb.Environment | None
+                    ) -> tuple[str, lmdb.Environment]:
+        """Open the set in the next place with room: empty, or a copy of ``source``."""
+        while self._places:
+            parent = self._places.pop(0)
+            for attempt in range(5):  # an index directory may be deleted at any time
+                path = ""
+                try:
+                    os.makedirs(parent, exist_ok=True)
+                    path = tempfile.mkdtemp(prefix="gc-mark-", dir=parent)
+                    if source is not None:
+                        source.copy(path)  # compacted: what the set holds so far
+                    env = lmdb.open(path, map_size=1 << 36, sync=False, metasync=False,
+                                    lock=False, max_dbs=2)
+                    return path, env
+                except (lmdb.Error, OSError) as exc:
+                    if path:
+                        shutil.rmtree(path, ignore_errors=True)
+                    if is_full(exc, parent):
+                        full = exc
+                        break  # this filesystem is full: the next place
+                    if attempt == 4:
+                        raise
+        raise StorageFullError("gc-mark", str(full), what=(
+            "gc's mark set (beside the index, in the temporary directory and in /dev/shm)"))
+
+    def _write(self, body: Callable[[lmdb.Transaction], _T]) -> _T:
+        """Run ``body`` in a write transaction; where the set's filesystem is full, move
+        the set to the next place and run it again (the failed transaction is undone)."""
+        while True:
             try:
-                os.makedirs(parent, exist_ok=True)
-                self.path = tempfile.mkdtemp(prefix="gc-mark-", dir=parent)
-                self.env = lmdb.open(self.path, map_size=1 << 36, sync=False,
-                                     metasync=False, lock=False, max_dbs=2)
-                self.resolved = self.env.open_db(b"resolved")
-                break
-            except (lmdb.Error, OSError):
-                if attempt == 4:
+                with self.env.begin(write=True) as txn:
+                    return body(txn)
+            except lmdb.Error as exc:
+                if not is_full(exc, self.path):
                     raise
+                self._move(exc)
+
+    def _move(self, exc: BaseException) -> None:
+        old_path, old_env = self.path, self.env
+        self.path, self.env = self._next_place(exc, old_env)
+        old_env.close()
+        shutil.rmtree(old_path, ignore_errors=True)
+        self.resolved = self.env.open_db(b"resolved")
+        log.warning("gc's mark set moved to %s: %s", self.path, exc)
 
     def add_many(self, kind: bytes, digests: Iterator[Digest] | list[Digest]) -> None:
-        with self.env.begin(write=True) as txn:
-            for digest in digests:
-                txn.put(kind + digest.raw, b"", overwrite=False)
+        keys = [kind + digest.raw for digest in digests]
+
+        def body(txn: lmdb.Transaction) -> None:
+            for key in keys:
+                txn.put(key, b"", overwrite=False)
+        self._write(body)
 
     def add(self, kind: bytes, digest: Digest) -> bool:
         """Add one; False when it was already there."""
-        with self.env.begin(write=True) as txn:
-            return bool(txn.put(kind + digest.raw, b"", overwrite=False))
+        return self._write(lambda txn: bool(txn.put(kind + digest.raw, b"", overwrite=False)))
 
     def add_members(self, members: list[tuple[PackLocation, Digest]]) -> None:
         """Mark packed chunks where a manifest lists them (a location listed with two
         lengths is two members: one listing never hides another)."""
-        with self.env.begin(write=True) as txn:
+        def body(txn: lmdb.Transaction) -> None:
             for location, digest in members:
                 txn.put(_MEMBER + _location_key(location), digest.raw, overwrite=False)
+        self._write(body)
 
     def listed_members(self, pack: Digest) -> list[tuple[Digest, PackLocation]]:
         """Every member the marked versions list inside ``pack``: (digest, location)."""
@@ -124,7 +175,7 @@ class MarkSet:
                 f"the moved record of pack {broken[0].short()} cannot be read, so gc cannot"
                 " know where that pack's members went and deletes nothing; run `chunkstore"
                 " verify`")
-        with self.env.begin(write=True) as txn:
+        def body(txn: lmdb.Transaction) -> None:
             txn.drop(self.resolved, delete=False)
             self._keep_targets(txn, moved, stored)
             cursor = txn.cursor()
@@ -135,6 +186,7 @@ class MarkSet:
                 if not key.startswith(_MEMBER):
                     break
                 self._resolve_member(txn, moved, stored, _location_of(key), bytes(raw_value))
+        self._write(body)
 
     def _keep_targets(self, txn: lmdb.Transaction, moved: dict[Digest, MovedRecord | None],
                       stored: Callable[[Digest], bool]) -> None:

@@ -614,6 +614,7 @@ class VersionWriter(ChunkJobs):
 def open_store_session(store: StoreHandle, purpose: str) -> tuple[StoreSession, Fence]:
     """Store the session object, then read the GC journal (in that order: see step 1)."""
     store.upgrade_format()  # sessions are a version-2 object
+    store.index.keep_reserve()  # room for rm and gc should this save fill the disk
     session = StoreSession(store.objects, purpose)
     session.open()
     try:
