@@ -33,7 +33,7 @@ from typing import Any
 import click
 
 import chunkstore
-from chunkstore.cli import inspection, maintenance, versions
+from chunkstore.cli import inspection, maintenance, transfer, versions
 from chunkstore.cli.common import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
@@ -178,7 +178,8 @@ def cli() -> None:
     """
 
 
-for _command in (*inspection.COMMANDS, *versions.COMMANDS, *maintenance.COMMANDS):
+for _command in (*inspection.COMMANDS, *versions.COMMANDS, *maintenance.COMMANDS,
+                 *transfer.COMMANDS):
     # The store's own commands run with the cyclic garbage collector paused
     # (chunkstore.collector); the torch commands (the demo trains) do not.
     if _command.callback is not None:

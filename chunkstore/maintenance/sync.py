@@ -50,6 +50,7 @@ from chunkstore.errors import (
     NotAStoreError,
     SessionExpiredError,
 )
+from chunkstore.format.digest import Digest
 from chunkstore.format.records import CommitRecord
 from chunkstore.handle.handle import StoreHandle
 from chunkstore.handle.tree import flatten
@@ -164,10 +165,11 @@ def sync(src: StoreHandle, dst: StoreHandle | None, selectors: Sequence[str] = (
     if todo and not dry_run:
         assert dst is not None
         session, fence = open_store_session(dst, f"sync from {src.url}")
+    planned: set[tuple[bytes, Digest]] = set()  # a dry run's: see VersionCopy
     try:
         progress.start(len(todo), "sync")
         for info in todo:
-            _copy_version(src, dst, info, session, fence, result)
+            _copy_version(src, dst, info, session, fence, result, planned)
             result.copied.append(info.id)
             progress.advance()
     finally:
@@ -182,7 +184,7 @@ def sync(src: StoreHandle, dst: StoreHandle | None, selectors: Sequence[str] = (
 
 def _copy_version(src: StoreHandle, dst: StoreHandle | None, info: VersionInfo,
                   session: StoreSession | None, fence: Fence | None,
-                  result: SyncResult) -> None:
+                  result: SyncResult, planned: set[tuple[bytes, Digest]]) -> None:
     """Copy one version's missing objects, then its commit record; count it in."""
     data = src.objects.get(VERSIONS, info.id)
     record = CommitRecord.decode(info.id, data)
@@ -192,7 +194,8 @@ def _copy_version(src: StoreHandle, dst: StoreHandle | None, info: VersionInfo,
         assert dst is not None
         index_session = dst.index.open_session(f"sync {info.run}@{info.step}")
     try:
-        copied = VersionCopy(src, dst, session=index_session, fence=fence).run(record.root)
+        copied = VersionCopy(src, dst, session=index_session, fence=fence,
+                             planned=planned).run(record.root)
         _add(result, copied)
         if index_session is None:
             return
@@ -270,10 +273,9 @@ def sync_locations(src: str | os.PathLike[str] | StoreHandle,
     """:func:`sync` between stores named by path or URL (or open ones), opened with
     ``opener``: the source must exist; the destination is created with the source's
     settings when it does not (not in a dry run), after every selector resolved."""
-    if not isinstance(src, StoreHandle) and not isinstance(dst, StoreHandle) \
-            and _normalised(src) == _normalised(dst):
-        raise InvalidInputError(f"source and destination are both {os.fspath(src)!r}; name"
-                                " another store to copy into")
+    if _normalised(src) == _normalised(dst):
+        raise InvalidInputError(f"source and destination are both {_normalised(src)!r};"
+                                " name another store to copy into")
     opened: list[StoreHandle] = []
     try:
         if isinstance(src, StoreHandle):
@@ -289,8 +291,10 @@ def sync_locations(src: str | os.PathLike[str] | StoreHandle,
             target, created = _open_destination(source, dst, opener, dst_options, dry_run)
             if target is not None:
                 opened.append(target)
-        return sync(source, target, selectors, dry_run=dry_run, verify=verify,
-                    progress=progress, created=created)
+        result = sync(source, target, selectors, dry_run=dry_run, verify=verify,
+                      progress=progress, created=created)
+        result.dst = result.dst or os.fspath(dst)  # type: ignore[arg-type]
+        return result
     finally:
         for store in reversed(opened):
             store.close()
@@ -314,7 +318,9 @@ def _open_destination(src: StoreHandle, location: str | os.PathLike[str], opener
     return None, True
 
 
-def _normalised(location: str | os.PathLike[str]) -> str:
+def _normalised(location: str | os.PathLike[str] | StoreHandle) -> str:
+    if isinstance(location, StoreHandle):
+        location = location.objects.local_path() or location.url
     text = os.fspath(location)
     if not isinstance(text, str):
         return repr(text)

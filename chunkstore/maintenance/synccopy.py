@@ -72,8 +72,10 @@ class VersionCopy:
     """Copies the objects of one version (``dst`` None: a dry run into an empty store)."""
 
     def __init__(self, src: StoreHandle, dst: StoreHandle | None, *, session: str | None,
-                 fence: Fence | None) -> None:
+                 fence: Fence | None, planned: set[tuple[bytes, Digest]] | None = None) -> None:
         self.src, self.dst = src, dst
+        #: a dry run's objects that earlier versions of the same sync would copy
+        self.planned = planned if planned is not None else set()
         self.session, self.fence = session, fence  # None: a dry run, nothing is written
         # As a save: a reused object is checked to exist at every reuse on a local store
         # or where the journal could not be read, elsewhere once per store handle.
@@ -82,10 +84,15 @@ class VersionCopy:
         self.copied = Copied()
         self._lock = threading.Lock()  # the copy jobs count into ``copied`` at once
 
-    def _count(self, data: bytes, new_chunk: NewChunk | None = None) -> None:
+    def _count(self, data: bytes, new_chunk: NewChunk | None = None, *,
+               written: bool = True) -> None:
+        """Count an object copied (``written``: else found whole in the destination)."""
         with self._lock:
-            self.copied.objects += 1
-            self.copied.bytes += len(data)
+            if written:
+                self.copied.objects += 1
+                self.copied.bytes += len(data)
+            else:
+                self.copied.present += 1
             if new_chunk is not None:
                 self.copied.new_chunks.append(new_chunk)
 
@@ -129,6 +136,8 @@ class VersionCopy:
     def _subtree_present(self, digest: Digest) -> bool:
         """Whether the destination holds the node and everything below it: a version
         counted in there reaches it, and it may be reused as a save reuses a node."""
+        if self.dry_run and (NODE, digest) in self.planned:
+            return True
         if self.dst is None:
             return False
         record = self.dst.index.record(NODE, digest)
@@ -141,12 +150,16 @@ class VersionCopy:
     def _present(self, kind: bytes, digests: list[Digest]) -> set[Digest]:
         """Those of ``digests`` that may stay uncopied (see the module docstring)."""
         dst = self.dst
+        if self.dry_run:  # what a sync would find: copied for an earlier version, or stored
+            planned = {d for d in digests if (kind, d) in self.planned}
+            rest = [d for d in digests if d not in planned]
+            if dst is None or not rest:
+                return planned
+            kind_of = CHUNKS if kind == CHUNK else NODES
+            found = dst.executor.map(lambda d: dst.objects.exists(kind_of, d), rest)
+            return planned | {d for d, ok in zip(rest, found, strict=True) if ok}
         if dst is None or not digests:
             return set()
-        if self.dry_run:  # what a sync would find: LIVE in the index, or simply stored
-            kind_of = CHUNKS if kind == CHUNK else NODES
-            found = dst.executor.map(lambda d: dst.objects.exists(kind_of, d), digests)
-            return {d for d, ok in zip(digests, found, strict=True) if ok}
         assert self.fence is not None and self.session is not None
         fenced = set()
         for digest in digests:  # every active entry naming it, before any claim
@@ -232,28 +245,31 @@ class VersionCopy:
                 raise MissingChunkError(digest.hex) from None
             return self._copy_moved(digest)
         if self.dst is None or self.dry_run:
+            self.planned.add((CHUNK, digest))
             self._count(data)
             return None
-        stored = self._put_chunk(digest, data, need)
+        stored, written = self._put_chunk(digest, data, need)
         header = parse_header(digest, stored)
-        self._count(data, NewChunk(digest, header.codec_id, header.raw_length, len(stored)))
+        self._count(stored, NewChunk(digest, header.codec_id, header.raw_length, len(stored)),
+                    written=written)
         return None
 
-    def _put_chunk(self, digest: Digest, data: bytes, need: Need) -> bytes:
-        """Create the object (put-if-absent); the bytes the destination holds after."""
+    def _put_chunk(self, digest: Digest, data: bytes, need: Need) -> tuple[bytes, bool]:
+        """Create the object (put-if-absent): the bytes the destination holds after, and
+        whether this call wrote them."""
         assert self.dst is not None
         objects = self.dst.objects
         if objects.put_if_absent_deferred(CHUNKS, digest, data):
-            return data
+            return data, True
         try:
             existing = objects.get(CHUNKS, digest)
         except FileNotFoundError:
             existing = b""
         if existing == data or _standalone_intact(digest, existing):
-            return existing
+            return existing, False  # landed before (a killed sync), or stored otherwise
         replacement = data if need is None or not need[0] else self._standalone(digest, data, need)
         objects.put(CHUNKS, digest, replacement)
-        return replacement
+        return replacement, True
 
     def _standalone(self, digest: Digest, data: bytes, need: Need) -> bytes:
         """A standalone (raw) object of a delta chunk, decoded through the source's chain."""
@@ -269,6 +285,7 @@ class VersionCopy:
             raise MissingChunkError(pack.hex)
         data = self.src.objects.get(MOVED, pack)
         self._count(data)
+        self.planned.add((CHUNK, pack))
         if self.dst is not None and not self.dry_run \
                 and not self.dst.objects.put_if_absent(MOVED, pack, data) \
                 and self.dst.objects.get(MOVED, pack) != data:
@@ -288,16 +305,18 @@ class VersionCopy:
         data = self.src.objects.get(NODES, digest)
         if Digest.of(data) != digest:
             raise CorruptNodeError(digest.hex, "the source's copy does not hash to its key")
-        self._count(data)
+        self.planned.add((NODE, digest))
+        written = True
         if self.dst is not None and not self.dry_run:
             objects = self.dst.objects
             if not objects.put_if_absent_deferred(NODES, digest, data):
                 try:
-                    intact = objects.get(NODES, digest) == data
+                    written = objects.get(NODES, digest) != data
                 except FileNotFoundError:
-                    intact = False
-                if not intact:  # a damaged copy (an orphan a power cut truncated)
+                    pass
+                if written:  # a damaged copy (an orphan a power cut truncated)
                     objects.put(NODES, digest, data)
+        self._count(data, written=written)
         return len(data)
 
 

@@ -1,0 +1,87 @@
+"""Commands that move versions between stores: ``sync``."""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+import chunkstore
+from chunkstore.cli.common import EXIT_PROBLEMS, JSON_OPT, emit_json, format_size, plural
+from chunkstore.maintenance.sync import SyncResult, sync_locations
+from chunkstore.progress import TerminalProgress
+
+
+def sync_text(result: SyncResult) -> None:
+    verb = "would copy" if result.dry_run else "copied"
+    if result.created:
+        click.echo(f"{'would create' if result.dry_run else 'created'} {result.dst or 'DST'}"
+                   " with the source's settings")
+    click.echo(f"{verb} {plural(len(result.copied), 'version')}"
+               f" ({plural(result.objects_copied, 'object')},"
+               f" {format_size(result.bytes_copied)}); {len(result.skipped)} already there;"
+               f" {plural(result.objects_present, 'referenced object')} and"
+               f" {plural(result.subtrees_present, 'whole subtree')} found in place")
+    for version_id in result.copied:
+        click.echo(f"  {version_id[:12]}")
+    if result.tags_created:
+        click.echo(f"tags {'to create' if result.dry_run else 'created'}:"
+                   f" {', '.join(result.tags_created)}")
+    for conflict in result.conflicts:
+        click.echo(f"tag conflict: {conflict.name} names {conflict.dst_version[:12]} in the"
+                   f" destination, {conflict.src_version[:12]} in the source; left as it is"
+                   " (move it with `chunkstore tag` if the source is right)")
+    if result.verified:
+        verdict = "ok" if result.ok else plural(len(result.problems), "problem")
+        click.echo(f"read back {plural(result.verified, 'version')}, hash-checked: {verdict}")
+    for problem in result.problems:
+        click.echo(f"problem: {problem}")
+
+
+@click.command()
+@click.argument("src", metavar="SRC")
+@click.argument("dst", metavar="DST")
+@click.argument("selectors", nargs=-1, metavar="[SELECTOR]...")
+@click.option("--dry-run", is_flag=True,
+              help="Say what would be copied (versions, objects, bytes); change nothing.")
+@click.option("--verify", "verify_after", is_flag=True,
+              help="Read every copied version back from DST, hash-checked.")
+@JSON_OPT
+def sync(src: str, dst: str, selectors: tuple[str, ...], dry_run: bool, verify_after: bool,
+         as_json: bool) -> None:
+    """Copy versions from store SRC into store DST (paths or URLs).
+
+    Only what DST lacks travels: chunks, packs, delta bases and manifest
+    nodes first, each version's commit record last, so versions keep their
+    ids and a sync that is killed publishes no partial version; run it
+    again to finish (what landed is not sent again). DST is created with
+    SRC's chunk size, delta depth and compression when it does not exist.
+    Without SELECTOR every version is copied. Tags of the copied versions
+    travel too, unless DST has the tag naming another version: that is
+    reported as a conflict and left alone. A GC running on DST, from any
+    machine, waits for the sync as it waits for a save.
+
+    \b
+    Examples:
+      chunkstore sync ckpts/ s3://bucket/ckpts                # everything
+      chunkstore sync ckpts/ /mnt/backup exp1@latest best     # two versions
+      chunkstore sync --dry-run ckpts/ s3://bucket/ckpts      # what would travel
+
+    \b
+    Exit codes: 0 done; 1 a tag conflict, or --verify found a problem;
+    2 bad input (unknown selector, SRC not a store, SRC and DST the same
+    store, DST with another chunk size); 3 SRC is damaged; 4 I/O failure.
+    """
+    started = time.monotonic()
+    with TerminalProgress() as progress:
+        result = sync_locations(src, dst, selectors, opener=chunkstore.open, dry_run=dry_run,
+                                verify=verify_after, progress=progress)
+    if as_json:
+        emit_json({**result.to_json(), "seconds": round(time.monotonic() - started, 3)})
+    else:
+        sync_text(result)
+    if result.conflicts or not result.ok:
+        raise SystemExit(EXIT_PROBLEMS)
+
+
+COMMANDS = (sync,)
