@@ -10,7 +10,8 @@ members are grouped into runs, one ranged read each.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from chunkstore import codecs
 from chunkstore.codecs import PACK
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from chunkstore.handle.handle import StoreHandle
 
 
+_T = TypeVar("_T")
 #: Where each base of a chain lies inside a pack (None: an object of its own), in chain
 #: order; empty when every base is an object of its own.
 Locations = tuple[PackLocation | None, ...]
@@ -58,12 +60,34 @@ def missing_chunk(store: StoreHandle, digest: Digest) -> MissingChunkError:
     return MissingChunkError(digest.hex)
 
 
+def fresh_on_miss(store: StoreHandle, attempt: Callable[[], _T]) -> _T:
+    """Run ``attempt``; where it finds a chunk missing while moved records were taken
+    from the handle's cache, forget the cache and run it once more.  A moved record
+    is written once, but GC deletes it once nothing reaches its pack, and a later
+    repack of the same pack (stored again since) writes another: a long-lived
+    handle's cached record may lead to a pack that is gone."""
+    cached = bool(store.moved_cache)
+    try:
+        return attempt()
+    except MissingChunkError:
+        if not cached:
+            raise
+        store.moved_cache.clear()
+        return attempt()
+
+
 def member_object(store: StoreHandle, digest: Digest, location: PackLocation, raw_length: int,
                   prefetched: Prefetched | None = None) -> memoryview:
     """The member object of packed chunk ``digest`` at ``location`` (a base to decode,
     of ``raw_length`` raw bytes): bounded by that length before it is read, taken from
     ``prefetched`` (:func:`chunkstore.read.packs.prefetch_bases`) or read by range,
     following moved records, its header and length checked."""
+    return fresh_on_miss(store, lambda: _member_object(store, digest, location, raw_length,
+                                                       prefetched))
+
+
+def _member_object(store: StoreHandle, digest: Digest, location: PackLocation,
+                   raw_length: int, prefetched: Prefetched | None) -> memoryview:
     for hops in range(MAX_HOPS + 1):
         check_listed_length(digest, location, raw_length)
         found = None if prefetched is None else prefetched.get(location)
@@ -96,6 +120,10 @@ def checked_member(digest: Digest, location: PackLocation, data: memoryview) -> 
 def locate_member(store: StoreHandle, digest: Digest, location: PackLocation) -> PackLocation:
     """Where a packed chunk lies now: its listed location while that pack exists, else
     where the moved records say (a missing chunk when they say nothing)."""
+    return fresh_on_miss(store, lambda: _locate_member(store, digest, location))
+
+
+def _locate_member(store: StoreHandle, digest: Digest, location: PackLocation) -> PackLocation:
     for hops in range(MAX_HOPS + 1):
         try:
             store.objects.stat(CHUNKS, location.pack)

@@ -76,6 +76,7 @@ from chunkstore.read.members import (
     Prefetched,
     check_listed_length,
     forward_members,
+    fresh_on_miss,
     member_header,
     member_span,
     read_runs,
@@ -113,6 +114,11 @@ Member = tuple[bytes, bytes | memoryview]
 _Sealed = tuple[list[tuple[Digest, int, int, int]], list[bytes | memoryview], int]
 
 
+#: Encoded members a save holds back waiting for an earlier one (at least; four packs'
+#: worth with a large pack size) before it packs them out of order.
+WAITING_BYTES = 64 << 20
+
+
 class PackBuilder:
     """Collects a save's members in the order they were handed out; seals packs.
 
@@ -123,13 +129,20 @@ class PackBuilder:
     """
 
     def __init__(self, write: Callable[[Digest, bytes], int],
-                 target: int = PACK_TARGET_BYTES) -> None:
+                 target: int = PACK_TARGET_BYTES, waiting_bytes: int | None = None) -> None:
         self._write = write
         self._target = target
         self._lock = threading.Lock()
         self._reserved = 0
         self._next = 0
         self._waiting: dict[int, tuple[Digest, Member | None, int, Chain]] = {}
+        #: encoded bytes held in ``_waiting``; past ``_waiting_limit`` (an early member
+        #: stalls), the members waiting are packed out of order, so that what a save
+        #: holds stays bounded; the places they leave are skipped when reached
+        self._waiting_size = 0
+        self._waiting_limit = (max(4 * target, WAITING_BYTES) if waiting_bytes is None
+                               else waiting_bytes)
+        self._early: set[int] = set()
         self._parts: list[bytes | memoryview] = []
         self._size = 0
         self._open: list[tuple[Digest, int, int, int]] = []
@@ -156,6 +169,8 @@ class PackBuilder:
         packed (its location and chain: the encodings may differ)."""
         with self._lock:
             self._waiting[seq] = (digest, member, raw_length, chain)
+            if member is not None:
+                self._waiting_size += len(member[0]) + len(member[1])
             slot = (self._slots.setdefault(digest, PackSlot(new=True)) if member is not None
                     else None)
             sealed = self._drain()
@@ -173,25 +188,40 @@ class PackBuilder:
             self._store(pack)
 
     def _drain(self) -> list[_Sealed]:
-        sealed = []
-        while self._next in self._waiting:
-            digest, member, raw_length, chain = self._waiting.pop(self._next)
+        sealed: list[_Sealed] = []
+        while self._next in self._waiting or self._next in self._early:
+            if self._next in self._early:  # packed ahead of its turn
+                self._early.remove(self._next)
+                self._next += 1
+                continue
+            self._place(self._waiting.pop(self._next), sealed)
             self._next += 1
-            if member is None or digest in self._placed:
-                continue  # the same chunk twice in one save: packed once
-            self._placed.add(digest)
-            self._slots[digest].chain = chain
-            length = len(member[0]) + len(member[1])
-            if length > MAX_PACK_BYTES:  # the writer packs only chunks_fit_in_packs
-                raise ValueError(f"a member of {length} bytes cannot be packed")
-            if self._open and self._size + length > MAX_PACK_BYTES:
-                sealed.append(self._seal())  # no location may end past MAX_PACK_BYTES
-            self._open.append((digest, self._size, length, raw_length))
-            self._parts.extend(member)
-            self._size += length
-            if self._size >= self._target:
-                sealed.append(self._seal())
+        if self._waiting_size > self._waiting_limit:
+            for seq in sorted(self._waiting):
+                self._place(self._waiting.pop(seq), sealed)
+                self._early.add(seq)
         return sealed
+
+    def _place(self, waiting: tuple[Digest, Member | None, int, Chain],
+               sealed: list[_Sealed]) -> None:
+        """Put one member into the open pack (sealing packs that fill)."""
+        digest, member, raw_length, chain = waiting
+        if member is not None:
+            self._waiting_size -= len(member[0]) + len(member[1])
+        if member is None or digest in self._placed:
+            return  # the same chunk twice in one save: packed once
+        self._placed.add(digest)
+        self._slots[digest].chain = chain
+        length = len(member[0]) + len(member[1])
+        if length > MAX_PACK_BYTES:  # the writer packs only chunks_fit_in_packs
+            raise ValueError(f"a member of {length} bytes cannot be packed")
+        if self._open and self._size + length > MAX_PACK_BYTES:
+            sealed.append(self._seal())  # no location may end past MAX_PACK_BYTES
+        self._open.append((digest, self._size, length, raw_length))
+        self._parts.extend(member)
+        self._size += length
+        if self._size >= self._target:
+            sealed.append(self._seal())
 
     def _seal(self) -> _Sealed:
         sealed = (self._open, self._parts, self._size)
@@ -286,8 +316,13 @@ def read_members_into(store: StoreHandle, members: list[MemberRead], hops: int =
         data = memoryview(store.objects.get_range(CHUNKS, pack, HEADER.size + start,
                                                   end - start))
     except FileNotFoundError:
-        for run in read_runs(forward_members(store, members, hops)):
-            read_members_into(store, run, hops + 1, cache=cache, check_links=check_links)
+        def forwarded() -> None:
+            for run in read_runs(forward_members(store, members, hops)):
+                read_members_into(store, run, hops + 1, cache=cache, check_links=check_links)
+        if hops:
+            forwarded()
+        else:  # where the pack went, read afresh if a cached record leads nowhere
+            fresh_on_miss(store, forwarded)
         return
     prefetched = prefetch_bases(store, members, cache)
     for digest, location, out, chain in members:
