@@ -19,6 +19,7 @@ base would not be what the copied manifest lists).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -310,10 +311,8 @@ class VersionCopy:
         if self.dst is not None and not self.dry_run:
             objects = self.dst.objects
             if not objects.put_if_absent_deferred(NODES, digest, data):
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     written = objects.get(NODES, digest) != data
-                except FileNotFoundError:
-                    pass
                 if written:  # a damaged copy (an orphan a power cut truncated)
                     objects.put(NODES, digest, data)
         self._count(data, written=written)
