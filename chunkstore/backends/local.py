@@ -22,6 +22,8 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import platform
+import re
 import secrets
 import stat as stat_module
 from collections.abc import Callable, Iterator
@@ -59,6 +61,19 @@ def _load_syncfs() -> Callable[[int], int] | None:
 
 
 _SYNCFS = _load_syncfs()
+#: The first Linux release whose syncfs(2) returns write-back errors (as fsync does);
+#: before it, syncfs returns 0 even when the disk failed to take the data.
+SYNCFS_REPORTS_ERRORS_SINCE = (5, 8)
+
+
+def syncfs_reports_errors(release: str) -> bool:
+    """Whether a Linux kernel of ``release`` (``platform.release()``, such as
+    ``"5.4.0-150-generic"``) returns write-back errors from syncfs(2).  A release
+    that cannot be read counts as one that does not."""
+    match = re.match(r"(\d+)\.(\d+)", release)
+    if match is None:
+        return False
+    return (int(match[1]), int(match[2])) >= SYNCFS_REPORTS_ERRORS_SINCE
 
 
 def _load_linkat() -> Callable[[int, bytes, int, bytes, int], int] | None:
@@ -98,12 +113,17 @@ class LocalBackend(Backend):
         :meth:`put_if_absent_deferred` skip the per-file fsyncs, and
         :meth:`flush` make everything durable with one syncfs of the
         filesystem: one flush per save instead of two fsyncs per object.
+        Never on a kernel before Linux 5.8, whatever ``batch_sync`` says: its
+        syncfs does not report write-back errors, so a save could publish a
+        version whose objects the disk never took; there every object is
+        fsynced on its own (:func:`syncfs_reports_errors`).
         """
         self.root = os.path.abspath(os.path.expanduser(root))
         self.url = self.root
         if batch_sync is None:
             batch_sync = os.environ.get(SYNC_ENV_VAR, "batch") != "file"
-        self.batch_sync = batch_sync and _SYNCFS is not None
+        self.batch_sync = (batch_sync and _SYNCFS is not None
+                           and syncfs_reports_errors(platform.release()))
         # Unnamed temp files (O_TMPFILE + linkat) until the filesystem refuses them.
         self._unnamed = _LINKAT is not None and os.environ.get(UNNAMED_ENV_VAR) != "0"
 

@@ -75,7 +75,7 @@ def owner_is_dead(info: dict[str, Any], now: float, lease_s: float = LEASE_S) ->
     time guards against a reused pid; one that exists but cannot be inspected
     counts as alive).  Elsewhere, or where the object records no start time to
     tell its process from another with the same pid, it is dead once its
-    heartbeat is older than ``lease_s`` (pass ``info`` through
+    heartbeat is older than ``lease_s`` or is not a finite time (pass ``info`` through
     :func:`with_stored_heartbeat` first, so that no heartbeat is believed blindly).
     """
     pid = info.get("pid")
@@ -92,7 +92,17 @@ def owner_is_dead(info: dict[str, Any], now: float, lease_s: float = LEASE_S) ->
             return bool(recorded != start)
         # No start time: the live process with this pid may be another one (pid 1).
     heartbeat = info.get("heartbeat", info.get("started", 0.0))
-    return not isinstance(heartbeat, (int, float)) or heartbeat < now - lease_s
+    # Written so that a NaN (which compares false with everything) counts dead, as
+    # does an infinite time: no live owner writes either.
+    return (not isinstance(heartbeat, (int, float)) or _not_finite(heartbeat)
+            or not heartbeat >= now - lease_s)
+
+
+def _not_finite(value: float) -> bool:
+    try:
+        return not math.isfinite(value)
+    except OverflowError:  # an int past any float
+        return True
 
 
 def _unbelievable(info: dict[str, Any], now: float) -> bool:
@@ -101,10 +111,7 @@ def _unbelievable(info: dict[str, Any], now: float) -> bool:
     heartbeat = info.get("heartbeat", info.get("started", 0.0))
     if not isinstance(heartbeat, (int, float)) or isinstance(heartbeat, bool):
         return False  # no heartbeat at all: dead by owner_is_dead
-    try:
-        return not math.isfinite(heartbeat) or heartbeat > now + CLOCK_SKEW_S
-    except OverflowError:  # an int past any float
-        return True
+    return _not_finite(heartbeat) or heartbeat > now + CLOCK_SKEW_S
 
 
 def with_stored_heartbeat(info: dict[str, Any] | None, now: float,

@@ -1,0 +1,43 @@
+"""A heartbeat that is not a finite time (NaN, inf, -inf) proves no owner alive: GC
+counts such a session or index write session dead, never alive for ever."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+import chunkstore
+from chunkstore.objects.kinds import SESSIONS
+from chunkstore.protocol.sessions import LEASE_S, list_sessions, owner_is_dead
+
+NOT_FINITE = [float("nan"), float("inf"), float("-inf"), 10**400]
+
+
+@pytest.mark.parametrize("heartbeat", NOT_FINITE, ids=["nan", "inf", "-inf", "huge-int"])
+def test_an_owner_elsewhere_whose_heartbeat_is_not_finite_is_dead(heartbeat: float) -> None:
+    """owner_is_dead as GC applies it to the index's write sessions, with no stored time
+    to stand in: a NaN compared false with every time, so it was never dead."""
+    now = time.time()
+    owner = {"host": "elsewhere", "pid": 4242, "heartbeat": heartbeat, "started": now}
+    assert owner_is_dead(owner, now)
+    assert not owner_is_dead({**owner, "heartbeat": now}, now)
+
+
+@pytest.mark.parametrize("heartbeat", [b"NaN", b"Infinity", b"1e999"])
+def test_a_session_object_whose_heartbeat_is_not_finite_lives_a_lease_from_its_write(
+        tmp_path: Path, heartbeat: bytes) -> None:
+    """The same in the store: the object's stored time stands in, so it counts as alive
+    while it may be a live save's (just written) and dead a lease after its write."""
+    with chunkstore.open(tmp_path / "s", create=True) as store:
+        body = (b'{"format_version": 1, "host": "elsewhere", "pid": 4242, "seen": [],'
+                b' "started": 1.0, "heartbeat": ' + heartbeat + b"}")
+        store.objects.put(SESSIONS, "nan", body)
+        (session,) = list_sessions(store.objects)
+        assert not session.dead(time.time())
+        old = time.time() - LEASE_S - 60
+        os.utime(tmp_path / "s" / "sessions" / "nan", (old, old))
+        (session,) = list_sessions(store.objects)
+        assert session.dead(time.time())

@@ -1,0 +1,140 @@
+"""The operations :mod:`tools.crashstates` explores, each on a small local store:
+a save (packed small tensors, a delta against the run's previous version, plain
+data), a tag and a removal, a GC that deletes, and a GC that repacks.
+
+``python -m tools.crashscenarios [STATES_PER_OPERATION]`` records each, checks its
+crash states and prints what it found (the tests in tests/test_power_loss.py run
+the same with a smaller budget).
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+import chunkstore
+from tools.crashcheck import Expectations, describe, explore
+from tools.crashstates import Content, Recorder, Recording
+
+RUN = "r"
+CHUNK = 64 * 1024
+PACK = 128 * 1024
+
+
+def content(step: int) -> Content:
+    """A step's state: a 256 KiB table changed in one row per step (a delta against
+    the previous step), small tensors that change (packed), one that never does, a 192 KiB one
+    that changes whole (three chunks, packed), and plain data."""
+    embed = np.random.default_rng(7).standard_normal((2048, 32)).astype(np.float32)
+    for k in range(1, step + 1):
+        embed[k * 37 % 2048] += np.float32(k)
+    rng = np.random.default_rng(100 + step)
+    arrays = {"embed": embed,
+              "frozen": np.arange(3000, dtype=np.float32),
+              "w": rng.standard_normal((60, 60)).astype(np.float32),
+              "b": rng.standard_normal(500).astype(np.float32),
+              "m": rng.standard_normal(48 * 1024).astype(np.float32)}
+    return arrays, {"trainer": {"step": step, "lr": 0.5 / step}}
+
+
+def open_store(root: Path) -> chunkstore.Store:
+    return chunkstore.open(root, create=True, chunk_size=CHUNK, pack_size=PACK, threads=2)
+
+
+def save(store: chunkstore.Store, step: int, recorder: Recorder | None = None) -> str:
+    arrays, data = content(step)
+    with store.new_version(RUN, step) as version:
+        for name, array in arrays.items():
+            version.put(name, array)
+        for name, value in data.items():
+            version.put_data(name, value)
+    if recorder is not None:
+        recorder.mark(f"published {version.info.id}")
+    return version.info.id
+
+
+Scenario = Callable[[Path], tuple[Recording, Expectations]]
+
+
+def _setup(root: Path, steps: range) -> dict[str, Content]:
+    with open_store(root) as store:
+        return {save(store, step): content(step) for step in steps}
+
+
+def record_save(root: Path) -> tuple[Recording, Expectations]:
+    """Step 2 of a run whose step 1 is stored."""
+    before = _setup(root, range(1, 2))
+    with open_store(root) as store, Recorder(str(root), store.index) as recorder:
+        version_id = save(store, 2, recorder)
+    return recorder.recording, Expectations(before, {version_id: content(2)},
+                                            redo=content(2))
+
+
+def record_tag_and_remove(root: Path) -> tuple[Recording, Expectations]:
+    """Tag step 2 ``best``, then remove step 1."""
+    before = _setup(root, range(1, 3))
+    first, second = before
+    with open_store(root) as store, Recorder(str(root), store.index) as recorder:
+        store.tag(second, "best")
+        recorder.mark("tagged best")
+        recorder.mark(f"removing {first}")
+        store.delete(first)
+    return recorder.recording, Expectations(before, tags={"best": second})
+
+
+def record_gc(root: Path) -> tuple[Recording, Expectations]:
+    """A GC that deletes what a removed step 1 alone needed (no repacking)."""
+    before = _setup(root, range(1, 3))
+    first = next(iter(before))
+    with open_store(root) as store:
+        store.delete(first)
+    del before[first]
+    with open_store(root) as store, Recorder(str(root), store.index) as recorder:
+        result = store.gc(grace=0, repack_unused=None)
+    assert result.chunks_deleted + result.nodes_deleted > 0, result
+    return recorder.recording, Expectations(before)
+
+
+def record_repack(root: Path) -> tuple[Recording, Expectations]:
+    """A GC that repacks: steps 1-3 stored, 1 and 2 removed, their packs mostly garbage."""
+    before = _setup(root, range(1, 4))
+    first, second, _ = before
+    with open_store(root) as store:
+        store.delete(first)
+        store.delete(second)
+        store.gc(grace=0, repack_unused=None)  # the deletions alone, outside the recording
+    del before[first], before[second]
+    with open_store(root) as store, Recorder(str(root), store.index) as recorder:
+        result = store.gc(grace=0, repack_unused=0.01)
+    assert result.packs_repacked > 0, result
+    return recorder.recording, Expectations(before)
+
+
+SCENARIOS: dict[str, Scenario] = {"save": record_save, "tag+rm": record_tag_and_remove,
+                                  "gc": record_gc, "repack": record_repack}
+
+
+def main(argv: list[str]) -> int:
+    limit = int(argv[0]) if argv else None
+    found = 0
+    for name, scenario in SCENARIOS.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            recording, expectations = scenario(Path(tmp) / "store")
+            report = explore(name, recording, expectations, Path(tmp) / "states",
+                             limit=limit)
+        print(report.summary())
+        for state, problems in report.failures:
+            found += 1
+            print("  ", describe(recording, state))
+            for problem in problems[:4]:
+                print("     ", problem)
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+
