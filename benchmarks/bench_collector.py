@@ -84,7 +84,7 @@ def _seconds(fn: Callable[[], object]) -> float:
 
 def compare(workload: str, states: list[dict[str, Any]], rounds: int, work: Path
             ) -> dict[str, Any]:
-    stores = {way: chunkstore.open(work / f"{workload}-{way}", compression="auto")
+    stores = {way: chunkstore.open(work / f"{workload}-{way}", compression="auto", create=True)
               for way in WAYS}
     saves: dict[str, list[float]] = {way: [] for way in WAYS}
     restores: dict[str, list[float]] = {way: [] for way in WAYS}

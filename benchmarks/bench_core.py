@@ -131,13 +131,13 @@ def chunkstore_round(workdir: Path, state: dict[str, np.ndarray], compression: s
     outs = {k: np.empty_like(v) for k, v in state.items()}
 
     def save(step: int) -> None:
-        with chunkstore.open(root, compression=compression) as store, \
+        with chunkstore.open(root, compression=compression, create=True) as store, \
                 store.new_version(run="bench", step=step) as v:
             for name, array in state.items():
                 v.put(name, array)
 
     def restore() -> None:
-        with chunkstore.open(root) as store:
+        with chunkstore.open(root, create=True) as store:
             store.open_version("latest").get_many_into(
                 (name, out, None) for name, out in outs.items())
 
@@ -145,7 +145,7 @@ def chunkstore_round(workdir: Path, state: dict[str, np.ndarray], compression: s
         shutil.rmtree(root, ignore_errors=True)
         times = {"first_save_s": _seconds(lambda: save(0)),
                  "resave_s": _seconds(lambda: save(1)), "restore_s": _seconds(restore)}
-        with chunkstore.open(root) as store:
+        with chunkstore.open(root, create=True) as store:
             times["physical_bytes"] = store.stats().physical_bytes
         return times
 

@@ -169,7 +169,7 @@ def run_one(system: str, world: int, mib: int, versions: int) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix=f"bench-dcp-{system}-"))
     try:
         if system == "chunkstore":
-            chunkstore.open(root / "store").close()
+            chunkstore.open(root / "store", create=True).close()
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]

@@ -49,7 +49,7 @@ def best_of(fn: Callable[[], object], tries: int = 3) -> float:
 
 def measure(kind: str, depth: int, root: Path) -> tuple[list[float], list[float], int]:
     saves, restores = [], []
-    with chunkstore.open(root, delta_depth=depth) as store:
+    with chunkstore.open(root, delta_depth=depth, create=True) as store:
         generator, ids = states(kind), []
         for step in range(9):
             table = next(generator)

@@ -35,7 +35,8 @@ WAYS = ("auto", "d2", "d2-read-back")
 def compare(workload: str, states: list[dict[str, Any]], work: Path) -> dict[str, Any]:
     work.mkdir(parents=True, exist_ok=True)
     stores = {way: chunkstore.open(work / f"{workload}-{way}", compression="auto",
-                                   delta_depth=0 if way == "auto" else 2) for way in WAYS}
+                                   delta_depth=0 if way == "auto" else 2,
+               create=True) for way in WAYS}
     stores["d2-read-back"].base_copies.budget = 0
     walls: dict[str, list[float]] = {way: [] for way in WAYS}
     cpus: dict[str, list[float]] = {way: [] for way in WAYS}

@@ -43,7 +43,7 @@ def build(root: Path, chunks: int, versions: int) -> list[str]:
     per_version = chunks // versions
     ids = []
     counter = np.arange(per_version * CHUNK // 8, dtype=np.uint64)
-    with chunkstore.open(root, chunk_size=CHUNK, compression="none") as store:
+    with chunkstore.open(root, chunk_size=CHUNK, compression="none", create=True) as store:
         for v in range(versions):
             with store.new_version("bench", v) as writer:
                 # unique bytes per chunk: a counter offset by the version
@@ -59,7 +59,7 @@ def packed_state(version: int) -> dict[str, np.ndarray]:
 
 
 def repack_bench(root: Path, versions: int) -> dict[str, Any]:
-    with chunkstore.open(root, chunk_size=64 * 1024, compression="none") as store:
+    with chunkstore.open(root, chunk_size=64 * 1024, compression="none", create=True) as store:
         ids = []
         for v in range(versions):
             with store.new_version("packed", v) as writer:
@@ -73,7 +73,7 @@ def repack_bench(root: Path, versions: int) -> dict[str, Any]:
         before = tree_bytes(root)
         store.index.sync()
         shutil.copytree(root, root.with_name("no-repack"))
-        with chunkstore.open(root.with_name("no-repack")) as other:
+        with chunkstore.open(root.with_name("no-repack"), create=True) as other:
             other.gc(grace=0, repack_unused=None)
         no_repack = tree_bytes(root.with_name("no-repack"))
         dry = store.gc(grace=0, dry_run=True)
@@ -120,7 +120,7 @@ def main() -> None:
         start = time.perf_counter()
         ids = build(root, args.chunks, args.versions)
         build_s = time.perf_counter() - start
-        with chunkstore.open(root) as store:
+        with chunkstore.open(root, create=True) as store:
             idle_s, _ = timed(store, grace=0)
             idle_no_sweep_s, _ = timed(store, grace=0, sweep=False)
             drop = max(1, round(len(ids) * args.garbage))

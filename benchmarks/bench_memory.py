@@ -76,7 +76,7 @@ def measure(mib: int, budget: int, saves: int, work: Path) -> dict[str, Any]:
              for i in range(TENSORS)}
     step_size = torch.randn(elements, generator=generator) * 1e-4
     path = work / f"store-{mib}-{budget}"
-    store = chunkstore.open(path, compression="auto")
+    store = chunkstore.open(path, compression="auto", create=True)
     store.base_copies.budget = budget
     rows = []
     try:

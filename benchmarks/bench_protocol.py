@@ -111,7 +111,7 @@ def measure(url: str, options: dict[str, Any], index_dir: str, mib: int, tensors
     """Save times, and with ``count`` the requests (the counting wrapper makes every
     local write durable on its own, so local times are taken without it)."""
     with chunkstore.open(url, compression="none", index_dir=index_dir,
-                         storage_options=options) as store:
+                         storage_options=options, create=True) as store:
         counting = Counting(store.backend)
         if count:
             store.backend = counting

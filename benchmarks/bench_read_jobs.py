@@ -33,12 +33,12 @@ WAYS = ("per-core", "per-thread")
 def compare(workload: str, states: list[dict[str, Any]], restores: int, work: Path
             ) -> dict[str, Any]:
     saved = work / f"{workload}-saved"
-    with chunkstore.open(saved, compression="auto") as store:
+    with chunkstore.open(saved, compression="auto", create=True) as store:
         for step, state in enumerate(states):
             torch_bridge.save(store, state, run="r", step=step)
     for way in WAYS:
         shutil.copytree(saved, work / f"{workload}-{way}")
-    stores = {way: chunkstore.open(work / f"{workload}-{way}") for way in WAYS}
+    stores = {way: chunkstore.open(work / f"{workload}-{way}", create=True) for way in WAYS}
     stores["per-thread"].read_jobs = stores["per-thread"].threads  # as before run_jobs
     target = copy.deepcopy(states[-1])
     times: dict[str, list[float]] = {way: [] for way in WAYS}

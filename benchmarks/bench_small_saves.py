@@ -31,7 +31,7 @@ WAYS = ("safetensors", "shared", "caller-alone")
 
 def compare(workload: str, states: list[dict[str, Any]], rounds: int, work: Path
             ) -> dict[str, Any]:
-    stores = {way: chunkstore.open(work / f"{workload}-{way}", compression="auto")
+    stores = {way: chunkstore.open(work / f"{workload}-{way}", compression="auto", create=True)
               for way in WAYS[1:]}
     stores["caller-alone"].hashing_helpers = 0
     files = Safetensors(work / f"{workload}-safetensors")

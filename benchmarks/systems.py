@@ -153,7 +153,7 @@ def _settings(config: str) -> tuple[str, int | None]:
 class Chunkstore:
     def __init__(self, root: Path, config: str) -> None:
         compression, depth = _settings(config)
-        self.store = chunkstore.open(root, compression=compression, delta_depth=depth)
+        self.store = chunkstore.open(root, compression=compression, delta_depth=depth, create=True)
 
     def save(self, version: TraceVersion, state: dict[str, Any]) -> None:
         torch_bridge.save(self.store, state, run=version.run, step=version.step)

@@ -1,7 +1,7 @@
 """chunkstore: an incremental, content-addressed, crash-safe store for training checkpoints.
 
 >>> import chunkstore
->>> store = chunkstore.open("ckpts/")
+>>> store = chunkstore.open("ckpts/", create=True)
 >>> with store.new_version(run="exp1", step=100) as v:
 ...     v.put("model.w", array)
 """

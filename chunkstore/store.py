@@ -24,6 +24,7 @@ from chunkstore.codecs.policy import check_policy
 from chunkstore.errors import (
     InvalidInputError,
     InvalidSettingError,
+    NoStoreError,
     NotAStoreError,
     SavesInProgressError,
     StoreLocationError,
@@ -115,12 +116,18 @@ def default_index_dir(url: str, objects: ObjectStore) -> str:
 
 
 def open(
-    url: str | os.PathLike[str], *, create: bool = True, chunk_size: int | None = None,
+    url: str | os.PathLike[str], *, create: bool = False, chunk_size: int | None = None,
     compression: str | None = None, threads: int | None = None, index_dir: str | None = None,
     storage_options: dict[str, Any] | None = None, delta_depth: int | None = None,
     pack_size: int | None = None, node_size: int | None = None,
 ) -> Store:
-    """Open the store at a path or fsspec URL, creating it when absent (``create=True``).
+    """Open the store at a path or fsspec URL.
+
+    Opening never creates a store unless ``create=True``: a location that holds
+    nothing raises :class:`~chunkstore.errors.NoStoreError` ("no store at ...") and
+    is left as it was (no directory is made), and one that holds something else
+    :class:`~chunkstore.errors.NotAStoreError`.  Pass ``create=True`` where a store
+    may be made (before a first save); ``chunkstore init`` does the same.
 
     ``chunk_size`` applies when the store is created; ``compression`` is the
     codec policy for this handle's writes (default: the store's setting);
@@ -181,9 +188,12 @@ def _load_or_create_config(url: str, objects: ObjectStore, create: bool,
         pass
     if not create:
         local = objects.local_path()
-        where = ("the directory does not exist" if local is not None and not os.path.isdir(local)
-                 else "nothing is stored there" if objects.is_empty() else "no chunkstore.json")
-        raise NotAStoreError(url, f"{where} (use `chunkstore init` to create a store)")
+        hint = " (create one with `chunkstore init` or chunkstore.open(..., create=True))"
+        if local is not None and not os.path.isdir(local):
+            raise NoStoreError(url, "the directory does not exist", hint)
+        if objects.is_empty():
+            raise NoStoreError(url, "nothing is stored there", hint)
+        raise NotAStoreError(url, "no chunkstore.json" + hint)
     if not objects.is_empty():
         raise NotAStoreError(url, "the location is not empty and has no chunkstore.json")
     config = StoreConfig(chunk_size or DEFAULT_CHUNK_SIZE, compression or "auto", time.time(),

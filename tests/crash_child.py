@@ -66,7 +66,8 @@ PACK_SIZE = 128 * 1024
 def open_store(path: str, node_size: int = 0) -> chunkstore.Store:
     """The store as the crash tests' saves use it (packing as the environment says)."""
     packed = os.environ.get(PACK_DELTAS_ENV_VAR) == "1"
-    store = chunkstore.open(path, threads=THREADS, node_size=node_size, pack_size=PACK_SIZE)
+    store = chunkstore.open(path, threads=THREADS, node_size=node_size, pack_size=PACK_SIZE,
+                            create=True)
     store.pack_delta_chunks = packed
     return store
 

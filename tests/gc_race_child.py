@@ -113,7 +113,8 @@ def gc_loop(store: chunkstore.Store, seconds: float) -> None:
 def main(argv: list[str]) -> None:
     path, role, seconds = argv[0], argv[1], float(argv[2])
     compression = "auto" if DELTAS else "none"
-    with chunkstore.open(path, chunk_size=CHUNK, compression=compression, threads=4) as store:
+    with chunkstore.open(path, chunk_size=CHUNK, compression=compression, threads=4,
+                         create=True) as store:
         store.pack_delta_chunks = PACK_DELTAS
         if role == "gc":
             gc_loop(store, seconds)

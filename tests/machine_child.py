@@ -58,7 +58,8 @@ def open_store(url: str, index_dir: str) -> chunkstore.Store:
     endpoint = os.environ.get("CHUNKSTORE_TEST_S3_ENDPOINT")
     if url.startswith("s3://") and endpoint:
         options = {"client_kwargs": {"endpoint_url": endpoint}}
-    return chunkstore.open(url, chunk_size=None, index_dir=index_dir, storage_options=options)
+    return chunkstore.open(url, chunk_size=None, index_dir=index_dir, storage_options=options,
+                           create=True)
 
 
 def save(store: chunkstore.Store, run: str, step: int, arrays: dict[str, np.ndarray]) -> str:

@@ -33,7 +33,8 @@ def make_state(step: int) -> dict[str, np.ndarray]:
 
 def main(argv: list[str]) -> None:
     path, first, last = argv[0], int(argv[1]), int(argv[2])
-    with chunkstore.open(path, chunk_size=64 * 1024, threads=4, pack_size=PACK_SIZE) as store:
+    with chunkstore.open(path, chunk_size=64 * 1024, threads=4, pack_size=PACK_SIZE,
+                         create=True) as store:
         for step in range(first, last + 1):
             with store.new_version(run=RUN, step=step, meta={"step": step}) as version:
                 for name, array in make_state(step).items():

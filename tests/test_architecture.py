@@ -139,7 +139,7 @@ def test_a_transform_in_the_object_layer_reaches_every_object(tmp_path: Path) ->
     rng = np.random.default_rng(0)
     big = rng.standard_normal(600_000).astype(np.float32)  # several chunks, deltas later
     small = {f"layer{i}.bias": rng.standard_normal(64).astype(np.float32) for i in range(20)}
-    with chunkstore.open(path, chunk_size=1 << 20, pack_size=64 * 1024) as store:
+    with chunkstore.open(path, chunk_size=1 << 20, pack_size=64 * 1024, create=True) as store:
         store.objects = MaskingObjects(store.backend)
         for step in range(1, 5):
             big[:: 97 * step] += 1.0
@@ -163,5 +163,5 @@ def test_a_transform_in_the_object_layer_reaches_every_object(tmp_path: Path) ->
     assert "gc" in kinds
     assert plain == [], f"objects stored past the object layer: {plain}"
     # The same store through the plain object layer reads nothing it can trust.
-    with chunkstore.open(path, index_dir=str(tmp_path / "other-index")) as store:
+    with chunkstore.open(path, index_dir=str(tmp_path / "other-index"), create=True) as store:
         assert store.versions() == []

@@ -116,7 +116,7 @@ def test_a_fence_is_waited_for_while_its_owner_may_be_alive(tmp_path: Path) -> N
     me = {"host": socket.gethostname(), "pid": os.getpid(), "pidns": pid_namespace(),
           "process_start": process_start(os.getpid()), "heartbeat": now - 10 * LEASE_S}
     assert not owner_is_dead(me, now)
-    with chunkstore.open(tmp_path / "s") as store:
+    with chunkstore.open(tmp_path / "s", create=True) as store:
         with store.new_version("r", 1) as version:
             version.put("w", state(1)["model.own"])
         entry_id = _planted_entry(store, {"host": "elsewhere", "pid": 7,
@@ -134,7 +134,7 @@ def test_a_gc_that_deferred_says_so_and_exits_4(tmp_path: Path) -> None:
     """A save in progress (this process's session) outlasts --session-wait: gc deletes
     nothing, says it deferred, and exits 4 (it printed "freed 0 B" and exited 0)."""
     path = tmp_path / "s"
-    with chunkstore.open(path) as store:
+    with chunkstore.open(path, create=True) as store:
         with store.new_version("r", 1) as version:
             version.put("w", state(1)["model.own"])
         store.delete("r@1")

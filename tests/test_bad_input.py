@@ -386,7 +386,7 @@ def test_missing_path_is_not_a_store(tmp_path: Path) -> None:
 
 
 def test_empty_directory_is_not_a_store(tmp_path: Path) -> None:
-    with pytest.raises(NotAStoreError, match="is not a chunkstore store"):
+    with pytest.raises(NotAStoreError, match=r"no store at .*: nothing is stored there"):
         chunkstore.open(tmp_path, create=False)
     assert list(tmp_path.iterdir()) == []
 
@@ -434,7 +434,7 @@ def test_bad_settings(populated: chunkstore.Store, store_path: Path,
                       settings: dict[str, object], reason: str) -> None:
     with unchanged(populated, store_path):
         with pytest.raises(InvalidSettingError, match=reason):
-            chunkstore.open(store_path, **settings)  # type: ignore[arg-type]
+            chunkstore.open(store_path, **settings, create=True)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -448,14 +448,14 @@ def test_settings_that_are_not_whole_numbers_are_typed_errors(
         reason: str) -> None:
     with unchanged(populated, store_path):
         with pytest.raises(InvalidSettingError, match=reason):
-            chunkstore.open(store_path, **settings)  # type: ignore[arg-type]
+            chunkstore.open(store_path, **settings, create=True)  # type: ignore[arg-type]
 
 
 def test_numpy_integers_are_settings_like_ints(tmp_path: Path) -> None:
     """A chunk size from a numpy computation (np.int64) makes a store (it raised
     TypeError: not JSON serializable, from inside the config's encoding)."""
     with chunkstore.open(tmp_path / "s", chunk_size=np.int64(65536), threads=np.int32(4),
-                         pack_size=np.int64(1 << 20)) as store:  # type: ignore[arg-type]
+                         pack_size=np.int64(1 << 20), create=True) as store:  # type: ignore[arg-type]
         assert store.chunk_size == 65536 and type(store.chunk_size) is int
         assert store.threads == 4
 
@@ -464,7 +464,7 @@ def test_numpy_integers_are_settings_like_ints(tmp_path: Path) -> None:
                                       "/proc/self/status", "/dev/null/s", 42])
 def test_a_location_that_cannot_hold_a_store_is_a_typed_error(location: object) -> None:
     with pytest.raises(InvalidInputError):
-        chunkstore.open(location)  # type: ignore[arg-type]
+        chunkstore.open(location, create=True)  # type: ignore[arg-type]
 
 
 def test_a_duration_past_any_float_is_a_typed_error(populated: chunkstore.Store,

@@ -44,7 +44,7 @@ def tables(seed: int = 0) -> Iterator[np.ndarray]:
 
 
 def open_store(path: Path, **kwargs: object) -> chunkstore.Store:
-    return chunkstore.open(path, chunk_size=CHUNK, delta_depth=3, **kwargs)  # type: ignore[arg-type]
+    return chunkstore.open(path, chunk_size=CHUNK, delta_depth=3, **kwargs, create=True)  # type: ignore[arg-type]
 
 
 def chains(store: chunkstore.Store, version_id: str) -> list[tuple[Digest, ...]]:

@@ -40,7 +40,8 @@ def _fill(store_path: Path, delta_depth: int | None) -> Path:
     rng = np.random.default_rng(1)
     base = rng.standard_normal(50_000).astype(np.float32)
     head = rng.standard_normal(20_000).astype(np.float32)
-    with chunkstore.open(store_path, chunk_size=SMALL_CHUNK, delta_depth=delta_depth) as store:
+    with chunkstore.open(store_path, chunk_size=SMALL_CHUNK, delta_depth=delta_depth,
+                         create=True) as store:
         for step in (1, 2, 3):
             if step == 3:
                 head = head + 1
@@ -185,7 +186,7 @@ def test_index_rebuild_restores_a_lost_index(filled: Path) -> None:
 
 
 @pytest.mark.parametrize(("args", "code", "words"), [
-    (["log", "{missing}"], 2, "not a chunkstore store"),
+    (["log", "{missing}"], 2, "no store at"),
     (["show", "{store}", "nope"], 2, "version selector 'nope'"),
     (["show", "{store}", "r@77"], 2, "r@77"),
     (["diff", "{store}", "r@1", "ab"], 2, "version selector 'ab'"),

@@ -22,7 +22,7 @@ def run(*args: str) -> Result:
 def save(store_path: Path, run_name: str, steps: list[int],
          meta_for: dict[int, dict[str, object]] | None = None) -> None:
     rng = np.random.default_rng(len(steps))
-    with chunkstore.open(store_path, chunk_size=SMALL_CHUNK) as store:
+    with chunkstore.open(store_path, chunk_size=SMALL_CHUNK, create=True) as store:
         for step in steps:
             meta = (meta_for or {}).get(step, {})
             with store.new_version(run_name, step, meta=meta) as v:
@@ -81,7 +81,7 @@ def test_prune_without_a_policy_names_the_options(store_path: Path) -> None:
 
 
 def test_log_show_and_report_show_the_same_three_sizes(store_path: Path) -> None:
-    with chunkstore.open(store_path) as store, store.new_version("r", 1) as v:
+    with chunkstore.open(store_path, create=True) as store, store.new_version("r", 1) as v:
         v.put_data("trainer", {"epoch": 1})  # a tiny state: its nodes outweigh its data
     info = json.loads(run("log", str(store_path), "--json").stdout)["versions"][0]
     assert info["new_stored_bytes"] > info["logical_bytes"]  # the case that confused users

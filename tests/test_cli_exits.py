@@ -40,7 +40,7 @@ def assert_one_error_line(proc: subprocess.CompletedProcess[str], code: int) -> 
 def filled(store_path: Path) -> Path:
     """Two versions of run r, with enough entries that `show` prints ~90 lines."""
     rng = np.random.default_rng(3)
-    with chunkstore.open(store_path, chunk_size=SMALL_CHUNK) as store:
+    with chunkstore.open(store_path, chunk_size=SMALL_CHUNK, create=True) as store:
         for step in (1, 2):
             with store.new_version("r", step, meta={"loss": 1.0 / step}) as v:
                 for i in range(80):
@@ -158,7 +158,7 @@ def test_a_closed_pipe_ends_every_command_quietly(filled: Path) -> None:
 def test_head_reading_a_few_lines_of_a_long_listing(store_path: Path) -> None:
     """Like `chunkstore show ... | head -3`: far more output than the pipe holds, so
     the command is still writing when the reader leaves."""
-    with chunkstore.open(store_path) as store, store.new_version("wide", 1) as v:
+    with chunkstore.open(store_path, create=True) as store, store.new_version("wide", 1) as v:
         for i in range(1500):
             v.put_data(f"entry{i:04d}", i)
     with subprocess.Popen([*CLI, "show", str(store_path), "wide@1"],

@@ -88,7 +88,8 @@ def test_the_stores_commands_run_with_the_collector_paused(
     import chunkstore
     from chunkstore.store import Store
 
-    with chunkstore.open(tmp_path / "s") as store, store.new_version("r", 1) as version:
+    with chunkstore.open(tmp_path / "s",
+                         create=True) as store, store.new_version("r", 1) as version:
         version.put("w", np.ones(10, np.float32))
     seen: list[bool] = []
     verify = Store.verify

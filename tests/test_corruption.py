@@ -57,7 +57,7 @@ def _object_path(store_path: Path, prefix: str, hex_digest: str) -> Path:
 def _save(store_path: Path, compression: str) -> Saved:
     # node_size 0: "model" is a tree node of its own, for the damaged-subtree tests.
     with chunkstore.open(store_path, chunk_size=SMALL_CHUNK, compression=compression,
-                         node_size=0) as store:
+                         node_size=0, create=True) as store:
         with store.new_version(run="r", step=1) as version:
             version.put("model.w", WEIGHTS)
             version.put("model.other", OTHER)
@@ -200,7 +200,7 @@ def test_deleted_chunk_is_missing(saved: Saved, reopen: Reopen) -> None:
 def test_chunk_swapped_for_another_chunk_is_detected(raw_saved: Saved, reopen: Reopen
                                                      ) -> None:
     """A well-formed object under the wrong name (e.g. a botched copy) is still caught."""
-    with chunkstore.open(raw_saved.path) as store:
+    with chunkstore.open(raw_saved.path, create=True) as store:
         first = store.open_version("r@1").entry("model.w").shards[0].chunks[0]  # type: ignore[union-attr]
     target = _object_path(raw_saved.path, "chunks", raw_saved.chunk)
     target.write_bytes(_object_path(raw_saved.path, "chunks", first.hex).read_bytes())

@@ -121,7 +121,7 @@ def test_kill_after_put_dies_once_the_write_is_durable(tmp_path: Path) -> None:
 def two_versions(store_path: Path) -> list[str]:
     """A store holding steps 1 and 2, saved (and closed) by this process, every chunk an
     object of its own (the tests below count them)."""
-    chunkstore.open(store_path, chunk_size=SMALL_CHUNK, delta_depth=2).close()
+    chunkstore.open(store_path, chunk_size=SMALL_CHUNK, delta_depth=2, create=True).close()
     with open_store(str(store_path)) as store:
         store.pack_delta_chunks = False
         ids = [save(store, 1).id, save(store, 2).id]
@@ -233,7 +233,7 @@ def test_kill_at_random_moments_while_saving_in_a_loop(store_path: Path, node_si
     packed: the saves pack their delta chunks, several packs a save."""
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
-    chunkstore.open(store_path, chunk_size=SMALL_CHUNK, delta_depth=2).close()
+    chunkstore.open(store_path, chunk_size=SMALL_CHUNK, delta_depth=2, create=True).close()
     published: list[int] = []
     env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV_VAR, PACK_DELTAS_ENV_VAR)}
     env[NODE_SIZE_ENV_VAR] = str(node_size)
@@ -289,7 +289,7 @@ def test_kill_during_a_packed_delta_save_leaves_every_published_version_readable
     """Saves that pack their delta chunks and whose bases lie in packs (chunk format 5),
     killed at each step of a save: what was published stays exact, verify is clean,
     later saves and a GC at grace 0 keep it so."""
-    chunkstore.open(store_path, chunk_size=SMALL_CHUNK, delta_depth=2).close()
+    chunkstore.open(store_path, chunk_size=SMALL_CHUNK, delta_depth=2, create=True).close()
     setup = run_child(store_path, 1, 2, None, packed=True)
     assert setup.returncode == 0, setup.stderr
     with chunkstore.open(store_path, create=False) as store:

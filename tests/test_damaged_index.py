@@ -27,7 +27,7 @@ W = np.arange(50_000, dtype=np.float32)
 
 @pytest.fixture
 def saved(store_path: Path) -> Path:
-    with chunkstore.open(store_path, chunk_size=4096) as store:
+    with chunkstore.open(store_path, chunk_size=4096, create=True) as store:
         for step in (1, 2):
             with store.new_version("r", step) as version:
                 version.put("w", W * step)
@@ -48,7 +48,7 @@ def assert_store_works(path: Path) -> None:
     for command in (("log", path), ("verify", path), ("index", "rebuild", path)):
         done = cli(*command)
         assert done.returncode == 0, (command, done.returncode, done.stderr)
-    with chunkstore.open(path) as store:
+    with chunkstore.open(path, create=True) as store:
         np.testing.assert_array_equal(store.open_version("r@2").get("w"), W * 2)
         assert store.verify().ok
 

@@ -76,7 +76,7 @@ def _load_here(store: chunkstore.Store | str, selector: str, step: int) -> None:
 @pytest.fixture
 def store_url(tmp_path: Path) -> str:
     url = str(tmp_path / "store")
-    chunkstore.open(url, chunk_size=CHUNK).close()
+    chunkstore.open(url, chunk_size=CHUNK, create=True).close()
     return url
 
 
@@ -89,7 +89,7 @@ def test_save_twice_at_world_size_4_then_load_at_4_2_and_1(store_url: str, tmp_p
     assert first["logical_bytes"] - first["new_bytes"] >= 15 * CHUNK
     # step 2 changed rank 0's box of w (16 KiB) and the small values: the rest dedups
     assert second["new_bytes"] < 16 * 1024 + 2 * CHUNK < first["new_bytes"] / 3
-    with chunkstore.open(store_url) as store:
+    with chunkstore.open(store_url, create=True) as store:
         version = store.open_version(f"{RUN}@2")
         w, bias = version.entry("w"), version.entry("bias")
         assert isinstance(w, TensorEntry) and isinstance(bias, TensorEntry)
@@ -109,16 +109,16 @@ def test_save_twice_at_world_size_4_then_load_at_4_2_and_1(store_url: str, tmp_p
 
 def test_ranks_with_indexes_of_their_own_as_on_separate_machines(tmp_path: Path) -> None:
     url = str(tmp_path / "store")
-    chunkstore.open(url, chunk_size=CHUNK, index_dir=str(tmp_path / "setup")).close()
+    chunkstore.open(url, chunk_size=CHUNK, index_dir=str(tmp_path / "setup"), create=True).close()
     indexes = tmp_path / "indexes"
     reports = _all_ok(_spawn("save_twice_then_load", 2, url, tmp_path / "w2",
                              {"index_root": str(indexes)})[0])
     first, second = reports[0]["infos"]
     assert second["new_bytes"] < first["new_bytes"] / 3, "rank 1's index must dedup too"
-    with chunkstore.open(url, index_dir=str(indexes / "rank1")) as store:
+    with chunkstore.open(url, index_dir=str(indexes / "rank1"), create=True) as store:
         store.gc(grace=0)  # a GC on a machine that did not publish the versions
     for index in (indexes / "rank0", indexes / "rank1", tmp_path / "fresh"):
-        with chunkstore.open(url, index_dir=str(index)) as store:
+        with chunkstore.open(url, index_dir=str(index), create=True) as store:
             result = store.verify()
             assert result.ok, (index.name, result.problems)
             if index.name == "fresh":
@@ -132,7 +132,7 @@ def test_a_rank_killed_mid_save_publishes_nothing(store_url: str, tmp_path: Path
     assert (out / "rank1.wrote").exists(), "rank 1 did not get to write its chunks"
     assert codes[1] == -9 and reports[1] is None, "rank 1 was not SIGKILLed"
     assert reports[0] is not None and not reports[0]["ok"], "rank 0's save did not fail"
-    with chunkstore.open(store_url) as store:
+    with chunkstore.open(store_url, create=True) as store:
         assert_only_the_first_save_published(store, RUN)
         _load_here(store, f"{RUN}@latest", 1)
 
@@ -143,7 +143,7 @@ def test_ranks_saving_different_steps_are_refused(store_url: str, tmp_path: Path
         assert report is not None and not report["ok"]
         assert "ranks [1] save" in report["error"], report["error"]
         assert "every rank must save the same run and step" in report["error"]
-    with chunkstore.open(store_url) as store:
+    with chunkstore.open(store_url, create=True) as store:
         assert store.versions() == []
         assert not list(store.backend.list("sessions/"))
 
@@ -158,7 +158,7 @@ def test_save_and_load_without_a_process_group_and_async(store_url: str) -> None
     assert again.info.new_bytes < writer.info.new_bytes / 4, "unchanged tensors must dedup"
     _load_here(store_url, "solo@1", 1)
     _load_here(store_url, "solo@latest", 2)
-    with chunkstore.open(store_url) as store:
+    with chunkstore.open(store_url, create=True) as store:
         result = store.verify()
         assert result.ok, result.problems
 
@@ -190,7 +190,7 @@ class _GcBeforeFinish(ChunkStoreWriter):
 def test_a_gc_between_the_ranks_writes_and_the_commit_deletes_nothing_it_needs(
         store_url: str) -> None:
     dcp.save(full_state(1), storage_writer=ChunkStoreWriter(store_url, run="g", step=1))
-    with chunkstore.open(store_url) as store:
+    with chunkstore.open(store_url, create=True) as store:
         store.delete("g@1")  # its chunks are unreferenced: a grace-0 GC's candidates
         writer = _GcBeforeFinish(store, run="g", step=2)
         dcp.save(full_state(1), storage_writer=writer)  # the same bytes: dedup on them
@@ -228,7 +228,7 @@ class _GcFencesBeforeTheRankWrites(ChunkStoreWriter):
 def test_a_gc_fenced_after_the_coordinators_session_neither_stalls_nor_breaks_the_save(
         store_url: str) -> None:
     dcp.save(full_state(1), storage_writer=ChunkStoreWriter(store_url, run="g", step=1))
-    with chunkstore.open(store_url) as store:
+    with chunkstore.open(store_url, create=True) as store:
         store.delete("g@1")  # its chunks are unreferenced: the GC's candidates
         writer = _GcFencesBeforeTheRankWrites(store, run="g", step=2)
         dcp.save(full_state(1), storage_writer=writer)  # the same bytes: dedup on them
@@ -247,7 +247,7 @@ def test_bad_input_gets_typed_errors(store_url: str, tmp_path: Path) -> None:
         ChunkStoreWriter(store_url, run="r", step=-1)
     with pytest.raises(NotAStoreError):
         ChunkStoreReader(tmp_path / "nowhere", "r@latest")
-    with chunkstore.open(store_url) as store:
+    with chunkstore.open(store_url, create=True) as store:
         with store.new_version("plain", 1) as version:
             version.put("w", np.zeros(4, np.float32))
         with pytest.raises(SelectorError):
@@ -284,7 +284,7 @@ def test_a_chunk_missing_at_finish_fails_the_save_and_publishes_nothing(
             os.unlink(Path(store_url, "chunks", digest[:2], digest))
             super().finish(metadata, results)
 
-    with chunkstore.open(store_url) as store:
+    with chunkstore.open(store_url, create=True) as store:
         with pytest.raises(CheckpointException) as raised:
             dcp.save({"w": torch.arange(4096.0)}, storage_writer=_LosesAChunk(
                 store, run="m", step=1))
@@ -307,12 +307,13 @@ def test_the_same_save_against_s3(tmp_path: Path) -> None:
     options = {"storage_options": storage_options(endpoint)}
     try:
         chunkstore.open(url, chunk_size=CHUNK, index_dir=str(tmp_path / "setup"),
-                        **options).close()
+                        **options, create=True).close()
         reports = _all_ok(_spawn("save_twice_then_load", 2, url, tmp_path / "s3",
                                  {"options": options, "index_root": str(tmp_path / "idx")})[0])
         first, second = reports[0]["infos"]
         assert second["new_bytes"] < first["new_bytes"] / 2
-        with chunkstore.open(url, index_dir=str(tmp_path / "check"), **options) as store:
+        with chunkstore.open(url, index_dir=str(tmp_path / "check"), **options,
+                             create=True) as store:
             result = store.verify()
             assert result.ok, result.problems
             _load_here(store, f"{RUN}@latest", 2)

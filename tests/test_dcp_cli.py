@@ -49,7 +49,7 @@ def saved_by_two(tmp_path_factory: pytest.TempPathFactory) -> str:
     """Steps 1 and 2 of tests.dcp_child's state, saved by two gloo ranks."""
     tmp = tmp_path_factory.mktemp("two")
     url = str(tmp / "store")
-    chunkstore.open(url, chunk_size=CHUNK).close()
+    chunkstore.open(url, chunk_size=CHUNK, create=True).close()
     _all_ok(_spawn("save_twice_then_load", 2, url, tmp / "ranks")[0])
     return url
 
@@ -77,7 +77,7 @@ def test_report_sums_each_ranks_bytes(saved_by_two: str) -> None:
     doc = json.loads(_run("report", saved_by_two, "--json"))
     first, second = doc["ranks"]
     assert (first["step"], second["step"], second["world_size"]) == (1, 2, 2)
-    with chunkstore.open(saved_by_two) as store:
+    with chunkstore.open(saved_by_two, create=True) as store:
         logical = store.resolve(f"{RUN}@1").logical_bytes
     assert 0 < sum(r["logical_bytes"] for r in first["ranks"]) <= logical
     # momentum's 16 zero chunks (8 per rank) are one chunk: new once, for rank 0
@@ -111,7 +111,7 @@ def test_export_assembles_full_tensors_from_the_ranks_shards(saved_by_two: str,
 def test_a_save_by_one_process_shows_as_before(tmp_path: Path) -> None:
     url = str(tmp_path / "store")
     dcp.save(full_state(1), storage_writer=ChunkStoreWriter(url, run="solo", step=1))
-    with chunkstore.open(url) as store:
+    with chunkstore.open(url, create=True) as store:
         assert RANKS_ENTRY not in store.open_version("solo@1").names()
     doc = json.loads(_run("show", url, "solo@1", "--json"))
     assert "ranks" not in doc
@@ -132,7 +132,7 @@ def test_a_save_by_one_process_shows_as_before(tmp_path: Path) -> None:
 def test_export_of_boxes_that_do_not_tile_the_tensor_writes_nothing(
         tmp_path: Path, boxes: list[tuple[list[int], list[int]]]) -> None:
     path = tmp_path / "store"
-    with chunkstore.open(path, chunk_size=CHUNK) as store:
+    with chunkstore.open(path, chunk_size=CHUNK, create=True) as store:
         with store.new_version(run="good", step=1) as version:
             version.put("w", np.zeros(1024, np.float32))
         (chunk,) = store.open_version("good@1").entry("w").shards[0].chunks  # type: ignore[union-attr]
@@ -143,7 +143,8 @@ def test_export_of_boxes_that_do_not_tile_the_tensor_writes_nothing(
     with pytest.raises(CorruptNodeError, match=r"cover|overlap"):
         export_safetensors(path, bad, out, prefix="")
     assert not out.exists() and not list(tmp_path.glob(".export-*"))
-    with chunkstore.open(path) as store:  # the store is unchanged, the good version reads
+    with chunkstore.open(path,
+                         create=True) as store:  # the store is unchanged, the good version reads
         assert np.array_equal(store.open_version("good@1").get("w"), np.zeros(1024))
 
 

@@ -96,10 +96,10 @@ def test_dedup_across_codecs(tmp_path: Path) -> None:
     """The key names the content: a chunk stored compressed dedups a raw save of it."""
     smooth = np.cumsum(np.full(SMALL_CHUNK, 0.01, dtype=np.float32))
     path = tmp_path / "s"
-    with chunkstore.open(path, chunk_size=SMALL_CHUNK, compression="auto") as s:
+    with chunkstore.open(path, chunk_size=SMALL_CHUNK, compression="auto", create=True) as s:
         with s.new_version(run="r", step=1) as v:
             v.put("x", smooth)
-    with chunkstore.open(path, compression="none") as s:
+    with chunkstore.open(path, compression="none", create=True) as s:
         with s.new_version(run="r", step=2) as v:
             v.put("x", smooth)
         assert v.info.new_bytes == 0
@@ -110,7 +110,8 @@ def _small_packed(path: Path) -> tuple[chunkstore.Store, np.ndarray, np.ndarray]
     """A store (chunks of larger tensors stored as objects) whose r@1 holds a small
     tensor, packed; and a larger tensor whose first chunk has the small one's bytes."""
     small = np.arange(SMALL_CHUNK // 4, dtype=np.float32)
-    store = chunkstore.open(path, chunk_size=SMALL_CHUNK, compression="none", delta_depth=0)
+    store = chunkstore.open(path, chunk_size=SMALL_CHUNK, compression="none", delta_depth=0,
+                            create=True)
     with store.new_version(run="r", step=1) as v:
         v.put("small", small)
     return store, small, np.concatenate([small, small + 1])

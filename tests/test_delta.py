@@ -58,7 +58,8 @@ def delta_layout(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[chunkstore.Store]:
-    with chunkstore.open(tmp_path / "s", chunk_size=CHUNK, delta_depth=DEPTH) as opened:
+    with chunkstore.open(tmp_path / "s", chunk_size=CHUNK, delta_depth=DEPTH,
+                         create=True) as opened:
         yield opened
 
 
@@ -302,10 +303,11 @@ def test_a_base_the_manifest_does_not_list_is_refused(store: chunkstore.Store) -
 
 def test_none_writes_no_deltas_and_old_stores_get_none(tmp_path: Path) -> None:
     states = sparse_states()
-    with chunkstore.open(tmp_path / "raw", chunk_size=CHUNK, compression="none") as raw:
+    with chunkstore.open(tmp_path / "raw", chunk_size=CHUNK, compression="none",
+                         create=True) as raw:
         save(raw, 1, next(states))
         assert not any(shard(raw, save(raw, 2, next(states))).bases)
-    with chunkstore.open(tmp_path / "off", chunk_size=CHUNK, delta_depth=0) as off:
+    with chunkstore.open(tmp_path / "off", chunk_size=CHUNK, delta_depth=0, create=True) as off:
         save(off, 1, next(states))
         assert not any(shard(off, save(off, 2, next(states))).bases)
 
@@ -331,7 +333,8 @@ def test_the_crash_tests_state_saves_a_delta(tmp_path: Path) -> None:
     """The crash tests kill delta saves too: their state has a sparse-updated table."""
     from tests.crash_child import save as crash_save
 
-    with chunkstore.open(tmp_path / "c", chunk_size=64 * 1024, delta_depth=2) as crash_store:
+    with chunkstore.open(tmp_path / "c", chunk_size=64 * 1024, delta_depth=2,
+                         create=True) as crash_store:
         crash_save(crash_store, 1)
         info = crash_save(crash_store, 2)
         entry = crash_store.open_version(info.id).entry("model.embed")
@@ -391,7 +394,8 @@ def test_the_base_prefix_is_the_prefix_of_the_decoded_base(tmp_path: Path) -> No
     table = rng.standard_normal(2 * BIG_CHUNK // 4).astype(np.float32)
     n = probe_length(BIG_CHUNK, 4)
     assert 0 < n < BIG_CHUNK
-    with chunkstore.open(tmp_path / "s", chunk_size=BIG_CHUNK, delta_depth=DEPTH) as store:
+    with chunkstore.open(tmp_path / "s", chunk_size=BIG_CHUNK, delta_depth=DEPTH,
+                         create=True) as store:
         depths = set()
         for step in range(DEPTH + 1):
             table.reshape(-1, 64)[rng.integers(0, table.size // 64, 20)] += np.float32(1)
@@ -409,7 +413,8 @@ def test_large_chunks_take_deltas_only_where_they_pay(tmp_path: Path) -> None:
     rng = np.random.default_rng(3)
     sparse = rng.standard_normal(BIG_CHUNK // 4).astype(np.float32)
     dense = rng.standard_normal(BIG_CHUNK // 4).astype(np.float32)
-    with chunkstore.open(tmp_path / "s", chunk_size=BIG_CHUNK, delta_depth=DEPTH) as store:
+    with chunkstore.open(tmp_path / "s", chunk_size=BIG_CHUNK, delta_depth=DEPTH,
+                         create=True) as store:
         for step in range(3):
             sparse[rng.integers(0, sparse.size, 30)] += np.float32(1)
             dense = rng.standard_normal(dense.size).astype(np.float32)  # nothing in common
@@ -484,7 +489,7 @@ def test_every_element_size_takes_deltas_that_read_back_exact(tmp_path: Path,
     wanted = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
     raw = rng.integers(0, 256, 3 * CHUNK, dtype=np.uint8)
     expected_codec = SUB_DELTA.id if wanted.itemsize <= 8 else XOR_DELTA.id
-    with chunkstore.open(tmp_path / "s", chunk_size=CHUNK, delta_depth=DEPTH) as store:
+    with chunkstore.open(tmp_path / "s", chunk_size=CHUNK, delta_depth=DEPTH, create=True) as store:
         kept = {}
         for step in range(DEPTH + 2):
             lanes = raw.view(f"<u{min(wanted.itemsize, 8)}")
@@ -511,7 +516,7 @@ def test_a_sub_delta_on_an_xor_delta_chain_reads_back(tmp_path: Path,
     from chunkstore.write import delta
 
     table = np.random.default_rng(5).standard_normal((ROWS, DIM)).astype(np.float32)
-    with chunkstore.open(tmp_path / "s", chunk_size=CHUNK, delta_depth=DEPTH) as store:
+    with chunkstore.open(tmp_path / "s", chunk_size=CHUNK, delta_depth=DEPTH, create=True) as store:
         ids, tables = [], []
         for step in range(DEPTH + 1):
             if step < 2:  # the older release: xor-delta for every element size
@@ -544,7 +549,7 @@ def test_a_chain_is_read_one_object_per_link(tmp_path: Path, depth: int) -> None
     objects), not a chain per link."""
     chunk = 256 * 1024
     table = np.random.default_rng(1).standard_normal(chunk // 4).astype(np.float32)
-    with chunkstore.open(tmp_path / "s", chunk_size=chunk, delta_depth=depth) as store:
+    with chunkstore.open(tmp_path / "s", chunk_size=chunk, delta_depth=depth, create=True) as store:
         for step in range(depth + 1):
             table[step::97] += np.float32(0.001)
             version_id = save(store, step, table.copy())
@@ -594,7 +599,7 @@ def test_a_position_whose_delta_paid_is_judged_against_the_ratio_measured_then(
     table = np.random.default_rng(5).standard_normal((ROWS, DIM)).astype(np.float32)
     chunks = table.nbytes // CHUNK
     kept = {}
-    with chunkstore.open(tmp_path / "s", chunk_size=CHUNK, delta_depth=2) as store:
+    with chunkstore.open(tmp_path / "s", chunk_size=CHUNK, delta_depth=2, create=True) as store:
         for step in range(9):
             table.reshape(-1)[step :: CHUNK // 4] += np.float32(0.25)  # every chunk changes
             judged.append(0)

@@ -140,7 +140,7 @@ def test_a_killed_save_leaves_orphans_collected_after_the_grace_period(
     assert killed.returncode == -signal.SIGKILL
     orphans = objects(store_path, "chunks") - before
     assert orphans
-    with chunkstore.open(store_path) as store:
+    with chunkstore.open(store_path, create=True) as store:
         assert len(store.index.list_sessions()) == 1  # the killed save's
         fresh = store.gc(grace="1h")
         assert fresh.sessions_expired == 1
@@ -225,7 +225,7 @@ def test_a_save_whose_index_session_was_dropped_still_publishes(
 def test_a_save_paused_past_half_its_lease_is_not_published(store_path: Path) -> None:
     """A process stopped longer than half the session lease (a GC elsewhere may have
     counted it dead) refuses to publish, and says why."""
-    chunkstore.open(store_path, chunk_size=SMALL_CHUNK).close()
+    chunkstore.open(store_path, chunk_size=SMALL_CHUNK, create=True).close()
     code = ("import sys, numpy as np, chunkstore\n"
             "s = chunkstore.open(sys.argv[1])\n"
             "w = s.new_version('r', 1)\n"
@@ -243,7 +243,7 @@ def test_a_save_paused_past_half_its_lease_is_not_published(store_path: Path) ->
     os.kill(proc.pid, signal.SIGCONT)
     out, _ = proc.communicate("\n", timeout=60)
     assert out.startswith("expired") and "half the session lease" in out
-    with chunkstore.open(store_path) as store:
+    with chunkstore.open(store_path, create=True) as store:
         assert store.versions() == []
 
 
@@ -312,7 +312,7 @@ print("finished", flush=True)
                                    "kill-before-delete:removed/:0"])
 def test_gc_killed_mid_run_leaves_a_store_that_verifies_and_heals(
         store_path: Path, shared: np.ndarray, fault: str) -> None:
-    with chunkstore.open(store_path, chunk_size=SMALL_CHUNK) as store:
+    with chunkstore.open(store_path, chunk_size=SMALL_CHUNK, create=True) as store:
         old = [save(store, step, state(step, shared)) for step in (1, 2, 3)]
         keep = save(store, 4, state(4, shared))
         for vid in old:
@@ -322,7 +322,7 @@ def test_gc_killed_mid_run_leaves_a_store_that_verifies_and_heals(
                           env={**os.environ, "CHUNKSTORE_FAULT": fault}, cwd=REPO,
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
-    with chunkstore.open(store_path, chunk_size=SMALL_CHUNK) as store:
+    with chunkstore.open(store_path, chunk_size=SMALL_CHUNK, create=True) as store:
         assert store.verify().ok
         assert_loads(store, keep, state(4, shared))
         store.gc(grace=0)
@@ -361,7 +361,7 @@ def test_saves_racing_gc_with_no_grace_never_publish_a_version_with_a_deleted_ch
     from tests.gc_race_child import CHUNK, expected, small_state
 
     chunkstore.open(store_path, chunk_size=CHUNK, compression="none",
-                    delta_depth=2 if deltas else 0).close()
+                    delta_depth=2 if deltas else 0, create=True).close()
     child = [sys.executable, str(REPO / "tests" / "gc_race_child.py"), str(store_path)]
     seconds = "6"
     procs = [subprocess.Popen([*child, "save", seconds, str(w)], stdout=subprocess.PIPE,
@@ -380,7 +380,7 @@ def test_saves_racing_gc_with_no_grace_never_publish_a_version_with_a_deleted_ch
     assert (reused > 0) == packs  # saves reused members of packs GC was collecting
     if not packed_deltas:  # (packed deltas: the delta saves' own packs get repacked too)
         assert (gc_repacked > 0) == packs  # ... or repacking
-    with chunkstore.open(store_path) as store:
+    with chunkstore.open(store_path, create=True) as store:
         result = store.verify()
         assert result.ok, result.problems
         versions = store.versions()

@@ -54,7 +54,7 @@ def store_dir(tmp_path: Path) -> Path:
     path = tmp_path / "store"
     # Without delta chains: the larger tensor's chunks are objects of their own, which
     # the tests below damage on disk.
-    with chunkstore.open(path, chunk_size=4096, delta_depth=0) as store:
+    with chunkstore.open(path, chunk_size=4096, delta_depth=0, create=True) as store:
         with store.new_version(run="good", step=1) as v:
             v.put("w", W)
             v.put("h", np.ones(4096, dtype="<f4") / 3)  # four chunks, shuffle-zstd
@@ -316,7 +316,8 @@ def test_a_full_disk_is_a_typed_error(tmp_path: Path) -> None:
     if done.returncode:
         pytest.skip("mounting a small tmpfs needs privileges this machine lacks")
     try:
-        with chunkstore.open(mount / "s", chunk_size=4096, compression="none") as store:
+        with chunkstore.open(mount / "s", chunk_size=4096, compression="none",
+                             create=True) as store:
             with pytest.raises(StorageFullError, match="no space left"):
                 with store.new_version(run="r", step=1) as v:
                     v.put("w", np.random.default_rng(0).random(100_000))
@@ -330,7 +331,7 @@ def test_an_unreachable_s3_server_is_a_backend_error() -> None:
                "client_kwargs": {"region_name": "us-east-1"},
                "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1}}
     with pytest.raises(BackendError, match=r"127\.0\.0\.1:9"):
-        chunkstore.open("s3://bucket/store", storage_options=options)
+        chunkstore.open("s3://bucket/store", storage_options=options, create=True)
 
 
 # --- 8. the format's former known deviations ---------------------------------------------------
@@ -396,7 +397,7 @@ def test_a_digest_followed_by_a_newline_is_not_a_digest(store_dir: Path) -> None
     assert is_hex_digest(hexed) and not is_hex_digest(hexed + "\n")
     with pytest.raises(ValueError):
         Digest.parse(hexed + "\n")
-    with chunkstore.open(store_dir) as store:
+    with chunkstore.open(store_dir, create=True) as store:
         versions = [v.id for v in store.versions()]
         (store_dir / "versions" / (versions[0] + "\n")).write_bytes(b"junk")
         assert [v.id for v in store.versions()] == versions
@@ -408,7 +409,7 @@ def test_a_tag_named_like_a_version_id_never_stands_for_that_version(store_dir: 
     """No writer names a tag like a version id; one crafted so (``tags/<id of
     good@1>`` pointing at good@2) must not make that id select good@2: the id selects
     its own version, and verify reports the tag."""
-    with chunkstore.open(store_dir) as store:
+    with chunkstore.open(store_dir, create=True) as store:
         with store.new_version(run="good", step=2) as version:
             version.put("w", W + 1)
         first, second = (v.id for v in store.versions("good"))
@@ -416,7 +417,7 @@ def test_a_tag_named_like_a_version_id_never_stands_for_that_version(store_dir: 
     for name in (first, first[:8]):
         (store_dir / "tags" / name).parent.mkdir(parents=True, exist_ok=True)
         (store_dir / "tags" / name).write_bytes(body)
-    with chunkstore.open(store_dir) as store:
+    with chunkstore.open(store_dir, create=True) as store:
         assert store.resolve(first).id == first
         assert store.resolve(first[:8]).id == first
         result = store.verify()
@@ -430,7 +431,7 @@ def test_a_step_that_is_not_plain_ascii_digits_is_a_selector_error(
     first and a 5,000-digit step: each is a SelectorError, not a ValueError."""
     from chunkstore.errors import SelectorError
 
-    with chunkstore.open(store_dir) as store, pytest.raises(SelectorError):
+    with chunkstore.open(store_dir, create=True) as store, pytest.raises(SelectorError):
         store.resolve(f"good@{step}")
 
 
@@ -473,7 +474,7 @@ def test_a_crafted_protocol_object_never_stops_the_store_from_opening(
     key, data = _crafted(kind)
     (store_dir / key).parent.mkdir(parents=True, exist_ok=True)
     (store_dir / key).write_bytes(data)
-    with chunkstore.open(store_dir) as store:
+    with chunkstore.open(store_dir, create=True) as store:
         assert [v.run for v in store.versions()] == ["good"]
         assert store.verify().ok
         with contextlib.suppress(ChunkStoreError):  # a result or a typed error
@@ -486,7 +487,7 @@ def test_a_tensor_its_chunks_cannot_hold_is_corrupt_not_out_of_memory(tmp_path: 
     times as 256 MiB chunks: get() checks the chunks' lengths when the buffer cannot be
     had and names the damage (it raised numpy's MemoryError, no chunk checked)."""
     path = tmp_path / "store"
-    with chunkstore.open(path, chunk_size=MAX_CHUNK_SIZE) as store:
+    with chunkstore.open(path, chunk_size=MAX_CHUNK_SIZE, create=True) as store:
         with store.new_version(run="good", step=1) as version:
             version.put("w", W)
     shard = _good_root(path)["entries"]["w"]["tensor"]["shards"][0]

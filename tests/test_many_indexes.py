@@ -74,7 +74,7 @@ class Cluster:
         if self.url.startswith("s3://"):
             options = storage_options(self.env["CHUNKSTORE_TEST_S3_ENDPOINT"])
         return chunkstore.open(self.url, index_dir=self.index_dir(machine),
-                               storage_options=options)
+                               storage_options=options, create=True)
 
     def assert_all_whole(self, machine: str, expected: dict[str, dict[str, np.ndarray]]
                          ) -> None:
@@ -94,7 +94,8 @@ def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]
         [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
     if request.param == "local":
         url = str(tmp_path / "store")
-        chunkstore.open(url, chunk_size=CHUNK_SIZE, index_dir=str(tmp_path / "setup")).close()
+        chunkstore.open(url, chunk_size=CHUNK_SIZE, index_dir=str(tmp_path / "setup"),
+                        create=True).close()
         yield Cluster(url, tmp_path, env)
         return
     endpoint = request.getfixturevalue("s3_endpoint")
@@ -103,7 +104,7 @@ def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]
     env.update({k: v for k, v in os.environ.items() if k.startswith("AWS_")})
     env["CHUNKSTORE_TEST_S3_ENDPOINT"] = endpoint
     chunkstore.open(url, chunk_size=CHUNK_SIZE, index_dir=str(tmp_path / "setup"),
-                    storage_options=storage_options(endpoint)).close()
+                    storage_options=storage_options(endpoint), create=True).close()
     try:
         yield Cluster(url, tmp_path, env)
     finally:
@@ -146,7 +147,7 @@ def test_a_reader_keeps_the_grace_period_after_removal_and_index_rebuild(
     default grace must not delete under a reader that opened the version."""
     url = tmp_path / "store"
     arrays = state(1)
-    with chunkstore.open(url, chunk_size=CHUNK_SIZE) as store:
+    with chunkstore.open(url, chunk_size=CHUNK_SIZE, create=True) as store:
         with store.new_version("r", 1) as version:
             for name, array in arrays.items():
                 version.put(name, array)
@@ -195,7 +196,7 @@ def test_index_deleted_under_a_writer_while_another_process_collects(
     a loop from other processes; the store's index directory is deleted repeatedly.
     Every save that reported success must read back exact."""
     url = tmp_path / "store"
-    chunkstore.open(url, chunk_size=CHUNK_SIZE).close()
+    chunkstore.open(url, chunk_size=CHUNK_SIZE, create=True).close()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     child = [sys.executable, str(REPO / "tests" / "machine_child.py"), str(url),
              str(url / "index")]
@@ -223,7 +224,7 @@ def test_index_deleted_under_a_writer_while_another_process_collects(
     published = json.loads(out.splitlines()[-1])
     gc_stats = json.loads(gc_out.splitlines()[-1])
     assert len(published) >= 10 and gc_stats["runs"] >= 3 and gc_stats["deleted"] > 0
-    with chunkstore.open(url) as store:
+    with chunkstore.open(url, create=True) as store:
         result = store.verify()
         assert result.ok, result.problems
         live = {v.id: v for v in store.versions()}
@@ -310,7 +311,7 @@ def test_a_batch_claim_taken_before_another_indexs_gc_finished_is_not_trusted() 
     from chunkstore.protocol.journal import DONE, start_entry, write_entry
 
     a, b = np.full(16, 1, np.int32), np.full(16, 2, np.int32)
-    with chunkstore.open(f"memory://cs-{os.urandom(8).hex()}", threads=1) as store:
+    with chunkstore.open(f"memory://cs-{os.urandom(8).hex()}", threads=1, create=True) as store:
         packs = []
         for step, (name, value) in enumerate([("a", a), ("b", b)], start=1):
             with store.new_version(run="old", step=step) as version:  # one pack each
@@ -358,7 +359,7 @@ def test_a_delta_base_another_indexs_gc_fenced_is_never_encoded_against() -> Non
     rng = np.random.default_rng(3)
     table = rng.standard_normal((256, 16)).astype(np.float32)  # 16 KiB: four chunks
     with chunkstore.open(f"memory://cs-{os.urandom(8).hex()}", threads=1, chunk_size=4096,
-                         delta_depth=2) as store:
+                         delta_depth=2, create=True) as store:
         with store.new_version(run="r", step=0) as version:
             version.put("emb", table)
         entry = store.open_version(version.info.id).entry("emb")
@@ -425,16 +426,17 @@ def test_a_store_deleted_and_created_again_never_dedups_against_the_old_ones_ind
     url, options, wipe = recreated
     index_dir = str(tmp_path / "index")
     weights = np.arange(50_000, dtype=np.float32)
-    with chunkstore.open(url, index_dir=index_dir, storage_options=options) as store:
+    with chunkstore.open(url, index_dir=index_dir, storage_options=options, create=True) as store:
         with store.new_version(run="r", step=1) as version:
             version.put("w", weights)
     wipe()
     # Another machine saves into the new store meanwhile, so the index cannot be rebuilt
     # now (a rebuild waits for saves in progress): it must not keep its old records.
     with chunkstore.open(url, index_dir=str(tmp_path / "other"),
-                         storage_options=options) as other:
+                         storage_options=options, create=True) as other:
         elsewhere = other.new_version(run="other", step=1)
-        with chunkstore.open(url, index_dir=index_dir, storage_options=options) as store:
+        with chunkstore.open(url, index_dir=index_dir, storage_options=options,
+                             create=True) as store:
             with store.new_version(run="r", step=1) as version:
                 version.put("w", weights)
                 version.put_data("trainer", {"step": 1})
@@ -445,7 +447,7 @@ def test_a_store_deleted_and_created_again_never_dedups_against_the_old_ones_ind
     assert any("described another store" in r.getMessage() for r in caplog.records)
     # The same store opened again keeps its index: no warning, the version is reused.
     caplog.clear()
-    with chunkstore.open(url, index_dir=index_dir, storage_options=options) as store:
+    with chunkstore.open(url, index_dir=index_dir, storage_options=options, create=True) as store:
         with store.new_version(run="r", step=2) as version:
             version.put("w", weights)
         assert version.info.new_bytes == 0
@@ -459,7 +461,7 @@ def test_an_index_that_names_no_store_is_kept_and_named(tmp_path: Path) -> None:
 
     index_dir = tmp_path / "index"
     weights = np.arange(10_000, dtype=np.float32)
-    with chunkstore.open(tmp_path / "s", index_dir=str(index_dir)) as store:
+    with chunkstore.open(tmp_path / "s", index_dir=str(index_dir), create=True) as store:
         with store.new_version(run="r", step=1) as version:
             version.put("w", weights)
         named = store.index.env.begin().get(STORE_KEY, db=store.index.meta)
@@ -468,7 +470,7 @@ def test_an_index_that_names_no_store_is_kept_and_named(tmp_path: Path) -> None:
         assert store.index.env.begin().get(STORE_KEY, db=store.index.meta) == named
         with store.index.env.begin(write=True) as txn:  # as an earlier release left it
             txn.delete(STORE_KEY, db=store.index.meta)
-    with chunkstore.open(tmp_path / "s", index_dir=str(index_dir)) as store:
+    with chunkstore.open(tmp_path / "s", index_dir=str(index_dir), create=True) as store:
         assert store.index.env.begin().get(STORE_KEY, db=store.index.meta) == named
         with store.new_version(run="r", step=2) as version:
             version.put("w", weights)
@@ -491,12 +493,12 @@ def test_a_store_put_back_to_an_older_copy_never_dedups_against_what_the_copy_la
     # Random bits: no delta of anything, so the next save reuses it as a member of
     # the pack this save writes (the other reuse path from the delta chunk of "w").
     noise = np.random.default_rng(0).integers(0, 2**31, 3_000, dtype=np.int64)
-    with chunkstore.open(url, index_dir=index_dir, storage_options=options) as store:
+    with chunkstore.open(url, index_dir=index_dir, storage_options=options, create=True) as store:
         with store.new_version(run="r", step=1) as version:
             version.put("w", older)
     backend = open_backend(url, **options)
     copy = {key: backend.get(key) for key in backend.list("")}
-    with chunkstore.open(url, index_dir=index_dir, storage_options=options) as store:
+    with chunkstore.open(url, index_dir=index_dir, storage_options=options, create=True) as store:
         with store.new_version(run="r", step=2) as version:
             version.put("w", newer)
             version.put("noise", noise)
@@ -507,7 +509,7 @@ def test_a_store_put_back_to_an_older_copy_never_dedups_against_what_the_copy_la
             backend.delete(key)
     for key, data in copy.items():
         backend.put(key, data)
-    with chunkstore.open(url, index_dir=index_dir, storage_options=options) as store:
+    with chunkstore.open(url, index_dir=index_dir, storage_options=options, create=True) as store:
         assert [v.step for v in store.versions("r")] == [1]
         with store.new_version(run="r", step=3) as version:
             version.put("w", newer)
@@ -565,11 +567,11 @@ def test_a_journal_entry_pruned_between_the_listing_and_its_read_is_not_taken_as
     )
 
     path = tmp_path / "s"
-    with chunkstore.open(path, index_dir=str(tmp_path / "b")) as b:
+    with chunkstore.open(path, index_dir=str(tmp_path / "b"), create=True) as b:
         with b.new_version(run="r", step=1) as version:
             version.put("w", np.arange(20_000, dtype=np.float32))
-    with chunkstore.open(path, index_dir=str(tmp_path / "a")) as a:  # counts r@1 in
-        with chunkstore.open(path, index_dir=str(tmp_path / "b")) as b:
+    with chunkstore.open(path, index_dir=str(tmp_path / "a"), create=True) as a:  # counts r@1 in
+        with chunkstore.open(path, index_dir=str(tmp_path / "b"), create=True) as b:
             b.delete(version.info.id)
             b.gc(grace=0)
             (entry_id,) = list_entry_ids(b.objects)
@@ -636,10 +638,10 @@ def test_a_gc_interrupted_by_a_deletion_that_took_effect_names_every_candidate(
 
     url = f"memory://cs-{os.urandom(8).hex()}"
     weights = np.random.default_rng(0).standard_normal(300_000).astype(np.float32)
-    with chunkstore.open(url, index_dir=str(tmp_path / "b")) as b:
+    with chunkstore.open(url, index_dir=str(tmp_path / "b"), create=True) as b:
         with b.new_version(run="old", step=1) as version:
             version.put("w", weights)
-        with chunkstore.open(url, index_dir=str(tmp_path / "a")) as a:
+        with chunkstore.open(url, index_dir=str(tmp_path / "a"), create=True) as a:
             a.delete("old@1")
             a.backend = _DeleteThenFail(a.backend)
             with pytest.raises(BackendError):
@@ -650,7 +652,7 @@ def test_a_gc_interrupted_by_a_deletion_that_took_effect_names_every_candidate(
             assert entry is not None and entry.chunks  # names what it may have deleted
         with b.new_version(run="new", step=1) as version:
             version.put("w", weights)
-    with chunkstore.open(url, index_dir=str(tmp_path / "c")) as c:
+    with chunkstore.open(url, index_dir=str(tmp_path / "c"), create=True) as c:
         np.testing.assert_array_equal(c.open_version("new@1").get("w"), weights)
         assert c.verify().ok
 
@@ -668,7 +670,8 @@ def test_node_claims_taken_before_another_indexs_gc_finished_are_not_trusted(
     from chunkstore.protocol.journal import DONE, start_entry, write_entry
 
     url = f"memory://cs-{os.urandom(8).hex()}"
-    with chunkstore.open(url, threads=1, index_dir=str(tmp_path / "i"), node_size=0) as store:
+    with chunkstore.open(url, threads=1, index_dir=str(tmp_path / "i"), node_size=0,
+                         create=True) as store:
         def content(version: Any) -> None:
             version.put("m.a", np.arange(16, dtype=np.int32))
             version.put("n.b", np.arange(16, dtype=np.int32) * 2)
@@ -696,7 +699,7 @@ def test_node_claims_taken_before_another_indexs_gc_finished_are_not_trusted(
             content(version)
             other.start()
         other.join()
-    with chunkstore.open(url, index_dir=str(tmp_path / "fresh")) as fresh:
+    with chunkstore.open(url, index_dir=str(tmp_path / "fresh"), create=True) as fresh:
         got = fresh.open_version("r@1")
         np.testing.assert_array_equal(got.get("n.b"), np.arange(16, dtype=np.int32) * 2)
         assert got.get_data("cfg") == {"lr": 0.1, "name": "x"}
@@ -727,7 +730,7 @@ def test_a_removed_version_whose_tree_cannot_be_read_now_keeps_everything(
     root = tmp_path / "s"
     rng = np.random.default_rng(1)
     first, second = (rng.standard_normal(200_000).astype(np.float32) for _ in range(2))
-    with chunkstore.open(root, index_dir=str(tmp_path / "b"), node_size=0) as b:
+    with chunkstore.open(root, index_dir=str(tmp_path / "b"), node_size=0, create=True) as b:
         with b.new_version(run="old", step=1) as version:
             version.put("m.a", first)
             version.put("m.b", second)
@@ -742,7 +745,7 @@ def test_a_removed_version_whose_tree_cannot_be_read_now_keeps_everything(
             for path in (root / folder).rglob("*"):
                 if path.is_file():
                     os.utime(path, (written_long_ago, written_long_ago))
-        with chunkstore.open(root, index_dir=str(tmp_path / "a"), node_size=0) as a:
+        with chunkstore.open(root, index_dir=str(tmp_path / "a"), node_size=0, create=True) as a:
             a.backend = _FlakyGet(a.backend, NODES.key(subtree[0]))
             with pytest.raises(GcAbortedError):
                 a.gc(grace="1h")
@@ -762,7 +765,7 @@ def test_a_damaged_copy_of_a_node_a_save_must_write_is_replaced_not_kept(
 
     root = tmp_path / "s"
     weights = np.arange(10_000, dtype=np.float32)
-    with chunkstore.open(root, index_dir=str(tmp_path / "a")) as a:
+    with chunkstore.open(root, index_dir=str(tmp_path / "a"), create=True) as a:
         with a.new_version(run="r", step=1) as version:
             version.put("w", weights)
         tree = version.info.root
@@ -771,11 +774,12 @@ def test_a_damaged_copy_of_a_node_a_save_must_write_is_replaced_not_kept(
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
-    with chunkstore.open(root, index_dir=str(tmp_path / "b")) as b:  # never counted r@1
+    with chunkstore.open(root, index_dir=str(tmp_path / "b"),
+                         create=True) as b:  # never counted r@1
         with b.new_version(run="r", step=2) as version:
             version.put("w", weights)
         assert version.info.root == tree
-    with chunkstore.open(root, index_dir=str(tmp_path / "c")) as c:
+    with chunkstore.open(root, index_dir=str(tmp_path / "c"), create=True) as c:
         np.testing.assert_array_equal(c.open_version("r@2").get("w"), weights)
         assert c.verify().ok
 
@@ -789,7 +793,7 @@ def test_a_tombstone_that_never_ages_never_stops_every_gc(tmp_path: Path, tree: 
     from chunkstore.objects.kinds import NODES
 
     root = tmp_path / "s"
-    with chunkstore.open(root, index_dir=str(tmp_path / "i")) as store:
+    with chunkstore.open(root, index_dir=str(tmp_path / "i"), create=True) as store:
         with store.new_version(run="r", step=1) as version:
             version.put("w", np.arange(10, dtype=np.float32))
         node = json.dumps({"format_version": 99, "kind": "tree", "entries": {}}).encode()
@@ -831,7 +835,7 @@ def test_a_handle_forgets_the_oldest_objects_it_found_stored_not_all(
 
     monkeypatch.setattr(store_module, "SEEN_STORED_MAX", 8)
     with chunkstore.open(f"memory://cs-{os.urandom(8).hex()}",
-                         index_dir=str(tmp_path / "i")) as store:
+                         index_dir=str(tmp_path / "i"), create=True) as store:
         digests = [Digest.of(bytes([i])) for i in range(9)]
         store.saw_stored(CHUNK, digests)
         assert [store.seen_stored(CHUNK, d) for d in digests] == [False] * 2 + [True] * 7

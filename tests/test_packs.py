@@ -81,7 +81,7 @@ def _check(store: chunkstore.Store, version: str, state: dict[str, np.ndarray]) 
 
 @pytest.fixture
 def pstore(tmp_path: Path) -> Iterator[chunkstore.Store]:
-    with chunkstore.open(tmp_path / "store", chunk_size=64 * 1024) as store:
+    with chunkstore.open(tmp_path / "store", chunk_size=64 * 1024, create=True) as store:
         yield store
 
 
@@ -115,7 +115,7 @@ def test_thousands_of_tiny_tensors_are_a_few_objects(tmp_path: Path) -> None:
     state = {f"block{i // 100}.p{i % 100}": _array(names[i % len(names)],
                                                    int(rng.integers(1, 300)), i)
              for i in range(3000)}
-    with chunkstore.open(root) as store:
+    with chunkstore.open(root, create=True) as store:
         version = _save(store, 1, state)
         chunks = _objects(root)
         assert len(chunks) <= 3, "thousands of small chunks are stored in a few packs"
@@ -130,14 +130,14 @@ def test_thousands_of_tiny_tensors_are_a_few_objects(tmp_path: Path) -> None:
 def test_pack_size_bounds_the_packs(tmp_path: Path) -> None:
     root = tmp_path / "store"
     state = {f"t{i}": _array("uint8", 10_000, i) for i in range(20)}  # incompressible
-    with chunkstore.open(root, compression="none", pack_size=50_000) as store:
+    with chunkstore.open(root, compression="none", pack_size=50_000, create=True) as store:
         version = _save(store, 1, state)
         _check(store, version, state)
         sizes = [p.stat().st_size for p in (root / "chunks").rglob("*") if p.is_file()]
         # five members (10,024 bytes each) reach the size: four packs
         assert len(sizes) == 4 and max(sizes) < 60_100
     with pytest.raises(InvalidSettingError):
-        chunkstore.open(root, pack_size=0)
+        chunkstore.open(root, pack_size=0, create=True)
 
 
 def test_a_memory_store_reads_members_by_range(memory_store: chunkstore.Store) -> None:
@@ -154,7 +154,7 @@ def test_an_s3_store_reads_members_by_ranged_get(s3_endpoint: str, tmp_path: Pat
     bucket = create_bucket(s3_endpoint)
     try:
         with chunkstore.open(f"s3://{bucket}/store", index_dir=str(tmp_path / "index"),
-                             storage_options=storage_options(s3_endpoint)) as store:
+                             storage_options=storage_options(s3_endpoint), create=True) as store:
             state = _small_state(1)
             first = _save(store, 1, state)
             assert all(loc is not None for loc in _packs(store, first).values())
@@ -198,7 +198,7 @@ def test_a_later_save_reuses_members_of_an_older_pack(pstore: chunkstore.Store,
     _check(pstore, second, state)
     # A new handle (and a rebuilt index) dedups the same way.
     pstore.close()
-    with chunkstore.open(root) as store:
+    with chunkstore.open(root, create=True) as store:
         store.rebuild_index()
         before = _objects(root)
         third = _save(store, 3, {n: a for n, a in state.items()}, run="other")
@@ -397,10 +397,10 @@ def test_a_pack_another_index_deleted_is_not_reused(tmp_path: Path) -> None:
     import uuid
     url = f"memory://packs-{uuid.uuid4().hex}"
     state = _small_state(1)
-    with chunkstore.open(url, index_dir=str(tmp_path / "a")) as a:
+    with chunkstore.open(url, index_dir=str(tmp_path / "a"), create=True) as a:
         first = _save(a, 1, state)
         (pack,) = {loc.pack for loc in _packs(a, first).values() if loc}
-        with chunkstore.open(url, index_dir=str(tmp_path / "b")) as b:
+        with chunkstore.open(url, index_dir=str(tmp_path / "b"), create=True) as b:
             b.delete(first)
             assert b.gc(grace=0).chunks_deleted == 1
             assert not b.backend.exists(CHUNKS.key(pack))
@@ -492,7 +492,7 @@ def test_chunks_of_large_tensors_are_packed_and_reused(tmp_path: Path, pack_larg
     rng = np.random.default_rng(7)
     table = rng.standard_normal((4096, 64)).astype(np.float32)  # 1 MiB: 16 chunks
     with chunkstore.open(tmp_path / "store", chunk_size=64 * 1024, pack_size=256 * 1024,
-                         compression="none") as store:
+                         compression="none", create=True) as store:
         versions, states = [], []
         for step in range(4):
             table = table.copy()
@@ -532,7 +532,7 @@ def test_an_s3_store_packs_the_chunks_of_large_tensors(s3_endpoint: str,
     try:
         with chunkstore.open(f"s3://{bucket}/store", index_dir=str(tmp_path / "index"),
                              chunk_size=64 * 1024, compression="none",
-                             storage_options=storage_options(s3_endpoint)) as store:
+                             storage_options=storage_options(s3_endpoint), create=True) as store:
             state = {"table": np.arange(200_000, dtype=np.float32)}  # 13 chunks
             version = _save(store, 1, state)
             assert len(_entry_packs(store, version)) == 13
@@ -551,7 +551,8 @@ def test_a_store_of_the_largest_chunk_size_keeps_its_chunks_readable(tmp_path: P
     from chunkstore.format.manifest import MAX_CHUNK_BYTES
 
     data = np.frombuffer(np.random.default_rng(0).bytes(MAX_CHUNK_BYTES), dtype=np.uint8)
-    with chunkstore.open(tmp_path / "s", chunk_size=MAX_CHUNK_BYTES, delta_depth=2) as store:
+    with chunkstore.open(tmp_path / "s", chunk_size=MAX_CHUNK_BYTES, delta_depth=2,
+                         create=True) as store:
         with store.new_version(run="r", step=1) as version:
             version.put("big", data)
         entry = store.open_version("r@1").entry("big")
@@ -574,7 +575,7 @@ def test_a_pack_is_sealed_before_a_member_would_end_past_the_largest_pack(
     monkeypatch.setattr(packs, "MAX_PACK_BYTES", limit)
     data = np.frombuffer(np.random.default_rng(1).bytes(8 << 20), dtype=np.uint8)
     with chunkstore.open(tmp_path / "s", chunk_size=1 << 20, delta_depth=2,
-                         pack_size=64 << 20) as store:
+                         pack_size=64 << 20, create=True) as store:
         with store.new_version(run="r", step=1) as version:
             version.put("t", data)
         entry = store.open_version("r@1").entry("t")
@@ -595,7 +596,7 @@ def test_damage_to_a_packs_own_header_is_a_warning_while_reads_are_whole(
     read returned exact bytes)."""
     path = tmp_path / "s"
     arrays = {f"b{i}": np.arange(64, dtype=np.float32) + i for i in range(10)}
-    with chunkstore.open(path) as store:
+    with chunkstore.open(path, create=True) as store:
         with store.new_version("r", 1) as version:
             for name, array in arrays.items():
                 version.put(name, array)
@@ -613,7 +614,7 @@ def test_damage_to_a_packs_own_header_is_a_warning_while_reads_are_whole(
         raw += b"\0" * 16
     pack_file.chmod(0o644)
     pack_file.write_bytes(bytes(raw))
-    with chunkstore.open(path) as store:
+    with chunkstore.open(path, create=True) as store:
         reader = store.open_version("r@1")
         for name, array in arrays.items():
             np.testing.assert_array_equal(reader.get(name), array)

@@ -64,7 +64,7 @@ def test_a_plane_that_will_not_compress_is_kept_raw_after_a_probe() -> None:
 def test_a_store_keeps_incompressible_tensors_raw_and_reads_them_back(tmp_path: Path) -> None:
     """Through a save: random bits cost their size (a raw chunk), weights less."""
     noise, weights = _noise(1 << 22, seed=1), _weights(1 << 22, seed=2)
-    with chunkstore.open(tmp_path / "s", compression="auto", delta_depth=0) as store:
+    with chunkstore.open(tmp_path / "s", compression="auto", delta_depth=0, create=True) as store:
         with store.new_version(run="r", step=1) as version:
             version.put("noise", noise)
         noisy = version.info.new_stored_bytes

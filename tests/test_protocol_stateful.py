@@ -61,7 +61,8 @@ class TwoMachines(RuleBasedStateMachine):
         self.root = Path(tempfile.mkdtemp(prefix="cs-stateful-"))
         self.path = str(self.root / "store")
         self.stores = [self._open(m) for m in MACHINES]
-        self.observer = chunkstore.open(self.path, index_dir=str(self.root / "index-observer"))
+        self.observer = chunkstore.open(self.path, index_dir=str(self.root / "index-observer"),
+                                        create=True)
         self.steps = [0, 0]
         #: version id -> {name: pool index}, for every version published and not removed
         self.expected: dict[str, dict[str, int]] = {}
@@ -73,7 +74,7 @@ class TwoMachines(RuleBasedStateMachine):
 
     def _open(self, machine: int) -> chunkstore.Store:
         return chunkstore.open(self.path, chunk_size=CHUNK,
-                               index_dir=str(self.root / f"index-{machine}"))
+                               index_dir=str(self.root / f"index-{machine}"), create=True)
 
     def teardown(self) -> None:
         for writer, _ in self.pending.values():
@@ -262,8 +263,8 @@ def test_interrupted_gc_then_a_save_on_another_index(tmp_path: Path) -> None:
     index; a version published meanwhile from another index reuses the object; the next GC
     on the first index must not delete it."""
     path = str(tmp_path / "store")
-    a = chunkstore.open(path, chunk_size=CHUNK, index_dir=str(tmp_path / "index-a"))
-    g = chunkstore.open(path, chunk_size=CHUNK, index_dir=str(tmp_path / "index-g"))
+    a = chunkstore.open(path, chunk_size=CHUNK, index_dir=str(tmp_path / "index-a"), create=True)
+    g = chunkstore.open(path, chunk_size=CHUNK, index_dir=str(tmp_path / "index-g"), create=True)
     try:
         with a.new_version("r", 1) as v:
             v.put("w", POOL[0])

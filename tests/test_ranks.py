@@ -34,7 +34,7 @@ def _ranks(job: str, url: str, out: Path, extra: dict[str, Any] | None = None) -
 @pytest.fixture
 def store_url(tmp_path: Path) -> str:
     url = str(tmp_path / "store")
-    chunkstore.open(url, chunk_size=4096).close()
+    chunkstore.open(url, chunk_size=4096, create=True).close()
     return url
 
 
@@ -42,14 +42,14 @@ def test_kill_and_resume_at_world_size_2_is_bit_exact(store_url: str, tmp_path: 
                                                       ) -> None:
     plan = {"steps": 16, "save_every": 4}
     reference_url = str(tmp_path / "reference")
-    chunkstore.open(reference_url, chunk_size=4096).close()
+    chunkstore.open(reference_url, chunk_size=4096, create=True).close()
     # The uninterrupted run and the run to kill run side by side (two process groups).
     uninterrupted = _ranks("train", reference_url, tmp_path / "reference-run", plan)
     killed = _ranks("train", store_url, tmp_path / "killed", {**plan, "hang_after": 10})
     killed.wait_for("ready")  # step 8 is saved; steps 9 and 10 are not
     assert killed.kill() == [-9, -9], "the ranks were not SIGKILLed"
     expected = [r["fingerprint"] for r in all_ok(uninterrupted.join())]
-    with chunkstore.open(store_url) as store:
+    with chunkstore.open(store_url, create=True) as store:
         saved = [v.step for v in store.versions(RUN)]
         assert saved[:2] == [4, 8], saved
         result = store.verify()
@@ -79,7 +79,7 @@ def test_ranks_at_different_steps_are_refused_and_nothing_is_published(
         assert report["type"] == "RanksDisagreeError", report["error"]
         assert "ranks [1] disagree with rank 0 on the step" in report["error"]
         assert "rank 0: 2" in report["error"] and "rank 1: 3" in report["error"]
-    with chunkstore.open(store_url) as store:
+    with chunkstore.open(store_url, create=True) as store:
         assert store.versions() == []
         assert not list(store.backend.list("sessions/"))
 
@@ -90,7 +90,7 @@ def test_a_rank_killed_mid_save_publishes_nothing(store_url: str, tmp_path: Path
     assert (out / "rank1.staged").exists(), "rank 1 did not get to store its chunks"
     assert reports[1] is None, "rank 1 was not SIGKILLed"
     assert reports[0] is not None and not reports[0]["ok"], "rank 0's save did not fail"
-    with chunkstore.open(store_url) as store:
+    with chunkstore.open(store_url, create=True) as store:
         assert_only_the_first_save_published(store, RUN)
 
 

@@ -127,7 +127,7 @@ def racing_gc(store: chunkstore.Store, monkeypatch: pytest.MonkeyPatch) -> str:
 
 def three_versions(root: Path) -> tuple[list[str], Digest]:
     """Steps 1-3 saved; returns their ids and the pack step 1 wrote."""
-    with chunkstore.open(root, chunk_size=64 * 1024) as store:
+    with chunkstore.open(root, chunk_size=64 * 1024, create=True) as store:
         ids = [save(store, step) for step in CHANGES]
         first = packs_of(store, ids[0])["t0"].pack
         assert packs_of(store, ids[1])["t9"].pack == first  # members reused, not rewritten
@@ -137,7 +137,7 @@ def three_versions(root: Path) -> tuple[list[str], Digest]:
 def test_a_mostly_garbage_pack_is_repacked_and_every_version_reads_through_its_record(
         root: Path) -> None:
     ids, first = three_versions(root)
-    with chunkstore.open(root) as store:
+    with chunkstore.open(root, create=True) as store:
         store.delete(ids[0])
         # step 1's pack: t6-t9 are still listed (by steps 2 and 3), t0-t5 are garbage
         result = store.gc(grace=0)
@@ -159,7 +159,7 @@ def test_a_mostly_garbage_pack_is_repacked_and_every_version_reads_through_its_r
 
 def test_a_pack_repacked_twice_is_read_through_two_records_then_all_goes(root: Path) -> None:
     ids, first = three_versions(root)
-    with chunkstore.open(root) as store:
+    with chunkstore.open(root, create=True) as store:
         store.delete(ids[0])
         store.gc(grace=0)
         (record,) = moved(root).values()
@@ -172,7 +172,7 @@ def test_a_pack_repacked_twice_is_read_through_two_records_then_all_goes(root: P
         check(store, ids[2], 3)
         assert store.verify().ok
     # a fresh process and a rebuilt index follow the records just the same
-    with chunkstore.open(root) as store:
+    with chunkstore.open(root, create=True) as store:
         store.rebuild_index()
         check(store, ids[2], 3)
         assert store.verify().ok
@@ -187,7 +187,7 @@ def test_a_pack_repacked_twice_is_read_through_two_records_then_all_goes(root: P
 
 def test_dry_run_says_what_repacking_would_do_and_changes_nothing(root: Path) -> None:
     ids, first = three_versions(root)
-    with chunkstore.open(root) as store:
+    with chunkstore.open(root, create=True) as store:
         store.delete(ids[0])
         store.gc(grace=0, repack_unused=None)  # step 1's own garbage goes; its pack stays
         assert exists(store, first)
@@ -205,13 +205,13 @@ def test_dry_run_says_what_repacking_would_do_and_changes_nothing(root: Path) ->
     assert json.loads(as_json.output)["packs_repacked"] == 1
     assert runner.invoke(cli, ["gc", str(root), "--grace", "0", "--no-repack", "--json"]
                          ).exit_code == 0
-    with chunkstore.open(root) as store:
+    with chunkstore.open(root, create=True) as store:
         assert exists(store, first) and moved(root) == {}
     high = runner.invoke(cli, ["gc", str(root), "--grace", "0", "--repack-unused", "0.9"])
     assert "repacked" not in high.output  # 60% garbage is below 90%
     real = runner.invoke(cli, ["gc", str(root), "--grace", "0", "--json"])
     assert json.loads(real.output)["packs_repacked"] == 1
-    with chunkstore.open(root) as store:
+    with chunkstore.open(root, create=True) as store:
         assert not exists(store, first)
         assert store.stats().packed_garbage_bytes == 0
         for vid, step in zip(ids[1:], (2, 3), strict=True):
@@ -222,7 +222,7 @@ def test_dry_run_says_what_repacking_would_do_and_changes_nothing(root: Path) ->
 
 def test_a_bad_threshold_is_refused_and_changes_nothing(root: Path) -> None:
     three_versions(root)
-    with chunkstore.open(root) as store:
+    with chunkstore.open(root, create=True) as store:
         before = tree_snapshot(root / "chunks")
         for bad in (0, -1, 2, True, "half"):
             with pytest.raises(InvalidSettingError, match="repack_unused"):
@@ -232,7 +232,7 @@ def test_a_bad_threshold_is_refused_and_changes_nothing(root: Path) -> None:
 
 def test_a_damaged_or_missing_moved_record_is_reported_never_read_as_data(root: Path) -> None:
     ids, first = three_versions(root)
-    with chunkstore.open(root) as store:
+    with chunkstore.open(root, create=True) as store:
         store.delete(ids[0])
         store.gc(grace=0)
     path = root / MOVED.key(first)
@@ -242,7 +242,7 @@ def test_a_damaged_or_missing_moved_record_is_reported_never_read_as_data(root: 
     record["members"][0][2], record["members"][1][2] = (record["members"][1][2],
                                                         record["members"][0][2])
     path.write_bytes(json.dumps(record).encode())
-    with chunkstore.open(root) as store:
+    with chunkstore.open(root, create=True) as store:
         with pytest.raises(CorruptChunkError):
             store.open_version(ids[1]).get("t6")
         problems = store.verify().problems
@@ -251,7 +251,7 @@ def test_a_damaged_or_missing_moved_record_is_reported_never_read_as_data(root: 
     for junk in (b"not json", b"{}", json.dumps({**record, "to": first.hex}).encode(),
                  json.dumps({**record, "members": [[0, 10, 0]]}).encode()):
         path.write_bytes(junk)
-        with chunkstore.open(root) as store:
+        with chunkstore.open(root, create=True) as store:
             with pytest.raises(CorruptChunkError, match="moved record"):
                 store.open_version(ids[1]).get("t6")
             before = tree_snapshot(root / "chunks")
@@ -259,13 +259,13 @@ def test_a_damaged_or_missing_moved_record_is_reported_never_read_as_data(root: 
                 store.gc(grace=0)  # cannot know where members went: deletes nothing
             assert tree_snapshot(root / "chunks") == before
     path.unlink()
-    with chunkstore.open(root) as store:
+    with chunkstore.open(root, create=True) as store:
         with pytest.raises(MissingChunkError, match=first.hex[:16]):
             store.open_version(ids[2]).get("t9")
         missing = store.verify(read_data=False).problems
         assert {p.version for p in missing if p.version} == set(ids[1:])
     path.write_bytes(good)
-    with chunkstore.open(root) as store:
+    with chunkstore.open(root, create=True) as store:
         assert store.verify().ok
 
 
@@ -276,7 +276,7 @@ def test_a_save_that_reuses_a_member_the_repack_left_out_keeps_the_old_pack(
     wrote the moved record, before GC marks again.  The record does not cover that
     member, so the old pack must stay until no version lists it."""
     ids, first = three_versions(root)
-    with chunkstore.open(root) as store:
+    with chunkstore.open(root, create=True) as store:
         store.delete(ids[0])
         store.gc(grace=0, repack_unused=None)  # step 1's nodes go; its pack stays
         racer = racing_gc(store, monkeypatch)
@@ -306,10 +306,10 @@ def test_a_save_that_reuses_a_member_the_repack_left_out_keeps_the_old_pack(
 def test_a_repack_killed_at_any_step_leaves_every_version_readable(
         root: Path, fault: str) -> None:
     ids, first = three_versions(root)
-    with chunkstore.open(root) as store:
+    with chunkstore.open(root, create=True) as store:
         store.delete(ids[0])
     gc_killed_at(root, fault)
-    with chunkstore.open(root) as store:
+    with chunkstore.open(root, create=True) as store:
         assert store.verify().ok
         for vid, step in zip(ids[1:], (2, 3), strict=True):
             check(store, vid, step)
@@ -326,7 +326,7 @@ def test_a_repack_killed_at_any_step_leaves_every_version_readable(
 def test_a_gc_killed_while_deleting_moved_records_leaves_a_store_that_verifies(
         root: Path, fault: str) -> None:
     ids, _ = three_versions(root)
-    with chunkstore.open(root) as store:
+    with chunkstore.open(root, create=True) as store:
         store.delete(ids[0])
         store.gc(grace=0)
         store.delete(ids[1])
@@ -334,7 +334,7 @@ def test_a_gc_killed_while_deleting_moved_records_leaves_a_store_that_verifies(
         store.delete(ids[2])
         assert len(moved(root)) == 2
     gc_killed_at(root, fault)
-    with chunkstore.open(root) as store:
+    with chunkstore.open(root, create=True) as store:
         assert store.verify().ok
         store.gc(grace=0)
         assert moved(root) == {} and store.verify().ok
@@ -343,11 +343,11 @@ def test_a_gc_killed_while_deleting_moved_records_leaves_a_store_that_verifies(
 def test_another_index_gc_keeps_what_versions_reach_through_moved_records(
         root: Path, tmp_path: Path) -> None:
     ids, _ = three_versions(root)
-    with chunkstore.open(root) as store:
+    with chunkstore.open(root, create=True) as store:
         store.delete(ids[0])
         store.gc(grace=0)
     # a second machine's index, built from the store alone
-    with chunkstore.open(root, index_dir=str(tmp_path / "other-index")) as other:
+    with chunkstore.open(root, index_dir=str(tmp_path / "other-index"), create=True) as other:
         result = other.gc(grace=0)
         assert result.index_disagreements == []
         assert result.chunks_deleted == result.orphans_deleted == 0
@@ -358,7 +358,7 @@ def test_another_index_gc_keeps_what_versions_reach_through_moved_records(
 
 def test_gc_of_a_store_without_packs_reads_no_pack_and_writes_no_record(root: Path) -> None:
     # Without delta chains (where the chunks of larger tensors are packed too).
-    with chunkstore.open(root, chunk_size=4096, delta_depth=0) as store:
+    with chunkstore.open(root, chunk_size=4096, delta_depth=0, create=True) as store:
         with store.new_version("r", 1) as version:
             version.put("big", np.arange(10_000, dtype=np.float32))  # chunks of their own
         result = store.gc(grace=0)
@@ -378,7 +378,7 @@ def test_an_s3_store_repacks_and_reads_through_moved_records(s3_endpoint: str,
     options = storage_options(s3_endpoint)
     try:
         with chunkstore.open(url, index_dir=str(tmp_path / "a"), chunk_size=64 * 1024,
-                             storage_options=options) as store:
+                             storage_options=options, create=True) as store:
             ids = [save(store, step) for step in CHANGES]
             first = packs_of(store, ids[0])["t0"].pack
             store.delete(ids[0])
@@ -390,7 +390,7 @@ def test_an_s3_store_repacks_and_reads_through_moved_records(s3_endpoint: str,
             assert store.verify().ok and store.verify(read_data=False).ok
         # another machine's index sees the same store
         with chunkstore.open(url, index_dir=str(tmp_path / "b"),
-                             storage_options=options) as other:
+                             storage_options=options, create=True) as other:
             result = other.gc(grace=0)
             assert result.chunks_deleted == result.orphans_deleted == 0
             for vid, step in zip(ids[1:], (2, 3), strict=True):
@@ -407,7 +407,7 @@ def test_a_repack_starts_a_new_pack_before_one_would_pass_the_largest_pack(
     from chunkstore.maintenance import repack
 
     limit = 1500
-    with chunkstore.open(root, chunk_size=64 * 1024, pack_size=5000) as store:
+    with chunkstore.open(root, chunk_size=64 * 1024, pack_size=5000, create=True) as store:
         first = save(store, 1)  # ten members of about 940 bytes: packs of six and four
         packs = {at.pack for at in packs_of(store, first).values()}
         assert len(packs) == 2

@@ -39,7 +39,7 @@ def test_an_old_pack_a_save_lists_again_outlives_its_lost_new_pack(
     a record is never followed to a pack that is missing while the listed one is
     stored."""
     ids, first = three_versions(root)
-    with chunkstore.open(root) as store:
+    with chunkstore.open(root, create=True) as store:
         store.delete(ids[0])
         store.gc(grace=0, repack_unused=None)
         racer = racing_gc(store, monkeypatch)
@@ -71,7 +71,7 @@ def test_a_crafted_moved_record_never_makes_gc_delete_a_live_pack(root: Path, ta
     missing pack or to another pack: GC makes P a candidate, but keeps it (the target
     is missing, or the listed members do not read back there)."""
     ids, first = three_versions(root)
-    with chunkstore.open(root) as store:
+    with chunkstore.open(root, create=True) as store:
         listed = {loc.offset: loc.length for vid in ids
                   for loc in packs_of(store, vid).values() if loc.pack == first}
         other = packs_of(store, ids[2])["t0"].pack
@@ -82,7 +82,7 @@ def test_a_crafted_moved_record_never_makes_gc_delete_a_live_pack(root: Path, ta
     path = root / MOVED.key(first)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(json.dumps(record).encode())
-    with chunkstore.open(root) as store:
+    with chunkstore.open(root, create=True) as store:
         store.gc(grace=0)
         assert exists(store, first), "gc deleted a live pack on the word of a moved record"
 
@@ -94,12 +94,12 @@ def test_a_deeply_nested_moved_record_is_a_typed_error(root: Path, who: str) -> 
     from chunkstore.errors import CorruptChunkError, GcAbortedError
 
     ids, first = three_versions(root)
-    with chunkstore.open(root) as store:
+    with chunkstore.open(root, create=True) as store:
         store.delete(ids[0])
         store.gc(grace=0)
         assert not exists(store, first)
     (root / MOVED.key(first)).write_bytes(b"[" * 200_000 + b"]" * 200_000)
-    with chunkstore.open(root) as store:
+    with chunkstore.open(root, create=True) as store:
         if who == "reader":
             with pytest.raises(CorruptChunkError):
                 store.open_version(ids[2]).get("t9")
@@ -118,7 +118,7 @@ def test_second_gc_on_another_index_between_new_pack_and_moved_record(
     import chunkstore.maintenance.repack as repack_module
 
     ids, first = three_versions(root)
-    with chunkstore.open(root) as store:
+    with chunkstore.open(root, create=True) as store:
         store.delete(ids[0])
         store.gc(grace=0, repack_unused=None)
     real_write = repack_module.write_moved
@@ -127,16 +127,16 @@ def test_second_gc_on_another_index_between_new_pack_and_moved_record(
     def b_runs_first(backend, record):  # type: ignore[no-untyped-def]
         if not other:
             other.append(None)  # B's own repack goes through here too
-            with chunkstore.open(root, index_dir=str(tmp_path / "b")) as b:
+            with chunkstore.open(root, index_dir=str(tmp_path / "b"), create=True) as b:
                 other.append(b.gc(grace=0, session_wait=1.0))
         return real_write(backend, record)
 
     monkeypatch.setattr(repack_module, "write_moved", b_runs_first)
-    with chunkstore.open(root) as store:
+    with chunkstore.open(root, create=True) as store:
         store.gc(grace=0, session_wait=1.0)
     monkeypatch.undo()
     assert other[1].deferred  # B waited for A's repack session, deleted nothing
-    with chunkstore.open(root) as store:
+    with chunkstore.open(root, create=True) as store:
         for vid, step in zip(ids[1:], (2, 3), strict=True):
             check(store, vid, step)
         assert store.verify().ok
@@ -152,11 +152,11 @@ def test_a_gc_killed_past_its_moved_record_leaves_nothing_to_lose_later(root: Pa
     is stored); a save lists a moved member at P; the racer goes; P is deleted and the
     late version reads its member through the record."""
     ids, first = three_versions(root)
-    with chunkstore.open(root) as store:
+    with chunkstore.open(root, create=True) as store:
         store.delete(ids[0])
         store.gc(grace=0, repack_unused=None)
     gc_killed_at(root, "kill-after-put:moved/:0")
-    with chunkstore.open(root) as store:
+    with chunkstore.open(root, create=True) as store:
         assert exists(store, first) and first.hex in moved(root)
         new = Digest.parse(moved(root)[first.hex]["to"])  # type: ignore[arg-type]
         with store.new_version("racer", 1) as version:  # t0 of step 1: not in the record
@@ -184,7 +184,7 @@ def test_a_crafted_version_listing_a_wrong_length_hides_no_other_versions_member
     from tests.test_hostile import _record, _tensor, _tree
 
     ids, first = three_versions(root)
-    with chunkstore.open(root) as store:
+    with chunkstore.open(root, create=True) as store:
         store.delete(ids[0])
         store.gc(grace=0)  # P -> N (t6-t9 of step 1), P deleted
         assert not exists(store, first)
@@ -196,7 +196,7 @@ def test_a_crafted_version_listing_a_wrong_length_hides_no_other_versions_member
     bad = _tree(root, {"x": _tensor([256], [digest.hex], chunk_bytes=64 * 1024, packs=[
         [first.hex, location.offset, location.length + 1]])})
     _record(root, bad, created=0.0)
-    with chunkstore.open(root) as store:
+    with chunkstore.open(root, create=True) as store:
         store.gc(grace=0, repack_unused=None)
         assert store.open_version(ids[2]).get("t9").tobytes() == state(3)["t9"].tobytes()
 
@@ -205,7 +205,7 @@ def test_a_forwarded_pack_deleted_once_is_not_counted_freed_again(root: Path) ->
     """The repacked pack's record stays (WRITING, refcount > 0) after its deletion; when
     its versions go, a later GC does not count its bytes freed a second time."""
     ids, first = three_versions(root)
-    with chunkstore.open(root) as store:
+    with chunkstore.open(root, create=True) as store:
         store.delete(ids[0])
         store.gc(grace=0)
         assert not exists(store, first)
@@ -221,7 +221,7 @@ def test_a_new_pack_is_freed_without_the_orphan_sweep(root: Path) -> None:
     """The repacking GC's index counts the new pack (refcount 0), so GC without the
     orphan sweep (gc --no-sweep) frees it once every version that reached it went."""
     ids, _ = three_versions(root)
-    with chunkstore.open(root) as store:
+    with chunkstore.open(root, create=True) as store:
         store.delete(ids[0])
         store.gc(grace=0, sweep=False)
         for vid in ids[1:]:
@@ -242,7 +242,7 @@ def test_a_pack_only_moved_records_reach_is_deleted_only_when_its_members_read_b
     import chunkstore.maintenance.gc as gc_module
 
     ids, first = three_versions(root)
-    with chunkstore.open(root) as store:
+    with chunkstore.open(root, create=True) as store:
         store.delete(ids[0])
         store.gc(grace=0)  # step 1's pack -> N
         assert not exists(store, first)
@@ -267,9 +267,9 @@ def test_a_pack_only_moved_records_reach_is_deleted_only_when_its_members_read_b
             return done
 
         monkeypatch.setattr(gc_module, "repack", repack_then_damage)
-        with chunkstore.open(root) as store:
+        with chunkstore.open(root, create=True) as store:
             store.delete(ids[1])
-    with chunkstore.open(root) as store:
+    with chunkstore.open(root, create=True) as store:
         result = store.gc(grace=0)
         assert exists(store, new), "gc deleted a pack whose members do not read back elsewhere"
         assert any(new.short() in note for note in result.repack_skipped)
@@ -288,7 +288,7 @@ def test_verify_names_a_moved_record_that_cannot_be_parsed(root: Path) -> None:
     path = root / MOVED.key(first)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"{not json")
-    with chunkstore.open(root) as store:
+    with chunkstore.open(root, create=True) as store:
         check(store, ids[2], 3)
         result = store.verify()
         assert not result.ok

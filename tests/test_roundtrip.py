@@ -63,7 +63,7 @@ def test_sizes_on_and_off_chunk_boundaries(store: chunkstore.Store, nbytes: int)
 
 def test_chunk_boundaries_align_to_elements(tmp_path: Path) -> None:
     """No element straddles two chunks: chunk_bytes is a multiple of the element size."""
-    with chunkstore.open(tmp_path / "s", chunk_size=4096) as s:
+    with chunkstore.open(tmp_path / "s", chunk_size=4096, create=True) as s:
         array = _random_array(np.dtype("<c16"), (1000,))
         with s.new_version(run="r", step=1) as v:
             v.put("z", array)
@@ -120,7 +120,8 @@ def test_every_codec_policy_round_trips(tmp_path: Path, policy: str) -> None:
     smooth = np.cumsum(np.ones(50_000, dtype=np.float32) * 0.001)
     ints = np.arange(50_000, dtype=np.int64) % 7
     noise = _random_array(np.dtype(np.float32), (50_000,))
-    with chunkstore.open(tmp_path / policy, chunk_size=SMALL_CHUNK, compression=policy) as s:
+    with chunkstore.open(tmp_path / policy, chunk_size=SMALL_CHUNK, compression=policy,
+                         create=True) as s:
         with s.new_version(run="r", step=1) as v:
             v.put("smooth", smooth)
             v.put("ints", ints)
@@ -167,7 +168,7 @@ def test_memory_backend_round_trip(memory_store: chunkstore.Store) -> None:
 ))
 def test_any_array_round_trips(tmp_path_factory: pytest.TempPathFactory, array: np.ndarray) -> None:
     path = tmp_path_factory.mktemp("h")
-    with chunkstore.open(path / "s", chunk_size=4096) as s:
+    with chunkstore.open(path / "s", chunk_size=4096, create=True) as s:
         with s.new_version(run="r", step=1) as v:
             v.put("a", array)
         got = s.open_version("latest").get("a")
@@ -245,12 +246,12 @@ def test_a_local_read_runs_at_most_a_job_per_core_and_an_object_store_read_more(
     cores = os.cpu_count() or 1
     # Small chunks and packs: dozens of read jobs, objects on the disk, runs of packs in memory.
     with chunkstore.open(tmp_path / "s", chunk_size=65536, threads=8, delta_depth=0,
-                         pack_size=65536) as store:
+                         pack_size=65536, create=True) as store:
         assert 1 <= _read_concurrency(store, arrays, monkeypatch) <= min(8, cores)
     monkeypatch.undo()
     with chunkstore.open(f"memory://cs-{os.urandom(8).hex()}", chunk_size=65536, threads=8,
                          delta_depth=0, pack_size=65536,
-                         index_dir=str(tmp_path / "memory-index")) as store:
+                         index_dir=str(tmp_path / "memory-index"), create=True) as store:
         most = _read_concurrency(store, arrays, monkeypatch)
         assert most <= 8
         if cores < 8:

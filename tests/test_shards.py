@@ -53,7 +53,7 @@ def _publish(store: chunkstore.Store, staged: list[StagedShard]) -> chunkstore.V
 
 @pytest.fixture
 def small_store(tmp_path: Path) -> chunkstore.Store:
-    return chunkstore.open(tmp_path / "store", chunk_size=4096, compression="none")
+    return chunkstore.open(tmp_path / "store", chunk_size=4096, compression="none", create=True)
 
 
 def test_shards_of_several_writers_publish_as_one_tensor(small_store: chunkstore.Store) -> None:

@@ -51,7 +51,7 @@ def test_saves_and_restores_run_with_the_collector_paused_and_resume_it(
     gc.enable()
     try:
         state = {**_training_state(), "probe": _Probe()}
-        with chunkstore.open(tmp_path / "s") as store:
+        with chunkstore.open(tmp_path / "s", create=True) as store:
             save(store, state, run="r", step=1)
             assert gc.isenabled()
             load(store, "r@1", state)
@@ -76,7 +76,7 @@ def test_a_collector_the_caller_turned_off_stays_off(tmp_path: Path) -> None:
     enabled = gc.isenabled()
     gc.disable()
     try:
-        with chunkstore.open(tmp_path / "s") as store:
+        with chunkstore.open(tmp_path / "s", create=True) as store:
             save(store, _training_state(), run="r", step=1)
         assert not gc.isenabled()
     finally:
@@ -93,7 +93,7 @@ def test_saves_and_restores_leave_nothing_for_the_cyclic_collector(
     state = _training_state()
     enabled = gc.isenabled()
     debug = gc.get_debug()
-    with chunkstore.open(tmp_path / "s") as store, \
+    with chunkstore.open(tmp_path / "s", create=True) as store, \
             Checkpointer(store, run="c", async_save=async_save) as checkpointer:
         checkpointer.save(1, **state)  # first use: lazy imports and caches
         checkpointer.wait()

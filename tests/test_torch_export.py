@@ -134,7 +134,7 @@ def test_export_and_diff_read_delta_versions(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = nn.Embedding(2000, 32)  # 256 KB: four 64 KiB chunks
     store = tmp_path / "s"
-    chunkstore.open(store, chunk_size=64 * 1024, delta_depth=2).close()
+    chunkstore.open(store, chunk_size=64 * 1024, delta_depth=2, create=True).close()
     with Checkpointer(store, run="exp", chunk_size=64 * 1024) as ckpt:
         ckpt.save(1, model=model)
         with torch.no_grad():

@@ -71,7 +71,7 @@ def _tree_nodes(store: chunkstore.Store, root: Digest) -> dict[Digest, Any]:
 
 def _save(path: Path, arrays: dict[str, np.ndarray], step: int, node_size: int | None
           ) -> tuple[chunkstore.VersionInfo, dict[Digest, Any]]:
-    with chunkstore.open(path, compression="none", node_size=node_size) as store:
+    with chunkstore.open(path, compression="none", node_size=node_size, create=True) as store:
         with store.new_version("r", step) as version:
             for name, array in arrays.items():
                 version.put(name, array)
@@ -100,7 +100,7 @@ def test_a_model_is_one_node_by_default_and_one_per_branch_at_node_size_0(tmp_pa
 def test_node_size_bounds_the_nodes_and_unchanged_runs_are_shared(tmp_path: Path) -> None:
     arrays = _model()
     first, nodes = _save(tmp_path, arrays, 1, 1500)
-    with chunkstore.open(tmp_path) as store:
+    with chunkstore.open(tmp_path, create=True) as store:
         sizes = {d: len(store.backend.get(NODES.key(d))) for d in nodes}
     total = sum(sizes.values())
     # A node holds at most node_size of entries (one more when a single entry is
@@ -123,7 +123,7 @@ def test_node_size_bounds_the_nodes_and_unchanged_runs_are_shared(tmp_path: Path
 
 def test_a_level_of_thousands_of_names_is_a_few_nodes(tmp_path: Path) -> None:
     arrays = {f"table.{i}": np.full(2, i, dtype=np.int32) for i in range(3000)}
-    with chunkstore.open(tmp_path, compression="none") as store:
+    with chunkstore.open(tmp_path, compression="none", create=True) as store:
         with store.new_version("r", 1) as version:
             for name, array in arrays.items():
                 version.put(name, array)
@@ -142,7 +142,7 @@ def test_saves_under_either_layout_read_the_same(tmp_path: Path) -> None:
     arrays = _model(3)
     info_a, _ = _save(tmp_path, arrays, 1, 0)
     info_b, _ = _save(tmp_path, arrays, 2, None)
-    with chunkstore.open(tmp_path) as store:
+    with chunkstore.open(tmp_path, create=True) as store:
         a, b = store.open_version(info_a.id), store.open_version(info_b.id)
         assert a.entries() == b.entries()
         assert store.verify().ok
@@ -151,7 +151,7 @@ def test_saves_under_either_layout_read_the_same(tmp_path: Path) -> None:
 @pytest.mark.parametrize("size", [-1, MAX_NODE_TARGET + 1, 1.5, "64k"])
 def test_a_bad_node_size_is_refused(tmp_path: Path, size: object) -> None:
     with pytest.raises(InvalidSettingError, match="node size"):
-        chunkstore.open(tmp_path, node_size=size)  # type: ignore[arg-type]
+        chunkstore.open(tmp_path, node_size=size, create=True)  # type: ignore[arg-type]
     assert not (tmp_path / "chunkstore.json").exists()
 
 
@@ -241,7 +241,7 @@ def test_gc_and_index_rebuild_keep_every_node_of_a_split_tree(tmp_path: Path) ->
     """GC's mark and the rebuilt index follow continuations and inlined subtrees: a
     version whose tree is split survives GC at grace 0, before and after a rebuild."""
     arrays = _model()
-    with chunkstore.open(tmp_path, compression="none", node_size=700) as store:
+    with chunkstore.open(tmp_path, compression="none", node_size=700, create=True) as store:
         with store.new_version("r", 1) as version:
             for name, array in arrays.items():
                 version.put(name, array)
@@ -289,7 +289,7 @@ def test_the_same_step_saved_again_under_another_layout_is_the_same_version(tmp_
 
 def test_adding_an_entry_to_a_split_level_rewrites_about_one_run(tmp_path: Path) -> None:
     arrays = {f"table.{i:04d}": np.full(2, i, dtype=np.int32) for i in range(0, 3000, 2)}
-    with chunkstore.open(tmp_path, compression="none", node_size=16 * 1024) as store:
+    with chunkstore.open(tmp_path, compression="none", node_size=16 * 1024, create=True) as store:
         roots = []
         for step, extra in enumerate(([], ["table.1001"]), start=1):
             with store.new_version("r", step) as version:

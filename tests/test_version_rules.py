@@ -160,8 +160,9 @@ def test_report_and_gc_agree_after_an_index_rebuild(store: chunkstore.Store) -> 
 def test_removing_a_version_another_index_removed_first_is_not_an_error(
         store_path: Path, tmp_path: Path) -> None:
     """Retention on two machines: the second to remove a version finds it gone."""
-    with chunkstore.open(store_path, chunk_size=4096, index_dir=str(tmp_path / "a")) as a, \
-            chunkstore.open(store_path, index_dir=str(tmp_path / "b")) as b:
+    with chunkstore.open(store_path, chunk_size=4096, index_dir=str(tmp_path / "a"),
+                         create=True) as a, \
+            chunkstore.open(store_path, index_dir=str(tmp_path / "b"), create=True) as b:
         first = save(a, 1, 1.0)
         save(a, 2, 2.0)
         b.reconcile()

@@ -71,7 +71,7 @@ def test_small_tensors_are_claimed_in_batches_and_read_back_exactly(tmp_path: Pa
     rng = np.random.default_rng(0)
     state = {f"layers.{i}.bias": rng.standard_normal(64 + i % 7).astype(np.float32)
              for i in range(1000)}
-    with chunkstore.open(tmp_path / "s") as store:
+    with chunkstore.open(tmp_path / "s", create=True) as store:
         calls: list[int] = []
         claim_small = store.index.claim_small
 
@@ -99,7 +99,7 @@ def test_small_tensors_are_claimed_in_batches_and_read_back_exactly(tmp_path: Pa
 def test_a_failed_batch_claim_aborts_the_version(tmp_path: Path) -> None:
     """A small tensor's entry exists before its batch is claimed: when the claim fails,
     the version is aborted, never committed with entries short of chunks."""
-    with chunkstore.open(tmp_path / "s") as store:
+    with chunkstore.open(tmp_path / "s", create=True) as store:
         claim_small = store.index.claim_small
         failures = [OSError("index unavailable (injected)")]
 
@@ -223,7 +223,7 @@ def test_a_pack_reused_by_many_members_is_claimed_once_per_batch(tmp_path: Path)
     pack, never a member: a member is not an object)."""
     rng = np.random.default_rng(1)
     state = {f"b{i}": rng.standard_normal(100).astype(np.float32) for i in range(200)}
-    with chunkstore.open(tmp_path / "s") as store:
+    with chunkstore.open(tmp_path / "s", create=True) as store:
         with store.new_version(run="r", step=1) as version:
             for name, array in state.items():
                 version.put(name, array)
@@ -253,7 +253,7 @@ def test_a_batch_the_index_never_saw_never_waits_for_the_index_writer(
     a batch with a chunk the index knows takes the writer and claims that chunk."""
     rng = np.random.default_rng(2)
     known = rng.standard_normal(100).astype(np.float32)
-    with chunkstore.open(tmp_path / "s") as store:
+    with chunkstore.open(tmp_path / "s", create=True) as store:
         with store.new_version(run="r", step=1) as version:
             version.put("known", known)
         unseen = [Digest.of(rng.standard_normal(100).astype(np.float32).tobytes())
@@ -352,7 +352,7 @@ def test_a_save_leaves_nothing_for_the_cyclic_garbage_collector(
 
     for depth in (0, 2):
         with chunkstore.open(tmp_path / f"s{depth}", chunk_size=256 * 1024,
-                             compression=compression, delta_depth=depth) as store:
+                             compression=compression, delta_depth=depth, create=True) as store:
             # One collection after the three saves: garbage stays garbage, so it finds
             # whatever cycle any of them left.
             assert _cyclic_garbage_of(functools.partial(three_saves, store)) == []
@@ -364,7 +364,7 @@ def test_a_pack_whose_chunks_a_save_reuses_is_claimed_once_not_once_per_chunk(
     """Workers that reach a pack while another checks it wait for that answer: a save
     that reuses 32 chunks of one pack commits one claim of it, not one per chunk."""
     weights = np.random.default_rng(0).standard_normal(32 * 16384).astype(np.float32)
-    with chunkstore.open(tmp_path / "s", chunk_size=65536, delta_depth=2) as store:
+    with chunkstore.open(tmp_path / "s", chunk_size=65536, delta_depth=2, create=True) as store:
         with store.new_version(run="r", step=1) as version:
             version.put("w", weights)
         claimed: list[Digest] = []
@@ -395,8 +395,8 @@ def test_an_identical_save_of_a_step_another_index_removed_is_published(
     survives GC (it returned the removed version's info, published nowhere)."""
     path = tmp_path / "s"
     x = np.arange(100_000, dtype=np.float32)
-    with chunkstore.open(path, index_dir=str(tmp_path / "a")) as a, \
-            chunkstore.open(path, index_dir=str(tmp_path / "b")) as b:
+    with chunkstore.open(path, index_dir=str(tmp_path / "a"), create=True) as a, \
+            chunkstore.open(path, index_dir=str(tmp_path / "b"), create=True) as b:
         with a.new_version("r", 1) as version:
             version.put("x", x)
         b.reconcile()
@@ -404,7 +404,7 @@ def test_an_identical_save_of_a_step_another_index_removed_is_published(
         with a.new_version("r", 1) as version:
             version.put("x", x)
         assert version.info.id in b.stored_version_ids()
-    with chunkstore.open(path, index_dir=str(tmp_path / "c")) as c:
+    with chunkstore.open(path, index_dir=str(tmp_path / "c"), create=True) as c:
         c.gc(grace=0)
         np.testing.assert_array_equal(c.open_version("r@1").get("x"), x)
         assert c.verify().ok
@@ -416,7 +416,7 @@ def test_two_threads_saving_one_step_through_one_handle_publish_one_version(
     DuplicateStepError (both published before, and r@5 named only one of them)."""
     from chunkstore.errors import DuplicateStepError
 
-    with chunkstore.open(tmp_path / "s", chunk_size=64 * 1024) as store:
+    with chunkstore.open(tmp_path / "s", chunk_size=64 * 1024, create=True) as store:
         barrier = threading.Barrier(2)
         outcomes: list[str] = []
 
@@ -446,7 +446,7 @@ def test_a_new_version_that_fails_reading_its_parent_leaves_no_session(tmp_path:
     from chunkstore.objects.kinds import NODES
     from chunkstore.protocol.sessions import list_sessions
 
-    with chunkstore.open(tmp_path / "s", chunk_size=64 * 1024) as store:
+    with chunkstore.open(tmp_path / "s", chunk_size=64 * 1024, create=True) as store:
         with store.new_version("r", 1) as version:
             version.put("x", np.arange(100_000, dtype=np.float32))
         root = store.latest("r").root
@@ -472,7 +472,7 @@ def test_replacing_a_step_with_the_same_tensors_and_new_meta_keeps_the_new_meta(
     """replace=True with identical tensors but other meta (a loss a retention policy
     reads) publishes the new meta; it returned the old version, dropping it.  The same
     tensors and the same meta still publish nothing."""
-    with chunkstore.open(tmp_path / "s") as store:
+    with chunkstore.open(tmp_path / "s", create=True) as store:
         x = np.arange(1000, dtype=np.float32)
         with store.new_version("r", 1, meta={"loss": 1.0}) as version:
             version.put("x", x)
@@ -496,7 +496,7 @@ def test_a_commit_waiting_on_a_gc_fence_does_not_hold_up_another_save_of_its_run
     from chunkstore.protocol.journal import ABANDONED, DONE, start_entry, write_entry
     from chunkstore.protocol.sessions import list_sessions
 
-    with chunkstore.open(tmp_path / "s") as store:
+    with chunkstore.open(tmp_path / "s", create=True) as store:
         x = np.random.default_rng(0).standard_normal(1 << 18).astype(np.float32)
         with store.new_version("old", 1) as version:
             version.put("w", x)

@@ -319,7 +319,7 @@ def build(root: Path) -> dict[str, Any]:
     arrays, data = arrays_v1(), data_v1()
     versions = []
     with chunkstore.open(root, chunk_size=CHUNK_SIZE, compression="auto",
-                         delta_depth=DELTA_DEPTH, node_size=NODE_SIZE) as store:
+                         delta_depth=DELTA_DEPTH, node_size=NODE_SIZE, create=True) as store:
         meta: dict[str, object] = {"code_rev": "0123abc", "dataset": ("toy", 2),
                                    "note": "format fixture"}
         versions.append(_write_version(store, 1, arrays, data, meta))

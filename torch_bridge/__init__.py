@@ -4,7 +4,7 @@ A thin adapter: capture state (tensors and plain data) -> chunkstore.
 
 >>> from torch_bridge import Checkpointer
 >>> with Checkpointer("ckpts/", run="exp1", keep_last=3, async_save=True) as ckpt:
-...     step = ckpt.restore(model=model, optimizer=opt) or 0
+...     step = ckpt.restore(model=model, optimizer=opt, missing_ok=True) or 0
 ...     ckpt.save(step, model=model, optimizer=opt)
 
 Names are imported lazily, so ``import torch_bridge.tools.cli`` (and through it the

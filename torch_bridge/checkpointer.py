@@ -24,7 +24,7 @@ import torch.distributed as dist
 import chunkstore
 from chunkstore import Store, VersionInfo
 from chunkstore.collector import collector_paused
-from chunkstore.errors import IntegrityError, InvalidInputError, SelectorError
+from chunkstore.errors import IntegrityError, InvalidInputError, NoStoreError, SelectorError
 from chunkstore.format import plaindata
 from torch_bridge.capture import boundary
 from torch_bridge.capture.layout import (
@@ -41,7 +41,7 @@ from torch_bridge.capture.rng import capture_rng, restore_rng
 from torch_bridge.capture.staging import StagingBuffers
 from torch_bridge.capture.state import CapturedState
 from torch_bridge.capture.tensors import as_array, host_copy
-from torch_bridge.distributed.collectives import process_group_active
+from torch_bridge.distributed.collectives import all_gather_plain, process_group_active
 from torch_bridge.distributed.ranks import restore_ranks, save_ranks
 from torch_bridge.errors import (
     AsyncSaveError,
@@ -55,10 +55,11 @@ from torch_bridge.errors import (
 boundary.install()  # at import, so the first optimizer steps of a loop are seen too
 
 
-def open_store(path_or_store: str | os.PathLike[str] | Store, *, create: bool = True,
+def open_store(path_or_store: str | os.PathLike[str] | Store, *, create: bool = False,
                chunk_size: int | None = None, compression: str | None = None
                ) -> tuple[Store, bool]:
-    """The store, and whether we opened it (and so must close it)."""
+    """The store, and whether we opened it (and so must close it).  A path that holds
+    no store raises :class:`~chunkstore.errors.NoStoreError` unless ``create``."""
     if isinstance(path_or_store, Store):
         return path_or_store, False
     return chunkstore.open(path_or_store, create=create, chunk_size=chunk_size,
@@ -96,6 +97,14 @@ class Checkpointer:
     refused there (:class:`AsyncSaveUnderProcessGroupError`).  The protocol
     and why it is safe: :mod:`torch_bridge.distributed.ranks`.
 
+    The store is created by the first ``save`` when ``path_or_url`` holds none
+    (never by ``restore``, ``all_steps`` or ``latest_step``, so a mistyped path
+    creates nothing): ``restore`` then raises
+    :class:`~chunkstore.errors.NoStoreError` naming the path, or returns None
+    with ``missing_ok=True`` (a job's first start).  Reading :attr:`store`
+    creates it too, since a :class:`chunkstore.Store` stands for a store that
+    exists.
+
     Every version records provenance: the git revision of the working
     directory (``code_rev``, ``code_dirty``), library versions, host and
     world size, with ``meta`` merged over it.  Outside a git checkout
@@ -116,8 +125,13 @@ class Checkpointer:
                                     f" {type(meta).__name__} {meta!r}")
         if async_save and process_group_active():
             raise _async_refused()
-        self.store, self._owns_store = _open_store_on_ranks(path_or_url, chunk_size,
-                                                            compression)
+        self._location = path_or_url
+        self._settings = (chunk_size, compression)
+        self._store, self._owns_store, self._missing = _open_store_on_ranks(
+            path_or_url, chunk_size, compression)
+        #: No store at construction: the first save creates it (under a process group,
+        #: on every rank at the same save, so ranks agree whether it is a collective).
+        self._create_at_save = self._store is None
         self.run = run
         self.keep_last = keep_last
         self.keep_every = keep_every
@@ -131,6 +145,35 @@ class Checkpointer:
         self._closed = False
         boundary.install()
         _OPEN.add(self)
+
+    # --- the store ---------------------------------------------------------------------------
+
+    @property
+    def store(self) -> Store:
+        """The run's store; created now when the path holds none yet (a save would)."""
+        if self._store is None:
+            self._store, self._owns_store = open_store(
+                self._location, create=True, chunk_size=self._settings[0],
+                compression=self._settings[1])
+        return self._store
+
+    def _store_for_save(self) -> Store:
+        """The store, created at the first save when there was none; under a process group
+        rank 0 creates it first, so the ranks never race to create one store."""
+        if self._create_at_save and process_group_active():
+            if dist.get_rank() == 0:
+                self.store  # noqa: B018  # creates it
+            dist.barrier()
+        self._create_at_save = False
+        return self.store
+
+    def _existing_store(self) -> Store | None:
+        """The store if one exists (looked for again when there was none: another process
+        may have saved since), never creating one."""
+        if self._store is None and not process_group_active():
+            self._store, self._owns_store, self._missing = _open_store_on_ranks(
+                self._location, *self._settings)
+        return self._store
 
     # --- saving ------------------------------------------------------------------------------
 
@@ -148,9 +191,11 @@ class Checkpointer:
         self.wait()
         self._warn_unapplied(step, stateful)
         if process_group_active():
+            self._store_for_save()
             return self._save_ranks(step, stateful)
         states = self._states(stateful)
         captured = capture_states(states)
+        self._store_for_save()  # after the state is checked: a refused save creates nothing
         if not self.async_save:
             info = self._write(step, captured, sync_arrays(captured))
             self._last_info = info
@@ -235,12 +280,18 @@ class Checkpointer:
     # --- restoring ---------------------------------------------------------------------------
 
     @collector_paused()
-    def restore(self, step: int | None = None, *, rng: bool = True,
+    def restore(self, step: int | None = None, *, rng: bool = True, missing_ok: bool = False,
                 **stateful: Any) -> int | None:
         """Load the newest version that verifies into ``stateful``; return its step.
 
-        Returns None (touching nothing) when the run has no versions.  A
-        damaged newest version warns and falls back to the one before.  With
+        Nothing to restore is an error unless ``missing_ok``: a path that holds no
+        store raises :class:`~chunkstore.errors.NoStoreError` naming it (nothing is
+        created).  The run having no version returns None (touching nothing), with
+        a :class:`RunNotFoundWarning` naming the runs the store holds when it holds
+        others (``run=`` mistyped).  ``missing_ok=True`` is for a job's first start:
+        None, quietly, when there is no store or no version of the run.
+
+        A damaged newest version warns and falls back to the one before.  With
         ``step``, exactly that step is loaded (no fallback).  ``rng=False``
         leaves the global RNGs alone.  Under a process group every rank loads
         the same version: the newest whose parts read back intact on every rank.
@@ -255,16 +306,29 @@ class Checkpointer:
         for key, obj in stateful.items():
             check_key(key)
             check_restorable(key, obj)
+        store = self._existing_store()
+        if store is None:
+            if missing_ok:
+                return None
+            raise NoStoreError(self._missing[0], f"{self._missing[1]}; nothing was restored"
+                               " (check the path; for a job's first start pass"
+                               " restore(..., missing_ok=True), and the first save creates"
+                               " the store)")
         if process_group_active():
             targets = {**stateful, "rng": {}} if rng else dict(stateful)
-            restored = restore_ranks(self.store, self.run, step, targets,
+            restored = restore_ranks(store, self.run, step, targets,
                                      {"rng": restore_rng} if rng else {})
-            if restored is None:
-                self._warn_of_other_runs()
-            return restored
-        candidates = self._candidates(step)
+        else:
+            restored = self._restore_here(step, stateful, rng)
+        if restored is None and not missing_ok:
+            self._warn_of_other_runs()
+        return restored
+
+    def _restore_here(self, step: int | None, stateful: dict[str, Any], rng: bool
+                      ) -> int | None:
+        """The restore in one process: the newest version that loads (or ``step``)."""
         failures: list[str] = []
-        for info in candidates:
+        for info in self._candidates(step):
             try:
                 self._restore_version(info, stateful, rng)
             except IntegrityError as exc:
@@ -274,18 +338,17 @@ class Checkpointer:
                 continue
             if failures:
                 warnings.warn(RestoreFallbackWarning.skipped(self.run, failures, info.step),
-                              stacklevel=2)
+                              stacklevel=4)
             return info.step
         if failures:
             raise nothing_restored(self.run, failures)
-        self._warn_of_other_runs()
         return None
 
     def _warn_of_other_runs(self) -> None:
         others = [run for run in self.store.runs() if run != self.run]
         if others:
             warnings.warn(RunNotFoundWarning.naming(self.run, self.store.url, others),
-                          stacklevel=3)
+                          stacklevel=4)
 
     def _candidates(self, step: int | None) -> list[VersionInfo]:
         versions = self.store.versions(self.run)
@@ -308,15 +371,16 @@ class Checkpointer:
     # --- listing and closing -----------------------------------------------------------------
 
     def all_steps(self) -> list[int]:
-        """Steps of the run's versions, in order (a save in flight not included)."""
+        """Steps of the run's versions, in order (a save in flight not included; none
+        while the path holds no store, which this does not create)."""
         self._check_open()
-        return [v.step for v in self.store.versions(self.run)]
+        store = self._existing_store()
+        return [] if store is None else [v.step for v in store.versions(self.run)]
 
     def latest_step(self) -> int | None:
-        """The highest step saved (what ``restore`` tries first)."""
-        self._check_open()
-        versions = self.store.versions(self.run)
-        return versions[-1].step if versions else None
+        """The highest step saved (what ``restore`` tries first); None when there is none."""
+        steps = self.all_steps()
+        return steps[-1] if steps else None
 
     def _check_open(self) -> None:
         if self._closed:
@@ -333,8 +397,8 @@ class Checkpointer:
             _OPEN.discard(self)
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
-            if self._owns_store:
-                self.store.close()
+            if self._owns_store and self._store is not None:
+                self._store.close()
 
     def __enter__(self) -> Checkpointer:
         return self
@@ -348,18 +412,35 @@ class Checkpointer:
 
 
 
+#: Where a Checkpointer found no store, and why: (url, reason).
+Missing = tuple[str, str]
+
+
 def _open_store_on_ranks(path_or_store: str | os.PathLike[str] | Store,
                          chunk_size: int | None, compression: str | None
-                         ) -> tuple[Store, bool]:
-    """The store; under a process group rank 0 opens (and maybe creates) it first, so
-    the ranks never race to create one store."""
+                         ) -> tuple[Store | None, bool, Missing]:
+    """The store if one exists (never created here), whether we opened it, and where and
+    why there is none.  Under a process group rank 0 looks first and the other ranks
+    open the store only if it found one, so every rank agrees."""
     if not process_group_active() or isinstance(path_or_store, Store):
-        return open_store(path_or_store, chunk_size=chunk_size, compression=compression)
-    opened = None
+        return _open_existing(path_or_store, chunk_size, compression)
     if dist.get_rank() == 0:
-        opened = open_store(path_or_store, chunk_size=chunk_size, compression=compression)
-    dist.barrier()
-    return opened or open_store(path_or_store, chunk_size=chunk_size, compression=compression)
+        found = _open_existing(path_or_store, chunk_size, compression)
+        all_gather_plain(found[0] is not None)
+        return found
+    if all_gather_plain(None)[0]:
+        return (*open_store(path_or_store, chunk_size=chunk_size, compression=compression),
+                ("", ""))
+    return None, False, (os.fspath(path_or_store), "rank 0 found none there")
+
+
+def _open_existing(path_or_store: str | os.PathLike[str] | Store, chunk_size: int | None,
+                   compression: str | None) -> tuple[Store | None, bool, Missing]:
+    try:
+        store, owned = open_store(path_or_store, chunk_size=chunk_size, compression=compression)
+    except NoStoreError as exc:
+        return None, False, (exc.url, exc.reason)
+    return store, owned, ("", "")
 
 
 def _async_refused() -> AsyncSaveUnderProcessGroupError:

@@ -26,6 +26,8 @@ def save(store: Store | str | os.PathLike[str], state_dict: dict[str, Any], *, r
     Each top-level key is one state: a tree of tensors and plain values (a
     model's state_dict) or an object with ``state_dict()``.  RNG states are
     not captured (use :class:`~torch_bridge.Checkpointer` for training loops).
+    A path that holds no store gets one (``load`` never creates one: it raises
+    :class:`~chunkstore.errors.NoStoreError`).
 
     The version's provenance is a Checkpointer's, with ``meta`` merged over it
     per call; its git part (``code_rev``, ``code_dirty``) is asked of git once
@@ -35,7 +37,7 @@ def save(store: Store | str | os.PathLike[str], state_dict: dict[str, Any], *, r
     """
     for key in state_dict:
         check_key(key)
-    opened, owned = open_store(store)
+    opened, owned = open_store(store, create=True)
     try:
         captured = capture_states(state_dict)
         return write_version(opened, run, step, provenance(meta, code_revision_once()),

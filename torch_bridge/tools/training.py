@@ -138,8 +138,10 @@ def train(job: Job, until: int, ckpt: Checkpointer | None = None,
 
 def resume(job: Job, ckpt: Checkpointer, step: int | None = None,
            without: frozenset[str] = frozenset()) -> int | None:
-    """Restore ``job`` from ``ckpt`` (all pieces but ``without``); returns the step."""
-    restored = ckpt.restore(step, rng="rng" not in without, **job.stateful(without))
+    """Restore ``job`` from ``ckpt`` (all pieces but ``without``); returns the step (None
+    on a first start: no store or no version yet, unless ``step`` asks for one)."""
+    restored = ckpt.restore(step, rng="rng" not in without, missing_ok=step is None,
+                            **job.stateful(without))
     job.step = restored or 0
     return restored
 

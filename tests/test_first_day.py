@@ -1,0 +1,103 @@
+"""A user's first day: a typo in a path or a run name never passes silently, and
+reading never creates a store."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import chunkstore
+from chunkstore.errors import NoStoreError, NotAStoreError
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+from torch_bridge import Checkpointer, RunNotFoundWarning  # noqa: E402
+
+
+def _model(seed: int = 0) -> Any:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(8, 4))
+
+
+def test_opening_a_path_that_holds_nothing_creates_nothing(tmp_path: Path) -> None:
+    """chunkstore.open("nothere/").open_version("latest") made a store by reading it."""
+    missing = tmp_path / "nothere"
+    with pytest.raises(NoStoreError, match=r"no store at .*nothere: the directory does not"
+                       r" exist") as raised:
+        chunkstore.open(missing).open_version("latest")
+    assert raised.value.url == str(missing)
+    assert not missing.exists()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(NoStoreError, match="nothing is stored there"):
+        chunkstore.open(tmp_path / "empty")
+    assert list((tmp_path / "empty").iterdir()) == []
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("not a store")
+    with pytest.raises(NotAStoreError, match=r"no chunkstore\.json") as other:
+        chunkstore.open(tmp_path / "other")
+    assert not isinstance(other.value, NoStoreError)
+    with chunkstore.open(missing, create=True) as store:  # creating is asked for by name
+        assert store.versions() == []
+    with chunkstore.open(missing) as store:
+        assert store.versions() == []
+
+
+def test_a_restore_from_a_mistyped_path_says_there_is_no_store(tmp_path: Path) -> None:
+    """Checkpointer("ref-stroe/", run="mine").restore(...) returned None without a word
+    and created the directory: training started over."""
+    model = _model()
+    with Checkpointer(tmp_path / "ref-store", run="mine") as ckpt:
+        ckpt.save(1, model=model)
+    typo = tmp_path / "ref-stroe"
+    with Checkpointer(typo, run="mine") as ckpt:
+        with pytest.raises(NoStoreError, match=r"no store at .*ref-stroe.*nothing was"
+                           r" restored.*missing_ok=True") as raised:
+            ckpt.restore(model=model)
+        assert raised.value.url == str(typo)
+        assert ckpt.all_steps() == [] and ckpt.latest_step() is None
+    assert not typo.exists()
+
+
+def test_missing_ok_is_a_quiet_first_start_and_the_first_save_creates_the_store(
+        tmp_path: Path) -> None:
+    model = _model()
+    path = tmp_path / "ckpts"
+    with Checkpointer(path, run="mine") as ckpt, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert ckpt.restore(model=model, missing_ok=True) is None
+        assert not path.exists()
+        ckpt.save(3, model=model)
+        assert (path / "chunkstore.json").is_file()
+        assert ckpt.restore(model=_model(1)) == 3
+    with Checkpointer(path, run="other") as other, warnings.catch_warnings():
+        warnings.simplefilter("error")  # a new run of a shared store, on purpose: quiet
+        assert other.restore(model=model, missing_ok=True) is None
+    with Checkpointer(path, run="mien") as typo:
+        with pytest.warns(RunNotFoundWarning, match="run 'mien' has no version .* 'mine'"):
+            assert typo.restore(model=model) is None
+
+
+def test_a_store_created_elsewhere_after_the_checkpointer_is_found(tmp_path: Path) -> None:
+    model = _model()
+    path = tmp_path / "ckpts"
+    reader = Checkpointer(path, run="mine")
+    with Checkpointer(path, run="mine") as writer:
+        writer.save(5, model=model)
+    assert reader.restore(model=_model(1)) == 5
+    reader.close()
+
+
+def test_cli_read_commands_say_no_store_and_create_nothing(tmp_path: Path) -> None:
+    missing = tmp_path / "nothere"
+    for command in (["log"], ["show", "latest"], ["report"], ["verify"], ["gc"]):
+        proc = subprocess.run([sys.executable, "-m", "chunkstore", command[0], str(missing),
+                               *command[1:]], capture_output=True, text=True, check=False)
+        assert proc.returncode == 2, (command, proc.stderr)
+        assert f"no store at {missing}" in proc.stderr, (command, proc.stderr)
+        assert not missing.exists()
