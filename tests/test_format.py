@@ -504,7 +504,7 @@ def test_tree_node_bytes() -> None:
         '"sizes":[2]}]}},'
         '"w":{"tensor":{"dtype":"float32","shape":[2,3],"shards":[{"chunk_bytes":'
         f'4096,"chunks":["{d2.hex}"],"offsets":[0,0],"sizes":[2,3]}}]}},"tree":"{d1.hex}"}},'
-        f'"\u00e9":{{"data":{{"nbytes":5,"node":"{d3.hex}"}}}}}},"format_version":5,'
+        f'"\u00e9":{{"data":{{"nbytes":5,"node":"{d3.hex}"}}}}}},"format_version":6,'
         '"kind":"tree"}').encode()
     assert digest.hex == blake3.blake3(data).hexdigest()
     assert decode_tree(digest, data) == node
@@ -517,7 +517,7 @@ def test_data_node_bytes_and_tags() -> None:
     payload = (b'{"$dict":[["a",[1,2.5,null,true]],["t",{"$tuple":[1,"\\u00e9"]}],'
                b'["b",{"$bytes":"AP8="}],["f",[{"$float":"nan"},{"$float":"inf"},'
                b'{"$float":"-inf"}]],["$k",1]]}')
-    assert data == b'{"format_version":5,"kind":"data","value":' + payload + b"}"
+    assert data == b'{"format_version":6,"kind":"data","value":' + payload + b"}"
     assert nbytes == len(payload)
     assert digest.hex == blake3.blake3(data).hexdigest()
     decoded = decode_data(digest, data)

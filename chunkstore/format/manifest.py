@@ -24,11 +24,12 @@ from chunkstore.format.digest import Digest
 from chunkstore.format.dtypes import element_size, numpy_dtype
 from chunkstore.format.names import check_component, check_entry_name
 
-NODE_FORMAT_VERSION = 5
+NODE_FORMAT_VERSION = 6
 #: Node format versions this release reads (1: no delta bases in shards; 2: no
 #: pack locations; 3: one name component per tree entry, no inlined subtrees; 4: no
-#: packed delta chunks, no packed bases).
-NODE_FORMAT_VERSIONS = (1, 2, 3, 4, 5)
+#: packed delta chunks, no packed bases; 5: plain data with sorted keys, so a dict
+#: read back has its keys in sorted order).
+NODE_FORMAT_VERSIONS = (1, 2, 3, 4, 5, 6)
 #: The first node format whose tree entries may be dotted paths (inlined subtrees).
 DOTTED_NAMES_SINCE = 4  # and continuation nodes (``more``)
 #: The first node format whose packed chunks may be deltas and whose bases may be

@@ -30,9 +30,15 @@ HASHABLE_TAGS = frozenset({"$tuple", "$bytes", "$float"})
 
 
 def encode(value: object) -> bytes:
-    """Encode ``value`` canonically (sorted keys, no spaces); raises NotSerializableError."""
+    """Encode ``value`` (no spaces, ASCII only); raises NotSerializableError.
+
+    Keys stay in the dict's order, so a dict reads back as it was built: a loop that
+    walks one (data-mixture weights drawn with the RNG) resumes exactly.  Equal dicts
+    built in another order encode differently; a state saved again in the same order
+    encodes the same, which is all sharing between versions needs.
+    """
     tree = to_tree(value)
-    return json.dumps(tree, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    return json.dumps(tree, separators=(",", ":"), allow_nan=False).encode()
 
 
 def decode(data: bytes) -> Any:
