@@ -46,7 +46,7 @@ from chunkstore.handle.handle import (
 )
 from chunkstore.handle.versions import VersionInfo
 from chunkstore.index.gclock import finish_abandoned_deletions
-from chunkstore.index.lmdbindex import Index
+from chunkstore.index.lmdbindex import open_index
 from chunkstore.maintenance.gc import collect
 from chunkstore.maintenance.rebuild import rebuild
 from chunkstore.maintenance.reconcile import reconcile
@@ -159,7 +159,7 @@ def open(
     if chunk_size is not None and chunk_size != config.chunk_size:
         raise InvalidSettingError(f"{text} was created with chunk size {config.chunk_size};"
                                   " the chunk size of an existing store cannot change")
-    index = Index(index_dir or default_index_dir(text, objects))
+    index = open_index(index_dir or default_index_dir(text, objects))
     try:
         index.describe_store(config.identity())  # emptied if it describes another store
     except BaseException:

@@ -121,6 +121,7 @@ class StoreHandle:
         self.objects = objects
         self.config = config
         self.index = index
+        self._closed = False
         self.compression = compression
         self.threads = threads or default_threads()
         self.max_inflight = self.threads * 2
@@ -197,6 +198,9 @@ class StoreHandle:
                 self._seen_stored[(kind, digest)] = None
 
     def close(self) -> None:
+        if self._closed:  # the index counts its openers: close each once
+            return
+        self._closed = True
         self.executor.shutdown(wait=True)
         self.base_copies.clear()
         self.index.close()

@@ -32,6 +32,7 @@ import logging
 import os
 import socket
 import struct
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -123,6 +124,28 @@ class VersionEntry:
         return cls(**json.loads(data))
 
 
+#: Indexes open in this process, by real path: LMDB allows one environment per file
+#: per process, so every handle on one store here shares one (:func:`open_index`).
+_OPEN: dict[str, Index] = {}
+_OPEN_LOCK = threading.Lock()
+
+
+def open_index(path: str) -> Index:
+    """The index at ``path``, shared with every other handle of this process that has
+    it open (a Checkpointer and ``chunkstore.open`` of its store, two Checkpointers):
+    each opener calls :meth:`Index.close` once, and the last one closes it."""
+    key = os.path.realpath(path)
+    with _OPEN_LOCK:
+        index = _OPEN.get(key)
+        if index is not None:
+            index._openers += 1
+            return index
+        index = Index(path)
+        index._shared_as = key
+        _OPEN[key] = index
+        return index
+
+
 class Index:
     """One LMDB environment; safe to share between threads and processes.
 
@@ -133,6 +156,8 @@ class Index:
 
     def __init__(self, path: str, map_size: int = DEFAULT_MAP_SIZE) -> None:
         self.path = path
+        self._openers = 1
+        self._shared_as = ""  # the key in _OPEN, for an index open_index shares
         self._map_size = indexfile.map_size(map_size)
         self.env, damaged = indexfile.open_env(path, self._map_size)
         try:
@@ -204,6 +229,14 @@ class Index:
                 self.journal, self.packed)
 
     def close(self) -> None:
+        """Close this opener's use; the environment closes with its last opener
+        (:func:`open_index`)."""
+        with _OPEN_LOCK:
+            self._openers -= 1
+            if self._openers > 0:
+                return
+            if _OPEN.get(self._shared_as) is self:
+                del _OPEN[self._shared_as]
         self.env.close()
 
     @contextlib.contextmanager
