@@ -76,6 +76,7 @@ def state(step: int) -> dict[str, np.ndarray]:
     return {"model.embed": embed,
             "model.frozen": np.random.default_rng(1).standard_normal(3000).astype(np.float32),
             "model.bias": np.arange(40, dtype=np.float32) * step,
+            "model.scale": np.full(64, 0.5, dtype=np.float32),  # shares a pack member
             "head.w": np.random.default_rng(100 + step).standard_normal(700).astype(np.float16)}
 
 
@@ -387,3 +388,43 @@ def test_the_command_reports_json_and_exits_by_outcome(tmp_path: Path) -> None:
         src.tag(save(src, "a", 2), "other")
     conflict = runner.invoke(cli, ["sync", str(tmp_path / "src"), str(tmp_path / "dst")])
     assert conflict.exit_code == 1 and "tag conflict: other" in conflict.output
+
+
+def test_repacked_packs_travel_with_their_moved_records(tmp_path: Path) -> None:
+    """Members the source repacked (their pack gone, read through its moved record)
+    arrive with the record and the new pack."""
+    with chunkstore.open(tmp_path / "src", create=True, chunk_size=CHUNK,
+                         delta_depth=0) as src:
+        old = save(src, "a", 1)
+        keep = save(src, "a", 2)
+        src.delete(old)
+        assert src.gc(grace=0, repack_unused=0.01).packs_repacked > 0
+    result = chunkstore.sync(tmp_path / "src", tmp_path / "dst", verify=True)
+    assert result.copied == [keep] and result.ok
+    assert any(True for _ in (tmp_path / "dst" / "moved").iterdir())
+    with chunkstore.open(tmp_path / "dst", create=False) as dst:
+        assert_whole(dst, {keep: ("a", 2)})
+
+
+def test_unchanged_subtrees_are_not_walked(tmp_path: Path) -> None:
+    """With a node per branch, a version that changes one branch is asked about in the
+    destination a subtree at a time."""
+    with chunkstore.open(tmp_path / "src", create=True, chunk_size=CHUNK,
+                         node_size=0) as src:
+        first = save(src, "a", 2)
+    chunkstore.sync(tmp_path / "src", tmp_path / "dst")
+    with chunkstore.open(tmp_path / "src", node_size=0) as src:
+        with src.new_version(run="a", step=3) as v:  # only head.w changes
+            for name, array in state(2).items():
+                v.put(name, array if name != "head.w" else array + np.float16(1))
+            v.put_data("trainer", {"step": 2, "run": "a"})
+        second = v.info.id
+    with chunkstore.open(tmp_path / "dst", create=False) as dst:
+        counting = dst.backend = Counting(dst.backend)
+        result = chunkstore.sync(tmp_path / "src", dst, verify=True)
+        assert result.copied == [second] and result.ok
+        assert result.subtrees_present >= 1  # 'model' was never walked
+        assert counting.calls["exists"] <= result.objects_present + result.subtrees_present
+        assert_whole(dst, {first: ("a", 2)})
+        np.testing.assert_array_equal(dst.open_version(second).get("head.w"),
+                                      state(2)["head.w"] + np.float16(1))
