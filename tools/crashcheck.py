@@ -169,13 +169,17 @@ class Report:
     built: int = 0
     distinct: int = 0
     checked: int = 0
+    #: States with a save session object in them: a GC right after the reboot waits a
+    #: lease for it (its owner, of another boot, counts as another host's).
+    sessions_left: int = 0
     failures: list[tuple[CrashState, list[str]]] = field(default_factory=list)
 
     def summary(self) -> str:
         return (f"{self.operation}: {self.calls} calls, {self.crash_points} crash points,"
                 f" {self.nominal} states allowed, {self.built} built, {self.distinct} distinct,"
-                f" {self.checked} checks (fresh index, and the index at the cut),"
-                f" {len(self.failures)} with problems")
+                f" {self.checked} checks (fresh index, index at the cut, index before),"
+                f" {len(self.failures)} with problems; {self.sessions_left} leave a session"
+                " object")
 
 
 def explore(operation: str, recording: Recording, expectations: Expectations, workdir: Path,
@@ -193,17 +197,27 @@ def explore(operation: str, recording: Recording, expectations: Expectations, wo
         states.sort(key=lambda s: s[0].point)
     for number, (state, files) in enumerate(states):
         expected, tags = expectations.at(recording, state.point)
-        at_cut = recording.indexes.get(state.point)
-        for index in (None, at_cut) if at_cut else (None,):
+        for label, index in _indexes(recording, state.point):
             problems = check_state(files, expected, tags, expectations.redo,
-                                   workdir / f"state-{number}",
-                                   None if index is None else Path(index))
+                                   workdir / f"state-{number}", index)
             shutil.rmtree(workdir / f"state-{number}", ignore_errors=True)
             report.checked += 1
             if problems:
-                label = "fresh index" if index is None else "index at the cut"
                 report.failures.append((state, [f"[{label}] {p}" for p in problems]))
+        if any(path.startswith("sessions/") for path in files):
+            report.sessions_left += 1
     return report
+
+
+def _indexes(recording: Recording, point: int) -> list[tuple[str, Path | None]]:
+    """The indexes to open a state with: a fresh one, the one the cut left, and the
+    one from before the operation (stale: it knows nothing the operation did)."""
+    found: list[tuple[str, Path | None]] = [("fresh index", None)]
+    if point in recording.indexes:
+        found.append(("index at the cut", Path(recording.indexes[point])))
+    if point and 0 in recording.indexes:
+        found.append(("index before the operation", Path(recording.indexes[0])))
+    return found
 
 
 class _Counting:

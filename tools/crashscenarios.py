@@ -9,14 +9,18 @@ the same with a smaller budget).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 
 import chunkstore
+from chunkstore.backends import local
 from tools.crashcheck import Expectations, describe, explore
 from tools.crashstates import Content, Recorder, Recording
 
@@ -114,8 +118,37 @@ def record_repack(root: Path) -> tuple[Recording, Expectations]:
     return recorder.recording, Expectations(before)
 
 
+class _Abandoned(Exception):
+    pass
+
+
+def record_mixed_sync_save(root: Path) -> tuple[Recording, Expectations]:
+    """Two writers of step 2's content: one batching its syncs (the default) gives up
+    after writing its objects (they wait for a syncfs that never comes); the other,
+    fsyncing object by object (``CHUNKSTORE_LOCAL_SYNC=file``, or a kernel before
+    5.8), finds them stored, reuses them and publishes."""
+    before = _setup(root, range(1, 2))
+    arrays, data = content(2)
+    with open_store(root) as store, Recorder(str(root), store.index) as recorder:
+        store.pack_delta_chunks = False  # its chunks are objects, written as it goes
+        with contextlib.suppress(_Abandoned), store.new_version(RUN, 2) as version:
+            for name, array in arrays.items():
+                version.put(name, array)
+            version.put_data("trainer", data["trainer"])
+            store.executor.submit(lambda: None).result()
+            raise _Abandoned
+        with mock.patch.dict(os.environ, {local.SYNC_ENV_VAR: "file"}), \
+                chunkstore.open(root, chunk_size=CHUNK, pack_size=PACK, threads=2,
+                                index_dir=str(root.parent / "other-index")) as other:
+            assert not other.objects.backend.batch_sync  # type: ignore[attr-defined]
+            other.pack_delta_chunks = False  # the same chunk objects: found stored
+            version_id = save(other, 2, recorder)
+    return recorder.recording, Expectations(before, {version_id: content(2)})
+
+
 SCENARIOS: dict[str, Scenario] = {"save": record_save, "tag+rm": record_tag_and_remove,
-                                  "gc": record_gc, "repack": record_repack}
+                                  "gc": record_gc, "repack": record_repack,
+                                  "mixed-sync save": record_mixed_sync_save}
 
 
 def main(argv: list[str]) -> int:

@@ -89,7 +89,8 @@ class Op:
 @dataclass
 class Recording:
     """What one operation did: its calls, the data of every file it wrote, the store
-    before it (relative path -> bytes), and copies of its index by crash point."""
+    before it (relative path -> bytes), and copies of its index by crash point (at 0:
+    the index before the operation)."""
 
     before: dict[str, bytes]
     ops: list[Op] = field(default_factory=list)
@@ -131,6 +132,7 @@ class Recorder:
         if local._LINKAT is not None:
             stack.enter_context(mock.patch.object(local, "_LINKAT", self._linkat(local._LINKAT)))
         self._patches = stack
+        self._copy_index()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -143,6 +145,8 @@ class Recorder:
         if self._index is None:
             return
         point = len(self.recording.ops)
+        if point in self.recording.indexes:
+            return
         target = os.path.join(self._index_copies, str(point))
         os.makedirs(target)
         self._index.env.copy(target)

@@ -163,7 +163,7 @@ class LocalBackend(Backend):
             created = self._link_unnamed(target, data, sync) if self._unnamed else None
         if created is not None:
             if not deferred:
-                _fsync_dir(os.path.dirname(target))  # see below
+                _sync_found(target, created)  # see below
             return created
         with _space_as_typed(key):
             temp = self._write_temp(target, data, sync=sync)
@@ -177,10 +177,8 @@ class LocalBackend(Backend):
         finally:
             _unlink_quietly(temp)
         if not deferred:
-            # Fsync even when we lost the race: the caller may now rely on the
-            # winner's object (dedup), and the winner may not have fsynced the
-            # directory entry yet.  This also persists the temp file's removal.
-            _fsync_dir(os.path.dirname(target))
+            # This also persists the temp file's removal.
+            _sync_found(target, created)
         return created
 
     def _link_unnamed(self, target: str, data: bytes | memoryview, sync: bool) -> bool | None:
@@ -452,6 +450,25 @@ def _make_dirs_durably(directory: str) -> None:
         with contextlib.suppress(FileExistsError):
             os.mkdir(path)
         _fsync_dir(os.path.dirname(path))
+
+
+def _sync_found(target: str, created: bool) -> None:
+    """Make ``target``'s name durable, and its data too when another writer created it.
+
+    Even when we lost the race: the caller may now rely on the winner's object
+    (dedup), and the winner may not have made it durable yet: a writer that batches
+    its syncs links its objects unsynced and leaves them to its syncfs, which a
+    writer that gave up never makes (after a power cut the file would be there,
+    empty or truncated, under a published version).
+    """
+    if not created:
+        with contextlib.suppress(FileNotFoundError):  # deleted since: not relied on
+            fd = os.open(target, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    _fsync_dir(os.path.dirname(target))
 
 
 def _fsync_dir(directory: str) -> None:
