@@ -315,3 +315,27 @@ class UnknownMetricError(InvalidSettingError):
         self.metric = metric
         self.run = run
         self.recorded = list(recorded)
+
+
+class RunInUseError(ChunkStoreError):
+    """Raised when another live process holds the run's writer lease: a run has one
+    writer, so two launches of one job never mix their histories.  ``holder`` is what
+    the lease object says of it (host, pid, since, heartbeat)."""
+
+    def __init__(self, run: str, holder: dict[str, object], message: str) -> None:
+        super().__init__(message)
+        self.run = run
+        self.holder = holder
+
+
+class RunLeaseLostError(ChunkStoreError):
+    """Raised when a writer finds that its run's lease is now another process's (taken
+    over, or expired while this one was stalled): it publishes nothing more."""
+
+    def __init__(self, run: str, holder: dict[str, object] | None) -> None:
+        who = (f"{holder.get('host')} pid {holder.get('pid')}" if holder
+               else "nobody (the lease was removed)")
+        super().__init__(f"run {run!r} is no longer this process's to write: its lease is"
+                         f" held by {who}; nothing more is published by this process")
+        self.run = run
+        self.holder = holder

@@ -88,9 +88,11 @@ SESSIONS = NamedKind("save session", "sessions/")
 JOURNAL = NamedKind("GC journal entry", "gc/")
 #: Tombstones of removed versions, by version id (§11).
 TOMBSTONES = NamedKind("tombstone", "removed/")
+#: Writer leases of runs, by run name: one writer per run (§11.5).
+LEASES = NamedKind("run lease", "leases/")
 #: Moved records of repacked packs, by pack digest (§3.6).
 MOVED = DigestKind("moved record", "moved/", fanout=False)
 
 ALL_KINDS: tuple[Kind[Digest] | Kind[str], ...] = (
-    CHUNKS, NODES, VERSIONS, TAGS, SESSIONS, JOURNAL, TOMBSTONES, MOVED)
+    CHUNKS, NODES, VERSIONS, TAGS, SESSIONS, JOURNAL, TOMBSTONES, MOVED, LEASES)
 

@@ -1,0 +1,146 @@
+"""One writer per run: the run lease (chunkstore/protocol/runlease.py) on a local store
+and on the S3 server, with real processes racing for it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import chunkstore
+from chunkstore.errors import RunInUseError, RunLeaseLostError
+from chunkstore.objects.kinds import LEASES
+from chunkstore.protocol.runlease import RUN_LEASE_S, RunLease, read_lease
+from tests.s3server import create_bucket, remove_bucket, s3_endpoint, storage_options
+
+__all__ = ["s3_endpoint"]  # the session fixture, re-exported so pytest finds it here
+
+ROOT = Path(__file__).resolve().parent.parent
+RACER = """
+import sys, time, chunkstore
+from chunkstore.errors import RunInUseError
+from chunkstore.protocol.runlease import RunLease
+from tests.s3server import storage_options
+url, endpoint, start = sys.argv[1], sys.argv[2], float(sys.argv[3])
+options = storage_options(endpoint) if url.startswith("s3://") else None
+with chunkstore.open(url, storage_options=options, index_dir=sys.argv[4]) as store:
+    lease = RunLease(store.objects, "job")
+    time.sleep(max(0.0, start - time.time()))
+    try:
+        lease.acquire()
+        print("won", flush=True)
+        time.sleep(1.0)
+        lease.check()
+        lease.release()
+    except RunInUseError as exc:
+        print("lost", exc.holder.get("pid"), flush=True)
+"""
+
+
+@pytest.fixture(params=["local", "s3"])
+def location(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    if request.param == "local":
+        url = str(tmp_path / "store")
+        chunkstore.open(url, create=True).close()
+        yield url, ""
+        return
+    endpoint = request.getfixturevalue("s3_endpoint")
+    bucket = create_bucket(endpoint)
+    url = f"s3://{bucket}/store"
+    chunkstore.open(url, create=True, storage_options=storage_options(endpoint),
+                    index_dir=str(tmp_path / "index")).close()
+    try:
+        yield url, endpoint
+    finally:
+        remove_bucket(endpoint, bucket)
+
+
+def open_store(url: str, endpoint: str, index: Path) -> chunkstore.Store:
+    options = storage_options(endpoint) if endpoint else None
+    return chunkstore.open(url, storage_options=options, index_dir=str(index))
+
+
+def test_processes_racing_for_a_run_get_one_writer(location: tuple[str, str],
+                                                   tmp_path: Path) -> None:
+    url, endpoint = location
+    start = time.time() + 3.0
+    racers = [subprocess.Popen([sys.executable, "-c", RACER, url, endpoint or "-", str(start),
+                                str(tmp_path / f"index-{i}")], cwd=ROOT, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+              for i in range(4)]
+    outcomes = []
+    for racer in racers:
+        out, err = racer.communicate(timeout=120)
+        assert racer.returncode == 0, err
+        outcomes.append(out.split()[0])
+    assert outcomes.count("won") == 1, outcomes
+    with open_store(url, endpoint, tmp_path / "check") as store:
+        assert read_lease(store.objects, "job") is None  # released by its holder
+
+
+def test_a_live_holder_is_named_and_takeover_stops_it(location: tuple[str, str],
+                                                      tmp_path: Path) -> None:
+    url, endpoint = location
+    with open_store(url, endpoint, tmp_path / "a") as first_store, \
+            open_store(url, endpoint, tmp_path / "b") as second_store:
+        first = RunLease(first_store.objects, "job")
+        first.acquire()
+        second = RunLease(second_store.objects, "job")
+        with pytest.raises(RunInUseError, match=f"pid {os.getpid()}") as caught:
+            second.acquire()
+        assert caught.value.holder["token"] == first.token and "takeover=True" in str(
+            caught.value)
+        second.acquire(takeover=True)
+        second.check()
+        with pytest.raises(RunLeaseLostError, match="no longer this process's"):
+            first.check()
+        first.release()  # not its lease any more: leaves the new holder's alone
+        stored = read_lease(second_store.objects, "job")
+        assert stored is not None and stored["token"] == second.token
+        second.release()
+        assert read_lease(second_store.objects, "job") is None
+
+
+def craft(store: chunkstore.Store, **fields: object) -> None:
+    body = {"format_version": 1, "run": "job", "token": "f" * 32, "host": "elsewhere",
+            "pid": 4242, "pidns": "other", "since": time.time() - 100, **fields}
+    store.objects.put(LEASES, "job", json.dumps(body).encode())
+
+
+def test_a_dead_or_expired_holder_is_taken_over(tmp_path: Path) -> None:
+    with chunkstore.open(tmp_path / "store", create=True) as store:
+        # Another host, heartbeat within the lease: alive.
+        craft(store, heartbeat=time.time() - 1)
+        with pytest.raises(RunInUseError, match="host elsewhere, pid 4242"):
+            RunLease(store.objects, "job").acquire()
+        # Another host, silent for longer than the lease: expired.
+        craft(store, heartbeat=time.time() - RUN_LEASE_S - 5)
+        lease = RunLease(store.objects, "job")
+        lease.acquire()
+        assert lease.took_over is not None and lease.took_over["pid"] == 4242
+        lease.release()
+        # This host, a process that has exited: dead at once.
+        gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, check=True)
+        from chunkstore.protocol.sessions import owner_info
+        mine = owner_info()
+        craft(store, heartbeat=time.time(), host=mine["host"], pidns=mine["pidns"],
+              pid=int(gone.stdout), process_start="0")
+        lease = RunLease(store.objects, "job")
+        lease.acquire()
+        lease.release()
+        # A heartbeat from the far future is not believed: the object's stored time
+        # stands in (fresh here, so the holder counts alive for a lease).
+        craft(store, heartbeat=time.time() + 10 * RUN_LEASE_S)
+        with pytest.raises(RunInUseError):
+            RunLease(store.objects, "job").acquire()
+        # A damaged lease object likewise lives by its stored time.
+        store.objects.put(LEASES, "job", b"{not json")
+        with pytest.raises(RunInUseError):
+            RunLease(store.objects, "job").acquire()
