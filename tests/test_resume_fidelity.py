@@ -83,3 +83,57 @@ def test_a_checkpointer_restores_a_dict_in_its_order(tmp_path: Path) -> None:
         restored = Mixture({})
         assert ckpt.restore(mixture=restored) == 1
     assert list(restored.weights) == ["web", "code", "books"]
+
+
+def _trainer(seed: int = 0) -> tuple[Any, Any, Any]:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(3, 8)).sum().backward()
+    opt.step()
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2)
+    return model, opt, sched
+
+
+def test_a_restore_that_leaves_saved_states_warns_naming_them(tmp_path: Path) -> None:
+    """restore(model=m) of a version holding the optimizer and scheduler said nothing:
+    the run resumed with a fresh optimizer."""
+    import warnings
+
+    from torch_bridge import Checkpointer, PartialRestoreWarning
+
+    model, opt, sched = _trainer()
+    with Checkpointer(tmp_path / "s", run="r") as ckpt:
+        ckpt.save(1, model=model, optimizer=opt, scheduler=sched)
+        fresh, fresh_opt, fresh_sched = _trainer(1)
+        with pytest.warns(PartialRestoreWarning, match=r"r@1\) also holds state\(s\)"
+                          r" 'optimizer', 'scheduler', which were not restored") as caught:
+            assert ckpt.restore(model=fresh) == 1
+        assert [w.message.states for w in caught  # type: ignore[union-attr]
+                if isinstance(w.message, PartialRestoreWarning)] == [["optimizer", "scheduler"]]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # everything asked for; rng=False leaves RNGs alone
+            assert ckpt.restore(model=fresh, optimizer=fresh_opt, scheduler=fresh_sched) == 1
+            assert ckpt.restore(model=fresh, optimizer=fresh_opt, scheduler=fresh_sched,
+                                rng=False) == 1
+
+
+def test_restoring_onto_a_module_on_the_meta_device_is_refused(tmp_path: Path) -> None:
+    """A module built under torch.device("meta") took the restore without a word and
+    kept no data at all."""
+    from torch_bridge import Checkpointer, MetaDeviceError
+
+    model, _, _ = _trainer()
+    with Checkpointer(tmp_path / "s", run="r") as ckpt:
+        ckpt.save(1, model=model)
+        with torch.device("meta"):
+            lazy = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(),
+                                       torch.nn.Linear(4, 2))
+        with pytest.raises(MetaDeviceError, match=r"model\['0\.weight'\].* are on the meta"
+                           r" device.*to_empty") as raised:
+            ckpt.restore(model=lazy)
+        assert len(raised.value.paths) == 4
+        lazy.to_empty(device="cpu")
+        assert ckpt.restore(model=lazy) == 1
+    assert all(torch.equal(a, b) for a, b in zip(lazy.state_dict().values(),
+                                                  model.state_dict().values(), strict=True))

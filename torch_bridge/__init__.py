@@ -35,6 +35,9 @@ _EXPORTS = {
     "RestoreFallbackWarning": "torch_bridge.errors",
     "RngMismatchWarning": "torch_bridge.errors",
     "RunNotFoundWarning": "torch_bridge.errors",
+    "PartialRestoreWarning": "torch_bridge.errors",
+    "MetaDeviceError": "torch_bridge.errors",
+    "PickleRefusedError": "torch_bridge.errors",
 }
 
 __all__ = [
@@ -42,8 +45,11 @@ __all__ = [
     "AsyncSaveUnderProcessGroupError",
     "Checkpointer",
     "CorruptCheckpointError",
+    "MetaDeviceError",
     "NotACheckpointError",
     "NotAtUpdateBoundaryWarning",
+    "PartialRestoreWarning",
+    "PickleRefusedError",
     "RanksDisagreeError",
     "RanksFailedError",
     "RestoreFallbackWarning",

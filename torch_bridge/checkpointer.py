@@ -34,6 +34,8 @@ from torch_bridge.capture.layout import (
     check_key,
     check_restorable,
     load_states,
+    read_sections,
+    warn_unrestored,
     write_version,
 )
 from torch_bridge.capture.provenance import provenance
@@ -365,8 +367,10 @@ class Checkpointer:
         targets = dict(stateful)
         if rng:
             targets["rng"] = {}
-        trees = load_states(reader, targets)
+        sections = read_sections(reader)
+        trees = load_states(reader, targets, sections)
         apply_states(targets, trees, {"rng": restore_rng})
+        warn_unrestored(reader.info, sections, targets, stacklevel=5)
 
     # --- listing and closing -----------------------------------------------------------------
 

@@ -86,6 +86,49 @@ class RunNotFoundWarning(UserWarning):
                    " was restored (check run=)")
 
 
+class PartialRestoreWarning(UserWarning):
+    """Warned when a restore leaves states the version holds unrestored (an optimizer or
+    scheduler not passed to ``restore``): the run would resume from a mix of restored
+    and fresh state.  ``states`` names them."""
+
+    def __init__(self, message: str, states: list[str]) -> None:
+        super().__init__(message)
+        self.states = states
+
+    @classmethod
+    def leaving(cls, label: str, states: list[str]) -> PartialRestoreWarning:
+        shown = ", ".join(repr(s) for s in states)
+        return cls(f"{label} also holds state(s) {shown}, which were not restored: pass"
+                   " them to restore() to resume exactly (or filter this warning if leaving"
+                   " them is intended)", states)
+
+
+class MetaDeviceError(InvalidInputError):
+    """Raised when a restore target holds tensors on the meta device (a module built under
+    ``torch.device("meta")``): loading into them would do nothing.  Nothing is loaded;
+    ``paths`` names them."""
+
+    def __init__(self, version_id: str, paths: list[str]) -> None:
+        shown = ", ".join(paths[:5]) + (f" (and {len(paths) - 5} more)" if len(paths) > 5
+                                        else "")
+        verb = "is" if len(paths) == 1 else "are"
+        super().__init__(f"version {version_id[:12]}: {shown} {verb} on the meta device, which"
+                         " holds no data, so restoring into it would do nothing; materialize"
+                         " the module first (module.to_empty(device=...)), then restore")
+        self.version_id = version_id
+        self.paths = paths
+
+
+class PickleRefusedError(InvalidInputError):
+    """Raised when a DCP save holds a value that is not plain data (storing it needs
+    pickle) or a DCP load would unpickle a stored value, without ``allow_pickle=True``.
+    ``fqn`` names the value; nothing is published or loaded."""
+
+    def __init__(self, fqn: str, message: str) -> None:
+        super().__init__(message)
+        self.fqn = fqn
+
+
 class RngMismatchWarning(UserWarning):
     """Warned when a checkpoint's CUDA RNG states cannot be applied on this machine."""
 

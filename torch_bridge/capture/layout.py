@@ -20,6 +20,7 @@ straight into the existing storage where it can.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -43,7 +44,9 @@ from torch_bridge.capture.state import (
 from torch_bridge.capture.tensors import as_array, readable_in_place, torch_dtype
 from torch_bridge.errors import (
     CorruptCheckpointError,
+    MetaDeviceError,
     NotACheckpointError,
+    PartialRestoreWarning,
     StateMismatchError,
     StateNotFoundError,
     WorldSizeMismatchError,
@@ -180,27 +183,14 @@ def load_states(reader: VersionReader, targets: dict[str, Any],
     """Read the states named by ``targets`` (live objects or trees); return rebuilt trees.
 
     Tensors land in the live tree's tensors when shape and dtype agree;
-    a disagreement raises StateMismatchError before anything is read.
+    a disagreement raises StateMismatchError, and a live tensor on the meta
+    device (which holds no data: a copy into it does nothing) MetaDeviceError,
+    before anything is read.
     ``sections``: one rank's states of a multi-rank version (the version's
     own for a single-process one); their ``dtensor`` records fill the live
     DTensors' local boxes.
     """
-    if sections is None:
-        sections = read_sections(reader)
-    missing = sorted(k for k in targets if k not in sections)
-    if missing:
-        raise StateNotFoundError(reader.info.id, missing, sorted(sections))
-    plans = [_Plan(key, sections[key]) for key in targets]
-    problems: list[str] = []
-    for plan in plans:
-        obj = targets[plan.key]
-        live = obj.state_dict() if isinstance(obj, Stateful) else obj
-        _check_structure(plan, obj, live, problems)
-        _check_kind(plan, obj, problems)
-        for record in plan.records:
-            plan.targets.append(_target(reader, plan.key, record, live, problems))
-    if problems:
-        raise StateMismatchError(reader.info.id, problems)
+    plans = _plans(reader, targets, read_sections(reader) if sections is None else sections)
     requests: list[tuple[str, np.ndarray, str | None]] = []
     copies: list[tuple[torch.Tensor, torch.Tensor, bool]] = []
     boxes: list[tuple[str, torch.Tensor]] = []
@@ -224,6 +214,42 @@ def load_states(reader: VersionReader, targets: dict[str, Any],
         trees[plan.key] = rebuild(plan.section["skeleton"], loaded,
                                   plan.section.get("module_metadata"))
     return trees
+
+
+def _plans(reader: VersionReader, targets: dict[str, Any], sections: dict[str, dict[str, Any]]
+           ) -> list[_Plan]:
+    """Where every saved tensor of the targets' states goes; the typed errors, before
+    anything is read."""
+    missing = sorted(k for k in targets if k not in sections)
+    if missing:
+        raise StateNotFoundError(reader.info.id, missing, sorted(sections))
+    plans = [_Plan(key, sections[key]) for key in targets]
+    problems: list[str] = []
+    for plan in plans:
+        obj = targets[plan.key]
+        live = obj.state_dict() if isinstance(obj, Stateful) else obj
+        _check_structure(plan, obj, live, problems)
+        _check_kind(plan, obj, problems)
+        for record in plan.records:
+            plan.targets.append(_target(reader, plan.key, record, live, problems))
+    on_meta = [path_text(plan.key, record.path) for plan in plans
+               for record, target in zip(plan.records, plan.targets, strict=True)
+               if isinstance(target, torch.Tensor) and target.device.type == "meta"]
+    if on_meta:
+        raise MetaDeviceError(reader.info.id, on_meta)
+    if problems:
+        raise StateMismatchError(reader.info.id, problems)
+    return plans
+
+
+def warn_unrestored(info: VersionInfo, saved: Iterable[str], targets: dict[str, Any],
+                    stacklevel: int = 2) -> None:
+    """Warn when the version holds states the restore did not ask for (``rng`` aside:
+    leaving it is what ``rng=False`` asks)."""
+    left = sorted(key for key in saved if key not in targets and key != "rng")
+    if left:
+        warnings.warn(PartialRestoreWarning.leaving(
+            f"version {info.short_id} ({info.run}@{info.step})", left), stacklevel=stacklevel + 1)
 
 
 def _target(reader: VersionReader, key: str, record: TensorRecord, live: Any,

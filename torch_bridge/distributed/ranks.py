@@ -85,6 +85,7 @@ from torch_bridge.capture.layout import (
     capture_states,
     load_states,
     read_sections,
+    warn_unrestored,
 )
 from torch_bridge.capture.state import CapturedState, EntryNames
 from torch_bridge.capture.tensors import as_array, host_copy
@@ -344,7 +345,7 @@ def restore_ranks(store: Store, run: str, step: int | None, targets: dict[str, A
         "candidates": ids})
     failures: list[str] = []
     for version_id in listed[0]["candidates"]:
-        (info, trees, _), verdicts = _exchange(
+        (info, trees, _, saved), verdicts = _exchange(
             action, functools.partial(_load, store, version_id, targets, rank, world),
             lambda loaded: {"damaged": loaded[2]})
         damaged = {r: v["damaged"] for r, v in enumerate(verdicts) if v["damaged"]}
@@ -355,6 +356,8 @@ def restore_ranks(store: Store, run: str, step: int | None, targets: dict[str, A
                 raise IntegrityError(f"{action}: version {failures[-1]}")
             continue
         apply_states(targets, trees, special)
+        if rank == 0:  # every rank holds the same states: one warning
+            warn_unrestored(info, saved, targets, stacklevel=3)
         if failures:
             warnings.warn(RestoreFallbackWarning.skipped(run, failures, info.step, " every rank"),
                           stacklevel=3)
@@ -365,14 +368,15 @@ def restore_ranks(store: Store, run: str, step: int | None, targets: dict[str, A
 
 
 def _load(store: Store, version_id: str, targets: dict[str, Any], rank: int, world: int
-          ) -> tuple[VersionInfo, dict[str, Any], str | None]:
+          ) -> tuple[VersionInfo, dict[str, Any], str | None, list[str]]:
     """Read this rank's section of a version into ``targets`` (nothing applied yet): the
-    trees to apply, or why the version is damaged here."""
+    trees to apply, or why the version is damaged here, and the states it holds."""
     reader = _open_by_id(store, version_id)
     try:
-        return reader.info, load_states(reader, targets, read_sections(reader, rank, world)), None
+        sections = read_sections(reader, rank, world)
+        return reader.info, load_states(reader, targets, sections), None, sorted(sections)
     except IntegrityError as exc:
-        return reader.info, {}, f"{type(exc).__name__}: {exc}"
+        return reader.info, {}, f"{type(exc).__name__}: {exc}", []
 
 
 def _open_by_id(store: Store, version_id: str) -> VersionReader:
