@@ -41,6 +41,7 @@ from chunkstore.cli.common import (
     Interrupted,
     exit_code_for,
     missing_dependency,
+    set_storage_options,
 )
 from chunkstore.collector import collector_paused
 from chunkstore.errors import ChunkStoreError
@@ -140,7 +141,14 @@ def _missing_dependency_command(name: str, summary: str, extra: str,
 
 @click.group(cls=ChunkstoreGroup)
 @click.version_option(chunkstore.__version__, prog_name="chunkstore")
-def cli() -> None:
+@click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
+              help="An fsspec storage option for s3:// (and other URL) stores, e.g."
+              " endpoint_url=http://127.0.0.1:9000 or profile=backup; repeatable; a dotted"
+              " KEY nests (client_kwargs.region_name=eu-west-1). Merged over the JSON"
+              " object in $CHUNKSTORE_STORAGE_OPTIONS. Credentials are better left to the"
+              " AWS variables and profiles (see docs/s3.md).")
+@click.pass_context
+def cli(ctx: click.Context, storage_option: tuple[str, ...]) -> None:
     """Incremental, deduplicated storage for training checkpoints.
 
     A store is a directory (or an fsspec URL such as s3://bucket/ckpts) that
@@ -175,7 +183,13 @@ def cli() -> None:
       3    integrity error: corrupt or missing data, unsupported format version
       4    any other failure (storage backend, I/O)
       130  interrupted (Ctrl-C)
+
+    \b
+    S3 and other URL stores (docs/s3.md):
+      AWS_ENDPOINT_URL=http://127.0.0.1:9000 chunkstore log s3://bucket/ckpts
+      chunkstore --storage-option profile=backup log s3://bucket/ckpts
     """
+    set_storage_options(ctx, storage_option)
 
 
 for _command in (*inspection.COMMANDS, *versions.COMMANDS, *maintenance.COMMANDS,

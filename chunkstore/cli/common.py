@@ -162,10 +162,79 @@ class SizeParam(click.ParamType[int]):
 # --- stores, tables, versions ---------------------------------------------------------------
 
 
+#: Environment variable holding storage options for every URL store the CLI opens, as
+#: a JSON object (``--storage-option`` entries are merged over it).
+STORAGE_OPTIONS_ENV_VAR = "CHUNKSTORE_STORAGE_OPTIONS"
+_OPTIONS_META = "chunkstore.storage_options"
+
+
+def parse_storage_options(pairs: Sequence[str], env_text: str | None) -> dict[str, Any]:
+    """``KEY=VALUE`` entries (a dotted KEY nests: ``client_kwargs.endpoint_url=...``; a
+    VALUE that reads as JSON (numbers, true, false, null, objects) is taken as such,
+    anything else as text) merged over the JSON object of ``env_text``."""
+    options: dict[str, Any] = {}
+    if env_text:
+        try:
+            loaded = json.loads(env_text)
+        except ValueError as exc:
+            raise CliError(f"{STORAGE_OPTIONS_ENV_VAR} is not JSON: {exc}", EXIT_USAGE) from None
+        if not isinstance(loaded, dict):
+            raise CliError(f"{STORAGE_OPTIONS_ENV_VAR} must be a JSON object, like"
+                           ' \'{"endpoint_url": "http://127.0.0.1:9000"}\'', EXIT_USAGE)
+        options.update(loaded)
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise CliError(f"--storage-option {pair!r}: expected KEY=VALUE, like"
+                           " endpoint_url=http://127.0.0.1:9000", EXIT_USAGE)
+        try:
+            value: Any = json.loads(text)
+        except ValueError:
+            value = text
+        *parents, last = key.split(".")
+        target = options
+        for part in parents:
+            child = target.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise CliError(f"--storage-option {pair!r}: {part} is already set to a"
+                               " value, not options", EXIT_USAGE)
+            target = child
+        target[last] = value
+    return options
+
+
+def set_storage_options(ctx: click.Context, pairs: Sequence[str]) -> None:
+    """Keep the group's ``--storage-option`` entries (and the environment's) for
+    every store the command opens."""
+    import os
+
+    ctx.meta[_OPTIONS_META] = parse_storage_options(pairs, os.environ.get(
+        STORAGE_OPTIONS_ENV_VAR))
+
+
+def storage_options_for(url: str) -> dict[str, Any] | None:
+    """The storage options the command line gives a store at ``url`` (None for a local
+    path, which takes none)."""
+    scheme = url.partition("://")[0] if "://" in url else ""
+    if scheme in ("", "file", "local"):
+        return None
+    ctx = click.get_current_context(silent=True)
+    options = ctx.meta.get(_OPTIONS_META) if ctx is not None else None
+    return dict(options) if options else None
+
+
+def open_any(url: str, **kwargs: Any) -> Store:
+    """``chunkstore.open`` with the command line's storage options for ``url``."""
+    options = storage_options_for(str(url))
+    if options is not None and kwargs.get("storage_options") is None:
+        kwargs["storage_options"] = options
+    return chunkstore.open(url, **kwargs)
+
+
 @contextmanager
 def open_store(path: str) -> Iterator[Store]:
     """Open an existing store (never creates one) and close it afterwards."""
-    store = chunkstore.open(path, create=False)
+    store = open_any(path, create=False)
     try:
         yield store
     except KeyboardInterrupt:

@@ -8,7 +8,6 @@ from typing import Any
 
 import click
 
-import chunkstore
 from chunkstore.cli.common import (
     EXIT_USAGE,
     GRACE_OPT,
@@ -25,6 +24,7 @@ from chunkstore.cli.common import (
     format_size,
     label,
     local_time,
+    open_any,
     open_store,
     plural,
     render_table,
@@ -90,8 +90,8 @@ def init(path: str, chunk_size: int, compression: str, delta_depth: int) -> None
                            f" {format_size(existing.chunk_size)}); nothing changed", EXIT_USAGE)
     except NotAStoreError:
         pass  # the normal case: nothing there yet
-    store = chunkstore.open(path, create=True, chunk_size=chunk_size, compression=compression,
-                            delta_depth=delta_depth)
+    store = open_any(path, create=True, chunk_size=chunk_size, compression=compression,
+                     delta_depth=delta_depth)
     with store:
         click.echo(f"created an empty store at {path} (chunk size"
                    f" {format_size(store.chunk_size)}, compression {store.config.compression},"

@@ -6,8 +6,14 @@ import time
 
 import click
 
-import chunkstore
-from chunkstore.cli.common import EXIT_PROBLEMS, JSON_OPT, emit_json, format_size, plural
+from chunkstore.cli.common import (
+    EXIT_PROBLEMS,
+    JSON_OPT,
+    emit_json,
+    format_size,
+    open_any,
+    plural,
+)
 from chunkstore.maintenance.sync import SyncResult, sync_locations
 from chunkstore.progress import TerminalProgress
 
@@ -74,7 +80,7 @@ def sync(src: str, dst: str, selectors: tuple[str, ...], dry_run: bool, verify_a
     """
     started = time.monotonic()
     with TerminalProgress() as progress:
-        result = sync_locations(src, dst, selectors, opener=chunkstore.open, dry_run=dry_run,
+        result = sync_locations(src, dst, selectors, opener=open_any, dry_run=dry_run,
                                 verify=verify_after, progress=progress)
     if as_json:
         emit_json({**result.to_json(), "seconds": round(time.monotonic() - started, 3)})
