@@ -61,6 +61,11 @@ def save(store: chunkstore.Store, step: int, recorder: Recorder | None = None) -
     return version.info.id
 
 
+def _recorder(root: Path, store: chunkstore.Store) -> Recorder:
+    """A recorder of ``store`` at ``root``, its index copies beside the store."""
+    return Recorder(str(root), store.index, str(root.parent / "index-copies"))
+
+
 Scenario = Callable[[Path], tuple[Recording, Expectations]]
 
 
@@ -72,7 +77,7 @@ def _setup(root: Path, steps: range) -> dict[str, Content]:
 def record_save(root: Path) -> tuple[Recording, Expectations]:
     """Step 2 of a run whose step 1 is stored."""
     before = _setup(root, range(1, 2))
-    with open_store(root) as store, Recorder(str(root), store.index) as recorder:
+    with open_store(root) as store, _recorder(root, store) as recorder:
         version_id = save(store, 2, recorder)
     return recorder.recording, Expectations(before, {version_id: content(2)},
                                             redo=content(2))
@@ -82,7 +87,7 @@ def record_tag_and_remove(root: Path) -> tuple[Recording, Expectations]:
     """Tag step 2 ``best``, then remove step 1."""
     before = _setup(root, range(1, 3))
     first, second = before
-    with open_store(root) as store, Recorder(str(root), store.index) as recorder:
+    with open_store(root) as store, _recorder(root, store) as recorder:
         store.tag(second, "best")
         recorder.mark("tagged best")
         recorder.mark(f"removing {first}")
@@ -97,7 +102,7 @@ def record_gc(root: Path) -> tuple[Recording, Expectations]:
     with open_store(root) as store:
         store.delete(first)
     del before[first]
-    with open_store(root) as store, Recorder(str(root), store.index) as recorder:
+    with open_store(root) as store, _recorder(root, store) as recorder:
         result = store.gc(grace=0, repack_unused=None)
     assert result.chunks_deleted + result.nodes_deleted > 0, result
     return recorder.recording, Expectations(before)
@@ -112,7 +117,7 @@ def record_repack(root: Path) -> tuple[Recording, Expectations]:
         store.delete(second)
         store.gc(grace=0, repack_unused=None)  # the deletions alone, outside the recording
     del before[first], before[second]
-    with open_store(root) as store, Recorder(str(root), store.index) as recorder:
+    with open_store(root) as store, _recorder(root, store) as recorder:
         result = store.gc(grace=0, repack_unused=0.01)
     assert result.packs_repacked > 0, result
     return recorder.recording, Expectations(before)
@@ -129,7 +134,7 @@ def record_mixed_sync_save(root: Path) -> tuple[Recording, Expectations]:
     5.8), finds them stored, reuses them and publishes."""
     before = _setup(root, range(1, 2))
     arrays, data = content(2)
-    with open_store(root) as store, Recorder(str(root), store.index) as recorder:
+    with open_store(root) as store, _recorder(root, store) as recorder:
         store.pack_delta_chunks = False  # its chunks are objects, written as it goes
         with contextlib.suppress(_Abandoned), store.new_version(RUN, 2) as version:
             for name, array in arrays.items():
