@@ -91,6 +91,18 @@ class InvalidSettingError(InvalidInputError):
     """Raised when a store setting (chunk size, codec policy, grace) is out of range."""
 
 
+class SubsetError(InvalidInputError):
+    """Raised when a verify data subset is neither ``N/M`` (1 <= N <= M) nor a
+    percentage ``X%`` (0 < X <= 100)."""
+
+    def __init__(self, subset: object, reason: str) -> None:
+        super().__init__(f"invalid data subset {subset!r}: {reason} (give N/M, such as 1/5,"
+                         " to read the objects of slice N of M, or X%, such as 10%, to read"
+                         " a random sample)")
+        self.subset = subset
+        self.reason = reason
+
+
 class VersionClosedError(ChunkStoreError):
     """Raised when a version writer is used after it committed or aborted."""
 

@@ -238,10 +238,13 @@ class Store(StoreHandle):
     # --- whole-store operations ------------------------------------------------------------
 
     def verify(self, sel: str | None = None, *, read_data: bool = True,
+               read_data_subset: str | None = None,
                progress: Progress | None = None) -> VerifyResult:
-        """Check versions (all, or the one ``sel`` names); see
-        :mod:`chunkstore.maintenance.verify`."""
-        return verify(self, sel, read_data=read_data, progress=progress)
+        """Check versions (all, or the one ``sel`` names); with ``read_data_subset``
+        (``"N/M"`` or ``"X%"``) read only those objects, checking the rest present;
+        see :mod:`chunkstore.maintenance.verify`."""
+        return verify(self, sel, read_data=read_data, read_data_subset=read_data_subset,
+                      progress=progress)
 
     def stats(self) -> StoreStats:
         return stats(self)

@@ -5,11 +5,23 @@ parse; refcounts match.
 
 Findings are collected as :class:`Problem` objects instead of stopping at the
 first one.
+
+A large store can be read over several runs (``read_data_subset``, as restic's
+``check --read-data-subset``): the structure check (every object each version
+needs exists: a stat, no read) always covers everything; only the stored objects
+in the subset (chunk objects and packs) are read, decoded and hash-checked.
+``N/M`` takes the objects whose digest, as a number, is ``N - 1`` modulo ``M``:
+the M runs ``1/M`` .. ``M/M`` read every object exactly once, and an object stays
+in its slice as the store grows.  ``X%`` reads a random sample of that share.
 """
 
 from __future__ import annotations
 
+import random
+import re
+import time
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +32,9 @@ from chunkstore.errors import (
     CorruptRecordError,
     CorruptTagError,
     FormatVersionError,
+    InvalidInputError,
     MissingChunkError,
+    SubsetError,
 )
 from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import DataEntry, PackLocation, decode_data
@@ -56,11 +70,65 @@ class Problem:
         return dict(self.__dict__)
 
 
+_SLICE = re.compile(r"\s*(\d+)\s*/\s*(\d+)\s*")
+_PERCENT = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*%\s*")
+
+
+@dataclass(frozen=True)
+class DataSubset:
+    """The stored objects a verify reads: slice ``slice`` of ``slices``, or a random
+    ``percent`` (drawn with ``seed``; None: a fresh draw each run)."""
+
+    slice: int = 0
+    slices: int = 0
+    percent: float | None = None
+    seed: int | None = None
+
+    @classmethod
+    def parse(cls, text: object, seed: int | None = None) -> DataSubset:
+        """``"2/5"`` or ``"10%"``; anything else is a :class:`SubsetError`."""
+        if not isinstance(text, str):
+            raise SubsetError(text, "not text")
+        if match := _SLICE.fullmatch(text):
+            n, m = int(match[1]), int(match[2])
+            if m < 1 or not 1 <= n <= m:
+                raise SubsetError(text, f"slice {n} of {m} does not exist: N runs from 1 to M")
+            return cls(n, m)
+        if match := _PERCENT.fullmatch(text):
+            percent = float(match[1])
+            if not 0 < percent <= 100:
+                raise SubsetError(text, "a percentage above 0 and at most 100")
+            return cls(percent=percent, seed=seed)
+        raise SubsetError(text, "not N/M nor X%")
+
+    def __str__(self) -> str:
+        return f"{self.percent:g}%" if self.percent is not None else f"{self.slice}/{self.slices}"
+
+    def select(self, objects: Collection[Digest]) -> set[Digest]:
+        """The objects of ``objects`` in this subset."""
+        if self.percent is None:
+            return {d for d in objects
+                    if int.from_bytes(d.raw[:8], "big") % self.slices == self.slice - 1}
+        count = round(len(objects) * self.percent / 100)
+        count = max(count, 1) if objects else 0  # a sample reads something
+        return set(random.Random(self.seed).sample(sorted(objects, key=lambda d: d.raw), count))
+
+
 @dataclass
 class VerifyResult:
     versions_checked: int = 0
     chunks_checked: int = 0
+    #: raw bytes of the chunks read, decoded and hash-checked
     bytes_checked: int = 0
+    #: chunks read in full (all of them, unless a subset or ``read_data=False``)
+    chunks_read: int = 0
+    #: stored objects (chunk objects and packs) the checked versions need
+    objects_total: int = 0
+    #: of those, the objects read in full
+    objects_read: int = 0
+    #: the data subset read (``"1/5"``, ``"10%"``); None: all, or none with read_data=False
+    subset: str | None = None
+    seconds: float = 0.0
     problems: list[Problem] = field(default_factory=list)
     #: Damage that no read of a version meets (a pack's own header): the versions
     #: read back whole, so they are not ``problems``; worth a look all the same.
@@ -73,6 +141,9 @@ class VerifyResult:
     def to_json(self) -> dict[str, Any]:
         return {"ok": self.ok, "versions_checked": self.versions_checked,
                 "chunks_checked": self.chunks_checked, "bytes_checked": self.bytes_checked,
+                "chunks_read": self.chunks_read, "objects_total": self.objects_total,
+                "objects_read": self.objects_read, "subset": self.subset,
+                "bytes_read": self.bytes_checked, "seconds": round(self.seconds, 3),
                 "problems": [p.to_json() for p in self.problems],
                 "warnings": [w.to_json() for w in self.warnings]}
 
@@ -218,33 +289,60 @@ def _check_refcounts(store: StoreHandle, trees: dict[str, FlatTree], unreadable:
                                        " run `chunkstore index rebuild`", None, digest.hex))
 
 
+def _stored_object(check: ChunkCheck) -> Digest:
+    """The stored object a chunk check reads: the chunk's own, or its pack."""
+    return check[0] if check[3] is None else check[3].pack
+
+
+def _subset(read_data: bool, read_data_subset: str | DataSubset | None) -> DataSubset | None:
+    if read_data_subset is None or isinstance(read_data_subset, DataSubset):
+        subset = read_data_subset
+    else:
+        subset = DataSubset.parse(read_data_subset)
+    if subset is not None and not read_data:
+        raise InvalidInputError("a data subset to read was given with read_data=False"
+                                " (--quick), which reads no data: give one or the other")
+    return subset
+
+
 def verify(store: StoreHandle, sel: str | None = None, *, read_data: bool = True,
+           read_data_subset: str | DataSubset | None = None,
            progress: Progress | None = None) -> VerifyResult:
     """Check the chosen version (all when ``sel`` is None); tags and refcounts only for all.
 
     Every check a read of a version makes is made here, through the same
-    functions, so a version verify passes reads back in full.
+    functions, so a version verify passes reads back in full.  With
+    ``read_data_subset`` (``"N/M"``, ``"X%"`` or a :class:`DataSubset`) only the
+    stored objects in it are read; every other one is checked present.
     """
     progress = progress or NullProgress()
-    result = VerifyResult()
+    started = time.monotonic()
+    subset = _subset(read_data, read_data_subset)
+    result = VerifyResult(subset=None if subset is None else str(subset))
     ids = [store.resolve(sel).id] if sel is not None else sorted(store.stored_version_ids())
     reads: dict[ChunkCheck, list[str]] = {}
     trees = _load_versions(store, ids, result, reads)
     pending = list(reads)
-    checks = store.executor.map(lambda r: _check_chunk(store, r, read_data), pending)
+    stored = {_stored_object(check) for check in pending}
+    chosen = set() if not read_data else stored if subset is None else subset.select(stored)
+    result.objects_total, result.objects_read = len(stored), len(chosen)
+    checks = store.executor.map(
+        lambda r: _check_chunk(store, r, _stored_object(r) in chosen), pending)
     progress.start(len(pending), "verify: chunks")
     for check, (size, problem) in zip(pending, checks, strict=True):
         progress.advance()
         result.chunks_checked += 1
+        result.chunks_read += _stored_object(check) in chosen
         result.bytes_checked += size
         if problem is not None:  # named for every version it breaks
             result.problems.extend(Problem(problem.kind, problem.message, vid, problem.digest)
                                    for vid in reads[check])
     progress.finish()
-    if read_data:
-        _check_pack_headers(store, {c[3].pack for c in pending if c[3] is not None}, result)
+    _check_pack_headers(store, {c[3].pack for c in pending if c[3] is not None} & chosen,
+                        result)
     if sel is None:
         _check_tags(store, result)
         _check_moved(store, result)
         _check_refcounts(store, trees, set(ids) - set(trees), result)
+    result.seconds = time.monotonic() - started
     return result
