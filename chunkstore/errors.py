@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+#: The name to ``pip install`` (the import names are ``chunkstore`` and ``torch_bridge``:
+#: "chunkstore" on the package index is another project).
+DISTRIBUTION = "chunkstore-ckpt"
+
 
 class ChunkStoreError(Exception):
     """Raised for any failure chunkstore detects itself (the root of the tree)."""

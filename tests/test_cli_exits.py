@@ -82,7 +82,7 @@ def test_no_arguments_still_prints_the_help(filled: Path) -> None:
 # --- missing torch --------------------------------------------------------------------------
 
 #: Runs the CLI in a process where torch and safetensors cannot be imported, as
-#: after `pip install chunkstore` without an extra.
+#: after `pip install chunkstore-ckpt` without an extra.
 WITHOUT_TORCH = [sys.executable, "-c", """
 import sys
 from importlib.abc import MetaPathFinder
@@ -104,14 +104,14 @@ def test_export_without_torch_says_what_to_install(filled: Path, tmp_path: Path)
     proc = run_cli("export", str(filled), "latest", str(out), prefix=WITHOUT_TORCH)
     line = assert_one_error_line(proc, 2)
     assert "`chunkstore export` needs PyTorch" in line
-    assert "pip install 'chunkstore[export]'" in line
+    assert "pip install 'chunkstore-ckpt[export]'" in line
     assert not out.exists()
 
 
 def test_demo_without_torch_says_what_to_install(tmp_path: Path) -> None:
     where = tmp_path / "demo"
     line = assert_one_error_line(run_cli("demo", str(where), prefix=WITHOUT_TORCH), 2)
-    assert "pip install 'chunkstore[torch]'" in line
+    assert "pip install 'chunkstore-ckpt[torch]'" in line
     assert not where.exists()
 
 

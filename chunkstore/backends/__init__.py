@@ -14,7 +14,7 @@ import os
 from typing import Any
 
 from chunkstore.backends.base import Backend, ObjectInfo
-from chunkstore.errors import InvalidInputError, MissingDependencyError
+from chunkstore.errors import DISTRIBUTION, InvalidInputError, MissingDependencyError
 
 __all__ = ["Backend", "ObjectInfo", "open_backend"]
 
@@ -24,8 +24,8 @@ LOCAL_SCHEMES = frozenset({"", "file", "local"})
 #: scheme -> (module that must import, what to pip install).  Schemes not listed
 #: here fall back to fsspec's own registry of implementations.
 SCHEME_PACKAGES: dict[str, tuple[str, str]] = {
-    "s3": ("s3fs", "'chunkstore[s3]'"),
-    "s3a": ("s3fs", "'chunkstore[s3]'"),
+    "s3": ("s3fs", f"'{DISTRIBUTION}[s3]'"),
+    "s3a": ("s3fs", f"'{DISTRIBUTION}[s3]'"),
     "gs": ("gcsfs", "gcsfs"),
     "gcs": ("gcsfs", "gcsfs"),
     "az": ("adlfs", "adlfs"),

@@ -14,6 +14,7 @@ import click
 
 import chunkstore
 from chunkstore.errors import (
+    DISTRIBUTION,
     FormatVersionError,
     IntegrityError,
     InvalidInputError,
@@ -85,7 +86,7 @@ def missing_dependency(command: str, exc: ImportError, extra: str = "torch") -> 
     if package not in TORCH_PACKAGES:
         return None
     return CliError(f"`chunkstore {command}` needs {TORCH_PACKAGES[package]}, which is not"
-                    f" installed; install it with: pip install 'chunkstore[{extra}]'",
+                    f" installed; install it with: pip install '{DISTRIBUTION}[{extra}]'",
                     EXIT_USAGE)
 
 
