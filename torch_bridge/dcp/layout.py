@@ -2,16 +2,19 @@
 
 Every tensor DCP saves is one tensor entry whose shards are the boxes the
 ranks saved (``ChunkStorageMetadata``: offsets and sizes), named by its FQN
-when that is a valid entry name (``_dcp.t<n>`` otherwise).  Every bytes item
-(a non-tensor value DCP's planner serialised) is a ``uint8`` tensor entry
-``_dcp.bytes.<fqn>`` (``_dcp.b<n>``), stored as opaque bytes.  One plain-data
-entry, ``_dcp.metadata``, holds the rest of DCP's ``Metadata`` in chunkstore's
-safe encoding (never pickle)::
+when that is a valid entry name (``_dcp.t<n>`` otherwise).  Every non-tensor
+value (a DCP bytes item) is a plain-data entry ``_dcp.data.<fqn>``
+(``_dcp.d<n>``), kind ``"data"`` in the items below; a value stored pickled
+(``allow_pickle=True``, or any value of a format-1 save) is a ``uint8`` tensor
+entry ``_dcp.bytes.<fqn>`` (``_dcp.b<n>``) holding DCP's blob, kind
+``"bytes"``, which the reader loads only with ``allow_pickle=True``.  One
+plain-data entry, ``_dcp.metadata``, holds the rest of DCP's ``Metadata`` in
+chunkstore's safe encoding (never pickle)::
 
-    {"format": 1, "version": "1.0.0",
+    {"format": 2, "version": "1.0.0",
      "items": [[fqn, "tensor", entry, {"requires_grad": false, "pin_memory": false,
                                       "memory_format": "contiguous"}],
-               [fqn, "bytes", entry, {}], ...],
+               [fqn, "data", entry, {}], [fqn, "bytes", entry, {}], ...],
      "planner_data": {...}, "storage_meta": {"checkpoint_id": ..., "save_id": ...,
                                              "load_id": null, "modules": [...]}}
 
@@ -55,7 +58,11 @@ from torch_bridge.capture.tensors import stored_name, torch_dtype
 from torch_bridge.distributed.sharded import staged_entry
 
 METADATA_ENTRY = "_dcp.metadata"
-FORMAT = 1
+#: 2: non-tensor values as plain-data entries ("data" items); 1 stored them pickled.
+FORMAT = 2
+FORMATS = (1, 2)
+#: The key of a rank's write result that carries a plain value (encoded), not a shard.
+PLAIN_RESULT = "plain_data"
 _PREFIX = "_dcp"
 #: First name components an item's FQN may not take as its entry name.
 _RESERVED = (_PREFIX, RANKS_ENTRY.split(".")[0])
@@ -94,13 +101,22 @@ class VersionLayout:
     """The entries and plain metadata of one DCP save, built from every rank's results."""
 
     def __init__(self, metadata: Metadata, staged: dict[ItemKey, StagedShard],
-                 writers: dict[ItemKey, int] | None = None) -> None:
+                 writers: dict[ItemKey, int] | None = None,
+                 plain: dict[ItemKey, object] | None = None) -> None:
         self.tensors: dict[str, TensorEntry] = {}
+        #: entry name -> a non-tensor value, stored as plain data
+        self.data: dict[str, object] = {}
+        plain = dict(plain or {})
         self.written: dict[Digest, NewChunk] = {}
         #: entry name -> the rank that wrote each shard (when ``writers`` says)
         self.ranks: dict[str, tuple[int, ...]] = {}
         items: list[list[Any]] = []
         for n, (fqn, item) in enumerate(metadata.state_dict_metadata.items()):
+            if isinstance(item, BytesStorageMetadata) and item_key(fqn, None) in plain:
+                name = _entry_name(fqn, f"{_PREFIX}.d{n}", f"{_PREFIX}.data.")
+                self.data[name] = plain.pop(item_key(fqn, None))
+                items.append([fqn, "data", name, {}])
+                continue
             if isinstance(item, BytesStorageMetadata):
                 name = _entry_name(fqn, f"{_PREFIX}.b{n}", f"{_PREFIX}.bytes.")
                 self.tensors[name] = staged_entry(fqn, [self._take(staged, fqn, None)], "uint8",
@@ -123,9 +139,10 @@ class VersionLayout:
             items.append([fqn, "tensor", name, {
                 "requires_grad": bool(props.requires_grad), "pin_memory": bool(props.pin_memory),
                 "memory_format": _FORMAT_NAMES.get(props.memory_format, "contiguous")}])
-        if staged:
-            raise InvalidInputError(f"ranks stored {len(staged)} items the save's metadata does"
-                                    f" not name (first: {next(iter(staged))})")
+        if staged or plain:
+            extra = [*staged, *plain]
+            raise InvalidInputError(f"ranks stored {len(extra)} items the save's metadata does"
+                                    f" not name (first: {extra[0]})")
         self.plain = {"format": FORMAT, "version": metadata.version, "items": items,
                       "planner_data": metadata.planner_data,
                       "storage_meta": _storage_meta_plain(metadata.storage_meta)}
@@ -151,6 +168,8 @@ class StoredItems:
     def __init__(self, leaf: DataEntry, value: object, entries: dict[str, Any]) -> None:
         self.tensors: dict[str, str] = {}
         self.bytes: dict[str, str] = {}
+        #: fqn -> the plain-data entry of a non-tensor value
+        self.data: dict[str, str] = {}
         try:
             self.metadata = self._decode(value, entries)
         except (KeyError, TypeError, ValueError) as exc:
@@ -159,12 +178,17 @@ class StoredItems:
             raise CorruptNodeError(leaf.digest.hex, f"malformed DCP metadata: {exc!r}") from exc
 
     def _decode(self, value: object, entries: dict[str, Any]) -> Metadata:
-        if not isinstance(value, dict) or value.get("format") != FORMAT:
-            found = value.get("format") if isinstance(value, dict) else None
-            raise ValueError(f"format {found!r}, this release reads {FORMAT}")
+        found = value.get("format") if isinstance(value, dict) else None
+        if not isinstance(value, dict) or type(found) is not int or found not in FORMATS:
+            raise ValueError(f"format {found!r}, this release reads {list(FORMATS)}")
         state: dict[str, TensorStorageMetadata | BytesStorageMetadata] = {}
         for fqn, kind, name, props in value["items"]:
             entry = entries[name]
+            if kind == "data" and found >= 2 and isinstance(fqn, str) \
+                    and isinstance(entry, DataEntry):
+                self.data[fqn] = name
+                state[fqn] = BytesStorageMetadata()
+                continue
             if not isinstance(fqn, str) or not isinstance(entry, TensorEntry) \
                     or not isinstance(props, dict):
                 raise ValueError(f"item {fqn!r}: not a tensor entry {name!r}")

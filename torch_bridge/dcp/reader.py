@@ -28,7 +28,7 @@ from torch_bridge.dcp.layout import (
     StoreLike,
     open_options,
 )
-from torch_bridge.errors import NotACheckpointError
+from torch_bridge.errors import NotACheckpointError, PickleRefusedError
 
 #: Boxes a rank reads at once (each spreads its chunks over the store's thread pool).
 READ_PARALLEL = 4
@@ -81,13 +81,22 @@ class ChunkStoreReader(HandleOwner, StorageReader):
     selector or a version that is no DCP checkpoint raises now, with its typed
     error.  Every tensor read is hash-verified; a resharding read reads only the
     chunks that hold the boxes it needs.
+
+    Non-tensor values come back from chunkstore's plain-data encoding: loading
+    runs no code.  (They reach DCP's planner as it expects them, as the bytes of
+    ``torch.save`` of the decoded value, which holds only plain types.)  A value
+    stored pickled (by ``ChunkStoreWriter(..., allow_pickle=True)``, or by a
+    release before plain values) is loaded only with ``allow_pickle=True``:
+    otherwise :class:`~torch_bridge.errors.PickleRefusedError`, before anything
+    is read.
     """
 
     def __init__(self, store: StoreLike, selector: str = "latest", *,
                  storage_options: dict[str, Any] | None = None,
-                 index_dir: str | None = None) -> None:
+                 index_dir: str | None = None, allow_pickle: bool = False) -> None:
         super().__init__()
         self.selector = selector
+        self.allow_pickle = allow_pickle
         self._use(StoreHandle(store, open_options(storage_options, index_dir)))
         self._load()
         self.load_id = uuid.uuid4().hex
@@ -142,11 +151,16 @@ class ChunkStoreReader(HandleOwner, StorageReader):
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         """Read every item of this rank's plan, hash-verified, into what the planner gives."""
+        self._refuse_pickled(plan)
         try:
             reader = self._handle.open(create=False).open_version(self.info.id)
             boxes: list[tuple[ReadItem, str, torch.Tensor]] = []
             for item in plan.items:
-                if item.type == LoadItemType.BYTE_IO:
+                if item.type == LoadItemType.BYTE_IO and item.storage_index.fqn in \
+                        self._items.data:
+                    planner.load_bytes(item, _plain_blob(reader.get_data(
+                        self._items.data[item.storage_index.fqn])))
+                elif item.type == LoadItemType.BYTE_IO:
                     name = self._lookup(self._items.bytes, item.storage_index)
                     planner.load_bytes(item, io.BytesIO(reader.get(name).tobytes()))
                 else:
@@ -167,6 +181,21 @@ class ChunkStoreReader(HandleOwner, StorageReader):
     def close(self) -> None:
         self._handle.release()
 
+    def _refuse_pickled(self, plan: LoadPlan) -> None:
+        """PickleRefusedError, before anything is read, for a plan that loads a value
+        stored pickled, unless ``allow_pickle``."""
+        if self.allow_pickle:
+            return
+        for item in plan.items:
+            fqn = item.storage_index.fqn
+            if item.type == LoadItemType.BYTE_IO and fqn not in self._items.data:
+                raise PickleRefusedError(fqn, f"{fqn} was stored pickled (by"
+                                         " ChunkStoreWriter(..., allow_pickle=True), or by a"
+                                         " release that pickled every non-tensor value);"
+                                         " loading it runs whatever code the pickle names:"
+                                         " pass allow_pickle=True to ChunkStoreReader only"
+                                         " for a store whose writers you trust")
+
     @staticmethod
     def _lookup(names: dict[str, str], index: MetadataIndex) -> str:
         try:
@@ -174,6 +203,16 @@ class ChunkStoreReader(HandleOwner, StorageReader):
         except KeyError:
             raise InvalidInputError(f"the checkpoint has no item {index.fqn!r} of that kind"
                                     ) from None
+
+
+def _plain_blob(value: object) -> io.BytesIO:
+    """A decoded plain value as DCP's planner takes a bytes item: ``torch.save``'s bytes.
+    The value holds only plain types (built by the plain-data decoder, not unpickled),
+    so the planner's ``torch.load`` of them rebuilds those types and runs nothing else."""
+    blob = io.BytesIO()
+    torch.save(value, blob)
+    blob.seek(0)
+    return blob
 
 
 def _read_box(reader: VersionReader, item: ReadItem, name: str, target: torch.Tensor) -> None:

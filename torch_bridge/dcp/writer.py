@@ -78,10 +78,16 @@ after the grace period.  A coordinator killed before the commit record
 publishes nothing either; after it, the version is complete: every chunk
 was durable before the ranks returned, and every node before the record.
 
-Bytes items (non-tensor values) are stored as opaque bytes and handed back to
-DCP's planner as it expects; DCP's default planner unpickles them
-(``torch.load(weights_only=False)``).  chunkstore itself unpickles nothing,
-and the metadata is plain data.
+Non-tensor values (DCP's bytes items) are plain data, never pickle: the writer
+takes each value from the planner before DCP's default planner would
+``torch.save`` it (``lookup_object``), stores it in chunkstore's safe encoding
+(numbers, strings, bytes, None, bools, lists, tuples, dicts: docs/format.md
+§6.3) and ships it to the coordinator in the write result; the coordinator
+stores it as a data entry.  Anything else is refused
+(:class:`~torch_bridge.errors.PickleRefusedError`, naming the value) unless
+``allow_pickle=True``, which stores DCP's pickled blob as before, for
+:class:`ChunkStoreReader` with ``allow_pickle=True`` to load.  The metadata is
+plain data too.
 """
 
 from __future__ import annotations
@@ -107,7 +113,8 @@ except ImportError:  # a torch without async staging has no dcp.async_save to st
             pass
 
 from chunkstore import Store, VersionInfo
-from chunkstore.errors import InvalidInputError, UnsupportedDtypeError
+from chunkstore.errors import InvalidInputError, NotSerializableError, UnsupportedDtypeError
+from chunkstore.format import plaindata
 from chunkstore.format.dtypes import element_size
 from chunkstore.format.names import check_label
 from chunkstore.format.records import MAX_COUNT
@@ -115,6 +122,7 @@ from chunkstore.format.shards import RANKS_ENTRY, ShardRanks, StagedShard
 from torch_bridge.capture.tensors import as_array, check_storable, host_copy
 from torch_bridge.dcp.layout import (
     METADATA_ENTRY,
+    PLAIN_RESULT,
     StoreHandle,
     StoreLike,
     VersionLayout,
@@ -123,6 +131,7 @@ from torch_bridge.dcp.layout import (
 )
 from torch_bridge.dcp.reader import HandleOwner
 from torch_bridge.distributed.sharded import Box, stage_boxes
+from torch_bridge.errors import PickleRefusedError
 
 __all__ = ["ChunkStoreWriter"]
 
@@ -141,12 +150,19 @@ class ChunkStoreWriter(HandleOwner, StorageWriter, BlockingAsyncStager):
     deduplicated, never delta-encoded).  ``dcp.async_save`` stages through
     ``BlockingAsyncStager`` (as torch's own ``FileSystemWriter`` does): torch's
     default stager copies with ``set_``, which drops conjugate and negative views.
+
+    Non-tensor values must be plain data (None, bool, int, float, str, bytes,
+    list, tuple, dict): they are stored in chunkstore's safe encoding, so loading
+    runs no code.  Any other value raises
+    :class:`~torch_bridge.errors.PickleRefusedError` unless ``allow_pickle=True``
+    (it is then stored as DCP's pickled blob, which only a
+    ``ChunkStoreReader(..., allow_pickle=True)`` loads).
     """
 
     def __init__(self, store: StoreLike, *, run: str, step: int,
                  meta: dict[str, Any] | None = None, replace: bool = False,
                  storage_options: dict[str, Any] | None = None,
-                 index_dir: str | None = None) -> None:
+                 index_dir: str | None = None, allow_pickle: bool = False) -> None:
         super().__init__()
         BlockingAsyncStager.__init__(self)
         self.run = check_label(run, "run name")
@@ -157,6 +173,7 @@ class ChunkStoreWriter(HandleOwner, StorageWriter, BlockingAsyncStager):
         self.step = step
         self.meta = dict(meta or {})
         self.replace = replace
+        self.allow_pickle = allow_pickle
         self._use(StoreHandle(store, open_options(storage_options, index_dir)))
         self.is_coordinator = False
         self.save_id = uuid.uuid4().hex
@@ -209,7 +226,7 @@ class ChunkStoreWriter(HandleOwner, StorageWriter, BlockingAsyncStager):
         try:
             store = self._handle.open(create=True)
             results = _write_items(store, self.run, self.step, plan.items, planner,
-                                   planned["gc_seen"])
+                                   planned["gc_seen"], self.allow_pickle)
         except BaseException:
             self._handle.release()  # the coordinator's version too: finish() will not come
             raise
@@ -226,13 +243,21 @@ class ChunkStoreWriter(HandleOwner, StorageWriter, BlockingAsyncStager):
             raise InvalidInputError("finish() without prepare_global_plan() on this writer"
                                     " (DCP calls both on the coordinator)")
         try:
-            staged = {item_key(r.index.fqn, r.index.offset): StagedShard.from_plain(r.storage_data)
-                      for per_rank in results for r in per_rank}
+            staged, plain = {}, {}
+            for per_rank in results:
+                for r in per_rank:
+                    key = item_key(r.index.fqn, r.index.offset)
+                    if isinstance(r.storage_data, dict) and PLAIN_RESULT in r.storage_data:
+                        plain[key] = plaindata.decode(r.storage_data[PLAIN_RESULT])
+                    else:
+                        staged[key] = StagedShard.from_plain(r.storage_data)
             # DCP gathers the results in rank order: the writer of each item.
             writers = {item_key(r.index.fqn, r.index.offset): rank
                        for rank, per_rank in enumerate(results) for r in per_rank}
-            layout = VersionLayout(metadata, staged, writers)
+            layout = VersionLayout(metadata, staged, writers, plain)
             version.adopt(layout.tensors, layout.written.values())
+            for name, value in layout.data.items():
+                version.put_data(name, value)
             version.put_data(METADATA_ENTRY, layout.plain)
             if len(results) > 1:
                 version.put_data(RANKS_ENTRY, ShardRanks(len(results), layout.ranks).to_plain())
@@ -252,21 +277,59 @@ class ChunkStoreWriter(HandleOwner, StorageWriter, BlockingAsyncStager):
 
 
 def _write_items(store: Store, run: str, step: int, items: list[WriteItem],
-                 planner: SavePlanner, gc_seen: list[str]) -> list[WriteResult]:
-    """Store the items' chunks, publish nothing, and describe each item's shard for
-    the coordinator."""
-    boxes = []
+                 planner: SavePlanner, gc_seen: list[str], allow_pickle: bool
+                 ) -> list[WriteResult]:
+    """Store the items' chunks, publish nothing, and describe each item for the
+    coordinator: a tensor's (or pickled value's) shard, or a plain value, encoded."""
+    boxes, boxed, results = [], [], {}
     for n, item in enumerate(items):
+        if item.type == WriteItemType.BYTE_IO:
+            encoded = _plain_value(item, planner, allow_pickle)
+            if encoded is not None:
+                results[n] = WriteResult(index=item.index, size_in_bytes=len(encoded),
+                                         storage_data={PLAIN_RESULT: encoded})
+                continue
         array, override = _as_array(item, planner.resolve_data(item))
         box = Box(f"i{n}", array, override)
         if item.tensor_data is not None:  # a tensor's box, placed in the global shape
             box = dataclasses.replace(box, shape=tuple(item.tensor_data.size),
                                       offsets=tuple(item.tensor_data.chunk.offsets))
         boxes.append(box)
-    staged = stage_boxes(store, run, step, boxes, gc_seen)
-    return [WriteResult(index=item.index, size_in_bytes=shard.shard.nbytes(
-                element_size(shard.dtype)), storage_data=shard.to_plain())
-            for item, shard in zip(items, staged, strict=True)]
+        boxed.append(n)
+    for n, shard in zip(boxed, stage_boxes(store, run, step, boxes, gc_seen), strict=True):
+        results[n] = WriteResult(index=items[n].index, size_in_bytes=shard.shard.nbytes(
+            element_size(shard.dtype)), storage_data=shard.to_plain())
+    return [results[n] for n in range(len(items))]
+
+
+def _plain_value(item: WriteItem, planner: SavePlanner, allow_pickle: bool) -> bytes | None:
+    """A non-tensor value in the safe plain-data encoding, taken from the planner before
+    DCP's default planner would pickle it; None when it is to be stored pickled (only with
+    ``allow_pickle``); PickleRefusedError otherwise."""
+    fqn = item.index.fqn
+    lookup = getattr(planner, "lookup_object", None)  # DefaultSavePlanner and subclasses
+    if not callable(lookup):
+        if allow_pickle:
+            return None
+        raise PickleRefusedError(fqn, f"{fqn}: the planner {type(planner).__name__} hands"
+                                 " non-tensor values over only pickled (it has no"
+                                 " lookup_object); pass allow_pickle=True to ChunkStoreWriter"
+                                 " (and to ChunkStoreReader to load them) to store them so")
+    value = lookup(item.index)
+    try:
+        return plaindata.encode(value)
+    except NotSerializableError as exc:
+        if allow_pickle:
+            return None
+        where = "" if exc.path == "$" else f" (at {exc.path.removeprefix('$')}:" \
+            f" a {exc.type_name})"
+        raise PickleRefusedError(fqn, f"{fqn} is a {type(value).__name__}{where}, not plain"
+                                 " data; storing it needs pickle, and loading a pickle runs"
+                                 " code, so it is refused: convert it to plain data (None,"
+                                 " bool, int, float,"
+                                 " str, bytes, list, tuple, dict), or pass allow_pickle=True"
+                                 " to ChunkStoreWriter (and to ChunkStoreReader to load"
+                                 " it)") from exc
 
 
 def _as_array(item: WriteItem, data: object) -> tuple[np.ndarray, str | None]:
