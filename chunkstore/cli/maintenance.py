@@ -26,7 +26,6 @@ from chunkstore.cli.common import (
 from chunkstore.maintenance.gc import GcResult
 from chunkstore.maintenance.retention import PruneResult, parse_duration
 from chunkstore.maintenance.verify import DataSubset, VerifyResult
-from chunkstore.maintenance.verify import verify as verify_store
 from chunkstore.progress import TerminalProgress
 
 # --- verify ---------------------------------------------------------------------------------
@@ -48,11 +47,11 @@ def verify_text(result: VerifyResult, quick: bool) -> None:
                    f" ({format_size(result.bytes_checked)})")
     else:
         checked = f"{chunks} read and hash-checked ({format_size(result.bytes_checked)})"
-    checked += f" in {result.seconds:.2f} s"
     verdict = "ok" if result.ok else plural(len(result.problems), "problem")
     if result.warnings:
         verdict += f", {plural(len(result.warnings), 'warning')}"
-    click.echo(f"{plural(result.versions_checked, 'version')}, {checked}: {verdict}")
+    click.echo(f"{plural(result.versions_checked, 'version')}, {checked}: {verdict}"
+               f" ({result.seconds:.2f} s)")
     for warning in result.warnings:
         click.echo(f"warning: {warning.kind}: {warning.message} (every version reads back"
                    " whole: reads check each member by its own header and hash)", err=True)
@@ -104,8 +103,8 @@ def verify(store_path: str, selector: str | None, quick: bool, subset: str | Non
         raise CliError("--quick reads no data; --read-data-subset chooses which data to"
                        " read: give one or the other", EXIT_USAGE)
     with open_store(store_path) as store, TerminalProgress() as progress:
-        result: VerifyResult = verify_store(store, selector, read_data=not quick,
-                                            read_data_subset=data_subset, progress=progress)
+        result: VerifyResult = store.verify(selector, read_data=not quick,
+                                            read_data_subset=subset, progress=progress)
     if as_json:
         emit_json({**result.to_json(), "seconds": round(time.monotonic() - started, 3)})
     else:
