@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import numbers
 import os
 import sys
+import time
 import warnings
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -24,8 +26,16 @@ import torch.distributed as dist
 import chunkstore
 from chunkstore import Store, VersionInfo
 from chunkstore.collector import collector_paused
-from chunkstore.errors import IntegrityError, InvalidInputError, NoStoreError, SelectorError
+from chunkstore.errors import (
+    IntegrityError,
+    InvalidInputError,
+    NoStoreError,
+    RunInUseError,
+    RunLeaseLostError,
+    SelectorError,
+)
 from chunkstore.format import plaindata
+from chunkstore.protocol.runlease import RunLease, describe_holder
 from torch_bridge.capture import boundary
 from torch_bridge.capture.layout import (
     RESERVED_KEYS,
@@ -54,6 +64,7 @@ from torch_bridge.errors import (
     nothing_restored,
 )
 
+log = logging.getLogger(__name__)
 boundary.install()  # at import, so the first optimizer steps of a loop are seen too
 
 
@@ -107,6 +118,18 @@ class Checkpointer:
     creates it too, since a :class:`chunkstore.Store` stands for a store that
     exists.
 
+    A run has one writer.  The first ``save`` takes the run's lease in the store
+    (docs/format.md §11.5; visible from every machine, kept alive by a heartbeat,
+    given back by ``close``): a second process saving to the same run, say a job
+    launched twice, raises :class:`~chunkstore.errors.RunInUseError` naming the
+    first (host, pid, since) instead of mixing its steps into the run's history.
+    A job restarted after its process died continues at once on the same host, and
+    on another once the old lease expires (60 s after its last heartbeat,
+    ``CHUNKSTORE_RUN_LEASE``); ``takeover=True`` takes a live lease (the old process
+    then stops with :class:`~chunkstore.errors.RunLeaseLostError` at its next save).
+    Restoring takes no lease: an evaluation job may read a run while it trains.
+    Under a process group rank 0 holds the lease for the job.
+
     Every version records provenance: the git revision of the working
     directory (``code_rev``, ``code_dirty``), library versions, host and
     world size, with ``meta`` merged over it.  Outside a git checkout
@@ -117,7 +140,8 @@ class Checkpointer:
     def __init__(self, path_or_url: str | os.PathLike[str] | Store, *, run: str = "default",
                  keep_last: int | None = None, keep_every: int | None = None,
                  async_save: bool = False, meta: dict[str, Any] | None = None,
-                 chunk_size: int | None = None, compression: str | None = None) -> None:
+                 chunk_size: int | None = None, compression: str | None = None,
+                 takeover: bool = False) -> None:
         for name, value in (("keep_last", keep_last), ("keep_every", keep_every)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 1):
@@ -145,6 +169,11 @@ class Checkpointer:
         self._pending: tuple[int, Future[VersionInfo]] | None = None
         self._last_info: VersionInfo | None = None
         self._closed = False
+        #: the run's writer lease (docs/format.md §11.5), taken at the first save; under a
+        #: process group rank 0 holds it for the job
+        self._takeover = takeover
+        self._lease: RunLease | None = None
+        self._holds_run = False
         boundary.install()
         _OPEN.add(self)
 
@@ -194,6 +223,7 @@ class Checkpointer:
         self._warn_unapplied(step, stateful)
         if process_group_active():
             self._store_for_save()
+            self._hold_run_on_ranks()
             return self._save_ranks(step, stateful)
         states = self._states(stateful)
         captured = capture_states(states)
@@ -210,6 +240,37 @@ class Checkpointer:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="torch_bridge-save")
         self._pending = (step, self._executor.submit(self._write, step, captured, arrays))
         return None
+
+    def _hold_run(self) -> None:
+        """Take the run's writer lease at the first save: a run has one writer, so a second
+        launch of the job fails here (``RunInUseError``, naming the first) instead of
+        mixing its steps into the run's history."""
+        if self._lease is None:
+            lease = RunLease(self.store.objects, self.run, purpose="Checkpointer")
+            lease.acquire(takeover=self._takeover)
+            self._lease = lease
+            if lease.took_over is not None:
+                log.warning("run %r: took over the writer lease of %s", self.run,
+                            describe_holder(lease.took_over, time.time()))
+        self._holds_run = True
+
+    def _hold_run_on_ranks(self) -> None:
+        """Rank 0 takes (at the first save) or checks (at every later one) the job's lease;
+        every rank raises what rank 0 found, so no rank waits in a collective for it."""
+        problem = None
+        if dist.get_rank() == 0:
+            try:
+                if self._lease is None:
+                    self._hold_run()
+                else:
+                    self._lease.check()
+            except (RunInUseError, RunLeaseLostError) as exc:
+                problem = [type(exc).__name__, str(exc)]
+        found = all_gather_plain(problem)[0]
+        if found is not None:
+            if found[0] == RunLeaseLostError.__name__:
+                raise RunLeaseLostError(self.run, None)
+            raise RunInUseError(self.run, {}, found[1])
 
     @staticmethod
     def _warn_unapplied(step: int, stateful: dict[str, Any]) -> None:
@@ -243,6 +304,12 @@ class Checkpointer:
 
     def _write(self, step: int, captured: list[CapturedState],
                arrays: list[tuple[np.ndarray, str | None]]) -> VersionInfo:
+        # The lease is taken (first save) or checked (taken over since: publish nothing
+        # more) here, in the background for an async save, so it is not in the pause.
+        if self._lease is None:
+            self._hold_run()
+        else:
+            self._lease.check()
         info = write_version(self.store, self.run, step, self.meta, captured, arrays)
         self._retain(step, info)
         return info
@@ -401,6 +468,9 @@ class Checkpointer:
             _OPEN.discard(self)
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
+            if self._lease is not None:
+                with contextlib.suppress(Exception):  # it expires by itself otherwise
+                    self._lease.release()
             if self._owns_store and self._store is not None:
                 self._store.close()
 

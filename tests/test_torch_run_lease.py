@@ -1,0 +1,88 @@
+"""One writer per run through the Checkpointer: a second launch of a job is refused,
+naming the first; takeover stops the first; a killed job restarts without ceremony."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import chunkstore
+from chunkstore.errors import RunInUseError, RunLeaseLostError
+from chunkstore.protocol.runlease import read_lease
+from torch_bridge import Checkpointer
+from torch_bridge.errors import AsyncSaveError
+
+ROOT = Path(__file__).resolve().parent.parent
+CHILD = """
+import sys, time, torch
+from torch_bridge import Checkpointer
+ckpt = Checkpointer(sys.argv[1], run="job")
+model = torch.nn.Linear(4, 2)
+ckpt.save(1, model=model)
+print("saved", flush=True)
+time.sleep(600)
+"""
+
+
+def model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Linear(4, 2)
+
+
+def test_a_second_writer_is_refused_and_takeover_stops_the_first(tmp_path: Path) -> None:
+    root = tmp_path / "ckpts"
+    first = Checkpointer(root, run="job")
+    first.save(1, model=model())
+    second = Checkpointer(root, run="job")
+    assert second.restore(model=model()) == 1  # reading takes no lease
+    with pytest.raises(RunInUseError, match=f"pid {os.getpid()}.*takeover=True"):
+        second.save(2, model=model())
+    other_run = Checkpointer(root, run="other")  # another run of the store is free
+    other_run.save(2, model=model())
+    taker = Checkpointer(root, run="job", takeover=True)
+    taker.save(2, model=model())
+    with pytest.raises(RunLeaseLostError):
+        first.save(3, model=model())
+    assert [v.step for v in taker.store.versions("job")] == [1, 2]  # nothing from `first`
+    for ckpt in (first, second, other_run, taker):
+        ckpt.close()
+    with chunkstore.open(root) as store:
+        assert read_lease(store.objects, "job") is None  # the holder gave it back
+
+
+def test_an_async_writer_whose_lease_was_taken_publishes_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "ckpts"
+    first = Checkpointer(root, run="job", async_save=True)
+    first.save(1, model=model())
+    first.wait()
+    with Checkpointer(root, run="job", takeover=True) as taker:
+        taker.save(2, model=model())
+        first.save(3, model=model())
+        with pytest.raises(AsyncSaveError):
+            first.wait()
+        assert [v.step for v in taker.store.versions("job")] == [1, 2]
+    first.close()
+
+
+def test_a_killed_job_restarts_without_takeover(tmp_path: Path) -> None:
+    root = tmp_path / "ckpts"
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(root)], cwd=ROOT, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "saved"
+        with Checkpointer(root, run="job") as second, \
+                pytest.raises(RunInUseError, match=f"pid {child.pid}"):
+            second.save(2, model=model())
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.communicate(timeout=60)
+    with Checkpointer(root, run="job") as restarted:  # its process is gone: no takeover
+        assert restarted.restore(model=model()) == 1
+        restarted.save(2, model=model())
+        assert restarted.latest_step() == 2
