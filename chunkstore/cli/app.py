@@ -33,7 +33,7 @@ from typing import Any
 import click
 
 import chunkstore
-from chunkstore.cli import inspection, maintenance, transfer, versions
+from chunkstore.cli import inspection, maintenance, recovery, transfer, versions
 from chunkstore.cli.common import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
@@ -193,7 +193,7 @@ def cli(ctx: click.Context, storage_option: tuple[str, ...]) -> None:
 
 
 for _command in (*inspection.COMMANDS, *versions.COMMANDS, *maintenance.COMMANDS,
-                 *transfer.COMMANDS):
+                 *transfer.COMMANDS, *recovery.COMMANDS):
     # The store's own commands run with the cyclic garbage collector paused
     # (chunkstore.collector); the torch commands (the demo trains) do not.
     if _command.callback is not None:

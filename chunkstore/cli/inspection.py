@@ -31,6 +31,7 @@ from chunkstore.cli.common import (
     tags_by_version,
     version_json,
 )
+from chunkstore.cli.recovery import drills_text
 from chunkstore.errors import NotAStoreError
 from chunkstore.format.dtypes import element_size
 from chunkstore.format.manifest import MAX_DELTA_DEPTH, TensorEntry
@@ -385,6 +386,7 @@ def report_text(stats: StoreStats, store_path: str) -> None:
         fields.append(("awaiting gc", f"unknown: {stats.gc_unknown}"))
     click.echo(f"store {store_path}")
     echo_lines(["  " + line for line in render_table(["", ""], fields)[1:]])
+    drills_text(stats.drills)
 
 
 @click.command()
@@ -408,6 +410,8 @@ def report(store_path: str, grace: str, as_json: bool) -> None:
     Per rank, for versions saved by several processes (torch_bridge.dcp):
     the shards each rank wrote, their bytes, and the raw bytes of their
     chunks that no earlier version and no lower rank holds (--json: "ranks").
+    Per run, its last successful `chunkstore drill`: when, its age, the
+    version restored and the recovery time (--json: "drills").
 
     \b
     Example:

@@ -14,6 +14,7 @@ from chunkstore.format.manifest import DataEntry, PackLocation, TensorEntry
 from chunkstore.format.shards import RANKS_ENTRY, ShardRanks
 from chunkstore.handle.tree import Leaf, flatten
 from chunkstore.index.lmdbindex import CHUNK, NODE
+from chunkstore.maintenance.drill import last_drills
 from chunkstore.read.reader import VersionReader
 
 if TYPE_CHECKING:
@@ -122,6 +123,34 @@ def version_ranks(store: StoreHandle) -> list[VersionRanks]:
     return found
 
 
+@dataclass(frozen=True)
+class DrillSummary:
+    """A run's last successful drill: when (and how long ago), the version it restored
+    and the recovery time."""
+
+    run: str
+    drill_id: str
+    time: float
+    age_s: float
+    version: str
+    step: int | None
+    recovery_seconds: float
+    scenarios: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run": self.run, "drill_id": self.drill_id, "time": self.time,
+                "age_s": round(self.age_s, 1), "version": self.version, "step": self.step,
+                "recovery_seconds": self.recovery_seconds, "scenarios": list(self.scenarios)}
+
+
+def drill_summaries(store: StoreHandle, now: float) -> list[DrillSummary]:
+    """Each run's last successful drill, by run name."""
+    return [DrillSummary(run, drill_id, record.time, max(now - record.time, 0.0),
+                         record.version or "", record.step, record.recovery_seconds,
+                         tuple(s.name for s in record.scenarios))
+            for run, (drill_id, record) in sorted(last_drills(store).items())]
+
+
 @dataclass
 class StoreStats:
     """Sizes over the whole store.  Amplification = physical / logical of the latest version.
@@ -155,6 +184,8 @@ class StoreStats:
     gc_unknown: str | None = None
     #: Versions saved by several processes: their bytes by rank.
     ranks: list[VersionRanks] = field(default_factory=list)
+    #: Per run (by name), its last successful drill (``chunkstore drill``).
+    drills: list[DrillSummary] = field(default_factory=list)
 
     @property
     def physical_bytes(self) -> int:
@@ -210,6 +241,7 @@ class StoreStats:
                 "gc_unknown": self.gc_unknown,
             },
             "ranks": [v.to_json() for v in self.ranks],
+            "drills": [d.to_json() for d in self.drills],
         }
 
 
@@ -269,6 +301,7 @@ def stats(store: StoreHandle, grace_s: float = 3600.0, now: float | None = None)
     if depths:
         result.mean_chain_depth = sum(depths.values()) / len(depths)
     result.ranks = version_ranks(store)
+    result.drills = drill_summaries(store, now)
     return result
 
 

@@ -92,7 +92,10 @@ TOMBSTONES = NamedKind("tombstone", "removed/")
 LEASES = NamedKind("run lease", "leases/")
 #: Moved records of repacked packs, by pack digest (§3.6).
 MOVED = DigestKind("moved record", "moved/", fanout=False)
+#: Restore drill records, by ``<UTC time>-<random>`` (§12).
+DRILLS = NamedKind("drill record", "drills/")
 
 ALL_KINDS: tuple[Kind[Digest] | Kind[str], ...] = (
-    CHUNKS, NODES, VERSIONS, TAGS, SESSIONS, JOURNAL, TOMBSTONES, MOVED, LEASES)
+    CHUNKS, NODES, VERSIONS, TAGS, SESSIONS, JOURNAL, TOMBSTONES, MOVED, LEASES,
+    DRILLS)
 
