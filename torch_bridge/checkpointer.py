@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import math
 import numbers
 import os
 import sys
@@ -35,6 +36,7 @@ from chunkstore.errors import (
     SelectorError,
 )
 from chunkstore.format import plaindata
+from chunkstore.maintenance.retention import Candidate, Policy, decide
 from chunkstore.protocol.runlease import RunLease, describe_holder
 from torch_bridge.capture import boundary
 from torch_bridge.capture.layout import (
@@ -96,7 +98,10 @@ class Checkpointer:
     also keeps every version whose step is a multiple of K; others are deleted
     after each save (tagged versions, the newest and the one before it never
     are, so ``restore`` can always fall back; their chunks are freed by
-    ``chunkstore gc``).  With neither, nothing is deleted.
+    ``chunkstore gc``).  ``keep_best=("val_loss", 3)`` also keeps the three
+    versions with the lowest ``val_loss`` among the metrics each ``save(step,
+    metrics={...})`` records (``("accuracy", 3, "max")`` the highest), as Orbax's
+    ``best_fn`` does.  With none of them, nothing is deleted.
     ``async_save=True`` makes ``save`` return after copying the state into
     reused host buffers; the write runs in a background thread.
 
@@ -141,7 +146,10 @@ class Checkpointer:
                  keep_last: int | None = None, keep_every: int | None = None,
                  async_save: bool = False, meta: dict[str, Any] | None = None,
                  chunk_size: int | None = None, compression: str | None = None,
-                 takeover: bool = False) -> None:
+                 takeover: bool = False, keep_best: tuple[Any, ...] | None = None) -> None:
+        if keep_best is not None:
+            keep_best = tuple(keep_best) if isinstance(keep_best, list) else keep_best
+            Policy(keep_best=keep_best)  # checks it: (metric, n) or (metric, n, "min"|"max")
         for name, value in (("keep_last", keep_last), ("keep_every", keep_every)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 1):
@@ -161,6 +169,7 @@ class Checkpointer:
         self.run = run
         self.keep_last = keep_last
         self.keep_every = keep_every
+        self.keep_best = keep_best
         self.async_save = async_save
         self.meta = provenance(meta)
         plaindata.encode(self.meta)  # unencodable metadata fails here, not in every save
@@ -209,7 +218,8 @@ class Checkpointer:
     # --- saving ------------------------------------------------------------------------------
 
     @collector_paused()
-    def save(self, step: int, **stateful: Any) -> VersionInfo | None:
+    def save(self, step: int, *, metrics: dict[str, float] | None = None,
+             **stateful: Any) -> VersionInfo | None:
         """Save ``stateful`` objects (and every RNG state) as the version of ``step``.
 
         Synchronous: returns the published version.  Async: waits for the
@@ -217,19 +227,25 @@ class Checkpointer:
         ``wait()`` returns the version.  Bad state raises here, naming its key path.
         Under a process group every rank returns the version; ranks at different
         steps raise ``RanksDisagreeError`` on every rank and publish nothing.
+
+        ``metrics`` (names to finite numbers, e.g. ``{"val_loss": 0.31}``) are
+        recorded with the version (its metadata's ``"metrics"``): ``keep_best``
+        and ``chunkstore prune --keep-best`` rank versions by them, and
+        ``chunkstore show`` lists them.  Under a process group rank 0's are recorded.
         """
         self._check_open()
+        meta = self._meta_with(step, metrics)
         self.wait()
         self._warn_unapplied(step, stateful)
         if process_group_active():
             self._store_for_save()
             self._hold_run_on_ranks()
-            return self._save_ranks(step, stateful)
+            return self._save_ranks(step, stateful, meta)
         states = self._states(stateful)
         captured = capture_states(states)
         self._store_for_save()  # after the state is checked: a refused save creates nothing
         if not self.async_save:
-            info = self._write(step, captured, sync_arrays(captured))
+            info = self._write(step, captured, sync_arrays(captured), meta)
             self._last_info = info
             return info
         entries = [r.entry for c in captured for r in c.records]
@@ -238,7 +254,8 @@ class Checkpointer:
             state.values = []  # the background reads the staging buffers, never the originals
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="torch_bridge-save")
-        self._pending = (step, self._executor.submit(self._write, step, captured, arrays))
+        self._pending = (step, self._executor.submit(self._write, step, captured, arrays,
+                                                      meta))
         return None
 
     def _hold_run(self) -> None:
@@ -282,12 +299,41 @@ class Checkpointer:
                 " mid-accumulation does not resume exactly: save after optimizer.step()"),
                 stacklevel=3)
 
-    def _save_ranks(self, step: int, stateful: dict[str, Any]) -> VersionInfo:
+    def _meta_with(self, step: int, metrics: dict[str, float] | None) -> dict[str, Any]:
+        """The version's metadata: provenance and ``meta``, and this save's metrics."""
+        if metrics is None:
+            if self.keep_best is not None:
+                warnings.warn(RuntimeWarning(
+                    f"run {self.run!r}: step {step} records no metrics, so keep_best"
+                    f" ({self.keep_best[0]!r}) cannot rank it; pass"
+                    f" save(step, metrics={{{self.keep_best[0]!r}: ...}}, ...)"), stacklevel=3)
+            return self.meta
+        if not isinstance(metrics, dict) or not metrics:
+            raise InvalidInputError(f"metrics must be a non-empty dict of names to numbers,"
+                                    f" like {{'val_loss': 0.31}}; got {metrics!r} (to save an"
+                                    " object named 'metrics' as state, give it another name)")
+        clean: dict[str, float] = {}
+        for name, value in metrics.items():
+            if not isinstance(name, str) or not name:
+                raise InvalidInputError(f"metric names must be non-empty strings, got {name!r}")
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (
+                    math.isfinite(float(value))):
+                raise InvalidInputError(f"metric {name!r} must be a finite number, got"
+                                        f" {value!r}")
+            clean[name] = float(value)
+        if self.keep_best is not None and self.keep_best[0] not in clean:
+            warnings.warn(RuntimeWarning(
+                f"run {self.run!r}: step {step} records no {self.keep_best[0]!r} (it records"
+                f" {', '.join(sorted(clean))}), so keep_best cannot rank it"), stacklevel=3)
+        return {**self.meta, "metrics": clean}
+
+    def _save_ranks(self, step: int, stateful: dict[str, Any], meta: dict[str, Any]
+                    ) -> VersionInfo:
         """Every rank's state as one version (:mod:`torch_bridge.distributed.ranks`); rank 0
         publishes it and applies retention."""
         if self.async_save:
             raise _async_refused()
-        info = save_ranks(self.store, self.run, step, self.meta,
+        info = save_ranks(self.store, self.run, step, meta,
                           lambda: self._states(stateful))
         if dist.get_rank() == 0:
             self._retain(step, info)
@@ -303,14 +349,15 @@ class Checkpointer:
         return {**stateful, "rng": capture_rng()}
 
     def _write(self, step: int, captured: list[CapturedState],
-               arrays: list[tuple[np.ndarray, str | None]]) -> VersionInfo:
+               arrays: list[tuple[np.ndarray, str | None]], meta: dict[str, Any]
+               ) -> VersionInfo:
         # The lease is taken (first save) or checked (taken over since: publish nothing
         # more) here, in the background for an async save, so it is not in the pause.
         if self._lease is None:
             self._hold_run()
         else:
             self._lease.check()
-        info = write_version(self.store, self.run, step, self.meta, captured, arrays)
+        info = write_version(self.store, self.run, step, meta, captured, arrays)
         self._retain(step, info)
         return info
 
@@ -334,16 +381,19 @@ class Checkpointer:
         return self._last_info
 
     def _apply_retention(self, just_written: str) -> None:
-        if self.keep_last is None and self.keep_every is None:
+        if self.keep_last is None and self.keep_every is None and self.keep_best is None:
             return
         versions = self.store.versions(self.run)
-        # The newest two at least: restore falls back to the one before a damaged newest.
-        keep = {just_written} | {v.id for v in versions[-max(self.keep_last or 1, 2):]}
-        if self.keep_every is not None:
-            keep |= {v.id for v in versions if v.step % self.keep_every == 0}
+        policy = Policy(keep_last=self.keep_last, keep_every=self.keep_every,
+                        keep_best=self.keep_best, min_previous=1)
+        # The newest two at least (the newest and min_previous=1 behind it): restore
+        # falls back to the one before a damaged newest.
+        decision = decide([Candidate(v.id, v.step, v.created, v.meta) for v in versions],
+                          policy, time.time())
         pinned = set(self.store.tags().values())
         for version in versions:
-            if version.id not in keep and version.id not in pinned:
+            if version.id in decision.drop and version.id not in pinned \
+                    and version.id != just_written:
                 self.store.delete_listed(version.id)
 
     # --- restoring ---------------------------------------------------------------------------
