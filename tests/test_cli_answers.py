@@ -88,11 +88,10 @@ def test_log_show_and_report_show_the_same_three_sizes(store_path: Path) -> None
     sizes = [f"{info['logical_bytes']} B", f"{info['new_bytes']} B",
              f"{info['new_stored_bytes']} B"]
     header, row = run("log", str(store_path)).stdout.splitlines()
-    assert header.split()[3:6] == ["LOGICAL", "NEW", "RAW"]
-    assert "NEW STORED" in header
+    assert header.split()[3:7] == ["LOGICAL", "NEW", "NEW", "STORED"]
     assert all(size in row for size in sizes)
     shown = run("show", str(store_path), "r@1").stdout
-    for name, size in zip(("logical", "new raw", "new stored"), sizes, strict=True):
+    for name, size in zip(("logical", "new", "new stored"), sizes, strict=True):
         line = next(x for x in shown.splitlines() if x.startswith(name + " "))
         assert size in line
     assert "manifest nodes" in next(x for x in shown.splitlines() if x.startswith("new stored"))
@@ -104,7 +103,8 @@ def test_log_show_and_report_show_the_same_three_sizes(store_path: Path) -> None
 def test_the_help_says_what_each_size_counts(command: str) -> None:
     text = " ".join(run(command, "--help").stdout.split())
     assert "LOGICAL the checkpoint as saved" in text
-    assert "NEW RAW tensor chunks no earlier version had, before compression" in text
+    assert "NEW tensor chunks no earlier version had, before compression" in text
+    assert "logical_bytes, new_bytes and new_stored_bytes" in text
     assert "plus the manifest nodes it wrote" in text
     assert text.index("Sizes of a version") < text.index("Exit codes")
 

@@ -291,29 +291,40 @@ def label(info: VersionInfo) -> str:
     return f"{info.short_id} ({info.run}@{info.step})"
 
 
-#: What the three sizes of a version count, for every command that shows them.
+#: The three sizes of a version, for every command that shows them: the name a table
+#: shows (its JSON key, which the Python API, the commit record and every ``--json``
+#: use, without ``_bytes``) and what it counts.
 SIZE_MEANINGS = (
     ("logical", "the checkpoint as saved: tensor bytes plus plain-data bytes"),
-    ("new raw", "tensor chunks no earlier version had, before compression"),
+    ("new", "tensor chunks no earlier version had, before compression"),
     ("new stored", "what the save added to storage: those chunks compressed, plus the"
      " manifest nodes it wrote, which hold the entry tree and the plain data"),
 )
+
+
+def size_key(name: str) -> str:
+    """The JSON key of a size a table shows: ``new stored`` -> ``new_stored_bytes``."""
+    return name.replace(" ", "_") + "_bytes"
+
+
 _SIZES_HELP = """
 
     \b
-    Sizes of a version (log, show and report agree):
+    Sizes of a version (log, show and report agree; --json gives the same
+    three as logical_bytes, new_bytes and new_stored_bytes, in bytes):
       LOGICAL     the checkpoint as saved: tensor bytes plus plain-data bytes
-      NEW RAW     tensor chunks no earlier version had, before compression
+      NEW         tensor chunks no earlier version had, before compression
+                  (raw bytes: what deduplication did not save)
       NEW STORED  what saving it added to storage: those chunks after
                   compression, plus the manifest nodes it wrote (the tree
                   of entries and the plain data: a few hundred bytes and
                   up, so for a small or unchanged checkpoint NEW STORED
-                  can exceed NEW RAW and even LOGICAL)
+                  can exceed NEW and even LOGICAL)
 """
 
 
 def explains_sizes(command: Callable[P, R]) -> Callable[P, R]:
-    """Append what LOGICAL, NEW RAW and NEW STORED count to a command's help
+    """Append what LOGICAL, NEW and NEW STORED count to a command's help
     (apply it below ``@click.command()``, which reads the docstring); the text goes
     before the exit codes."""
     doc = (command.__doc__ or "").rstrip()

@@ -28,6 +28,7 @@ from chunkstore.cli.common import (
     open_store,
     plural,
     render_table,
+    size_key,
     tags_by_version,
     version_json,
 )
@@ -140,9 +141,9 @@ SIZE_HEADERS = [name.upper() for name, _ in SIZE_MEANINGS]
 
 
 def size_cells(v: VersionInfo | VersionStats) -> list[str]:
-    """A version's sizes, in the order of :data:`SIZE_MEANINGS`."""
-    return [format_size(v.logical_bytes), format_size(v.new_bytes),
-            format_size(v.new_stored_bytes)]
+    """A version's sizes, in the order of :data:`SIZE_MEANINGS` (each column is the
+    attribute and JSON key its header names)."""
+    return [format_size(getattr(v, size_key(name))) for name, _ in SIZE_MEANINGS]
 
 
 # --- show -----------------------------------------------------------------------------------
@@ -340,7 +341,7 @@ def ranks_text(versions: list[VersionRanks]) -> None:
              format_size(r.logical_bytes), format_size(r.new_bytes)]
             for v in versions for r in v.ranks]
     echo_lines(["  " + line for line in render_table(
-        ["ID", "RUN@STEP", "RANK", "SHARDS", "LOGICAL", "NEW RAW"], rows,
+        ["ID", "RUN@STEP", "RANK", "SHARDS", *SIZE_HEADERS[:2]], rows,
         right=(2, 3, 4, 5))])
     click.echo("  (a rank's shards: their bytes, and those of their chunks no earlier version"
                " and no lower rank holds)")
@@ -408,8 +409,9 @@ def report(store_path: str, grace: str, as_json: bool) -> None:
     `gc` with the same --grace would delete now. The figures come from the
     same code as `gc --dry-run`, so the two always agree.
     Per rank, for versions saved by several processes (torch_bridge.dcp):
-    the shards each rank wrote, their bytes, and the raw bytes of their
-    chunks that no earlier version and no lower rank holds (--json: "ranks").
+    the shards each rank wrote, their bytes (LOGICAL) and the raw bytes of
+    their chunks that no earlier version and no lower rank holds (NEW;
+    --json: "ranks", with logical_bytes and new_bytes).
     Per run, its last successful `chunkstore drill`: when, its age, the
     version restored and the recovery time (--json: "drills").
 
