@@ -12,7 +12,7 @@ import torch
 from chunkstore import Store, VersionReader
 from chunkstore.errors import InvalidInputError
 from chunkstore.format.manifest import DataEntry, TensorEntry
-from torch_bridge.capture.layout import BRIDGE_ENTRY, DTENSOR, saved_ranks
+from torch_bridge.capture.layout import BRIDGE_ENTRY, saved_ranks
 from torch_bridge.capture.state import TensorRecord
 from torch_bridge.capture.tensors import as_array, torch_dtype
 from torch_bridge.checkpointer import open_store
@@ -45,16 +45,30 @@ def _bridge_names(reader: VersionReader, prefix: str) -> dict[str, str]:
     names: dict[str, str] = {}
     # Rank 0's names (one rank for a single-process version; in a multi-rank one its
     # replicated and sharded tensors are every rank's, and no model weight differs).
+    # Every kind of array is a tensor to export: numpy arrays in the state (the numpy
+    # RNG's key, rng.numpy.1) as much as torch tensors and DTensors.
     for key, section in saved_ranks(reader)[0].items():
         for plain in section["tensors"]:
             record = TensorRecord.from_plain(plain)
-            if record.kind not in ("torch", DTENSOR) or not record.entry.startswith(prefix):
+            if not record.entry.startswith(prefix):
                 continue
             single = len(record.path) == 1 and isinstance(record.path[0], str)
             if single and prefix == f"{key}.":
                 names[record.path[0]] = record.entry
             else:
                 names[record.entry[len(prefix):]] = record.entry
+    # What no record of rank 0 names (another rank's own tensors, such as its RNG
+    # state, in a multi-rank version) goes by its entry name: nothing under the
+    # prefix is left out.
+    exported = set(names.values())
+    for name, leaf in reader.entries().items():
+        if isinstance(leaf, TensorEntry) and name.startswith(prefix) and name not in exported:
+            out_name = name[len(prefix):]
+            if out_name in names:
+                raise InvalidInputError(f"entries {names[out_name]!r} and {name!r} would both"
+                                        f" be exported as {out_name!r}; export with another"
+                                        " --prefix")
+            names[out_name] = name
     return names
 
 
