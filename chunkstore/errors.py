@@ -355,3 +355,12 @@ class RunLeaseLostError(ChunkStoreError):
                          f" held by {who}; nothing more is published by this process")
         self.run = run
         self.holder = holder
+
+
+class MirrorError(ChunkStoreError):
+    """Raised when versions are still unmirrored because copying them to the mirror keeps
+    failing (or a wait for it timed out); ``pending`` names them, the message says why."""
+
+    def __init__(self, message: str, pending: list[str]) -> None:
+        super().__init__(message)
+        self.pending = pending

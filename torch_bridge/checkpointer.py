@@ -15,10 +15,12 @@ import math
 import numbers
 import os
 import sys
+import threading
 import time
 import warnings
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -36,6 +38,7 @@ from chunkstore.errors import (
     SelectorError,
 )
 from chunkstore.format import plaindata
+from chunkstore.maintenance.mirror import Replicator
 from chunkstore.maintenance.retention import Candidate, Policy, decide
 from chunkstore.protocol.runlease import RunLease, describe_holder
 from torch_bridge.capture import boundary
@@ -146,11 +149,14 @@ class Checkpointer:
                  keep_last: int | None = None, keep_every: int | None = None,
                  async_save: bool = False, meta: dict[str, Any] | None = None,
                  chunk_size: int | None = None, compression: str | None = None,
-                 takeover: bool = False, keep_best: tuple[Any, ...] | None = None) -> None:
+                 takeover: bool = False, keep_best: tuple[Any, ...] | None = None,
+                 mirror: str | os.PathLike[str] | Store | None = None,
+                 mirror_keep_last: int | None = None) -> None:
         if keep_best is not None:
             keep_best = tuple(keep_best) if isinstance(keep_best, list) else keep_best
             Policy(keep_best=keep_best)  # checks it: (metric, n) or (metric, n, "min"|"max")
-        for name, value in (("keep_last", keep_last), ("keep_every", keep_every)):
+        for name, value in (("keep_last", keep_last), ("keep_every", keep_every),
+                            ("mirror_keep_last", mirror_keep_last)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 1):
                 raise InvalidInputError(f"{name} must be a positive int or None, got {value!r}")
@@ -183,6 +189,20 @@ class Checkpointer:
         self._takeover = takeover
         self._lease: RunLease | None = None
         self._holds_run = False
+        #: the durable tier (``mirror=``): opened when first needed; its replicator
+        #: copies each published version there in the background (rank 0's, on ranks)
+        self._mirror_location = mirror
+        self.mirror_keep_last = mirror_keep_last
+        self._mirror: Store | None = None
+        self._owns_mirror = False
+        self._replicator: Replicator | None = None
+        self._retention_lock = threading.Lock()
+        #: where the last ``restore`` read from, and why (:class:`RestoreSource`)
+        self.last_restore: RestoreSource | None = None
+        if mirror is not None and _same_place(path_or_url, mirror):
+            raise InvalidInputError(f"mirror={mirror!r} is the Checkpointer's own store;"
+                                    " name another store (a directory elsewhere, or an s3://"
+                                    " URL)")
         boundary.install()
         _OPEN.add(self)
 
@@ -336,6 +356,7 @@ class Checkpointer:
         info = save_ranks(self.store, self.run, step, meta,
                           lambda: self._states(stateful))
         if dist.get_rank() == 0:
+            self._mirror_published(info.id)
             self._retain(step, info)
         self._last_info = info
         return info
@@ -358,6 +379,7 @@ class Checkpointer:
         else:
             self._lease.check()
         info = write_version(self.store, self.run, step, meta, captured, arrays)
+        self._mirror_published(info.id)
         self._retain(step, info)
         return info
 
@@ -369,8 +391,19 @@ class Checkpointer:
                 f"run {self.run!r}: step {step} was saved, but removing old versions"
                 f" failed: {exc}"), stacklevel=3)
 
-    def wait(self) -> VersionInfo | None:
-        """Block until the save in flight is published; raise AsyncSaveError if it failed."""
+    def wait(self, *, mirror: bool = False, timeout: float | None = None
+             ) -> VersionInfo | None:
+        """Block until the save in flight is published; raise AsyncSaveError if it failed.
+
+        ``mirror=True`` also waits until every version published so far is copied to
+        the mirror (``timeout`` seconds at most), raising
+        :class:`~chunkstore.errors.MirrorError` when copies keep failing."""
+        info = self._wait_save()
+        if mirror and self._replicator is not None:
+            self._replicator.wait(timeout)
+        return info
+
+    def _wait_save(self) -> VersionInfo | None:
         pending, self._pending = self._pending, None
         if pending is not None:
             step, future = pending
@@ -380,9 +413,13 @@ class Checkpointer:
                 raise AsyncSaveError(self.run, step, exc) from exc
         return self._last_info
 
-    def _apply_retention(self, just_written: str) -> None:
+    def _apply_retention(self, just_written: str | None) -> None:
         if self.keep_last is None and self.keep_every is None and self.keep_best is None:
             return
+        with self._retention_lock:  # the replicator's thread applies it too
+            self._apply_retention_locked(just_written)
+
+    def _apply_retention_locked(self, just_written: str | None) -> None:
         versions = self.store.versions(self.run)
         policy = Policy(keep_last=self.keep_last, keep_every=self.keep_every,
                         keep_best=self.keep_best, min_previous=1)
@@ -391,10 +428,64 @@ class Checkpointer:
         decision = decide([Candidate(v.id, v.step, v.created, v.meta) for v in versions],
                           policy, time.time())
         pinned = set(self.store.tags().values())
+        replicator = self._replicator
         for version in versions:
             if version.id in decision.drop and version.id not in pinned \
                     and version.id != just_written:
+                if replicator is not None and not replicator.is_mirrored(version.id):
+                    continue  # a version leaves the fast tier only once mirrored
                 self.store.delete_listed(version.id)
+
+    # --- the mirror ---------------------------------------------------------------------------
+
+    def _mirror_store(self, *, create: bool) -> Store | None:
+        """The durable tier, opened once; created (with the local store's settings) only
+        when ``create``; None when there is no mirror, or none yet."""
+        if self._mirror is None and self._mirror_location is not None:
+            try:
+                self._mirror, self._owns_mirror = open_store(self._mirror_location)
+            except NoStoreError:
+                if not create:
+                    return None
+                local = self.store
+                self._mirror, self._owns_mirror = open_store(
+                    self._mirror_location, create=True, chunk_size=local.config.chunk_size,
+                    compression=local.config.compression)
+        return self._mirror
+
+    def _mirror_published(self, version_id: str) -> None:
+        """Hand a published version to the replicator (started at the first, with every
+        version of the run a killed replicator may have left unmirrored)."""
+        if self._mirror_location is None:
+            return
+        if self._replicator is None:
+            target = self._mirror_store(create=True)
+            assert target is not None
+            replicator = Replicator(self.store, target, on_mirrored=self._after_mirrored)
+            replicator.start(v.id for v in self.store.versions(self.run)
+                             if v.id != version_id)
+            self._replicator = replicator
+        self._replicator.enqueue(version_id)
+
+    def _after_mirrored(self, version_id: str) -> None:
+        """In the replicator's thread: what the fast tier kept only until it was
+        mirrored may go now, and the mirror keeps its own ``mirror_keep_last``."""
+        self._apply_retention(None)
+        mirror = self._mirror
+        if self.mirror_keep_last is None or mirror is None:
+            return
+        versions = mirror.versions(self.run)
+        decision = decide([Candidate(v.id, v.step, v.created, v.meta) for v in versions],
+                          Policy(keep_last=self.mirror_keep_last, min_previous=1), time.time())
+        pinned = set(mirror.tags().values())
+        for version in versions:
+            if version.id in decision.drop and version.id not in pinned:
+                mirror.delete_listed(version.id)
+
+    @property
+    def mirror_pending(self) -> list[str]:
+        """Versions published here and not yet copied to the mirror, oldest first."""
+        return [] if self._replicator is None else self._replicator.pending
 
     # --- restoring ---------------------------------------------------------------------------
 
@@ -426,6 +517,11 @@ class Checkpointer:
             check_key(key)
             check_restorable(key, obj)
         store = self._existing_store()
+        if self._mirror_location is not None and not process_group_active():
+            restored = self._restore_tiers(step, stateful, rng, missing_ok)
+            if restored is None and not missing_ok and store is not None:
+                self._warn_of_other_runs()
+            return restored
         if store is None:
             if missing_ok:
                 return None
@@ -442,6 +538,90 @@ class Checkpointer:
         if restored is None and not missing_ok:
             self._warn_of_other_runs()
         return restored
+
+    def _restore_tiers(self, step: int | None, stateful: dict[str, Any], rng: bool,
+                       missing_ok: bool) -> int | None:
+        """The restore with a mirror: the newest version that loads, from the nearest tier
+        that holds it whole (the local store first, else the mirror); one read from the
+        mirror is copied into the local tier afterwards (a fresh node refills it)."""
+        local, mirror = self._existing_store(), self._mirror_store(create=False)
+        if local is None and mirror is None:
+            if missing_ok:
+                return None
+            raise NoStoreError(self._missing[0], f"{self._missing[1]}, and the mirror holds"
+                               " no store either; nothing was restored (for a job's first"
+                               " start pass restore(..., missing_ok=True))")
+        failures: list[str] = []
+        for info, holders in self._tier_candidates(step, [("local", local),
+                                                          ("mirror", mirror)]):
+            source = self._restore_from(info, holders, stateful, rng, step, failures)
+            if source is None:
+                continue
+            if source.tier == "mirror":
+                self._refill(info)
+            self.last_restore = source
+            if failures:
+                warnings.warn(RestoreFallbackWarning.skipped(self.run, failures, info.step),
+                              stacklevel=4)
+            return info.step
+        if failures:
+            raise nothing_restored(self.run, failures)
+        return None
+
+    def _tier_candidates(self, step: int | None, tiers: list[tuple[str, Store | None]]
+                         ) -> list[tuple[VersionInfo, list[tuple[str, Store]]]]:
+        """The run's versions in either tier, newest first (only ``step``'s when given),
+        each with the tiers that hold it, nearest first."""
+        held: dict[str, tuple[VersionInfo, list[tuple[str, Store]]]] = {}
+        for name, store in tiers:
+            if store is None:
+                continue
+            for info in store.versions(self.run):
+                held.setdefault(info.id, (info, []))[1].append((name, store))
+        ordered = sorted(held.values(), key=lambda entry: (entry[0].step, entry[0].created))
+        if step is not None:
+            ordered = [entry for entry in ordered if entry[0].step == step][-1:]
+            if not ordered:
+                steps = sorted({info.step for info, _ in held.values()})
+                raise SelectorError(f"{self.run}@{step}", f"run {self.run!r} has no version"
+                                    f" at step {step} in either tier; steps: {steps}")
+        return ordered[::-1]
+
+    def _restore_from(self, info: VersionInfo, holders: list[tuple[str, Store]],
+                      stateful: dict[str, Any], rng: bool, step: int | None,
+                      failures: list[str]) -> RestoreSource | None:
+        """Load ``info`` from the nearest tier whose copy reads back whole; None when none
+        does (each failure listed).  With ``step`` the last tier's failure is raised."""
+        damaged = ""
+        for tier, store in holders:
+            try:
+                self._restore_version(info, stateful, rng, store)
+            except IntegrityError as exc:
+                if step is not None and tier == holders[-1][0]:
+                    raise
+                failures.append(f"{info.short_id} (step {info.step}, {tier} tier): {exc}")
+                damaged = f"its local copy is damaged ({exc})"
+                continue
+            if tier == "local":
+                reason = "the local tier holds it whole"
+            else:
+                reason = damaged or ("the local tier does not hold it" if self._store
+                                     else "there is no local store")
+            return RestoreSource(info.step, info.id, tier, reason)
+        return None
+
+    def _refill(self, info: VersionInfo) -> None:
+        """Copy a version read from the mirror into the local tier (created with the
+        mirror's settings where there is none): the next restore here is local."""
+        mirror = self._mirror
+        assert mirror is not None
+        try:
+            chunkstore.sync(mirror, self._store or self._location, [info.id])
+            self._existing_store()  # the local store, where the copy just created it
+        except Exception as exc:  # the restore itself succeeded
+            warnings.warn(RuntimeWarning(
+                f"run {self.run!r}: step {info.step} was restored from the mirror, but"
+                f" copying it into the local tier failed: {exc}"), stacklevel=5)
 
     def _restore_here(self, step: int | None, stateful: dict[str, Any], rng: bool
                       ) -> int | None:
@@ -479,8 +659,9 @@ class Checkpointer:
                                 f" step {step}; steps: {self.all_steps()}")
         return matches[-1:]
 
-    def _restore_version(self, info: VersionInfo, stateful: dict[str, Any], rng: bool) -> None:
-        reader = self.store.open_version(info.id)
+    def _restore_version(self, info: VersionInfo, stateful: dict[str, Any], rng: bool,
+                         store: Store | None = None) -> None:
+        reader = (store or self.store).open_version(info.id)
         targets = dict(stateful)
         if rng:
             targets["rng"] = {}
@@ -518,11 +699,26 @@ class Checkpointer:
             _OPEN.discard(self)
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
+            self._close_mirror()
             if self._lease is not None:
                 with contextlib.suppress(Exception):  # it expires by itself otherwise
                     self._lease.release()
             if self._owns_store and self._store is not None:
                 self._store.close()
+
+    def _close_mirror(self) -> None:
+        """Let the replicator finish what is queued (while copies succeed), then release
+        the mirror; versions left unmirrored are copied by the next Checkpointer."""
+        if self._replicator is not None:
+            left = self._replicator.close()
+            if left:
+                warnings.warn(RuntimeWarning(
+                    f"run {self.run!r}: {len(left)} version(s) are not mirrored yet"
+                    f" ({self._replicator.last_error}); the next Checkpointer with this"
+                    " mirror copies them"), stacklevel=3)
+        if self._owns_mirror and self._mirror is not None:
+            self._mirror.close()
+            self._mirror = None
 
     def __enter__(self) -> Checkpointer:
         return self
@@ -587,3 +783,24 @@ def _report_unfinished_saves() -> None:
             checkpointer.wait()
         except AsyncSaveError as exc:
             print(f"torch_bridge: {exc}", file=sys.stderr)
+
+
+@dataclass(frozen=True)
+class RestoreSource:
+    """Where :meth:`Checkpointer.restore` read its version from: ``tier`` is
+    ``"local"`` (the Checkpointer's store) or ``"mirror"``, and ``reason`` says why."""
+
+    step: int
+    version: str
+    tier: str
+    reason: str
+
+
+def _same_place(here: str | os.PathLike[str] | Store, there: str | os.PathLike[str] | Store
+                ) -> bool:
+    def place(location: str | os.PathLike[str] | Store) -> str:
+        if isinstance(location, Store):
+            location = location.objects.local_path() or location.url
+        text = os.fspath(location)
+        return os.path.realpath(text) if "://" not in text else text.rstrip("/")
+    return place(here) == place(there)

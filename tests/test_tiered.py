@@ -1,0 +1,162 @@
+"""A tiered Checkpointer: saves publish to a fast local tier, a background replicator
+copies each version to a mirror (another directory here; any store URL works), the local
+tier keeps a version until it is mirrored, and restore reads the nearest tier that holds
+the newest version whole, refilling an empty local tier from the mirror."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import chunkstore
+from chunkstore.backends.wrappers import ForwardingBackend
+from chunkstore.errors import InvalidInputError, MirrorError
+from chunkstore.objects.kinds import CHUNKS
+from torch_bridge import Checkpointer
+from torch_bridge.errors import RestoreFallbackWarning
+
+ROOT = Path(__file__).resolve().parent.parent
+KILLED_CHILD = """
+import sys, torch, chunkstore
+from chunkstore.backends.wrappers import KillAfterBackend
+from torch_bridge import Checkpointer
+local = chunkstore.open(sys.argv[1], create=True)
+mirror = chunkstore.open(sys.argv[2], create=True)
+mirror.backend = KillAfterBackend(mirror.backend, "chunks/", int(sys.argv[3]), after=True)
+ckpt = Checkpointer(local, run="r", mirror=mirror)
+for step in range(1, 6):
+    torch.manual_seed(step)
+    ckpt.save(step, model=torch.nn.Linear(64, 64))
+ckpt.wait(mirror=True)
+print("all mirrored", flush=True)
+"""
+
+
+def model(step: int) -> torch.nn.Module:
+    torch.manual_seed(step)
+    return torch.nn.Linear(64, 64)
+
+
+def same(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(),
+                                                 b.state_dict().values(), strict=True))
+
+
+def steps(path: Path) -> list[int]:
+    with chunkstore.open(path) as store:
+        return [v.step for v in store.versions("r")]
+
+
+def test_versions_are_mirrored_and_a_fresh_node_restores_from_the_mirror(
+        tmp_path: Path) -> None:
+    local, mirror = tmp_path / "local", tmp_path / "mirror"
+    with Checkpointer(local, run="r", mirror=mirror, keep_last=2, mirror_keep_last=3) as ckpt:
+        for step in range(1, 6):
+            ckpt.save(step, model=model(step))
+        ckpt.wait(mirror=True)
+        assert ckpt.mirror_pending == []
+    assert steps(local) == [4, 5] and steps(mirror) == [3, 4, 5]
+    # Both tiers intact: the local one is nearer.
+    with Checkpointer(local, run="r", mirror=mirror) as ckpt:
+        restored = model(0)
+        assert ckpt.restore(model=restored) == 5 and same(restored, model(5))
+        assert ckpt.last_restore is not None and ckpt.last_restore.tier == "local"
+    # A fresh node: nothing local. The mirror serves it, and the local tier is refilled.
+    fresh = tmp_path / "fresh"
+    with Checkpointer(fresh, run="r", mirror=mirror) as ckpt:
+        restored = model(0)
+        assert ckpt.restore(model=restored) == 5 and same(restored, model(5))
+        source = ckpt.last_restore
+        assert source is not None and (source.tier, source.reason) == (
+            "mirror", "there is no local store")
+    assert steps(fresh) == [5]
+    with Checkpointer(fresh, run="r", mirror=mirror) as ckpt:
+        ckpt.restore(model=model(0))
+        assert ckpt.last_restore is not None and ckpt.last_restore.tier == "local"
+
+
+def test_a_damaged_local_copy_is_read_from_the_mirror(tmp_path: Path) -> None:
+    local, mirror = tmp_path / "local", tmp_path / "mirror"
+    with Checkpointer(local, run="r", mirror=mirror) as ckpt:
+        for step in (1, 2):
+            ckpt.save(step, model=model(step))
+        ckpt.wait(mirror=True)
+        newest = ckpt.store.versions("r")[-1]
+    for chunk in (local / "chunks").rglob("*"):  # damage every object of the local tier
+        if chunk.is_file():
+            chunk.write_bytes(chunk.read_bytes()[:-1] + b"\0")
+    with Checkpointer(local, run="r", mirror=mirror) as ckpt, \
+            pytest.warns(RestoreFallbackWarning, match="local tier"):
+        restored = model(0)
+        assert ckpt.restore(model=restored) == 2 and same(restored, model(2))
+        source = ckpt.last_restore
+        assert source is not None and source.tier == "mirror" and source.version == newest.id
+        assert source.reason.startswith("its local copy is damaged")
+
+
+class Unreachable(ForwardingBackend):
+    """A mirror that refuses every write until it is reachable again."""
+
+    reachable = False
+
+    def put(self, key: str, data: bytes | memoryview) -> None:
+        if not self.reachable:
+            raise ConnectionError("mirror unreachable (test)")
+        super().put(key, data)
+
+    def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
+        if not self.reachable:
+            raise ConnectionError("mirror unreachable (test)")
+        return super().put_if_absent(key, data)
+
+
+def test_the_local_tier_keeps_what_is_not_mirrored(tmp_path: Path) -> None:
+    mirror = chunkstore.open(tmp_path / "mirror", create=True)
+    flaky = Unreachable(mirror.backend)
+    mirror.backend = flaky
+    with Checkpointer(tmp_path / "local", run="r", mirror=mirror, keep_last=1) as ckpt:
+        for step in range(1, 5):
+            ckpt.save(step, model=model(step))
+        with pytest.raises(MirrorError, match="unreachable"):
+            ckpt.wait(mirror=True, timeout=30)
+        assert ckpt.all_steps() == [1, 2, 3, 4]  # none may go before it is mirrored
+        flaky.reachable = True
+        ckpt.wait(mirror=True, timeout=60)  # the replicator retries
+        assert ckpt.all_steps() == [3, 4]
+    assert [v.step for v in mirror.versions("r")] == [1, 2, 3, 4]
+    mirror.close()
+
+
+@pytest.mark.parametrize("writes", [0, 2])
+def test_a_replicator_killed_mid_copy_leaves_whole_versions_and_resumes(
+        tmp_path: Path, writes: int) -> None:
+    local, mirror = tmp_path / "local", tmp_path / "mirror"
+    child = subprocess.run([sys.executable, "-c", KILLED_CHILD, str(local), str(mirror),
+                            str(writes)], cwd=ROOT, capture_output=True, text=True,
+                           timeout=180, check=False)
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    with chunkstore.open(mirror) as store:
+        landed = [v.step for v in store.versions("r")]
+        assert len(landed) < 5
+        for version in store.versions("r"):
+            assert store.verify(version.id).ok
+    saved = steps(local)  # the kill also stopped the saves: steps 1..k
+    assert set(landed) <= set(saved)
+    with Checkpointer(local, run="r", mirror=mirror) as ckpt:
+        ckpt.save(6, model=model(6))
+        ckpt.wait(mirror=True, timeout=120)
+    assert steps(mirror) == steps(local) == [*saved, 6]
+    with chunkstore.open(mirror) as store:
+        assert all(store.verify(v.id).ok for v in store.versions("r"))
+        assert sum(1 for _ in store.objects.ids(CHUNKS)) > 0
+
+
+def test_a_mirror_that_is_the_store_itself_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(InvalidInputError, match="own store"):
+        Checkpointer(tmp_path / "s", run="r", mirror=os.fspath(tmp_path / "s") + "/")
