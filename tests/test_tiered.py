@@ -18,8 +18,11 @@ import chunkstore
 from chunkstore.backends.wrappers import ForwardingBackend
 from chunkstore.errors import InvalidInputError, MirrorError
 from chunkstore.objects.kinds import CHUNKS
+from tests.s3server import create_bucket, remove_bucket, s3_endpoint, storage_options
 from torch_bridge import Checkpointer
 from torch_bridge.errors import RestoreFallbackWarning
+
+__all__ = ["s3_endpoint"]  # the session fixture, re-exported so pytest finds it here
 
 ROOT = Path(__file__).resolve().parent.parent
 KILLED_CHILD = """
@@ -160,3 +163,23 @@ def test_a_replicator_killed_mid_copy_leaves_whole_versions_and_resumes(
 def test_a_mirror_that_is_the_store_itself_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InvalidInputError, match="own store"):
         Checkpointer(tmp_path / "s", run="r", mirror=os.fspath(tmp_path / "s") + "/")
+
+
+def test_a_mirror_on_s3(s3_endpoint: str, tmp_path: Path) -> None:
+    bucket = create_bucket(s3_endpoint)
+    try:
+        url = f"s3://{bucket}/ckpts"
+        mirror = chunkstore.open(url, create=True, storage_options=storage_options(s3_endpoint),
+                                 index_dir=str(tmp_path / "mirror-index"))
+        with Checkpointer(tmp_path / "local", run="r", mirror=mirror, keep_last=1) as ckpt:
+            for step in (1, 2, 3):
+                ckpt.save(step, model=model(step))
+            ckpt.wait(mirror=True, timeout=120)
+        assert [v.step for v in mirror.versions("r")] == [1, 2, 3]
+        with Checkpointer(tmp_path / "fresh", run="r", mirror=mirror) as ckpt:
+            restored = model(0)
+            assert ckpt.restore(model=restored) == 3 and same(restored, model(3))
+            assert ckpt.last_restore is not None and ckpt.last_restore.tier == "mirror"
+        mirror.close()
+    finally:
+        remove_bucket(s3_endpoint, bucket)
