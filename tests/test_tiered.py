@@ -183,3 +183,21 @@ def test_a_mirror_on_s3(s3_endpoint: str, tmp_path: Path) -> None:
         mirror.close()
     finally:
         remove_bucket(s3_endpoint, bucket)
+
+
+def test_a_restore_says_what_it_read_and_how_long_each_phase_took(tmp_path: Path) -> None:
+    with Checkpointer(tmp_path / "plain", run="r") as ckpt:
+        ckpt.save(1, model=model(1))
+        ckpt.save(2, model=model(2))
+    with Checkpointer(tmp_path / "plain", run="r") as ckpt:
+        ckpt.restore(model=model(0))
+        source = ckpt.last_restore
+        assert source is not None and (source.step, source.tier) == (2, "local")
+        assert set(source.timings) == {"discover", "read", "apply"}
+        assert all(0 <= t < 60 for t in source.timings.values())
+        assert source.bytes >= 64 * 64 * 4
+    with Checkpointer(tmp_path / "fresh", run="r", mirror=tmp_path / "plain") as ckpt:
+        ckpt.restore(model=model(0))
+        source = ckpt.last_restore
+        assert source is not None and source.tier == "mirror"
+        assert set(source.timings) == {"discover", "read", "apply", "refill"}

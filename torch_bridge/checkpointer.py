@@ -20,7 +20,7 @@ import time
 import warnings
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -199,6 +199,7 @@ class Checkpointer:
         self._retention_lock = threading.Lock()
         #: where the last ``restore`` read from, and why (:class:`RestoreSource`)
         self.last_restore: RestoreSource | None = None
+        self._timings: dict[str, float] = {}
         if mirror is not None and _same_place(path_or_url, mirror):
             raise InvalidInputError(f"mirror={mirror!r} is the Checkpointer's own store;"
                                     " name another store (a directory elsewhere, or an s3://"
@@ -507,6 +508,8 @@ class Checkpointer:
         the same version: the newest whose parts read back intact on every rank.
         """
         self._check_open()
+        self._timings = {}
+        self.last_restore = None
         if step is not None:
             if isinstance(step, bool) or not isinstance(step, numbers.Integral):
                 raise InvalidInputError(f"step must be an integer (or None for the newest),"
@@ -552,14 +555,19 @@ class Checkpointer:
                                " no store either; nothing was restored (for a job's first"
                                " start pass restore(..., missing_ok=True))")
         failures: list[str] = []
-        for info, holders in self._tier_candidates(step, [("local", local),
-                                                          ("mirror", mirror)]):
+        started = time.perf_counter()
+        candidates = self._tier_candidates(step, [("local", local), ("mirror", mirror)])
+        self._timings["discover"] = time.perf_counter() - started
+        for info, holders in candidates:
             source = self._restore_from(info, holders, stateful, rng, step, failures)
             if source is None:
                 continue
             if source.tier == "mirror":
+                refill = time.perf_counter()
                 self._refill(info)
-            self.last_restore = source
+                self._timings["refill"] = time.perf_counter() - refill
+            self.last_restore = replace(source, timings=dict(self._timings),
+                                        bytes=info.logical_bytes)
             if failures:
                 warnings.warn(RestoreFallbackWarning.skipped(self.run, failures, info.step),
                               stacklevel=4)
@@ -627,7 +635,10 @@ class Checkpointer:
                       ) -> int | None:
         """The restore in one process: the newest version that loads (or ``step``)."""
         failures: list[str] = []
-        for info in self._candidates(step):
+        started = time.perf_counter()
+        candidates = self._candidates(step)
+        self._timings["discover"] = time.perf_counter() - started
+        for info in candidates:
             try:
                 self._restore_version(info, stateful, rng)
             except IntegrityError as exc:
@@ -635,6 +646,10 @@ class Checkpointer:
                     raise
                 failures.append(f"{info.short_id} (step {info.step}): {exc}")
                 continue
+            self.last_restore = RestoreSource(
+                info.step, info.id, "local", "the newest version that reads back whole"
+                if not failures else f"newer versions are damaged ({len(failures)})",
+                dict(self._timings), info.logical_bytes)
             if failures:
                 warnings.warn(RestoreFallbackWarning.skipped(self.run, failures, info.step),
                               stacklevel=4)
@@ -661,13 +676,17 @@ class Checkpointer:
 
     def _restore_version(self, info: VersionInfo, stateful: dict[str, Any], rng: bool,
                          store: Store | None = None) -> None:
+        started = time.perf_counter()
         reader = (store or self.store).open_version(info.id)
         targets = dict(stateful)
         if rng:
             targets["rng"] = {}
         sections = read_sections(reader)
         trees = load_states(reader, targets, sections)
+        loaded = time.perf_counter()
         apply_states(targets, trees, {"rng": restore_rng})
+        self._timings["read"] = self._timings.get("read", 0.0) + loaded - started
+        self._timings["apply"] = time.perf_counter() - loaded
         warn_unrestored(reader.info, sections, targets, stacklevel=5)
 
     # --- listing and closing -----------------------------------------------------------------
@@ -787,13 +806,20 @@ def _report_unfinished_saves() -> None:
 
 @dataclass(frozen=True)
 class RestoreSource:
-    """Where :meth:`Checkpointer.restore` read its version from: ``tier`` is
-    ``"local"`` (the Checkpointer's store) or ``"mirror"``, and ``reason`` says why."""
+    """What :meth:`Checkpointer.restore` restored (``ckpt.last_restore``): ``tier`` is
+    ``"local"`` (the Checkpointer's store) or ``"mirror"``, ``reason`` says why, and
+    ``timings`` how long each phase took."""
 
     step: int
     version: str
     tier: str
     reason: str
+    #: seconds per phase of the restore: ``discover`` (list and pick), ``read`` (read,
+    #: hash-check and decode into the tensors; summed over versions tried), ``apply``
+    #: (``load_state_dict`` and RNG states), ``refill`` (a copy into the local tier)
+    timings: dict[str, float] = field(default_factory=dict)
+    #: logical bytes of the version restored
+    bytes: int = 0
 
 
 def _same_place(here: str | os.PathLike[str] | Store, there: str | os.PathLike[str] | Store
