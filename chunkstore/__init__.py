@@ -8,6 +8,12 @@
 
 from __future__ import annotations
 
+# isort: off
+# First, before the slow imports: a Ctrl-C while the `chunkstore` command starts is one
+# line and exit 130 (chunkstore.interrupts; the command's own process only).
+from chunkstore import interrupts  # noqa: F401
+# isort: on
+
 import os
 from collections.abc import Sequence
 from typing import Any

@@ -9,7 +9,9 @@ and an exit code from the table in the group's help:
 2. Click's usage errors (three lines of usage, hint and message by default)
    become one line that names the ``--help`` to read.
 3. Ctrl-C (``KeyboardInterrupt``) becomes ``interrupted`` and exit 130,
-   caught before click would print ``Aborted!`` and exit 1.
+   caught before click would print ``Aborted!`` and exit 1.  While the command
+   starts (its imports take half a second) :mod:`chunkstore.interrupts` prints
+   the same line and exits 130 at once; the group's ``invoke`` hands Ctrl-C back.
 4. A reader that stops early (``chunkstore log ckpts/ | head``) is not an
    error: stdout is pointed at the null device, so nothing more is written
    or flushed into the closed pipe, and the command exits 0 quietly.
@@ -33,6 +35,7 @@ from typing import Any
 import click
 
 import chunkstore
+from chunkstore import interrupts
 from chunkstore.cli import inspection, maintenance, recovery, transfer, versions
 from chunkstore.cli.common import (
     EXIT_FAILURE,
@@ -127,6 +130,10 @@ class ChunkstoreGroup(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         with one_line_errors():
+            # From here a Ctrl-C is a KeyboardInterrupt this turns into one line; before
+            # it (the imports, the group's options) chunkstore.interrupts ended the
+            # process with that line.
+            interrupts.command_started()
             return super().invoke(ctx)
 
 
