@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -207,21 +208,34 @@ def parse_storage_options(pairs: Sequence[str], env_text: str | None) -> dict[st
 def set_storage_options(ctx: click.Context, pairs: Sequence[str]) -> None:
     """Keep the group's ``--storage-option`` entries (and the environment's) for
     every store the command opens."""
-    import os
-
     ctx.meta[_OPTIONS_META] = parse_storage_options(pairs, os.environ.get(
         STORAGE_OPTIONS_ENV_VAR))
 
 
+def _is_local(url: str) -> bool:
+    scheme = url.partition("://")[0] if "://" in url else ""
+    return scheme in ("", "file", "local")
+
+
 def storage_options_for(url: str) -> dict[str, Any] | None:
     """The storage options the command line gives a store at ``url`` (None for a local
-    path, which takes none)."""
-    scheme = url.partition("://")[0] if "://" in url else ""
-    if scheme in ("", "file", "local"):
+    path, which takes none).  A command run outside the ``chunkstore`` group (the torch
+    commands, a process a command starts) takes those of the environment."""
+    if _is_local(url):
         return None
     ctx = click.get_current_context(silent=True)
     options = ctx.meta.get(_OPTIONS_META) if ctx is not None else None
+    if options is None:
+        options = parse_storage_options((), os.environ.get(STORAGE_OPTIONS_ENV_VAR))
     return dict(options) if options else None
+
+
+def storage_options_environment(url: str) -> dict[str, str]:
+    """The environment that gives a process this command starts (drill's restore, the
+    demo's training job) the command line's storage options for ``url``: it opens the
+    store by URL alone, and ``--storage-option`` is this process's."""
+    options = storage_options_for(url)
+    return {} if options is None else {STORAGE_OPTIONS_ENV_VAR: json.dumps(options)}
 
 
 def open_any(url: str, **kwargs: Any) -> Store:

@@ -22,6 +22,7 @@ from chunkstore.cli.common import (
     format_size,
     open_store,
     render_table,
+    storage_options_environment,
 )
 from chunkstore.maintenance.drill import MATERIALIZE, READY_LINE, SCENARIOS, DrillResult, drill
 from chunkstore.maintenance.drillrestore import restore
@@ -125,7 +126,8 @@ def drill_command(store_path: str, selector: str | None, scenarios: tuple[str, .
     with open_store(store_path) as store:
         result = drill(store, selector, scenarios=chosen, then=then,
                        then_timeout=parse_duration(then_timeout), materialize=materialize,
-                       opener=chunkstore.open, record=not no_record)
+                       opener=chunkstore.open, record=not no_record,
+                       child_env=storage_options_environment(store_path))
     if as_json:
         emit_json(result.to_json())
     else:

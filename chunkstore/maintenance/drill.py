@@ -35,7 +35,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -99,9 +99,11 @@ def child_command(location: str, selector: str | None, torch: bool) -> list[str]
     return [sys.executable, "-m", *module, location, *([selector] if selector else [])]
 
 
-def run_child(command: list[str], timeout: float) -> ChildRun:
-    """Run the restore process; its report is the last line of its stdout."""
-    env = dict(os.environ)
+def run_child(command: list[str], timeout: float,
+              child_env: Mapping[str, str] | None = None) -> ChildRun:
+    """Run the restore process (with ``child_env`` added to this process's environment);
+    its report is the last line of its stdout."""
+    env = {**os.environ, **(child_env or {})}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (_ROOT, env.get("PYTHONPATH"))))
     started = time.monotonic()
     try:
@@ -285,9 +287,15 @@ def _phases(child: ChildRun, then_seconds: float | None) -> dict[str, float | No
 def drill(store: StoreHandle, selector: str | None = None, *, scenarios: Sequence[str] = (),
           then: str | None = None, then_timeout: float = 600.0, materialize: str = "auto",
           opener: Opener, record: bool = True, timeout: float = 3600.0,
-          clock: Callable[[], float] = time.time) -> DrillResult:
+          clock: Callable[[], float] = time.time,
+          child_env: Mapping[str, str] | None = None) -> DrillResult:
     """Restore ``selector``'s version (default: the newest that reads back) in a fresh
-    process, then the fault ``scenarios``; store and return the record."""
+    process, then the fault ``scenarios``; store and return the record.
+
+    The restore process opens the store by its URL alone: ``child_env`` is added to
+    its environment (and to ``then``'s), which is how the CLI hands it the storage
+    options it was given (``CHUNKSTORE_STORAGE_OPTIONS``).  The scenarios' processes
+    restore local scratch copies and need none."""
     unknown = sorted(set(scenarios) - set(SCENARIOS))
     if unknown:
         raise InvalidInputError(f"unknown drill scenario {unknown[0]!r}: one of"
@@ -297,11 +305,11 @@ def drill(store: StoreHandle, selector: str | None = None, *, scenarios: Sequenc
     if target is None:
         raise SelectorError("latest", "the store has no version to drill")
     when = clock()
-    child = run_child(child_command(store.url, selector, torch), timeout)
+    child = run_child(child_command(store.url, selector, torch), timeout, child_env)
     restored = child.problem is None and bool(child.report.get("ok"))
     then_seconds, then_ok, then_detail = None, True, None
     if then is not None and restored:
-        env = {"CHUNKSTORE_DRILL_STORE": store.url,
+        env = {**(child_env or {}), "CHUNKSTORE_DRILL_STORE": store.url,
                "CHUNKSTORE_DRILL_VERSION": str(child.report["version"]),
                "CHUNKSTORE_DRILL_RUN": str(child.report["run"]),
                "CHUNKSTORE_DRILL_STEP": str(child.report["step"])}

@@ -26,6 +26,7 @@ from chunkstore.cli import (
     plural,
 )
 from chunkstore.cli import CliError as CommandError
+from chunkstore.cli.common import open_any, storage_options_for
 from chunkstore.errors import ChunkStoreError
 
 if TYPE_CHECKING:
@@ -83,7 +84,7 @@ def demo(path: str | None) -> None:
             raise CommandError(f"{where} is not empty; give a new directory", EXIT_USAGE)
         from torch_bridge.tools.demo import run_demo
 
-        result = run_demo(where, say=click.echo)
+        result = run_demo(where, say=click.echo, storage_options=storage_options_for(where))
         click.echo("")
         for line in _demo_summary(result):
             click.echo(line)
@@ -154,10 +155,9 @@ def export(store_path: str, selector: str, out: str, prefix: str, dtype: str | N
     safetensors not installed; 3 damaged data; 4 failure.
     """
     with _errors("export", extra="export"):
-        import chunkstore
         from torch_bridge.tools.export import export_safetensors
 
-        with chunkstore.open(store_path, create=False) as store:
+        with open_any(store_path, create=False) as store:
             summary = export_safetensors(store, selector, out, prefix=prefix, dtype=dtype,
                                          overwrite=force)
     if as_json:

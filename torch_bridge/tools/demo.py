@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -51,13 +52,15 @@ class DemoResult:
 
 
 def run_child(store: str, config: training.TrainConfig, kill_after: int,
-              save_delay: float = 0.0) -> int:
-    """Train in a subprocess; SIGKILL it right after its save of ``kill_after`` returns."""
+              save_delay: float = 0.0, storage_options: dict[str, Any] | None = None) -> int:
+    """Train in a subprocess; SIGKILL it right after its save of ``kill_after`` returns.
+    ``storage_options`` reach it as ``CHUNKSTORE_STORAGE_OPTIONS``."""
     command = [sys.executable, "-m", "torch_bridge.tools.training", store, "--run", RUN,
                "--config", json.dumps(dataclasses.asdict(config)),
                "--save-delay", str(save_delay)]
     child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True,
-                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                             env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                  **training.storage_options_environment(storage_options)})
     assert child.stdout is not None
     last = 0
     with child.stdout:
@@ -83,7 +86,10 @@ def torch_save_size(job: training.Job) -> int:
 
 
 def run_demo(store: str, config: training.TrainConfig = DEMO_CONFIG,
-             say: Callable[[str], None] = print) -> DemoResult:
+             say: Callable[[str], None] = print,
+             storage_options: dict[str, Any] | None = None) -> DemoResult:
+    """The demo in store ``store`` (a new directory, or a URL opened with
+    ``storage_options``, in this process and the training subprocess alike)."""
     result = DemoResult()
     with training.deterministic():
         started = time.monotonic()
@@ -93,10 +99,12 @@ def run_demo(store: str, config: training.TrainConfig = DEMO_CONFIG,
         say(f"reference: {config.steps} steps uninterrupted"
             f" ({time.monotonic() - started:.1f} s)")
         kill_after = -(-config.steps // 2 // config.save_every) * config.save_every
-        result.killed_after = run_child(store, config, kill_after)
+        result.killed_after = run_child(store, config, kill_after,
+                                        storage_options=storage_options)
         say(f"training subprocess: async save every {config.save_every} steps,"
             f" SIGKILLed right after save({result.killed_after}) returned")
-        with Checkpointer(store, run=RUN, async_save=True) as ckpt:
+        with chunkstore.open(store, create=False, storage_options=storage_options
+                             ) as opened, Checkpointer(opened, run=RUN, async_save=True) as ckpt:
             job = training.build(config)
             result.restored_step = training.resume(job, ckpt)
             in_flight = ("(the save in flight when killed was never published)"
@@ -105,7 +113,7 @@ def run_demo(store: str, config: training.TrainConfig = DEMO_CONFIG,
             training.train(job, config.steps, ckpt)
         result.differences = training.differences(expected, training.snapshot(job))
         result.torch_save_bytes = torch_save_size(job)
-    with chunkstore.open(store, create=False) as opened:
+    with chunkstore.open(store, create=False, storage_options=storage_options) as opened:
         stats = opened.stats()
         result.verify_ok = opened.verify().ok
     result.versions = len(stats.versions)

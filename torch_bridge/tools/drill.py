@@ -1,7 +1,9 @@
 """``python -m torch_bridge.tools.drill STORE [SELECTOR]``: the restore process of
 ``chunkstore drill`` when torch_bridge is importable, materializing every tensor entry
 as a torch tensor (chunkstore itself never imports torch).  Prints one JSON line, the
-restore's report (:mod:`chunkstore.maintenance.drillrestore`)."""
+restore's report (:mod:`chunkstore.maintenance.drillrestore`).  A URL store is opened
+with the storage options in ``CHUNKSTORE_STORAGE_OPTIONS`` (where the drill puts the
+command line's)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-import chunkstore
+from chunkstore.cli.common import CliError, open_any
 from chunkstore.errors import ChunkStoreError
 from chunkstore.format.manifest import TensorEntry
 from chunkstore.maintenance.drillrestore import restore
@@ -37,10 +39,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     started = time.monotonic()  # the interpreter and the imports are the startup phase
     try:
-        with chunkstore.open(args[0]) as store:
+        with open_any(args[0], create=False) as store:
             report = restore(store, args[1] if len(args) > 1 else None,
                              materialize=read_tensor, materialized_as="torch",
                              started=started)
+    except CliError as exc:  # CHUNKSTORE_STORAGE_OPTIONS that is not a JSON object
+        print(f"chunkstore: error: {exc.format_message()}", file=sys.stderr)
+        return 2
     except ChunkStoreError as exc:
         print(f"chunkstore: error: {exc}", file=sys.stderr)
         return 2

@@ -27,7 +27,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+import chunkstore
 from chunkstore.backends.wrappers import ForwardingBackend
+from chunkstore.cli.common import STORAGE_OPTIONS_ENV_VAR, storage_options_for
 from torch_bridge.capture.sampler import ResumableSampler
 from torch_bridge.checkpointer import Checkpointer
 
@@ -194,6 +196,26 @@ class DelayedBackend(ForwardingBackend):
         return super().put_if_absent(key, data)
 
 
+def storage_options_environment(options: dict[str, Any] | None) -> dict[str, str]:
+    """The environment that hands :func:`main` in a subprocess these storage options."""
+    return {} if not options else {STORAGE_OPTIONS_ENV_VAR: json.dumps(options)}
+
+
+@contextlib.contextmanager
+def _checkpointer(store: str, run: str, config: TrainConfig) -> Iterator[Checkpointer]:
+    """The job's Checkpointer; a URL store opened with $CHUNKSTORE_STORAGE_OPTIONS."""
+    options = storage_options_for(store)
+    if options is None:
+        with Checkpointer(store, run=run, async_save=True, chunk_size=config.chunk_size
+                          ) as ckpt:
+            yield ckpt
+        return
+    with chunkstore.open(store, create=True, chunk_size=config.chunk_size,
+                         storage_options=options) as opened, \
+            Checkpointer(opened, run=run, async_save=True) as ckpt:
+        yield ckpt
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torch_bridge.tools.training")
     parser.add_argument("store")
@@ -203,8 +225,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds each storage write waits (simulates slow storage)")
     args = parser.parse_args(argv)
     config = TrainConfig(**json.loads(args.config))
-    with deterministic(), Checkpointer(args.store, run=args.run, async_save=True,
-                                       chunk_size=config.chunk_size) as ckpt:
+    with deterministic(), _checkpointer(args.store, args.run, config) as ckpt:
         if args.save_delay:
             ckpt.store.backend = DelayedBackend(ckpt.store.backend, args.save_delay)
         job = build(config)
