@@ -130,7 +130,7 @@ def train(rank: int, world: int, url: str, extra: dict[str, Any]) -> dict[str, A
     train on slowly and then wait to be SIGKILLed."""
     trainer = Trainer(rank, world)
     out = Path(os.environ["RANKS_TEST_OUT"])
-    with Checkpointer(url, run=RUN) as ckpt:
+    with Checkpointer(url, run=RUN, async_save=bool(extra.get("async"))) as ckpt:
         start = 0
         if extra.get("resume"):
             start = ckpt.restore(**trainer.state()) or 0

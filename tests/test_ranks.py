@@ -22,7 +22,7 @@ from chunkstore.cli import cli
 from tests.gloo_ranks import Ranks, all_ok, assert_only_the_first_save_published
 from tests.ranks_child import ROWS, RUN, run_rank
 from torch_bridge import Checkpointer, export_safetensors
-from torch_bridge.errors import AsyncSaveUnderProcessGroupError, WorldSizeMismatchError
+from torch_bridge.errors import WorldSizeMismatchError
 
 WORLD = 2
 
@@ -109,21 +109,42 @@ def test_restore_picks_the_same_version_on_every_rank(store_url: str, tmp_path: 
         ckpt.restore(table={})
 
 
-def test_async_save_under_a_process_group_is_refused(tmp_path: Path) -> None:
+def test_async_save_under_a_process_group_in_one_process(tmp_path: Path) -> None:
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}",
                             rank=0, world_size=1)
     try:
-        with pytest.raises(AsyncSaveUnderProcessGroupError, match="async_save=False"):
-            Checkpointer(str(tmp_path / "store"), async_save=True)
-        with Checkpointer(str(tmp_path / "store"), run="one") as ckpt:
-            ckpt.async_save = True
-            with pytest.raises(AsyncSaveUnderProcessGroupError):
-                ckpt.save(1, state={"w": torch.ones(3)})
-            assert ckpt.all_steps() == []
-            ckpt.async_save = False
-            ckpt.save(1, state={"w": torch.ones(3)})
+        with Checkpointer(str(tmp_path / "store"), run="one", async_save=True) as ckpt:
+            weights = torch.ones(3)
+            assert ckpt.save(1, state={"w": weights}) is None
+            weights += 1  # training goes on: the save holds the values at save time
+            info = ckpt.wait()
+            assert info is not None and info.step == 1
             loaded: dict[str, Any] = {"w": torch.zeros(3)}
             assert ckpt.restore(state=loaded) == 1
             assert torch.equal(loaded["w"], torch.ones(3))
     finally:
         dist.destroy_process_group()
+
+
+def test_async_saves_on_two_ranks_hold_what_sync_saves_hold(tmp_path: Path) -> None:
+    """Each rank's state is copied in the pause and saved in the background on the
+    checkpoint's own process group: every version equals the synchronous run's."""
+    plan = {"steps": 12, "save_every": 4}
+    urls = {name: str(tmp_path / name) for name in ("sync", "async")}
+    for url in urls.values():
+        chunkstore.open(url, chunk_size=4096, create=True).close()
+    sync_run = _ranks("train", urls["sync"], tmp_path / "sync-run", plan)
+    async_run = _ranks("train", urls["async"], tmp_path / "async-run", {**plan, "async": True})
+    sync_prints = [r["fingerprint"] for r in all_ok(sync_run.join())]
+    async_prints = [r["fingerprint"] for r in all_ok(async_run.join())]
+    assert async_prints == sync_prints
+    with chunkstore.open(urls["sync"]) as plain, chunkstore.open(urls["async"]) as background:
+        assert [v.step for v in background.versions(RUN)] == [4, 8, 12]
+        for step in (4, 8, 12):
+            expected = plain.open_version(f"{RUN}@{step}")
+            got = background.open_version(f"{RUN}@{step}")
+            assert got.names() == expected.names()
+            for name in expected.names():
+                if name.startswith("_"):
+                    continue
+                assert got.get(name).tobytes() == expected.get(name).tobytes(), (step, name)

@@ -82,6 +82,8 @@ def _commands() -> dict[str, click.Command]:
     for name in cli.list_commands(ctx):
         command = cli.get_command(ctx, name)
         assert command is not None, name
+        if command.hidden:  # internal (drill-restore, the process a drill starts)
+            continue
         if isinstance(command, click.Group):
             sub_ctx = click.Context(command, parent=ctx)
             for sub in command.list_commands(sub_ctx):

@@ -59,10 +59,9 @@ from torch_bridge.capture.staging import StagingBuffers
 from torch_bridge.capture.state import CapturedState
 from torch_bridge.capture.tensors import as_array, host_copy
 from torch_bridge.distributed.collectives import all_gather_plain, process_group_active
-from torch_bridge.distributed.ranks import restore_ranks, save_ranks
+from torch_bridge.distributed.ranks import capture_copies, restore_ranks, save_ranks
 from torch_bridge.errors import (
     AsyncSaveError,
-    AsyncSaveUnderProcessGroupError,
     NotAtUpdateBoundaryWarning,
     RestoreFallbackWarning,
     RunNotFoundWarning,
@@ -114,9 +113,10 @@ class Checkpointer:
     step; each save is one version rank 0 publishes once every rank's data is
     durable, holding every rank's state (DTensor boxes once, tensors equal on
     several ranks once, RNG states and other per-rank state per rank), and
-    ``restore`` loads the same version on every rank.  ``async_save=True`` is
-    refused there (:class:`AsyncSaveUnderProcessGroupError`).  The protocol
-    and why it is safe: :mod:`torch_bridge.distributed.ranks`.
+    ``restore`` loads the same version on every rank.  With ``async_save=True``
+    the pause is the copy into host memory; the exchanges run in the background
+    on a process group of the checkpoint's own.  The protocol and why it is
+    safe: :mod:`torch_bridge.distributed.ranks`.
 
     The store is created by the first ``save`` when ``path_or_url`` holds none
     (never by ``restore``, ``all_steps`` or ``latest_step``, so a mistyped path
@@ -163,8 +163,6 @@ class Checkpointer:
         if meta is not None and not isinstance(meta, dict):
             raise InvalidInputError(f"meta must be a dict of plain data (or None), got"
                                     f" {type(meta).__name__} {meta!r}")
-        if async_save and process_group_active():
-            raise _async_refused()
         self._location = path_or_url
         self._settings = (chunk_size, compression)
         self._store, self._owns_store, self._missing = _open_store_on_ranks(
@@ -187,6 +185,8 @@ class Checkpointer:
         #: the run's writer lease (docs/format.md §11.5), taken at the first save; under a
         #: process group rank 0 holds it for the job
         self._takeover = takeover
+        #: an async save's process group under torch.distributed (never the training's)
+        self._group: Any = None
         self._lease: RunLease | None = None
         self._holds_run = False
         #: the durable tier (``mirror=``): opened when first needed; its replicator
@@ -261,6 +261,9 @@ class Checkpointer:
         if process_group_active():
             self._store_for_save()
             self._hold_run_on_ranks()
+            if self.async_save:
+                self._save_ranks_async(step, stateful, meta)
+                return None
             return self._save_ranks(step, stateful, meta)
         states = self._states(stateful)
         captured = capture_states(states)
@@ -352,15 +355,33 @@ class Checkpointer:
                     ) -> VersionInfo:
         """Every rank's state as one version (:mod:`torch_bridge.distributed.ranks`); rank 0
         publishes it and applies retention."""
-        if self.async_save:
-            raise _async_refused()
         info = save_ranks(self.store, self.run, step, meta,
                           lambda: self._states(stateful))
+        return self._published_on_ranks(step, info)
+
+    def _published_on_ranks(self, step: int, info: VersionInfo) -> VersionInfo:
         if dist.get_rank() == 0:
             self._mirror_published(info.id)
             self._retain(step, info)
         self._last_info = info
         return info
+
+    def _save_ranks_async(self, step: int, stateful: dict[str, Any], meta: dict[str, Any]
+                          ) -> None:
+        """The training pauses for the copy into host memory (and the ranks agreeing it
+        worked); the protocol runs in the background on the checkpoint's own group."""
+        if self._group is None:  # made by every rank at the same save: a collective
+            self._group = dist.new_group(backend="gloo")
+        group = self._group
+        prepared = capture_copies(lambda: self._states(stateful), group)
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="torch_bridge-save")
+
+        def background() -> VersionInfo:
+            info = save_ranks(self.store, self.run, step, meta, None, prepared=prepared,
+                              group=group)
+            return self._published_on_ranks(step, info)
+        self._pending = (step, self._executor.submit(background))
 
     def _states(self, stateful: dict[str, Any]) -> dict[str, Any]:
         for key in stateful:
@@ -780,14 +801,6 @@ def _open_existing(path_or_store: str | os.PathLike[str] | Store, chunk_size: in
     except NoStoreError as exc:
         return None, False, (exc.url, exc.reason)
     return store, owned, ("", "")
-
-
-def _async_refused() -> AsyncSaveUnderProcessGroupError:
-    return AsyncSaveUnderProcessGroupError(
-        "async_save=True is not supported under torch.distributed: the save's collectives"
-        " would run in a background thread beside the training's own and could deadlock;"
-        " use async_save=False, or dcp.async_save with torch_bridge.dcp.ChunkStoreWriter"
-        " for sharded state")
 
 
 #: Checkpointers not yet closed: at exit, a failed background save is reported

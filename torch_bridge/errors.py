@@ -179,4 +179,6 @@ class WorldSizeMismatchError(InvalidInputError):
 
 
 class AsyncSaveUnderProcessGroupError(InvalidInputError):
-    """Raised when a Checkpointer with ``async_save=True`` saves under torch.distributed."""
+    """Was raised when a Checkpointer with ``async_save=True`` saved under
+    torch.distributed; async saves work there now, and the name stays importable for
+    code that catches it."""

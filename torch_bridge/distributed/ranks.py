@@ -52,12 +52,16 @@ the version is damaged for any rank, every rank moves on to the next
 candidate; if all read it, every rank applies it.  So every rank restores the
 same version: the newest that reads back intact on all of them.
 
-Async saves are refused under a process group (AsyncSaveUnderProcessGroupError):
-the protocol's collectives would run in a background thread on the training's
-process group, where they can interleave with the training's own collectives
-(a DDP all-reduce) in a different order on different ranks and deadlock.  For
-sharded state saved in the background, use ``dcp.async_save`` with
-:class:`torch_bridge.dcp.writer.ChunkStoreWriter`.
+Async saves run the protocol in a background thread on a process group of the
+checkpoint's own (``group``: a gloo group the Checkpointer makes when it is
+constructed, on every rank), never on the training's: there the exchanges could
+interleave with the training's own collectives (a DDP all-reduce) in a different
+order on different ranks and deadlock.  On its own group each rank runs one save
+at a time, so every rank issues the checkpoint's collectives in the same order.
+The training pauses for :func:`capture_copies` (the state copied into host memory)
+and one small exchange on that group in which the ranks agree the copy succeeded
+everywhere (a rank whose state is bad must not leave the others waiting in the
+background).
 """
 
 from __future__ import annotations
@@ -118,8 +122,11 @@ class _Item:
                 self.digest]
 
 
-def _capture(states: dict[str, Any]) -> tuple[list[CapturedState], list[_Item]]:
-    """Step 1's local part: take every state apart; each DTensor becomes its local box."""
+def _capture(states: dict[str, Any], copy: bool = False
+             ) -> tuple[list[CapturedState], list[_Item]]:
+    """Step 1's local part: take every state apart; each DTensor becomes its local box.
+    ``copy``: every array is a copy of its own (an async save's, which training then
+    changes) and its digest is left for :func:`_digested` (in the background)."""
     captured = capture_states(states)
     items = []
     for state in captured:
@@ -128,14 +135,26 @@ def _capture(states: dict[str, Any]) -> tuple[list[CapturedState], list[_Item]]:
                 local, offsets, _ = local_box(value)
                 record.kind = DTENSOR
                 array, override = as_array(host_copy(local))
-                items.append(_Item(state.key, index, array, override, offsets, None))
+                items.append(_Item(state.key, index, np.array(array) if copy else array,
+                                   override, offsets, None))
                 continue
             array, override = ((value, None) if isinstance(value, np.ndarray)
                                else as_array(host_copy(value)))
-            flat = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-            items.append(_Item(state.key, index, array, override, None,
-                               Digest.of(flat.data).hex))
+            item = _Item(state.key, index, np.array(array) if copy else array, override,
+                         None, None)
+            items.append(item if copy else _digested(item))
+        if copy:
+            state.values = []  # the copies are what the background reads
     return captured, items
+
+
+def _digested(item: _Item) -> _Item:
+    """``item`` with the digest of its bytes (a rank's own tensor; a box has none)."""
+    if item.offsets is not None or item.digest is not None:
+        return item
+    flat = np.ascontiguousarray(item.array).reshape(-1).view(np.uint8)
+    item.digest = Digest.of(flat.data).hex
+    return item
 
 
 @dataclass(frozen=True)
@@ -207,8 +226,8 @@ def _assign(plans: list[dict[str, Any]]) -> list[dict[tuple[str, int], _Slot]]:
     return slots
 
 
-def _exchange(action: str, work: Callable[[], T], message: Callable[[T], dict[str, Any]]
-              ) -> tuple[T, list[dict[str, Any]]]:
+def _exchange(action: str, work: Callable[[], T], message: Callable[[T], dict[str, Any]],
+              group: Any = None) -> tuple[T, list[dict[str, Any]]]:
     """Run ``work`` here, then send its ``message`` (or the error it raised) to every
     rank.  A failure anywhere raises on every rank after the exchange: this rank's
     own error here, RanksFailedError elsewhere; then RanksDisagreeError when the
@@ -217,9 +236,9 @@ def _exchange(action: str, work: Callable[[], T], message: Callable[[T], dict[st
         result = work()
         data = plaindata.encode(message(result))  # what cannot be sent fails before sending
     except Exception as exc:
-        all_gather_bytes(plaindata.encode({"error": f"{type(exc).__name__}: {exc}"}))
+        all_gather_bytes(plaindata.encode({"error": f"{type(exc).__name__}: {exc}"}), group)
         raise
-    gathered = [plaindata.decode(d) for d in all_gather_bytes(data)]
+    gathered = [plaindata.decode(d) for d in all_gather_bytes(data, group)]
     failures = {r: g["error"] for r, g in enumerate(gathered) if "error" in g}
     if failures:
         raise RanksFailedError(action, failures)
@@ -233,16 +252,38 @@ def _exchange(action: str, work: Callable[[], T], message: Callable[[T], dict[st
 
 # --- saving ---------------------------------------------------------------------------------
 
+Prepared = tuple[list[CapturedState], list[_Item]]
+
+
+def capture_copies(states: Callable[[], dict[str, Any]], group: Any) -> Prepared:
+    """An async save's part in the training's pause: every tensor copied into host memory
+    (hashing waits for the background), then one exchange on ``group`` so that a rank
+    whose state fails raises on every rank (RanksFailedError elsewhere) instead of
+    leaving the others waiting in the background.  A collective of ``group``."""
+    prepared, _ = _exchange("an async save's copy", lambda: _capture(states(), copy=True),
+                            lambda _: {}, group)
+    return prepared
+
+
 def save_ranks(store: Store, run: str, step: int, meta: dict[str, Any],
-               states: Callable[[], dict[str, Any]]) -> VersionInfo:
-    """Save every rank's ``states()`` as one version of ``run`` at ``step`` (a collective:
+               states: Callable[[], dict[str, Any]] | None, *,
+               prepared: Prepared | None = None, group: Any = None) -> VersionInfo:
+    """Save every rank's ``states()`` (or the copies :func:`capture_copies` made) as one
+    version of ``run`` at ``step`` (a collective of ``group``, None: the default group:
     every rank calls it); every rank returns the published version's info."""
     rank, world = rank_and_world()
     action = f"the save of {run}@{step}"
-    (captured, items), plans = _exchange(action, lambda: _capture(states()), lambda c: {
+
+    def capture() -> Prepared:
+        if prepared is not None:
+            return prepared[0], [_digested(item) for item in prepared[1]]
+        assert states is not None
+        return _capture(states())
+
+    (captured, items), plans = _exchange(action, capture, lambda c: {
         "token": {"run": run, "step": step, "state_keys": [s.key for s in c[0]]},
         "sections": {s.key: s.section() for s in c[0]},
-        "items": [i.plain() for i in c[1]]})
+        "items": [i.plain() for i in c[1]]}, group)
     slots = _assign(plans)
     version: list[VersionWriter] = []  # rank 0's, once opened
 
@@ -253,7 +294,7 @@ def save_ranks(store: Store, run: str, step: int, meta: dict[str, Any],
         return []
 
     try:
-        _, opened = _exchange(action, open_version, lambda seen: {"gc_seen": seen})
+        _, opened = _exchange(action, open_version, lambda seen: {"gc_seen": seen}, group)
         shapes = {(s.key, i): r.shape for s in captured for i, r in enumerate(s.records)}
         boxes = [(Box(slot.name, item.array, item.dtype, shapes[(item.key, item.index)],
                       item.offsets) if item.offsets is not None
@@ -262,11 +303,12 @@ def save_ranks(store: Store, run: str, step: int, meta: dict[str, Any],
         _, results = _exchange(action, lambda: stage_boxes(
             store, run, step, boxes, opened[0]["gc_seen"]), lambda staged: {
                 "staged": [[box.name, s.to_plain()] for box, s in zip(boxes, staged,
-                                                                     strict=True)]})
+                                                                     strict=True)]}, group)
         header = {"format": FORMAT, "step": step, "world_size": world,
                   "ranks": [_named_sections(plan, slots[r]) for r, plan in enumerate(plans)]}
         info, published = _exchange(action, lambda: _publish(version, results, header),
-                                    lambda i: {"info": None if i is None else _info_plain(i)})
+                                    lambda i: {"info": None if i is None else _info_plain(i)},
+                                    group)
     finally:
         for writer in version:
             writer.abort()  # a no-op once committed; else nothing is published
