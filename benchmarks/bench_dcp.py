@@ -58,6 +58,7 @@ from torch.futures import Future
 import chunkstore
 from chunkstore.format.shards import StagedShard
 from torch_bridge.dcp import ChunkStoreReader, ChunkStoreWriter
+from torch_bridge.dcp.layout import PLAIN_RESULT
 
 SYSTEMS = ("dcp-filesystem", "chunkstore")
 HEAD_FRACTION = 0.02  # of the base's parameters, trained (and saved with Adam moments)
@@ -100,6 +101,8 @@ class _CountingWriter(ChunkStoreWriter):
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         future = super().write_data(plan, planner)
         for result in future.value():
+            if isinstance(result.storage_data, dict) and PLAIN_RESULT in result.storage_data:
+                continue  # a plain value (step counters): no chunk objects
             staged = StagedShard.from_plain(result.storage_data)
             _CountingWriter.stored_bytes += sum(stored for _, _, _, stored in staged.written)
         return future
