@@ -201,3 +201,26 @@ def test_a_restore_says_what_it_read_and_how_long_each_phase_took(tmp_path: Path
         source = ckpt.last_restore
         assert source is not None and source.tier == "mirror"
         assert set(source.timings) == {"discover", "read", "apply", "refill"}
+
+
+def test_log_says_which_versions_the_mirror_holds(tmp_path: Path) -> None:
+    import json as _json
+
+    from click.testing import CliRunner
+
+    from chunkstore.cli import cli
+
+    local, mirror = tmp_path / "local", tmp_path / "mirror"
+    with Checkpointer(local, run="r", mirror=mirror) as ckpt:
+        ckpt.save(1, model=model(1))
+        ckpt.wait(mirror=True)
+    with Checkpointer(local, run="r") as ckpt:  # no mirror: step 2 stays local only
+        ckpt.save(2, model=model(2))
+    result = CliRunner().invoke(cli, ["log", str(local), "--mirror", str(mirror), "--json"])
+    assert result.exit_code == 0, result.output
+    assert {v["step"]: v["mirrored"] for v in _json.loads(result.output)["versions"]} == {
+        1: True, 2: False}
+    text = CliRunner().invoke(cli, ["log", str(local), "--mirror", str(mirror)])
+    assert "MIRRORED" in text.output and text.exit_code == 0
+    missing = CliRunner().invoke(cli, ["log", str(local), "--mirror", str(tmp_path / "x")])
+    assert missing.exit_code == 2 and "no store" in missing.output

@@ -108,32 +108,48 @@ def init(path: str, chunk_size: int, compression: str, delta_depth: int) -> None
 @STORE_ARG
 @click.option("--run", help="Only versions of this run.")
 @click.option("-n", "limit", type=click.IntRange(min=1), help="Show at most N versions.")
+@click.option("--mirror", metavar="MIRROR",
+              help="Also say whether store MIRROR (path or URL) holds each version.")
 @JSON_OPT
-def log(store_path: str, run: str | None, limit: int | None, as_json: bool) -> None:
+def log(store_path: str, run: str | None, limit: int | None, mirror: str | None,
+        as_json: bool) -> None:
     """List the versions in STORE, newest first.
 
     For each version: short id, RUN@STEP, creation time (local), its
-    three sizes (below) and its tags.
+    three sizes (below) and its tags. With --mirror, also whether the
+    store MIRROR holds it (a tiered Checkpointer's durable tier, or any
+    store `chunkstore sync` copies into): MIRRORED yes or no, and
+    "mirrored" in --json.
 
     \b
-    Example:
+    Examples:
       chunkstore log ckpts/ --run exp1 -n 5
+      chunkstore log /local/ckpts --mirror s3://bucket/ckpts
 
     \b
-    Exit codes: 0 listed (also when empty); 2 STORE is not a store.
+    Exit codes: 0 listed (also when empty); 2 STORE (or MIRROR) is not a store.
     """
     with open_store(store_path) as store:
         versions = list(reversed(store.versions(run)))[:limit]
         tags = tags_by_version(store)
+    mirrored: set[str] | None = None
+    if mirror is not None:
+        with open_store(mirror) as durable:
+            mirrored = {v.id for v in durable.versions(run)}
     if as_json:
-        emit_json({"versions": [version_json(v, tags) for v in versions]})
+        emit_json({"versions": [
+            {**version_json(v, tags), **({} if mirrored is None
+                                         else {"mirrored": v.id in mirrored})}
+            for v in versions]})
         return
     if not versions:
         click.echo(f"no versions in {store_path}" + (f" for run {run!r}" if run else ""))
         return
     rows = [[v.short_id, f"{v.run}@{v.step}", local_time(v), *size_cells(v),
+             *([] if mirrored is None else ["yes" if v.id in mirrored else "no"]),
              ", ".join(tags.get(v.id, []))] for v in versions]
-    echo_lines(render_table(["ID", "RUN@STEP", "CREATED", *SIZE_HEADERS, "TAGS"],
+    echo_lines(render_table(["ID", "RUN@STEP", "CREATED", *SIZE_HEADERS,
+                             *([] if mirrored is None else ["MIRRORED"]), "TAGS"],
                             rows, right=(3, 4, 5)))
 
 
