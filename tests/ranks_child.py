@@ -130,10 +130,13 @@ def train(rank: int, world: int, url: str, extra: dict[str, Any]) -> dict[str, A
     train on slowly and then wait to be SIGKILLed."""
     trainer = Trainer(rank, world)
     out = Path(os.environ["RANKS_TEST_OUT"])
-    with Checkpointer(url, run=RUN, async_save=bool(extra.get("async"))) as ckpt:
+    with Checkpointer(url, run=RUN, async_save=bool(extra.get("async")),
+                      mirror=extra.get("mirror")) as ckpt:
         start = 0
+        tier = None
         if extra.get("resume"):
             start = ckpt.restore(**trainer.state()) or 0
+            tier = ckpt.last_restore.tier if ckpt.last_restore is not None else None
             trainer.restored()
         for step in range(start, extra["steps"]):
             trainer.step()
@@ -144,7 +147,7 @@ def train(rank: int, world: int, url: str, extra: dict[str, Any]) -> dict[str, A
                 time.sleep(0.05)  # training on, slowly: the kill lands mid-training
     if extra.get("hang_after") is not None:
         time.sleep(120)
-    return {"start": start, "fingerprint": trainer.fingerprint()}
+    return {"start": start, "tier": tier, "fingerprint": trainer.fingerprint()}
 
 
 def mismatched_steps(rank: int, world: int, url: str, extra: dict[str, Any]) -> dict[str, Any]:

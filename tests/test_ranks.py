@@ -148,3 +148,25 @@ def test_async_saves_on_two_ranks_hold_what_sync_saves_hold(tmp_path: Path) -> N
                 if name.startswith("_"):
                     continue
                 assert got.get(name).tobytes() == expected.get(name).tobytes(), (step, name)
+
+
+def test_a_fresh_node_s_ranks_resume_from_the_mirror(tmp_path: Path) -> None:
+    """Two ranks save to a local tier mirrored to another store; a job restarted on a
+    fresh node (an empty local tier) resumes every rank from the mirror, bit-exact."""
+    mirror = str(tmp_path / "mirror")
+    plan = {"steps": 12, "save_every": 4}
+    reference_url = str(tmp_path / "reference")
+    first_url, fresh_url = str(tmp_path / "first"), str(tmp_path / "fresh")
+    for url in (reference_url, first_url):
+        chunkstore.open(url, chunk_size=4096, create=True).close()
+    reference = _ranks("train", reference_url, tmp_path / "reference-run", plan)
+    first = _ranks("train", first_url, tmp_path / "first-run",
+                   {"steps": 8, "save_every": 4, "mirror": mirror})
+    expected = [r["fingerprint"] for r in all_ok(reference.join())]
+    all_ok(first.join())  # closing waits for the mirror
+    with chunkstore.open(mirror) as store:
+        assert [v.step for v in store.versions(RUN)] == [4, 8]
+    resumed = all_ok(_ranks("train", fresh_url, tmp_path / "resumed",
+                            {**plan, "resume": True, "mirror": mirror}).join())
+    assert [(r["start"], r["tier"]) for r in resumed] == [(8, "mirror")] * WORLD
+    assert [r["fingerprint"] for r in resumed] == expected

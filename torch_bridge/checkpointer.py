@@ -546,6 +546,8 @@ class Checkpointer:
             if restored is None and not missing_ok and store is not None:
                 self._warn_of_other_runs()
             return restored
+        if self._mirror_location is not None:
+            store = self._ranks_tier(store)
         if store is None:
             if missing_ok:
                 return None
@@ -554,13 +556,22 @@ class Checkpointer:
                                " restore(..., missing_ok=True), and the first save creates"
                                " the store)")
         if process_group_active():
-            targets = {**stateful, "rng": {}} if rng else dict(stateful)
-            restored = restore_ranks(store, self.run, step, targets,
-                                     {"rng": restore_rng} if rng else {})
+            restored = self._restore_on_ranks(store, step, stateful, rng)
+            if self.last_restore is not None and self.last_restore.tier == "mirror":
+                return restored  # no local store to name other runs from
         else:
             restored = self._restore_here(step, stateful, rng)
         if restored is None and not missing_ok:
             self._warn_of_other_runs()
+        return restored
+
+    def _restore_on_ranks(self, store: Store, step: int | None, stateful: dict[str, Any],
+                          rng: bool) -> int | None:
+        targets = {**stateful, "rng": {}} if rng else dict(stateful)
+        restored = restore_ranks(store, self.run, step, targets,
+                                 {"rng": restore_rng} if rng else {})
+        if self.last_restore is not None:  # the tier _ranks_tier chose
+            self.last_restore = replace(self.last_restore, step=restored or 0)
         return restored
 
     def _restore_tiers(self, step: int | None, stateful: dict[str, Any], rng: bool,
@@ -596,6 +607,21 @@ class Checkpointer:
         if failures:
             raise nothing_restored(self.run, failures)
         return None
+
+    def _ranks_tier(self, local: Store | None) -> Store | None:
+        """Under a process group with a mirror: the local tier when every rank's holds a
+        version of the run, else the mirror for every rank (a fresh node's ranks read
+        the durable tier; ranks never read different tiers).  A collective."""
+        holds = local is not None and bool(local.versions(self.run))
+        if all(all_gather_plain(holds)):
+            self.last_restore = RestoreSource(0, "", "local",
+                                              "every rank's local tier holds the run")
+            return local
+        mirror = self._mirror_store(create=False)
+        self.last_restore = RestoreSource(0, "", "mirror", "a rank's local tier does not"
+                                          " hold the run" if holds or local is not None
+                                          else "there is no local store")
+        return mirror
 
     def _tier_candidates(self, step: int | None, tiers: list[tuple[str, Store | None]]
                          ) -> list[tuple[VersionInfo, list[tuple[str, Store]]]]:
