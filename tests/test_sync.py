@@ -428,3 +428,26 @@ def test_unchanged_subtrees_are_not_walked(tmp_path: Path) -> None:
         assert_whole(dst, {first: ("a", 2)})
         np.testing.assert_array_equal(dst.open_version(second).get("head.w"),
                                       state(2)["head.w"] + np.float16(1))
+
+
+def test_local_to_s3_to_local_is_bit_exact_and_twice_copies_nothing(
+        s3_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The way back: a version copied to S3 and from there to another machine's disk
+    reads back exactly, with its id; running both syncs again copies nothing."""
+    monkeypatch.setenv("CHUNKSTORE_CACHE_DIR", str(tmp_path / "cache"))
+    bucket = create_bucket(s3_endpoint)
+    options = storage_options(s3_endpoint)
+    url = f"s3://{bucket}/ckpts"
+    try:
+        with chunkstore.open(tmp_path / "here", create=True, chunk_size=CHUNK) as here:
+            versions = fill(here, range(3))
+        for _ in range(2):
+            out = chunkstore.sync(tmp_path / "here", url, dst_options=options)
+            back = chunkstore.sync(url, tmp_path / "there", src_options=options)
+        assert out.copied == [] and out.objects_copied == 0  # the second time: nothing
+        assert back.copied == [] and back.objects_copied == 0
+        with chunkstore.open(tmp_path / "there") as there:
+            assert {v.id for v in there.versions()} == set(versions)
+            assert_whole(there, versions)
+    finally:
+        remove_bucket(s3_endpoint, bucket)
