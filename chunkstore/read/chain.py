@@ -52,6 +52,7 @@ from chunkstore.format.manifest import PackLocation
 from chunkstore.handle.caches import BaseCache
 from chunkstore.objects.kinds import CHUNKS
 from chunkstore.read.members import Locations, Prefetched, member_object, missing_chunk
+from chunkstore.read.scratch import scratch
 
 if TYPE_CHECKING:
     from chunkstore.handle.handle import StoreHandle
@@ -92,8 +93,8 @@ def _check_base(digest: Digest, header: ChunkHeader, chain: tuple[Digest, ...]) 
 def decode_chain(store: StoreHandle, digest: Digest, data: bytes | memoryview,
                  chain: tuple[Digest, ...], out: memoryview | None = None,
                  cache: BaseCache | None = None, *, check_links: bool = False,
-                 locations: Locations = (), prefetched: Prefetched | None = None
-                 ) -> bytes | memoryview:
+                 locations: Locations = (), prefetched: Prefetched | None = None,
+                 transient: bool = False) -> bytes | memoryview:
     """Decode the object ``data`` of ``digest``, following its listed ``chain``
     (whose bases lie where ``locations`` says, their member objects in ``prefetched``
     where a reader read them ahead); decoded bases come from and go to ``cache``
@@ -104,7 +105,9 @@ def decode_chain(store: StoreHandle, digest: Digest, data: bytes | memoryview,
     otherwise only the result is checked, which proves every base on the way
     right as well (a wrong base changes the result), and the bases decoded on
     the way are not cached: a chain of XOR links is decoded in the plane
-    domain, other chains link by link from the root.
+    domain, other chains link by link from the root.  ``transient`` (a read job
+    of :func:`chunkstore.read.reader.run_jobs`): the links before the last are
+    decoded into the thread's scratch buffers (:mod:`chunkstore.read.scratch`).
     """
     header = parse_header(digest, data)
     if header.base is None or not _is_delta(header.codec_id):
@@ -120,10 +123,11 @@ def decode_chain(store: StoreHandle, digest: Digest, data: bytes | memoryview,
         return decode_object(digest, data, out, base)
     links, root, root_raw = _chain_objects(store, digest, header, memoryview(data), chain, cache,
                                            locations, prefetched)
+    transient = transient and out is not None  # else the result is returned, not copied
     if all(link[1].codec_id == codecs.XOR_DELTA.id
            and link[1].element_size == header.element_size for link in links):
-        return _decode_planes(digest, links, root, root_raw, out)
-    return _decode_links(digest, links, root, root_raw, out)
+        return _decode_planes(digest, links, root, root_raw, out, transient)
+    return _decode_links(digest, links, root, root_raw, out, transient)
 
 
 Link = tuple[Digest, ChunkHeader, memoryview]
@@ -158,15 +162,17 @@ def _chain_objects(store: StoreHandle, digest: Digest, header: ChunkHeader, view
 
 
 def _decode_planes(digest: Digest, links: list[Link], root: Link | None,
-                   root_raw: bytes | memoryview | None, out: memoryview | None
-                   ) -> bytes | memoryview:
-    """XOR the chain's byte planes together, unshuffle once, hash-check the result."""
+                   root_raw: bytes | memoryview | None, out: memoryview | None,
+                   transient: bool = False) -> bytes | memoryview:
+    """XOR the chain's byte planes together, unshuffle once, hash-check the result
+    (``transient``: the planes in the thread's scratch buffer)."""
     head = links[0][1]
     size, length = head.element_size, head.raw_length
     if size < 1 or length % size:
         raise CorruptChunkError(digest.hex, f"raw length {length} is not a multiple of the"
                                 f" element size {size}")
-    planes = np.empty((size, length // size), dtype=np.uint8)
+    planes = (np.frombuffer(scratch("chain-0", length), dtype=np.uint8).reshape(size, -1)
+              if transient else np.empty((size, length // size), dtype=np.uint8))
     if root_raw is None:
         assert root is not None
         root_digest, root_header, root_view = root
@@ -191,20 +197,28 @@ def _decode_planes(digest: Digest, links: list[Link], root: Link | None,
 
 
 def _decode_links(digest: Digest, links: list[Link], root: Link | None,
-                  root_raw: bytes | memoryview | None, out: memoryview | None
-                  ) -> bytes | memoryview:
+                  root_raw: bytes | memoryview | None, out: memoryview | None,
+                  transient: bool = False) -> bytes | memoryview:
     """Decode the chain's root, apply each link's image to it with the link's codec,
-    nearest the root first, and hash-check the result only."""
+    nearest the root first, and hash-check the result only.  ``transient``: the
+    root and the links before the last go to the thread's two scratch buffers in
+    turn (each link reads the one before and overwrites the other)."""
     length = links[0][1].raw_length
     if root_raw is None:
         assert root is not None
-        root_raw = decode_payload(*root, None)
+        _, root_header, _ = root
+        into = (scratch("chain-0", length)
+                if transient and root_header.codec_id != codecs.RAW.id else None)
+        root_raw = decode_payload(*root, into)
     if len(root_raw) != length:
         raise CorruptChunkError(digest.hex, "a delta base of another length")
     current = root_raw
     for i, (link_digest, link_header, link_view) in enumerate(reversed(links)):
-        image = decode_payload(link_digest, link_header, link_view,
-                               out if i == len(links) - 1 else None)
+        if i == len(links) - 1:
+            into = out
+        else:
+            into = scratch(f"chain-{(i + 1) % 2}", length) if transient else None
+        image = decode_payload(link_digest, link_header, link_view, into)
         codec = codecs.by_id(link_header.codec_id)
         assert codec is not None  # parse_header checked it
         try:

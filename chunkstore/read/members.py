@@ -52,6 +52,10 @@ MemberRead = tuple[Digest, PackLocation, memoryview, Chain]
 #: at most this (bytes read for nothing) and the whole read at most READ_RUN_BYTES.
 READ_GAP_BYTES = 64 * 1024
 READ_RUN_BYTES = 8 * 1024 * 1024
+#: ... and while the bytes they decode to are at most this: a run is one read job, and
+#: deltas that compress well (sparse updates of an embedding table: 260 MB decoded from
+#: one 8 MiB read) would otherwise leave every core but one idle.
+READ_RUN_RAW_BYTES = 8 * 1024 * 1024
 
 
 def missing_chunk(store: StoreHandle, digest: Digest) -> MissingChunkError:
@@ -179,7 +183,8 @@ def member_header(digest: Digest, data: memoryview) -> ChunkHeader:
 
 def read_runs(members: list[MemberRead]) -> list[list[MemberRead]]:
     """Group packed chunk reads into runs, each one ranged read of one pack: members
-    of a pack sorted by offset, split where the gap or the run grows too large."""
+    of a pack sorted by offset, split where the gap or the run grows too large, or
+    the bytes its members decode to (their buffers) pass :data:`READ_RUN_RAW_BYTES`."""
     by_pack: dict[Digest, list[MemberRead]] = {}
     for member in members:
         by_pack.setdefault(member[1].pack, []).append(member)
@@ -187,17 +192,20 @@ def read_runs(members: list[MemberRead]) -> list[list[MemberRead]]:
     for group in by_pack.values():
         group.sort(key=lambda m: m[1].offset)
         run: list[MemberRead] = []
-        run_start = run_end = 0
+        run_start = run_end = run_raw = 0
         for member in group:
             location = member[1]
             if run and (location.offset > run_end + READ_GAP_BYTES
-                        or location.offset + location.length - run_start > READ_RUN_BYTES):
+                        or location.offset + location.length - run_start > READ_RUN_BYTES
+                        or run_raw + len(member[2]) > READ_RUN_RAW_BYTES):
                 runs.append(run)
                 run = []
             if not run:
                 run_start = run_end = location.offset
+                run_raw = 0
             run.append(member)
             run_end = max(run_end, location.offset + location.length)
+            run_raw += len(member[2])
         runs.append(run)
     return runs
 

@@ -304,10 +304,15 @@ def prefetch_bases(store: StoreHandle, members: list[MemberRead], cache: BaseCac
 
 
 def read_members_into(store: StoreHandle, members: list[MemberRead], hops: int = 0, *,
-                      cache: BaseCache | None = None, check_links: bool = False) -> None:
+                      cache: BaseCache | None = None, check_links: bool = False,
+                      transient: bool = False) -> None:
     """Read members of one pack with one ranged read (they lie close together: see
     :func:`read_runs`), then check and decode each as :func:`read_member_into` does.
-    Members of a pack GC repacked are read where its moved record says."""
+    Members of a pack GC repacked are read where its moved record says.
+
+    ``transient`` (a read job of :func:`chunkstore.read.reader.run_jobs`, which
+    releases them): a delta chain's links before the last are decoded into the
+    thread's scratch buffers (:mod:`chunkstore.read.scratch`)."""
     pack = members[0][1].pack
     for digest, location, out, _ in members:  # bounded before anything is read
         check_listed_length(digest, location, len(out))
@@ -318,7 +323,8 @@ def read_members_into(store: StoreHandle, members: list[MemberRead], hops: int =
     except FileNotFoundError:
         def forwarded() -> None:
             for run in read_runs(forward_members(store, members, hops)):
-                read_members_into(store, run, hops + 1, cache=cache, check_links=check_links)
+                read_members_into(store, run, hops + 1, cache=cache, check_links=check_links,
+                                  transient=transient)
         if hops:
             forwarded()
         else:  # where the pack went, read afresh if a cached record leads nowhere
@@ -328,7 +334,7 @@ def read_members_into(store: StoreHandle, members: list[MemberRead], hops: int =
     for digest, location, out, chain in members:
         begin = location.offset - start
         _decode_member(store, digest, location, data[begin : begin + location.length], out,
-                       chain, cache, check_links, prefetched)
+                       chain, cache, check_links, prefetched, transient=transient)
 
 
 def copy_members(store: StoreHandle, pack: Digest, members: list[tuple[Digest, int, int]]
@@ -374,7 +380,8 @@ def _check_member_length(digest: Digest, location: PackLocation, data: memoryvie
 
 def _decode_member(store: StoreHandle, digest: Digest, location: PackLocation, data: memoryview,
                    out: memoryview, chain: Chain, cache: BaseCache | None,
-                   check_links: bool, prefetched: Prefetched | None = None) -> None:
+                   check_links: bool, prefetched: Prefetched | None = None, *,
+                   transient: bool = False) -> None:
     if len(data) < HEADER.size:
         raise CorruptChunkError(digest.hex, f"pack {location.pack.short()} ends before the"
                                 f" member's {location.length} bytes at {location.offset}")
@@ -385,7 +392,7 @@ def _decode_member(store: StoreHandle, digest: Digest, location: PackLocation, d
         return
     bases, locations = chain
     decode_chain(store, digest, data, bases, out, cache, check_links=check_links,
-                 locations=locations, prefetched=prefetched)
+                 locations=locations, prefetched=prefetched, transient=transient)
 
 
 def pack_header_problem(store: StoreHandle, pack: Digest) -> str | None:

@@ -34,6 +34,7 @@ from chunkstore.handle.caches import BaseCache
 from chunkstore.handle.tree import FlatTree, Leaf, flatten, read_node
 from chunkstore.handle.versions import VersionInfo
 from chunkstore.objects.kinds import CHUNKS
+from chunkstore.read import scratch
 from chunkstore.read.chain import decode_chain
 from chunkstore.read.members import (
     Locations,
@@ -43,7 +44,7 @@ from chunkstore.read.members import (
     missing_chunk,
     read_runs,
 )
-from chunkstore.read.packs import read_member_into, read_members_into
+from chunkstore.read.packs import read_members_into
 
 if TYPE_CHECKING:
     from chunkstore.handle.handle import StoreHandle
@@ -52,14 +53,15 @@ if TYPE_CHECKING:
 def read_chunk_into(store: StoreHandle, digest: Digest, out: memoryview,
                     chain: tuple[Digest, ...] = (), cache: BaseCache | None = None, *,
                     check_links: bool = False, location: PackLocation | None = None,
-                    locations: Locations = ()) -> None:
+                    locations: Locations = (), transient: bool = False) -> None:
     """Fill ``out`` with the chunk's bytes, verified; raw chunks are read in place,
     deltas through their listed ``chain`` (bases cached in ``cache``, default the
     store's; packed bases where ``locations`` says), a packed chunk by range from
-    its pack at ``location``."""
+    its pack at ``location``.  ``transient``: a job of :func:`run_jobs`, whose
+    intermediate bytes may go to the thread's scratch buffers."""
     if location is not None:
-        read_member_into(store, digest, location, out, check_links=check_links,
-                         chain=(chain, locations), cache=cache)
+        read_members_into(store, [(digest, location, out, (chain, locations))], cache=cache,
+                          check_links=check_links, transient=transient)
         return
     objects = store.objects
     try:
@@ -86,7 +88,7 @@ def read_chunk_into(store: StoreHandle, digest: Digest, out: memoryview,
     except FileNotFoundError:
         raise missing_chunk(store, digest) from None
     decode_chain(store, digest, data, chain, out, cache, check_links=check_links,
-                 locations=locations)
+                 locations=locations, transient=transient)
 
 
 ChunkRead = tuple[Digest, int, int, tuple[Digest, ...], PackLocation | None, Locations]
@@ -169,15 +171,18 @@ def run_jobs(executor: Executor, jobs: list[Callable[[], None]], at_once: int) -
     failed: list[tuple[int, BaseException]] = []
 
     def take_turns() -> None:
-        while True:
-            try:
-                number, job = queue.popleft()
-            except IndexError:
-                return
-            try:
-                job()
-            except BaseException as exc:  # the others still run; raised below
-                failed.append((number, exc))
+        try:
+            while True:
+                try:
+                    number, job = queue.popleft()
+                except IndexError:
+                    return
+                try:
+                    job()
+                except BaseException as exc:  # the others still run; raised below
+                    failed.append((number, exc))
+        finally:
+            scratch.release()  # the call's scratch memory, not kept by an idle thread
 
     futures = []
     try:
@@ -269,7 +274,7 @@ class VersionReader:
         for reads, out in checked:
             jobs.extend(self._jobs(reads, out, members))
         # Packed chunks: neighbours in a pack are fetched by one ranged read.
-        jobs.extend(functools.partial(read_members_into, self._store, run)
+        jobs.extend(functools.partial(read_members_into, self._store, run, transient=True)
                     for run in read_runs(members))
         run_jobs(self._store.executor, jobs, self._store.read_jobs)
         for entry, staged, out in sharded:
@@ -288,7 +293,7 @@ class VersionReader:
                 continue
             jobs.append(functools.partial(read_chunk_into, self._store, digest,
                                           flat[start:start + length], chain,
-                                          locations=locations))
+                                          locations=locations, transient=True))
         return jobs
 
     def _check_buffer(self, name: str, entry: TensorEntry, out: np.ndarray,
@@ -344,7 +349,7 @@ class VersionReader:
         target = out if in_place else np.empty(box.nbytes(itemsize), dtype=np.uint8)
         members: list[MemberRead] = []
         jobs = self._jobs(reads, target, members)
-        jobs.extend(functools.partial(read_members_into, self._store, run)
+        jobs.extend(functools.partial(read_members_into, self._store, run, transient=True)
                     for run in read_runs(members))
         run_jobs(self._store.executor, jobs, self._store.read_jobs)
         if not in_place:
