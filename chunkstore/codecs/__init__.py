@@ -41,6 +41,14 @@ class Codec(abc.ABC):
         ``ValueError`` when the element size does not suit the codec."""
         raise TypeError(f"{self.name} is not a delta codec")
 
+    def decode_onto(self, payload: memoryview, base: bytes | memoryview, out: memoryview,
+                    element_size: int) -> None:
+        """A delta codec's chunk bytes into ``out`` (the raw length, overlapping neither
+        input): :meth:`decode_into` then :meth:`apply_base`, which codecs may do in one
+        pass; ``ValueError`` on a malformed payload."""
+        self.decode_into(payload, out, element_size)
+        self.apply_base(out, base, element_size)
+
 
 _REGISTRY: dict[int, Codec] = {}
 _BY_NAME: dict[str, Codec] = {}

@@ -63,14 +63,18 @@ class ShuffleZstdCodec(codecs.Codec):
         return out.data
 
     def decode_into(self, payload: memoryview, out: memoryview, element_size: int) -> None:
-        table = plane_table(payload, len(out), element_size, self.min_planes)
-        plane_len = len(out) // element_size
-        # A raw plane is read where it lies in the payload; all are interleaved
-        # into the result in one pass.
-        bodies = [payload[start : start + length] if mode == 0
-                  else decompress(payload[start : start + length], plane_len)
-                  for mode, start, length in table]
-        join(bodies, out)
+        # All planes are interleaved into the result in one pass.
+        join(self.plane_bodies(payload, len(out), element_size), out)
+
+    def plane_bodies(self, payload: memoryview, raw_length: int, element_size: int
+                     ) -> list[bytes | memoryview]:
+        """Each plane's bytes: a raw plane where it lies in the payload, a compressed
+        one decompressed (the table checked first)."""
+        table = plane_table(payload, raw_length, element_size, self.min_planes)
+        plane_len = raw_length // element_size
+        return [payload[start : start + length] if mode == 0
+                else decompress(payload[start : start + length], plane_len)
+                for mode, start, length in table]
 
 
 def planes_into(payload: memoryview, planes: np.ndarray, min_planes: int, *, xor: bool) -> None:

@@ -63,6 +63,20 @@ class SubDeltaCodec(ShuffleZstdCodec):
         native.MODULE.zigzag_delta(raw, base, image, element_size)
         return image
 
+    def decode_onto(self, payload: memoryview, base: bytes | memoryview, out: memoryview,
+                    element_size: int) -> None:
+        """base + unzigzag(image) straight from the image's planes, in one pass where the
+        native loop is built (a block of elements whose image is zero is a copy of the
+        base's: sparse updates leave long runs of them); the same bytes otherwise."""
+        if native.MODULE is None:
+            super().decode_onto(payload, base, out, element_size)
+            return
+        _lane(element_size, len(out))
+        if len(base) != len(out):
+            raise ValueError(f"a base of {len(base)} bytes for a chunk of {len(out)}")
+        native.MODULE.join_unzigzag_add(self.plane_bodies(payload, len(out), element_size),
+                                        base, out)
+
     def apply_base(self, image: memoryview, base: bytes | memoryview, element_size: int
                    ) -> None:
         """image = base + unzigzag(image), in place."""

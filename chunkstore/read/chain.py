@@ -212,21 +212,24 @@ def _decode_links(digest: Digest, links: list[Link], root: Link | None,
         root_raw = decode_payload(*root, into)
     if len(root_raw) != length:
         raise CorruptChunkError(digest.hex, "a delta base of another length")
-    current = root_raw
+    current: bytes | memoryview = root_raw
     for i, (link_digest, link_header, link_view) in enumerate(reversed(links)):
-        if i == len(links) - 1:
+        if i == len(links) - 1 and out is not None:
             into = out
+        elif transient:
+            into = scratch(f"chain-{(i + 1) % 2}", length)
         else:
-            into = scratch(f"chain-{(i + 1) % 2}", length) if transient else None
-        image = decode_payload(link_digest, link_header, link_view, into)
+            into = memoryview(bytearray(length))
         codec = codecs.by_id(link_header.codec_id)
         assert codec is not None  # parse_header checked it
+        # _chain_objects checked the payload's length and every link's raw length.
         try:
-            codec.apply_base(memoryview(image).cast("B"), current, link_header.element_size)
-        except ValueError as exc:
+            codec.decode_onto(link_view[link_header.size:], current, into,
+                              link_header.element_size)
+        except (ValueError, struct.error) as exc:
             raise CorruptChunkError(link_digest.hex, f"{codec.name} payload does not decode:"
                                     f" {exc}") from exc
-        current = image
+        current = into
     check_digest(digest, current)
     return current
 
