@@ -69,11 +69,11 @@ class ShuffleZstdCodec(codecs.Codec):
     def plane_bodies(self, payload: memoryview, raw_length: int, element_size: int
                      ) -> list[bytes | memoryview]:
         """Each plane's bytes: a raw plane where it lies in the payload, a compressed
-        one decompressed (the table checked first)."""
+        one decompressed (every frame checked by the table first, and only there)."""
         table = plane_table(payload, raw_length, element_size, self.min_planes)
         plane_len = raw_length // element_size
         return [payload[start : start + length] if mode == 0
-                else decompress(payload[start : start + length], plane_len)
+                else decompress(payload[start : start + length], plane_len, checked=True)
                 for mode, start, length in table]
 
 
@@ -85,7 +85,8 @@ def planes_into(payload: memoryview, planes: np.ndarray, min_planes: int, *, xor
     table = plane_table(payload, count * plane_len, count, min_planes)
     for i, (mode, start, length) in enumerate(table):
         body = payload[start : start + length]
-        plane = np.frombuffer(body if mode == 0 else decompress(body, plane_len), dtype=np.uint8)
+        plane = np.frombuffer(body if mode == 0 else decompress(body, plane_len, checked=True),
+                              dtype=np.uint8)
         if xor:
             np.bitwise_xor(planes[i], plane, out=planes[i])
         else:

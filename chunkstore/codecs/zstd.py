@@ -97,9 +97,14 @@ def check_frame(payload: memoryview | bytes, raw_length: int) -> None:
         raise ValueError(f"{blocks} zstd blocks cannot hold {raw_length} bytes")
 
 
-def decompress(payload: memoryview | bytes, raw_length: int) -> bytes:
-    """Decode one frame to exactly ``raw_length`` bytes; ``ValueError`` otherwise."""
-    check_frame(payload, raw_length)
+def decompress(payload: memoryview | bytes, raw_length: int, *, checked: bool = False
+               ) -> bytes:
+    """Decode one frame to exactly ``raw_length`` bytes; ``ValueError`` otherwise.
+    ``checked``: the caller passed this payload and length to :func:`check_frame`
+    already (a shuffle payload's plane table checks every frame before anything is
+    decoded), so the frame is not walked twice."""
+    if not checked:
+        check_frame(payload, raw_length)
     d = getattr(_local, "d", None)
     if d is None:
         d = _local.d = zstandard.ZstdDecompressor()
