@@ -1,4 +1,5 @@
-"""Save/restore throughput of chunkstore against torch.save/torch.load on the same arrays.
+"""Save/restore throughput of chunkstore against torch.save/torch.load and safetensors on
+the same arrays.
 
 One run measures the machine's own limits too (memcpy, BLAKE3, write+fsync),
 so every figure is a ratio taken under the same conditions; the systems and
@@ -124,6 +125,29 @@ def torch_round(workdir: Path, state: dict[str, np.ndarray]) -> Round:
                     "load_s": _seconds(lambda: torch.load(path, weights_only=True))}
 
 
+def safetensors_round(workdir: Path, state: dict[str, np.ndarray]) -> Round:
+    """safetensors' save (fsynced, as the others) and restore: load the file and copy
+    every array into existing ones, as a restore into a live state does."""
+    import safetensors.numpy
+
+    path = workdir / "state.safetensors"
+    outs = {k: np.empty_like(v) for k, v in state.items()}
+
+    def save() -> None:
+        safetensors.numpy.save_file(state, str(path))
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def restore() -> None:
+        for name, array in safetensors.numpy.load_file(str(path)).items():
+            np.copyto(outs[name], array)
+
+    return lambda: {"save_s": _seconds(save), "load_s": _seconds(restore)}
+
+
 def chunkstore_round(workdir: Path, state: dict[str, np.ndarray], compression: str) -> Round:
     """A first save into an empty store, an unchanged re-save (a new version whose
     chunks are all stored), a restore into existing arrays."""
@@ -167,6 +191,7 @@ def main(argv: list[str] | None = None) -> None:
         fsync_bytes = min(nbytes, 512 << 20)
         measured = in_rounds({
             "torch": torch_round(workdir, state),
+            "safetensors": safetensors_round(workdir, state),
             "chunkstore-none": chunkstore_round(workdir, state, "none"),
             "chunkstore-auto": chunkstore_round(workdir, state, "auto"),
             "write_fsync": write_fsync_round(workdir, fsync_bytes),
@@ -181,16 +206,20 @@ def main(argv: list[str] | None = None) -> None:
         }
         for key in ("chunkstore-none", "chunkstore-auto"):
             result[key]["physical_bytes"] = int(result[key]["physical_bytes"])
-        t = result["torch"]
+        t, st = result["torch"], result["safetensors"]
         for key in ("chunkstore-none", "chunkstore-auto"):
             r = result[key]
+            # times over safetensors' (the issue's targets: restore at most 1.5x)
+            r["restore_time_vs_safetensors"] = r["restore_s"] / st["load_s"]
+            r["first_save_time_vs_safetensors"] = r["first_save_s"] / st["save_s"]
             r["first_save_vs_torch_save"] = t["save_s"] / r["first_save_s"]
             r["resave_vs_torch_save"] = t["save_s"] / r["resave_s"]
             r["restore_vs_torch_load"] = t["load_s"] / r["restore_s"]
             for k in ("first_save", "resave", "restore"):
                 r[f"{k}_gbps"] = logical / r[f"{k}_s"] / 1e9
-        t["save_gbps"] = logical / t["save_s"] / 1e9
-        t["load_gbps"] = logical / t["load_s"] / 1e9
+        for peer in (t, st):
+            peer["save_gbps"] = logical / peer["save_s"] / 1e9
+            peer["load_gbps"] = logical / peer["load_s"] / 1e9
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps(result, indent=2))
