@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import chunkstore
@@ -144,3 +145,26 @@ def test_a_dead_or_expired_holder_is_taken_over(tmp_path: Path) -> None:
         store.objects.put(LEASES, "job", b"{not json")
         with pytest.raises(RunInUseError):
             RunLease(store.objects, "job").acquire()
+
+
+def test_a_lease_left_behind_is_ignored_by_every_other_command(tmp_path: Path) -> None:
+    """A lease (and a drill record) are objects of their own: verify, gc, an index
+    rebuild and sync work around them; sync does not copy a lease (it is the source
+    store's writer's, not the copy's)."""
+    from chunkstore.objects.kinds import DRILLS
+
+    with chunkstore.open(tmp_path / "store", create=True) as store:
+        with store.new_version(run="job", step=1) as version:
+            version.put("w", np.arange(10.0))
+        craft(store, heartbeat=time.time())
+        store.objects.put(DRILLS, "00000000000000000001-abcdef012345", b'{"format_version": 1}')
+        assert store.verify().ok
+        store.gc(grace=0)
+        store.rebuild_index()
+        assert read_lease(store.objects, "job") is not None
+        assert [v.step for v in store.versions()] == [1]
+    copied = chunkstore.sync(tmp_path / "store", tmp_path / "copy")
+    assert len(copied.copied) == 1
+    with chunkstore.open(tmp_path / "copy") as copy:
+        assert read_lease(copy.objects, "job") is None
+        assert copy.verify().ok
