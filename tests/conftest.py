@@ -10,11 +10,32 @@ from pathlib import Path
 import pytest
 
 import chunkstore
-from tests.quick_suite import pytest_collection_modifyitems, quick_suite_run
+from tests.quick_suite import pytest_collection_modifyitems as order_around_the_quick_run
+from tests.quick_suite import quick_suite_run
 
-# The quick benchmark run of test_bench_smoke.py, started with the session, and the hook
-# that moves the tests reading it to the end: re-exported so pytest finds them here.
-__all__ = ["pytest_collection_modifyitems", "quick_suite_run"]
+# The quick benchmark run of test_bench_smoke.py, started with the session: re-exported so
+# pytest finds it here.
+__all__ = ["quick_suite_run"]
+
+#: Modules that make up the slow job (marked ``slow``): `./dev test` runs ``-m slow`` and
+#: ``-m "not slow"`` as two pytest processes side by side, and these hold about half of
+#: the suite's time (races and scenarios that run for seconds in subprocesses, the
+#: protocol model checker, the README's examples, the benchmark smoke run), so the two
+#: jobs end close together on two cores.
+SLOW_JOB_MODULES = frozenset({
+    "test_availability.py", "test_bench_smoke.py", "test_crash.py", "test_gc.py",
+    "test_many_indexes.py", "test_power_loss.py", "test_protocol_model.py", "test_readme.py",
+})
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the slow job's tests, then order the session around the quick benchmark run
+    (tests/quick_suite.py)."""
+    for item in items:
+        if item.path.name in SLOW_JOB_MODULES:
+            item.add_marker(pytest.mark.slow)
+    order_around_the_quick_run(items)
 
 SMALL_CHUNK = 64 * 1024
 # The suite makes thousands of stores: each keeps a small space reserve for rm and gc
