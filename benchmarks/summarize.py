@@ -1,9 +1,9 @@
-"""Print the README's performance tables from the results files (markdown).
+"""Print the performance tables of docs/performance.md from the results files (markdown).
 
 Usage::
 
     python benchmarks/summarize.py                  # print, from benchmarks/results/
-    python benchmarks/summarize.py --update-readme  # rewrite README.md between its markers
+    python benchmarks/summarize.py --update-readme  # rewrite docs/performance.md's tables
 """
 
 from __future__ import annotations
@@ -183,7 +183,9 @@ def suite_sections(names: tuple[str, ...]) -> list[str]:
     return out
 
 
-README = RESULTS.parent.parent / "README.md"
+# The tables moved from the README to docs/performance.md (the README keeps headline figures,
+# each one of that page's: tests/test_readme.py checks it); the flag keeps its name.
+README = RESULTS.parent.parent / "docs" / "performance.md"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 
@@ -207,10 +209,10 @@ def main() -> None:
     import argparse
 
     parser = argparse.ArgumentParser(
-        description="Print the README's performance section from benchmarks/results/*.json,"
-        " or write it into README.md between the results markers.")
+        description="Print the performance tables from benchmarks/results/*.json,"
+        " or write them into docs/performance.md between the results markers.")
     parser.add_argument("--update-readme", action="store_true",
-                        help="replace the section in README.md instead of printing it")
+                        help="replace the tables in docs/performance.md instead of printing them")
     args = parser.parse_args()
     text = render_all()
     if not args.update_readme:
