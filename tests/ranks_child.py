@@ -150,6 +150,15 @@ def train(rank: int, world: int, url: str, extra: dict[str, Any]) -> dict[str, A
     return {"start": start, "tier": tier, "fingerprint": trainer.fingerprint()}
 
 
+def bad_metric_on_one_rank(rank: int, world: int, url: str, extra: dict[str, Any]
+                           ) -> dict[str, Any]:
+    """Rank 1's loss is NaN: every rank raises (none waits for the other), nothing saved."""
+    trainer = Trainer(rank, world)
+    with Checkpointer(url, run=RUN, async_save=bool(extra.get("async"))) as ckpt:
+        ckpt.save(1, metrics={"loss": float("nan") if rank == 1 else 0.5}, **trainer.state())
+    return {}
+
+
 def mismatched_steps(rank: int, world: int, url: str, extra: dict[str, Any]) -> dict[str, Any]:
     """Rank 1 saves step 3 while rank 0 saves step 2: refused everywhere."""
     trainer = Trainer(rank, world)
@@ -221,6 +230,7 @@ JOBS: dict[str, Callable[[int, int, str, dict[str, Any]], dict[str, Any]]] = {
     "mismatched_steps": mismatched_steps,
     "damaged_newest": damaged_newest,
     "killed_mid_save": killed_mid_save,
+    "bad_metric_on_one_rank": bad_metric_on_one_rank,
 }
 
 

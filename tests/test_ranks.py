@@ -170,3 +170,14 @@ def test_a_fresh_node_s_ranks_resume_from_the_mirror(tmp_path: Path) -> None:
                             {**plan, "resume": True, "mirror": mirror}).join())
     assert [(r["start"], r["tier"]) for r in resumed] == [(8, "mirror")] * WORLD
     assert [r["fingerprint"] for r in resumed] == expected
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_a_failure_on_one_rank_raises_on_every_rank(store_url: str, tmp_path: Path,
+                                                    background: bool) -> None:
+    reports = _ranks("bad_metric_on_one_rank", store_url, tmp_path / "bad",
+                     {"async": background}).join()
+    assert [r["type"] for r in reports] == ["RanksFailedError", "InvalidInputError"], reports
+    assert "rank 1" in reports[0]["error"] and "finite" in reports[1]["error"]
+    with chunkstore.open(store_url) as store:
+        assert store.versions() == []

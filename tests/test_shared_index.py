@@ -51,3 +51,33 @@ def test_a_checkpointer_and_a_handle_on_its_store(tmp_path: Path) -> None:
     with chunkstore.open(root) as store:
         assert sorted((v.run, v.step) for v in store.versions()) == [
             ("ema", 2), ("exp", 1), ("exp", 2)]
+
+
+def test_a_forked_child_never_uses_its_parent_s_index(tmp_path: Path) -> None:
+    """LMDB forbids using an environment after fork(): a child process's handle on the
+    store its parent has open never shares the parent's index.  (LMDB's binding keeps
+    refusing a second open of those files in the child, so the child gets a typed
+    error; it would have before the index was shared, too.)"""
+    import multiprocessing
+
+    from chunkstore.errors import BackendError
+
+    root = tmp_path / "store"
+    parent = chunkstore.open(root, create=True)
+    save(parent, 1)
+
+    def child(parent_index_id: int) -> None:
+        try:
+            store = chunkstore.open(root)
+        except BackendError:
+            raise SystemExit(0) from None  # refused, typed
+        raise SystemExit(3 if id(store.index) == parent_index_id else 0)
+
+    process = multiprocessing.get_context("fork").Process(target=child,
+                                                          args=(id(parent.index),))
+    process.start()
+    process.join(60)
+    assert process.exitcode == 0
+    save(parent, 2)  # the parent's index is untouched by the child
+    assert sorted(v.step for v in parent.versions()) == [1, 2]
+    parent.close()

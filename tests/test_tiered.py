@@ -224,3 +224,55 @@ def test_log_says_which_versions_the_mirror_holds(tmp_path: Path) -> None:
     assert "MIRRORED" in text.output and text.exit_code == 0
     missing = CliRunner().invoke(cli, ["log", str(local), "--mirror", str(tmp_path / "x")])
     assert missing.exit_code == 2 and "no store" in missing.output
+
+
+def test_an_unreachable_mirror_never_fails_a_save_or_a_restore(tmp_path: Path) -> None:
+    """A mirror that cannot be opened (here a path under a regular file) warns at each
+    save, keeps every version in the local tier, and a restore reads the local tier
+    (an S3 mirror that does not answer warns there too: test_an_s3_mirror_down...)."""
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    mirror = blocker / "mirror"
+    with Checkpointer(tmp_path / "local", run="r", mirror=mirror, keep_last=1) as ckpt:
+        for step in (1, 2, 3):
+            with pytest.warns(RuntimeWarning, match="cannot be reached"):
+                info = ckpt.save(step, model=model(step))
+            assert info is not None and info.step == step  # published, and said so
+        assert ckpt.all_steps() == [1, 2, 3]  # none leaves before it is mirrored
+    with Checkpointer(tmp_path / "local", run="r", mirror=mirror) as ckpt:
+        restored = model(0)
+        assert ckpt.restore(model=restored) == 3 and same(restored, model(3))
+        assert ckpt.last_restore is not None and ckpt.last_restore.tier == "local"
+
+
+def test_a_restarted_replicator_does_not_copy_what_the_mirror_pruned(tmp_path: Path) -> None:
+    local, mirror = tmp_path / "local", tmp_path / "mirror"
+    with Checkpointer(local, run="r", mirror=mirror, mirror_keep_last=2) as ckpt:
+        for step in range(1, 6):
+            ckpt.save(step, model=model(step))
+        ckpt.wait(mirror=True)
+    assert steps(mirror) == [4, 5]
+    with Checkpointer(local, run="r", mirror=mirror, mirror_keep_last=2) as ckpt:
+        ckpt.save(6, model=model(6))
+        ckpt.wait(mirror=True)
+    assert steps(mirror) == [5, 6]
+    with chunkstore.open(mirror) as store:  # steps 1-3 were never published there again
+        assert not [v for v in store.versions("r") if v.step < 4]
+
+
+def test_a_mirror_that_fails_at_restore_leaves_the_local_tier(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mirror whose server does not answer (BackendUnavailableError when it is opened)
+    warns, and the restore reads the local tier, which holds the run."""
+    from chunkstore.errors import BackendUnavailableError
+
+    with Checkpointer(tmp_path / "local", run="r", mirror=tmp_path / "mirror") as ckpt:
+        ckpt.save(1, model=model(1))
+        ckpt.wait(mirror=True)
+    with Checkpointer(tmp_path / "local", run="r", mirror=tmp_path / "mirror") as ckpt:
+        def down(*, create: bool) -> None:
+            raise BackendUnavailableError("s3://bucket", "versions/", "connection refused")
+        monkeypatch.setattr(ckpt, "_mirror_store", down)
+        with pytest.warns(RuntimeWarning, match="restoring from the local tier alone"):
+            assert ckpt.restore(model=model(0)) == 1
+        assert ckpt.last_restore is not None and ckpt.last_restore.tier == "local"

@@ -86,3 +86,43 @@ def test_a_killed_job_restarts_without_takeover(tmp_path: Path) -> None:
         assert restarted.restore(model=model()) == 1
         restarted.save(2, model=model())
         assert restarted.latest_step() == 2
+
+
+def test_a_takeover_during_a_save_stops_its_commit(tmp_path: Path) -> None:
+    """The lease is checked right before the commit record: a writer whose run was
+    taken over while it wrote publishes nothing."""
+    from chunkstore.backends.wrappers import ForwardingBackend
+    from chunkstore.protocol.runlease import RunLease
+
+    root = tmp_path / "ckpts"
+    first = Checkpointer(root, run="job")
+    first.save(1, model=model())
+    other = chunkstore.open(root, index_dir=str(tmp_path / "other-index"))
+    taker = RunLease(other.objects, "job")
+
+    class TakeOverMidSave(ForwardingBackend):
+        def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
+            if key.startswith("nodes/") and not taker.held:
+                taker.acquire(takeover=True)
+            return super().put_if_absent(key, data)
+
+    first.store.backend = TakeOverMidSave(first.store.backend)
+    torch.manual_seed(5)
+    with pytest.raises(RunLeaseLostError):
+        first.save(2, model=torch.nn.Linear(4, 2))
+    assert [v.step for v in other.versions("job")] == [1]
+    taker.release()
+    other.close()
+    first.close()
+
+
+def test_a_checkpointer_dropped_without_close_gives_the_run_back(tmp_path: Path) -> None:
+    import gc
+
+    dropped = Checkpointer(tmp_path / "ckpts", run="job")
+    dropped.save(1, model=model())
+    del dropped
+    gc.collect()
+    with Checkpointer(tmp_path / "ckpts", run="job") as again:
+        again.save(2, model=model())
+        assert again.all_steps() == [1, 2]

@@ -19,9 +19,10 @@ import threading
 import time
 import warnings
 import weakref
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch.distributed as dist
@@ -30,6 +31,7 @@ import chunkstore
 from chunkstore import Store, VersionInfo
 from chunkstore.collector import collector_paused
 from chunkstore.errors import (
+    ChunkStoreError,
     IntegrityError,
     InvalidInputError,
     NoStoreError,
@@ -40,6 +42,7 @@ from chunkstore.errors import (
 from chunkstore.format import plaindata
 from chunkstore.maintenance.mirror import Replicator
 from chunkstore.maintenance.retention import Candidate, Policy, decide
+from chunkstore.objects.kinds import TOMBSTONES
 from chunkstore.protocol.runlease import RunLease, describe_holder
 from torch_bridge.capture import boundary
 from torch_bridge.capture.layout import (
@@ -63,12 +66,14 @@ from torch_bridge.distributed.ranks import capture_copies, restore_ranks, save_r
 from torch_bridge.errors import (
     AsyncSaveError,
     NotAtUpdateBoundaryWarning,
+    RanksFailedError,
     RestoreFallbackWarning,
     RunNotFoundWarning,
     nothing_restored,
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 boundary.install()  # at import, so the first optimizer steps of a loop are seen too
 
 
@@ -222,9 +227,8 @@ class Checkpointer:
         """The store, created at the first save when there was none; under a process group
         rank 0 creates it first, so the ranks never race to create one store."""
         if self._create_at_save and process_group_active():
-            if dist.get_rank() == 0:
-                self.store  # noqa: B018  # creates it
-            dist.barrier()
+            self._agreed("creating the store", lambda: self.store if dist.get_rank() == 0
+                         else None)
         self._create_at_save = False
         return self.store
 
@@ -255,7 +259,11 @@ class Checkpointer:
         ``chunkstore show`` lists them.  Under a process group rank 0's are recorded.
         """
         self._check_open()
-        meta = self._meta_with(step, metrics)
+        if process_group_active():  # what one rank may fail alone fails on every rank
+            meta = self._agreed(f"the save of {self.run}@{step}",
+                                lambda: self._meta_with(step, metrics))
+        else:
+            meta = self._meta_with(step, metrics)
         self.wait()
         self._warn_unapplied(step, stateful)
         if process_group_active():
@@ -290,6 +298,8 @@ class Checkpointer:
             lease = RunLease(self.store.objects, self.run, purpose="Checkpointer")
             lease.acquire(takeover=self._takeover)
             self._lease = lease
+            # A Checkpointer dropped without close() gives the run back when collected.
+            weakref.finalize(self, _release_quietly, lease)
             if lease.took_over is not None:
                 log.warning("run %r: took over the writer lease of %s", self.run,
                             describe_holder(lease.took_over, time.time()))
@@ -305,13 +315,15 @@ class Checkpointer:
                     self._hold_run()
                 else:
                     self._lease.check()
-            except (RunInUseError, RunLeaseLostError) as exc:
+            except Exception as exc:  # any failure: every rank must hear of it
                 problem = [type(exc).__name__, str(exc)]
         found = all_gather_plain(problem)[0]
         if found is not None:
             if found[0] == RunLeaseLostError.__name__:
                 raise RunLeaseLostError(self.run, None)
-            raise RunInUseError(self.run, {}, found[1])
+            if found[0] == RunInUseError.__name__:
+                raise RunInUseError(self.run, {}, found[1])
+            raise RanksFailedError("taking the run's lease", {0: f"{found[0]}: {found[1]}"})
 
     @staticmethod
     def _warn_unapplied(step: int, stateful: dict[str, Any]) -> None:
@@ -356,8 +368,30 @@ class Checkpointer:
         """Every rank's state as one version (:mod:`torch_bridge.distributed.ranks`); rank 0
         publishes it and applies retention."""
         info = save_ranks(self.store, self.run, step, meta,
-                          lambda: self._states(stateful))
+                          lambda: self._states(stateful), before_commit=self._lease_check())
         return self._published_on_ranks(step, info)
+
+    def _agreed(self, action: str, work: Callable[[], T]) -> T:
+        """Run ``work`` on every rank and exchange the outcome: a rank that failed raises
+        its own error, every other rank RanksFailedError (none waits in a collective
+        for a rank that left).  A collective."""
+        error: Exception | None = None
+        result = None
+        try:
+            result = work()
+        except Exception as exc:
+            error = exc
+        failures = {rank: text for rank, text in enumerate(all_gather_plain(
+            None if error is None else f"{type(error).__name__}: {error}")) if text}
+        if error is not None:
+            raise error
+        if failures:
+            raise RanksFailedError(action, failures)
+        return result  # type: ignore[return-value]
+
+    def _lease_check(self) -> Callable[[], None] | None:
+        """What rank 0 checks right before its commit: the job's lease still its own."""
+        return self._lease.check if self._lease is not None else None
 
     def _published_on_ranks(self, step: int, info: VersionInfo) -> VersionInfo:
         if dist.get_rank() == 0:
@@ -379,7 +413,7 @@ class Checkpointer:
 
         def background() -> VersionInfo:
             info = save_ranks(self.store, self.run, step, meta, None, prepared=prepared,
-                              group=group)
+                              group=group, before_commit=self._lease_check())
             return self._published_on_ranks(step, info)
         self._pending = (step, self._executor.submit(background))
 
@@ -400,7 +434,9 @@ class Checkpointer:
             self._hold_run()
         else:
             self._lease.check()
-        info = write_version(self.store, self.run, step, meta, captured, arrays)
+        assert self._lease is not None
+        info = write_version(self.store, self.run, step, meta, captured, arrays,
+                             before_commit=self._lease.check)
         self._mirror_published(info.id)
         self._retain(step, info)
         return info
@@ -451,6 +487,8 @@ class Checkpointer:
                           policy, time.time())
         pinned = set(self.store.tags().values())
         replicator = self._replicator
+        if self._mirror_location is not None and replicator is None:
+            return  # the mirror not reached yet: a version leaves only once mirrored
         for version in versions:
             if version.id in decision.drop and version.id not in pinned \
                     and version.id != just_written:
@@ -475,19 +513,52 @@ class Checkpointer:
                     compression=local.config.compression)
         return self._mirror
 
+    def _reachable_mirror(self) -> Store | None:
+        """The mirror for a restore; None, with a warning, when it cannot be reached (the
+        local tier then serves alone) or holds no store."""
+        try:
+            mirror = self._mirror_store(create=False)
+            if mirror is not None:
+                mirror.versions(self.run)
+        except ChunkStoreError as exc:
+            warnings.warn(RuntimeWarning(
+                f"run {self.run!r}: the mirror {self._mirror_location!r} cannot be reached"
+                f" ({exc}); restoring from the local tier alone"), stacklevel=5)
+            return None
+        return mirror
+
     def _mirror_published(self, version_id: str) -> None:
-        """Hand a published version to the replicator (started at the first, with every
-        version of the run a killed replicator may have left unmirrored)."""
+        """Hand a published version to the replicator (started at the first, with the
+        versions of the run a killed replicator may have left unmirrored).  The version
+        is published whatever happens here: a mirror that cannot be opened warns, and
+        the next save tries again (until then nothing leaves the local tier)."""
         if self._mirror_location is None:
             return
-        if self._replicator is None:
-            target = self._mirror_store(create=True)
-            assert target is not None
-            replicator = Replicator(self.store, target, on_mirrored=self._after_mirrored)
-            replicator.start(v.id for v in self.store.versions(self.run)
-                             if v.id != version_id)
-            self._replicator = replicator
-        self._replicator.enqueue(version_id)
+        try:
+            if self._replicator is None:
+                target = self._mirror_store(create=True)
+                assert target is not None
+                replicator = Replicator(self.store, target,
+                                        on_mirrored=_weakly(self._after_mirrored))
+                replicator.start(self._unmirrored(target, version_id))
+                self._replicator = replicator
+            self._replicator.enqueue(version_id)
+        except Exception as exc:
+            warnings.warn(RuntimeWarning(
+                f"run {self.run!r}: version {version_id[:12]} is saved, but the mirror"
+                f" {self._mirror_location!r} cannot be reached ({exc}); the next save tries"
+                " again, and no version leaves the local tier until it is mirrored"),
+                stacklevel=4)
+
+    def _unmirrored(self, target: Store, newest: str) -> list[str]:
+        """The run's local versions a replicator starts with: none older than the oldest
+        version the mirror holds (older ones were pruned there, or never meant to go),
+        and none the mirror has removed (a tombstone)."""
+        held = [v.step for v in target.versions(self.run)]
+        oldest = min(held) if held else None
+        return [v.id for v in self.store.versions(self.run)
+                if v.id != newest and (oldest is None or v.step >= oldest)
+                and not target.objects.exists(TOMBSTONES, v.id)]
 
     def _after_mirrored(self, version_id: str) -> None:
         """In the replicator's thread: what the fast tier kept only until it was
@@ -579,7 +650,7 @@ class Checkpointer:
         """The restore with a mirror: the newest version that loads, from the nearest tier
         that holds it whole (the local store first, else the mirror); one read from the
         mirror is copied into the local tier afterwards (a fresh node refills it)."""
-        local, mirror = self._existing_store(), self._mirror_store(create=False)
+        local, mirror = self._existing_store(), self._reachable_mirror()
         if local is None and mirror is None:
             if missing_ok:
                 return None
@@ -617,7 +688,7 @@ class Checkpointer:
             self.last_restore = RestoreSource(0, "", "local",
                                               "every rank's local tier holds the run")
             return local
-        mirror = self._mirror_store(create=False)
+        mirror = self._reachable_mirror()
         self.last_restore = RestoreSource(0, "", "mirror", "a rank's local tier does not"
                                           " hold the run" if holds or local is not None
                                           else "there is no local store")
@@ -688,6 +759,10 @@ class Checkpointer:
         for info in candidates:
             try:
                 self._restore_version(info, stateful, rng)
+            except SelectorError:
+                if step is not None:
+                    raise
+                continue  # removed meanwhile (retention of a save in flight)
             except IntegrityError as exc:
                 if step is not None:
                     raise
@@ -763,14 +838,19 @@ class Checkpointer:
         finally:
             self._closed = True
             _OPEN.discard(self)
-            if self._executor is not None:
-                self._executor.shutdown(wait=True)
-            self._close_mirror()
-            if self._lease is not None:
-                with contextlib.suppress(Exception):  # it expires by itself otherwise
-                    self._lease.release()
-            if self._owns_store and self._store is not None:
-                self._store.close()
+            try:
+                if self._executor is not None:
+                    self._executor.shutdown(wait=True)
+                self._close_mirror()
+            finally:
+                if self._lease is not None:
+                    with contextlib.suppress(Exception):  # it expires by itself otherwise
+                        self._lease.release()
+                if self._group is not None:
+                    with contextlib.suppress(Exception):
+                        dist.destroy_process_group(self._group)
+                if self._owns_store and self._store is not None:
+                    self._store.close()
 
     def _close_mirror(self) -> None:
         """Let the replicator finish what is queued (while copies succeed), then release
@@ -869,3 +949,20 @@ def _same_place(here: str | os.PathLike[str] | Store, there: str | os.PathLike[s
         text = os.fspath(location)
         return os.path.realpath(text) if "://" not in text else text.rstrip("/")
     return place(here) == place(there)
+
+
+def _release_quietly(lease: RunLease) -> None:
+    with contextlib.suppress(Exception):
+        lease.release()
+
+
+def _weakly(method: Callable[[str], None]) -> Callable[[str], None]:
+    """``method`` without keeping its object alive (a replicator's thread outlives a
+    Checkpointer dropped without close(), which must still be collectable)."""
+    ref = weakref.WeakMethod(method)
+
+    def call(version_id: str) -> None:
+        bound = ref()
+        if bound is not None:
+            bound(version_id)
+    return call

@@ -128,6 +128,10 @@ class VersionEntry:
 #: per process, so every handle on one store here shares one (:func:`open_index`).
 _OPEN: dict[str, Index] = {}
 _OPEN_LOCK = threading.Lock()
+if hasattr(os, "register_at_fork"):
+    # LMDB forbids using an environment after fork(): a child opens its own.  The
+    # parent's are dropped from the table, not closed (closing is the parent's).
+    os.register_at_fork(after_in_child=_OPEN.clear)
 
 
 def open_index(path: str) -> Index:

@@ -103,8 +103,13 @@ class RunLease:
                 pass  # ours (a retried create)
             elif current is not None and not takeover and not owner_is_dead(
                     current, now, RUN_LEASE_S):
+                here = (current.get("pid") == self._info["pid"]
+                        and current.get("host") == self._info["host"])
                 raise RunInUseError(self.run, current, (
-                    f"run {self.run!r} is being written by another process"
+                    f"run {self.run!r} is being written by "
+                    + ("another Checkpointer of this process (close it first, or drop"
+                       " it: a collected one gives the run back)" if here else
+                       "another process") +
                     f" ({describe_holder(current, now)}): a run has one writer. Wait for"
                     " it to finish, pick another run name, or, if that job is gone (it"
                     f" counts as gone {RUN_LEASE_S:.0f} s after its last heartbeat), pass"

@@ -172,6 +172,9 @@ class VersionWriter(ChunkJobs):
         self._reusable_packs_lock = threading.Lock()
         self._closed = False
         self._info: VersionInfo | None = None
+        #: called after every object is durable and right before the commit record is
+        #: stored; raising stops the commit (the version is not published)
+        self.before_commit: Callable[[], None] | None = None
         self._inflight = threading.BoundedSemaphore(store.max_inflight)
         self._store_session, self._fence = open_store_session(store, f"save {self.run}@"
                                                                f"{self.step}")
@@ -441,6 +444,8 @@ class VersionWriter(ChunkJobs):
             store.objects.flush()  # every chunk and node durable before the commit point
             if self._store_session.lapsed():
                 raise self._expired()
+            if self.before_commit is not None:  # e.g. a run lease still this writer's
+                self.before_commit()
             store.objects.put_if_absent(VERSIONS, version_id, data)  # the commit point
         except BaseException:
             self.abort()

@@ -92,7 +92,8 @@ def capture_states(states: dict[str, Any]) -> list[CapturedState]:
 
 
 def write_version(store: Store, run: str, step: int, meta: dict[str, Any],
-                  captured: list[CapturedState], arrays: Iterable[Array]) -> VersionInfo:
+                  captured: list[CapturedState], arrays: Iterable[Array],
+                  before_commit: Callable[[], None] | None = None) -> VersionInfo:
     """Publish one version from captured states and their arrays (in record order).
 
     A step the run already has is replaced (``replace=True``): a resumed run
@@ -101,6 +102,7 @@ def write_version(store: Store, run: str, step: int, meta: dict[str, Any],
     """
     records = [r for c in captured for r in c.records]
     with store.new_version(run, step, meta=meta, replace=True) as version:
+        version.before_commit = before_commit
         for record, (array, override) in zip(records, arrays, strict=True):
             version.put(record.entry, array, dtype=override)
         version.put_data(BRIDGE_ENTRY, {"format": FORMAT, "step": step,

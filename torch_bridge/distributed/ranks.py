@@ -267,7 +267,8 @@ def capture_copies(states: Callable[[], dict[str, Any]], group: Any) -> Prepared
 
 def save_ranks(store: Store, run: str, step: int, meta: dict[str, Any],
                states: Callable[[], dict[str, Any]] | None, *,
-               prepared: Prepared | None = None, group: Any = None) -> VersionInfo:
+               prepared: Prepared | None = None, group: Any = None,
+               before_commit: Callable[[], None] | None = None) -> VersionInfo:
     """Save every rank's ``states()`` (or the copies :func:`capture_copies` made) as one
     version of ``run`` at ``step`` (a collective of ``group``, None: the default group:
     every rank calls it); every rank returns the published version's info."""
@@ -290,6 +291,7 @@ def save_ranks(store: Store, run: str, step: int, meta: dict[str, Any],
     def open_version() -> list[str]:
         if rank == 0:
             version.append(store.new_version(run, step, meta, replace=True))
+            version[0].before_commit = before_commit
             return version[0].gc_entries_seen
         return []
 
