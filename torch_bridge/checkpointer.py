@@ -180,8 +180,10 @@ class Checkpointer:
         self.keep_every = keep_every
         self.keep_best = keep_best
         self.async_save = async_save
-        self.meta = provenance(meta)
-        plaindata.encode(self.meta)  # unencodable metadata fails here, not in every save
+        # Provenance (a git call) is gathered at the first save: a restore needs none.
+        self._user_meta = meta
+        self._meta: dict[str, Any] | None = None
+        plaindata.encode(meta or {})  # unencodable metadata fails here, not in every save
         self._staging = StagingBuffers()
         self._executor: ThreadPoolExecutor | None = None
         self._pending: tuple[int, Future[VersionInfo]] | None = None
@@ -211,6 +213,13 @@ class Checkpointer:
                                     " URL)")
         boundary.install()
         _OPEN.add(self)
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """What every version records: provenance, with ``meta`` merged over it."""
+        if self._meta is None:
+            self._meta = provenance(self._user_meta)
+        return self._meta
 
     # --- the store ---------------------------------------------------------------------------
 
