@@ -33,7 +33,6 @@ import json
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,6 +41,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from benchmarks.bench_resume import summary
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = ("core-1gib", "mlp", "sparse-embedding")
@@ -126,10 +127,6 @@ def _run(system: str, case: str, work: Path, repeat: int, code: Path) -> dict[st
     return result
 
 
-def _summary(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def compare(case: str, work: Path, rounds: int, repeat: int, baseline: Path | None
             ) -> dict[str, Any]:
     logical = prepare(case, work)
@@ -149,7 +146,7 @@ def compare(case: str, work: Path, rounds: int, repeat: int, baseline: Path | No
                     seen[name].setdefault(key, []).extend(values)
     result: dict[str, Any] = {"logical_bytes": logical}
     for name in names:
-        result[name] = {key: _summary(values) for key, values in seen[name].items()}
+        result[name] = {key: summary(values) for key, values in seen[name].items()}
         result[name]["wall_gbps"] = logical / result[name]["wall"]["median"] / 1e9
         if "cpu" in seen[name]:
             result[name]["cpu_gbps_per_core"] = logical / result[name]["cpu"]["median"] / 1e9

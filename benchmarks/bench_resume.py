@@ -291,7 +291,8 @@ def _run_child(system: str, workload: str, work: Path, phased: bool) -> dict[str
     return result
 
 
-def _summary(values: list[float]) -> dict[str, float]:
+def summary(values: list[float]) -> dict[str, float]:
+    """Median and range of repeated timings (bench_restore reports them the same way)."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
@@ -312,20 +313,20 @@ def compare(workload: str, work: Path, runs: int) -> dict[str, Any]:
     result: dict[str, Any] = {**described}
     for system in CODE:
         keys = [k for k in times[system][0] if isinstance(times[system][0][k], float)]
-        result[system] = {k: _summary([t[k] for t in times[system]]) for k in keys}
+        result[system] = {k: summary([t[k] for t in times[system]]) for k in keys}
     for system, runs_of in phased.items():
-        result[system]["phases"] = {k: _summary([t[k] for t in runs_of]) for k in runs_of[0]
+        result[system]["phases"] = {k: summary([t[k] for t in runs_of]) for k in runs_of[0]
                                     if k not in ("restore_s", "import_s")
                                     and isinstance(runs_of[0][k], float)}
-        result[system]["phased_restore_s"] = _summary([t["restore_s"] for t in runs_of])
+        result[system]["phased_restore_s"] = summary([t["restore_s"] for t in runs_of])
     for system in phased:
         pairs = list(zip(times[system], times["torch"], strict=True))
         result[f"{system}_vs_torch"] = {
             "of_medians": (result[system]["restore_s"]["median"]
                            / result["torch"]["restore_s"]["median"]),
-            "per_round": _summary([c["restore_s"] / t["restore_s"] for c, t in pairs]),
+            "per_round": summary([c["restore_s"] / t["restore_s"] for c, t in pairs]),
             # the import of chunkstore and torch_bridge counted in (both import torch)
-            "with_import_per_round": _summary([(c["restore_s"] + c["import_s"])
+            "with_import_per_round": summary([(c["restore_s"] + c["import_s"])
                                                / t["restore_s"] for c, t in pairs])}
     return result
 

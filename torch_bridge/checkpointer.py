@@ -622,7 +622,7 @@ class Checkpointer:
             check_restorable(key, obj)
         store = self._existing_store()
         if self._mirror_location is not None and not process_group_active():
-            restored = self._restore_tiers(step, stateful, rng, missing_ok)
+            restored = self._restore_with_mirror(step, stateful, rng, missing_ok)
             if restored is None and not missing_ok and store is not None:
                 self._warn_of_other_runs()
             return restored
@@ -640,7 +640,7 @@ class Checkpointer:
             if self.last_restore is not None and self.last_restore.tier == "mirror":
                 return restored  # no local store to name other runs from
         else:
-            restored = self._restore_here(step, stateful, rng)
+            restored = self._restore_tiers(step, stateful, rng, [("local", store)])
         if restored is None and not missing_ok:
             self._warn_of_other_runs()
         return restored
@@ -654,11 +654,10 @@ class Checkpointer:
             self.last_restore = replace(self.last_restore, step=restored or 0)
         return restored
 
-    def _restore_tiers(self, step: int | None, stateful: dict[str, Any], rng: bool,
-                       missing_ok: bool) -> int | None:
-        """The restore with a mirror: the newest version that loads, from the nearest tier
-        that holds it whole (the local store first, else the mirror); one read from the
-        mirror is copied into the local tier afterwards (a fresh node refills it)."""
+    def _restore_with_mirror(self, step: int | None, stateful: dict[str, Any], rng: bool,
+                             missing_ok: bool) -> int | None:
+        """The restore with a mirror: from the nearest tier that holds the newest version
+        whole (the local store first, else the mirror)."""
         local, mirror = self._existing_store(), self._reachable_mirror()
         if local is None and mirror is None:
             if missing_ok:
@@ -666,12 +665,20 @@ class Checkpointer:
             raise NoStoreError(self._missing[0], f"{self._missing[1]}, and the mirror holds"
                                " no store either; nothing was restored (for a job's first"
                                " start pass restore(..., missing_ok=True))")
+        return self._restore_tiers(step, stateful, rng, [("local", local), ("mirror", mirror)])
+
+    def _restore_tiers(self, step: int | None, stateful: dict[str, Any], rng: bool,
+                       tiers: list[tuple[str, Store | None]]) -> int | None:
+        """The restore in one process: the newest version that loads (or ``step``'s),
+        from the nearest of ``tiers`` that holds it whole; one read from the mirror is
+        copied into the local tier afterwards (a fresh node refills it)."""
         failures: list[str] = []
         started = time.perf_counter()
-        candidates = self._tier_candidates(step, [("local", local), ("mirror", mirror)])
+        candidates = self._tier_candidates(step, tiers)
         self._timings["discover"] = time.perf_counter() - started
         for info, holders in candidates:
-            source = self._restore_from(info, holders, stateful, rng, step, failures)
+            source = self._restore_from(info, holders, stateful, rng, step, failures,
+                                        named=len(tiers) > 1)
             if source is None:
                 continue
             if source.tier == "mirror":
@@ -718,23 +725,31 @@ class Checkpointer:
             ordered = [entry for entry in ordered if entry[0].step == step][-1:]
             if not ordered:
                 steps = sorted({info.step for info, _ in held.values()})
+                where = " in either tier" if len(tiers) > 1 else ""
                 raise SelectorError(f"{self.run}@{step}", f"run {self.run!r} has no version"
-                                    f" at step {step} in either tier; steps: {steps}")
+                                    f" at step {step}{where}; steps: {steps}")
         return ordered[::-1]
 
     def _restore_from(self, info: VersionInfo, holders: list[tuple[str, Store]],
                       stateful: dict[str, Any], rng: bool, step: int | None,
-                      failures: list[str]) -> RestoreSource | None:
+                      failures: list[str], named: bool) -> RestoreSource | None:
         """Load ``info`` from the nearest tier whose copy reads back whole; None when none
-        does (each failure listed).  With ``step`` the last tier's failure is raised."""
+        does (each failure listed, with its tier when ``named``).  With ``step`` the last
+        tier's failure is raised."""
         damaged = ""
         for tier, store in holders:
+            last = tier == holders[-1][0]
             try:
                 self._restore_version(info, stateful, rng, store)
-            except IntegrityError as exc:
-                if step is not None and tier == holders[-1][0]:
+            except SelectorError:
+                if step is not None and last:
                     raise
-                failures.append(f"{info.short_id} (step {info.step}, {tier} tier): {exc}")
+                continue  # removed meanwhile (retention of a save in flight)
+            except IntegrityError as exc:
+                if step is not None and last:
+                    raise
+                where = f", {tier} tier" if named else ""
+                failures.append(f"{info.short_id} (step {info.step}{where}): {exc}")
                 damaged = f"its local copy is damaged ({exc})"
                 continue
             if tier == "local":
@@ -758,52 +773,11 @@ class Checkpointer:
                 f"run {self.run!r}: step {info.step} was restored from the mirror, but"
                 f" copying it into the local tier failed: {exc}"), stacklevel=5)
 
-    def _restore_here(self, step: int | None, stateful: dict[str, Any], rng: bool
-                      ) -> int | None:
-        """The restore in one process: the newest version that loads (or ``step``)."""
-        failures: list[str] = []
-        started = time.perf_counter()
-        candidates = self._candidates(step)
-        self._timings["discover"] = time.perf_counter() - started
-        for info in candidates:
-            try:
-                self._restore_version(info, stateful, rng)
-            except SelectorError:
-                if step is not None:
-                    raise
-                continue  # removed meanwhile (retention of a save in flight)
-            except IntegrityError as exc:
-                if step is not None:
-                    raise
-                failures.append(f"{info.short_id} (step {info.step}): {exc}")
-                continue
-            self.last_restore = RestoreSource(
-                info.step, info.id, "local", "the newest version that reads back whole"
-                if not failures else f"newer versions are damaged ({len(failures)})",
-                dict(self._timings), info.logical_bytes)
-            if failures:
-                warnings.warn(RestoreFallbackWarning.skipped(self.run, failures, info.step),
-                              stacklevel=4)
-            return info.step
-        if failures:
-            raise nothing_restored(self.run, failures)
-        return None
-
     def _warn_of_other_runs(self) -> None:
         others = [run for run in self.store.runs() if run != self.run]
         if others:
             warnings.warn(RunNotFoundWarning.naming(self.run, self.store.url, others),
                           stacklevel=4)
-
-    def _candidates(self, step: int | None) -> list[VersionInfo]:
-        versions = self.store.versions(self.run)
-        if step is None:
-            return versions[::-1]
-        matches = [v for v in versions if v.step == step]
-        if not matches:
-            raise SelectorError(f"{self.run}@{step}", f"run {self.run!r} has no version at"
-                                f" step {step}; steps: {self.all_steps()}")
-        return matches[-1:]
 
     def _restore_version(self, info: VersionInfo, stateful: dict[str, Any], rng: bool,
                          store: Store | None = None) -> None:
