@@ -3,7 +3,7 @@
 From a local store a read call runs at most a job per core
 (``chunkstore.read.reader.run_jobs``); before, it handed every read job to the
 store's pool, 8 threads or more.  For each workload the suite's recorded
-states are saved into one store (the default policy, delta chains of 2), which
+states are saved into one store (the default policy, with delta chains), which
 is copied once per way, so each way has its own handle, index and pool; then
 the latest version is restored into the state's tensors by the two ways in
 turn (the first way alternating), in this one process.  Figures: median and

@@ -6,7 +6,7 @@ Each case is a store saved once (untimed) with the default policy:
   version: every chunk a standalone shuffle-zstd member of a pack;
 - ``mlp``, ``sparse-embedding`` (and the other workloads of bench_resume): three
   saves of a Checkpointer, one optimizer step apart, as bench_resume makes them:
-  the newest reads through delta chains of 2 (an MLP with AdamW, 126 MB; the
+  the newest reads through delta chains (an MLP with AdamW, 126 MB; the
   suite's DLRM with sparse updates of its embedding tables, 261 MB).
 
 For each case, processes of their own, alternating the code under test

@@ -3,7 +3,7 @@ afresh, then loads the newest checkpoint into them.
 
 For each workload the parent trains the model a few steps, saves three versions
 into a chunkstore store with a ``Checkpointer`` (the default store: policy
-``auto``, delta chains of 2, so the newest version is read through its chains)
+``auto``, with delta chains, so the newest version is read through its chains)
 and the newest state with ``torch.save`` (fsynced), then starts fresh processes,
 alternating which system goes first in each round:
 

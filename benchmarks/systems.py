@@ -10,8 +10,9 @@ files and directory, as chunkstore and DCP's FileSystemWriter do.
 - ``chunkstore-<compression>[-d<depth>]``: one store; sync saves through
   ``torch_bridge.save``, the pause through ``Checkpointer(async_save=True)``.
   ``chunkstore-auto`` is the default store: policy ``auto`` with delta chains
-  of at most 2 (``delta_depth`` 2: a changed chunk stored as its difference
-  from the previous version's where that pays); ``chunkstore-auto-d0`` is the
+  (``delta_depth`` 16, each chain bounded by its stored bytes: a changed chunk
+  stored as its difference from the previous version's where that pays);
+  ``chunkstore-auto-d0`` is the
   same policy without delta chains (``delta_depth`` 0), the default store of
   earlier releases; ``chunkstore-none`` stores raw chunks, never deltas.
 """

@@ -22,7 +22,7 @@ import pytest
 
 import chunkstore
 from chunkstore.backends.wrappers import ForwardingBackend
-from chunkstore.codecs import SUB_DELTA, XOR_DELTA
+from chunkstore.codecs import SPARSE_DELTA, SUB_DELTA, XOR_DELTA
 from chunkstore.errors import CorruptChunkError, MissingChunkError
 from chunkstore.format.chunkobj import ChunkHeader, encode_object, parse_header
 from chunkstore.format.digest import Digest
@@ -293,7 +293,7 @@ def test_a_base_the_manifest_does_not_list_is_refused(store: chunkstore.Store) -
     ids, a, _ = _three_deep(store)
     c = shard(store, ids[2]).chunks[0]
     data = bytearray(object_path(store, c).read_bytes())
-    assert data[5] == SUB_DELTA.id  # float32: the writer's delta codec for 4-byte elements
+    assert data[5] == SPARSE_DELTA.id  # a few rows changed: the writer's sparse delta
     data[24:56] = a.raw  # now names A instead of B
     object_path(store, c).write_bytes(bytes(data))
     with pytest.raises(CorruptChunkError, match="manifest lists"):
@@ -483,16 +483,21 @@ def test_a_position_whose_delta_did_not_pay_is_stored_standalone_for_a_few_saves
                                    "float64", "int64", "complex64", "complex128"])
 def test_every_element_size_takes_deltas_that_read_back_exact(tmp_path: Path,
                                                                 dtype: str) -> None:
-    """Sub-delta for element sizes 1, 2, 4 and 8 (small steps of either sign, and steps
-    that wrap around the integer), xor-delta for 16-byte complex128."""
+    """Sub-delta for element sizes 1, 2, 4 and 8 where most elements changed, and
+    sparse-delta where a few did (small steps of either sign, and steps that wrap around
+    the integer); xor-delta for 16-byte complex128."""
     rng = np.random.default_rng(7)
     wanted = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
     raw = rng.integers(0, 256, 3 * CHUNK, dtype=np.uint8)
-    expected_codec = SUB_DELTA.id if wanted.itemsize <= 8 else XOR_DELTA.id
+    expected = ({SUB_DELTA.id, SPARSE_DELTA.id} if wanted.itemsize <= 8
+                else {XOR_DELTA.id})
     with chunkstore.open(tmp_path / "s", chunk_size=CHUNK, delta_depth=DEPTH, create=True) as store:
         kept = {}
         for step in range(DEPTH + 2):
             lanes = raw.view(f"<u{min(wanted.itemsize, 8)}")
+            if step == 2:  # every element: a dense update
+                lanes[::2] += np.array(1, lanes.dtype)
+                lanes[1::2] -= np.array(1, lanes.dtype)
             lanes[rng.integers(0, lanes.size, 8)] += np.array(1, lanes.dtype)  # carries
             lanes[rng.integers(0, lanes.size, 8)] -= np.array(1, lanes.dtype)  # borrows
             np.subtract(lanes[:1], lanes[:1] + np.array(1, lanes.dtype), out=lanes[:1])  # wraps
@@ -500,7 +505,7 @@ def test_every_element_size_takes_deltas_that_read_back_exact(tmp_path: Path,
             kept[save(store, step, table)] = table
         codecs_seen = {parse_header(d, object_path(store, d).read_bytes()).codec_id
                        for vid in kept for d in shard(store, vid).chunks}
-        assert expected_codec in codecs_seen
+        assert expected <= codecs_seen
         store.gc(grace=0)
         for version_id, table in kept.items():
             assert store.open_version(version_id).get("emb").tobytes() == table.tobytes()
@@ -532,7 +537,8 @@ def test_a_sub_delta_on_an_xor_delta_chain_reads_back(tmp_path: Path,
         for i in mixed:
             links = [newest.chunks[i], *newest.chain(i)[:-1]]
             kinds = [parse_header(d, object_path(store, d).read_bytes()).codec_id for d in links]
-            assert kinds == [SUB_DELTA.id, SUB_DELTA.id, XOR_DELTA.id]
+            # One element per chunk changed: sparse-delta on the older release's xor-delta.
+            assert kinds == [SPARSE_DELTA.id, SPARSE_DELTA.id, XOR_DELTA.id]
             base, chain = newest.chain(i)[0], newest.chain(i)[1:]
             n = 1024
             assert base_prefix(store, base, chain, n, CHUNK) == bytes(

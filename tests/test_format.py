@@ -28,7 +28,7 @@ import pytest
 import zstandard
 
 import chunkstore
-from chunkstore.codecs import RAW, SHUFFLE_ZSTD, SUB_DELTA, XOR_DELTA, ZSTD
+from chunkstore.codecs import RAW, SHUFFLE_ZSTD, SPARSE_DELTA, SUB_DELTA, XOR_DELTA, ZSTD
 from chunkstore.errors import ChunkStoreError, FormatVersionError
 from chunkstore.format import plaindata
 from chunkstore.format.chunkobj import (
@@ -300,7 +300,7 @@ def test_encoder_reproduces_records_config_and_tags(rebuilt_current: tuple[str, 
 
 
 def _hand_header(codec_id: int, element_size: int, raw_length: int, payload_length: int,
-                 flags: int = 0, version: int = 5) -> bytes:
+                 flags: int = 0, version: int = 6) -> bytes:
     return (b"CSCK" + bytes([version, codec_id, element_size, flags])
             + raw_length.to_bytes(8, "little") + payload_length.to_bytes(8, "little"))
 
@@ -391,6 +391,91 @@ def test_sub_delta_layout(element_size: int) -> None:
                                                   flags=1, version=3) + base.raw)
 
 
+def _zigzag(new: bytes, old: bytes, element_size: int) -> bytes:
+    bits = 8 * element_size
+    d = (int.from_bytes(new, "little") - int.from_bytes(old, "little")) % 2 ** bits
+    signed = d - 2 ** bits if d >= 2 ** (bits - 1) else d
+    return (2 * signed if signed >= 0 else -2 * signed - 1).to_bytes(element_size, "little")
+
+
+@pytest.mark.parametrize("element_size", [1, 2, 4, 8])
+def test_sparse_delta_layout(element_size: int) -> None:
+    """Codec 6 (chunk version 6): u32 run count, u32 table length, a zstd frame of (gap,
+    count) u32 pairs, then a mode byte and the runs' zigzag images: raw (mode 0) where
+    compressing does not halve them, else (mode 1) a codec-5 shuffle payload.  Runs
+    four or fewer unchanged elements apart are one run.  Built here by hand."""
+    rng = np.random.default_rng(element_size)
+    n = 512
+    base_raw = rng.integers(0, 256, n * element_size, dtype=np.uint8).tobytes()
+    changed = [3, 5, 6, 8, 100, 101, 300, 511]  # 3..8 one run (gaps of 1); then 100..101
+    new = bytearray(base_raw)
+    for k, i in enumerate(changed):
+        old = int.from_bytes(base_raw[i * element_size:(i + 1) * element_size], "little")
+        new[i * element_size:(i + 1) * element_size] = (
+            (old + (k + 1) * (-1) ** k) % 2 ** (8 * element_size)).to_bytes(element_size,
+                                                                           "little")
+    raw = bytes(new)
+    runs = [(3, 6), (100, 2), (300, 1), (511, 1)]  # (start, count)
+    table, end, values = b"", 0, b""
+    for start, count in runs:
+        table += (start - end).to_bytes(4, "little") + count.to_bytes(4, "little")
+        end = start + count
+        for i in range(start, end):
+            at = slice(i * element_size, (i + 1) * element_size)
+            values += _zigzag(raw[at], base_raw[at], element_size)
+    packed_table = zstandard.ZstdCompressor(level=1, write_content_size=True).compress(table)
+    payload = (len(runs).to_bytes(4, "little") + len(packed_table).to_bytes(4, "little")
+               + packed_table + bytes([0]) + values)  # ten values: compressing cannot halve
+    base = Digest.of(base_raw)
+    obj = _hand_header(6, element_size, len(raw), len(payload), flags=1) + base.raw + payload
+    image = SPARSE_DELTA.image_of(memoryview(raw), base_raw, element_size)
+    assert encode_object(ChunkHeader(SPARSE_DELTA.id, element_size, len(raw), len(payload),
+                                     base), SPARSE_DELTA.encode(image, element_size)) == obj
+    assert bytes(decode_object(Digest.of(raw), obj, base=base_raw)) == raw
+    assert bytes(SPARSE_DELTA.decode(memoryview(payload), len(raw), element_size)) == bytes(image)
+    # Mode 1: the same runs' images as a codec-5 payload decode alike.
+    packed = (payload[:8 + len(packed_table)] + bytes([1])
+              + _shuffle_payload(values, element_size))
+    obj = _hand_header(6, element_size, len(raw), len(packed), flags=1) + base.raw + packed
+    assert bytes(decode_object(Digest.of(raw), obj, base=base_raw)) == raw
+    with pytest.raises(ChunkStoreError, match="unknown codec id 6"):
+        parse_header(Digest.of(raw), _hand_header(6, element_size, len(raw), len(payload),
+                                                  flags=1, version=5) + base.raw)
+
+
+@pytest.mark.parametrize("damage", ["run past the end", "empty run", "values short",
+                                    "unknown mode", "table short", "runs without table"])
+def test_sparse_delta_refuses_damaged_payloads(damage: str) -> None:
+    """Each malformed sparse-delta payload is a corrupt chunk, not a guess or a crash."""
+    base_raw = bytes(range(64))
+    raw = bytearray(base_raw)
+    raw[8] ^= 1
+    image = SPARSE_DELTA.image_of(memoryview(bytes(raw)), base_raw, 4)
+    payload = bytearray(SPARSE_DELTA.encode(image, 4))
+    count, length = int.from_bytes(payload[:4], "little"), int.from_bytes(payload[4:8], "little")
+    table = zstandard.ZstdDecompressor().decompress(bytes(payload[8:8 + length]))
+    rest = payload[8 + length:]
+
+    def rebuild(pairs: bytes, tail: bytes | bytearray, runs: int = count) -> bytes:
+        frame = zstandard.ZstdCompressor(level=1, write_content_size=True).compress(pairs)
+        return (runs.to_bytes(4, "little") + len(frame).to_bytes(4, "little") + frame
+                + bytes(tail))
+
+    bad = {
+        "run past the end": lambda: rebuild((15).to_bytes(4, "little") + (2).to_bytes(4, "little"),
+                                            rest + rest[1:]),
+        "empty run": lambda: rebuild(table[:4] + (0).to_bytes(4, "little"), rest[:1]),
+        "values short": lambda: rebuild(table, rest[:-1]),
+        "unknown mode": lambda: rebuild(table, bytes([7]) + rest[1:]),
+        "table short": lambda: rebuild(table[:-4], rest),
+        "runs without table": lambda: (0).to_bytes(4, "little") + (0).to_bytes(4, "little")
+        + bytes(rest),
+    }[damage]()
+    obj = (_hand_header(6, 4, len(raw), len(bad), flags=1) + Digest.of(base_raw).raw + bad)
+    with pytest.raises(ChunkStoreError, match="corrupt"):
+        decode_object(Digest.of(bytes(raw)), obj, base=base_raw)
+
+
 def test_sub_delta_refuses_other_element_sizes() -> None:
     """An element size that is no machine integer's is refused as corrupt, not guessed."""
     raw = bytes(range(48))
@@ -461,7 +546,7 @@ def test_key_layout() -> None:
 def test_store_config_bytes() -> None:
     assert StoreConfig(4096, "auto", 1.25, 4).encode() == (
         b'{"chunk_size":4096,"compression":"auto","created":1.25,"delta_depth":4,'
-        b'"format":"chunkstore","format_version":8}')
+        b'"format":"chunkstore","format_version":9}')
     old = (b'{"chunk_size":4096,"compression":"auto","created":1.25,"format":"chunkstore",'
            b'"format_version":1}')
     assert StoreConfig.decode("x", old).delta_depth == 0  # version 1: no deltas

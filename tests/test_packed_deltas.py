@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 
 import chunkstore
+from chunkstore.codecs import SPARSE_DELTA, SUB_DELTA
 from chunkstore.codecs.shuffle import plane_table
 from chunkstore.errors import CorruptChunkError, CorruptNodeError
-from chunkstore.format.chunkobj import HEADER, parse_header
+from chunkstore.format.chunkobj import CHUNK_FORMAT_VERSION, HEADER, parse_header
 from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import (
     NODE_FORMAT_VERSION,
@@ -37,6 +38,7 @@ from chunkstore.index.lmdbindex import CHUNK as CHUNK_KIND
 from chunkstore.index.lmdbindex import ChunkRecord, ChunkState
 from chunkstore.objects.kinds import CHUNKS
 from chunkstore.read.chain import NO_CACHE, base_bytes, decode_chain
+from chunkstore.write.delta import CHAIN_BYTES, chain_bytes
 from tests.test_delta import CHUNK, DIM, ROWS, save, shard, sparse_states
 
 DEPTH = 3
@@ -100,7 +102,7 @@ def test_deltas_and_their_bases_are_packed_and_listed_with_their_locations(
         assert location is not None
         member = pack_path(store, location.pack).read_bytes()[
             HEADER.size + location.offset : HEADER.size + location.offset + location.length]
-        assert (member[4], member[7] & 1) == (5, 1 if depth else 0)
+        assert (member[4], member[7] & 1) == (CHUNK_FORMAT_VERSION, 1 if depth else 0)
         if depth:
             assert member[HEADER.size : HEADER.size + 32] == listed.chain(0)[0].raw
     for version_id, step in zip(ids, range(len(ids)), strict=True):
@@ -289,8 +291,9 @@ def test_a_delta_member_of_an_older_chunk_format_is_refused(store: chunkstore.St
     assert location is not None
     path = pack_path(store, location.pack)
     data = bytearray(path.read_bytes())
-    assert data[HEADER.size + location.offset + 4] == 5
+    assert data[HEADER.size + location.offset + 4] == CHUNK_FORMAT_VERSION
     data[HEADER.size + location.offset + 4] = 4  # chunk format 4: no delta members
+    data[HEADER.size + location.offset + 5] = SUB_DELTA.id  # a codec chunk format 4 knows
     path.write_bytes(bytes(data))
     with pytest.raises(CorruptChunkError, match="never a delta"):
         store.open_version(second).get("emb")
@@ -474,3 +477,77 @@ def shard_of(store: chunkstore.Store, version_id: str, name: str) -> Shard:
     assert isinstance(entry, TensorEntry)
     (only,) = entry.shards
     return only
+
+
+def _only_shard(store: chunkstore.Store, version_id: str, name: str) -> Shard:
+    entry = store.open_version(version_id).entry(name)
+    assert isinstance(entry, TensorEntry)
+    (only,) = entry.shards
+    return only
+
+
+def _chain_codecs(store: chunkstore.Store, listed: Shard, i: int) -> list[int]:
+    """The codec of chunk ``i``'s member and of each base of its chain, nearest first."""
+    codecs_ = []
+    for at in (listed.location(i), *listed.chain_locations(i)):
+        assert at is not None
+        data = pack_path(store, at.pack).read_bytes()
+        codecs_.append(data[HEADER.size + at.offset + 5])
+    return codecs_
+
+
+def test_chains_are_bounded_by_their_bytes_not_only_by_their_depth(tmp_path: Path) -> None:
+    """Under a delta_depth of 16, sparse updates (a few rows: sparse-delta links of a few
+    hundred bytes) build chains past the old fixed depth of 2, while dense updates (every
+    element: sub-delta links of most of a chunk) start over once the chain's stored bytes
+    pass CHAIN_BYTES x the chunk's raw bytes; every version reads back exact."""
+    with chunkstore.open(tmp_path / "s", chunk_size=CHUNK, delta_depth=16,
+                         create=True) as store:
+        rng = np.random.default_rng(3)
+        sparse_table = rng.standard_normal((ROWS, DIM)).astype(np.float32)
+        dense_table = rng.standard_normal((ROWS, DIM)).astype(np.float32)
+        kept: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for step in range(12):
+            sparse_table[rng.integers(0, ROWS, 2)] += np.float32(0.5)
+            dense_table *= np.float32(1.0001)  # every element moves a little
+            with store.new_version(run="r", step=step) as version:
+                version.put("sparse", sparse_table)
+                version.put("dense", dense_table)
+            kept[version.info.id] = (sparse_table.copy(), dense_table.copy())
+        flat = {name: _only_shard(store, version.info.id, name) for name in ("sparse", "dense")}
+        sparse_depths = [len(flat["sparse"].chain(i)) for i in range(len(flat["sparse"].chunks))]
+        dense_depths = {len(flat["dense"].chain(i)) for i in range(len(flat["dense"].chunks))}
+        assert max(sparse_depths) > 2, sparse_depths
+        assert SPARSE_DELTA.id in _chain_codecs(store, flat["sparse"], 0)
+        assert 0 < max(dense_depths) <= 3, dense_depths
+        for vid in kept:
+            listed = _only_shard(store, vid, "dense")
+            for i in range(len(listed.chunks)):
+                if listed.chain(i):  # the base's chain was within the bound when used
+                    raw = min(listed.chunk_bytes, ROWS * DIM * 4 - i * listed.chunk_bytes)
+                    assert chain_bytes(listed.chain_locations(i)[0],
+                                       listed.chain_locations(i)[1:]) <= CHAIN_BYTES * raw
+        store.base_cache.clear()
+        for vid, (sparse, dense) in kept.items():
+            opened = store.open_version(vid)
+            np.testing.assert_array_equal(opened.get("sparse"), sparse)
+            np.testing.assert_array_equal(opened.get("dense"), dense)
+        assert store.verify().ok
+
+
+def test_sparse_links_applied_in_place_leave_cached_bases_intact(store: chunkstore.Store
+                                                                  ) -> None:
+    """A chain whose root comes from the base cache is not changed in place: the cached
+    bytes still hash to their digests after reading every version, twice."""
+    tables, ids = [], []
+    for step, table in zip(range(DEPTH + 1), sparse_states(), strict=False):
+        tables.append(table)
+        ids.append(save(store, step, table))
+    for _ in range(2):
+        for vid, table in zip(ids, tables, strict=True):
+            np.testing.assert_array_equal(store.open_version(vid).get("emb"), table)
+            # What the reads and the saves cached is still what it names.
+            for digest in list(store.base_cache._items):
+                cached = store.base_cache.get(digest)
+                assert cached is not None and Digest.of(cached) == digest
+    assert store.base_cache._items, "the test must read chains through cached bases"

@@ -51,7 +51,7 @@ TAGGED_SELECTOR = f"{RUN}@1"
 DATA_DIR = Path(__file__).resolve().parent.parent / "tests" / "data"
 #: Codec ids every fixture must contain at least one chunk of.
 REQUIRED_CODECS = {0: "raw", 1: "zstd", 2: "shuffle-zstd", 3: "xor-delta", 4: "pack",
-                   5: "sub-delta"}
+                   5: "sub-delta", 6: "sparse-delta"}
 MAX_FIXTURE_BYTES = 300_000
 #: The fixture store's delta chain bound: the versions after the second build
 #: chains of every depth up to it, then one that starts over standalone.
@@ -124,10 +124,14 @@ def version_2(arrays: dict[str, np.ndarray], data: dict[str, object]
 
 def version_n(arrays: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
     """Versions 3 and later: a few elements of two float tensors change (a sparse
-    update), so their chunks become deltas against the previous version's."""
+    update), so their chunks become deltas against the previous version's (sparse-delta;
+    xor-delta for complex128); at step 5 every element of the last chunk of the
+    embedding changes too (a dense update: sub-delta)."""
     arrays = dict(arrays)
     embed = arrays["model.embed.weight"].copy()
     embed.reshape(-1)[[7 * n, 1100 + n, 2500 + 3 * n]] += np.float32(n)
+    if n == 5:
+        embed.reshape(-1)[2048:] += np.float32(4)
     arrays["model.embed.weight"] = embed
     bias = arrays["model.embed.bias"].copy()
     bias[[n, 1500 + n]] = ml_dtypes.bfloat16(-n)

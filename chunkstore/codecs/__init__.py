@@ -78,12 +78,13 @@ def names() -> dict[int, str]:
 from chunkstore.codecs.pack import PACK  # noqa: E402
 from chunkstore.codecs.raw import RAW  # noqa: E402
 from chunkstore.codecs.shuffle import SHUFFLE_ZSTD  # noqa: E402
+from chunkstore.codecs.sparsedelta import SPARSE_DELTA  # noqa: E402
 from chunkstore.codecs.subdelta import SUB_DELTA  # noqa: E402
 from chunkstore.codecs.xordelta import XOR_DELTA  # noqa: E402
 from chunkstore.codecs.zstd import ZSTD  # noqa: E402
 
-for _codec in (RAW, ZSTD, SHUFFLE_ZSTD, XOR_DELTA, PACK, SUB_DELTA):
+for _codec in (RAW, ZSTD, SHUFFLE_ZSTD, XOR_DELTA, PACK, SUB_DELTA, SPARSE_DELTA):
     register(_codec)
 
-__all__ = ["PACK", "RAW", "SHUFFLE_ZSTD", "SUB_DELTA", "XOR_DELTA", "ZSTD", "Codec", "by_id",
-           "by_name", "names", "register"]
+__all__ = ["PACK", "RAW", "SHUFFLE_ZSTD", "SPARSE_DELTA", "SUB_DELTA", "XOR_DELTA", "ZSTD",
+           "Codec", "by_id", "by_name", "names", "register"]

@@ -380,12 +380,96 @@ done:
     return result;
 }
 
+/* A sparse-delta link (codec 6) applied in place: chunk += unzigzag(values), run by
+ * run; values holds the runs' images one after another. */
+#define RUN_LANE_LOOP(bits)                                                       \
+    static void add_unzigzag_##bits(uint8_t *chunk, const uint8_t *values,        \
+                                    Py_ssize_t count)                             \
+    {                                                                             \
+        for (Py_ssize_t i = 0; i < count; i++) {                                  \
+            uint##bits##_t z, b;                                                  \
+            memcpy(&z, values + i * (bits / 8), bits / 8);                        \
+            memcpy(&b, chunk + i * (bits / 8), bits / 8);                         \
+            uint##bits##_t d = (uint##bits##_t)((z >> 1) ^ (uint##bits##_t)(0u - (z & 1u))); \
+            uint##bits##_t r = (uint##bits##_t)(b + d);                           \
+            memcpy(chunk + i * (bits / 8), &r, bits / 8);                         \
+        }                                                                         \
+    }
+
+RUN_LANE_LOOP(8)
+RUN_LANE_LOOP(16)
+RUN_LANE_LOOP(32)
+RUN_LANE_LOOP(64)
+
+PyDoc_STRVAR(add_runs_doc,
+"unzigzag_add_runs(chunk, starts, counts, values, element_size)\n\n"
+"For each run i (starts and counts: int64 buffers of one length), the elements\n"
+"starts[i] .. starts[i] + counts[i] of chunk += unzigzag(the next counts[i] elements of\n"
+"values), in place; every run within the chunk, counts at least 1, and values exactly\n"
+"the runs' elements (ValueError otherwise, with nothing changed).");
+
+static PyObject *native_unzigzag_add_runs(PyObject *self, PyObject *args)
+{
+    Py_buffer chunk, starts, counts, values;
+    Py_ssize_t size;
+    if (!PyArg_ParseTuple(args, "w*y*y*y*n", &chunk, &starts, &counts, &values, &size))
+        return NULL;
+    PyObject *result = NULL;
+    const int64_t *s = starts.buf, *c = counts.buf;
+    Py_ssize_t runs = starts.len / 8, elements = 0, total = 0;
+    if ((size != 1 && size != 2 && size != 4 && size != 8) || chunk.len % size
+        || starts.len % 8 || starts.len != counts.len) {
+        PyErr_SetString(PyExc_ValueError, "sparse-delta runs need int64 starts and counts"
+                        " of one length and whole elements of 1, 2, 4 or 8 bytes");
+        goto done;
+    }
+    elements = chunk.len / size;
+    for (Py_ssize_t i = 0; i < runs; i++) {
+        if (s[i] < 0 || c[i] < 1 || s[i] > elements || c[i] > elements - s[i]) {
+            PyErr_Format(PyExc_ValueError, "sparse-delta run %zd (%lld, %lld elements) is"
+                         " outside the chunk of %zd elements", i, (long long)s[i],
+                         (long long)c[i], elements);
+            goto done;
+        }
+        total += (Py_ssize_t)c[i];
+    }
+    if (total * size != values.len) {
+        PyErr_Format(PyExc_ValueError, "sparse-delta runs hold %zd elements, the values %zd"
+                     " bytes", total, values.len);
+        goto done;
+    }
+    {
+        uint8_t *o = chunk.buf;
+        const uint8_t *v = values.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < runs; i++) {
+            uint8_t *at = o + s[i] * size;
+            switch (size) {
+            case 1: add_unzigzag_8(at, v, c[i]); break;
+            case 2: add_unzigzag_16(at, v, c[i]); break;
+            case 4: add_unzigzag_32(at, v, c[i]); break;
+            default: add_unzigzag_64(at, v, c[i]); break;
+            }
+            v += c[i] * size;
+        }
+        Py_END_ALLOW_THREADS
+    }
+    result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&chunk);
+    PyBuffer_Release(&starts);
+    PyBuffer_Release(&counts);
+    PyBuffer_Release(&values);
+    return result;
+}
+
 static PyMethodDef native_methods[] = {
     {"split", planes_split, METH_VARARGS, split_doc},
     {"join", planes_join, METH_VARARGS, join_doc},
     {"zigzag_delta", native_zigzag_delta, METH_VARARGS, zigzag_doc},
     {"unzigzag_add", native_unzigzag_add, METH_VARARGS, unzigzag_doc},
     {"join_unzigzag_add", native_join_unzigzag_add, METH_VARARGS, join_unzigzag_doc},
+    {"unzigzag_add_runs", native_unzigzag_add_runs, METH_VARARGS, add_runs_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -3,7 +3,7 @@
 Header, little-endian, 24 bytes (+32 when a base key is present)::
 
     0  4s  magic b"CSCK"
-    4  u8  chunk format version (5; 1 to 4 are read too)
+    4  u8  chunk format version (6; 1 to 5 are read too)
     5  u8  codec id
     6  u8  element size in bytes (used by shuffle codecs)
     7  u8  flags: bit 0 = a 32-byte base key follows the header (delta codecs)
@@ -11,8 +11,9 @@ Header, little-endian, 24 bytes (+32 when a base key is present)::
     16 u64 payload length (bytes after the header)
 
 From version 2 the BASE flag is set exactly when the codec is a delta codec
-(``xor-delta``; ``sub-delta`` from version 4): the payload decodes to an image
-of the chunk against its base (their XOR, or their difference), whose raw
+(``xor-delta``; ``sub-delta`` from version 4, ``sparse-delta`` from 6): the
+payload decodes to an image of the chunk against its base (their XOR, or their
+difference, of every element or of the runs that changed), whose raw
 bytes the caller supplies (:mod:`chunkstore.read.chain` reads chains).
 Every decode re-hashes the result: a chunk whose bytes do not hash to its
 key raises :class:`CorruptChunkError`, so nothing corrupt is returned.
@@ -28,13 +29,13 @@ from chunkstore.errors import CorruptChunkError, FormatVersionError
 from chunkstore.format.digest import DIGEST_SIZE, Digest
 
 MAGIC = b"CSCK"
-CHUNK_FORMAT_VERSION = 5
+CHUNK_FORMAT_VERSION = 6
 #: Codec ids each chunk format version knows (version 1: no delta codec; version 3
 #: adds packs; version 4 the sub-delta codec; version 5 no new codec: a pack member
-#: of version 5 may be a delta).
+#: of version 5 may be a delta; version 6 the sparse-delta codec).
 _CODECS_OF_VERSION = {1: frozenset({0, 1, 2}), 2: frozenset({0, 1, 2, 3}),
                       3: frozenset({0, 1, 2, 3, 4}), 4: frozenset({0, 1, 2, 3, 4, 5}),
-                      5: frozenset({0, 1, 2, 3, 4, 5})}
+                      5: frozenset({0, 1, 2, 3, 4, 5}), 6: frozenset({0, 1, 2, 3, 4, 5, 6})}
 #: The first chunk format version whose pack members may be deltas (docs/format.md §3.5).
 DELTA_MEMBERS_SINCE = 5
 HEADER = struct.Struct("<4sBBBBQQ")
@@ -119,14 +120,15 @@ def decode_object(digest: Digest, data: bytes | memoryview, out: memoryview | No
         if base is None or len(base) != header.raw_length:
             raise CorruptChunkError(digest.hex, f"delta against {header.base.short(16)}, whose"
                                     " bytes were not supplied or have another length")
-        raw = decode_payload(digest, header, view, out)
+        payload = _payload(digest, header, view, out)
+        chunk = memoryview(bytearray(header.raw_length)) if out is None else out
         try:
-            codec.apply_base(memoryview(raw).cast("B"), base, header.element_size)
-        except ValueError as exc:
+            codec.decode_onto(payload, base, chunk, header.element_size)
+        except (ValueError, struct.error) as exc:
             raise CorruptChunkError(digest.hex, f"{codec.name} payload does not decode:"
                                     f" {exc}") from exc
-        check_digest(digest, raw)
-        return raw
+        check_digest(digest, chunk)
+        return chunk
     raw = decode_payload(digest, header, view, out)
     check_digest(digest, raw)
     return raw
@@ -135,17 +137,9 @@ def decode_object(digest: Digest, data: bytes | memoryview, out: memoryview | No
 def decode_payload(digest: Digest, header: ChunkHeader, view: memoryview,
                    out: memoryview | None) -> bytes | memoryview:
     """Decode the payload as the header says, unchecked (a delta gives its image)."""
-    payload = view[header.size :]
-    if len(payload) != header.payload_length:
-        raise CorruptChunkError(
-            digest.hex, f"payload is {len(payload)} bytes, header says {header.payload_length}"
-            " (truncated or padded)",
-        )
+    payload = _payload(digest, header, view, out)
     codec = codecs.by_id(header.codec_id)
     assert codec is not None  # parse_header checked it
-    if out is not None and len(out) != header.raw_length:
-        raise CorruptChunkError(digest.hex, f"holds {header.raw_length} bytes, the manifest"
-                                f" expects {len(out)}")
     try:
         if out is not None:
             codec.decode_into(payload, out, header.element_size)
@@ -156,6 +150,22 @@ def decode_payload(digest: Digest, header: ChunkHeader, view: memoryview,
         return raw
     except (ValueError, struct.error) as exc:
         raise CorruptChunkError(digest.hex, f"{codec.name} payload does not decode: {exc}") from exc
+
+
+def _payload(digest: Digest, header: ChunkHeader, view: memoryview, out: memoryview | None
+             ) -> memoryview:
+    """The payload, its length checked against the header and ``out``'s (when given)
+    against the raw length."""
+    payload = view[header.size :]
+    if len(payload) != header.payload_length:
+        raise CorruptChunkError(
+            digest.hex, f"payload is {len(payload)} bytes, header says {header.payload_length}"
+            " (truncated or padded)",
+        )
+    if out is not None and len(out) != header.raw_length:
+        raise CorruptChunkError(digest.hex, f"holds {header.raw_length} bytes, the manifest"
+                                f" expects {len(out)}")
+    return payload
 
 
 def check_digest(digest: Digest, raw: bytes | memoryview) -> None:

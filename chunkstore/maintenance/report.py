@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from chunkstore.codecs import PACK, SUB_DELTA, XOR_DELTA
+from chunkstore.codecs import PACK, by_id
 from chunkstore.errors import ChunkStoreError, CorruptNodeError, GcAbortedError, GcBusyError
 from chunkstore.format.digest import Digest
 from chunkstore.format.dtypes import element_size
@@ -176,7 +176,7 @@ class StoreStats:
     reclaimable_now_objects: int = 0  # what a GC with ``grace_s`` deletes now
     reclaimable_now_bytes: int = 0
     grace_s: float = 0.0
-    delta_chunks: int = 0  # live chunks stored as deltas (xor- or sub-delta)
+    delta_chunks: int = 0  # live chunks stored as deltas (xor-, sub- or sparse-delta)
     #: mean number of bases behind a delta chunk, as the manifests list them
     mean_chain_depth: float = 0.0
     #: Why the awaiting-GC and reclaimable figures are unknown (a version cannot
@@ -289,7 +289,8 @@ def stats(store: StoreHandle, grace_s: float = 3600.0, now: float | None = None)
                 elif kind == CHUNK:
                     result.chunks += 1
                     result.unique_raw_bytes += record.raw_length
-                    result.delta_chunks += record.codec_id in (XOR_DELTA.id, SUB_DELTA.id)
+                    codec = by_id(record.codec_id)
+                    result.delta_chunks += codec is not None and codec.needs_base
     result.packs = len(pack_content)
     packed_raw = {digest: raw for (digest, _), raw in members.items()}
     result.packed_chunks = len(packed_raw)

@@ -37,6 +37,7 @@ from chunkstore import codecs
 from chunkstore.codecs import zstd
 from chunkstore.codecs.planes import join, split
 from chunkstore.codecs.shuffle import plane_table, planes_into
+from chunkstore.codecs.sparsedelta import SparseDeltaCodec
 from chunkstore.errors import ChunkStoreError, CorruptChunkError
 from chunkstore.format.chunkobj import (
     HEADER,
@@ -105,7 +106,8 @@ def decode_chain(store: StoreHandle, digest: Digest, data: bytes | memoryview,
     otherwise only the result is checked, which proves every base on the way
     right as well (a wrong base changes the result), and the bases decoded on
     the way are not cached: a chain of XOR links is decoded in the plane
-    domain, other chains link by link from the root.  ``transient`` (a read job
+    domain, other chains link by link from the root (a sparse-delta link adds
+    its runs in place, onto a buffer of this decode's own).  ``transient`` (a read job
     of :func:`chunkstore.read.reader.run_jobs`): the links before the last are
     decoded into the thread's scratch buffers (:mod:`chunkstore.read.scratch`).
     """
@@ -204,32 +206,43 @@ def _decode_links(digest: Digest, links: list[Link], root: Link | None,
     root and the links before the last go to the thread's two scratch buffers in
     turn (each link reads the one before and overwrites the other)."""
     length = links[0][1].raw_length
+    #: whether ``current`` is a buffer of this decode's own (a scratch buffer or one
+    #: allocated here), which a sparse-delta link may change in place
+    owned = False
     if root_raw is None:
         assert root is not None
         _, root_header, _ = root
         into = (scratch("chain-0", length)
                 if transient and root_header.codec_id != codecs.RAW.id else None)
         root_raw = decode_payload(*root, into)
+        owned = into is not None
     if len(root_raw) != length:
         raise CorruptChunkError(digest.hex, "a delta base of another length")
     current: bytes | memoryview = root_raw
+    spare = 1  # the scratch buffer current is not in
     for i, (link_digest, link_header, link_view) in enumerate(reversed(links)):
-        if i == len(links) - 1 and out is not None:
-            into = out
-        elif transient:
-            into = scratch(f"chain-{(i + 1) % 2}", length)
-        else:
-            into = memoryview(bytearray(length))
         codec = codecs.by_id(link_header.codec_id)
         assert codec is not None  # parse_header checked it
+        last = i == len(links) - 1
+        payload = link_view[link_header.size:]
         # _chain_objects checked the payload's length and every link's raw length.
         try:
-            codec.decode_onto(link_view[link_header.size:], current, into,
-                              link_header.element_size)
+            if owned and isinstance(codec, SparseDeltaCodec) and not (last and out is not None):
+                assert isinstance(current, memoryview)
+                codec.apply_in_place(payload, current, link_header.element_size)
+                continue
+            if last and out is not None:
+                into = out
+            elif transient:
+                into = scratch(f"chain-{spare}", length)
+                spare = 1 - spare
+            else:
+                into = memoryview(bytearray(length))
+            codec.decode_onto(payload, current, into, link_header.element_size)
         except (ValueError, struct.error) as exc:
             raise CorruptChunkError(link_digest.hex, f"{codec.name} payload does not decode:"
                                     f" {exc}") from exc
-        current = into
+        current, owned = into, True
     check_digest(digest, current)
     return current
 
@@ -282,7 +295,7 @@ def base_prefix(store: StoreHandle, digest: Digest, chain: tuple[Digest, ...], l
         else:
             return None  # the listed chain ends in a delta: let the full decode refuse it
         size = objects[0][0].element_size
-        deltas = (codecs.XOR_DELTA.id, codecs.SUB_DELTA.id)
+        deltas = (codecs.XOR_DELTA.id, codecs.SUB_DELTA.id, codecs.SPARSE_DELTA.id)
         if size < 1 or length % size or any(
                 h.element_size != size or h.raw_length != objects[0][0].raw_length
                 or h.codec_id not in (codecs.SHUFFLE_ZSTD.id, *deltas) for h, _ in objects):
@@ -290,6 +303,11 @@ def base_prefix(store: StoreHandle, digest: Digest, chain: tuple[Digest, ...], l
         elements = length // size
         prefix: memoryview | None = None
         for header, payload in reversed(objects):  # the root first, then each delta on it
+            if header.codec_id == codecs.SPARSE_DELTA.id:
+                if prefix is None:
+                    return None
+                codecs.SPARSE_DELTA.apply_prefix(payload, prefix, header.raw_length, size)
+                continue
             planes = np.empty((size, elements), dtype=np.uint8)
             minimum = 1 if _is_delta(header.codec_id) else 2
             for i, (mode, start, count) in enumerate(

@@ -7,7 +7,7 @@ costs a page fault per 4 KiB on first touch (and a chunk's worth of it is given
 back to the system when freed); two buffers per read thread, used in turn, cost
 that once per read call (with the next change, runs split by decoded bytes: 0.119
 against 0.143 CPU seconds, medians, for the 126 MB state of an MLP with AdamW
-read through chains of 2; benchmarks/results/restore.json).
+read through delta chains; benchmarks/results/restore.json).
 Reading runs of pack members into such a buffer instead of fresh bytes gained
 nothing measurable, so reads still return fresh bytes.
 

@@ -40,8 +40,9 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from chunkstore.codecs import SUB_DELTA, XOR_DELTA, Codec
+from chunkstore.codecs import SPARSE_DELTA, SUB_DELTA, XOR_DELTA, Codec
 from chunkstore.codecs.policy import PROBE_BYTES, encode_with_policy
+from chunkstore.codecs.sparsedelta import encode_runs, runs_of
 from chunkstore.codecs.subdelta import LANES
 from chunkstore.errors import ChunkStoreError
 from chunkstore.format.digest import Digest
@@ -63,6 +64,14 @@ MARGIN = 0.9
 #: A tensor of one chunk smaller than this is stored standalone: its delta saves few
 #: bytes and costs as much per object (a base to read and decode) as a large one.
 MIN_DELTA_TENSOR_BYTES = 64 * 1024
+#: A new chunk is encoded against a base only while that base's chain (the base and
+#: every base under it) stores at most this many times the chunk's raw bytes, so a
+#: read of any chunk reads at most about three times its raw bytes, whatever the
+#: store's ``delta_depth`` allows (Mercurial's revlog bounds its delta chains by
+#: their bytes alike).  Dense updates, whose deltas store most of a full copy, get
+#: chains of about 2; sparse ones, whose deltas (sparse-delta: a read adds what
+#: changed alone) store a tenth of it, chains of ten or more.
+CHAIN_BYTES = 2.0
 #: Policies under which a save writes deltas (``none`` is the fastest path, raw).
 DELTA_POLICIES = ("auto",)
 
@@ -243,7 +252,10 @@ class ParentChunks:
         shard = entry.shards[0]
         slots: list[BaseSlot | None] = []
         for i, digest in enumerate(shard.chunks):
-            if len(shard.chain(i)) >= self.depth:
+            raw_length = min(chunk_bytes, entry.nbytes - i * chunk_bytes)
+            if (len(shard.chain(i)) >= self.depth
+                    or chain_bytes(shard.location(i), shard.chain_locations(i))
+                    > CHAIN_BYTES * raw_length):
                 self.skips.carry(name, i)  # standalone: the chain is full
                 slots.append(None)
             elif self.skips.skip(name, i):
@@ -255,6 +267,14 @@ class ParentChunks:
 
 
 Standalone = tuple[Codec, bytes | memoryview]
+
+
+def chain_bytes(location: PackLocation | None, locations: Locations) -> int:
+    """The stored bytes of a chunk at ``location`` and of its chain's bases at
+    ``locations``, as far as the manifest gives them: an object of its own (written
+    before deltas were packed, chunk format 4 and earlier) counts as nothing, its
+    chain bounded by the store's ``delta_depth`` alone, as such chains always were."""
+    return sum(0 if at is None else at.length for at in (location, *locations))
 
 
 def probe_length(raw_length: int, itemsize: int) -> int:
@@ -304,22 +324,34 @@ def encode_delta(policy: str, raw: memoryview, base: bytes | memoryview, dtype: 
     """
     if len(base) != len(raw) or not raw:
         return None, None, None
-    codec = delta_codec(itemsize)
-    payload = None
+    delta = None
     if known_ratio is not None:
-        payload = codec.encode(codec.image_of(raw, base, itemsize), itemsize)
-        if len(payload) < MARGIN * known_ratio * len(raw):
-            return (codec, payload), None, None
-    if payload is not None or not probe_length(len(raw), itemsize):
+        delta = encode_image(raw, base, itemsize)
+        if len(delta[1]) < MARGIN * known_ratio * len(raw):
+            return delta, None, None
+    if delta is not None or not probe_length(len(raw), itemsize):
         standalone = encode_with_policy(policy, raw, dtype, itemsize)
-        if payload is None:
-            payload = codec.encode(codec.image_of(raw, base, itemsize), itemsize)
-        pays = len(payload) < MARGIN * len(standalone[1])
-        return ((codec, payload) if pays else None), standalone, len(standalone[1]) / len(raw)
+        if delta is None:
+            delta = encode_image(raw, base, itemsize)
+        pays = len(delta[1]) < MARGIN * len(standalone[1])
+        return (delta if pays else None), standalone, len(standalone[1]) / len(raw)
     ratio = _probe_pays(policy, raw, base, dtype, itemsize)
     if ratio is None:
         return None, None, None
-    payload = codec.encode(codec.image_of(raw, base, itemsize), itemsize)
-    if len(payload) >= MARGIN * ratio * len(raw):
+    delta = encode_image(raw, base, itemsize)
+    if len(delta[1]) >= MARGIN * ratio * len(raw):
         return None, None, None
-    return (codec, payload), None, ratio
+    return delta, None, ratio
+
+
+def encode_image(raw: memoryview, base: bytes | memoryview, itemsize: int) -> Standalone:
+    """The delta of ``raw`` against ``base``: sparse-delta where at most half of the
+    elements changed (a reader then adds what changed alone), else the element size's
+    delta codec (:func:`delta_codec`)."""
+    codec = delta_codec(itemsize)
+    image = codec.image_of(raw, base, itemsize)
+    if codec is SUB_DELTA:
+        runs = runs_of(image, itemsize)
+        if runs is not None:
+            return SPARSE_DELTA, encode_runs(image, itemsize, *runs)
+    return codec, codec.encode(image, itemsize)
