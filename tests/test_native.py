@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from chunkstore.codecs import native, planes
 from chunkstore.codecs.shuffle import SHUFFLE_ZSTD
+from chunkstore.codecs.sparsedelta import SPARSE_DELTA
 from chunkstore.codecs.subdelta import SUB_DELTA, unzigzag_add_numpy, zigzag_numpy
 from chunkstore.codecs.xordelta import XOR_DELTA
 
@@ -175,3 +176,45 @@ def test_a_plane_that_empties_the_list_while_joined_does_not_crash_the_process()
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, check=False)
     assert done.returncode == 0, done.stderr
+
+
+@settings(max_examples=100, deadline=None)
+@given(size=st.sampled_from([1, 2, 4, 8]), count=st.integers(1, 400),
+       seed=st.integers(0, 2**32 - 1), changed=st.integers(0, 60))
+def test_sparse_delta_runs_read_back_whichever_implementation_applies_them(
+        size: int, count: int, seed: int, changed: int) -> None:
+    """A sparse update's payload (codec 6) decodes onto its base, and applies in place,
+    to the same bytes with the native loop and with numpy; a dense one too (every
+    element listed)."""
+    rng = np.random.default_rng(seed)
+    lane = np.dtype(f"<u{size}")
+    base = rng.integers(0, 256, size * count, dtype=np.uint8)
+    raw = base.view(lane).copy()
+    at = rng.integers(0, count, min(changed, count))
+    raw[at] += rng.integers(-3, 4, len(at)).astype(lane)  # wraps: -1 is all ones
+    raw_bytes = raw.view(np.uint8).tobytes()
+    image = SPARSE_DELTA.image_of(memoryview(raw_bytes), base.tobytes(), size)
+    payload = memoryview(SPARSE_DELTA.encode(image, size))
+    for module in MODULES:
+        native.MODULE = module
+        try:
+            out = memoryview(bytearray(len(raw_bytes)))
+            SPARSE_DELTA.decode_onto(payload, base.tobytes(), out, size)
+            assert bytes(out) == raw_bytes
+            in_place = memoryview(bytearray(base.tobytes()))
+            SPARSE_DELTA.apply_in_place(payload, in_place, size)
+            assert bytes(in_place) == raw_bytes
+        finally:
+            native.MODULE = MODULES[-1]
+
+
+@pytest.mark.skipif(not native.NATIVE, reason="the native loops are not built")
+def test_sparse_delta_runs_outside_the_chunk_are_refused_with_nothing_changed() -> None:
+    chunk = bytearray(16)
+    runs = np.array([0, 3], dtype=np.int64)
+    for counts, values in ((np.array([1, 2], np.int64), b"\x01" * 12),  # 3 + 2 > 4
+                           (np.array([1, 0], np.int64), b"\x01" * 4),  # a run of none
+                           (np.array([1, 1], np.int64), b"\x01" * 4)):  # values short
+        with pytest.raises(ValueError, match="sparse-delta"):
+            native.MODULE.unzigzag_add_runs(chunk, runs, counts, values, 4)
+        assert chunk == bytearray(16)
