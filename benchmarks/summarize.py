@@ -135,11 +135,14 @@ def dcp_table(report: dict[str, Any]) -> list[str]:
     state = (f"a {report['mib']} MiB frozen base sharded by rows over the ranks"
              + (f", a trained head of {head:.0%} of its size sharded with its Adam moments and"
                 " a small replicated vector with its moments" if head is not None else ""))
+    loads = report["results"][0].get("load_s_all")  # absent from reports of one load
+    load_note = (f" Load: the median of {len(loads)} loads, each until its slowest rank is"
+                 " done." if loads else "")
     lines = [
         f"Sharded state through `torch.distributed.checkpoint` (`{report['command']}`): {state};"
         f" {report['versions']} versions (the last with `dcp.async_save`), ranks as gloo"
         f" processes on one {report['machine']['cpus']}-CPU machine. Each cell: chunkstore"
-        " (`ChunkStoreWriter`) / DCP (`FileSystemWriter`).",
+        f" (`ChunkStoreWriter`) / DCP (`FileSystemWriter`).{load_note}",
         "",
         "| world size | stored | stored per rank (MiB) | median save | async pause | load |",
         "| ---: | ---: | ---: | ---: | ---: | ---: |",
@@ -156,7 +159,10 @@ def dcp_table(report: dict[str, Any]) -> list[str]:
     if targets:
         ratios = report["chunkstore_over_dcp"]
         verdicts = []
-        for key, what in (("stored", "stored bytes"), ("save_time", "median save time")):
+        for key, what in (("stored", "stored bytes"), ("save_time", "median save time"),
+                          ("load_time", "median load time")):
+            if key not in targets:  # a report from before the load target
+                continue
             missed = [w for w in map(str, worlds) if not ratios[w]["meets_target"][key]]
             verdicts.append(f"{what} at most {targets[key]}x DCP's: "
                             + ("met at every world size" if not missed

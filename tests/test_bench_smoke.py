@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +112,8 @@ def test_the_sharded_dcp_benchmark_reports_per_rank(quick_suite_results: Path) -
         assert r["metadata_bytes"] > 0 and len(r["saves_s"]) == 2, r
         for key in ("save_s_median", "async_pause_s", "load_s"):
             assert r[key] > 0, (key, r)
+        # load_s: the median of the timed loads, each its slowest rank's time
+        assert len(r["load_s_all"]) == 5 and r["load_s"] == statistics.median(r["load_s_all"])
     for world in ("1", "2"):
         ratios = report["chunkstore_over_dcp"][world]
         # the frozen base is stored once: well under DCP's three full copies

@@ -177,6 +177,25 @@ def test_an_async_save_keeps_conjugate_and_negative_views(store_url: str) -> Non
     assert target["n"].tolist() == [-1.0, -2.0]
 
 
+def test_a_load_into_views_goes_through_host_copies_a_few_at_a_time(
+        store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tensors the store cannot fill in place (here conjugate and negative views) are
+    read into host copies, copied over after the read; a rank gathers at most
+    HOST_COPY_BYTES of them (here: one box) before it reads."""
+    from torch_bridge.dcp import reader as dcp_reader
+
+    c = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
+    state = {"c": c, "n": torch.tensor([1.0, 2.0]), "w": torch.arange(3.0)}
+    dcp.save(state, storage_writer=ChunkStoreWriter(store_url, run="into", step=1))
+    monkeypatch.setattr(dcp_reader, "HOST_COPY_BYTES", 1)
+    target = {"c": torch.zeros(2, dtype=torch.complex64).conj(),
+              "n": torch._neg_view(torch.zeros(2)), "w": torch.zeros(3)}
+    dcp.load(target, storage_reader=ChunkStoreReader(store_url, "into@1"))
+    assert torch.equal(target["c"].resolve_conj(), c)
+    assert target["n"].resolve_neg().tolist() == [1.0, 2.0]
+    assert target["w"].tolist() == [0.0, 1.0, 2.0]
+
+
 class _GcBeforeFinish(ChunkStoreWriter):
     """Runs a full GC (grace 0) in the window where the ranks' chunks are orphans."""
 
@@ -257,6 +276,24 @@ def test_bad_input_gets_typed_errors(store_url: str, tmp_path: Path) -> None:
         with pytest.raises(InvalidInputError, match="use_collectives"):
             dcp.save({"w": torch.zeros(2)}, use_collectives=False,
                      storage_writer=ChunkStoreWriter(store, run="r", step=1))
+
+
+def test_a_reader_holds_the_store_from_its_lookup_to_the_end_of_a_load(
+        store_url: str) -> None:
+    """The store the reader opened to resolve its selector serves the load's read
+    (one open per load), and is closed after it; a second load by the same reader
+    opens it again and reads the same version."""
+    dcp.save(full_state(1), storage_writer=ChunkStoreWriter(store_url, run="h", step=1))
+    reader = ChunkStoreReader(store_url, "h@latest")
+    assert reader._handle.store is not None
+    dcp.save(full_state(2), storage_writer=ChunkStoreWriter(store_url, run="h", step=2))
+    for _ in range(2):
+        target = {k: torch.zeros_like(v) for k, v in full_state(1).items()
+                  if isinstance(v, torch.Tensor)}
+        dcp.load(target, storage_reader=reader)
+        assert reader._handle.store is None
+        for name, value in target.items():
+            assert torch.equal(value, full_state(1)[name]), name  # h@1: resolved at first
 
 
 def test_ranks_that_resolved_different_versions_are_refused(store_url: str) -> None:

@@ -75,6 +75,31 @@ def test_shards_of_several_writers_publish_as_one_tensor(small_store: chunkstore
         assert result.ok, result.problems
 
 
+def test_many_boxes_read_at_once_stage_a_bounded_amount(
+        small_store: chunkstore.Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """get_boxes: every request checked before anything is read; boxes read in place
+    and staged ones (bounded by STAGING_BYTES a round; here one box a round) alike
+    come back as get_box gives them."""
+    from chunkstore.read import reader as read_module
+
+    with small_store as store:
+        staged = [_stage(store, slice(0, 32))[0], _stage(store, slice(32, 96))[0]]
+        _publish(store, staged)
+        reader = store.open_version("sharded@1")
+        monkeypatch.setattr(read_module, "STAGING_BYTES", 1)
+        whole, box = np.zeros((64, 64), np.float32), np.empty((4, 10), np.float32)
+        strided = np.zeros((32, 64), np.float32)[:, ::2]
+        with pytest.raises(InvalidInputError, match="does not lie inside"):
+            reader.get_boxes([("w", 1, (0, 0), (64, 64), whole),
+                              ("w", 0, (30, 0), (4, 10), np.empty((4, 10), np.float32))])
+        assert not whole.any(), "nothing is read before every request is checked"
+        reader.get_boxes([("w", 1, (5, 3), (4, 10), box), ("w", 1, (0, 0), (64, 64), whole),
+                          ("w", 0, (0, 0), (32, 32), strided)])
+        assert np.array_equal(box, FULL[37:41, 3:13])
+        assert np.array_equal(whole, FULL[32:])
+        assert np.array_equal(strided, FULL[:32, :32])
+
+
 def test_a_box_reads_only_the_chunks_that_hold_it(small_store: chunkstore.Store) -> None:
     with small_store as store:
         staged, _ = _stage(store, slice(0, 96))

@@ -6,7 +6,7 @@ import collections
 import functools
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor, wait
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -21,7 +21,7 @@ from chunkstore.errors import (
 from chunkstore.format.chunkobj import HEADER, check_digest, parse_header
 from chunkstore.format.digest import DIGEST_SIZE, Digest
 from chunkstore.format.dtypes import dtype_name, element_size, numpy_dtype
-from chunkstore.format.manifest import DataEntry, PackLocation, TensorEntry, decode_data
+from chunkstore.format.manifest import DataEntry, PackLocation, Shard, TensorEntry, decode_data
 from chunkstore.format.shards import (
     box_chunk_range,
     box_of,
@@ -328,6 +328,31 @@ class VersionReader:
         hash-verified.  Only the chunks that hold the box are read, so a resharding
         load reads about what it needs; the whole shard into a C-contiguous ``out``
         is read in place."""
+        self.get_boxes([(name, shard, offsets, sizes, out)])
+
+    def get_boxes(self, requests: Iterable[BoxRequest]) -> None:
+        """``get_box`` for many boxes at once: ``(name, shard, offsets, sizes, out)``.
+
+        Every request is checked before anything is read; then the chunks of
+        all boxes are read in one round of the pool (a sharded load of many
+        boxes costs one round, not one each).  A box not read in place is
+        staged through a buffer of its shard's size: rounds hold at most
+        :data:`STAGING_BYTES` of those (or one larger box)."""
+        rounds: list[list[_Box]] = [[]]
+        staged = 0
+        for request in requests:
+            box = self._box(*request)
+            if box.staging and staged and staged + box.staging > STAGING_BYTES:
+                rounds.append([])
+                staged = 0
+            rounds[-1].append(box)
+            staged += box.staging
+        for boxes in rounds:
+            self._read_boxes(boxes)
+
+    def _box(self, name: str, shard: int, offsets: Sequence[int], sizes: Sequence[int],
+             out: np.ndarray) -> _Box:
+        """One request of :meth:`get_boxes`, checked, with the chunk reads it needs."""
         entry, _ = self._tensor(name)
         if not 0 <= shard < len(entry.shards):
             raise InvalidInputError(f"entry {name!r} has {len(entry.shards)} shards, not a"
@@ -346,11 +371,38 @@ class VersionReader:
                                    box.chain_locations(i))
                                   for i in box_chunk_range(box, itemsize, offsets, sizes)]
         in_place = out.flags.c_contiguous and tuple(sizes) == box.sizes
-        target = out if in_place else np.empty(box.nbytes(itemsize), dtype=np.uint8)
+        return _Box(box, tuple(offsets), tuple(sizes), out, reads,
+                    0 if in_place else box.nbytes(itemsize))
+
+    def _read_boxes(self, boxes: list[_Box]) -> None:
+        """Read ``boxes`` in one round of the pool, then copy each staged one out."""
+        targets = [box.out if not box.staging else np.empty(box.staging, dtype=np.uint8)
+                   for box in boxes]
+        jobs: list[Callable[[], None]] = []
         members: list[MemberRead] = []
-        jobs = self._jobs(reads, target, members)
+        for box, target in zip(boxes, targets, strict=True):
+            jobs.extend(self._jobs(box.reads, target, members))
         jobs.extend(functools.partial(read_members_into, self._store, run, transient=True)
                     for run in read_runs(members))
         run_jobs(self._store.executor, jobs, self._store.read_jobs)
-        if not in_place:
-            out[...] = box_of(target, box, offsets, sizes, out.dtype)
+        for box, target in zip(boxes, targets, strict=True):
+            if box.staging:
+                box.out[...] = box_of(target, box.shard, box.offsets, box.sizes, box.out.dtype)
+
+
+#: (entry name, shard number, offsets in the shard, sizes, out): a box :meth:`get_boxes` reads.
+BoxRequest = tuple[str, int, Sequence[int], Sequence[int], np.ndarray]
+#: Bytes of staging buffers (boxes not read in place) one round of get_boxes holds.
+STAGING_BYTES = 256 << 20
+
+
+class _Box(NamedTuple):
+    """A checked box request: its shard, where it lies, the chunk reads that fill it and
+    the bytes of its staging buffer (0: read in place into ``out``)."""
+
+    shard: Shard
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    out: np.ndarray
+    reads: list[ChunkRead]
+    staging: int

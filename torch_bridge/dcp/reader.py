@@ -7,7 +7,6 @@ import io
 import os
 import uuid
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -20,6 +19,7 @@ from chunkstore import VersionInfo, VersionReader
 from chunkstore.errors import InvalidInputError
 from chunkstore.format.manifest import DataEntry, TensorEntry
 from chunkstore.format.shards import find_shard
+from chunkstore.read.reader import BoxRequest
 from torch_bridge.capture.tensors import as_array, torch_dtype
 from torch_bridge.dcp.layout import (
     METADATA_ENTRY,
@@ -30,8 +30,10 @@ from torch_bridge.dcp.layout import (
 )
 from torch_bridge.errors import NotACheckpointError, PickleRefusedError
 
-#: Boxes a rank reads at once (each spreads its chunks over the store's thread pool).
-READ_PARALLEL = 4
+#: Host copies (of boxes whose tensors the store cannot fill in place: on a GPU,
+#: conjugate or negative views) a rank's read gathers before it reads them, in bytes
+#: (so at most this and one box more at once).
+HOST_COPY_BYTES = 256 << 20
 
 
 def is_store(checkpoint_id: str | os.PathLike[str]) -> bool:
@@ -79,8 +81,11 @@ class ChunkStoreReader(HandleOwner, StorageReader):
     ``selector`` is any version selector (``RUN@latest``, ``RUN@STEP``, an id or
     prefix, a tag).  The store is opened and the version resolved here, so a bad
     selector or a version that is no DCP checkpoint raises now, with its typed
-    error.  Every tensor read is hash-verified; a resharding read reads only the
-    chunks that hold the boxes it needs.
+    error; the store stays open for the load's ``read_data``, which closes it
+    (``close()`` does too; a later load by this reader opens it again).  Every
+    tensor read is hash-verified; a resharding read reads only the chunks that
+    hold the boxes it needs, those of all the rank's boxes in one round of the
+    store's pool.
 
     Non-tensor values come back from chunkstore's plain-data encoding: loading
     runs no code.  (They reach DCP's planner as it expects them, as the bytes of
@@ -102,13 +107,17 @@ class ChunkStoreReader(HandleOwner, StorageReader):
         self.load_id = uuid.uuid4().hex
 
     def _load(self) -> None:
-        """Resolve the selector and read DCP's metadata (the store is closed after)."""
+        """Resolve the selector and read DCP's metadata.  The store stays open for the
+        load's ``read_data``, which closes it (so does ``close``, or collecting this
+        reader); on an error it is closed now."""
         try:
-            self.info, self._items = self._resolve()
-        finally:
+            self._version: VersionReader | None = None
+            self.info, self._items, self._version = self._resolve()
+        except BaseException:
             self._handle.release()
+            raise
 
-    def _resolve(self) -> tuple[VersionInfo, StoredItems]:
+    def _resolve(self) -> tuple[VersionInfo, StoredItems, VersionReader]:
         store = self._handle.open(create=False)
         reader = store.open_version(self.selector)
         entries = reader.entries()
@@ -118,7 +127,15 @@ class ChunkStoreReader(HandleOwner, StorageReader):
                 f"version {reader.info.short_id} ({reader.info.run}@{reader.info.step}) holds"
                 " no DCP checkpoint (no _dcp.metadata entry); load it with"
                 " torch_bridge.Checkpointer or chunkstore's own reader")
-        return reader.info, StoredItems(leaf, reader.get_data(METADATA_ENTRY), entries)
+        return reader.info, StoredItems(leaf, reader.get_data(METADATA_ENTRY), entries), reader
+
+    def _opened_version(self) -> VersionReader:
+        """The resolved version, on the store ``_load`` left open, or (a later load by
+        this reader) on the store opened again."""
+        version, self._version = self._version, None
+        if version is None or self._handle.store is None:
+            version = self._handle.open(create=False).open_version(self.info.id)
+        return version
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         if self._switch(checkpoint_id):
@@ -153,8 +170,9 @@ class ChunkStoreReader(HandleOwner, StorageReader):
         """Read every item of this rank's plan, hash-verified, into what the planner gives."""
         self._refuse_pickled(plan)
         try:
-            reader = self._handle.open(create=False).open_version(self.info.id)
-            boxes: list[tuple[ReadItem, str, torch.Tensor]] = []
+            reader = self._opened_version()
+            boxes: list[_Box] = []
+            held = 0  # bytes of the boxes' host copies
             for item in plan.items:
                 if item.type == LoadItemType.BYTE_IO and item.storage_index.fqn in \
                         self._items.data:
@@ -165,13 +183,13 @@ class ChunkStoreReader(HandleOwner, StorageReader):
                     planner.load_bytes(item, io.BytesIO(reader.get(name).tobytes()))
                 else:
                     name = self._lookup(self._items.tensors, item.storage_index)
-                    boxes.append((item, name, planner.resolve_tensor(item).detach()))
-            # Several boxes at a time: each read waits for its chunks (round trips on S3).
-            with ThreadPoolExecutor(min(READ_PARALLEL, len(boxes) or 1),
-                                    thread_name_prefix="dcp-read") as pool:
-                list(pool.map(lambda box: _read_box(reader, *box), boxes))
-            for item, _, target in boxes:
-                planner.commit_tensor(item, target)
+                    boxes.append(_Box(reader, item, name,
+                                      planner.resolve_tensor(item).detach()))
+                    held += boxes[-1].host_bytes
+                    if held >= HOST_COPY_BYTES:
+                        _read_boxes(reader, planner, boxes)
+                        boxes, held = [], 0
+            _read_boxes(reader, planner, boxes)
         finally:
             self._handle.release()
         future: Future[None] = Future()
@@ -215,19 +233,40 @@ def _plain_blob(value: object) -> io.BytesIO:
     return blob
 
 
-def _read_box(reader: VersionReader, item: ReadItem, name: str, target: torch.Tensor) -> None:
-    index, offsets, lengths = item.storage_index, item.storage_offsets, item.lengths
-    entry = reader.entry(name)
-    assert isinstance(entry, TensorEntry)
-    shard = find_shard(entry, index.offset or ())
-    dtype = torch_dtype(entry.dtype)
-    if target.dtype != dtype or tuple(target.shape) != tuple(lengths):
-        raise InvalidInputError(f"{index.fqn}: the plan reads a {entry.dtype} box of"
-                                f" {list(lengths)}, the planner gave a {target.dtype} tensor of"
-                                f" {list(target.shape)} to read it into")
-    direct = target.device.type == "cpu" and not target.is_conj() and not target.is_neg()
-    host = target if direct else torch.empty(tuple(lengths), dtype=dtype)
-    array, _ = as_array(host)
-    reader.get_box(name, shard, tuple(offsets), tuple(lengths), array)
-    if not direct:
-        target.copy_(host)
+def _read_boxes(reader: VersionReader, planner: LoadPlanner, boxes: list[_Box]) -> None:
+    """Read ``boxes`` and hand each to the planner.  One call for them all: their chunks
+    are read in one round of the store's pool (locally a thread per core; from S3 a
+    request per thread in flight), not a round per box."""
+    reader.get_boxes([box.request for box in boxes])
+    for box in boxes:
+        box.finish()
+        planner.commit_tensor(box.item, box.target)
+
+
+class _Box:
+    """A tensor item of a rank's plan: the box of a stored shard it reads, checked
+    against the tensor the planner gave, and where it is read to (that tensor, or a
+    host copy of it copied over after the read)."""
+
+    def __init__(self, reader: VersionReader, item: ReadItem, name: str,
+                 target: torch.Tensor) -> None:
+        index, lengths = item.storage_index, tuple(item.lengths)
+        entry = reader.entry(name)
+        assert isinstance(entry, TensorEntry)
+        dtype = torch_dtype(entry.dtype)
+        if target.dtype != dtype or tuple(target.shape) != lengths:
+            raise InvalidInputError(f"{index.fqn}: the plan reads a {entry.dtype} box of"
+                                    f" {list(lengths)}, the planner gave a {target.dtype}"
+                                    f" tensor of {list(target.shape)} to read it into")
+        self.item, self.target = item, target
+        direct = target.device.type == "cpu" and not target.is_conj() and not target.is_neg()
+        self.host = target if direct else torch.empty(lengths, dtype=dtype)
+        self.host_bytes = 0 if direct else self.host.nbytes
+        array, _ = as_array(self.host)
+        self.request: BoxRequest = (name, find_shard(entry, index.offset or ()),
+                                    tuple(item.storage_offsets), lengths, array)
+
+    def finish(self) -> None:
+        """After the read: the host copy into the planner's tensor, where there is one."""
+        if self.host is not self.target:
+            self.target.copy_(self.host)
