@@ -209,10 +209,14 @@ def _decode_links(digest: Digest, links: list[Link], root: Link | None,
     #: whether ``current`` is a buffer of this decode's own (a scratch buffer or one
     #: allocated here), which a sparse-delta link may change in place
     owned = False
+    # A chain of sparse-delta links alone is decoded in the caller's buffer: the root
+    # straight into it, then each link's runs added in place (no copy of the chunk).
+    in_out = out is not None and all(
+        isinstance(codecs.by_id(link[1].codec_id), SparseDeltaCodec) for link in links)
     if root_raw is None:
         assert root is not None
         _, root_header, _ = root
-        into = (scratch("chain-0", length)
+        into = (out if in_out else scratch("chain-0", length)
                 if transient and root_header.codec_id != codecs.RAW.id else None)
         root_raw = decode_payload(*root, into)
         owned = into is not None
@@ -227,7 +231,8 @@ def _decode_links(digest: Digest, links: list[Link], root: Link | None,
         payload = link_view[link_header.size:]
         # _chain_objects checked the payload's length and every link's raw length.
         try:
-            if owned and isinstance(codec, SparseDeltaCodec) and not (last and out is not None):
+            if owned and isinstance(codec, SparseDeltaCodec) and (
+                    not (last and out is not None) or current is out):
                 assert isinstance(current, memoryview)
                 codec.apply_in_place(payload, current, link_header.element_size)
                 continue
