@@ -1,9 +1,10 @@
 """Sync saves with delta chains: bases from the handle's copies, against bases read
 back from the store, against no deltas.
 
-A store with delta chains (``delta_depth`` 2) encodes a changed chunk against the
-same chunk of the run's previous version.  ``d2`` takes that base from the copy
-the handle kept of its last save (``chunkstore.handle.basecopies``); ``d2-read-back``
+A store with delta chains (the default ``delta_depth``, each chain bounded by its
+stored bytes) encodes a changed chunk against the same chunk of the run's previous
+version.  ``chains`` takes that base from the copy the handle kept of its last save
+(``chunkstore.handle.basecopies``); ``chains-read-back``
 (``Store.base_copies.budget = 0``) reads, decodes and hash-checks it from the
 store, as saves did before; ``auto`` makes no deltas.  For each workload the
 suite's recorded states are saved the three ways in turn, save by save (the
@@ -29,15 +30,15 @@ import chunkstore
 import torch_bridge
 from benchmarks.bench_collector import run_workloads
 
-WAYS = ("auto", "d2", "d2-read-back")
+WAYS = ("auto", "chains", "chains-read-back")
 
 
 def compare(workload: str, states: list[dict[str, Any]], work: Path) -> dict[str, Any]:
     work.mkdir(parents=True, exist_ok=True)
     stores = {way: chunkstore.open(work / f"{workload}-{way}", compression="auto",
-                                   delta_depth=0 if way == "auto" else 2,
+                                   delta_depth=0 if way == "auto" else None,
                create=True) for way in WAYS}
-    stores["d2-read-back"].base_copies.budget = 0
+    stores["chains-read-back"].base_copies.budget = 0
     walls: dict[str, list[float]] = {way: [] for way in WAYS}
     cpus: dict[str, list[float]] = {way: [] for way in WAYS}
     try:

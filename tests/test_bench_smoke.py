@@ -192,13 +192,13 @@ def test_the_delta_saves_benchmark_compares_three_ways(
         states.append({"model": {"emb": table.clone()}})
         table[torch.randint(0, 2048, (8,), generator=generator)] += 0.5
     result = bench_delta_saves.compare("tiny", states, work=tmp_path)
-    assert set(result) == {"auto", "d2", "d2-read-back"}
+    assert set(result) == {"auto", "chains", "chains-read-back"}
     for way in result.values():
         assert way["saves"] == 3 and way["save_median_s"] > 0 and way["stored_bytes"] > 0
     assert result["auto"]["vs_auto"] == 1.0
     # The same deltas whether bases come from copies or from the store.
-    assert result["d2"]["stored_bytes"] == result["d2-read-back"]["stored_bytes"]
-    assert result["d2"]["stored_bytes"] < result["auto"]["stored_bytes"]
+    assert result["chains"]["stored_bytes"] == result["chains-read-back"]["stored_bytes"]
+    assert result["chains"]["stored_bytes"] < result["auto"]["stored_bytes"]
 
 
 @pytest.mark.parametrize("config", ["auto", "auto-d0"])
