@@ -66,8 +66,11 @@ from chunkstore.store import VersionInfo
               " run's previous version where they pay, in a store with --delta-depth).")
 @click.option("--delta-depth", type=click.IntRange(0, MAX_DELTA_DEPTH), default=DEFAULT_DELTA_DEPTH,
               show_default=True,
-              help="Longest chain of delta chunks a save builds (0: no deltas). Deeper"
-              " chains store less per version and restore slower. A saving process keeps"
+              help="Longest chain of delta chunks a save builds (0: no deltas). A chain"
+              " also ends once its stored bytes pass twice a chunk's raw bytes, so dense"
+              " updates get chains of about 2 and sparse ones (a few rows changed) ten"
+              " or more. Deeper chains store less per version and restore slower."
+              " A saving process keeps"
               " a copy of the chunks that changed, to encode its next save against (up"
               f" to {BASE_COPY_BYTES / 2**30:g} GiB; Store.base_copies.budget). Fixed for"
               " the life of the store.")
