@@ -34,7 +34,7 @@ import struct
 import numpy as np
 
 from chunkstore.codecs import native
-from chunkstore.codecs.subdelta import LANES, SUB_DELTA, SubDeltaCodec, unzigzag_add_numpy
+from chunkstore.codecs.subdelta import SUB_DELTA, SubDeltaCodec, lane_of, unzigzag_add_numpy
 from chunkstore.codecs.zstd import compressor, decompress
 
 #: Unchanged elements between two runs up to which a writer stores one run.
@@ -49,11 +49,7 @@ PACK_VALUES_BELOW = 0.5
 
 
 def _lane(element_size: int, length: int) -> np.dtype[np.unsignedinteger]:
-    lane = LANES.get(element_size)
-    if lane is None or length % element_size:
-        raise ValueError(f"sparse-delta needs an element size of 1, 2, 4 or 8 that divides"
-                         f" the chunk, not {element_size}")
-    return lane
+    return lane_of(element_size, length, "sparse-delta")
 
 
 def runs_of(image: memoryview, element_size: int) -> tuple[np.ndarray, np.ndarray] | None:

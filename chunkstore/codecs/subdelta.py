@@ -31,12 +31,16 @@ LANES: dict[int, np.dtype[np.unsignedinteger]] = {
     1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
 
 
-def _lane(element_size: int, length: int) -> np.dtype[np.unsignedinteger]:
+def lane_of(element_size: int, length: int, codec: str = "sub-delta"
+            ) -> np.dtype[np.unsignedinteger]:
+    """The unsigned integer lane of ``element_size``; ``ValueError`` (naming ``codec``)
+    where there is none or it does not divide ``length``."""
     lane = LANES.get(element_size)
     if lane is None or length % element_size:
-        raise ValueError(f"sub-delta needs an element size of 1, 2, 4 or 8 that divides the"
+        raise ValueError(f"{codec} needs an element size of 1, 2, 4 or 8 that divides the"
                          f" chunk, not {element_size}")
     return lane
+
 
 
 class SubDeltaCodec(ShuffleZstdCodec):
@@ -46,17 +50,17 @@ class SubDeltaCodec(ShuffleZstdCodec):
     needs_base = True
 
     def encode(self, raw: memoryview, element_size: int) -> bytes:
-        _lane(element_size, len(raw))
+        lane_of(element_size, len(raw))
         return super().encode(raw, element_size)
 
     def decode_into(self, payload: memoryview, out: memoryview, element_size: int) -> None:
-        _lane(element_size, len(out))
+        lane_of(element_size, len(out))
         super().decode_into(payload, out, element_size)
 
     def image_of(self, raw: memoryview, base: bytes | memoryview, element_size: int
                  ) -> memoryview:
         """zigzag(raw - base), element by element."""
-        _lane(element_size, len(raw))
+        lane_of(element_size, len(raw))
         if native.MODULE is None:
             return zigzag_numpy(raw, base, element_size)
         image = memoryview(bytearray(len(raw)))
@@ -71,7 +75,7 @@ class SubDeltaCodec(ShuffleZstdCodec):
         if native.MODULE is None:
             super().decode_onto(payload, base, out, element_size)
             return
-        _lane(element_size, len(out))
+        lane_of(element_size, len(out))
         if len(base) != len(out):
             raise ValueError(f"a base of {len(base)} bytes for a chunk of {len(out)}")
         native.MODULE.join_unzigzag_add(self.plane_bodies(payload, len(out), element_size),
@@ -80,7 +84,7 @@ class SubDeltaCodec(ShuffleZstdCodec):
     def apply_base(self, image: memoryview, base: bytes | memoryview, element_size: int
                    ) -> None:
         """image = base + unzigzag(image), in place."""
-        _lane(element_size, len(image))
+        lane_of(element_size, len(image))
         if native.MODULE is None:
             unzigzag_add_numpy(image, base, element_size)
         else:
@@ -89,7 +93,7 @@ class SubDeltaCodec(ShuffleZstdCodec):
 
 def zigzag_numpy(raw: memoryview, base: bytes | memoryview, element_size: int) -> memoryview:
     """:meth:`SubDeltaCodec.image_of` in numpy (the fallback of the native loop)."""
-    lane = _lane(element_size, len(raw))
+    lane = lane_of(element_size, len(raw))
     diff = np.frombuffer(raw, dtype=lane) - np.frombuffer(base, dtype=lane)  # wraps
     sign = diff >> lane.type(8 * lane.itemsize - 1)
     diff <<= lane.type(1)
@@ -100,7 +104,7 @@ def zigzag_numpy(raw: memoryview, base: bytes | memoryview, element_size: int) -
 
 def unzigzag_add_numpy(image: memoryview, base: bytes | memoryview, element_size: int) -> None:
     """:meth:`SubDeltaCodec.apply_base` in numpy (the fallback of the native loop)."""
-    lane = _lane(element_size, len(image))
+    lane = lane_of(element_size, len(image))
     z = np.frombuffer(image, dtype=lane)
     low = z & lane.type(1)
     z >>= lane.type(1)
