@@ -80,8 +80,6 @@ def _gather(lanes: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> np.nda
 class SparseDeltaCodec(SubDeltaCodec):
     id = 6
     name = "sparse-delta"
-    #: links of this codec may be applied in place onto a buffer holding their base
-    in_place = True
 
     def encode(self, raw: memoryview, element_size: int) -> bytes:
         """The payload of a zigzag image ``raw`` (:meth:`image_of`); every element is
