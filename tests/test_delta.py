@@ -345,9 +345,10 @@ def test_report_counts_deltas_and_their_mean_chain_depth(store: chunkstore.Store
     _chunk0_changing(store, 3)  # chunk 0: standalone, then depth 1, then depth 2
     stats = store.stats()
     assert stats.delta_chunks == 2
-    assert stats.mean_chain_depth == 1.5
+    assert (stats.mean_chain_depth, stats.max_chain_depth) == (1.5, 2)
     totals = stats.to_json()["totals"]
-    assert (totals["delta_chunks"], totals["mean_chain_depth"]) == (2, 1.5)
+    assert (totals["delta_chunks"], totals["mean_chain_depth"],
+            totals["max_chain_depth"]) == (2, 1.5, 2)
 
 
 def test_init_sets_the_delta_depth(tmp_path: Path) -> None:

@@ -389,7 +389,8 @@ def report_text(stats: StoreStats, store_path: str) -> None:
         ("dedup ratio", format_ratio(stats.dedup_ratio or None)),
         ("compression ratio", format_ratio(stats.compression_ratio or None)),
         ("delta chunks", f"{stats.delta_chunks}  (deltas against an earlier version;"
-         f" {stats.mean_chain_depth:.2f} bases behind one on average)"),
+         f" {stats.mean_chain_depth:.2f} bases behind one on average,"
+         f" {stats.max_chain_depth} at most)"),
         ("packed chunks", f"{stats.packed_chunks} in {plural(stats.packs, 'pack')}  (small"
          f" chunks stored together; {format_size(stats.packed_garbage_bytes)} inside live"
          " packs no live version lists)"),

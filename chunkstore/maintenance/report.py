@@ -179,6 +179,8 @@ class StoreStats:
     delta_chunks: int = 0  # live chunks stored as deltas (xor-, sub- or sparse-delta)
     #: mean number of bases behind a delta chunk, as the manifests list them
     mean_chain_depth: float = 0.0
+    #: the most bases behind one chunk (what a read of the deepest chunk decodes)
+    max_chain_depth: int = 0
     #: Why the awaiting-GC and reclaimable figures are unknown (a version cannot
     #: be read, so GC itself would delete nothing); None when they are known.
     gc_unknown: str | None = None
@@ -238,6 +240,7 @@ class StoreStats:
                 "packs": self.packs, "packed_chunks": self.packed_chunks,
                 "packed_garbage_bytes": self.packed_garbage_bytes,
                 "mean_chain_depth": round(self.mean_chain_depth, 3),
+                "max_chain_depth": self.max_chain_depth,
                 "gc_unknown": self.gc_unknown,
             },
             "ranks": [v.to_json() for v in self.ranks],
@@ -301,6 +304,7 @@ def stats(store: StoreHandle, grace_s: float = 3600.0, now: float | None = None)
                  pack_content, pack_stored)
     if depths:
         result.mean_chain_depth = sum(depths.values()) / len(depths)
+        result.max_chain_depth = max(depths.values())
     result.ranks = version_ranks(store)
     result.drills = drill_summaries(store, now)
     return result
