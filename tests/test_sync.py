@@ -25,6 +25,7 @@ import chunkstore
 from chunkstore.backends.wrappers import ForwardingBackend
 from chunkstore.cli import cli
 from chunkstore.errors import InvalidInputError, InvalidSettingError, NotAStoreError, SelectorError
+from chunkstore.format.manifest import TensorEntry
 from tests.s3server import create_bucket, remove_bucket, s3_endpoint, storage_options
 
 __all__ = ["s3_endpoint"]  # the session fixture, re-exported so pytest finds it here
@@ -451,3 +452,36 @@ def test_local_to_s3_to_local_is_bit_exact_and_twice_copies_nothing(
             assert_whole(there, versions)
     finally:
         remove_bucket(s3_endpoint, bucket)
+
+
+def test_a_destination_with_a_smaller_delta_depth_takes_the_chains_as_they_are(
+        tmp_path: Path) -> None:
+    """A mirror made with shorter chains (an earlier release's default) takes a source's
+    longer chains bit-exact; its own next save on top keeps to its own depth."""
+    with chunkstore.open(tmp_path / "dst", create=True, chunk_size=CHUNK, delta_depth=1):
+        pass
+    with chunkstore.open(tmp_path / "src", create=True, chunk_size=CHUNK,
+                         delta_depth=3) as src:
+        versions = fill(src, range(16), runs=("a",))  # a chunk changes every 7 steps
+        newest = src.open_version(max(versions, key=lambda v: versions[v][1])).entry(
+            "model.embed")
+        assert isinstance(newest, TensorEntry)
+        assert max(len(newest.shards[0].chain(i)) for i in range(len(newest.shards[0].chunks))
+                   ) > 1, "the test must copy chains longer than the destination's depth"
+    result = chunkstore.sync(tmp_path / "src", tmp_path / "dst", verify=True)
+    assert result.ok and sorted(result.copied) == sorted(versions)
+    with chunkstore.open(tmp_path / "dst", create=False) as dst:
+        assert dst.config.delta_depth == 1
+        assert_whole(dst, versions)
+        step = max(step for _, step in versions.values()) + 1
+        before = dst.open_version(f"a@{step - 1}").entry("model.embed")
+        added = save(dst, "a", step)
+        entry = dst.open_version(added).entry("model.embed")
+        assert isinstance(before, TensorEntry) and isinstance(entry, TensorEntry)
+        # What the save wrote keeps to the destination's depth; what it reused keeps the
+        # chain it was copied with.
+        shard, old = entry.shards[0], set(before.shards[0].chunks)
+        new = [i for i, digest in enumerate(shard.chunks) if digest not in old]
+        assert new and all(len(shard.chain(i)) <= 1 for i in new)
+        assert any(len(shard.chain(i)) > 1 for i in range(len(shard.chunks)) if i not in new)
+        assert_whole(dst, {**versions, added: ("a", step)})

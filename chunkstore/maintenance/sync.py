@@ -132,11 +132,9 @@ def check_pair(src: StoreHandle, dst: StoreHandle) -> None:
             f"{dst.url} has chunk size {dst.config.chunk_size}, {src.url} has"
             f" {src.config.chunk_size}: a copy keeps the chunks as they are, so both must"
             " have one chunk size; sync into a new (or empty) location instead")
-    if dst.config.delta_depth < src.config.delta_depth:
-        raise InvalidSettingError(
-            f"{dst.url} allows delta chains of {dst.config.delta_depth}, {src.url} builds"
-            f" them up to {src.config.delta_depth}: copied versions would hold chains longer"
-            " than the destination allows; sync into a new (or empty) location instead")
+    # A smaller delta depth in the destination is no obstacle: the copied chains keep
+    # their length (readers take chains of any listed length), and the destination's
+    # own saves start a new chain wherever a listed one is at its depth or longer.
 
 
 def _same_location(src: StoreHandle, dst: StoreHandle) -> bool:
