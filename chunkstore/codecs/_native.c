@@ -184,8 +184,10 @@ done:
             memcpy(out + i * (bits / 8), &z, bits / 8);                           \
         }                                                                         \
     }                                                                             \
-    static void unzigzag_add_##bits(uint8_t *image, const uint8_t *base,          \
-                                    Py_ssize_t count)                             \
+    /* out = base + unzigzag(image); out may be either input (each element is   \
+     * read before it is written). */                                             \
+    static void unzigzag_add_##bits(uint8_t *out, const uint8_t *image,           \
+                                    const uint8_t *base, Py_ssize_t count)        \
     {                                                                             \
         for (Py_ssize_t i = 0; i < count; i++) {                                  \
             uint##bits##_t z, b;                                                  \
@@ -193,7 +195,7 @@ done:
             memcpy(&b, base + i * (bits / 8), bits / 8);                          \
             uint##bits##_t d = (uint##bits##_t)((z >> 1) ^ (uint##bits##_t)(0u - (z & 1u))); \
             uint##bits##_t r = (uint##bits##_t)(b + d);                           \
-            memcpy(image + i * (bits / 8), &r, bits / 8);                         \
+            memcpy(out + i * (bits / 8), &r, bits / 8);                           \
         }                                                                         \
     }
 
@@ -310,10 +312,10 @@ static PyObject *native_unzigzag_add(PyObject *self, PyObject *args)
         Py_ssize_t count = image.len / size;
         Py_BEGIN_ALLOW_THREADS
         switch (size) {
-        case 1: unzigzag_add_8(im, b, count); break;
-        case 2: unzigzag_add_16(im, b, count); break;
-        case 4: unzigzag_add_32(im, b, count); break;
-        default: unzigzag_add_64(im, b, count); break;
+        case 1: unzigzag_add_8(im, im, b, count); break;
+        case 2: unzigzag_add_16(im, im, b, count); break;
+        case 4: unzigzag_add_32(im, im, b, count); break;
+        default: unzigzag_add_64(im, im, b, count); break;
         }
         Py_END_ALLOW_THREADS
         result = Py_NewRef(Py_None);
@@ -380,27 +382,6 @@ done:
     return result;
 }
 
-/* A sparse-delta link (codec 6) applied in place: chunk += unzigzag(values), run by
- * run; values holds the runs' images one after another. */
-#define RUN_LANE_LOOP(bits)                                                       \
-    static void add_unzigzag_##bits(uint8_t *chunk, const uint8_t *values,        \
-                                    Py_ssize_t count)                             \
-    {                                                                             \
-        for (Py_ssize_t i = 0; i < count; i++) {                                  \
-            uint##bits##_t z, b;                                                  \
-            memcpy(&z, values + i * (bits / 8), bits / 8);                        \
-            memcpy(&b, chunk + i * (bits / 8), bits / 8);                         \
-            uint##bits##_t d = (uint##bits##_t)((z >> 1) ^ (uint##bits##_t)(0u - (z & 1u))); \
-            uint##bits##_t r = (uint##bits##_t)(b + d);                           \
-            memcpy(chunk + i * (bits / 8), &r, bits / 8);                         \
-        }                                                                         \
-    }
-
-RUN_LANE_LOOP(8)
-RUN_LANE_LOOP(16)
-RUN_LANE_LOOP(32)
-RUN_LANE_LOOP(64)
-
 PyDoc_STRVAR(add_runs_doc,
 "unzigzag_add_runs(chunk, starts, counts, values, element_size)\n\n"
 "For each run i (starts and counts: int64 buffers of one length), the elements\n"
@@ -445,10 +426,10 @@ static PyObject *native_unzigzag_add_runs(PyObject *self, PyObject *args)
         for (Py_ssize_t i = 0; i < runs; i++) {
             uint8_t *at = o + s[i] * size;
             switch (size) {
-            case 1: add_unzigzag_8(at, v, c[i]); break;
-            case 2: add_unzigzag_16(at, v, c[i]); break;
-            case 4: add_unzigzag_32(at, v, c[i]); break;
-            default: add_unzigzag_64(at, v, c[i]); break;
+            case 1: unzigzag_add_8(at, v, at, c[i]); break;
+            case 2: unzigzag_add_16(at, v, at, c[i]); break;
+            case 4: unzigzag_add_32(at, v, at, c[i]); break;
+            default: unzigzag_add_64(at, v, at, c[i]); break;
             }
             v += c[i] * size;
         }
