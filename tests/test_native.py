@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chunkstore.codecs import native, planes
+from chunkstore.codecs import GIL_FREE_COPY_BYTES, copy_bytes, native, planes
 from chunkstore.codecs.shuffle import SHUFFLE_ZSTD
 from chunkstore.codecs.sparsedelta import SPARSE_DELTA
 from chunkstore.codecs.subdelta import SUB_DELTA, unzigzag_add_numpy, zigzag_numpy
@@ -218,3 +218,16 @@ def test_sparse_delta_runs_outside_the_chunk_are_refused_with_nothing_changed() 
         with pytest.raises(ValueError, match="sparse-delta"):
             native.MODULE.unzigzag_add_runs(chunk, runs, counts, values, 4)
         assert chunk == bytearray(16)
+
+
+@pytest.mark.parametrize("size", [0, 1, GIL_FREE_COPY_BYTES - 1, GIL_FREE_COPY_BYTES,
+                                  3 * GIL_FREE_COPY_BYTES + 5])
+def test_copy_bytes_fills_the_buffer_and_refuses_another_length(size: int) -> None:
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    out = bytearray(size)
+    copy_bytes(memoryview(out), data)
+    assert out == data
+    for other in (1, size + 1):  # one byte would broadcast through numpy
+        if other != size:
+            with pytest.raises(ValueError):
+                copy_bytes(memoryview(bytearray(size)), bytes(other))

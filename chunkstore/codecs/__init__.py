@@ -8,6 +8,26 @@ from __future__ import annotations
 
 import abc
 
+import numpy as np
+
+#: Copies at least this long go through numpy, which lets go of the GIL while it copies:
+#: a memoryview slice assignment holds it, so read threads copying raw chunks took
+#: turns (two threads copying 4 MiB each: 0.95x one thread's rate, through numpy 1.89x).
+GIL_FREE_COPY_BYTES = 64 * 1024
+
+
+def copy_bytes(out: memoryview, data: bytes | memoryview) -> None:
+    """``out[:] = data`` for byte buffers of equal length (``ValueError`` otherwise),
+    without holding the GIL through a long copy."""
+    if out.nbytes < GIL_FREE_COPY_BYTES:
+        out[:] = data
+        return
+    source = np.frombuffer(data, dtype=np.uint8)
+    target = np.frombuffer(out, dtype=np.uint8)
+    if source.size != target.size:  # copyto would broadcast a single byte
+        raise ValueError(f"{source.size} bytes do not fill a buffer of {target.size}")
+    np.copyto(target, source)
+
 
 class Codec(abc.ABC):
     """Turns a chunk's raw bytes into a payload and back."""
@@ -27,7 +47,7 @@ class Codec(abc.ABC):
 
     def decode_into(self, payload: memoryview, out: memoryview, element_size: int) -> None:
         """Decode into ``out`` (exactly the raw length); codecs override it to skip a copy."""
-        out[:] = self.decode(payload, len(out), element_size)
+        copy_bytes(out, self.decode(payload, len(out), element_size))
 
     def image_of(self, raw: memoryview, base: bytes | memoryview, element_size: int
                  ) -> memoryview:

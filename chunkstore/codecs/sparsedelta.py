@@ -33,7 +33,7 @@ import struct
 
 import numpy as np
 
-from chunkstore.codecs import native
+from chunkstore.codecs import copy_bytes, native
 from chunkstore.codecs.subdelta import SUB_DELTA, SubDeltaCodec, lane_of, unzigzag_add_numpy
 from chunkstore.codecs.zstd import compressor, decompress
 
@@ -139,7 +139,7 @@ class SparseDeltaCodec(SubDeltaCodec):
         return image.view(np.uint8).data
 
     def decode_into(self, payload: memoryview, out: memoryview, element_size: int) -> None:
-        out[:] = self.decode(payload, len(out), element_size)
+        copy_bytes(out, self.decode(payload, len(out), element_size))
 
     def decode_onto(self, payload: memoryview, base: bytes | memoryview, out: memoryview,
                     element_size: int) -> None:
@@ -147,7 +147,7 @@ class SparseDeltaCodec(SubDeltaCodec):
         if len(base) != len(out):
             raise ValueError(f"a base of {len(base)} bytes for a chunk of {len(out)}")
         starts, counts, values = self._runs(payload, len(out), element_size)
-        out[:] = base
+        copy_bytes(out, base)
         _add_runs(out, starts, counts, values, element_size)
 
     def apply_in_place(self, payload: memoryview, chunk: memoryview, element_size: int

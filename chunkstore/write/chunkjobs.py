@@ -19,6 +19,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from chunkstore.codecs import copy_bytes
 from chunkstore.codecs.policy import encode_with_policy
 from chunkstore.errors import ChunkStoreError
 from chunkstore.format.chunkobj import ChunkHeader, decode_object, encode_object, parse_header
@@ -100,7 +101,7 @@ class ChunkJobs(Reuse):
         copies = self._parent.copies
         copy = copies.buffer(len(view)) if copies.copy_first(place) else None
         if copy is not None:  # hashed, encoded and written from the copy, never the array
-            memoryview(copy)[:] = view
+            copy_bytes(memoryview(copy), view)
             view = memoryview(copy)
         base_copy = None if base is None else copies.base(place, base.digest)
         try:
