@@ -33,13 +33,21 @@ def core_table(core: dict[str, Any]) -> list[str]:
         f"| torch.save / torch.load | {t['save_gbps']:.2f} GB/s | {t['save_gbps']:.2f} GB/s |"
         f" {t['load_gbps']:.2f} GB/s | {core['logical_bytes'] / 1e9:.2f} GB per version |",
     ]
+    st = core.get("safetensors")
+    if st is not None:
+        lines.append(f"| safetensors save_file / load_file | {st['save_gbps']:.2f} GB/s |"
+                     f" {st['save_gbps']:.2f} GB/s | {st['load_gbps']:.2f} GB/s (not checked) |"
+                     f" {core['logical_bytes'] / 1e9:.2f} GB per version |")
     for key, label in (("chunkstore-none", "chunkstore, no compression"),
                        ("chunkstore-auto", "chunkstore, compression auto")):
         r = core[key]
+        versus = f"{r['restore_vs_torch_load']:.2f}x"
+        if "restore_time_vs_safetensors" in r:
+            versus += f"; {r['restore_time_vs_safetensors']:.2f}x safetensors' time"
         lines.append(
             f"| {label} | {r['first_save_gbps']:.2f} GB/s ({r['first_save_vs_torch_save']:.2f}x)"
             f" | {r['resave_gbps']:.2f} GB/s ({r['resave_vs_torch_save']:.1f}x)"
-            f" | {r['restore_gbps']:.2f} GB/s ({r['restore_vs_torch_load']:.2f}x)"
+            f" | {r['restore_gbps']:.2f} GB/s ({versus})"
             f" | {r['physical_bytes'] / 1e9:.2f} GB, then ~0 per unchanged version |")
     return lines
 
