@@ -134,10 +134,13 @@ def _objects_cell(r: dict[str, Any]) -> str:
 
 def detail_table(records: list[dict[str, Any]]) -> list[str]:
     lines = ["| workload | system | stored after N | added per save | save (first / then)"
-             " | pause | restore latest / oldest | peak RSS (state loaded) | verified |",
+             " | pause | restore latest / oldest | peak RSS (state loaded; base copies)"
+             " | verified |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in records:
-        rss = (f"{r['peak_rss_bytes'] / MB:.0f} MB ({r['baseline_rss_bytes'] / MB:.0f} MB)"
+        copies = r.get("base_copies_bytes")
+        held = "" if copies is None else f"; {copies / MB:.0f} MB"
+        rss = (f"{r['peak_rss_bytes'] / MB:.0f} MB ({r['baseline_rss_bytes'] / MB:.0f} MB{held})"
                if r.get("rss_isolated", True) else "shared process")
         pause = _pause_cell(r)
         lines.append(
@@ -190,7 +193,10 @@ def markdown(folder: Path) -> str:
         "",
         "## Per workload and system", "",
         "Peak RSS of the process that made the sync saves, with what it held once the"
-        " state was loaded (the rest is what saving added).", "",
+        " state was loaded (the rest is what saving added) and, for chunkstore, what the"
+        " store handle's base copies held after the last save (copies of the chunks it"
+        " wrote, kept as the next save's delta bases: `Store.base_copies.budget`, 1 GiB by"
+        " default; part of the peak).", "",
         *detail_table(records), "",
     ]
     core, pause = _load(folder, "core.json"), _load(folder, "pause.json")

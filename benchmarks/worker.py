@@ -190,6 +190,10 @@ def run(trace_dir: Path, system_name: str, work_dir: Path, repeat: int,
     system = open_sync(system_name, work_dir / "sync")
     save_times, stored, objects, save_spans = save_all(system, reader, turns)
     peak_rss = peak_rss_bytes()
+    # chunkstore: the copies of the last save's chunks the handle keeps as the next
+    # save's delta bases (part of the peak above)
+    copies = getattr(getattr(system, "store", None), "base_copies", None)
+    base_copies = copies.held() if copies is not None else None
     restore_s, latest_ok = restore_one(system, reader, reader.versions[-1], repeat, turns)
     restore_oldest_s, oldest_ok = restore_one(system, reader, reader.versions[0], repeat,
                                               turns)
@@ -208,7 +212,7 @@ def run(trace_dir: Path, system_name: str, work_dir: Path, repeat: int,
         "logical_bytes": logical, "physical_bytes": stored[-1],
         "amplification": stored[-1] / logical,
         "save_s": steady(save_times), "pause_s": steady(pauses) if pauses else steady(save_times),
-        "restore_s": restore_s, "peak_rss_bytes": peak_rss,
+        "restore_s": restore_s, "peak_rss_bytes": peak_rss, "base_copies_bytes": base_copies,
         "pause_kind": "async" if pauses else "sync (no async save)",
         "first_save_s": save_times[0], "first_pause_s": pauses[0] if pauses else None,
         "restore_oldest_s": restore_oldest_s, "restore_verified": latest_ok and oldest_ok,
