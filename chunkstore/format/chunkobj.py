@@ -103,17 +103,20 @@ def encode_object(header: ChunkHeader, payload: bytes | memoryview) -> bytes:
 
 
 def decode_object(digest: Digest, data: bytes | memoryview, out: memoryview | None = None,
-                  base: bytes | memoryview | None = None) -> bytes | memoryview:
+                  base: bytes | memoryview | None = None, header: ChunkHeader | None = None
+                  ) -> bytes | memoryview:
     """Decode a whole chunk object and verify it hashes to ``digest``.
 
     With ``out`` (exactly the raw length) the bytes are decoded into it and
     ``out`` is returned; on an integrity error it holds garbage.  Every step
     is bounded by the header's raw length, which is checked before anything
     is allocated (against ``out`` when given).  A delta object needs its
-    base's raw bytes in ``base`` (already verified by the caller).
+    base's raw bytes in ``base`` (already verified by the caller).  ``header``:
+    what :func:`parse_header` gave for ``data``, where the caller has it.
     """
     view = memoryview(data)
-    header = parse_header(digest, view)
+    if header is None:
+        header = parse_header(digest, view)
     codec = codecs.by_id(header.codec_id)
     assert codec is not None  # parse_header checked it
     if header.base is not None and codec.needs_base:
@@ -169,6 +172,5 @@ def _payload(digest: Digest, header: ChunkHeader, view: memoryview, out: memoryv
 
 
 def check_digest(digest: Digest, raw: bytes | memoryview) -> None:
-    actual = Digest.of(raw)
-    if actual != digest:
-        raise CorruptChunkError(digest.hex, f"content hashes to {actual.short(16)}")
+    if not digest.is_hash_of(raw):
+        raise CorruptChunkError(digest.hex, f"content hashes to {Digest.of(raw).short(16)}")

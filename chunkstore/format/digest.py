@@ -32,6 +32,11 @@ class Digest:
         """Hash ``data``; large inputs release the GIL so threads overlap."""
         return cls(blake3.blake3(data).digest())
 
+    def is_hash_of(self, data: bytes | memoryview) -> bool:
+        """Whether ``data`` hashes to this digest (what a read checks of every chunk;
+        no Digest is made for the comparison)."""
+        return blake3.blake3(data).digest() == self.raw
+
     @classmethod
     def parse(cls, text: str) -> Digest:
         """Parse 64 lowercase hex characters; ``ValueError`` otherwise."""

@@ -113,7 +113,7 @@ def decode_chain(store: StoreHandle, digest: Digest, data: bytes | memoryview,
     """
     header = parse_header(digest, data)
     if header.base is None or not _is_delta(header.codec_id):
-        return decode_object(digest, data, out)
+        return decode_object(digest, data, out, header=header)
     _check_base(digest, header, chain)
     if out is not None and header.raw_length != len(out):  # before any base is read
         raise CorruptChunkError(digest.hex, f"holds {header.raw_length} bytes, the manifest"

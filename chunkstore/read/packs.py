@@ -388,7 +388,7 @@ def _decode_member(store: StoreHandle, digest: Digest, location: PackLocation, d
     header = member_header(digest, data)
     _check_member_length(digest, location, data, header, out)
     if header.base is None:
-        decode_object(digest, data, out)
+        decode_object(digest, data, out, header=header)
         return
     bases, locations = chain
     decode_chain(store, digest, data, bases, out, cache, check_links=check_links,

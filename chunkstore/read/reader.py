@@ -28,7 +28,6 @@ from chunkstore.format.shards import (
     check_box,
     is_sharded,
     scatter_shards,
-    shard_bases,
 )
 from chunkstore.handle.caches import BaseCache
 from chunkstore.handle.tree import FlatTree, Leaf, flatten, read_node
@@ -147,13 +146,15 @@ def chunk_reads(entry: TensorEntry, chunk_size: int) -> list[ChunkRead]:
     """
     itemsize = element_size(entry.dtype)
     reads: list[ChunkRead] = []
-    for base, shard in zip(shard_bases(entry), entry.shards, strict=True):
+    base = 0  # where the shard's bytes start (shard_bases, summed as the loop goes)
+    for shard in entry.shards:
         if shard.chunk_bytes > chunk_size:
             raise ValueError(f"chunks of {shard.chunk_bytes} bytes exceed the store's chunk size"
                              f" {chunk_size}")
-        reads.extend((digest, base + start, length, shard.chain(i), shard.location(i),
-                      shard.chain_locations(i))
-                     for i, (digest, start, length) in enumerate(shard.chunk_spans(itemsize)))
+        for i, (digest, start, length) in enumerate(shard.chunk_spans(itemsize)):
+            reads.append((digest, base + start, length, shard.chain(i), shard.location(i),
+                          shard.chain_locations(i)))
+        base += shard.nbytes(itemsize)
     return reads
 
 
@@ -298,9 +299,10 @@ class VersionReader:
 
     def _check_buffer(self, name: str, entry: TensorEntry, out: np.ndarray,
                       dtype: str | None) -> None:
-        expected = f"{entry.dtype}{list(entry.shape)}"
+        # The messages are made only for an error: every tensor of a restore comes here.
         if not isinstance(out, np.ndarray):
-            raise ShapeMismatchError(name, expected, type(out).__name__)
+            raise ShapeMismatchError(name, f"{entry.dtype}{list(entry.shape)}",
+                                     type(out).__name__)
         if dtype is None:
             try:
                 have = dtype_name(out.dtype)
@@ -308,11 +310,12 @@ class VersionReader:
                 have = str(out.dtype)
         else:
             have = dtype if out.dtype.itemsize == element_size(dtype) else str(out.dtype)
-        actual = f"{have}{list(out.shape)}"
-        if have != entry.dtype or tuple(out.shape) != entry.shape:
-            raise ShapeMismatchError(name, expected, actual)
+        if have != entry.dtype or out.shape != entry.shape:
+            raise ShapeMismatchError(name, f"{entry.dtype}{list(entry.shape)}",
+                                     f"{have}{list(out.shape)}")
         if out.dtype.byteorder == ">" or not out.flags.c_contiguous or not out.flags.writeable:
-            raise ShapeMismatchError(name, expected, f"{actual} (not a writeable C-contiguous"
+            raise ShapeMismatchError(name, f"{entry.dtype}{list(entry.shape)}",
+                                     f"{have}{list(out.shape)} (not a writeable C-contiguous"
                                      " little-endian buffer)")
 
     def get_data(self, name: str) -> Any:
