@@ -26,6 +26,8 @@ MAX_DEPTH = 200
 #: Integers have at most this many decimal digits (Python's default limit on
 #: int/str conversion, so every reader can parse what a writer wrote).
 MAX_INT_DIGITS = 4300
+#: Ints strictly between -_SMALL and _SMALL have far fewer than MAX_INT_DIGITS digits.
+_SMALL = 1 << 64
 HASHABLE_TAGS = frozenset({"$tuple", "$bytes", "$float"})
 
 
@@ -105,6 +107,10 @@ FAST_DEPTH = 64
 def _fast_value(node: Any, depth: int) -> Any:
     """:func:`from_tree` for trees with nothing to refuse, recursively; raises
     ``_Unusual`` for anything it does not decode exactly as the iterative walk."""
+    # Most nodes of a state's skeleton are names and sizes: an ASCII str, an int of
+    # 64 bits at most, taken as they are; any other str or int is checked in full.
+    if (type(node) is str and node.isascii()) or (type(node) is int and -_SMALL < node < _SMALL):
+        return node
     if type(node) is list:
         if depth >= FAST_DEPTH:
             raise _Unusual
@@ -236,6 +242,9 @@ class _Unusual(Exception):
 def _fast_tree(value: object, depth: int) -> object:
     """:func:`_to_json` for values of the exact built-in types, without paths; raises
     ``_Unusual`` for anything else (subclasses, numpy scalars, values to refuse)."""
+    if (type(value) is str and value.isascii()) or (type(value) is int
+                                                    and -_SMALL < value < _SMALL):
+        return value  # as in _fast_value
     if type(value) is list:
         if depth >= MAX_DEPTH:
             raise _Unusual
