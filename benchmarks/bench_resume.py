@@ -211,6 +211,8 @@ def _instrument(phases: _Phases) -> None:
         finally:
             phases.add("hash", time.perf_counter() - start)
     Digest.of = classmethod(hashed)  # type: ignore[method-assign,assignment]
+    if hasattr(Digest, "is_hash_of"):  # what a read checks each chunk with (not in a baseline
+        phases.wrap(Digest, "is_hash_of", "hash")  # made before it: there Digest.of is)
     original_jobs = reader.run_jobs
 
     def jobs_timed(executor: Any, jobs: list[Callable[[], None]], at_once: int) -> None:
