@@ -28,6 +28,7 @@ from chunkstore.format.shards import (
     check_box,
     is_sharded,
     scatter_shards,
+    shard_bases,
 )
 from chunkstore.handle.caches import BaseCache
 from chunkstore.handle.tree import FlatTree, Leaf, flatten, read_node
@@ -146,15 +147,13 @@ def chunk_reads(entry: TensorEntry, chunk_size: int) -> list[ChunkRead]:
     """
     itemsize = element_size(entry.dtype)
     reads: list[ChunkRead] = []
-    base = 0  # where the shard's bytes start (shard_bases, summed as the loop goes)
-    for shard in entry.shards:
+    for base, shard in zip(shard_bases(entry), entry.shards, strict=True):
         if shard.chunk_bytes > chunk_size:
             raise ValueError(f"chunks of {shard.chunk_bytes} bytes exceed the store's chunk size"
                              f" {chunk_size}")
         for i, (digest, start, length) in enumerate(shard.chunk_spans(itemsize)):
             reads.append((digest, base + start, length, shard.chain(i), shard.location(i),
                           shard.chain_locations(i)))
-        base += shard.nbytes(itemsize)
     return reads
 
 
