@@ -145,3 +145,39 @@ def test_an_index_of_the_wrong_shape_is_set_aside(saved: Path, shape: str) -> No
     assert "damaged" in done.stderr and "set aside" in done.stderr
     assert "r@2" in done.stdout
     assert_store_works(saved)
+
+
+def test_an_index_deleted_while_it_is_opened_is_made_again(
+        saved: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process deletes the index directory between its creation and LMDB's open
+    (an index may be deleted at any time): the open makes it again and goes on; a
+    directory that stays unopenable for another reason is still an error."""
+    import shutil
+
+    import lmdb
+
+    from chunkstore.errors import BackendError
+    from chunkstore.index import indexfile
+
+    real_open = lmdb.open
+    deletions = []
+
+    def open_after_a_deletion(path: str, **options: object) -> lmdb.Environment:
+        if len(deletions) < 2:  # twice: the second open's directory goes too
+            deletions.append(path)
+            shutil.rmtree(path)  # gone after LMDB made it, before it opened its file:
+            return real_open(path, **{**options, "create": False})  # ENOENT, as then
+        return real_open(path, **options)
+
+    monkeypatch.setattr(lmdb, "open", open_after_a_deletion)
+    with chunkstore.open(saved) as store:
+        assert [v.step for v in store.versions("r")] == [1, 2]
+        np.testing.assert_array_equal(store.open_version("r@2").get("w"), W * 2)
+    assert len(deletions) == 2
+
+    def refused(path: str, **options: object) -> lmdb.Environment:
+        raise lmdb.Error(path, os.strerror(13))  # EACCES: not a vanished directory
+
+    monkeypatch.setattr(lmdb, "open", refused)
+    with pytest.raises(BackendError, match="cannot open the index"):
+        indexfile.open_env(str(saved / "index"), indexfile.MIN_MAP_SIZE)

@@ -133,12 +133,29 @@ def open_env(path: str, size: int) -> tuple[lmdb.Environment, bool]:
     if reason is not None:
         set_aside(path, reason)
         damaged = True
-    os.makedirs(path, exist_ok=True)
-    try:
-        return _open_with_fallback(path, size), damaged
-    except DAMAGE as exc:
-        set_aside(path, f"{type(exc).__name__}: {exc}")
-        return _open_with_fallback(path, size), True
+    for attempt in range(OPEN_ATTEMPTS):
+        os.makedirs(path, exist_ok=True)
+        try:
+            return _open_with_fallback(path, size), damaged
+        except DAMAGE as exc:
+            set_aside(path, f"{type(exc).__name__}: {exc}")
+            return _open_with_fallback(path, size), True
+        except BackendError as exc:
+            # An index may be deleted at any time (it is a cache): one removed between
+            # the makedirs and the open is made again, as if it had gone just before.
+            if attempt == OPEN_ATTEMPTS - 1 or not _vanished(exc):
+                raise
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+#: Opens of an index whose directory another process keeps deleting, before giving up.
+OPEN_ATTEMPTS = 5
+
+
+def _vanished(exc: BackendError) -> bool:
+    """Whether an open failed because the index directory was gone (ENOENT)."""
+    cause = exc.__cause__
+    return isinstance(cause, lmdb.Error) and os.strerror(errno.ENOENT) in str(cause)
 
 
 def _open_with_fallback(path: str, size: int) -> lmdb.Environment:
