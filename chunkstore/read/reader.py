@@ -299,9 +299,11 @@ class VersionReader:
     def _check_buffer(self, name: str, entry: TensorEntry, out: np.ndarray,
                       dtype: str | None) -> None:
         # The messages are made only for an error: every tensor of a restore comes here.
+        def mismatch(actual: str) -> ShapeMismatchError:
+            return ShapeMismatchError(name, f"{entry.dtype}{list(entry.shape)}", actual)
+
         if not isinstance(out, np.ndarray):
-            raise ShapeMismatchError(name, f"{entry.dtype}{list(entry.shape)}",
-                                     type(out).__name__)
+            raise mismatch(type(out).__name__)
         if dtype is None:
             try:
                 have = dtype_name(out.dtype)
@@ -310,12 +312,10 @@ class VersionReader:
         else:
             have = dtype if out.dtype.itemsize == element_size(dtype) else str(out.dtype)
         if have != entry.dtype or out.shape != entry.shape:
-            raise ShapeMismatchError(name, f"{entry.dtype}{list(entry.shape)}",
-                                     f"{have}{list(out.shape)}")
+            raise mismatch(f"{have}{list(out.shape)}")
         if out.dtype.byteorder == ">" or not out.flags.c_contiguous or not out.flags.writeable:
-            raise ShapeMismatchError(name, f"{entry.dtype}{list(entry.shape)}",
-                                     f"{have}{list(out.shape)} (not a writeable C-contiguous"
-                                     " little-endian buffer)")
+            raise mismatch(f"{have}{list(out.shape)} (not a writeable C-contiguous little-endian"
+                           " buffer)")
 
     def get_data(self, name: str) -> Any:
         leaf = self.entry(name)
