@@ -76,3 +76,34 @@ def test_a_store_keeps_incompressible_tensors_raw_and_reads_them_back(tmp_path: 
         np.testing.assert_array_equal(store.open_version("r@1").get("noise"), noise)
     assert noisy >= noise.nbytes
     assert compressed < 0.9 * weights.nbytes
+
+
+def test_auto_stores_a_tensor_under_raw_tensor_bytes_raw_and_others_compress_it(
+        tmp_path: Path) -> None:
+    """Compressing a small tensor costs more time than writing the bytes it saves
+    (benchmarks/bench_compress_rule.py): ``auto`` stores it raw; a tensor of
+    ``RAW_TENSOR_BYTES`` or more, a handle with ``raw_tensor_bytes = 0`` and the
+    explicit policies still compress it; every one reads back exact."""
+    limit = policy.RAW_TENSOR_BYTES
+    small = np.full(limit // 4 - 1, 1 / 3, dtype=np.float32)  # 4 bytes under the limit
+    large = np.full(limit // 4, 1 / 3, dtype=np.float32)
+
+    def stored(compression: str, array: np.ndarray, raw_below: int | None = None) -> int:
+        path = tmp_path / f"{compression}-{array.nbytes}-{raw_below}"
+        with chunkstore.open(path, compression=compression, create=True) as store:
+            assert store.raw_tensor_bytes == limit
+            if raw_below is not None:
+                store.raw_tensor_bytes = raw_below
+            with store.new_version(run="r", step=1) as version:
+                version.put("t", array)
+            np.testing.assert_array_equal(store.open_version("r@1").get("t"), array)
+            return version.info.new_stored_bytes
+
+    assert stored("auto", small) >= small.nbytes  # raw (and the manifest)
+    assert stored("auto", large) < 0.25 * large.nbytes
+    assert stored("auto", small, raw_below=0) < 0.25 * small.nbytes
+    assert stored("shuffle-zstd", small) < 0.25 * small.nbytes
+    assert stored("zstd", small) < 0.25 * small.nbytes
+    assert policy.tensor_policy("auto", limit - 1, limit) == "none"
+    assert policy.tensor_policy("auto", limit, limit) == "auto"
+    assert policy.tensor_policy("zstd", 1, limit) == "zstd"

@@ -93,7 +93,8 @@ def test_a_damaged_local_copy_is_read_from_the_mirror(tmp_path: Path) -> None:
         newest = ckpt.store.versions("r")[-1]
     for chunk in (local / "chunks").rglob("*"):  # damage every object of the local tier
         if chunk.is_file():
-            chunk.write_bytes(chunk.read_bytes()[:-1] + b"\0")
+            data = chunk.read_bytes()  # the last byte flipped (a zero byte stays damaged)
+            chunk.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
     with Checkpointer(local, run="r", mirror=mirror) as ckpt, \
             pytest.warns(RestoreFallbackWarning, match="local tier"):
         restored = model(0)

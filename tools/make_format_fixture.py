@@ -324,6 +324,9 @@ def build(root: Path) -> dict[str, Any]:
     versions = []
     with chunkstore.open(root, chunk_size=CHUNK_SIZE, compression="auto",
                          delta_depth=DELTA_DEPTH, node_size=NODE_SIZE, create=True) as store:
+        # The fixture's tensors are small, so that it stays small: compress them as
+        # larger ones are (else `auto` stores every one raw and no codec is pinned).
+        store.raw_tensor_bytes = 0
         meta: dict[str, object] = {"code_rev": "0123abc", "dataset": ("toy", 2),
                                    "note": "format fixture"}
         versions.append(_write_version(store, 1, arrays, data, meta))

@@ -3,7 +3,8 @@
 A policy is a store setting.  ``auto`` picks shuffle-zstd for multi-byte
 floating-point chunks and zstd for the rest, probes a small prefix first so
 incompressible chunks cost almost nothing, and stores raw whatever does not
-save at least ``MIN_SAVING`` of its size.
+save at least ``MIN_SAVING`` of its size; a writer stores a tensor under
+``RAW_TENSOR_BYTES`` raw (:func:`tensor_policy`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,16 @@ from chunkstore.format.dtypes import FLOAT_NAMES
 POLICIES = ("none", "zstd", "shuffle-zstd", "auto")
 MIN_SAVING = 0.05
 PROBE_BYTES = 64 * 1024
+#: Under ``auto`` a tensor smaller than this is stored raw (``Store.raw_tensor_bytes``
+#: of a handle).  Compressing pays in time where the bytes it saves take longer to
+#: write than compressing them takes on the cores doing it: at least write speed /
+#: cores bytes saved per CPU-second (``python -m benchmarks.bench_compress_rule``,
+#: ``benchmarks/results/compress_rule.json``).  Per call costs rule small tensors: on
+#: the suite's states one float tensor of at most 8 KiB took 7-25 us to encode and
+#: saved 10-65 MB per CPU-second (those of 256 KiB 220-270), which with two cores pays
+#: only where writing runs under ~130 MB/s; this machine's disk wrote and fsynced
+#: 0.33-1.6 GB/s.  LoRA's 288 adapter matrices are such tensors.
+RAW_TENSOR_BYTES = 16 * 1024
 
 
 def check_policy(name: str) -> str:
@@ -22,6 +33,12 @@ def check_policy(name: str) -> str:
         choices = ", ".join(POLICIES)
         raise InvalidSettingError(f"unknown compression {name!r}; choose one of {choices}")
     return name
+
+
+def tensor_policy(policy: str, tensor_bytes: int, raw_below: int) -> str:
+    """The policy a tensor of ``tensor_bytes`` is stored with: ``none`` under ``auto``
+    when it is smaller than ``raw_below``, else ``policy``."""
+    return "none" if policy == "auto" and tensor_bytes < raw_below else policy
 
 
 def _candidate(policy: str, dtype_name: str, element_size: int) -> codecs.Codec:

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from chunkstore.backends import Backend
+from chunkstore.codecs.policy import RAW_TENSOR_BYTES
 from chunkstore.errors import (
     AmbiguousSelectorError,
     ChunkStoreError,
@@ -153,6 +154,10 @@ class StoreHandle:
         #: (deltas included); False writes each as an object of its own, as releases
         #: before chunk format 5 did
         self.pack_delta_chunks = PACK_DELTA_CHUNKS
+        #: with compression ``auto``, saves store a tensor smaller than this raw, as
+        #: compressing it costs more time than writing the bytes it saves (0: compress
+        #: every tensor, as releases before this rule did; chunkstore.codecs.policy)
+        self.raw_tensor_bytes = RAW_TENSOR_BYTES
         #: saves inline a subtree into its parent tree node while it stays this small
         self.node_size = NODE_TARGET_BYTES
         # Objects a save of this handle found stored where a check costs a request

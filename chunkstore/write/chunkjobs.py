@@ -13,6 +13,7 @@ the same place in the run's previous version where that pays,
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from chunkstore.codecs import copy_bytes
-from chunkstore.codecs.policy import encode_with_policy
+from chunkstore.codecs.policy import encode_with_policy, tensor_policy
 from chunkstore.errors import ChunkStoreError
 from chunkstore.format.chunkobj import ChunkHeader, decode_object, encode_object, parse_header
 from chunkstore.format.digest import Digest, digests_of
@@ -204,10 +205,11 @@ class ChunkJobs(Reuse):
         return encode_delta(policy, view, base_raw, dtype, itemsize, known)
 
     def _encode(self, view: memoryview, dtype: str, itemsize: int, base: BaseSlot | None,
-                base_copy: bytearray | None = None
+                base_copy: bytearray | None = None, *, compression: str | None = None
                 ) -> tuple[ChunkHeader, bytes | memoryview, tuple[Digest, ...], Locations]:
         """The object's header and payload, and the chain it lists (with where its
-        bases lie): a delta against ``base`` when that pays."""
+        bases lie): a delta against ``base`` when that pays.  ``compression``: the
+        policy of a standalone encoding, when not the store's."""
         standalone = None
         if base is not None:
             delta, standalone, measured = self._delta_payload(view, dtype, itemsize, base,
@@ -219,8 +221,8 @@ class ChunkJobs(Reuse):
                 codec, payload = delta
                 header = ChunkHeader(codec.id, itemsize, len(view), len(payload), base.digest)
                 return (header, payload, *base.refs())
-        codec, payload = standalone or encode_with_policy(self._store.compression, view, dtype,
-                                                          itemsize)
+        codec, payload = standalone or encode_with_policy(compression or self._store.compression,
+                                                          view, dtype, itemsize)
         return ChunkHeader(codec.id, itemsize, len(view), len(payload)), payload, (), ()
 
     def _write(self, digest: Digest, view: memoryview, dtype: str, itemsize: int,
@@ -328,8 +330,11 @@ class ChunkJobs(Reuse):
         try:
             reused = self._reuse_small(chunk.digest, claim, claimed, location)
             if reused is None:
-                header, payload, _, _ = self._encode(chunk.view, chunk.dtype, chunk.itemsize,
-                                                     None)
+                tensor_bytes = math.prod(chunk.pending.shape) * chunk.itemsize
+                header, payload, _, _ = self._encode(
+                    chunk.view, chunk.dtype, chunk.itemsize, None,
+                    compression=tensor_policy(self._store.compression, tensor_bytes,
+                                              self._store.raw_tensor_bytes))
                 member = (header.pack(), payload)
         except BaseException:
             self._packs.add(seq, chunk.digest, None, 0)
