@@ -21,10 +21,10 @@ PROBE_BYTES = 64 * 1024
 #: write than compressing them takes on the cores doing it: at least write speed /
 #: cores bytes saved per CPU-second (``python -m benchmarks.bench_compress_rule``,
 #: ``benchmarks/results/compress_rule.json``).  Per call costs rule small tensors: on
-#: the suite's states one float tensor of at most 8 KiB took 7-25 us to encode and
-#: saved 10-65 MB per CPU-second (those of 256 KiB 220-270), which with two cores pays
-#: only where writing runs under ~130 MB/s; this machine's disk wrote and fsynced
-#: 0.33-1.6 GB/s.  LoRA's 288 adapter matrices are such tensors.
+#: the suite's states one float tensor of at most 8 KiB took 7-23 us to encode and
+#: saved at most 64 MB per CPU-second (those of 256 KiB 230-270), which with two cores
+#: pays only where writing runs under ~130 MB/s; this machine's disk wrote and fsynced
+#: 0.33-1.7 GB/s.  LoRA's 288 adapter matrices are such tensors.
 RAW_TENSOR_BYTES = 16 * 1024
 
 
