@@ -256,3 +256,19 @@ def test_a_local_read_runs_at_most_a_job_per_core_and_an_object_store_read_more(
         assert most <= 8
         if cores < 8:
             assert most > cores
+
+
+def test_a_local_store_defaults_to_fewer_worker_threads_than_an_object_store(
+        tmp_path: Path) -> None:
+    """Local writes wait less than requests: twice the cores, at least 4 threads locally
+    and at least 8 for an object store (whose requests are in flight at once)."""
+    import os
+
+    cores = os.cpu_count() or 2
+    with chunkstore.open(tmp_path / "s", create=True) as store:
+        assert store.threads == min(32, max(4, 2 * cores))
+    with chunkstore.open(f"memory://cs-{os.urandom(8).hex()}", create=True,
+                         index_dir=str(tmp_path / "memory-index")) as store:
+        assert store.threads == min(32, max(8, 2 * cores))
+    with chunkstore.open(tmp_path / "t", threads=3, create=True) as store:
+        assert store.threads == 3
