@@ -16,8 +16,6 @@ import time
 from types import TracebackType
 from typing import Any, Protocol, TextIO
 
-import click
-
 MIN_REDRAW_S = 0.1
 
 
@@ -83,6 +81,10 @@ class TerminalProgress:
         if not self._enabled:
             return
         self._total, self._pending = max(total, 0), 0
+        # click is imported here, when a bar is drawn: importing it costs some 50 ms,
+        # which `import chunkstore` (a resuming job's first step) would pay otherwise.
+        import click
+
         # An endless iterable gives click an unknown length (a bar without an end).
         units = None if self._total else itertools.repeat(None)
         self._bar = click.progressbar(units, length=self._total or None, label=label,

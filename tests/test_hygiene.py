@@ -21,6 +21,16 @@ def test_the_core_never_imports_torch() -> None:
     assert out.strip() == "[]"
 
 
+def test_the_library_does_not_import_the_cli_toolkit() -> None:
+    """A training job that imports chunkstore to save and restore does not pay for
+    click (the command line's toolkit): a progress bar imports it when it draws."""
+    code = ("import sys, chunkstore, torch_bridge\n"
+            "print('CLICK' if 'click' in sys.modules else 'CLEAN')\n")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True, timeout=120).stdout
+    assert out.strip() == "CLEAN"
+
+
 def test_the_cli_lists_the_torch_commands_without_importing_torch() -> None:
     code = ("import sys\nfrom chunkstore.cli import main\n"
             "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
