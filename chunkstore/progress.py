@@ -81,8 +81,8 @@ class TerminalProgress:
         if not self._enabled:
             return
         self._total, self._pending = max(total, 0), 0
-        # click is imported here, when a bar is drawn: importing it costs some 50 ms,
-        # which `import chunkstore` (a resuming job's first step) would pay otherwise.
+        # click is imported here, when a bar is drawn: a training job that imports
+        # chunkstore to save and restore never draws one (and need not load click).
         import click
 
         # An endless iterable gives click an unknown length (a bar without an end).

@@ -3,6 +3,7 @@ byte planes each on their own (compressed only where that pays)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -104,6 +105,14 @@ def test_auto_stores_a_tensor_under_raw_tensor_bytes_raw_and_others_compress_it(
     assert stored("auto", small, raw_below=0) < 0.25 * small.nbytes
     assert stored("shuffle-zstd", small) < 0.25 * small.nbytes
     assert stored("zstd", small) < 0.25 * small.nbytes
+    # A tensor of several chunks is compressed whatever its size, also where its chunks
+    # are packed as small tensors are (an object store without delta chains).
+    with chunkstore.open(f"memory://cs-{os.urandom(8).hex()}", chunk_size=4096, delta_depth=0,
+                         index_dir=str(tmp_path / "memory-index"), create=True) as store:
+        with store.new_version(run="r", step=1) as version:
+            version.put("t", small)
+        np.testing.assert_array_equal(store.open_version("r@1").get("t"), small)
+    assert version.info.new_stored_bytes < 0.5 * small.nbytes
     assert policy.tensor_policy("auto", limit - 1, limit) == "none"
     assert policy.tensor_policy("auto", limit, limit) == "auto"
     assert policy.tensor_policy("zstd", 1, limit) == "zstd"

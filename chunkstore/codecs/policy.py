@@ -3,8 +3,8 @@
 A policy is a store setting.  ``auto`` picks shuffle-zstd for multi-byte
 floating-point chunks and zstd for the rest, probes a small prefix first so
 incompressible chunks cost almost nothing, and stores raw whatever does not
-save at least ``MIN_SAVING`` of its size; a writer stores a tensor under
-``RAW_TENSOR_BYTES`` raw (:func:`tensor_policy`).
+save at least ``MIN_SAVING`` of its size; a writer stores a tensor of one chunk
+under ``RAW_TENSOR_BYTES`` raw (:func:`tensor_policy`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from chunkstore.format.dtypes import FLOAT_NAMES
 POLICIES = ("none", "zstd", "shuffle-zstd", "auto")
 MIN_SAVING = 0.05
 PROBE_BYTES = 64 * 1024
-#: Under ``auto`` a tensor smaller than this is stored raw (``Store.raw_tensor_bytes``
-#: of a handle).  Compressing pays in time where the bytes it saves take longer to
+#: Under ``auto`` a tensor of one chunk smaller than this is stored raw (a handle's
+#: ``raw_tensor_bytes``).  Compressing pays in time where the bytes it saves take longer to
 #: write than compressing them takes on the cores doing it: at least write speed /
 #: cores bytes saved per CPU-second (``python -m benchmarks.bench_compress_rule``,
 #: ``benchmarks/results/compress_rule.json``).  Per call costs rule small tensors: on

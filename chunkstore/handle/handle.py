@@ -160,9 +160,9 @@ class StoreHandle:
         #: (deltas included); False writes each as an object of its own, as releases
         #: before chunk format 5 did
         self.pack_delta_chunks = PACK_DELTA_CHUNKS
-        #: with compression ``auto``, saves store a tensor smaller than this raw, as
-        #: compressing it costs more time than writing the bytes it saves (0: compress
-        #: every tensor, as releases before this rule did; chunkstore.codecs.policy)
+        #: with compression ``auto``, saves store a tensor of one chunk smaller than this
+        #: raw, as compressing it costs more time than writing the bytes it saves (0:
+        #: compress every tensor, as releases before this rule did; codecs.policy)
         self.raw_tensor_bytes = RAW_TENSOR_BYTES
         #: saves inline a subtree into its parent tree node while it stays this small
         self.node_size = NODE_TARGET_BYTES

@@ -322,6 +322,14 @@ class ChunkJobs(Reuse):
         finally:
             self._inflight.release()
 
+    def _policy_of(self, chunk: SmallChunk) -> str:
+        """The policy a small chunk is encoded with: raw under ``auto`` for a tensor of
+        one chunk under ``raw_tensor_bytes`` (chunkstore.codecs.policy.tensor_policy)."""
+        if len(chunk.view) != math.prod(chunk.pending.shape) * chunk.itemsize:
+            return self._store.compression  # a chunk of a larger tensor
+        return tensor_policy(self._store.compression, len(chunk.view),
+                             self._store.raw_tensor_bytes)
+
     def _store_small(self, chunk: SmallChunk, claim: Callable[[Digest], Claim],
                      claimed: Claim, location: PackLocation | None, seq: int) -> StoredChunk:
         """Reuse the chunk, or encode it standalone and hand it to the open pack (its
@@ -330,11 +338,8 @@ class ChunkJobs(Reuse):
         try:
             reused = self._reuse_small(chunk.digest, claim, claimed, location)
             if reused is None:
-                tensor_bytes = math.prod(chunk.pending.shape) * chunk.itemsize
-                header, payload, _, _ = self._encode(
-                    chunk.view, chunk.dtype, chunk.itemsize, None,
-                    compression=tensor_policy(self._store.compression, tensor_bytes,
-                                              self._store.raw_tensor_bytes))
+                header, payload, _, _ = self._encode(chunk.view, chunk.dtype, chunk.itemsize,
+                                                     None, compression=self._policy_of(chunk))
                 member = (header.pack(), payload)
         except BaseException:
             self._packs.add(seq, chunk.digest, None, 0)
