@@ -240,6 +240,29 @@ class BackendConformance:
         backend.put("k", b"0123456789")
         assert backend.get_range("k", start, length) == expected
 
+    @pytest.mark.parametrize(
+        ("start", "length"),
+        [(0, 4), (3, 4), (8, 10), (10, 5), (25, 5), (4, 0), (0, 100)],
+    )  # fmt: skip
+    def test_view_range_is_get_range(self, backend: Backend, start: int, length: int) -> None:
+        backend.put("k", b"0123456789")
+        assert bytes(backend.view_range("k", start, length)) == b"0123456789"[start:start + length]
+
+    @pytest.mark.parametrize("start", [0, 1, 4096 + 7, 3 * MIB + 1])
+    def test_view_range_of_a_large_object(self, backend: Backend, start: int) -> None:
+        data = os.urandom(4 * MIB)
+        backend.put("big", data)
+        for length in (MIB, 4 * MIB):  # the second runs past the end
+            view = backend.view_range("big", start, length)
+            assert bytes(view) == data[start:start + length]
+            if isinstance(view, memoryview):
+                assert view.readonly
+
+    def test_view_range_of_a_missing_object(self, backend: Backend) -> None:
+        for length in (4, 2 * MIB):
+            with pytest.raises(FileNotFoundError):
+                backend.view_range("missing", 0, length)
+
     def test_read_into_full(self, backend: Backend) -> None:
         backend.put("k", b"0123456789")
         out = bytearray(4)

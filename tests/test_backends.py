@@ -54,6 +54,39 @@ class TestLocalBackend(BackendConformance):
         backend.put("a/b", b"x")
         assert (root / "a" / "b").read_bytes() == b"x"
 
+    def test_a_large_view_maps_the_file_and_outlives_its_deletion_and_replacement(
+            self, backend: Backend) -> None:
+        """A view of at least MAP_MIN_BYTES is the file mapped (read-only: a write is
+        refused, not a fault), and stays the bytes it was when the object is deleted or
+        replaced, as a store's GC and writers do (unlink, rename over)."""
+        from chunkstore.backends import local
+        data = os.urandom(2 * local.MAP_MIN_BYTES)
+        backend.put("a", data)
+        backend.put("b", data)
+        views = [backend.view_range(key, 5, len(data)) for key in ("a", "b")]
+        assert all(isinstance(view, memoryview) and view.readonly for view in views)
+        with pytest.raises(TypeError):
+            views[0][0] = 1  # type: ignore[index]
+        assert backend.delete("a")
+        backend.put("b", os.urandom(len(data)))  # a new file renamed over the old
+        assert [bytes(view) for view in views] == [data[5:]] * 2
+        small = backend.view_range("b", 0, local.MAP_MIN_BYTES - 1)
+        assert isinstance(small, bytes)  # a copy below the threshold
+
+    def test_a_kernel_that_cannot_populate_a_map_gets_copies(
+            self, backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+        """madvise refusing the populate advice (EINVAL: a kernel before 5.14; here an
+        advice no kernel knows) turns mapping off: the same bytes, copied."""
+        from chunkstore.backends import local
+        monkeypatch.setattr(local, "_POPULATE_READ", 9999)
+        monkeypatch.setattr(LocalBackend, "map_reads", True)
+        data = os.urandom(2 * local.MAP_MIN_BYTES)
+        backend.put("a", data)
+        for _ in range(2):
+            view = backend.view_range("a", 1, len(data))
+            assert isinstance(view, bytes) and view == data[1:]
+            assert LocalBackend.map_reads is False
+
     def test_temp_files_are_never_listed_or_left_behind(self, backend: Backend) -> None:
         backend.put("chunks/ab/ab01", b"x")
         assert backend.put_if_absent("chunks/ab/ab01", b"y") is False

@@ -21,11 +21,13 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
+import mmap
 import os
 import platform
 import re
 import secrets
 import stat as stat_module
+import sys
 from collections.abc import Callable, Iterator
 from typing import ClassVar
 
@@ -41,6 +43,17 @@ _NO_TMPFILE = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL,
 #: Deferred objects at least this large are fsynced on write (their directory
 #: entries still wait for the syncfs).
 EAGER_SYNC_BYTES = 1 << 20
+#: Ranged reads of at least this many bytes may be mapped (:meth:`LocalBackend.view_range`):
+#: below it a read's copy costs less than a mapping's set-up and removal.  Read and
+#: hashed from the page cache by a warm process: 64 KiB 15 us copied against 26 us
+#: mapped, 256 KiB 46 against 51, 1 MiB 189 against 184, 8 MiB 1.85 ms against 1.17;
+#: a new process also faults in every copy's fresh memory (MLP restore: 1,700 more
+#: page faults and 2-3 ms more with 1 MiB here).
+MAP_MIN_BYTES = 256 * 1024
+#: madvise(2) advice that populates a mapping and fails on a read error (Linux 5.14 and
+#: later; Python 3.11's mmap module does not name it); None where reads are never mapped.
+_POPULATE_READ: int | None = getattr(mmap, "MADV_POPULATE_READ",
+                                     22 if sys.platform == "linux" else None)
 #: Set to ``file`` to fsync every object on its own instead of one syncfs per save.
 SYNC_ENV_VAR = "CHUNKSTORE_LOCAL_SYNC"
 #: Set to ``0`` to write new objects through named temp files even where the
@@ -104,6 +117,9 @@ class LocalBackend(Backend):
     IGNORED_TOP_LEVEL: ClassVar[frozenset[str]] = frozenset({"index"})
     #: Basename prefix of in-flight temp files (never keys).
     TEMP_PREFIX: ClassVar[str] = ".tmp-"
+    #: Whether :meth:`view_range` maps larger ranges (False where the platform has no
+    #: way to populate a mapping and learn of a read error, or the kernel refused it).
+    map_reads: ClassVar[bool] = _POPULATE_READ is not None
 
     def __init__(self, root: str, *, batch_sync: bool | None = None) -> None:
         """Use ``root`` (made absolute) as the store directory; it is created on first write.
@@ -294,6 +310,44 @@ class LocalBackend(Backend):
                 return b"".join(parts)
             finally:
                 os.close(fd)
+
+    def view_range(self, key: str, start: int, length: int) -> bytes | memoryview:
+        """The file's bytes mapped read-only for ranges of at least :data:`MAP_MIN_BYTES`
+        (populated at once, where the kernel reports a read error doing so), else
+        :meth:`get_range`'s.  A mapped range costs no copy and no fresh memory: a
+        restore in a new process paid a page fault per 4 KiB of every buffer it read
+        packs into (an MLP's 126 MB state: 85-89 ms against 107-110).
+
+        A range the kernel could not populate (a read error) is read again by
+        :meth:`get_range`, which raises the error as any read does.  A store never
+        shortens a file in place (objects are written under a temporary name and
+        renamed, deleted by unlinking, which leaves a mapping readable), so the
+        mapping stays valid; a file cut short by something else while mapped, or a
+        page evicted and then unreadable, ends the process with SIGBUS, never with
+        wrong bytes."""
+        advice = _POPULATE_READ
+        if length < MAP_MIN_BYTES or advice is None or not LocalBackend.map_reads:
+            return self.get_range(key, start, length)
+        _check_range(start, length)
+        path = self._path(key)
+        with _missing_as_not_found(key):
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            try:
+                end = min(os.fstat(fd).st_size, start + length)
+                if end <= start:
+                    return b""
+                aligned = start - start % mmap.ALLOCATIONGRANULARITY
+                mapped = mmap.mmap(fd, end - aligned, access=mmap.ACCESS_READ, offset=aligned)
+            finally:
+                os.close(fd)
+        try:
+            mapped.madvise(advice)
+        except OSError as exc:
+            mapped.close()
+            if exc.errno == errno.EINVAL:  # a kernel before 5.14: copy from now on
+                LocalBackend.map_reads = False
+            return self.get_range(key, start, length)
+        return memoryview(mapped)[start - aligned:]  # read-only, as the mapping is
 
     def read_into(self, key: str, start: int, buffer: memoryview) -> int:
         """Fill ``buffer`` straight from the file (no intermediate copy); return bytes read."""

@@ -13,6 +13,8 @@ encoded; the config object always stays so (it says how to read the rest).  A
 transform that changes lengths (a nonce and tag per object) also owns the sizes
 :meth:`ObjectStore.stat` reports and the offsets of ranged reads: readers above
 compare a chunk's stored size with its header, and read pack members by offset.
+Reads that may map the stored bytes (:meth:`ObjectStore.view_range`) do so only
+while no transform is in place; with one they get :meth:`ObjectStore.get_range`'s.
 
 Errors keep the backend's contract: a missing object is ``FileNotFoundError``,
 a second create ``False``; the layers above turn them into domain errors, since
@@ -84,6 +86,17 @@ class ObjectStore:
         """Up to ``length`` bytes from ``start`` (fewer at the end of the object)."""
         return self._loaded_range(kind, start,
                                   self.backend.get_range(kind.key(object_id), start, length))
+
+    def view_range(self, kind: Kind[IdT], object_id: IdT, start: int, length: int
+                   ) -> bytes | memoryview:
+        """:meth:`get_range` as a read-only buffer that may map the stored object
+        (a local store's larger ranges: no copy, and no fresh memory to fault in), for
+        bytes that are decoded and dropped.  Keeping it keeps the mapping.  A store
+        whose objects are transformed (:meth:`_loaded_range` overridden) gets
+        :meth:`get_range`'s bytes."""
+        if type(self)._loaded_range is not ObjectStore._loaded_range:
+            return self.get_range(kind, object_id, start, length)
+        return self.backend.view_range(kind.key(object_id), start, length)
 
     def read_into(self, kind: Kind[IdT], object_id: IdT, start: int,
                   buffer: memoryview) -> int:

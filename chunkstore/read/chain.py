@@ -69,8 +69,8 @@ def _get(store: StoreHandle, digest: Digest, location: PackLocation | None, raw_
     try:
         # At most one byte more than any object of raw_length bytes can be: a padded
         # object is refused by its header check without being read whole.
-        return store.objects.get_range(CHUNKS, digest, 0, HEADER.size + DIGEST_SIZE
-                                       + raw_length + MAX_PAYLOAD_OVERHEAD + 1)
+        return store.objects.view_range(CHUNKS, digest, 0, HEADER.size + DIGEST_SIZE
+                                        + raw_length + MAX_PAYLOAD_OVERHEAD + 1)
     except FileNotFoundError:
         raise missing_chunk(store, digest) from None
 

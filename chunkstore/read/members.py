@@ -98,9 +98,9 @@ def _member_object(store: StoreHandle, digest: Digest, location: PackLocation,
         if found is not None:
             return checked_member(digest, location, found)
         try:
-            data = memoryview(store.objects.get_range(CHUNKS, location.pack,
-                                                      HEADER.size + location.offset,
-                                                      location.length))
+            data = memoryview(store.objects.view_range(CHUNKS, location.pack,
+                                                       HEADER.size + location.offset,
+                                                       location.length))
         except FileNotFoundError:
             ((_, location, _, _),) = forward_members(store, [(digest, location, memoryview(b""),
                                                        NO_CHAIN)], hops)

@@ -293,8 +293,8 @@ def prefetch_bases(store: StoreHandle, members: list[MemberRead], cache: BaseCac
             continue
         budget -= end - start
         try:
-            data = memoryview(store.objects.get_range(CHUNKS, run[0][1].pack,
-                                                      HEADER.size + start, end - start))
+            data = memoryview(store.objects.view_range(CHUNKS, run[0][1].pack,
+                                                       HEADER.size + start, end - start))
         except FileNotFoundError:
             continue
         for _, location, _, _ in run:
@@ -318,8 +318,8 @@ def read_members_into(store: StoreHandle, members: list[MemberRead], hops: int =
         check_listed_length(digest, location, len(out))
     start, end = member_span(members)
     try:
-        data = memoryview(store.objects.get_range(CHUNKS, pack, HEADER.size + start,
-                                                  end - start))
+        data = memoryview(store.objects.view_range(CHUNKS, pack, HEADER.size + start,
+                                                   end - start))
     except FileNotFoundError:
         def forwarded() -> None:
             for run in read_runs(forward_members(store, members, hops)):

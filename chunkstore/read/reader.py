@@ -84,7 +84,7 @@ def read_chunk_into(store: StoreHandle, digest: Digest, out: memoryview,
                                     f" manifest expects {len(out)}")
         # One byte more than the header promises, so padding is seen without
         # reading an object of any size.
-        data = objects.get_range(CHUNKS, digest, 0, header.size + header.payload_length + 1)
+        data = objects.view_range(CHUNKS, digest, 0, header.size + header.payload_length + 1)
     except FileNotFoundError:
         raise missing_chunk(store, digest) from None
     decode_chain(store, digest, data, chain, out, cache, check_links=check_links,
