@@ -30,7 +30,7 @@ they may add up to more than the wall time of the read):
 - ``pick``: the run's versions listed, the newest's manifest read and hash-checked,
   the targets planned (everything before the first chunk is read);
 - ``read_wall``: the chunk reads of every tensor, wall time (``get_many_into``), and
-  within them, thread-summed: ``read`` (bytes from the backend), ``hash``
+  within them, thread-summed: ``read`` (bytes from the backend, or mapped), ``hash``
   (BLAKE3), ``decode`` (the rest of the jobs: headers, codecs, delta chains);
 - ``apply``: after the reads: staging copies, ``load_state_dict`` of every object
   (the copy into place), RNG states.
@@ -202,6 +202,8 @@ def _instrument(phases: _Phases) -> None:
     phases.wrap(reader.VersionReader, "get_many_into", "read_wall")
     phases.wrap(ObjectStore, "get_range", "read")
     phases.wrap(ObjectStore, "read_into", "read")
+    if hasattr(ObjectStore, "view_range"):  # mapped reads (not in a baseline made before)
+        phases.wrap(ObjectStore, "view_range", "read")
     original_of = Digest.of.__func__  # type: ignore[attr-defined]
 
     def hashed(cls: type[Digest], data: Any) -> Digest:
