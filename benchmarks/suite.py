@@ -236,6 +236,8 @@ def main(argv: list[str] | None = None) -> None:
         # spinning threads slow training several-fold.
         torch.set_num_threads(1)
     args.out_dir.mkdir(parents=True, exist_ok=True)
+    if args.work_dir is not None:
+        args.work_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="cs-suite-", dir=args.work_dir))
     records: list[dict[str, Any]] = []
     workloads: dict[str, Any] = {}
