@@ -133,8 +133,10 @@ def open(
     codec policy for this handle's writes (default: the store's setting);
     ``threads`` the size of the worker pool (default :func:`default_threads`;
     a save holds at most ``2 x threads`` chunks in memory).  ``delta_depth``
-    (applies when the store is created; default 2, 0 turns deltas off) bounds the chains
-    of delta chunks a save builds against the run's previous version.
+    (applies when the store is created; default 16, each chain also bounded by its stored
+    bytes; 0 turns deltas off) bounds the chains of delta chunks a save builds against the
+    run's previous version: each link of a dense update's chain costs a restore a
+    decode of the chunk (docs/performance.md, choosing ``delta_depth``).
     ``pack_size`` is the size at which this handle's saves seal a pack of small
     chunks (default :data:`chunkstore.handle.handle.PACK_TARGET_BYTES`); ``node_size`` the
     size up to which they inline a subtree of the names into its parent manifest
