@@ -173,6 +173,9 @@ class BackendConformance:
             backend.stat("dir")
         assert not backend.exists("dir")
         assert backend.delete("dir") is False
+        for length in (4, 2 * MIB):
+            with pytest.raises(FileNotFoundError):
+                backend.view_range("dir", 0, length)
         assert backend.get("dir/inner") == b"x"
 
     # --- delete --------------------------------------------------------------------------

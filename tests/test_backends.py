@@ -73,6 +73,27 @@ class TestLocalBackend(BackendConformance):
         small = backend.view_range("b", 0, local.MAP_MIN_BYTES - 1)
         assert isinstance(small, bytes)  # a copy below the threshold
 
+    def test_a_small_object_is_copied_whatever_length_is_asked(self, backend: Backend) -> None:
+        """The threshold applies to what the file holds in the range: a read bounded by
+        an object's largest possible size (a chunk's) gets a small object copied."""
+        from chunkstore.backends import local
+        backend.put("small", b"0123456789")
+        view = backend.view_range("small", 2, 4 * local.MAP_MIN_BYTES)
+        assert isinstance(view, bytes) and view == b"23456789"
+
+    def test_what_cannot_be_mapped_is_none(self, tmp_path: Path) -> None:
+        """A descriptor mmap refuses (a pipe here; a filesystem without mmap, a process
+        out of maps) gives None, and view_range reads the range instead."""
+        from chunkstore.backends import local
+        assert local._POPULATE_READ is not None
+        read_end, write_end = os.pipe()
+        try:
+            assert local._mapped(read_end, 0, local.MAP_MIN_BYTES,
+                                 local._POPULATE_READ) is None
+        finally:
+            os.close(read_end)
+            os.close(write_end)
+
     def test_a_kernel_that_cannot_populate_a_map_gets_copies(
             self, backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
         """madvise refusing the populate advice (EINVAL: a kernel before 5.14; here an
@@ -397,3 +418,35 @@ def test_deferred_puts_behave_like_put_if_absent_and_flush_makes_them_durable(
 def test_flush_of_a_store_not_yet_written_is_harmless(tmp_path: Path) -> None:
     LocalBackend(str(tmp_path / "nothing-yet")).flush()
     assert not (tmp_path / "nothing-yet").exists()
+
+
+def test_the_base_cache_keeps_copies_of_stored_bytes_not_views() -> None:
+    """A read-only view (of a mapped file, or of a pack run read whole) is copied when
+    cached, so the cache holds the chunk's bytes alone and keeps no file mapped; a
+    buffer a decode made is kept as it is."""
+    import mmap
+
+    from chunkstore.format.digest import Digest
+    from chunkstore.handle.caches import BaseCache
+    cache = BaseCache(1 << 20)
+    mapped = mmap.mmap(-1, 8192)
+    mapped.write(b"x" * 8192)
+    stored = memoryview(mapped).toreadonly()[100:4196]
+    decoded = memoryview(bytearray(b"y" * 4096))
+    cache.put(Digest.of(b"a"), stored)
+    cache.put(Digest.of(b"b"), decoded)
+    kept = cache.get(Digest.of(b"a"))
+    assert isinstance(kept, bytes) and kept == b"x" * 4096
+    assert cache.get(Digest.of(b"b")) is decoded
+    del stored, kept
+    mapped.close()  # BufferError if the cache still exported the mapping
+
+
+def test_closing_a_store_empties_its_base_cache(tmp_path: Path) -> None:
+    import chunkstore
+    from chunkstore.format.digest import Digest
+    store = chunkstore.open(tmp_path / "s", create=True)
+    store.base_cache.put(Digest.of(b"a"), b"a" * 10)
+    assert store.base_cache.get(Digest.of(b"a")) is not None
+    store.close()
+    assert store.base_cache.get(Digest.of(b"a")) is None

@@ -68,15 +68,22 @@ def pack_path(store: chunkstore.Store, pack: Digest) -> Path:
 
 def ranged_reads(store: chunkstore.Store, monkeypatch: pytest.MonkeyPatch
                  ) -> list[tuple[str, int]]:
-    """From now on, every ranged read of the store's backend: (key, length)."""
+    """From now on, every ranged read of the store's backend, copied or mapped:
+    (key, length)."""
     reads: list[tuple[str, int]] = []
-    real_get_range = store.backend.get_range
+    backend = store.backend
+    real_get_range, real_view_range = backend.get_range, backend.view_range
 
     def get_range(key: str, start: int, length: int) -> bytes:
         reads.append((key, length))
         return real_get_range(key, start, length)
 
-    monkeypatch.setattr(store.backend, "get_range", get_range)
+    def view_range(key: str, start: int, length: int) -> bytes | memoryview:
+        reads.append((key, length))
+        return real_view_range(key, start, length)
+
+    monkeypatch.setattr(backend, "get_range", get_range)
+    monkeypatch.setattr(backend, "view_range", view_range)
     return reads
 
 

@@ -299,55 +299,40 @@ class LocalBackend(Backend):
         with _missing_as_not_found(key):
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
             try:
-                parts: list[bytes] = []
-                done = 0
-                while done < length:
-                    part = os.pread(fd, length - done, start + done)
-                    if not part:  # end of file
-                        break
-                    parts.append(part)
-                    done += len(part)
-                return b"".join(parts)
+                return _pread(fd, start, length)
             finally:
                 os.close(fd)
 
     def view_range(self, key: str, start: int, length: int) -> bytes | memoryview:
-        """The file's bytes mapped read-only for ranges of at least :data:`MAP_MIN_BYTES`
-        (populated at once, where the kernel reports a read error doing so), else
-        :meth:`get_range`'s.  A mapped range costs no copy and no fresh memory: a
-        restore in a new process paid a page fault per 4 KiB of every buffer it read
-        packs into (an MLP's 126 MB state: 85-89 ms against 107-110).
+        """The file's bytes mapped read-only where the range read holds at least
+        :data:`MAP_MIN_BYTES` (populated at once, where the kernel reports a read error
+        doing so), else :meth:`get_range`'s.  A mapped range costs no copy and no fresh
+        memory: a restore in a new process paid a page fault per 4 KiB of every buffer
+        it read packs into (an MLP's 126 MB state: 85-89 ms against 107-110).
 
-        A range the kernel could not populate (a read error) is read again by
-        :meth:`get_range`, which raises the error as any read does.  A store never
-        shortens a file in place (objects are written under a temporary name and
-        renamed, deleted by unlinking, which leaves a mapping readable), so the
-        mapping stays valid; a file cut short by something else while mapped, or a
-        page evicted and then unreadable, ends the process with SIGBUS, never with
-        wrong bytes."""
-        advice = _POPULATE_READ
-        if length < MAP_MIN_BYTES or advice is None or not LocalBackend.map_reads:
-            return self.get_range(key, start, length)
+        A range that cannot be mapped (a filesystem without mmap) or populated (a read
+        error) is read by ``pread``, which raises the error as any read does.  A store
+        never shortens a file in place (objects are written under a temporary name and
+        renamed, deleted by unlinking, which leaves a mapping readable), so the mapping
+        stays valid; a file cut short by something else while mapped, or a page
+        evicted and then unreadable, ends the process with SIGBUS, never with wrong
+        bytes.  Keep such a view no longer than its decode (caches copy it:
+        :class:`chunkstore.handle.caches.BaseCache`)."""
         _check_range(start, length)
         path = self._path(key)
+        advice = _POPULATE_READ
         with _missing_as_not_found(key):
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
             try:
-                end = min(os.fstat(fd).st_size, start + length)
-                if end <= start:
-                    return b""
-                aligned = start - start % mmap.ALLOCATIONGRANULARITY
-                mapped = mmap.mmap(fd, end - aligned, access=mmap.ACCESS_READ, offset=aligned)
+                if length >= MAP_MIN_BYTES and advice is not None and LocalBackend.map_reads:
+                    end = min(os.fstat(fd).st_size, start + length)
+                    if end - start >= MAP_MIN_BYTES:  # else what the file holds is small
+                        mapped = _mapped(fd, start, end, advice)
+                        if mapped is not None:
+                            return mapped
+                return _pread(fd, start, length)
             finally:
                 os.close(fd)
-        try:
-            mapped.madvise(advice)
-        except OSError as exc:
-            mapped.close()
-            if exc.errno == errno.EINVAL:  # a kernel before 5.14: copy from now on
-                LocalBackend.map_reads = False
-            return self.get_range(key, start, length)
-        return memoryview(mapped)[start - aligned:]  # read-only, as the mapping is
 
     def read_into(self, key: str, start: int, buffer: memoryview) -> int:
         """Fill ``buffer`` straight from the file (no intermediate copy); return bytes read."""
@@ -537,3 +522,34 @@ def _fsync_dir(directory: str) -> None:
 def _unlink_quietly(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
+
+
+def _pread(fd: int, start: int, length: int) -> bytes:
+    """Up to ``length`` bytes of ``fd`` from ``start`` (fewer at the end of the file)."""
+    parts: list[bytes] = []
+    done = 0
+    while done < length:
+        part = os.pread(fd, length - done, start + done)
+        if not part:  # end of file
+            break
+        parts.append(part)
+        done += len(part)
+    return b"".join(parts)
+
+
+def _mapped(fd: int, start: int, end: int, advice: int) -> memoryview | None:
+    """Bytes ``start`` to ``end`` of ``fd`` mapped read-only and populated; None where
+    they cannot be (the caller reads them instead)."""
+    aligned = start - start % mmap.ALLOCATIONGRANULARITY
+    try:
+        mapped = mmap.mmap(fd, end - aligned, access=mmap.ACCESS_READ, offset=aligned)
+    except (OSError, ValueError):  # no mmap on this filesystem, no map left to the process
+        return None
+    try:
+        mapped.madvise(advice)
+    except OSError as exc:
+        mapped.close()
+        if exc.errno == errno.EINVAL:  # a kernel before 5.14: copy from now on
+            LocalBackend.map_reads = False
+        return None
+    return memoryview(mapped)[start - aligned:]  # read-only, as the mapping is

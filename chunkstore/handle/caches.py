@@ -33,6 +33,10 @@ class BaseCache:
     def put(self, digest: Digest, raw: bytes | memoryview) -> None:
         if len(raw) > self._budget:
             return
+        if isinstance(raw, memoryview) and raw.readonly:
+            # A view of stored bytes (a raw chunk inside a pack run read whole, or a
+            # mapped file): keep the chunk's bytes alone, not the run or the mapping.
+            raw = bytes(raw)
         with self._lock:
             if digest in self._items:
                 return

@@ -214,6 +214,7 @@ class StoreHandle:
         self._closed = True
         self.executor.shutdown(wait=True)
         self.base_copies.clear()
+        self.base_cache.clear()
         self.index.close()
         self.objects.close()
 
