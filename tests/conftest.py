@@ -62,6 +62,18 @@ def memory_store(tmp_path: Path) -> Iterator[chunkstore.Store]:
         yield s
 
 
+@pytest.fixture(params=["copied", "mapped"])
+def read_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test twice: reads of a local store as they come (only ranges of 256 KiB or
+    more mapped, which the small chunks of tests rarely reach), then with every ranged
+    read that can be mapped mapped (``LocalBackend.view_range``), so that the races,
+    kills and moved records a module tests are met by mapped reads too."""
+    from chunkstore.backends import local
+    if request.param == "mapped":
+        monkeypatch.setattr(local, "MAP_MIN_BYTES", 1)
+    return str(request.param)
+
+
 def tree_snapshot(root: Path) -> dict[str, bytes]:
     """Every file under ``root`` except the index cache: to prove a call changed nothing."""
     return {

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 import chunkstore
 from chunkstore.codecs import PACK
 from chunkstore.format.chunkobj import HEADER, ChunkHeader
@@ -16,6 +18,9 @@ from chunkstore.format.digest import Digest
 from chunkstore.objects.kinds import CHUNKS, MOVED
 from chunkstore.protocol.moved import MovedRecord, read_moved
 from tests.test_repack import check, moved, three_versions
+
+# Every test here runs with reads as they come and with every ranged read mapped.
+pytestmark = pytest.mark.usefixtures("read_mode")
 
 PAD = 4096
 

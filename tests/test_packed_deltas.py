@@ -41,6 +41,9 @@ from chunkstore.read.chain import NO_CACHE, base_bytes, decode_chain
 from chunkstore.write.delta import CHAIN_BYTES, chain_bytes
 from tests.test_delta import CHUNK, DIM, ROWS, save, shard, sparse_states
 
+# Every test here runs with reads as they come and with every ranged read mapped.
+pytestmark = pytest.mark.usefixtures("read_mode")
+
 DEPTH = 3
 
 

@@ -31,6 +31,9 @@ from chunkstore.objects.kinds import CHUNKS, MOVED
 from tests.conftest import tree_snapshot
 from tests.s3server import s3_endpoint
 
+# Every test here runs with reads as they come and with every ranged read mapped.
+pytestmark = pytest.mark.usefixtures("read_mode")
+
 __all__ = ["s3_endpoint"]  # the session fixture, re-exported so pytest finds it here
 
 REPO = Path(__file__).resolve().parent.parent

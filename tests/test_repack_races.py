@@ -25,6 +25,9 @@ from tests.test_repack import (
     three_versions,
 )
 
+# Every test here runs with reads as they come and with every ranged read mapped.
+pytestmark = pytest.mark.usefixtures("read_mode")
+
 
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
