@@ -81,6 +81,7 @@ class TestLocalBackend(BackendConformance):
         view = backend.view_range("small", 2, 4 * local.MAP_MIN_BYTES)
         assert isinstance(view, bytes) and view == b"23456789"
 
+    @pytest.mark.skipif(sys.platform != "linux", reason="reads are mapped on Linux only")
     def test_what_cannot_be_mapped_is_none(self, tmp_path: Path) -> None:
         """A descriptor mmap refuses (a pipe here; a filesystem without mmap, a process
         out of maps) gives None, and view_range reads the range instead."""
