@@ -32,6 +32,9 @@ from chunkstore.objects.kinds import CHUNKS
 from chunkstore.read.chain import base_bytes, base_prefix
 from chunkstore.write.delta import SKIP_SAVES, probe_length
 
+# Every test here runs with reads as they come and with every ranged read mapped.
+pytestmark = pytest.mark.usefixtures("read_mode")
+
 CHUNK = 4096
 DEPTH = 3
 ROWS, DIM = 256, 16  # 16 KiB of float32: four chunks

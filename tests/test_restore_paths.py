@@ -17,6 +17,9 @@ from chunkstore.format.manifest import PackLocation
 from chunkstore.read import scratch
 from chunkstore.read.members import READ_RUN_RAW_BYTES, read_runs
 
+# Every test here runs with reads as they come and with every ranged read mapped.
+pytestmark = pytest.mark.usefixtures("read_mode")
+
 
 def _image(rng: np.random.Generator, length: int, size: int) -> np.ndarray:
     image = rng.integers(0, 256, length, dtype=np.uint8)
