@@ -308,7 +308,8 @@ class LocalBackend(Backend):
         :data:`MAP_MIN_BYTES` (populated at once, where the kernel reports a read error
         doing so), else :meth:`get_range`'s.  A mapped range costs no copy and no fresh
         memory: a restore in a new process paid a page fault per 4 KiB of every buffer
-        it read packs into (an MLP's 126 MB state: 85-89 ms against 107-110).
+        it read packs into (``benchmarks/results/resume.json``: an MLP's 126 MB state
+        restored in 91 ms against 115 for the code before, in the same run).
 
         A range that cannot be mapped (a filesystem without mmap) or populated (a read
         error) is read by ``pread``, which raises the error as any read does.  A store
