@@ -13,7 +13,7 @@ machine), sharded as FSDP shards it, plus replicated parts:
 
 Each system saves ``--versions`` versions with ``dcp.save``, then one more
 with ``dcp.async_save`` (its pause: until ``async_save`` returns), then
-loads the newest version at the same world size, ``LOADS`` times.
+loads the newest version at the same world size, ``--loads`` times.
 Reported per system and world size: bytes stored after the versions (every
 file of the checkpoint directories, or of the store but its index), in
 total and per rank (DCP: the rank's ``__<rank>_*.distcp`` files;
@@ -69,9 +69,11 @@ WIDTH = 1024
 #: What chunkstore must reach against DCP at every world size (issue 12): stored bytes,
 #: median save time and median load time, chunkstore / DCP.
 TARGETS = {"stored": 0.5, "save_time": 1.2, "load_time": 1.0}
-#: Timed loads of the newest version per system and world size (load_s: their median).
-LOADS = 5
-SMOKE = ["--mib", "1", "--versions", "2", "--worlds", "1", "2", "4"]
+#: Timed loads of the newest version per system and world size (load_s: their median;
+#: ``--loads``).  Loads at world sizes 2 and 4 on two cores spread over 1.5-2x (five
+#: loads' medians moved by a quarter between runs), so more than five are timed.
+LOADS = 15
+SMOKE = ["--mib", "1", "--versions", "2", "--worlds", "1", "2", "4", "--loads", "2"]
 
 
 def _sharded(full_rows: int, world: int, seed: int) -> DTensor:
@@ -140,7 +142,7 @@ def _slowest(seconds: float) -> float:
 
 
 def _rank(rank: int, world: int, port: int, system: str, root: str, mib: int,
-          versions: int, out: str) -> None:
+          versions: int, loads: int, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=600))
@@ -156,13 +158,13 @@ def _rank(rank: int, world: int, port: int, system: str, root: str, mib: int,
     pause = time.perf_counter() - started
     pending.result()
     target = _state(mib, world, 0)
-    loads = [_slowest(_timed(lambda: dcp.load(target,
+    timed = [_slowest(_timed(lambda: dcp.load(target,
                                               storage_reader=_reader(system, path, last))))
-             for _ in range(LOADS)]
+             for _ in range(loads)]
     report: dict[str, Any] = {"chunk_bytes_written": _CountingWriter.stored_bytes}
     if rank == 0:
-        report.update(saves_s=saves, async_pause_s=pause, load_s=statistics.median(loads),
-                      load_s_all=loads)
+        report.update(saves_s=saves, async_pause_s=pause, load_s=statistics.median(timed),
+                      load_s_all=timed)
     Path(out, f"rank{rank}.json").write_text(json.dumps(report))
     dist.destroy_process_group()
 
@@ -183,7 +185,8 @@ def _per_rank_bytes(system: str, root: Path, world: int, ranks: list[dict[str, A
     return sizes
 
 
-def run_one(system: str, world: int, mib: int, versions: int) -> dict[str, Any]:
+def run_one(system: str, world: int, mib: int, versions: int, loads: int = LOADS
+            ) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix=f"bench-dcp-{system}-"))
     try:
         if system == "chunkstore":
@@ -197,7 +200,8 @@ def run_one(system: str, world: int, mib: int, versions: int) -> dict[str, Any]:
         # The server imports torch and this module once; every rank forks from it.
         ctx.set_forkserver_preload(["benchmarks.bench_dcp"])
         ranks = [ctx.Process(target=_rank, args=(r, world, port, system, str(root), mib,
-                                                 versions, str(out))) for r in range(world)]
+                                                 versions, loads, str(out)))
+                 for r in range(world)]
         for process in ranks:
             process.start()
         for process in ranks:
@@ -247,6 +251,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--versions", type=int, default=10,
                         help="versions saved with dcp.save (one more with dcp.async_save)")
     parser.add_argument("--worlds", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--loads", type=int, default=LOADS,
+                        help="timed loads of the newest version per system and world size")
     parser.add_argument("--smoke", action="store_true",
                         help=f"tiny sizes, to check that it runs ({' '.join(SMOKE)})")
     parser.add_argument("--out", type=Path, required=True)
@@ -255,7 +261,7 @@ def main(argv: list[str] | None = None) -> None:
     results = []
     for world in args.worlds:
         for system in SYSTEMS:
-            result = run_one(system, world, args.mib, args.versions)
+            result = run_one(system, world, args.mib, args.versions, args.loads)
             print(f"world {world} {system:15s} stored {result['stored_bytes'] / 2**20:8.1f}"
                   f" MiB (per rank {[round(b / 2**20, 1) for b in result['per_rank_bytes']]})"
                   f"  save {result['save_s_median']:.3f} s  pause"
@@ -264,7 +270,7 @@ def main(argv: list[str] | None = None) -> None:
             results.append(result)
     shown = [_relative(a) for a in argv]  # the command as run from the repository root
     report = {"command": " ".join(["python", "-m", "benchmarks.bench_dcp", *shown]),
-              "mib": args.mib,
+              "mib": args.mib, "loads": args.loads,
               "versions": args.versions + 1, "worlds": args.worlds,
               "head_fraction": HEAD_FRACTION, "targets": TARGETS,
               "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),

@@ -113,7 +113,8 @@ def test_the_sharded_dcp_benchmark_reports_per_rank(quick_suite_results: Path) -
         for key in ("save_s_median", "async_pause_s", "load_s"):
             assert r[key] > 0, (key, r)
         # load_s: the median of the timed loads, each its slowest rank's time
-        assert len(r["load_s_all"]) == 5 and r["load_s"] == statistics.median(r["load_s_all"])
+        assert len(r["load_s_all"]) == report["loads"] == 2
+        assert r["load_s"] == statistics.median(r["load_s_all"])
     for world in ("1", "2"):
         ratios = report["chunkstore_over_dcp"][world]
         # the frozen base is stored once: well under DCP's three full copies

@@ -158,19 +158,22 @@ def chunk_reads(entry: TensorEntry, chunk_size: int) -> list[ChunkRead]:
 
 
 def run_jobs(executor: Executor, jobs: list[Callable[[], None]], at_once: int) -> None:
-    """Run every job in ``executor``, at most ``at_once`` at a time, and return when all
-    are done (none may still write into a caller's buffer); then raise the error of the
-    first job in order that failed, if any.
+    """Run every job, at most ``at_once`` at a time, and return when all are done (none
+    may still write into a caller's buffer); then raise the error of the first job in
+    order that failed, if any.
 
-    ``at_once`` pool jobs each take the next job until none is left, so the pool's
-    other threads stay asleep (more threads than cores only switch between jobs that
-    all want a core)."""
+    The calling thread takes jobs too, beside ``at_once - 1`` pool jobs of ``executor``
+    that each take the next job until none is left: a read of one chunk never waits for
+    a pool thread (nor starts one, on a handle just opened), and the pool's other
+    threads stay asleep (more threads than cores only switch between jobs that all want
+    a core).  An interrupt in the calling thread (``KeyboardInterrupt``) stops it taking
+    jobs, drops those not yet begun, and is raised once the pool's jobs are done."""
     if not jobs:
         return
     queue = collections.deque(enumerate(jobs))  # popleft is atomic: no lock needed
     failed: list[tuple[int, BaseException]] = []
 
-    def take_turns() -> None:
+    def take_turns(catch: type[BaseException]) -> None:
         try:
             while True:
                 try:
@@ -179,16 +182,18 @@ def run_jobs(executor: Executor, jobs: list[Callable[[], None]], at_once: int) -
                     return
                 try:
                     job()
-                except BaseException as exc:  # the others still run; raised below
+                except catch as exc:  # the others still run; raised below
                     failed.append((number, exc))
         finally:
             scratch.release()  # the call's scratch memory, not kept by an idle thread
 
     futures = []
     try:
-        for _ in range(min(at_once, len(jobs))):
-            futures.append(executor.submit(take_turns))
+        for _ in range(min(at_once, len(jobs)) - 1):
+            futures.append(executor.submit(take_turns, BaseException))
+        take_turns(Exception)
     finally:
+        queue.clear()  # empty unless the calling thread was interrupted
         wait(futures)
     for future in futures:
         future.result()
