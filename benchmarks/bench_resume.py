@@ -60,7 +60,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEMS: tuple[str, ...] = ("torch", "chunkstore")
-WORKLOADS = ("mlp", "mlp-frozen", "gpt", "sparse-embedding")
+WORKLOADS = ("mlp", "mlp-frozen", "gpt", "lora", "mixed-precision", "sparse-embedding")
 #: Versions the parent saves into the store (torch.save: the newest only).
 VERSIONS = 3
 
@@ -89,6 +89,33 @@ def _gpt() -> dict[str, Any]:
     return {"model": model, "optimizer": torch.optim.AdamW(model.parameters(), lr=3e-4)}
 
 
+def _lora() -> dict[str, Any]:
+    """The suite's LoRA workload: its GPT (full scale) with rank-8 adapters on q, k, v and
+    o, the adapters trained by AdamW."""
+    import torch
+
+    from benchmarks.workloads import FULL
+    from benchmarks.workloads import _gpt as gpt
+    model = gpt(FULL)
+    model.add_lora(FULL.lora_rank)
+    return {"model": model, "optimizer": torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=1e-3)}
+
+
+def _mixed() -> dict[str, Any]:
+    """The suite's mixed-precision workload: its GPT in bfloat16, AdamW stepping fp32
+    master weights (copied back into the model after each step)."""
+    import torch
+
+    from benchmarks.workloads import FULL
+    from benchmarks.workloads import _gpt as gpt
+    model = gpt(FULL).to(torch.bfloat16)
+    master = torch.nn.ParameterList([torch.nn.Parameter(p.detach().float().clone())
+                                     for p in model.parameters()])
+    return {"model": model, "master": master,
+            "optimizer": torch.optim.AdamW(master.parameters(), lr=3e-4)}
+
+
 def _sparse() -> dict[str, Any]:
     """The suite's sparse-embedding workload: DLRM, row-wise Adagrad and Adam."""
     import torch
@@ -104,19 +131,23 @@ def _sparse() -> dict[str, Any]:
 
 
 BUILD: dict[str, Callable[[], dict[str, Any]]] = {
-    "mlp": _mlp(0), "mlp-frozen": _mlp(8), "gpt": _gpt, "sparse-embedding": _sparse}
+    "mlp": _mlp(0), "mlp-frozen": _mlp(8), "gpt": _gpt, "lora": _lora,
+    "mixed-precision": _mixed, "sparse-embedding": _sparse}
+#: The language models of BUILD (trained on random tokens).
+_LMS = ("gpt", "lora", "mixed-precision")
 
 
 def _train_step(workload: str, objects: dict[str, Any], step: int) -> None:
     import torch
     model = objects["model"]
     gen = torch.Generator().manual_seed(step)
-    optimizers = [obj for key, obj in objects.items() if key != "model"]
+    optimizers = [obj for obj in objects.values() if isinstance(obj, torch.optim.Optimizer)]
+    model.zero_grad(set_to_none=True)
     for optimizer in optimizers:
         optimizer.zero_grad(set_to_none=True)
     if workload.startswith("mlp"):
         loss = model(torch.randn(64, 1024, generator=gen)).square().mean()
-    elif workload == "gpt":
+    elif workload in _LMS:
         from benchmarks.models import lm_loss
         from benchmarks.workloads import FULL
         loss = lm_loss(model, torch.randint(0, FULL.vocab, (FULL.batch, FULL.seq + 1),
@@ -127,8 +158,16 @@ def _train_step(workload: str, objects: dict[str, Any], step: int) -> None:
                             generator=gen)
         loss = model(torch.randn(FULL.sparse_batch, 13, generator=gen), ids).square().mean()
     loss.backward()
+    master = objects.get("master")
+    if master is not None:  # mixed precision: the step is the fp32 copy's
+        for weight, param in zip(master, model.parameters(), strict=True):
+            weight.grad = None if param.grad is None else param.grad.float()
     for optimizer in optimizers:
         optimizer.step()
+    if master is not None:
+        with torch.no_grad():
+            for weight, param in zip(master, model.parameters(), strict=True):
+                param.copy_(weight)
 
 
 def prepare(workload: str, work: Path) -> dict[str, Any]:
@@ -337,7 +376,7 @@ def compare(workload: str, work: Path, runs: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--workloads", default="mlp,mlp-frozen,gpt,sparse-embedding")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--out", default="benchmarks/results/resume.json")
     parser.add_argument("--child", nargs=3, metavar=("SYSTEM", "WORKLOAD", "DIR"),
