@@ -309,7 +309,7 @@ class LocalBackend(Backend):
         doing so), else :meth:`get_range`'s.  A mapped range costs no copy and no fresh
         memory: a restore in a new process paid a page fault per 4 KiB of every buffer
         it read packs into (``benchmarks/results/resume.json``: an MLP's 126 MB state
-        restored in 91 ms against 115 for the code before, in the same run).
+        restored in 93 ms against 121 for the code before, in the same run).
 
         A range that cannot be mapped (a filesystem without mmap) or populated (a read
         error) is read by ``pread``, which raises the error as any read does.  A store
