@@ -79,24 +79,27 @@ def _mlp(frozen_layers: int) -> Callable[[], dict[str, Any]]:
     return build
 
 
-def _gpt() -> dict[str, Any]:
-    """The suite's dense workload: its GPT (full scale) with AdamW."""
-    import torch
-
+def _suite_gpt() -> Any:
+    """The suite's GPT at full scale (seeded: the same weights in every process)."""
     from benchmarks.workloads import FULL
     from benchmarks.workloads import _gpt as gpt
-    model = gpt(FULL)
+    return gpt(FULL)
+
+
+def _gpt() -> dict[str, Any]:
+    """The suite's dense workload: its GPT with AdamW."""
+    import torch
+    model = _suite_gpt()
     return {"model": model, "optimizer": torch.optim.AdamW(model.parameters(), lr=3e-4)}
 
 
 def _lora() -> dict[str, Any]:
-    """The suite's LoRA workload: its GPT (full scale) with rank-8 adapters on q, k, v and
-    o, the adapters trained by AdamW."""
+    """The suite's LoRA workload: its GPT with rank-8 adapters on q, k, v and o, the
+    adapters trained by AdamW."""
     import torch
 
     from benchmarks.workloads import FULL
-    from benchmarks.workloads import _gpt as gpt
-    model = gpt(FULL)
+    model = _suite_gpt()
     model.add_lora(FULL.lora_rank)
     return {"model": model, "optimizer": torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=1e-3)}
@@ -106,10 +109,7 @@ def _mixed() -> dict[str, Any]:
     """The suite's mixed-precision workload: its GPT in bfloat16, AdamW stepping fp32
     master weights (copied back into the model after each step)."""
     import torch
-
-    from benchmarks.workloads import FULL
-    from benchmarks.workloads import _gpt as gpt
-    model = gpt(FULL).to(torch.bfloat16)
+    model = _suite_gpt().to(torch.bfloat16)
     master = torch.nn.ParameterList([torch.nn.Parameter(p.detach().float().clone())
                                      for p in model.parameters()])
     return {"model": model, "master": master,
