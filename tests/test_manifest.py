@@ -48,6 +48,8 @@ def test_a_well_formed_tensor_entry_decodes() -> None:
     (_tensor([40], chunks=1, offsets=[30], sizes=[20]), "outside shape"),
     (_tensor([4, 10], chunks=3, sizes=[40]), "rank"),
     (_tensor([-4], chunks=0), "shape must be an integer in"),
+    (_tensor([True], chunks=1), "shape must be an integer in"),  # JSON true is no integer
+    (_tensor([40], chunks=3, offsets=[0, 0]), "rank"),  # one shard, sizes as the shape
 ])
 def test_a_tensor_whose_chunks_do_not_cover_it_is_corrupt(tensor: dict[str, Any],
                                                           words: str) -> None:

@@ -388,6 +388,9 @@ def _decode_entry(node: TreeNode, name: str, entry: object) -> None:
 
 
 def _int_list(value: object, what: str) -> tuple[int, ...]:
+    if type(value) is list and len(value) <= MAX_RANK and all(
+            type(x) is int and 0 <= x <= MAX_DIM for x in value):
+        return tuple(value)
     if not isinstance(value, list) or len(value) > MAX_RANK:
         raise ValueError(f"{what} must be a list of at most {MAX_RANK} integers")
     return tuple(exact_int(x, what) for x in value)
@@ -496,6 +499,14 @@ def _check_tensor(entry: TensorEntry) -> None:
     # [2**62, 2**62, 0] ("array is too big"), though it holds no byte.
     if math.prod(d for d in entry.shape if d) * itemsize > MAX_BYTES:
         raise ValueError(f"shape {list(entry.shape)} is too large ({MAX_BYTES} bytes at most)")
+    if len(entry.shards) == 1:
+        # What almost every entry is: one shard, the whole tensor, which tiles the shape by
+        # itself and needs only its chunk count checked; anything else is checked in full.
+        shard = entry.shards[0]
+        if shard.sizes == entry.shape and not any(shard.offsets) \
+                and len(shard.offsets) == len(entry.shape) \
+                and len(shard.chunks) == -(-shard.nbytes(itemsize) // shard.chunk_bytes):
+            return
     for shard in entry.shards:
         dims = len(entry.shape)
         if len(shard.offsets) != dims or len(shard.sizes) != dims:
