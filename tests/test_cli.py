@@ -94,6 +94,28 @@ def test_show_lists_entries(filled: Path) -> None:
     assert "model.head" in run("show", str(filled), "latest").output
 
 
+def test_show_counts_what_a_restore_decodes_through_delta_chains(store_path: Path) -> None:
+    """The first version reads its own chunks; a later one, stored as deltas, reads
+    the bases its chains list too."""
+    rng = np.random.default_rng(7)
+    weights = rng.standard_normal(256 * 1024).astype(np.float32)  # 16 chunks of 64 KiB
+    with chunkstore.open(store_path, chunk_size=SMALL_CHUNK, create=True) as store:
+        for step in (1, 2, 3):
+            with store.new_version("r", step) as v:
+                v.put("w", weights)
+            weights = weights + rng.standard_normal(weights.size).astype(np.float32) * 1e-3
+    first, last = (json.loads(run("show", str(store_path), f"r@{step}", "--json").output)
+                   ["restore_reads"] for step in (1, 3))
+    assert (first["chunks"], first["links"], first["longest_chain"]) == (16, 0, 0)
+    assert last["chunks"] == 16 and last["links"] >= 16 and last["longest_chain"] >= 1
+    assert last["stored_bytes"] > first["stored_bytes"] > 0
+    assert first["unsized"] == last["unsized"] == 0
+    line = next(x for x in run("show", str(store_path), "r@3").output.splitlines()
+                if x.startswith("restore reads"))
+    assert f"({last['links']}; up to {last['longest_chain']} for one chunk)" in line
+    assert "no delta chains" in run("show", str(store_path), "r@1").output
+
+
 def test_diff_counts_changed_chunks_without_reading_data(filled: Path) -> None:
     doc = json.loads(run("diff", str(filled), "r@2", "r@3", "--json").output)
     assert doc["counts"] == {"added": 0, "removed": 0, "changed": 2, "same": 1}

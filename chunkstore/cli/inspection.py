@@ -41,10 +41,12 @@ from chunkstore.handle.basecopies import BASE_COPY_BYTES
 from chunkstore.handle.tree import Leaf
 from chunkstore.maintenance.report import (
     RankStats,
+    RestoreReads,
     StoreStats,
     VersionRanks,
     VersionStats,
     ranks_of,
+    restore_reads,
     shard_ranks,
 )
 from chunkstore.maintenance.report import stats as store_stats
@@ -195,13 +197,26 @@ def shard_text(shard: dict[str, Any]) -> str:
     return box if "rank" not in shard else f"rank {shard['rank']}: {box}"
 
 
+def reads_text(reads: RestoreReads) -> str:
+    """What the ``restore reads`` size of ``show`` counts, with this version's counts."""
+    text = f"stored bytes a restore decodes: every chunk ({reads.chunks:,})"
+    text += (f" and every base its delta chain lists ({reads.links:,}; up to"
+             f" {reads.longest_chain} for one chunk)" if reads.links else ", no delta chains")
+    if reads.unsized:
+        text += f"; {plural(reads.unsized, 'object')} the index has no size for left out"
+    return text
+
+
 def show_text(info: VersionInfo, tags: list[str], entries: list[dict[str, Any]],
-              ranks: tuple[RankStats, ...] | None = None) -> None:
+              ranks: tuple[RankStats, ...] | None = None,
+              reads: RestoreReads | None = None) -> None:
     fields = [("id", info.id), ("run@step", f"{info.run}@{info.step}"),
               ("created", local_time(info)), ("parent", info.parent or "-"),
               ("root", info.root.hex), ("tags", ", ".join(tags) or "-")]
     sizes = [[name, size, meaning] for (name, meaning), size
              in zip(SIZE_MEANINGS, size_cells(info), strict=True)]
+    if reads is not None:
+        sizes.append(["restore reads", format_size(reads.stored_bytes), reads_text(reads)])
     echo_lines(render_table(["", ""], [[k, v] for k, v in fields])[1:])
     echo_lines(render_table(["", "", ""], sizes, right=(1,))[1:])
     meta = info.to_json()["meta"]
@@ -245,6 +260,14 @@ def show(store_path: str, selector: str, as_json: bool) -> None:
     "ranks" per rank).
 
     \b
+    What a restore of the version decodes ("restore reads"; --json:
+    "restore_reads"): the stored bytes of every chunk and of every base its
+    delta chain lists, each counted as often as a restore reads it. In a
+    store with delta chains a restore decodes a chunk's chain from its root,
+    so a version at the end of a long chain reads more than it stored
+    (set a new store's delta_depth to trade storage for restore time).
+
+    \b
     Example:
       chunkstore show ckpts/ exp1@latest
 
@@ -259,15 +282,17 @@ def show(store_path: str, selector: str, as_json: bool) -> None:
         listed = {} if record is None else record.ranks
         entries = [describe_leaf(n, leaf, listed.get(n)) for n, leaf in leaves.items()]
         ranks = None if record is None else ranks_of(leaves, record)
+        reads = restore_reads(store, leaves)
     if as_json:
         version: dict[str, Any] = {**reader.info.to_json(), "tags": tags}
-        doc: dict[str, Any] = {"version": version, "entries": entries}
+        doc: dict[str, Any] = {"version": version, "entries": entries,
+                               "restore_reads": reads.to_json()}
         if ranks is not None:
             doc["ranks"] = [{k: v for k, v in r.to_json().items() if k != "new_bytes"}
                             for r in ranks]
         emit_json(doc)
     else:
-        show_text(reader.info, tags, entries, ranks)
+        show_text(reader.info, tags, entries, ranks, reads)
 
 
 # --- diff -----------------------------------------------------------------------------------

@@ -103,6 +103,58 @@ def ranks_of(entries: dict[str, Leaf], record: ShardRanks, seen: set[Digest] | N
     return tuple(RankStats(rank, *row) for rank, row in enumerate(totals))
 
 
+@dataclass(frozen=True)
+class RestoreReads:
+    """What a restore of one version decodes, as its manifest lists it: every chunk of
+    every tensor, and for a delta every base its chain lists (a read decodes the chain's
+    root, then applies each delta on it, chunk by chunk)."""
+
+    chunks: int
+    #: bases decoded besides the chunks, summed over the chunks
+    links: int
+    #: the most bases one chunk's read decodes
+    longest_chain: int
+    #: stored bytes of the chunks and of their bases, each counted as often as it is read
+    stored_bytes: int
+    #: chunks and bases stored as objects of their own whose stored size the index does
+    #: not hold (a stale index): left out of ``stored_bytes``
+    unsized: int
+
+    def to_json(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+def restore_reads(store: StoreHandle, leaves: dict[str, Leaf]) -> RestoreReads:
+    """The chunks, delta links and stored bytes a restore of these entries decodes: from
+    the manifest (a packed chunk's length) and the index (an object's stored size)."""
+    sizes: dict[Digest, int | None] = {}
+
+    def stored(digest: Digest, location: PackLocation | None) -> int | None:
+        if location is not None:
+            return location.length
+        if digest not in sizes:
+            record = store.index.chunk(digest)
+            sizes[digest] = None if record is None else record.stored_length
+        return sizes[digest]
+
+    chunks = links = longest = total = unsized = 0
+    for leaf in leaves.values():
+        if not isinstance(leaf, TensorEntry):
+            continue
+        for shard in leaf.shards:
+            for i, digest in enumerate(shard.chunks):
+                chain = shard.chain(i)
+                chunks, links, longest = chunks + 1, links + len(chain), max(longest, len(chain))
+                for read, at in ((digest, shard.location(i)),
+                                 *zip(chain, shard.chain_locations(i), strict=True)):
+                    size = stored(read, at)
+                    if size is None:
+                        unsized += 1
+                    else:
+                        total += size
+    return RestoreReads(chunks, links, longest, total, unsized)
+
+
 def version_ranks(store: StoreHandle) -> list[VersionRanks]:
     """Every readable version that records its shards' ranks, oldest first; new
     bytes count against every earlier version (ranked or not)."""
