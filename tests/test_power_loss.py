@@ -9,6 +9,8 @@ reports write-back errors.
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from unittest import mock
 
@@ -64,6 +66,14 @@ def test_the_explorer_finds_a_save_that_publishes_before_its_objects_are_durable
     ("unknown", False)])
 def test_syncfs_is_trusted_from_linux_5_8(release: str, reports: bool) -> None:
     assert syncfs_reports_errors(release) is reports
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's system calls")
+def test_syncfs_and_linkat_are_found_in_the_c_library_on_linux() -> None:
+    """Without them a local store still saves durably, but an fsync per object and a
+    named temp file per object (much slower): they must not go missing unnoticed."""
+    assert local._SYNCFS is not None
+    assert local._LINKAT is not None or not hasattr(os, "O_TMPFILE")
 
 
 @pytest.mark.skipif(local._SYNCFS is None, reason="no syncfs(2) on this platform")

@@ -61,9 +61,10 @@ UNNAMED_ENV_VAR = "CHUNKSTORE_LOCAL_TMPFILE"
 
 
 def _libc() -> ctypes.CDLL:
-    """The C library as the process has it loaded: its symbols, without a search for
-    its file (``ctypes.util.find_library`` runs ``ldconfig -p``, twice about 1.5 ms of
-    every process that opens a store)."""
+    """The C library as the process has it loaded, without a search for its file
+    (``ctypes.util.find_library`` runs ``ldconfig -p``: about 1.5 ms, twice, in every
+    process that opens a local store).  ``TypeError`` where the platform cannot name
+    the process itself (Windows)."""
     return ctypes.CDLL(None, use_errno=True)
 
 
@@ -71,7 +72,7 @@ def _load_syncfs() -> Callable[[int], int] | None:
     """libc's syncfs(2), where the platform has it (Linux)."""
     try:
         function = _libc().syncfs
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):
         return None
     function.argtypes = [ctypes.c_int]
     function.restype = ctypes.c_int
@@ -100,7 +101,7 @@ def _load_linkat() -> Callable[[int, bytes, int, bytes, int], int] | None:
         return None
     try:
         function = _libc().linkat
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):
         return None
     function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
                          ctypes.c_int]
