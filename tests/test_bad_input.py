@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import blake3
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import chunkstore
 from chunkstore.errors import (
@@ -30,6 +32,7 @@ from chunkstore.errors import (
     UnsupportedDtypeError,
     VersionClosedError,
 )
+from chunkstore.format import names
 from tests.conftest import SMALL_CHUNK, tree_snapshot
 
 WEIGHTS = np.arange(20, dtype=np.float32).reshape(4, 5)
@@ -94,6 +97,26 @@ def test_bad_entry_name(populated: chunkstore.Store, store_path: Path, method: s
                     version.put_data(name, TRAINER)
         assert raised.value.name == name
         assert "invalid name" in str(raised.value)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet=st.sampled_from([*"aZ09_.-/\\\x00\n\x7fé", "\ud800"]), max_size=10))
+def test_entry_names_are_judged_alike_on_the_fast_path_and_in_full(name: str) -> None:
+    """The common names (ASCII letters, digits and underscores between dots) skip the
+    full checks: never one the full checks refuse."""
+    def judged(check: Callable[[object], str]) -> str:
+        try:
+            return check(name)
+        except InvalidNameError as exc:
+            return f"refused: {exc}"
+
+    assert judged(names.check_entry_name) == judged(names._checked_entry_name)
+
+
+def test_a_plain_entry_name_is_refused_for_its_length_alone() -> None:
+    assert names.check_entry_name("a." * 511 + "bc") == "a." * 511 + "bc"  # 1024 characters
+    with pytest.raises(InvalidNameError, match="longer than 1024"):
+        names.check_entry_name("a." * 512 + "b")
 
 
 @pytest.mark.parametrize("name", [5, None, b"model.w", ("model", "w")])
