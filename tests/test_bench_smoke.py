@@ -125,16 +125,29 @@ def test_the_sharded_dcp_benchmark_reports_per_rank(quick_suite_results: Path) -
 def test_workers_taking_turns_measure_every_system(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The full mode's workers (one process per system, timed steps in turns) return
-    every system's record, and a worker that fails stops the run with its error."""
+    every system's record, a worker has exited before the next one's turn (its exit
+    once ran beside every chunkstore system's last async pause, which took 100-490 ms
+    instead of 7-20), and a worker that fails stops the run with its error."""
     monkeypatch.syspath_prepend(str(REPO))
     from benchmarks import suite
     from benchmarks.workloads import QUICK
 
+    done_and_exited = []
+    read_until_ready = suite._Worker.until_ready
+
+    def until_ready(worker: Any) -> bool:
+        wants_a_turn = read_until_ready(worker)
+        if not wants_a_turn:
+            done_and_exited.append((worker.system, worker.process.poll() is not None))
+        return wants_a_turn
+
+    monkeypatch.setattr(suite._Worker, "until_ready", until_ready)
     trace = tmp_path / "trace"
     suite.record_trace("lora", QUICK, trace)
     records = suite.run_systems(trace, tmp_path / "work", ["torch.save", "chunkstore-auto"],
                                 repeat=1, in_process=False)
     assert [r["system"] for r in records] == ["torch.save", "chunkstore-auto"]
+    assert sorted(done_and_exited) == [("chunkstore-auto", True), ("torch.save", True)]
     for record in records:
         assert len(record["save_times_s"]) == record["versions"]
         assert record["restore_verified"]
