@@ -168,6 +168,9 @@ def _train_step(workload: str, objects: dict[str, Any], step: int) -> None:
         with torch.no_grad():
             for weight, param in zip(master, model.parameters(), strict=True):
                 param.copy_(weight)
+        # The step took the model's gradients (into the master weights'): left on the
+        # model, the Checkpointer saw a save between backward() and step() and warned.
+        model.zero_grad(set_to_none=True)
 
 
 def prepare(workload: str, work: Path) -> dict[str, Any]:
