@@ -95,7 +95,8 @@ if TYPE_CHECKING:
 #: machine, a dense GPT sync save (788 tensors, most 256 KiB-1 MiB) with `auto`:
 #: 576-613 ms when only tensors up to 256 KiB were packed, 412-421 ms with every
 #: one-chunk tensor packed, and no faster or slower with `none`; objects per dense save
-#: went from 91 to 21 (benchmarks/results/latest.md, `python -m benchmarks.suite`).
+#: went from 91 to 21 in the suite run of that change (`python -m benchmarks.suite`;
+#: later runs of latest.md, with delta chunks packed too, have 15).
 SMALL_TENSOR_BYTES = 4 * 1024 * 1024
 #: In a store with delta chains, only tensors up to this size are stored as small
 #: chunks (hashed with their batch, never deltas); larger ones are where deltas pay,
