@@ -133,10 +133,12 @@ def open(
     codec policy for this handle's writes (default: the store's setting);
     ``threads`` the size of the worker pool (default :func:`default_threads`;
     a save holds at most ``2 x threads`` chunks in memory).  ``delta_depth``
-    (applies when the store is created; default 16, each chain also bounded by its stored
-    bytes; 0 turns deltas off) bounds the chains of delta chunks a save builds against the
-    run's previous version: each link of a dense update's chain costs a restore a
-    decode of the chunk (docs/performance.md, choosing ``delta_depth``).
+    bounds the chains of delta chunks a save builds against the run's previous version
+    (each chain also bounded by its stored bytes; 0 turns deltas off): each link of a
+    dense update's chain costs a restore a decode of the chunk (docs/performance.md,
+    choosing ``delta_depth``).  A new store keeps it (default 16) for its life; on an
+    existing store it bounds this handle's saves, at most the store's depth (above it:
+    :class:`~chunkstore.errors.InvalidSettingError`, and nothing is opened).
     ``pack_size`` is the size at which this handle's saves seal a pack of small
     chunks (default :data:`chunkstore.handle.handle.PACK_TARGET_BYTES`); ``node_size`` the
     size up to which they inline a subtree of the names into its parent manifest
@@ -161,6 +163,12 @@ def open(
     if chunk_size is not None and chunk_size != config.chunk_size:
         raise InvalidSettingError(f"{text} was created with chunk size {config.chunk_size};"
                                   " the chunk size of an existing store cannot change")
+    if delta_depth is not None and delta_depth > config.delta_depth:
+        raise InvalidSettingError(
+            f"{text} was created with delta depth {config.delta_depth}: its saves build delta"
+            f" chains of at most {config.delta_depth} links, so delta_depth={delta_depth}"
+            f" cannot hold; pass 0 to {config.delta_depth} (shorter chains, faster restores,"
+            " more bytes per version) or leave it out")
     index = open_index(index_dir or default_index_dir(text, objects))
     try:
         index.describe_store(config.identity())  # emptied if it describes another store
@@ -168,6 +176,8 @@ def open(
         index.close()
         raise
     store = Store(text, objects, config, index, compression or config.compression, threads)
+    if delta_depth is not None:
+        store.delta_depth = delta_depth
     store.pack_size = pack_size or PACK_TARGET_BYTES
     store.node_size = NODE_TARGET_BYTES if node_size is None else node_size
     if index.needs_rebuild:  # another schema or store (emptied), or damaged and set aside

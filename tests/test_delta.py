@@ -23,7 +23,7 @@ import pytest
 import chunkstore
 from chunkstore.backends.wrappers import ForwardingBackend
 from chunkstore.codecs import SPARSE_DELTA, SUB_DELTA, XOR_DELTA
-from chunkstore.errors import CorruptChunkError, MissingChunkError
+from chunkstore.errors import CorruptChunkError, InvalidSettingError, MissingChunkError
 from chunkstore.format.chunkobj import ChunkHeader, encode_object, parse_header
 from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import Shard, TensorEntry
@@ -313,6 +313,49 @@ def test_none_writes_no_deltas_and_old_stores_get_none(tmp_path: Path) -> None:
     with chunkstore.open(tmp_path / "off", chunk_size=CHUNK, delta_depth=0, create=True) as off:
         save(off, 1, next(states))
         assert not any(shard(off, save(off, 2, next(states))).bases)
+
+
+def test_a_handle_may_build_shorter_chains_than_the_store_never_longer(
+        tmp_path: Path) -> None:
+    """``chunkstore.open(existing, delta_depth=N)`` bounds that handle's saves to chains
+    of N (restores that decode less, for more bytes per version); the store keeps its
+    own depth for other handles, and a depth above it is refused before anything is
+    opened, as it was once silently ignored."""
+    path = tmp_path / "s"
+    states = sparse_states()
+    tables = [next(states) for _ in range(12)]
+    with chunkstore.open(path, chunk_size=CHUNK, delta_depth=DEPTH, create=True) as created:
+        save(created, 0, tables[0])
+    for depth, steps in ((1, range(1, 6)), (0, range(6, 8))):
+        with chunkstore.open(path, delta_depth=depth) as capped:
+            assert (capped.config.delta_depth, capped.delta_depth) == (DEPTH, depth)
+            written = set()  # chain lengths of the chunks these saves wrote
+            for step in steps:
+                before = shard(capped, capped.latest("r").id)
+                current = shard(capped, save(capped, step, tables[step]))
+                for i, digest in enumerate(current.chunks):
+                    if digest == before.chunks[i]:  # unchanged: reused, or stored anew
+                        assert len(current.chain(i)) <= len(before.chain(i))
+                    else:
+                        written.add(len(current.chain(i)))
+            assert written == ({0, 1} if depth else {0}), (depth, written)
+    with chunkstore.open(path) as default:
+        assert default.delta_depth == DEPTH
+        longest = 0
+        for step in range(8, 12):
+            current = shard(default, save(default, step, tables[step]))
+            longest = max([longest, *(len(current.chain(i)) for i in range(len(current.chunks)))])
+        assert longest > 1  # the store's own depth again
+        for step, version in enumerate(default.versions("r")):
+            np.testing.assert_array_equal(default.open_version(version.id).get("emb"),
+                                          tables[step])
+    index_files = sorted(p.name for p in (path / "index").iterdir())
+    with pytest.raises(InvalidSettingError, match=f"created with delta depth {DEPTH}.*"
+                       f"delta_depth={DEPTH + 1} cannot hold; pass 0 to {DEPTH}"):
+        chunkstore.open(path, delta_depth=DEPTH + 1)
+    assert sorted(p.name for p in (path / "index").iterdir()) == index_files
+    with chunkstore.open(path) as after:
+        assert after.config.delta_depth == DEPTH and len(after.versions("r")) == 12
 
 
 @pytest.mark.delta_objects

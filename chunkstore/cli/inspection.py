@@ -75,7 +75,8 @@ from chunkstore.store import VersionInfo
               " A saving process keeps"
               " a copy of the chunks that changed, to encode its next save against (up"
               f" to {BASE_COPY_BYTES / 2**30:g} GiB; Store.base_copies.budget). Fixed for"
-              " the life of the store.")
+              " the life of the store; a process may save with shorter chains"
+              " (chunkstore.open(PATH, delta_depth=N), N at most this).")
 def init(path: str, chunk_size: int, compression: str, delta_depth: int) -> None:
     """Create an empty store at PATH (a directory or fsspec URL).
 

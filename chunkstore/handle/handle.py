@@ -130,6 +130,10 @@ class StoreHandle:
         self.index = index
         self._closed = False
         self.compression = compression
+        #: the longest delta chain this handle's saves build: the store's ``delta_depth``
+        #: or, where :func:`chunkstore.open` was given a smaller one, that (a writer may
+        #: build shorter chains than the store allows, never longer)
+        self.delta_depth = config.delta_depth
         self.threads = threads or default_threads(objects.local_path() is not None)
         self.max_inflight = self.threads * 2
         #: pool jobs that hash a batch of small tensors with the caller: a thread per

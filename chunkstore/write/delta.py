@@ -199,7 +199,7 @@ class ParentChunks:
     """
 
     def __init__(self, store: StoreHandle, run: str) -> None:
-        self.depth = store.config.delta_depth if store.compression in DELTA_POLICIES else 0
+        self.depth = store.delta_depth if store.compression in DELTA_POLICIES else 0
         self._entries: dict[str, TensorEntry] = {}
         self.listings: dict[Digest, Listing] = {}
         self.skips = Skips()
