@@ -349,11 +349,15 @@ def test_a_handle_may_build_shorter_chains_than_the_store_never_longer(
         for step, version in enumerate(default.versions("r")):
             np.testing.assert_array_equal(default.open_version(version.id).get("emb"),
                                           tables[step])
-    index_files = sorted(p.name for p in (path / "index").iterdir())
+    def files() -> list[tuple[str, int, int]]:
+        return sorted((str(f.relative_to(path)), f.stat().st_size, f.stat().st_mtime_ns)
+                      for f in path.rglob("*") if f.is_file())
+
+    before_refusal = files()
     with pytest.raises(InvalidSettingError, match=f"created with delta depth {DEPTH}.*"
                        f"delta_depth={DEPTH + 1} cannot hold; pass 0 to {DEPTH}"):
         chunkstore.open(path, delta_depth=DEPTH + 1)
-    assert sorted(p.name for p in (path / "index").iterdir()) == index_files
+    assert files() == before_refusal  # not even the index was opened
     with chunkstore.open(path) as after:
         assert after.config.delta_depth == DEPTH and len(after.versions("r")) == 12
 
