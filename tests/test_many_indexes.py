@@ -839,3 +839,43 @@ def test_a_handle_forgets_the_oldest_objects_it_found_stored_not_all(
         digests = [Digest.of(bytes([i])) for i in range(9)]
         store.saw_stored(CHUNK, digests)
         assert [store.seen_stored(CHUNK, d) for d in digests] == [False] * 2 + [True] * 7
+
+
+def test_handles_capping_chains_differently_on_two_indexes_keep_every_version_whole(
+        tmp_path: Path) -> None:
+    """One run saved in turns by a handle capped at ``delta_depth=1`` on one index and
+    the store's own depth on another, each GC run from the other index with no grace
+    after a middle version is removed: every chain either handle built or reused lists
+    what GC must keep, so every kept version reads back and verify is clean."""
+    path = tmp_path / "s"
+    rng = np.random.default_rng(5)
+    table = rng.standard_normal((256, 16)).astype(np.float32)  # 16 KiB: four chunks
+    chunkstore.open(path, chunk_size=4096, delta_depth=4, create=True).close()
+    saved: dict[str, np.ndarray] = {}
+    for step in range(12):
+        capped = step // 3 % 2 == 0
+        table = table.copy()
+        table[rng.integers(0, 256, 3)] += np.float32(0.5)  # a sparse update: deltas pay
+        with chunkstore.open(path, index_dir=str(tmp_path / ("a" if capped else "b")),
+                             delta_depth=1 if capped else None) as writer:
+            with writer.new_version(run="r", step=step) as version:
+                version.put("emb", table)
+            saved[version.info.id] = table
+        with chunkstore.open(path, index_dir=str(tmp_path / ("b" if capped else "a"))
+                             ) as collector:
+            live = [v.id for v in collector.versions("r")]
+            if step % 3 == 2:
+                collector.delete(live[len(live) // 2])
+                saved.pop(live[len(live) // 2])
+            collector.gc(grace=0)
+            for kept, want in saved.items():
+                np.testing.assert_array_equal(collector.open_version(kept).get("emb"), want)
+    with chunkstore.open(path, index_dir=str(tmp_path / "a")) as store:
+        chains = set()
+        for kept in store.versions("r"):
+            entry = store.open_version(kept.id).entry("emb")
+            assert isinstance(entry, TensorEntry)
+            chains.update(len(s.chain(i)) for s in entry.shards for i in range(len(s.chunks)))
+        assert max(chains) > 1, chains  # the uncapped handle built longer chains
+        problems = [p for p in store.verify().problems if p.kind != "refcount"]
+        assert problems == []
