@@ -7,6 +7,7 @@ import time
 import click
 
 from chunkstore.cli.common import (
+    EXIT_INTEGRITY,
     EXIT_PROBLEMS,
     JSON_OPT,
     emit_json,
@@ -37,6 +38,18 @@ def sync_text(result: SyncResult) -> None:
         click.echo(f"tag conflict: {conflict.name} names {conflict.dst_version[:12]} in the"
                    f" destination, {conflict.src_version[:12]} in the source; left as it is"
                    " (move it with `chunkstore tag` if the source is right)")
+    for step in result.step_conflicts:
+        click.echo(f"not copied: {step.run}@{step.step} ({step.src_version[:12]})"
+                   f" is another version than {step.dst_version[:12]}, which the"
+                   " destination has at that step; a store holds one version per step of a"
+                   " run: remove one of them, or sync into another store")
+    for failed in result.failed:
+        click.echo(f"not copied: {failed.run}@{failed.step} ({failed.version[:12]}) is"
+                   f" damaged in the source: {failed.message}")
+    if result.failed:
+        click.echo("nothing of a damaged version was published; the source can be repaired"
+                   " from a store holding a whole copy: `chunkstore repair SRC --from OTHER"
+                   " RUN@STEP`, then sync again")
     if result.verified:
         verdict = "ok" if result.ok else plural(len(result.problems), "problem")
         click.echo(f"read back {plural(result.verified, 'version')}, hash-checked: {verdict}")
@@ -74,9 +87,19 @@ def sync(src: str, dst: str, selectors: tuple[str, ...], dry_run: bool, verify_a
       chunkstore sync --dry-run ckpts/ s3://bucket/ckpts      # what would travel
 
     \b
-    Exit codes: 0 done; 1 a tag conflict, or --verify found a problem;
-    2 bad input (unknown selector, SRC not a store, SRC and DST the same
-    store, DST with another chunk size); 3 SRC is damaged; 4 I/O failure.
+    Every object is checked as it is read from SRC (decoded and hash-checked,
+    as a restore checks it) before DST gets it, and an object DST already
+    holds is never replaced unless it fails that check itself. A version
+    with a damaged or missing object is not published in DST; it is named
+    with the object, and the other versions still travel. DST holds one
+    version per RUN@STEP: a different version at a step DST has is a
+    conflict, not copied.
+
+    \b
+    Exit codes: 0 done; 1 a tag or step conflict, or --verify found a
+    problem; 2 bad input (unknown selector, SRC not a store, SRC and DST the
+    same store, DST with another chunk size); 3 a selected version is damaged
+    in SRC (not copied; the others were); 4 I/O failure.
     """
     started = time.monotonic()
     with TerminalProgress() as progress:
@@ -86,6 +109,8 @@ def sync(src: str, dst: str, selectors: tuple[str, ...], dry_run: bool, verify_a
         emit_json({**result.to_json(), "seconds": round(time.monotonic() - started, 3)})
     else:
         sync_text(result)
+    if result.failed:
+        raise SystemExit(EXIT_INTEGRITY)
     if result.conflicts or not result.ok:
         raise SystemExit(EXIT_PROBLEMS)
 

@@ -14,12 +14,22 @@ The order (docs/recovery.md says the same for users):
    (:func:`chunkstore.write.writer.open_store_session`), before the first decision
    to leave an object uncopied; the session lives until the last version is
    published;
-3. versions go oldest first; one the destination's index lists is skipped.  For
+3. versions go oldest first; one the destination's index lists is skipped, and so is
+   one whose RUN@STEP the destination holds (the same tree: already there; another:
+   a conflict, reported, nothing published for it: a store holds one version per step
+   of a run).  For
    the others, the tree is walked in the source (:func:`~chunkstore.handle.tree.flatten`
    bounds and checks it), and only what it references is asked about in the
    destination, a subtree at a time (:mod:`chunkstore.maintenance.synccopy`): the chunk
    objects first (packs and delta bases included; for a pack the source repacked,
-   its moved record and the pack it points to), then the nodes;
+   its moved record and the pack it points to), then the nodes.  Every object is
+   checked as it is read from the source, before the destination gets it
+   (:func:`~chunkstore.maintenance.synccopy.checked_object`: a chunk decoded through
+   its listed chain and hash-checked, a pack's content hashed, a node hashed), and an
+   object the destination holds is replaced only by checked bytes, and only where it
+   fails that check itself or is a delta the copied manifest cannot read.  A version
+   with an object that fails (or is missing) is not published; it is reported with
+   the object, and the next version is copied;
 4. one flush makes them durable; the commit record is created with put-if-absent,
    verbatim: the commit point.  A session whose heartbeat lapsed publishes nothing;
 5. the destination's index counts the version in (its refcounts, the chunks written,
@@ -45,8 +55,13 @@ from typing import TYPE_CHECKING, Any
 
 from chunkstore.errors import (
     ChunkStoreError,
+    CorruptNodeError,
+    CorruptRecordError,
+    FormatVersionError,
+    IntegrityError,
     InvalidInputError,
     InvalidSettingError,
+    MissingChunkError,
     NotAStoreError,
     SessionExpiredError,
 )
@@ -58,7 +73,7 @@ from chunkstore.handle.versions import VersionInfo, entry_from_record
 from chunkstore.index.lmdbindex import CHUNK, NODE
 from chunkstore.maintenance.synccopy import Copied, VersionCopy
 from chunkstore.maintenance.verify import verify as verify_store
-from chunkstore.objects.kinds import MOVED, VERSIONS
+from chunkstore.objects.kinds import MOVED, SESSIONS, VERSIONS
 from chunkstore.progress import NullProgress, Progress
 from chunkstore.write.writer import open_store_session
 
@@ -80,6 +95,30 @@ class TagConflict:
 
 
 @dataclass
+class StepConflict:
+    """A version the destination has at the same ``RUN@STEP`` with other content: the
+    source's is not copied (a store holds one version per step of a run)."""
+
+    run: str
+    step: int
+    src_version: str
+    dst_version: str
+
+
+@dataclass
+class FailedVersion:
+    """A version not copied because an object it needs failed its check in the source
+    (or is missing there): ``kind`` is verify's word for it, ``digest`` the object."""
+
+    version: str
+    run: str
+    step: int
+    kind: str
+    message: str
+    digest: str | None = None
+
+
+@dataclass
 class SyncResult:
     """What a sync copied (or, in a dry run, would copy)."""
 
@@ -98,16 +137,23 @@ class SyncResult:
     tags_created: list[str] = field(default_factory=list)
     tags_present: list[str] = field(default_factory=list)
     conflicts: list[TagConflict] = field(default_factory=list)
+    #: versions not copied: the destination has their RUN@STEP with other content
+    step_conflicts: list[StepConflict] = field(default_factory=list)
+    #: versions not copied: damaged or incomplete in the source
+    failed: list[FailedVersion] = field(default_factory=list)
     verified: int = 0  # versions read back in the destination
     problems: list[str] = field(default_factory=list)  # what that read-back found
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        """Every selected version is in the destination, whole as far as checked."""
+        return not self.problems and not self.failed and not self.step_conflicts
 
     def to_json(self) -> dict[str, Any]:
         doc = dict(self.__dict__)
         doc["conflicts"] = [c.__dict__ for c in self.conflicts]
+        doc["step_conflicts"] = [c.__dict__ for c in self.step_conflicts]
+        doc["failed"] = [f.__dict__ for f in self.failed]
         doc["ok"] = self.ok
         return doc
 
@@ -124,9 +170,8 @@ def select(src: StoreHandle, selectors: Sequence[str]) -> list[VersionInfo]:
 
 def check_pair(src: StoreHandle, dst: StoreHandle) -> None:
     """Refuse a destination that is the source, or whose settings a copy cannot keep."""
-    if _same_location(src, dst) or src.config.identity() == dst.config.identity():
-        raise InvalidInputError(f"{dst.url} is the source store itself; name another store"
-                                " to copy into")
+    if _same_location(src, dst):
+        raise _itself(dst)
     if src.config.chunk_size != dst.config.chunk_size:
         raise InvalidSettingError(
             f"{dst.url} has chunk size {dst.config.chunk_size}, {src.url} has"
@@ -137,11 +182,34 @@ def check_pair(src: StoreHandle, dst: StoreHandle) -> None:
     # own saves start a new chain wherever a listed one is at its depth or longer.
 
 
+def _itself(dst: StoreHandle) -> InvalidInputError:
+    return InvalidInputError(f"{dst.url} is the source store itself; name another store to"
+                             " copy into")
+
+
 def _same_location(src: StoreHandle, dst: StoreHandle) -> bool:
+    """Whether both handles name one store.  Two folders are one store only when they are
+    one directory (a byte copy, ``cp -a``, is another store with the same config); two
+    remote locations with other URLs and the same config are told apart by
+    :func:`_check_not_itself` once the destination holds the sync's session object."""
     here, there = src.objects.local_path(), dst.objects.local_path()
     if here is not None and there is not None:
-        return os.path.realpath(here) == os.path.realpath(there)
+        try:
+            return os.path.samefile(here, there)
+        except OSError:
+            return os.path.realpath(here) == os.path.realpath(there)
     return src.url.rstrip("/") == dst.url.rstrip("/")
+
+
+def _check_not_itself(src: StoreHandle, dst: StoreHandle, session: StoreSession) -> None:
+    """A remote destination with the source's config may be the source under another
+    URL (an alias, another endpoint): it is, when the source sees the session object
+    just stored in the destination."""
+    if src.config.identity() != dst.config.identity() \
+            or (src.objects.local_path() is not None and dst.objects.local_path() is not None):
+        return
+    if src.objects.exists(SESSIONS, session.id):
+        raise _itself(dst)
 
 
 def sync(src: StoreHandle, dst: StoreHandle | None, selectors: Sequence[str] = (), *,
@@ -157,27 +225,70 @@ def sync(src: StoreHandle, dst: StoreHandle | None, selectors: Sequence[str] = (
         check_pair(src, dst)
     todo = [v for v in versions if dst is None or dst.index.version(v.id) is None]
     result.skipped = [v.id for v in versions if v not in todo]
+    already = set(result.skipped)
+    if dst is not None:
+        todo = _without_step_conflicts(src, dst, todo, result)
     progress = progress or NullProgress()
     session: StoreSession | None = None
     fence: Fence | None = None
     if todo and not dry_run:
         assert dst is not None
         session, fence = open_store_session(dst, f"sync from {src.url}")
+        try:
+            _check_not_itself(src, dst, session)
+        except BaseException:
+            session.close()
+            raise
     planned: set[tuple[bytes, Digest]] = set()  # a dry run's: see VersionCopy
     try:
         progress.start(len(todo), "sync")
         for info in todo:
-            _copy_version(src, dst, info, session, fence, result, planned)
-            result.copied.append(info.id)
+            try:
+                _copy_version(src, dst, info, session, fence, result, planned)
+            except (IntegrityError, FormatVersionError) as exc:
+                # Nothing of it is published; the other versions still travel.
+                result.failed.append(_failure(info, exc))
+            else:
+                result.copied.append(info.id)
             progress.advance()
     finally:
         progress.finish()
         if session is not None:
             session.close()
-    _sync_tags(src, dst, versions, result)
+    there = set(result.copied) | already  # tags may name only what the destination has
+    _sync_tags(src, dst, [v for v in versions if v.id in there], result)
     if verify and dst is not None and not dry_run:
         _verify(dst, result.copied, result, progress)
     return result
+
+
+def _without_step_conflicts(src: StoreHandle, dst: StoreHandle, todo: list[VersionInfo],
+                            result: SyncResult) -> list[VersionInfo]:
+    """``todo`` less the versions whose RUN@STEP the destination holds: the same tree
+    there is the same checkpoint (counted as already there), another is a conflict."""
+    kept = []
+    for info in todo:
+        there = [v for v in dst.versions(info.run) if v.step == info.step
+                 and dst.objects.exists(VERSIONS, v.id)]  # one another process removed is not
+        same = next((v for v in there if v.root == info.root), None)
+        if same is not None:
+            result.skipped.append(info.id)
+        elif there:
+            result.step_conflicts.append(StepConflict(info.run, info.step, info.id,
+                                                      there[-1].id))
+        else:
+            kept.append(info)
+    return kept
+
+
+def _failure(info: VersionInfo, exc: ChunkStoreError) -> FailedVersion:
+    digest = getattr(exc, "digest", None) or getattr(exc, "version_id", None)
+    kind = ("missing-chunk" if isinstance(exc, MissingChunkError)
+            else "corrupt-node" if isinstance(exc, CorruptNodeError)
+            else "corrupt-record" if isinstance(exc, CorruptRecordError)
+            else "format-version" if isinstance(exc, FormatVersionError) else "corrupt-chunk")
+    return FailedVersion(info.id, info.run, info.step, kind, str(exc),
+                         digest if isinstance(digest, str) else None)
 
 
 def _copy_version(src: StoreHandle, dst: StoreHandle | None, info: VersionInfo,
@@ -325,5 +436,5 @@ def _normalised(location: str | os.PathLike[str] | StoreHandle) -> str:
     return os.path.realpath(text) if "://" not in text else text.rstrip("/")
 
 
-__all__ = ["SyncResult", "TagConflict", "check_pair", "select", "sync",
-           "sync_locations"]
+__all__ = ["FailedVersion", "StepConflict", "SyncResult", "TagConflict", "check_pair", "select",
+           "sync", "sync_locations"]

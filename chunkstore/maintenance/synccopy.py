@@ -237,10 +237,11 @@ class VersionCopy:
         return (self.dst or self.src).executor
 
     def _copy_chunk(self, digest: Digest, need: Need) -> Digest | None:
-        """Copy one chunk object; for a pack the source no longer holds, its moved record
-        instead, returning the pack the record moves it to (copied next)."""
+        """Copy one chunk object, checked first (:func:`checked_object`); for a pack the
+        source no longer holds, its moved record instead, returning the pack the record
+        moves it to (copied next)."""
         try:
-            data = self.src.objects.get(CHUNKS, digest)
+            data = checked_object(self.src, digest, self.src.objects.get(CHUNKS, digest), need)
         except FileNotFoundError:
             if need is not None:
                 raise MissingChunkError(digest.hex) from None
@@ -334,6 +335,30 @@ def _add_needs(entry: TensorEntry, needs: dict[Digest, Need]) -> None:
                     needs[at.pack] = None
                 else:
                     needs.setdefault(base, (chain[k + 1:], locations[k + 1:]))
+
+
+def checked_object(store: StoreHandle, digest: Digest, data: bytes, need: Need) -> bytes:
+    """``data``, the object of ``digest`` in ``store``, once it passed the check a read
+    makes of it, so that no copy ever moves bytes it did not check: a chunk object
+    decodes (through the chain ``need`` lists, its bases read from ``store`` and checked
+    on the way) to bytes that hash to its key; a pack's content hashes to its key.
+    A pack whose own header alone is damaged (reads never use it, so ``verify`` passes
+    the pack with a warning) comes back with the header it was written with.
+    :class:`CorruptChunkError` (or :class:`MissingChunkError` for a missing base)
+    when the check fails."""
+    if need is not None:
+        decode_chain(store, digest, data, need[0], locations=need[1])
+        return data
+    if len(data) < HEADER.size or not digest.is_hash_of(memoryview(data)[HEADER.size:]):
+        raise CorruptChunkError(digest.hex, "the pack's content does not hash to its key"
+                                " (damaged or truncated)")
+    size = len(data) - HEADER.size
+    with contextlib.suppress(ChunkStoreError):
+        header = parse_header(digest, data)
+        if header.codec_id == codecs.PACK.id and header.raw_length == size \
+                and header.payload_length == size:
+            return data  # as written (by whichever chunk format version)
+    return ChunkHeader(codecs.PACK.id, 1, size, size).pack() + data[HEADER.size:]
 
 
 def _standalone_intact(digest: Digest, data: bytes) -> bool:
