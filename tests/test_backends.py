@@ -313,7 +313,8 @@ class TestOpenBackend:
 
     def test_missing_package_names_what_to_install(self, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setitem(sys.modules, "s3fs", None)  # makes `import s3fs` fail
-        with pytest.raises(MissingDependencyError, match=r"pip install 'chunkstore-ckpt\[s3\]'"):
+        with pytest.raises(MissingDependencyError,
+                           match=r"pip install s3fs \(what the \[s3\] extra installs\)"):
             open_backend("s3://bucket/store")
 
     def test_unknown_scheme_is_invalid_input(self) -> None:

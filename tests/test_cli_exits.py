@@ -81,22 +81,30 @@ def test_no_arguments_still_prints_the_help(filled: Path) -> None:
 
 # --- missing torch --------------------------------------------------------------------------
 
-#: Runs the CLI in a process where torch and safetensors cannot be imported, as
-#: after `pip install chunkstore-ckpt` without an extra.
-WITHOUT_TORCH = [sys.executable, "-c", """
+def without(*packages: str) -> list[str]:
+    """The CLI in a process where ``packages`` cannot be imported, as after a plain
+    ``pip install .`` (no extra) that did not bring them."""
+    return [sys.executable, "-c", f"""
 import sys
 from importlib.abc import MetaPathFinder
 
-class NoTorch(MetaPathFinder):
+class Without(MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name.partition('.')[0] in ('torch', 'safetensors'):
-            raise ModuleNotFoundError(f'No module named {name!r}', name=name)
+        if name.partition('.')[0] in {packages!r}:
+            raise ModuleNotFoundError(f'No module named {{name!r}}', name=name)
         return None
 
-sys.meta_path.insert(0, NoTorch())
+sys.meta_path.insert(0, Without())
 from chunkstore.cli import main
 main(sys.argv[1:])
 """]
+
+
+WITHOUT_TORCH = without("torch", "safetensors")
+#: What the hints say to run: commands that work wherever chunkstore came from (a clone, a
+#: wheel), as README.md's "As a library" gives them; never the distribution's name, which
+#: no package index serves.
+CPU_TORCH = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
 
 
 def test_export_without_torch_says_what_to_install(filled: Path, tmp_path: Path) -> None:
@@ -104,15 +112,37 @@ def test_export_without_torch_says_what_to_install(filled: Path, tmp_path: Path)
     proc = run_cli("export", str(filled), "latest", str(out), prefix=WITHOUT_TORCH)
     line = assert_one_error_line(proc, 2)
     assert "`chunkstore export` needs PyTorch" in line
-    assert "pip install 'chunkstore-ckpt[export]'" in line
+    assert CPU_TORCH in line and "[export] extra" in line
+    assert "chunkstore-ckpt" not in line
+    assert not out.exists()
+
+
+def test_export_without_safetensors_says_what_to_install(filled: Path, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    out = tmp_path / "model.safetensors"
+    proc = run_cli("export", str(filled), "latest", str(out), prefix=without("safetensors"))
+    line = assert_one_error_line(proc, 2)
+    assert "`chunkstore export` needs safetensors" in line
+    assert line.endswith("install it with: pip install safetensors")
     assert not out.exists()
 
 
 def test_demo_without_torch_says_what_to_install(tmp_path: Path) -> None:
     where = tmp_path / "demo"
     line = assert_one_error_line(run_cli("demo", str(where), prefix=WITHOUT_TORCH), 2)
-    assert "pip install 'chunkstore-ckpt[torch]'" in line
+    assert CPU_TORCH in line and "[torch] extra" in line
+    assert "chunkstore-ckpt" not in line
     assert not where.exists()
+
+
+def test_an_s3_store_without_s3fs_is_exit_2_as_export_without_safetensors() -> None:
+    """A package a command needs, not installed, is exit 2 (bad usage: `--help`'s table)
+    for a location's package as for a torch command's; `init s3://...` exited 4."""
+    for args in (["init", "s3://bucket/ckpts"], ["log", "s3://bucket/ckpts"],
+                 ["sync", "s3://bucket/ckpts", "s3://bucket/copy"]):
+        line = assert_one_error_line(run_cli(*args, prefix=without("s3fs")), 2)
+        assert "s3:// locations need a package that is not installed" in line
+        assert line.endswith("pip install s3fs (what the [s3] extra installs)")
 
 
 def test_plan_and_the_core_commands_need_no_torch(filled: Path) -> None:
@@ -285,3 +315,27 @@ def test_a_bad_duration_names_examples_a_shell_user_can_type(filled: Path) -> No
     line = assert_one_error_line(run_cli("gc", str(filled), "--grace", "5q"), 2)
     assert "'5q' is not a duration (examples: 90 (seconds), 30m, 1h, 2d, 1w)" in line
     assert "timedelta" not in line
+
+
+# --- the examples of --help -----------------------------------------------------------------
+
+
+def test_verify_helps_sampled_example_runs_on_every_day_of_the_year() -> None:
+    """`date +%j` is zero-padded, and bash reads 008, 009, 018, 019 ... 078, 079 and
+    080-099 as malformed octal: the example's arithmetic failed on 36 days a year.  It runs here
+    under bash with each day of a leap year put in for `$(date +%j)`."""
+    from click.testing import CliRunner
+
+    from chunkstore.cli import cli
+
+    text = CliRunner().invoke(cli, ["verify", "--help"]).output
+    example = next(line for line in text.splitlines() if "--read-data-subset \"$((" in line)
+    arithmetic = example.split('--read-data-subset "', 1)[1].rsplit('"', 1)[0]
+    assert "$(date +%j)" in arithmetic, example
+    days = range(1, 367)
+    script = "\n".join(
+        f"echo {arithmetic.replace('$(date +%j)', f'{day:03d}')}" for day in days)
+    done = subprocess.run(["bash", "-c", "set -e\n" + script], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [f"{day % 7 + 1}/7" for day in days]

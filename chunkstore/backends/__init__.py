@@ -14,18 +14,19 @@ import os
 from typing import Any
 
 from chunkstore.backends.base import Backend, ObjectInfo
-from chunkstore.errors import DISTRIBUTION, InvalidInputError, MissingDependencyError
+from chunkstore.errors import InvalidInputError, MissingDependencyError
 
 __all__ = ["Backend", "ObjectInfo", "open_backend"]
 
 #: Schemes served by the local backend.
 LOCAL_SCHEMES = frozenset({"", "file", "local"})
 
-#: scheme -> (module that must import, what to pip install).  Schemes not listed
+#: scheme -> (module that must import, what to pip install: the package itself, which works
+#: however chunkstore was installed; the [s3] extra installs the same).  Schemes not listed
 #: here fall back to fsspec's own registry of implementations.
 SCHEME_PACKAGES: dict[str, tuple[str, str]] = {
-    "s3": ("s3fs", f"'{DISTRIBUTION}[s3]'"),
-    "s3a": ("s3fs", f"'{DISTRIBUTION}[s3]'"),
+    "s3": ("s3fs", "s3fs (what the [s3] extra installs)"),
+    "s3a": ("s3fs", "s3fs (what the [s3] extra installs)"),
     "gs": ("gcsfs", "gcsfs"),
     "gcs": ("gcsfs", "gcsfs"),
     "az": ("adlfs", "adlfs"),

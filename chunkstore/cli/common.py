@@ -15,10 +15,10 @@ import click
 
 import chunkstore
 from chunkstore.errors import (
-    DISTRIBUTION,
     FormatVersionError,
     IntegrityError,
     InvalidInputError,
+    MissingDependencyError,
     NotAStoreError,
 )
 from chunkstore.store import Store, VersionInfo
@@ -69,26 +69,34 @@ def _isatty(stream: IO[Any]) -> bool:
 
 
 def exit_code_for(exc: BaseException) -> int:
-    """2 for bad input, 3 for integrity and format errors, 4 for anything else."""
-    if isinstance(exc, (InvalidInputError, NotAStoreError)):
+    """2 for bad input (a package the location needs not installed included, as for the
+    torch commands), 3 for integrity and format errors, 4 for anything else."""
+    if isinstance(exc, (InvalidInputError, NotAStoreError, MissingDependencyError)):
         return EXIT_USAGE
     if isinstance(exc, (IntegrityError, FormatVersionError)):
         return EXIT_INTEGRITY
     return EXIT_FAILURE
 
 
-#: The packages the torch commands import, and the extra that installs each command's set.
-TORCH_PACKAGES = {"torch": "PyTorch", "safetensors": "safetensors"}
+#: The packages the torch commands import: their names, and the command that installs each
+#: into any environment, however chunkstore got there (a clone, a wheel; README.md, "As a
+#: library").  PyTorch's CPU build: plain ``pip install torch`` takes the CUDA one (~3 GB).
+TORCH_PACKAGES = {
+    "torch": ("PyTorch", "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+                         " (its CPU build; or the CUDA build you use)"),
+    "safetensors": ("safetensors", "pip install safetensors"),
+}
 
 
 def missing_dependency(command: str, exc: ImportError, extra: str = "torch") -> CliError | None:
-    """The one-line error for a torch command run without its packages (None: another cause)."""
+    """The one-line error for a torch command run without its packages (None: another
+    cause): the package, the command that installs it, and the extra that would have."""
     package = (exc.name or "").partition(".")[0]
     if package not in TORCH_PACKAGES:
         return None
-    return CliError(f"`chunkstore {command}` needs {TORCH_PACKAGES[package]}, which is not"
-                    f" installed; install it with: pip install '{DISTRIBUTION}[{extra}]'",
-                    EXIT_USAGE)
+    name, install = TORCH_PACKAGES[package]
+    return CliError(f"`chunkstore {command}` needs {name}, which is not installed (the"
+                    f" [{extra}] extra installs it); install it with: {install}", EXIT_USAGE)
 
 
 # --- sizes and words ------------------------------------------------------------------------

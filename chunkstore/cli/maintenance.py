@@ -90,7 +90,7 @@ def verify(store_path: str, selector: str | None, quick: bool, subset: str | Non
     \b
     Examples:
       chunkstore verify ckpts/ && echo clean
-      chunkstore verify ckpts/ --read-data-subset "$(( $(date +%j) % 7 + 1 ))/7"
+      chunkstore verify ckpts/ --read-data-subset "$(( 10#$(date +%j) % 7 + 1 ))/7"
       chunkstore verify ckpts/ --read-data-subset 5%
 
     \b
