@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -15,10 +16,14 @@ from click.testing import CliRunner
 
 import chunkstore
 from chunkstore.cli import cli
-from chunkstore.errors import InvalidInputError, NoStoreError, SelectorError
+from chunkstore.cli.recovery import EXIT_TARGET_FAILED
+from chunkstore.errors import InvalidInputError, InvalidSettingError, NoStoreError, SelectorError
 from chunkstore.format.drills import PHASES, DrillRecord
 from chunkstore.maintenance.drill import READY_LINE, DrillResult, drill
-from chunkstore.objects.kinds import DRILLS
+from chunkstore.maintenance.drillrestore import stored_objects
+from chunkstore.maintenance.report import stats as store_stats
+from chunkstore.objects.kinds import CHUNKS, DRILLS
+from chunkstore.read.reader import VersionReader
 from tests.conftest import SMALL_CHUNK
 
 
@@ -177,3 +182,146 @@ def test_torch_tensors_when_torch_bridge_is_importable(store_path: Path) -> None
         result = drill(store, "exp@3", materialize="torch", opener=chunkstore.open,
                        record=False)
     assert result.ok and result.record.materialized_as == "torch"
+
+
+# --- a target that fails is a failed drill, whatever the fallback restored ------------------
+
+
+def _truncate_newest_pack(path: Path) -> None:
+    """Cut in half a stored object only the newest version (exp@3) reads (its pack)."""
+    with chunkstore.open(path) as store:
+        newest = stored_objects(store, VersionReader(store, store.resolve("exp@3")))
+        older = stored_objects(store, VersionReader(store, store.resolve("exp@2")))
+        victim = min(newest - older, key=lambda d: d.raw)
+        data = store.objects.get(CHUNKS, victim)
+        store.objects.put(CHUNKS, victim, data[:len(data) // 2])
+
+
+def test_a_refused_target_fails_the_drill_even_when_the_fallback_restores(
+        tmp_path: Path) -> None:
+    """Issue 46 item 9: the newest version's pack truncated; the restore falls back to
+    exp@2, and the drill says it failed (exit 5, naming the repair), records it as
+    failed with what the fallback restored and how long it took, and report agrees
+    with verify instead of listing it as the last successful drill."""
+    path = tmp_path / "store"
+    _save(path, (1, 2, 3))
+    _truncate_newest_pack(path)
+    runner = CliRunner()
+    outcome = runner.invoke(cli, ["drill", str(path), "--materialize", "numpy"])
+    assert outcome.exit_code == EXIT_TARGET_FAILED == 5, outcome.output
+    assert "FAILED: the target exp@3" in outcome.output
+    assert "CorruptChunkError" in outcome.output and "fell back to" in outcome.output
+    assert f"chunkstore repair {path} --from OTHER exp@3" in outcome.output
+    assert runner.invoke(cli, ["verify", str(path)]).exit_code == 1
+    with chunkstore.open(path) as store:
+        (drill_id,) = store.objects.ids(DRILLS)
+        record = DrillRecord.decode(store.objects.get(DRILLS, drill_id))
+        target, fallback = store.resolve("exp@3"), store.resolve("exp@2")
+    assert not record.ok and record.restored and record.target_failed
+    assert (record.target, record.target_run, record.target_step) == (target.id, "exp", 3)
+    assert (record.version, record.step) == (fallback.id, 2)
+    assert record.error == "CorruptChunkError" and target.id in record.fell_back_from
+    assert 0 < record.recovery_seconds < 60
+    report = runner.invoke(cli, ["report", str(path)])
+    assert report.exit_code == 0, report.output
+    assert "last successful drill, per run" not in report.output
+    failed = report.output.split("FAILED drills")[1]
+    assert "exp@3" in failed and "CorruptChunkError" in failed and "exp@2 in" in failed
+    doc = json.loads(runner.invoke(cli, ["report", str(path), "--json"]).output)
+    assert doc["drills"] == []
+    (summary,) = doc["failed_drills"]
+    assert (summary["drill_id"], summary["target"], summary["target_failed"]) == (
+        drill_id, target.id, True)
+    assert (summary["restored"], summary["restored_step"]) == (fallback.id, 2)
+    assert summary["recovery_seconds"] == pytest.approx(record.recovery_seconds, abs=1e-3)
+    as_json = runner.invoke(cli, ["drill", str(path), "--materialize", "numpy", "--json",
+                                  "--no-record"])
+    assert as_json.exit_code == 5, as_json.output
+    drilled = json.loads(as_json.output)
+    assert not drilled["ok"] and drilled["target"] == target.id
+    assert drilled["version"] == fallback.id and drilled["repair"].endswith(
+        "--from OTHER exp@3")
+
+
+def test_a_success_after_failures_clears_them_from_report(tmp_path: Path) -> None:
+    """report shows a run's failures since its last successful drill, not before it."""
+    path = tmp_path / "store"
+    _save(path, (1, 2, 3))
+    with chunkstore.open(path) as store:
+        failing = drill(store, then="exit 3", materialize="numpy", opener=chunkstore.open,
+                        clock=lambda: 1000.0)
+        passing = drill(store, materialize="numpy", opener=chunkstore.open,
+                        clock=lambda: 2000.0)
+        late = drill(store, then="exit 4", materialize="numpy", opener=chunkstore.open,
+                     clock=lambda: 3000.0)
+        stats = store_stats(store)
+    assert not failing.ok and passing.ok and not late.ok
+    assert not late.record.target_failed and late.repair is None
+    (ok,) = stats.drills
+    (failed,) = stats.failed_drills
+    assert ok.drill_id == passing.drill_id
+    assert (failed.drill_id, failed.failures) == (late.drill_id, 1)
+    assert failed.reason == "--then command not ready"
+
+
+# --- bad input: typed errors that change nothing --------------------------------------------
+
+
+@pytest.mark.parametrize(("option", "value"), [
+    ("timeout", -5), ("timeout", 0), ("timeout", "x"), ("timeout", float("nan")),
+    ("timeout", float("inf")), ("then_timeout", -1), ("then_timeout", "soon")])
+def test_bad_timeouts_are_typed_errors_that_change_nothing(
+        store_path: Path, option: str, value: object) -> None:
+    before = _files(store_path)
+    with chunkstore.open(store_path) as store:
+        drills = set(store.objects.ids(DRILLS))
+        with pytest.raises(InvalidSettingError, match="timeout"):
+            drill(store, then="true", materialize="numpy", opener=chunkstore.open,
+                  **{option: value})  # type: ignore[arg-type]
+        assert set(store.objects.ids(DRILLS)) == drills
+    assert _files(store_path) == before
+
+
+def test_a_bad_then_timeout_on_the_command_line_exits_2(store_path: Path) -> None:
+    before = _files(store_path)
+    outcome = CliRunner().invoke(cli, ["drill", str(store_path), "--then", "true",
+                                       "--then-timeout", "0"])
+    assert outcome.exit_code == 2, outcome.output
+    assert _files(store_path) == before
+
+
+_DEEP = b"[" * 100_000 + b"]" * 100_000
+
+
+@pytest.mark.parametrize(("name", "mutate"), [
+    ("step Infinity", lambda text: text.replace(b'"step":3', b'"step":Infinity')),
+    ("step 1e999", lambda text: text.replace(b'"step":3', b'"step":1e999')),
+    ("step 1.5", lambda text: text.replace(b'"step":3', b'"step":1.5')),
+    ("time NaN", lambda text: text.replace(b'"time":', b'"time":NaN,"x":')),
+    ("nested 100,000 deep", lambda text: text.replace(b'"error":null', b'"error":' + _DEEP)),
+    ("phases nested", lambda text: text.replace(b'"phases":{', b'"phases":{"x":' + _DEEP
+                                                + b',')),
+    ("too large", lambda text: text.replace(b'"error":null',
+                                            b'"error":"' + b"x" * (2 << 20) + b'"')),
+    ("not JSON", lambda text: text[:10]),
+])
+def test_a_crafted_drill_record_is_skipped_with_a_warning(
+        tmp_path: Path, name: str, mutate: Callable[[bytes], bytes]) -> None:
+    path = tmp_path / "store"
+    _save(path, (1, 2, 3))
+    with chunkstore.open(path) as store:
+        good = drill(store, materialize="numpy", opener=chunkstore.open)
+        crafted = mutate(good.record.encode())
+        assert crafted != good.record.encode(), name
+        with pytest.raises(ValueError, match=r"."):
+            DrillRecord.decode(crafted)
+        store.objects.put(DRILLS, "29990101T000000Z-00000000", crafted)
+    for args in (["report", str(path)], ["report", str(path), "--json"]):
+        outcome = CliRunner().invoke(cli, args)
+        assert outcome.exit_code == 0, (name, outcome.output, outcome.exception)
+        assert "warning: drill record drills/29990101T000000Z-00000000 skipped" in (
+            outcome.stderr)
+    doc = json.loads(CliRunner().invoke(cli, ["report", str(path), "--json"]).stdout)
+    assert [d["drill_id"] for d in doc["drills"]] == [good.drill_id]
+    (warning,) = doc["drill_warnings"]
+    assert "29990101T000000Z-00000000" in warning

@@ -32,7 +32,7 @@ from chunkstore.cli.common import (
     tags_by_version,
     version_json,
 )
-from chunkstore.cli.recovery import drills_text
+from chunkstore.cli.recovery import drill_warnings_text, drills_text
 from chunkstore.errors import NotAStoreError
 from chunkstore.format.dtypes import element_size
 from chunkstore.format.manifest import MAX_DELTA_DEPTH, TensorEntry
@@ -433,7 +433,7 @@ def report_text(stats: StoreStats, store_path: str) -> None:
         fields.append(("awaiting gc", f"unknown: {stats.gc_unknown}"))
     click.echo(f"store {store_path}")
     echo_lines(["  " + line for line in render_table(["", ""], fields)[1:]])
-    drills_text(stats.drills)
+    drills_text(stats)
 
 
 @click.command()
@@ -459,7 +459,11 @@ def report(store_path: str, grace: str, as_json: bool) -> None:
     their chunks that no earlier version and no lower rank holds (NEW;
     --json: "ranks", with logical_bytes and new_bytes).
     Per run, its last successful `chunkstore drill`: when, its age, the
-    version restored and the recovery time (--json: "drills").
+    version restored and the recovery time (--json: "drills"); and the newest
+    drill that failed since, with why (a target refused: what the fallback
+    restored and how long it took; --json: "failed_drills"). A drill record
+    that cannot be read is skipped with a warning on stderr
+    (--json: "drill_warnings").
 
     \b
     Example:
@@ -472,6 +476,7 @@ def report(store_path: str, grace: str, as_json: bool) -> None:
         stats = store_stats(store, parse_duration(grace))
     if as_json:
         emit_json(stats.to_json())
+        drill_warnings_text(stats)
     else:
         report_text(stats, store_path)
 

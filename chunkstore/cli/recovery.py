@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import click
@@ -24,10 +23,24 @@ from chunkstore.cli.common import (
     render_table,
     storage_options_environment,
 )
-from chunkstore.maintenance.drill import MATERIALIZE, READY_LINE, SCENARIOS, DrillResult, drill
+from chunkstore.maintenance.drill import (
+    MATERIALIZE,
+    READY_LINE,
+    SCENARIOS,
+    DrillResult,
+    check_timeout,
+    drill,
+    repair_command,
+)
+from chunkstore.maintenance.drillhistory import FailedDrill
 from chunkstore.maintenance.drillrestore import restore
-from chunkstore.maintenance.report import DrillSummary
-from chunkstore.maintenance.retention import parse_duration
+from chunkstore.maintenance.report import StoreStats
+
+#: drill's exit status when its target (the newest version, or SELECTOR's) did not
+#: restore, whether or not the restore fell back to an earlier version: distinct from
+#: 1 (another part of the drill failed) so that a job can tell "the newest checkpoint
+#: is damaged" from "the smoke test failed".
+EXIT_TARGET_FAILED = 5
 
 _PHASE_NAMES = {"startup": "startup", "discovery": "discovery", "download": "download",
                 "validation": "validation", "materialization": "materialization",
@@ -47,13 +60,24 @@ def _phase_note(name: str, result: DrillResult) -> str:
     return ""
 
 
+def _headline(result: DrillResult, store_path: str) -> str:
+    record = result.record
+    restored = (f"{str(record.version)[:12]} ({record.run}@{record.step}) in"
+                f" {record.recovery_seconds:.2f} s")
+    if record.target_failed:
+        target = f"{record.target_run}@{record.target_step} ({str(record.target)[:12]})"
+        fallback = (f"the restore fell back to {restored}" if record.restored
+                    else "no earlier version restored either")
+        return (f"drill of {store_path}: FAILED: the target {target} did not restore"
+                f" ({record.error}); {fallback}")
+    if record.restored:
+        return f"drill of {store_path}: restored {restored}"
+    return f"drill of {store_path}: no version restored ({record.error})"
+
+
 def drill_text(result: DrillResult, store_path: str) -> None:
     record = result.record
-    if record.restored:
-        click.echo(f"drill of {store_path}: restored {str(record.version)[:12]}"
-                   f" ({record.run}@{record.step}) in {record.recovery_seconds:.2f} s")
-    else:
-        click.echo(f"drill of {store_path}: no version restored ({record.error})")
+    click.echo(_headline(result, store_path))
     for attempt in result.restore.get("attempts", []):
         click.echo(f"  refused {attempt['version'][:12]}: {attempt['error']}:"
                    f" {attempt['message']}")
@@ -67,6 +91,10 @@ def drill_text(result: DrillResult, store_path: str) -> None:
         click.echo(f"scenario {outcome.name}: {verdict} ({outcome.outcome}): {outcome.detail}")
     if result.drill_id is not None:
         click.echo(f"recorded as drills/{result.drill_id}: {'ok' if record.ok else 'FAILED'}")
+    if record.target_failed:
+        command = repair_command(store_path, record.target_run, record.target_step)
+        click.echo(f"repair the target from a copy that holds it whole (a mirror, a sync"
+                   f" destination): {command}")
 
 
 @click.command("drill")
@@ -93,14 +121,22 @@ def drill_command(store_path: str, selector: str | None, scenarios: tuple[str, .
                   as_json: bool) -> None:
     """Restore a version in a fresh process and report the recovery time.
 
-    The restore takes the newest version that reads back whole (or
-    SELECTOR's, falling back to its run's earlier steps), as a resuming job
-    would, and times each phase: startup (the interpreter and imports),
+    The target is the newest version (or SELECTOR's). The restore takes it
+    as a resuming job would, falling back to the newest earlier version that
+    reads back whole (with SELECTOR, its run's earlier steps), and times
+    each phase: startup (the interpreter and imports),
     discovery (open, list versions, pick one, load its manifest), download
     (every object it needs, read into memory; bytes and GB/s), validation
     (every chunk decoded and hash-checked) and materialization (every entry
     read into new arrays or tensors). With --then, the time until the
     command reports its first successful update is added.
+
+    The drill passes only if the target itself restores. When it is refused
+    (damaged or missing data) and the restore falls back, the drill fails
+    with exit code 5: the record names the target, the error and what the
+    fallback restored and how long it took, and the message names the
+    command that mends the target from another copy of the store:
+    `chunkstore repair STORE --from OTHER RUN@STEP`.
 
     Each --scenario copies the version (and the one before it in its run)
     into a scratch store with `chunkstore sync`, damages the copy, restores
@@ -110,7 +146,8 @@ def drill_command(store_path: str, selector: str | None, scenarios: tuple[str, .
     there is none). The store itself is never damaged.
 
     The result is stored in the store (drills/...); `chunkstore report` shows
-    each run's last successful drill, its age and its recovery time.
+    each run's last successful drill, its age and its recovery time, and the
+    newest drill that failed since.
 
     \b
     Examples:
@@ -119,19 +156,24 @@ def drill_command(store_path: str, selector: str | None, scenarios: tuple[str, .
       chunkstore drill ckpts/ --then 'python train.py --resume --max-steps 1'
 
     \b
-    Exit codes: 0 the restore and every scenario passed; 1 a drill failed;
-    2 bad selector, not a store, bad option.
+    Exit codes: 0 the target restored, and --then and every scenario passed;
+    1 --then or a scenario failed, or the restore process gave no result;
+    2 bad selector, not a store, bad option; 5 the target did not restore
+    (the restore fell back to an earlier version, or restored nothing).
     """
     chosen = tuple(SCENARIOS) if "all" in scenarios else tuple(dict.fromkeys(scenarios))
+    ready_within = check_timeout(then_timeout, "--then-timeout")
     with open_store(store_path) as store:
         result = drill(store, selector, scenarios=chosen, then=then,
-                       then_timeout=parse_duration(then_timeout), materialize=materialize,
+                       then_timeout=ready_within, materialize=materialize,
                        opener=chunkstore.open, record=not no_record,
                        child_env=storage_options_environment(store_path))
     if as_json:
         emit_json(result.to_json())
     else:
         drill_text(result, store_path)
+    if result.record.target_failed:
+        raise SystemExit(EXIT_TARGET_FAILED)
     if not result.ok:
         raise SystemExit(EXIT_PROBLEMS)
 
@@ -150,17 +192,40 @@ def drill_restore(store_path: str, selector: str | None) -> None:
         raise SystemExit(EXIT_INTEGRITY)
 
 
-def drills_text(drills: Sequence[DrillSummary]) -> None:
-    """``report``'s lines on drills: each run's last successful one."""
-    if not drills:
-        return
-    click.echo("")
-    click.echo("last successful drill, per run:")
-    rows = [[d.run, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d.time)),
-             format_duration(d.age_s) + " ago", d.version[:12], f"{d.recovery_seconds:.2f} s",
-             ", ".join(d.scenarios) or "-"] for d in drills]
-    echo_lines(["  " + line for line in render_table(
-        ["RUN", "WHEN", "AGE", "VERSION", "RECOVERY", "SCENARIOS"], rows, right=(2, 4))])
+def _failed_row(d: FailedDrill) -> list[str]:
+    target = f"{d.run}@{d.target_step}" if d.target_step is not None else "-"
+    instead = (f"{d.restored_run}@{d.restored_step} in {d.recovery_seconds:.2f} s"
+               if d.restored is not None and d.target_failed else "-")
+    return [d.run, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d.time)),
+            format_duration(d.age_s) + " ago", str(d.failures), target, d.reason, instead]
+
+
+def drill_warnings_text(stats: StoreStats) -> None:
+    """A warning on stderr for each drill record ``report`` skipped."""
+    for warning in stats.drill_warnings:
+        click.echo(f"warning: {warning}", err=True)
+
+
+def drills_text(stats: StoreStats) -> None:
+    """``report``'s lines on drills: each run's last successful one, the newest that
+    failed since, and a warning (on stderr) for each record skipped."""
+    drill_warnings_text(stats)
+    if stats.drills:
+        click.echo("")
+        click.echo("last successful drill, per run:")
+        rows = [[d.run, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d.time)),
+                 format_duration(d.age_s) + " ago", d.version[:12],
+                 f"{d.recovery_seconds:.2f} s", ", ".join(d.scenarios) or "-"]
+                for d in stats.drills]
+        echo_lines(["  " + line for line in render_table(
+            ["RUN", "WHEN", "AGE", "VERSION", "RECOVERY", "SCENARIOS"], rows, right=(2, 4))])
+    if stats.failed_drills:
+        click.echo("")
+        click.echo("FAILED drills, per run: the newest since its last successful drill:")
+        rows = [_failed_row(d) for d in stats.failed_drills]
+        echo_lines(["  " + line for line in render_table(
+            ["RUN", "WHEN", "AGE", "FAILED", "TARGET", "WHY", "RESTORED INSTEAD"], rows,
+            right=(2, 3))])
 
 
 COMMANDS = (drill_command, drill_restore)

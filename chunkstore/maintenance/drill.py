@@ -19,7 +19,15 @@
    to the earlier version (or, with none to fall back to, fails with that error).
    The live store is never damaged; the scratch copy is deleted.
 5. A drill record (``drills/<UTC time>-<random>``, docs/format.md §12) is stored
-   last, pass or fail, so ``report`` can show each run's last successful drill.
+   last, pass or fail, so ``report`` can show each run's last successful drill and
+   the drills that failed since (:mod:`.drillhistory`).
+
+The drill names its target (the newest version, or the selector's) before the
+restore starts, and passes only if the target itself comes back: a restore that
+had to fall back to an earlier version proves that the earlier one restores, and
+that the target does not.  Such a drill is recorded as failed, with what the
+fallback restored and how long it took, and names the command that rewrites the
+damaged objects from another copy (``chunkstore repair``).
 """
 
 from __future__ import annotations
@@ -40,12 +48,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from chunkstore.errors import InvalidInputError, SelectorError
+from chunkstore.errors import InvalidInputError, InvalidSettingError, SelectorError
 from chunkstore.format.digest import Digest
 from chunkstore.format.drills import DrillRecord, ScenarioOutcome, new_drill_id
 from chunkstore.format.records import RECORD_FORMAT_VERSION
 from chunkstore.handle.versions import VersionInfo
 from chunkstore.maintenance.drillrestore import stored_objects
+from chunkstore.maintenance.retention import parse_duration
 from chunkstore.maintenance.sync import Opener, sync_locations
 from chunkstore.objects.kinds import CHUNKS, DRILLS, VERSIONS
 from chunkstore.read.reader import VersionReader
@@ -64,12 +73,14 @@ _ROOT = str(Path(__file__).resolve().parents[2])  # the directory holding the pa
 
 @dataclass
 class DrillResult:
-    """The stored record, the restore process's own report and the drill's id."""
+    """The stored record, the restore process's own report and the drill's id;
+    ``repair``: the command that mends the target when it was refused (else None)."""
 
     record: DrillRecord
     drill_id: str | None
     restore: dict[str, Any] = field(default_factory=dict)
     then_detail: str | None = None
+    repair: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -77,7 +88,7 @@ class DrillResult:
 
     def to_json(self) -> dict[str, Any]:
         return {"drill_id": self.drill_id, **self.record.to_json(), "restore": self.restore,
-                "then": self.then_detail}
+                "then": self.then_detail, "repair": self.repair}
 
 
 @dataclass(frozen=True)
@@ -85,6 +96,24 @@ class ChildRun:
     report: dict[str, Any]
     wall: float
     problem: str | None  # why there is no report (the process failed to run)
+
+
+def check_timeout(value: object, name: str) -> float:
+    """A drill's timeout in seconds (a number, a timedelta or text such as ``10m``):
+    :class:`InvalidSettingError` unless it is finite and above zero."""
+    try:
+        seconds = parse_duration(value)
+    except InvalidSettingError as exc:
+        raise InvalidSettingError(f"{name}: {exc}") from None
+    if seconds <= 0:
+        raise InvalidSettingError(f"{name} {value!r} must be above zero")
+    return seconds
+
+
+def repair_command(location: str, run: str | None, step: int | None) -> str:
+    """The command that rewrites what a refused target lacks from another copy of the
+    store (OTHER: a mirror, a `chunkstore sync` destination)."""
+    return f"chunkstore repair {location} --from OTHER {run}@{step}"
 
 
 def uses_torch(materialize: str) -> bool:
@@ -284,13 +313,46 @@ def _phases(child: ChildRun, then_seconds: float | None) -> dict[str, float | No
     return phases
 
 
+def _record(when: float, child: ChildRun, target: VersionInfo, selector: str | None,
+            then_seconds: float | None, then_ok: bool, outcomes: tuple[ScenarioOutcome, ...],
+            torch: bool) -> DrillRecord:
+    """The drill record: it passes only if the target itself restored."""
+    restored = child.problem is None and bool(child.report.get("ok"))
+    attempts = child.report.get("attempts", [])
+    refused = {a["version"]: a["error"] for a in attempts}
+    if child.problem is not None:
+        error: str | None = child.problem
+    elif target.id in refused:
+        error = refused[target.id]
+    elif not restored:
+        error = attempts[-1]["error"] if attempts else "no version restored"
+    else:
+        error = None
+    target_ok = restored and child.report.get("version") == target.id
+    return DrillRecord(
+        when, target_ok and then_ok and all(o.ok for o in outcomes), restored,
+        child.report.get("version"), child.report.get("run"), child.report.get("step"),
+        selector, child.wall + (then_seconds or 0.0), _phases(child, then_seconds),
+        int(child.report.get("bytes_downloaded", 0)),
+        str(child.report.get("materialized_as", "torch" if torch else "numpy")),
+        tuple(a["version"] for a in attempts), error, outcomes,
+        target.id, target.run, target.step)
+
+
 def drill(store: StoreHandle, selector: str | None = None, *, scenarios: Sequence[str] = (),
           then: str | None = None, then_timeout: float = 600.0, materialize: str = "auto",
           opener: Opener, record: bool = True, timeout: float = 3600.0,
           clock: Callable[[], float] = time.time,
           child_env: Mapping[str, str] | None = None) -> DrillResult:
-    """Restore ``selector``'s version (default: the newest that reads back) in a fresh
-    process, then the fault ``scenarios``; store and return the record.
+    """Restore ``selector``'s version (default: the newest) in a fresh process, then
+    the fault ``scenarios``; store and return the record.
+
+    The drill passes only if that version itself restores: when it is refused and
+    the restore falls back to an earlier one, the record is a failure that names
+    both (``DrillResult.repair`` says how to mend the target).  ``timeout`` (each
+    restore process) and ``then_timeout`` are seconds, a timedelta or text such as
+    ``10m``, above zero: anything else is :class:`InvalidSettingError`, before
+    anything runs.
 
     The restore process opens the store by its URL alone: ``child_env`` is added to
     its environment (and to ``then``'s), which is how the CLI hands it the storage
@@ -300,15 +362,16 @@ def drill(store: StoreHandle, selector: str | None = None, *, scenarios: Sequenc
     if unknown:
         raise InvalidInputError(f"unknown drill scenario {unknown[0]!r}: one of"
                                 f" {', '.join(SCENARIOS)}")
+    timeout = check_timeout(timeout, "timeout")
+    then_timeout = check_timeout(then_timeout, "then_timeout")
     torch = uses_torch(materialize)
     target = store.resolve(selector) if selector is not None else store.latest()
     if target is None:
         raise SelectorError("latest", "the store has no version to drill")
     when = clock()
     child = run_child(child_command(store.url, selector, torch), timeout, child_env)
-    restored = child.problem is None and bool(child.report.get("ok"))
     then_seconds, then_ok, then_detail = None, True, None
-    if then is not None and restored:
+    if then is not None and child.problem is None and child.report.get("ok"):
         env = {**(child_env or {}), "CHUNKSTORE_DRILL_STORE": store.url,
                "CHUNKSTORE_DRILL_VERSION": str(child.report["version"]),
                "CHUNKSTORE_DRILL_RUN": str(child.report["run"]),
@@ -316,32 +379,10 @@ def drill(store: StoreHandle, selector: str | None = None, *, scenarios: Sequenc
         then_ok, then_seconds, then_detail = first_update(then, env, then_timeout)
     outcomes = tuple(run_scenario(store, name, target, opener=opener, torch=torch,
                                   timeout=timeout) for name in scenarios)
-    attempts = child.report.get("attempts", [])
-    error = child.problem or (None if restored else
-                              (attempts[-1]["error"] if attempts else "no version restored"))
-    result = DrillRecord(
-        when, restored and then_ok and all(o.ok for o in outcomes), restored,
-        child.report.get("version"), child.report.get("run"), child.report.get("step"),
-        selector, child.wall + (then_seconds or 0.0), _phases(child, then_seconds),
-        int(child.report.get("bytes_downloaded", 0)),
-        str(child.report.get("materialized_as", "torch" if torch else "numpy")),
-        tuple(a["version"] for a in attempts), error, outcomes)
+    result = _record(when, child, target, selector, then_seconds, then_ok, outcomes, torch)
     drill_id = new_drill_id(when) if record else None
     if drill_id is not None:
         store.objects.put(DRILLS, drill_id, result.encode())
-    return DrillResult(result, drill_id, child.report, then_detail)
-
-
-def last_drills(store: StoreHandle) -> dict[str, tuple[str, DrillRecord]]:
-    """Per run, its newest successful drill record (id, record); unreadable ones skipped."""
-    found: dict[str, tuple[str, DrillRecord]] = {}
-    for drill_id in sorted(store.objects.ids(DRILLS)):
-        try:
-            record = DrillRecord.decode(store.objects.get(DRILLS, drill_id))
-        except (FileNotFoundError, ValueError):
-            continue
-        if record.ok and record.run is not None:
-            best = found.get(record.run)
-            if best is None or record.time >= best[1].time:
-                found[record.run] = (drill_id, record)
-    return found
+    repair = (repair_command(store.url, target.run, target.step) if result.target_failed
+              else None)
+    return DrillResult(result, drill_id, child.report, then_detail, repair)

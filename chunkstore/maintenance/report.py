@@ -14,7 +14,7 @@ from chunkstore.format.manifest import DataEntry, PackLocation, TensorEntry
 from chunkstore.format.shards import RANKS_ENTRY, ShardRanks
 from chunkstore.handle.tree import Leaf, flatten
 from chunkstore.index.lmdbindex import CHUNK, NODE
-from chunkstore.maintenance.drill import last_drills
+from chunkstore.maintenance.drillhistory import DrillSummary, FailedDrill, drill_history
 from chunkstore.read.reader import VersionReader
 
 if TYPE_CHECKING:
@@ -175,34 +175,6 @@ def version_ranks(store: StoreHandle) -> list[VersionRanks]:
     return found
 
 
-@dataclass(frozen=True)
-class DrillSummary:
-    """A run's last successful drill: when (and how long ago), the version it restored
-    and the recovery time."""
-
-    run: str
-    drill_id: str
-    time: float
-    age_s: float
-    version: str
-    step: int | None
-    recovery_seconds: float
-    scenarios: tuple[str, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"run": self.run, "drill_id": self.drill_id, "time": self.time,
-                "age_s": round(self.age_s, 1), "version": self.version, "step": self.step,
-                "recovery_seconds": self.recovery_seconds, "scenarios": list(self.scenarios)}
-
-
-def drill_summaries(store: StoreHandle, now: float) -> list[DrillSummary]:
-    """Each run's last successful drill, by run name."""
-    return [DrillSummary(run, drill_id, record.time, max(now - record.time, 0.0),
-                         record.version or "", record.step, record.recovery_seconds,
-                         tuple(s.name for s in record.scenarios))
-            for run, (drill_id, record) in sorted(last_drills(store).items())]
-
-
 @dataclass
 class StoreStats:
     """Sizes over the whole store.  Amplification = physical / logical of the latest version.
@@ -240,6 +212,10 @@ class StoreStats:
     ranks: list[VersionRanks] = field(default_factory=list)
     #: Per run (by name), its last successful drill (``chunkstore drill``).
     drills: list[DrillSummary] = field(default_factory=list)
+    #: Per run, the newest drill that failed after its last successful one.
+    failed_drills: list[FailedDrill] = field(default_factory=list)
+    #: A warning for each drill record that could not be read (skipped).
+    drill_warnings: list[str] = field(default_factory=list)
 
     @property
     def physical_bytes(self) -> int:
@@ -297,6 +273,8 @@ class StoreStats:
             },
             "ranks": [v.to_json() for v in self.ranks],
             "drills": [d.to_json() for d in self.drills],
+            "failed_drills": [d.to_json() for d in self.failed_drills],
+            "drill_warnings": list(self.drill_warnings),
         }
 
 
@@ -358,7 +336,9 @@ def stats(store: StoreHandle, grace_s: float = 3600.0, now: float | None = None)
         result.mean_chain_depth = sum(depths.values()) / len(depths)
         result.max_chain_depth = max(depths.values())
     result.ranks = version_ranks(store)
-    result.drills = drill_summaries(store, now)
+    drills = drill_history(store, now)
+    result.drills, result.failed_drills = drills.last_ok, drills.failed
+    result.drill_warnings = drills.skipped
     return result
 
 
