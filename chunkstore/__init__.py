@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from chunkstore import errors
+from chunkstore.maintenance.repair import RepairResult, repair_locations
 from chunkstore.maintenance.sync import SyncResult, TagConflict, sync_locations
 from chunkstore.progress import Progress
 from chunkstore.read.reader import VersionReader
@@ -26,8 +27,8 @@ from chunkstore.store import Store, VersionInfo, open
 from chunkstore.write.writer import VersionWriter
 
 __version__ = "0.1.0"
-__all__ = ["Store", "SyncResult", "TagConflict", "VersionInfo", "VersionReader",
-           "VersionWriter", "errors", "open", "sync"]
+__all__ = ["RepairResult", "Store", "SyncResult", "TagConflict", "VersionInfo",
+           "VersionReader", "VersionWriter", "errors", "open", "repair", "sync"]
 
 
 def sync(src: str | os.PathLike[str] | Store, dst: str | os.PathLike[str] | Store,
@@ -49,3 +50,26 @@ def sync(src: str | os.PathLike[str] | Store, dst: str | os.PathLike[str] | Stor
                           src_options=src_options, dst_options=dst_options,
                           progress=progress)
 
+
+
+def repair(store: str | os.PathLike[str] | Store, source: str | os.PathLike[str] | Store,
+           selectors: Sequence[str] = (), *, dry_run: bool = False,
+           store_options: dict[str, Any] | None = None,
+           source_options: dict[str, Any] | None = None,
+           progress: Progress | None = None) -> RepairResult:
+    """Rewrite what is missing or damaged in ``store`` from ``source``'s checked bytes.
+
+    Every object the selected versions need (every version when ``selectors`` is empty)
+    is checked as a read checks it; one that is missing or fails is replaced by
+    ``source``'s object of the same key once that passed the same check there; nothing
+    that passes is replaced.  ``result.fixed`` and ``result.unfixed`` name the objects,
+    ``result.problems_after`` what a verify of the versions still finds (``result.ok``:
+    none).  ``dry_run`` checks and changes nothing.  See docs/recovery.md.
+    """
+    return repair_locations(_location(store), _location(source), selectors, opener=open,
+                            dry_run=dry_run, store_options=store_options,
+                            source_options=source_options, progress=progress)
+
+
+def _location(where: str | os.PathLike[str] | Store) -> str | Store:
+    return where if isinstance(where, Store) else os.fspath(where)

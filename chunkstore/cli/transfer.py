@@ -1,4 +1,5 @@
-"""Commands that move versions between stores: ``sync``."""
+"""Commands that move versions between stores: ``sync``, and ``repair``, which rewrites
+what is damaged in one store from another's checked bytes."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from chunkstore.cli.common import (
     open_any,
     plural,
 )
+from chunkstore.maintenance.repair import RepairResult, repair_locations
 from chunkstore.maintenance.sync import SyncResult, sync_locations
 from chunkstore.progress import TerminalProgress
 
@@ -115,4 +117,72 @@ def sync(src: str, dst: str, selectors: tuple[str, ...], dry_run: bool, verify_a
         raise SystemExit(EXIT_PROBLEMS)
 
 
-COMMANDS = (sync,)
+def repair_text(result: RepairResult) -> None:
+    verb = "would fix" if result.dry_run else "fixed"
+    click.echo(f"checked {plural(result.versions_checked, 'version')} of {result.store}"
+               f" against {result.source}: {verb} {plural(len(result.fixed), 'object')},"
+               f" {len(result.unfixed)} could not be fixed")
+    for fix in result.fixed:
+        click.echo(f"  {verb} {fix.kind} {fix.digest[:16]} ({fix.problem}), needed by"
+                   f" {', '.join(fix.versions)}")
+    for fix in result.unfixed:
+        click.echo(f"  not fixed: {fix.kind} {fix.digest[:16]} ({fix.problem}), needed by"
+                   f" {', '.join(fix.versions)}: {fix.reason}")
+    if result.dry_run:
+        return
+    if result.problems_after:
+        damaged = sorted({p.version or "" for p in result.problems_after})
+        click.echo(f"still damaged: {plural(len(damaged), 'version')}"
+                   f" ({', '.join(v[:12] for v in damaged)}); `chunkstore verify` names"
+                   " each problem; repair again from another copy, or remove the version")
+    else:
+        click.echo(f"read back {plural(result.versions_checked, 'version')}, hash-checked: ok")
+
+
+@click.command()
+@click.argument("store_path", metavar="STORE")
+@click.argument("selectors", nargs=-1, metavar="[SELECTOR]...")
+@click.option("--from", "source", required=True, metavar="OTHER",
+              help="The store to take whole copies from (a mirror, or a store sync wrote).")
+@click.option("--dry-run", is_flag=True,
+              help="Check and say what would be fixed, and whether OTHER has it; change"
+                   " nothing.")
+@JSON_OPT
+def repair(store_path: str, selectors: tuple[str, ...], source: str, dry_run: bool,
+           as_json: bool) -> None:
+    """Rewrite what is missing or damaged in STORE from OTHER's checked bytes.
+
+    Every object the selected versions of STORE need (every version without
+    SELECTOR) is read and checked as a restore checks it: commit records,
+    manifest nodes, chunks with their delta bases, packs. An object that is
+    missing or fails its check is replaced by OTHER's object of the same key,
+    once that passed the same check in OTHER; nothing that passes its check is
+    ever replaced. Each object is written atomically, so a repair that is
+    killed leaves every object as it was or whole: run it again. The selected
+    versions are then read back, hash-checked, and what is still wrong is
+    named. OTHER is only read.
+
+    \b
+    Examples:
+      chunkstore repair ckpts/ --from s3://bucket/ckpts            # every version
+      chunkstore repair ckpts/ --from /mnt/backup exp1@latest      # one version
+      chunkstore repair --dry-run ckpts/ --from s3://bucket/ckpts  # what would change
+
+    \b
+    Exit codes: 0 every selected version reads back whole (nothing was
+    damaged, or all of it was fixed; a dry run: nothing is damaged); 2 bad
+    input; 3 damage remains (or, in a dry run, was found); 4 I/O failure.
+    """
+    started = time.monotonic()
+    with TerminalProgress() as progress:
+        result = repair_locations(store_path, source, selectors, opener=open_any,
+                                  dry_run=dry_run, progress=progress)
+    if as_json:
+        emit_json({**result.to_json(), "seconds": round(time.monotonic() - started, 3)})
+    else:
+        repair_text(result)
+    if not result.ok or (dry_run and result.fixed):
+        raise SystemExit(EXIT_INTEGRITY)
+
+
+COMMANDS = (sync, repair)

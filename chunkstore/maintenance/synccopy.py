@@ -130,7 +130,7 @@ class VersionCopy:
                 if isinstance(leaf, DataEntry):
                     nodes.append(leaf.digest)
                 elif isinstance(leaf, TensorEntry):
-                    _add_needs(leaf, chunks)
+                    add_needs(leaf, chunks)
             stack.extend(node.children())
         return nodes, chunks
 
@@ -320,7 +320,7 @@ class VersionCopy:
         return len(data)
 
 
-def _add_needs(entry: TensorEntry, needs: dict[Digest, Need]) -> None:
+def add_needs(entry: TensorEntry, needs: dict[Digest, Need]) -> None:
     """The chunk objects a read of ``entry`` needs, with what it needs of each."""
     for shard in entry.shards:
         for i, digest in enumerate(shard.chunks):
@@ -337,7 +337,8 @@ def _add_needs(entry: TensorEntry, needs: dict[Digest, Need]) -> None:
                     needs.setdefault(base, (chain[k + 1:], locations[k + 1:]))
 
 
-def checked_object(store: StoreHandle, digest: Digest, data: bytes, need: Need) -> bytes:
+def checked_object(store: StoreHandle, digest: Digest, data: bytes, need: Need, *,
+                   check_links: bool = False) -> bytes:
     """``data``, the object of ``digest`` in ``store``, once it passed the check a read
     makes of it, so that no copy ever moves bytes it did not check: a chunk object
     decodes (through the chain ``need`` lists, its bases read from ``store`` and checked
@@ -345,9 +346,10 @@ def checked_object(store: StoreHandle, digest: Digest, data: bytes, need: Need) 
     A pack whose own header alone is damaged (reads never use it, so ``verify`` passes
     the pack with a warning) comes back with the header it was written with.
     :class:`CorruptChunkError` (or :class:`MissingChunkError` for a missing base)
-    when the check fails."""
+    when the check fails; with ``check_links`` every base on the way is checked too, so
+    the error names the object at fault (else a damaged base fails the chunk itself)."""
     if need is not None:
-        decode_chain(store, digest, data, need[0], locations=need[1])
+        decode_chain(store, digest, data, need[0], locations=need[1], check_links=check_links)
         return data
     if len(data) < HEADER.size or not digest.is_hash_of(memoryview(data)[HEADER.size:]):
         raise CorruptChunkError(digest.hex, "the pack's content does not hash to its key"

@@ -1,0 +1,365 @@
+"""``repair``: rewrite what is missing or damaged in a store from another store's
+checked bytes.
+
+A store damaged by rot, a lost file or a truncated write still has the versions'
+commit records, and another store (a mirror, a backup made by ``sync``) often holds
+whole copies of the same objects under the same keys: sync copies verbatim.  For each
+selected version (every version when none is named), in this order:
+
+1. its commit record is read and checked; a damaged one is replaced by the other
+   store's record of the same id, which hashes to the id (a missing record is a
+   removed version and is left alone: repair never brings back what was removed);
+2. its tree is walked (:func:`~chunkstore.handle.tree.flatten`); a node that is
+   missing or fails its hash is replaced by the other store's node that passes it,
+   and the walk starts again, until the tree is whole or a node cannot be had; then
+   every data node is checked the same way;
+3. every chunk object the version needs (its chunks, their listed delta bases, the
+   packs they lie in; through the store's moved record where it repacked a pack) is
+   read and checked as a read checks it
+   (:func:`~chunkstore.maintenance.synccopy.checked_object`).  An object whose own
+   check fails (not one whose base failed: the base is checked on its own) is
+   replaced by the other store's object, which must pass the same check there first;
+   where the other store holds the chunk as a delta against another base, a
+   standalone encoding of its checked bytes is written instead (the one replacement
+   docs/format.md §3.4 allows).  A delta checked before its base was repaired is
+   checked again afterwards, until nothing more can be fixed;
+4. each repaired object is written atomically (a temp file renamed over the damaged
+   one locally, one PUT on an object store), so a repair killed at any point leaves
+   every object either as it was or whole;
+5. the selected versions are verified again, as ``chunkstore verify`` reads them,
+   and what is still wrong is reported.
+
+Only objects that fail their own check are ever replaced, and only by bytes that
+passed it, so a repair never makes a store worse.  The objects a live version
+reaches are never GC's to delete, so a GC running meanwhile does not race it; an
+object written for a version removed meanwhile is an orphan GC removes later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from chunkstore import codecs
+from chunkstore.errors import (
+    ChunkStoreError,
+    CorruptChunkError,
+    CorruptNodeError,
+    CorruptRecordError,
+    FormatVersionError,
+    InvalidInputError,
+    MissingChunkError,
+)
+from chunkstore.format.chunkobj import ChunkHeader, parse_header
+from chunkstore.format.digest import Digest
+from chunkstore.format.manifest import TensorEntry
+from chunkstore.format.records import CommitRecord
+from chunkstore.handle.tree import FlatTree, flatten
+from chunkstore.maintenance.sync import select
+from chunkstore.maintenance.synccopy import Need, add_needs, checked_object
+from chunkstore.maintenance.verify import Problem
+from chunkstore.maintenance.verify import verify as verify_store
+from chunkstore.objects.kinds import CHUNKS, MOVED, NODES, VERSIONS
+from chunkstore.progress import NullProgress, Progress
+from chunkstore.protocol.moved import MAX_HOPS, read_moved
+from chunkstore.read.chain import decode_chain, header_chain
+
+if TYPE_CHECKING:
+    from chunkstore.handle.handle import StoreHandle
+
+Opener = Callable[..., "StoreHandle"]
+
+#: How many times a tree walk starts again after a node was replaced (a tree of that
+#: many damaged nodes is replaced node by node; more, and the walk gives up on it).
+MAX_NODE_FIXES = 10_000
+
+
+@dataclass
+class Fix:
+    """One object found missing or damaged: ``kind`` is record, node, chunk, pack or
+    moved; ``problem`` what was wrong; ``reason`` why it could not be fixed (None once
+    fixed)."""
+
+    kind: str
+    digest: str
+    problem: str
+    versions: list[str] = field(default_factory=list)  # RUN@STEP of those that need it
+    reason: str | None = None
+
+
+@dataclass
+class RepairResult:
+    """What a repair found, fixed (or, in a dry run, would fix) and could not fix."""
+
+    store: str
+    source: str
+    dry_run: bool = False
+    versions_checked: int = 0
+    fixed: list[Fix] = field(default_factory=list)
+    unfixed: list[Fix] = field(default_factory=list)
+    #: what ``verify`` of the selected versions still finds after the repair
+    problems_after: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.unfixed and not self.problems_after
+
+    def to_json(self) -> dict[str, Any]:
+        return {"store": self.store, "source": self.source, "dry_run": self.dry_run,
+                "ok": self.ok, "versions_checked": self.versions_checked,
+                "fixed": [f.__dict__ for f in self.fixed],
+                "unfixed": [f.__dict__ for f in self.unfixed],
+                "problems_after": [p.to_json() for p in self.problems_after]}
+
+
+class _Unfixable(Exception):
+    """The other store has no checked bytes for an object."""
+
+
+class Repair:
+    """Repairs the versions of ``store`` from ``source`` (see the module docstring)."""
+
+    def __init__(self, store: StoreHandle, source: StoreHandle, result: RepairResult) -> None:
+        self.store, self.source, self.result = store, source, result
+        self._fixes: dict[tuple[str, str], Fix] = {}
+
+    # --- bookkeeping --------------------------------------------------------------------
+
+    def _found(self, kind: str, digest: str, problem: str, label: str) -> Fix:
+        fix = self._fixes.get((kind, digest))
+        if fix is None:
+            fix = self._fixes[(kind, digest)] = Fix(kind, digest, problem)
+        if label not in fix.versions:
+            fix.versions.append(label)
+        return fix
+
+    def _write(self, fix: Fix, write: Callable[[], None]) -> None:
+        if fix.reason is None and fix not in self.result.fixed:
+            if not self.result.dry_run:
+                write()
+            self.result.fixed.append(fix)
+
+    def _unfixed(self, fix: Fix, reason: str) -> None:
+        fix.reason = reason
+        if fix not in self.result.unfixed:
+            self.result.unfixed.append(fix)
+
+    # --- one version ----------------------------------------------------------------------
+
+    def version(self, version_id: str, label: str) -> None:
+        record = self._record(version_id, label)
+        if record is None:
+            return
+        flat = self._tree(record.root, label)
+        if flat is None:
+            return
+        for digest in sorted(flat.data_nodes()):
+            self._node(digest, label)
+        needs: dict[Digest, Need] = {}
+        for leaf in flat.leaves.values():
+            if isinstance(leaf, TensorEntry):
+                add_needs(leaf, needs)
+        self._chunks(needs, label)
+
+    def _record(self, version_id: str, label: str) -> CommitRecord | None:
+        try:
+            return self.store.read_record(version_id)
+        except FileNotFoundError:
+            return None  # removed meanwhile: nothing to repair
+        except (CorruptRecordError, FormatVersionError) as exc:
+            fix = self._found("record", version_id, str(exc), label)
+        try:
+            data = self.source.objects.get(VERSIONS, version_id)
+            record = CommitRecord.decode(version_id, data)
+        except FileNotFoundError:
+            self._unfixed(fix, f"{self.source.url} does not hold this version")
+            return None
+        except ChunkStoreError as exc:
+            self._unfixed(fix, f"damaged in {self.source.url} too: {exc}")
+            return None
+        self._write(fix, lambda: self.store.objects.put(VERSIONS, version_id, data))
+        return record
+
+    def _tree(self, root: Digest, label: str) -> FlatTree | None:
+        for _ in range(MAX_NODE_FIXES):
+            try:
+                return flatten(self.store.objects, root, self.store.node_cache)
+            except CorruptNodeError as exc:
+                if not self._node(Digest.parse(exc.digest), label) or self.result.dry_run:
+                    return None  # a dry run cannot look below a node it did not write
+        return None
+
+    def _node(self, digest: Digest, label: str) -> bool:
+        """Check one node and replace it when it fails; whether it is whole now."""
+        try:
+            stored: bytes | None = self.store.objects.get(NODES, digest)
+        except FileNotFoundError:
+            stored = None
+        if stored is not None and digest.is_hash_of(stored):
+            return True
+        fix = self._found("node", digest.hex, "missing" if stored is None
+                          else "does not hash to its key", label)
+        try:
+            data = self.source.objects.get(NODES, digest)
+        except FileNotFoundError:
+            self._unfixed(fix, f"{self.source.url} does not hold it")
+            return False
+        if not digest.is_hash_of(data):
+            self._unfixed(fix, f"damaged in {self.source.url} too")
+            return False
+        self._write(fix, lambda: self.store.objects.put(NODES, digest, data))
+        return True
+
+    # --- chunk objects --------------------------------------------------------------------
+
+    def _chunks(self, needs: dict[Digest, Need], label: str) -> None:
+        """Check every object; fix those whose own check fails; check again those that
+        failed on a base, until a round fixes nothing."""
+        todo = dict(needs)
+        while todo:
+            failed_on_base: dict[Digest, Need] = {}
+            fixed_any = False
+            for digest, need in sorted(todo.items(), key=lambda item: item[0].raw):
+                outcome = self._chunk(digest, need, label, todo)
+                if outcome == "base":
+                    failed_on_base[digest] = need
+                fixed_any |= outcome == "fixed"
+            if not fixed_any or self.result.dry_run:
+                return  # what still fails on a base is verify's to report
+            todo = failed_on_base
+
+    def _chunk(self, digest: Digest, need: Need, label: str, todo: dict[Digest, Need],
+               hops: int = 0) -> str:
+        """Check one object: "ok", "fixed", "base" (a base failed), or "unfixed"."""
+        try:
+            checked_object(self.store, digest, self.store.objects.get(CHUNKS, digest), need,
+                           check_links=True)
+            return "ok"
+        except FileNotFoundError:
+            if need is None:
+                return self._missing_pack(digest, label, todo, hops)
+            problem = "missing"
+        except (MissingChunkError, CorruptChunkError, FormatVersionError) as exc:
+            if getattr(exc, "digest", digest.hex) != digest.hex:
+                return "base"
+            problem = str(exc)
+        fix = self._found("pack" if need is None else "chunk", digest.hex, problem, label)
+        try:
+            data = self._source_bytes(digest, need)
+        except _Unfixable as exc:
+            self._unfixed(fix, str(exc))
+            return "unfixed"
+        self._write(fix, lambda: self.store.objects.put(CHUNKS, digest, data))
+        return "fixed"
+
+    def _missing_pack(self, pack: Digest, label: str, todo: dict[Digest, Need],
+                      hops: int) -> str:
+        """A pack the store no longer holds: reads follow its moved record there, so the
+        pack it moved to is checked instead; without one, the pack comes from the other
+        store (or its moved record and the pack that moved to)."""
+        try:
+            moved = read_moved(self.store.objects, pack)
+        except CorruptChunkError:
+            moved = None  # the pack itself, written back, is read before any record
+        if moved is not None and hops < MAX_HOPS:
+            return self._chunk(moved.to, None, label, todo, hops + 1)
+        fix = self._found("pack", pack.hex, "missing", label)
+        try:
+            data = self._source_bytes(pack, None)
+        except _Unfixable as exc:
+            elsewhere = read_moved(self.source.objects, pack) if hops < MAX_HOPS else None
+            if elsewhere is None:
+                self._unfixed(fix, str(exc))
+                return "unfixed"
+            record = self.source.objects.get(MOVED, pack)
+            fix.kind = "moved"
+            self._write(fix, lambda: self.store.objects.put(MOVED, pack, record))
+            self._chunk(elsewhere.to, None, label, todo, hops + 1)
+            return "fixed"
+        self._write(fix, lambda: self.store.objects.put(CHUNKS, pack, data))
+        return "fixed"
+
+    def _source_bytes(self, digest: Digest, need: Need) -> bytes:
+        """The other store's object of ``digest``, checked there as the store's
+        manifest lists it; a standalone encoding where the other store's is a delta
+        against another base."""
+        try:
+            data = self.source.objects.get(CHUNKS, digest)
+        except FileNotFoundError:
+            raise _Unfixable(f"{self.source.url} does not hold it") from None
+        try:
+            return checked_object(self.source, digest, data, need)
+        except ChunkStoreError as exc:
+            if need is None:
+                raise _Unfixable(f"damaged in {self.source.url} too: {exc}") from None
+            standalone = self._standalone(digest, data)
+            if standalone is None:
+                raise _Unfixable(f"damaged in {self.source.url} too: {exc}") from None
+            return standalone
+
+    def _standalone(self, digest: Digest, data: bytes) -> bytes | None:
+        """A raw object of the chunk, decoded through the chain the other store's own
+        headers name; None when that fails too."""
+        chain = header_chain(self.source, digest, 64)
+        if chain is None:
+            return None
+        try:
+            raw = decode_chain(self.source, digest, data, chain)
+            header = parse_header(digest, data)
+        except ChunkStoreError:
+            return None
+        return ChunkHeader(codecs.RAW.id, header.element_size, len(raw), len(raw)).pack() \
+            + bytes(raw)
+
+
+def repair(store: StoreHandle, source: StoreHandle, selectors: Sequence[str] = (), *,
+           dry_run: bool = False, progress: Progress | None = None) -> RepairResult:
+    """Rewrite what is missing or damaged in ``store``'s selected versions (every version
+    when none is named) from ``source``'s checked bytes; see the module docstring."""
+    if store.url.rstrip("/") == source.url.rstrip("/"):
+        raise InvalidInputError(f"{source.url} is the store being repaired; name another"
+                                " store that holds whole copies of its versions")
+    result = RepairResult(store.url, source.url, dry_run)
+    versions = select(store, selectors)
+    progress = progress or NullProgress()
+    repairer = Repair(store, source, result)
+    store.base_cache.clear()  # bases decoded before the damage are not the store's bytes
+    progress.start(len(versions), "repair")
+    try:
+        for info in versions:
+            repairer.version(info.id, f"{info.run}@{info.step}")
+            result.versions_checked += 1
+            progress.advance()
+    finally:
+        progress.finish()
+    if not dry_run and result.fixed:
+        store.base_cache.clear()
+    for info in versions if not dry_run else ():
+        result.problems_after.extend(verify_store(store, info.id, read_data=True).problems)
+    return result
+
+
+def repair_locations(store: str | StoreHandle, source: str | StoreHandle,
+                     selectors: Sequence[str] = (), *, opener: Opener, dry_run: bool = False,
+                     store_options: dict[str, Any] | None = None,
+                     source_options: dict[str, Any] | None = None,
+                     progress: Progress | None = None) -> RepairResult:
+    """:func:`repair` between stores named by path or URL (or open ones), opened with
+    ``opener``; both must exist."""
+    opened: list[StoreHandle] = []
+    try:
+        handles = []
+        for location, options in ((store, store_options), (source, source_options)):
+            if isinstance(location, str):
+                opened.append(opener(location, create=False, storage_options=options))
+                handles.append(opened[-1])
+            else:
+                handles.append(location)
+        return repair(handles[0], handles[1], selectors, dry_run=dry_run, progress=progress)
+    finally:
+        for handle in reversed(opened):
+            handle.close()
+
+
+__all__ = ["Fix", "RepairResult", "repair", "repair_locations"]
