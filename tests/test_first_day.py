@@ -3,6 +3,7 @@ reading never creates a store."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import warnings
@@ -101,3 +102,51 @@ def test_cli_read_commands_say_no_store_and_create_nothing(tmp_path: Path) -> No
         assert proc.returncode == 2, (command, proc.stderr)
         assert f"no store at {missing}" in proc.stderr, (command, proc.stderr)
         assert not missing.exists()
+
+
+def _readme_training_loop() -> str:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    blocks = re.findall(r"^```python\n(.*?)^```$", readme, re.S | re.M)
+    return next(block for block in blocks if "from torch_bridge import Checkpointer" in block)
+
+
+def _run_loop(code: str, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    (cwd / "train.py").write_text(code)
+    return subprocess.run([sys.executable, "train.py", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=240, check=False)
+
+
+def test_the_readme_loop_keeps_its_typo_protection_on(tmp_path: Path) -> None:
+    """The README's loop passed missing_ok=True on every start: a mistyped path or run
+    name printed "starting at step 0" and trained from scratch into a new store or run.
+    Only its `--first-start` may find nothing; any other start that does stops."""
+    code = _readme_training_loop()
+    fresh = _run_loop(code, tmp_path)
+    assert fresh.returncode != 0, fresh.stdout
+    assert "NoStoreError: no store at ckpts" in fresh.stderr, fresh.stderr
+    assert "starting at step" not in fresh.stdout
+    assert not (tmp_path / "ckpts").exists()
+    first = _run_loop(code, tmp_path, "--first-start")
+    assert first.returncode == 0, first.stderr
+    assert "starting at step 0" in first.stdout
+    assert 'run="exp1"' in code
+    typo = _run_loop(code.replace('run="exp1"', 'run="exp2"'), tmp_path)
+    assert typo.returncode != 0, typo.stdout
+    assert "RunNotFoundWarning" in typo.stderr and "'exp1'" in typo.stderr, typo.stderr
+    assert "nothing to resume from" in typo.stderr
+    assert "starting at step" not in typo.stdout
+    with chunkstore.open(tmp_path / "ckpts") as store:
+        assert {info.run for info in store.versions()} == {"exp1"}
+    again = _run_loop(code, tmp_path)  # a restart, without the switch: resumes
+    assert again.returncode == 0, again.stderr
+    assert "starting at step 48" in again.stdout
+
+
+def test_the_demos_next_steps_export_into_the_demos_folder() -> None:
+    """`./dev demo` suggested `export demo-store demo@latest model.safetensors`, which
+    wrote into the repository's root (git then showed it as a new file)."""
+    dev = (Path(__file__).resolve().parent.parent / "dev").read_text()
+    export = next(line for line in dev.splitlines() if "export $store" in line)
+    out = export.split('"')[1].split()[-1]
+    assert out.startswith("$store/") and out.endswith(".safetensors"), export
+    assert "/demo-store/" in (Path(__file__).resolve().parent.parent / ".gitignore").read_text()

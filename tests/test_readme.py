@@ -36,13 +36,14 @@ PYTHON_BLOCKS = [code for page in EXAMPLE_PAGES
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 
-def _run(code: str, cwd: Path) -> str:
-    """Run ``code`` as a script in ``cwd``, as a user pasting it would; its stdout."""
+def _run(code: str, cwd: Path, *args: str) -> str:
+    """Run ``code`` as a script in ``cwd`` with ``args``, as a user pasting it would; its
+    stdout."""
     script = cwd / "example.py"
     script.write_text(code)
     env = {**os.environ, "PYTHONWARNINGS": "error"}
-    done = subprocess.run([sys.executable, str(script)], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=240, check=False)
+    done = subprocess.run([sys.executable, str(script), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=240, check=False)
     assert done.returncode == 0, f"README block failed:\n{code}\n{done.stderr[-3000:]}"
     return done.stdout
 
@@ -86,12 +87,15 @@ def test_every_headline_figure_is_one_of_the_performance_page() -> None:
 def test_the_python_blocks_run_in_order_in_one_directory_and_again() -> None:
     """As a user does: every block in order in one directory, then every block again (a
     resume example is run twice; the blocks share a directory).  The training loop
-    starts at step 0, and on the second run restores step 48 with nothing left to do."""
+    starts at step 0 with the README's `--first-start`, and on the second run, without
+    it, restores step 48 with nothing left to do."""
+    assert "`python train.py --first-start`" in README and "then `python train.py`" in README
     blocks = [code for code in PYTHON_BLOCKS if HAS_TORCH or "torch" not in code]
     with tempfile.TemporaryDirectory() as directory:
         for round_ in ("first", "second"):
             for code in blocks:
-                out = _run(code, Path(directory))
+                args = ("--first-start",) if round_ == "first" and "--first-start" in code else ()
+                out = _run(code, Path(directory), *args)
                 if "starting at step" in code:
                     expected = 0 if round_ == "first" else 48
                     assert f"starting at step {expected}" in out, (round_, out)
