@@ -291,3 +291,23 @@ def test_a_repair_killed_midway_leaves_objects_whole_and_a_rerun_finishes(
     with chunkstore.open(local) as store:
         assert_whole(store, ids)
     assert not [p for p in local.rglob("*") if ".tmp" in p.name]
+
+
+def test_sync_verify_names_damage_already_there_and_verify_names_the_repair(
+        pair: tuple[Path, Path, list[str]]) -> None:
+    """A local object deleted after the mirror has the version: ``sync MIRROR LOCAL
+    r@4 --verify`` finds the version already there, reads it back, exits 1 and names
+    the repair (it said "1 already there" and exited 0); ``verify`` names it too; after
+    the repair both are clean."""
+    local, mirror, ids = pair
+    with chunkstore.open(local) as store:
+        damage(store, CHUNKS, objects_by_kind(store, ids[-1])["pack"], "delete")
+    result = CliRunner().invoke(cli, ["sync", str(mirror), str(local), "r@4", "--verify"])
+    assert result.exit_code == 1, result.output
+    assert "1 already there" in result.output and "chunkstore repair" in result.output
+    result = CliRunner().invoke(cli, ["verify", str(local)])
+    assert result.exit_code == 1 and f"chunkstore repair {local} --from OTHER" in result.output
+    assert CliRunner().invoke(cli, ["repair", str(local), "--from", str(mirror)]).exit_code == 0
+    result = CliRunner().invoke(cli, ["sync", str(mirror), str(local), "r@4", "--verify"])
+    assert result.exit_code == 0, result.output
+    assert CliRunner().invoke(cli, ["verify", str(local)]).exit_code == 0

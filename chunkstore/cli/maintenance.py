@@ -31,7 +31,11 @@ from chunkstore.progress import TerminalProgress
 # --- verify ---------------------------------------------------------------------------------
 
 
-def verify_text(result: VerifyResult, quick: bool) -> None:
+#: Problems a copy of the objects mends (the rest are the index's: ``index rebuild``).
+DAMAGE = frozenset({"missing-chunk", "corrupt-chunk", "corrupt-node", "corrupt-record"})
+
+
+def verify_text(result: VerifyResult, quick: bool, store_path: str = "STORE") -> None:
     for problem in result.problems:
         where = (problem.version or "-")[:12]
         what = f" chunk {problem.digest[:16]}" if problem.digest else ""
@@ -55,6 +59,12 @@ def verify_text(result: VerifyResult, quick: bool) -> None:
     for warning in result.warnings:
         click.echo(f"warning: {warning.kind}: {warning.message} (every version reads back"
                    " whole: reads check each member by its own header and hash)", err=True)
+    damaged = sorted({p.version for p in result.problems if p.kind in DAMAGE and p.version})
+    if damaged:
+        click.echo(f"to repair: `chunkstore repair {store_path} --from OTHER` rewrites what is"
+                   " missing or damaged from a store holding whole copies (a mirror, or a"
+                   " store sync wrote); `chunkstore repair --dry-run` first says what it"
+                   " would fix", err=True)
 
 
 @click.command()
@@ -108,7 +118,7 @@ def verify(store_path: str, selector: str | None, quick: bool, subset: str | Non
     if as_json:
         emit_json({**result.to_json(), "seconds": round(time.monotonic() - started, 3)})
     else:
-        verify_text(result, quick)
+        verify_text(result, quick, store_path)
     if not result.ok:
         raise SystemExit(EXIT_PROBLEMS)
 

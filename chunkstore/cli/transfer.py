@@ -57,6 +57,10 @@ def sync_text(result: SyncResult) -> None:
         click.echo(f"read back {plural(result.verified, 'version')}, hash-checked: {verdict}")
     for problem in result.problems:
         click.echo(f"problem: {problem}")
+    if result.problems:
+        click.echo("a sync never replaces what DST holds unless it fails its check while"
+                   " being copied; to mend a damaged version of DST: `chunkstore repair DST"
+                   " --from SRC`")
 
 
 @click.command()
@@ -66,7 +70,8 @@ def sync_text(result: SyncResult) -> None:
 @click.option("--dry-run", is_flag=True,
               help="Say what would be copied (versions, objects, bytes); change nothing.")
 @click.option("--verify", "verify_after", is_flag=True,
-              help="Read every copied version back from DST, hash-checked.")
+              help="Read every selected version back from DST, hash-checked: those"
+                   " copied and those already there.")
 @JSON_OPT
 def sync(src: str, dst: str, selectors: tuple[str, ...], dry_run: bool, verify_after: bool,
          as_json: bool) -> None:

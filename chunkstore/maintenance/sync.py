@@ -258,7 +258,8 @@ def sync(src: StoreHandle, dst: StoreHandle | None, selectors: Sequence[str] = (
     there = set(result.copied) | already  # tags may name only what the destination has
     _sync_tags(src, dst, [v for v in versions if v.id in there], result)
     if verify and dst is not None and not dry_run:
-        _verify(dst, result.copied, result, progress)
+        # The versions already there too: one damaged there is named (repair mends it).
+        _verify(dst, [v.id for v in versions if v.id in there], result, progress)
     return result
 
 
