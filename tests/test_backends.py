@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -452,3 +454,59 @@ def test_closing_a_store_empties_its_base_cache(tmp_path: Path) -> None:
     assert store.base_cache.get(Digest.of(b"a")) is not None
     store.close()
     assert store.base_cache.get(Digest.of(b"a")) is None
+
+
+def _other_filesystem(path: Path) -> Path | None:
+    """A fresh folder on a file system other than ``path``'s (tmpfs /dev/shm), or None."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or not os.access(shm, os.W_OK):
+        return None
+    if os.stat(shm).st_dev == os.stat(path).st_dev:
+        return None
+    folder = shm / f"chunkstore-test-{uuid.uuid4().hex}"
+    folder.mkdir()
+    return folder
+
+
+def test_a_save_syncs_every_file_system_its_objects_went_to(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 46 item 11: a store whose chunks/ is a symlink to another device (here a
+    tmpfs, a real second file system): the save's flush syncfs's both file systems,
+    the chunks' too, before its commit record; the version reads back, verify and GC
+    (which list chunks/ through the link) agree."""
+    import numpy as np
+
+    import chunkstore
+    from chunkstore.backends import local
+
+    other = _other_filesystem(tmp_path)
+    if other is None or local._SYNCFS is None:
+        pytest.skip("no second file system (tmpfs /dev/shm) or no syncfs(2) here")
+    try:
+        root = tmp_path / "s"
+        chunkstore.open(root, create=True, chunk_size=65536).close()
+        with contextlib.suppress(FileNotFoundError):
+            (root / "chunks").rmdir()
+        (root / "chunks").symlink_to(other)
+        synced: list[int] = []
+        real_syncfs = local._SYNCFS
+
+        def recording_syncfs(fd: int) -> int:
+            synced.append(os.fstat(fd).st_dev)
+            return real_syncfs(fd)
+
+        monkeypatch.setattr(local, "_SYNCFS", recording_syncfs)
+        w = np.arange(100_000, dtype=np.float32)
+        with chunkstore.open(root) as store:
+            if not store.objects.backend.batch_sync:  # type: ignore[attr-defined]
+                pytest.skip("syncfs does not report write-back errors on this kernel")
+            with store.new_version("r", 1) as version:
+                version.put("w", w)
+                version.put("b", np.arange(10, dtype=np.float32))
+            assert set(synced) == {os.stat(root).st_dev, os.stat(other).st_dev}, synced
+            assert store.verify().ok and store.gc(grace=0).chunks_deleted == 0
+        assert any(other.rglob("*")), "the chunks went through the link"
+        with chunkstore.open(root) as store:
+            assert np.array_equal(store.open_version("r@1").get("w"), w)
+    finally:
+        shutil.rmtree(other, ignore_errors=True)

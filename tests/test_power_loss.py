@@ -24,7 +24,8 @@ from tools.crashstates import Recorder
 
 #: Distinct states checked per operation (each twice: fresh index, index at the cut);
 #: about 20 s in all on two cores.  ``python -m tools.crashscenarios`` checks them all.
-BUDGET = {"save": 40, "tag+rm": 40, "gc": 40, "repack": 40, "mixed-sync save": 40}
+BUDGET = {"save": 40, "two-filesystem save": 40, "tag+rm": 40, "gc": 40,
+          "repack": 40, "mixed-sync save": 40}
 
 
 @pytest.mark.parametrize("operation", list(SCENARIOS))
@@ -95,3 +96,57 @@ def test_before_linux_5_8_every_deferred_object_is_fsynced_on_its_own(tmp_path: 
     assert kinds[-2:] == ["names", "fsyncdir"] and "fsync" in kinds
     with mock.patch.object(local.platform, "release", lambda: "5.8.0"):
         assert LocalBackend(str(root), batch_sync=True).batch_sync
+
+
+def test_the_explorer_finds_a_save_that_syncs_only_the_roots_file_system(
+        tmp_path: Path) -> None:
+    """Issue 46 item 11's observation, as the explorer models it: with ``chunks/`` on
+    a file system of its own, a flush that syncfs's the root's file system alone
+    leaves states, cut after the commit record, where the published version's chunk
+    objects are gone or empty while its commit record is there."""
+    root_only = local._one_per_device
+    with mock.patch.object(local, "_one_per_device", lambda dirs: root_only(dirs)[:1]):
+        recording, expectations = SCENARIOS["two-filesystem save"](tmp_path / "store")
+    assert [op.device for op in recording.ops if op.kind == "syncfs"] == [0]
+    report = explore("two-filesystem save", recording, expectations, tmp_path / "states",
+                     per_point=8, limit=24)
+    published = [problems for state, problems in report.failures
+                 if state.point == len(recording.ops)]
+    assert published, report.summary()
+
+
+@pytest.mark.skipif(local._SYNCFS is None, reason="no syncfs(2) on this platform")
+def test_flush_syncs_each_file_system_written_or_relied_on(tmp_path: Path) -> None:
+    """One syncfs per file system (st_dev) a deferred write went to, or an object
+    found by ``exists`` lives on (a save dedups against it), the root's always; all
+    before the commit record, which is written after the flush."""
+    root = tmp_path / "s"
+    backend = LocalBackend(str(root), batch_sync=True)
+    if not backend.batch_sync:
+        pytest.skip("syncfs does not report write-back errors on this kernel")
+    backend.put("config", b"x")  # the directories exist before the recording
+    backend.put("chunks/ab/x", b"x")
+    backend.put("nodes/cd/x", b"x")
+    devices = {"chunks": 1, "nodes": 2}
+    with Recorder(str(root), devices=devices) as recorder:
+        assert backend.put_if_absent_deferred("chunks/ab/ab01", b"small")
+        assert backend.put_if_absent_deferred("chunks/ab/ab02", b"small")
+        backend.flush()
+        backend.flush()  # nothing written since: the root's alone
+        assert backend.exists("nodes/cd/x")  # another writer's object, relied on
+        backend.flush()
+    syncs = [op.device for op in recorder.recording.ops if op.kind == "syncfs"]
+    assert syncs == [0, 1, 0, 0, 2]
+    with Recorder(str(root), devices=devices) as recorder:
+        assert backend.put_if_absent_deferred("chunks/ab/ab03", b"small")
+        assert backend.put_if_absent_deferred("sessions/s1", b"s")
+        backend.flush()
+        backend.put_if_absent("versions/v1", b"commit")
+    kinds = [(op.kind, op.device) for op in recorder.recording.ops
+             if op.kind in ("syncfs", "names") and op.directory != "chunks/ab/"]
+    syncs = [op.device for op in recorder.recording.ops if op.kind == "syncfs"]
+    assert sorted(syncs) == [0, 1]
+    commit = next(i for i, op in enumerate(recorder.recording.ops)
+                  if op.kind == "names" and op.directory == "versions")
+    assert all(i < commit for i, op in enumerate(recorder.recording.ops)
+               if op.kind == "syncfs"), kinds

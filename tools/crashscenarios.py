@@ -1,6 +1,7 @@
 """The operations :mod:`tools.crashstates` explores, each on a small local store:
 a save (packed small tensors, a delta against the run's previous version, plain
-data), a tag and a removal, a GC that deletes, and a GC that repacks.
+data), the same save into a store whose ``chunks/`` is another file system, a tag
+and a removal, a GC that deletes, and a GC that repacks.
 
 ``python -m tools.crashscenarios [STATES_PER_OPERATION]`` records each, checks its
 crash states and prints what it found (the tests in tests/test_power_loss.py run
@@ -61,9 +62,10 @@ def save(store: chunkstore.Store, step: int, recorder: Recorder | None = None) -
     return version.info.id
 
 
-def _recorder(root: Path, store: chunkstore.Store) -> Recorder:
+def _recorder(root: Path, store: chunkstore.Store,
+              devices: dict[str, int] | None = None) -> Recorder:
     """A recorder of ``store`` at ``root``, its index copies beside the store."""
-    return Recorder(str(root), store.index, str(root.parent / "index-copies"))
+    return Recorder(str(root), store.index, str(root.parent / "index-copies"), devices)
 
 
 Scenario = Callable[[Path], tuple[Recording, Expectations]]
@@ -78,6 +80,17 @@ def record_save(root: Path) -> tuple[Recording, Expectations]:
     """Step 2 of a run whose step 1 is stored."""
     before = _setup(root, range(1, 2))
     with open_store(root) as store, _recorder(root, store) as recorder:
+        version_id = save(store, 2, recorder)
+    return recorder.recording, Expectations(before, {version_id: content(2)},
+                                            redo=content(2))
+
+
+def record_save_two_filesystems(root: Path) -> tuple[Recording, Expectations]:
+    """Step 2, as :func:`record_save`, into a store whose ``chunks/`` (its chunk
+    objects and packs) is a file system of its own, as a mount or a symlink to another
+    device makes it: a syncfs of the root's file system leaves the chunks unsynced."""
+    before = _setup(root, range(1, 2))
+    with open_store(root) as store, _recorder(root, store, {"chunks": 1}) as recorder:
         version_id = save(store, 2, recorder)
     return recorder.recording, Expectations(before, {version_id: content(2)},
                                             redo=content(2))
@@ -151,7 +164,10 @@ def record_mixed_sync_save(root: Path) -> tuple[Recording, Expectations]:
     return recorder.recording, Expectations(before, {version_id: content(2)})
 
 
-SCENARIOS: dict[str, Scenario] = {"save": record_save, "tag+rm": record_tag_and_remove,
+SCENARIOS: dict[str, Scenario] = {"save": record_save,
+                                  "two-filesystem save":
+                                  record_save_two_filesystems,
+                                  "tag+rm": record_tag_and_remove,
                                   "gc": record_gc, "repack": record_repack,
                                   "mixed-sync save": record_mixed_sync_save}
 

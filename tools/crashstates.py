@@ -31,7 +31,12 @@ The persistence model (the ext4-without-``auto_da_alloc`` worst case):
   only if its directory was fsynced, or the file system syncfs'ed, after it;
   otherwise each one independently survives or not (a rename all or nothing).
   Directories are taken as made durable when created (the backend fsyncs the
-  parent right after ``mkdir``).
+  parent right after ``mkdir``);
+- a store may span file systems: with ``devices`` the :class:`Recorder` puts a
+  folder (``chunks``, say) on a file system of its own (the backend sees another
+  ``st_dev`` for everything under it), and a ``syncfs`` makes durable only the
+  names and data on the file system it was called for.  (A mount cannot be made
+  here; the backend's calls are the same as with one.)
 
 States that differ only in temp files or in nothing at all are checked once.  Where
 a crash point has few unsynced calls every subset is built; otherwise a fixed set
@@ -64,6 +69,9 @@ from chunkstore.backends import local
 Content = tuple[dict[str, np.ndarray], dict[str, Any]]
 
 FULL, EMPTY, HALF = "full", "empty", "half"
+#: The ``st_dev`` of file system ``n`` of :class:`Recorder`'s ``devices`` is this plus n
+#: (far from any real device number).
+FAKE_DEVICE_BASE = 1 << 62
 
 
 # --- 1. recording -------------------------------------------------------------------------------
@@ -76,7 +84,8 @@ class Op:
     ``kind``: ``write`` (data of ``inode``), ``fsync`` (of ``inode``), ``fsyncdir`` (of
     ``directory``), ``syncfs``, ``names`` (``changes``: path -> inode or None, all in
     ``directory``, one atomic call) or ``mark`` (``label``: what the operation had
-    done by then, e.g. ``published <id>``).
+    done by then, e.g. ``published <id>``).  ``device``: the file system a ``write``,
+    ``names`` or ``syncfs`` is on (0: the store root's; see :class:`Recorder`).
     """
 
     kind: str
@@ -84,6 +93,7 @@ class Op:
     directory: str | None = None
     changes: tuple[tuple[str, int | None], ...] = ()
     label: str = ""
+    device: int = 0
 
 
 @dataclass
@@ -104,10 +114,18 @@ class Recorder:
     With ``index`` (the :class:`~chunkstore.index.lmdbindex.Index` of the store doing
     the operation) it also copies the index at every crash point, into ``index_copies``:
     the index a cut there leaves (an LMDB commit is durable when it returns).
+
+    ``devices`` puts folders of the store (relative paths, ``{"chunks": 1}``) on file
+    systems of their own, numbered from 1 (0 is the root's): ``os.stat`` in the
+    backend reports a ``st_dev`` of that number's for everything under the folder,
+    and each recorded call names the file system it is on.
     """
 
-    def __init__(self, root: str, index: Any = None, index_copies: str | None = None) -> None:
+    def __init__(self, root: str, index: Any = None, index_copies: str | None = None,
+                 devices: dict[str, int] | None = None) -> None:
         self.root = os.path.abspath(root)
+        self.devices = dict(devices or {})
+        self._inode_devices: dict[int, int] = {}
         self.recording = Recording(_snapshot(self.root))
         self._index = index
         self._index_copies = index_copies or tempfile.mkdtemp(prefix="crashstates-index-")
@@ -124,7 +142,7 @@ class Recorder:
                                          if not name.startswith("__")})
         proxy.open, proxy.write, proxy.close = self._open, self._write, self._close
         proxy.fsync, proxy.replace, proxy.link = self._fsync, self._replace, self._link
-        proxy.unlink = self._unlink
+        proxy.unlink, proxy.stat = self._unlink, self._stat
         stack = contextlib.ExitStack()
         stack.enter_context(mock.patch.object(local, "os", proxy))
         if local._SYNCFS is not None:
@@ -167,11 +185,30 @@ class Recorder:
             return None
         return os.path.relpath(text, self.root)
 
-    def _new_inode(self) -> int:
+    def _new_inode(self, directory: str) -> int:
         inode = self._next_inode
         self._next_inode += 1
         self.recording.data[inode] = bytearray()
+        self._inode_devices[inode] = self.device_of(directory)
         return inode
+
+    def device_of(self, rel: str | None) -> int:
+        """The file system (0: the root's) of ``rel``, a path relative to the root."""
+        for folder, device in self.devices.items():
+            if rel is not None and (rel == folder or rel.startswith(folder + os.sep)):
+                return device
+        return 0
+
+    def _stat(self, path: Any, *args: Any, **kw: Any) -> os.stat_result:
+        """``os.stat``, with the ``st_dev`` of a folder's own file system under it."""
+        real = os.stat(path, *args, **kw)
+        device = self.device_of(self._rel(path))
+        if not device:
+            return real
+        fields = list(real)
+        fields[2] = FAKE_DEVICE_BASE + device  # st_dev
+        return os.stat_result(fields, {name: getattr(real, name) for name in dir(real)
+                                       if name.startswith("st_") and name != "st_dev"})
 
     def _open(self, path: Any, flags: int, mode: int = 0o777, *args: Any, **kw: Any) -> int:
         with self._lock:
@@ -181,9 +218,9 @@ class Recorder:
             if rel is None:
                 return fd
             if tmpfile and flags & tmpfile == tmpfile:
-                self._fds[fd] = ("file", self._new_inode())
+                self._fds[fd] = ("file", self._new_inode(rel))
             elif flags & os.O_CREAT:
-                inode = self._new_inode()
+                inode = self._new_inode(os.path.dirname(rel))
                 self._fds[fd] = ("file", inode)
                 self._name_op(os.path.dirname(rel), ((rel, inode),))
             elif os.path.isdir(path):
@@ -198,7 +235,8 @@ class Recorder:
             kind, inode = self._fds.get(fd, ("", None))
             if kind == "file" and inode >= 0:
                 self.recording.data[inode] += bytes(memoryview(data).cast("B")[:written])
-                self.recording.ops.append(Op("write", inode=inode))
+                self.recording.ops.append(Op("write", inode=inode,
+                                             device=self._inode_devices[inode]))
             return written
 
     def _close(self, fd: int) -> None:
@@ -243,7 +281,10 @@ class Recorder:
             with self._lock:
                 self._copy_index()
                 result = real(fd)
-                self.recording.ops.append(Op("syncfs"))
+                kind, what = self._fds.get(fd, ("", None))
+                self.recording.ops.append(Op("syncfs", directory=what if kind == "dir" else None,
+                                             device=self.device_of(what if kind == "dir"
+                                                                   else None)))
             return result
         return syncfs
 
@@ -266,7 +307,8 @@ class Recorder:
                 self._names.pop(path, None)
             else:
                 self._names[path] = inode
-        self.recording.ops.append(Op("names", directory=directory, changes=changes))
+        self.recording.ops.append(Op("names", directory=directory, changes=changes,
+                                     device=self.device_of(directory)))
 
 
 def _snapshot(root: str) -> dict[str, bytes]:
@@ -320,26 +362,29 @@ class CrashState:
 
 
 def _guarantees(ops: list[Op], point: int) -> tuple[set[int], set[int]]:
-    """Which name operations before ``point`` are durable, and which files' data."""
+    """Which name operations before ``point`` are durable, and which files' data.  A
+    ``syncfs`` reaches the names and data on its own file system only."""
     synced_names: set[int] = set()
     synced_data: set[int] = set()
     pending_names: dict[str | None, list[int]] = {}
     last_write: dict[int, int] = {}
+    devices: dict[str | int | None, int] = {}  # of each directory and inode
     for i, op in enumerate(ops[:point]):
         if op.kind == "names":
             pending_names.setdefault(op.directory, []).append(i)
+            devices[op.directory] = op.device
         elif op.kind == "write" and op.inode is not None:
             last_write[op.inode] = i
+            devices[op.inode] = op.device
             synced_data.discard(op.inode)
         elif op.kind == "fsync" and op.inode is not None:
             synced_data.add(op.inode)
         elif op.kind == "fsyncdir":
             synced_names.update(pending_names.pop(op.directory, []))
         elif op.kind == "syncfs":
-            for pending in pending_names.values():
-                synced_names.update(pending)
-            pending_names.clear()
-            synced_data.update(last_write)
+            for directory in [d for d in pending_names if devices[d] == op.device]:
+                synced_names.update(pending_names.pop(directory))
+            synced_data.update(n for n in last_write if devices[n] == op.device)
     return synced_names, synced_data
 
 

@@ -27,6 +27,7 @@ import re
 import secrets
 import stat as stat_module
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from typing import ClassVar
 
@@ -147,6 +148,12 @@ class LocalBackend(Backend):
                            and syncfs_reports_errors(platform.release()))
         # Unnamed temp files (O_TMPFILE + linkat) until the filesystem refuses them.
         self._unnamed = _LINKAT is not None and os.environ.get(UNNAMED_ENV_VAR) != "0"
+        # The folders deferred writes went to, or found their object in, since the last
+        # flush: flush syncs the filesystem of each, since a folder (chunks/, or any
+        # below the root) may be a mount point or a symlink to another device, which a
+        # syncfs of the root's filesystem does not reach.
+        self._unsynced_dirs: set[str] = set()
+        self._unsynced_lock = threading.Lock()
 
     # --- the abstract interface ----------------------------------------------------------
 
@@ -176,6 +183,10 @@ class LocalBackend(Backend):
 
     def _link_new(self, key: str, data: bytes | memoryview, *, deferred: bool) -> bool:
         target = self._path(key)
+        if deferred:
+            # Noted before the write: whatever lands there (or is found there, made
+            # by another writer that batches) waits for the flush of this filesystem.
+            self._note_unsynced(os.path.dirname(target))
         # Deferred: a large object is still fsynced now, in this worker thread, so
         # its write-back overlaps the hashing of the next ones; small ones and
         # the directory entry wait for the syncfs in flush().
@@ -234,20 +245,40 @@ class LocalBackend(Backend):
             os.close(fd)
 
     def flush(self) -> None:
-        """syncfs(2) the store's filesystem: every file and name written so far is durable.
+        """syncfs(2) every filesystem written since the last flush: every file and name
+        written so far is durable.
 
-        It also flushes what other programs wrote to the same filesystem.
+        One call per filesystem (``st_dev``): the root's, and that of each folder a
+        deferred write went to or an object was found in (:meth:`exists`), because a
+        folder may be another filesystem (a mount point, a symlink to another device)
+        whose writes a syncfs of the root's filesystem leaves in memory: a power cut
+        would then keep the commit record that follows and lose the objects it names.
+        Each call also flushes what other programs wrote to that filesystem.
         """
         if not self.batch_sync or _SYNCFS is None or not os.path.isdir(self.root):
             return
-        fd = os.open(self.root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        with self._unsynced_lock:
+            directories, self._unsynced_dirs = self._unsynced_dirs, set()
         try:
-            if _SYNCFS(fd) != 0:
-                err = ctypes.get_errno()
-                with _space_as_typed(self.root):
-                    raise OSError(err, f"syncfs of {self.root} failed: {os.strerror(err)}")
-        finally:
-            os.close(fd)
+            for directory in _one_per_device([self.root, *sorted(directories)]):
+                _syncfs(directory)
+        except BaseException:
+            with self._unsynced_lock:  # not durable: the next flush tries them again
+                self._unsynced_dirs |= directories
+            raise
+
+    def exists(self, key: str) -> bool:
+        """Whether an object is stored under ``key``.  While batching, the folder of an
+        object found is synced by the next :meth:`flush`: the object may be another
+        batching writer's, not yet durable, that a save is about to rely on (dedup)."""
+        found = super().exists(key)
+        if found and self.batch_sync:
+            self._note_unsynced(os.path.dirname(self._path(key)))
+        return found
+
+    def _note_unsynced(self, directory: str) -> None:
+        with self._unsynced_lock:
+            self._unsynced_dirs.add(directory)
 
     def get(self, key: str) -> bytes:
         """Return the whole file; ``FileNotFoundError`` if absent."""
@@ -515,6 +546,33 @@ def _sync_found(target: str, created: bool) -> None:
             finally:
                 os.close(fd)
     _fsync_dir(os.path.dirname(target))
+
+
+def _one_per_device(directories: list[str]) -> list[str]:
+    """The first of ``directories`` on each filesystem (by ``st_dev``, symlinks followed);
+    one removed since it was written holds nothing left to sync."""
+    chosen: dict[int, str] = {}
+    for directory in directories:
+        try:
+            device = os.stat(directory).st_dev
+        except FileNotFoundError:
+            continue
+        chosen.setdefault(device, directory)
+    return list(chosen.values())
+
+
+def _syncfs(directory: str) -> None:
+    """syncfs(2) the filesystem ``directory`` lives on; OSError (StorageFullError for
+    no space) when write-back failed."""
+    assert _SYNCFS is not None
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        if _SYNCFS(fd) != 0:
+            err = ctypes.get_errno()
+            with _space_as_typed(directory):
+                raise OSError(err, f"syncfs of {directory} failed: {os.strerror(err)}")
+    finally:
+        os.close(fd)
 
 
 def _fsync_dir(directory: str) -> None:
