@@ -15,13 +15,14 @@ import hashlib
 import operator
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from chunkstore.backends import open_backend
 from chunkstore.backends.wrappers import wrap_from_env
 from chunkstore.codecs.policy import check_policy
 from chunkstore.errors import (
+    ChunkStoreError,
     InvalidInputError,
     InvalidSettingError,
     NoStoreError,
@@ -106,6 +107,48 @@ def _location(url: object) -> str:
     return text
 
 
+#: Packages whose own code rejects storage options it cannot take (s3fs passes the ones it
+#: does not know on to aiobotocore, which raises TypeError at the first request).
+_OPTION_TAKERS = frozenset({"fsspec", "s3fs", "aiobotocore", "botocore", "gcsfs", "adlfs",
+                            "aiohttp"})
+
+
+def _storage_options(options: object) -> dict[str, Any]:
+    """``storage_options`` checked: None, or a dict of option names (text) to values."""
+    if options is None:
+        return {}
+    if not isinstance(options, dict) or not all(isinstance(key, str) for key in options):
+        raise InvalidInputError(f"storage options are a dict of fsspec option names to values"
+                                f" (or None), not {type(options).__name__} {options!r}")
+    return options
+
+
+@contextlib.contextmanager
+def _options_taken(url: str, options: dict[str, Any]) -> Iterator[None]:
+    """An option the location's filesystem refuses (an unknown name, a value of the wrong
+    type) fails inside that filesystem's code with a TypeError, AttributeError or
+    ValueError, some only at its first request: a typed error naming the options, as bad
+    input (the CLI's exit 2), instead of a traceback."""
+    try:
+        yield
+    except (TypeError, AttributeError, ValueError) as exc:
+        if not options or isinstance(exc, ChunkStoreError) or not _raised_in(exc, _OPTION_TAKERS):
+            raise
+        # The names only: values may be credentials.
+        raise InvalidInputError(f"{url}: its filesystem refused the storage options"
+                                f" ({', '.join(sorted(options))}): {type(exc).__name__}:"
+                                f" {exc}") from exc
+
+
+def _raised_in(exc: BaseException, packages: frozenset[str]) -> bool:
+    """Whether the innermost frame of ``exc``'s traceback runs code of ``packages``."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    module = tb.tb_frame.f_globals.get("__name__", "") if tb is not None else ""
+    return str(module).partition(".")[0] in packages
+
+
 def default_index_dir(url: str, objects: ObjectStore) -> str:
     local = objects.local_path()
     if local is not None:
@@ -158,8 +201,11 @@ def open(
     if threads is not None:
         threads = _whole_number(threads, "threads", 1, MAX_THREADS)
     text = _location(url)
-    objects = ObjectStore(wrap_from_env(open_backend(text, **(storage_options or {}))))
-    config = _load_or_create_config(text, objects, create, chunk_size, compression, delta_depth)
+    options = _storage_options(storage_options)
+    with _options_taken(text, options):
+        objects = ObjectStore(wrap_from_env(open_backend(text, **options)))
+        config = _load_or_create_config(text, objects, create, chunk_size, compression,
+                                        delta_depth)
     if chunk_size is not None and chunk_size != config.chunk_size:
         raise InvalidSettingError(f"{text} was created with chunk size {config.chunk_size};"
                                   " the chunk size of an existing store cannot change")

@@ -339,3 +339,34 @@ def test_verify_helps_sampled_example_runs_on_every_day_of_the_year() -> None:
                           timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [f"{day % 7 + 1}/7" for day in days]
+
+
+# --- storage options a filesystem refuses ---------------------------------------------------
+
+
+@pytest.mark.parametrize("option", ["secret_key=hunter2", "client_kwargs=3",
+                                    "endpoint_url=notaurl"])
+def test_a_storage_option_s3fs_refuses_is_bad_input(filled: Path, option: str) -> None:
+    """An unknown option or a value of the wrong type gave sync (and every command on an
+    s3:// store) a TypeError, AttributeError or ValueError traceback from inside s3fs: one
+    line, exit 2, naming the options but not their values (they may be credentials)."""
+    pytest.importorskip("s3fs")
+    proc = run_cli("--storage-option", option, "--storage-option", "anon=true",
+                   "sync", str(filled), "s3://bucket/copy")
+    line = assert_one_error_line(proc, 2)
+    assert "s3://bucket/copy: its filesystem refused the storage options" in line
+    assert f"({', '.join(sorted(['anon', option.partition('=')[0]]))})" in line
+    assert "hunter2" not in line
+
+
+def test_storage_options_that_are_no_dict_are_a_typed_error(filled: Path,
+                                                          tmp_path: Path) -> None:
+    """sync(dst_options='x') raised TypeError from a `**` deep inside."""
+    from chunkstore.errors import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match="storage options are a dict"):
+        chunkstore.open("memory://somewhere", storage_options="x")  # type: ignore[arg-type]
+    for options in ({"dst_options": "x"}, {"src_options": ["x"]}, {"dst_options": {1: 2}}):
+        with pytest.raises(InvalidInputError, match="storage options are a dict"):
+            chunkstore.sync(filled, tmp_path / "copy", **options)  # type: ignore[arg-type]
+        assert not (tmp_path / "copy").exists()
