@@ -23,7 +23,7 @@ from chunkstore.maintenance.repair import RepairResult, repair_locations
 from chunkstore.maintenance.sync import SyncResult, TagConflict, sync_locations
 from chunkstore.progress import Progress
 from chunkstore.read.reader import VersionReader
-from chunkstore.store import Store, VersionInfo, open
+from chunkstore.store import Store, VersionInfo, check_sync_locations, open
 from chunkstore.write.writer import VersionWriter
 
 __version__ = "0.1.0"
@@ -46,6 +46,7 @@ def sync(src: str | os.PathLike[str] | Store, dst: str | os.PathLike[str] | Stor
     ``src_options`` / ``dst_options`` are fsspec storage options (see :func:`open`).
     See docs/recovery.md.
     """
+    check_sync_locations(src, dst)
     return sync_locations(src, dst, selectors, opener=open, dry_run=dry_run, verify=verify,
                           src_options=src_options, dst_options=dst_options,
                           progress=progress)

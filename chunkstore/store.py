@@ -11,6 +11,7 @@ package imports this module but the command line (docs/architecture.md).
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import operator
 import os
@@ -18,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from chunkstore.backends import open_backend
+from chunkstore.backends import LOCAL_SCHEMES, open_backend
 from chunkstore.backends.wrappers import wrap_from_env
 from chunkstore.codecs.policy import check_policy
 from chunkstore.errors import (
@@ -67,7 +68,7 @@ if TYPE_CHECKING:
     from chunkstore.maintenance.verify import VerifyResult
     from chunkstore.progress import Progress
 
-__all__ = ["Store", "VersionInfo", "open"]
+__all__ = ["Store", "VersionInfo", "check_sync_locations", "open"]
 
 
 #: The most worker threads a store handle accepts.
@@ -105,6 +106,31 @@ def _location(url: object) -> str:
         raise InvalidInputError(f"{text!r} is not a store location (a path or URL: not"
                                 " empty, no NUL character, text)")
     return text
+
+
+def check_sync_locations(src: object, dst: object) -> None:
+    """``sync``'s two locations, checked before anything is opened: each an open store, a
+    path or a URL (anything else a typed error, not a TypeError from inside), and a local
+    destination that can hold a store (a dry run into a regular file said it would create
+    one there, which the sync itself then could not)."""
+    for where in (src, dst):
+        if not isinstance(where, StoreHandle):
+            _location(where)
+    if not isinstance(dst, StoreHandle):
+        _check_can_hold_a_store(_location(dst))
+
+
+def _check_can_hold_a_store(text: str) -> None:
+    """A local path whose nearest existing part is not a directory (a file, or a path
+    under one) cannot become a store: :class:`StoreLocationError`, as creating it says."""
+    scheme, _, rest = text.partition("://") if "://" in text else ("", "", text)
+    if scheme not in LOCAL_SCHEMES:
+        return
+    path = os.path.abspath(os.path.expanduser(rest))
+    while not os.path.lexists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        raise StoreLocationError(text, os.strerror(errno.ENOTDIR))
 
 
 #: Packages whose own code rejects storage options it cannot take (s3fs passes the ones it

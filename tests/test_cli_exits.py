@@ -370,3 +370,36 @@ def test_storage_options_that_are_no_dict_are_a_typed_error(filled: Path,
         with pytest.raises(InvalidInputError, match="storage options are a dict"):
             chunkstore.sync(filled, tmp_path / "copy", **options)  # type: ignore[arg-type]
         assert not (tmp_path / "copy").exists()
+
+
+# --- sync's locations -----------------------------------------------------------------------
+
+
+def test_a_dry_run_into_a_file_fails_as_the_sync_does(filled: Path, tmp_path: Path) -> None:
+    """`sync --dry-run SRC FILE` said it would create a store there and exited 0; the
+    sync itself exits 2.  A path under a file is no place for a store either."""
+    afile = tmp_path / "notes.txt"
+    afile.write_text("not a store")
+    for dst in (afile, afile / "sub"):
+        real = assert_one_error_line(run_cli("sync", str(filled), str(dst)), 2)
+        dry = assert_one_error_line(run_cli("sync", "--dry-run", str(filled), str(dst)), 2)
+        assert dry == real == f"chunkstore: error: cannot create a store at {dst}: Not a directory"
+    assert afile.read_text() == "not a store"
+    dry = run_cli("sync", "--dry-run", str(filled), str(tmp_path / "new" / "store"))
+    assert dry.returncode == 0, dry.stderr  # a directory to come: a dry run says so
+    assert not (tmp_path / "new").exists()
+
+
+def test_sync_locations_that_name_no_store_are_a_typed_error(filled: Path,
+                                                             tmp_path: Path) -> None:
+    """sync(src=123) raised TypeError from os.fspath, deep inside."""
+    from chunkstore.errors import InvalidInputError, StoreLocationError
+
+    for src, dst in ((123, tmp_path / "copy"), (filled, 123), (None, tmp_path / "copy")):
+        with pytest.raises(InvalidInputError, match="a store is named by a path or URL"):
+            chunkstore.sync(src, dst)  # type: ignore[arg-type]
+    afile = tmp_path / "notes.txt"
+    afile.write_text("not a store")
+    with pytest.raises(StoreLocationError, match="Not a directory"):
+        chunkstore.sync(filled, afile, dry_run=True)
+    assert not (tmp_path / "copy").exists()

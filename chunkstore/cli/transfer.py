@@ -19,6 +19,7 @@ from chunkstore.cli.common import (
 from chunkstore.maintenance.repair import RepairResult, repair_locations
 from chunkstore.maintenance.sync import SyncResult, sync_locations
 from chunkstore.progress import TerminalProgress
+from chunkstore.store import check_sync_locations
 
 
 def sync_text(result: SyncResult) -> None:
@@ -108,6 +109,7 @@ def sync(src: str, dst: str, selectors: tuple[str, ...], dry_run: bool, verify_a
     same store, DST with another chunk size); 3 a selected version is damaged
     in SRC (not copied; the others were); 4 I/O failure.
     """
+    check_sync_locations(src, dst)  # a dry run into a file fails as the sync would
     started = time.monotonic()
     with TerminalProgress() as progress:
         result = sync_locations(src, dst, selectors, opener=open_any, dry_run=dry_run,
