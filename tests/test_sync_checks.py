@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,7 +27,8 @@ from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import TensorEntry
 from chunkstore.handle.tree import flatten
 from chunkstore.objects.kinds import CHUNKS, NODES
-from tests.test_sync import CHUNK, Ends, ends, s3_endpoint, save
+from tests.test_sync import CHUNK, Ends, PausedCommit, ends, s3_endpoint, save
+from tests.test_sync import state as sync_state
 
 __all__ = ["ends", "s3_endpoint"]  # fixtures, re-exported so pytest finds them here
 
@@ -260,3 +263,49 @@ def test_a_damaged_node_in_the_source_is_not_copied(tmp_path: Path) -> None:
     result = chunkstore.sync(tmp_path / "src", tmp_path / "dst")
     assert result.copied == [ids[0]]
     assert [(f.version, f.kind) for f in result.failed] == [(ids[1], "corrupt-node")]
+
+
+def test_a_gc_from_another_index_never_deletes_a_moved_record_a_sync_commits_against(
+        tmp_path: Path) -> None:
+    """The source repacked a pack (its members read through a moved record), so the
+    sync writes the record into the destination; the sync is held after its last
+    check, just before its commit record, while a GC from another index runs with the
+    default grace.  Before, that GC deleted the record at once (no version reached it
+    yet) and the published version's members were unreachable; now the record is
+    fenced like an object, the GC waits for the sync's session, and marks it through
+    the version the sync published."""
+    with chunkstore.open(tmp_path / "src", create=True, chunk_size=CHUNK,
+                         delta_depth=0) as src:
+        old = save(src, "a", 1)
+        keep = save(src, "a", 2)
+        src.delete(old)
+        assert src.gc(grace=0, repack_unused=0.01).packs_repacked > 0
+    dst = chunkstore.open(tmp_path / "dst", create=True, chunk_size=CHUNK)
+    paused = dst.backend = PausedCommit(dst.backend)
+    outcome: dict[str, Any] = {}
+
+    def run_sync() -> None:
+        outcome["sync"] = chunkstore.sync(tmp_path / "src", dst, [keep])
+
+    def run_gc() -> None:
+        with chunkstore.open(tmp_path / "dst", index_dir=str(tmp_path / "other")) as other:
+            outcome["gc"] = other.gc()
+
+    syncing = threading.Thread(target=run_sync)
+    syncing.start()
+    assert paused.waiting.wait(60)
+    assert any((tmp_path / "dst" / "moved").iterdir())
+    collecting = threading.Thread(target=run_gc)
+    collecting.start()
+    collecting.join(1.5)  # the GC fences the record, then waits for the sync's session
+    paused.go.set()
+    syncing.join(60)
+    collecting.join(60)
+    dst.close()
+    assert outcome["sync"].copied == [keep]
+    assert outcome["gc"].moved_records_deleted == 0
+    with chunkstore.open(tmp_path / "dst") as store:
+        assert store.verify().ok
+        reader = store.open_version(keep)
+        for name, array in sync_state(2).items():
+            assert reader.get(name).tobytes() == array.tobytes()

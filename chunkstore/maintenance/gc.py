@@ -61,7 +61,11 @@ bases) byte for byte equal to the member it was copied from, since a repack
 copies members unchanged.  A moved record is
 deleted once its pack was already gone when the run started and no version
 reaches it: the GC that deleted the pack waited for every save that could
-still list it.
+still list it.  A sync writes moved records too (for packs its source
+repacked), so a record to delete is fenced like an object: the journal entry of
+step 5 names its old pack, step 6 waits for the sessions that have not read the
+entry, and a record step 7 reaches is kept; a sync that read the entry waits
+for this run before it writes or relies on the record.
 
 Why no interleaving loses an object a published or in-progress version
 needs.  Take any object X this run deletes and any save S.  If S stored its
@@ -234,6 +238,8 @@ class _Run:
         self.forwarded: set[Digest] = set()
         #: packs with a moved record that were gone when this run started
         self.gone_moved: set[Digest] = set()
+        #: of those, the records this run deletes (confirmed after the fence)
+        self.moved_unused: list[Digest] = []
         self.clock, self.progress, self.session_wait_s = clock, progress, session_wait_s
         self.started = clock()
         self.before = self.started - grace_s
@@ -294,11 +300,13 @@ class _Run:
             candidates += self.repack()
             if unused is not None and removals is not None and not self.dry_run:
                 self.index.repack_checked(removals, unused)
+        moved = self.unused_moved()
         if self.dry_run:
             for candidate in candidates:
                 self._count(candidate)
-        elif candidates:
-            self.fence_and_delete(candidates)
+            self.moved_unused = moved
+        elif candidates or moved:
+            self.fence_and_delete(candidates, moved)
         self.clean_up()
         self.result.seconds = round(self.clock() - self.started, 3)
         return self.result
@@ -438,10 +446,23 @@ class _Run:
         if note not in self.result.index_disagreements:
             self.result.index_disagreements.append(note)
 
-    def fence_and_delete(self, candidates: list[Candidate]) -> None:
-        """Steps 5-9: journal entry, wait for older saves, mark again, delete."""
+    def unused_moved(self) -> list[Digest]:
+        """Moved records of packs gone before this run began that no version the mark
+        walked reaches: to be fenced with the candidates, and deleted once the mark
+        after the fence confirms it."""
+        if self.marks is None:
+            return []
+        return sorted(p for p in self.gone_moved if not self.marks.record_used(p))
+
+    def fence_and_delete(self, candidates: list[Candidate], moved: list[Digest]) -> None:
+        """Steps 5-9: journal entry, wait for older saves, mark again, delete.  The
+        journal entry names the packs of the moved records to delete too (as the
+        objects whose members they forward), so a sync that would write or rely on
+        one waits for this run, and one that did not read the entry is waited for
+        here and its version marked before a record goes."""
         self.store.upgrade_format()  # the journal is a version-2 object
-        entry = start_entry(self.objects, ((c.kind, c.digest) for c in candidates))
+        entry = start_entry(self.objects, [*((c.kind, c.digest) for c in candidates),
+                                           *((CHUNK, pack) for pack in moved)])
         self.entry = entry
         self.last_beat, self.last_beat_wall = time.monotonic(), time.time()
         self.result.journal_entry = entry.id
@@ -452,6 +473,8 @@ class _Run:
                 return
             reconcile(self.store)  # versions the sessions just waited for published
             candidates = self.confirm_unreachable(candidates)
+            still = set(self.unused_moved())
+            self.moved_unused = [pack for pack in moved if pack in still]
             self.delete(candidates)
             entry.state = DONE
         finally:
@@ -567,11 +590,12 @@ class _Run:
     def clean_up(self) -> None:
         """Expired tombstones, finished journal entries older than a week, and the
         temporary files of interrupted writes."""
-        # A moved record of a pack gone before this run began: every version that
-        # lists one of its members was published before then (the GC that deleted the
-        # pack waited for the saves that could reuse it), so this run's mark saw it.
-        unused = [p for p in self.gone_moved
-                  if self.marks is not None and not self.marks.record_used(p)]
+        # A moved record of a pack gone before this run began that neither mark
+        # reached: every version that lists one of its members was published before
+        # the entry (the GC that deleted the pack waited for the saves that could reuse
+        # it), or by a session step 6 waited for; a save or sync that read the entry
+        # waits for this run before it writes or relies on the record.
+        unused = self.moved_unused
         self.result.moved_records_deleted = len(unused)
         if not self.dry_run:
             for pack in unused:
