@@ -228,18 +228,21 @@ def test_log_says_which_versions_the_mirror_holds(tmp_path: Path) -> None:
 
 
 def test_an_unreachable_mirror_never_fails_a_save_or_a_restore(tmp_path: Path) -> None:
-    """A mirror that cannot be opened (here a path under a regular file) warns at each
-    save, keeps every version in the local tier, and a restore reads the local tier
-    (an S3 mirror that does not answer warns there too: test_an_s3_mirror_down...)."""
+    """A mirror that cannot be opened (here a path under a regular file) never fails a
+    save: every version stays in the local tier, pending (``close`` warns naming them),
+    and a restore reads the local tier (tests/test_mirror_tier.py holds the rest)."""
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     mirror = blocker / "mirror"
-    with Checkpointer(tmp_path / "local", run="r", mirror=mirror, keep_last=1) as ckpt:
+    with pytest.warns(RuntimeWarning, match="3 version.*not mirrored.*cannot be reached"), \
+            Checkpointer(tmp_path / "local", run="r", mirror=mirror, keep_last=1) as ckpt:
         for step in (1, 2, 3):
-            with pytest.warns(RuntimeWarning, match="cannot be reached"):
-                info = ckpt.save(step, model=model(step))
+            info = ckpt.save(step, model=model(step))
             assert info is not None and info.step == step  # published, and said so
         assert ckpt.all_steps() == [1, 2, 3]  # none leaves before it is mirrored
+        assert len(ckpt.mirror_pending) == 3
+        with pytest.raises(MirrorError, match="cannot be reached"):
+            ckpt.wait(mirror=True, timeout=10)
     with Checkpointer(tmp_path / "local", run="r", mirror=mirror) as ckpt:
         restored = model(0)
         assert ckpt.restore(model=restored) == 3 and same(restored, model(3))
@@ -273,7 +276,8 @@ def test_a_mirror_that_fails_at_restore_leaves_the_local_tier(
     with Checkpointer(tmp_path / "local", run="r", mirror=tmp_path / "mirror") as ckpt:
         def down(*, create: bool) -> None:
             raise BackendUnavailableError("s3://bucket", "versions/", "connection refused")
-        monkeypatch.setattr(ckpt, "_mirror_store", down)
+        assert ckpt._tier is not None
+        monkeypatch.setattr(ckpt._tier, "open", down)
         with pytest.warns(RuntimeWarning, match="restoring from the local tier alone"):
             assert ckpt.restore(model=model(0)) == 1
         assert ckpt.last_restore is not None and ckpt.last_restore.tier == "local"

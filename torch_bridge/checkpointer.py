@@ -21,7 +21,7 @@ import warnings
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import numpy as np
@@ -31,29 +31,20 @@ import chunkstore
 from chunkstore import Store, VersionInfo
 from chunkstore.collector import collector_paused
 from chunkstore.errors import (
-    ChunkStoreError,
-    IntegrityError,
     InvalidInputError,
     NoStoreError,
     RunInUseError,
     RunLeaseLostError,
-    SelectorError,
 )
 from chunkstore.format import plaindata
-from chunkstore.maintenance.mirror import Replicator
 from chunkstore.maintenance.retention import Candidate, Policy, decide
-from chunkstore.objects.kinds import TOMBSTONES
 from chunkstore.protocol.runlease import RunLease, describe_holder
 from torch_bridge.capture import boundary
 from torch_bridge.capture.layout import (
     RESERVED_KEYS,
-    apply_states,
     capture_states,
     check_key,
     check_restorable,
-    load_states,
-    read_sections,
-    warn_unrestored,
     write_version,
 )
 from torch_bridge.capture.provenance import provenance
@@ -67,10 +58,10 @@ from torch_bridge.errors import (
     AsyncSaveError,
     NotAtUpdateBoundaryWarning,
     RanksFailedError,
-    RestoreFallbackWarning,
     RunNotFoundWarning,
-    nothing_restored,
 )
+from torch_bridge.tiers.mirror import DEFAULT_MIRROR_TIMEOUT_S, MirrorTier
+from torch_bridge.tiers.restore import RestoreSource, TierRestore, ranks_tier, refill
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -148,6 +139,16 @@ class Checkpointer:
     world size, with ``meta`` merged over it.  Outside a git checkout
     ``code_rev`` is None and ``code_rev_unknown`` says why; pass the revision
     yourself with ``meta={"code_rev": ...}``.
+
+    ``mirror=`` (a path, URL or open store) makes the store a fast local tier mirrored
+    to a durable one (docs/recovery.md): a background replicator opens the mirror and
+    copies each published version there, off the training thread, so a mirror that is
+    down, refuses connections or never answers costs a save nothing; a version leaves
+    the local tier only once the mirror holds it.  ``mirror_options`` are the storage
+    options of a mirror given by URL (S3 requests are bounded by default, see
+    :data:`torch_bridge.tiers.mirror.S3_MIRROR_OPTIONS`); a restore waits at most
+    ``mirror_timeout`` seconds for the mirror before it reads the local tier alone.
+    ``mirror_pending`` (and ``mirror_pending_reasons``) say what is not mirrored yet.
     """
 
     def __init__(self, path_or_url: str | os.PathLike[str] | Store, *, run: str = "default",
@@ -156,7 +157,9 @@ class Checkpointer:
                  chunk_size: int | None = None, compression: str | None = None,
                  takeover: bool = False, keep_best: tuple[Any, ...] | None = None,
                  mirror: str | os.PathLike[str] | Store | None = None,
-                 mirror_keep_last: int | None = None) -> None:
+                 mirror_keep_last: int | None = None,
+                 mirror_options: dict[str, Any] | None = None,
+                 mirror_timeout: float = DEFAULT_MIRROR_TIMEOUT_S) -> None:
         if keep_best is not None:
             keep_best = tuple(keep_best) if isinstance(keep_best, list) else keep_best
             Policy(keep_best=keep_best)  # checks it: (metric, n) or (metric, n, "min"|"max")
@@ -165,6 +168,10 @@ class Checkpointer:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 1):
                 raise InvalidInputError(f"{name} must be a positive int or None, got {value!r}")
+        if isinstance(mirror_timeout, bool) or not isinstance(mirror_timeout, int | float) \
+                or not mirror_timeout > 0:
+            raise InvalidInputError(f"mirror_timeout must be a positive number of seconds,"
+                                    f" got {mirror_timeout!r}")
         if meta is not None and not isinstance(meta, dict):
             raise InvalidInputError(f"meta must be a dict of plain data (or None), got"
                                     f" {type(meta).__name__} {meta!r}")
@@ -196,13 +203,13 @@ class Checkpointer:
         self._group: Any = None
         self._lease: RunLease | None = None
         self._holds_run = False
-        #: the durable tier (``mirror=``): opened when first needed; its replicator
-        #: copies each published version there in the background (rank 0's, on ranks)
+        #: the durable tier (``mirror=``): opened by its replicator's thread, which copies
+        #: each published version there in the background (rank 0's, on ranks)
         self._mirror_location = mirror
         self.mirror_keep_last = mirror_keep_last
-        self._mirror: Store | None = None
-        self._owns_mirror = False
-        self._replicator: Replicator | None = None
+        self._tier: MirrorTier | None = None if mirror is None else MirrorTier(
+            mirror, run=run, keep_last=mirror_keep_last, options=mirror_options,
+            timeout=float(mirror_timeout), local=_weak_store(self))
         self._retention_lock = threading.Lock()
         #: where the last ``restore`` read from, and why (:class:`RestoreSource`)
         self.last_restore: RestoreSource | None = None
@@ -451,6 +458,8 @@ class Checkpointer:
         return info
 
     def _retain(self, step: int, info: VersionInfo) -> None:
+        if self._tier is not None:
+            return  # the replicator's thread applies it after each copy (it asks the mirror)
         try:
             self._apply_retention(info.id)
         except Exception as exc:  # the version is published; retention can run next time
@@ -464,10 +473,12 @@ class Checkpointer:
 
         ``mirror=True`` also waits until every version published so far is copied to
         the mirror (``timeout`` seconds at most), raising
-        :class:`~chunkstore.errors.MirrorError` when copies keep failing."""
+        :class:`~chunkstore.errors.MirrorError` naming the versions left when copies
+        keep failing, the mirror cannot be reached, the time runs out or a version's
+        local copy is damaged (``mirror_pending_reasons`` says which)."""
         info = self._wait_save()
-        if mirror and self._replicator is not None:
-            self._replicator.wait(timeout)
+        if mirror and self._tier is not None:
+            self._tier.wait(timeout)
         return info
 
     def _wait_save(self) -> VersionInfo | None:
@@ -495,99 +506,40 @@ class Checkpointer:
         decision = decide([Candidate(v.id, v.step, v.created, v.meta) for v in versions],
                           policy, time.time())
         pinned = set(self.store.tags().values())
-        replicator = self._replicator
-        if self._mirror_location is not None and replicator is None:
-            return  # the mirror not reached yet: a version leaves only once mirrored
         for version in versions:
             if version.id in decision.drop and version.id not in pinned \
                     and version.id != just_written:
-                if replicator is not None and not replicator.is_mirrored(version.id):
-                    continue  # a version leaves the fast tier only once mirrored
+                if self._tier is not None and not self._tier.may_leave(version.id):
+                    continue  # never the last whole copy: the mirror's store must hold it
                 self.store.delete_listed(version.id)
 
     # --- the mirror ---------------------------------------------------------------------------
 
-    def _mirror_store(self, *, create: bool) -> Store | None:
-        """The durable tier, opened once; created (with the local store's settings) only
-        when ``create``; None when there is no mirror, or none yet."""
-        if self._mirror is None and self._mirror_location is not None:
-            try:
-                self._mirror, self._owns_mirror = open_store(self._mirror_location)
-            except NoStoreError:
-                if not create:
-                    return None
-                local = self.store
-                self._mirror, self._owns_mirror = open_store(
-                    self._mirror_location, create=True, chunk_size=local.config.chunk_size,
-                    compression=local.config.compression)
-        return self._mirror
-
-    def _reachable_mirror(self) -> Store | None:
-        """The mirror for a restore; None, with a warning, when it cannot be reached (the
-        local tier then serves alone) or holds no store."""
-        try:
-            mirror = self._mirror_store(create=False)
-            if mirror is not None:
-                mirror.versions(self.run)
-        except ChunkStoreError as exc:
-            warnings.warn(RuntimeWarning(
-                f"run {self.run!r}: the mirror {self._mirror_location!r} cannot be reached"
-                f" ({exc}); restoring from the local tier alone"), stacklevel=5)
-            return None
-        return mirror
-
     def _mirror_published(self, version_id: str) -> None:
-        """Hand a published version to the replicator (started at the first, with the
-        versions of the run a killed replicator may have left unmirrored).  The version
-        is published whatever happens here: a mirror that cannot be opened warns, and
-        the next save tries again (until then nothing leaves the local tier)."""
-        if self._mirror_location is None:
-            return
-        try:
-            if self._replicator is None:
-                target = self._mirror_store(create=True)
-                assert target is not None
-                replicator = Replicator(self.store, target,
-                                        on_mirrored=_weakly(self._after_mirrored))
-                replicator.start(self._unmirrored(target, version_id))
-                self._replicator = replicator
-            self._replicator.enqueue(version_id)
-        except Exception as exc:
-            warnings.warn(RuntimeWarning(
-                f"run {self.run!r}: version {version_id[:12]} is saved, but the mirror"
-                f" {self._mirror_location!r} cannot be reached ({exc}); the next save tries"
-                " again, and no version leaves the local tier until it is mirrored"),
-                stacklevel=4)
-
-    def _unmirrored(self, target: Store, newest: str) -> list[str]:
-        """The run's local versions a replicator starts with: none older than the oldest
-        version the mirror holds (older ones were pruned there, or never meant to go),
-        and none the mirror has removed (a tombstone)."""
-        held = [v.step for v in target.versions(self.run)]
-        oldest = min(held) if held else None
-        return [v.id for v in self.store.versions(self.run)
-                if v.id != newest and (oldest is None or v.step >= oldest)
-                and not target.objects.exists(TOMBSTONES, v.id)]
+        """Hand a published version to the replicator (started at the first; it opens
+        the mirror and finds the versions a killed replicator left, in its own thread).
+        No I/O here: the save is published whatever the mirror does."""
+        if self._tier is not None:
+            self._tier.published(version_id, _weakly(self._after_mirrored))
 
     def _after_mirrored(self, version_id: str) -> None:
         """In the replicator's thread: what the fast tier kept only until it was
         mirrored may go now, and the mirror keeps its own ``mirror_keep_last``."""
         self._apply_retention(None)
-        mirror = self._mirror
-        if self.mirror_keep_last is None or mirror is None:
-            return
-        versions = mirror.versions(self.run)
-        decision = decide([Candidate(v.id, v.step, v.created, v.meta) for v in versions],
-                          Policy(keep_last=self.mirror_keep_last, min_previous=1), time.time())
-        pinned = set(mirror.tags().values())
-        for version in versions:
-            if version.id in decision.drop and version.id not in pinned:
-                mirror.delete_listed(version.id)
+        if self._tier is not None:
+            self._tier.apply_retention()
 
     @property
     def mirror_pending(self) -> list[str]:
-        """Versions published here and not yet copied to the mirror, oldest first."""
-        return [] if self._replicator is None else self._replicator.pending
+        """Versions published here and not yet copied to the mirror, oldest first: those
+        waiting for a copy (the mirror down or not reached yet included) and those whose
+        local copy is damaged."""
+        return [] if self._tier is None else self._tier.pending
+
+    @property
+    def mirror_pending_reasons(self) -> dict[str, str]:
+        """Why each version of :attr:`mirror_pending` is not mirrored yet."""
+        return {} if self._tier is None else self._tier.pending_reasons
 
     # --- restoring ---------------------------------------------------------------------------
 
@@ -621,13 +573,13 @@ class Checkpointer:
             check_key(key)
             check_restorable(key, obj)
         store = self._existing_store()
-        if self._mirror_location is not None and not process_group_active():
+        if self._tier is not None and not process_group_active():
             restored = self._restore_with_mirror(step, stateful, rng, missing_ok)
             if restored is None and not missing_ok and store is not None:
                 self._warn_of_other_runs()
             return restored
-        if self._mirror_location is not None:
-            store = self._ranks_tier(store)
+        if self._tier is not None:
+            store, self.last_restore = ranks_tier(store, self.run, self._reachable_mirror)
         if store is None:
             if missing_ok:
                 return None
@@ -650,7 +602,7 @@ class Checkpointer:
         targets = {**stateful, "rng": {}} if rng else dict(stateful)
         restored = restore_ranks(store, self.run, step, targets,
                                  {"rng": restore_rng} if rng else {})
-        if self.last_restore is not None:  # the tier _ranks_tier chose
+        if self.last_restore is not None:  # the tier ranks_tier chose
             self.last_restore = replace(self.last_restore, step=restored or 0)
         return restored
 
@@ -672,127 +624,36 @@ class Checkpointer:
         """The restore in one process: the newest version that loads (or ``step``'s),
         from the nearest of ``tiers`` that holds it whole; one read from the mirror is
         copied into the local tier afterwards (a fresh node refills it)."""
-        failures: list[str] = []
-        started = time.perf_counter()
-        candidates = self._tier_candidates(step, tiers)
-        self._timings["discover"] = time.perf_counter() - started
-        for info, holders in candidates:
-            source = self._restore_from(info, holders, stateful, rng, step, failures,
-                                        named=len(tiers) > 1)
-            if source is None:
-                continue
-            if source.tier == "mirror":
-                refill = time.perf_counter()
-                self._refill(info)
-                self._timings["refill"] = time.perf_counter() - refill
-            self.last_restore = replace(source, timings=dict(self._timings),
-                                        bytes=info.logical_bytes)
-            if failures:
-                warnings.warn(RestoreFallbackWarning.skipped(self.run, failures, info.step),
-                              stacklevel=4)
-            return info.step
-        if failures:
-            raise nothing_restored(self.run, failures)
-        return None
+        source = TierRestore(self.run, stateful, rng, step, self._timings).run_over(
+            tiers, self._refill, lambda: self._store is not None)
+        if source is None:
+            return None
+        self.last_restore = source
+        return source.step
 
-    def _ranks_tier(self, local: Store | None) -> Store | None:
-        """Under a process group with a mirror: the local tier when every rank's holds a
-        version of the run, else the mirror for every rank (a fresh node's ranks read
-        the durable tier; ranks never read different tiers).  A collective."""
-        holds = local is not None and bool(local.versions(self.run))
-        if all(all_gather_plain(holds)):
-            self.last_restore = RestoreSource(0, "", "local",
-                                              "every rank's local tier holds the run")
-            return local
-        mirror = self._reachable_mirror()
-        self.last_restore = RestoreSource(0, "", "mirror", "a rank's local tier does not"
-                                          " hold the run" if holds or local is not None
-                                          else "there is no local store")
-        return mirror
+    def _reachable_mirror(self) -> Store | None:
+        """The mirror for a restore, its versions listed within ``mirror_timeout``
+        seconds; None, with a warning, when it cannot be reached (the local tier then
+        serves alone) or holds no store."""
+        assert self._tier is not None
 
-    def _tier_candidates(self, step: int | None, tiers: list[tuple[str, Store | None]]
-                         ) -> list[tuple[VersionInfo, list[tuple[str, Store]]]]:
-        """The run's versions in either tier, newest first (only ``step``'s when given),
-        each with the tiers that hold it, nearest first."""
-        held: dict[str, tuple[VersionInfo, list[tuple[str, Store]]]] = {}
-        for name, store in tiers:
-            if store is None:
-                continue
-            for info in store.versions(self.run):
-                held.setdefault(info.id, (info, []))[1].append((name, store))
-        ordered = sorted(held.values(), key=lambda entry: (entry[0].step, entry[0].created))
-        if step is not None:
-            ordered = [entry for entry in ordered if entry[0].step == step][-1:]
-            if not ordered:
-                steps = sorted({info.step for info, _ in held.values()})
-                where = " in either tier" if len(tiers) > 1 else ""
-                raise SelectorError(f"{self.run}@{step}", f"run {self.run!r} has no version"
-                                    f" at step {step}{where}; steps: {steps}")
-        return ordered[::-1]
-
-    def _restore_from(self, info: VersionInfo, holders: list[tuple[str, Store]],
-                      stateful: dict[str, Any], rng: bool, step: int | None,
-                      failures: list[str], named: bool) -> RestoreSource | None:
-        """Load ``info`` from the nearest tier whose copy reads back whole; None when none
-        does (each failure listed, with its tier when ``named``).  With ``step`` the last
-        tier's failure is raised."""
-        damaged = ""
-        for tier, store in holders:
-            last = tier == holders[-1][0]
-            try:
-                self._restore_version(info, stateful, rng, store)
-            except SelectorError:
-                if step is not None and last:
-                    raise
-                continue  # removed meanwhile (retention of a save in flight)
-            except IntegrityError as exc:
-                if step is not None and last:
-                    raise
-                where = f", {tier} tier" if named else ""
-                failures.append(f"{info.short_id} (step {info.step}{where}): {exc}")
-                damaged = f"its local copy is damaged ({exc})"
-                continue
-            if tier == "local":
-                reason = "the local tier holds it whole"
-            else:
-                reason = damaged or ("the local tier does not hold it" if self._store
-                                     else "there is no local store")
-            return RestoreSource(info.step, info.id, tier, reason)
-        return None
+        def warn(message: str) -> None:
+            warnings.warn(RuntimeWarning(message), stacklevel=6)
+        return self._tier.for_restore(warn)
 
     def _refill(self, info: VersionInfo) -> None:
-        """Copy a version read from the mirror into the local tier (created with the
-        mirror's settings where there is none): the next restore here is local."""
-        mirror = self._mirror
+        """Heal the local tier with a version read from the mirror."""
+        assert self._tier is not None
+        mirror = self._tier.open(create=False)
         assert mirror is not None
-        try:
-            chunkstore.sync(mirror, self._store or self._location, [info.id])
-            self._existing_store()  # the local store, where the copy just created it
-        except Exception as exc:  # the restore itself succeeded
-            warnings.warn(RuntimeWarning(
-                f"run {self.run!r}: step {info.step} was restored from the mirror, but"
-                f" copying it into the local tier failed: {exc}"), stacklevel=5)
+        refill(mirror, self._store or self._location, self.run, info)
+        self._existing_store()  # the local store, where the copy just created it
 
     def _warn_of_other_runs(self) -> None:
         others = [run for run in self.store.runs() if run != self.run]
         if others:
             warnings.warn(RunNotFoundWarning.naming(self.run, self.store.url, others),
                           stacklevel=4)
-
-    def _restore_version(self, info: VersionInfo, stateful: dict[str, Any], rng: bool,
-                         store: Store | None = None) -> None:
-        started = time.perf_counter()
-        reader = (store or self.store).open_version(info.id)
-        targets = dict(stateful)
-        if rng:
-            targets["rng"] = {}
-        sections = read_sections(reader)
-        trees = load_states(reader, targets, sections)
-        loaded = time.perf_counter()
-        apply_states(targets, trees, {"rng": restore_rng})
-        self._timings["read"] = self._timings.get("read", 0.0) + loaded - started
-        self._timings["apply"] = time.perf_counter() - loaded
-        warn_unrestored(reader.info, sections, targets, stacklevel=5)
 
     # --- listing and closing -----------------------------------------------------------------
 
@@ -812,10 +673,16 @@ class Checkpointer:
         if self._closed:
             raise InvalidInputError("this Checkpointer is closed")
 
-    def close(self) -> None:
-        """Flush the save in flight (raising its error) and release the store."""
+    def close(self, timeout: float | None = None) -> None:
+        """Flush the save in flight (raising its error) and release the store.
+
+        With a mirror, the copies queued go on while they succeed (for ``timeout``
+        seconds at most; None: as long as they succeed, each request bounded by the
+        mirror's own timeouts), and a RuntimeWarning names the versions left, and why;
+        the next Checkpointer with this mirror copies them."""
         if self._closed:
             return
+        held = False  # a copy hung on the mirror holds the local store
         try:
             self.wait()
         finally:
@@ -824,7 +691,7 @@ class Checkpointer:
             try:
                 if self._executor is not None:
                     self._executor.shutdown(wait=True)
-                self._close_mirror()
+                held = self._close_mirror(timeout)
             finally:
                 if self._lease is not None:
                     with contextlib.suppress(Exception):  # it expires by itself otherwise
@@ -832,22 +699,22 @@ class Checkpointer:
                 if self._group is not None:
                     with contextlib.suppress(Exception):
                         dist.destroy_process_group(self._group)
-                if self._owns_store and self._store is not None:
+                if self._owns_store and self._store is not None and not held:
                     self._store.close()
 
-    def _close_mirror(self) -> None:
-        """Let the replicator finish what is queued (while copies succeed), then release
-        the mirror; versions left unmirrored are copied by the next Checkpointer."""
-        if self._replicator is not None:
-            left = self._replicator.close()
-            if left:
-                warnings.warn(RuntimeWarning(
-                    f"run {self.run!r}: {len(left)} version(s) are not mirrored yet"
-                    f" ({self._replicator.last_error}); the next Checkpointer with this"
-                    " mirror copies them"), stacklevel=3)
-        if self._owns_mirror and self._mirror is not None:
-            self._mirror.close()
-            self._mirror = None
+    def _close_mirror(self, timeout: float | None) -> bool:
+        """Let the replicator finish what is queued (while copies succeed, ``timeout``
+        seconds at most), then release the mirror; warn naming the versions left (the
+        next Checkpointer copies them).  True when a copy hung on the mirror still holds
+        the replicator: the local store then stays open for it."""
+        if self._tier is None:
+            return False
+        left, why = self._tier.close(timeout)
+        if left:
+            warnings.warn(RuntimeWarning(
+                f"run {self.run!r}: {len(left)} version(s) are not mirrored yet ({why});"
+                " the next Checkpointer with this mirror copies them"), stacklevel=3)
+        return self._tier.replicator is not None and self._tier.replicator.running
 
     def __enter__(self) -> Checkpointer:
         return self
@@ -906,24 +773,6 @@ def _report_unfinished_saves() -> None:
             print(f"torch_bridge: {exc}", file=sys.stderr)
 
 
-@dataclass(frozen=True)
-class RestoreSource:
-    """What :meth:`Checkpointer.restore` restored (``ckpt.last_restore``): ``tier`` is
-    ``"local"`` (the Checkpointer's store) or ``"mirror"``, ``reason`` says why, and
-    ``timings`` how long each phase took."""
-
-    step: int
-    version: str
-    tier: str
-    reason: str
-    #: seconds per phase of the restore: ``discover`` (list and pick), ``read`` (read,
-    #: hash-check and decode into the tensors; summed over versions tried), ``apply``
-    #: (``load_state_dict`` and RNG states), ``refill`` (a copy into the local tier)
-    timings: dict[str, float] = field(default_factory=dict)
-    #: logical bytes of the version restored
-    bytes: int = 0
-
-
 def _same_place(here: str | os.PathLike[str] | Store, there: str | os.PathLike[str] | Store
                 ) -> bool:
     def place(location: str | os.PathLike[str] | Store) -> str:
@@ -937,6 +786,19 @@ def _same_place(here: str | os.PathLike[str] | Store, there: str | os.PathLike[s
 def _release_quietly(lease: RunLease) -> None:
     with contextlib.suppress(Exception):
         lease.release()
+
+
+def _weak_store(checkpointer: Checkpointer) -> Callable[[], Store]:
+    """The Checkpointer's store, without keeping the Checkpointer alive (its mirror
+    tier's replicator thread may outlive it)."""
+    ref = weakref.ref(checkpointer)
+
+    def store() -> Store:
+        owner = ref()
+        if owner is None:
+            raise InvalidInputError("the Checkpointer of this mirror was dropped")
+        return owner.store
+    return store
 
 
 def _weakly(method: Callable[[str], None]) -> Callable[[str], None]:
