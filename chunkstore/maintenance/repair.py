@@ -155,12 +155,12 @@ class Repair:
         if flat is None:
             return
         for digest in sorted(flat.data_nodes()):
-            self._node(digest, label)
+            self.node(digest, label)
         needs: dict[Digest, Need] = {}
         for leaf in flat.leaves.values():
             if isinstance(leaf, TensorEntry):
                 add_needs(leaf, needs)
-        self._chunks(needs, label)
+        self.chunks(needs, label)
 
     def _record(self, version_id: str, label: str) -> CommitRecord | None:
         try:
@@ -186,11 +186,11 @@ class Repair:
             try:
                 return flatten(self.store.objects, root, self.store.node_cache)
             except CorruptNodeError as exc:
-                if not self._node(Digest.parse(exc.digest), label) or self.result.dry_run:
+                if not self.node(Digest.parse(exc.digest), label) or self.result.dry_run:
                     return None  # a dry run cannot look below a node it did not write
         return None
 
-    def _node(self, digest: Digest, label: str) -> bool:
+    def node(self, digest: Digest, label: str) -> bool:
         """Check one node and replace it when it fails; whether it is whole now."""
         try:
             stored: bytes | None = self.store.objects.get(NODES, digest)
@@ -213,7 +213,7 @@ class Repair:
 
     # --- chunk objects --------------------------------------------------------------------
 
-    def _chunks(self, needs: dict[Digest, Need], label: str) -> None:
+    def chunks(self, needs: dict[Digest, Need], label: str) -> None:
         """Check every object; fix those whose own check fails; check again those that
         failed on a base, until a round fixes nothing."""
         todo = dict(needs)
@@ -313,6 +313,27 @@ class Repair:
             + bytes(raw)
 
 
+def repair_objects(store: StoreHandle, source: StoreHandle, needs: dict[Digest, Need],
+                   label: str) -> RepairResult:
+    """Check the chunk objects ``needs`` names in ``store`` (what a read of each needs:
+    its listed chain, or None for a pack) and replace those that fail from ``source``,
+    as :func:`repair` does for a whole version; ``label`` names the version(s) that
+    need them.  No verify afterwards: the caller knows what it asked about."""
+    result = RepairResult(store.url, source.url)
+    Repair(store, source, result).chunks(needs, label)
+    return result
+
+
+def repair_nodes(store: StoreHandle, source: StoreHandle, nodes: Sequence[Digest],
+                 label: str) -> RepairResult:
+    """:func:`repair_objects` for manifest nodes."""
+    result = RepairResult(store.url, source.url)
+    repairer = Repair(store, source, result)
+    for digest in nodes:
+        repairer.node(digest, label)
+    return result
+
+
 def repair(store: StoreHandle, source: StoreHandle, selectors: Sequence[str] = (), *,
            dry_run: bool = False, progress: Progress | None = None) -> RepairResult:
     """Rewrite what is missing or damaged in ``store``'s selected versions (every version
@@ -362,4 +383,5 @@ def repair_locations(store: str | StoreHandle, source: str | StoreHandle,
             handle.close()
 
 
-__all__ = ["Fix", "RepairResult", "repair", "repair_locations"]
+__all__ = ["Fix", "RepairResult", "repair", "repair_locations", "repair_nodes",
+           "repair_objects"]
