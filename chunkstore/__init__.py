@@ -67,10 +67,18 @@ def repair(store: str | os.PathLike[str] | Store, source: str | os.PathLike[str]
     ``result.problems_after`` what a verify of the versions still finds (``result.ok``:
     none).  ``dry_run`` checks and changes nothing.  See docs/recovery.md.
     """
-    return repair_locations(_location(store), _location(source), selectors, opener=open,
-                            dry_run=dry_run, store_options=store_options,
-                            source_options=source_options, progress=progress)
+    return repair_locations(_location(store, "store"), _location(source, "source"),
+                            selectors, opener=open, dry_run=dry_run,
+                            store_options=store_options, source_options=source_options,
+                            progress=progress)
 
 
-def _location(where: str | os.PathLike[str] | Store) -> str | Store:
-    return where if isinstance(where, Store) else os.fspath(where)
+def _location(where: object, what: str) -> str | Store:
+    if isinstance(where, Store):
+        return where
+    if isinstance(where, (str, os.PathLike)):
+        text = os.fspath(where)
+        if isinstance(text, str):
+            return text
+    raise errors.InvalidInputError(f"repair's {what} is {where!r}: give a path, a URL or an"
+                                   " open store")

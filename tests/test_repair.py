@@ -311,3 +311,12 @@ def test_sync_verify_names_damage_already_there_and_verify_names_the_repair(
     result = CliRunner().invoke(cli, ["sync", str(mirror), str(local), "r@4", "--verify"])
     assert result.exit_code == 0, result.output
     assert CliRunner().invoke(cli, ["verify", str(local)]).exit_code == 0
+
+
+def test_locations_that_are_no_store_are_typed_errors(pair: tuple[Path, Path, list[str]]
+                                                      ) -> None:
+    local, mirror, _ = pair
+    for store, source in ((123, mirror), (local, None), (local, local),
+                          (local, local / ".." / local.name)):
+        with pytest.raises(chunkstore.errors.InvalidInputError):
+            chunkstore.repair(store, source)  # type: ignore[arg-type]

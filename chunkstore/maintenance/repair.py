@@ -56,7 +56,7 @@ from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import TensorEntry
 from chunkstore.format.records import CommitRecord
 from chunkstore.handle.tree import FlatTree, flatten
-from chunkstore.maintenance.sync import select
+from chunkstore.maintenance.sync import same_location, select
 from chunkstore.maintenance.synccopy import Need, add_needs, checked_object
 from chunkstore.maintenance.verify import Problem
 from chunkstore.maintenance.verify import verify as verify_store
@@ -338,7 +338,7 @@ def repair(store: StoreHandle, source: StoreHandle, selectors: Sequence[str] = (
            dry_run: bool = False, progress: Progress | None = None) -> RepairResult:
     """Rewrite what is missing or damaged in ``store``'s selected versions (every version
     when none is named) from ``source``'s checked bytes; see the module docstring."""
-    if store.url.rstrip("/") == source.url.rstrip("/"):
+    if same_location(store, source):
         raise InvalidInputError(f"{source.url} is the store being repaired; name another"
                                 " store that holds whole copies of its versions")
     result = RepairResult(store.url, source.url, dry_run)

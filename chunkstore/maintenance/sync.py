@@ -170,7 +170,7 @@ def select(src: StoreHandle, selectors: Sequence[str]) -> list[VersionInfo]:
 
 def check_pair(src: StoreHandle, dst: StoreHandle) -> None:
     """Refuse a destination that is the source, or whose settings a copy cannot keep."""
-    if _same_location(src, dst):
+    if same_location(src, dst):
         raise _itself(dst)
     if src.config.chunk_size != dst.config.chunk_size:
         raise InvalidSettingError(
@@ -187,7 +187,7 @@ def _itself(dst: StoreHandle) -> InvalidInputError:
                              " copy into")
 
 
-def _same_location(src: StoreHandle, dst: StoreHandle) -> bool:
+def same_location(src: StoreHandle, dst: StoreHandle) -> bool:
     """Whether both handles name one store.  Two folders are one store only when they are
     one directory (a byte copy, ``cp -a``, is another store with the same config); two
     remote locations with other URLs and the same config are told apart by
