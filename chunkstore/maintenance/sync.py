@@ -66,12 +66,13 @@ from chunkstore.errors import (
     SessionExpiredError,
 )
 from chunkstore.format.digest import Digest
+from chunkstore.format.manifest import TensorEntry
 from chunkstore.format.records import CommitRecord
 from chunkstore.handle.handle import StoreHandle
 from chunkstore.handle.tree import flatten
 from chunkstore.handle.versions import VersionInfo, entry_from_record
 from chunkstore.index.lmdbindex import CHUNK, NODE
-from chunkstore.maintenance.synccopy import Copied, VersionCopy
+from chunkstore.maintenance.synccopy import Copied, Spans, VersionCopy, add_spans
 from chunkstore.maintenance.verify import verify as verify_store
 from chunkstore.objects.kinds import MOVED, SESSIONS, VERSIONS
 from chunkstore.progress import NullProgress, Progress
@@ -240,11 +241,12 @@ def sync(src: StoreHandle, dst: StoreHandle | None, selectors: Sequence[str] = (
             session.close()
             raise
     planned: set[tuple[bytes, Digest]] = set()  # a dry run's: see VersionCopy
+    spans = _spans(src, todo)
     try:
         progress.start(len(todo), "sync")
         for info in todo:
             try:
-                _copy_version(src, dst, info, session, fence, result, planned)
+                _copy_version(src, dst, info, session, fence, result, planned, spans)
             except (IntegrityError, FormatVersionError) as exc:
                 # Nothing of it is published; the other versions still travel.
                 result.failed.append(_failure(info, exc))
@@ -292,9 +294,26 @@ def _failure(info: VersionInfo, exc: ChunkStoreError) -> FailedVersion:
                          digest if isinstance(digest, str) else None)
 
 
+def _spans(src: StoreHandle, versions: list[VersionInfo]) -> Spans:
+    """What the versions to copy list in each pack, so that a pack holding leftovers of
+    removed versions travels as those members only (a version whose tree cannot be
+    read is left to its own copy, which names the damage)."""
+    spans: Spans = {}
+    for info in versions:
+        try:
+            flat = flatten(src.objects, info.root, src.node_cache)
+        except ChunkStoreError:
+            continue
+        for leaf in flat.leaves.values():
+            if isinstance(leaf, TensorEntry):
+                add_spans(leaf, spans)
+    return spans
+
+
 def _copy_version(src: StoreHandle, dst: StoreHandle | None, info: VersionInfo,
                   session: StoreSession | None, fence: Fence | None,
-                  result: SyncResult, planned: set[tuple[bytes, Digest]]) -> None:
+                  result: SyncResult, planned: set[tuple[bytes, Digest]],
+                  spans: Spans) -> None:
     """Copy one version's missing objects, then its commit record; count it in."""
     data = src.objects.get(VERSIONS, info.id)
     record = CommitRecord.decode(info.id, data)
@@ -305,7 +324,7 @@ def _copy_version(src: StoreHandle, dst: StoreHandle | None, info: VersionInfo,
         index_session = dst.index.open_session(f"sync {info.run}@{info.step}")
     try:
         copied = VersionCopy(src, dst, session=index_session, fence=fence,
-                             planned=planned).run(record.root)
+                             planned=planned, spans=spans).run(record.root)
         _add(result, copied)
         if index_session is None:
             return

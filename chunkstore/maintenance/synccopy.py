@@ -41,7 +41,7 @@ from chunkstore.handle.tree import load_tree
 from chunkstore.index.gclock import finish_abandoned_deletions
 from chunkstore.index.lmdbindex import CHUNK, NODE, Claim, NewChunk
 from chunkstore.objects.kinds import CHUNKS, MOVED, NODES
-from chunkstore.protocol.moved import MAX_HOPS, read_moved
+from chunkstore.protocol.moved import MAX_HOPS, MovedRecord, read_moved
 from chunkstore.read.chain import decode_chain
 
 if TYPE_CHECKING:
@@ -49,6 +49,14 @@ if TYPE_CHECKING:
     from chunkstore.protocol.journal import Fence
 
 DELETING_WAIT_S = 120.0
+#: A pack the source holds is copied as the members the copied versions list in it (a
+#: new pack and a moved record, as a repack writes them) when those are less than this
+#: share of its content: the rest are leftovers of versions the source removed, and a
+#: version moved into an empty store then costs about its own stored bytes.
+COMPACT_BELOW = 0.9
+
+#: Per pack, the members (offset, length) the versions being copied list in it.
+Spans = dict[Digest, set[tuple[int, int]]]
 
 #: What a read of a chunk object needs of it: its listed chain and where each base lies
 #: (a standalone chunk: both empty), or None for a pack (content-addressed by its
@@ -73,8 +81,11 @@ class VersionCopy:
     """Copies the objects of one version (``dst`` None: a dry run into an empty store)."""
 
     def __init__(self, src: StoreHandle, dst: StoreHandle | None, *, session: str | None,
-                 fence: Fence | None, planned: set[tuple[bytes, Digest]] | None = None) -> None:
+                 fence: Fence | None, planned: set[tuple[bytes, Digest]] | None = None,
+                 spans: Spans | None = None) -> None:
         self.src, self.dst = src, dst
+        #: what the versions of this sync list in each pack (:func:`add_spans`)
+        self.spans = spans or {}
         #: a dry run's objects that earlier versions of the same sync would copy
         self.planned = planned if planned is not None else set()
         self.session, self.fence = session, fence  # None: a dry run, nothing is written
@@ -246,15 +257,60 @@ class VersionCopy:
             if need is not None:
                 raise MissingChunkError(digest.hex) from None
             return self._copy_moved(digest)
+        compact = self._compacted(digest, data) if need is None else None
         if self.dst is None or self.dry_run:
             self.planned.add((CHUNK, digest))
-            self._count(data)
+            for part in compact[1:] if compact is not None else (data,):
+                self._count(part)
+            return None
+        if compact is not None:
+            self._put_compacted(digest, *compact)
             return None
         stored, written = self._put_chunk(digest, data, need)
         header = parse_header(digest, stored)
         self._count(stored, NewChunk(digest, header.codec_id, header.raw_length, len(stored)),
                     written=written)
         return None
+
+    def _compacted(self, pack: Digest, data: bytes) -> tuple[Digest, bytes, bytes] | None:
+        """The new pack and moved record that hold only the members this sync's versions
+        list in ``pack`` (checked: ``data`` passed :func:`checked_object`), when they
+        are less than :data:`COMPACT_BELOW` of it and the destination has no moved
+        record of its own for ``pack``; else None (the pack is copied whole)."""
+        spans = sorted(self.spans.get(pack, ()))
+        content = len(data) - HEADER.size
+        if not spans or len({offset for offset, _ in spans}) != len(spans) \
+                or sum(length for _, length in spans) >= COMPACT_BELOW * content \
+                or any(offset + length > content for offset, length in spans):
+            return None
+        if self.dst is not None and self.dst.objects.exists(MOVED, pack):
+            return None
+        members, parts, at = {}, [], 0
+        for offset, length in spans:
+            members[offset] = (length, at)
+            parts.append(data[HEADER.size + offset:HEADER.size + offset + length])
+            at += length
+        body = b"".join(parts)
+        new = Digest.of(body)
+        record = MovedRecord(pack, new, members).encode()
+        return new, ChunkHeader(codecs.PACK.id, 1, at, at).pack() + body, record
+
+    def _put_compacted(self, pack: Digest, new: Digest, data: bytes, record: bytes) -> None:
+        """Store the new pack, then the moved record (in that order, as a repack does:
+        a record never points at a pack not yet stored)."""
+        assert self.dst is not None
+        stored, written = self._put_chunk(new, data, None)
+        self._count(stored, NewChunk(new, codecs.PACK.id, len(stored) - HEADER.size,
+                                     len(stored)), written=written)
+        objects = self.dst.objects
+        if not objects.put_if_absent(MOVED, pack, record) \
+                and objects.get(MOVED, pack) != record:
+            raise CorruptChunkError(pack.hex, "the destination has another moved record for"
+                                    " this pack (a repack of its own); sync cannot list the"
+                                    " members it moved")
+        self._count(record)
+        with self._lock:
+            self.copied.moved.append(pack)
 
     def _put_chunk(self, digest: Digest, data: bytes, need: Need) -> tuple[bytes, bool]:
         """Create the object (put-if-absent): the bytes the destination holds after, and
@@ -335,6 +391,15 @@ def add_needs(entry: TensorEntry, needs: dict[Digest, Need]) -> None:
                     needs[at.pack] = None
                 else:
                     needs.setdefault(base, (chain[k + 1:], locations[k + 1:]))
+
+
+def add_spans(entry: TensorEntry, spans: Spans) -> None:
+    """The members a read of ``entry`` needs in each pack (its chunks' and their bases')."""
+    for shard in entry.shards:
+        for i in range(len(shard.chunks)):
+            for at in (shard.location(i), *shard.chain_locations(i)):
+                if at is not None:
+                    spans.setdefault(at.pack, set()).add((at.offset, at.length))
 
 
 def checked_object(store: StoreHandle, digest: Digest, data: bytes, need: Need, *,
