@@ -19,7 +19,7 @@ import torch
 import chunkstore
 from chunkstore.backends.wrappers import ForwardingBackend
 from chunkstore.errors import BackendUnavailableError, MirrorError
-from chunkstore.objects.kinds import VERSIONS
+from chunkstore.objects.kinds import CHUNKS, VERSIONS
 from torch_bridge import Checkpointer
 from torch_bridge.tiers.mirror import S3_MIRROR_OPTIONS, MirrorTier, storage_options
 
@@ -288,3 +288,35 @@ def test_a_mirror_that_never_answers_costs_the_training_loop_nothing(
         tmp_path: Path, fake_credentials: None) -> None:
     with blackhole() as port, pytest.warns(RuntimeWarning, match="cannot be reached"):
         _saves_do_not_wait(tmp_path, f"http://127.0.0.1:{port}")
+
+
+def test_rot_in_the_mirror_is_found_by_the_read_back_and_healed(tmp_path: Path) -> None:
+    """An object of a frozen tensor every version shares rots in the mirror.  Later
+    copies never read it (the mirror "has" it), but the replicator reads the mirror back
+    after each copy: with the default budget this small mirror is read whole at every
+    save, so the next save's copy finds the rot and rewrites the object from the local
+    tier; every mirrored version verifies on the mirror afterwards."""
+    local, mirror = tmp_path / "local", tmp_path / "mirror"
+    torch.manual_seed(0)
+    frozen = torch.nn.Linear(256, 256)
+    with Checkpointer(local, run="r", mirror=mirror) as ckpt:
+        ckpt.save(1, model=frozen, head=torch.nn.Linear(8, 8))
+        ckpt.wait(mirror=True)
+        with chunkstore.open(mirror) as store:
+            version = store.latest("r")
+            assert version is not None
+            entry = store.open_version(version.id).entry("model.weight")
+            shard = entry.shards[0]  # type: ignore[union-attr]
+            at = shard.location(0)
+            victim = at.pack if at is not None else shard.chunks[0]
+            good = store.objects.get(CHUNKS, victim)
+            store.objects.put(CHUNKS, victim, good[:-1] + bytes([good[-1] ^ 0x01]))
+            assert not store.verify().ok
+        for step in (2, 3):
+            ckpt.save(step, model=frozen, head=torch.nn.Linear(8, 8))
+        ckpt.wait(mirror=True)
+        replicator = ckpt._tier.replicator  # type: ignore[attr-defined]
+        assert replicator is not None and replicator.read_back_stats["healed"] >= 1
+    with chunkstore.open(mirror) as store:
+        assert store.objects.get(CHUNKS, victim) == good
+        assert store.verify().ok and [v.step for v in store.versions("r")] == [1, 2, 3]

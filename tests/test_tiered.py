@@ -102,6 +102,14 @@ def test_a_damaged_local_copy_is_read_from_the_mirror(tmp_path: Path) -> None:
         source = ckpt.last_restore
         assert source is not None and source.tier == "mirror" and source.version == newest.id
         assert source.reason.startswith("its local copy is damaged")
+    # The restore healed the local tier (it said "already there" and left it damaged):
+    # the version verifies there, and the next restore reads it locally.
+    with chunkstore.open(local) as store:
+        assert store.verify(newest.id).ok
+    with Checkpointer(local, run="r", mirror=mirror) as ckpt:
+        restored = model(0)
+        assert ckpt.restore(model=restored) == 2 and same(restored, model(2))
+        assert ckpt.last_restore is not None and ckpt.last_restore.tier == "local"
 
 
 class Unreachable(ForwardingBackend):

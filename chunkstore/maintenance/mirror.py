@@ -28,6 +28,14 @@ a second store (a fast local tier mirrored to a durable one), in order.
    version counts as done, so a ``wait`` that returns has seen what it did
    (retention of the fast tier, which must ask the mirror's store, not this thread,
    whether a version may leave).
+6. **The mirror is read back**, after each version copied, a slice of at most
+   ``read_back_bytes`` (:class:`~chunkstore.maintenance.readback.ReadBack`): a copy
+   never reads what the mirror already holds, so rot there would otherwise stay
+   unseen until the mirror is the only copy.  What fails is replaced from the local
+   store's checked bytes; what the local store cannot give (pruned there) is
+   logged.  The whole mirror is read once every ``ceil(mirror bytes /
+   read_back_bytes)`` mirrored versions; a failure of the read-back is logged and
+   never fails or delays a copy's outcome.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ from collections.abc import Callable, Iterable
 
 from chunkstore.errors import ChunkStoreError, IntegrityError, MirrorError
 from chunkstore.handle.handle import StoreHandle
+from chunkstore.maintenance.readback import DEFAULT_READ_BACK_BYTES, ReadBack
 from chunkstore.maintenance.reconcile import count_in
 from chunkstore.maintenance.sync import SyncResult, sync
 from chunkstore.maintenance.verify import verify
@@ -65,8 +74,14 @@ class Replicator:
 
     def __init__(self, src: StoreHandle, dst: StoreHandle | Opener,
                  on_mirrored: Callable[[str], None] | None = None, *,
-                 backlog: Backlog | None = None, target: str | None = None) -> None:
+                 backlog: Backlog | None = None, target: str | None = None,
+                 read_back_bytes: int = DEFAULT_READ_BACK_BYTES) -> None:
         self.src = src
+        #: bytes of the mirror read back after each version copied (0: none)
+        self.read_back_bytes = read_back_bytes
+        self._read_back: ReadBack | None = None
+        #: what the read-back found so far: objects and bytes read, healed, not healed
+        self.read_back_stats = {"objects": 0, "bytes": 0, "healed": 0, "unhealed": 0}
         self.dst: StoreHandle | None = dst if isinstance(dst, StoreHandle) else None
         self._open_dst: Opener | None = None if isinstance(dst, StoreHandle) else dst
         #: how the destination is named in messages (its URL once open)
@@ -234,7 +249,33 @@ class Replicator:
                 self._on_mirrored(version_id)
             except Exception as exc:  # retention and the like: the copy is done
                 log.warning("after mirroring %s: %s", version_id[:12], exc)
+        self._read_back_step(dst)
         return version_id, None, None
+
+    def _read_back_step(self, dst: StoreHandle) -> None:
+        """Read the next slice of the mirror back and heal it (step 6)."""
+        if self.read_back_bytes <= 0:
+            return
+        try:
+            if self._read_back is None:
+                self._read_back = ReadBack(dst, self.src, self.read_back_bytes)
+            found = self._read_back.step()
+        except Exception as exc:  # the read-back is a check: it never fails a copy
+            log.warning("reading %s back failed: %s", self.target, exc)
+            return
+        stats = self.read_back_stats
+        stats["objects"] += found.objects_read
+        stats["bytes"] += found.bytes_read
+        stats["healed"] += len(found.healed)
+        stats["unhealed"] += len(found.unhealed)
+        for fix in found.healed:
+            log.warning("%s: %s %s was damaged in the mirror (%s) and was rewritten from"
+                        " %s", self.target, fix.kind, fix.digest[:16], fix.problem,
+                        self.src.url)
+        for fix in found.unhealed:
+            log.warning("%s: %s %s is damaged in the mirror (%s), needed by %s, and cannot"
+                        " be rewritten: %s", self.target, fix.kind, fix.digest[:16],
+                        fix.problem, ", ".join(fix.versions), fix.reason)
 
     def _settle(self, version_id: str | None, error: Exception | None,
                 damage: str | None) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 import chunkstore
 from chunkstore import Store, VersionInfo
 from chunkstore.errors import IntegrityError, SelectorError
+from chunkstore.objects.kinds import VERSIONS
 from torch_bridge.capture.layout import apply_states, load_states, read_sections, warn_unrestored
 from torch_bridge.capture.rng import restore_rng
 from torch_bridge.distributed.collectives import all_gather_plain
@@ -147,15 +148,30 @@ class TierRestore:
 
 def refill(mirror: Store, local: str | os.PathLike[str] | Store, run: str,
            info: VersionInfo) -> None:
-    """Heal the local tier: copy a version read from the mirror into it (created with
-    the mirror's settings where there is none), so the next restore there is local.
-    A failure warns; the restore itself succeeded."""
+    """Heal the local tier: a version read from the mirror is copied into it (created
+    with the mirror's settings where there is none), or, where the local tier holds a
+    damaged copy, what is missing or damaged there is rewritten from the mirror's
+    checked bytes (``chunkstore repair``), so the next restore there is local and
+    whole.  A failure warns; the restore itself succeeded."""
     try:
-        chunkstore.sync(mirror, local, [info.id])
+        if isinstance(local, Store) and local.objects.exists(VERSIONS, info.id):
+            healed = chunkstore.repair(local, mirror, [info.id])
+            trouble = None if healed.ok else (
+                f"{len(healed.unfixed)} object(s) could not be rewritten"
+                f" ({'; '.join(f'{f.kind} {f.digest[:12]}: {f.reason}' for f in healed.unfixed)})"
+                if healed.unfixed else f"{len(healed.problems_after)} problem(s) remain")
+        else:
+            copied = chunkstore.sync(mirror, local, [info.id])
+            trouble = None if copied.ok else "; ".join(
+                [f.message for f in copied.failed]
+                + [f"another version at step {c.step}" for c in copied.step_conflicts])
     except Exception as exc:
+        trouble = str(exc)
+    if trouble:
         warnings.warn(RuntimeWarning(
-            f"run {run!r}: step {info.step} was restored from the mirror, but copying it"
-            f" into the local tier failed: {exc}"), stacklevel=6)
+            f"run {run!r}: step {info.step} was restored from the mirror, but healing the"
+            f" local tier with it failed: {trouble}; `chunkstore repair LOCAL --from"
+            " MIRROR` retries it"), stacklevel=6)
 
 
 def ranks_tier(local: Store | None, run: str, mirror: Callable[[], Store | None]
