@@ -144,7 +144,8 @@ def test_restore_falls_back_when_the_newest_version_is_corrupt(tmp_path: Path) -
     _corrupt_newest_unique_chunk(tmp_path / "s")
     fresh = _model(seed=9)
     with _ckpt(tmp_path / "s") as ckpt:
-        with pytest.warns(RestoreFallbackWarning, match=r"step 2\).*corrupt.*restored step 1"):
+        with pytest.warns(RestoreFallbackWarning,
+                          match=r"step 2\).*corrupt.*restored step 1.*chunkstore repair"):
             assert ckpt.restore(model=fresh) == 1
         assert _equal_state(fresh, expected)
         with pytest.raises(IntegrityError):

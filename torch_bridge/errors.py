@@ -58,6 +58,12 @@ class NotAtUpdateBoundaryWarning(UserWarning):
     """Warned when a save sees gradients the optimizer has not applied yet."""
 
 
+#: What a message about damage found on restore says to do.
+REPAIR_HINT = ("`chunkstore repair STORE --from OTHER` rewrites what is missing or damaged"
+               " from a store holding whole copies (a mirror, a sync's copy); `chunkstore"
+               " verify STORE` names every problem")
+
+
 class RestoreFallbackWarning(UserWarning):
     """Warned when the newest version is damaged and restore falls back to an older one."""
 
@@ -66,13 +72,14 @@ class RestoreFallbackWarning(UserWarning):
                 ) -> RestoreFallbackWarning:
         """The warning for a restore of ``step`` after skipping damaged ``failures``."""
         return cls(f"run {run!r}: skipped damaged version(s) {'; '.join(failures)};"
-                   f"{where} restored step {step}")
+                   f"{where} restored step {step}. {REPAIR_HINT}")
 
 
 def nothing_restored(run: str, failures: list[str], where: str = "") -> IntegrityError:
     """The error when every candidate version of ``run`` was damaged."""
     return IntegrityError(f"run {run!r}: no version could be restored{where}, and the objects"
-                          f" passed in may hold part of a damaged version: {'; '.join(failures)}")
+                          f" passed in may hold part of a damaged version: {'; '.join(failures)}."
+                          f" {REPAIR_HINT}")
 
 
 class RunNotFoundWarning(UserWarning):
