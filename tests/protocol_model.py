@@ -48,23 +48,63 @@ locations, then resolve them through the moved records: a location reaches
 the pack that holds the member now, an old pack only through members its
 record does not cover), with ``find_moved`` (a still-stored pack with a
 record is a candidate whatever its age; a record whose pack was gone at the
-start may be deleted at the end if nothing went through it) -> if ``P`` is
+start and that nothing went through is to be deleted) -> if ``P`` is
 present, has no record and at least half of it is garbage: store a save
 session -> read the journal (and record ``seen``) -> copy the live members
 (``P`` still there) -> write the new pack (put-if-absent; not when an active
 entry names it) -> write ``P``'s moved record (put-if-absent; not when the
-session lapsed) -> end the session; ``P`` joins the candidates -> fence ->
-session wait -> second mark (walk, adding to the first; then the records) ->
-delete -> done -> delete unused moved records.  Readers (and the invariant)
-follow moved records of missing packs.  Abstracted away: member offsets and
-lengths (a member is its name), records of more than one hop (only ``P``
-has members to spare), index claims, the index's choice of location (the
-biggest pack it lists holding the chunk; a rebuilt index lists every stored
-pack), ``removals``-driven planning (a run plans a repack whenever it can,
+session lapsed) -> end the session; ``P`` joins the candidates -> fence (the
+entry names the candidates and the packs of the moved records to delete: a
+run with only records to delete stores one too) -> session wait -> second
+mark (walk, adding to the first; then the records; of the records to delete,
+only those it still finds unused stay) -> delete -> done -> delete those
+moved records (``_Run.clean_up``; with ``moved_delete_after_done`` off, the
+safe choice, they go in the deletion step instead, before the entry is
+marked done).  An abandoned or stopped run deletes no record.  Readers (and
+the invariant) follow moved records of missing packs.  Abstracted away:
+member offsets and lengths (a member is its name), records of more than one
+hop (only ``P`` has members to spare), index claims, the index's choice of
+location (the biggest pack it lists holding the chunk; a rebuilt index lists
+every stored pack), ``removals``-driven planning (a run plans a repack whenever it can,
 or with ``optional_repack`` may also not).  One step each: step 4's walk
 and moved-record read; the second mark's moved-record read and its checks
 of which packs are stored; the repack's journal read and ``seen`` update;
 the lapse check and the record's write (as a commit's).
+
+A **syncer** (``Config.sync``; :mod:`chunkstore.maintenance.sync` and
+``synccopy``, docs/format.md 11.4) in a pack world is one more writer, ``S``,
+whose save copies a version listing members at ``P`` from a source that
+repacked them out of ``P`` into one new pack ``Q`` (``Qa`` for ``a``); the
+source holds ``P``'s moved record, not ``P``.  It runs under a session as a
+save does: store the session -> list and read the journal, record ``seen``
+-> ``P`` asked about as a deduplication target (every active entry naming
+it waited out; if its index lists ``P``, the members are reused there and
+nothing more is copied) -> ``P``'s moved record, put-if-absent (an equal one
+already there is relied on; another one fails the version) -> ``Q`` as any
+object (fence wait, reuse when its index lists it, put-if-absent) -> the
+record checked to be still there (else nothing is published) -> commit,
+refused when the session lapsed, the version listing the members at ``P``
+-> end the session.  A failed attempt may run again (``sync_attempts``),
+finding what the last one left.  The stores start with ``P`` gone
+(``pack_gone``) and maybe the record and ``Q`` already there (what an
+earlier sync left), or the record without ``Q`` (``moved_pack_gone``); or
+with ``P`` present, repacked by a GC into the record the sync copies.
+The invariant covers the packs the sync reused or wrote as a save's, and
+the record from its publish on (one deleted before the check fails the
+version, not the store).  Abstracted away: more than one version or moved
+pack per sync, the destination index's claims (its own index, as a writer's).
+
+Why a GC never deletes a moved record a sync publishes through, with the
+safe choice: take a record of ``P`` a GC deletes (named in its entry ``E``)
+and a sync that publishes through it.  If the sync's session recorded ``E``
+in ``seen``, the sync read ``E`` while it was fenced and waited it out before
+it asked about ``P``; the record was deleted before ``E`` was marked done, so
+the sync writes it anew.  Otherwise the GC waited until the sync's session
+was gone (it published, or its session lapsed and it publishes nothing);
+the second mark then walks the sync's version, goes through the record, and
+keeps it.  With the code's choice the first case fails: a sync that reads
+``E`` once it is done does not wait, relies on the record and can publish
+before the clean-up deletes it.
 
 Every step of every actor is one atomic transition.  :func:`explore` runs a
 breadth-first search over canonical states (every interleaving, up to a
@@ -124,6 +164,14 @@ class Protocol:
     #: the old pack adds nothing here: in the model a record is never damaged, and a
     #: missing new pack already keeps the old one.)
     mark_trusts_moved_records: bool = False
+    #: Pack worlds.  A GC deletes the moved records its journal entry names after it marks
+    #: the entry done (``_Run.clean_up``, 23a1ab0), not while the entry is still fenced.
+    #: Unsafe with a sync: the done entry names only the objects deleted, so a sync that
+    #: stores its session and reads the journal in between (no session wait covers it, no
+    #: fence stops it) relies on the record, checks that it is still there, publishes,
+    #: and then the record goes.  The safe choice deletes the records in step 8, with
+    #: the objects, before the entry is marked done.
+    moved_delete_after_done: bool = True
 
     # --- one rule broken at a time -------------------------------------------------------------
     #: GC does not wait for sessions before deleting.
@@ -169,10 +217,20 @@ class Protocol:
     #: (or young tombstone) lists a member it covers.
     break_moved_delete_reached: bool = False
 
+    # --- sync (pack worlds with a syncer), one rule broken at a time ----------------------------
+    #: GC deletes the unused moved records in its clean-up without naming their packs in
+    #: its journal entry, so with no session wait and no second mark for them (before
+    #: 23a1ab0), even when it has no object to delete.
+    break_moved_delete_unfenced: bool = False
+    #: The syncer writes or relies on ``P``'s moved record without waiting for an active
+    #: entry it read that names ``P`` (it still waits for one naming the new pack).
+    break_sync_ignores_fence: bool = False
+
     def fixed(self) -> Protocol:
-        """The four code behaviours above replaced by the safe ones."""
+        """The five code behaviours above replaced by the safe ones."""
         return _replace(self, wait_every_blocker=True, gc_stops_when_lapsed=True,
-                        finish_deletions_blindly=False, mark_trusts_moved_records=False)
+                        finish_deletions_blindly=False, mark_trusts_moved_records=False,
+                        moved_delete_after_done=False)
 
     def breaks(self) -> list[str]:
         return [f.name for f in fields(self)
@@ -228,6 +286,21 @@ class Config:
     #: Pack world: a run that could repack may also not (``gc --no-repack``, or its index
     #: planned since the last removal it counted: ``Index.repack_pending``).
     optional_repack: bool = False
+    #: Pack world: a **syncer** (one more writer, named ``S``, after the others) syncs a
+    #: version listing these members at ``P`` from a source that repacked them out of
+    #: ``P`` into one new pack: it writes (or relies on) ``P``'s moved record and that
+    #: pack, then publishes.  Empty: no syncer.
+    sync: tuple[int, ...] = ()
+    #: How many times the syncer may run, until its version is published: a sync whose
+    #: session lapsed (killed, or paused past the lease), or that found the record gone,
+    #: is run again and finds what the last one left (put-if-absent keeps it).
+    sync_attempts: int = 1
+    #: Pack world: ``P`` is gone at the start (deleted by a GC after a repack, or never in
+    #: this store: a sync's destination); no writer's index lists it.
+    pack_gone: bool = False
+    #: Pack world: the new pack of ``initial_moved`` is gone at the start while ``P``'s moved
+    #: record is still there (a GC killed after deleting the pack, before the record).
+    moved_pack_gone: bool = False
 
     @property
     def objects(self) -> int:
@@ -340,7 +413,11 @@ class Model:
         for w, content in enumerate(cfg.contents):
             for n in range(cfg.saves_per_writer):
                 self.version_objects[self.vid(w, n)] = frozenset(content)
-        self.versions = 1 + len(cfg.contents) * cfg.saves_per_writer
+        #: the syncer's writer slot (after the writers'), -1 when there is none
+        self.syncer = len(cfg.contents) if cfg.sync else -1
+        self.writer_count = len(cfg.contents) + bool(cfg.sync)
+        self.versions = 1 + self.writer_count * cfg.saves_per_writer
+        assert cfg.packed or not cfg.sync, "a syncer copies moved records: pack worlds only"
         if cfg.packed:
             # pack object o holds the members of the bits of o + 1; P (all of them) is last
             self.full = cfg.objects - 1
@@ -354,7 +431,10 @@ class Model:
         if vid == 0:
             return "v0"
         w, n = divmod(vid - 1, self.config.saves_per_writer)
-        return f"W{w}.save{n + 1}"
+        return "S.sync" if w == self.syncer else f"W{w}.save{n + 1}"
+
+    def writer_name(self, i: int) -> str:
+        return "S" if i == self.syncer else f"W{i}"
 
     def pack_of(self, members: frozenset[int]) -> int:
         """The pack object that holds exactly ``members`` (content addressing)."""
@@ -388,22 +468,22 @@ class Model:
         cfg = self.config
         big = self.full
         present = [-1] * cfg.objects
-        present[big] = 0
+        present[big] = -1 if cfg.pack_gone else 0
         moved: list[Moved | None] = [None] * cfg.objects
         if cfg.initial_moved:
             covered = frozenset(cfg.initial_moved)
-            present[self.pack_of(covered)] = 0
+            present[self.pack_of(covered)] = -1 if cfg.moved_pack_gone else 0
             moved[big] = (self.pack_of(covered), covered)
         vrefs = [frozenset[Ref]()] * self.versions
         vrefs[0] = frozenset((big, m) for m in cfg.initial_version or ())
-        writer = Writer(W_IDLE, 0, False, frozenset({big}), frozenset(), frozenset(),
-                        frozenset(), (), 0, False)
+        writer = Writer(W_IDLE, 0, False, frozenset() if cfg.pack_gone else frozenset({big}),
+                        frozenset(), frozenset(), frozenset(), (), 0, False)
         return State(
             clock=0, present=tuple(present),
             published=frozenset({0}) if cfg.initial_version is not None else frozenset(),
             tombstones=frozenset(), removed_at=frozenset(), removing=-1,
-            sessions=(None,) * (len(cfg.contents) + cfg.gcs), journal=(),
-            writers=(writer,) * len(cfg.contents), gcs=(gc,) * cfg.gcs, reader=None,
+            sessions=(None,) * (self.writer_count + cfg.gcs), journal=(),
+            writers=(writer,) * self.writer_count, gcs=(gc,) * cfg.gcs, reader=None,
             budget=(cfg.removals, cfg.index_drops, cfg.rebuilds, cfg.writer_lapses,
                     cfg.gc_lapses, cfg.gc_crashes),
             moved=tuple(moved), vrefs=tuple(vrefs))
@@ -421,7 +501,8 @@ class Model:
                 continue
             missing = self._unreadable(s, writer.obtained)
             if missing:
-                return f"save in progress on W{w} obtained {self._names(missing)}, now deleted"
+                return f"save in progress on {self.writer_name(w)} obtained" \
+                       f" {self._names(missing)}, now deleted"
         if s.reader is not None and s.reader[0] >= 0:
             v, _ = s.reader
             removed = [t for vv, t in s.removed_at if vv == v]
@@ -570,11 +651,11 @@ class Model:
                       out: list[tuple[str, State]]) -> None:
         p, cfg = self.protocol, self.config
         w = s.writers[i]
-        name = f"W{i}"
-        content = cfg.contents[i]
+        name = self.writer_name(i)
+        content = cfg.sync if i == self.syncer else cfg.contents[i]
         session = s.sessions[i]
         if w.phase == W_IDLE:
-            if w.saves < cfg.saves_per_writer:
+            if self._may_save(s, i, w):
                 nw = w._replace(phase=W_LIST, obtained=frozenset(), fence=frozenset(),
                                 lapsed=False)
                 if p.break_journal_before_session:
@@ -627,7 +708,7 @@ class Model:
                                 applied=w.applied | {e})
                 dead = "" if entry.alive else ", gc dead"
                 label = f"{name}: reads entry {e} ({entry.state}{dead}" \
-                        f": forgets {self._names(entry.objects)})"
+                        f": forgets {self._names(entry.objects) or 'nothing'})"
             out.append((label, self._with_writer(s, i, nw)))
         elif w.phase == W_SEEN:
             fenced = frozenset(e for e, _ in w.fence)
@@ -643,6 +724,8 @@ class Model:
                         seen=session.seen | fenced)))))
             else:
                 out.append((f"{name}: starts on its objects", self._with_writer(s, i, nw)))
+        elif w.phase == W_OBJ and i == self.syncer:
+            self._sync_object_step(s, i, out)
         elif w.phase == W_OBJ and cfg.packed:
             self._packed_object_step(s, i, out)
         elif w.phase == W_OBJ:
@@ -675,13 +758,16 @@ class Model:
                 out.append((f"{name}: session lapsed, refuses to publish", self._with_writer(
                     s, i, self._end(w), sessions=self._set(s.sessions, i, None))))
             elif cfg.packed:
-                v = self.vid(i, w.saves)
+                v = self.vid(i, 0 if i == self.syncer else w.saves)
                 packs = frozenset(o for o, _ in w.obtained)
+                # a sync lists the members where its source's manifests do: at P
+                refs = frozenset((self.full, m) for m in content) if i == self.syncer \
+                    else w.obtained
                 out.append((f"{name}: publishes {self.version_name(v)}"
-                             f" ({self._names(w.obtained)})", self._with_writer(
+                             f" ({self._names(refs)})", self._with_writer(
                                  s, i, w._replace(phase=W_END, believed=w.believed | packs),
                                  published=s.published | {v},
-                                 vrefs=self._set(s.vrefs, v, w.obtained))))
+                                 vrefs=self._set(s.vrefs, v, refs))))
             else:
                 v = self.vid(i, w.saves)
                 out.append((f"{name}: publishes {self.version_name(v)}", self._with_writer(
@@ -695,6 +781,13 @@ class Model:
             out.append((f"{name}: paused past the lease (counted dead)", self._with_writer(
                 s, i, w._replace(lapsed=True), budget=self._budget(s, 3),
                 sessions=self._set(s.sessions, i, session._replace(alive=False)))))
+
+    def _may_save(self, s: State, i: int, w: Writer) -> bool:
+        if i != self.syncer:
+            return w.saves < self.config.saves_per_writer
+        v = self.vid(i, 0)  # every attempt copies the same version
+        return w.saves < self.config.sync_attempts and v not in s.published \
+            and all(vv != v for vv, _ in s.removed_at)
 
     @staticmethod
     def _end(w: Writer) -> Writer:
@@ -711,7 +804,7 @@ class Model:
         (fence wait, reuse when the index lists it, put-if-absent)."""
         p, cfg = self.protocol, self.config
         w = s.writers[i]
-        name = f"W{i}"
+        name = self.writer_name(i)
         content = cfg.contents[i]
         if w.pos < len(content):
             c = content[w.pos]
@@ -770,6 +863,61 @@ class Model:
             out.append((f"{what}, writes it", self._with_writer(
                 s._replace(present=self._set(s.present, o, s.clock)), i, nw)))
 
+    def _sync_object_step(self, s: State, i: int, out: list[tuple[str, State]]) -> None:
+        """A sync's objects (``VersionCopy._copy_chunks``, ``_copy_moved``; docs/format.md
+        11.4 step 3), for a pack ``P`` its source repacked: ``P`` is asked about as a
+        deduplication target (every active entry naming it waited out, then reused if
+        the index lists it); the source lacks it, so ``P``'s moved record is written
+        (put-if-absent: an equal one is relied on, another one fails the version); then
+        the new pack, asked about and written as any object; then the record is checked
+        to be still there (``_copy_version``), else nothing is published."""
+        p = self.protocol
+        w = s.writers[i]
+        name = self.writer_name(i)
+        big = self.full
+        members = frozenset(self.config.sync)
+        new = self.pack_of(members)
+        record = (new, members)
+        end = self._with_writer(s, i, self._end(w), sessions=self._set(s.sessions, i, None))
+        if w.pos == 2:
+            if s.moved[big] != record:
+                out.append((f"{name}: P's moved record vanished: nothing published", end))
+            else:
+                out.append((f"{name}: finds P's moved record still there", self._with_writer(
+                    s, i, w._replace(phase=W_COMMIT, pos=0, waited=False))))
+            return
+        o = big if w.pos == 0 else new
+        ignore = w.pos == 0 and p.break_sync_ignores_fence
+        blockers = [] if ignore else sorted((e, objs) for e, objs in w.fence if o in objs)
+        if blockers and (not w.waited or p.wait_every_blocker):
+            self._wait_out(s, i, w, name, o, blockers[0], out)
+            return
+        if not blockers and not w.waited and o in w.believed:
+            refs = frozenset((o, m) for m in members)
+            nw = w._replace(phase=W_COMMIT if o == big else W_OBJ, pos=0 if o == big else 2,
+                            waited=False, obtained=w.obtained | refs)
+            out.append((f"{name}: dedups {self._names(refs)} (its index lists"
+                        f" {self.obj_name(o)})", self._with_writer(s, i, nw)))
+            return
+        nw = w._replace(pos=w.pos + 1, waited=False)
+        moving = f"{self._names({(big, m) for m in members})} -> {self.obj_name(new)}"
+        if o == big and s.moved[big] is None:
+            out.append((f"{name}: writes P's moved record ({moving})", self._with_writer(
+                s, i, nw, moved=self._set(s.moved, big, record))))
+        elif o == big and s.moved[big] == record:
+            out.append((f"{name}: P's moved record ({moving}) already there, relies on it",
+                        self._with_writer(s, i, nw)))
+        elif o == big:
+            out.append((f"{name}: P has another moved record: nothing published", end))
+        else:
+            nw = nw._replace(obtained=w.obtained | {(new, m) for m in members})
+            if s.present[new] >= 0:
+                out.append((f"{name}: writes {self.obj_name(new)}: already there, reuses that"
+                            " copy", self._with_writer(s, i, nw)))
+            else:
+                out.append((f"{name}: writes {self.obj_name(new)}", self._with_writer(
+                    s._replace(present=self._set(s.present, new, s.clock)), i, nw)))
+
     @staticmethod
     def _present(s: State) -> tuple[int, ...]:
         return tuple(o for o, t in enumerate(s.present) if t >= 0)
@@ -800,7 +948,7 @@ class Model:
 
     def _session_names(self, s: State, slots: list[int]) -> str:
         n = len(s.writers)
-        return ",".join(f"W{k}" if k < n else f"GC{k - n}'s repack" for k in slots)
+        return ",".join(self.writer_name(k) if k < n else f"GC{k - n}'s repack" for k in slots)
 
     def _gc_steps(self, s: State, g: int,  # noqa: C901, PLR0912
                   out: list[tuple[str, State]]) -> None:
@@ -839,9 +987,11 @@ class Model:
                     s, g, base._replace(phase=G_FENCE, candidates=cands, start=start))))
         elif gc.phase == G_FENCE:
             e = len(s.journal)
-            out.append((f"{name}: stores fenced entry {e} ({self._names(gc.candidates)})",
+            # 23a1ab0: the packs of the moved records to delete, as chunk objects
+            named = gc.candidates if p.break_moved_delete_unfenced else gc.candidates | gc.drop
+            out.append((f"{name}: stores fenced entry {e} ({self._names(named)})",
                         self._with_gc(s, g, gc._replace(phase=G_WAIT, entry=e),
-                                      journal=(*s.journal, Entry(FENCED, gc.candidates, True)))))
+                                      journal=(*s.journal, Entry(FENCED, named, True)))))
         elif gc.phase == G_WAIT:
             waiting = [w for w, sess in enumerate(s.sessions)
                        if sess is not None and sess.alive and gc.entry not in sess.seen]
@@ -849,8 +999,10 @@ class Model:
                 out.append((f"{name}: no session to wait for"
                             + (f" (skips {self._session_names(s, waiting)})" if waiting else ""),
                             self._with_gc(s, g, gc._replace(phase=G_REMARK))))
+            # an abandoned run deletes no moved record (before 23a1ab0 its clean-up did)
+            over = gc if p.break_moved_delete_unfenced else gc._replace(drop=frozenset())
             out.append((f"{name}: gives up waiting, abandons entry {gc.entry}", self._with_gc(
-                s, g, self._run_over(gc), journal=self._finish_entry(s, gc, ABANDONED))))
+                s, g, self._run_over(over), journal=self._finish_entry(s, gc, ABANDONED))))
         elif gc.phase == G_REMARK and cfg.packed and not p.break_no_remark:
             walked = gc.walked | self._walk(s, gc.start)
             out.append((f"{name}: marks again: walks the versions"
@@ -867,6 +1019,8 @@ class Model:
             if p.break_repack_no_remark and gc.rp_done:
                 todo |= gc.candidates & {self.full}
             drop = self._drop(s, gc.gone, gc.walked, moved)
+            if not p.break_moved_delete_unfenced:  # only records its entry names
+                drop &= gc.drop
             out.append((f"{name}: reads the moved records"
                         f"{' (those of its first mark)' if p.break_stale_moved else ''},"
                         f" will delete {self._names(todo) or 'nothing'}"
@@ -882,6 +1036,12 @@ class Model:
                 out.append((f"{name}: deletes {self.obj_name(o)}", self._with_gc(
                     s, g, gc._replace(todo=gc.todo[1:], deleted=gc.deleted | {o}),
                     present=self._set(s.present, o, -1))))
+            elif gc.drop and not p.moved_delete_after_done \
+                    and not p.break_moved_delete_unfenced:
+                moved = tuple(None if o in gc.drop else r for o, r in enumerate(s.moved))
+                out.append((f"{name}: deletes the moved record of {self._names(gc.drop)}"
+                            " (its entry still fenced)", self._with_gc(
+                                s, g, gc._replace(drop=frozenset()), moved=moved)))
             else:
                 journal = self._finish_entry(s, gc, DONE)
                 if gc.entry < 0:  # deleted before writing the journal
@@ -951,8 +1111,10 @@ class Model:
                            rp_blocked=False, rp_done=False)
         what = f"{name}: marks ({self._names(walked) or 'nothing listed'}), candidates" \
                f" {self._names(cands) or 'none'}"
+        fenced = bool(drop) and not p.break_moved_delete_unfenced
         if drop:
-            what += f", will delete the moved record of {self._names(drop)}"
+            what += f", {'fences' if fenced else 'will delete'} the moved record of" \
+                    f" {self._names(drop)}"
         if rp is not None:
             moving = self._names({(big, m) for m in rp[1]})
             out.append((f"{what}; P is half garbage: repacks {moving} into"
@@ -967,7 +1129,7 @@ class Model:
         if cands and p.break_delete_before_journal:
             out.append((f"{what}, deletes at once", self._with_gc(s, g, base._replace(
                 phase=G_DEL, entry=-1, todo=tuple(sorted(cands))))))
-        elif cands:
+        elif cands or fenced:
             out.append((what, self._with_gc(s, g, base._replace(phase=G_FENCE))))
         else:
             out.append((f"{what}: nothing to delete", self._with_gc(
