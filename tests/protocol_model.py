@@ -58,10 +58,11 @@ entry names the candidates and the packs of the moved records to delete: a
 run with only records to delete stores one too) -> session wait -> second
 mark (walk, adding to the first; then the records; of the records to delete,
 only those it still finds unused stay) -> delete -> done -> delete those
-moved records (``_Run.clean_up``; with ``moved_delete_after_done`` off, the
-safe choice, they go in the deletion step instead, before the entry is
-marked done).  An abandoned or stopped run deletes no record.  Readers (and
-the invariant) follow moved records of missing packs.  Abstracted away:
+moved records, in the deletion step, before the entry is marked done
+(``_Run.fence_and_delete``; ``moved_delete_after_done``, what 23a1ab0 did,
+deletes them after it, in ``_Run.clean_up``: unsafe with a sync).  An
+abandoned or stopped run deletes no record.  Readers (and the invariant)
+follow moved records of missing packs.  Abstracted away:
 member offsets and lengths (a member is its name), records of more than one
 hop (only ``P`` has members to spare), index claims, the index's choice of
 location (the biggest pack it lists holding the chunk; a rebuilt index lists
@@ -165,13 +166,14 @@ class Protocol:
     #: missing new pack already keeps the old one.)
     mark_trusts_moved_records: bool = False
     #: Pack worlds.  A GC deletes the moved records its journal entry names after it marks
-    #: the entry done (``_Run.clean_up``, 23a1ab0), not while the entry is still fenced.
+    #: the entry done (``_Run.clean_up`` in 23a1ab0), not while the entry is still fenced.
     #: Unsafe with a sync: the done entry names only the objects deleted, so a sync that
     #: stores its session and reads the journal in between (no session wait covers it, no
     #: fence stops it) relies on the record, checks that it is still there, publishes,
-    #: and then the record goes.  The safe choice deletes the records in step 8, with
-    #: the objects, before the entry is marked done.
-    moved_delete_after_done: bool = True
+    #: and then the record goes.  The code makes the safe choice: the records are deleted
+    #: in step 8, with the objects, before the entry is marked done
+    #: (``_Run.fence_and_delete``).
+    moved_delete_after_done: bool = False
 
     # --- one rule broken at a time -------------------------------------------------------------
     #: GC does not wait for sessions before deleting.

@@ -49,15 +49,13 @@ entry (``break_moved_delete_unfenced``: 9 steps).  With the fix the record's
 pack is named in the entry, the session wait and the second mark cover it;
 and with that, deleting only records of packs gone at the start is no longer
 needed in any world here (``REDUNDANT``).  A fifth choice,
-``moved_delete_after_done``, is still made the unsafe way by the code: the
-records go in ``_Run.clean_up``, after the entry is marked done, and a sync
-that stores its session and reads the journal in between does not wait, relies
-on the record, finds it still there and publishes; then it is deleted (a
-sync paused past the lease and run again: 23 steps in ``sync_retry``).  The
-sync worlds are therefore explored with the safe choice (the records deleted
-with the objects, while the entry is fenced), where nothing is lost, and
-test_the_code_makes_every_safe_choice is an expected failure until the code
-changes.
+``moved_delete_after_done``, was made the unsafe way by 23a1ab0 and found by
+this model: the records went in ``_Run.clean_up``, after the entry was marked
+done, and a sync that stores its session and reads the journal in between does
+not wait, relies on the record, finds it still there and publishes; then it is
+deleted (a sync paused past the lease and run again: 23 steps in
+``sync_retry``).  The code now deletes the records with the objects, while the
+entry is fenced (``_Run.fence_and_delete``), where nothing is lost.
 """
 
 from __future__ import annotations
@@ -145,9 +143,9 @@ SAFE = Protocol().fixed()
 
 
 def _protocol_of(world: str) -> Protocol:
-    """The protocol ``world``'s loses-nothing test explores: with a syncer the safe one
-    (the code loses data there: test_the_code_makes_every_safe_choice), else the code's."""
-    return SAFE if world in SYNC_WORLDS else IMPLEMENTED
+    """The protocol ``world``'s loses-nothing test explores: the code's, which is the
+    safe one (test_the_code_makes_every_safe_choice)."""
+    return IMPLEMENTED
 
 
 def check(name: str, config: Config, protocol: Protocol) -> Result:
@@ -168,10 +166,6 @@ def _explored(world: str, protocol: Protocol) -> tuple[Result, frozenset[str]]:
     return result, frozenset(labels)
 
 
-@pytest.mark.xfail(IMPLEMENTED.moved_delete_after_done, strict=True,
-                   reason="gc.py deletes moved records in clean_up, after its journal entry"
-                   " is marked done: a sync that reads the done entry relies on the record"
-                   " and publishes before it goes (UNSAFE_CHOICES['moved_delete_after_done'])")
 def test_the_code_makes_every_safe_choice() -> None:
     """The protocol as implemented is the safe one, so exploring it covers both."""
     assert IMPLEMENTED == SAFE

@@ -476,6 +476,11 @@ class _Run:
             still = set(self.unused_moved())
             self.moved_unused = [pack for pack in moved if pack in still]
             self.delete(candidates)
+            # The records too while the entry is fenced: a sync that reads it done
+            # relies on a record it finds and would publish before a later delete.
+            for pack in self.moved_unused:
+                self.check_time()
+                self.objects.delete(MOVED, pack)
             entry.state = DONE
         finally:
             if entry.state == FENCED:
@@ -590,16 +595,14 @@ class _Run:
     def clean_up(self) -> None:
         """Expired tombstones, finished journal entries older than a week, and the
         temporary files of interrupted writes."""
-        # A moved record of a pack gone before this run began that neither mark
-        # reached: every version that lists one of its members was published before
+        # Moved records were deleted in step 8 (fence_and_delete), while the entry
+        # was fenced: a pack gone before this run began whose record neither mark
+        # reached; every version that lists one of its members was published before
         # the entry (the GC that deleted the pack waited for the saves that could reuse
-        # it), or by a session step 6 waited for; a save or sync that read the entry
-        # waits for this run before it writes or relies on the record.
-        unused = self.moved_unused
-        self.result.moved_records_deleted = len(unused)
+        # it), or by a session step 6 waited for; a save or sync that reads the entry
+        # while it is fenced waits for this run before it writes or relies on the record.
+        self.result.moved_records_deleted = len(self.moved_unused)
         if not self.dry_run:
-            for pack in unused:
-                self.objects.delete(MOVED, pack)
             for version_id in self.expired_tombstones:
                 self.objects.delete(TOMBSTONES, version_id)
             self.result.journal_entries_pruned = prune_journal(self.objects, self.started)
