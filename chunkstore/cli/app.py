@@ -14,7 +14,9 @@ and an exit code from the table in the group's help:
    the same line and exits 130 at once; the group's ``invoke`` hands Ctrl-C back.
 4. A reader that stops early (``chunkstore log ckpts/ | head``) is not an
    error: stdout is pointed at the null device, so nothing more is written
-   or flushed into the closed pipe, and the command exits 0 quietly.
+   or flushed into the closed pipe, and the command exits quietly: 0, or the
+   code it decided on before it wrote (:func:`~chunkstore.cli.common.set_exit_code`),
+   so ``chunkstore verify ckpts/ | head`` on a damaged store still exits 1.
 
 Both the group's option parsing and its ``invoke`` (which parses and runs the
 subcommand) go through :func:`one_line_errors`, so ``chunkstore --help | head``
@@ -42,6 +44,7 @@ from chunkstore.cli.common import (
     EXIT_INTERRUPTED,
     CliError,
     Interrupted,
+    decided_exit_code,
     exit_code_for,
     missing_dependency,
     set_storage_options,
@@ -63,8 +66,9 @@ LAZY_COMMANDS = {
 
 
 @contextmanager
-def one_line_errors() -> Iterator[None]:
-    """Turn every way a command can fail into a one-line error (see the module docstring)."""
+def one_line_errors(ctx: click.Context | None = None) -> Iterator[None]:
+    """Turn every way a command can fail into a one-line error (see the module docstring);
+    ``ctx`` holds the exit code a command decided on before its reader left."""
     try:
         yield
     except (CliError, click.exceptions.NoArgsIsHelpError, click.exceptions.Exit):
@@ -85,7 +89,7 @@ def one_line_errors() -> Iterator[None]:
         raise CliError(str(exc), exit_code_for(exc)) from exc
     except BrokenPipeError:
         _silence_stdout()
-        raise click.exceptions.Exit(0) from None
+        raise click.exceptions.Exit(decided_exit_code(ctx)) from None
     except OSError as exc:
         raise CliError(str(exc), EXIT_FAILURE) from exc
     except (KeyboardInterrupt, click.Abort):
@@ -125,11 +129,11 @@ class ChunkstoreGroup(click.Group):
         return super().get_command(ctx, cmd_name)
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        with one_line_errors():
+        with one_line_errors(ctx):
             return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
-        with one_line_errors():
+        with one_line_errors(ctx):
             # From here a Ctrl-C is a KeyboardInterrupt this turns into one line; before
             # it (the imports, the group's options) chunkstore.interrupts ended the
             # process with that line.
@@ -184,7 +188,8 @@ def cli(ctx: click.Context, storage_option: tuple[str, ...]) -> None:
     Errors are one line on stderr, starting "chunkstore: error:".
     Exit codes:
       0    success (also when a reader such as `head` stops reading early)
-      1    a check found problems (verify, index rebuild)
+      1    a check found problems (verify, index rebuild), even when its
+           reader stops early
       2    bad usage or bad input: unknown option, bad selector or name,
            a path that is not a store, a command's packages not installed
       3    integrity error: corrupt or missing data, unsupported format version

@@ -68,6 +68,29 @@ def _isatty(stream: IO[Any]) -> bool:
         return False
 
 
+#: Where a command records the exit code it decided on (in the click context's ``meta``,
+#: which a group and its subcommand share).
+_DECIDED_EXIT = "chunkstore.exit_code"
+
+
+def set_exit_code(code: int) -> None:
+    """Record the exit code the running command ends with, before it writes its answer.
+
+    A reader that stops early (``chunkstore verify ckpts/ | head``) ends the command
+    while it writes; it then exits with this code, so a check that found problems
+    still exits 1.  A command that only lists records nothing and exits 0.
+    """
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        ctx.meta[_DECIDED_EXIT] = code
+
+
+def decided_exit_code(ctx: click.Context | None) -> int:
+    """The code :func:`set_exit_code` recorded in ``ctx``; 0 where none was."""
+    code = None if ctx is None else ctx.meta.get(_DECIDED_EXIT)
+    return code if isinstance(code, int) else EXIT_OK
+
+
 def exit_code_for(exc: BaseException) -> int:
     """2 for bad input (a package the location needs not installed included, as for the
     torch commands), 3 for integrity and format errors, 4 for anything else."""

@@ -10,6 +10,7 @@ import click
 
 from chunkstore.cli.common import (
     EXIT_FAILURE,
+    EXIT_OK,
     EXIT_PROBLEMS,
     EXIT_USAGE,
     GRACE_OPT,
@@ -22,49 +23,15 @@ from chunkstore.cli.common import (
     label,
     open_store,
     plural,
+    set_exit_code,
 )
+from chunkstore.cli.verifytext import verify_text
 from chunkstore.maintenance.gc import GcResult
 from chunkstore.maintenance.retention import PruneResult, parse_duration
 from chunkstore.maintenance.verify import DataSubset, VerifyResult
 from chunkstore.progress import TerminalProgress
 
 # --- verify ---------------------------------------------------------------------------------
-
-
-#: Problems a copy of the objects mends (the rest are the index's: ``index rebuild``).
-DAMAGE = frozenset({"missing-chunk", "corrupt-chunk", "corrupt-node", "corrupt-record"})
-
-
-def verify_text(result: VerifyResult, quick: bool, store_path: str = "STORE") -> None:
-    for problem in result.problems:
-        where = (problem.version or "-")[:12]
-        what = f" chunk {problem.digest[:16]}" if problem.digest else ""
-        click.echo(f"{problem.kind} {where}{what}: {problem.message}")
-    chunks = plural(result.chunks_checked, "chunk")
-    # --quick reads no chunk, so it has no byte count to give
-    if quick:
-        checked = f"{chunks} present"
-    elif result.subset is not None:
-        checked = (f"{chunks} present; data subset {result.subset}:"
-                   f" {result.objects_read} of {plural(result.objects_total, 'object')}"
-                   f" ({plural(result.chunks_read, 'chunk')}) read and hash-checked"
-                   f" ({format_size(result.bytes_checked)})")
-    else:
-        checked = f"{chunks} read and hash-checked ({format_size(result.bytes_checked)})"
-    verdict = "ok" if result.ok else plural(len(result.problems), "problem")
-    if result.warnings:
-        verdict += f", {plural(len(result.warnings), 'warning')}"
-    click.echo(f"{plural(result.versions_checked, 'version')}, {checked}: {verdict}"
-               f" ({result.seconds:.2f} s)")
-    for warning in result.warnings:
-        click.echo(f"warning: {warning.kind}: {warning.message} (every version reads back"
-                   " whole: reads check each member by its own header and hash)", err=True)
-    damaged = sorted({p.version for p in result.problems if p.kind in DAMAGE and p.version})
-    if damaged:
-        click.echo(f"to repair: `chunkstore repair {store_path} --from OTHER` rewrites what is"
-                   " missing or damaged from a store holding whole copies (a mirror, or a"
-                   " store sync wrote); `chunkstore repair --dry-run` first says what it"
-                   " would fix", err=True)
 
 
 @click.command()
@@ -83,12 +50,19 @@ def verify(store_path: str, selector: str | None, quick: bool, subset: str | Non
     reference counts match the manifests.
 
     With SELECTOR only that version is checked (and refcounts are not).
-    Problems are listed one per line as KIND VERSION DETAIL; the kinds are
-    missing-chunk, corrupt-chunk, corrupt-node, corrupt-record, corrupt-tag,
-    corrupt-moved (a repacked pack's record of where its members went:
-    gc deletes nothing while one cannot be parsed), format-version,
-    unreadable, refcount, index. Refcount and index problems are fixed
-    by `chunkstore index rebuild`; the others mean lost or damaged data.
+    Where something is wrong, the answer lists each version once by
+    RUN@STEP (readable, or damaged with the entries a read cannot
+    return), then each damaged object once: its kind (chunk, pack, node,
+    record, moved record: a repacked pack's record of where its members
+    went, tag), its key in the store, missing or corrupt, and the versions
+    and entries that need it; then the command that mends it. Damaged
+    objects are rewritten from a whole copy by `chunkstore repair STORE
+    --from OTHER`; refcount and index problems (the index is a cache) by
+    `chunkstore index rebuild`. --json gives "versions" and "objects"
+    the same way, and "problems" one per version and entry it breaks
+    (kinds: missing-chunk, corrupt-chunk, corrupt-node, corrupt-record,
+    corrupt-tag, corrupt-moved, format-version, unreadable, refcount,
+    index).
 
     A large store can be read over several runs: --read-data-subset N/M
     reads the stored objects (chunk objects and packs) of slice N of M,
@@ -104,8 +78,8 @@ def verify(store_path: str, selector: str | None, quick: bool, subset: str | Non
       chunkstore verify ckpts/ --read-data-subset 5%
 
     \b
-    Exit codes: 0 clean; 1 problems found; 2 bad selector, bad subset or
-    not a store.
+    Exit codes: 0 clean; 1 problems found (also when a reader such as
+    `head` stops early); 2 bad selector, bad subset or not a store.
     """
     started = time.monotonic()
     data_subset = None if subset is None else DataSubset.parse(subset)  # before opening
@@ -115,6 +89,9 @@ def verify(store_path: str, selector: str | None, quick: bool, subset: str | Non
     with open_store(store_path) as store, TerminalProgress() as progress:
         result: VerifyResult = store.verify(selector, read_data=not quick,
                                             read_data_subset=subset, progress=progress)
+    # decided before the answer is written: a reader that stops early (`| head`) does
+    # not turn problems found into a success
+    set_exit_code(EXIT_OK if result.ok else EXIT_PROBLEMS)
     if as_json:
         emit_json({**result.to_json(), "seconds": round(time.monotonic() - started, 3)})
     else:
@@ -338,6 +315,7 @@ def index_rebuild(store_path: str, as_json: bool) -> None:
     """
     with open_store(store_path) as store:
         result = store.rebuild_index()
+    set_exit_code(EXIT_PROBLEMS if result.skipped else EXIT_OK)  # also for `| head`
     if as_json:
         emit_json(result.to_json())
     else:

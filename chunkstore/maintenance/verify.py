@@ -22,7 +22,7 @@ import re
 import time
 from collections import Counter
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from chunkstore.errors import (
@@ -37,37 +37,29 @@ from chunkstore.errors import (
     SubsetError,
 )
 from chunkstore.format.digest import Digest
-from chunkstore.format.manifest import DataEntry, PackLocation, decode_data
+from chunkstore.format.manifest import DataEntry, decode_data
 from chunkstore.format.records import Tag
 from chunkstore.handle.tree import FlatTree, flatten, read_node
-from chunkstore.objects.kinds import CHUNKS, TAGS
+from chunkstore.maintenance.atfault import ChunkCheck, at, failed_read_problems, node_at_fault
+from chunkstore.maintenance.findings import (
+    NEWER_FORMAT,
+    DamagedObject,
+    Problem,
+    VersionVerdict,
+    summarize,
+)
+from chunkstore.objects.kinds import CHUNKS, MOVED, NODES, TAGS, VERSIONS
 from chunkstore.progress import NullProgress, Progress
 from chunkstore.protocol.moved import list_moved
 from chunkstore.read.chain import NO_CACHE
-from chunkstore.read.members import Locations, locate_member, missing_chunk
+from chunkstore.read.members import locate_member, missing_chunk
 from chunkstore.read.packs import pack_header_problem
 from chunkstore.read.reader import chunk_reads, read_chunk_into
 
 if TYPE_CHECKING:
     from chunkstore.handle.handle import StoreHandle
 
-
-#: one chunk read verify makes: digest, length, listed delta chain and pack location
-ChunkCheck = tuple[Digest, int, tuple[Digest, ...], PackLocation | None, Locations]
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One finding: ``kind`` is a stable machine-readable word."""
-
-    kind: str  # missing-chunk, corrupt-chunk, corrupt-node, corrupt-record, corrupt-tag,
-    #            corrupt-moved, format-version, unreadable, refcount, index
-    message: str
-    version: str | None = None
-    digest: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+__all__ = ["DataSubset", "Problem", "VerifyResult", "verify"]
 
 
 _SLICE = re.compile(r"\s*(\d+)\s*/\s*(\d+)\s*")
@@ -133,19 +125,26 @@ class VerifyResult:
     #: Damage that no read of a version meets (a pack's own header): the versions
     #: read back whole, so they are not ``problems``; worth a look all the same.
     warnings: list[Problem] = field(default_factory=list)
+    #: every checked version once: damaged or not, and which of its entries
+    versions: list[VersionVerdict] = field(default_factory=list)
+    #: every damaged stored object once, with the versions and entries that need it
+    objects: list[DamagedObject] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
     def to_json(self) -> dict[str, Any]:
+        labels = {v.id: v.label for v in self.versions}
         return {"ok": self.ok, "versions_checked": self.versions_checked,
                 "chunks_checked": self.chunks_checked, "bytes_checked": self.bytes_checked,
                 "chunks_read": self.chunks_read, "objects_total": self.objects_total,
                 "objects_read": self.objects_read, "subset": self.subset,
                 "bytes_read": self.bytes_checked, "seconds": round(self.seconds, 3),
                 "problems": [p.to_json() for p in self.problems],
-                "warnings": [w.to_json() for w in self.warnings]}
+                "warnings": [w.to_json() for w in self.warnings],
+                "versions": [v.to_json() for v in self.versions],
+                "objects": [o.to_json(labels) for o in self.objects]}
 
 
 _KINDS: tuple[tuple[type[ChunkStoreError], str], ...] = (
@@ -162,47 +161,77 @@ def _problem_from(exc: ChunkStoreError, version: str | None) -> Problem:
     return Problem(kind, str(exc), version, getattr(exc, "digest", None))
 
 
-def _check_leaves(store: StoreHandle, version_id: str, flat: FlatTree, result: VerifyResult,
-                  reads: dict[ChunkCheck, list[str]]) -> None:
+def _check_leaves(store: StoreHandle, verdict: VersionVerdict, flat: FlatTree,
+                  result: VerifyResult, reads: dict[ChunkCheck, list[str]]) -> None:
     """Check every leaf the way a read does; collect the chunk reads it implies
     (each chunk at every length its positions imply, with the versions that need it)."""
     for name, leaf in flat.leaves.items():
-        try:
-            if isinstance(leaf, DataEntry):
+        if isinstance(leaf, DataEntry):
+            try:
                 decode_data(leaf.digest, read_node(store.objects, leaf.digest))
-                continue
+            except ChunkStoreError as exc:
+                result.problems.append(at(verdict, _problem_from(exc, None), name,
+                                           node_at_fault(store, exc)))
+            continue
+        try:
             spans = chunk_reads(leaf, store.chunk_size)
-        except ChunkStoreError as exc:
-            result.problems.append(_problem_from(exc, version_id))
+        except ChunkStoreError as exc:  # a dtype or layout this release cannot read
+            result.problems.append(at(verdict, _problem_from(exc, None), name))
             continue
         except ValueError as exc:  # what chunk_reads finds wrong with the manifest
             corrupt = CorruptNodeError(flat.owners[name].hex, f"entry {name!r}: {exc}")
-            result.problems.append(_problem_from(corrupt, version_id))
+            result.problems.append(at(verdict, _problem_from(corrupt, None), name,
+                                       ("node", NODES.key(flat.owners[name]), "corrupt")))
             continue
         for digest, _start, length, chain, location, locations in spans:
             needed_by = reads.setdefault((digest, length, chain, location, locations), [])
-            if not needed_by or needed_by[-1] != version_id:
-                needed_by.append(version_id)
+            if not needed_by or needed_by[-1] != verdict.id:
+                needed_by.append(verdict.id)
+
+
+def _load_version(store: StoreHandle, verdict: VersionVerdict,
+                  result: VerifyResult) -> FlatTree | None:
+    """The version's tree; None, with the finding, where its commit record or tree
+    cannot be read (its run and step then come from the index, where it has them)."""
+    record_key = VERSIONS.key(verdict.id)
+    try:
+        record = store.read_record(verdict.id)
+    except (FileNotFoundError, ChunkStoreError) as exc:
+        entry = store.index.version(verdict.id)
+        if entry is not None:
+            verdict.run, verdict.step = entry.run, entry.step
+        if isinstance(exc, FileNotFoundError):  # removed meanwhile: nothing to repair
+            result.problems.append(at(verdict, Problem(
+                "corrupt-record", "commit record vanished while verifying (deleted"
+                " concurrently?)")))
+        else:
+            state = NEWER_FORMAT if isinstance(exc, FormatVersionError) else "corrupt"
+            result.problems.append(at(verdict, _problem_from(exc, None), None,
+                                       ("record", record_key, state)))
+        return None
+    verdict.run, verdict.step = record.run, record.step
+    try:
+        return flatten(store.objects, record.root, store.node_cache)
+    except ChunkStoreError as exc:
+        result.problems.append(at(verdict, _problem_from(exc, None), None,
+                                   node_at_fault(store, exc)))
+        return None
 
 
 def _load_versions(store: StoreHandle, ids: list[str], result: VerifyResult,
-                   reads: dict[ChunkCheck, list[str]]) -> dict[str, FlatTree]:
+                   reads: dict[ChunkCheck, list[str]]
+                   ) -> tuple[dict[str, FlatTree], dict[str, VersionVerdict]]:
     trees: dict[str, FlatTree] = {}
+    verdicts: dict[str, VersionVerdict] = {}
     for version_id in ids:
         result.versions_checked += 1
-        try:
-            record = store.read_record(version_id)
-            flat = flatten(store.objects, record.root, store.node_cache)
-        except FileNotFoundError:
-            result.problems.append(Problem("corrupt-record", "commit record vanished while"
-                                           " verifying (deleted concurrently?)", version_id))
-            continue
-        except ChunkStoreError as exc:
-            result.problems.append(_problem_from(exc, version_id))
-            continue
-        _check_leaves(store, version_id, flat, result, reads)
-        trees[version_id] = flat
-    return trees
+        verdict = verdicts[version_id] = VersionVerdict(version_id)
+        flat = _load_version(store, verdict, result)
+        if flat is not None:
+            verdict.entries = len(flat.leaves)
+            _check_leaves(store, verdict, flat, result, reads)
+            trees[version_id] = flat
+    return trees, verdicts
 
 
 def _check_chunk(store: StoreHandle, check: ChunkCheck, read_data: bool
@@ -250,7 +279,8 @@ def _check_tags(store: StoreHandle, result: VerifyResult) -> None:
         except FileNotFoundError:
             continue  # removed meanwhile
         except CorruptTagError as exc:
-            result.problems.append(_problem_from(exc, None))
+            result.problems.append(replace(_problem_from(exc, None), object_kind="tag",
+                                           object_key=TAGS.key(name), object_state="corrupt"))
 
 
 def _check_moved(store: StoreHandle, result: VerifyResult) -> None:
@@ -261,7 +291,8 @@ def _check_moved(store: StoreHandle, result: VerifyResult) -> None:
             result.problems.append(Problem(
                 "corrupt-moved", f"the moved record of pack {pack.short()} cannot be parsed:"
                 " gc deletes nothing while it is there, and reads through it fail", None,
-                pack.hex))
+                pack.hex, object_kind="moved record", object_key=MOVED.key(pack),
+                object_state="corrupt"))
 
 
 def _check_refcounts(store: StoreHandle, trees: dict[str, FlatTree], unreadable: set[str],
@@ -321,8 +352,9 @@ def verify(store: StoreHandle, sel: str | None = None, *, read_data: bool = True
     result = VerifyResult(subset=None if subset is None else str(subset))
     ids = [store.resolve(sel).id] if sel is not None else sorted(store.stored_version_ids())
     reads: dict[ChunkCheck, list[str]] = {}
-    trees = _load_versions(store, ids, result, reads)
+    trees, verdicts = _load_versions(store, ids, result, reads)
     pending = list(reads)
+    failed: list[tuple[ChunkCheck, Problem]] = []
     stored = {_stored_object(check) for check in pending}
     chosen = set() if not read_data else stored if subset is None else subset.select(stored)
     result.objects_total, result.objects_read = len(stored), len(chosen)
@@ -334,15 +366,19 @@ def verify(store: StoreHandle, sel: str | None = None, *, read_data: bool = True
         result.chunks_checked += 1
         result.chunks_read += _stored_object(check) in chosen
         result.bytes_checked += size
-        if problem is not None:  # named for every version it breaks
-            result.problems.extend(Problem(problem.kind, problem.message, vid, problem.digest)
-                                   for vid in reads[check])
+        if problem is not None:
+            failed.append((check, problem))
     progress.finish()
+    result.problems.extend(failed_read_problems(store, failed, reads, trees, verdicts))
     _check_pack_headers(store, {c[3].pack for c in pending if c[3] is not None} & chosen,
                         result)
     if sel is None:
         _check_tags(store, result)
         _check_moved(store, result)
         _check_refcounts(store, trees, set(ids) - set(trees), result)
+    verdicts = dict(sorted(verdicts.items(), key=lambda item: (
+        item[1].run or "", item[1].step or 0, item[0])))  # RUN@STEP order
+    result.objects = summarize(result.problems, result.warnings, verdicts)
+    result.versions = list(verdicts.values())
     result.seconds = time.monotonic() - started
     return result
