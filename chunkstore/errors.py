@@ -257,6 +257,42 @@ class CorruptConfigError(NotAStoreError):
         self.reason = reason
 
 
+def recover_command(url: str) -> str:
+    """The command that writes a store's config back from what its objects carry."""
+    return f"chunkstore init --recover {url}"
+
+
+class ConfigRecoveredWarning(UserWarning):
+    """Given when a store is opened with a config recovered from its commit records and
+    manifests, because ``chunkstore.json`` is damaged or missing (docs/format.md §2.1):
+    the store is read-only until :func:`recover_command` writes the config back.
+    ``url``, ``reason`` (what is wrong with the stored config) and ``recovered`` (what
+    was derived, and from what) say what happened."""
+
+    def __init__(self, url: str, reason: str, recovered: str) -> None:
+        super().__init__(
+            f"{url}: chunkstore.json {reason}; opened read-only with a config recovered from"
+            f" the commit records and manifests ({recovered}). Reads, log, show, verify,"
+            f" report and export work; saves, gc, rm, prune and tags are refused until"
+            f" `{recover_command(url)}` writes chunkstore.json back")
+        self.url = url
+        self.reason = reason
+        self.recovered = recovered
+
+
+class RecoveredConfigError(ChunkStoreError):
+    """Raised when a store opened with a recovered config (``chunkstore.json`` damaged or
+    missing: :class:`ConfigRecoveredWarning`) is asked to change, or when its config
+    cannot be written back as asked; nothing was changed.  ``url`` and ``operation``
+    (what was refused) say where; the message names the command that fixes it."""
+
+    def __init__(self, url: str, operation: str, reason: str) -> None:
+        super().__init__(f"{url}: cannot {operation}: {reason}")
+        self.url = url
+        self.operation = operation
+        self.reason = reason
+
+
 class CorruptTagError(IntegrityError):
     """Raised when a tag object cannot be parsed or does not name a version id."""
 

@@ -16,6 +16,7 @@ import hashlib
 import operator
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -24,17 +25,15 @@ from chunkstore.backends.wrappers import wrap_from_env
 from chunkstore.codecs.policy import check_policy
 from chunkstore.errors import (
     ChunkStoreError,
+    ConfigRecoveredWarning,
     InvalidInputError,
     InvalidSettingError,
-    NoStoreError,
-    NotAStoreError,
+    RecoveredConfigError,
     SavesInProgressError,
     StoreLocationError,
 )
 from chunkstore.format.manifest import MAX_DELTA_DEPTH
 from chunkstore.format.records import (
-    DEFAULT_CHUNK_SIZE,
-    DEFAULT_DELTA_DEPTH,
     MAX_CHUNK_SIZE,
     MIN_CHUNK_SIZE,
     StoreConfig,
@@ -45,6 +44,16 @@ from chunkstore.handle.handle import (
     NODE_TARGET_BYTES,
     PACK_TARGET_BYTES,
     StoreHandle,
+)
+from chunkstore.handle.storeconfig import (
+    RecoveredConfig,
+    check_settings,
+    config_to_write,
+    load_or_create_config,
+    read_only_reason,
+    recorded_created,
+    recover_read_only,
+    write_config,
 )
 from chunkstore.handle.versions import VersionInfo
 from chunkstore.index.gclock import finish_abandoned_deletions
@@ -230,24 +239,23 @@ def open(
     options = _storage_options(storage_options)
     with _options_taken(text, options):
         objects = ObjectStore(wrap_from_env(open_backend(text, **options)))
-        config = _load_or_create_config(text, objects, create, chunk_size, compression,
+        loaded = load_or_create_config(text, objects, create, chunk_size, compression,
                                         delta_depth)
-    if chunk_size is not None and chunk_size != config.chunk_size:
-        raise InvalidSettingError(f"{text} was created with chunk size {config.chunk_size};"
-                                  " the chunk size of an existing store cannot change")
-    if delta_depth is not None and delta_depth > config.delta_depth:
-        raise InvalidSettingError(
-            f"{text} was created with delta depth {config.delta_depth}: its saves build delta"
-            f" chains of at most {config.delta_depth} links, so delta_depth={delta_depth}"
-            f" cannot hold; pass 0 to {config.delta_depth} (shorter chains, faster restores,"
-            " more bytes per version) or leave it out")
-    index = open_index(index_dir or default_index_dir(text, objects))
+    index_path = index_dir or default_index_dir(text, objects)
+    if isinstance(loaded, StoreConfig):
+        config, recovered = loaded, None
+    else:  # damaged or missing: recovered from the store, which is then read-only
+        recovered = _recover(text, objects, loaded, index_path)
+        config = recovered.config
+    check_settings(text, config, recovered, chunk_size, delta_depth)
+    index = open_index(index_path)
     try:
         index.describe_store(config.identity())  # emptied if it describes another store
     except BaseException:
         index.close()
         raise
     store = Store(text, objects, config, index, compression or config.compression, threads)
+    store.recovered_config = recovered
     if delta_depth is not None:
         store.delta_depth = delta_depth
     store.pack_size = pack_size or PACK_TARGET_BYTES
@@ -263,35 +271,50 @@ def open(
     return store
 
 
-def _load_or_create_config(url: str, objects: ObjectStore, create: bool,
-                           chunk_size: int | None, compression: str | None,
-                           delta_depth: int | None) -> StoreConfig:
+def _recover(url: str, objects: ObjectStore, reason: str, index_path: str) -> RecoveredConfig:
+    """The config the store's objects describe (its identity the local index's, if that
+    records one), the handle made read-only, and the recovery announced."""
+    index = open_index(index_path)
     try:
-        return StoreConfig.decode(url, objects.get_config())
-    except FileNotFoundError:
-        pass
-    if not create:
-        local = objects.local_path()
-        hint = " (create one with `chunkstore init` or chunkstore.open(..., create=True))"
-        if local is not None and not os.path.isdir(local):
-            raise NoStoreError(url, "the directory does not exist", hint)
-        if objects.is_empty():
-            raise NoStoreError(url, "nothing is stored there", hint)
-        raise NotAStoreError(url, "no chunkstore.json" + hint)
-    if not objects.is_empty():
-        raise NotAStoreError(url, "the location is not empty and has no chunkstore.json")
-    config = StoreConfig(chunk_size or DEFAULT_CHUNK_SIZE, compression or "auto", time.time(),
-                         DEFAULT_DELTA_DEPTH if delta_depth is None else delta_depth)
-    try:
-        objects.create_config(config.encode())
-    except OSError as exc:  # not a place for a store: nothing of it was written
-        raise StoreLocationError(url, exc.strerror or str(exc)) from None
-    # A concurrent creator may have won: the stored config is the one that counts.
-    return StoreConfig.decode(url, objects.get_config())
+        created = recorded_created(index)
+    finally:
+        index.close()
+    recovered = recover_read_only(objects, reason, created)
+    # stacklevel 3: the caller of chunkstore.open
+    warnings.warn(ConfigRecoveredWarning(url, reason, recovered.describe()), stacklevel=3)
+    return recovered
 
 
 class Store(StoreHandle):
     """A chunkstore store.  Use :func:`chunkstore.open` to get one."""
+
+    #: set when ``chunkstore.json`` is damaged or missing and the config was recovered
+    #: from the store's objects: the store is read-only until :meth:`write_back_config`
+    recovered_config: RecoveredConfig | None = None
+
+    def _check_writable(self, operation: str) -> None:
+        """Refuse a change before it starts on a store opened with a recovered config
+        (its backend refuses every write too: this only spares the work before it)."""
+        if self.recovered_config is not None:
+            raise RecoveredConfigError(self.url, operation, read_only_reason(self.url))
+
+    def write_back_config(self, *, chunk_size: int | None = None,
+                          delta_depth: int | None = None,
+                          compression: str | None = None) -> StoreConfig:
+        """Write the recovered config back as ``chunkstore.json`` (``chunkstore init
+        --recover``), with the settings given, each checked against the manifests;
+        return it.  :class:`InvalidInputError` when the stored config is valid,
+        :class:`RecoveredConfigError` when it cannot be written as asked.  Reopen the
+        store to write into it."""
+        if self.recovered_config is None:
+            raise InvalidInputError(f"{self.url}'s chunkstore.json is valid: there is nothing"
+                                    " to recover, and nothing was changed")
+        if compression is not None:
+            check_policy(compression)
+        config = config_to_write(self.url, self.recovered_config, chunk_size, delta_depth,
+                                 compression)
+        write_config(self.objects, self.url, config)
+        return config
 
     def __enter__(self) -> Store:
         return self
@@ -308,7 +331,20 @@ class Store(StoreHandle):
         and is refused with :class:`DuplicateStepError` when it differs, unless
         ``replace`` (then the new version is published and the old one removed).
         """
+        self._check_writable(f"save {run}@{step}")
         return VersionWriter(self, run, step, meta, replace=replace)
+
+    def delete(self, selector: str, *, force: bool = False) -> VersionInfo:
+        self._check_writable(f"remove {selector}")
+        return super().delete(selector, force=force)
+
+    def tag(self, selector: str, name: str) -> VersionInfo:
+        self._check_writable(f"tag {selector} {name}")
+        return super().tag(selector, name)
+
+    def untag(self, name: str) -> bool:
+        self._check_writable(f"untag {name}")
+        return super().untag(name)
 
     def open_version(self, selector: str) -> VersionReader:
         """Open a version for reading; its manifest is loaded and hash-checked now."""
@@ -349,6 +385,8 @@ class Store(StoreHandle):
         pack and is deleted (None: never repack; :mod:`chunkstore.maintenance.repack`).
         See :mod:`chunkstore.maintenance.gc`.
         """
+        if not dry_run:
+            self._check_writable("collect garbage")
         return collect(self, grace, dry_run=dry_run, sweep=sweep, clock=clock,
                        progress=progress, session_wait=session_wait,
                        repack_unused=repack_unused)
@@ -367,6 +405,8 @@ class Store(StoreHandle):
         policy = Policy(keep_last=keep_last, keep_every=keep_every,
                         keep_within=keep_within,  # type: ignore[arg-type]
                         keep_best=keep_best, min_previous=min_previous)
+        if not dry_run:
+            self._check_writable("prune versions")
         return prune(self, policy, run=run, dry_run=dry_run, verify=verify)
 
     def finish_abandoned_deletions(self) -> None:

@@ -23,6 +23,7 @@ from chunkstore.codecs import ZSTD
 from chunkstore.errors import (
     BackendError,
     ChunkStoreError,
+    ConfigRecoveredWarning,
     CorruptChunkError,
     CorruptConfigError,
     CorruptNodeError,
@@ -238,8 +239,12 @@ def test_config_without_chunk_size(store_dir: Path) -> None:
     config = json.loads((store_dir / "chunkstore.json").read_bytes())
     del config["chunk_size"]
     (store_dir / "chunkstore.json").write_bytes(_dumps(config))
+    # A store's damaged config is recovered from its manifests (docs/format.md §2.1).
+    with pytest.warns(ConfigRecoveredWarning, match="chunk_size"), \
+            chunkstore.open(store_dir, create=False) as store:
+        assert store.chunk_size == 4096
     with pytest.raises(CorruptConfigError, match="chunk_size"):
-        chunkstore.open(store_dir, create=False)
+        StoreConfig.decode("x", (store_dir / "chunkstore.json").read_bytes())
 
 
 def test_manifest_fanning_out_ten_ways_ten_deep(store_dir: Path) -> None:

@@ -3,10 +3,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
+import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from chunkstore.cli.common import (
     EXIT_USAGE,
@@ -33,7 +38,12 @@ from chunkstore.cli.common import (
     version_json,
 )
 from chunkstore.cli.recovery import drill_warnings_text, drills_text
-from chunkstore.errors import NotAStoreError
+from chunkstore.errors import (
+    ConfigRecoveredWarning,
+    NotAStoreError,
+    RecoveredConfigError,
+    recover_command,
+)
 from chunkstore.format.dtypes import element_size
 from chunkstore.format.manifest import MAX_DELTA_DEPTH, TensorEntry
 from chunkstore.format.records import DEFAULT_DELTA_DEPTH
@@ -51,7 +61,7 @@ from chunkstore.maintenance.report import (
 )
 from chunkstore.maintenance.report import stats as store_stats
 from chunkstore.maintenance.retention import parse_duration
-from chunkstore.store import VersionInfo
+from chunkstore.store import Store, VersionInfo
 
 # --- init -----------------------------------------------------------------------------------
 
@@ -77,25 +87,56 @@ from chunkstore.store import VersionInfo
               f" to {BASE_COPY_BYTES / 2**30:g} GiB; Store.base_copies.budget). Fixed for"
               " the life of the store; a process may save with shorter chains"
               " (chunkstore.open(PATH, delta_depth=N), N at most this).")
-def init(path: str, chunk_size: int, compression: str, delta_depth: int) -> None:
-    """Create an empty store at PATH (a directory or fsspec URL).
+@click.option("--recover", is_flag=True,
+              help="Write back the chunkstore.json of an existing store whose config is"
+              " damaged or missing, recovered from its commit records and manifests (chunk"
+              " size, delta depth, creation time; docs/format.md §2.1). --chunk-size and"
+              " --delta-depth, if given, replace what was recovered, checked against the"
+              " manifests. Refused when the config is valid.")
+def init(path: str, chunk_size: int, compression: str, delta_depth: int,
+         recover: bool) -> None:
+    """Create an empty store at PATH (a directory or fsspec URL), or with
+    --recover write back the config of an existing one.
 
     PATH must not exist yet or be an empty directory. Sizes accept
     65536, 64K, 64KiB, 4M, 4MiB (binary units) or 4MB (decimal).
+
+    A store whose chunkstore.json is damaged or missing opens read-only
+    (with a ConfigRecoveredWarning), from a config recovered from its
+    commit records and manifests: reads, log, show, verify, report and
+    export work; saves, gc, rm, prune and tags are refused until
+    `chunkstore init --recover PATH` writes the config back. Give
+    --chunk-size when no manifest fixes it (a store without tensors), and
+    --delta-depth when the store was created with another than the default.
 
     \b
     Example:
       chunkstore init ckpts/ --chunk-size 1MiB --compression zstd
       chunkstore init ckpts/ --delta-depth 8
+      chunkstore init --recover ckpts/
 
     \b
-    Exit codes: 0 created; 2 PATH is already a store, is not empty,
-    or a setting is out of range; 4 storage failure.
+    Exit codes: 0 created (--recover: written back); 2 PATH is already a
+    store, is not empty, or a setting is out of range, and with --recover:
+    PATH holds no store, its config is valid, or cannot be written back as
+    asked; 4 storage failure.
     """
+    if recover:
+        ctx = click.get_current_context()
+        given = {name for name in ("chunk_size", "delta_depth", "compression")
+                 if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT}
+        _write_back(path, chunk_size if "chunk_size" in given else None,
+                    delta_depth if "delta_depth" in given else None,
+                    compression if "compression" in given else None)
+        return
     try:
-        with open_store(path) as existing:
+        with _quietly_opened(path) as existing:
+            damaged = existing.recovered_config
+            hint = (f"; its chunkstore.json {damaged.reason}: `{recover_command(path)}` writes"
+                    " it back" if damaged is not None else "")
             raise CliError(f"{path} is already a chunkstore store (chunk size"
-                           f" {format_size(existing.chunk_size)}); nothing changed", EXIT_USAGE)
+                           f" {format_size(existing.chunk_size)}){hint}; nothing changed",
+                           EXIT_USAGE)
     except NotAStoreError:
         pass  # the normal case: nothing there yet
     store = open_any(path, create=True, chunk_size=chunk_size, compression=compression,
@@ -104,6 +145,39 @@ def init(path: str, chunk_size: int, compression: str, delta_depth: int) -> None
         click.echo(f"created an empty store at {path} (chunk size"
                    f" {format_size(store.chunk_size)}, compression {store.config.compression},"
                    f" delta depth {store.config.delta_depth})")
+
+
+@contextlib.contextmanager
+def _quietly_opened(path: str) -> Iterator[Store]:
+    """The store at ``path``, without the warning of a recovered config (init says it)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConfigRecoveredWarning)
+        store = open_any(path, create=False)
+    with store:
+        yield store
+
+
+def _write_back(path: str, chunk_size: int | None, delta_depth: int | None,
+                compression: str | None) -> None:
+    """``init --recover``: write the recovered config back and say what it holds."""
+    with _quietly_opened(path) as store:
+        recovered = store.recovered_config
+        try:
+            config = store.write_back_config(chunk_size=chunk_size, delta_depth=delta_depth,
+                                             compression=compression)
+        except RecoveredConfigError as exc:
+            raise CliError(str(exc), EXIT_USAGE) from exc
+    assert recovered is not None  # write_back_config refused a valid config
+    size_from = "given" if chunk_size is not None else "from the manifests"
+    depth_from = "given" if delta_depth is not None else (
+        "the longest delta chain listed" if recovered.longest_chain > DEFAULT_DELTA_DEPTH
+        else "the default")
+    created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(config.created))
+    click.echo(f"wrote chunkstore.json back at {path} (it {recovered.reason}): chunk size"
+               f" {format_size(config.chunk_size)} ({size_from}), delta depth"
+               f" {config.delta_depth} ({depth_from}), compression {config.compression},"
+               f" created {created} (from {recovered.created_from}), format version"
+               f" {config.format_version}; the store is writable again")
 
 
 # --- log ------------------------------------------------------------------------------------
