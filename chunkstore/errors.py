@@ -400,3 +400,18 @@ class MirrorError(ChunkStoreError):
     def __init__(self, message: str, pending: list[str]) -> None:
         super().__init__(message)
         self.pending = pending
+
+
+class VersionRemovedError(SelectorError):
+    """Raised when a version is removed while it is being opened for reading: its commit
+    record was gone once the reader's lease was stored, so nothing protects its data."""
+
+    def __init__(self, version_id: str) -> None:
+        super().__init__(version_id[:12], "the version was removed while it was being opened"
+                         " (retention or `chunkstore rm`); open another version")
+        self.version_id = version_id
+
+
+class UnprotectedReadWarning(UserWarning):
+    """Warned when a reader cannot store its read lease (a read-only store, a full disk):
+    the version is read without one, protected only by the GC grace period."""

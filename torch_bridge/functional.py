@@ -61,7 +61,8 @@ def load(store: Store | str | os.PathLike[str], selector: str, state_dict: dict[
         check_key(key)
     opened, owned = open_store(store, create=False)
     try:
-        trees = load_states(opened.open_version(selector), state_dict)
+        with opened.open_version(selector) as reader:  # its read lease ends with the read
+            trees = load_states(reader, state_dict)
         apply_states(state_dict, trees)
         return trees
     finally:

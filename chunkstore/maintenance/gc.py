@@ -21,8 +21,12 @@ model, are why each step is where it is):
 4. mark: walk the manifests of every live version on storage (shared
    subtrees once) and of every version removed less than the grace period
    ago (its tombstone, :mod:`chunkstore.protocol.tombstones`: the grace period runs
-   from unreachability, whoever removed it and whatever the index knows);
-   drop every candidate the mark reaches.  Packed chunks are marked where the
+   from unreachability, whoever removed it and whatever the index knows), and
+   last the tree of every root a live read lease names
+   (:mod:`chunkstore.protocol.readleases`, which argues why listing the leases
+   last in both marks protects every reader that checked its version after
+   storing its lease); drop every candidate the mark reaches.  Packed chunks are
+   marked where the
    manifests list them and followed through the moved records (read after
    the walk) to the packs that hold them now;
    4b. repack (:mod:`chunkstore.maintenance.repack`, which argues its own order): live
@@ -111,11 +115,17 @@ from chunkstore.format.chunkobj import HEADER, parse_header
 from chunkstore.format.digest import Digest
 from chunkstore.index.gclock import finish_deletions, gc_lock
 from chunkstore.index.lmdbindex import CHUNK, NODE, ChunkState
-from chunkstore.maintenance.mark import MarkSet, mark_live, mark_removed, mark_unindexed
+from chunkstore.maintenance.mark import (
+    MarkSet,
+    mark_live,
+    mark_read,
+    mark_removed,
+    mark_unindexed,
+)
 from chunkstore.maintenance.reconcile import reconcile
 from chunkstore.maintenance.repack import DEFAULT_UNUSED, plan, repack
 from chunkstore.maintenance.retention import parse_duration
-from chunkstore.objects.kinds import CHUNKS, MOVED, NODES, TOMBSTONES
+from chunkstore.objects.kinds import CHUNKS, MOVED, NODES, READERS, TOMBSTONES
 from chunkstore.progress import NullProgress, Progress
 from chunkstore.protocol.journal import (
     ABANDONED,
@@ -128,6 +138,7 @@ from chunkstore.protocol.journal import (
     write_entry,
 )
 from chunkstore.protocol.moved import MovedRecord, list_moved, resolve_location
+from chunkstore.protocol.readleases import expired_read_leases
 from chunkstore.protocol.sessions import HEARTBEAT_S, LEASE_S, list_sessions, owner_is_dead
 from chunkstore.read.packs import copy_members
 
@@ -196,6 +207,8 @@ class GcResult:
     repack_unused: float | None = None
     #: Moved records of packs long gone that no version reaches any more.
     moved_records_deleted: int = 0
+    #: versions read under a live read lease, kept whole by the last mark
+    readers_protected: int = 0
     #: Packs planned for repacking but left as they are, and why.
     repack_skipped: list[str] = field(default_factory=list)
     journal_entry: str | None = None
@@ -418,6 +431,9 @@ class _Run:
         fallback = mark_live(self.store, marks, self.progress, self.check_time)
         mark_unindexed(self.store, marks)
         self.expired_tombstones = mark_removed(self.store, marks, self.before)
+        # Read leases last: step 7 lists them after the session wait (the order the
+        # argument of chunkstore.protocol.readleases needs).
+        self.result.readers_protected = mark_read(self.store, marks)
         # Read after the walk: a pack repacked since is not reached through its members.
         self.moved = list_moved(self.objects)
         marks.resolve(self.moved, self._stored_now())
@@ -605,6 +621,8 @@ class _Run:
         if not self.dry_run:
             for version_id in self.expired_tombstones:
                 self.objects.delete(TOMBSTONES, version_id)
+            for lease_id in expired_read_leases(self.objects):  # of killed readers
+                self.objects.discard(READERS, lease_id)
             self.result.journal_entries_pruned = prune_journal(self.objects, self.started)
         self.result.tombstones_deleted = len(self.expired_tombstones)
         if self.sweep:

@@ -28,6 +28,7 @@ from chunkstore.index.lmdbindex import CHUNK, NODE
 from chunkstore.objects.kinds import TOMBSTONES
 from chunkstore.progress import Progress
 from chunkstore.protocol.moved import MAX_HOPS, MovedRecord, resolve_hops
+from chunkstore.protocol.readleases import live_read_roots
 from chunkstore.protocol.tombstones import list_tombstones
 
 if TYPE_CHECKING:
@@ -365,3 +366,15 @@ def mark_removed(store: StoreHandle, marks: MarkSet, removed_after: float) -> li
                     " deletes nothing until it can, or until the tombstone is older than the"
                     " grace period") from exc
     return expired
+
+
+def mark_read(store: StoreHandle, marks: MarkSet) -> int:
+    """Mark the trees that live read leases name (docs/format.md §11.6): what a reader
+    on any machine still reads stays, removed or not.  Returns how many were marked."""
+    roots = live_read_roots(store.objects)
+    for root in roots:
+        try:
+            mark_tree(store, root, marks)
+        except ChunkStoreError:
+            continue  # partly gone already, or unreadable: its reader fails its checks
+    return len(roots)

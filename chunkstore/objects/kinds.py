@@ -94,8 +94,10 @@ LEASES = NamedKind("run lease", "leases/")
 MOVED = DigestKind("moved record", "moved/", fanout=False)
 #: Restore drill records, by ``<UTC time>-<random>`` (§12).
 DRILLS = NamedKind("drill record", "drills/")
+#: Read leases: readers of a version, visible to every GC (§11.6).
+READERS = NamedKind("read lease", "readers/")
 
 ALL_KINDS: tuple[Kind[Digest] | Kind[str], ...] = (
     CHUNKS, NODES, VERSIONS, TAGS, SESSIONS, JOURNAL, TOMBSTONES, MOVED, LEASES,
-    DRILLS)
+    DRILLS, READERS)
 

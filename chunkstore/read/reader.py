@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import collections
 import functools
+import warnings
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor, wait
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -12,11 +14,14 @@ import numpy as np
 
 from chunkstore.codecs import RAW
 from chunkstore.errors import (
+    ChunkStoreError,
     CorruptChunkError,
     CorruptNodeError,
     EntryNotFoundError,
     InvalidInputError,
     ShapeMismatchError,
+    UnprotectedReadWarning,
+    VersionRemovedError,
 )
 from chunkstore.format.chunkobj import HEADER, check_digest, parse_header
 from chunkstore.format.digest import DIGEST_SIZE, Digest
@@ -33,7 +38,8 @@ from chunkstore.format.shards import (
 from chunkstore.handle.caches import BaseCache
 from chunkstore.handle.tree import FlatTree, Leaf, flatten, read_node
 from chunkstore.handle.versions import VersionInfo
-from chunkstore.objects.kinds import CHUNKS
+from chunkstore.objects.kinds import CHUNKS, VERSIONS
+from chunkstore.protocol.readleases import ReadLease
 from chunkstore.read import scratch
 from chunkstore.read.chain import decode_chain
 from chunkstore.read.members import (
@@ -206,13 +212,61 @@ def run_jobs(executor: Executor, jobs: list[Callable[[], None]], at_once: int) -
             del error  # no cycle (this frame, the error, its traceback) holds the buffers
 
 
-class VersionReader:
-    """A published version, opened for reading.  Loading runs no code."""
+def _take_lease(store: StoreHandle, info: VersionInfo, purpose: str) -> ReadLease | None:
+    """Store the reader's lease, then check the version is still there (the order
+    docs/format.md §11.6 argues); None, with a warning, where no lease can be stored."""
+    lease = ReadLease(store.objects, info.id, info.root, purpose)
+    try:
+        lease.open()
+    except (OSError, ChunkStoreError) as exc:
+        warnings.warn(UnprotectedReadWarning(
+            f"version {info.short_id} is read without a read lease ({exc}): a GC elsewhere"
+            " with a grace period shorter than this read may delete what it needs"),
+            stacklevel=4)
+        return None
+    try:
+        present = store.objects.exists(VERSIONS, info.id)
+    except BaseException:
+        lease.close()
+        raise
+    if not present:
+        lease.close()
+        raise VersionRemovedError(info.id)
+    return lease
 
-    def __init__(self, store: StoreHandle, info: VersionInfo) -> None:
+
+class VersionReader:
+    """A published version, opened for reading.  Loading runs no code.
+
+    The reader holds a read lease (:mod:`chunkstore.protocol.readleases`) until
+    :meth:`close` (or the end of a ``with`` block, or its collection): while it is
+    open, no GC on any machine deletes what the version needs, even once the version
+    is removed.  ``lease=False`` opens without one (the GC grace period then protects
+    the reader alone)."""
+
+    def __init__(self, store: StoreHandle, info: VersionInfo, *, lease: bool = True,
+                 purpose: str = "read") -> None:
         self._store = store
         self.info = info
-        self._flat: FlatTree = flatten(store.objects, info.root, store.node_cache)
+        self._lease = _take_lease(store, info, purpose) if lease else None
+        try:
+            self._flat: FlatTree = flatten(store.objects, info.root, store.node_cache)
+        except BaseException:
+            self.close()
+            raise
+        if self._lease is not None:
+            weakref.finalize(self, self._lease.close)
+
+    def close(self) -> None:
+        """End the read lease (idempotent); reads after it are not protected."""
+        if self._lease is not None:
+            self._lease.close()
+
+    def __enter__(self) -> VersionReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def names(self) -> list[str]:
         return list(self._flat.leaves)

@@ -421,6 +421,8 @@ def _load(store: Store, version_id: str, targets: dict[str, Any], rank: int, wor
         return reader.info, load_states(reader, targets, sections), None, sorted(sections)
     except IntegrityError as exc:
         return reader.info, {}, f"{type(exc).__name__}: {exc}", []
+    finally:
+        reader.close()  # its read lease ends with the read
 
 
 def _open_by_id(store: Store, version_id: str) -> VersionReader:

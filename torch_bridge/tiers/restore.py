@@ -133,12 +133,12 @@ class TierRestore:
     def load(self, info: VersionInfo, store: Store) -> None:
         """Read ``info`` from ``store`` into the objects (hash-checked), then apply it."""
         started = time.perf_counter()
-        reader = store.open_version(info.id)
         targets = dict(self.stateful)
         if self.rng:
             targets["rng"] = {}
-        sections = read_sections(reader)
-        trees = load_states(reader, targets, sections)
+        with store.open_version(info.id) as reader:  # its read lease ends with the read
+            sections = read_sections(reader)
+            trees = load_states(reader, targets, sections)
         loaded = time.perf_counter()
         apply_states(targets, trees, {"rng": restore_rng})
         self.timings["read"] = self.timings.get("read", 0.0) + loaded - started

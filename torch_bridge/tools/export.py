@@ -105,6 +105,7 @@ def export_safetensors(store: Store | str | os.PathLike[str], selector: str,
         raise InvalidInputError(f"dtype {dtype!r}: choose one of {', '.join(CAST_DTYPES)}")
     _check_target(os.fspath(out_path), overwrite)
     opened, owned = open_store(store, create=False)
+    reader: VersionReader | None = None
     try:
         reader = opened.open_version(selector)
         names = _names(reader, prefix)
@@ -123,6 +124,8 @@ def export_safetensors(store: Store | str | os.PathLike[str], selector: str,
             tensors[out_name] = tensor
         info = reader.info
     finally:
+        if reader is not None:
+            reader.close()  # its read lease ends with the read
         if owned:
             opened.close()
     metadata = {"chunkstore_version": info.id, "run": info.run, "step": str(info.step)}
