@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 import warnings
 from collections.abc import Iterator
@@ -49,6 +50,7 @@ from chunkstore.format.manifest import MAX_DELTA_DEPTH, TensorEntry
 from chunkstore.format.records import DEFAULT_DELTA_DEPTH
 from chunkstore.handle.basecopies import BASE_COPY_BYTES
 from chunkstore.handle.tree import Leaf
+from chunkstore.index.indexfile import RESERVE_ENV_VAR, RESERVE_FLOOR, RESERVE_NAME, ReservePlan
 from chunkstore.maintenance.report import (
     RankStats,
     RestoreReads,
@@ -505,9 +507,28 @@ def report_text(stats: StoreStats, store_path: str) -> None:
     if stats.gc_unknown is not None:
         fields = [f for f in fields if not f[0].startswith(("stored, awaiting", "reclaimable"))]
         fields.append(("awaiting gc", f"unknown: {stats.gc_unknown}"))
+    if stats.space_reserve is not None:
+        fields.append(("space reserve", _reserve_text(stats.space_reserve)))
     click.echo(f"store {store_path}")
     echo_lines(["  " + line for line in render_table(["", ""], fields)[1:]])
     drills_text(stats)
+
+
+def _reserve_text(plan: ReservePlan) -> str:
+    """The index's space reserve: its size, and why that size."""
+    size = (f"{format_size(plan.held)} in {os.path.join(plan.path, RESERVE_NAME)}"
+            if plan.held else "none held")
+    if plan.fixed:
+        why = f"its size fixed by {RESERVE_ENV_VAR}"
+    else:
+        why = (f"sized to what they need here: twice the index's"
+               f" {format_size(plan.index_bytes)}, a tombstone for each of"
+               f" {plural(plan.versions, 'version')} and {format_size(RESERVE_FLOOR)};"
+               " it grows with the store")
+    if not plan.size_ok:
+        why += (f"; {format_size(plan.needed)} now, made by the next save where the disk"
+                " has room for it twice over")
+    return f"{size}  (room for rm and gc on a full disk, {why})"
 
 
 @click.command()

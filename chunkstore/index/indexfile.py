@@ -19,11 +19,14 @@ with a warning, instead of failing every command.  Four ways it goes wrong:
 A **full disk** is a :class:`~chunkstore.errors.StorageFullError`, never
 LMDB's own error.  And so that removing versions and collecting garbage (the
 way to free space) still work when a save has filled the disk, the index
-keeps a reserve: a file of :data:`RESERVE_BYTES` (``reserve`` in the index
+keeps a reserve: a file of allocated blocks (``reserve`` in the index
 directory; for a local store that is the store's own filesystem) made when
 there is room, and given up by ``rm`` and ``gc`` when the filesystem is
 nearly full (:func:`release_reserve_if_low`) so that their tombstones,
-journal entries and index writes find room.  Saves never touch it.
+journal entries and index writes find room.  Its size follows what those
+need on this store (:func:`reserve_needed`), so a small store keeps a small
+one and a large store a larger one: it grows as the index grows and shrinks
+after a GC has halved it.
 
 LMDB's meta page (``lmdb/mdb.c``, 64-bit): a 16-byte page header, then
 ``mm_magic`` (u32, 0xBEEFC0DE) at 16, the free-list DB record at 40 whose
@@ -39,6 +42,7 @@ import logging
 import os
 import struct
 import time
+from dataclasses import dataclass
 
 import lmdb
 
@@ -52,11 +56,16 @@ MAP_SIZE_ENV_VAR = "CHUNKSTORE_INDEX_MAP_SIZE"
 MIN_MAP_SIZE = 1 << 28
 _META = struct.Struct("<16xIIQQI")  # header, magic, version, address, mapsize, page size
 _TAIL = struct.Struct("<QQ")  # last page, txn id (at offset 136)
-#: Environment variable that sets the reserve's size in bytes (0: keep none).
+#: Environment variable that fixes the reserve's size in bytes (0: keep none); unset,
+#: the size follows the store (:func:`reserve_needed`).
 RESERVE_ENV_VAR = "CHUNKSTORE_SPACE_RESERVE"
-#: Space kept back for ``rm`` and ``gc`` on a full disk: a tombstone per version, a GC
-#: journal entry (about 70 bytes per candidate) and the index pages they change.
-RESERVE_BYTES = 8 << 20
+#: The least reserve an index keeps (the temporary files, the lock and the first
+#: index pages of an ``rm`` and a ``gc``), and the step its size moves by.
+RESERVE_FLOOR = 256 << 10
+#: The most a reserve takes, whatever the size of the index.
+RESERVE_CAP = 1 << 30
+#: What one tombstone takes (one filesystem block: its record is a few hundred bytes).
+TOMBSTONE_BYTES = 4096
 RESERVE_NAME = "reserve"
 #: What LMDB raises for an environment it cannot trust.
 DAMAGE = (lmdb.CorruptedError, lmdb.InvalidError, lmdb.PageNotFoundError,
@@ -216,14 +225,70 @@ def full(path: str, exc: BaseException) -> StorageFullError:
                             what=f"the index at {path}")
 
 
-def reserve_size() -> int:
+def fixed_reserve() -> int | None:
+    """The size ``CHUNKSTORE_SPACE_RESERVE`` fixes; None where it is unset."""
     text = os.environ.get(RESERVE_ENV_VAR)
     if not text:
-        return RESERVE_BYTES
+        return None
     try:
         return max(0, int(text))
     except ValueError:
         raise BackendError(f"{RESERVE_ENV_VAR}={text!r} is not a number of bytes") from None
+
+
+def reserve_needed(index_bytes: int, versions: int) -> int:
+    """The space ``rm`` and ``gc`` need on a full disk, for an index whose tables hold
+    ``index_bytes`` (its pages in use) and ``versions`` versions:
+
+    - the index's own writes: LMDB copies every page a transaction changes and frees
+      the old ones only once it commits, and removing every version, then collecting
+      every chunk, touches at most all of the tables: once their size;
+    - GC's journal entry (about 70 bytes per candidate; an index record is larger):
+      at most once their size again;
+    - a tombstone per version removed: a filesystem block each;
+    - :data:`RESERVE_FLOOR` for the rest, and the size rounded up to a multiple of it,
+      at most :data:`RESERVE_CAP`.
+
+    GC's mark set is not counted: it moves to the temporary directory when its
+    filesystem is full.  ``CHUNKSTORE_SPACE_RESERVE`` fixes the size instead.
+    """
+    fixed = fixed_reserve()
+    if fixed is not None:
+        return fixed
+    needed = RESERVE_FLOOR + 2 * index_bytes + TOMBSTONE_BYTES * versions
+    return min(RESERVE_CAP, -(-needed // RESERVE_FLOOR) * RESERVE_FLOOR)
+
+
+@dataclass(frozen=True)
+class ReservePlan:
+    """An index's space reserve: the bytes it holds and those ``rm`` and ``gc`` need on
+    this store (:func:`reserve_needed`), from what they were reckoned."""
+
+    #: the index directory that holds it (``reserve`` in there)
+    path: str
+    held: int
+    needed: int
+    #: the bytes the index's tables use (their pages)
+    index_bytes: int
+    versions: int
+    #: whether ``CHUNKSTORE_SPACE_RESERVE`` fixes the size
+    fixed: bool
+
+    @property
+    def size_ok(self) -> bool:
+        """Whether the reserve held is the size :func:`keep_reserve` keeps for ``needed``."""
+        return self.needed <= self.held <= 2 * self.needed
+
+    def to_json(self) -> dict[str, str | int | bool]:
+        return dict(self.__dict__)
+
+
+def held_reserve(path: str) -> int:
+    """Bytes the reserve in the index directory ``path`` holds now (0: none)."""
+    try:
+        return os.stat(os.path.join(path, RESERVE_NAME)).st_size
+    except OSError:
+        return 0
 
 
 def free_bytes(path: str) -> int | None:
@@ -235,12 +300,22 @@ def free_bytes(path: str) -> int | None:
     return info.f_bavail * info.f_frsize
 
 
-def keep_reserve(path: str) -> None:
-    """Make the reserve in the index directory ``path`` when it is missing and the
-    filesystem has room for it twice over (best effort: it is never an error)."""
-    size = reserve_size()
+def keep_reserve(path: str, size: int) -> None:
+    """Make the reserve in the index directory ``path`` ``size`` bytes where the
+    filesystem has room for it twice over (best effort: it is never an error).  One
+    smaller than ``size`` is made again at that size (the store grew); one more than
+    twice ``size`` is cut to it (a GC shrank the index); one in between is kept, so
+    a store whose index grows a little each save does not move it each time."""
     target = os.path.join(path, RESERVE_NAME)
-    if size == 0 or os.path.exists(target):
+    held = held_reserve(path)
+    if size <= held <= 2 * size:
+        return
+    if held > 2 * size:
+        with contextlib.suppress(OSError):
+            if size == 0:
+                os.unlink(target)
+            else:
+                os.truncate(target, size)  # the blocks past it go back to the filesystem
         return
     free = free_bytes(path)
     if free is None or free < 2 * size:
@@ -274,17 +349,19 @@ def _allocate(fd: int, size: int) -> None:
         os.write(fd, block[: size - start])
 
 
-def release_reserve_if_low(path: str) -> bool:
-    """Give the reserve back to the filesystem when less than it is free there; True
-    when it was (``rm`` and ``gc`` call this before they write anything)."""
+def release_reserve_if_low(path: str, needed: int) -> bool:
+    """Give the reserve back to the filesystem when less than it (or than ``needed``,
+    what ``rm`` and ``gc`` need now, should the store have outgrown it) is free there;
+    True when it was (``rm`` and ``gc`` call this before they write anything)."""
     target = os.path.join(path, RESERVE_NAME)
+    held = held_reserve(path)
     free = free_bytes(path)
-    if free is None or free >= reserve_size() or not os.path.exists(target):
+    if free is None or free >= max(held, needed) or not os.path.exists(target):
         return False
     try:
         os.unlink(target)
     except OSError:
         return False
     log.warning("the filesystem of %s is full: its space reserve (%d bytes) was given up"
-                " so that versions can be removed and collected", path, reserve_size())
+                " so that versions can be removed and collected", path, held)
     return True

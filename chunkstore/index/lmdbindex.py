@@ -254,13 +254,27 @@ class Index:
                 raise indexfile.full(self.path, exc) from exc
             raise
 
+    def reserve_plan(self) -> indexfile.ReservePlan:
+        """The space reserve for ``rm`` and ``gc`` on a full disk: held, and needed by
+        this store (it follows the pages the tables use and the number of versions)."""
+        with self.env.begin() as txn:
+            stats = [self.env.stat()] + [txn.stat(db) for db in (*self._tables(), self.meta)]
+            versions = int(txn.stat(self.versions_db)["entries"])
+        pages = sum(s["branch_pages"] + s["leaf_pages"] + s["overflow_pages"] for s in stats)
+        index_bytes = int(pages * stats[0]["psize"])
+        return indexfile.ReservePlan(
+            path=self.path, held=indexfile.held_reserve(self.path),
+            needed=indexfile.reserve_needed(index_bytes, versions), index_bytes=index_bytes,
+            versions=versions, fixed=indexfile.fixed_reserve() is not None)
+
     def keep_reserve(self) -> None:
-        """Make the space reserve ``rm`` and ``gc`` use on a full disk, where missing."""
-        indexfile.keep_reserve(self.path)
+        """Make the space reserve ``rm`` and ``gc`` use on a full disk, or resize it to
+        what the store needs now."""
+        indexfile.keep_reserve(self.path, self.reserve_plan().needed)
 
     def release_reserve_if_low(self) -> bool:
         """Give up the space reserve when the filesystem is nearly full (``rm``, ``gc``)."""
-        return indexfile.release_reserve_if_low(self.path)
+        return indexfile.release_reserve_if_low(self.path, self.reserve_plan().needed)
 
     def sync(self) -> None:
         self.env.sync(True)

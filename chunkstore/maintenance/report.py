@@ -13,6 +13,7 @@ from chunkstore.format.dtypes import element_size
 from chunkstore.format.manifest import DataEntry, PackLocation, TensorEntry
 from chunkstore.format.shards import RANKS_ENTRY, ShardRanks
 from chunkstore.handle.tree import Leaf, flatten
+from chunkstore.index.indexfile import ReservePlan
 from chunkstore.index.lmdbindex import CHUNK, NODE
 from chunkstore.maintenance.drillhistory import DrillSummary, FailedDrill, drill_history
 from chunkstore.read.reader import VersionReader
@@ -216,6 +217,8 @@ class StoreStats:
     failed_drills: list[FailedDrill] = field(default_factory=list)
     #: A warning for each drill record that could not be read (skipped).
     drill_warnings: list[str] = field(default_factory=list)
+    #: The index's space reserve for rm and gc on a full disk, and what sizes it.
+    space_reserve: ReservePlan | None = None
 
     @property
     def physical_bytes(self) -> int:
@@ -275,6 +278,7 @@ class StoreStats:
             "drills": [d.to_json() for d in self.drills],
             "failed_drills": [d.to_json() for d in self.failed_drills],
             "drill_warnings": list(self.drill_warnings),
+            "space_reserve": None if self.space_reserve is None else self.space_reserve.to_json(),
         }
 
 
@@ -339,6 +343,7 @@ def stats(store: StoreHandle, grace_s: float = 3600.0, now: float | None = None)
     drills = drill_history(store, now)
     result.drills, result.failed_drills = drills.last_ok, drills.failed
     result.drill_warnings = drills.skipped
+    result.space_reserve = store.index.reserve_plan()
     return result
 
 
