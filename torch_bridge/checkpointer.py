@@ -37,6 +37,7 @@ from chunkstore.errors import (
     RunLeaseLostError,
 )
 from chunkstore.format import plaindata
+from chunkstore.maintenance.autocollect import DEFAULT_COLLECT_GRACE_S, Collector
 from chunkstore.maintenance.retention import Candidate, Policy, decide
 from chunkstore.protocol.runlease import RunLease, describe_holder
 from torch_bridge.capture import boundary
@@ -65,6 +66,9 @@ from torch_bridge.tiers.restore import RestoreSource, TierRestore, ranks_tier, r
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+#: How long ``close`` lets a collection after retention finish (one asked for, or one
+#: running), by default; one cut short is a killed GC, which is safe.
+COLLECT_CLOSE_S = 30.0
 boundary.install()  # at import, so the first optimizer steps of a loop are seen too
 
 
@@ -95,8 +99,12 @@ class Checkpointer:
     ``keep_last=N`` keeps the N newest versions of the run, ``keep_every=K``
     also keeps every version whose step is a multiple of K; others are deleted
     after each save (tagged versions, the newest and the one before it never
-    are, so ``restore`` can always fall back; their chunks are freed by
-    ``chunkstore gc``).  ``keep_best=("val_loss", 3)`` also keeps the three
+    are, so ``restore`` can always fall back), and a collection in a background
+    thread then frees what only they needed (``collect=False``: left to
+    ``chunkstore gc``), with a grace period of ``collect_grace`` seconds (default 0:
+    a reader of this release anywhere is protected by its read lease, a save in
+    flight by its session; give a grace where readers of older releases share the
+    store).  ``keep_best=("val_loss", 3)`` also keeps the three
     versions with the lowest ``val_loss`` among the metrics each ``save(step,
     metrics={...})`` records (``("accuracy", 3, "max")`` the highest), as Orbax's
     ``best_fn`` does.  With none of them, nothing is deleted.
@@ -159,7 +167,9 @@ class Checkpointer:
                  mirror: str | os.PathLike[str] | Store | None = None,
                  mirror_keep_last: int | None = None,
                  mirror_options: dict[str, Any] | None = None,
-                 mirror_timeout: float = DEFAULT_MIRROR_TIMEOUT_S) -> None:
+                 mirror_timeout: float = DEFAULT_MIRROR_TIMEOUT_S,
+                 collect: bool = True,
+                 collect_grace: float = DEFAULT_COLLECT_GRACE_S) -> None:
         if keep_best is not None:
             keep_best = tuple(keep_best) if isinstance(keep_best, list) else keep_best
             Policy(keep_best=keep_best)  # checks it: (metric, n) or (metric, n, "min"|"max")
@@ -172,6 +182,10 @@ class Checkpointer:
                 or not mirror_timeout > 0:
             raise InvalidInputError(f"mirror_timeout must be a positive number of seconds,"
                                     f" got {mirror_timeout!r}")
+        if isinstance(collect_grace, bool) or not isinstance(collect_grace, int | float) \
+                or not 0 <= collect_grace < float("inf"):
+            raise InvalidInputError(f"collect_grace must be a number of seconds, 0 or more,"
+                                    f" got {collect_grace!r}")
         if meta is not None and not isinstance(meta, dict):
             raise InvalidInputError(f"meta must be a dict of plain data (or None), got"
                                     f" {type(meta).__name__} {meta!r}")
@@ -211,6 +225,10 @@ class Checkpointer:
             mirror, run=run, keep_last=mirror_keep_last, options=mirror_options,
             timeout=float(mirror_timeout), local=_weak_store(self))
         self._retention_lock = threading.Lock()
+        #: the collection that follows retention (``collect``), made at its first trigger
+        self._collect = collect
+        self._collect_grace = float(collect_grace)
+        self._collector: Collector | None = None
         #: where the last ``restore`` read from, and why (:class:`RestoreSource`)
         self.last_restore: RestoreSource | None = None
         self._timings: dict[str, float] = {}
@@ -506,12 +524,18 @@ class Checkpointer:
         decision = decide([Candidate(v.id, v.step, v.created, v.meta) for v in versions],
                           policy, time.time())
         pinned = set(self.store.tags().values())
+        removed = 0
         for version in versions:
             if version.id in decision.drop and version.id not in pinned \
                     and version.id != just_written:
                 if self._tier is not None and not self._tier.may_leave(version.id):
                     continue  # never the last whole copy: the mirror's store must hold it
                 self.store.delete_listed(version.id)
+                removed += 1
+        if removed and self._collect:  # what they alone needed goes now, not in an hour
+            if self._collector is None:
+                self._collector = Collector(self.store, self._collect_grace)
+            self._collector.trigger()
 
     # --- the mirror ---------------------------------------------------------------------------
 
@@ -692,6 +716,8 @@ class Checkpointer:
                 if self._executor is not None:
                     self._executor.shutdown(wait=True)
                 held = self._close_mirror(timeout)
+                if self._collector is not None:  # a collection cut short is a killed GC
+                    self._collector.close(COLLECT_CLOSE_S if timeout is None else timeout)
             finally:
                 if self._lease is not None:
                     with contextlib.suppress(Exception):  # it expires by itself otherwise
