@@ -36,7 +36,7 @@ from chunkstore.errors import (
 )
 from chunkstore.format.chunkobj import HEADER, ChunkHeader, decode_object, parse_header
 from chunkstore.format.digest import DIGEST_SIZE, Digest
-from chunkstore.format.manifest import DataEntry, PackLocation, TensorEntry
+from chunkstore.format.manifest import DataEntry, PackLocation, TensorEntry, decode_data
 from chunkstore.handle.tree import load_tree
 from chunkstore.index.gclock import finish_abandoned_deletions
 from chunkstore.index.lmdbindex import CHUNK, NODE, Claim, NewChunk
@@ -57,6 +57,9 @@ COMPACT_BELOW = 0.9
 
 #: Per pack, the members (offset, length) the versions being copied list in it.
 Spans = dict[Digest, set[tuple[int, int]]]
+#: A member a copied version lists in a pack, as a read of it needs it: the chunk, where
+#: it lies in the pack, its listed chain and where each base lies.
+Member = tuple[Digest, int, int, tuple[Digest, ...], tuple[PackLocation | None, ...]]
 
 #: What a read of a chunk object needs of it: its listed chain and where each base lies
 #: (a standalone chunk: both empty), or None for a pack (content-addressed by its
@@ -95,6 +98,10 @@ class VersionCopy:
             dst.objects.local_path() is not None or (fence is not None and fence.distrust_index))
         self.copied = Copied()
         self._lock = threading.Lock()  # the copy jobs count into ``copied`` at once
+        #: per pack, the members the version lists in it (checked as a read checks them
+        #: before the pack is copied; through a moved record, where it forwards them)
+        self.members: dict[Digest, set[Member]] = {}
+        self.data_nodes: set[Digest] = set()
 
     def _count(self, data: bytes, new_chunk: NewChunk | None = None, *,
                written: bool = True) -> None:
@@ -140,8 +147,10 @@ class VersionCopy:
             for leaf in node.leaves.values():
                 if isinstance(leaf, DataEntry):
                     nodes.append(leaf.digest)
+                    self.data_nodes.add(leaf.digest)
                 elif isinstance(leaf, TensorEntry):
                     add_needs(leaf, chunks)
+                    add_members(leaf, self.members)
             stack.extend(node.children())
         return nodes, chunks
 
@@ -257,6 +266,8 @@ class VersionCopy:
             if need is not None:
                 raise MissingChunkError(digest.hex) from None
             return self._copy_moved(digest)
+        if need is None:
+            self._check_members(digest, data)
         compact = self._compacted(digest, data) if need is None else None
         if self.dst is None or self.dry_run:
             self.planned.add((CHUNK, digest))
@@ -337,10 +348,35 @@ class VersionCopy:
         return ChunkHeader(codecs.RAW.id, header.element_size, len(raw), len(raw)).pack() \
             + bytes(raw)
 
+    def _check_members(self, pack: Digest, data: bytes) -> None:
+        """Every member the version lists in ``pack`` lies inside it and reads as a read
+        reads it (decoded through its listed chain, hash-checked): a pack whose content
+        hashes right may still not hold what a crafted or damaged manifest lists."""
+        content = len(data) - HEADER.size
+        for digest, offset, length, chain, locations in sorted(self.members.get(pack, ())):
+            if offset + length > content:
+                raise CorruptChunkError(digest.hex, f"listed at {offset}+{length} in pack"
+                                        f" {pack.short()}, which holds {content} bytes")
+            member = data[HEADER.size + offset:HEADER.size + offset + length]
+            decode_chain(self.src, digest, member, chain, locations=locations)
+
+    def _forward_members(self, record: MovedRecord) -> None:
+        """The members listed in a pack the source repacked are checked where its moved
+        record puts them; a member the record does not list cannot be read."""
+        forwarded = self.members.setdefault(record.to, set())
+        for digest, offset, length, chain, locations in self.members.pop(record.pack, ()):
+            at = record.forward(PackLocation(record.pack, offset, length))
+            if at is None:
+                raise CorruptChunkError(digest.hex, f"pack {record.pack.short()} is gone and"
+                                        " its moved record does not list this member")
+            forwarded.add((digest, at.offset, at.length, chain, locations))
+
     def _copy_moved(self, pack: Digest) -> Digest:
         record = read_moved(self.src.objects, pack)
         if record is None:
             raise MissingChunkError(pack.hex)
+        with self._lock:
+            self._forward_members(record)
         data = self.src.objects.get(MOVED, pack)
         self._count(data)
         self.planned.add((CHUNK, pack))
@@ -363,6 +399,8 @@ class VersionCopy:
         data = self.src.objects.get(NODES, digest)
         if Digest.of(data) != digest:
             raise CorruptNodeError(digest.hex, "the source's copy does not hash to its key")
+        if digest in self.data_nodes:
+            decode_data(digest, data)  # plain data a read of the version would decode
         self.planned.add((NODE, digest))
         written = True
         if self.dst is not None and not self.dry_run:
@@ -391,6 +429,19 @@ def add_needs(entry: TensorEntry, needs: dict[Digest, Need]) -> None:
                     needs[at.pack] = None
                 else:
                     needs.setdefault(base, (chain[k + 1:], locations[k + 1:]))
+
+
+def add_members(entry: TensorEntry, members: dict[Digest, set[Member]]) -> None:
+    """The members a read of ``entry`` reads in each pack (its chunks and their bases),
+    each with the chain a read of it follows."""
+    for shard in entry.shards:
+        for i, digest in enumerate(shard.chunks):
+            chain, locations = shard.chain(i), shard.chain_locations(i)
+            for k, (at, chunk) in enumerate(((shard.location(i), digest),
+                                              *zip(locations, chain, strict=True))):
+                if at is not None:  # the k-th base's own chain is the rest of the list
+                    members.setdefault(at.pack, set()).add(
+                        (chunk, at.offset, at.length, chain[k:], locations[k:]))
 
 
 def add_spans(entry: TensorEntry, spans: Spans) -> None:
