@@ -4,8 +4,9 @@ every interleaving by a small explicit-state checker.
 Nothing here imports chunkstore: the model is the protocol of
 :mod:`chunkstore.maintenance.gc`, :mod:`chunkstore.write.writer`,
 :mod:`chunkstore.protocol.journal`,
-:mod:`chunkstore.protocol.sessions` and :mod:`chunkstore.protocol.tombstones` reduced to what
-decides whether an object is deleted while something needs it.
+:mod:`chunkstore.protocol.sessions`, :mod:`chunkstore.protocol.tombstones` and
+:mod:`chunkstore.protocol.readleases` reduced to what decides whether an object is
+deleted while something needs it.
 
 The world:
 
@@ -33,7 +34,51 @@ The world:
   DELETING in its index, and the next run on that index finishes it) or
   lapse (paused past the lease: others count it dead while it still runs);
 - a **remover** (tombstone, then delete the commit record), a **reader** that
-  opens a published version and reads it later, and a **clock**.
+  opens a published version and reads it later (protected by the grace period
+  alone), **lease readers** (below) and a **clock**.
+
+**Read leases** (``Config.lease_readers``; docs/format.md 11.6,
+:mod:`chunkstore.protocol.readleases`, ``read.reader._take_lease``).  A lease reader
+picks a version its index lists (published, or removed since: the index may be
+stale) -> stores its lease naming it -> checks that the version's commit record
+still exists (if not: deletes the lease and reads nothing) -> reads (any time
+later, after any removals and GCs) and closes, deleting the lease.  It may die
+instead, while its lease is stored (crashed, or its heartbeat lapsed for a lease):
+the lease then protects nothing.  A live lease is one stored and neither closed
+nor dead.  In plain worlds each of a GC's two marks (step 4's choice of
+candidates, step 7's) takes two steps, as ``_Run.confirm_unreachable`` orders them:
+the walk of the published versions and young tombstones, then the listing of the
+live leases (``mark_read``), whose versions' objects it reaches; the candidates (or
+what is deleted) are what neither reached.  ``lease_mark_faults`` lets the GC's read
+of a leased tree fail (a storage outage): the code skips that lease
+(``lease_mark_skips_unreadable``: ``mark_read`` catches every ``ChunkStoreError``,
+``BackendUnavailableError`` included) and this model found it unsafe (below); the
+safe choice stops the run, deleting nothing.  In pack worlds the listing of the
+leases is part of the walk's step (so ``break_gc_lists_leases_before_walk`` changes
+nothing there), and the reader follows moved records as any reader does.  Worlds
+with lease readers are meant with no grace period, so that no tombstone protects
+what only a lease should.
+
+Why no interleaving deletes what a lease reader reads (the argument of
+:mod:`chunkstore.protocol.readleases`, in the model's terms): take an object X of
+version V that a GC deletes, and a reader of V that stored its lease at ``l`` and
+found V's record at ``c > l``.  Step 7's walk did not reach V, so V's record was
+gone by then (a version published by a session the GC waited for is published
+before that walk, and a record once removed never returns); step 7's listing did
+not find the lease, so ``l`` came after that listing, after the walk: the record
+was gone at ``c``, and the reader read nothing.  Step 4's listing plays no part
+(it only spares the run from fencing what step 7 keeps): listing the leases in
+step 7 only, or before the walk in step 4 only, loses nothing here; listing them in
+step 4 only (``break_gc_leases_first_mark_only``), or before the walk in step 7
+(``break_gc_lists_leases_before_walk``, in both marks), loses a version published
+during the run (after step 4's walk), opened and removed before step 7's walk (19
+steps each).  A reader that checks before storing its lease
+(``break_reader_checks_before_lease``) loses its version to a GC whose step 7 ran
+between the two (11 steps).  The argument assumes step 7 reads every live lease's
+tree; with the code's ``lease_mark_skips_unreadable`` a failed read (in both marks;
+or in step 7's alone, for a version published during the run) drops the lease's
+protection, and the run deletes what its reader reads (11 steps in the
+``lease_faults`` world of tests/test_protocol_model.py).
 
 A **pack world** (``Config.packed``; :mod:`chunkstore.maintenance.repack`, docs/format.md
 3.6) adds repacking.  Chunks are members ``a``, ``b`` of pack objects, each
@@ -111,8 +156,9 @@ Every step of every actor is one atomic transition.  :func:`explore` runs a
 breadth-first search over canonical states (every interleaving, up to a
 depth bound or to exhaustion) and checks after every transition that no
 published version, no object a live save in progress has obtained (reused
-or written), and no version a reader opened within the grace period of its
-removal references a missing object.  A violation comes back with the
+or written), no version a reader opened within the grace period of its
+removal, and no version a lease reader reads (lease stored, record found, neither
+closed nor dead) references a missing object.  A violation comes back with the
 shortest schedule that reaches it.
 
 :class:`Protocol` holds the behaviours: the defaults are what the code does;
@@ -134,6 +180,11 @@ W_IDLE, W_LIST, W_READ, W_SEEN, W_OBJ, W_COMMIT, W_END, W_RB1, W_RB2 = range(9)
 # gc phases (G_RESOLVE onwards: pack worlds only)
 (G_IDLE, G_FENCE, G_WAIT, G_REMARK, G_DEL, G_RESOLVE, G_CLEAN, G_RP_SESSION, G_RP_JOURNAL,
  G_RP_COPY, G_RP_FIRST, G_RP_SECOND, G_RP_END) = range(13)
+# gc phases of worlds with lease readers: the second half of step 4's and step 7's mark
+G_MARK_REST, G_REMARK_REST = 13, 14
+# lease reader phases: lease stored (record not yet checked); record checked, lease not
+# yet stored (break_reader_checks_before_lease); open (both done: protected); closed or dead
+LR_IDLE, LR_LEASED, LR_CHECKED, LR_OPEN, LR_DONE = range(5)
 # journal entry states
 FENCED, DONE, ABANDONED = "fenced", "done", "abandoned"
 
@@ -174,6 +225,16 @@ class Protocol:
     #: in step 8, with the objects, before the entry is marked done
     #: (``_Run.fence_and_delete``).
     moved_delete_after_done: bool = False
+    #: Worlds with lease readers.  GC's mark skips a read lease whose tree it fails to read,
+    #: whatever the failure: ``mark.mark_read`` catches every ``ChunkStoreError`` of
+    #: ``mark_tree``, ``BackendUnavailableError`` (a storage outage, a throttled GET on S3)
+    #: included, and the run goes on to delete what that reader reads.  Meant for a lease
+    #: naming a missing or corrupt tree (a crafted lease, a reader that lost its lease
+    #: and reads a partly deleted version), where nothing is left to protect.  The safe
+    #: choice: only an ``IntegrityError`` (missing or corrupt node) skips a lease; a failed
+    #: read stops the run, which deletes nothing (as ``mark_removed`` does for a
+    #: tombstone).
+    lease_mark_skips_unreadable: bool = True
 
     # --- one rule broken at a time -------------------------------------------------------------
     #: GC does not wait for sessions before deleting.
@@ -228,11 +289,20 @@ class Protocol:
     #: entry it read that names ``P`` (it still waits for one naming the new pack).
     break_sync_ignores_fence: bool = False
 
+    # --- read leases (docs/format.md 11.6), one rule broken at a time ---------------------------
+    #: The reader checks that the version's commit record exists, then stores its lease.
+    break_reader_checks_before_lease: bool = False
+    #: GC lists the read leases in step 4's mark only, not in step 7's.
+    break_gc_leases_first_mark_only: bool = False
+    #: Within each mark, GC lists the read leases before it walks the live versions and
+    #: tombstones (the code lists them last: ``confirm_unreachable``).
+    break_gc_lists_leases_before_walk: bool = False
+
     def fixed(self) -> Protocol:
-        """The five code behaviours above replaced by the safe ones."""
+        """The six code behaviours above replaced by the safe ones."""
         return _replace(self, wait_every_blocker=True, gc_stops_when_lapsed=True,
                         finish_deletions_blindly=False, mark_trusts_moved_records=False,
-                        moved_delete_after_done=False)
+                        moved_delete_after_done=False, lease_mark_skips_unreadable=False)
 
     def breaks(self) -> list[str]:
         return [f.name for f in fields(self)
@@ -268,6 +338,15 @@ class Config:
     gc_lapses: int = 1
     gc_crashes: int = 1
     reader: bool = False
+    #: Readers under read leases (docs/format.md 11.6), each reading one version it knows
+    #: of (published, or removed since: its index may be stale).
+    lease_readers: int = 0
+    #: A lease reader may die (crash, or its heartbeat lapses for a lease): its lease then
+    #: protects nothing, and the invariant no longer covers it.
+    reader_deaths: bool = True
+    #: Plain worlds with lease readers: a GC's read of the tree a live lease names may fail
+    #: (a storage outage, a throttled request: ``BackendUnavailableError``).
+    lease_mark_faults: bool = False
     max_depth: int | None = None
     #: A pack world: the chunks saves write are the members ``a``, ``b``, ... of packs
     #: (``contents``, ``initial_version`` and ``initial_moved`` then name members, not
@@ -351,6 +430,8 @@ class Gc(NamedTuple):
     rp: tuple[int, frozenset[int]] | None = None  # repack: (new pack, live members of P)
     rp_blocked: bool = False  # the repack read an active entry naming its new pack
     rp_done: bool = False  # the repack wrote P's moved record
+    # worlds with lease readers: what the first half of a mark (step 4's or 7's) reached
+    reached: frozenset[int] = frozenset()
 
 
 class Entry(NamedTuple):
@@ -383,6 +464,8 @@ class State(NamedTuple):
     # pack world only (sessions then also hold one slot per GC, for its repack)
     moved: tuple[Moved | None, ...] = ()  # moved record per pack object
     vrefs: tuple[frozenset[Ref], ...] = ()  # per version id: the member locations it lists
+    # per lease reader: (LR_* phase, the version it reads); a live lease in LR_LEASED, LR_OPEN
+    leases: tuple[tuple[int, int], ...] = ()
 
 
 def _fast_replace(cls: type) -> Any:
@@ -464,7 +547,8 @@ class Model:
             sessions=(None,) * len(cfg.contents), journal=(),
             writers=(writer,) * len(cfg.contents), gcs=(gc,) * cfg.gcs, reader=None,
             budget=(cfg.removals, cfg.index_drops, cfg.rebuilds, cfg.writer_lapses,
-                    cfg.gc_lapses, cfg.gc_crashes))
+                    cfg.gc_lapses, cfg.gc_crashes),
+            leases=((LR_IDLE, -1),) * cfg.lease_readers)
 
     def _initial_packed(self, gc: Gc) -> State:
         cfg = self.config
@@ -488,7 +572,7 @@ class Model:
             writers=(writer,) * self.writer_count, gcs=(gc,) * cfg.gcs, reader=None,
             budget=(cfg.removals, cfg.index_drops, cfg.rebuilds, cfg.writer_lapses,
                     cfg.gc_lapses, cfg.gc_crashes),
-            moved=tuple(moved), vrefs=tuple(vrefs))
+            moved=tuple(moved), vrefs=tuple(vrefs), leases=((LR_IDLE, -1),) * cfg.lease_readers)
 
     # --- the invariant -----------------------------------------------------------------------
 
@@ -512,6 +596,12 @@ class Model:
                 missing = self._unreadable(s, self.refs(s, v))
                 if missing:
                     return f"reader of {self.version_name(v)} (within the grace period)" \
+                           f" finds {self._names(missing)} deleted"
+        for r, (phase, v) in enumerate(s.leases):
+            if phase == LR_OPEN:
+                missing = self._unreadable(s, self.refs(s, v))
+                if missing:
+                    return f"lease reader R{r} of {self.version_name(v)} (checked, not closed)" \
                            f" finds {self._names(missing)} deleted"
         return None
 
@@ -572,6 +662,19 @@ class Model:
         for v in self._roots(s, start):
             reached |= self.version_objects[v]
         return frozenset(reached)
+
+    def _leased(self, s: State) -> frozenset[Any]:
+        """What the trees of the roots live read leases name reach (``mark_read``): objects,
+        or in a pack world member locations (resolved with the walk's)."""
+        found: set[Any] = set()
+        for phase, v in s.leases:
+            if phase in (LR_LEASED, LR_OPEN):
+                found |= self.refs(s, v)
+        return frozenset(found)
+
+    def _lease_label(self, s: State) -> str:
+        roots = sorted({v for phase, v in s.leases if phase in (LR_LEASED, LR_OPEN)})
+        return ",".join(self.version_name(v) for v in roots) or "none live"
 
     def _walk(self, s: State, start: int) -> frozenset[Ref]:
         """Pack world: the member locations the manifests of the roots list (the walk of
@@ -645,6 +748,8 @@ class Model:
             self._gc_steps(s, g, out)
         self._remover_steps(s, out)
         self._reader_steps(s, out)
+        for r in range(len(s.leases)):
+            self._lease_reader_steps(s, r, out)
         if s.clock < self.config.max_clock:
             out.append(("clock ticks", s._replace(clock=s.clock + 1)))
         return out
@@ -971,22 +1076,23 @@ class Model:
                 self._packed_gc_start(s, g, out)
                 return
             start = s.clock
-            reached = self._reached(s, start)
-            cands = frozenset(o for o, t in enumerate(s.present)
-                              if t >= 0 and o not in reached and t <= start - grace)
             base = gc._replace(deleting=frozenset(), deleted=frozenset(), lapsed=False)
-            if not cands:
-                out.append((f"{name}: finds nothing to delete", self._with_gc(
-                    s, g, base._replace(runs=gc.runs + 1),
-                    tombstones=frozenset(x for x in s.tombstones if x[1] > start - grace))))
-            elif p.break_delete_before_journal:
-                out.append((f"{name}: chooses {self._names(cands)} and deletes at once",
-                            self._with_gc(s, g, base._replace(
-                                phase=G_DEL, entry=-1, candidates=cands, start=start,
-                                todo=tuple(sorted(cands))))))
-            else:
-                out.append((f"{name}: chooses {self._names(cands)}", self._with_gc(
-                    s, g, base._replace(phase=G_FENCE, candidates=cands, start=start))))
+            if not cfg.lease_readers:
+                self._choose(s, g, base, start, self._reached(s, start), f"{name}: ", out)
+                return
+            # step 4's mark in two halves: the walk, then the read leases
+            for label, half in self._mark_part(s, start, step4=True, rest=False):
+                nxt = base._replace(runs=gc.runs + 1) if half is None else \
+                    base._replace(phase=G_MARK_REST, start=start, reached=half)
+                out.append((f"{name}: marks: {label}", self._with_gc(s, g, nxt)))
+        elif gc.phase == G_MARK_REST:
+            for label, half in self._mark_part(s, gc.start, step4=True, rest=True):
+                if half is None:
+                    out.append((f"{name}: {label}", self._with_gc(s, g, gc._replace(
+                        phase=G_IDLE, runs=gc.runs + 1, reached=frozenset()))))
+                else:
+                    self._choose(s, g, gc._replace(reached=frozenset()), gc.start,
+                                 gc.reached | half, f"{name}: {label}, ", out)
         elif gc.phase == G_FENCE:
             e = len(s.journal)
             # 23a1ab0: the packs of the moved records to delete, as chunk objects
@@ -1006,10 +1112,30 @@ class Model:
             out.append((f"{name}: gives up waiting, abandons entry {gc.entry}", self._with_gc(
                 s, g, self._run_over(over), journal=self._finish_entry(s, gc, ABANDONED))))
         elif gc.phase == G_REMARK and cfg.packed and not p.break_no_remark:
-            walked = gc.walked | self._walk(s, gc.start)
+            # read leases in the walk, atomically (break_gc_lists_leases_before_walk: no-op)
+            leased = frozenset() if p.break_gc_leases_first_mark_only else self._leased(s)
+            walked = gc.walked | self._walk(s, gc.start) | leased
             out.append((f"{name}: marks again: walks the versions"
                         f" ({self._names(walked) or 'nothing listed'})",
                         self._with_gc(s, g, gc._replace(phase=G_RESOLVE, walked=walked))))
+        elif gc.phase in (G_REMARK, G_REMARK_REST) and cfg.lease_readers \
+                and not p.break_no_remark:
+            # step 7's mark in two halves: the walk, then the read leases
+            rest = gc.phase == G_REMARK_REST
+            for what, half in self._mark_part(s, gc.start, step4=False, rest=rest):
+                label = f"{name}: {what}" if rest else f"{name}: marks again: {what}"
+                if half is None:
+                    out.append((label, self._with_gc(
+                        s, g, self._run_over(gc._replace(reached=frozenset())),
+                        journal=self._finish_entry(s, gc, ABANDONED))))
+                elif rest:
+                    todo = gc.candidates - (gc.reached | half)
+                    out.append((f"{label}, will delete {self._names(todo) or 'nothing'}",
+                                self._with_gc(s, g, gc._replace(
+                                    phase=G_DEL, todo=tuple(sorted(todo)), reached=frozenset()))))
+                else:
+                    out.append((label, self._with_gc(s, g, gc._replace(
+                        phase=G_REMARK_REST, reached=half))))
         elif gc.phase == G_REMARK:
             todo = gc.candidates if p.break_no_remark else \
                 gc.candidates - self._reached(s, gc.start)
@@ -1057,7 +1183,7 @@ class Model:
                         self._with_gc(s, g, self._run_killed(gc), moved=moved)))
         elif gc.phase >= G_RP_SESSION:
             self._repack_steps(s, g, out)
-        if gc.phase in (G_WAIT, G_REMARK, G_RESOLVE, G_DEL) and gc.entry >= 0 \
+        if gc.phase in (G_WAIT, G_REMARK, G_REMARK_REST, G_RESOLVE, G_DEL) and gc.entry >= 0 \
                 and s.journal[gc.entry].alive:
             if s.budget[4] > 0 and not gc.lapsed:
                 out.append((f"{name}: paused past the lease (counted dead, still running)",
@@ -1082,6 +1208,57 @@ class Model:
                                     journal=self._dead(s.journal, gc.entry),
                                     present=self._set(s.present, o, -1))))
 
+    def _choose(self, s: State, g: int, gc: Gc, start: int, reached: frozenset[int],
+                prefix: str, out: list[tuple[str, State]]) -> None:
+        """The end of step 4: candidates are the objects stored at least the grace period
+        that the mark did not reach; fence them (or delete at once, or end the run)."""
+        grace = self.config.grace
+        cands = frozenset(o for o, t in enumerate(s.present)
+                          if t >= 0 and o not in reached and t <= start - grace)
+        if not cands:
+            out.append((f"{prefix}finds nothing to delete", self._with_gc(
+                s, g, gc._replace(phase=G_IDLE, runs=gc.runs + 1),
+                tombstones=frozenset(x for x in s.tombstones if x[1] > start - grace))))
+        elif self.protocol.break_delete_before_journal:
+            out.append((f"{prefix}chooses {self._names(cands)} and deletes at once",
+                        self._with_gc(s, g, gc._replace(
+                            phase=G_DEL, entry=-1, candidates=cands, start=start,
+                            todo=tuple(sorted(cands))))))
+        else:
+            out.append((f"{prefix}chooses {self._names(cands)}", self._with_gc(
+                s, g, gc._replace(phase=G_FENCE, candidates=cands, start=start))))
+
+    def _mark_part(self, s: State, start: int, step4: bool,
+                   rest: bool) -> list[tuple[str, frozenset[int] | None]]:
+        """One half of a mark (``confirm_unreachable``, step 4's or step 7's) in a world with
+        lease readers, each way it can go: (label, what it reaches), None when the run
+        stops there.  The walk of the published versions and young tombstones comes first
+        and the read leases last (``mark_read``), or the other way round with
+        ``break_gc_lists_leases_before_walk``."""
+        if self.protocol.break_gc_lists_leases_before_walk == rest:
+            walked = self._reached(s, start)
+            return [(f"walks the versions (reaches {self._names(walked) or 'nothing'})",
+                     walked)]
+        if not step4 and self.protocol.break_gc_leases_first_mark_only:
+            return [("lists no read leases", frozenset())]
+        leased = self._leased(s)
+        ways: list[tuple[str, frozenset[int] | None]] = [
+            (f"lists the read leases ({self._lease_label(s)}: reach"
+             f" {self._names(leased) or 'nothing'})", leased)]
+        if not self.config.lease_mark_faults:
+            return ways
+        roots = sorted({v for phase, v in s.leases if phase in (LR_LEASED, LR_OPEN)})
+        for v in roots:
+            what = f"lists the read leases: reading the tree of {self.version_name(v)}" \
+                   " fails (storage unavailable)"
+            if self.protocol.lease_mark_skips_unreadable:
+                kept = frozenset().union(*(self.refs(s, u) for u in roots if u != v))
+                ways.append((f"{what}, skips that lease (reach {self._names(kept) or 'nothing'})",
+                             kept))
+            else:
+                ways.append((f"{what}: stops, deleting nothing", None))
+        return ways
+
     def _packed_gc_start(self, s: State, g: int, out: list[tuple[str, State]]) -> None:
         """Steps 1-4 and the repack plan in a pack world, as one step (``_Run.run`` up to
         ``repack``): ``find_moved`` (packs with a moved record: still stored ones are
@@ -1092,7 +1269,8 @@ class Model:
         gc = s.gcs[g]
         name = f"GC{g}"
         start = s.clock
-        walked = self._walk(s, start)
+        # read leases in the walk, atomically (break_gc_lists_leases_before_walk: no-op)
+        walked = self._walk(s, start) | self._leased(s)
         held = self._held(s, walked, s.moved)
         recorded = [o for o, r in enumerate(s.moved) if r is not None]
         forwarded = frozenset(o for o in recorded if s.present[o] >= 0)
@@ -1278,6 +1456,41 @@ class Model:
         elif s.reader[0] >= 0:
             out.append((f"reader: reads {self.version_name(s.reader[0])}",
                         s._replace(reader=(-1, 0))))
+
+    def _lease_reader_steps(self, s: State, r: int, out: list[tuple[str, State]]) -> None:
+        """A reader under a read lease (``read.reader._take_lease``, ``VersionReader``):
+        store the lease, check the commit record (gone: delete the lease, read nothing),
+        read, close; or die at any point, its lease then protecting nothing."""
+        phase, v = s.leases[r]
+        name = f"R{r}"
+
+        def to(nphase: int, nv: int, label: str) -> None:
+            out.append((f"{name}: {label}",
+                        s._replace(leases=self._set(s.leases, r, (nphase, nv)))))
+
+        checks_first = self.protocol.break_reader_checks_before_lease
+        if phase == LR_IDLE:
+            # a version its index lists: published, or removed since (a stale index)
+            for vv in sorted(s.published | {x for x, _ in s.removed_at}):
+                vname = self.version_name(vv)
+                if not checks_first:
+                    to(LR_LEASED, vv, f"stores its read lease on {vname}")
+                elif vv in s.published:
+                    to(LR_CHECKED, vv, f"finds the record of {vname} there (no lease yet)")
+                else:
+                    to(LR_DONE, vv, f"finds the record of {vname} gone, reads nothing")
+        elif phase == LR_LEASED:
+            if v in s.published:
+                to(LR_OPEN, v, f"finds the record of {self.version_name(v)} still there")
+            else:
+                to(LR_DONE, v, f"finds the record of {self.version_name(v)} gone: deletes"
+                               " its lease, reads nothing")
+        elif phase == LR_CHECKED:
+            to(LR_OPEN, v, f"stores its read lease on {self.version_name(v)}")
+        elif phase == LR_OPEN:
+            to(LR_DONE, v, f"reads {self.version_name(v)} and closes its lease")
+        if self.config.reader_deaths and phase in (LR_LEASED, LR_OPEN):
+            to(LR_DONE, v, "dies (its lease counts dead, protects nothing)")
 
 
 @dataclass

@@ -56,6 +56,18 @@ not wait, relies on the record, finds it still there and publishes; then it is
 deleted (a sync paused past the lease and run again: 23 steps in
 ``sync_retry``).  The code now deletes the records with the objects, while the
 entry is fenced (``_Run.fence_and_delete``), where nothing is lost.
+
+Lease worlds (``Config.lease_readers``; chunkstore/protocol/readleases.py, df6fa65, no
+grace period) add a reader that stores its read lease, checks the version's record,
+reads and closes, or dies; each GC mark walks the versions, then lists the live leases.
+They explore clean, and each read-lease rule broken is caught
+(``break_reader_checks_before_lease``: 11 steps; ``break_gc_leases_first_mark_only``
+and ``break_gc_lists_leases_before_walk``: 19).  A sixth choice,
+``lease_mark_skips_unreadable``, is the code's today and unsafe: ``mark.mark_read``
+skips a lease whose tree it fails to read, a storage outage
+(``BackendUnavailableError``) included, and the run deletes what that reader reads
+(``lease_faults``: 11 steps).  Stopping the run there instead loses nothing; until the
+code does, that test and test_the_code_makes_every_safe_choice are strict xfails.
 """
 
 from __future__ import annotations
@@ -138,14 +150,41 @@ SYNC_WORLDS = {"sync": SYNC, "sync_retry": SYNC_RETRY, "sync_dangling": SYNC_DAN
                "sync_writer": SYNC_WRITER, "sync_repack": SYNC_REPACK,
                "sync_conflict": SYNC_CONFLICT}
 
+# Read leases (docs/format.md 11.6), with no grace period (it would mask what a lease
+# protects).  A lease reader reads v0 (x, y) or W0.save1 (x), each of which may be removed;
+# W0 saves x (a dedup of v0's x) while one GC runs: the world each break is caught in.
+LEASES = Config(contents=((0,),), gcs=1, lease_readers=1, removals=2, index_drops=0,
+                rebuilds=0, writer_lapses=0, gc_lapses=0, gc_crashes=0)
+# Two GCs on their own indexes at once.
+LEASE_TWO_GCS = dataclasses.replace(LEASES, gcs=2)
+# Two writers (x; x and y), three removals.
+LEASE_WRITERS = dataclasses.replace(LEASES, contents=((0,), (0, 1)), removals=3)
+# A GC that runs twice, paused past the lease or killed; a writer paused past the lease.
+LEASE_FAILURES = dataclasses.replace(LEASES, gc_runs=2, gc_lapses=1, gc_crashes=1,
+                                     writer_lapses=1)
+# Stale indexes: W0's deleted or rebuilt; the reader's may name a removed version anyway.
+LEASE_STALE = dataclasses.replace(LEASES, index_drops=1, rebuilds=1)
+# A pack world: v0 lists P.a, a save reuses the garbage member P.b, a GC (two runs) repacks
+# P.a into Qa and deletes P; the reader follows P's moved record (leases listed with the
+# walk, in one step).
+LEASE_REPACK = dataclasses.replace(PACKED, contents=((1,),), gcs=1, gc_runs=2, lease_readers=1,
+                                   removals=2)
+# Two GCs, each of whose reads of a leased tree may fail (storage unavailable).
+LEASE_FAULTS = dataclasses.replace(LEASE_TWO_GCS, lease_mark_faults=True)
+
+LEASE_WORLDS = {"leases": LEASES, "lease_two_gcs": LEASE_TWO_GCS, "lease_writers": LEASE_WRITERS,
+                "lease_failures": LEASE_FAILURES, "lease_stale": LEASE_STALE,
+                "lease_repack": LEASE_REPACK}
+ALL_WORLDS = WORLDS | SYNC_WORLDS | LEASE_WORLDS | {"lease_faults": LEASE_FAULTS}
+
 IMPLEMENTED = Protocol()
 SAFE = Protocol().fixed()
 
 
 def _protocol_of(world: str) -> Protocol:
-    """The protocol ``world``'s loses-nothing test explores: the code's, which is the
-    safe one (test_the_code_makes_every_safe_choice)."""
-    return IMPLEMENTED
+    """The protocol ``world``'s loses-nothing test explores: the code's (the one unsafe
+    choice it makes, ``lease_mark_skips_unreadable``, shows only in ``lease_faults``)."""
+    return SAFE if world == "lease_faults" else IMPLEMENTED
 
 
 def check(name: str, config: Config, protocol: Protocol) -> Result:
@@ -162,10 +201,13 @@ def _explored(world: str, protocol: Protocol) -> tuple[Result, frozenset[str]]:
     tests explore anyway (under ``_protocol_of(world)``), so each of those state spaces
     is walked once per session, not twice."""
     labels: set[str] = set()
-    result = explore(Model((WORLDS | SYNC_WORLDS)[world], protocol), labels=labels)
+    result = explore(Model(ALL_WORLDS[world], protocol), labels=labels)
     return result, frozenset(labels)
 
 
+@pytest.mark.xfail(IMPLEMENTED.lease_mark_skips_unreadable, strict=True,
+                   reason="mark.mark_read skips a read lease whose tree it fails to read"
+                          " (BackendUnavailableError included): test_lease_mark_read_failure")
 def test_the_code_makes_every_safe_choice() -> None:
     """The protocol as implemented is the safe one, so exploring it covers both."""
     assert IMPLEMENTED == SAFE
@@ -188,6 +230,38 @@ def test_sync_with_the_safe_choices_loses_nothing(world: str) -> None:
     print(f"\n[{world}] unbroken: {result.report()}")
     assert result.violation is None, result.report()
     assert result.complete, "the whole reachable space must be explored"
+    assert result.states > 1000
+
+
+@pytest.mark.parametrize("world", list(LEASE_WORLDS))
+def test_read_leases_as_implemented_lose_nothing(world: str) -> None:
+    """A reader that stored its lease, then found the version's record, and has neither
+    closed nor died reads every object of the version, with no grace period."""
+    result, _ = _explored(world, IMPLEMENTED)
+    print(f"\n[{world}] unbroken: {result.report()}")
+    assert result.violation is None, result.report()
+    assert result.complete, "the whole reachable space must be explored"
+    assert result.states > 1000
+
+
+@pytest.mark.xfail(IMPLEMENTED.lease_mark_skips_unreadable, strict=True,
+                   reason="mark.mark_read catches every ChunkStoreError of mark_tree,"
+                          " BackendUnavailableError included, and the run goes on")
+def test_lease_mark_read_failure_loses_nothing() -> None:
+    """A GC whose read of a leased tree fails (a storage outage, a throttled GET) must not
+    delete what that reader reads.  The code skips the lease and deletes on (11 steps in
+    ``lease_faults``: the read fails in both marks; or in step 7's alone, for a version
+    published and removed during the run)."""
+    result = check("lease_faults", LEASE_FAULTS, IMPLEMENTED)
+    assert result.violation is None, result.report()
+
+
+def test_lease_mark_read_failure_stopping_the_run_loses_nothing() -> None:
+    """The safe choice: a failed read of a leased tree stops the run, deleting nothing."""
+    result, _ = _explored("lease_faults", SAFE)
+    print(f"\n[lease_faults] safe: {result.report()}")
+    assert result.violation is None, result.report()
+    assert result.complete
     assert result.states > 1000
 
 
@@ -272,17 +346,36 @@ def test_explorer_finds_the_schedule_of_each_sync_break(broken: str) -> None:
     assert "deletes the moved record of P" in result.schedule[-1]
 
 
+# Each read-lease rule, broken: (a) the reader stores its lease after it checks the record;
+# (b) step 7's mark lists no leases; (c) each mark lists the leases before its walk.  (b)
+# and (c) need a version published during the run (W0.save1, after step 4's walk), read
+# and removed before step 7's walk: a version step 4 did not reach had its record removed
+# before it, so a lease taken after step 4 fails its check anyway.
+LEASE_BREAKS = {"break_reader_checks_before_lease": LEASES,
+                "break_gc_leases_first_mark_only": LEASES,
+                "break_gc_lists_leases_before_walk": LEASES}
+
+
+@pytest.mark.parametrize("broken", list(LEASE_BREAKS))
+def test_explorer_finds_the_schedule_of_each_lease_break(broken: str) -> None:
+    result = check(broken, LEASE_BREAKS[broken], Protocol(**{broken: True}).fixed())
+    assert result.violation is not None, f"{broken}: no schedule found"
+    assert result.violation.startswith("lease reader R0 of ")
+    assert result.schedule[-1].startswith(("GC0: deletes", "R0: stores its read lease"))
+
+
 # The small world first: the test stops at the first world that loses data.
 _PLAIN = (("failures", FAILURES), ("two_gcs", TWO_GCS))
 UNSAFE_CHOICES = {"wait_every_blocker": _PLAIN, "gc_stops_when_lapsed": _PLAIN,
                   "finish_deletions_blindly": _PLAIN,
                   "mark_trusts_moved_records": (("moved", MOVED),),
-                  "moved_delete_after_done": (("sync_retry", SYNC_RETRY),)}
+                  "moved_delete_after_done": (("sync_retry", SYNC_RETRY),),
+                  "lease_mark_skips_unreadable": (("lease_faults", LEASE_FAULTS),)}
 
 
 @pytest.mark.parametrize("unsafe", list(UNSAFE_CHOICES))
 def test_explorer_finds_the_schedule_of_each_unsafe_choice(unsafe: str) -> None:
-    """Each of the five choices, alone made unsafe, loses data in some world."""
+    """Each of the six choices, alone made unsafe, loses data in some world."""
     protocol = dataclasses.replace(SAFE, **{unsafe: not getattr(SAFE, unsafe)})
     results = (check(name, config, protocol) for name, config in UNSAFE_CHOICES[unsafe])
     assert any(r.violation is not None for r in results), f"{unsafe}: no schedule found"
@@ -306,7 +399,7 @@ def _labels(world: str) -> frozenset[str]:
         return labels  # the exploration reached every state and took every transition
     # It stopped at a violation (its loses-nothing test fails then): walk the whole
     # space here, so this test still says what the model can do.
-    model = Model((WORLDS | SYNC_WORLDS)[world], protocol)
+    model = Model(ALL_WORLDS[world], protocol)
     found = set()
     seen = {model.initial()}
     frontier = [model.initial()]
@@ -351,4 +444,22 @@ def test_sync_model_sanity() -> None:
                  "S: session lapsed, refuses to publish", "fences the moved record of P",
                  "stores fenced entry 0 (Qa,P)", "deletes the moved record of P (its entry"
                  " still fenced)", "remover: stores the tombstone of S.sync"):
+        assert any(what in label for label in labels), what
+
+
+def test_lease_model_sanity() -> None:
+    """The lease worlds do what read leases are about: take a lease, find the record there
+    or gone, read and close, die, list the leases in both marks, and (in a pack world)
+    delete P while a reader follows its moved record."""
+    labels = _labels("lease_two_gcs") | _labels("lease_failures") | _labels("lease_repack") \
+        | _labels("lease_faults")
+    for what in ("R0: stores its read lease on v0", "R0: finds the record of v0 still there",
+                 "R0: finds the record of v0 gone: deletes its lease, reads nothing",
+                 "R0: reads W0.save1 and closes its lease", "R0: dies",
+                 "GC0: marks: walks the versions (reaches nothing)",
+                 "lists the read leases (v0: reach x,y), finds nothing to delete",
+                 "GC1: marks again: walks the versions",
+                 "lists the read leases (W0.save1: reach x), will delete",
+                 "R0: stores its read lease on v0", "GC0: deletes P",
+                 "reading the tree of v0 fails (storage unavailable): stops, deleting nothing"):
         assert any(what in label for label in labels), what
