@@ -393,6 +393,17 @@ class RunLeaseLostError(ChunkStoreError):
         self.holder = holder
 
 
+class LeaseSetAsideWarning(UserWarning):
+    """Warned when a run-lease object (docs/format.md §11.5) cannot be read as one (not
+    JSON, not an object, a directory, a commit intent whose record does not check): it is
+    ignored, so a damaged or crafted object never holds a run.  ``path`` names it."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path} is not a lease object ({reason}); it is set aside")
+        self.path = path
+        self.reason = reason
+
+
 class MirrorError(ChunkStoreError):
     """Raised when versions are still unmirrored because copying them to the mirror keeps
     failing (or a wait for it timed out); ``pending`` names them, the message says why."""

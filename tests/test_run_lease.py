@@ -118,18 +118,30 @@ def craft(store: chunkstore.Store, **fields: object) -> None:
     store.objects.put(LEASES, "job", json.dumps(body).encode())
 
 
+def age(store: chunkstore.Store, name: str, seconds: float) -> None:
+    """Make a lease object look last written ``seconds`` ago by the store's clock."""
+    path = store.objects.local_path()
+    assert path is not None
+    then = time.time() - seconds
+    os.utime(os.path.join(path, "leases", name), (then, then))
+
+
 def test_a_dead_or_expired_holder_is_taken_over(tmp_path: Path) -> None:
+    """Liveness from another host is the lease object's stored time against the store's
+    own clock (a probe written now): the heartbeat a holder writes is never believed."""
     with chunkstore.open(tmp_path / "store", create=True) as store:
-        # Another host, heartbeat within the lease: alive.
-        craft(store, heartbeat=time.time() - 1)
+        # Another host, written within the lease: alive, whatever heartbeat it claims.
+        craft(store, heartbeat=time.time() - 10 * RUN_LEASE_S)
         with pytest.raises(RunInUseError, match="host elsewhere, pid 4242"):
             RunLease(store.objects, "job").acquire()
-        # Another host, silent for longer than the lease: expired.
-        craft(store, heartbeat=time.time() - RUN_LEASE_S - 5)
+        # Another host, not rewritten for longer than the lease: expired.
+        age(store, "job", RUN_LEASE_S + 5)
         lease = RunLease(store.objects, "job")
         lease.acquire()
         assert lease.took_over is not None and lease.took_over["pid"] == 4242
+        assert lease.generation == 1
         lease.release()
+        assert read_lease(store.objects, "job") is None
         # This host, a process that has exited: dead at once.
         gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                               capture_output=True, text=True, check=True)
@@ -140,15 +152,30 @@ def test_a_dead_or_expired_holder_is_taken_over(tmp_path: Path) -> None:
         lease = RunLease(store.objects, "job")
         lease.acquire()
         lease.release()
-        # A heartbeat from the far future is not believed: the object's stored time
-        # stands in (fresh here, so the holder counts alive for a lease).
+        # A heartbeat from the far future is not believed either: the object is fresh.
         craft(store, heartbeat=time.time() + 10 * RUN_LEASE_S)
         with pytest.raises(RunInUseError):
             RunLease(store.objects, "job").acquire()
-        # A damaged lease object likewise lives by its stored time.
-        store.objects.put(LEASES, "job", b"{not json")
-        with pytest.raises(RunInUseError):
-            RunLease(store.objects, "job").acquire()
+
+
+@pytest.mark.parametrize("damage", ["not json", "a list", "a directory"])
+def test_a_lease_object_of_the_wrong_shape_is_set_aside(tmp_path: Path, damage: str) -> None:
+    """A damaged or crafted lease holds nothing: it is set aside with a typed warning
+    (a directory gave an untyped IsADirectoryError)."""
+    from chunkstore.errors import LeaseSetAsideWarning
+
+    with chunkstore.open(tmp_path / "store", create=True) as store:
+        path = Path(store.objects.local_path() or "") / "leases" / "job"
+        path.parent.mkdir(exist_ok=True)
+        if damage == "a directory":
+            path.mkdir()
+        else:
+            path.write_bytes(b"{not json" if damage == "not json" else b"[1, 2]")
+        lease = RunLease(store.objects, "job")
+        with pytest.warns(LeaseSetAsideWarning, match="leases/job"):
+            lease.acquire()
+        lease.check()
+        lease.release()
 
 
 def test_a_lease_left_behind_is_ignored_by_every_other_command(tmp_path: Path) -> None:

@@ -7,13 +7,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 import torch
 
 import chunkstore
-from chunkstore.errors import RunInUseError, RunLeaseLostError
+from chunkstore.errors import InvalidInputError, RunInUseError, RunLeaseLostError
 from chunkstore.protocol.runlease import read_lease
 from torch_bridge import Checkpointer
 from torch_bridge.errors import AsyncSaveError
@@ -76,9 +77,14 @@ def test_a_killed_job_restarts_without_takeover(tmp_path: Path) -> None:
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "saved"
-        with Checkpointer(root, run="job") as second, \
-                pytest.raises(RunInUseError, match=f"pid {child.pid}"):
-            second.save(2, model=model())
+        # A second launch is refused when it is made, before it trains (it was refused
+        # only at its save); a read_only one (an evaluation job) reads the run.
+        with pytest.raises(RunInUseError, match=f"pid {child.pid}"):
+            Checkpointer(root, run="job")
+        with Checkpointer(root, run="job", read_only=True) as reader:
+            assert reader.restore(model=model()) == 1
+            with pytest.raises(InvalidInputError, match="read_only"):
+                reader.save(2, model=model())
     finally:
         child.send_signal(signal.SIGKILL)
         child.communicate(timeout=60)
@@ -100,9 +106,11 @@ def test_a_takeover_during_a_save_stops_its_commit(tmp_path: Path) -> None:
     other = chunkstore.open(root, index_dir=str(tmp_path / "other-index"))
     taker = RunLease(other.objects, "job")
 
+    once = threading.Lock()  # nodes are written by several threads at once
+
     class TakeOverMidSave(ForwardingBackend):
         def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
-            if key.startswith("nodes/") and not taker.held:
+            if key.startswith("nodes/") and once.acquire(blocking=False):
                 taker.acquire(takeover=True)
             return super().put_if_absent(key, data)
 

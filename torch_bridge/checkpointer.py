@@ -14,6 +14,7 @@ import logging
 import math
 import numbers
 import os
+import socket
 import sys
 import threading
 import time
@@ -130,17 +131,21 @@ class Checkpointer:
     creates it too, since a :class:`chunkstore.Store` stands for a store that
     exists.
 
-    A run has one writer.  The first ``save`` takes the run's lease in the store
-    (docs/format.md §11.5; visible from every machine, kept alive by a heartbeat,
-    given back by ``close``): a second process saving to the same run, say a job
-    launched twice, raises :class:`~chunkstore.errors.RunInUseError` naming the
-    first (host, pid, since) instead of mixing its steps into the run's history.
-    A job restarted after its process died continues at once on the same host, and
-    on another once the old lease expires (60 s after its last heartbeat,
-    ``CHUNKSTORE_RUN_LEASE``); ``takeover=True`` takes a live lease (the old process
-    then stops with :class:`~chunkstore.errors.RunLeaseLostError` at its next save).
-    Restoring takes no lease: an evaluation job may read a run while it trains.
-    Under a process group rank 0 holds the lease for the job.
+    A run has one writer.  The Checkpointer takes the run's lease in the store at its
+    first contact with the run: when it is made (the store exists), else at
+    ``restore`` or the first ``save`` (docs/format.md §11.5; visible from every
+    machine, kept alive by a heartbeat, given back by ``close``).  A second launch of a
+    running job raises :class:`~chunkstore.errors.RunInUseError` there, naming the
+    first (host, pid, since), before it trains, instead of mixing its steps into the
+    run's history.  A job restarted after its process died continues at once on the
+    same host, and on another once the old lease expires (60 s after its last
+    heartbeat reached the store, ``CHUNKSTORE_RUN_LEASE``; clocks are never compared);
+    ``takeover=True`` takes a live lease: the old process then publishes nothing more
+    (:class:`~chunkstore.errors.RunLeaseLostError`), even if it was paused in the
+    middle of a commit.  ``read_only=True`` takes no lease and refuses to save: an
+    evaluation job reads a run while it trains.  A second Checkpointer of the run in
+    one process is refused at its first save.  Under a process group rank 0 holds the
+    lease for the job, from the first save.
 
     Every version records provenance: the git revision of the working
     directory (``code_rev``, ``code_dirty``), library versions, host and
@@ -163,7 +168,8 @@ class Checkpointer:
                  keep_last: int | None = None, keep_every: int | None = None,
                  async_save: bool = False, meta: dict[str, Any] | None = None,
                  chunk_size: int | None = None, compression: str | None = None,
-                 takeover: bool = False, keep_best: tuple[Any, ...] | None = None,
+                 takeover: bool = False, read_only: bool = False,
+                 keep_best: tuple[Any, ...] | None = None,
                  mirror: str | os.PathLike[str] | Store | None = None,
                  mirror_keep_last: int | None = None,
                  mirror_options: dict[str, Any] | None = None,
@@ -236,6 +242,8 @@ class Checkpointer:
             raise InvalidInputError(f"mirror={mirror!r} is the Checkpointer's own store;"
                                     " name another store (a directory elsewhere, or an s3://"
                                     " URL)")
+        self._read_only = read_only
+        self._take_run_early()
         boundary.install()
         _OPEN.add(self)
 
@@ -293,6 +301,9 @@ class Checkpointer:
         ``chunkstore show`` lists them.  Under a process group rank 0's are recorded.
         """
         self._check_open()
+        if self._read_only:
+            raise InvalidInputError(f"this Checkpointer of run {self.run!r} is read_only: it"
+                                    " restores and lists, and saves nothing")
         if process_group_active():  # what one rank may fail alone fails on every rank
             meta = self._agreed(f"the save of {self.run}@{step}",
                                 lambda: self._meta_with(step, metrics))
@@ -324,6 +335,23 @@ class Checkpointer:
                                                       meta))
         return None
 
+    def _take_run_early(self) -> None:
+        """Take the run at the first contact (made, restore): a second launch of a running
+        job is refused before it trains.  Another Checkpointer of this process holding
+        the run is no second launch: it is refused at its first save, as before."""
+        if self._read_only or self._lease is not None or self._store is None \
+                or process_group_active():
+            return
+        try:
+            self._hold_run()
+        except RunInUseError as exc:
+            if exc.holder.get("pid") == os.getpid() and exc.holder.get(
+                    "host") == socket.gethostname():
+                return
+            if self._owns_store and not self._holds_run:
+                self._store.close()
+            raise
+
     def _hold_run(self) -> None:
         """Take the run's writer lease at the first save: a run has one writer, so a second
         launch of the job fails here (``RunInUseError``, naming the first) instead of
@@ -332,6 +360,8 @@ class Checkpointer:
             lease = RunLease(self.store.objects, self.run, purpose="Checkpointer")
             lease.acquire(takeover=self._takeover)
             self._lease = lease
+            if lease.head is not None and self.store.index.version(lease.head) is None:
+                self.store.reconcile()  # the save in flight at a takeover, published now
             # A Checkpointer dropped without close() gives the run back when collected.
             weakref.finalize(self, _release_quietly, lease)
             if lease.took_over is not None:
@@ -425,7 +455,7 @@ class Checkpointer:
 
     def _lease_check(self) -> Callable[[], None] | None:
         """What rank 0 checks right before its commit: the job's lease still its own."""
-        return self._lease.check if self._lease is not None else None
+        return self._lease  # claims its slot, then checks (docs/format.md §11.5)
 
     def _published_on_ranks(self, step: int, info: VersionInfo) -> VersionInfo:
         if dist.get_rank() == 0:
@@ -462,15 +492,17 @@ class Checkpointer:
     def _write(self, step: int, captured: list[CapturedState],
                arrays: list[tuple[np.ndarray, str | None]], meta: dict[str, Any]
                ) -> VersionInfo:
-        # The lease is taken (first save) or checked (taken over since: publish nothing
-        # more) here, in the background for an async save, so it is not in the pause.
+        # The lease is taken at the first contact with an existing store (made, restore),
+        # else here, at the save that creates the store; then checked (taken over since:
+        # publish nothing more), in the background for an async save, so it is not in the
+        # pause.  The commit claims its slot, then checks again.
         if self._lease is None:
             self._hold_run()
         else:
             self._lease.check()
         assert self._lease is not None
         info = write_version(self.store, self.run, step, meta, captured, arrays,
-                             before_commit=self._lease.check)
+                             before_commit=self._lease)
         self._mirror_published(info.id)
         self._retain(step, info)
         return info
@@ -597,6 +629,7 @@ class Checkpointer:
             check_key(key)
             check_restorable(key, obj)
         store = self._existing_store()
+        self._take_run_early()  # a second launch is refused before it restores
         if self._tier is not None and not process_group_active():
             restored = self._restore_with_mirror(step, stateful, rng, missing_ok)
             if restored is None and not missing_ok and store is not None:

@@ -1,168 +1,358 @@
-"""Writer leases: one writer per run, visible from every machine and index.
+"""Writer leases with fencing: one writer per run, whatever pauses, kills or clocks do.
 
-Two launches of one training job (a scheduler retry while the first still runs,
-a copy-pasted command) would otherwise both save to the run, and its history
-would mix two trajectories that resume then picks from.  A writer of a run (the
-``Checkpointer``, at its first save) holds ``leases/<run>``::
+Two launches of one training job (a scheduler retry while the first still runs, a
+copy-pasted command, a job paused past its lease and continued) would otherwise both
+save to the run, and its history would mix two trajectories.  Three kinds of objects,
+all under ``leases/`` (docs/format.md §11.5):
 
-    {"format_version": 1, "run": ..., "token": <random hex>, "purpose": ...,
-     "host": ..., "pid": ..., "pidns": ..., "process_start": ...,
-     "since": <unix time>, "heartbeat": <unix time>}
+- ``<run>@gen-<N>`` (N zero-padded to 12 digits): **generation N** of the run, created
+  put-if-absent by the writer that takes the run, rewritten by its heartbeat every
+  :data:`HEARTBEAT_S`, marked ``released`` when it closes, never deleted.  The run
+  belongs to the writer of its highest generation.
+- ``<run>@slot-<N>``: **commit slot N**, created put-if-absent, never rewritten.  A
+  writer's *intent* (its generation, the version id and the commit record's bytes),
+  or a new owner's *fence* (its generation, no record).
+- ``<run>``: the lease of earlier releases (format 1), still written (format 2: the
+  generation added) so that they keep refusing a second writer; informative here.
 
-created put-if-absent (exactly one creator wins, on a local disk and on S3),
-rewritten every :data:`HEARTBEAT_S` by a background thread, and deleted when the
-writer closes.  A lease whose owner is dead (:func:`~chunkstore.protocol.sessions.owner_is_dead`:
-its process gone on this host, or its heartbeat older than :data:`RUN_LEASE_S`
-seen from elsewhere; an unreadable object or an unbelievable heartbeat counts by the
-object's stored time) is taken over by the next writer; a live one only when the
-caller says so (``takeover=True``, for a job restarted elsewhere before the old
-lease expired).  Before each publish the writer checks that the lease is still its
-own (:meth:`RunLease.check`): a writer whose lease was taken over stops publishing,
-so even a takeover race leaves one writer.
+**Taking the run** (:meth:`RunLease.acquire`):
+
+1. List the generations; the highest, N, unless released, names the holder.  A live
+   holder is an error naming it (:class:`RunInUseError`) unless ``takeover=True``.  A
+   holder is gone when, on this host and pid namespace, its process is gone; seen
+   from another host, when its generation object has not been rewritten for
+   :data:`RUN_LEASE_S` *by the store's clock*: the object's stored time against the
+   stored time of a probe this process writes now.  No two machines' clocks are ever
+   compared, so a launch whose clock runs ahead takes nothing.  A damaged object (not
+   JSON, a directory) is set aside with :class:`LeaseSetAsideWarning`.
+2. Create generation N + 1 put-if-absent: of two takers one wins, the other is
+   refused.  From here on every writer of an older generation is stale.
+3. Walk the slots: the highest, if an intent, is rolled forward (its commit record
+   created put-if-absent with the very bytes its writer would create), then the next
+   slot is fenced put-if-absent; a fence that loses to an intent rolls that intent
+   forward and fences the next.  The new owner's own commits start after its fence.
+   Only then does the caller restore (it sees the rolled-forward version).
+
+**Committing** (:meth:`RunLease.claim`, then :meth:`RunLease.check`, both called by the
+writer with every object durable, right before the commit record): claim the writer's
+next slot with its intent, put-if-absent (a lost race is :class:`RunLeaseLostError`);
+then check that generation N + 1 does not exist (else :class:`RunLeaseLostError`:
+nothing is published); then create the commit record.  After a claim the writer
+deletes its slot two below (the walk needs only the highest).
+
+**Why no interleaving breaks it.**  Let writer A hold generation g and B create g + 1.
+A creates a commit record only after its claim of slot k succeeded *and* a later check
+found no generation g + 1: so B's creation of g + 1 follows A's claim, and B's walk,
+which lists the slots after that creation, sees slot k.  No slot above k exists then
+(slots are claimed one above the last, and the only slots ever deleted lie two below
+the highest), so k is the highest: B rolls A's record forward itself and fences k + 1,
+and restores from it.  A's later PUT of the same bytes changes nothing; A's next claim
+(k + 1) meets the fence, or, if A's counter points at a deleted slot, its check meets
+generation g + 1: A publishes nothing more.  A claim that B's walk did not see
+followed B's creation of g + 1, so its check fails and its record is never created
+(unless it is the highest slot, which the walk rolls forward: at worst the save in
+flight at a takeover is published by the taker, before anything of the taker's).  So
+the run's commit records are, in slot order, one chain: each owner's versions follow
+every version of the owners before it, and no stale writer publishes after a takeover.
+One RUN@STEP then has one version as long as each owner saves increasing steps from
+what it restored (a step saved again replaces the older version, as before).
+
+A writer that was paused between its check and its PUT is covered: the PUT publishes
+the record B already rolled forward.  What is not: if B removes that version before A
+is continued (retention, or B saving the same step again, which replaces it), A's PUT
+creates it again (below B's newest steps, unless B saved its step).  Saves that do not
+go through a lease (the low-level ``new_version``, releases before this protocol) are
+not fenced.
 """
 
 from __future__ import annotations
 
-import functools
 import json
+import math
 import os
+import re
+import socket
 import threading
 import time
 import uuid
+import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from chunkstore.errors import RunInUseError, RunLeaseLostError
-from chunkstore.format import plaindata
-from chunkstore.objects.kinds import LEASES
-from chunkstore.protocol.sessions import (
-    owner_info,
-    owner_is_dead,
-    stored_time,
-    with_stored_heartbeat,
+from chunkstore.errors import (
+    ChunkStoreError,
+    LeaseSetAsideWarning,
+    RunInUseError,
+    RunLeaseLostError,
 )
+from chunkstore.format import plaindata
+from chunkstore.format.records import CommitRecord
+from chunkstore.index.lmdbindex import pid_namespace
+from chunkstore.objects.kinds import LEASES, VERSIONS
+from chunkstore.protocol.sessions import owner_info, owner_is_dead
 
 if TYPE_CHECKING:
     from chunkstore.objects.objectstore import ObjectStore
 
-LEASE_FORMAT = 1
-#: Environment variable: seconds after its last heartbeat that a run lease held on
-#: another machine counts as expired.
+#: Format of the lease object ``leases/<run>`` and of generation objects (2: generations).
+LEASE_FORMAT = 2
+SLOT_FORMAT = 1
+#: Environment variable: seconds without a heartbeat (by the store's clock) after which
+#: a run's writer on another machine counts as gone.
 RUN_LEASE_ENV_VAR = "CHUNKSTORE_RUN_LEASE"
 RUN_LEASE_S = float(os.environ.get(RUN_LEASE_ENV_VAR, "60"))
 HEARTBEAT_S = min(10.0, RUN_LEASE_S / 6)
+#: This process's clock for the times a lease records (``since``, ``heartbeat``: for
+#: people); no decision rests on it.  Tests offset it to play a machine whose clock is off.
+clock: Callable[[], float] = time.time
+_NUMBER = re.compile(r"[0-9]{12}")
+_MAX_SLOT_WALK = 10_000
+
+
+def _name(run: str, what: str, number: int) -> str:
+    return f"{run}@{what}-{number:012d}"
+
+
+def _numbers(objects: ObjectStore, run: str, what: str) -> list[int]:
+    prefix = f"{run}@{what}-"
+    return sorted(int(name[len(prefix):]) for name in objects.ids(LEASES, prefix)
+                  if _NUMBER.fullmatch(name[len(prefix):]))
+
+
+def _read(objects: ObjectStore, name: str) -> dict[str, Any] | None:
+    """A lease object as stored; None when absent or set aside (damaged: warned)."""
+    try:
+        data = plaindata.load_json(objects.get(LEASES, name))
+    except FileNotFoundError:
+        return None
+    except (ValueError, OSError) as exc:  # not JSON, too deep, a directory, unreadable
+        reason = f"{type(exc).__name__}: {exc}"
+    else:
+        if isinstance(data, dict):
+            return data
+        reason = f"a JSON {type(data).__name__}, not an object"
+    warnings.warn(LeaseSetAsideWarning(f"leases/{name}", reason), stacklevel=3)
+    return None
 
 
 def read_lease(objects: ObjectStore, run: str) -> dict[str, Any] | None:
-    """The run's lease as stored (heartbeat taken from the stored time where it
-    cannot be believed); None when the run has none."""
-    try:
-        data = plaindata.load_json(objects.get(LEASES, run))
-        info: dict[str, Any] | None = data if isinstance(data, dict) else {}
-    except FileNotFoundError:
-        return None
-    except ValueError:
-        info = None  # damaged: it lives by its stored time, as sessions do
-    return with_stored_heartbeat(info, time.time(),
-                                 functools.partial(stored_time, objects, LEASES, run))
+    """What holds the run now: its highest generation unless released, else a lease of an
+    earlier release; None when nobody does."""
+    return _holder(objects, run)[0]
+
+
+def _holder(objects: ObjectStore, run: str) -> tuple[dict[str, Any] | None, str, int]:
+    """(the holder, the object that tells whether it lives, the highest generation)."""
+    top = max(_numbers(objects, run, "gen"), default=0)
+    if top:
+        info = _read(objects, _name(run, "gen", top))
+        if info is not None and info.get("released") is not True:
+            return info, _name(run, "gen", top), top
+    legacy = _read(objects, run)
+    if legacy is not None and "generation" not in legacy:  # an earlier release's writer
+        return legacy, run, top
+    return None, run, top
+
+
+def _on_this_host(info: dict[str, Any]) -> bool:
+    pid = info.get("pid")
+    return (info.get("host") == socket.gethostname() and isinstance(pid, int)
+            and not isinstance(pid, bool) and 0 < pid < 2**31
+            and info.get("pidns") == pid_namespace())
 
 
 def describe_holder(info: dict[str, Any], now: float) -> str:
     since = info.get("since")
     beat = info.get("heartbeat")
     parts = [f"host {info.get('host', '?')}", f"pid {info.get('pid', '?')}"]
-    if isinstance(since, (int, float)):
+    if isinstance(since, (int, float)) and not isinstance(since, bool) and math.isfinite(since):
         parts.append("since " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)))
-    if isinstance(beat, (int, float)):
-        parts.append(f"last heartbeat {max(0.0, now - beat):.0f} s ago")
+    if isinstance(beat, (int, float)) and not isinstance(beat, bool) and math.isfinite(beat):
+        parts.append(f"last heartbeat {max(0.0, now - beat):.0f} s ago (its clock)")
     return ", ".join(parts)
 
 
 class RunLease:
-    """A run's writer lease held by this process (see the module docstring)."""
+    """A run's writer lease held by this process (see the module docstring).  Called, it
+    checks the lease (:meth:`check`): the writer's ``before_commit``."""
 
     def __init__(self, objects: ObjectStore, run: str, purpose: str = "checkpointer") -> None:
         self.objects = objects
         self.run = run
         self.token = uuid.uuid4().hex
+        self.generation = 0
         self._info: dict[str, Any] = {"format_version": LEASE_FORMAT, "run": run,
                                       "token": self.token, "purpose": purpose,
                                       **owner_info()}
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._next_slot = 0
         self.held = False
-        #: what the lease replaced: None, or the holder taken over (dead or not)
+        #: what the lease replaced: None, or the holder taken over (gone or not)
         self.took_over: dict[str, Any] | None = None
+        #: the version of the highest intent the walk found (rolled forward if needed)
+        self.head: str | None = None
+
+    # --- taking the run ---------------------------------------------------------------------
 
     def acquire(self, *, takeover: bool = False) -> None:
-        """Hold the lease, or raise :class:`RunInUseError` naming its live holder."""
-        now = time.time()
-        self._info["since"] = self._info["heartbeat"] = now
-        if not self.objects.put_if_absent(LEASES, self.run, self._body()):
-            current = read_lease(self.objects, self.run)
-            if current is not None and current.get("token") == self.token:
-                pass  # ours (a retried create)
-            elif current is not None and not takeover and not owner_is_dead(
-                    current, now, RUN_LEASE_S):
-                here = (current.get("pid") == self._info["pid"]
-                        and current.get("host") == self._info["host"])
-                raise RunInUseError(self.run, current, (
-                    f"run {self.run!r} is being written by "
-                    + ("another Checkpointer of this process (close it first, or drop"
-                       " it: a collected one gives the run back)" if here else
-                       "another process") +
-                    f" ({describe_holder(current, now)}): a run has one writer. Wait for"
-                    " it to finish, pick another run name, or, if that job is gone (it"
-                    f" counts as gone {RUN_LEASE_S:.0f} s after its last heartbeat), pass"
-                    " takeover=True"))
-            else:
-                self._replace(current)
+        """Hold the run, or raise :class:`RunInUseError` naming its live holder."""
+        holder, name, top = _holder(self.objects, self.run)
+        if holder is not None and not takeover and not self._gone(holder, name):
+            self._refuse(holder)
+        self.generation = top + 1  # judged the holder of ``top``: taken only if still next
+        now = clock()
+        self._info.update(generation=self.generation, since=now, heartbeat=now)
+        if not self.objects.put_if_absent(LEASES, _name(self.run, "gen", self.generation),
+                                          self._body()):
+            taker = _read(self.objects, _name(self.run, "gen", self.generation)) or {}
+            raise RunInUseError(self.run, taker, (
+                f"run {self.run!r} was just taken by another process"
+                f" ({describe_holder(taker, clock())})"))
+        self.took_over = holder
         self.held = True
+        self._fence()
+        self._write_legacy()
         self._thread = threading.Thread(target=self._beat, name="chunkstore-run-lease",
                                         daemon=True)
         self._thread.start()
 
-    def _replace(self, current: dict[str, Any] | None) -> None:
-        """Take the lease over from ``current``: only if it is still the one judged (a
-        second taker may have been first), then put ours and read it back."""
-        again = read_lease(self.objects, self.run)
-        if again is not None and current is not None and again.get("token") != current.get(
-                "token"):
-            raise RunInUseError(self.run, again, (
-                f"run {self.run!r} was just taken by another process"
-                f" ({describe_holder(again, time.time())})"))
-        self.objects.put(LEASES, self.run, self._body())
-        self.took_over = current
-        self.check()
+    def _refuse(self, holder: dict[str, Any]) -> None:
+        here = holder.get("pid") == self._info["pid"] and holder.get("host") == self._info[
+            "host"]
+        raise RunInUseError(self.run, holder, (
+            f"run {self.run!r} is being written by "
+            + ("another Checkpointer of this process (close it first, or drop it: a"
+               " collected one gives the run back)" if here else "another process")
+            + f" ({describe_holder(holder, clock())}): a run has one writer. Wait for it to"
+            " finish, pick another run name, or, if that job is gone (it counts as gone"
+            f" once its process is, or, seen from another machine, {RUN_LEASE_S:.0f} s"
+            " after its last heartbeat reached the store), pass takeover=True"))
+
+    def _gone(self, holder: dict[str, Any], name: str) -> bool:
+        if _on_this_host(holder):
+            return owner_is_dead(holder, clock(), math.inf)  # the process, nothing else
+        age = self._stored_age(name)
+        return age is None or age > RUN_LEASE_S
+
+    def _stored_age(self, name: str) -> float | None:
+        """Seconds since ``name`` was last written, by the store's clock alone: its stored
+        time against that of a probe written now.  None when it is gone."""
+        try:
+            then = self.objects.stat(LEASES, name).mtime
+        except FileNotFoundError:
+            return None
+        probe = f"{self.run}@probe-{self.token}"
+        self.objects.put(LEASES, probe, b"{}")
+        try:
+            return self.objects.stat(LEASES, probe).mtime - then
+        finally:
+            self.objects.discard(LEASES, probe)
+
+    def _fence(self) -> None:
+        """Roll the highest intent forward and fence the slot above it (module docstring,
+        step 3); this writer's commits start above the fence."""
+        slot = max(_numbers(self.objects, self.run, "slot"), default=0)
+        if slot:
+            self._roll_forward(slot)
+        fence = json.dumps({"format_version": SLOT_FORMAT, "generation": self.generation,
+                            "token": self.token}, sort_keys=True).encode()
+        for _ in range(_MAX_SLOT_WALK):
+            slot += 1
+            if self.objects.put_if_absent(LEASES, _name(self.run, "slot", slot), fence):
+                self._next_slot = slot + 1
+                return
+            self._roll_forward(slot)  # a stale writer's claim won the race: it goes first
+        raise RunInUseError(self.run, {}, f"run {self.run!r}: more than {_MAX_SLOT_WALK}"
+                            " commit slots claimed while this process took the run")
+
+    def _roll_forward(self, slot: int) -> None:
+        """Publish the intent in ``slot`` (if it is one) as its writer would."""
+        intent = _read(self.objects, _name(self.run, "slot", slot))
+        version, record = (intent or {}).get("version"), (intent or {}).get("record")
+        if not isinstance(version, str) or not isinstance(record, str):
+            return  # a fence, or set aside
+        data = record.encode()
+        try:
+            if CommitRecord.decode(version, data).run != self.run:
+                return
+        except ChunkStoreError as exc:
+            warnings.warn(LeaseSetAsideWarning(f"leases/{_name(self.run, 'slot', slot)}",
+                                               str(exc)), stacklevel=3)
+            return
+        self.objects.put_if_absent(VERSIONS, version, data)
+        self.head = version
+
+    # --- committing -------------------------------------------------------------------------
+
+    def claim(self, version_id: str, record: bytes) -> None:
+        """Claim this writer's next commit slot for ``version_id`` (every object it needs
+        durable): :class:`RunLeaseLostError` when a new owner fenced it."""
+        slot = self._next_slot
+        name = _name(self.run, "slot", slot)
+        body = json.dumps({"format_version": SLOT_FORMAT, "generation": self.generation,
+                           "token": self.token, "version": version_id,
+                           "record": record.decode()}, sort_keys=True).encode()
+        if not self.objects.put_if_absent(LEASES, name, body):
+            found = _read(self.objects, name) or {}
+            if found.get("token") != self.token or found.get("version") != version_id:
+                self.held = False
+                raise RunLeaseLostError(self.run, self._successor())
+        self._next_slot = slot + 1
+        if slot > 2:
+            self.objects.discard(LEASES, _name(self.run, "slot", slot - 2))
 
     def check(self) -> None:
-        """Raise :class:`RunLeaseLostError` unless the stored lease is still this one."""
-        current = read_lease(self.objects, self.run)
-        if current is None or current.get("token") != self.token:
+        """Raise :class:`RunLeaseLostError` if a newer generation took the run."""
+        if not self.held or self.objects.exists(LEASES, _name(self.run, "gen",
+                                                              self.generation + 1)):
             self.held = False
-            raise RunLeaseLostError(self.run, current)
+            raise RunLeaseLostError(self.run, self._successor())
+
+    __call__ = check
+
+    def _successor(self) -> dict[str, Any] | None:
+        return _read(self.objects, _name(self.run, "gen", self.generation + 1))
+
+    # --- liveness and release ---------------------------------------------------------------
 
     def _body(self) -> bytes:
         return json.dumps(self._info, sort_keys=True).encode()
 
+    def _write_legacy(self) -> None:
+        """The lease object earlier releases honour (best effort: informative here)."""
+        try:
+            self.objects.put(LEASES, self.run, self._body())
+        except OSError as exc:  # a directory in its place, say
+            warnings.warn(LeaseSetAsideWarning(f"leases/{self.run}", str(exc)), stacklevel=3)
+
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
             try:
-                current = read_lease(self.objects, self.run)
-                if current is None or current.get("token") != self.token:
-                    return  # taken over: the next check() says so
-                self._info["heartbeat"] = time.time()
-                self.objects.put(LEASES, self.run, self._body())
+                with self._lock:
+                    if not self.held or self.objects.exists(
+                            LEASES, _name(self.run, "gen", self.generation + 1)):
+                        return  # taken over: the next check() says so
+                    self._info["heartbeat"] = clock()
+                    self.objects.put(LEASES, _name(self.run, "gen", self.generation),
+                                     self._body())
+                    self.objects.put(LEASES, self.run, self._body())
             except Exception:  # a missed beat; the next one retries
                 continue
 
     def release(self) -> None:
-        """Stop the heartbeat and delete the lease if it is still this one (idempotent)."""
+        """Stop the heartbeat, mark the generation released and delete the earlier
+        releases' lease if it is still this one (idempotent)."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
-        if not self.held:
-            return
-        self.held = False
-        current = read_lease(self.objects, self.run)
-        if current is not None and current.get("token") == self.token:
-            self.objects.discard(LEASES, self.run)
+        with self._lock:
+            if not self.held:
+                return
+            self.held = False
+            self._info["released"] = True
+            self.objects.put(LEASES, _name(self.run, "gen", self.generation), self._body())
+            legacy = _read(self.objects, self.run)
+            if legacy is not None and legacy.get("token") == self.token:
+                self.objects.discard(LEASES, self.run)

@@ -79,6 +79,7 @@ from chunkstore.index.claims import GroupClaims
 from chunkstore.index.lmdbindex import CHUNK, NODE, Claim, NewChunk
 from chunkstore.objects.kinds import CHUNKS, NODES, VERSIONS
 from chunkstore.protocol.journal import Fence, sync_journal
+from chunkstore.protocol.runlease import RunLease
 from chunkstore.protocol.sessions import StoreSession
 from chunkstore.read.members import Locations
 from chunkstore.read.packs import PackBuilder, chunks_fit_in_packs
@@ -174,7 +175,9 @@ class VersionWriter(ChunkJobs):
         self._closed = False
         self._info: VersionInfo | None = None
         #: called after every object is durable and right before the commit record is
-        #: stored; raising stops the commit (the version is not published)
+        #: stored; raising stops the commit (the version is not published).  A
+        #: :class:`~chunkstore.protocol.runlease.RunLease` first claims the run's next
+        #: commit slot with the record, then checks (docs/format.md §11.5)
         self.before_commit: Callable[[], None] | None = None
         self._inflight = threading.BoundedSemaphore(store.max_inflight)
         self._store_session, self._fence = open_store_session(store, f"save {self.run}@"
@@ -445,6 +448,8 @@ class VersionWriter(ChunkJobs):
             store.objects.flush()  # every chunk and node durable before the commit point
             if self._store_session.lapsed():
                 raise self._expired()
+            if isinstance(self.before_commit, RunLease):  # fenced: claim the run's slot
+                self.before_commit.claim(version_id, data)  # first, then check the lease
             if self.before_commit is not None:  # e.g. a run lease still this writer's
                 self.before_commit()
             store.objects.put_if_absent(VERSIONS, version_id, data)  # the commit point
