@@ -41,3 +41,29 @@ def test_a_session_object_whose_heartbeat_is_not_finite_lives_a_lease_from_its_w
         os.utime(tmp_path / "s" / "sessions" / "nan", (old, old))
         (session,) = list_sessions(store.objects)
         assert session.dead(time.time())
+
+
+def test_a_heartbeat_in_the_future_lives_by_the_object_s_stored_time(tmp_path: Path) -> None:
+    """A heartbeat ahead of the reader's clock (by any amount) proves nothing: the
+    object's stored time stands in, so it counts dead a lease after its write; and a
+    local process found alive keeps no silent object alive (issue 47, item 5)."""
+    from chunkstore.index.lmdbindex import pid_namespace, process_start
+    with chunkstore.open(tmp_path / "s", create=True) as store:
+        now = time.time()
+        body = (b'{"format_version": 1, "host": "elsewhere", "pid": 4242, "seen": [],'
+                b' "started": 1.0, "heartbeat": ' + str(now + 60).encode() + b"}")
+        store.objects.put(SESSIONS, "ahead", body)
+        (session,) = list_sessions(store.objects)
+        assert session.info["heartbeat_from"] == "stored time"
+        assert not session.dead(time.time())
+        old = time.time() - LEASE_S - 60
+        os.utime(tmp_path / "s" / "sessions" / "ahead", (old, old))
+        (session,) = list_sessions(store.objects)
+        assert session.dead(time.time())
+    import socket
+    me = {"host": socket.gethostname(), "pid": os.getpid(), "pidns": pid_namespace(),
+          "process_start": process_start(os.getpid())}
+    from chunkstore.protocol.sessions import owner_is_silent
+    assert not owner_is_silent({**me, "heartbeat": now}, now)
+    assert owner_is_silent({**me, "heartbeat": now - LEASE_S - 1}, now)
+    assert not owner_is_dead({**me, "heartbeat": now - LEASE_S - 1}, now)  # index sessions

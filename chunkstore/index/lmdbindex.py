@@ -30,8 +30,10 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import socket
 import struct
+import tempfile
 import threading
 import time
 import uuid
@@ -44,7 +46,7 @@ import lmdb
 
 from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import PackLocation
-from chunkstore.index import indexfile
+from chunkstore.index import indexfile, writegate
 
 INDEX_SCHEMA = 2
 #: The meta key naming the store an index describes (:meth:`Index.describe_store`).
@@ -144,10 +146,26 @@ def open_index(path: str) -> Index:
         if index is not None:
             index._openers += 1
             return index
-        index = Index(path)
+        try:
+            index = Index(path, wait_s=writegate.OPEN_WAIT_S)
+        except writegate.WriterBusy as exc:
+            return private_index(path, str(exc))
         index._shared_as = key
         _OPEN[key] = index
         return index
+
+
+def private_index(path: str, reason: str) -> Index:
+    """An empty index of this process's own, deleted when it closes, for a store whose
+    index at ``path`` another process keeps busy (``reason``): the store fills it
+    (``reconcile``) and every rule of docs/format.md §11 holds with it as with any
+    other index, so nothing waits for the busy one."""
+    scratch = tempfile.mkdtemp(prefix="chunkstore-private-index-")
+    log.warning("the index at %s is busy (%s): this process works from a private index"
+                " built from the store, at %s", path, reason, scratch)
+    index = Index(scratch)
+    index._private = True
+    return index
 
 
 class Index:
@@ -158,30 +176,51 @@ class Index:
     (:mod:`chunkstore.index.indexfile`): the store rebuilds it from the manifests.
     """
 
-    def __init__(self, path: str, map_size: int = DEFAULT_MAP_SIZE) -> None:
+    def __init__(self, path: str, map_size: int = DEFAULT_MAP_SIZE,
+                 wait_s: float | None = None) -> None:
+        """Open (or make) the index at ``path``; with ``wait_s``, :class:`WriterBusy`
+        when another process holds its writer longer than that (opening the tables
+        is a write transaction: :mod:`chunkstore.index.writegate`)."""
         self.path = path
         self._openers = 1
         self._shared_as = ""  # the key in _OPEN, for an index open_index shares
+        self._private = False  # a private_index: its directory goes with its last close
         self._map_size = indexfile.map_size(map_size)
         self.env, damaged = indexfile.open_env(path, self._map_size)
+        self._gate = writegate.WriteGate(path)
         try:
-            other_schema = self._open_tables()
+            other_schema = self._open_tables(wait_s)
         except indexfile.DAMAGE as exc:
-            self.env.close()
+            self._close_env()
             indexfile.set_aside(path, f"{type(exc).__name__}: {exc}")
             self.env, _ = indexfile.open_env(path, self._map_size)
+            self._gate = writegate.WriteGate(path)
             other_schema, damaged = self._open_tables(), True
+        except BaseException:
+            self._close_env()
+            raise
         self.needs_rebuild = other_schema or damaged
 
     def reset(self, reason: str) -> None:
         """Set this (damaged) index aside and start an empty one in its place."""
-        self.env.close()
+        self._close_env()
         indexfile.set_aside(self.path, reason)
         self.env, _ = indexfile.open_env(self.path, self._map_size)
+        self._gate = writegate.WriteGate(self.path)
         self._open_tables()
 
-    def _open_tables(self) -> bool:
-        """Open every table; True when the index was written by another schema."""
+    def _close_env(self) -> None:
+        self.env.close()
+        self._gate.close()
+
+    def _open_tables(self, wait_s: float | None = None) -> bool:
+        """Open every table; True when the index was written by another schema.
+        py-lmdb opens each table in a write transaction: behind the gate, with
+        ``wait_s``."""
+        with self._gate.held(wait_s):
+            return self._open_tables_held()
+
+    def _open_tables_held(self) -> bool:
         self.chunks = self.env.open_db(b"chunks")
         self.nodes = self.env.open_db(b"nodes")
         self.zero = self.env.open_db(b"zero")  # kind + digest -> since, for refcount 0
@@ -207,6 +246,10 @@ class Index:
 
     def _check_schema(self) -> bool:
         """Stamp a new index with the schema; True when an existing one has another."""
+        with self.env.begin(db=self.meta) as txn:  # the usual answer, without the writer
+            stamped = txn.get(b"schema")
+            if stamped is not None and int(stamped) == INDEX_SCHEMA:
+                return False
         with self._writing() as txn:
             found = txn.get(b"schema", db=self.meta)
             if found is not None and int(found) == INDEX_SCHEMA:
@@ -241,13 +284,17 @@ class Index:
                 return
             if _OPEN.get(self._shared_as) is self:
                 del _OPEN[self._shared_as]
-        self.env.close()
+        self._close_env()
+        if self._private:
+            shutil.rmtree(self.path, ignore_errors=True)
 
     @contextlib.contextmanager
-    def _writing(self, db: Any = None) -> Iterator[lmdb.Transaction]:
-        """A write transaction; a full disk undoes it and is a ``StorageFullError``."""
+    def _writing(self, db: Any = None, wait_s: float | None = None
+                 ) -> Iterator[lmdb.Transaction]:
+        """A write transaction, behind the write gate (:class:`WriterBusy` past
+        ``wait_s``); a full disk undoes it and is a ``StorageFullError``."""
         try:
-            with self.env.begin(write=True, db=db) as txn:
+            with self._gate.held(wait_s), self.env.begin(write=True, db=db) as txn:
                 yield txn
         except lmdb.Error as exc:
             if indexfile.is_full(exc, self.path):
@@ -716,12 +763,15 @@ class Index:
         remembered so that it is applied once.
         """
         with self._writing() as txn:
-            for kind, digest in objects:
-                rec = self._get(txn, self._db(kind), digest)
-                if rec is not None and rec.state in (ChunkState.LIVE, ChunkState.CONDEMNED):
-                    self._put(txn, kind, digest, replace(rec, state=ChunkState.WRITING))
+            self._apply(txn, objects)
             if entry_id is not None:
                 txn.put(entry_id.encode(), b"", db=self.journal)
+
+    def _apply(self, txn: lmdb.Transaction, objects: Iterable[tuple[bytes, Digest]]) -> None:
+        for kind, digest in objects:
+            rec = self._get(txn, self._db(kind), digest)
+            if rec is not None and rec.state in (ChunkState.LIVE, ChunkState.CONDEMNED):
+                self._put(txn, kind, digest, replace(rec, state=ChunkState.WRITING))
 
     def journal_synced(self) -> int | None:
         """Every GC journal entry created before this time (ns) has been applied here;
@@ -754,16 +804,35 @@ class Index:
     def forget_all(self) -> int:
         """No record is a dedup target any more (the index missed pruned journal
         entries, so it cannot know what was deleted); return how many changed."""
-        changed = 0
         with self._writing() as txn:
-            for kind in KINDS:
-                db = self._db(kind)
-                stale = [(Digest(bytes(k)), ChunkRecord.unpack(v)) for k, v in txn.cursor(db=db)]
-                for digest, rec in stale:
-                    if rec.state in (ChunkState.LIVE, ChunkState.CONDEMNED):
-                        self._put(txn, kind, digest, replace(rec, state=ChunkState.WRITING))
-                        changed += 1
+            return self._forget_all(txn)
+
+    def _forget_all(self, txn: lmdb.Transaction) -> int:
+        changed = 0
+        for kind in KINDS:
+            db = self._db(kind)
+            stale = [(Digest(bytes(k)), ChunkRecord.unpack(v)) for k, v in txn.cursor(db=db)]
+            for digest, rec in stale:
+                if rec.state in (ChunkState.LIVE, ChunkState.CONDEMNED):
+                    self._put(txn, kind, digest, replace(rec, state=ChunkState.WRITING))
+                    changed += 1
         return changed
+
+    def record_journal_sync(self, finished: list[tuple[str, list[tuple[bytes, Digest]]]],
+                            synced_ns: int, forget: bool, wait_s: float | None = None
+                            ) -> None:
+        """What one read of the GC journal changes, in one write transaction: every
+        record forgotten first (``forget``: the index missed pruned entries), then the
+        ``finished`` entries applied (:meth:`apply_journal`), then the sync time set.
+        :class:`~chunkstore.index.writegate.WriterBusy` past ``wait_s``, with nothing
+        changed."""
+        with self._writing(wait_s=wait_s) as txn:
+            if forget:
+                self._forget_all(txn)
+            for entry_id, objects in finished:
+                self._apply(txn, objects)
+                txn.put(entry_id.encode(), b"", db=self.journal)
+            txn.put(b"journal_synced", str(synced_ns).encode(), db=self.meta)
 
     def mark_journal_applied(self, entry_ids: Iterable[str]) -> None:
         with self._writing(db=self.journal) as txn:

@@ -25,7 +25,9 @@ creation order.  The object is canonical JSON::
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
+import logging
 import threading
 import time
 import uuid
@@ -33,16 +35,17 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from chunkstore.errors import BackendError
+from chunkstore.errors import BackendError, GcAbortedError
 from chunkstore.format import plaindata
 from chunkstore.format.digest import Digest
 from chunkstore.index.lmdbindex import CHUNK, NODE
+from chunkstore.index.writegate import OPEN_WAIT_S, WriterBusy
 from chunkstore.objects.kinds import JOURNAL
 from chunkstore.protocol.sessions import (
     HEARTBEAT_S,
     LEASE_S,
     owner_info,
-    owner_is_dead,
+    owner_is_silent,
     stored_time,
     with_stored_heartbeat,
 )
@@ -51,17 +54,34 @@ if TYPE_CHECKING:
     from chunkstore.index.lmdbindex import Index
     from chunkstore.objects.objectstore import ObjectStore
 
+log = logging.getLogger(__name__)
+
 JOURNAL_FORMAT = 1
 FENCED, DONE, ABANDONED = "fenced", "done", "abandoned"
-#: How long a save waits for a GC to finish with an object it needs: at least a lease and
-#: two heartbeats, so that an entry whose GC died (or that no GC wrote) has aged out by
-#: its stored time before the save would give up.
+#: How long a save waits for a live GC (one that keeps renewing its entry) to finish
+#: with an object it needs before it gives up with an error.
 FENCE_WAIT_S = max(600.0, LEASE_S + 2 * HEARTBEAT_S)
+#: A running GC rewrites its fenced entry this often (a thread of its own, so that a
+#: long step between two of the run's checks does not make it look gone)...
+RENEW_S = HEARTBEAT_S / 3
+#: ... and stops, deleting nothing more, once it could not for this long: a save may
+#: count it gone from then on.
+RENEW_LAPSE_S = HEARTBEAT_S
+#: A save counts a fenced entry it has watched stay byte for byte the same for this long
+#: (on its own clock) as one no live GC renews, whatever times it holds: a GC begins a
+#: deletion at most a heartbeat after its last renewal (it checks its entry before
+#: each, every heartbeat, and stops when it could not renew for :data:`RENEW_LAPSE_S`),
+#: and the second heartbeat is for a deletion in flight.
+FENCE_STALE_S = 2 * HEARTBEAT_S
 #: Finished entries older than this are pruned by GC, behind a horizon marker.
 JOURNAL_KEEP_S = 7 * 24 * 3600.0
 #: An index counts as having missed a pruned entry created up to this long before its
 #: last sync (clock skew between machines, PUTs still in flight while it listed).
 SYNC_MARGIN_S = 3600.0
+#: An index's sync time is rewritten when older than this even if nothing else changed
+#: (so that it never falls a week behind, where a pruned entry's horizon would make it
+#: forget every record); else a sync that changes nothing writes nothing.
+SYNC_REFRESH_S = 3600.0
 #: ``gc/horizon-<20 digits>``: entries created before that time (ns) may have been pruned.
 HORIZON_PREFIX = "horizon-"
 
@@ -79,10 +99,21 @@ class JournalEntry:
     info: dict[str, Any]
     chunks: frozenset[Digest] = frozenset()
     nodes: frozenset[Digest] = frozenset()
+    #: a hash of the bytes read (None for an entry this process wrote): what a save
+    #: watches change while it waits
+    signature: bytes | None = None
+    # The renewal of a running GC's entry (start_entry, write_entry): monotonic time
+    # of the last successful write, and whether it lapsed.
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    _renewed: float | None = field(default=None, repr=False, compare=False)
+    _lapsed: bool = field(default=False, repr=False, compare=False)
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+    _thread: threading.Thread | None = field(default=None, repr=False, compare=False)
 
     def active(self, now: float) -> bool:
-        """Its GC may still delete its objects: fenced, and the GC process alive."""
-        return self.state == FENCED and not owner_is_dead(self.info, now)
+        """Its GC may still delete its objects: fenced, and the GC process neither gone
+        nor silent for a lease (:func:`~chunkstore.protocol.sessions.owner_is_silent`)."""
+        return self.state == FENCED and not owner_is_silent(self.info, now)
 
     def objects(self) -> Iterator[tuple[bytes, Digest]]:
         for digest in self.chunks:
@@ -156,6 +187,7 @@ def read_entry(objects: ObjectStore, entry_id: str) -> JournalEntry | None:
     except FileNotFoundError:
         return None
     entry = JournalEntry.decode(entry_id, data)
+    entry.signature = hashlib.sha256(data).digest()
     info = with_stored_heartbeat(entry.info, time.time(),
                                  functools.partial(stored_time, objects, JOURNAL, entry_id))
     if info is None:
@@ -165,21 +197,82 @@ def read_entry(objects: ObjectStore, entry_id: str) -> JournalEntry | None:
 
 
 def write_entry(objects: ObjectStore, entry: JournalEntry) -> None:
-    entry.info["heartbeat"] = time.time()
-    objects.put(JOURNAL, entry.id, entry.encode())
+    """Store the entry with a new heartbeat.  A ``fenced`` entry whose renewal lapsed
+    (no successful write for :data:`RENEW_LAPSE_S`: the process was stopped, or the
+    store unreachable) is not written again: saves may have counted its GC gone and
+    written its objects, so the run stops (:class:`GcAbortedError`).  Writing it in
+    any other state ends its renewal."""
+    with entry._lock:
+        if entry.state == FENCED and (entry._lapsed or (
+                entry._renewed is not None
+                and time.monotonic() - entry._renewed > RENEW_LAPSE_S)):
+            entry._lapsed = True
+            raise GcAbortedError(
+                f"gc could not renew its journal entry {entry.id} for {RENEW_LAPSE_S:.0f}s"
+                " (paused, or the store unreachable): saves may count it gone, so it"
+                " stopped deleting; run it again")
+        if entry.state != FENCED:
+            entry._stop.set()
+        entry.info["heartbeat"] = time.time()
+        objects.put(JOURNAL, entry.id, entry.encode())
+        entry._renewed = time.monotonic()
+    thread = entry._thread
+    if entry.state != FENCED and thread is not None and thread is not threading.current_thread():
+        thread.join()
+
+
+def _renew(objects: ObjectStore, entry: JournalEntry) -> None:
+    """Rewrite a fenced entry every :data:`RENEW_S` until it leaves that state or its
+    renewal lapses (then :func:`write_entry` stops the run at its next check)."""
+    while not entry._stop.wait(RENEW_S):
+        with entry._lock:
+            if entry._stop.is_set() or entry.state != FENCED:
+                return
+            if entry._renewed is None or time.monotonic() - entry._renewed > RENEW_LAPSE_S:
+                entry._lapsed = True  # stopped for a while: never renewed again
+                return
+            entry.info["heartbeat"] = time.time()
+            try:
+                objects.put(JOURNAL, entry.id, entry.encode())
+            except Exception as exc:  # retried at the next beat; a lapse ends the run
+                log.debug("gc journal entry %s not renewed: %s", entry.id, exc)
+                continue
+            entry._renewed = time.monotonic()
 
 
 def start_entry(objects: ObjectStore, condemned: Iterable[tuple[bytes, Digest]]) -> JournalEntry:
     """Write a new ``fenced`` entry naming the ``condemned`` objects: from now on no save
     that reads the journal reuses them, and the GC may delete them once older sessions
-    end."""
+    end.  A thread renews it until it is written in another state."""
     chunks = frozenset(d for k, d in condemned if k == CHUNK)
     nodes = frozenset(d for k, d in condemned if k == NODE)
     now = time.time()
     entry = JournalEntry(new_entry_id(), FENCED, {**owner_info(), "created": now}, chunks,
                          nodes)
     write_entry(objects, entry)
+    entry._thread = threading.Thread(target=_renew, args=(objects, entry), daemon=True,
+                                     name="chunkstore-gc-entry")
+    entry._thread.start()
     return entry
+
+
+#: When this process first read each (entry id, signature): a save's wait for an entry
+#: counts from its first sight of the bytes, in this save or an earlier one.
+_FIRST_SEEN: dict[tuple[str, bytes], float] = {}
+_FIRST_SEEN_LOCK = threading.Lock()
+_FIRST_SEEN_MAX = 4096
+
+
+def first_seen(entry: JournalEntry) -> float:
+    """The monotonic time this process first read ``entry`` as it is now."""
+    key = (entry.id, entry.signature or b"")
+    with _FIRST_SEEN_LOCK:
+        if key not in _FIRST_SEEN:
+            if len(_FIRST_SEEN) >= _FIRST_SEEN_MAX:
+                for old in list(_FIRST_SEEN)[: _FIRST_SEEN_MAX // 4]:
+                    del _FIRST_SEEN[old]
+            _FIRST_SEEN[key] = time.monotonic()
+        return _FIRST_SEEN[key]
 
 
 @dataclass
@@ -204,8 +297,19 @@ class Fence:
                 return entry_id
         return None
 
+    def observe(self, entry: JournalEntry) -> None:
+        """Start the staleness clock of an entry read (see :func:`first_seen`)."""
+        first_seen(entry)
+
     def wait(self, entry_id: str, deadline_s: float = FENCE_WAIT_S) -> None:
-        """Wait until the entry's GC is finished (or dead); then forget its objects."""
+        """Wait until the entry's GC is finished (or dead); then forget its objects.
+
+        The GC is judged by what this process sees, not by the times the entry
+        holds: an entry that stays the same bytes for :data:`FENCE_STALE_S` is one no
+        live GC renews (a crafted one, or one whose GC was stopped or cut off), and
+        the save goes on.  An entry that keeps changing is a live GC: waited for up
+        to ``deadline_s``, then an error.
+        """
         deadline = time.monotonic() + deadline_s
         delay = 0.02
         while True:
@@ -214,6 +318,11 @@ class Fence:
             except ValueError:
                 entry = None
             if entry is None or not entry.active(time.time()):
+                break
+            unchanged = time.monotonic() - first_seen(entry)
+            if unchanged > FENCE_STALE_S:
+                log.warning("gc journal entry %s has not changed for %.0fs: no live gc"
+                            " renews it; its objects are written again", entry_id, unchanged)
                 break
             if time.monotonic() > deadline:
                 raise BackendError(
@@ -235,20 +344,25 @@ class Fence:
 def sync_journal(objects: ObjectStore, index: Index) -> Fence:
     """Apply finished journal entries to ``index``; return the still-active ones.
 
-    Called by a save after its session object is stored, and by GC.  An index
-    that may have missed entries GC has since pruned (its last sync is older
-    than the horizon) forgets every dedup target first.
+    Called by a save after its session object is stored, by GC, and when a store
+    is opened.  An index that may have missed entries GC has since pruned (its
+    last sync is older than the horizon) forgets every dedup target first.  What
+    changes in the index is written in one transaction, and only when something
+    does change (an entry to apply, a sync time to lower, or one more than
+    :data:`SYNC_REFRESH_S` old): opening a store takes no write transaction.  When
+    another process holds the index's writer past the gate's deadline (stopped,
+    say), nothing is written and the fence distrusts every index record.
     """
     started_ns = time.time_ns()
     listing = list_journal(objects)
     fence = Fence(objects, index)
     synced = index.journal_synced()
-    if listing.horizon_ns is not None and (
-            synced is None or synced - int(SYNC_MARGIN_S * 1e9) <= listing.horizon_ns):
-        index.forget_all()
+    forget = listing.horizon_ns is not None and (
+        synced is None or synced - int(SYNC_MARGIN_S * 1e9) <= listing.horizon_ns)
     applied = index.journal_applied()
     covered_ns = started_ns  # every entry created before this is applied after this sync
     now = time.time()
+    finished: list[JournalEntry] = []
     for entry_id in listing.entry_ids:
         if entry_id in applied:
             continue
@@ -266,10 +380,21 @@ def sync_journal(objects: ObjectStore, index: Index) -> Fence:
             continue
         if entry.active(now):
             fence.active[entry_id] = entry
+            fence.observe(entry)
             covered_ns = min(covered_ns, entry_time_ns(entry_id))
         else:
-            index.apply_journal(entry_id, entry.objects())
-    index.set_journal_synced(covered_ns)
+            finished.append(entry)
+    stale = synced is None or covered_ns < synced \
+        or covered_ns - synced > int(SYNC_REFRESH_S * 1e9)
+    if forget or finished or stale:
+        try:
+            index.record_journal_sync([(e.id, list(e.objects())) for e in finished],
+                                      covered_ns, forget, wait_s=OPEN_WAIT_S)
+        except WriterBusy:
+            log.warning("the index at %s is busy (another process holds its writer): the"
+                        " GC journal was read but not applied to it; its records are not"
+                        " trusted for deduplication now", index.path)
+            fence.distrust_index = True
     return fence
 
 

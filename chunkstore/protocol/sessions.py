@@ -57,8 +57,10 @@ LEASE_ENV_VAR = "CHUNKSTORE_SESSION_LEASE"
 LEASE_S = float(os.environ.get(LEASE_ENV_VAR, "900"))
 #: How often a session (and a GC's journal entry) proves its process alive.
 HEARTBEAT_S = min(30.0, LEASE_S / 10)
-#: A heartbeat further ahead of this machine's clock than this is not believed.
-CLOCK_SKEW_S = LEASE_S
+#: A stored time further ahead of this machine's clock than this is not believed (the
+#: protocol assumes clocks agree well within half the lease).  A heartbeat ahead of
+#: this clock at all is not believed: the object's stored time stands in for it.
+CLOCK_SKEW_S = LEASE_S / 2
 
 
 def owner_info() -> dict[str, Any]:
@@ -98,6 +100,38 @@ def owner_is_dead(info: dict[str, Any], now: float, lease_s: float = LEASE_S) ->
             or not heartbeat >= now - lease_s)
 
 
+def owner_is_silent(info: dict[str, Any], now: float, lease_s: float = LEASE_S) -> bool:
+    """Whether the owner of a session or GC journal entry counts as gone for the
+    protocol: its process is gone (on this host, checked directly), or, wherever it
+    runs, it has not rewritten its object for ``lease_s`` (``info`` passed through
+    :func:`with_stored_heartbeat`).
+
+    Unlike :func:`owner_is_dead`, a process found alive on this host proves nothing
+    by itself: a crafted object can name any live process (pid 1), and a process
+    stopped for a lease (SIGSTOP) protects nothing, exactly as one on another
+    machine would not; its save refuses to publish when it runs again
+    (:meth:`StoreSession.lapsed`)."""
+    if _process_gone(info):
+        return True
+    heartbeat = info.get("heartbeat", info.get("started", 0.0))
+    return (not isinstance(heartbeat, (int, float)) or _not_finite(heartbeat)
+            or not heartbeat >= now - lease_s)
+
+
+def _process_gone(info: dict[str, Any]) -> bool:
+    """Whether ``info`` names a process of this host and pid namespace that is gone."""
+    pid = info.get("pid")
+    if not (info.get("host") == socket.gethostname() and isinstance(pid, int)
+            and not isinstance(pid, bool) and 0 < pid < 2**31
+            and info.get("pidns") == pid_namespace()):
+        return False
+    start = process_start(pid)
+    if start is None:
+        return not _pid_exists(pid)
+    recorded = info.get("process_start")
+    return recorded is not None and recorded != start
+
+
 def _not_finite(value: float) -> bool:
     try:
         return not math.isfinite(value)
@@ -106,25 +140,31 @@ def _not_finite(value: float) -> bool:
 
 
 def _unbelievable(info: dict[str, Any], now: float) -> bool:
-    """Whether the heartbeat ``info`` records is one no live owner writes: not finite,
-    or further ahead of this clock than :data:`CLOCK_SKEW_S`."""
+    """Whether the heartbeat ``info`` records is one the reader must not take on the
+    object's word: not finite, or ahead of this clock (a time in the future proves
+    nothing about when the object was last written)."""
     heartbeat = info.get("heartbeat", info.get("started", 0.0))
     if not isinstance(heartbeat, (int, float)) or isinstance(heartbeat, bool):
         return False  # no heartbeat at all: dead by owner_is_dead
-    return _not_finite(heartbeat) or heartbeat > now + CLOCK_SKEW_S
+    return _not_finite(heartbeat) or heartbeat > now
 
 
 def with_stored_heartbeat(info: dict[str, Any] | None, now: float,
                           stored_time: Callable[[], float | None]) -> dict[str, Any] | None:
     """``info`` of an owner object, its heartbeat replaced by the object's stored time
     where the heartbeat cannot be believed (``info`` None: the object could not be
-    read).  None when the object is gone (``stored_time`` returns None)."""
+    read; a heartbeat not finite or in the future).  A stored time itself further
+    ahead than :data:`CLOCK_SKEW_S` (a file's mtime set by hand) proves nothing
+    either: the heartbeat becomes 0, long past.  None when the object is gone
+    (``stored_time`` returns None)."""
     if info is not None and not _unbelievable(info, now):
         return info
     stored = stored_time()
     if stored is None:
         return None
-    return {**(info or {}), "heartbeat": stored, "heartbeat_from": "stored time"}
+    if _not_finite(stored) or stored > now + CLOCK_SKEW_S:
+        return {**(info or {}), "heartbeat": 0.0, "heartbeat_from": "stored time, in the future"}
+    return {**(info or {}), "heartbeat": min(stored, now), "heartbeat_from": "stored time"}
 
 
 def _pid_exists(pid: int) -> bool:
@@ -151,7 +191,7 @@ class SessionInfo:
             else frozenset()
 
     def dead(self, now: float) -> bool:
-        return owner_is_dead(self.info, now)
+        return owner_is_silent(self.info, now)
 
 
 def list_sessions(objects: ObjectStore) -> Iterator[SessionInfo]:
