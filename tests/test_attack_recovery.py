@@ -148,10 +148,7 @@ def _span_past_the_end(store: chunkstore.Store, root: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("edit", [
-    pytest.param(_swap_members, id="swapped-members", marks=pytest.mark.xfail(
-        strict=True, reason="sync checks the members a new node lists only in packs it copies:"
-        " a crafted node (hashes right) listing swapped members of a pack DST already holds"
-        " (a deduplication hit, never read) is published; damage is caught, this is malice")),
+    pytest.param(_swap_members, id="swapped-members"),
     pytest.param(_span_past_the_end, id="span-past-the-end")])
 def test_a_manifest_whose_members_do_not_decode_is_not_published(
         tmp_path: Path, edit: Callable[[chunkstore.Store, dict[str, Any]], None]) -> None:
@@ -368,9 +365,6 @@ def _counts(result: Any) -> tuple[Any, ...]:
             [f.version for f in result.failed])
 
 
-@pytest.mark.xfail(strict=True, reason="a pack compacted for one version is copied whole"
-                   " again for the next one (DST now has the moved record, so _compacted"
-                   " returns None), while the dry run counts it present: 9 objects vs 8")
 def test_a_sync_dry_run_counts_what_the_real_run_copies_with_shared_leftover_packs(
         tmp_path: Path) -> None:
     """Two versions list members of one pack that holds leftovers of removed versions:
@@ -389,8 +383,6 @@ def test_a_sync_dry_run_counts_what_the_real_run_copies_with_shared_leftover_pac
         assert dst.verify().ok and all(readable(dst, v) for v in ids[2:])
 
 
-@pytest.mark.xfail(strict=True, reason="the dry run counts an object DST holds as present"
-                   " (exists) while the real run finds it damaged and replaces it: 11 vs 12")
 def test_a_sync_dry_run_counts_a_damaged_leftover_in_dst_as_the_real_run_does(
         tmp_path: Path) -> None:
     """DST holds an object of the version to come that no version there references and
@@ -531,10 +523,7 @@ def assert_step4_whole(dst_path: Path, version: str) -> None:
 
 
 @pytest.mark.parametrize("point", [
-    pytest.param("moved", marks=pytest.mark.xfail(
-        strict=True, reason="after a kill between the compacted pack and its moved record"
-        " the dry run counts the new pack as copied though DST holds it: 4 objects vs 3")),
-    "commit"])
+    "moved", "commit"])
 def test_a_sync_killed_inside_a_compaction_leaves_nothing_partial_and_a_rerun_finishes(
         tmp_path: Path, point: str) -> None:
     """SIGKILL after the compacted pack, before its moved record ("moved"), or after

@@ -40,7 +40,7 @@ from chunkstore.format.manifest import DataEntry, PackLocation, TensorEntry, dec
 from chunkstore.handle.tree import load_tree
 from chunkstore.index.gclock import finish_abandoned_deletions
 from chunkstore.index.lmdbindex import CHUNK, NODE, Claim, NewChunk
-from chunkstore.objects.kinds import CHUNKS, MOVED, NODES
+from chunkstore.objects.kinds import CHUNKS, MOVED, NODES, DigestKind
 from chunkstore.protocol.moved import MAX_HOPS, MovedRecord, read_moved
 from chunkstore.read.chain import decode_chain
 
@@ -55,6 +55,9 @@ DELETING_WAIT_S = 120.0
 #: version moved into an empty store then costs about its own stored bytes.
 COMPACT_BELOW = 0.9
 
+#: In ``planned``: a pack this sync copied as a new pack and a moved record, for the
+#: versions after the one that copied it (they read it through the same record).
+COMPACTED = b"compacted"
 #: Per pack, the members (offset, length) the versions being copied list in it.
 Spans = dict[Digest, set[tuple[int, int]]]
 #: A member a copied version lists in a pack, as a read of it needs it: the chunk, where
@@ -176,6 +179,10 @@ class VersionCopy:
             rest = [d for d in digests if d not in planned]
             if dst is None or not rest:
                 return planned
+            # As the real run: only what the index claims is reused unread (an object it
+            # does not know is written, or kept when it holds the same bytes: counted
+            # when it is copied).
+            rest = [d for d in rest if dst.index.record(kind, d) is not None]
             kind_of = CHUNKS if kind == CHUNK else NODES
             found = dst.executor.map(lambda d: dst.objects.exists(kind_of, d), rest)
             return planned | {d for d, ok in zip(rest, found, strict=True) if ok}
@@ -235,9 +242,18 @@ class VersionCopy:
     def _copy_chunks(self, needs: dict[Digest, Need]) -> None:
         for hop in range(MAX_HOPS + 1):  # a missing pack's members: through its moved record
             digests = sorted(needs, key=lambda d: d.raw)
-            present = self._present(CHUNK, digests)
+            # Compacted for an earlier version of this sync: read through its record (its
+            # spans were every copied version's), under this sync's session.
+            compacted = {d for d in digests if (COMPACTED, d) in self.planned}
+            present = self._present(CHUNK, [d for d in digests if d not in compacted])
             if self.dst is not None and not self.dry_run:
                 present = {d for d in present if self._compatible(d, needs[d])}
+                self.copied.moved.extend(sorted(compacted, key=lambda d: d.raw))
+            present |= compacted
+            # What the version lists in a pack it finds in place is checked in the
+            # source all the same: a new node's claims are read as a read reads them.
+            listed = [d for d in present if needs[d] is None and self.members.get(d)]
+            list(self._pool().map(self._check_listed_in_source, listed))
             self.copied.present += len(present)
             todo = [d for d in digests if d not in present]
             moved: dict[Digest, Need] = {}
@@ -270,9 +286,11 @@ class VersionCopy:
             self._check_members(digest, data)
         compact = self._compacted(digest, data) if need is None else None
         if self.dst is None or self.dry_run:
-            self.planned.add((CHUNK, digest))
-            for part in compact[1:] if compact is not None else (data,):
-                self._count(part)
+            with self._lock:
+                self.planned.add((CHUNK, digest))
+                if compact is not None:
+                    self.planned.add((COMPACTED, digest))
+            self._count_planned(digest, data, need, compact)
             return None
         if compact is not None:
             self._put_compacted(digest, *compact)
@@ -294,8 +312,6 @@ class VersionCopy:
                 or sum(length for _, length in spans) >= COMPACT_BELOW * content \
                 or any(offset + length > content for offset, length in spans):
             return None
-        if self.dst is not None and self.dst.objects.exists(MOVED, pack):
-            return None
         members, parts, at = {}, [], 0
         for offset, length in spans:
             members[offset] = (length, at)
@@ -304,7 +320,40 @@ class VersionCopy:
         body = b"".join(parts)
         new = Digest.of(body)
         record = MovedRecord(pack, new, members).encode()
+        if self.dst is not None and self._stored(MOVED, pack, record) is False:
+            return None  # a moved record of the destination's own: the pack goes whole
         return new, ChunkHeader(codecs.PACK.id, 1, at, at).pack() + body, record
+
+    def _stored(self, kind: DigestKind, digest: Digest, data: bytes) -> bool | None:
+        """Whether the destination holds ``data`` under the key (None: nothing there,
+        False: other bytes)."""
+        assert self.dst is not None
+        try:
+            return self.dst.objects.get(kind, digest) == data
+        except FileNotFoundError:
+            return None
+
+    def _count_planned(self, digest: Digest, data: bytes, need: Need,
+                       compact: tuple[Digest, bytes, bytes] | None) -> None:
+        """A dry run counts what the real run would find in place as present, what it
+        would write as copied (a new pack or record a killed sync left, an object of
+        the same bytes or a whole standalone one)."""
+        if self.dst is None:
+            for part in compact[1:] if compact is not None else (data,):
+                self._count(part)
+            return
+        if compact is not None:
+            new, pack_data, record = compact
+            self._count(pack_data, written=self._stored(CHUNKS, new, pack_data) is not True)
+            self._count(record, written=self._stored(MOVED, digest, record) is not True)
+            return
+        try:
+            existing = self.dst.objects.get(CHUNKS, digest)
+        except FileNotFoundError:
+            existing = None
+        kept = existing is not None and (existing == data or (
+            (need is None or not need[0]) and _standalone_intact(digest, existing)))
+        self._count(data, written=not kept)
 
     def _put_compacted(self, pack: Digest, new: Digest, data: bytes, record: bytes) -> None:
         """Store the new pack, then the moved record (in that order, as a repack does:
@@ -314,14 +363,15 @@ class VersionCopy:
         self._count(stored, NewChunk(new, codecs.PACK.id, len(stored) - HEADER.size,
                                      len(stored)), written=written)
         objects = self.dst.objects
-        if not objects.put_if_absent(MOVED, pack, record) \
-                and objects.get(MOVED, pack) != record:
+        written = objects.put_if_absent(MOVED, pack, record)
+        if not written and objects.get(MOVED, pack) != record:
             raise CorruptChunkError(pack.hex, "the destination has another moved record for"
                                     " this pack (a repack of its own); sync cannot list the"
                                     " members it moved")
-        self._count(record)
+        self._count(record, written=written)
         with self._lock:
             self.copied.moved.append(pack)
+            self.planned.add((COMPACTED, pack))
 
     def _put_chunk(self, digest: Digest, data: bytes, need: Need) -> tuple[bytes, bool]:
         """Create the object (put-if-absent): the bytes the destination holds after, and
@@ -360,16 +410,33 @@ class VersionCopy:
             member = data[HEADER.size + offset:HEADER.size + offset + length]
             decode_chain(self.src, digest, member, chain, locations=locations)
 
+    def _check_listed_in_source(self, pack: Digest) -> None:
+        """:meth:`_check_members` for a pack not copied: each listed member read by
+        range from the source's pack (or where the source's moved records put it)."""
+        members = sorted(self.members.get(pack, ()))
+        for hop in range(MAX_HOPS + 1):
+            try:
+                self.src.objects.stat(CHUNKS, pack)
+                break
+            except FileNotFoundError:
+                record = read_moved(self.src.objects, pack)
+                if record is None or hop == MAX_HOPS:
+                    raise MissingChunkError(pack.hex) from None
+                members = [_forwarded(record, member) for member in members]
+                pack = record.to
+        for digest, offset, length, chain, locations in members:
+            member = self.src.objects.get_range(CHUNKS, pack, HEADER.size + offset, length)
+            if len(member) != length:
+                raise CorruptChunkError(digest.hex, f"listed at {offset}+{length} in pack"
+                                        f" {pack.short()}, which ends before it")
+            decode_chain(self.src, digest, member, chain, locations=locations)
+
     def _forward_members(self, record: MovedRecord) -> None:
         """The members listed in a pack the source repacked are checked where its moved
         record puts them; a member the record does not list cannot be read."""
         forwarded = self.members.setdefault(record.to, set())
-        for digest, offset, length, chain, locations in self.members.pop(record.pack, ()):
-            at = record.forward(PackLocation(record.pack, offset, length))
-            if at is None:
-                raise CorruptChunkError(digest.hex, f"pack {record.pack.short()} is gone and"
-                                        " its moved record does not list this member")
-            forwarded.add((digest, at.offset, at.length, chain, locations))
+        for member in self.members.pop(record.pack, ()):
+            forwarded.add(_forwarded(record, member))
 
     def _copy_moved(self, pack: Digest) -> Digest:
         record = read_moved(self.src.objects, pack)
@@ -403,7 +470,9 @@ class VersionCopy:
             decode_data(digest, data)  # plain data a read of the version would decode
         self.planned.add((NODE, digest))
         written = True
-        if self.dst is not None and not self.dry_run:
+        if self.dst is not None and self.dry_run:
+            written = self._stored(NODES, digest, data) is not True
+        elif self.dst is not None:
             objects = self.dst.objects
             if not objects.put_if_absent_deferred(NODES, digest, data):
                 with contextlib.suppress(FileNotFoundError):
@@ -429,6 +498,17 @@ def add_needs(entry: TensorEntry, needs: dict[Digest, Need]) -> None:
                     needs[at.pack] = None
                 else:
                     needs.setdefault(base, (chain[k + 1:], locations[k + 1:]))
+
+
+def _forwarded(record: MovedRecord, member: Member) -> Member:
+    """A member of ``record``'s pack where the record puts it; a member it does not
+    list cannot be read."""
+    digest, offset, length, chain, locations = member
+    at = record.forward(PackLocation(record.pack, offset, length))
+    if at is None:
+        raise CorruptChunkError(digest.hex, f"pack {record.pack.short()} is gone and its"
+                                " moved record does not list this member")
+    return digest, at.offset, at.length, chain, locations
 
 
 def add_members(entry: TensorEntry, members: dict[Digest, set[Member]]) -> None:
