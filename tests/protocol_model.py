@@ -50,10 +50,11 @@ candidates, step 7's) takes two steps, as ``_Run.confirm_unreachable`` orders th
 the walk of the published versions and young tombstones, then the listing of the
 live leases (``mark_read``), whose versions' objects it reaches; the candidates (or
 what is deleted) are what neither reached.  ``lease_mark_faults`` lets the GC's read
-of a leased tree fail (a storage outage): the code skips that lease
-(``lease_mark_skips_unreadable``: ``mark_read`` catches every ``ChunkStoreError``,
-``BackendUnavailableError`` included) and this model found it unsafe (below); the
-safe choice stops the run, deleting nothing.  In pack worlds the listing of the
+of a leased tree fail (a storage outage): the code as first written skipped that
+lease (``lease_mark_skips_unreadable``: ``mark_read`` caught every
+``ChunkStoreError``, ``BackendUnavailableError`` included) and this model found it
+unsafe (below); the code now makes the safe choice and stops the run, deleting
+nothing.  In pack worlds the listing of the
 leases is part of the walk's step (so ``break_gc_lists_leases_before_walk`` changes
 nothing there), and the reader follows moved records as any reader does.  Worlds
 with lease readers are meant with no grace period, so that no tombstone protects
@@ -75,7 +76,7 @@ during the run (after step 4's walk), opened and removed before step 7's walk (1
 steps each).  A reader that checks before storing its lease
 (``break_reader_checks_before_lease``) loses its version to a GC whose step 7 ran
 between the two (11 steps).  The argument assumes step 7 reads every live lease's
-tree; with the code's ``lease_mark_skips_unreadable`` a failed read (in both marks;
+tree; with ``lease_mark_skips_unreadable`` (the code as first written) a failed read (in both marks;
 or in step 7's alone, for a version published during the run) drops the lease's
 protection, and the run deletes what its reader reads (11 steps in the
 ``lease_faults`` world of tests/test_protocol_model.py).
@@ -233,8 +234,9 @@ class Protocol:
     #: and reads a partly deleted version), where nothing is left to protect.  The safe
     #: choice: only an ``IntegrityError`` (missing or corrupt node) skips a lease; a failed
     #: read stops the run, which deletes nothing (as ``mark_removed`` does for a
-    #: tombstone).
-    lease_mark_skips_unreadable: bool = True
+    #: tombstone).  The code makes the safe choice since this model found the unsafe one
+    #: (``mark.mark_read`` lets every other error through).
+    lease_mark_skips_unreadable: bool = False
 
     # --- one rule broken at a time -------------------------------------------------------------
     #: GC does not wait for sessions before deleting.

@@ -63,11 +63,11 @@ reads and closes, or dies; each GC mark walks the versions, then lists the live 
 They explore clean, and each read-lease rule broken is caught
 (``break_reader_checks_before_lease``: 11 steps; ``break_gc_leases_first_mark_only``
 and ``break_gc_lists_leases_before_walk``: 19).  A sixth choice,
-``lease_mark_skips_unreadable``, is the code's today and unsafe: ``mark.mark_read``
-skips a lease whose tree it fails to read, a storage outage
-(``BackendUnavailableError``) included, and the run deletes what that reader reads
-(``lease_faults``: 11 steps).  Stopping the run there instead loses nothing; until the
-code does, that test and test_the_code_makes_every_safe_choice are strict xfails.
+``lease_mark_skips_unreadable``, was the code's first (df6fa65) and unsafe:
+``mark.mark_read`` skipped a lease whose tree it failed to read, a storage outage
+(``BackendUnavailableError``) included, and the run deleted what that reader reads
+(``lease_faults``: 11 steps).  The code now stops the run there (only a missing or
+corrupt tree skips a lease), which loses nothing.
 """
 
 from __future__ import annotations
@@ -182,9 +182,8 @@ SAFE = Protocol().fixed()
 
 
 def _protocol_of(world: str) -> Protocol:
-    """The protocol ``world``'s loses-nothing test explores: the code's (the one unsafe
-    choice it makes, ``lease_mark_skips_unreadable``, shows only in ``lease_faults``)."""
-    return SAFE if world == "lease_faults" else IMPLEMENTED
+    """The protocol ``world``'s loses-nothing test explores: the code's, the safe one."""
+    return IMPLEMENTED
 
 
 def check(name: str, config: Config, protocol: Protocol) -> Result:

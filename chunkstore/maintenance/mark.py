@@ -375,6 +375,8 @@ def mark_read(store: StoreHandle, marks: MarkSet) -> int:
     for root in roots:
         try:
             mark_tree(store, root, marks)
-        except ChunkStoreError:
-            continue  # partly gone already, or unreadable: its reader fails its checks
+        except (IntegrityError, FormatVersionError):
+            continue  # partly gone already, or damaged: its reader fails its checks
+        # Anything else (the store unreachable) stops the run: a tree not read is not
+        # marked, and what its reader reads would go.
     return len(roots)

@@ -98,11 +98,13 @@ class ReadLease:
             return json.dumps(self._info, sort_keys=True).encode()
 
     def beat(self) -> None:
+        # Under the lock: a close between a check and the write would see its delete
+        # undone by the write (a lease left alive for the process's life).
         with self._lock:
             if self.closed:
                 return
             self._info["heartbeat"] = time.time()
-        self.objects.put(READERS, self.id, self._body())
+            self.objects.put(READERS, self.id, json.dumps(self._info, sort_keys=True).encode())
 
     def close(self) -> None:
         """Leave the heartbeat and delete the lease (idempotent)."""
