@@ -161,7 +161,12 @@ def test_a_reader_keeps_the_grace_period_after_removal_and_index_rebuild(
         assert result.chunks_deleted + result.orphans_deleted == 0
         for name, array in arrays.items():
             np.testing.assert_array_equal(reader.get(name), array)
-        # Once the grace period has passed, the same GC frees the version's objects.
+        # While the reader is open its read lease keeps the version whole, whatever the
+        # grace; once it is closed and the grace period has passed, the same GC frees it.
+        result = store.gc(grace="1h", clock=lambda: time.time() + 2 * HOUR)
+        assert result.chunks_deleted + result.orphans_deleted == 0
+        assert result.readers_protected == 1
+        reader.close()
         result = store.gc(grace="1h", clock=lambda: time.time() + 2 * HOUR)
         assert result.chunks_deleted + result.orphans_deleted > 0
         assert not list((url / "removed").iterdir())  # the tombstone went too
