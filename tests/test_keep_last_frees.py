@@ -30,12 +30,13 @@ def needed_bytes(path: Path, versions: int) -> int:
         objects: dict[tuple[str, str], int] = {}
         for info in store.versions("r")[-versions:]:
             flat = flatten(store.objects, info.root, store.node_cache)
-            for digest in flat.chunk_digests():
-                while not store.objects.exists(CHUNKS, digest):  # repacked: where it went
-                    moved = read_moved(store.objects, digest)
-                    assert moved is not None, f"{digest.short()} is missing"
-                    digest = moved.to
-                objects[("c", digest.hex)] = store.objects.stat(CHUNKS, digest).size
+            for listed in flat.chunk_digests():
+                held = listed
+                while not store.objects.exists(CHUNKS, held):  # repacked: where it went
+                    moved = read_moved(store.objects, held)
+                    assert moved is not None, f"{held.short()} is missing"
+                    held = moved.to
+                objects[("c", held.hex)] = store.objects.stat(CHUNKS, held).size
             for digest in flat.tree_nodes | flat.data_nodes():
                 objects[("n", digest.hex)] = store.objects.stat(NODES, digest).size
         return sum(objects.values())
@@ -78,7 +79,7 @@ def test_without_the_collection_the_store_grows(tmp_path: Path) -> None:
     """The bound above can fail: with ``collect=False`` the removed versions' bytes stay
     (what ``chunkstore gc`` with its hour of grace would leave too)."""
     checks = train(tmp_path / "s", 40, 3, 40, collect=False)
-    step, stored, bound = checks[-1]
+    _, stored, bound = checks[-1]
     assert stored > 3 * bound
 
 
