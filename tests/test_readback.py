@@ -99,7 +99,9 @@ def test_a_full_cycle_reads_every_object_once_and_heals_nodes(tmp_path: Path) ->
             while not results or not results[-1].cycle_done:
                 results.append(reader.step())
             assert sum(r.objects_read for r in results) == len(stored) + 1
-            assert len(results) == len(stored)
+            # A step reads one object with bytes; the missing one rides along with the
+            # next, or takes a step of its own when the cycle ends with it.
+            assert len(stored) <= len(results) <= len(stored) + 1
             assert [f.digest for r in results for f in r.healed] == [root.hex]
             assert mirror.verify().ok
 

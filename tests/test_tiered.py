@@ -163,7 +163,11 @@ def test_a_replicator_killed_mid_copy_leaves_whole_versions_and_resumes(
     with Checkpointer(local, run="r", mirror=mirror) as ckpt:
         ckpt.save(6, model=model(6))
         ckpt.wait(mirror=True, timeout=120)
-    assert steps(mirror) == steps(local) == [*saved, 6]
+    # A save killed after claiming its commit slot is rolled forward by the next owner
+    # of the run (docs/format.md §11.5): its step may be published now too.
+    after = steps(local)
+    assert steps(mirror) == after and after[-1] == 6
+    assert set(saved) <= set(after) and len(after) <= len(saved) + 2
     with chunkstore.open(mirror) as store:
         assert all(store.verify(v.id).ok for v in store.versions("r"))
         assert sum(1 for _ in store.objects.ids(CHUNKS)) > 0

@@ -19,6 +19,7 @@ from chunkstore.errors import (
     CorruptNodeError,
     EntryNotFoundError,
     InvalidInputError,
+    RecoveredConfigError,
     ShapeMismatchError,
     UnprotectedReadWarning,
     VersionRemovedError,
@@ -218,6 +219,8 @@ def _take_lease(store: StoreHandle, info: VersionInfo, purpose: str) -> ReadLeas
     lease = ReadLease(store.objects, info.id, info.root, purpose)
     try:
         lease.open()
+    except RecoveredConfigError:
+        return None  # its config recovered, the store takes no writes: no GC runs there
     except (OSError, ChunkStoreError) as exc:
         warnings.warn(UnprotectedReadWarning(
             f"version {info.short_id} is read without a read lease ({exc}): a GC elsewhere"
