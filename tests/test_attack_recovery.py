@@ -300,9 +300,6 @@ def test_repair_from_another_store_with_the_same_run_names_replaces_nothing(
     assert tree_files(tmp_path / "store") == before
 
 
-@pytest.mark.xfail(strict=True, reason="repair checks a repacked pack only by the pack a"
-                   " moved record names: a record mapping members wrongly is never mended"
-                   " although OTHER holds the original pack whole")
 def test_repair_mends_a_moved_record_that_maps_members_wrongly(tmp_path: Path) -> None:
     """STORE repacked a pack after OTHER got a copy of the version (OTHER holds the old
     pack whole); STORE's moved record is then damaged so that it still parses but two

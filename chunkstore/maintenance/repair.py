@@ -48,6 +48,7 @@ from chunkstore.errors import (
     CorruptNodeError,
     CorruptRecordError,
     FormatVersionError,
+    IntegrityError,
     InvalidInputError,
     MissingChunkError,
 )
@@ -57,7 +58,14 @@ from chunkstore.format.manifest import TensorEntry
 from chunkstore.format.records import CommitRecord
 from chunkstore.handle.tree import FlatTree, flatten
 from chunkstore.maintenance.sync import same_location, select
-from chunkstore.maintenance.synccopy import Need, add_needs, checked_object
+from chunkstore.maintenance.synccopy import (
+    Member,
+    Need,
+    add_members,
+    add_needs,
+    check_listed,
+    checked_object,
+)
 from chunkstore.maintenance.verify import Problem
 from chunkstore.maintenance.verify import verify as verify_store
 from chunkstore.objects.kinds import CHUNKS, MOVED, NODES, VERSIONS
@@ -122,6 +130,8 @@ class Repair:
 
     def __init__(self, store: StoreHandle, source: StoreHandle, result: RepairResult) -> None:
         self.store, self.source, self.result = store, source, result
+        #: per pack, the members the version being repaired lists in it
+        self.members: dict[Digest, set[Member]] = {}
         self._fixes: dict[tuple[str, str], Fix] = {}
 
     # --- bookkeeping --------------------------------------------------------------------
@@ -157,9 +167,11 @@ class Repair:
         for digest in sorted(flat.data_nodes()):
             self.node(digest, label)
         needs: dict[Digest, Need] = {}
+        self.members = {}
         for leaf in flat.leaves.values():
             if isinstance(leaf, TensorEntry):
                 add_needs(leaf, needs)
+                add_members(leaf, self.members)
         self.chunks(needs, label)
 
     def _record(self, version_id: str, label: str) -> CommitRecord | None:
@@ -262,9 +274,16 @@ class Repair:
             moved = read_moved(self.store.objects, pack)
         except CorruptChunkError:
             moved = None  # the pack itself, written back, is read before any record
+        problem = "missing"
         if moved is not None and hops < MAX_HOPS:
-            return self._chunk(moved.to, None, label, todo, hops + 1)
-        fix = self._found("pack", pack.hex, "missing", label)
+            outcome = self._chunk(moved.to, None, label, todo, hops + 1)
+            broken = self._unread_member(self.store, pack)
+            if outcome not in ("ok", "fixed") or broken is None or self.result.dry_run:
+                return outcome
+            # The pack it moved to is whole, but the record does not lead to what the
+            # version lists: the pack itself, written back, is read before any record.
+            problem = f"repacked, and its moved record does not lead to its members ({broken})"
+        fix = self._found("pack", pack.hex, problem, label)
         try:
             data = self._source_bytes(pack, None)
         except _Unfixable as exc:
@@ -277,8 +296,22 @@ class Repair:
             self._write(fix, lambda: self.store.objects.put(MOVED, pack, record))
             self._chunk(elsewhere.to, None, label, todo, hops + 1)
             return "fixed"
+        broken = self._unread_member(self.source, pack)
+        if broken is not None:
+            self._unfixed(fix, f"its members do not read in {self.source.url} either"
+                          f" ({broken})")
+            return "unfixed"
         self._write(fix, lambda: self.store.objects.put(CHUNKS, pack, data))
         return "fixed"
+
+    def _unread_member(self, store: StoreHandle, pack: Digest) -> str | None:
+        """Why a member the version lists in ``pack`` does not read in ``store`` (through
+        its moved records), or None when each does."""
+        try:
+            check_listed(store, pack, self.members.get(pack, ()))
+        except (IntegrityError, FormatVersionError) as exc:
+            return str(exc)
+        return None
 
     def _source_bytes(self, digest: Digest, need: Need) -> bytes:
         """The other store's object of ``digest``, checked there as the store's

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -411,25 +412,8 @@ class VersionCopy:
             decode_chain(self.src, digest, member, chain, locations=locations)
 
     def _check_listed_in_source(self, pack: Digest) -> None:
-        """:meth:`_check_members` for a pack not copied: each listed member read by
-        range from the source's pack (or where the source's moved records put it)."""
-        members = sorted(self.members.get(pack, ()))
-        for hop in range(MAX_HOPS + 1):
-            try:
-                self.src.objects.stat(CHUNKS, pack)
-                break
-            except FileNotFoundError:
-                record = read_moved(self.src.objects, pack)
-                if record is None or hop == MAX_HOPS:
-                    raise MissingChunkError(pack.hex) from None
-                members = [_forwarded(record, member) for member in members]
-                pack = record.to
-        for digest, offset, length, chain, locations in members:
-            member = self.src.objects.get_range(CHUNKS, pack, HEADER.size + offset, length)
-            if len(member) != length:
-                raise CorruptChunkError(digest.hex, f"listed at {offset}+{length} in pack"
-                                        f" {pack.short()}, which ends before it")
-            decode_chain(self.src, digest, member, chain, locations=locations)
+        """:meth:`_check_members` for a pack not copied, read in the source."""
+        check_listed(self.src, pack, self.members.get(pack, ()))
 
     def _forward_members(self, record: MovedRecord) -> None:
         """The members listed in a pack the source repacked are checked where its moved
@@ -498,6 +482,30 @@ def add_needs(entry: TensorEntry, needs: dict[Digest, Need]) -> None:
                     needs[at.pack] = None
                 else:
                     needs.setdefault(base, (chain[k + 1:], locations[k + 1:]))
+
+
+def check_listed(store: StoreHandle, pack: Digest, members: Iterable[Member]) -> None:
+    """Each of ``members`` listed in ``pack`` reads in ``store`` as a read reads it: by
+    range from the pack, or where the store's moved records put it, decoded through its
+    listed chain and hash-checked (:class:`CorruptChunkError` naming the member, or
+    :class:`MissingChunkError`)."""
+    listed = sorted(members)
+    for hop in range(MAX_HOPS + 1):
+        try:
+            store.objects.stat(CHUNKS, pack)
+            break
+        except FileNotFoundError:
+            record = read_moved(store.objects, pack)
+            if record is None or hop == MAX_HOPS:
+                raise MissingChunkError(pack.hex) from None
+            listed = [_forwarded(record, member) for member in listed]
+            pack = record.to
+    for digest, offset, length, chain, locations in listed:
+        member = store.objects.get_range(CHUNKS, pack, HEADER.size + offset, length)
+        if len(member) != length:
+            raise CorruptChunkError(digest.hex, f"listed at {offset}+{length} in pack"
+                                    f" {pack.short()}, which ends before it")
+        decode_chain(store, digest, member, chain, locations=locations)
 
 
 def _forwarded(record: MovedRecord, member: Member) -> Member:
