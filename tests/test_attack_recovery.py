@@ -411,9 +411,6 @@ def _repair_names(result: Any) -> list[tuple[str, str]]:
     return sorted((f.kind, f.digest) for f in result.fixed + result.unfixed)
 
 
-@pytest.mark.xfail(strict=True, reason="repair's dry run stops at the first damaged tree node"
-                   " (repair.py _tree: 'a dry run cannot look below'), so it names fewer"
-                   " fixes than the real run makes")
 def test_a_repair_dry_run_names_what_the_real_run_fixes(tmp_path: Path) -> None:
     """A damaged root node and a damaged chunk object below it: the dry run must name
     both, as the real run fixes both."""

@@ -198,9 +198,23 @@ class Repair:
             try:
                 return flatten(self.store.objects, root, self.store.node_cache)
             except CorruptNodeError as exc:
-                if not self.node(Digest.parse(exc.digest), label) or self.result.dry_run:
-                    return None  # a dry run cannot look below a node it did not write
+                if not self.node(Digest.parse(exc.digest), label):
+                    return None
+                if self.result.dry_run:
+                    return self._tree_from_source(root, label)
         return None
+
+    def _tree_from_source(self, root: Digest, label: str) -> FlatTree | None:
+        """A dry run, below a node it would write: the tree as the other store holds it
+        (the same nodes, by their keys), each of its nodes checked here, so the dry run
+        names what the real run, node by node, fixes."""
+        try:
+            flat = flatten(self.source.objects, root, self.source.node_cache)
+        except ChunkStoreError:
+            return None
+        for digest in sorted(flat.tree_nodes, key=lambda d: d.raw):
+            self.node(digest, label)
+        return flat
 
     def node(self, digest: Digest, label: str) -> bool:
         """Check one node and replace it when it fails; whether it is whole now."""
