@@ -553,9 +553,7 @@ print(json.dumps({"chunks": result.chunks_deleted,
 
 @pytest.mark.parametrize("point", [
     "flush",
-    pytest.param("commit", marks=pytest.mark.xfail(
-        strict=True, reason="a sync paused past its lease between its lapsed() check and"
-        " the commit PUT publishes after a GC deleted the moved record it relies on"))])
+    "commit"])
 def test_a_sync_stopped_while_a_gc_from_another_index_runs_publishes_nothing_broken(
         tmp_path: Path, point: str) -> None:
     """The sync (a compaction of step 4: new pack, moved record) is SIGSTOPped after it

@@ -76,6 +76,7 @@ from chunkstore.maintenance.synccopy import Copied, Spans, VersionCopy, add_span
 from chunkstore.maintenance.verify import verify as verify_store
 from chunkstore.objects.kinds import MOVED, SESSIONS, VERSIONS
 from chunkstore.progress import NullProgress, Progress
+from chunkstore.protocol.tombstones import write_tombstone
 from chunkstore.write.writer import open_store_session
 
 if TYPE_CHECKING:
@@ -284,6 +285,27 @@ def _without_step_conflicts(src: StoreHandle, dst: StoreHandle, todo: list[Versi
     return kept
 
 
+def _retract_if_broken(dst: StoreHandle, info: VersionInfo, record: CommitRecord) -> None:
+    """The session lapsed between its last check and the commit record (the process
+    paused past half the lease): a GC elsewhere may have taken it for dead and deleted
+    what the version relies on.  Every object it needs is checked now; if one is gone
+    the version is unpublished again (tombstone, then record, as a removal) and the
+    sync fails for it, so nothing broken stays published."""
+    try:
+        found = verify_store(dst, info.id, read_data=False)
+        broken = None if found.ok else found.problems[0].message
+    except ChunkStoreError as exc:  # its tree itself is gone
+        broken = str(exc)
+    if broken is None:
+        return
+    write_tombstone(dst.objects, info.id, record.root, record.run, record.step)
+    dst.objects.delete(VERSIONS, info.id)
+    raise SessionExpiredError(
+        f"the sync into {dst.url} was paused past its session's lease at its commit, and a"
+        f" GC there deleted what version {info.short_id} needs ({broken}); the version was"
+        " unpublished again. Sync again")
+
+
 def _failure(info: VersionInfo, exc: ChunkStoreError) -> FailedVersion:
     digest = getattr(exc, "digest", None) or getattr(exc, "version_id", None)
     kind = ("missing-chunk" if isinstance(exc, MissingChunkError)
@@ -340,6 +362,8 @@ def _copy_version(src: StoreHandle, dst: StoreHandle | None, info: VersionInfo,
                 f" lease, so a GC there may have deleted objects it reuses; version"
                 f" {info.short_id} is not published. Sync again")
         dst.objects.put_if_absent(VERSIONS, info.id, data)  # the commit point
+        if session.lapsed():
+            _retract_if_broken(dst, info, record)
     except BaseException:
         if index_session is not None and dst is not None:
             dst.index.close_session(index_session)
