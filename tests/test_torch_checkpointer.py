@@ -563,3 +563,14 @@ def test_a_closed_checkpointer_says_it_is_closed(tmp_path: Path) -> None:
                  lambda: ckpt.save(2, model=model)):
         with pytest.raises(InvalidInputError, match="this Checkpointer is closed"):
             call()
+
+
+@pytest.mark.parametrize("where", ["path_or_url", "mirror"])
+def test_a_location_that_is_no_path_url_or_store_is_a_typed_error(tmp_path: Path,
+                                                                   where: str) -> None:
+    """Checkpointer(mirror=123) raised TypeError from deep inside; nothing is created."""
+    arguments: dict[str, object] = {"path_or_url": tmp_path / "s", "mirror": None}
+    arguments[where] = 123
+    with pytest.raises(InvalidInputError, match=f"{where} must be a path"):
+        Checkpointer(arguments.pop("path_or_url"), run="r", **arguments)  # type: ignore[arg-type]
+    assert not (tmp_path / "s").exists()

@@ -192,6 +192,11 @@ class Checkpointer:
                 or not 0 <= collect_grace < float("inf"):
             raise InvalidInputError(f"collect_grace must be a number of seconds, 0 or more,"
                                     f" got {collect_grace!r}")
+        for name, where in (("path_or_url", path_or_url), ("mirror", mirror)):
+            if not (where is None and name == "mirror") \
+                    and not isinstance(where, str | os.PathLike | Store):
+                raise InvalidInputError(f"{name} must be a path, a store URL or an open store,"
+                                        f" got {type(where).__name__} {where!r}")
         if meta is not None and not isinstance(meta, dict):
             raise InvalidInputError(f"meta must be a dict of plain data (or None), got"
                                     f" {type(meta).__name__} {meta!r}")
