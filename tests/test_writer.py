@@ -533,3 +533,15 @@ def test_a_commit_waiting_on_a_gc_fence_does_not_hold_up_another_save_of_its_run
         assert entry.state == DONE
         assert [v.step for v in store.versions("r")] == [2, 3]
         np.testing.assert_array_equal(store.open_version("r@3").get("w"), x)
+
+
+def test_saving_the_same_step_again_says_it_stored_nothing(store: chunkstore.Store) -> None:
+    """Re-running a save of the same content returns the version saved before: it says so
+    (existed) and that it stored 0 bytes, where it repeated that version's new bytes."""
+    array = np.arange(50_000, dtype=np.float32)
+    with store.new_version(run="r", step=1) as v:
+        v.put("w", array)
+    assert not v.existed and v.stored_bytes == v.info.new_stored_bytes > 0
+    with store.new_version(run="r", step=1) as again:
+        again.put("w", array)
+    assert again.existed and again.stored_bytes == 0 and again.info.id == v.info.id

@@ -174,6 +174,7 @@ class VersionWriter(ChunkJobs):
         self._reusable_packs_lock = threading.Lock()
         self._closed = False
         self._info: VersionInfo | None = None
+        self._existed = False
         #: called after every object is durable and right before the commit record is
         #: stored; raising stops the commit (the version is not published).  A
         #: :class:`~chunkstore.protocol.runlease.RunLease` first claims the run's next
@@ -432,6 +433,7 @@ class VersionWriter(ChunkJobs):
             if identical is not None:  # saved before, byte for byte: publish nothing
                 self.abort()
                 self._info = identical
+                self._existed = True
                 return identical
             if same_step and not self._replace:
                 raise DuplicateStepError(self.run, self.step, same_step[-1].id)
@@ -530,6 +532,19 @@ class VersionWriter(ChunkJobs):
         if self._info is None:
             raise VersionClosedError("the version has no info until it is committed")
         return self._info
+
+    @property
+    def existed(self) -> bool:
+        """Whether the run had this step saved before with the same content, so that this
+        save published nothing: :attr:`info` is that version (its sizes are its own)."""
+        self.info  # noqa: B018 - committed first, as info says
+        return self._existed
+
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes this save stored: the version's ``new_stored_bytes``, or 0 when it
+        :attr:`existed` already."""
+        return 0 if self.existed else self.info.new_stored_bytes
 
     def __enter__(self) -> VersionWriter:
         return self
