@@ -22,6 +22,12 @@ once), so GC treats both kinds alike.  Every record whose refcount is zero
 is also listed in the ``zero`` table (kind byte + digest -> since): GC finds
 its candidates there, in time proportional to what became unreferenced,
 never by scanning every chunk.
+
+The ``packed`` table (member -> pack, offset, length: where this index saw a
+small chunk stored, a dedup cache) has a reverse table ``packed_by`` (pack +
+member), so that the transaction that forgets a pack (GC's deletion, a GC
+journal entry applied, an object found missing) forgets every location inside
+it too: the cache holds what the stored packs hold, not every pack ever written.
 """
 
 from __future__ import annotations
@@ -48,9 +54,17 @@ from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import PackLocation
 from chunkstore.index import indexfile, writegate
 
-INDEX_SCHEMA = 2
+#: 3 adds the ``packed_by`` table; an index of schema 2 is brought to 3 where it is
+#: opened (the table is derived from ``packed``), any other schema is rebuilt.
+INDEX_SCHEMA = 3
+#: The schema this release migrates in place (:meth:`Index._migrate_from_2`).
+_MIGRATED_SCHEMA = 2
 #: The meta key naming the store an index describes (:meth:`Index.describe_store`).
 STORE_KEY = b"store"
+#: The meta key of an index's own id (:meth:`Index.identity`).
+INDEX_ID_KEY = b"index_id"
+#: The meta key of the GC journal markers an index has accounted for.
+_MARKERS_KEY = b"journal_markers"
 log = logging.getLogger(__name__)
 DEFAULT_MAP_SIZE = 1 << 36
 _CHUNK = struct.Struct("<BBxxIQQd")
@@ -236,6 +250,9 @@ class Index:
         # member digest -> pack digest, offset, length: where a packed chunk was
         # stored (a dedup cache; a missing entry only means "write it again")
         self.packed = self.env.open_db(b"packed")
+        # pack digest + member digest -> b"": the entries of ``packed`` that name each
+        # pack, forgotten with the pack (_forget_pack)
+        self.packed_by = self.env.open_db(b"packed_by")
         other_schema = self._check_schema()
         self.reader_check()
         return other_schema
@@ -254,11 +271,23 @@ class Index:
             found = txn.get(b"schema", db=self.meta)
             if found is not None and int(found) == INDEX_SCHEMA:
                 return False
+            if found is not None and int(found) == _MIGRATED_SCHEMA:
+                self._migrate_from_2(txn)
+                return False
             empty = found is None and txn.stat(self.versions_db)["entries"] == 0 \
                 and txn.stat(self.chunks)["entries"] == 0
             if empty:
                 self._stamp_empty(txn)
             return not empty
+
+    def _migrate_from_2(self, txn: lmdb.Transaction) -> None:
+        """Schema 2 -> 3 in the checking transaction: ``packed_by`` made afresh from
+        ``packed`` (a table a release of schema 2 may have left stale, after a
+        downgrade, is dropped first).  Nothing else changed between them."""
+        txn.drop(self.packed_by, delete=False)
+        for member, value in txn.cursor(db=self.packed):
+            txn.put(bytes(value)[:32] + bytes(member), b"", db=self.packed_by)
+        txn.put(b"schema", str(INDEX_SCHEMA).encode(), db=self.meta)
 
     def _stamp_empty(self, txn: lmdb.Transaction) -> None:
         """Stamp an index that holds nothing: the schema, and, as nothing is in it yet,
@@ -273,7 +302,7 @@ class Index:
     def _tables(self) -> tuple[Any, ...]:
         return (self.chunks, self.nodes, self.zero, self.versions_db, self.refs,
                 self.node_refs, self.tags_db, self.sessions, self.claims, self.session_claims,
-                self.journal, self.packed)
+                self.journal, self.packed, self.packed_by)
 
     def close(self) -> None:
         """Close this opener's use; the environment closes with its last opener
@@ -450,8 +479,8 @@ class Index:
                         gone.add(location.pack)
                 claimed = packs[location.pack]
                 if claimed is None:
-                    if location.pack in gone:  # deleted: the location is of no further use
-                        txn.delete(digest.raw, db=self.packed)
+                    if location.pack in gone:  # deleted: no location in it is of further use
+                        self._forget_pack(txn, location.pack)
                     found[digest] = (Claim.WRITE, None)
                     continue
                 found[digest] = (claimed, location)
@@ -463,6 +492,40 @@ class Index:
             return None
         pack, offset, length = _PACKED.unpack(data)
         return PackLocation(Digest(pack), offset, length)
+
+    def _remember_packed(self, txn: lmdb.Transaction, member: Digest,
+                         location: PackLocation) -> None:
+        """Record where ``member`` lies; the reverse entry of a location it replaces goes."""
+        old = txn.get(member.raw, db=self.packed)
+        if old is not None and bytes(old)[:32] != location.pack.raw:
+            txn.delete(bytes(old)[:32] + member.raw, db=self.packed_by)
+        txn.put(member.raw, _PACKED.pack(location.pack.raw, location.offset, location.length),
+                db=self.packed)
+        txn.put(location.pack.raw + member.raw, b"", db=self.packed_by)
+
+    def _forget_pack(self, txn: lmdb.Transaction, pack: Digest) -> None:
+        """Forget every location inside ``pack`` (deleted, or no longer trusted to be
+        stored): a member it held is written again, or found in another pack."""
+        cursor = txn.cursor(db=self.packed_by)
+        keys = []
+        if cursor.set_range(pack.raw):
+            for key in cursor.iternext(values=False):
+                raw = bytes(key)
+                if not raw.startswith(pack.raw):
+                    break
+                keys.append(raw)
+        for key in keys:
+            member = key[32:]
+            location = txn.get(member, db=self.packed)
+            if location is not None and bytes(location)[:32] == pack.raw:
+                txn.delete(member, db=self.packed)
+            txn.delete(key, db=self.packed_by)
+
+    def packed_count(self) -> tuple[int, int]:
+        """Entries of the ``packed`` table and of its reverse table ``packed_by``."""
+        with self.env.begin() as txn:
+            return (int(txn.stat(self.packed)["entries"]),
+                    int(txn.stat(self.packed_by)["entries"]))
 
     def pack_location(self, digest: Digest) -> PackLocation | None:
         """Where this index saw ``digest`` stored inside a pack, if it did."""
@@ -566,8 +629,7 @@ class Index:
             txn.put(entry.id.encode(), b"".join(d.raw for d in ref_list), db=self.refs)
             txn.put(entry.id.encode(), b"".join(d.raw for d in node_list), db=self.node_refs)
             for member, location in (packed or {}).items():
-                txn.put(member.raw, _PACKED.pack(location.pack.raw, location.offset,
-                                                 location.length), db=self.packed)
+                self._remember_packed(txn, member, location)
             if session_id:
                 self._drop_session(txn, session_id)
         return alive
@@ -693,6 +755,8 @@ class Index:
                 self._put(txn, kind, digest, replace(rec, state=ChunkState.WRITING))
             else:
                 self._delete(txn, kind, digest)
+            if kind == CHUNK:  # a pack's object is gone: so is every location inside it
+                self._forget_pack(txn, digest)
         return True
 
     def abandon_deletions(self) -> int:
@@ -772,6 +836,8 @@ class Index:
             rec = self._get(txn, self._db(kind), digest)
             if rec is not None and rec.state in (ChunkState.LIVE, ChunkState.CONDEMNED):
                 self._put(txn, kind, digest, replace(rec, state=ChunkState.WRITING))
+            if kind == CHUNK:  # deleted (or missing): no member is found in it any more
+                self._forget_pack(txn, digest)
 
     def journal_synced(self) -> int | None:
         """Every GC journal entry created before this time (ns) has been applied here;
@@ -808,6 +874,9 @@ class Index:
             return self._forget_all(txn)
 
     def _forget_all(self, txn: lmdb.Transaction) -> int:
+        # No pack is known to be stored: none of the locations inside them is of use.
+        txn.drop(self.packed, delete=False)
+        txn.drop(self.packed_by, delete=False)
         changed = 0
         for kind in KINDS:
             db = self._db(kind)
@@ -819,13 +888,16 @@ class Index:
         return changed
 
     def record_journal_sync(self, finished: list[tuple[str, list[tuple[bytes, Digest]]]],
-                            synced_ns: int, forget: bool, wait_s: float | None = None
-                            ) -> None:
+                            synced_ns: int, forget: bool, wait_s: float | None = None,
+                            markers: Iterable[str] | None = None,
+                            pruned: Iterable[str] = ()) -> None:
         """What one read of the GC journal changes, in one write transaction: every
         record forgotten first (``forget``: the index missed pruned entries), then the
-        ``finished`` entries applied (:meth:`apply_journal`), then the sync time set.
-        :class:`~chunkstore.index.writegate.WriterBusy` past ``wait_s``, with nothing
-        changed."""
+        ``finished`` entries applied (:meth:`apply_journal`), then the sync time set,
+        the horizon markers it has judged recorded (``markers``, see
+        :meth:`journal_markers`), and the ``pruned`` entries (gone from the journal)
+        dropped from the applied ones.  :class:`~chunkstore.index.writegate.WriterBusy` past
+        ``wait_s``, with nothing changed."""
         with self._writing(wait_s=wait_s) as txn:
             if forget:
                 self._forget_all(txn)
@@ -833,6 +905,43 @@ class Index:
                 self._apply(txn, objects)
                 txn.put(entry_id.encode(), b"", db=self.journal)
             txn.put(b"journal_synced", str(synced_ns).encode(), db=self.meta)
+            if markers is not None:
+                txn.put(_MARKERS_KEY, json.dumps(sorted(markers)).encode(), db=self.meta)
+            for entry_id in pruned:
+                txn.delete(entry_id.encode(), db=self.journal)
+
+    def journal_markers(self) -> frozenset[str]:
+        """The GC journal's horizon markers (by name) this index has accounted for at
+        its last sync: it applied every entry pruned behind each, or forgot every
+        record (docs/format.md §11.2)."""
+        with self.env.begin(db=self.meta) as txn:
+            found = txn.get(_MARKERS_KEY)
+        names = json.loads(bytes(found)) if found is not None else []
+        return frozenset(n for n in names if isinstance(n, str))
+
+    def record_journal_prune(self, marker: str | None, pruned: Iterable[str]) -> None:
+        """This index's GC pruned ``pruned``: their ids need no record; ``marker``, when
+        it names this index, is the one marker left that it has accounted for."""
+        with self._writing() as txn:
+            if marker is not None:
+                txn.put(_MARKERS_KEY, json.dumps([marker]).encode(), db=self.meta)
+            for entry_id in pruned:
+                txn.delete(entry_id.encode(), db=self.journal)
+
+    def identity(self, create: bool = True) -> str | None:
+        """A random id of this index (its meta, kept by ``index rebuild``): what a
+        GC journal horizon marker names when this index applied every entry pruned
+        behind it.  Made on first use (``create``), else None until then."""
+        with self.env.begin(db=self.meta) as txn:
+            found = txn.get(INDEX_ID_KEY)
+        if found is not None or not create:
+            return bytes(found).decode() if found is not None else None
+        with self._writing(db=self.meta) as txn:
+            stored = txn.get(INDEX_ID_KEY)
+            made = bytes(stored) if stored is not None else uuid.uuid4().hex.encode()
+            if stored is None:
+                txn.put(INDEX_ID_KEY, made)
+        return made.decode()
 
     def mark_journal_applied(self, entry_ids: Iterable[str]) -> None:
         with self._writing(db=self.journal) as txn:
@@ -871,14 +980,15 @@ class Index:
         a reader in any process sees the old contents or the new, never a half.  The
         store it describes stays named (``other`` is built from the same store)."""
         with self._writing() as txn, other.env.begin() as source:
-            store = txn.get(STORE_KEY, db=self.meta)
+            kept = {key: txn.get(key, db=self.meta) for key in (STORE_KEY, INDEX_ID_KEY)}
             for mine, theirs in zip((*self._tables(), self.meta),
                                     (*other._tables(), other.meta), strict=True):
                 txn.drop(mine, delete=False)
                 cursor = txn.cursor(db=mine)
                 cursor.putmulti(source.cursor(db=theirs).iternext(), append=True)
-            if store is not None and txn.get(STORE_KEY, db=self.meta) is None:
-                txn.put(STORE_KEY, store, db=self.meta)
+            for key, value in kept.items():
+                if value is not None and txn.get(key, db=self.meta) is None:
+                    txn.put(key, value, db=self.meta)
         self.needs_rebuild = False
 
     def describe_store(self, identity: str) -> bool:

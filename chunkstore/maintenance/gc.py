@@ -132,6 +132,7 @@ from chunkstore.protocol.journal import (
     DONE,
     FENCED,
     JournalEntry,
+    finish_entry,
     prune_journal,
     start_entry,
     sync_journal,
@@ -478,7 +479,8 @@ class _Run:
         here and its version marked before a record goes."""
         self.store.upgrade_format()  # the journal is a version-2 object
         entry = start_entry(self.objects, [*((c.kind, c.digest) for c in candidates),
-                                           *((CHUNK, pack) for pack in moved)])
+                                           *((CHUNK, pack) for pack in moved)],
+                            self.index.identity())  # who collects here (journal pruning)
         self.entry = entry
         self.last_beat, self.last_beat_wall = time.monotonic(), time.time()
         self.result.journal_entry = entry.id
@@ -506,8 +508,9 @@ class _Run:
             if entry.state == DONE or not self.delete_began:
                 entry.chunks = frozenset(d for k, d in self.deleted if k == CHUNK)
                 entry.nodes = frozenset(d for k, d in self.deleted if k == NODE)
-            write_entry(self.objects, entry)
-            self.index.mark_journal_applied([entry.id])  # this index saw every deletion
+            # Stored finished; one that names nothing is deleted at once, else it is
+            # marked applied here (this index saw every deletion).
+            finish_entry(self.objects, entry, self.index)
 
     def wait_for_sessions(self, entry: JournalEntry) -> bool:
         """Wait until no live save session that has not read ``entry`` is left."""
@@ -609,8 +612,8 @@ class _Run:
         self.result.bytes_freed += candidate.size
 
     def clean_up(self) -> None:
-        """Expired tombstones, finished journal entries older than a week, and the
-        temporary files of interrupted writes."""
+        """Expired tombstones, finished journal entries (older than a week, or applied
+        here on a local store), and the temporary files of interrupted writes."""
         # Moved records were deleted in step 8 (fence_and_delete), while the entry
         # was fenced: a pack gone before this run began whose record neither mark
         # reached; every version that lists one of its members was published before
@@ -623,7 +626,12 @@ class _Run:
                 self.objects.delete(TOMBSTONES, version_id)
             for lease_id in expired_read_leases(self.objects):  # of killed readers
                 self.objects.discard(READERS, lease_id)
-            self.result.journal_entries_pruned = prune_journal(self.objects, self.started)
+            # Finished entries older than a week, and on a local store those this index
+            # applied but for this run's own (docs/format.md §11.2): the journal stays
+            # at about one entry and one marker however many runs follow retention.
+            self.result.journal_entries_pruned = prune_journal(
+                self.objects, self.started, index=self.index,
+                keep=[self.entry.id] if self.entry is not None else [])
         self.result.tombstones_deleted = len(self.expired_tombstones)
         if self.sweep:
             # A write in progress owns its temporary file: never touch a young one,

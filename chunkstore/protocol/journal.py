@@ -20,6 +20,17 @@ creation order.  The object is canonical JSON::
     {"format_version": 1, "id": ..., "state": "fenced" | "done" | "abandoned",
      "created": ..., "heartbeat": ..., "host": ..., "pid": ..., "pidns": ...,
      "process_start": ..., "chunks": [<hex>, ...], "nodes": [<hex>, ...]}
+
+The journal does not keep one entry per collection (docs/format.md §11.2): a
+finished entry that names nothing tells no index anything and goes at once
+(:func:`finish_entry`); finished entries are pruned behind a horizon marker
+(:func:`prune_journal`), after a week, or on a local store as soon as the
+pruning GC's own index has applied them.  The marker names the indexes known to
+have applied everything behind it (the pruner's, when it has); any other index
+whose last sync is not clearly past the horizon stops treating any object as
+present.  So a job whose own index collects after every save keeps a journal of
+one marker, and an index that was away still never deduplicates against what
+was deleted meanwhile.
 """
 
 from __future__ import annotations
@@ -84,6 +95,14 @@ SYNC_MARGIN_S = 3600.0
 SYNC_REFRESH_S = 3600.0
 #: ``gc/horizon-<20 digits>``: entries created before that time (ns) may have been pruned.
 HORIZON_PREFIX = "horizon-"
+#: The format of a horizon marker's body, ``{"format_version": 1, "applied_by": [<index
+#: id>, ...]}``; an empty body (as every release before it wrote) names no index.
+HORIZON_FORMAT = 1
+#: At most this many index ids in a marker (a longer list is not read: names none).
+HORIZON_MAX_IDS = 64
+#: Ids of applied entries gone from the journal are dropped from an index by a sync
+#: that writes anyway, or by one that finds at least this many.
+STALE_APPLIED_MAX = 32
 
 
 def new_entry_id() -> str:
@@ -161,6 +180,11 @@ class Listing:
     horizon_ns: int | None
     horizon_names: list[str]
 
+    def markers(self) -> list[tuple[int, str]]:
+        """(horizon in ns, name) of every horizon marker listed."""
+        return [(entry_time_ns(name[len(HORIZON_PREFIX):]), name)
+                for name in self.horizon_names]
+
 
 def list_journal(objects: ObjectStore) -> Listing:
     ids, horizons = [], []
@@ -171,6 +195,55 @@ def list_journal(objects: ObjectStore) -> Listing:
             ids.append(name)
     times = [entry_time_ns(name[len(HORIZON_PREFIX):]) for name in horizons]
     return Listing(ids, max(times) if times else None, horizons)
+
+
+def marker_body(applied_by: Iterable[str]) -> bytes:
+    return json.dumps({"format_version": HORIZON_FORMAT, "applied_by": sorted(applied_by)},
+                      sort_keys=True).encode()
+
+
+def marker_applied_by(objects: ObjectStore, name: str) -> frozenset[str] | None:
+    """The indexes a horizon marker names; None when it is gone.  A body this release
+    cannot read (an older marker's empty one included) names none."""
+    try:
+        data = objects.get(JOURNAL, name)
+    except FileNotFoundError:
+        return None
+    try:
+        body = plaindata.load_json(data) if data else None
+    except ValueError:
+        return frozenset()
+    version = body.get("format_version") if isinstance(body, dict) else None
+    named = body.get("applied_by") if isinstance(body, dict) and not isinstance(
+        version, bool) and version == HORIZON_FORMAT else None
+    if not isinstance(named, list) or len(named) > HORIZON_MAX_IDS \
+            or not all(isinstance(n, str) for n in named):
+        return frozenset()
+    return frozenset(named)
+
+
+def missed_pruned(objects: ObjectStore, index: Index, listing: Listing,
+                  synced: int | None) -> bool:
+    """Whether ``index`` may have missed entries pruned behind a horizon: a marker
+    not clearly before its last sync (:data:`SYNC_MARGIN_S`) that does not name it.
+    A marker replaced since the listing (a GC pruned again) is judged by a new
+    listing's markers, which cover everything it covered."""
+    own = index.identity(create=False)
+    for _ in range(3):
+        recent = [name for horizon, name in listing.markers()
+                  if synced is None or synced - int(SYNC_MARGIN_S * 1e9) <= horizon]
+        replaced = False
+        for name in recent:
+            named = marker_applied_by(objects, name)
+            if named is None:
+                replaced = True
+                break
+            if own is None or own not in named:
+                return True
+        if not replaced:
+            return False
+        listing = list_journal(objects)
+    return True
 
 
 def list_entry_ids(objects: ObjectStore) -> list[str]:
@@ -240,15 +313,20 @@ def _renew(objects: ObjectStore, entry: JournalEntry) -> None:
             entry._renewed = time.monotonic()
 
 
-def start_entry(objects: ObjectStore, condemned: Iterable[tuple[bytes, Digest]]) -> JournalEntry:
+def start_entry(objects: ObjectStore, condemned: Iterable[tuple[bytes, Digest]],
+                index_id: str | None = None) -> JournalEntry:
     """Write a new ``fenced`` entry naming the ``condemned`` objects: from now on no save
     that reads the journal reuses them, and the GC may delete them once older sessions
-    end.  A thread renews it until it is written in another state."""
+    end.  A thread renews it until it is written in another state.  ``index_id``: the
+    GC's index (:meth:`~chunkstore.index.lmdbindex.Index.identity`), recorded as
+    ``index`` so that other GCs see that this index collects here too."""
     chunks = frozenset(d for k, d in condemned if k == CHUNK)
     nodes = frozenset(d for k, d in condemned if k == NODE)
     now = time.time()
-    entry = JournalEntry(new_entry_id(), FENCED, {**owner_info(), "created": now}, chunks,
-                         nodes)
+    info: dict[str, Any] = {**owner_info(), "created": now}
+    if index_id is not None:
+        info["index"] = index_id
+    entry = JournalEntry(new_entry_id(), FENCED, info, chunks, nodes)
     write_entry(objects, entry)
     entry._thread = threading.Thread(target=_renew, args=(objects, entry), daemon=True,
                                      name="chunkstore-gc-entry")
@@ -357,9 +435,15 @@ def sync_journal(objects: ObjectStore, index: Index) -> Fence:
     listing = list_journal(objects)
     fence = Fence(objects, index)
     synced = index.journal_synced()
-    forget = listing.horizon_ns is not None and (
-        synced is None or synced - int(SYNC_MARGIN_S * 1e9) <= listing.horizon_ns)
+    forget = missed_pruned(objects, index, listing, synced)
+    # Every marker listed is accounted for once this sync is recorded (named, clearly
+    # before the last sync, or everything forgotten): recorded when that changes.
+    markers = set(listing.horizon_names)
+    new_markers = markers if markers != index.journal_markers() else None
     applied = index.journal_applied()
+    listed = set(listing.entry_ids)
+    # Applied entries the journal no longer holds (pruned): their ids need no record.
+    pruned = [i for i in applied if i not in listed and entry_time_ns(i) < started_ns]
     covered_ns = started_ns  # every entry created before this is applied after this sync
     now = time.time()
     finished: list[JournalEntry] = []
@@ -386,10 +470,12 @@ def sync_journal(objects: ObjectStore, index: Index) -> Fence:
             finished.append(entry)
     stale = synced is None or covered_ns < synced \
         or covered_ns - synced > int(SYNC_REFRESH_S * 1e9)
-    if forget or finished or stale:
+    if forget or finished or stale or new_markers is not None \
+            or len(pruned) >= STALE_APPLIED_MAX:
         try:
             index.record_journal_sync([(e.id, list(e.objects())) for e in finished],
-                                      covered_ns, forget, wait_s=OPEN_WAIT_S)
+                                      covered_ns, forget, wait_s=OPEN_WAIT_S,
+                                      markers=new_markers, pruned=pruned)
         except WriterBusy:
             log.warning("the index at %s is busy (another process holds its writer): the"
                         " GC journal was read but not applied to it; its records are not"
@@ -398,18 +484,64 @@ def sync_journal(objects: ObjectStore, index: Index) -> Fence:
     return fence
 
 
-def prune_journal(objects: ObjectStore, now: float, keep_s: float = JOURNAL_KEEP_S) -> int:
-    """Delete finished entries older than ``keep_s``; return how many.
+def finish_entry(objects: ObjectStore, entry: JournalEntry, index: Index) -> None:
+    """Store a run's entry in its final state (``done`` or ``abandoned``), then: one that
+    names nothing is deleted at once (no index has anything to learn from it; a save
+    that listed it and finds it gone distrusts its index for that save, as for any
+    entry gone between listing and read), and one that names objects is marked applied
+    to the run's own index, which saw every deletion."""
+    write_entry(objects, entry)
+    if not entry.chunks and not entry.nodes:
+        objects.delete(JOURNAL, entry.id)
+        return
+    index.mark_journal_applied([entry.id])
+
+
+def _journal_is_own(objects: ObjectStore, index: Index, listing: Listing) -> bool:
+    """Whether every entry and marker in the journal comes from GCs of ``index``: no
+    other index has collected here for the week entries stay (its entries and markers
+    would show it), so pruning early makes no other collecting index forget."""
+    own = index.identity()
+    for name in listing.horizon_names:
+        named = marker_applied_by(objects, name)
+        if named is None or own not in named:
+            return False
+    for entry_id in listing.entry_ids:
+        try:
+            entry = read_entry(objects, entry_id)
+        except ValueError:
+            return False
+        if entry is not None and entry.info.get("index") != own:
+            return False
+    return True
+
+
+def prune_journal(objects: ObjectStore, now: float, keep_s: float = JOURNAL_KEEP_S,
+                  index: Index | None = None, keep: Iterable[str] = ()) -> int:
+    """Delete finished entries older than ``keep_s``, and on a local store those
+    ``index`` (the pruning GC's own) has applied, but for ``keep`` (the run's own
+    entry), while the journal holds only entries and markers of that index's GCs;
+    return how many.
 
     The horizon marker goes first: from the moment an entry may be missing,
-    every index whose last sync is older knows it cannot trust its records.
+    every index whose last sync is older knows it cannot trust its records,
+    unless the marker names it.  It names ``index`` when that index applied every
+    entry pruned now and had accounted for every marker the listing holds, by name
+    (:meth:`~chunkstore.index.lmdbindex.Index.journal_markers`).  Early pruning is
+    for local stores only (docs/format.md §11.2): the indexes of other machines,
+    which no marker names, would forget every record at each of their syncs.
     """
     listing = list_journal(objects)
     cutoff_ns = int((now - keep_s) * 1e9)
+    early = index is not None and objects.local_path() is not None \
+        and _journal_is_own(objects, index, listing)
+    applied = index.journal_applied() if index is not None else set()
+    kept = set(keep)
     prunable = []
     for entry_id in listing.entry_ids:
-        if entry_time_ns(entry_id) >= cutoff_ns:
-            break  # the listing is in creation order
+        old = entry_time_ns(entry_id) < cutoff_ns
+        if not old and not (early and entry_id in applied and entry_id not in kept):
+            continue
         try:
             entry = read_entry(objects, entry_id)
         except ValueError:
@@ -418,12 +550,17 @@ def prune_journal(objects: ObjectStore, now: float, keep_s: float = JOURNAL_KEEP
             prunable.append(entry_id)
     if not prunable:
         return 0
-    horizon = max(entry_time_ns(prunable[-1]), listing.horizon_ns or 0)
+    horizon = max(*(entry_time_ns(e) for e in prunable), listing.horizon_ns or 0)
+    named = index is not None and all(e in applied for e in prunable) \
+        and set(listing.horizon_names) <= index.journal_markers()
     marker = f"{HORIZON_PREFIX}{horizon:020d}"
-    objects.put(JOURNAL, marker, b"")
+    objects.put(JOURNAL, marker, marker_body([index.identity() or ""] if index is not None
+                                             and named else []))
     for name in listing.horizon_names:
         if name != marker:
             objects.delete(JOURNAL, name)
     for entry_id in prunable:
         objects.delete(JOURNAL, entry_id)
+    if index is not None:
+        index.record_journal_prune(marker if named else None, prunable)
     return len(prunable)
