@@ -96,12 +96,14 @@ def test_a_damaged_local_copy_is_read_from_the_mirror(tmp_path: Path) -> None:
             data = chunk.read_bytes()  # the last byte flipped (a zero byte stays damaged)
             chunk.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
     with Checkpointer(local, run="r", mirror=mirror) as ckpt, \
-            pytest.warns(RestoreFallbackWarning, match="local tier"):
+            pytest.warns(RestoreFallbackWarning, match="local tier") as warned:
         restored = model(0)
         assert ckpt.restore(model=restored) == 2 and same(restored, model(2))
         source = ckpt.last_restore
         assert source is not None and source.tier == "mirror" and source.version == newest.id
         assert source.reason.startswith("its local copy is damaged")
+    # The warning points at the caller's line (it pointed at contextlib.py).
+    assert {w.filename for w in warned} == {__file__}
     # The restore healed the local tier (it said "already there" and left it damaged):
     # the version verifies there, and the next restore reads it locally.
     with chunkstore.open(local) as store:

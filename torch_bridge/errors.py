@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+import types
+
+import chunkstore.errors as chunkstore_errors
 from chunkstore.errors import ChunkStoreError, IntegrityError, InvalidInputError
 
 
@@ -56,6 +62,20 @@ class AsyncSaveError(ChunkStoreError):
 
 class NotAtUpdateBoundaryWarning(UserWarning):
     """Warned when a save sees gradients the optimizer has not applied yet."""
+
+
+def caller_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning raised here at the user's line: the first
+    frame outside torch_bridge, chunkstore and contextlib (decorators add frames of their
+    own, so a fixed level points at contextlib.py on some paths)."""
+    ours = (os.path.dirname(os.path.abspath(__file__)),
+            os.path.dirname(os.path.abspath(chunkstore_errors.__file__)),
+            os.path.dirname(os.path.abspath(contextlib.__file__)) + os.sep + "contextlib")
+    frame: types.FrameType | None = sys._getframe(1)
+    level = 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(ours):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 #: What a message about damage found on restore says to do.

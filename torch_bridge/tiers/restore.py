@@ -24,7 +24,7 @@ from chunkstore.objects.kinds import VERSIONS
 from torch_bridge.capture.layout import apply_states, load_states, read_sections, warn_unrestored
 from torch_bridge.capture.rng import restore_rng
 from torch_bridge.distributed.collectives import all_gather_plain
-from torch_bridge.errors import RestoreFallbackWarning, nothing_restored
+from torch_bridge.errors import RestoreFallbackWarning, caller_stacklevel, nothing_restored
 
 #: A tier by name ("local", "mirror") and its store (None: there is none).
 Tier = tuple[str, Store | None]
@@ -75,7 +75,7 @@ class TierRestore:
                 self.timings["refill"] = time.perf_counter() - refilled
             if failures:
                 warnings.warn(RestoreFallbackWarning.skipped(self.run, failures, info.step),
-                              stacklevel=5)
+                              stacklevel=caller_stacklevel())
             return replace(source, timings=dict(self.timings), bytes=info.logical_bytes)
         if failures:
             raise nothing_restored(self.run, failures)
