@@ -8,10 +8,13 @@ Real files, real LMDB, real processes (a reader SIGKILLed), the moto S3 server.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -176,3 +179,40 @@ def test_crafted_leases_protect_nothing_and_stop_no_gc(tmp_path: Path) -> None:
         store.reconcile()  # the removal and the collection ran from another index
         found = store.verify()
         assert found.ok, found.problems
+
+
+class SlowDeletes(ForwardingBackend):
+    """Holds every delete until ``go`` is set (a request that does not return)."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.go = threading.Event()
+
+    def discard(self, key: str) -> bool:
+        assert self.go.wait(30)
+        return super().discard(key)
+
+    def delete(self, key: str) -> bool:
+        assert self.go.wait(30)
+        return super().delete(key)
+
+
+def test_a_reader_collected_on_any_thread_does_no_io_there(tmp_path: Path) -> None:
+    """A reader's finalizer may run on whatever thread the garbage collector runs on,
+    fsspec's event loop included, where a request of its own never returns (the suite
+    hung so): dropping the reader returns at once, and the heartbeat thread deletes its
+    lease."""
+    with chunkstore.open(tmp_path / "s", create=True, chunk_size=CHUNK) as store:
+        version = save(store, 1)
+        slow = store.backend = SlowDeletes(store.backend)
+        reader = store.open_version(version)
+        del reader
+        started = time.monotonic()
+        gc.collect()
+        assert time.monotonic() - started < 5
+        assert len(list(store.objects.ids(READERS))) == 1
+        slow.go.set()
+        deadline = time.monotonic() + 10
+        while list(store.objects.ids(READERS)):
+            assert time.monotonic() < deadline, "the heartbeat thread never deleted it"
+            time.sleep(0.05)

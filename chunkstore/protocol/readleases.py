@@ -98,50 +98,89 @@ class ReadLease:
             return json.dumps(self._info, sort_keys=True).encode()
 
     def beat(self) -> None:
-        # Under the lock: a close between a check and the write would see its delete
-        # undone by the write (a lease left alive for the process's life).
+        """Rewrite the lease (the heartbeat thread).  No I/O under the lock: a close may
+        come from a finalizer on any thread, fsspec's event loop included.  A close
+        during the write would see its delete undone by it: the write is undone then."""
         with self._lock:
             if self.closed:
                 return
             self._info["heartbeat"] = time.time()
-            self.objects.put(READERS, self.id, json.dumps(self._info, sort_keys=True).encode())
+            body = json.dumps(self._info, sort_keys=True).encode()
+        self.objects.put(READERS, self.id, body)
+        with self._lock:
+            undo = self.closed
+        if undo:
+            self._discard()
 
     def close(self) -> None:
-        """Leave the heartbeat and delete the lease (idempotent)."""
+        """Leave the heartbeat and delete the lease now (idempotent)."""
+        if self._mark_closed():
+            self._discard()
+
+    def close_later(self) -> None:
+        """:meth:`close` for a finalizer, which may run on any thread (one of fsspec's
+        event loop, where a request of its own would never return): the lease leaves
+        the heartbeat now, and the heartbeat thread deletes it."""
+        if self._mark_closed():
+            _HEARTBEAT.discard_later(self)
+
+    def _mark_closed(self) -> bool:
         with self._lock:
             if self.closed:
-                return
+                return False
             self.closed = True
         _HEARTBEAT.remove(self)
+        return True
+
+    def _discard(self) -> None:
         with contextlib.suppress(Exception):  # left behind: dead once its process is
             self.objects.discard(READERS, self.id)
 
 
 class _Heartbeat:
-    """The one thread of a process that rewrites its open leases."""
+    """The one thread of a process that rewrites its open leases, and deletes those
+    closed by finalizers."""
 
     def __init__(self) -> None:
         self._leases: weakref.WeakSet[ReadLease] = weakref.WeakSet()
-        self._lock = threading.Lock()
+        self._closed: list[ReadLease] = []
+        self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
 
     def add(self, lease: ReadLease) -> None:
-        with self._lock:
+        with self._cond:
             self._leases.add(lease)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, daemon=True,
-                                                name="chunkstore-read-leases")
-                self._thread.start()
+            self._start_locked()
 
     def remove(self, lease: ReadLease) -> None:
-        with self._lock:
+        with self._cond:
             self._leases.discard(lease)
 
+    def discard_later(self, lease: ReadLease) -> None:
+        with self._cond:
+            self._closed.append(lease)
+            self._start_locked()
+            self._cond.notify_all()
+
+    def _start_locked(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, daemon=True,
+                                            name="chunkstore-read-leases")
+            self._thread.start()
+
     def _run(self) -> None:
+        next_beat = time.monotonic() + HEARTBEAT_S
         while True:
-            time.sleep(HEARTBEAT_S)
-            with self._lock:
-                leases = list(self._leases)
+            with self._cond:
+                while not self._closed and time.monotonic() < next_beat:
+                    self._cond.wait(next_beat - time.monotonic())
+                closed, self._closed = self._closed, []
+                due = time.monotonic() >= next_beat
+                leases = list(self._leases) if due else []
+            for lease in closed:
+                lease._discard()
+            if due:
+                next_beat = time.monotonic() + HEARTBEAT_S
             for lease in leases:
                 try:
                     lease.beat()

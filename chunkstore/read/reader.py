@@ -258,7 +258,7 @@ class VersionReader:
             self.close()
             raise
         if self._lease is not None:
-            weakref.finalize(self, self._lease.close)
+            weakref.finalize(self, self._lease.close_later)  # any thread: no I/O there
 
     def close(self) -> None:
         """End the read lease (idempotent); reads after it are not protected."""
