@@ -105,8 +105,9 @@ def assert_whole(store: chunkstore.Store, versions: dict[str, tuple[str, int]]) 
 
 
 def keys(root: Path) -> set[str]:
+    """The store's objects: not its index, nor the read leases of readers open."""
     return {str(p.relative_to(root)) for p in root.rglob("*")
-            if p.is_file() and not str(p.relative_to(root)).startswith("index")}
+            if p.is_file() and p.relative_to(root).parts[0] not in ("index", "readers")}
 
 
 # --- stores at both ends: local and S3 ------------------------------------------------------

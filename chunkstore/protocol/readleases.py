@@ -40,6 +40,7 @@ reader, as it protects readers of releases before this one.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import json
@@ -118,9 +119,14 @@ class ReadLease:
             self._discard()
 
     def close_later(self) -> None:
-        """:meth:`close` for a finalizer, which may run on any thread (one of fsspec's
-        event loop, where a request of its own would never return): the lease leaves
-        the heartbeat now, and the heartbeat thread deletes it."""
+        """:meth:`close` for a finalizer, which may run on any thread: on one that runs an
+        event loop (fsspec's, where a request of its own would never return) the lease
+        leaves the heartbeat now and the heartbeat thread deletes it; elsewhere now."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            self.close()
+            return
         if self._mark_closed():
             _HEARTBEAT.discard_later(self)
 
