@@ -149,9 +149,9 @@ def test_a_stopped_writer_of_the_shared_index_stalls_no_reader(
 # --- crafted and stale protocol objects --------------------------------------------------
 
 #: The lease the child processes below run with (``CHUNKSTORE_SESSION_LEASE``): their
-#: heartbeat is a tenth of it, the fence's staleness window two heartbeats.
-CHILD_LEASE_S = 20.0
-CHILD_FENCE_STALE_S = 2 * CHILD_LEASE_S / 10
+#: heartbeat is a tenth of it, the fence's staleness window one heartbeat.
+CHILD_LEASE_S = 40.0
+CHILD_FENCE_STALE_S = CHILD_LEASE_S / 10
 
 #: A second save of base@1's content: it deduplicates against every object base@1 has.
 RESAVER = """
@@ -194,7 +194,7 @@ def test_a_crafted_fenced_journal_entry_stalls_a_save_at_most_the_staleness_wind
         location: tuple[str, str], tmp_path: Path, owner: str) -> None:
     """A ``fenced`` GC journal entry no GC writes, naming every object of base@1, with
     an owner that claims life: a save that needs those objects waits until it has seen
-    the entry unchanged for the staleness window (two heartbeats), then writes them and
+    the entry unchanged for the staleness window (one heartbeat), then writes them and
     publishes a version that reads back whole."""
     from chunkstore.index.lmdbindex import CHUNK, NODE
     from chunkstore.objects.kinds import JOURNAL
@@ -215,7 +215,7 @@ def test_a_crafted_fenced_journal_entry_stalls_a_save_at_most_the_staleness_wind
     assert saver.returncode == 0, saver.stderr
     waited = json.loads(saver.stdout)["save"]
     print(f"longest wait (crafted entry, {owner}, {url[:2]}): {waited:.2f}s")
-    assert waited < CHILD_FENCE_STALE_S + 8, waited
+    assert CHILD_FENCE_STALE_S <= waited < CHILD_FENCE_STALE_S + 3, waited  # not two
     assert "has not changed" in saver.stderr  # it did wait for the entry, then went on
     with open_location(url, endpoint, tmp_path / "index") as store:
         assert store.verify().ok
@@ -271,3 +271,68 @@ def test_a_crafted_session_stops_gc_for_at_most_a_lease(
     result = json.loads(runner.stdout)
     print(f"longest wait (crafted session, {owner}, {url[:2]}): {result['gc']:.2f}s")
     assert result["deleted"] > 0, result
+
+
+#: A GC whose journal entry cannot be renewed from its first deletion on (the store
+#: unreachable for ``gc/``), each deletion taking 0.1 s: it prints the monotonic times
+#: at which each deletion began and at which its last renewal that succeeded was sent.
+UNRENEWED_GC = """
+import json, sys, time
+import numpy as np
+import chunkstore
+from chunkstore.backends.wrappers import ForwardingBackend
+from chunkstore.errors import GcAbortedError
+url, = sys.argv[1:2]
+state = {"failing": False, "renewed": None, "deletes": []}
+class Unrenewed(ForwardingBackend):
+    def put(self, key, data):
+        if key.startswith("gc/"):
+            sent = time.monotonic()
+            if state["failing"]:
+                raise OSError("the store is unreachable for gc/")
+            super().put(key, data)
+            state["renewed"] = sent
+            return
+        super().put(key, data)
+    def delete(self, key):
+        if key.startswith(("chunks/", "nodes/")):
+            state["failing"] = True
+            state["deletes"].append(time.monotonic())
+            time.sleep(0.1)
+        return super().delete(key)
+with chunkstore.open(url) as store:
+    store.backend = Unrenewed(store.backend)
+    try:
+        store.gc(grace=0)
+        outcome = "finished"
+    except GcAbortedError as exc:
+        outcome = str(exc)
+print(json.dumps({"outcome": outcome, **state}))
+"""
+
+
+def test_a_gc_that_cannot_renew_its_entry_begins_no_deletion_after_half_a_heartbeat(
+        tmp_path: Path) -> None:
+    """The other half of the staleness window: a save counts an entry it watched stay
+    the same for one heartbeat as gone, so a GC begins no deletion once the last renewal
+    that succeeded was sent half a heartbeat ago (it checks before every deletion), and
+    stops with a typed error.  The child's heartbeat is 2 s (lease 20 s): deletions stop
+    1 s after the last renewal, where the check every heartbeat let them run for 2 s."""
+    url = str(tmp_path / "store")
+    with chunkstore.open(url, create=True) as store:
+        for step in range(40):
+            with store.new_version(run="a", step=step) as version:
+                version.put("w", np.full(1000, step, dtype=np.float32))
+        store.prune(keep_last=1, run="a")
+    child = subprocess.run([sys.executable, "-c", UNRENEWED_GC, url], check=False, cwd=ROOT,
+                           text=True, capture_output=True, env=child_env(20.0), timeout=120)
+    assert child.returncode == 0, child.stderr
+    seen = json.loads(child.stdout)
+    assert "could not renew its journal entry" in seen["outcome"], seen["outcome"]
+    late = max(begun - seen["renewed"] for begun in seen["deletes"])
+    print(f"gc without renewal: {len(seen['deletes'])} deletions, the last begun"
+          f" {late:.2f}s after the last renewal was sent")
+    assert 1 < len(seen["deletes"]) < 40
+    assert late <= 20.0 / 10 / 2 + 0.3, late  # half a heartbeat, with room for the beat
+    with chunkstore.open(url) as store:
+        assert store.verify().ok  # the kept version is whole

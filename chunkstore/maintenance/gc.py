@@ -97,6 +97,7 @@ nothing.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import time
@@ -132,6 +133,7 @@ from chunkstore.protocol.journal import (
     DONE,
     FENCED,
     JournalEntry,
+    check_renewed,
     finish_entry,
     prune_journal,
     start_entry,
@@ -145,6 +147,8 @@ from chunkstore.read.packs import copy_members
 
 if TYPE_CHECKING:
     from chunkstore.handle.handle import StoreHandle
+
+log = logging.getLogger(__name__)
 
 DEFAULT_GRACE_S = 3600.0
 #: How long a GC waits for saves that started before its journal entry (step 6).
@@ -275,7 +279,10 @@ class _Run:
                 f"gc ran longer than half the grace period ({self.grace_s / 2:.0f}s) and"
                 " stopped so that readers keep the grace period they were promised; run it"
                 " again, or with a longer --grace")
-        if self.entry is None or time.monotonic() - self.last_beat < HEARTBEAT_S:
+        if self.entry is None:
+            return
+        check_renewed(self.entry)  # before every deletion: see journal.FENCE_STALE_S
+        if time.monotonic() - self.last_beat < HEARTBEAT_S:
             return
         if time.time() - self.last_beat_wall > LEASE_S / 2:
             # Paused or cut off for half the lease: saves elsewhere may have counted
@@ -484,10 +491,12 @@ class _Run:
         self.entry = entry
         self.last_beat, self.last_beat_wall = time.monotonic(), time.time()
         self.result.journal_entry = entry.id
+        failed = True
         try:
             if not self.wait_for_sessions(entry):
                 self.result.deferred = len(candidates)
                 entry.state = ABANDONED
+                failed = False
                 return
             reconcile(self.store)  # versions the sessions just waited for published
             candidates = self.confirm_unreachable(candidates)
@@ -500,6 +509,7 @@ class _Run:
                 self.check_time()
                 self.objects.delete(MOVED, pack)
             entry.state = DONE
+            failed = False
         finally:
             if entry.state == FENCED:
                 entry.state = ABANDONED  # interrupted: saves stop waiting for it
@@ -510,7 +520,15 @@ class _Run:
                 entry.nodes = frozenset(d for k, d in self.deleted if k == NODE)
             # Stored finished; one that names nothing is deleted at once, else it is
             # marked applied here (this index saw every deletion).
-            finish_entry(self.objects, entry, self.index)
+            try:
+                finish_entry(self.objects, entry, self.index)
+            except Exception as exc:
+                if not failed:
+                    raise
+                # The run's own error says why it stopped (the store unreachable, say);
+                # the entry left fenced is counted gone by saves after a heartbeat.
+                log.warning("gc journal entry %s could not be marked finished: %s",
+                            entry.id, exc)
 
     def wait_for_sessions(self, entry: JournalEntry) -> bool:
         """Wait until no live save session that has not read ``entry`` is left."""

@@ -74,16 +74,18 @@ FENCED, DONE, ABANDONED = "fenced", "done", "abandoned"
 FENCE_WAIT_S = max(600.0, LEASE_S + 2 * HEARTBEAT_S)
 #: A running GC rewrites its fenced entry this often (a thread of its own, so that a
 #: long step between two of the run's checks does not make it look gone)...
-RENEW_S = HEARTBEAT_S / 3
-#: ... and stops, deleting nothing more, once it could not for this long: a save may
-#: count it gone from then on.
-RENEW_LAPSE_S = HEARTBEAT_S
+RENEW_S = HEARTBEAT_S / 6
+#: ... and begins no deletion once the last renewal that succeeded was *sent* longer
+#: ago than this (:func:`check_renewed`, before every deletion): a save may count it
+#: gone from then on.
+RENEW_LAPSE_S = HEARTBEAT_S / 2
 #: A save counts a fenced entry it has watched stay byte for byte the same for this long
-#: (on its own clock) as one no live GC renews, whatever times it holds: a GC begins a
-#: deletion at most a heartbeat after its last renewal (it checks its entry before
-#: each, every heartbeat, and stops when it could not renew for :data:`RENEW_LAPSE_S`),
-#: and the second heartbeat is for a deletion in flight.
-FENCE_STALE_S = 2 * HEARTBEAT_S
+#: (on its own clock) as one no live GC renews, whatever times it holds, so no crafted
+#: or stale entry holds a save up for more than one heartbeat.  Why that is safe: the
+#: bytes the save first saw were written by a renewal sent before it looked; the GC
+#: begins no deletion :data:`RENEW_LAPSE_S` after sending its last successful renewal,
+#: so none after half the watch, and the other half is for a deletion in flight.
+FENCE_STALE_S = HEARTBEAT_S
 #: Finished entries older than this are pruned by GC, behind a horizon marker.
 JOURNAL_KEEP_S = 7 * 24 * 3600.0
 #: An index counts as having missed a pruned entry created up to this long before its
@@ -276,22 +278,35 @@ def write_entry(objects: ObjectStore, entry: JournalEntry) -> None:
     written its objects, so the run stops (:class:`GcAbortedError`).  Writing it in
     any other state ends its renewal."""
     with entry._lock:
-        if entry.state == FENCED and (entry._lapsed or (
-                entry._renewed is not None
-                and time.monotonic() - entry._renewed > RENEW_LAPSE_S)):
-            entry._lapsed = True
-            raise GcAbortedError(
-                f"gc could not renew its journal entry {entry.id} for {RENEW_LAPSE_S:.0f}s"
-                " (paused, or the store unreachable): saves may count it gone, so it"
-                " stopped deleting; run it again")
+        if entry.state == FENCED:
+            _raise_if_lapsed(entry)
         if entry.state != FENCED:
             entry._stop.set()
         entry.info["heartbeat"] = time.time()
+        sent = time.monotonic()
         objects.put(JOURNAL, entry.id, entry.encode())
-        entry._renewed = time.monotonic()
+        entry._renewed = sent
     thread = entry._thread
     if entry.state != FENCED and thread is not None and thread is not threading.current_thread():
         thread.join()
+
+
+def check_renewed(entry: JournalEntry) -> None:
+    """Called by a GC right before each deletion: :class:`GcAbortedError` unless the
+    last successful renewal of its fenced entry was sent within :data:`RENEW_LAPSE_S`
+    (a save that watched the entry for :data:`FENCE_STALE_S` may count it gone).  Takes
+    no lock: a renewal in flight does not hold up the deletions."""
+    _raise_if_lapsed(entry)
+
+
+def _raise_if_lapsed(entry: JournalEntry) -> None:
+    if entry._lapsed or (entry._renewed is not None
+                         and time.monotonic() - entry._renewed > RENEW_LAPSE_S):
+        entry._lapsed = True  # never renewed again
+        raise GcAbortedError(
+            f"gc could not renew its journal entry {entry.id} for {RENEW_LAPSE_S:.0f}s"
+            " (paused, or the store unreachable): saves may count it gone, so it"
+            " stopped deleting; run it again")
 
 
 def _renew(objects: ObjectStore, entry: JournalEntry) -> None:
@@ -305,12 +320,13 @@ def _renew(objects: ObjectStore, entry: JournalEntry) -> None:
                 entry._lapsed = True  # stopped for a while: never renewed again
                 return
             entry.info["heartbeat"] = time.time()
+            sent = time.monotonic()
             try:
                 objects.put(JOURNAL, entry.id, entry.encode())
             except Exception as exc:  # retried at the next beat; a lapse ends the run
                 log.debug("gc journal entry %s not renewed: %s", entry.id, exc)
                 continue
-            entry._renewed = time.monotonic()
+            entry._renewed = sent
 
 
 def start_entry(objects: ObjectStore, condemned: Iterable[tuple[bytes, Digest]],
