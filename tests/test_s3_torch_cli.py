@@ -105,7 +105,8 @@ def test_the_demo_command_passes_the_storage_options_on(
         s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
     seen = {}
 
-    def fake_demo(where: str, say: object, storage_options: object = None) -> None:
+    def fake_demo(where: str, say: object, storage_options: object = None,
+                  seed: object = None) -> None:
         seen["options"] = storage_options
         raise RuntimeError("stop here")
 

@@ -54,18 +54,33 @@ def _errors(command: str, extra: str = "torch") -> Iterator[None]:
 # --- demo -----------------------------------------------------------------------------------
 
 
+#: Where ``chunkstore demo`` takes its seed from when --seed is not given.
+DEMO_SEED_ENV_VAR = "CHUNKSTORE_DEMO_SEED"
+
+
 @click.command()
 @click.argument("path", required=False)
-def demo(path: str | None) -> None:
-    """Kill a training job mid-run, resume it, and prove the result is bit-exact.
+@click.option("--seed", type=click.IntRange(min=0), envvar=DEMO_SEED_ENV_VAR,
+              help="Draw the kill point from this seed (default: a fresh one from"
+                   f" os.urandom, printed; also ${DEMO_SEED_ENV_VAR}).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the outcome as JSON (the progress lines go to stderr).")
+def demo(path: str | None, seed: int | None, as_json: bool) -> None:
+    """Kill a training job at a random moment, resume it, and prove the result is bit-exact.
 
-    Trains a small model on the CPU (a frozen backbone under a trained head
-    with dropout; Adam, a learning-rate schedule, a shuffling data loader)
+    Trains a small model on the CPU (a frozen 4 MiB backbone under a trained
+    head with dropout; Adam, a learning-rate schedule, a shuffling data loader)
     three ways: uninterrupted in this process; in a subprocess with an async
-    checkpoint every 2 steps, SIGKILLed halfway; and resumed from the newest
-    checkpoint that verifies. Compares parameters, optimizer state, per-step
-    losses and consumed example ids bit for bit against the uninterrupted run,
-    then shows what the checkpoints took on disk against torch.save.
+    checkpoint every 2 steps, SIGKILLed at a random point of the second half of
+    training (between saves, or while a save is in flight: the output says
+    which, and the seed that drew it); and resumed from the newest checkpoint
+    that verifies. Compares parameters, optimizer state, per-step losses and
+    consumed example ids bit for bit against the uninterrupted run.
+
+    Then says what one checkpoint holds and what the checkpoints took on disk
+    against torch.save, for this job (most of each save is the frozen
+    backbone: the best case) and for the same job with every weight training
+    (the dense case, 8 saves into a temporary store).
 
     PATH is a new store directory (default: a temporary one, removed
     afterwards). Takes well under a minute.
@@ -73,25 +88,30 @@ def demo(path: str | None) -> None:
     \b
     Examples:
       chunkstore demo
+      chunkstore demo --seed 1234
       chunkstore demo ./demo-store && chunkstore log ./demo-store
 
     \b
     Exit codes: 0 the resumed run matched; 1 it did not (or verify failed);
     2 PATH is not empty, or PyTorch is not installed; 4 failure.
     """
+    say = (lambda line: click.echo(line, err=True)) if as_json else click.echo
     with _errors("demo"), _demo_dir(path) as where:
         if os.path.exists(where) and os.listdir(where):
             raise CommandError(f"{where} is not empty; give a new directory", EXIT_USAGE)
         from torch_bridge.tools.demo import run_demo
 
-        result = run_demo(where, say=click.echo, storage_options=storage_options_for(where))
-        click.echo("")
+        result = run_demo(where, say=say, storage_options=storage_options_for(where),
+                          seed=seed)
+        say("")
         for line in _demo_summary(result):
-            click.echo(line)
+            say(line)
         if path is None:
-            click.echo("the store was temporary and is removed now; to keep one and try the"
-                       " other commands on it: chunkstore demo ./demo-store &&"
-                       " chunkstore report ./demo-store")
+            say("the store was temporary and is removed now; to keep one and try the"
+                " other commands on it: chunkstore demo ./demo-store &&"
+                " chunkstore report ./demo-store")
+        if as_json:
+            click.echo(json.dumps(result.to_json(), indent=2))
         if not result.matched:
             raise SystemExit(EXIT_PROBLEMS)
 
@@ -103,15 +123,27 @@ def _demo_summary(result: object) -> list[str]:
     verdict = ("IDENTICAL: parameters, optimizer state, per-step losses and example ids"
                " match the uninterrupted run bit for bit" if not result.differences
                else "DIFFERENT: " + ", ".join(result.differences[:8]))
-    full = result.torch_save_bytes * result.versions
-    ratio = full / result.physical_bytes if result.physical_bytes else 0.0
-    return [
+    lines = [
         verdict,
         f"store: {plural(result.versions, 'version')} of {format_size(result.logical_bytes)};"
         f" verify {'ok' if result.verify_ok else 'FAILED'}",
-        f"torch.save of the same {plural(result.versions, 'checkpoint')}: {format_size(full)};"
-        f" chunkstore stored {format_size(result.physical_bytes)} ({ratio:.1f}x less)",
+        "storage against torch.save of the same checkpoints:",
     ]
+    for label, figure in (("frozen-base model (this job: the best case)", result.frozen),
+                          ("dense model (every weight trains)", result.dense)):
+        if figure is not None:
+            lines.append(_figure_line(label, figure))
+    return lines
+
+
+def _figure_line(label: str, figure: object) -> str:
+    from torch_bridge.tools.demo import StorageFigure
+
+    assert isinstance(figure, StorageFigure)
+    return (f"  {label}: {plural(figure.versions, 'checkpoint')}, torch.save"
+            f" {format_size(figure.torch_save_bytes)}, chunkstore stored"
+            f" {format_size(figure.stored_bytes)}: {figure.ratio:.2f}x less (chunks stored"
+            f" once {figure.dedup:.2f}x, compression {figure.compression:.2f}x)")
 
 
 @contextlib.contextmanager

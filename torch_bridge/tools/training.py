@@ -7,9 +7,15 @@ loader has its own ``generator`` (without one, creating an iterator draws
 from the global torch RNG, so a run resumed mid-epoch would diverge), and
 saves happen after ``optimizer.step()``, at an update boundary.
 
+With ``frozen_backbone=False`` every weight trains: the dense case, where no
+chunk of one save repeats in the next.
+
 Run as ``python -m torch_bridge.tools.training STORE --config JSON`` it trains with
-an async save every ``save_every`` steps and prints ``saved STEP`` after each
-save call: the demo and the tests SIGKILL it mid-run.
+an async save every ``save_every`` steps and prints one line per event, which the
+demo and the tests read to SIGKILL it at a chosen moment: ``step S`` after each
+optimizer step, ``saving S`` before the save of step S is called, ``saved S`` when
+that call returns (its background write has begun), ``published`` when a save's
+commit record is written (saves publish one at a time, in order), ``done`` at the end.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import argparse
 import contextlib
 import json
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -30,6 +37,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import chunkstore
 from chunkstore.backends.wrappers import ForwardingBackend
 from chunkstore.cli.common import STORAGE_OPTIONS_ENV_VAR, storage_options_for
+from chunkstore.objects.kinds import VERSIONS
 from torch_bridge.capture.sampler import ResumableSampler
 from torch_bridge.checkpointer import Checkpointer
 
@@ -48,6 +56,7 @@ class TrainConfig:
     batch_size: int = 8
     dropout: float = 0.3
     chunk_size: int = 64 * 1024
+    frozen_backbone: bool = True  # False: every weight trains (the dense case)
 
 
 class History:
@@ -97,7 +106,7 @@ def build(config: TrainConfig) -> Job:
     labels = torch.randint(0, config.classes, (config.examples,), generator=data)
     dataset = TensorDataset(inputs, labels, torch.arange(config.examples))
     backbone = nn.Linear(config.features, config.features)
-    backbone.requires_grad_(False)
+    backbone.requires_grad_(not config.frozen_backbone)
     model = nn.Sequential(backbone, nn.Tanh(), nn.Linear(config.features, config.hidden),
                           nn.ReLU(), nn.Dropout(config.dropout),
                           nn.Linear(config.hidden, config.classes))
@@ -117,8 +126,10 @@ def _batches(job: Job) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tenso
 
 
 def train(job: Job, until: int, ckpt: Checkpointer | None = None,
-          on_saved: Callable[[int], None] | None = None) -> None:
-    """Train from ``job.step`` to ``until``, saving every ``save_every`` steps to ``ckpt``."""
+          on_event: Callable[[str, int], None] = lambda event, step: None) -> None:
+    """Train from ``job.step`` to ``until``, saving every ``save_every`` steps to ``ckpt``;
+    ``on_event`` hears ``("step", S)`` after each step and ``("saving", S)`` and
+    ``("saved", S)`` around each save call."""
     job.model.train()
     batches = _batches(job)
     while job.step < until:
@@ -132,10 +143,11 @@ def train(job: Job, until: int, ckpt: Checkpointer | None = None,
         job.step += 1
         job.history.losses.append(float(loss.item()))
         job.history.ids.append([int(i) for i in ids])
+        on_event("step", job.step)
         if ckpt is not None and job.step % job.config.save_every == 0:
+            on_event("saving", job.step)
             ckpt.save(job.step, **job.stateful())
-            if on_saved is not None:
-                on_saved(job.step)
+            on_event("saved", job.step)
 
 
 def resume(job: Job, ckpt: Checkpointer, step: int | None = None,
@@ -196,6 +208,41 @@ class DelayedBackend(ForwardingBackend):
         return super().put_if_absent(key, data)
 
 
+class PublishReporter(ForwardingBackend):
+    """Calls ``on_published()`` right after each commit record (``versions/``) is
+    written: the moment a save is published."""
+
+    def __init__(self, inner: Any, on_published: Callable[[], None]) -> None:
+        super().__init__(inner)
+        self.on_published = on_published
+
+    def put(self, key: str, data: bytes | memoryview) -> None:
+        super().put(key, data)
+        self._written(key)
+
+    def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
+        created = super().put_if_absent(key, data)
+        self._written(key)
+        return created
+
+    def _written(self, key: str) -> None:
+        if key.startswith(VERSIONS.prefix):
+            self.on_published()
+
+
+def _line_printer() -> Callable[[str], None]:
+    """Print whole lines, flushed, from any thread (``published`` comes from the save's
+    background thread; one line must never split another)."""
+    lock = threading.Lock()
+
+    def emit(line: str) -> None:
+        with lock:
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+
+    return emit
+
+
 def storage_options_environment(options: dict[str, Any] | None) -> dict[str, str]:
     """The environment that hands :func:`main` in a subprocess these storage options."""
     return {} if not options else {STORAGE_OPTIONS_ENV_VAR: json.dumps(options)}
@@ -225,17 +272,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds each storage write waits (simulates slow storage)")
     args = parser.parse_args(argv)
     config = TrainConfig(**json.loads(args.config))
+    emit = _line_printer()
     with deterministic(), _checkpointer(args.store, args.run, config) as ckpt:
+        backend = ckpt.store.backend
         if args.save_delay:
-            ckpt.store.backend = DelayedBackend(ckpt.store.backend, args.save_delay)
+            backend = DelayedBackend(backend, args.save_delay)
+        ckpt.store.backend = PublishReporter(backend, lambda: emit("published"))
         job = build(config)
         resume(job, ckpt)
-
-        def report(step: int) -> None:
-            print(f"saved {step}", flush=True)
-
-        train(job, config.steps, ckpt, report)
-    print("done", flush=True)
+        train(job, config.steps, ckpt, lambda event, step: emit(f"{event} {step}"))
+    emit("done")
     return 0
 
 
