@@ -26,6 +26,7 @@ from torch_bridge.tools.kill import (  # noqa: E402
     run_child,
 )
 
+REPO = Path(__file__).resolve().parent.parent
 CONFIG = training.TrainConfig(steps=24, save_every=2)
 #: The first seed that draws a kill during a save, and its kill point (a save step).
 SEED_IN_FLIGHT = next(s for s in range(100) if choose_kill_point(s, CONFIG).moment == DURING_SAVE)
@@ -172,3 +173,30 @@ def test_demo_command_resumes_bit_exactly_and_says_what_it_measured(tmp_path: Pa
 def _ratio(figure: dict[str, Any]) -> str:
     """A storage figure's ratio as the demo prints it."""
     return f"{figure['torch_save_bytes'] / figure['stored_bytes']:.2f}x"
+
+
+def test_the_readme_demo_figures_come_from_the_results_file() -> None:
+    """Every figure the README's demo section quotes (ratios, sizes, the kill it
+    describes) is one of benchmarks/results/demo.json, written by the command the
+    section names."""
+    from chunkstore.cli import format_size
+
+    section = (REPO / "README.md").read_text().split("## Two commands", 1)[1]
+    section = " ".join(section.split("### Set-up", 1)[0].split())
+    results = json.loads((REPO / "benchmarks/results/demo.json").read_text())
+    assert results["matched"] and results["verify_ok"]
+    command = f"chunkstore demo --seed {results['seed']} --json > benchmarks/results/demo.json"
+    assert command in section
+    assert results["kill"]["described"] in section
+    assert f"resumed from step {results['restored_step']}" in section
+    for case in ("frozen_base", "dense"):
+        assert f"{results[case]['versions']} checkpoints" in section
+    figures = {"ratio": _ratio, "dedup": lambda f: f"{f['dedup']:.2f}x",
+               "compression": lambda f: f"{f['compression']:.2f}x",
+               "torch.save": lambda f: format_size(f["torch_save_bytes"]),
+               "stored": lambda f: format_size(f["stored_bytes"])}
+    known = {show(results[k]) for k in ("frozen_base", "dense") for show in figures.values()}
+    known |= {format_size(n) for n in results["state"].values()}
+    quoted = re.findall(r"\d+\.\d+(?:x| [KM]iB)", section)
+    assert len(quoted) >= 12
+    assert [f for f in quoted if f not in known] == []
