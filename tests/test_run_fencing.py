@@ -18,6 +18,7 @@ import torch
 
 import chunkstore
 from chunkstore.errors import RunInUseError
+from chunkstore.objects.kinds import VERSIONS
 from tests.s3server import create_bucket, remove_bucket, s3_endpoint, storage_options
 from torch_bridge import Checkpointer
 
@@ -256,3 +257,68 @@ def test_a_killed_writers_commit_in_flight_is_rolled_forward(tmp_path: Path) -> 
         assert restarted.restore(model=model()) == 3
         restarted.save(4, model=model())
         assert restarted.all_steps() == [1, 2, 3, 4]
+
+
+def test_a_version_rolled_forward_then_removed_is_not_published_again_by_its_stopped_writer(
+        location: tuple[str, str], tmp_path: Path) -> None:
+    """A stopped right before its PUT of r@3's record; B takes the run (rolling r@3
+    forward), removes r@3 and saves step 3 again, then A is continued.  Before, A's
+    put-if-absent created the removed record again: two versions of r@3, one whose
+    objects a GC may have deleted.  Now the removal withdrew it (a marker under
+    ``leases/``): A's save deletes the record it created again and reports the run
+    lost, and r@3 is B's alone.  (A GC here would wait for A's save session.)"""
+    url, endpoint = location
+    writer = start(PAUSED_WRITER, url, endpoint, tmp_path / "a")
+    try:
+        assert [line(writer), line(writer)] == ["saved 1", "saved 2"]
+        _, status = os.waitpid(writer.pid, os.WUNTRACED)  # stopped before r@3's record
+        assert os.WIFSTOPPED(status)
+        with open_store(url, endpoint, tmp_path / "b") as store, \
+                Checkpointer(store, run="r", takeover=True) as taker:
+            assert taker.restore(model=model()) == 3  # A's r@3, rolled forward
+            rolled = store.resolve("r@3").id
+            store.delete("r@3")
+            taker.save(3, model=torch.nn.Linear(4, 2))  # the step again, other weights
+            ours = store.resolve("r@3").id
+            os.kill(writer.pid, signal.SIGCONT)
+            assert line(writer) == "lost 3"  # before: "saved 3", its record created again
+            assert writer.wait(timeout=60) == 0
+    finally:
+        writer.kill()
+        writer.communicate(timeout=60)
+    with open_store(url, endpoint, tmp_path / "check") as store:
+        assert [(v.step, v.id) for v in store.versions("r")] == [(1, store.resolve("r@1").id),
+                                                                 (2, store.resolve("r@2").id),
+                                                                 (3, ours)]
+        assert not store.objects.exists(VERSIONS, rolled)
+        assert store.verify().ok
+
+
+def test_a_late_put_of_a_withdrawn_version_is_never_counted_in(tmp_path: Path) -> None:
+    """The same late PUT by a writer killed before it could delete it again: every index
+    that finds the record deletes it instead of listing it (a fresh one, and the
+    taker's own)."""
+    url = str(tmp_path / "store")
+    writer = start(PAUSED_WRITER, url, "-", tmp_path / "a")
+    try:
+        assert [line(writer), line(writer)] == ["saved 1", "saved 2"]
+        _, status = os.waitpid(writer.pid, os.WUNTRACED)
+        assert os.WIFSTOPPED(status)
+        with open_store(url, "-", tmp_path / "b") as store, \
+                Checkpointer(store, run="r", takeover=True) as taker:
+            assert taker.restore(model=model()) == 3
+            rolled = store.resolve("r@3").id
+            record = store.objects.get(VERSIONS, rolled)
+            store.delete("r@3")
+            taker.save(4, model=model())
+    finally:
+        writer.kill()
+        writer.communicate(timeout=60)
+    with open_store(url, "-", tmp_path / "b") as store:
+        assert store.objects.put_if_absent(VERSIONS, rolled, record)  # the late PUT
+    for index in ("b", "fresh"):
+        with open_store(url, "-", tmp_path / index) as store:
+            assert [v.step for v in store.versions("r")] == [1, 2, 4], index
+    with open_store(url, "-", tmp_path / "b") as store:
+        assert not store.objects.exists(VERSIONS, rolled)
+        assert store.verify().ok

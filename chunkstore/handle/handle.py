@@ -50,6 +50,7 @@ from chunkstore.index.lmdbindex import Index, VersionEntry
 from chunkstore.objects.kinds import TAGS, VERSIONS
 from chunkstore.objects.objectstore import ObjectStore
 from chunkstore.protocol.moved import MovedRecord
+from chunkstore.protocol.runlease import was_rolled_forward, withdraw
 from chunkstore.protocol.tombstones import write_tombstone
 
 if TYPE_CHECKING:
@@ -402,6 +403,10 @@ class StoreHandle:
         # not published.  A crash before the index update is healed by reconcile().
         self.upgrade_format()
         write_tombstone(self.objects, info.id, info.root, info.run, info.step)
+        if was_rolled_forward(self.objects, info.run, info.id):
+            # Its writer may have been stopped before its own PUT: withdrawn, a late
+            # PUT of the record is never counted in (docs/format.md §11.5).
+            withdraw(self.objects, info.run, info.id)
         self.objects.delete(VERSIONS, info.id)
         self.index.remove_version(info.id)
         return info

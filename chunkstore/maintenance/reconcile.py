@@ -24,7 +24,8 @@ from chunkstore.index.lmdbindex import (
     ChunkState,
     NewChunk,
 )
-from chunkstore.objects.kinds import CHUNKS, NODES, TAGS, VERSIONS
+from chunkstore.objects.kinds import CHUNKS, LEASES, NODES, TAGS, VERSIONS
+from chunkstore.protocol.runlease import withdrawn, withdrawn_name
 
 if TYPE_CHECKING:
     from chunkstore.handle.handle import StoreHandle
@@ -61,10 +62,21 @@ def _needs_info(store: StoreHandle, digest: Digest) -> bool:
     return record is None or record.state == ChunkState.WRITING
 
 
-def count_in(store: StoreHandle, version_id: str) -> bool:
-    """Add a version found on the backend to the index; False if it cannot be read."""
+def count_in(store: StoreHandle, version_id: str,
+             withdrawn_ids: frozenset[str] | None = None) -> bool:
+    """Add a version found on the backend to the index; False if it cannot be read, or
+    if it was withdrawn (``withdrawn_ids``, one listing of them; None: asked here)."""
     try:
         record = store.read_record(version_id)
+        if (version_id in withdrawn_ids if withdrawn_ids is not None
+                else store.objects.exists(LEASES, withdrawn_name(record.run, version_id))):
+            # Removed after a takeover rolled it forward: this record is its stopped
+            # writer's late PUT (docs/format.md §11.5), never a version.
+            log.warning("version %s of %s@%d was withdrawn by the run's new owner; the"
+                        " record its earlier writer created again is deleted",
+                        version_id[:12], record.run, record.step)
+            store.objects.discard(VERSIONS, version_id)
+            return False
         flat = flatten(store.objects, record.root, store.node_cache)
     except (FileNotFoundError, ChunkStoreError) as exc:
         log.warning("version %s is not readable, left out of the index: %s", version_id[:12], exc)
@@ -114,10 +126,12 @@ def reconcile(store: StoreHandle, result: RebuildResult | None = None) -> Rebuil
     result = result or RebuildResult()
     in_index = {e.id for e in store.index.versions()}
     on_backend = set(store.stored_version_ids())
-    for version_id in sorted(on_backend - in_index):
+    new = sorted(on_backend - in_index)
+    gone = withdrawn(store.objects) if new else frozenset()
+    for version_id in new:
         if store.index.version(version_id) is not None:
             continue  # its own save counted it in meanwhile
-        if count_in(store, version_id):
+        if count_in(store, version_id, gone):
             result.versions += 1
         else:
             result.skipped.append(version_id)

@@ -58,11 +58,19 @@ One RUN@STEP then has one version as long as each owner saves increasing steps f
 what it restored (a step saved again replaces the older version, as before).
 
 A writer that was paused between its check and its PUT is covered: the PUT publishes
-the record B already rolled forward.  What is not: if B removes that version before A
-is continued (retention, or B saving the same step again, which replaces it), A's PUT
-creates it again (below B's newest steps, unless B saved its step).  Saves that do not
-go through a lease (the low-level ``new_version``, releases before this protocol) are
-not fenced.
+the record B already rolled forward.  And if B (or anyone) removed that version before
+A is continued (retention, or B saving the same step again, which replaces it), A's
+PUT creates a record of a removed version, perhaps of a second version of its
+RUN@STEP, whose objects a GC may have deleted.  So B names every version it rolls
+forward, before its PUT, in a marker ``<run>@rolled-<id>``; a removal of a version so
+named first writes ``<run>@withdrawn-<id>`` (:func:`withdraw`), then deletes the
+record.  A record of a withdrawn version is never a version: A, whose PUT created it,
+finds the marker right after (:meth:`RunLease.confirm`), deletes the record and
+reports the run lost; an index that finds it (A killed before that) deletes it
+instead of counting it in (:func:`~chunkstore.maintenance.reconcile.count_in`).
+Every listing goes through an index, so no reader ever sees it.  Saves that do not go
+through a lease (the low-level ``new_version``, releases before this protocol) are not
+fenced.
 """
 
 from __future__ import annotations
@@ -97,6 +105,8 @@ if TYPE_CHECKING:
 #: Format of the lease object ``leases/<run>`` and of generation objects (2: generations).
 LEASE_FORMAT = 2
 SLOT_FORMAT = 1
+#: Format of the ``@rolled-`` and ``@withdrawn-`` markers.
+MARKER_FORMAT = 1
 #: Environment variable: seconds without a heartbeat (by the store's clock) after which
 #: a run's writer on another machine counts as gone.
 RUN_LEASE_ENV_VAR = "CHUNKSTORE_RUN_LEASE"
@@ -111,6 +121,35 @@ _MAX_SLOT_WALK = 10_000
 
 def _name(run: str, what: str, number: int) -> str:
     return f"{run}@{what}-{number:012d}"
+
+
+def rolled_name(run: str, version_id: str) -> str:
+    """``<run>@rolled-<id>``: a taker rolled this version forward; its writer, if it
+    was stopped before its own PUT, may still create the record."""
+    return f"{run}@rolled-{version_id}"
+
+
+def withdrawn_name(run: str, version_id: str) -> str:
+    """``<run>@withdrawn-<id>``: that version was removed after it was rolled forward;
+    a record of it found later is its stopped writer's late PUT, never a version."""
+    return f"{run}@withdrawn-{version_id}"
+
+
+def was_rolled_forward(objects: ObjectStore, run: str, version_id: str) -> bool:
+    return objects.exists(LEASES, rolled_name(run, version_id))
+
+
+def withdraw(objects: ObjectStore, run: str, version_id: str) -> None:
+    """Before a rolled-forward version's record is deleted: mark it withdrawn, so that
+    a late PUT of it by its stopped writer is never counted in (:func:`withdrawn`)."""
+    objects.put(LEASES, withdrawn_name(run, version_id), json.dumps(
+        {"format_version": MARKER_FORMAT, "version": version_id}, sort_keys=True).encode())
+
+
+def withdrawn(objects: ObjectStore) -> frozenset[str]:
+    """The ids of every withdrawn version (one listing of ``leases/``)."""
+    return frozenset(name.rpartition("@withdrawn-")[2] for name in objects.ids(LEASES)
+                     if "@withdrawn-" in name)
 
 
 def _numbers(objects: ObjectStore, run: str, what: str) -> list[int]:
@@ -281,6 +320,10 @@ class RunLease:
             warnings.warn(LeaseSetAsideWarning(f"leases/{_name(self.run, 'slot', slot)}",
                                                str(exc)), stacklevel=3)
             return
+        # Named first: whoever removes the version from now on withdraws it instead.
+        self.objects.put(LEASES, rolled_name(self.run, version), json.dumps(
+            {"format_version": MARKER_FORMAT, "generation": self.generation,
+             "token": self.token, "version": version}, sort_keys=True).encode())
         self.objects.put_if_absent(VERSIONS, version, data)
         self.head = version
 
@@ -311,6 +354,17 @@ class RunLease:
             raise RunLeaseLostError(self.run, self._successor())
 
     __call__ = check
+
+    def confirm(self, version_id: str) -> None:
+        """Right after this writer's commit PUT *created* ``version_id``: if the run's
+        new owner had rolled it forward and removed it meanwhile (this writer was
+        stopped between :meth:`check` and its PUT), delete the record again and raise
+        :class:`RunLeaseLostError`.  One existence check per save."""
+        if not self.objects.exists(LEASES, withdrawn_name(self.run, version_id)):
+            return
+        self.objects.discard(VERSIONS, version_id)
+        self.held = False
+        raise RunLeaseLostError(self.run, self._successor())
 
     def _successor(self) -> dict[str, Any] | None:
         return _read(self.objects, _name(self.run, "gen", self.generation + 1))

@@ -447,14 +447,7 @@ class VersionWriter(ChunkJobs):
                 new_stored_bytes=sum(c.stored_length for c in new_chunks) + node_bytes,
             )
             version_id, data = record.encode()
-            store.objects.flush()  # every chunk and node durable before the commit point
-            if self._store_session.lapsed():
-                raise self._expired()
-            if isinstance(self.before_commit, RunLease):  # fenced: claim the run's slot
-                self.before_commit.claim(version_id, data)  # first, then check the lease
-            if self.before_commit is not None:  # e.g. a run lease still this writer's
-                self.before_commit()
-            store.objects.put_if_absent(VERSIONS, version_id, data)  # the commit point
+            self._publish(version_id, data)
         except BaseException:
             self.abort()
             raise
@@ -487,6 +480,21 @@ class VersionWriter(ChunkJobs):
         self._parent.remember(store, self.run, version_id, tensors)
         self._remove_replaced(same_step)
         return self._info
+
+    def _publish(self, version_id: str, data: bytes) -> None:
+        """The commit point (step 5): every object durable, the session alive, the run
+        still this writer's, then the record created."""
+        objects = self._store.objects
+        objects.flush()  # every chunk and node durable before the commit point
+        if self._store_session.lapsed():
+            raise self._expired()
+        lease = self.before_commit if isinstance(self.before_commit, RunLease) else None
+        if lease is not None:  # fenced: claim the run's slot first, then check the lease
+            lease.claim(version_id, data)
+        if self.before_commit is not None:  # e.g. a run lease still this writer's
+            self.before_commit()
+        if objects.put_if_absent(VERSIONS, version_id, data) and lease is not None:
+            lease.confirm(version_id)  # not withdrawn while this process was stopped
 
     def _remove_replaced(self, replaced: list[VersionInfo]) -> None:
         """After publishing with ``replace``: remove the versions this one replaces
