@@ -630,7 +630,7 @@ class _Run:
         self.result.bytes_freed += candidate.size
 
     def clean_up(self) -> None:
-        """Expired tombstones, finished journal entries (older than a week, or applied
+        """Expired tombstones, finished journal entries (older than a day, or applied
         here on a local store), and the temporary files of interrupted writes."""
         # Moved records were deleted in step 8 (fence_and_delete), while the entry
         # was fenced: a pack gone before this run began whose record neither mark
@@ -644,7 +644,7 @@ class _Run:
                 self.objects.delete(TOMBSTONES, version_id)
             for lease_id in expired_read_leases(self.objects):  # of killed readers
                 self.objects.discard(READERS, lease_id)
-            # Finished entries older than a week, and on a local store those this index
+            # Finished entries older than a day, and on a local store those this index
             # applied but for this run's own (docs/format.md §11.2): the journal stays
             # at about one entry and one marker however many runs follow retention.
             self.result.journal_entries_pruned = prune_journal(

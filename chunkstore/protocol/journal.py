@@ -24,7 +24,7 @@ creation order.  The object is canonical JSON::
 The journal does not keep one entry per collection (docs/format.md §11.2): a
 finished entry that names nothing tells no index anything and goes at once
 (:func:`finish_entry`); finished entries are pruned behind a horizon marker
-(:func:`prune_journal`), after a week, or on a local store as soon as the
+(:func:`prune_journal`), after a day, or on a local store as soon as the
 pruning GC's own index has applied them.  The marker names the indexes known to
 have applied everything behind it (the pruner's, when it has); any other index
 whose last sync is not clearly past the horizon stops treating any object as
@@ -86,13 +86,15 @@ RENEW_LAPSE_S = HEARTBEAT_S / 2
 #: begins no deletion :data:`RENEW_LAPSE_S` after sending its last successful renewal,
 #: so none after half the watch, and the other half is for a deletion in flight.
 FENCE_STALE_S = HEARTBEAT_S
-#: Finished entries older than this are pruned by GC, behind a horizon marker.
-JOURNAL_KEEP_S = 7 * 24 * 3600.0
+#: Finished entries older than this are pruned by GC, behind a horizon marker (an index
+#: that has not synced for this long less :data:`SYNC_MARGIN_S` forgets its dedup
+#: targets once; every save and every open syncs).
+JOURNAL_KEEP_S = 24 * 3600.0
 #: An index counts as having missed a pruned entry created up to this long before its
 #: last sync (clock skew between machines, PUTs still in flight while it listed).
 SYNC_MARGIN_S = 3600.0
 #: An index's sync time is rewritten when older than this even if nothing else changed
-#: (so that it never falls a week behind, where a pruned entry's horizon would make it
+#: (so that it never falls a day behind, where a pruned entry's horizon would make it
 #: forget every record); else a sync that changes nothing writes nothing.
 SYNC_REFRESH_S = 3600.0
 #: ``gc/horizon-<20 digits>``: entries created before that time (ns) may have been pruned.
