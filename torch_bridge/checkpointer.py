@@ -383,7 +383,7 @@ class Checkpointer:
                 if self._lease is None:
                     self._hold_run()
                 else:
-                    self._lease.check()
+                    self._lease.check_known()
             except Exception as exc:  # any failure: every rank must hear of it
                 problem = [type(exc).__name__, str(exc)]
         found = all_gather_plain(problem)[0]
@@ -498,13 +498,13 @@ class Checkpointer:
                arrays: list[tuple[np.ndarray, str | None]], meta: dict[str, Any]
                ) -> VersionInfo:
         # The lease is taken at the first contact with an existing store (made, restore),
-        # else here, at the save that creates the store; then checked (taken over since:
-        # publish nothing more), in the background for an async save, so it is not in the
-        # pause.  The commit claims its slot, then checks again.
+        # else here, at the save that creates the store; a run known to be taken over
+        # (by the heartbeat, or an earlier save) saves nothing.  The commit claims its
+        # slot, then checks the store.
         if self._lease is None:
             self._hold_run()
         else:
-            self._lease.check()
+            self._lease.check_known()
         assert self._lease is not None
         info = write_version(self.store, self.run, step, meta, captured, arrays,
                              before_commit=self._lease)

@@ -355,6 +355,14 @@ class RunLease:
 
     __call__ = check
 
+    def check_known(self) -> None:
+        """:class:`RunLeaseLostError` if this process already knows the run was taken (a
+        check or the heartbeat, which looks every :data:`HEARTBEAT_S`, found the newer
+        generation): before a save writes anything, at no request; the commit checks
+        the store itself (:meth:`check`)."""
+        if not self.held:
+            raise RunLeaseLostError(self.run, self._successor())
+
     def confirm(self, version_id: str) -> None:
         """Right after this writer's commit PUT *created* ``version_id``: if the run's
         new owner had rolled it forward and removed it meanwhile (this writer was
@@ -385,9 +393,12 @@ class RunLease:
         while not self._stop.wait(HEARTBEAT_S):
             try:
                 with self._lock:
-                    if not self.held or self.objects.exists(
-                            LEASES, _name(self.run, "gen", self.generation + 1)):
-                        return  # taken over: the next check() says so
+                    if not self.held:
+                        return
+                    if self.objects.exists(LEASES, _name(self.run, "gen",
+                                                         self.generation + 1)):
+                        self.held = False  # taken over: the next save says so
+                        return
                     self._info["heartbeat"] = clock()
                     self.objects.put(LEASES, _name(self.run, "gen", self.generation),
                                      self._body())
