@@ -8,7 +8,9 @@ from the store), and ``verify`` finds nothing wrong.  A reader opened on a
 version keeps reading it exactly for as long as the grace period promises
 (until a GC whose grace has run out since the version's removal).
 
-The abstract protocol behind this is model-checked in test_protocol_model.py.
+The abstract protocol behind this is model-checked in test_protocol_model.py, and run
+fencing (one writer per run) in test_runlease_model.py; the schedules those checkers
+found are played at the end of this file on real code.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import chunkstore
-from chunkstore.errors import SavesInProgressError
+from chunkstore.errors import RunLeaseLostError, SavesInProgressError
+from chunkstore.protocol.runlease import RunLease
 from chunkstore.read.reader import VersionReader
 from chunkstore.write.writer import VersionWriter
 
@@ -291,3 +294,69 @@ def test_interrupted_gc_then_a_save_on_another_index(tmp_path: Path) -> None:
     finally:
         a.close()
         g.close()
+
+
+# --- run fencing: the schedules tests/test_runlease_model.py found, on real code ------------
+
+
+def _fenced_save(store: chunkstore.Store, lease: RunLease, step: int,
+                 array: np.ndarray) -> chunkstore.VersionInfo:
+    """A save of run ``r`` as the Checkpointer makes it: claim, check, commit record."""
+    writer = store.new_version("r", step)
+    writer.before_commit = lease
+    writer.put("w", array)
+    return writer.commit()
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="RunLease._fence never checks that its generation is"
+                   " still the highest (tests/test_runlease_model.py,"
+                   " test_the_code_loses_the_run_to_a_stale_taker)")
+def test_a_stale_taker_does_not_continue_the_run_after_its_new_owner(tmp_path: Path) -> None:
+    """A takes the run and is paused before its walk; B takes it over and saves step 1; A's
+    walk then fences B's next slot and A saves step 2 (its check fails); C takes the run
+    and rolls A's step 2 forward.  Both step-2 saves failed, so the run must hold B's step 1
+    alone; it holds A's step 2 after it, and B lost its run to A's fence."""
+    store = chunkstore.open(str(tmp_path / "store"), chunk_size=CHUNK, create=True)
+    a, b, c = (RunLease(store.objects, "r") for _ in range(3))
+    try:
+        walk = a._fence
+        a._fence = lambda: None  # type: ignore[method-assign]
+        a.acquire()  # generation 1, and paused before its walk
+        b.acquire(takeover=True)  # generation 2
+        b1 = _fenced_save(store, b, 1, POOL[0])
+        walk()  # A's walk: rolls B1 forward, fences B's next slot
+        with pytest.raises(RunLeaseLostError):
+            _fenced_save(store, a, 2, POOL[1])
+        with pytest.raises(RunLeaseLostError):
+            _fenced_save(store, b, 2, POOL[3])
+        c.acquire(takeover=True)  # generation 3: rolls the highest intent forward
+        store.reconcile()
+        assert [v.id for v in store.versions("r")] == [b1.id]
+    finally:
+        for lease in (a, b, c):
+            lease.release()
+        store.close()
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="the walk rolls forward the highest slot's intent"
+                   " whether or not its version was removed (tests/test_runlease_model.py,"
+                   " test_a_removed_latest_version_stays_removed)")
+def test_a_removed_latest_version_stays_removed_at_the_next_launch(tmp_path: Path) -> None:
+    """A run's latest version removed between two launches (``chunkstore rm r@1``) must not
+    come back when the next launch takes the run (after a GC, the record would name
+    deleted objects)."""
+    store = chunkstore.open(str(tmp_path / "store"), chunk_size=CHUNK, create=True)
+    first, second = RunLease(store.objects, "r"), RunLease(store.objects, "r")
+    try:
+        first.acquire()
+        version = _fenced_save(store, first, 1, POOL[0])
+        first.release()
+        store.delete(version.id)
+        second.acquire()
+        store.reconcile()
+        assert version.id not in {v.id for v in store.versions()}
+    finally:
+        second.release()
+        store.close()

@@ -1,0 +1,423 @@
+"""An abstract model of run fencing (:mod:`chunkstore.protocol.runlease`, docs/format.md
+11.5), explored over every interleaving by :func:`tests.protocol_model.explore`.
+
+Nothing here imports chunkstore.  The world is one run and two to four **writers**
+(launches of one job), each a process that may be paused between any two of its
+requests for as long as the others like (a crash is a pause that never ends):
+
+- **taking the run**: list the generations (the highest, N) -> create generation
+  N + 1 put-if-absent (there already: refused, ``RunInUseError``) -> list the
+  slots (the highest, h) -> read slot h -> if an intent, roll it forward (create
+  its commit record put-if-absent) -> fence slot h + 1 put-if-absent; a fence
+  that loses reads the slot that beat it, rolls it forward if an intent, and
+  fences the next one -> restore from the newest version the store holds (by
+  step).  Whether the holder counts as gone plays no part: any writer may take
+  over at any time (``takeover=True``, or a lease that ran out while its holder
+  was paused);
+- **committing** each of its saves, steps one after another from what it
+  restored: claim its next slot with its intent put-if-absent (taken:
+  ``RunLeaseLostError``) -> delete its slot two below, if any -> check that
+  generation N + 2 does not exist (else ``RunLeaseLostError``) -> create its
+  commit record put-if-absent.  A writer that lost stops;
+- with ``Config.removals``, a **remover**: a writer that has restored (only one
+  that took the run over, with ``takers_remove``) removes any version of the run
+  (retention, ``chunkstore rm``, a step saved again with ``replace``).
+
+Versions are named by writer and step (``A2``); each knows its step, its parent
+(what its writer restored or saved before it), its writer's generation and the
+slot its intent claimed.  The invariants, checked after every step on the
+versions the store holds:
+
+1. **one version per RUN@STEP**;
+2. **one chain**: in step order each version follows the one before it (that
+   one is among its ancestors), and generations never go down: no version of a
+   writer that lost the run sits after a version of the owner that took it.
+   (runlease.py says "in slot order"; a deleted slot may be claimed again, so the
+   model orders by step and checks the chain itself);
+3. **a taker restores from the newest version**: a writer whose versions the
+   store holds restored from the newest version of every older generation (one
+   it rolled forward included).  Given 1 and 2 this always holds (a version of
+   an older generation comes before the writer's first, which follows what it
+   restored); checked anyway, as the issue states it;
+4. **a removed version stays removed**.
+
+Abstracted away: the heartbeat, release and the judgement of a holder's liveness
+(no safety decision rests on them), the earlier releases' ``leases/<run>``,
+claim retries (a claim that finds its own intent), damaged objects, saves without
+a lease, and the index (a restore reads the store).  A listing is one step and
+sees what exists at that moment (S3 lists are strongly consistent).
+
+**What exploring it found** (tests/test_runlease_model.py): the code's taker
+never asks whether it still holds the run while it walks, so with three writers
+a taker that took the run and was paused before its walk (or in it) walks on
+past the slots of a newer owner, rolls the newer owner's intent forward, fences
+the newer owner's next slot (which then loses its run) and saves a version
+whose check fails; a third taker rolls that version forward, and the run's
+history goes on from a writer that lost it (19 steps).  Checking, as a writer
+does after its claim, that generation N + 2 does not exist before each
+roll-forward (``taker_checks_before_roll``) and once the fence is placed
+(``taker_checks_after_fence``) loses nothing in any world explored here.  Both
+are needed: without the first, a deleted slot claimed again by a stale writer,
+and read by a stale taker that listed it as the highest before, gives two
+versions of RUN@1 (three writers); without the second, the schedule above comes
+back with four writers.
+
+Removal has two gaps.  The one runlease.py names: a writer paused between its
+check and its PUT, whose save the new owner rolled forward and removed, creates
+the record again when it is continued.  And one it does not: a version removed
+while its intent is still the run's highest slot (the run's latest version,
+``chunkstore rm RUN@latest``) is rolled forward again by the next launch's walk,
+with no concurrency at all (after a GC, a record whose objects are gone).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, fields, replace
+from typing import Any, NamedTuple
+
+LETTERS = "ABCD"
+#: A writer's next step, by where it is; "refused", "lost" and "done" are final.
+TAKE, CREATE, LIST, READ, ROLL, FENCE, RECHECK, RESTORE = (
+    "take", "create", "list", "read", "roll", "fence", "recheck", "restore")
+CLAIM, DISCARD, CHECK, PUT, DROP = "claim", "discard", "check", "put", "drop"
+FINAL = ("refused", "lost", "done")
+
+
+@dataclass(frozen=True)
+class Fencing:
+    """What each writer does.  Defaults: the protocol as runlease.py implements it."""
+
+    # --- where the protocol leaves room: the code makes the unsafe choice -----------------------
+    #: Before it rolls an intent forward, the taker checks that generation N + 2 does not
+    #: exist (else it lost the run: it rolls nothing forward and restores nothing).
+    taker_checks_before_roll: bool = False
+    #: Once its fence is placed, the taker checks that generation N + 2 does not exist
+    #: (else it lost the run and restores nothing).
+    taker_checks_after_fence: bool = False
+
+    # --- one rule broken at a time --------------------------------------------------------------
+    #: A taker creates its generation with a plain put (two takers may hold one).
+    break_generation_overwrite: bool = False
+    #: The writer checks the generation before it claims its slot, not after.
+    break_check_before_claim: bool = False
+    #: The writer never checks the generation (the slots alone fence it).
+    break_no_check: bool = False
+    #: The taker does not roll the highest slot's intent forward.
+    break_no_roll_forward: bool = False
+    #: A fence that loses to an intent moves on without rolling that intent forward.
+    break_no_roll_on_fence_loss: bool = False
+    #: The taker places no fence: its commits start right above the highest slot.
+    break_no_fence: bool = False
+    #: A writer deletes its own slot once its record is published (the slots keep only
+    #: what is in flight), not its slot two below at its next claim.
+    break_discard_published: bool = False
+    #: A claim deletes the writer's slot one below, not two below.
+    break_discard_one_below: bool = False
+
+    def fixed(self) -> Fencing:
+        """This protocol with the safe choices: the taker checks its generation before
+        each roll-forward and once its fence is placed."""
+        return replace(self, taker_checks_before_roll=True, taker_checks_after_fence=True)
+
+    def breaks(self) -> list[str]:
+        return [f.name for f in fields(self)
+                if f.name.startswith("break_") and getattr(self, f.name)]
+
+
+@dataclass(frozen=True)
+class Config:
+    """The world: per writer, how many saves it makes once it holds the run."""
+
+    saves: tuple[int, ...] = (2, 2)
+    removals: int = 0
+    #: Only a writer that took the run over (generation 2 or later) removes versions.
+    takers_remove: bool = False
+    max_depth: int | None = None  # explore() reads it: None explores everything
+
+
+class Version(NamedTuple):
+    name: str
+    step: int
+    parent: str | None
+    gen: int
+    slot: int
+
+
+class Slot(NamedTuple):
+    gen: int
+    version: Version | None  # None: a fence
+
+
+class Writer(NamedTuple):
+    pc: str
+    saves: int  # saves still to make once it holds the run
+    gen: int = 0  # the generation it takes (known once it listed them)
+    cursor: int = 0  # the slot its walk is at; then the slot of its next claim
+    seen: Version | None = None  # the intent its walk read, to roll forward
+    restored: bool = False
+    base: str | None = None  # the version it restored from
+    last: Version | None = None  # what its next save follows: restored, then its own
+    pending: Version | None = None  # its save in flight
+
+
+class State(NamedTuple):
+    gens: int  # generations 1..gens exist (each created one above the highest listed)
+    slots: tuple[Slot | None, ...]  # slot n at index n - 1; None: absent (or deleted)
+    records: frozenset[Version]  # the commit records the store holds
+    history: frozenset[Version]  # every commit record ever created
+    removed: frozenset[str]
+    writers: tuple[Writer, ...]
+    removals: int  # removals left
+
+
+Step = tuple[str, State]
+
+
+class Model:
+    def __init__(self, config: Config, protocol: Fencing) -> None:
+        self.config = config
+        self.protocol = protocol
+        self.save_order = self._save_order(protocol)
+        self.discard_below = 1 if protocol.break_discard_one_below else 2
+        self._steps = {TAKE: self._take, CREATE: self._create, LIST: self._list,
+                       READ: self._read, ROLL: self._roll, FENCE: self._fence,
+                       RECHECK: self._recheck, RESTORE: self._restore, CLAIM: self._claim,
+                       DISCARD: self._discard, CHECK: self._check, PUT: self._put,
+                       DROP: self._drop}
+
+    @staticmethod
+    def _save_order(p: Fencing) -> tuple[str, ...]:
+        order = [CHECK, CLAIM, DISCARD, PUT] if p.break_check_before_claim \
+            else [CLAIM, DISCARD, PUT] if p.break_no_check else [CLAIM, DISCARD, CHECK, PUT]
+        if p.break_discard_published:
+            order.remove(DISCARD)
+            order.append(DROP)
+        return tuple(order)
+
+    def initial(self) -> State:
+        writers = tuple(Writer(TAKE, n) for n in self.config.saves)
+        return State(0, (), frozenset(), frozenset(), frozenset(), writers,
+                     self.config.removals)
+
+    # --- the invariants ---------------------------------------------------------------------
+
+    def violation(self, s: State) -> str | None:
+        held = sorted(s.records, key=lambda v: (v.step, v.name))
+        for a, b in itertools.combinations(held, 2):
+            if a.step == b.step:
+                return f"two versions of RUN@{a.step}: {a.name} and {b.name}"
+        back = [v.name for v in held if v.name in s.removed]
+        if back:
+            return f"{back[0]} was removed and is there again"
+        parents = {v.name: v.parent for v in s.history}
+        return _one_chain(held, parents) or _restored_from_older(s, held, parents)
+
+    # --- steps --------------------------------------------------------------------------------
+
+    def successors(self, s: State) -> list[Step]:
+        out: list[Step] = []
+        for i, w in enumerate(s.writers):
+            if w.pc not in FINAL:
+                label, t = self._steps[w.pc](s, i, w)
+                out.append((f"{LETTERS[i]}: {label}", t))
+        out.extend(self._removals(s))
+        return out
+
+    @staticmethod
+    def _with(s: State, i: int, w: Writer, **changes: Any) -> State:
+        return s._replace(writers=(*s.writers[:i], w, *s.writers[i + 1:]), **changes)
+
+    def _lost(self, s: State, i: int, w: Writer, label: str) -> Step:
+        return f"{label}, lost", self._with(s, i, w._replace(pc="lost"))
+
+    # --- taking the run -----------------------------------------------------------------------
+
+    def _take(self, s: State, i: int, w: Writer) -> Step:
+        return (f"lists the generations (highest {s.gens})",
+                self._with(s, i, w._replace(pc=CREATE, gen=s.gens + 1)))
+
+    def _create(self, s: State, i: int, w: Writer) -> Step:
+        if s.gens >= w.gen and not self.protocol.break_generation_overwrite:
+            return (f"creates gen {w.gen}: there already, refused",
+                    self._with(s, i, w._replace(pc="refused")))
+        return (f"creates gen {w.gen}",
+                self._with(s, i, w._replace(pc=LIST), gens=max(s.gens, w.gen)))
+
+    def _list(self, s: State, i: int, w: Writer) -> Step:
+        top = max((n for n, slot in enumerate(s.slots, 1) if slot), default=0)
+        label = f"lists the slots (highest {top})"
+        if top and not self.protocol.break_no_roll_forward:
+            return label, self._with(s, i, w._replace(pc=READ, cursor=top))
+        return label, self._with(s, i, self._past(w, top))
+
+    def _past(self, w: Writer, slot: int) -> Writer:
+        """The walk is done with ``slot``: fence the next one (unfenced: claim it)."""
+        return w._replace(pc=RESTORE if self.protocol.break_no_fence else FENCE,
+                          cursor=slot + 1, seen=None)
+
+    def _read(self, s: State, i: int, w: Writer) -> Step:
+        slot = _slot(s, w.cursor)
+        if slot is None or slot.version is None:
+            what = "gone" if slot is None else f"a fence of gen {slot.gen}"
+            return f"reads slot {w.cursor}: {what}", self._with(s, i, self._past(w, w.cursor))
+        return (f"reads slot {w.cursor}: intent of {slot.version.name}",
+                self._with(s, i, w._replace(pc=ROLL, seen=slot.version)))
+
+    def _roll(self, s: State, i: int, w: Writer) -> Step:
+        assert w.seen is not None
+        if self.protocol.taker_checks_before_roll and s.gens > w.gen:
+            return self._lost(s, i, w, f"checks before rolling {w.seen.name} forward: gen"
+                                       f" {w.gen + 1} exists")
+        label, t = _publish(s, w.seen)
+        return f"rolls {w.seen.name} forward: {label}", self._with(t, i, self._past(w, w.cursor))
+
+    def _fence(self, s: State, i: int, w: Writer) -> Step:
+        if _slot(s, w.cursor) is None:
+            after = RECHECK if self.protocol.taker_checks_after_fence else RESTORE
+            return (f"fences slot {w.cursor}",
+                    self._with(s, i, w._replace(pc=after, cursor=w.cursor + 1),
+                               slots=_put_slot(s, w.cursor, Slot(w.gen, None))))
+        label = f"fences slot {w.cursor}: taken"
+        if self.protocol.break_no_roll_on_fence_loss:
+            return label, self._with(s, i, w._replace(cursor=w.cursor + 1))
+        return label, self._with(s, i, w._replace(pc=READ))
+
+    def _recheck(self, s: State, i: int, w: Writer) -> Step:
+        if s.gens > w.gen:
+            return self._lost(s, i, w, f"checks: gen {w.gen + 1} exists")
+        return f"checks: no gen {w.gen + 1}", self._with(s, i, w._replace(pc=RESTORE))
+
+    def _restore(self, s: State, i: int, w: Writer) -> Step:
+        newest = max(s.records, key=lambda v: v.step, default=None)
+        w = w._replace(pc=self._next_save(w.saves), restored=True,
+                       base=newest.name if newest else None, last=newest)
+        return f"restores from {w.base or 'nothing'}", self._with(s, i, w)
+
+    # --- committing ---------------------------------------------------------------------------
+
+    def _next_save(self, saves: int) -> str:
+        return self.save_order[0] if saves else "done"
+
+    def _advance(self, w: Writer) -> Writer:
+        """``w`` past the step of its save it is at: the next one, or the next save."""
+        rest = self.save_order[self.save_order.index(w.pc) + 1:]
+        if rest and rest[0] == DISCARD and w.pending and w.pending.slot <= self.discard_below:
+            rest = rest[1:]  # no slot that far below
+        if rest:
+            return w._replace(pc=rest[0])
+        return w._replace(pc=self._next_save(w.saves - 1), saves=w.saves - 1, pending=None)
+
+    @staticmethod
+    def _version(i: int, w: Writer) -> Version:
+        """The save in flight: the step after what the writer restored or saved last."""
+        if w.pending is not None:
+            return w.pending
+        step = w.last.step + 1 if w.last else 1
+        return Version(f"{LETTERS[i]}{step}", step, w.last.name if w.last else None, w.gen,
+                       w.cursor)
+
+    def _claim(self, s: State, i: int, w: Writer) -> Step:
+        v = self._version(i, w)
+        taken = _slot(s, w.cursor)
+        if taken is not None:
+            what = f"intent of {taken.version.name}" if taken.version else "a fence"
+            return self._lost(s, i, w, f"claims slot {w.cursor} for {v.name}: taken ({what}"
+                                       f" of gen {taken.gen})")
+        return (f"claims slot {v.slot} for {v.name} (step {v.step})",
+                self._with(s, i, self._advance(w._replace(pending=v, cursor=w.cursor + 1)),
+                           slots=_put_slot(s, v.slot, Slot(w.gen, v))))
+
+    def _discard(self, s: State, i: int, w: Writer) -> Step:
+        assert w.pending is not None
+        gone = w.pending.slot - self.discard_below
+        return (f"deletes slot {gone}",
+                self._with(s, i, self._advance(w), slots=_put_slot(s, gone, None)))
+
+    def _check(self, s: State, i: int, w: Writer) -> Step:
+        v = self._version(i, w)
+        if s.gens > w.gen:
+            return self._lost(s, i, w, f"checks for {v.name}: gen {w.gen + 1} exists")
+        return (f"checks for {v.name}: no gen {w.gen + 1}",
+                self._with(s, i, self._advance(w._replace(pending=v))))
+
+    def _put(self, s: State, i: int, w: Writer) -> Step:
+        assert w.pending is not None
+        label, t = _publish(s, w.pending)
+        return (f"puts the record of {w.pending.name}: {label}",
+                self._with(t, i, self._advance(w._replace(last=w.pending))))
+
+    def _drop(self, s: State, i: int, w: Writer) -> Step:
+        assert w.pending is not None
+        return (f"deletes its slot {w.pending.slot}",
+                self._with(s, i, self._advance(w), slots=_put_slot(s, w.pending.slot, None)))
+
+    # --- removal ------------------------------------------------------------------------------
+
+    def _removals(self, s: State) -> list[Step]:
+        if not s.removals:
+            return []
+        least = 2 if self.config.takers_remove else 1
+        return [(f"{LETTERS[i]}: removes {v.name}",
+                 s._replace(records=s.records - {v}, removed=s.removed | {v.name},
+                            removals=s.removals - 1))
+                for i, w in enumerate(s.writers) if w.restored and w.gen >= least
+                for v in sorted(s.records)]
+
+
+def _publish(s: State, v: Version) -> tuple[str, State]:
+    if v in s.records:
+        return "already there", s
+    return "creates it", s._replace(records=s.records | {v}, history=s.history | {v})
+
+
+def _restored_from_older(s: State, held: list[Version],
+                         parents: dict[str, str | None]) -> str | None:
+    """Invariant 3 (a writer whose versions the store holds restored from the newest
+    version of every older generation)."""
+    for i, w in enumerate(s.writers):
+        if not w.restored or not any(v.gen == w.gen for v in held):
+            continue
+        upto = {w.base, *_ancestors(parents, w.base)}
+        older = [v for v in held if v.gen < w.gen and v.name not in upto]
+        if older:
+            return (f"{LETTERS[i]} (gen {w.gen}) restored from {w.base or 'nothing'}, not"
+                    f" from {older[-1].name} (gen {older[-1].gen})")
+    return None
+
+
+def _one_chain(held: list[Version], parents: dict[str, str | None]) -> str | None:
+    """Invariant 2 (in step order, each version follows the one before it and
+    generations never go down)."""
+    for before, v in itertools.pairwise(held):
+        if before.name not in _ancestors(parents, v.name):
+            return f"the run's history forks: {v.name} does not follow {before.name}"
+        if v.gen < before.gen:
+            return (f"{v.name} (gen {v.gen}) follows {before.name} (gen {before.gen}) of the"
+                    " writer that took the run from it")
+    return None
+
+
+def _ancestors(parents: dict[str, str | None], name: str | None) -> set[str]:
+    found: set[str] = set()
+    cur = parents.get(name) if name else None
+    while cur is not None and cur not in found:
+        found.add(cur)
+        cur = parents.get(cur)
+    return found
+
+
+def _slot(s: State, n: int) -> Slot | None:
+    return s.slots[n - 1] if 0 < n <= len(s.slots) else None
+
+
+def _put_slot(s: State, n: int, slot: Slot | None) -> tuple[Slot | None, ...]:
+    """The slots with slot ``n`` set (None: deleted)."""
+    slots = s.slots + (None,) * (n - len(s.slots))
+    slots = (*slots[:n - 1], slot, *slots[n:])
+    while slots and slots[-1] is None:
+        slots = slots[:-1]
+    return slots
+
+
+__all__ = ["Config", "Fencing", "Model"]
