@@ -7,8 +7,9 @@ requests for as long as the others like (a crash is a pause that never ends):
 
 - **taking the run**: list the generations (the highest, N) -> create generation
   N + 1 put-if-absent (there already: refused, ``RunInUseError``) -> list the
-  slots (the highest, h) -> read slot h -> if an intent, roll it forward (create
-  its commit record put-if-absent) -> fence slot h + 1 put-if-absent; a fence
+  slots (the highest, h) -> read slot h -> if an intent, roll it forward (name
+  it in its ``@rolled-`` marker, then create its commit record put-if-absent)
+  -> fence slot h + 1 put-if-absent; a fence
   that loses reads the slot that beat it, rolls it forward if an intent, and
   fences the next one -> restore from the newest version the store holds (by
   step).  Whether the holder counts as gone plays no part: any writer may take
@@ -18,15 +19,20 @@ requests for as long as the others like (a crash is a pause that never ends):
   restored: claim its next slot with its intent put-if-absent (taken:
   ``RunLeaseLostError``) -> delete its slot two below, if any -> check that
   generation N + 2 does not exist (else ``RunLeaseLostError``) -> create its
-  commit record put-if-absent.  A writer that lost stops;
+  commit record put-if-absent -> if that created it, look for its
+  ``@withdrawn-`` marker (there: delete the record again, ``RunLeaseLostError``).
+  A writer that lost stops;
 - with ``Config.removals``, a **remover**: a writer that has restored (only one
   that took the run over, with ``takers_remove``) removes any version of the run
-  (retention, ``chunkstore rm``, a step saved again with ``replace``).
+  (retention, ``chunkstore rm``, a step saved again with ``replace``): its
+  tombstone and the check for a ``@rolled-`` marker (there: write the
+  ``@withdrawn-`` marker), then the record's deletion.  A record of a withdrawn
+  version is never a version (an index deletes it instead of counting it in).
 
 Versions are named by writer and step (``A2``); each knows its step, its parent
 (what its writer restored or saved before it), its writer's generation and the
 slot its intent claimed.  The invariants, checked after every step on the
-versions the store holds:
+versions the store holds (records not withdrawn):
 
 1. **one version per RUN@STEP**;
 2. **one chain**: in step order each version follows the one before it (that
@@ -62,12 +68,13 @@ and read by a stale taker that listed it as the highest before, gives two
 versions of RUN@1 (three writers); without the second, the schedule above comes
 back with four writers.
 
-Removal has two gaps.  The one runlease.py names: a writer paused between its
-check and its PUT, whose save the new owner rolled forward and removed, creates
-the record again when it is continued.  And one it does not: a version removed
-while its intent is still the run's highest slot (the run's latest version,
-``chunkstore rm RUN@latest``) is rolled forward again by the next launch's walk,
-with no concurrency at all (after a GC, a record whose objects are gone).
+Removal: a writer paused between its check and its PUT, whose save the new owner
+rolled forward and removed, created the record again when it was continued (the
+gap the withdrawal markers of 5370498 close; ``break_no_withdrawal`` is that code).
+What stays open: a version removed while its intent is still the run's highest
+slot (the run's latest version, ``chunkstore rm RUN@latest``) is rolled forward
+again by the next walk, with no concurrency at all: no taker had marked it, so
+the removal withdrew nothing (after a GC, a record whose objects are gone).
 """
 
 from __future__ import annotations
@@ -78,9 +85,10 @@ from typing import Any, NamedTuple
 
 LETTERS = "ABCD"
 #: A writer's next step, by where it is; "refused", "lost" and "done" are final.
-TAKE, CREATE, LIST, READ, ROLL, FENCE, RECHECK, RESTORE = (
-    "take", "create", "list", "read", "roll", "fence", "recheck", "restore")
-CLAIM, DISCARD, CHECK, PUT, DROP = "claim", "discard", "check", "put", "drop"
+TAKE, CREATE, LIST, READ, MARK, ROLL, FENCE, RECHECK, RESTORE = (
+    "take", "create", "list", "read", "mark", "roll", "fence", "recheck", "restore")
+CLAIM, DISCARD, CHECK, PUT, CONFIRM, DROP = (
+    "claim", "discard", "check", "put", "confirm", "drop")
 FINAL = ("refused", "lost", "done")
 
 
@@ -114,6 +122,9 @@ class Fencing:
     break_discard_published: bool = False
     #: A claim deletes the writer's slot one below, not two below.
     break_discard_one_below: bool = False
+    #: A removal never withdraws a version rolled forward, and a writer whose PUT created
+    #: its record does not look for a withdrawal (the code before 5370498).
+    break_no_withdrawal: bool = False
 
     def fixed(self) -> Fencing:
         """This protocol with the safe choices: the taker checks its generation before
@@ -165,10 +176,13 @@ class State(NamedTuple):
     gens: int  # generations 1..gens exist (each created one above the highest listed)
     slots: tuple[Slot | None, ...]  # slot n at index n - 1; None: absent (or deleted)
     records: frozenset[Version]  # the commit records the store holds
+    rolled: frozenset[str]  # versions with a ``@rolled-`` marker
+    withdrawn: frozenset[str]  # versions with a ``@withdrawn-`` marker: never versions
     history: frozenset[Version]  # every commit record ever created
     removed: frozenset[str]
     writers: tuple[Writer, ...]
     removals: int  # removals left
+    removing: tuple[int, Version] | None  # a removal between its marker check and delete
 
 
 Step = tuple[str, State]
@@ -181,7 +195,8 @@ class Model:
         self.save_order = self._save_order(protocol)
         self.discard_below = 1 if protocol.break_discard_one_below else 2
         self._steps = {TAKE: self._take, CREATE: self._create, LIST: self._list,
-                       READ: self._read, ROLL: self._roll, FENCE: self._fence,
+                       READ: self._read, MARK: self._mark, ROLL: self._roll,
+                       FENCE: self._fence, CONFIRM: self._confirm,
                        RECHECK: self._recheck, RESTORE: self._restore, CLAIM: self._claim,
                        DISCARD: self._discard, CHECK: self._check, PUT: self._put,
                        DROP: self._drop}
@@ -190,6 +205,8 @@ class Model:
     def _save_order(p: Fencing) -> tuple[str, ...]:
         order = [CHECK, CLAIM, DISCARD, PUT] if p.break_check_before_claim \
             else [CLAIM, DISCARD, PUT] if p.break_no_check else [CLAIM, DISCARD, CHECK, PUT]
+        if not p.break_no_withdrawal:
+            order.append(CONFIRM)
         if p.break_discard_published:
             order.remove(DISCARD)
             order.append(DROP)
@@ -197,13 +214,14 @@ class Model:
 
     def initial(self) -> State:
         writers = tuple(Writer(TAKE, n) for n in self.config.saves)
-        return State(0, (), frozenset(), frozenset(), frozenset(), writers,
-                     self.config.removals)
+        none: frozenset[str] = frozenset()
+        return State(0, (), frozenset(), none, none, frozenset(), none, writers,
+                     self.config.removals, None)
 
     # --- the invariants ---------------------------------------------------------------------
 
     def violation(self, s: State) -> str | None:
-        held = sorted(s.records, key=lambda v: (v.step, v.name))
+        held = _held(s)
         for a, b in itertools.combinations(held, 2):
             if a.step == b.step:
                 return f"two versions of RUN@{a.step}: {a.name} and {b.name}"
@@ -262,13 +280,19 @@ class Model:
             what = "gone" if slot is None else f"a fence of gen {slot.gen}"
             return f"reads slot {w.cursor}: {what}", self._with(s, i, self._past(w, w.cursor))
         return (f"reads slot {w.cursor}: intent of {slot.version.name}",
-                self._with(s, i, w._replace(pc=ROLL, seen=slot.version)))
+                self._with(s, i, w._replace(pc=MARK, seen=slot.version)))
 
-    def _roll(self, s: State, i: int, w: Writer) -> Step:
+    def _mark(self, s: State, i: int, w: Writer) -> Step:
+        """Name the version rolled forward (``@rolled-``), before its record's PUT."""
         assert w.seen is not None
         if self.protocol.taker_checks_before_roll and s.gens > w.gen:
             return self._lost(s, i, w, f"checks before rolling {w.seen.name} forward: gen"
                                        f" {w.gen + 1} exists")
+        return (f"marks {w.seen.name} rolled forward",
+                self._with(s, i, w._replace(pc=ROLL), rolled=s.rolled | {w.seen.name}))
+
+    def _roll(self, s: State, i: int, w: Writer) -> Step:
+        assert w.seen is not None
         label, t = _publish(s, w.seen)
         return f"rolls {w.seen.name} forward: {label}", self._with(t, i, self._past(w, w.cursor))
 
@@ -289,7 +313,7 @@ class Model:
         return f"checks: no gen {w.gen + 1}", self._with(s, i, w._replace(pc=RESTORE))
 
     def _restore(self, s: State, i: int, w: Writer) -> Step:
-        newest = max(s.records, key=lambda v: v.step, default=None)
+        newest = max(_held(s), key=lambda v: v.step, default=None)
         w = w._replace(pc=self._next_save(w.saves), restored=True,
                        base=newest.name if newest else None, last=newest)
         return f"restores from {w.base or 'nothing'}", self._with(s, i, w)
@@ -344,8 +368,19 @@ class Model:
     def _put(self, s: State, i: int, w: Writer) -> Step:
         assert w.pending is not None
         label, t = _publish(s, w.pending)
-        return (f"puts the record of {w.pending.name}: {label}",
-                self._with(t, i, self._advance(w._replace(last=w.pending))))
+        after = self._advance(w._replace(last=w.pending))
+        if after.pc == CONFIRM and t is s:  # it created nothing: nothing to confirm
+            after = self._advance(after)
+        return f"puts the record of {w.pending.name}: {label}", self._with(t, i, after)
+
+    def _confirm(self, s: State, i: int, w: Writer) -> Step:
+        """Right after its PUT created the record: withdrawn meanwhile, delete it again."""
+        assert w.pending is not None
+        v = w.pending
+        if v.name in s.withdrawn:
+            return self._lost(self._with(s, i, w)._replace(records=s.records - {v}), i, w,
+                              f"finds {v.name} withdrawn, deletes its record")
+        return f"finds {v.name} not withdrawn", self._with(s, i, self._advance(w))
 
     def _drop(self, s: State, i: int, w: Writer) -> Step:
         assert w.pending is not None
@@ -355,14 +390,34 @@ class Model:
     # --- removal ------------------------------------------------------------------------------
 
     def _removals(self, s: State) -> list[Step]:
+        """A removal: its tombstone and the ``@rolled-`` check (withdraw if there), then,
+        a step later, the record's deletion."""
+        if s.removing is not None:
+            i, v = s.removing
+            return [(f"{LETTERS[i]}: deletes the record of {v.name}",
+                     s._replace(records=s.records - {v}, removed=s.removed | {v.name},
+                                removing=None))]
         if not s.removals:
             return []
         least = 2 if self.config.takers_remove else 1
-        return [(f"{LETTERS[i]}: removes {v.name}",
-                 s._replace(records=s.records - {v}, removed=s.removed | {v.name},
-                            removals=s.removals - 1))
-                for i, w in enumerate(s.writers) if w.restored and w.gen >= least
-                for v in sorted(s.records)]
+        out = []
+        for i, w in enumerate(s.writers):
+            if not w.restored or w.gen < least:
+                continue
+            for v in _held(s):
+                rolled = v.name in s.rolled and not self.protocol.break_no_withdrawal
+                t = s._replace(removals=s.removals - 1, removing=(i, v))
+                if rolled:
+                    t = t._replace(withdrawn=s.withdrawn | {v.name})
+                out.append((f"{LETTERS[i]}: removes {v.name}"
+                            f"{' (rolled forward: withdraws it)' if rolled else ''}", t))
+        return out
+
+
+def _held(s: State) -> list[Version]:
+    """The run's versions: records not withdrawn, by step."""
+    return sorted((v for v in s.records if v.name not in s.withdrawn),
+                  key=lambda v: (v.step, v.name))
 
 
 def _publish(s: State, v: Version) -> tuple[str, State]:
