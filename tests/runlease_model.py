@@ -103,6 +103,9 @@ class Fencing:
     #: Once its fence is placed, the taker checks that generation N + 2 does not exist
     #: (else it lost the run and restores nothing).
     taker_checks_after_fence: bool = False
+    #: A removal also withdraws a version whose intent is the run's highest slot, and a
+    #: walk rolls forward no withdrawn version.
+    withdraws_highest_intent: bool = False
 
     # --- one rule broken at a time --------------------------------------------------------------
     #: A taker creates its generation with a plain put (two takers may hold one).
@@ -129,7 +132,8 @@ class Fencing:
     def fixed(self) -> Fencing:
         """This protocol with the safe choices: the taker checks its generation before
         each roll-forward and once its fence is placed."""
-        return replace(self, taker_checks_before_roll=True, taker_checks_after_fence=True)
+        return replace(self, taker_checks_before_roll=True, taker_checks_after_fence=True,
+                       withdraws_highest_intent=True)
 
     def breaks(self) -> list[str]:
         return [f.name for f in fields(self)
@@ -288,6 +292,9 @@ class Model:
         if self.protocol.taker_checks_before_roll and s.gens > w.gen:
             return self._lost(s, i, w, f"checks before rolling {w.seen.name} forward: gen"
                                        f" {w.gen + 1} exists")
+        if self.protocol.withdraws_highest_intent and w.seen.name in s.withdrawn:
+            return (f"finds {w.seen.name} withdrawn: rolls nothing forward",
+                    self._with(s, i, self._past(w, w.cursor)))
         return (f"marks {w.seen.name} rolled forward",
                 self._with(s, i, w._replace(pc=ROLL), rolled=s.rolled | {w.seen.name}))
 
@@ -404,13 +411,17 @@ class Model:
         for i, w in enumerate(s.writers):
             if not w.restored or w.gen < least:
                 continue
+            top = max((n for n, slot in enumerate(s.slots, 1) if slot), default=0)
+            highest = _slot(s, top)
             for v in _held(s):
-                rolled = v.name in s.rolled and not self.protocol.break_no_withdrawal
+                rolled = (v.name in s.rolled or (
+                    self.protocol.withdraws_highest_intent and highest is not None
+                    and highest.version == v)) and not self.protocol.break_no_withdrawal
                 t = s._replace(removals=s.removals - 1, removing=(i, v))
                 if rolled:
                     t = t._replace(withdrawn=s.withdrawn | {v.name})
                 out.append((f"{LETTERS[i]}: removes {v.name}"
-                            f"{' (rolled forward: withdraws it)' if rolled else ''}", t))
+                            f"{' (withdraws it)' if rolled else ''}", t))
         return out
 
 

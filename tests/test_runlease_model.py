@@ -3,7 +3,8 @@ every interleaving of two to four writers of one run (:mod:`tests.runlease_model
 
 - Two writers, the protocol as implemented, no removal: nothing breaks (one version
   per RUN@STEP, one chain, each taker restores from the newest version).
-- Three writers, as implemented: a taker paused before its walk walks on past a
+- Three writers, as implemented before the taker checked its generation in its walk
+  (``BEFORE``; found by this model): a taker paused before its walk walks on past a
   newer owner's slots, fences the newer owner's next slot and saves a version whose
   check fails; a third taker rolls it forward, after the newer owner's version (19
   steps).  Each of the two checks that close it (``Fencing.fixed()``: the taker
@@ -17,10 +18,10 @@ every interleaving of two to four writers of one run (:mod:`tests.runlease_model
   loses the run, RunLeaseLostError, instead of the stale writer).
 - Removal: a stopped writer's PUT no longer re-creates a version the new owner
   rolled forward and removed (the withdrawal markers; without them it does).  A
-  version removed while its intent is the run's highest slot is rolled forward again
-  by the next walk: a strict expected failure, so this file fails once the model
-  closes it.  tests/test_protocol_stateful.py plays that schedule and the three
-  writers' one on the real code.
+  version removed while its intent is the run's highest slot was rolled forward
+  again by the next walk (found by this model); the removal now withdraws it too, and
+  the walk rolls forward nothing withdrawn (``withdraws_highest_intent``).
+  tests/test_protocol_stateful.py plays both schedules on the real code.
 """
 
 from __future__ import annotations
@@ -33,8 +34,11 @@ import pytest
 from tests.protocol_model import Result, explore
 from tests.runlease_model import Config, Fencing, Model
 
-IMPLEMENTED = Fencing()
 SAFE = Fencing().fixed()
+#: The code makes every safe choice (the taker's checks and the removal's withdrawal of
+#: the highest intent came after this model found what their absence loses).
+IMPLEMENTED = SAFE
+BEFORE = Fencing()
 
 # Two writers, three saves each.
 TWO = Config(saves=(3, 3))
@@ -66,9 +70,6 @@ def _explored(config: Config, protocol: Fencing) -> tuple[Result, frozenset[str]
     return explore(Model(config, protocol), labels=labels), frozenset(labels)
 
 
-@pytest.mark.xfail(IMPLEMENTED != SAFE, strict=True, raises=AssertionError,
-                   reason="RunLease._fence never checks that its generation is still the"
-                          " highest: test_the_code_loses_the_run_to_a_stale_taker")
 def test_the_code_makes_every_safe_choice() -> None:
     assert IMPLEMENTED == SAFE
 
@@ -80,12 +81,12 @@ def test_two_writers_as_implemented_lose_nothing() -> None:
     assert result.states > 1000
 
 
-def test_the_code_loses_the_run_to_a_stale_taker() -> None:
+def test_the_code_before_the_walks_checks_lost_the_run_to_a_stale_taker() -> None:
     """A took the run (gen 1) and was paused before its walk; B took it over (gen 2) and
     claimed a slot; A's walk rolls B's intent forward, fences B's next slot, restores
     from B's version and saves A2 (its check fails); C's walk rolls A2 forward: the run
     goes on from A, after B's version, and B's next save fails."""
-    result = check("stale_taker", STALE_TAKER, IMPLEMENTED)
+    result = check("stale_taker", STALE_TAKER, BEFORE)
     assert result.violation == "A2 (gen 1) follows B1 (gen 2) of the writer that took the" \
                                " run from it", result.report()
     assert "A: rolls B1 forward: creates it" in result.schedule
@@ -170,21 +171,21 @@ def test_a_stopped_writer_does_not_publish_a_withdrawn_version() -> None:
     assert result.complete
 
 
-class KnownGapError(AssertionError):
-    """The model found the removal gap a test documents."""
-
-
-@pytest.mark.xfail(strict=True, raises=KnownGapError,
-                   reason="a version removed while its intent is the run's highest slot is"
-                          " rolled forward again by the next walk (no taker had marked it,"
-                          " so its removal withdrew nothing)")
 def test_a_removed_latest_version_stays_removed() -> None:
+    """The owner removes its latest version (``chunkstore rm RUN@latest``) and the next
+    taker walks: the removal withdrew it (its intent is the highest slot), so the walk
+    rolls nothing forward."""
     result = check("owner_removes", OWNER_REMOVES, SAFE)
-    if result.violation is not None:
-        assert result.violation == "A1 was removed and is there again", result.report()
-        assert "A: removes A1" in result.schedule
-        assert result.schedule[-1] == "B: rolls A1 forward: creates it"
-        raise KnownGapError(result.report())
+    assert result.violation is None, result.report()
+    assert result.complete
+
+
+def test_without_withdrawing_the_highest_intent_a_removed_latest_version_comes_back() -> None:
+    result = check("owner_removes", OWNER_REMOVES,
+                   dataclasses.replace(SAFE, withdraws_highest_intent=False))
+    assert result.violation == "A1 was removed and is there again", result.report()
+    assert "A: removes A1" in result.schedule
+    assert result.schedule[-1] == "B: rolls A1 forward: creates it"
 
 
 def test_model_sanity() -> None:
@@ -192,7 +193,7 @@ def test_model_sanity() -> None:
     an intent forward (or find it there), lose a fence to a claim and a claim to a fence,
     fail a check, delete a slot, and a taker lose the run at each of its checks."""
     labels: set[str] = set()
-    for config in (TWO, THREE, TAKER_REMOVES):
+    for config in (TWO, THREE, TAKER_REMOVES, OWNER_REMOVES):
         result, found = _explored(config, SAFE)
         assert result.complete
         labels |= found
@@ -202,6 +203,6 @@ def test_model_sanity() -> None:
                  "checks for A2: gen 2 exists, lost", "deletes slot 1", "restores from B1",
                  "checks before rolling A1 forward: gen 2 exists, lost",
                  "checks: gen 2 exists, lost", "puts the record of A1: already there",
-                 "removes A1 (rolled forward: withdraws it)", "finds A1 withdrawn",
-                 "finds A1 not withdrawn"):
+                 "removes A1 (withdraws it)", "finds A1 withdrawn",
+                 "finds A1 not withdrawn", "finds A1 withdrawn: rolls nothing forward"):
         assert any(what in label for label in labels), what

@@ -50,7 +50,7 @@ from chunkstore.index.lmdbindex import Index, VersionEntry
 from chunkstore.objects.kinds import TAGS, VERSIONS
 from chunkstore.objects.objectstore import ObjectStore
 from chunkstore.protocol.moved import MovedRecord
-from chunkstore.protocol.runlease import was_rolled_forward, withdraw
+from chunkstore.protocol.runlease import needs_withdrawal, withdraw
 from chunkstore.protocol.tombstones import write_tombstone
 
 if TYPE_CHECKING:
@@ -403,9 +403,11 @@ class StoreHandle:
         # not published.  A crash before the index update is healed by reconcile().
         self.upgrade_format()
         write_tombstone(self.objects, info.id, info.root, info.run, info.step)
-        if was_rolled_forward(self.objects, info.run, info.id):
-            # Its writer may have been stopped before its own PUT: withdrawn, a late
-            # PUT of the record is never counted in (docs/format.md §11.5).
+        if needs_withdrawal(self.objects, info.run, info.id):
+            # Rolled forward at a takeover (its writer may have been stopped before its
+            # own PUT), or the next taker's walk would roll it forward: withdrawn, it is
+            # never rolled forward again, and a late PUT of it never counted in
+            # (docs/format.md §11.5).
             withdraw(self.objects, info.run, info.id)
         self.objects.delete(VERSIONS, info.id)
         self.index.remove_version(info.id)

@@ -31,7 +31,12 @@ all under ``leases/`` (docs/format.md §11.5):
    created put-if-absent with the very bytes its writer would create), then the next
    slot is fenced put-if-absent; a fence that loses to an intent rolls that intent
    forward and fences the next.  The new owner's own commits start after its fence.
-   Only then does the caller restore (it sees the rolled-forward version).
+   Before each roll-forward and once the fence is placed, the taker checks that
+   generation N + 2 does not exist (:class:`RunInUseError`): a taker paused in its
+   walk must not walk on past a newer owner's slots (tests/runlease_model.py found
+   the run going on from the writer that had lost it).  A version withdrawn (below)
+   is not rolled forward.  Only then does the caller restore (it sees the
+   rolled-forward version).
 
 **Committing** (:meth:`RunLease.claim`, then :meth:`RunLease.check`, both called by the
 writer with every object durable, right before the commit record): claim the writer's
@@ -63,8 +68,10 @@ A is continued (retention, or B saving the same step again, which replaces it), 
 PUT creates a record of a removed version, perhaps of a second version of its
 RUN@STEP, whose objects a GC may have deleted.  So B names every version it rolls
 forward, before its PUT, in a marker ``<run>@rolled-<id>``; a removal of a version so
-named first writes ``<run>@withdrawn-<id>`` (:func:`withdraw`), then deletes the
-record.  A record of a withdrawn version is never a version: A, whose PUT created it,
+named, or of one whose intent is the run's highest slot (the next walk would roll it
+forward: a latest version removed between two launches), first writes
+``<run>@withdrawn-<id>`` (:func:`needs_withdrawal`, :func:`withdraw`), then deletes
+the record.  A record of a withdrawn version is never a version: A, whose PUT created it,
 finds the marker right after (:meth:`RunLease.confirm`), deletes the record and
 reports the run lost; an index that finds it (A killed before that) deletes it
 instead of counting it in (:func:`~chunkstore.maintenance.reconcile.count_in`).
@@ -135,8 +142,18 @@ def withdrawn_name(run: str, version_id: str) -> str:
     return f"{run}@withdrawn-{version_id}"
 
 
-def was_rolled_forward(objects: ObjectStore, run: str, version_id: str) -> bool:
-    return objects.exists(LEASES, rolled_name(run, version_id))
+def needs_withdrawal(objects: ObjectStore, run: str, version_id: str) -> bool:
+    """Whether removing the version must withdraw it: a taker rolled it forward (its
+    stopped writer may still PUT it), or its intent is the run's highest commit slot (the
+    next taker's walk would roll it forward).  Once neither holds it never will: no slot
+    is claimed below the highest, and the slots deleted lie two below it."""
+    if objects.exists(LEASES, rolled_name(run, version_id)):
+        return True
+    top = max(_numbers(objects, run, "slot"), default=0)
+    if not top:
+        return False
+    intent = _read(objects, _name(run, "slot", top)) or {}
+    return intent.get("version") == version_id
 
 
 def withdraw(objects: ObjectStore, run: str, version_id: str) -> None:
@@ -291,7 +308,9 @@ class RunLease:
 
     def _fence(self) -> None:
         """Roll the highest intent forward and fence the slot above it (module docstring,
-        step 3); this writer's commits start above the fence."""
+        step 3); this writer's commits start above the fence.  Before each roll-forward
+        and once the fence is placed, the run must still be this generation's: a taker
+        paused in its walk must not walk on past a newer owner's slots."""
         slot = max(_numbers(self.objects, self.run, "slot"), default=0)
         if slot:
             self._roll_forward(slot)
@@ -301,13 +320,25 @@ class RunLease:
             slot += 1
             if self.objects.put_if_absent(LEASES, _name(self.run, "slot", slot), fence):
                 self._next_slot = slot + 1
+                self._still_next()
                 return
             self._roll_forward(slot)  # a stale writer's claim won the race: it goes first
         raise RunInUseError(self.run, {}, f"run {self.run!r}: more than {_MAX_SLOT_WALK}"
                             " commit slots claimed while this process took the run")
 
+    def _still_next(self) -> None:
+        """:class:`RunInUseError` when a newer generation took the run during the walk."""
+        newer = _name(self.run, "gen", self.generation + 1)
+        if self.objects.exists(LEASES, newer):
+            self.held = False
+            taker = _read(self.objects, newer) or {}
+            raise RunInUseError(self.run, taker, (
+                f"run {self.run!r} was taken by another process while this one took it"
+                f" ({describe_holder(taker, clock())})"))
+
     def _roll_forward(self, slot: int) -> None:
-        """Publish the intent in ``slot`` (if it is one) as its writer would."""
+        """Publish the intent in ``slot`` (if it is one, and its version was not removed
+        since: withdrawn) as its writer would."""
         intent = _read(self.objects, _name(self.run, "slot", slot))
         version, record = (intent or {}).get("version"), (intent or {}).get("record")
         if not isinstance(version, str) or not isinstance(record, str):
@@ -320,6 +351,9 @@ class RunLease:
             warnings.warn(LeaseSetAsideWarning(f"leases/{_name(self.run, 'slot', slot)}",
                                                str(exc)), stacklevel=3)
             return
+        self._still_next()
+        if self.objects.exists(LEASES, withdrawn_name(self.run, version)):
+            return  # published and removed since (a late PUT of it is never counted in)
         # Named first: whoever removes the version from now on withdraws it instead.
         self.objects.put(LEASES, rolled_name(self.run, version), json.dumps(
             {"format_version": MARKER_FORMAT, "generation": self.generation,
