@@ -8,13 +8,16 @@ Three kinds of checks:
   layouts are pinned here by hand (independently of the code's constants),
   so a format change cannot happen by accident;
 - objects that carry a format version newer than this release reads are
-  refused with :class:`FormatVersionError`, never returned as data.
+  refused with :class:`FormatVersionError`, never returned as data;
+- the protocol objects a fixture holds (run leases, commit slots, lease markers, read
+  leases: docs/format.md §11.5, §11.6) mean to today's reader what they meant.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import shutil
 from collections.abc import Iterator
@@ -29,7 +32,7 @@ import zstandard
 
 import chunkstore
 from chunkstore.codecs import RAW, SHUFFLE_ZSTD, SPARSE_DELTA, SUB_DELTA, XOR_DELTA, ZSTD
-from chunkstore.errors import ChunkStoreError, FormatVersionError
+from chunkstore.errors import ChunkStoreError, FormatVersionError, RunInUseError
 from chunkstore.format import plaindata
 from chunkstore.format.chunkobj import (
     CHUNK_FORMAT_VERSION,
@@ -59,7 +62,13 @@ from chunkstore.format.records import (
 )
 from chunkstore.handle.tree import flatten
 from chunkstore.handle.versions import entry_from_record
-from chunkstore.objects.kinds import CHUNKS, NODES, TAGS, VERSIONS
+from chunkstore.objects.kinds import CHUNKS, LEASES, NODES, READERS, TAGS, VERSIONS
+from chunkstore.protocol.readleases import (
+    READ_LEASE_FORMAT,
+    expired_read_leases,
+    list_read_leases,
+)
+from chunkstore.protocol.runlease import LEASE_FORMAT, MARKER_FORMAT, SLOT_FORMAT, RunLease
 from tests.conftest import tree_snapshot
 
 REPO = Path(__file__).resolve().parent.parent
@@ -68,8 +77,12 @@ TOOL = REPO / "tools" / "make_format_fixture.py"
 FIXTURE_NAMES = sorted((p.name.removesuffix(".expected.json")
                         for p in DATA.glob("store-v*.expected.json")),
                        key=lambda n: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", n)])
+#: The format versions this release writes (fixtures before store-v11 name the first four
+#: alone: a lease format bumped without a fixture leaves no fixture that matches).
 CURRENT_VERSIONS = {"store": STORE_FORMAT_VERSION, "record": RECORD_FORMAT_VERSION,
-                    "node": NODE_FORMAT_VERSION, "chunk": CHUNK_FORMAT_VERSION}
+                    "node": NODE_FORMAT_VERSION, "chunk": CHUNK_FORMAT_VERSION,
+                    "lease": LEASE_FORMAT, "lease_slot": SLOT_FORMAT,
+                    "lease_marker": MARKER_FORMAT, "read_lease": READ_LEASE_FORMAT}
 BLAKE3_OF_NOTHING = "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"
 
 
@@ -82,6 +95,16 @@ def _current_fixture() -> str | None:
     """The newest fixture written with the format versions this release writes."""
     matching = [n for n in FIXTURE_NAMES if _expected(n)["format_versions"] == CURRENT_VERSIONS]
     return matching[-1] if matching else None
+
+
+#: Fixtures holding protocol objects (store-v11 on), with what a reader must make of them.
+PROTOCOL_FIXTURES = [n for n in FIXTURE_NAMES if "protocol" in _expected(n)]
+
+
+def _late_records(name: str) -> set[str]:
+    """Keys of the records in the fixture that are never versions: an index that finds
+    one deletes it (a withdrawn version's late PUT, docs/format.md §11.5)."""
+    return {VERSIONS.key(v) for v in _expected(name).get("protocol", {}).get("late_records", [])}
 
 
 def _load_tool() -> ModuleType:
@@ -141,7 +164,8 @@ def _check_entries(reader: Any, entries: dict[str, Any]) -> None:
 def test_fixture_reads_back_exactly(name: str, tmp_path: Path) -> None:
     expected = _expected(name)
     root = _copy_fixture(name, tmp_path)
-    before = tree_snapshot(root)
+    late = _late_records(name)  # deleted by the first index to find them
+    before = {k: v for k, v in tree_snapshot(root).items() if k not in late}
     with chunkstore.open(root, create=False) as store:
         assert store.chunk_size == expected["chunk_size"]
         assert [v.id for v in store.versions()] == [v["id"] for v in expected["versions"]]
@@ -231,6 +255,12 @@ def test_fixture_objects_carry_their_format_versions(name: str) -> None:
         record = json.loads(data)
         assert (record["format"], record["format_version"]) == ("chunkstore.version",
                                                                  versions["record"])
+    for path in (root / "leases").glob("*") if "lease" in versions else ():
+        kind = ("lease_slot" if "@slot-" in path.name else "lease_marker"
+                if "@rolled-" in path.name or "@withdrawn-" in path.name else "lease")
+        assert json.loads(path.read_bytes())["format_version"] == versions[kind], path.name
+    for path in (root / "readers").glob("*") if "read_lease" in versions else ():
+        assert json.loads(path.read_bytes())["format_version"] == versions["read_lease"]
 
 
 # --- (c) today's encoder reproduces the current fixture byte for byte ----------------------
@@ -761,3 +791,101 @@ def test_verify_reports_an_edited_data_node(v1_copy: Path) -> None:
     path.write_bytes(path.read_bytes().replace(b'"epoch":3', b'"epoch":5'))
     with chunkstore.open(v1_copy, create=False) as store:
         assert not store.verify().ok
+
+
+# --- (f) protocol objects: run leases, commit slots, markers, read leases -------------------
+
+
+@pytest.mark.parametrize("name", PROTOCOL_FIXTURES)
+def test_a_late_record_of_a_withdrawn_version_is_never_listed(name: str, tmp_path: Path
+                                                              ) -> None:
+    """A record its stopped writer PUT after the run's new owner had rolled the version
+    forward and removed it (``@rolled-`` and ``@withdrawn-``, docs/format.md §11.5): no
+    reader lists it, and every index that finds it deletes it, a fresh one or one that
+    deleted it before (in the copy: the fixture keeps it)."""
+    expected = _expected(name)
+    listed = [v["id"] for v in expected["versions"]]
+    root = _copy_fixture(name, tmp_path)
+    late = {key: (root / key).read_bytes() for key in sorted(_late_records(name))}
+    assert late and {k.removeprefix("versions/") for k in late} <= set(
+        expected["protocol"]["withdrawn"])
+    for again in ("a fresh index", "the index that deleted them", "a rebuilt index"):
+        if again != "a rebuilt index":
+            for key, data in late.items():
+                _put(root, key, data)  # the late PUT (again), before the index looks
+        with chunkstore.open(root, create=False) as store:
+            if again == "a rebuilt index":
+                for key, data in late.items():
+                    _put(root, key, data)
+                assert store.rebuild_index().versions == len(listed)
+            assert [v.id for v in store.versions()] == listed, again
+            for data in late.values():
+                record = json.loads(data)
+                with pytest.raises(ChunkStoreError):
+                    store.resolve(f"{record['run']}@{record['step']}")
+            assert store.verify().ok
+        assert not any((root / key).exists() for key in late), again
+
+
+@pytest.mark.parametrize("name", PROTOCOL_FIXTURES)
+def test_the_next_launch_takes_the_run_from_its_gone_holder_and_rolls_nothing_forward(
+        name: str, tmp_path: Path) -> None:
+    """The run's highest generation is held by a process on another machine: it lives
+    while its object was written within a lease by the store's clock, and once not, the
+    next launch takes the run without ``takeover``; the highest commit slot is a fence,
+    so its walk rolls nothing forward (the withdrawn intent below it stays unpublished).
+    A checkout does not keep mtimes: the copy's holder object is set to the time it was
+    last written, or to now."""
+    expected = _expected(name)
+    protocol = expected["protocol"]
+    run, holder = protocol["run"], protocol["holder"]
+    root = _copy_fixture(name, tmp_path)
+    generation = root / LEASES.key(f"{run}@gen-{holder['generation']:012d}")
+    os.utime(generation, None)  # just rewritten by its holder: alive
+    with chunkstore.open(root, create=False) as store:
+        records = sorted(store.objects.ids(VERSIONS))
+        with pytest.raises(RunInUseError, match=re.escape(holder["host"])):
+            RunLease(store.objects, run).acquire()
+    os.utime(generation, (holder["heartbeat"], holder["heartbeat"]))  # its last heartbeat
+    with chunkstore.open(root, create=False) as store:
+        lease = RunLease(store.objects, run)
+        lease.acquire()
+        try:
+            assert lease.generation == holder["generation"] + 1
+            assert lease.took_over is not None
+            assert {k: lease.took_over.get(k) for k in holder} == holder
+            assert lease.head is None, "a version rolled forward past the fence"
+            top = max(int(n) for n in protocol["slots"])
+            assert protocol["slots"][str(top)] == "fence"
+            assert store.objects.exists(LEASES, f"{run}@slot-{top + 1:012d}")  # its fence
+            assert sorted(store.objects.ids(VERSIONS)) == records
+            store.reconcile()
+            assert [v.id for v in store.versions()] == [v["id"] for v in expected["versions"]]
+        finally:
+            lease.release()
+
+
+@pytest.mark.parametrize("name", PROTOCOL_FIXTURES)
+def test_gc_deletes_the_expired_read_lease_which_protects_nothing(name: str, tmp_path: Path
+                                                                  ) -> None:
+    """A reader killed long ago on another machine left its lease (docs/format.md §11.6):
+    it protects nothing (what only its removed version reaches is deleted), a GC deletes
+    it, and every listed version stays whole."""
+    expected = _expected(name)
+    protocol = expected["protocol"]
+    root = _copy_fixture(name, tmp_path)
+    reached = protocol["reached_by_expired_readers_only"]
+    assert reached and all((root / key).is_file() for key in reached)
+    with chunkstore.open(root, create=False) as store:
+        leases = {lease.id: lease.version for lease in list_read_leases(store.objects)}
+        assert leases == protocol["expired_read_leases"]
+        assert sorted(expired_read_leases(store.objects)) == sorted(leases)
+        store.gc(grace=0)
+        assert list(store.objects.ids(READERS)) == []
+        assert [key for key in reached if (root / key).exists()] == []
+        assert [v.id for v in store.versions()] == [v["id"] for v in expected["versions"]]
+        result = store.verify()
+        assert result.ok, result.to_json()
+        assert result.versions_checked == len(expected["versions"])
+        for want in expected["versions"]:
+            _check_entries(store.open_version(want["id"]), want["entries"])

@@ -7,6 +7,14 @@ out of it (the BLAKE3 of each tensor's bytes, each plain-data value as tagged
 JSON, run/step/meta of each version, the tag) and the BLAKE3 of every object
 file, so an accidental edit of the fixture is caught too.
 
+Besides the versions, a fixture holds the protocol objects of docs/format.md §11.5
+and §11.6 a reader meets (store-v11 on): the run's generations and commit slots, the
+``@rolled-``/``@withdrawn-`` markers of a takeover whose stopped writer published a
+removed version late, and the read lease of a reader that is gone.  They are written
+through :class:`~chunkstore.protocol.runlease.RunLease` and a real reader; only what no
+live process writes (the owner of a process on another machine that is gone, and the
+times it recorded) is set here.
+
 Never regenerate an existing fixture after a format change: that would turn a
 pinned old format into the new one.  Build a new fixture (``--name store-v2``)
 and keep the old one.  Regenerating with an unchanged format yields the same
@@ -27,8 +35,11 @@ import json
 import shutil
 import struct
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
+from unittest import mock
 
 import blake3
 import ml_dtypes
@@ -43,6 +54,18 @@ from chunkstore.format.dtypes import dtype_name
 from chunkstore.format.manifest import NODE_FORMAT_VERSION
 from chunkstore.format.records import RECORD_FORMAT_VERSION, STORE_FORMAT_VERSION
 from chunkstore.handle.tree import load_tree
+from chunkstore.objects.kinds import CHUNKS, LEASES, READERS, VERSIONS
+from chunkstore.protocol import runlease
+from chunkstore.protocol.readleases import READ_LEASE_FORMAT, expired_read_leases
+from chunkstore.protocol.runlease import (
+    LEASE_FORMAT,
+    MARKER_FORMAT,
+    SLOT_FORMAT,
+    RunLease,
+    read_lease,
+    withdrawn,
+)
+from chunkstore.protocol.sessions import owner_info
 
 CHUNK_SIZE = 4096
 RUN = "fmt"
@@ -156,9 +179,10 @@ def _tensor_expectation(array: np.ndarray) -> dict[str, Any]:
 
 
 def _write_version(store: chunkstore.Store, step: int, arrays: dict[str, np.ndarray],
-                   data: dict[str, object], meta: dict[str, object], run: str = RUN
-                   ) -> dict[str, Any]:
+                   data: dict[str, object], meta: dict[str, object], run: str = RUN,
+                   before_commit: Callable[[], None] | None = None) -> dict[str, Any]:
     with store.new_version(run=run, step=step, meta=meta) as version:
+        version.before_commit = before_commit  # a RunLease: the commit is fenced
         for name, array in arrays.items():
             version.put(name, array)
         for name, value in data.items():
@@ -318,6 +342,128 @@ def _tree_layout(store: chunkstore.Store) -> tuple[int, int, int]:
     return inlined, referenced, continued
 
 
+# --- protocol objects (docs/format.md §11.5 and §11.6) -------------------------------------
+
+#: The times the fixture's launches and reader record (Unix seconds, November 2023):
+#: fixed and long past, so that every one of them is gone by its heartbeat wherever and
+#: whenever the fixture is read.  (A run's holder on another machine is judged by its
+#: object's stored time, which a checkout does not keep: tests set it to the heartbeat.)
+LEASE_TIME = 1_700_000_000.0
+#: A pid namespace no machine has: pids compare only within one (docs/format.md §11.1).
+GONE_PIDNS = "00000000-0000-4000-8000-000000000000:4026531836"
+#: The reader of the removed version, killed while it read, on a machine of its own.
+GONE_READER = "0f0f0f0f0f0f4f0f8f0f0f0f0f0f0f0f"
+
+
+def _gone_owner(name: str, pid: int) -> dict[str, Any]:
+    """Owner fields (``owner_info``'s) of a process on machine ``name`` (``.invalid``: no
+    machine has that name), since gone."""
+    owner: dict[str, Any] = {"host": f"{name}.invalid", "pid": pid, "pidns": GONE_PIDNS,
+                             "process_start": "1"}
+    if set(owner) != set(owner_info()):
+        raise SystemExit(f"owner fields are now {sorted(owner_info())}: update _gone_owner")
+    return owner
+
+
+@contextmanager
+def _launch(name: str, pid: int, at: float) -> Iterator[None]:
+    """Play a launch of the run on machine ``name`` at time ``at``: a RunLease made and
+    acquired here records that owner and time (``runlease.clock``, the seam tests use to
+    play a machine whose clock is off)."""
+    with mock.patch.object(runlease, "owner_info", lambda: _gone_owner(name, pid)), \
+            mock.patch.object(runlease, "clock", lambda: at):
+        yield
+
+
+class _StoppedBeforeItsPut(RunLease):
+    """A writer's lease whose process is stopped after its commit check, right before
+    the PUT of its commit record (``meanwhile`` runs then), and killed right after that
+    PUT, before :meth:`RunLease.confirm`: the one way a record of a withdrawn version
+    stays in ``versions/`` (docs/format.md §11.5)."""
+
+    meanwhile: Callable[[], None] = staticmethod(lambda: None)
+
+    def check(self) -> None:
+        super().check()
+        self.meanwhile()
+
+    __call__ = check
+
+    def confirm(self, version_id: str) -> None:
+        """Killed before it looks for the ``withdrawn`` marker."""
+
+
+def _gone_reader(store: chunkstore.Store, version_id: str) -> str:
+    """Store the lease of a reader of ``version_id`` on another machine, killed while it
+    read (never deleted; its last heartbeat long past): the bytes a reader writes (taken
+    from a real reader's lease), with that reader's owner, id and times."""
+    with store.open_version(version_id):
+        [live] = store.objects.ids(READERS)
+        body = plaindata.load_json(store.objects.get(READERS, live))
+    body.update(_gone_owner("fixture-reader", 4404), id=GONE_READER, since=LEASE_TIME + 1800,
+                heartbeat=LEASE_TIME + 1830)
+    if not store.objects.put_if_absent(READERS, GONE_READER,
+                                       json.dumps(body, sort_keys=True).encode()):
+        raise SystemExit(f"readers/{GONE_READER} exists")
+    return GONE_READER
+
+
+def _lease_history(store: chunkstore.Store, arrays: dict[str, np.ndarray],
+                   data: dict[str, object]) -> dict[str, Any]:
+    """Three launches of the run (docs/format.md §11.5):
+
+    1. takes the run (generation 1, fences slot 1), saves nothing, releases it;
+    2. takes it (generation 2, fences slot 2) and saves step 7 (the state of step 6
+       again): claims slot 3 with its intent, checks, and is stopped before its PUT;
+    3. meanwhile takes the run over (generation 3): rolls slot 3's intent forward
+       (``@rolled-``, the record), fences slot 4, removes the version (its tombstone,
+       ``@withdrawn-``, the record deleted) and is killed, its generation never
+       released, the earlier releases' ``leases/<run>`` its own;
+    4. launch 2 continues: its PUT creates the record again, and it is killed before it
+       looks for the marker.
+
+    Returns what a reader must make of them."""
+    objects = store.objects
+    with _launch("fixture-launch-1", 4101, LEASE_TIME):
+        first = RunLease(objects, RUN)
+        first.acquire()
+    first.release()
+    taken: list[str] = []
+
+    def take_over_and_remove() -> None:
+        with _launch("fixture-launch-3", 4303, LEASE_TIME + 1200):
+            taker = RunLease(objects, RUN)
+            taker.acquire(takeover=True)
+        taker.held = False  # killed: its heartbeat stops, it never releases the run
+        if taker.head is None:
+            raise SystemExit("the takeover rolled nothing forward")
+        store.delete(taker.head)
+        taken.append(taker.head)
+
+    with _launch("fixture-launch-2", 4202, LEASE_TIME + 600):
+        stopped = _StoppedBeforeItsPut(objects, RUN)
+        stopped.acquire()
+    stopped.meanwhile = take_over_and_remove
+    late = _write_version(store, 7, arrays, data, {"step": 7}, before_commit=stopped)["id"]
+    stopped.held = False  # killed
+    holder = read_lease(objects, RUN) or {}
+    slots = {int(n.rpartition("-")[2]): json.loads(objects.get(LEASES, n))
+             for n in objects.ids(LEASES, f"{RUN}@slot-")}
+    if (taken != [late] or withdrawn(objects) != {late} or not objects.exists(VERSIONS, late)
+            or store.read_record(late).root != store.resolve(f"{RUN}@6").root
+            or holder.get("generation") != 3 or sorted(slots) != [2, 3, 4]
+            or slots[3].get("version") != late):
+        raise SystemExit(f"the run's lease objects are not the history told: rolled forward"
+                         f" {taken}, late record {late}, holder {holder}, slots {slots}")
+    return {"run": RUN, "holder": {k: holder[k] for k in ("generation", "host", "pid",
+                                                          "heartbeat")},
+            "generations": {"1": "released", "2": "taken over", "3": "held, gone"},
+            "slots": {str(n): slot.get("version", "fence") for n, slot in slots.items()},
+            "rolled": [late], "withdrawn": [late],
+            # records in versions/ that are never versions: an index deletes them
+            "late_records": [late]}
+
+
 def build(root: Path) -> dict[str, Any]:
     """Create the fixture store at ``root`` (must not exist); return the expectations."""
     arrays, data = arrays_v1(), data_v1()
@@ -363,10 +509,19 @@ def build(root: Path) -> dict[str, Any]:
         awaiting_packs = sum(1 for d in awaiting_objects
                              if (record := store.index.chunk(d)) is not None
                              and record.codec_id == PACK.id)
+        # Its reader was killed while it read (§11.6): an expired lease protects nothing.
+        reader = _gone_reader(store, removed)
         store.delete(removed)
         result = store.verify()
         if not result.ok:
             raise SystemExit(f"the new fixture does not verify: {result.to_json()}")
+        protocol = _lease_history(store, arrays, data)
+        if expired_read_leases(store.objects) != [reader]:
+            raise SystemExit(f"readers/{reader} is not an expired read lease")
+        protocol["expired_read_leases"] = {reader: removed}
+        # what only the expired reader's version reaches: a GC deletes it
+        protocol["reached_by_expired_readers_only"] = sorted(CHUNKS.key(d)
+                                                             for d in awaiting_objects)
     # The index is a cache, rebuilt on open: it is not part of the format.
     shutil.rmtree(root / "index")
     codec_counts, plane_modes = _codec_census(root)
@@ -378,7 +533,9 @@ def build(root: Path) -> dict[str, Any]:
     return {
         "generator": "tools/make_format_fixture.py",
         "format_versions": {"store": STORE_FORMAT_VERSION, "record": RECORD_FORMAT_VERSION,
-                            "node": NODE_FORMAT_VERSION, "chunk": CHUNK_FORMAT_VERSION},
+                            "node": NODE_FORMAT_VERSION, "chunk": CHUNK_FORMAT_VERSION,
+                            "lease": LEASE_FORMAT, "lease_slot": SLOT_FORMAT,
+                            "lease_marker": MARKER_FORMAT, "read_lease": READ_LEASE_FORMAT},
         "chunk_size": CHUNK_SIZE,
         "codec_counts": codec_counts,
         "versions": versions,
@@ -393,6 +550,8 @@ def build(root: Path) -> dict[str, Any]:
         # them unreferenced (GC's mark reaches them through the moved records)
         "repacked_into": sum(1 for key in _object_digests(root)
                              if key.startswith("chunks/") and _is_repack_target(root, key)),
+        # the run's lease objects and the read leases (docs/format.md §11.5, §11.6)
+        "protocol": protocol,
         "objects": _object_digests(root),
     }
 
