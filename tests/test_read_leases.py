@@ -224,3 +224,25 @@ def test_a_reader_collected_on_an_event_loop_does_no_io_there(tmp_path: Path) ->
         while list(store.objects.ids(READERS)):
             assert time.monotonic() < deadline, "the heartbeat thread never deleted it"
             time.sleep(0.05)
+
+
+def test_a_read_lease_of_a_newer_format_stops_the_gc_and_deletes_nothing(
+        tmp_path: Path) -> None:
+    """A reader of a newer release names what it protects in a way this release cannot
+    know (docs/format.md, rule 1): its lease is refused with FormatVersionError, and the
+    GC deletes nothing rather than what that reader may read."""
+    from chunkstore.errors import FormatVersionError
+    with chunkstore.open(tmp_path / "s", create=True, chunk_size=CHUNK) as store:
+        old = save(store, 1)
+        save(store, 2)
+        store.objects.put(READERS, "newer", b'{"format_version": 2, "protects": ["..."]}')
+        store.delete(old)
+        def objects() -> list[Path]:
+            return sorted(p for kind in ("chunks", "nodes") for p in (tmp_path / "s" / kind)
+                          .rglob("*") if p.is_file())
+        before = objects()
+        with pytest.raises(FormatVersionError, match="readers/newer"):
+            store.gc(grace=0)
+        assert objects() == before
+        store.objects.delete(READERS, "newer")  # the newer release's reader closed
+        assert store.gc(grace=0).chunks_deleted > 0

@@ -199,3 +199,21 @@ def test_a_lease_left_behind_is_ignored_by_every_other_command(tmp_path: Path) -
     with chunkstore.open(tmp_path / "copy") as copy:
         assert read_lease(copy.objects, "job") is None
         assert copy.verify().ok
+
+
+@pytest.mark.parametrize("kind", ["gen", "slot"])
+def test_a_lease_object_of_a_newer_format_is_refused(tmp_path: Path, kind: str) -> None:
+    """A generation or commit slot written by a newer release follows rules this release
+    does not know (docs/format.md, rule 1): taking the run, with takeover or without,
+    is refused with FormatVersionError, and nothing is written."""
+    from chunkstore.errors import FormatVersionError
+    with chunkstore.open(tmp_path / "s", create=True) as store:
+        name = f"job@{kind}-{1:012d}"
+        store.objects.put(LEASES, name, json.dumps(
+            {"format_version": 3, "host": "elsewhere", "pid": 7}).encode())
+        before = sorted(store.objects.ids(LEASES))
+        for takeover in (False, True):
+            with pytest.raises(FormatVersionError, match=f"leases/{name}"):
+                RunLease(store.objects, "job").acquire(takeover=takeover)
+        if kind == "gen":
+            assert sorted(store.objects.ids(LEASES)) == before

@@ -52,6 +52,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from chunkstore.errors import FormatVersionError
 from chunkstore.format import plaindata
 from chunkstore.format.digest import Digest
 from chunkstore.objects.kinds import READERS
@@ -212,7 +213,9 @@ class LeaseInfo:
 
 def list_read_leases(objects: ObjectStore) -> Iterator[LeaseInfo]:
     """Every read lease in the store; one that cannot be read lives by its stored time
-    and protects nothing (it names no root)."""
+    and protects nothing (it names no root).  One of a newer format is refused
+    (:class:`FormatVersionError`): what it protects, this release cannot tell, so a GC
+    stops rather than delete what a newer release reads."""
     for lease_id in objects.ids(READERS):
         info: dict[str, Any] | None
         try:
@@ -223,6 +226,10 @@ def list_read_leases(objects: ObjectStore) -> Iterator[LeaseInfo]:
             continue  # closed meanwhile
         except ValueError:
             info = None
+        found = info.get("format_version") if info is not None else None
+        if type(found) is int and found > READ_LEASE_FORMAT:
+            raise FormatVersionError(f"read lease readers/{lease_id}", found,
+                                     READ_LEASE_FORMAT)
         info = with_stored_heartbeat(info, time.time(),
                                      functools.partial(stored_time, objects, READERS, lease_id))
         if info is None:

@@ -96,6 +96,7 @@ from typing import TYPE_CHECKING, Any
 
 from chunkstore.errors import (
     ChunkStoreError,
+    FormatVersionError,
     LeaseSetAsideWarning,
     RunInUseError,
     RunLeaseLostError,
@@ -152,7 +153,7 @@ def needs_withdrawal(objects: ObjectStore, run: str, version_id: str) -> bool:
     top = max(_numbers(objects, run, "slot"), default=0)
     if not top:
         return False
-    intent = _read(objects, _name(run, "slot", top)) or {}
+    intent = _read(objects, _name(run, "slot", top), SLOT_FORMAT) or {}
     return intent.get("version") == version_id
 
 
@@ -175,8 +176,12 @@ def _numbers(objects: ObjectStore, run: str, what: str) -> list[int]:
                   if _NUMBER.fullmatch(name[len(prefix):]))
 
 
-def _read(objects: ObjectStore, name: str) -> dict[str, Any] | None:
-    """A lease object as stored; None when absent or set aside (damaged: warned)."""
+def _read(objects: ObjectStore, name: str, supported: int | None = LEASE_FORMAT
+           ) -> dict[str, Any] | None:
+    """A lease object as stored; None when absent or set aside (damaged: warned).  One of
+    a format newer than ``supported`` is refused (:class:`FormatVersionError`): its
+    writer follows rules this release does not know (None: read it anyway, to name its
+    holder in a message)."""
     try:
         data = plaindata.load_json(objects.get(LEASES, name))
     except FileNotFoundError:
@@ -185,6 +190,9 @@ def _read(objects: ObjectStore, name: str) -> dict[str, Any] | None:
         reason = f"{type(exc).__name__}: {exc}"
     else:
         if isinstance(data, dict):
+            found = data.get("format_version")
+            if supported is not None and type(found) is int and found > supported:
+                raise FormatVersionError(f"leases/{name}", found, supported)
             return data
         reason = f"a JSON {type(data).__name__}, not an object"
     warnings.warn(LeaseSetAsideWarning(f"leases/{name}", reason), stacklevel=3)
@@ -262,7 +270,7 @@ class RunLease:
         self._info.update(generation=self.generation, since=now, heartbeat=now)
         if not self.objects.put_if_absent(LEASES, _name(self.run, "gen", self.generation),
                                           self._body()):
-            taker = _read(self.objects, _name(self.run, "gen", self.generation)) or {}
+            taker = _read(self.objects, _name(self.run, "gen", self.generation), None) or {}
             raise RunInUseError(self.run, taker, (
                 f"run {self.run!r} was just taken by another process"
                 f" ({describe_holder(taker, clock())})"))
@@ -331,7 +339,7 @@ class RunLease:
         newer = _name(self.run, "gen", self.generation + 1)
         if self.objects.exists(LEASES, newer):
             self.held = False
-            taker = _read(self.objects, newer) or {}
+            taker = _read(self.objects, newer, None) or {}
             raise RunInUseError(self.run, taker, (
                 f"run {self.run!r} was taken by another process while this one took it"
                 f" ({describe_holder(taker, clock())})"))
@@ -339,7 +347,7 @@ class RunLease:
     def _roll_forward(self, slot: int) -> None:
         """Publish the intent in ``slot`` (if it is one, and its version was not removed
         since: withdrawn) as its writer would."""
-        intent = _read(self.objects, _name(self.run, "slot", slot))
+        intent = _read(self.objects, _name(self.run, "slot", slot), SLOT_FORMAT)
         version, record = (intent or {}).get("version"), (intent or {}).get("record")
         if not isinstance(version, str) or not isinstance(record, str):
             return  # a fence, or set aside
@@ -372,7 +380,7 @@ class RunLease:
                            "token": self.token, "version": version_id,
                            "record": record.decode()}, sort_keys=True).encode()
         if not self.objects.put_if_absent(LEASES, name, body):
-            found = _read(self.objects, name) or {}
+            found = _read(self.objects, name, SLOT_FORMAT) or {}
             if found.get("token") != self.token or found.get("version") != version_id:
                 self.held = False
                 raise RunLeaseLostError(self.run, self._successor())
@@ -409,7 +417,7 @@ class RunLease:
         raise RunLeaseLostError(self.run, self._successor())
 
     def _successor(self) -> dict[str, Any] | None:
-        return _read(self.objects, _name(self.run, "gen", self.generation + 1))
+        return _read(self.objects, _name(self.run, "gen", self.generation + 1), None)
 
     # --- liveness and release ---------------------------------------------------------------
 
@@ -452,6 +460,6 @@ class RunLease:
             self.held = False
             self._info["released"] = True
             self.objects.put(LEASES, _name(self.run, "gen", self.generation), self._body())
-            legacy = _read(self.objects, self.run)
+            legacy = _read(self.objects, self.run, None)
             if legacy is not None and legacy.get("token") == self.token:
                 self.objects.discard(LEASES, self.run)
