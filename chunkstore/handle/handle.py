@@ -46,7 +46,8 @@ from chunkstore.handle.basecopies import BASE_COPY_BYTES, BaseCopies
 from chunkstore.handle.caches import BaseCache
 from chunkstore.handle.tree import NodeCache, flatten
 from chunkstore.handle.versions import VersionInfo, entry_from_record
-from chunkstore.index.lmdbindex import Index, VersionEntry
+from chunkstore.index.lmdbindex import Index
+from chunkstore.index.versiontables import VersionEntry
 from chunkstore.objects.kinds import TAGS, VERSIONS
 from chunkstore.objects.objectstore import ObjectStore
 from chunkstore.protocol.moved import MovedRecord
@@ -252,19 +253,23 @@ class StoreHandle:
 
     def versions(self, run: str | None = None) -> list[VersionInfo]:
         """Published versions, oldest first: by commit time, or within one ``run`` by
-        step (clocks differ between machines; a run's steps do not)."""
-        found = [self.info_from_entry(e) for e in self.index.versions()
-                 if run is None or e.run == run]
-        if run is not None:
-            found.sort(key=lambda v: (v.step, v.created, v.id))
-        return found
+        step (clocks differ between machines; a run's steps do not).  A run's are
+        found by a seek in the index and cost what the run holds, not the store."""
+        entries = self.index.versions() if run is None else self.index.run_versions(run)
+        return [self.info_from_entry(e) for e in entries]
 
     def latest(self, run: str | None = None) -> VersionInfo | None:
-        versions = self.versions(run)
-        return versions[-1] if versions else None
+        """The last of :meth:`versions`, found by a seek (what a save asks, each time)."""
+        entry = self.index.latest_version(run)
+        return None if entry is None else self.info_from_entry(entry)
+
+    def at_step(self, run: str, step: int) -> list[VersionInfo]:
+        """The versions of ``RUN@STEP`` the index holds (one, unless another machine
+        saved the step too), oldest first, found by a seek."""
+        return [self.info_from_entry(e) for e in self.index.run_versions(run, step)]
 
     def runs(self) -> list[str]:
-        return sorted({e.run for e in self.index.versions()})
+        return self.index.runs()
 
     def resolve(self, selector: str) -> VersionInfo:
         """Resolve a full id, unique id prefix, RUN@STEP, RUN@latest, latest or tag."""
@@ -290,14 +295,14 @@ class StoreHandle:
 
     def _resolve_run_step(self, selector: str) -> VersionInfo:
         run, _, step = selector.partition("@")
-        versions = self.versions(run)
-        if not versions:
+        latest = self.latest(run)
+        if latest is None:
             raise SelectorError(selector, f"no versions of run {run!r}")
         if step == "latest":
-            return versions[-1]
+            return latest
         if not (step.isascii() and step.isdigit() and len(step) <= 19):  # '²' is a digit
             raise SelectorError(selector, "expected RUN@STEP with an integer step, or RUN@latest")
-        matches = [v for v in versions if v.step == int(step)]
+        matches = self.at_step(run, int(step))
         if not matches:
             raise SelectorError(selector, f"run {run!r} has no version at step {step}")
         return matches[-1]
@@ -307,7 +312,7 @@ class StoreHandle:
         if len(prefix) < MIN_PREFIX or not all(c in "0123456789abcdef" for c in prefix):
             raise SelectorError(selector, "not a tag, RUN@STEP, RUN@latest, 'latest', or a"
                                 f" hex id prefix of at least {MIN_PREFIX} characters")
-        matches = [v for v in self.versions() if v.id.startswith(prefix)]
+        matches = [self.info_from_entry(e) for e in self.index.versions_with_prefix(prefix)]
         if len(matches) > 1:
             raise AmbiguousSelectorError(selector, f"matches {len(matches)} versions; use more"
                                          " characters")

@@ -9,7 +9,7 @@ from typing import Any
 from chunkstore.format import plaindata
 from chunkstore.format.digest import Digest
 from chunkstore.format.records import CommitRecord
-from chunkstore.index.lmdbindex import VersionEntry
+from chunkstore.index.versiontables import VersionEntry
 
 
 @dataclass(frozen=True)

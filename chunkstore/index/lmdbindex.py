@@ -28,6 +28,11 @@ small chunk stored, a dedup cache) has a reverse table ``packed_by`` (pack +
 member), so that the transaction that forgets a pack (GC's deletion, a GC
 journal entry applied, an object found missing) forgets every location inside
 it too: the cache holds what the stored packs hold, not every pack ever written.
+
+Versions are kept by id (``versions``) and in two orders, by run and step and by
+time (:mod:`chunkstore.index.versiontables`), written in the same transactions, so
+that a save finds its run's newest version and its ``RUN@STEP`` by a seek, at a
+cost that does not grow with the versions the store holds.
 """
 
 from __future__ import annotations
@@ -52,13 +57,15 @@ import lmdb
 
 from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import PackLocation
-from chunkstore.index import indexfile, writegate
+from chunkstore.index import indexfile, versiontables, writegate
+from chunkstore.index.versiontables import VersionEntry, VersionLookups
 
-#: 3 adds the ``packed_by`` table; an index of schema 2 is brought to 3 where it is
-#: opened (the table is derived from ``packed``), any other schema is rebuilt.
-INDEX_SCHEMA = 3
-#: The schema this release migrates in place (:meth:`Index._migrate_from_2`).
-_MIGRATED_SCHEMA = 2
+#: 3 adds the ``packed_by`` table, 4 the orders of the versions (``versions_by_run``,
+#: ``versions_by_time``); an index of schema 2 or 3 is brought to 4 where it is
+#: opened (each table is derived from another), any other schema is rebuilt.
+INDEX_SCHEMA = 4
+#: The schemas this release migrates in place (:meth:`Index._migrate`).
+_MIGRATED_SCHEMAS = (2, 3)
 #: The meta key naming the store an index describes (:meth:`Index.describe_store`).
 STORE_KEY = b"store"
 #: The meta key of an index's own id (:meth:`Index.identity`).
@@ -119,27 +126,6 @@ class NewChunk:
     stored_length: int
 
 
-@dataclass(frozen=True)
-class VersionEntry:
-    id: str
-    run: str
-    step: int
-    created: float
-    root: str
-    parent: str | None
-    logical_bytes: int
-    new_bytes: int
-    new_stored_bytes: int
-    meta: dict[str, Any]
-
-    def to_json(self) -> bytes:
-        return json.dumps(self.__dict__, sort_keys=True).encode()
-
-    @classmethod
-    def from_json(cls, data: bytes) -> VersionEntry:
-        return cls(**json.loads(data))
-
-
 #: Indexes open in this process, by real path: LMDB allows one environment per file
 #: per process, so every handle on one store here shares one (:func:`open_index`).
 _OPEN: dict[str, Index] = {}
@@ -182,7 +168,7 @@ def private_index(path: str, reason: str) -> Index:
     return index
 
 
-class Index:
+class Index(VersionLookups):
     """One LMDB environment; safe to share between threads and processes.
 
     ``needs_rebuild`` is set when the index on disk was written by another
@@ -199,6 +185,7 @@ class Index:
         self._openers = 1
         self._shared_as = ""  # the key in _OPEN, for an index open_index shares
         self._private = False  # a private_index: its directory goes with its last close
+        self._warned_orders = False  # see _orders_in_step
         self._map_size = indexfile.map_size(map_size)
         self.env, damaged = indexfile.open_env(path, self._map_size)
         self._gate = writegate.WriteGate(path)
@@ -253,6 +240,10 @@ class Index:
         # pack digest + member digest -> b"": the entries of ``packed`` that name each
         # pack, forgotten with the pack (_forget_pack)
         self.packed_by = self.env.open_db(b"packed_by")
+        # the versions in two orders (chunkstore.index.versiontables): by run, step,
+        # time and id; by time and id
+        self.versions_by_run = self.env.open_db(b"versions_by_run")
+        self.versions_by_time = self.env.open_db(b"versions_by_time")
         other_schema = self._check_schema()
         self.reader_check()
         return other_schema
@@ -271,8 +262,8 @@ class Index:
             found = txn.get(b"schema", db=self.meta)
             if found is not None and int(found) == INDEX_SCHEMA:
                 return False
-            if found is not None and int(found) == _MIGRATED_SCHEMA:
-                self._migrate_from_2(txn)
+            if found is not None and int(found) in _MIGRATED_SCHEMAS:
+                self._migrate(txn, int(found))
                 return False
             empty = found is None and txn.stat(self.versions_db)["entries"] == 0 \
                 and txn.stat(self.chunks)["entries"] == 0
@@ -280,14 +271,18 @@ class Index:
                 self._stamp_empty(txn)
             return not empty
 
-    def _migrate_from_2(self, txn: lmdb.Transaction) -> None:
-        """Schema 2 -> 3 in the checking transaction: ``packed_by`` made afresh from
-        ``packed`` (a table a release of schema 2 may have left stale, after a
-        downgrade, is dropped first).  Nothing else changed between them."""
-        txn.drop(self.packed_by, delete=False)
-        for member, value in txn.cursor(db=self.packed):
-            txn.put(bytes(value)[:32] + bytes(member), b"", db=self.packed_by)
+    def _migrate(self, txn: lmdb.Transaction, schema: int) -> None:
+        """Schema 2 or 3 -> 4 in the checking transaction.  2 -> 3: ``packed_by`` made
+        afresh from ``packed``; 3 -> 4: the orders of the versions made afresh from
+        ``versions``.  (A table an earlier release may have left stale, after a
+        downgrade, is dropped first.)  Nothing else changed between them."""
+        if schema < 3:
+            txn.drop(self.packed_by, delete=False)
+            for member, value in txn.cursor(db=self.packed):
+                txn.put(bytes(value)[:32] + bytes(member), b"", db=self.packed_by)
+        versiontables.fill(txn, self.versions_db, self._orders())
         txn.put(b"schema", str(INDEX_SCHEMA).encode(), db=self.meta)
+
 
     def _stamp_empty(self, txn: lmdb.Transaction) -> None:
         """Stamp an index that holds nothing: the schema, and, as nothing is in it yet,
@@ -302,7 +297,8 @@ class Index:
     def _tables(self) -> tuple[Any, ...]:
         return (self.chunks, self.nodes, self.zero, self.versions_db, self.refs,
                 self.node_refs, self.tags_db, self.sessions, self.claims, self.session_claims,
-                self.journal, self.packed, self.packed_by)
+                self.journal, self.packed, self.packed_by, self.versions_by_run,
+                self.versions_by_time)
 
     def close(self) -> None:
         """Close this opener's use; the environment closes with its last opener
@@ -626,6 +622,7 @@ class Index:
             for digest in node_list:
                 self._bump(txn, NODE, digest, +1, now)
             txn.put(entry.id.encode(), entry.to_json(), db=self.versions_db)
+            versiontables.put(txn, self._orders(), entry)
             txn.put(entry.id.encode(), b"".join(d.raw for d in ref_list), db=self.refs)
             txn.put(entry.id.encode(), b"".join(d.raw for d in node_list), db=self.node_refs)
             for member, location in (packed or {}).items():
@@ -639,8 +636,10 @@ class Index:
         now = time.time()
         key = version_id.encode()
         with self._writing() as txn:
-            if txn.get(key, db=self.versions_db) is None:
+            found = txn.get(key, db=self.versions_db)
+            if found is None:
                 return False
+            versiontables.delete(txn, self._orders(), VersionEntry.from_json(bytes(found)))
             for kind, db in ((CHUNK, self.refs), (NODE, self.node_refs)):
                 refs = bytes(txn.get(key, db=db) or b"")
                 for i in range(0, len(refs), 32):
@@ -667,16 +666,6 @@ class Index:
             state = ChunkState.WRITING  # referenced again: out of GC's hands, rewritten on use
         since = now if count == 0 or rec.refcount == 0 else rec.since
         self._put(txn, kind, digest, replace(rec, state=state, refcount=count, since=since))
-
-    def version(self, version_id: str) -> VersionEntry | None:
-        with self.env.begin(db=self.versions_db) as txn:
-            data = txn.get(version_id.encode())
-        return VersionEntry.from_json(data) if data else None
-
-    def versions(self) -> list[VersionEntry]:
-        with self.env.begin(db=self.versions_db) as txn:
-            entries = [VersionEntry.from_json(v) for _, v in txn.cursor()]
-        return sorted(entries, key=lambda e: (e.created, e.id))
 
     def version_refs(self, version_id: str) -> list[Digest]:
         with self.env.begin(db=self.refs) as txn:

@@ -124,7 +124,7 @@ def reconcile(store: StoreHandle, result: RebuildResult | None = None) -> Rebuil
     checked again before it is counted out.
     """
     result = result or RebuildResult()
-    in_index = {e.id for e in store.index.versions()}
+    in_index = store.index.version_ids()  # ids only: no entry decoded
     on_backend = set(store.stored_version_ids())
     new = sorted(on_backend - in_index)
     gone = withdrawn(store.objects) if new else frozenset()

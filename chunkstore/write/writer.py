@@ -416,7 +416,7 @@ class VersionWriter(ChunkJobs):
             lock = store.run_lock(self.run)
             lock.acquire()
             held.append(lock)
-            same_step = [v for v in store.versions(self.run) if v.step == self.step]
+            same_step = store.at_step(self.run, self.step)  # a seek, not a listing
             # The index may not know that another process removed one of them: a version
             # whose commit record is gone is neither "saved before" nor in the way (it
             # would be returned as this save, published nowhere).
