@@ -12,16 +12,21 @@ import pytest
 import chunkstore
 from tests.quick_suite import pytest_collection_modifyitems as order_around_the_quick_run
 from tests.quick_suite import quick_suite_run
+from tests.shards import Shards, pytest_addoption
 
-# The quick benchmark run of test_bench_smoke.py, started with the session: re-exported so
-# pytest finds it here.
-__all__ = ["quick_suite_run"]
+# The quick benchmark run of test_bench_smoke.py, started with the session, and the
+# --shard option (tests/shards.py): re-exported so pytest finds them here.
+__all__ = ["pytest_addoption", "quick_suite_run"]
 
-#: Modules that make up the slow job (marked ``slow``): `./dev test` runs ``-m slow`` and
-#: ``-m "not slow"`` as two pytest processes side by side, and these hold about half of
-#: the suite's time (races and scenarios that run for seconds in subprocesses, the
-#: protocol model checker, the README's examples, the benchmark smoke run), so the two
-#: jobs end close together on two cores.
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(Shards(), "chunkstore-shards")
+
+
+#: Modules marked ``slow``, for a quick local run (``pytest -m "not slow"``): races and
+#: scenarios that run for seconds in subprocesses, the protocol model checker, the
+#: README's examples, the benchmark smoke run.  (`./dev test` runs everything, in three
+#: shards: tests/shards.py.)
 SLOW_JOB_MODULES = frozenset({
     "test_availability.py", "test_bench_smoke.py", "test_crash.py", "test_gc.py",
     "test_many_indexes.py", "test_power_loss.py", "test_protocol_model.py", "test_readme.py",
