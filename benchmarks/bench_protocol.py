@@ -14,8 +14,9 @@ state):
 - ``save``: a plain save (``store.new_version``, no lease, not fenced);
 - ``lease_save``: a save through a run lease, as torch_bridge's Checkpointer makes
   it: ``RunLease(store.objects, run).acquire()`` once (``lease_acquire``), then per
-  save ``lease.check()`` and the writer's ``before_commit = lease`` (claim the commit
-  slot, check the generation, docs/format.md §11.5), released at the end
+  save ``lease.check_known()`` (no request) and the writer's ``before_commit = lease``
+  (claim the commit slot, check the generation, then, the record created, look for a
+  withdrawal marker: docs/format.md §11.5), released at the end
   (``lease_release``); ``added.lease_per_save`` = lease_save - save;
 - ``keep_last``: a lease save of a run with ``keep_last=--keep``, steady state: the
   retention the Checkpointer applies after it (``retention``) and the collection it
@@ -183,11 +184,11 @@ def make_state(mib: int, tensors: int, seed: int) -> dict[str, np.ndarray]:
 
 def save(store: chunkstore.Store, run: str, step: int, state: dict[str, np.ndarray],
          lease: RunLease | None = None) -> float:
-    """One save, through ``lease`` as the Checkpointer makes it (check, then the commit
-    claims its slot and checks again); its seconds."""
+    """One save, through ``lease`` as the Checkpointer makes it (what this process knows
+    of the lease, then the commit claims its slot and checks the store); its seconds."""
     start = time.perf_counter()
     if lease is not None:
-        lease.check()
+        lease.check_known()
     with store.new_version(run, step) as version:
         version.before_commit = lease
         for name, array in state.items():
