@@ -125,6 +125,7 @@ def test_selectors_and_a_run_s_listing_come_from_the_orders(tmp_path: Path) -> N
         with pytest.raises(SelectorError, match="no versions of run"):
             store.resolve("r0@1")
         assert store.versions("r\0x") == [] and store.latest("r\0") is None
+        assert store.at_step("r", -1) == store.at_step("r", 2**64) == []
         assert_orders_agree(store.index)
 
 

@@ -157,6 +157,8 @@ def open_env(path: str, size: int) -> tuple[lmdb.Environment, bool]:
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
+#: Named tables an index environment may hold (LMDB's ``max_dbs``).
+MAX_TABLES = 32
 #: Opens of an index whose directory another process keeps deleting, before giving up.
 OPEN_ATTEMPTS = 5
 
@@ -177,7 +179,8 @@ def _open_with_fallback(path: str, size: int) -> lmdb.Environment:
             # metasync=False: each commit still flushes the data pages, and a
             # system crash can at worst undo the last transaction, never
             # corrupt the tree; the index is rebuildable from the manifests.
-            env = lmdb.open(path, map_size=attempt, max_dbs=16, metasync=False,
+            # max_dbs: schema 4 names 16 tables; room for more.
+            env = lmdb.open(path, map_size=attempt, max_dbs=MAX_TABLES, metasync=False,
                             max_readers=256)
         except lmdb.MemoryError as exc:
             smaller = attempt // 4

@@ -491,12 +491,17 @@ class Index(VersionLookups):
 
     def _remember_packed(self, txn: lmdb.Transaction, member: Digest,
                          location: PackLocation) -> None:
-        """Record where ``member`` lies; the reverse entry of a location it replaces goes."""
+        """Record where ``member`` lies; the reverse entry of a location it replaces goes.
+        A location recorded already is left alone: every save names where each of its
+        unchanged members lies, and rewriting the same bytes would dirty (and sync) a
+        page of each table per member, in tables that grow with the store."""
+        value = _PACKED.pack(location.pack.raw, location.offset, location.length)
         old = txn.get(member.raw, db=self.packed)
+        if old is not None and bytes(old) == value:
+            return  # and its reverse entry is there (packed_by follows packed)
         if old is not None and bytes(old)[:32] != location.pack.raw:
             txn.delete(bytes(old)[:32] + member.raw, db=self.packed_by)
-        txn.put(member.raw, _PACKED.pack(location.pack.raw, location.offset, location.length),
-                db=self.packed)
+        txn.put(member.raw, value, db=self.packed)
         txn.put(location.pack.raw + member.raw, b"", db=self.packed_by)
 
     def _forget_pack(self, txn: lmdb.Transaction, pack: Digest) -> None:

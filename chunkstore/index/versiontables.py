@@ -68,6 +68,8 @@ _BITS = struct.Struct(">Q")
 _FLOAT = struct.Struct(">d")
 _SIGN = 1 << 63
 _ALL = (1 << 64) - 1
+#: The highest step a key holds (a record's is at most 2**63 - 1).
+_LAST_STEP = (1 << 64) - 1
 #: Bytes of a ``versions_by_run`` key after the run's NUL: step, then time.
 _ORDER_BYTES = 16
 
@@ -248,7 +250,7 @@ class VersionLookups:
     def run_versions(self, run: str, step: int | None = None) -> list[VersionEntry]:
         """The versions of ``run`` (of ``RUN@STEP`` with ``step``), oldest first: by
         step, then time, then id."""
-        if not names_a_run(run):
+        if not names_a_run(run) or (step is not None and not 0 <= step <= _LAST_STEP):
             return []
         with self.env.begin() as txn:
             if not self._orders_in_step(txn):
