@@ -369,16 +369,19 @@ class Store(StoreHandle):
     def stats(self) -> StoreStats:
         return stats(self)
 
-    def gc(self, grace: object = "1h", *, dry_run: bool = False, sweep: bool = True,
+    def gc(self, grace: object = "1h", *, dry_run: bool = False, sweep: bool | None = None,
            clock: Callable[[], float] = time.time, progress: Progress | None = None,
            session_wait: float = 120.0, repack_unused: float | None = 0.5) -> GcResult:
         """Delete chunks and nodes that no live version has referenced for ``grace``.
 
         ``grace`` is seconds, a ``timedelta`` or text (``"30m"``, ``"1h"``,
         ``"2d"``; default one hour), counted from when a version was removed.
-        ``dry_run`` decides the same and deletes nothing.  ``sweep`` also
-        removes objects the index does not know that are older than the grace
-        period.  ``session_wait`` bounds the wait for saves in progress (on any
+        ``dry_run`` decides the same and deletes nothing.  ``sweep`` (True) also
+        lists storage for objects no index record names (orphans of killed saves)
+        and removes those older than the grace period; None (the default) does so
+        only when it can find some or is due: a dead save's session, or a day
+        since this index's last sweep (:mod:`chunkstore.maintenance.sweep`);
+        False never.  ``session_wait`` bounds the wait for saves in progress (on any
         machine) that started before this GC; past it nothing is deleted and
         the result says how much was deferred.  ``repack_unused``: a live pack
         at least this fraction garbage has its live members copied into a new

@@ -268,8 +268,15 @@ def test_objects_the_index_does_not_know_are_swept_after_the_grace_period(
     stray = Digest.of(b"a chunk object whose index record was lost")
     store.backend.put(CHUNKS.key(stray), b"CSCK-not-even-valid")
     store.backend.put(NODES.key(stray), b"{}")
-    assert store.gc(grace="1h").orphans_deleted == 0
-    result = store.gc(grace="1h", clock=lambda: later(2 * HOUR))
+    first = store.gc(grace="1h")
+    assert first.swept and first.orphans_deleted == 0  # the index's first sweep: too young
+    # No dead session points at them: the next sweep is the scheduled one, a day on.
+    waiting = store.gc(grace="1h", clock=lambda: later(2 * HOUR))
+    assert not waiting.swept and waiting.orphans_deleted == 0
+    assert waiting.next_sweep_due == pytest.approx(first.next_sweep_due)
+    assert (store_path / CHUNKS.key(stray)).exists()
+    result = store.gc(grace="1h", clock=lambda: later(25 * HOUR))
+    assert result.swept and result.sweep_reason.startswith("due")
     assert result.orphans_deleted == 2
     assert not (store_path / CHUNKS.key(stray)).exists()
     assert not (store_path / NODES.key(stray)).exists()
@@ -488,9 +495,11 @@ def test_temporary_files_of_killed_writes_are_removed_once_old(
     assert store.gc(grace=0).temporaries_deleted == 0  # young: might be a write in progress
     old = time.time() - 2 * HOUR
     os.utime(leftover, (old, old))
-    assert store.gc(grace="1h", dry_run=True).temporaries_deleted == 1
+    # Temporary files go with the orphan sweep (no sweep is due a moment after one).
+    assert store.gc(grace="1h").temporaries_deleted == 0
+    assert store.gc(grace="1h", dry_run=True, sweep=True).temporaries_deleted == 1
     assert leftover.exists()
-    assert store.gc(grace="1h").temporaries_deleted == 1
+    assert store.gc(grace="1h", sweep=True).temporaries_deleted == 1
     assert not leftover.exists()
     assert store.verify().ok
 

@@ -118,6 +118,7 @@ def gc_text(result: GcResult) -> None:
     if result.sessions_expired:
         click.echo(f"expired {plural(result.sessions_expired, 'write session')} of dead"
                    " processes")
+    click.echo(sweep_text(result))
     if result.temporaries_deleted:
         click.echo(f"removed {plural(result.temporaries_deleted, 'temporary file')} of"
                    " interrupted writes")
@@ -145,13 +146,28 @@ def gc_text(result: GcResult) -> None:
         click.echo(f"warning: {line}", err=True)
 
 
+def sweep_text(result: GcResult) -> str:
+    """One line: whether the run listed storage for orphans, why, and the next one."""
+    did = ("would sweep" if result.dry_run else "swept") if result.swept else "no sweep"
+    line = f"orphan sweep: {did} ({result.sweep_reason})"
+    if result.sessions_retired:
+        line += f"; retired {plural(result.sessions_retired, 'dead save session')}"
+    if result.next_sweep_due is not None:
+        wait = result.next_sweep_due - time.time()
+        line += (f"; next due in {format_duration(wait)}" if wait > 0
+                 else "; next due at the next run")
+    return line
+
+
 @click.command()
 @STORE_ARG
 @GRACE_OPT
 @click.option("-n", "--dry-run", is_flag=True,
               help="Decide exactly as a real run would; delete nothing.")
-@click.option("--no-sweep", is_flag=True,
-              help="Skip listing storage for objects the index does not know.")
+@click.option("--sweep/--no-sweep", default=None,
+              help="List storage for objects no index knows (orphans of killed saves) now,"
+              " or never; by default only when a dead save's session shows some may be"
+              " there, or a day after this index's last sweep.")
 @click.option("--repack-unused", type=click.FloatRange(0, 1, min_open=True), default=0.5,
               show_default=True, metavar="FRACTION",
               help="Repack a pack of small chunks once this fraction of it is garbage: copy"
@@ -163,7 +179,7 @@ def gc_text(result: GcResult) -> None:
               help="How long to wait for saves in progress (on any machine) that started"
               " before this gc; past it nothing is deleted (exit 4: run gc again).")
 @JSON_OPT
-def gc(store_path: str, grace: str, dry_run: bool, no_sweep: bool, repack_unused: float,
+def gc(store_path: str, grace: str, dry_run: bool, sweep: bool | None, repack_unused: float,
        no_repack: bool, session_wait: float, as_json: bool) -> None:
     """Delete chunks and manifest nodes that no version references.
 
@@ -171,7 +187,12 @@ def gc(store_path: str, grace: str, dry_run: bool, no_sweep: bool, repack_unused
     grace period (default one hour), so a reader of a version removed a
     moment ago keeps working, and never while a save in progress uses it.
     Objects left by killed saves are collected the same way, by write
-    time. Versions are removed with `rm` or `prune` first; gc frees their
+    time: gc lists storage for them (the orphan sweep) when a dead save's
+    session shows there may be some, once a day (CHUNKSTORE_SWEEP_INTERVAL
+    seconds) after this index's last sweep, or with --sweep; a gc with
+    nothing to delete otherwise costs a few requests whatever the store's
+    size. --json says whether it swept, why, and when the next is due.
+    Versions are removed with `rm` or `prune` first; gc frees their
     space. Small chunks live in packs, deleted whole: a pack at least
     --repack-unused garbage has its live chunks copied into a new pack
     (old versions keep reading them, through a moved record) and is then
@@ -190,7 +211,7 @@ def gc(store_path: str, grace: str, dry_run: bool, no_sweep: bool, repack_unused
     outlasted --session-wait (nothing was deleted), or storage failed.
     """
     with open_store(store_path) as store, TerminalProgress() as progress:
-        result = store.gc(parse_duration(grace), dry_run=dry_run, sweep=not no_sweep,
+        result = store.gc(parse_duration(grace), dry_run=dry_run, sweep=sweep,
                           progress=progress, repack_unused=None if no_repack else repack_unused,
                           session_wait=session_wait)
     if as_json:

@@ -13,10 +13,13 @@ model, are why each step is where it is):
    deletions a killed GC of this index left in the DELETING state back to
    this run (never finished blindly: that GC's entry died with it, so saves
    elsewhere may have written those objects again);
-2. expire the index's write sessions of dead processes;
+2. expire the index's write sessions of dead processes, and decide whether
+   this run sweeps (:mod:`chunkstore.maintenance.sweep`: asked to, a dead
+   save session in ``sessions/`` whose leftovers are past the grace period,
+   or a day since this index's last complete sweep);
 3. candidates: objects whose refcount has been zero for at least the grace
-   period (the index's ``zero`` table), and objects on storage no index
-   record names (orphans of killed saves, objects of another index's
+   period (the index's ``zero`` table), and, in a sweep, objects on storage no
+   index record names (orphans of killed saves, objects of another index's
    versions) older than the grace period;
 4. mark: walk the manifests of every live version on storage (shared
    subtrees once) and of every version removed less than the grace period
@@ -89,6 +92,24 @@ publish (:meth:`StoreSession.lapsed`).  A deleted or rebuilt index loses
 nothing the argument uses: sessions, journal, versions and tombstones are
 all in the store.
 
+What a run costs follows the garbage.  An *idle* run (no record at refcount 0
+past the grace period or being deleted, no removal since packs were last looked
+at, no sweep, no tombstone of a version this index still counts whose record is
+gone) skips the count-in of step 1 (a listing of ``versions/``), the moved
+records and both marks: a few listings of small prefixes (``sessions/``,
+``removed/``, ``gc/``, ``readers/``), whatever the store holds.  Skipping is safe
+for the same reason as above: every deletion is of a candidate confirmed by the
+marks of steps 4 and 7 after the fence, and a run that skips a source of
+candidates (a sweep, another index's removals, moved records) deletes a subset
+of what a full run would.  What it skips only waits: another index's removals
+are counted out at the next run that has work or sweeps (at least daily), or
+earlier when their tombstones are seen; a run that marks lists the versions
+first (step 4 needs them anyway).  A run that deletes always marks twice.
+Retiring dead sessions (deleting their objects after a complete sweep covered
+what they wrote, :mod:`chunkstore.maintenance.sweep`) takes nothing the argument
+uses: step 6 waits only for live sessions, and a session is judged dead again
+right before its object goes.
+
 A run that outlives half the grace period stops (:class:`GcAbortedError`):
 a reader that opened a version just before it was removed is promised the
 grace period.  A dry run takes the decisions of steps 1-4 and changes
@@ -126,7 +147,10 @@ from chunkstore.maintenance.mark import (
 from chunkstore.maintenance.reconcile import reconcile
 from chunkstore.maintenance.repack import DEFAULT_UNUSED, plan, repack
 from chunkstore.maintenance.retention import parse_duration
-from chunkstore.objects.kinds import CHUNKS, MOVED, NODES, READERS, TOMBSTONES
+from chunkstore.maintenance.sweep import SweepPlan, SweepState, dead_sessions
+from chunkstore.maintenance.sweep import finish as finish_sweep
+from chunkstore.maintenance.sweep import plan as plan_sweep
+from chunkstore.objects.kinds import CHUNKS, MOVED, NODES, READERS, TOMBSTONES, VERSIONS
 from chunkstore.progress import NullProgress, Progress
 from chunkstore.protocol.journal import (
     ABANDONED,
@@ -218,6 +242,18 @@ class GcResult:
     repack_skipped: list[str] = field(default_factory=list)
     journal_entry: str | None = None
     index_disagreements: list[str] = field(default_factory=list)
+    #: Whether this run listed storage for objects no index record names (a dry run:
+    #: would), and why or why not (chunkstore.maintenance.sweep).
+    swept: bool = False
+    sweep_reason: str = ""
+    #: When this index's last complete sweep began, and when the next one is due (by
+    #: the schedule, or sooner for a dead save's leftovers), Unix time.
+    last_sweep: float | None = None
+    next_sweep_due: float | None = None
+    #: Save sessions in the store whose process is dead, and of those the ones whose
+    #: objects this run deleted after a complete sweep covered their leftovers.
+    dead_sessions: int = 0
+    sessions_retired: int = 0
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -245,11 +281,15 @@ def session_is_dead(info: dict[str, Any], now: float, grace_s: float) -> bool:
 
 
 class _Run:
-    def __init__(self, store: StoreHandle, grace_s: float, dry_run: bool, sweep: bool,
+    def __init__(self, store: StoreHandle, grace_s: float, dry_run: bool, sweep: bool | None,
                  clock: Callable[[], float], progress: Progress, session_wait_s: float,
                  repack_unused: float | None) -> None:
         self.store, self.index, self.objects = store, store.index, store.objects
-        self.grace_s, self.dry_run, self.sweep = grace_s, dry_run, sweep
+        self.grace_s, self.dry_run = grace_s, dry_run
+        #: True: sweep; False: never; None: when due (decide_sweep)
+        self.requested_sweep = sweep
+        self.sweep = False
+        self.sweep_plan: SweepPlan | None = None
         self.repack_unused = repack_unused
         #: packs with a moved record still stored: versions may list them, but they are
         #: candidates all the same (the mark says whether a member is still read there)
@@ -294,22 +334,7 @@ class _Run:
         self.last_beat, self.last_beat_wall = time.monotonic(), time.time()
 
     def run(self) -> GcResult:
-        self.index.reader_check()
-        _remove_stale_marks(self.index.path)
-        # Sessions first, reconcile second: a save killed after its commit
-        # record but before its index update loses its claims here, and its
-        # version is counted in (with its references) just below.
-        self.expire_sessions()
-        reconcile(self.store)
-        sync_journal(self.objects, self.index)
-        self.result.versions_considered = len(self.index.versions())
-        if not self.dry_run:
-            self.result.unfinished_deletions = finish_deletions(self.index)
-        candidates = self.find_candidates()
-        if self.sweep:
-            candidates += self.find_orphans()
-        candidates += self.find_moved(candidates)
-        self.result.candidates = len(candidates)
+        candidates = self.gather()
         # Packs gain garbage only when versions are removed: a run with no candidate
         # marks nothing unless one was removed since repacking was last planned (a dry
         # run marks anyway: report's census of packs comes from it).
@@ -319,8 +344,6 @@ class _Run:
                 or (self.dry_run and unused is not None):
             candidates = self.confirm_unreachable(candidates)
             candidates += self.repack()
-            if unused is not None and removals is not None and not self.dry_run:
-                self.index.repack_checked(removals, unused)
         moved = self.unused_moved()
         if self.dry_run:
             for candidate in candidates:
@@ -329,8 +352,91 @@ class _Run:
         elif candidates or moved:
             self.fence_and_delete(candidates, moved)
         self.clean_up()
+        if not self.dry_run:
+            self.finish(removals)
         self.result.seconds = round(self.clock() - self.started, 3)
         return self.result
+
+    def gather(self) -> list[Candidate]:
+        """Steps 1-3: the candidates (those of this index, the sweep's, the packs with
+        a moved record), in a run with work to do; an idle run finds none."""
+        self.index.reader_check()
+        _remove_stale_marks(self.index.path)
+        # Sessions first, reconcile second: a save killed after its commit
+        # record but before its index update loses its claims here, and its
+        # version is counted in (with its references) just below.
+        self.expire_sessions()
+        self.decide_sweep()
+        # An idle run (nothing old enough at refcount 0, no removal since packs were
+        # last looked at, no sweep) neither lists the versions nor marks: what it
+        # would find is nothing, and whatever it skips only waits (module docstring).
+        busy = self.sweep or self.has_work()
+        if busy:
+            reconcile(self.store)
+        sync_journal(self.objects, self.index)
+        self.result.versions_considered = len(self.index.version_ids())
+        if not self.dry_run:
+            self.result.unfinished_deletions = finish_deletions(self.index)
+        candidates = self.find_candidates()
+        if candidates and not busy:  # the journal or a killed run left some after all
+            busy = True
+            reconcile(self.store)
+            candidates = self.find_candidates()
+        if self.sweep:
+            candidates += self.find_orphans()
+        if busy:
+            candidates += self.find_moved(candidates)
+        self.result.candidates = len(candidates)
+        return candidates
+
+    def finish(self, removals: int | None) -> None:
+        """What a run that completed (no error: we are here; nothing deferred to a
+        later run) records: that packs were looked at after ``removals`` removals (a
+        run killed or deferred after repacking leaves them pending, so the next run is
+        not idle and finds the old packs and moved records again), and its sweep."""
+        complete = self.result.deferred == 0
+        if complete and self.repack_unused is not None and removals is not None:
+            self.index.repack_checked(removals, self.repack_unused)
+        assert self.sweep_plan is not None
+        self.result.sessions_retired = finish_sweep(self.objects, self.index.path,
+                                                    self.sweep_plan, self.started, complete)
+        self.result.last_sweep = self.sweep_plan.state.last_sweep
+
+    def decide_sweep(self) -> None:
+        """Whether this run sweeps storage for orphans (:mod:`.sweep`).  The dead
+        sessions are listed before the run's clock starts: what their processes wrote
+        was stored before it, so a run with grace 0 covers them."""
+        dead = dead_sessions(self.objects, time.time())
+        self.started = self.clock()
+        self.before = self.started - self.grace_s
+        state = SweepState.load(self.index.path)
+        self.sweep_plan = plan_sweep(state, dead, self.requested_sweep, self.started,
+                                     self.grace_s)
+        self.sweep = self.sweep_plan.run
+        result = self.result
+        result.swept, result.sweep_reason = self.sweep, self.sweep_plan.reason
+        result.next_sweep_due = self.sweep_plan.next_due
+        result.last_sweep = state.last_sweep
+        result.dead_sessions = len(dead)
+
+    def has_work(self) -> bool:
+        """Whether a run that does not sweep may find anything: a record at refcount 0
+        past the grace period (or a killed run's deletion), packs to look at after a
+        removal, a dry run's census of packs, or a version another index removed that
+        this one still counts (its tombstone, and its record gone)."""
+        unused = self.repack_unused
+        if unused is not None and (self.dry_run or self.index.repack_pending(unused)
+                                   is not None):
+            return True
+        for kind, digest, since in self.index.unreferenced():
+            if since <= self.before:
+                return True
+            record = self.index.record(kind, digest)
+            if record is not None and record.state == ChunkState.DELETING:
+                return True
+        return any(self.index.version(vid) is not None
+                   and not self.objects.exists(VERSIONS, vid)
+                   for vid in self.objects.ids(TOMBSTONES))
 
     def close(self) -> None:
         if self.marks is not None:
@@ -660,12 +766,14 @@ class _Run:
 
 
 def collect(store: StoreHandle, grace: object = DEFAULT_GRACE_S, *, dry_run: bool = False,
-            sweep: bool = True, clock: Callable[[], float] = time.time,
+            sweep: bool | None = None, clock: Callable[[], float] = time.time,
             progress: Progress | None = None,
             session_wait: float = DEFAULT_SESSION_WAIT_S,
             repack_unused: float | None = DEFAULT_UNUSED) -> GcResult:
     """Run one garbage collection; see the module docstring for the order of steps.
 
+    ``sweep``: True lists storage for orphans, False never, None when it is due
+    (:mod:`chunkstore.maintenance.sweep`).
     ``repack_unused``: repack live packs at least this fraction garbage (in
     (0, 1]; None: never repack)."""
     grace_s = parse_duration(grace)

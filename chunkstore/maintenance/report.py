@@ -304,8 +304,9 @@ def stats(store: StoreHandle, grace_s: float = 3600.0, now: float | None = None)
         result.latest_logical_bytes = result.versions[-1].logical_bytes
     awaiting: GcResult | None = None
     try:
-        awaiting = collect(store, 0, dry_run=True, clock=lambda: now)
-        later = collect(store, grace_s, dry_run=True, clock=lambda: now)
+        # With the orphan sweep: what every GC could reclaim, the next one or a later.
+        awaiting = collect(store, 0, dry_run=True, sweep=True, clock=lambda: now)
+        later = collect(store, grace_s, dry_run=True, sweep=True, clock=lambda: now)
     except (GcAbortedError, GcBusyError) as exc:
         result.gc_unknown = str(exc)
     else:
