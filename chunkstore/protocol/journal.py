@@ -72,20 +72,22 @@ FENCED, DONE, ABANDONED = "fenced", "done", "abandoned"
 #: How long a save waits for a live GC (one that keeps renewing its entry) to finish
 #: with an object it needs before it gives up with an error.
 FENCE_WAIT_S = max(600.0, LEASE_S + 2 * HEARTBEAT_S)
-#: A running GC rewrites its fenced entry this often (a thread of its own, so that a
-#: long step between two of the run's checks does not make it look gone)...
-RENEW_S = HEARTBEAT_S / 6
-#: ... and begins no deletion once the last renewal that succeeded was *sent* longer
-#: ago than this (:func:`check_renewed`, before every deletion): a save may count it
-#: gone from then on.
-RENEW_LAPSE_S = HEARTBEAT_S / 2
+#: A running GC begins no deletion once the last renewal of its fenced entry that
+#: succeeded was *sent* longer ago than this (:func:`check_renewed`, before every
+#: deletion): a save may count it gone from then on.  Half a heartbeat; at least a
+#: second, so that a short lease (tests) on a loaded machine does not stop every GC...
+RENEW_LAPSE_S = max(HEARTBEAT_S / 2, 1.0)
+#: ... and renews it three times as often (a thread of its own, so that a long step
+#: between two of the run's checks does not make it look gone).
+RENEW_S = RENEW_LAPSE_S / 3
 #: A save counts a fenced entry it has watched stay byte for byte the same for this long
 #: (on its own clock) as one no live GC renews, whatever times it holds, so no crafted
-#: or stale entry holds a save up for more than one heartbeat.  Why that is safe: the
-#: bytes the save first saw were written by a renewal sent before it looked; the GC
-#: begins no deletion :data:`RENEW_LAPSE_S` after sending its last successful renewal,
-#: so none after half the watch, and the other half is for a deletion in flight.
-FENCE_STALE_S = HEARTBEAT_S
+#: or stale entry holds a save up for more than one heartbeat (two seconds where the
+#: heartbeat is shorter).  Why that is safe: the bytes the save first saw were written
+#: by a renewal sent before it looked; the GC begins no deletion :data:`RENEW_LAPSE_S`
+#: after sending its last successful renewal, so none after half the watch, and the
+#: other half is for a deletion in flight.
+FENCE_STALE_S = 2 * RENEW_LAPSE_S
 #: Finished entries older than this are pruned by GC, behind a horizon marker (an index
 #: that has not synced for this long less :data:`SYNC_MARGIN_S` forgets its dedup
 #: targets once; every save and every open syncs).
