@@ -1,0 +1,541 @@
+"""A save's cost against the history in the store (issue 49): 100, 1,000, 10,000 versions.
+
+A job that saves every few minutes for weeks holds thousands of versions; what one
+save costs must follow what changed, not how many versions came before it.  The
+workload: a state of 20 small tensors (1,024 float32 each), one of them changed
+per save, saved into run ``r`` of a store that already holds N versions of it
+(built by real saves of the same state, once, under ``--stores``).  Through:
+
+- ``store``: ``store.new_version`` (the low-level API), a sync save;
+- ``checkpointer_sync``: ``torch_bridge.Checkpointer(store, run="r")`` (run lease,
+  RNG state, no ``keep_last``, so versions accumulate);
+- ``checkpointer_async``: the same with ``async_save=True``: the whole save
+  (``save`` + ``wait``) and the training pause (``save`` alone);
+- ``dcp``: ``dcp.save`` through ``ChunkStoreWriter`` given the open store (world
+  size 1, no process group);
+- ``dcp_url``: the same given the store's path, so each save opens the store,
+  whose ``reconcile`` lists its versions: the one path here that stays O(versions).
+
+Each mode runs on a fresh copy of each level's store, all levels at once: two
+warm-up saves each, then ``--saves`` timed saves taking the levels in turn (the
+machine's load, which moves from minute to minute on a shared 2-core machine,
+falls on every level alike), the median reported; then ``--count`` saves through
+a :class:`~chunkstore.backends.wrappers.ForwardingBackend` that counts requests by
+operation (the heartbeat threads' left out: they come per 10-30 s, not per save).
+Timing and counting are separate passes: on a local disk the wrapper makes each
+write durable on its own, which would change the times.  With ``--s3`` the same
+on a moto S3 server on loopback (each level's store uploaded to a bucket of its
+own, with a copy of its index; the modes in turn on it).
+
+The script measures whatever ``chunkstore`` it imports, so the code before a change
+is measured from a checkout of it (``git worktree add /work/before <commit>``) with
+the same script and stores; each run is recorded under its ``--label`` in the
+results file, beside the others.  The results in benchmarks/results/scale.json come
+from (2-core machine; the stores, built once, take about 1.2 GB; about 25 minutes
+for the code after, 45 before)::
+
+    python -m benchmarks.bench_scale --label after --s3 --stores /tmp/scale-stores \
+        --out benchmarks/results/scale.json
+    cd /work/before && PYTHONPATH=/work/before python /work/main/benchmarks/bench_scale.py \
+        --label before --s3 --stores /tmp/scale-stores \
+        --out /work/main/benchmarks/results/scale.json
+
+``--quick`` measures at 100 and 1,000 versions with fewer saves (a few minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import chunkstore
+from chunkstore.backends.wrappers import ForwardingBackend
+
+TENSORS = 20
+ELEMENTS = 1024
+RUN = "r"
+LEVELS = (100, 1000, 10_000)
+QUICK_LEVELS = (100, 1000)
+MODES = ("store", "checkpointer_sync", "checkpointer_async", "dcp", "dcp_url")
+#: Threads whose requests come per second, not per save (heartbeats, a collection).
+BACKGROUND = ("chunkstore-run-lease", "chunkstore-read-leases", "chunkstore-session",
+              "chunkstore-gc-entry", "chunkstore-collect")
+WARM_UP = 2
+
+
+#: Keys an S3 LIST request returns at most: a listing of n keys takes ceil(n / 1000).
+LIST_PAGE = 1000
+
+
+class Counting(ForwardingBackend):
+    """Counts requests by operation: ``list`` the listings, ``list_pages`` the LIST
+    requests they take on S3 (:data:`LIST_PAGE` keys each, at least one); the
+    :data:`BACKGROUND` threads' requests are not counted."""
+
+    def __init__(self, inner: Any, counts: Counter[str] | None = None) -> None:
+        super().__init__(inner)
+        self.counts: Counter[str] = Counter() if counts is None else counts
+        self._lock = threading.Lock()
+
+    def _count(self, operation: str, times: int = 1) -> None:
+        if not threading.current_thread().name.startswith(BACKGROUND):
+            with self._lock:
+                self.counts[operation] += times
+
+    def put(self, key: str, data: bytes | memoryview) -> None:
+        self._count("put")
+        super().put(key, data)
+
+    def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
+        self._count("put")
+        return super().put_if_absent(key, data)
+
+    def get(self, key: str) -> bytes:
+        self._count("get")
+        return super().get(key)
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        self._count("get")
+        return super().get_range(key, start, length)
+
+    def read_into(self, key: str, start: int, buffer: memoryview) -> int:
+        self._count("get")
+        return super().read_into(key, start, buffer)
+
+    def stat(self, key: str) -> Any:
+        self._count("head")
+        return super().stat(key)
+
+    def exists(self, key: str) -> bool:
+        self._count("head")
+        return super().exists(key)
+
+    def delete(self, key: str) -> bool:
+        self._count("delete")
+        return super().delete(key)
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        keys = [*super().list(prefix)]
+        self._count_listing(len(keys))
+        return iter(keys)
+
+    def list_info(self, prefix: str = "") -> Iterator[Any]:
+        infos = [*super().list_info(prefix)]
+        self._count_listing(len(infos))
+        return iter(infos)
+
+    def _count_listing(self, keys: int) -> None:
+        self._count("list")
+        self._count("list_pages", max(1, -(-keys // LIST_PAGE)))
+
+
+class Workload:
+    """20 small tensors; each save changes the next one (numpy, or torch for the
+    Checkpointer and DCP)."""
+
+    def __init__(self, seed: int = 0) -> None:
+        rng = np.random.default_rng(seed)
+        self.arrays = {f"t{i}": rng.standard_normal(ELEMENTS).astype(np.float32)
+                       for i in range(TENSORS)}
+
+    def advance(self, step: int) -> None:
+        name = f"t{step % TENSORS}"
+        self.arrays[name] = self.arrays[name] + 1
+
+    def state_dict(self) -> dict[str, Any]:
+        import torch
+        return {name: torch.from_numpy(array) for name, array in self.arrays.items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.arrays = {name: np.asarray(value) for name, value in state.items()}
+
+
+def save_plain(store: chunkstore.Store, workload: Workload, step: int) -> None:
+    workload.advance(step)
+    with store.new_version(run=RUN, step=step) as version:
+        for name, array in workload.arrays.items():
+            version.put(name, array)
+
+
+def stored_versions(store: chunkstore.Store) -> int:
+    return len(store.stored_version_ids())
+
+
+# --- the stores ------------------------------------------------------------------------------
+
+
+def build(stores: Path, levels: tuple[int, ...]) -> dict[int, Path]:
+    """``base-N`` for each level, each grown from the one below it by real saves."""
+    bases: dict[int, Path] = {}
+    below: Path | None = None
+    for level in sorted(levels):
+        base = stores / f"base-{level}"
+        if not (base / "done").exists():
+            if below is not None and not base.exists():
+                shutil.copytree(below, base, symlinks=True)
+            with chunkstore.open(base, create=True) as store:
+                workload = Workload()
+                held = stored_versions(store)
+                for step in range(held):
+                    workload.advance(step)
+                started = time.perf_counter()
+                for step in range(held, level):
+                    save_plain(store, workload, step)
+                    if step % 1000 == 999:
+                        print(f"  built {step + 1} versions ({time.perf_counter() - started:.0f}"
+                              " s)", flush=True)
+            (base / "done").write_text(str(level))
+        bases[level] = base
+        below = base
+    return bases
+
+
+def prepared(stores: Path, base: Path, label: str) -> Path:
+    """The base store with an index the code under test built itself (the index is a
+    cache; another release's is rebuilt anyway): made once per label."""
+    target = stores / f"{label}-{base.name}"
+    if not (target / "ready").exists():
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(base, target, symlinks=True, ignore=shutil.ignore_patterns("index"))
+        started = time.perf_counter()
+        chunkstore.open(target).close()  # counts every version in
+        print(f"  {label}: index of {base.name} built in {time.perf_counter() - started:.1f} s",
+              flush=True)
+        (target / "ready").write_text(label)
+    return target
+
+
+@contextlib.contextmanager
+def fresh_copies(sources: dict[int, Path], scratch: Path) -> Iterator[dict[int, Location]]:
+    """A fresh copy of each level's store, removed afterwards."""
+    works = {level: scratch / f"work-{level}" for level in sources}
+    try:
+        for level, source in sources.items():
+            shutil.rmtree(works[level], ignore_errors=True)
+            shutil.copytree(source, works[level], symlinks=True)
+        yield {level: Location(str(work)) for level, work in works.items()}
+    finally:
+        for work in works.values():
+            shutil.rmtree(work, ignore_errors=True)
+
+
+# --- the saves --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a mode saves: a store's URL, its storage options and its index directory."""
+
+    url: str
+    options: dict[str, Any] | None = None
+    index_dir: str | None = None
+
+    def open(self) -> chunkstore.Store:
+        return chunkstore.open(self.url, storage_options=self.options, index_dir=self.index_dir)
+
+
+class Saver:
+    """One mode's saves into one store, from ``first_step`` on: :meth:`save` returns the
+    training pause where it differs from the save (the async Checkpointer)."""
+
+    def __init__(self, save: Callable[[int], float | None],
+                 counting: Callable[[], Counter[str]], first_step: int) -> None:
+        self._save, self.counting, self.step = save, counting, first_step
+
+    def save(self) -> float | None:
+        pause = self._save(self.step)
+        self.step += 1
+        return pause
+
+
+@contextlib.contextmanager
+def saver(mode: str, where: Location, first_step: int) -> Iterator[Saver]:
+    workload = Workload()
+    for step in range(first_step):
+        workload.advance(step)
+    with contextlib.ExitStack() as stack:
+        store = stack.enter_context(where.open())
+        if mode == "store":
+            yield Saver(lambda step: save_plain(store, workload, step), wrap(store), first_step)
+            return
+        if mode.startswith("checkpointer"):
+            from torch_bridge import Checkpointer
+            ckpt = stack.enter_context(Checkpointer(store, run=RUN,
+                                                    async_save=mode.endswith("async")))
+
+            def checkpoint(step: int) -> float:
+                workload.advance(step)
+                started = time.perf_counter()
+                ckpt.save(step, state=workload)
+                pause = time.perf_counter() - started
+                ckpt.wait()
+                return pause
+            yield Saver(checkpoint, wrap(store), first_step)
+            return
+        from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+        from torch_bridge.dcp import ChunkStoreWriter
+        count_opens = stack.enter_context(opens_counted())
+
+        def through_dcp(step: int) -> None:
+            workload.advance(step)
+            # dcp_url: the writer opens the store (and reconciles its index) per save
+            writer = (ChunkStoreWriter(store, run=RUN, step=step) if mode == "dcp" else
+                      ChunkStoreWriter(where.url, run=RUN, step=step,
+                                       storage_options=where.options, index_dir=where.index_dir))
+            dcp_save(workload.state_dict(), storage_writer=writer)
+        yield Saver(through_dcp, wrap(store) if mode == "dcp" else count_opens, first_step)
+
+
+def measure(savers: dict[int, Saver], saves: int, count: int) -> dict[int, dict[str, Any]]:
+    """Warm-up saves, then the timed saves of every level in turn (so that the load of
+    the machine, which moves, falls on every level alike), then the counted ones."""
+    for _ in range(WARM_UP):
+        for each in savers.values():
+            each.save()
+    times: dict[int, list[float]] = {level: [] for level in savers}
+    pauses: dict[int, list[float]] = {level: [] for level in savers}
+    for _ in range(saves):
+        for level, each in savers.items():
+            started = time.perf_counter()
+            pause = each.save()
+            times[level].append(time.perf_counter() - started)
+            if pause is not None:
+                pauses[level].append(pause)
+    found = {}
+    for level, each in savers.items():
+        counts = each.counting()
+        for _ in range(count):
+            each.save()
+        found[level] = summary(times[level], pauses[level], counts, count)
+    return found
+
+
+def summary(times: list[float], pauses: list[float], counts: Counter[str], count: int
+            ) -> dict[str, Any]:
+    result: dict[str, Any] = {
+        "saves": len(times), "median_ms": round(statistics.median(times) * 1e3, 2),
+        "p90_ms": round(sorted(times)[int(0.9 * (len(times) - 1))] * 1e3, 2),
+        "requests_per_save": {op: round(n / count, 2) for op, n in sorted(counts.items())},
+        # every request, a listing counted by its pages
+        "requests_total_per_save": round(sum(n for op, n in counts.items() if op != "list")
+                                         / count, 2)}
+    if pauses:
+        result["median_pause_ms"] = round(statistics.median(pauses) * 1e3, 2)
+    return result
+
+
+def wrap(store: chunkstore.Store) -> Callable[[], Counter[str]]:
+    """Counting from now on, for the counted saves (after the timed ones)."""
+    def install() -> Counter[str]:
+        counter = Counting(store.backend)
+        store.backend = counter
+        return counter.counts
+    return install
+
+
+@contextlib.contextmanager
+def opens_counted() -> Iterator[Callable[[], Counter[str]]]:
+    """Within: a callable that counts in every store opened from then on (``dcp_url``
+    opens one per save), through the facade's backend wrapping hook, one shared count;
+    the hook is put back on the way out."""
+    import chunkstore.store as facade
+    counts: Counter[str] = Counter()
+    original = getattr(facade, "wrap_from_env")  # noqa: B009 - not exported
+
+    def counted(backend: Any, environ: Any = None) -> Any:
+        return Counting(original(backend, environ), counts)
+
+    def install() -> Counter[str]:
+        setattr(facade, "wrap_from_env", counted)  # noqa: B010 - as above
+        return counts
+    try:
+        yield install
+    finally:
+        setattr(facade, "wrap_from_env", original)  # noqa: B010
+
+
+def measure_modes(places: dict[int, Location], modes: list[str], saves: int, count: int,
+                  first_steps: Callable[[int, int], int], label: str = ""
+                  ) -> dict[str, dict[str, Any]]:
+    """Every mode at every level (levels interleaved); ``first_steps(level, mode index)``
+    is where a mode's saves begin."""
+    found: dict[str, dict[str, Any]] = {str(level): {} for level in places}
+    for number, mode in enumerate(modes):
+        with contextlib.ExitStack() as stack:
+            savers = {level: stack.enter_context(saver(mode, where, first_steps(level, number)))
+                      for level, where in places.items()}
+            measured = measure(savers, saves, count)
+        for level, result in measured.items():
+            found[str(level)][mode] = result
+            report(level, f"{label}{mode}", result)
+    return found
+
+
+@contextlib.contextmanager
+def on_s3(endpoint: str, sources: dict[int, Path]) -> Iterator[dict[int, Location]]:
+    """A bucket per level holding its store's objects (uploaded), each with a copy of
+    the store's index (it describes the same store); removed afterwards."""
+    import s3fs
+
+    from tests.s3server import create_bucket, remove_bucket, storage_options
+    options = storage_options(endpoint)
+    scratch = Path(tempfile.mkdtemp(prefix="bench-scale-s3-index-"))
+    buckets: list[str] = []
+    try:
+        places = {}
+        for level, source in sources.items():
+            buckets.append(create_bucket(endpoint))
+            files = [path for path in sorted(source.rglob("*")) if path.is_file()
+                     and path.relative_to(source).parts[0] not in ("index", "done", "ready")]
+            started = time.perf_counter()
+            s3fs.S3FileSystem(**options).put(
+                [str(path) for path in files],
+                [f"{buckets[-1]}/store/{path.relative_to(source).as_posix()}" for path in files])
+            print(f"  s3: {len(files)} objects of {source.name} uploaded in"
+                  f" {time.perf_counter() - started:.0f} s", flush=True)
+            shutil.copytree(source / "index", scratch / f"index-{level}")
+            places[level] = Location(f"s3://{buckets[-1]}/store", options,
+                                     str(scratch / f"index-{level}"))
+        yield places
+    finally:
+        for bucket in buckets:
+            remove_bucket(endpoint, bucket)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def report(level: int, mode: str, found: dict[str, Any]) -> None:
+    print(f"  {level:>6} versions  {mode:<22} {found['median_ms']:8.2f} ms"
+          f"  {found['requests_total_per_save']:6.2f} requests/save", flush=True)
+
+
+# --- the report -------------------------------------------------------------------------------
+
+
+def commit_of(root: Path) -> str:
+    try:
+        return subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def ratios(levels: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """Median save at the highest level / at the lowest, per mode."""
+    keys = sorted(levels, key=int)
+    low, high = levels[keys[0]], levels[keys[-1]]
+    return {mode: round(high[mode]["median_ms"] / low[mode]["median_ms"], 2)
+            for mode in high if mode in low}
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--label", default="after", help="the key of this run in --out")
+    parser.add_argument("--levels", type=int, nargs="+", default=None)
+    parser.add_argument("--saves", type=int, default=30, help="timed saves per mode and level")
+    parser.add_argument("--count", type=int, default=5, help="counted saves per mode and level")
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--quick", action="store_true",
+                        help="100 and 1,000 versions, 10 timed saves, 3 counted")
+    parser.add_argument("--s3", action="store_true",
+                        help="also on a moto S3 server (each level's store uploaded to it)")
+    parser.add_argument("--s3-levels", type=int, nargs="+", default=None,
+                        help="the levels measured on S3 (default: --levels)")
+    parser.add_argument("--s3-saves", type=int, default=10)
+    parser.add_argument("--stores", type=Path, default=None,
+                        help="where the stores are built and kept (default: a temporary"
+                        " directory, removed afterwards)")
+    parser.add_argument("--out", type=Path, default=None)
+    return parser.parse_args(argv)
+
+
+def measure_all(args: argparse.Namespace, stores: Path) -> dict[str, Any]:
+    levels = tuple(args.levels or (QUICK_LEVELS if args.quick else LEVELS))
+    saves, count = (10, 3) if args.quick else (args.saves, args.count)
+    bases = build(stores, levels)
+    sources = {level: prepared(stores, bases[level], args.label) for level in levels}
+    local: dict[str, dict[str, Any]] = {str(level): {} for level in levels}
+    for mode in args.modes:  # each mode on fresh copies
+        with fresh_copies(sources, stores) as places:
+            measured = measure_modes(places, [mode], saves, count, lambda level, _: level)
+        for level, results in measured.items():
+            local[level].update(results)
+    found: dict[str, Any] = {"saves": saves, "counted": count,
+                             "local": {"levels": local, "ratio_highest_to_lowest": ratios(local)}}
+    if args.s3:
+        found["s3"] = measure_on_s3(args, stores, sources, count)
+    return found
+
+
+def measure_on_s3(args: argparse.Namespace, stores: Path, sources: dict[int, Path],
+                  count: int) -> dict[str, Any]:
+    """Every mode in turn on one bucket per level (a mode's saves add a few dozen
+    versions to the next one's store)."""
+    s3_levels = tuple(args.s3_levels or sources)
+    bases = build(stores, s3_levels)
+    s3_sources = {level: sources.get(level) or prepared(stores, bases[level], args.label)
+                  for level in s3_levels}
+    from tests.s3server import _DUMMY_CREDENTIALS, _moto_server
+    os.environ.update(_DUMMY_CREDENTIALS)  # a local moto server: never real keys
+    per_mode = WARM_UP + args.s3_saves + count
+    with _moto_server() as endpoint, on_s3(endpoint, s3_sources) as places:
+        remote = measure_modes(places, args.modes, args.s3_saves, count,
+                               lambda level, number: level + number * per_mode, "s3 ")
+    return {"levels": remote, "saves": args.s3_saves, "ratio_highest_to_lowest": ratios(remote)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    # DCP says once per save that it saves in one process: it does, by design here.
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    stores = args.stores or Path(tempfile.mkdtemp(prefix="bench-scale-"))
+    stores.mkdir(parents=True, exist_ok=True)
+    code = Path(chunkstore.__file__).resolve().parent.parent
+    print(f"{args.label}: chunkstore from {code} ({commit_of(code)}); stores in {stores}",
+          flush=True)
+    try:
+        run = {"chunkstore": commit_of(code), **measure_all(args, stores),
+               "quick": args.quick, "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
+               "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                           "platform": platform.platform()}}
+    finally:
+        if args.stores is None:
+            shutil.rmtree(stores, ignore_errors=True)
+    print(json.dumps({where: run[where]["ratio_highest_to_lowest"]
+                      for where in ("local", "s3") if where in run}))
+    if args.out is not None:
+        write_results(args.out, args.label, run)
+
+
+def write_results(out: Path, label: str, run: dict[str, Any]) -> None:
+    """``run`` under ``label`` in ``out``, beside the runs of other labels."""
+    existing = json.loads(out.read_text()) if out.exists() else {}
+    existing["workload"] = {
+        "tensors": TENSORS, "elements": ELEMENTS, "dtype": "float32", "changed_per_save": 1,
+        "run": RUN, "warm_up_saves": WARM_UP,
+        "command": "python -m benchmarks.bench_scale --label LABEL --stores DIR"
+                   " --out benchmarks/results/scale.json (see the module docstring)"}
+    existing.setdefault("runs", {})[label] = run
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(existing, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""benchmarks/bench_scale.py runs and writes what it promises, at a toy size (its speed
+figures come from the full run, not from here): the levels built by real saves, each
+mode's median and requests per save recorded under the label, beside other labels."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import chunkstore
+from benchmarks import bench_scale
+
+
+def test_the_scale_benchmark_records_each_level_and_mode_under_its_label(
+        tmp_path: Path) -> None:
+    out = tmp_path / "scale.json"
+    out.write_text(json.dumps({"runs": {"before": {"kept": True}}}))
+    bench_scale.main(["--label", "after", "--levels", "21", "24", "--saves", "2", "--count", "2",
+                      "--modes", "store", "dcp", "--stores", str(tmp_path / "stores"),
+                      "--out", str(out)])
+    found = json.loads(out.read_text())
+    assert found["runs"]["before"] == {"kept": True}
+    run = found["runs"]["after"]["local"]
+    assert set(run["levels"]) == {"21", "24"} and set(run["ratio_highest_to_lowest"]) == {
+        "store", "dcp"}
+    for level in ("21", "24"):
+        for mode in ("store", "dcp"):
+            result = run["levels"][level][mode]
+            assert result["saves"] == 2 and result["median_ms"] > 0
+            assert result["requests_per_save"]["put"] >= 2  # a pack or node, the record
+    # Requests per save do not follow the history (they are counted, not timed), once
+    # each of the 20 tensors has changed (each unchanged one is then in a pack of its own).
+    assert run["levels"]["21"]["store"]["requests_per_save"] == \
+        run["levels"]["24"]["store"]["requests_per_save"]
+    with chunkstore.open(tmp_path / "stores" / "base-24") as store:
+        assert [v.step for v in store.versions("r")] == list(range(24))
