@@ -54,12 +54,14 @@ class WriteGate:
         self._fd: int | None = None
         if fcntl is not None:
             for attempt in range(5):  # an index directory may be deleted at any time
-                os.makedirs(index_path, exist_ok=True)
                 try:
+                    # FileExistsError too: makedirs's mkdir found the directory, which
+                    # was gone again when it checked that it is one.
+                    os.makedirs(index_path, exist_ok=True)
                     self._fd = os.open(os.path.join(index_path, GATE_NAME),
                                        os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
                     break
-                except FileNotFoundError:
+                except (FileNotFoundError, FileExistsError):
                     if attempt == 4:
                         raise
 
