@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -62,18 +63,32 @@ class FailingBackend(ForwardingBackend):
         raise OSError("disk full (injected)")
 
 
+class HeldWrites(ForwardingBackend):
+    """Every object write waits until ``go`` is set (10 s at most, then fails)."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.go = threading.Event()
+
+    def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
+        assert self.go.wait(10), "an object write was in the save's pause"
+        return super().put_if_absent(key, data)
+
+
 def test_async_save_stores_the_values_at_save_time(tmp_path: Path) -> None:
+    """save() returns while no object may be written yet (the write is not in the
+    pause: judged by an event, not a clock), and what is stored is the state at save
+    time, though training changes it while the write runs."""
     model = _model(width=256)
     expected = {k: v.clone() for k, v in model.state_dict().items()}
     with _ckpt(tmp_path / "s", async_save=True) as ckpt:
-        ckpt.store.backend = DelayedBackend(ckpt.store.backend, 0.05)
-        started = time.perf_counter()
-        assert ckpt.save(1, model=model) is None
-        pause = time.perf_counter() - started
+        held = HeldWrites(ckpt.store.backend)
+        ckpt.store.backend = held
+        assert ckpt.save(1, model=model) is None  # returns with every write held
         with torch.no_grad():  # training goes on while the write runs
             for p in model.parameters():
                 p.add_(1.0)
-        assert pause < 0.05  # the write (>= 50 ms per object) is not in the pause
+        held.go.set()
         info = ckpt.wait()
         assert info is not None and info.step == 1
         fresh = _model(seed=1, width=256)
