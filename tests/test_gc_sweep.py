@@ -18,7 +18,6 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ import pytest
 from click.testing import CliRunner
 
 import chunkstore
-from chunkstore.backends.wrappers import FAULT_ENV_VAR, ForwardingBackend
+from chunkstore.backends.wrappers import FAULT_ENV_VAR, RequestHook
 from chunkstore.cli import cli
 from chunkstore.format.digest import Digest
 from chunkstore.maintenance.sweep import STATE_FILE
@@ -107,7 +106,7 @@ def run_saver(root: Path, index: Path, fault: str | None) -> subprocess.Complete
 # --- an idle GC ------------------------------------------------------------------------------
 
 
-class Counting(ForwardingBackend):
+class Counting(RequestHook):
     """Counts requests by operation and prefix; a listing also by the keys it returned
     (``list-keys``) and the S3 LIST requests those take (``list-pages``, 1,000 keys
     each).  The GC's heartbeat thread (a journal entry's renewal) is not counted."""
@@ -122,52 +121,16 @@ class Counting(ForwardingBackend):
             with self._lock:
                 self.counts[f"{operation} {key.split('/', 1)[0]}"] += n
 
-    def put(self, key: str, data: bytes | memoryview) -> None:
-        self.count("put", key)
-        super().put(key, data)
+    def request(self, operation: str, key: str) -> None:
+        if operation == "walk":
+            self.count("walk", "(the whole store)")
+        elif operation != "list":  # counted once read, with its keys and pages
+            self.count(operation, key)
 
-    def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
-        self.count("put", key)
-        return super().put_if_absent(key, data)
-
-    def get(self, key: str) -> bytes:
-        self.count("get", key)
-        return super().get(key)
-
-    def get_range(self, key: str, start: int, length: int) -> bytes:
-        self.count("get", key)
-        return super().get_range(key, start, length)
-
-    def stat(self, key: str) -> Any:
-        self.count("head", key)
-        return super().stat(key)
-
-    def exists(self, key: str) -> bool:
-        self.count("head", key)
-        return super().exists(key)
-
-    def delete(self, key: str) -> bool:
-        self.count("delete", key)
-        return super().delete(key)
-
-    def _listed(self, prefix: str, items: Iterator[Any]) -> Iterator[Any]:
-        n = 0
-        for item in items:
-            n += 1
-            yield item
+    def listed(self, prefix: str, count: int) -> None:
         self.count("list", prefix)
-        self.count("list-keys", prefix, n)
-        self.count("list-pages", prefix, max(1, math.ceil(n / 1000)))
-
-    def list(self, prefix: str = "") -> Iterator[str]:
-        return self._listed(prefix, self.inner.list(prefix))
-
-    def list_info(self, prefix: str = "") -> Iterator[Any]:
-        return self._listed(prefix, self.inner.list_info(prefix))
-
-    def remove_temporaries(self, older_than: float, dry_run: bool = False) -> int:
-        self.count("walk", "(the whole store)")
-        return super().remove_temporaries(older_than, dry_run)
+        self.count("list-keys", prefix, count)
+        self.count("list-pages", prefix, max(1, math.ceil(count / 1000)))
 
 
 def idle_gc_requests(root: Path) -> tuple[Counter[str], chunkstore.GcResult]:

@@ -13,9 +13,12 @@ import os
 import signal
 import threading
 from collections.abc import Iterator, Mapping
+from typing import TypeVar
 
 from chunkstore.backends.base import Backend, ObjectInfo
 from chunkstore.errors import BackendError
+
+_T = TypeVar("_T")
 
 #: Environment variable read by :func:`wrap_from_env`.
 FAULT_ENV_VAR = "CHUNKSTORE_FAULT"
@@ -222,3 +225,67 @@ def wrap_from_env(backend: Backend, environ: Mapping[str, str] | None = None) ->
         )
     operation, after = _FAULTS[kind]
     return KillAfterBackend(backend, prefix, int(count_text), after=after, operation=operation)
+
+
+class RequestHook(ForwardingBackend):
+    """Calls :meth:`request` before each storage request it forwards (``put``, ``get``,
+    ``head``, ``delete``, ``list``, and ``walk`` for a sweep of temporary files), and
+    :meth:`listed` once a listing has been read to its end: subclass to count requests
+    (the benchmarks and tests that count them share this)."""
+
+    def request(self, operation: str, key: str) -> None:
+        """One request of ``operation`` on ``key`` (a listing: its prefix)."""
+
+    def listed(self, prefix: str, count: int) -> None:
+        """A listing of ``prefix`` returned ``count`` entries."""
+
+    def put(self, key: str, data: bytes | memoryview) -> None:
+        self.request("put", key)
+        super().put(key, data)
+
+    def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
+        self.request("put", key)
+        return super().put_if_absent(key, data)
+
+    def get(self, key: str) -> bytes:
+        self.request("get", key)
+        return super().get(key)
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        self.request("get", key)
+        return super().get_range(key, start, length)
+
+    def read_into(self, key: str, start: int, buffer: memoryview) -> int:
+        self.request("get", key)
+        return super().read_into(key, start, buffer)
+
+    def stat(self, key: str) -> ObjectInfo:
+        self.request("head", key)
+        return super().stat(key)
+
+    def exists(self, key: str) -> bool:
+        self.request("head", key)
+        return super().exists(key)
+
+    def delete(self, key: str) -> bool:  # discard comes here too
+        self.request("delete", key)
+        return super().delete(key)
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        self.request("list", prefix)
+        return self._counted(prefix, self.inner.list(prefix))
+
+    def list_info(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        self.request("list", prefix)
+        return self._counted(prefix, self.inner.list_info(prefix))
+
+    def remove_temporaries(self, older_than: float, dry_run: bool = False) -> int:
+        self.request("walk", "")
+        return super().remove_temporaries(older_than, dry_run)
+
+    def _counted(self, prefix: str, items: Iterator[_T]) -> Iterator[_T]:
+        n = 0
+        for item in items:
+            n += 1
+            yield item
+        self.listed(prefix, n)
