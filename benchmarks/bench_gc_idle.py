@@ -7,7 +7,7 @@ that matter), built once per ``N`` under ``--stores``.  On a handle opened on it
 (the open's own reconcile not counted), three GCs in a row, each timed (median of
 ``--repeat`` runs, no wrapper: a counting wrapper makes every local write durable
 on its own) and counted (one more run through a
-:class:`~chunkstore.backends.wrappers.ForwardingBackend` that counts requests by
+:class:`~chunkstore.backends.wrappers.RequestHook` that counts requests by
 operation and kind of object):
 
 - ``forced``: ``store.gc(grace=0, sweep=True)``, the full sweep (what every GC did
@@ -45,14 +45,13 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import chunkstore
-from chunkstore.backends.wrappers import ForwardingBackend
+from chunkstore.backends.wrappers import RequestHook
 
 CHUNK = 4096
 LEVELS = (10_000, 100_000)
@@ -61,7 +60,7 @@ BACKGROUND = ("chunkstore-run-lease", "chunkstore-read-leases", "chunkstore-sess
               "chunkstore-gc-entry", "chunkstore-collect")
 
 
-class Counting(ForwardingBackend):
+class Counting(RequestHook):
     """Counts requests by operation and kind of object; a listing also by the S3 LIST
     pages (1,000 keys each) it would take."""
 
@@ -79,59 +78,14 @@ class Counting(ForwardingBackend):
             self.counts[operation] += n
             self.by_kind[f"{operation} {kind}"] += n
 
-    def put(self, key: str, data: bytes | memoryview) -> None:
-        self._count("put", key)
-        super().put(key, data)
+    def request(self, operation: str, key: str) -> None:
+        if operation == "walk":
+            self._count("walks", "(whole store)")
+        else:
+            self._count(operation, key)
 
-    def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
-        self._count("put", key)
-        return super().put_if_absent(key, data)
-
-    def put_if_absent_deferred(self, key: str, data: bytes | memoryview) -> bool:
-        self._count("put", key)
-        return self.inner.put_if_absent_deferred(key, data)
-
-    def get(self, key: str) -> bytes:
-        self._count("get", key)
-        return super().get(key)
-
-    def get_range(self, key: str, start: int, length: int) -> bytes:
-        self._count("get", key)
-        return super().get_range(key, start, length)
-
-    def read_into(self, key: str, start: int, buffer: memoryview) -> int:
-        self._count("get", key)
-        return super().read_into(key, start, buffer)
-
-    def stat(self, key: str) -> Any:
-        self._count("head", key)
-        return super().stat(key)
-
-    def exists(self, key: str) -> bool:
-        self._count("head", key)
-        return super().exists(key)
-
-    def delete(self, key: str) -> bool:
-        self._count("delete", key)
-        return super().delete(key)
-
-    def _pages(self, prefix: str, items: Iterator[Any]) -> Iterator[Any]:
-        self._count("list", prefix)
-        n = 0
-        for item in items:
-            n += 1
-            yield item
-        self._count("list_pages", prefix, max(1, math.ceil(n / 1000)))
-
-    def list(self, prefix: str = "") -> Iterator[str]:
-        return self._pages(prefix, self.inner.list(prefix))
-
-    def list_info(self, prefix: str = "") -> Iterator[Any]:
-        return self._pages(prefix, self.inner.list_info(prefix))
-
-    def remove_temporaries(self, older_than: float, dry_run: bool = False) -> int:
-        self._count("walks", "(whole store)")
-        return super().remove_temporaries(older_than, dry_run)
+    def listed(self, prefix: str, count: int) -> None:
+        self._count("list_pages", prefix, max(1, math.ceil(count / 1000)))
 
     def take(self) -> dict[str, Any]:
         with self._lock:
