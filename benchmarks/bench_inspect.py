@@ -14,8 +14,10 @@ output to a file, and for each run two times:
 The stores hold the workload of :mod:`benchmarks.bench_scale` (20 tensors of 1,024
 float32, one changing per save, run ``r``), built by real saves once under
 ``--stores`` (``base-N``; the builder is bench_scale's).  Each label measures a copy
-of each (``<label>-N``) whose index the measured code built on a first open, so the
-timed opens find it current, as a user's second command does.  The medians of
+of each (``<label>-N``) whose index the measured code built on a first open; the
+copies are then left alone 11 s and opened once more, so the timed opens find the
+index current (and its listing stamps recorded, where the code keeps them), as a
+user's next command does after a job's last save.  The medians of
 ``--repeat`` runs are recorded, each level's commands in turn.
 
 The script measures whatever ``chunkstore`` ``--code`` holds (default: this
@@ -47,6 +49,9 @@ from pathlib import Path
 from typing import Any
 
 LEVELS = (100, 1000, 10_000)
+#: Seconds a store is left alone before it is measured (more than
+#: chunkstore.backends.folderstamp.SETTLE_S).
+SETTLE_S = 11.0
 #: What each command is run with (STORE: the store's path).
 COMMANDS: dict[str, list[str]] = {
     "log": ["log", "STORE"],
@@ -102,6 +107,20 @@ def prepared(code: Path, base: Path, target: Path) -> Path:
                        stdout=subprocess.DEVNULL, cwd=target.parent)
         (target / "ready").write_text("ready")
     return target
+
+
+def settled(code: Path, places: dict[int, Path]) -> None:
+    """Wait until no store was changed in the last :data:`SETTLE_S` seconds, then open
+    each once: a store is measured as a user's next command finds it, its index up to
+    date and, where the code keeps them, its listing stamps recorded (a local store
+    left alone that long is opened without a listing)."""
+    changed = max(path.stat().st_mtime for place in places.values()
+                  for path in (place / "ready", place / "versions"))
+    time.sleep(max(0.0, changed + SETTLE_S - time.time()))
+    for place in places.values():
+        subprocess.run([sys.executable, "-m", "chunkstore", "log", str(place), "-n", "1"],
+                       env={**os.environ, "PYTHONPATH": str(code)}, check=True,
+                       stdout=subprocess.DEVNULL, cwd=place.parent)
 
 
 def built(stores: Path, levels: tuple[int, ...]) -> dict[int, Path]:
@@ -164,6 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     code = args.code.resolve()
     places = {level: prepared(code, base, args.stores / f"{args.label}-{level}")
               for level, base in bases.items()}
+    settled(code, places)
     started = time.perf_counter()
     found = measure(code, places, args.repeat, args.commands)
     run = {"command": "python -m benchmarks.bench_inspect " + " ".join(
