@@ -32,7 +32,6 @@ from typing import Any
 import safetensors.torch
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
 import chunkstore
 import torch_bridge
@@ -40,6 +39,7 @@ from benchmarks.trace import TraceVersion, flatten
 
 # DCP without a process group says once per call that it assumes one process.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+warnings.filterwarnings("ignore", message="torch.distributed is unavailable or uninitialized")
 SYSTEMS = ("torch.save", "safetensors", "dcp", "chunkstore-none", "chunkstore-auto-d0",
            "chunkstore-auto")
 
@@ -143,7 +143,10 @@ class Dcp(FileSystem):
 
     def load(self, version: TraceVersion, keys: list[str]) -> Any:
         """DCP loads into tensors that exist; this private helper of torch's allocates
-        them from the checkpoint's metadata first (what ``dcp_to_torch_save`` does)."""
+        them from the checkpoint's metadata first (what ``dcp_to_torch_save`` does);
+        imported here, so a torch without it fails this load alone."""
+        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
         return _load_state_dict_from_keys(
             set(keys), storage_reader=dcp.FileSystemReader(self.path(version)))
 
