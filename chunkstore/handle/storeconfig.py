@@ -60,6 +60,7 @@ from chunkstore.format.records import (
     MIN_CHUNK_SIZE,
     STORE_FORMAT_VERSION,
     CommitRecord,
+    Encryption,
     StoreConfig,
 )
 from chunkstore.handle.tree import NodeCache, load_tree
@@ -146,7 +147,8 @@ def check_settings(url: str, config: StoreConfig, recovered: RecoveredConfig | N
 
 def load_or_create_config(url: str, objects: ObjectStore, create: bool,
                            chunk_size: int | None, compression: str | None,
-                           delta_depth: int | None) -> StoreConfig | str:
+                           delta_depth: int | None, encryption: Encryption | None = None
+                           ) -> StoreConfig | str:
     """The stored config (created first where asked and the location is empty), or what
     is wrong with it where it is damaged or missing in a location that holds commit
     records (a store: its config is recovered from them, docs/format.md §2.1)."""
@@ -174,7 +176,8 @@ def load_or_create_config(url: str, objects: ObjectStore, create: bool,
     if not objects.is_empty():
         raise NotAStoreError(url, "the location is not empty and has no chunkstore.json")
     config = StoreConfig(chunk_size or DEFAULT_CHUNK_SIZE, compression or "auto", time.time(),
-                         DEFAULT_DELTA_DEPTH if delta_depth is None else delta_depth)
+                         DEFAULT_DELTA_DEPTH if delta_depth is None else delta_depth,
+                         encryption=encryption)
     try:
         objects.create_config(config.encode())
     except OSError as exc:  # not a place for a store: nothing of it was written

@@ -202,7 +202,7 @@ def _write_group(store: StoreHandle, fence: Fence, session: StoreSession,
         records.append(MovedRecord(use.pack, Digest(b"\0" * 32), members))
     header = ChunkHeader(PACK.id, 1, offset, offset).pack()
     data = b"".join([header, *parts])
-    new_pack = Digest.of(memoryview(data)[len(header):])
+    new_pack = store.objects.chunk_ids.of(memoryview(data)[len(header):])
     if fence.blocking(CHUNK, new_pack) is not None:
         result.skipped.extend(f"pack {use.pack.short()}: its new pack is being deleted by"
                               " another gc; not repacked" for use, _ in group)

@@ -1,0 +1,96 @@
+"""Opening an encrypted store: the password, the first key of a new store, and the
+object layer that seals every object (docs/format.md §13).
+
+:func:`chunkstore.open` calls :func:`unlocked` once the config is read: an
+unencrypted store keeps its plain object layer (and refuses a password given to
+it); an encrypted one is unlocked with the password, or created with its master key
+and first key object, and every read and write from then on goes through
+:class:`~chunkstore.objects.sealed.SealedObjects`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import blake3
+
+from chunkstore.errors import (
+    EncryptionError,
+    InvalidSettingError,
+    NotEncryptedError,
+    PasswordRequiredError,
+)
+from chunkstore.format.digest import ChunkIds
+from chunkstore.format.records import StoreConfig
+from chunkstore.objects import keys
+from chunkstore.objects.crypto import RandomBytes, Sealer, subkey
+from chunkstore.objects.kinds import KEYS
+from chunkstore.objects.objectstore import ObjectStore
+from chunkstore.objects.sealed import SealedObjects
+
+#: Where a password comes from when none is passed (the command line reads them too).
+PASSWORD_ENV = "CHUNKSTORE_PASSWORD"
+PASSWORD_FILE_ENV = "CHUNKSTORE_PASSWORD_FILE"
+
+
+def read_password_file(path: str | os.PathLike[str]) -> str:
+    """The password a file holds: its first line, without the line break."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidSettingError(f"cannot read the password file {os.fspath(path)!r}:"
+                                  f" {exc}") from None
+    return text.splitlines()[0] if text else ""
+
+
+def password_from_env() -> str | None:
+    """``CHUNKSTORE_PASSWORD``, else the file ``CHUNKSTORE_PASSWORD_FILE`` names, else None."""
+    if os.environ.get(PASSWORD_ENV):
+        return os.environ[PASSWORD_ENV]
+    path = os.environ.get(PASSWORD_FILE_ENV)
+    return read_password_file(path) if path else None
+
+
+def first_key_id(config: StoreConfig) -> str:
+    """The id of a new store's first key: the same for every process creating the store
+    at once, so exactly one of them writes it (the others open the store with it)."""
+    return blake3.blake3(config.identity().encode()).hexdigest(length=8)
+
+
+def sealed(objects: ObjectStore, config: StoreConfig, master: bytes,
+           random_bytes: RandomBytes = os.urandom) -> SealedObjects:
+    """The object layer of the encrypted store ``config`` describes, under ``master``."""
+    assert config.encryption is not None
+    sealer = Sealer(subkey(master, "objects"), config.encryption.segment_size, random_bytes)
+    return SealedObjects(objects.backend, sealer, ChunkIds(subkey(master, "chunk ids")))
+
+
+def unlocked(url: str, objects: ObjectStore, config: StoreConfig, password: str | None,
+             created: bool, random_bytes: RandomBytes = os.urandom) -> ObjectStore:
+    """``objects`` as the store must be read: as they are for an unencrypted store, else
+    sealed under the master key ``password`` opens (``created``: this call made the
+    store, which then gets its master key and first key object here)."""
+    if config.encryption is None:
+        if password is not None:
+            raise NotEncryptedError(url)
+        return objects
+    password = password if password is not None else password_from_env()
+    if password is None:
+        raise PasswordRequiredError(url)
+    if created and not keys.key_ids(objects):
+        master = keys.new_master_key(random_bytes)
+        key_id = first_key_id(config)
+        if objects.put_if_absent(KEYS, key_id, keys.wrap(master, password, config.identity(),
+                                                          key_id, random_bytes)):
+            return sealed(objects, config, master, random_bytes)
+    master, _ = keys.unlock(objects, url, config.identity(), password)
+    return sealed(objects, config, master, random_bytes)
+
+
+def check_encrypt(url: str, config: StoreConfig, encrypt: bool) -> None:
+    """``encrypt=True`` on a store that exists unencrypted cannot be honoured."""
+    if encrypt and config.encryption is None:
+        raise EncryptionError(url, "the store exists and is not encrypted; encryption is"
+                              " chosen when a store is created: create a new store with"
+                              " encrypt=True (`chunkstore init --encrypt`) and sync into it")

@@ -1,0 +1,324 @@
+"""Encrypted stores (docs/format.md §13): every object sealed in the object layer, chunk
+ids keyed, the master key wrapped by key objects; real stores, local and on the S3 server.
+
+Each safety test was broken once (see the commit that adds it) and seen to fail.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import blake3
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import chunkstore
+from chunkstore.codecs import PACK
+from chunkstore.errors import (
+    CorruptChunkError,
+    EncryptionError,
+    IntegrityError,
+    NotEncryptedError,
+    PasswordRequiredError,
+    WrongPasswordError,
+)
+from chunkstore.format.chunkobj import HEADER, parse_header
+from chunkstore.objects.crypto import SEGMENT_OVERHEAD, AuthenticationError, Sealer, plain_size
+from chunkstore.objects.keys import TEST_KDF_ENV
+from chunkstore.objects.kinds import CHUNKS, NODES, VERSIONS
+from chunkstore.objects.sealed import SealedObjects
+from tests.conftest import tree_snapshot
+from tests.s3server import create_bucket, remove_bucket, s3_endpoint, storage_options
+from tests.test_architecture import _stored_plainly
+
+__all__ = ["s3_endpoint"]  # the session fixture, re-exported so pytest finds it here
+
+PASSWORD = "correct horse battery staple"
+CHUNK = 256 * 1024  # chunks of four segments and more
+
+
+@pytest.fixture(autouse=True)
+def _fast_kdf(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TEST_KDF_ENV, "1")  # the documented test-only scrypt cost
+
+
+def _open(url: str | Path, **kwargs: Any) -> chunkstore.Store:
+    kwargs.setdefault("password", PASSWORD)
+    return chunkstore.open(url, **kwargs)
+
+
+def _create(url: str | Path, **kwargs: Any) -> chunkstore.Store:
+    return _open(url, create=True, encrypt=True, chunk_size=CHUNK, pack_size=64 * 1024,
+                 **kwargs)
+
+
+class State:
+    """Four versions: a large tensor updated sparsely (deltas), small ones (packs)."""
+
+    def __init__(self) -> None:
+        rng = np.random.default_rng(0)
+        self.big = rng.standard_normal(300_000).astype(np.float32)  # 1.2 MB: 5 chunks
+        self.small = {f"layer{i}.bias": rng.standard_normal(64).astype(np.float32)
+                      for i in range(20)}
+
+    def save(self, store: chunkstore.Store, steps: range = range(1, 5)) -> None:
+        for step in steps:
+            self.big[:: 97 * step] += 1.0
+            with store.new_version(run="r", step=step) as version:
+                version.put("w", self.big)
+                for name, array in self.small.items():
+                    version.put(name, array + step)
+                version.put_data("trainer", {"step": step})
+
+    def check(self, store: chunkstore.Store, selector: str = "r@4") -> None:
+        reader = store.open_version(selector)
+        np.testing.assert_array_equal(reader.get("w"), self.big)
+        out = np.empty_like(self.big)
+        reader.get_into("w", out)
+        np.testing.assert_array_equal(out, self.big)
+        np.testing.assert_array_equal(reader.get("layer3.bias"), self.small["layer3.bias"] + 4)
+        assert reader.get_data("trainer") == {"step": 4}
+
+
+# --- round trips -------------------------------------------------------------------------------
+
+
+def test_every_object_kind_round_trips_sealed(tmp_path: Path, read_mode: str) -> None:
+    """Saves (packs, standalone chunks, deltas, nodes, records, tags, sessions), reads
+    (copied and mapped), verify, removal and GC work on an encrypted store, and no
+    object but the config and key objects holds a plain encoding."""
+    path, state = tmp_path / "s", State()
+    with _create(path) as store:
+        assert isinstance(store.objects, SealedObjects)
+        state.save(store)
+        store.tag("r@4", "best")
+        store.delete("r@1")
+        kinds, plain = _stored_plainly(path)
+        assert {"chunks", "nodes", "versions", "tags", "removed", "keys"} <= kinds
+        assert [p for p in plain if p.parts[-2] != "keys"] == []
+        assert store.gc(grace=0).chunks_deleted > 0
+        assert store.verify().ok
+        state.check(store, "best")
+    kinds, plain = _stored_plainly(path)
+    assert "gc" in kinds
+    assert [p for p in plain if p.parts[-2] != "keys"] == []
+    with _open(path) as store:  # a fresh handle: everything read from the store
+        state.check(store, "best")
+        assert [v.step for v in store.versions()] == [2, 3, 4]
+
+
+@pytest.mark.s3
+def test_round_trip_on_s3(s3_endpoint: str, tmp_path: Path,
+                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CHUNKSTORE_CACHE_DIR", str(tmp_path / "cache"))
+    bucket = create_bucket(s3_endpoint)
+    url, options = f"s3://{bucket}/ckpts", storage_options(s3_endpoint)
+    try:
+        state = State()
+        with _create(url, storage_options=options) as store:
+            state.save(store)
+            store.tag("r@4", "best")
+            store.delete("r@1")
+            store.gc(grace=0)
+            assert store.verify().ok
+        with _open(url, storage_options=options,
+                   index_dir=str(tmp_path / "other-index")) as store:
+            state.check(store, "best")
+            assert store.verify().ok
+        with pytest.raises(WrongPasswordError):
+            _open(url, storage_options=options, password="wrong")
+    finally:
+        remove_bucket(s3_endpoint, bucket)
+
+
+def test_chunk_ids_are_keyed_and_dedup_stays_in_the_store(tmp_path: Path) -> None:
+    state = State()
+    with _create(tmp_path / "a") as a, _create(tmp_path / "b") as b:
+        state.save(a, range(1, 2))
+        state.big[:: 97] -= 1.0  # the same state again, into b
+        state.save(b, range(1, 2))
+        ids_a, ids_b = set(a.objects.ids(CHUNKS)), set(b.objects.ids(CHUNKS))
+        assert ids_a and not ids_a & ids_b, "two stores' master keys name chunks apart"
+        plain = {blake3.blake3(state.big.tobytes()[i:i + CHUNK]).digest()
+                 for i in range(0, state.big.nbytes, CHUNK)}
+        assert not plain & {d.raw for d in ids_a}, "a chunk id is its content's plain hash"
+        # A re-save of unchanged state writes no chunk: dedup works under keyed ids.
+        with a.new_version(run="r", step=2) as version:
+            version.put("w", state.big)
+        assert set(a.objects.ids(CHUNKS)) == ids_a
+        assert version.info.new_bytes == 0
+
+
+# --- passwords ---------------------------------------------------------------------------------
+
+
+def test_a_wrong_or_missing_password_is_refused_and_changes_nothing(tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "s"
+    with _create(path) as store:
+        State().save(store, range(1, 2))
+    before = tree_snapshot(path)
+    with pytest.raises(WrongPasswordError, match="wrong password"):
+        _open(path, password="not it")
+    monkeypatch.delenv("CHUNKSTORE_PASSWORD", raising=False)
+    monkeypatch.delenv("CHUNKSTORE_PASSWORD_FILE", raising=False)
+    with pytest.raises(PasswordRequiredError, match="encrypted and no password"):
+        chunkstore.open(path)
+    assert tree_snapshot(path) == before
+    monkeypatch.setenv("CHUNKSTORE_PASSWORD", PASSWORD)  # the environment's, as the CLI's
+    with chunkstore.open(path) as store:
+        assert [v.step for v in store.versions()] == [1]
+
+
+def test_a_plain_store_refuses_a_password_and_encrypt(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    chunkstore.open(path, create=True).close()
+    before = tree_snapshot(path)
+    with pytest.raises(NotEncryptedError, match="not encrypted"):
+        chunkstore.open(path, password=PASSWORD)
+    with pytest.raises(EncryptionError, match="chosen when a store is created"):
+        chunkstore.open(path, encrypt=True, password=PASSWORD)
+    with pytest.raises(PasswordRequiredError):
+        chunkstore.open(tmp_path / "new", create=True, encrypt=True)
+    assert not (tmp_path / "new").exists()
+    assert tree_snapshot(path) == before
+
+
+# --- tampering ---------------------------------------------------------------------------------
+
+
+def _flip(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _objects_of(store: chunkstore.Store) -> dict[str, Path]:
+    """A standalone chunk, a pack, the newest version's root node and commit record."""
+    root = Path(store.url)
+    found: dict[str, Path] = {}
+    for digest in store.objects.ids(CHUNKS):
+        header = parse_header(digest, store.objects.get_range(CHUNKS, digest, 0, HEADER.size + 32))
+        name = "pack" if header.codec_id == PACK.id else "chunk"
+        if name == "chunk" and store.objects.stat(CHUNKS, digest).size < 3 * 65536:
+            continue  # a chunk of one segment: the segments test wants several
+        found.setdefault(name, root / CHUNKS.key(digest))
+    latest = store.latest("r")
+    assert latest is not None
+    found["node"] = root / NODES.key(latest.root)
+    found["record"] = root / VERSIONS.key(latest.id)
+    return found
+
+
+@pytest.fixture
+def saved(tmp_path: Path) -> Iterator[tuple[Path, State]]:
+    path, state = tmp_path / "s", State()
+    with _create(path) as store:
+        store.pack_delta_chunks = False  # the large tensor's chunks: objects of their own
+        state.save(store, range(1, 3))
+    yield path, state
+
+
+@pytest.mark.parametrize("kind", ["chunk", "pack", "node", "record"])
+@pytest.mark.parametrize("where", ["nonce", "ciphertext", "tag"])
+def test_a_flipped_bit_is_corruption_never_data(saved: tuple[Path, State], kind: str,
+                                                where: str) -> None:
+    """A bit flipped in a sealed chunk, pack (one member), node or commit record is
+    a typed integrity error on read and a problem verify names with its version."""
+    path, _ = saved
+    with _open(path) as store:
+        victim = _objects_of(store)[kind]
+        newest = store.latest("r")
+        ids = {v.id for v in store.versions()}
+    assert newest is not None
+    size = victim.stat().st_size
+    offset = {"nonce": 3, "ciphertext": min(size, 65536) // 2, "tag": min(size, 65564) - 5}
+    _flip(victim, offset[where])
+    with _open(path) as store:
+        result = store.verify()
+        assert not result.ok
+        kinds = {p.kind for p in result.problems}
+        assert kinds & {"corrupt-chunk", "corrupt-node", "corrupt-record"}, result.problems
+        damaged = {p.version for p in result.problems}
+        assert None not in damaged and damaged <= ids
+        if kind == "node":
+            assert damaged == {newest.id}
+        if kind == "record":  # its tree is intact: verify names the record alone
+            assert (kinds, damaged) == ({"corrupt-record"}, {newest.id})
+            return
+        for version_id in damaged:
+            with pytest.raises(IntegrityError):
+                reader = store.open_version(version_id)
+                for name in reader.names():
+                    reader.get(name) if name != "trainer" else reader.get_data(name)
+        for version_id in ids - damaged:
+            assert store.open_version(version_id).get_data("trainer")
+
+
+def test_an_object_renamed_to_another_id_fails(saved: tuple[Path, State]) -> None:
+    path, _ = saved
+    with _open(path) as store:
+        chunks = [d for d in store.objects.ids(CHUNKS)]
+        a, b = chunks[0], chunks[1]
+        (path / CHUNKS.key(b)).write_bytes((path / CHUNKS.key(a)).read_bytes())
+        with pytest.raises(CorruptChunkError, match="fails authentication"):
+            store.objects.get(CHUNKS, b)
+        with pytest.raises(CorruptChunkError):
+            store.objects.get_range(CHUNKS, b, 10, 20)
+        assert not store.verify().ok
+
+
+def test_moved_and_truncated_segments_fail(saved: tuple[Path, State]) -> None:
+    path, _ = saved
+    with _open(path) as store:
+        victim = _objects_of(store)["chunk"]
+        digest = CHUNKS.id_of(victim.relative_to(path).as_posix())
+        original = victim.read_bytes()
+        step = store.objects.sealer.segment + SEGMENT_OVERHEAD
+        assert len(original) > 2 * step
+        swapped = original[step:2 * step] + original[:step] + original[2 * step:]
+        truncated = original[:step * (len(original) // step)]
+        for damaged in (swapped, truncated, original[:-1], original + b"\0"):
+            victim.write_bytes(damaged)
+            with pytest.raises(CorruptChunkError):
+                store.objects.get(CHUNKS, digest)
+        victim.write_bytes(swapped)
+        with pytest.raises(CorruptChunkError):  # a ranged read meets the moved segment
+            store.objects.get_range(CHUNKS, digest, step, 100)
+
+
+# --- the sealer itself -------------------------------------------------------------------------
+
+
+def _sealer(segment: int = 4096) -> Sealer:
+    return Sealer(os.urandom(32), segment)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.binary(min_size=0, max_size=20_000), start=st.integers(0, 21_000),
+       length=st.integers(0, 21_000))
+def test_ranged_reads_open_any_range(data: bytes, start: int, length: int) -> None:
+    sealer = _sealer()
+    stored = bytes(sealer.seal("chunks/ab/x", data))
+    assert plain_size(len(stored), sealer.segment) == len(data)
+    assert bytes(sealer.open("chunks/ab/x", stored)) == data
+    at, size = sealer.span(start, length)
+    out = bytearray(length)
+    written = sealer.open_into("chunks/ab/x", start, stored[at:at + size], memoryview(out),
+                               start % sealer.segment)
+    assert bytes(out[:written]) == data[start:start + length]
+    with pytest.raises(AuthenticationError):
+        sealer.open("chunks/ab/y", stored)  # another object's name
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.binary(min_size=32, max_size=12_000))
+def test_ciphertext_never_holds_a_window_of_the_plaintext(data: bytes) -> None:
+    stored = bytes(_sealer().seal("chunks/00/c", data))
+    windows = {data[i:i + 32] for i in range(len(data) - 31)}
+    assert not any(stored[i:i + 32] in windows for i in range(len(stored) - 31))
