@@ -6,9 +6,13 @@ Each safety test was broken once (see the commit that adds it) and seen to fail.
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import blake3
@@ -27,9 +31,10 @@ from chunkstore.errors import (
     PasswordRequiredError,
     WrongPasswordError,
 )
+from chunkstore.format import plaindata
 from chunkstore.format.chunkobj import HEADER, parse_header
 from chunkstore.objects.crypto import SEGMENT_OVERHEAD, AuthenticationError, Sealer, plain_size
-from chunkstore.objects.keys import TEST_KDF_ENV
+from chunkstore.objects.keys import TEST_KDF_ENV, unlock
 from chunkstore.objects.kinds import CHUNKS, NODES, VERSIONS
 from chunkstore.objects.sealed import SealedObjects
 from tests.conftest import tree_snapshot
@@ -322,3 +327,59 @@ def test_ciphertext_never_holds_a_window_of_the_plaintext(data: bytes) -> None:
     stored = bytes(_sealer().seal("chunks/00/c", data))
     windows = {data[i:i + 32] for i in range(len(data) - 31)}
     assert not any(stored[i:i + 32] in windows for i in range(len(stored) - 31))
+
+
+# --- the frozen encrypted store (tools/make_encrypted_fixture.py) ------------------------------
+
+DATA = Path(__file__).resolve().parent / "data"
+FIXTURE = "encrypted-v1"
+
+
+def _fixture_tool() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "make_encrypted_fixture", DATA.parent.parent / "tools" / "make_encrypted_fixture.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _expected() -> dict[str, Any]:
+    result: dict[str, Any] = json.loads((DATA / f"{FIXTURE}.expected.json").read_text())
+    return result
+
+
+def test_the_encrypted_fixture_is_unchanged_and_reads_back(tmp_path: Path) -> None:
+    tool, expected = _fixture_tool(), _expected()
+    copy = tmp_path / FIXTURE
+    shutil.copytree(DATA / FIXTURE, copy)
+    assert tool.files_of(copy) == expected["files"], "never edit a fixture"
+    config = json.loads((copy / "chunkstore.json").read_bytes())
+    assert (config["format_version"], config["encryption"]["cipher"]) == (10, "aes-256-gcm")
+    with pytest.raises(WrongPasswordError):
+        chunkstore.open(copy, password="not it")
+    with chunkstore.open(copy, password=expected["password"]) as store:
+        master, _ = unlock(store.objects, store.url, store.config.identity(),
+                           expected["password"])
+        assert master.hex() == expected["master_key"]
+        assert [(v.id, v.step) for v in store.versions()] == [
+            (v["id"], v["step"]) for v in expected["versions"]]
+        for want in expected["versions"]:
+            reader = store.open_version(want["id"])
+            assert {name: tool.tensor_hash(reader.get(name)) for name in want["tensors"]} \
+                == want["tensors"]
+            assert {name: plaindata.to_tree(reader.get_data(name)) for name in want["data"]} \
+                == want["data"]
+        assert store.resolve(expected["tag"]).step == 1
+        assert store.verify().ok
+
+
+def test_today_s_writer_rebuilds_the_encrypted_fixture_byte_for_byte(tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the fixture's seeded random bytes and clock, a save writes exactly the frozen
+    bytes: the segment layout, nonces, per-object keys, associated data, keyed ids and
+    key object of §13 cannot change by accident."""
+    monkeypatch.delenv(TEST_KDF_ENV)  # the fixture's key has the real scrypt cost
+    tool = _fixture_tool()
+    tool.build(tmp_path / FIXTURE)
+    assert tool.files_of(tmp_path / FIXTURE) == _expected()["files"]

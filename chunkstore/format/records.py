@@ -71,6 +71,8 @@ CIPHERS = ("aes-256-gcm",)
 CHUNK_ID_SCHEMES = ("blake3-keyed",)
 #: The segment sizes a reader accepts (bounds what one segment read allocates).
 MIN_SEGMENT_SIZE, MAX_SEGMENT_SIZE = 4096, 16 * 1024 * 1024
+#: The segment size of new encrypted stores (chunkstore.objects.crypto).
+SEGMENT_SIZE = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,7 @@ class Encryption:
     """How an encrypted store seals its objects (its config's ``encryption``, §13)."""
 
     cipher: str = "aes-256-gcm"
-    segment_size: int = 64 * 1024
+    segment_size: int = SEGMENT_SIZE
     chunk_ids: str = "blake3-keyed"
 
     def encode(self) -> dict[str, Any]:

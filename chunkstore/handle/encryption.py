@@ -24,7 +24,7 @@ from chunkstore.errors import (
 from chunkstore.format.digest import ChunkIds
 from chunkstore.format.records import StoreConfig
 from chunkstore.objects import keys
-from chunkstore.objects.crypto import RandomBytes, Sealer, subkey
+from chunkstore.objects.crypto import Sealer, subkey
 from chunkstore.objects.kinds import KEYS
 from chunkstore.objects.objectstore import ObjectStore
 from chunkstore.objects.sealed import SealedObjects
@@ -58,16 +58,15 @@ def first_key_id(config: StoreConfig) -> str:
     return blake3.blake3(config.identity().encode()).hexdigest(length=8)
 
 
-def sealed(objects: ObjectStore, config: StoreConfig, master: bytes,
-           random_bytes: RandomBytes = os.urandom) -> SealedObjects:
+def sealed(objects: ObjectStore, config: StoreConfig, master: bytes) -> SealedObjects:
     """The object layer of the encrypted store ``config`` describes, under ``master``."""
     assert config.encryption is not None
-    sealer = Sealer(subkey(master, "objects"), config.encryption.segment_size, random_bytes)
+    sealer = Sealer(subkey(master, "objects"), config.encryption.segment_size)
     return SealedObjects(objects.backend, sealer, ChunkIds(subkey(master, "chunk ids")))
 
 
 def unlocked(url: str, objects: ObjectStore, config: StoreConfig, password: str | None,
-             created: bool, random_bytes: RandomBytes = os.urandom) -> ObjectStore:
+             created: bool) -> ObjectStore:
     """``objects`` as the store must be read: as they are for an unencrypted store, else
     sealed under the master key ``password`` opens (``created``: this call made the
     store, which then gets its master key and first key object here)."""
@@ -79,13 +78,13 @@ def unlocked(url: str, objects: ObjectStore, config: StoreConfig, password: str 
     if password is None:
         raise PasswordRequiredError(url)
     if created and not keys.key_ids(objects):
-        master = keys.new_master_key(random_bytes)
+        master = keys.new_master_key()
         key_id = first_key_id(config)
         if objects.put_if_absent(KEYS, key_id, keys.wrap(master, password, config.identity(),
-                                                          key_id, random_bytes)):
-            return sealed(objects, config, master, random_bytes)
+                                                          key_id)):
+            return sealed(objects, config, master)
     master, _ = keys.unlock(objects, url, config.identity(), password)
-    return sealed(objects, config, master, random_bytes)
+    return sealed(objects, config, master)
 
 
 def check_encrypt(url: str, config: StoreConfig, encrypt: bool) -> None:

@@ -30,21 +30,28 @@ from typing import TYPE_CHECKING
 import blake3
 
 from chunkstore.errors import MissingDependencyError
+from chunkstore.format import records
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-#: The cipher and segment size a new encrypted store records in its config.
-CIPHER = "aes-256-gcm"
-SEGMENT_SIZE = 64 * 1024
+#: The segment size a new encrypted store records in its config.
+SEGMENT_SIZE = records.SEGMENT_SIZE
 NONCE_SIZE = 12
 TAG_SIZE = 16
 #: Stored bytes each segment adds to the encoding's.
 SEGMENT_OVERHEAD = NONCE_SIZE + TAG_SIZE
 KEY_SIZE = 32
 
-#: Where random bytes come from (a fixture generator replaces it to make reproducible bytes).
 RandomBytes = Callable[[int], bytes]
+#: Where every key, salt and nonce comes from.  tools/make_encrypted_fixture.py replaces
+#: it with a seeded generator, so that its fixture's bytes are reproducible; nothing else may.
+random_source: RandomBytes = os.urandom
+
+
+def fresh_bytes(count: int) -> bytes:
+    """``count`` random bytes from :data:`random_source`."""
+    return random_source(count)
 
 
 class AuthenticationError(Exception):
@@ -86,11 +93,9 @@ def plain_size(stored: int, segment: int = SEGMENT_SIZE) -> int:
 class Sealer:
     """Seals and opens objects under one store's sealing subkey (see the module docstring)."""
 
-    def __init__(self, objects_key: bytes, segment: int = SEGMENT_SIZE,
-                 random_bytes: RandomBytes = os.urandom) -> None:
+    def __init__(self, objects_key: bytes, segment: int = SEGMENT_SIZE) -> None:
         self._key = objects_key
         self.segment = segment
-        self._random = random_bytes
         self._aead = aead_class()
 
     def _cipher(self, name: str) -> AESGCM:
@@ -106,7 +111,7 @@ class Sealer:
         count = len(view) // step + 1
         out = bytearray(stored_size(len(view), step))
         target, cipher = memoryview(out), self._cipher(name)
-        nonces = self._random(NONCE_SIZE * count)
+        nonces = fresh_bytes(NONCE_SIZE * count)
         at = 0
         for index in range(count):
             piece = view[index * step:(index + 1) * step]

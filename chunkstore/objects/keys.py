@@ -32,7 +32,7 @@ from typing import Any
 
 from chunkstore.errors import CorruptObjectError, KeyObjectError, WrongPasswordError
 from chunkstore.format import plaindata
-from chunkstore.objects.crypto import KEY_SIZE, NONCE_SIZE, RandomBytes, aead_class
+from chunkstore.objects.crypto import KEY_SIZE, NONCE_SIZE, aead_class, fresh_bytes
 from chunkstore.objects.kinds import KEYS
 from chunkstore.objects.objectstore import ObjectStore
 
@@ -58,8 +58,8 @@ class KeyInfo:
     parameters: dict[str, int]
 
 
-def new_master_key(random_bytes: RandomBytes = os.urandom) -> bytes:
-    return random_bytes(KEY_SIZE)
+def new_master_key() -> bytes:
+    return fresh_bytes(KEY_SIZE)
 
 
 def _scrypt_parameters() -> dict[str, int]:
@@ -77,12 +77,11 @@ def _associated(identity: str, key_id: str) -> bytes:
     return f"chunkstore key\0{identity}\0{key_id}".encode()
 
 
-def wrap(master: bytes, password: str, identity: str, key_id: str,
-         random_bytes: RandomBytes = os.urandom) -> bytes:
+def wrap(master: bytes, password: str, identity: str, key_id: str) -> bytes:
     """The key object ``keys/<key_id>`` of the store ``identity`` names, which opens
     ``master`` with ``password``."""
-    parameters, salt, nonce = _scrypt_parameters(), random_bytes(SALT_SIZE), \
-        random_bytes(NONCE_SIZE)
+    parameters, salt, nonce = _scrypt_parameters(), fresh_bytes(SALT_SIZE), \
+        fresh_bytes(NONCE_SIZE)
     sealed = aead_class()(_derive(password, salt, parameters)).encrypt(
         nonce, master, _associated(identity, key_id))
     return json.dumps({
@@ -161,12 +160,10 @@ def unlock(objects: ObjectStore, url: str, identity: str, password: str
     raise WrongPasswordError(url, len(ids))
 
 
-def add_key(objects: ObjectStore, master: bytes, password: str, identity: str,
-            random_bytes: RandomBytes = os.urandom) -> str:
+def add_key(objects: ObjectStore, master: bytes, password: str, identity: str) -> str:
     """Write a key object that opens ``master`` with ``password``; its id."""
-    key_id = random_bytes(8).hex()
-    if not objects.put_if_absent(KEYS, key_id, wrap(master, password, identity, key_id,
-                                                    random_bytes)):
+    key_id = fresh_bytes(8).hex()
+    if not objects.put_if_absent(KEYS, key_id, wrap(master, password, identity, key_id)):
         raise KeyObjectError(objects.backend.url, f"key {key_id} exists (a random id met"
                              " twice); try again")
     return key_id
