@@ -297,6 +297,68 @@ def test_moved_and_truncated_segments_fail(saved: tuple[Path, State]) -> None:
             store.objects.get_range(CHUNKS, digest, step, 100)
 
 
+def test_checkpointer_saves_and_restores_and_falls_back_on_an_encrypted_store(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checkpointer, unchanged but for the password: async saves into an encrypted
+    store, a restore in a fresh Checkpointer (password from CHUNKSTORE_PASSWORD), and a
+    fallback past a newest version whose sealed root node was tampered with."""
+    torch = pytest.importorskip("torch")
+    from torch_bridge import Checkpointer, RestoreFallbackWarning
+
+    def model_of(seed: int) -> Any:
+        torch.manual_seed(seed)
+        return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Linear(256, 8))
+
+    model, path = model_of(0), tmp_path / "s"
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    states = []
+    with _create(path) as store, Checkpointer(store, run="r", async_save=True) as ckpt:
+        for step in (1, 2):
+            optimizer.zero_grad()
+            model(torch.randn(4, 64)).pow(2).mean().backward()
+            optimizer.step()
+            ckpt.save(step, model=model, optimizer=optimizer)
+            states.append({k: v.clone() for k, v in model.state_dict().items()})
+        ckpt.wait()
+    monkeypatch.setenv("CHUNKSTORE_PASSWORD", PASSWORD)
+    fresh = model_of(9)
+    optimizer = torch.optim.Adam(fresh.parameters(), lr=0.01)
+    with Checkpointer(path, run="r") as ckpt:
+        assert ckpt.restore(model=fresh, optimizer=optimizer) == 2
+    assert all(torch.equal(fresh.state_dict()[k], v) for k, v in states[1].items())
+    with chunkstore.open(path) as store:
+        _flip(_objects_of(store)["node"], 40)
+    with Checkpointer(path, run="r") as ckpt, pytest.warns(RestoreFallbackWarning,
+                                                           match="restored step 1"):
+        assert ckpt.restore(model=fresh, optimizer=optimizer) == 1
+    assert all(torch.equal(fresh.state_dict()[k], v) for k, v in states[0].items())
+
+
+def test_sync_and_repair_refuse_stores_keyed_apart(tmp_path: Path) -> None:
+    """A plain store and an encrypted one (or two encrypted ones) name chunks apart: a
+    copy by key between them is refused, typed, and changes nothing."""
+    with _create(tmp_path / "enc") as enc:
+        State().save(enc, range(1, 2))
+    with chunkstore.open(tmp_path / "plain", create=True, chunk_size=CHUNK) as plain:
+        State().save(plain, range(1, 2))
+    with _create(tmp_path / "other") as other:
+        other_before = tree_snapshot(tmp_path / "other")
+    plain_before = tree_snapshot(tmp_path / "plain")
+    with _open(tmp_path / "enc") as enc, chunkstore.open(tmp_path / "plain") as plain, \
+            _open(tmp_path / "other") as other:
+        for src, dst in ((plain, enc), (enc, plain), (enc, other)):
+            with pytest.raises(EncryptionError, match="nothing was copied"):
+                chunkstore.sync(src, dst)
+        with pytest.raises(EncryptionError):
+            chunkstore.repair(plain, enc)
+    with pytest.raises(EncryptionError, match="nothing was created"):
+        with _open(tmp_path / "enc") as enc:
+            chunkstore.sync(enc, tmp_path / "new")
+    assert not (tmp_path / "new").exists()
+    assert tree_snapshot(tmp_path / "plain") == plain_before
+    assert tree_snapshot(tmp_path / "other") == other_before
+
+
 # --- the sealer itself -------------------------------------------------------------------------
 
 

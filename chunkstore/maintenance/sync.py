@@ -57,6 +57,7 @@ from chunkstore.errors import (
     ChunkStoreError,
     CorruptNodeError,
     CorruptRecordError,
+    EncryptionError,
     FormatVersionError,
     IntegrityError,
     InvalidInputError,
@@ -182,6 +183,21 @@ def check_pair(src: StoreHandle, dst: StoreHandle) -> None:
     # A smaller delta depth in the destination is no obstacle: the copied chains keep
     # their length (readers take chains of any listed length), and the destination's
     # own saves start a new chain wherever a listed one is at its depth or longer.
+    check_same_keys(src, dst, "sync")
+
+
+def check_same_keys(src: StoreHandle, dst: StoreHandle, operation: str) -> None:
+    """Refuse two stores that name chunks apart (an encrypted and a plain store, or two
+    encrypted ones with other master keys): objects copied by key would be another
+    store's ids there (docs/format.md §13)."""
+    if src.objects.chunk_ids != dst.objects.chunk_ids:
+        plain = [h.url for h in (src, dst) if not h.objects.encrypted]
+        why = (f"{' and '.join(plain)} {'is' if len(plain) == 1 else 'are'} not encrypted"
+               if plain else "they are encrypted under different master keys")
+        raise EncryptionError(dst.url, f"{operation} between {src.url} and {dst.url} would"
+                              f" copy chunks keyed for one store into the other ({why});"
+                              " nothing was copied. Copy between stores of the same kind, or"
+                              " restore from one and save into the other")
 
 
 def _itself(dst: StoreHandle) -> InvalidInputError:
@@ -460,6 +476,10 @@ def _open_destination(src: StoreHandle, location: str | os.PathLike[str], opener
     try:
         return opener(location, create=False, storage_options=options), False
     except NotAStoreError:
+        if src.objects.encrypted:
+            raise EncryptionError(os.fspath(location), "a copy of an encrypted store is not"
+                                  " created by sync: it would be a plain store; nothing was"
+                                  " created") from None
         if not dry_run:
             # Created only where nothing is stored (open refuses a non-empty location).
             return opener(location, create=True, storage_options=options,
