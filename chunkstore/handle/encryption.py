@@ -58,11 +58,14 @@ def first_key_id(config: StoreConfig) -> str:
     return blake3.blake3(config.identity().encode()).hexdigest(length=8)
 
 
-def sealed(objects: ObjectStore, config: StoreConfig, master: bytes) -> SealedObjects:
-    """The object layer of the encrypted store ``config`` describes, under ``master``."""
+def sealed(objects: ObjectStore, config: StoreConfig, master: bytes, key_id: str
+           ) -> SealedObjects:
+    """The object layer of the encrypted store ``config`` describes, under ``master``
+    (which key object ``key_id`` opened)."""
     assert config.encryption is not None
     sealer = Sealer(subkey(master, "objects"), config.encryption.segment_size)
-    return SealedObjects(objects.backend, sealer, ChunkIds(subkey(master, "chunk ids")))
+    return SealedObjects(objects.backend, sealer, ChunkIds(subkey(master, "chunk ids")),
+                         master, key_id)
 
 
 def unlocked(url: str, objects: ObjectStore, config: StoreConfig, password: str | None,
@@ -82,9 +85,9 @@ def unlocked(url: str, objects: ObjectStore, config: StoreConfig, password: str 
         key_id = first_key_id(config)
         if objects.put_if_absent(KEYS, key_id, keys.wrap(master, password, config.identity(),
                                                           key_id)):
-            return sealed(objects, config, master)
-    master, _ = keys.unlock(objects, url, config.identity(), password)
-    return sealed(objects, config, master)
+            return sealed(objects, config, master, key_id)
+    master, key_id = keys.unlock(objects, url, config.identity(), password)
+    return sealed(objects, config, master, key_id)
 
 
 def check_encrypt(url: str, config: StoreConfig, encrypt: bool) -> None:
@@ -93,3 +96,44 @@ def check_encrypt(url: str, config: StoreConfig, encrypt: bool) -> None:
         raise EncryptionError(url, "the store exists and is not encrypted; encryption is"
                               " chosen when a store is created: create a new store with"
                               " encrypt=True (`chunkstore init --encrypt`) and sync into it")
+
+
+# --- passwords of an open store (``chunkstore key``) --------------------------------------------
+
+
+def _sealed_objects(url: str, objects: ObjectStore) -> SealedObjects:
+    if not isinstance(objects, SealedObjects):
+        raise NotEncryptedError(url, "a key command was given")
+    return objects
+
+
+def list_keys(url: str, objects: ObjectStore) -> list[tuple[keys.KeyInfo, bool]]:
+    """Every key object, and whether it is the one this handle was opened with."""
+    sealed_objects = _sealed_objects(url, objects)
+    return [(info, info.id == sealed_objects.key_id) for info in keys.list_keys(objects)]
+
+
+def add_password(url: str, objects: ObjectStore, config: StoreConfig, password: str) -> str:
+    """Wrap the store's master key under another password; the new key's id.  No data
+    is re-encrypted: every object stays sealed under the same master key."""
+    sealed_objects = _sealed_objects(url, objects)
+    return keys.add_key(objects, sealed_objects.master, password, config.identity())
+
+
+def change_password(url: str, objects: ObjectStore, config: StoreConfig, password: str
+                    ) -> tuple[str, str]:
+    """Replace the key this handle was opened with by one under ``password``: the new
+    key is written first, then the old one removed (a crash between leaves both, each
+    opening the store).  (new id, old id)."""
+    sealed_objects = _sealed_objects(url, objects)
+    old = sealed_objects.key_id
+    new = add_password(url, objects, config, password)
+    keys.remove_key(objects, url, old)
+    sealed_objects.key_id = new
+    return new, old
+
+
+def remove_key(url: str, objects: ObjectStore, key_id: str) -> None:
+    """Remove a key object (never the last)."""
+    _sealed_objects(url, objects)
+    keys.remove_key(objects, url, key_id)

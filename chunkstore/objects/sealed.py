@@ -54,10 +54,15 @@ class SealedObjects(ObjectStore):
 
     encrypted = True
 
-    def __init__(self, backend: Backend, sealer: Sealer, chunk_ids: ChunkIds) -> None:
+    def __init__(self, backend: Backend, sealer: Sealer, chunk_ids: ChunkIds,
+                 master: bytes, key_id: str) -> None:
         super().__init__(backend)
         self.sealer = sealer
         self.chunk_ids = chunk_ids
+        #: the master key and the key object that opened it (``chunkstore key add`` and
+        #: ``passwd`` wrap the same master key again; never stored in clear, never shown)
+        self.master = master
+        self.key_id = key_id
 
     def _open(self, kind: Kind[IdT], key: str, start: int, stored: bytes | memoryview,
               out: memoryview, skip: int) -> int:
