@@ -201,7 +201,7 @@ def cli(ctx: click.Context, storage_option: tuple[str, ...], password_file: str 
            a path that is not a store, a command's packages not installed
       3    integrity error: corrupt or missing data, unsupported format version
       4    any other failure (storage backend, I/O)
-      5    wrong password for an encrypted store
+      6    wrong password for an encrypted store
       130  interrupted (Ctrl-C)
 
     \b

@@ -33,7 +33,7 @@ EXIT_PROBLEMS = 1
 EXIT_USAGE = 2
 EXIT_INTEGRITY = 3
 EXIT_FAILURE = 4
-EXIT_PASSWORD = 5  # a wrong password for an encrypted store (its own code: scripts retry)
+EXIT_PASSWORD = 6  # a wrong password for an encrypted store (its own code; 5 is a drill's)
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by Ctrl-C
 
 ERROR_PREFIX = "chunkstore: error: "

@@ -47,7 +47,7 @@ def key() -> None:
 
     \b
     Exit codes: 0 done; 2 not an encrypted store, an unknown key, the last
-    key, or no password given; 5 wrong password.
+    key, or no password given; 6 wrong password.
     """
 
 
