@@ -6,8 +6,8 @@ passes the hooks of :class:`~chunkstore.objects.objectstore.ObjectStore`.  Seali
 changes lengths (28 bytes per 64 KiB segment), so the ranged reads and the sizes are
 this class's too: a range of an encoding is read as the segments that cover it, and
 :meth:`stat` and :meth:`infos` report the encoding's size, which is what readers above
-compare with chunk headers.  Mapped reads (``view_range``) take :meth:`get_range`'s
-path, as for every transform.  The config and key objects stay in clear: they say how
+compare with chunk headers.  Mapped reads (``view_range``) are opened into fresh
+memory instead, never mapped.  The config and key objects stay in clear: they say how
 to read the rest.
 
 An object that fails authentication raises the corrupt error of its kind (a chunk's
@@ -30,7 +30,7 @@ from chunkstore.errors import (
     IntegrityError,
 )
 from chunkstore.format.digest import ChunkIds
-from chunkstore.objects.crypto import AuthenticationError, Sealer, plain_size
+from chunkstore.objects.crypto import AuthenticationError, Sealer, plain_size, scratch
 from chunkstore.objects.kinds import CHUNKS, CLEAR_KINDS, NODES, TAGS, VERSIONS, IdT, Kind
 from chunkstore.objects.objectstore import ObjectStore
 
@@ -76,13 +76,13 @@ class SealedObjects(ObjectStore):
 
     def _stored(self, kind: Kind[IdT], key: str, data: bytes | memoryview
                 ) -> bytes | memoryview:
-        return data if kind in CLEAR_KINDS else memoryview(self.sealer.seal(key, data))
+        return data if kind in CLEAR_KINDS else self.sealer.seal(key, data)
 
     def _loaded(self, kind: Kind[IdT], key: str, data: bytes) -> bytes:
         if kind in CLEAR_KINDS:
             return data
         try:
-            return bytes(self.sealer.open(key, data))  # a copy: bytes, as every reader expects
+            return self.sealer.open(key, data)
         except AuthenticationError as exc:
             raise corrupt(kind, key, f"fails authentication: {exc} (tampered with,"
                           " truncated, or another object's bytes)") from None
@@ -103,9 +103,18 @@ class SealedObjects(ObjectStore):
             return self.backend.get_range(key, start, length)
         if length <= 0:
             return b""
-        out = bytearray(length)
-        written = self._read(kind, key, start, memoryview(out))
-        return bytes(memoryview(out)[:written])  # a copy: bytes, as every reader expects
+        out = scratch(length)
+        return bytes(out[:self._read(kind, key, start, out)])  # bytes, as readers expect
+
+    def view_range(self, kind: Kind[IdT], object_id: IdT, start: int, length: int
+                   ) -> bytes | memoryview:
+        """:meth:`get_range` as a read-only buffer opened straight into fresh memory, for
+        bytes that are decoded and dropped (no copy into a ``bytes``)."""
+        key = kind.key(object_id)
+        if kind in CLEAR_KINDS or length <= 0:
+            return self.get_range(kind, object_id, start, length)
+        out = scratch(length)
+        return out[:self._read(kind, key, start, out)].toreadonly()
 
     def read_into(self, kind: Kind[IdT], object_id: IdT, start: int,
                   buffer: memoryview) -> int:
@@ -118,7 +127,9 @@ class SealedObjects(ObjectStore):
 
     def _read(self, kind: Kind[IdT], key: str, start: int, out: memoryview) -> int:
         stored_start, stored_length = self.sealer.span(start, len(out))
-        stored = self.backend.get_range(key, stored_start, stored_length)
+        # A local store maps larger ranges: the segments are opened straight from the
+        # page cache (no copy of the stored bytes, no fresh memory to fault in).
+        stored = self.backend.view_range(key, stored_start, stored_length)
         return self._open(kind, key, start, stored, out, start % self.sealer.segment)
 
     def stat(self, kind: Kind[IdT], object_id: IdT) -> ObjectInfo:
