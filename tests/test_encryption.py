@@ -10,6 +10,9 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -33,13 +36,13 @@ from chunkstore.errors import (
 )
 from chunkstore.format import plaindata
 from chunkstore.format.chunkobj import HEADER, parse_header
+from chunkstore.format.chunkobj import MAGIC as CHUNK_MAGIC
 from chunkstore.objects.crypto import SEGMENT_OVERHEAD, AuthenticationError, Sealer, plain_size
 from chunkstore.objects.keys import TEST_KDF_ENV, unlock
 from chunkstore.objects.kinds import CHUNKS, NODES, VERSIONS
 from chunkstore.objects.sealed import SealedObjects
 from tests.conftest import tree_snapshot
 from tests.s3server import create_bucket, remove_bucket, s3_endpoint, storage_options
-from tests.test_architecture import _stored_plainly
 
 __all__ = ["s3_endpoint"]  # the session fixture, re-exported so pytest finds it here
 
@@ -88,6 +91,25 @@ class State:
         np.testing.assert_array_equal(out, self.big)
         np.testing.assert_array_equal(reader.get("layer3.bias"), self.small["layer3.bias"] + 4)
         assert reader.get_data("trainer") == {"step": 4}
+
+
+def _stored_plainly(path: Path) -> tuple[set[str], list[Path]]:
+    """The kinds of object stored under ``path``, and the objects that hold a plain
+    encoding (JSON, a chunk object's magic, a format name), the config aside.  (Unlike
+    tests/test_architecture.py's, a first byte ``{`` alone is no sign: a random nonce
+    starts so once in 256.)"""
+    stored = [p for p in path.rglob("*") if p.is_file() and "index" not in p.parts
+              and p.name != "chunkstore.json"]
+    plain = []
+    for p in stored:
+        data = p.read_bytes()
+        try:
+            json.loads(data)
+            plain.append(p)
+        except ValueError:
+            if data.startswith(CHUNK_MAGIC) or b"format_version" in data or b'"run"' in data:
+                plain.append(p)
+    return {p.relative_to(path).parts[0] for p in stored}, plain
 
 
 # --- round trips -------------------------------------------------------------------------------
@@ -357,6 +379,54 @@ def test_sync_and_repair_refuse_stores_keyed_apart(tmp_path: Path) -> None:
     assert not (tmp_path / "new").exists()
     assert tree_snapshot(tmp_path / "plain") == plain_before
     assert tree_snapshot(tmp_path / "other") == other_before
+
+
+# --- crashes (tests/crash_child.py and test_gc's GC child, on an encrypted store) -----------
+
+
+@pytest.mark.parametrize("fault", ["kill-before-put:chunks/:2", "kill-before-put:nodes/:0",
+                                   "kill-before-put:versions/:0", "kill-after-put:versions/:0"])
+def test_a_save_killed_into_an_encrypted_store_publishes_nothing_partial(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str) -> None:
+    """SIGKILL at each step of a save (real child processes, the password from the
+    environment): what was published reads back exactly and verifies; a killed save
+    is either whole or invisible; a later save completes."""
+    from tests.conftest import SMALL_CHUNK
+    from tests.test_crash import _check_store, run_child
+    path = tmp_path / "s"
+    chunkstore.open(path, chunk_size=SMALL_CHUNK, delta_depth=2, create=True, encrypt=True,
+                    password=PASSWORD).close()
+    monkeypatch.setenv("CHUNKSTORE_PASSWORD", PASSWORD)
+    assert run_child(path, 1, 2, None).returncode == 0
+    killed = run_child(path, 3, 3, fault)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    published = [1, 2, 3] if fault.startswith("kill-after-put:versions/") else [1, 2]
+    _check_store(path, published)
+    assert run_child(path, published[-1] + 1, published[-1] + 1, None).returncode == 0
+    _check_store(path, [*published, published[-1] + 1])
+
+
+@pytest.mark.parametrize("fault", ["kill-before-delete:chunks/:0", "kill-after-put:gc/:0"])
+def test_a_gc_killed_in_an_encrypted_store_leaves_it_verifying(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str) -> None:
+    from tests.test_gc import GC_CHILD
+    path, state = tmp_path / "s", State()
+    with _create(path) as store:
+        state.save(store)
+        store.delete("r@1")
+        store.delete("r@2")
+    proc = subprocess.run([sys.executable, "-c", GC_CHILD, str(path)], capture_output=True,
+                          env={**os.environ, "CHUNKSTORE_FAULT": fault,
+                               "CHUNKSTORE_PASSWORD": PASSWORD},
+                          cwd=Path(__file__).resolve().parent.parent, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    with _open(path) as store:
+        assert store.verify().ok
+        state.check(store)
+        store.gc(grace=0)
+        assert store.verify().ok
+        state.check(store)
 
 
 # --- the sealer itself -------------------------------------------------------------------------
