@@ -28,6 +28,7 @@ import chunkstore
 from chunkstore.codecs import PACK
 from chunkstore.errors import (
     CorruptChunkError,
+    CorruptConfigError,
     EncryptionError,
     IntegrityError,
     NotEncryptedError,
@@ -379,6 +380,48 @@ def test_sync_and_repair_refuse_stores_keyed_apart(tmp_path: Path) -> None:
     assert not (tmp_path / "new").exists()
     assert tree_snapshot(tmp_path / "plain") == plain_before
     assert tree_snapshot(tmp_path / "other") == other_before
+
+
+def test_a_lost_config_of_an_encrypted_store_is_refused_not_recovered(tmp_path: Path) -> None:
+    """A plain store's lost config is recovered from its records; an encrypted store's
+    records are sealed, so it is refused with the fix, and nothing changes."""
+    path = tmp_path / "s"
+    with _create(path) as store:
+        State().save(store, range(1, 2))
+    config = (path / "chunkstore.json").read_bytes()
+    (path / "chunkstore.json").unlink()
+    before = tree_snapshot(path)
+    for password in (PASSWORD, None):
+        with pytest.raises(CorruptConfigError, match=r"encrypted .* copy of its"):
+            chunkstore.open(path, password=password)
+    assert tree_snapshot(path) == before
+    (path / "chunkstore.json").write_bytes(config)
+    with _open(path) as store:
+        assert store.verify().ok
+
+
+def test_many_indexes_on_one_encrypted_store(tmp_path: Path) -> None:
+    """Two handles with indexes of their own (as on two machines): one saves and removes,
+    the other collects; each sees the other's work through the sealed protocol objects
+    (sessions, journal, tombstones) and every version left reads back."""
+    path, state = tmp_path / "s", State()
+    with _create(path, index_dir=str(tmp_path / "index-a")) as a:
+        state.save(a, range(1, 3))
+    with _open(path, index_dir=str(tmp_path / "index-b")) as b:
+        assert [v.step for v in b.versions()] == [1, 2]
+    with _open(path, index_dir=str(tmp_path / "index-a")) as a:
+        state.save(a, range(3, 5))
+        a.delete("r@1")
+    with _open(path, index_dir=str(tmp_path / "index-b")) as b:  # learns a's saves, removal
+        assert [v.step for v in b.versions()] == [2, 3, 4]
+        assert b.gc(grace=0).chunks_deleted > 0
+    with _open(path, index_dir=str(tmp_path / "index-a")) as a:  # learns b's deletions
+        assert a.gc(grace=0).chunks_deleted == 0
+    for index in ("index-a", "index-b"):
+        with _open(path, index_dir=str(tmp_path / index)) as store:
+            assert [v.step for v in store.versions()] == [2, 3, 4]
+            state.check(store)
+            assert store.verify().ok
 
 
 # --- crashes (tests/crash_child.py and test_gc's GC child, on an encrypted store) -----------

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from chunkstore.backends.wrappers import ForwardingBackend
 from chunkstore.errors import (
     ChunkStoreError,
+    CorruptConfigError,
     FormatVersionError,
     InvalidSettingError,
     NoStoreError,
@@ -65,7 +66,7 @@ from chunkstore.format.records import (
 )
 from chunkstore.handle.tree import NodeCache, load_tree
 from chunkstore.index.lmdbindex import STORE_KEY, Index
-from chunkstore.objects.kinds import VERSIONS
+from chunkstore.objects.kinds import KEYS, VERSIONS
 from chunkstore.objects.objectstore import ObjectStore
 
 #: The compression policy a recovered config names.
@@ -161,10 +162,10 @@ def load_or_create_config(url: str, objects: ObjectStore, create: bool,
         if damage is None:
             return StoreConfig.decode(url, data)
         if holds_versions(objects):
-            return damage
+            return _recoverable(url, objects, damage)
         StoreConfig.decode(url, data)  # no store's damaged config: not a store, as it says
     elif holds_versions(objects):
-        return "is missing"
+        return _recoverable(url, objects, "is missing")
     if not create:
         local = objects.local_path()
         hint = " (create one with `chunkstore init` or chunkstore.open(..., create=True))"
@@ -184,6 +185,19 @@ def load_or_create_config(url: str, objects: ObjectStore, create: bool,
         raise StoreLocationError(url, exc.strerror or str(exc)) from None
     # A concurrent creator may have won: the stored config is the one that counts.
     return StoreConfig.decode(url, objects.get_config())
+
+
+def _recoverable(url: str, objects: ObjectStore, damage: str) -> str:
+    """``damage``, where a config can be recovered from the objects; an encrypted store's
+    cannot (its records are sealed under a key the config's absence hides), so it is
+    refused, with the fix."""
+    if next(iter(objects.ids(KEYS)), None) is not None:
+        raise CorruptConfigError(url, f"chunkstore.json {damage}, and the store is encrypted"
+                                 " (keys/ holds its key objects): its config is not recovered"
+                                 " from its sealed objects. Put back a copy of its"
+                                 " chunkstore.json (it holds no secret: any copy of the"
+                                 " store's, a mirror's or a backup's); nothing was changed")
+    return damage
 
 
 @dataclass
