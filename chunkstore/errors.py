@@ -431,9 +431,12 @@ class UnprotectedReadWarning(UserWarning):
 # --- encrypted stores (docs/format.md §13) --------------------------------------------------
 
 
-class CorruptObjectError(IntegrityError):
+class CorruptObjectError(IntegrityError, ValueError):
     """Raised when a stored object of an encrypted store (other than a chunk, node, commit
-    record or tag, which raise their own errors) fails authentication."""
+    record or tag, which raise their own errors) fails authentication.  A ValueError too:
+    the readers of protocol objects (sessions, journal entries, leases, tombstones) take
+    it as they take bytes that do not parse, as damage they outlive (a power cut leaves
+    an unsynced session object empty or half written)."""
 
     def __init__(self, kind: str, name: str, reason: str) -> None:
         super().__init__(f"{kind} {name[:40]} is corrupt: {reason}")

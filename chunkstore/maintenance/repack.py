@@ -207,13 +207,9 @@ def _write_group(store: StoreHandle, fence: Fence, session: StoreSession,
         result.skipped.extend(f"pack {use.pack.short()}: its new pack is being deleted by"
                               " another gc; not repacked" for use, _ in group)
         return
-    if not store.objects.put_if_absent(CHUNKS, new_pack, data):
-        try:
-            intact = store.objects.get(CHUNKS, new_pack) == data
-        except FileNotFoundError:
-            intact = False
-        if not intact:  # damaged or deleted meanwhile: replaced whole
-            store.objects.put(CHUNKS, new_pack, data)
+    if not store.objects.put_if_absent(CHUNKS, new_pack, data) \
+            and not store.objects.holds(CHUNKS, new_pack, data):
+        store.objects.put(CHUNKS, new_pack, data)  # damaged or deleted meanwhile: whole
     result.bytes_written += len(data)
     # Counted by this index (referenced by no version: GC's mark keeps it while a moved
     # record leads to it), so a GC without the orphan sweep frees it when it is not.

@@ -329,10 +329,7 @@ class VersionCopy:
         """Whether the destination holds ``data`` under the key (None: nothing there,
         False: other bytes)."""
         assert self.dst is not None
-        try:
-            return self.dst.objects.get(kind, digest) == data
-        except FileNotFoundError:
-            return None
+        return self.dst.objects.holds(kind, digest, data)
 
     def _count_planned(self, digest: Digest, data: bytes, need: Need,
                        compact: tuple[Digest, bytes, bytes] | None) -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from chunkstore.backends import Backend, ObjectInfo
+from chunkstore.errors import IntegrityError
 from chunkstore.format.digest import PLAIN_IDS, ChunkIds
 from chunkstore.objects.kinds import CONFIG_KEY, IdT, Kind
 
@@ -121,6 +122,16 @@ class ObjectStore:
         length = self.backend.read_into(key, start, buffer)
         self._loaded_into(kind, key, start, buffer[:length])
         return length
+
+    def holds(self, kind: Kind[IdT], object_id: IdT, data: bytes | memoryview) -> bool | None:
+        """Whether the stored object is exactly ``data`` (None: nothing is stored; False:
+        other bytes, or a copy that fails its check, which a writer then replaces)."""
+        try:
+            return self.get(kind, object_id) == data
+        except FileNotFoundError:
+            return None
+        except IntegrityError:  # a sealed copy that fails authentication
+            return False
 
     def stat(self, kind: Kind[IdT], object_id: IdT) -> ObjectInfo:
         """Stored size and modification time; ``FileNotFoundError`` when absent."""

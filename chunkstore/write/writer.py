@@ -385,11 +385,8 @@ class VersionWriter(ChunkJobs):
         objects = self._store.objects
         if objects.put_if_absent_deferred(NODES, digest, data):
             return True
-        try:
-            if objects.get(NODES, digest) == data:
-                return False
-        except FileNotFoundError:
-            pass
+        if objects.holds(NODES, digest, data):
+            return False
         objects.put(NODES, digest, data)
         return True
 
