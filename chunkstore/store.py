@@ -40,7 +40,12 @@ from chunkstore.format.records import (
     Encryption,
     StoreConfig,
 )
-from chunkstore.handle.encryption import check_encrypt, password_from_env, unlocked
+from chunkstore.handle.encryption import (
+    check_encrypt,
+    clone_keys,
+    password_from_env,
+    unlocked,
+)
 from chunkstore.handle.handle import (
     MAX_NODE_TARGET,
     MAX_PACK_TARGET,
@@ -201,7 +206,7 @@ def open(
     compression: str | None = None, threads: int | None = None, index_dir: str | None = None,
     storage_options: dict[str, Any] | None = None, delta_depth: int | None = None,
     pack_size: int | None = None, node_size: int | None = None, encrypt: bool = False,
-    password: str | None = None,
+    password: str | None = None, key_of: StoreHandle | None = None,
 ) -> Store:
     """Open the store at a path or fsspec URL.
 
@@ -232,7 +237,10 @@ def open(
     ``CHUNKSTORE_PASSWORD``, else the file ``CHUNKSTORE_PASSWORD_FILE`` names); a
     wrong one raises :class:`~chunkstore.errors.WrongPasswordError`, none
     :class:`~chunkstore.errors.PasswordRequiredError`, and a password given to an
-    unencrypted store :class:`~chunkstore.errors.NotEncryptedError`.
+    unencrypted store :class:`~chunkstore.errors.NotEncryptedError`.  ``key_of``, an
+    open encrypted store: a store created here (``create=True``) is its encrypted copy
+    (its config and key objects: one master key, the same passwords), and a copy opens
+    with its key, no password needed (``sync`` and the tiered Checkpointer's mirror).
     """
     # Numbers are checked (numpy integers taken as ints) before anything is opened.
     if chunk_size is not None:
@@ -253,6 +261,7 @@ def open(
     options = _storage_options(storage_options)
     with _options_taken(text, options):
         objects = ObjectStore(wrap_from_env(open_backend(text, **options)))
+        clone_keys(objects, key_of if create else None)
         loaded = load_or_create_config(text, objects, create, chunk_size, compression,
                                         delta_depth, Encryption() if encrypt else None)
     index_path = index_dir or default_index_dir(text, objects)
@@ -263,7 +272,7 @@ def open(
         config = recovered.config
     check_settings(text, config, recovered, chunk_size, delta_depth)
     check_encrypt(text, config, encrypt)
-    objects = unlocked(text, objects, config, password, encrypt)
+    objects = unlocked(text, objects, config, password, encrypt, key_of)
     index = open_index(index_path)
     try:
         index.describe_store(config.identity())  # emptied if it describes another store

@@ -374,10 +374,6 @@ def test_sync_and_repair_refuse_stores_keyed_apart(tmp_path: Path) -> None:
                 chunkstore.sync(src, dst)
         with pytest.raises(EncryptionError):
             chunkstore.repair(plain, enc)
-    with pytest.raises(EncryptionError, match="nothing was created"):
-        with _open(tmp_path / "enc") as enc:
-            chunkstore.sync(enc, tmp_path / "new")
-    assert not (tmp_path / "new").exists()
     assert tree_snapshot(tmp_path / "plain") == plain_before
     assert tree_snapshot(tmp_path / "other") == other_before
 
@@ -422,6 +418,47 @@ def test_many_indexes_on_one_encrypted_store(tmp_path: Path) -> None:
             assert [v.step for v in store.versions()] == [2, 3, 4]
             state.check(store)
             assert store.verify().ok
+
+
+def test_sync_creates_an_encrypted_copy_with_the_same_keys(tmp_path: Path) -> None:
+    """A sync of an encrypted store into a new location makes its encrypted copy (the
+    config and key objects: one master key, the same passwords), copies the versions as
+    sealed objects by key, and syncs into it again later; the copy reads with the
+    source's password and holds no plain object."""
+    state = State()
+    with _create(tmp_path / "src") as src:
+        state.save(src, range(1, 3))
+        result = chunkstore.sync(src, tmp_path / "copy")
+        assert result.created and len(result.copied) == 2
+        state.save(src, range(3, 5))
+        assert len(chunkstore.sync(src, tmp_path / "copy").copied) == 2
+    assert sorted(p.name for p in (tmp_path / "copy" / "keys").iterdir()) == \
+        sorted(p.name for p in (tmp_path / "src" / "keys").iterdir())
+    assert [p for p in _stored_plainly(tmp_path / "copy")[1] if p.parts[-2] != "keys"] == []
+    with _open(tmp_path / "copy") as copy:
+        assert [v.step for v in copy.versions()] == [1, 2, 3, 4]
+        state.check(copy)
+        assert copy.verify().ok
+    with pytest.raises(WrongPasswordError):
+        _open(tmp_path / "copy", password="not it")
+
+
+def test_a_tiered_checkpointer_mirrors_an_encrypted_store(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch")
+    from torch_bridge import Checkpointer
+    monkeypatch.setenv("CHUNKSTORE_PASSWORD", PASSWORD)
+    _create(tmp_path / "local").close()
+    model = torch.nn.Linear(64, 64)
+    with Checkpointer(tmp_path / "local", run="r", mirror=str(tmp_path / "mirror")) as ckpt:
+        for step in (1, 2):
+            ckpt.save(step, model=model)
+        ckpt.wait(mirror=True, timeout=120)
+        assert ckpt.mirror_pending == []
+    with _open(tmp_path / "mirror") as mirror:
+        assert isinstance(mirror.objects, SealedObjects)
+        assert [v.step for v in mirror.versions()] == [1, 2]
+        assert mirror.verify().ok
 
 
 # --- crashes (tests/crash_child.py and test_gc's GC child, on an encrypted store) -----------

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import blake3
 
@@ -28,6 +29,9 @@ from chunkstore.objects.crypto import Sealer, subkey
 from chunkstore.objects.kinds import KEYS
 from chunkstore.objects.objectstore import ObjectStore
 from chunkstore.objects.sealed import SealedObjects
+
+if TYPE_CHECKING:
+    from chunkstore.handle.handle import StoreHandle
 
 #: Where a password comes from when none is passed (the command line reads them too).
 PASSWORD_ENV = "CHUNKSTORE_PASSWORD"
@@ -68,15 +72,34 @@ def sealed(objects: ObjectStore, config: StoreConfig, master: bytes, key_id: str
                          master, key_id)
 
 
+def clone_keys(objects: ObjectStore, source: StoreHandle | None) -> None:
+    """Make an empty location an encrypted copy of the store ``source``: its config and
+    key objects, byte for byte, so that both share one master key (and its passwords)
+    and objects copied between them by key stay valid.  A location that holds anything
+    is left as it is (opening it checks what it is)."""
+    if source is None or not source.objects.encrypted or not objects.is_empty():
+        return
+    if objects.create_config(source.objects.get_config()):
+        for key_id in keys.key_ids(source.objects):
+            objects.put_if_absent(KEYS, key_id, source.objects.get(KEYS, key_id))
+
+
 def unlocked(url: str, objects: ObjectStore, config: StoreConfig, password: str | None,
-             created: bool) -> ObjectStore:
+             created: bool, key_of: StoreHandle | None = None) -> ObjectStore:
     """``objects`` as the store must be read: as they are for an unencrypted store, else
     sealed under the master key ``password`` opens (``created``: this call made the
-    store, which then gets its master key and first key object here)."""
+    store, which then gets its master key and first key object here), or that of
+    ``key_of``, an open store this one is a copy of (the same identity and encryption:
+    :func:`clone_keys`)."""
     if config.encryption is None:
         if password is not None:
             raise NotEncryptedError(url)
         return objects
+    source = key_of.objects if key_of is not None else None
+    if isinstance(source, SealedObjects) and key_of is not None \
+            and key_of.config.identity() == config.identity() \
+            and key_of.config.encryption == config.encryption:
+        return sealed(objects, config, source.master, source.key_id)
     password = password if password is not None else password_from_env()
     if password is None:
         raise PasswordRequiredError(url)

@@ -473,18 +473,17 @@ def _open_destination(src: StoreHandle, location: str | os.PathLike[str], opener
                       options: dict[str, Any] | None, dry_run: bool
                       ) -> tuple[StoreHandle | None, bool]:
     """The destination store, and whether it was created (None: a dry run's)."""
+    # An encrypted source's copy is created encrypted with its key material (its config
+    # and key objects), and opens with the source's key (docs/format.md §13.4).
+    key_of = {"key_of": src} if src.objects.encrypted else {}
     try:
-        return opener(location, create=False, storage_options=options), False
+        return opener(location, create=False, storage_options=options, **key_of), False
     except NotAStoreError:
-        if src.objects.encrypted:
-            raise EncryptionError(os.fspath(location), "a copy of an encrypted store is not"
-                                  " created by sync: it would be a plain store; nothing was"
-                                  " created") from None
         if not dry_run:
             # Created only where nothing is stored (open refuses a non-empty location).
             return opener(location, create=True, storage_options=options,
                           chunk_size=src.config.chunk_size, compression=src.config.compression,
-                          delta_depth=src.config.delta_depth), True
+                          delta_depth=src.config.delta_depth, **key_of), True
     path = os.fspath(location)
     if "://" not in path and os.path.isdir(path) and os.listdir(path):
         raise NotAStoreError(path, "the location is not empty and has no chunkstore.json")
