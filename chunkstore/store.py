@@ -42,6 +42,7 @@ from chunkstore.format.records import (
 )
 from chunkstore.handle.encryption import (
     check_encrypt,
+    check_new_store,
     clone_keys,
     password_from_env,
     unlocked,
@@ -261,6 +262,7 @@ def open(
     options = _storage_options(storage_options)
     with _options_taken(text, options):
         objects = ObjectStore(wrap_from_env(open_backend(text, **options)))
+        check_new_store(text, objects, create, encrypt, password)
         clone_keys(objects, key_of if create else None)
         loaded = load_or_create_config(text, objects, create, chunk_size, compression,
                                         delta_depth, Encryption() if encrypt else None)

@@ -213,6 +213,8 @@ def test_a_plain_store_refuses_a_password_and_encrypt(tmp_path: Path) -> None:
         chunkstore.open(path, encrypt=True, password=PASSWORD)
     with pytest.raises(PasswordRequiredError):
         chunkstore.open(tmp_path / "new", create=True, encrypt=True)
+    with pytest.raises(NotEncryptedError, match="without encrypt=True"):
+        chunkstore.open(tmp_path / "new", create=True, password=PASSWORD)
     assert not (tmp_path / "new").exists()
     assert tree_snapshot(path) == before
 

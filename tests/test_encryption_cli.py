@@ -64,6 +64,8 @@ def test_init_encrypt_and_the_password_sources(store: Path, tmp_path: Path) -> N
     assert run("log", str(store), env={"CHUNKSTORE_PASSWORD_FILE": str(secret)}).exit_code == 0
     assert run("init", str(tmp_path / "plain")).exit_code == 0
     assert run("--password-file", str(secret), "log", str(tmp_path / "plain")).exit_code == 0
+    assert run("--password-file", str(secret), "init", str(tmp_path / "plain2")).exit_code == 0
+    assert "encryption" not in json.loads((tmp_path / "plain2" / "chunkstore.json").read_bytes())
     again = run("init", "--encrypt", str(store), env={"CHUNKSTORE_PASSWORD": FIRST})
     assert again.exit_code == EXIT_USAGE and "already a chunkstore store" in again.output
 

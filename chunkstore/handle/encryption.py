@@ -72,6 +72,15 @@ def sealed(objects: ObjectStore, config: StoreConfig, master: bytes, key_id: str
                          master, key_id)
 
 
+def check_new_store(url: str, objects: ObjectStore, create: bool, encrypt: bool,
+                    password: str | None) -> None:
+    """Refuse, before anything is created, a password given for a store this call would
+    create unencrypted (``encrypt=True`` left out)."""
+    if create and not encrypt and password is not None and objects.is_empty():
+        raise NotEncryptedError(url, "a password was given for it, without encrypt=True"
+                                " (nothing was created)")
+
+
 def clone_keys(objects: ObjectStore, source: StoreHandle | None) -> None:
     """Make an empty location an encrypted copy of the store ``source``: its config and
     key objects, byte for byte, so that both share one master key (and its passwords)
