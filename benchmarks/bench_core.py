@@ -27,6 +27,7 @@ import blake3
 import numpy as np
 
 import chunkstore
+from chunkstore.objects.crypto import Sealer
 
 
 def _timed(fn: Callable[[], object], repeat: int, before: Callable[[], object] | None = None
@@ -82,13 +83,26 @@ def make_state(total_bytes: int, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def limits(nbytes: int) -> dict[str, float]:
-    """memcpy and one thread's BLAKE3 (CPU limits; write+fsync is a round of its own)."""
+    """memcpy, one thread's BLAKE3 and one thread's sealing and opening of an encrypted
+    store's objects (AES-256-GCM in 64 KiB segments: docs/format.md §13.3); CPU limits,
+    write+fsync is a round of its own."""
     data = np.random.default_rng(1).integers(0, 255, nbytes, dtype=np.uint8)
     target = np.ones_like(data)  # touched, so the copy measures bandwidth, not page faults
     memcpy = nbytes / _timed(lambda: np.copyto(target, data), 3)
     view = memoryview(data.data)
     hash1 = nbytes / _timed(lambda: blake3.blake3(view).digest(), 3)
-    return {"memcpy_gbps": memcpy / 1e9, "blake3_1thread_gbps": hash1 / 1e9}
+    return {"memcpy_gbps": memcpy / 1e9, "blake3_1thread_gbps": hash1 / 1e9,
+            **aead_limits(view)}
+
+
+def aead_limits(view: memoryview, object_bytes: int = 4 << 20) -> dict[str, float]:
+    """One thread sealing and opening ``view`` as objects of ``object_bytes`` (a chunk)."""
+    sealer = Sealer(bytes(32))
+    pieces = [view[i:i + object_bytes] for i in range(0, len(view), object_bytes)]
+    sealed = [sealer.seal("chunks/00/x", piece) for piece in pieces]
+    seal = len(view) / _timed(lambda: [sealer.seal("chunks/00/x", p) for p in pieces], 3)
+    opened = len(view) / _timed(lambda: [sealer.open("chunks/00/x", s) for s in sealed], 3)
+    return {"aes_gcm_seal_1thread_gbps": seal / 1e9, "aes_gcm_open_1thread_gbps": opened / 1e9}
 
 
 def write_fsync_round(workdir: Path, nbytes: int) -> Round:
@@ -148,20 +162,23 @@ def safetensors_round(workdir: Path, state: dict[str, np.ndarray]) -> Round:
     return lambda: {"save_s": _seconds(save), "load_s": _seconds(restore)}
 
 
-def chunkstore_round(workdir: Path, state: dict[str, np.ndarray], compression: str) -> Round:
+def chunkstore_round(workdir: Path, state: dict[str, np.ndarray], compression: str,
+                     password: str | None = None) -> Round:
     """A first save into an empty store, an unchanged re-save (a new version whose
-    chunks are all stored), a restore into existing arrays."""
-    root = workdir / f"cs-{compression}"
+    chunks are all stored), a restore into existing arrays; with ``password``, of an
+    encrypted store (docs/format.md §13)."""
+    root = workdir / f"cs-{compression}{'-enc' if password else ''}"
     outs = {k: np.empty_like(v) for k, v in state.items()}
 
     def save(step: int) -> None:
-        with chunkstore.open(root, compression=compression, create=True) as store, \
+        with chunkstore.open(root, compression=compression, create=True,
+                             encrypt=password is not None, password=password) as store, \
                 store.new_version(run="bench", step=step) as v:
             for name, array in state.items():
                 v.put(name, array)
 
     def restore() -> None:
-        with chunkstore.open(root, create=True) as store:
+        with chunkstore.open(root, create=True, password=password) as store:
             store.open_version("latest").get_many_into(
                 (name, out, None) for name, out in outs.items())
 
@@ -169,8 +186,11 @@ def chunkstore_round(workdir: Path, state: dict[str, np.ndarray], compression: s
         shutil.rmtree(root, ignore_errors=True)
         times = {"first_save_s": _seconds(lambda: save(0)),
                  "resave_s": _seconds(lambda: save(1)), "restore_s": _seconds(restore)}
-        with chunkstore.open(root, create=True) as store:
+        with chunkstore.open(root, create=True, password=password) as store:
             times["physical_bytes"] = store.stats().physical_bytes
+        # What the files hold (an encrypted store's stats count encodings, not seals).
+        times["stored_bytes"] = sum(p.stat().st_size for kind in ("chunks", "nodes")
+                                    for p in (root / kind).rglob("*") if p.is_file())
         return times
 
     return one

@@ -20,6 +20,8 @@ builds its model afterwards, or a tool, does: ``torch.load``, safetensors'
   ``chunkstore-auto-d0`` is the
   same policy without delta chains (``delta_depth`` 0), the default store of
   earlier releases; ``chunkstore-none`` stores raw chunks, never deltas.
+  ``chunkstore-auto-enc`` is ``chunkstore-auto`` in an encrypted store (docs/format.md
+  §13: every object sealed with AES-256-GCM, chunk ids keyed): what encryption costs.
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ from benchmarks.trace import TraceVersion, flatten
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 warnings.filterwarnings("ignore", message="torch.distributed is unavailable or uninitialized")
 SYSTEMS = ("torch.save", "safetensors", "dcp", "chunkstore-none", "chunkstore-auto-d0",
-           "chunkstore-auto")
+           "chunkstore-auto", "chunkstore-auto-enc")
+#: The password of the encrypted stores the benchmarks make (their key at the real cost).
+BENCH_PASSWORD = "benchmark password"
 
 
 def _fsync_path(path: Path) -> None:
@@ -166,16 +170,20 @@ class DcpAsync(Dcp):
             self._pending = None
 
 
-def _settings(config: str) -> tuple[str, int | None]:
-    """``auto-d8`` -> (``auto``, 8); ``auto`` -> (``auto``, None: the default depth)."""
-    compression, _, depth = config.partition("-d")
-    return compression, int(depth) if depth else None
+def _settings(config: str) -> tuple[str, int | None, bool]:
+    """``auto-d8`` -> (``auto``, 8, False); ``auto`` -> (``auto``, None: the default depth,
+    False); ``auto-enc`` -> (``auto``, None, True: an encrypted store)."""
+    encrypted = config.endswith("-enc")
+    compression, _, depth = config.removesuffix("-enc").partition("-d")
+    return compression, int(depth) if depth else None, encrypted
 
 
 class Chunkstore:
     def __init__(self, root: Path, config: str) -> None:
-        compression, depth = _settings(config)
-        self.store = chunkstore.open(root, compression=compression, delta_depth=depth, create=True)
+        compression, depth, encrypted = _settings(config)
+        self.store = chunkstore.open(root, compression=compression, delta_depth=depth, create=True,
+                                     encrypt=encrypted,
+                                     password=BENCH_PASSWORD if encrypted else None)
 
     def save(self, version: TraceVersion, state: dict[str, Any]) -> None:
         torch_bridge.save(self.store, state, run=version.run, step=version.step)

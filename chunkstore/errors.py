@@ -426,3 +426,65 @@ class VersionRemovedError(SelectorError):
 class UnprotectedReadWarning(UserWarning):
     """Warned when a reader cannot store its read lease (a read-only store, a full disk):
     the version is read without one, protected only by the GC grace period."""
+
+
+# --- encrypted stores (docs/format.md §13) --------------------------------------------------
+
+
+class CorruptObjectError(IntegrityError, ValueError):
+    """Raised when a stored object of an encrypted store (other than a chunk, node, commit
+    record or tag, which raise their own errors) fails authentication.  A ValueError too:
+    the readers of protocol objects (sessions, journal entries, leases, tombstones) take
+    it as they take bytes that do not parse, as damage they outlive (a power cut leaves
+    an unsynced session object empty or half written)."""
+
+    def __init__(self, kind: str, name: str, reason: str) -> None:
+        super().__init__(f"{kind} {name[:40]} is corrupt: {reason}")
+        self.kind = kind
+        self.name = name
+        self.reason = reason
+
+
+class EncryptionError(InvalidInputError):
+    """Raised when a store's encryption and what was asked of it do not fit (a password
+    for an unencrypted store, none for an encrypted one, keys of a plain store)."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(f"{url}: {reason}")
+        self.url = url
+        self.reason = reason
+
+
+class PasswordRequiredError(EncryptionError):
+    """Raised when an encrypted store is opened without a password."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url, "the store is encrypted and no password was given; pass"
+                         " password=..., or on the command line set CHUNKSTORE_PASSWORD,"
+                         " CHUNKSTORE_PASSWORD_FILE or --password-file, or run it on a"
+                         " terminal to be asked")
+
+
+class NotEncryptedError(EncryptionError):
+    """Raised when a password (or a key command) is given for an unencrypted store."""
+
+    def __init__(self, url: str, what: str = "a password was given") -> None:
+        super().__init__(url, f"the store is not encrypted, but {what}; encryption is"
+                         " chosen when a store is created (`chunkstore init --encrypt`):"
+                         " open it without a password, or sync it into a new encrypted store")
+
+
+class WrongPasswordError(ChunkStoreError):
+    """Raised when the password opens none of an encrypted store's key objects; nothing
+    was read or changed."""
+
+    def __init__(self, url: str, keys: int) -> None:
+        super().__init__(f"{url}: wrong password: it opens none of the store's {keys} key"
+                         f"{'' if keys == 1 else 's'} (`chunkstore key list` shows them)")
+        self.url = url
+        self.keys = keys
+
+
+class KeyObjectError(EncryptionError):
+    """Raised when a key command cannot do what it was asked (an unknown key id, the
+    removal of a store's last key) or an encrypted store holds no key object."""

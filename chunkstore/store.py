@@ -28,6 +28,7 @@ from chunkstore.errors import (
     ConfigRecoveredWarning,
     InvalidInputError,
     InvalidSettingError,
+    PasswordRequiredError,
     RecoveredConfigError,
     SavesInProgressError,
     StoreLocationError,
@@ -36,7 +37,15 @@ from chunkstore.format.manifest import MAX_DELTA_DEPTH
 from chunkstore.format.records import (
     MAX_CHUNK_SIZE,
     MIN_CHUNK_SIZE,
+    Encryption,
     StoreConfig,
+)
+from chunkstore.handle.encryption import (
+    check_encrypt,
+    check_new_store,
+    clone_keys,
+    password_from_env,
+    unlocked,
 )
 from chunkstore.handle.handle import (
     MAX_NODE_TARGET,
@@ -197,7 +206,8 @@ def open(
     url: str | os.PathLike[str], *, create: bool = False, chunk_size: int | None = None,
     compression: str | None = None, threads: int | None = None, index_dir: str | None = None,
     storage_options: dict[str, Any] | None = None, delta_depth: int | None = None,
-    pack_size: int | None = None, node_size: int | None = None,
+    pack_size: int | None = None, node_size: int | None = None, encrypt: bool = False,
+    password: str | None = None, key_of: StoreHandle | None = None,
 ) -> Store:
     """Open the store at a path or fsspec URL.
 
@@ -221,6 +231,17 @@ def open(
     chunks (default :data:`chunkstore.handle.handle.PACK_TARGET_BYTES`); ``node_size`` the
     size up to which they inline a subtree of the names into its parent manifest
     node (default :data:`NODE_TARGET_BYTES`).
+
+    ``encrypt=True`` with ``create=True`` creates an encrypted store (docs/format.md
+    §13): every object sealed, chunk ids keyed, a random master key wrapped under
+    ``password``.  An encrypted store opens with its ``password`` (default:
+    ``CHUNKSTORE_PASSWORD``, else the file ``CHUNKSTORE_PASSWORD_FILE`` names); a
+    wrong one raises :class:`~chunkstore.errors.WrongPasswordError`, none
+    :class:`~chunkstore.errors.PasswordRequiredError`, and a password given to an
+    unencrypted store :class:`~chunkstore.errors.NotEncryptedError`.  ``key_of``, an
+    open encrypted store: a store created here (``create=True``) is its encrypted copy
+    (its config and key objects: one master key, the same passwords), and a copy opens
+    with its key, no password needed (``sync`` and the tiered Checkpointer's mirror).
     """
     # Numbers are checked (numpy integers taken as ints) before anything is opened.
     if chunk_size is not None:
@@ -236,11 +257,15 @@ def open(
     if threads is not None:
         threads = _whole_number(threads, "threads", 1, MAX_THREADS)
     text = _location(url)
+    if encrypt and password is None and password_from_env() is None:
+        raise PasswordRequiredError(text)  # before anything is created
     options = _storage_options(storage_options)
     with _options_taken(text, options):
         objects = ObjectStore(wrap_from_env(open_backend(text, **options)))
+        check_new_store(text, objects, create, encrypt, password)
+        clone_keys(objects, key_of if create else None)
         loaded = load_or_create_config(text, objects, create, chunk_size, compression,
-                                        delta_depth)
+                                        delta_depth, Encryption() if encrypt else None)
     index_path = index_dir or default_index_dir(text, objects)
     if isinstance(loaded, StoreConfig):
         config, recovered = loaded, None
@@ -248,6 +273,8 @@ def open(
         recovered = _recover(text, objects, loaded, index_path)
         config = recovered.config
     check_settings(text, config, recovered, chunk_size, delta_depth)
+    check_encrypt(text, config, encrypt)
+    objects = unlocked(text, objects, config, password, encrypt, key_of)
     index = open_index(index_path)
     try:
         index.describe_store(config.identity())  # emptied if it describes another store

@@ -106,16 +106,16 @@ def _masked(data: bytes | memoryview) -> bytes:
 class MaskingObjects(ObjectStore):
     """Every object stored with each byte XORed (a stand-in for encryption)."""
 
-    def _stored(self, kind: Kind[IdT], data: bytes | memoryview) -> bytes | memoryview:
+    def _stored(self, kind: Kind[IdT], key: str, data: bytes | memoryview) -> bytes | memoryview:
         return _masked(data)
 
-    def _loaded(self, kind: Kind[IdT], data: bytes) -> bytes:
+    def _loaded(self, kind: Kind[IdT], key: str, data: bytes) -> bytes:
         return _masked(data)
 
-    def _loaded_range(self, kind: Kind[IdT], start: int, data: bytes) -> bytes:
+    def _loaded_range(self, kind: Kind[IdT], key: str, start: int, data: bytes) -> bytes:
         return _masked(data)
 
-    def _loaded_into(self, kind: Kind[IdT], start: int, buffer: memoryview) -> None:
+    def _loaded_into(self, kind: Kind[IdT], key: str, start: int, buffer: memoryview) -> None:
         view = np.frombuffer(buffer, dtype=np.uint8)
         view ^= MASK
 

@@ -24,7 +24,11 @@ from chunkstore.errors import (
     NotAStoreError,
     RecoveredConfigError,
 )
-from chunkstore.format.records import DEFAULT_DELTA_DEPTH, STORE_FORMAT_VERSION
+from chunkstore.format.records import (
+    DEFAULT_DELTA_DEPTH,
+    STORE_FORMAT_VERSION,
+    STORE_FORMAT_VERSIONS,
+)
 from tests.conftest import SMALL_CHUNK, tree_snapshot
 from tests.s3server import create_bucket, remove_bucket, s3_endpoint, storage_options
 
@@ -263,7 +267,7 @@ def test_what_holds_no_store_is_still_no_store(tmp_path: Path) -> None:
 
 def test_a_newer_store_is_not_recovered(saved: Path) -> None:
     config = json.loads((saved / "chunkstore.json").read_bytes())
-    config["format_version"] = STORE_FORMAT_VERSION + 1
+    config["format_version"] = max(STORE_FORMAT_VERSIONS) + 1
     (saved / "chunkstore.json").write_text(json.dumps(config))
     before = tree_snapshot(saved)
     with pytest.raises(FormatVersionError):

@@ -30,7 +30,7 @@ from chunkstore.errors import (
 from chunkstore.format.chunkobj import HEADER
 from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import NODE_FORMAT_VERSION, TensorEntry, decode_tree
-from chunkstore.format.records import STORE_FORMAT_VERSION
+from chunkstore.format.records import STORE_FORMAT_VERSIONS
 from tests.conftest import SMALL_CHUNK
 
 # 4 chunks of 64 KiB (the last one short); compresses well under every codec.
@@ -252,10 +252,10 @@ def test_commit_record_that_does_not_match_its_id(raw_saved: Saved, reopen: Reop
 def test_store_config_with_a_newer_format_version(raw_saved: Saved) -> None:
     path = raw_saved.path / "chunkstore.json"
     config = json.loads(path.read_bytes())
-    config["format_version"] = STORE_FORMAT_VERSION + 1
+    config["format_version"] = max(STORE_FORMAT_VERSIONS) + 1
     path.write_text(json.dumps(config))
     with pytest.raises(FormatVersionError,
-                       match=f"store has format version {STORE_FORMAT_VERSION + 1}"):
+                       match=f"store has format version {max(STORE_FORMAT_VERSIONS) + 1}"):
         chunkstore.open(raw_saved.path, create=False)
 
 

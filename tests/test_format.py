@@ -57,6 +57,7 @@ from chunkstore.format.manifest import (
 from chunkstore.format.records import (
     RECORD_FORMAT_VERSION,
     STORE_FORMAT_VERSION,
+    STORE_FORMAT_VERSIONS,
     CommitRecord,
     StoreConfig,
 )
@@ -688,11 +689,11 @@ def _first_record(root: Path) -> CommitRecord:
 
 def test_newer_store_version_is_refused(v1_copy: Path) -> None:
     config = v1_copy / "chunkstore.json"
-    config.write_bytes(_bumped_json(config.read_bytes(), STORE_FORMAT_VERSION + 1))
+    config.write_bytes(_bumped_json(config.read_bytes(), max(STORE_FORMAT_VERSIONS) + 1))
     before = _files(v1_copy)
     with pytest.raises(FormatVersionError) as info:
         chunkstore.open(v1_copy, create=False)
-    assert (info.value.found, info.value.supported) == (STORE_FORMAT_VERSION + 1,
+    assert (info.value.found, info.value.supported) == (max(STORE_FORMAT_VERSIONS) + 1,
                                                         STORE_FORMAT_VERSION)
     assert _files(v1_copy) == before, "a refused store must not be touched (no index either)"
 

@@ -28,6 +28,9 @@ from tools.crashstates import Content, Recorder, Recording
 RUN = "r"
 CHUNK = 64 * 1024
 PACK = 128 * 1024
+#: "1": the scenarios' stores are encrypted (docs/format.md §13), their password taken from
+#: CHUNKSTORE_PASSWORD by every open, the checks' included (tests/test_encryption.py).
+ENCRYPT_ENV_VAR = "CHUNKSTORE_CRASH_ENCRYPT"
 
 
 def content(step: int) -> Content:
@@ -47,7 +50,8 @@ def content(step: int) -> Content:
 
 
 def open_store(root: Path) -> chunkstore.Store:
-    return chunkstore.open(root, create=True, chunk_size=CHUNK, pack_size=PACK, threads=2)
+    return chunkstore.open(root, create=True, chunk_size=CHUNK, pack_size=PACK, threads=2,
+                           encrypt=os.environ.get(ENCRYPT_ENV_VAR) == "1")
 
 
 def save(store: chunkstore.Store, step: int, recorder: Recorder | None = None) -> str:

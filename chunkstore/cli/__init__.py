@@ -9,7 +9,8 @@ stderr and an exit code from the table in ``chunkstore --help``
 The modules: :mod:`~chunkstore.cli.common` (exit codes, errors, sizes,
 tables), :mod:`~chunkstore.cli.inspection` (init, log, show, diff, report),
 :mod:`~chunkstore.cli.versions` (tag, rm), :mod:`~chunkstore.cli.maintenance`
-(verify, gc, prune, index), :mod:`~chunkstore.cli.transfer` (sync) and
+(verify, gc, prune, index), :mod:`~chunkstore.cli.transfer` (sync),
+:mod:`~chunkstore.cli.keys` (key) and
 :mod:`~chunkstore.cli.app` (the group and
 :func:`main`).  The torch commands live in :mod:`torch_bridge.tools.cli`.
 """
@@ -20,6 +21,7 @@ from chunkstore.cli.common import (
     EXIT_INTEGRITY,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_PASSWORD,
     EXIT_PROBLEMS,
     EXIT_USAGE,
     CliError,
@@ -36,6 +38,7 @@ __all__ = [
     "EXIT_INTEGRITY",
     "EXIT_INTERRUPTED",
     "EXIT_OK",
+    "EXIT_PASSWORD",
     "EXIT_PROBLEMS",
     "EXIT_USAGE",
     "CliError",

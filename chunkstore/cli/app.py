@@ -38,7 +38,7 @@ import click
 
 import chunkstore
 from chunkstore import interrupts
-from chunkstore.cli import inspection, maintenance, recovery, transfer, versions
+from chunkstore.cli import inspection, keys, maintenance, recovery, transfer, versions
 from chunkstore.cli.common import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
@@ -47,6 +47,7 @@ from chunkstore.cli.common import (
     decided_exit_code,
     exit_code_for,
     missing_dependency,
+    set_password_file,
     set_storage_options,
 )
 from chunkstore.collector import collector_paused
@@ -158,8 +159,14 @@ def _missing_dependency_command(name: str, summary: str, extra: str,
               " KEY nests (client_kwargs.region_name=eu-west-1). Merged over the JSON"
               " object in $CHUNKSTORE_STORAGE_OPTIONS. Credentials are better left to the"
               " AWS variables and profiles (see docs/s3.md).")
+@click.option("--password-file", type=click.Path(dir_okay=False), default=None,
+              help="A file whose first line is the password of the encrypted stores the"
+              " command opens (also $CHUNKSTORE_PASSWORD_FILE, or $CHUNKSTORE_PASSWORD;"
+              " on a terminal, without either, the command asks). Never echoed, logged or"
+              " shown in JSON answers.")
 @click.pass_context
-def cli(ctx: click.Context, storage_option: tuple[str, ...]) -> None:
+def cli(ctx: click.Context, storage_option: tuple[str, ...], password_file: str | None
+        ) -> None:
     """Incremental, deduplicated storage for training checkpoints.
 
     A store is a directory (or an fsspec URL such as s3://bucket/ckpts) that
@@ -194,6 +201,7 @@ def cli(ctx: click.Context, storage_option: tuple[str, ...]) -> None:
            a path that is not a store, a command's packages not installed
       3    integrity error: corrupt or missing data, unsupported format version
       4    any other failure (storage backend, I/O)
+      6    wrong password for an encrypted store
       130  interrupted (Ctrl-C)
 
     \b
@@ -202,10 +210,11 @@ def cli(ctx: click.Context, storage_option: tuple[str, ...]) -> None:
       chunkstore --storage-option profile=backup log s3://bucket/ckpts
     """
     set_storage_options(ctx, storage_option)
+    set_password_file(ctx, password_file)
 
 
 for _command in (*inspection.COMMANDS, *versions.COMMANDS, *maintenance.COMMANDS,
-                 *transfer.COMMANDS, *recovery.COMMANDS):
+                 *transfer.COMMANDS, *recovery.COMMANDS, *keys.COMMANDS):
     # The store's own commands run with the cyclic garbage collector paused
     # (chunkstore.collector); the torch commands (the demo trains) do not.
     if _command.callback is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import getpass
 import json
 import os
 import re
@@ -20,7 +21,11 @@ from chunkstore.errors import (
     InvalidInputError,
     MissingDependencyError,
     NotAStoreError,
+    NotEncryptedError,
+    PasswordRequiredError,
+    WrongPasswordError,
 )
+from chunkstore.handle.encryption import password_from_env, read_password_file
 from chunkstore.store import Store, VersionInfo
 
 EXIT_OK = 0
@@ -28,6 +33,7 @@ EXIT_PROBLEMS = 1
 EXIT_USAGE = 2
 EXIT_INTEGRITY = 3
 EXIT_FAILURE = 4
+EXIT_PASSWORD = 6  # a wrong password for an encrypted store (its own code; 5 is a drill's)
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by Ctrl-C
 
 ERROR_PREFIX = "chunkstore: error: "
@@ -93,7 +99,10 @@ def decided_exit_code(ctx: click.Context | None) -> int:
 
 def exit_code_for(exc: BaseException) -> int:
     """2 for bad input (a package the location needs not installed included, as for the
-    torch commands), 3 for integrity and format errors, 4 for anything else."""
+    torch commands), 3 for integrity and format errors, 5 for a wrong password, 4 for
+    anything else."""
+    if isinstance(exc, WrongPasswordError):
+        return EXIT_PASSWORD
     if isinstance(exc, (InvalidInputError, NotAStoreError, MissingDependencyError)):
         return EXIT_USAGE
     if isinstance(exc, (IntegrityError, FormatVersionError)):
@@ -270,11 +279,71 @@ def storage_options_environment(url: str) -> dict[str, str]:
 
 
 def open_any(url: str, **kwargs: Any) -> Store:
-    """``chunkstore.open`` with the command line's storage options for ``url``."""
+    """``chunkstore.open`` with the command line's storage options for ``url``.  An
+    encrypted store takes its password from the group's ``--password-file``,
+    ``CHUNKSTORE_PASSWORD``, ``CHUNKSTORE_PASSWORD_FILE``, or a prompt on a terminal,
+    in that order; an unencrypted one is never given one."""
     options = storage_options_for(str(url))
     if options is not None and kwargs.get("storage_options") is None:
         kwargs["storage_options"] = options
-    return chunkstore.open(url, **kwargs)
+    if kwargs.get("password") is None and _password_file() is not None:
+        try:
+            return chunkstore.open(url, **{**kwargs, "password": command_line_password(url)})
+        except NotEncryptedError:
+            pass  # the option is for the encrypted stores a command opens
+    try:
+        return chunkstore.open(url, **kwargs)
+    except PasswordRequiredError:
+        if kwargs.get("password") is not None or not _stdin_is_a_terminal():
+            raise
+        kwargs["password"] = command_line_password(url)
+        return chunkstore.open(url, **kwargs)
+
+
+# --- passwords of encrypted stores (never echoed, logged or written to an answer) ----------
+
+_PASSWORD_FILE_META = "chunkstore.password_file"
+NEW_PASSWORD_ENV = "CHUNKSTORE_NEW_PASSWORD"
+
+
+def set_password_file(ctx: click.Context, path: str | None) -> None:
+    """Keep the group's ``--password-file`` for every encrypted store the command opens."""
+    ctx.meta[_PASSWORD_FILE_META] = path
+
+
+def _stdin_is_a_terminal() -> bool:
+    return _isatty(sys.stdin)
+
+
+def _password_file() -> str | None:
+    ctx = click.get_current_context(silent=True)
+    path = ctx.meta.get(_PASSWORD_FILE_META) if ctx is not None else None
+    return path if isinstance(path, str) else None
+
+
+def command_line_password(url: str, *, confirm: bool = False, new: bool = False,
+                          new_password_file: str | None = None) -> str:
+    """The password for the store at ``url``: the file ``--password-file`` names, else
+    ``CHUNKSTORE_PASSWORD`` or ``CHUNKSTORE_PASSWORD_FILE``, else a prompt on a terminal
+    (twice with ``confirm``); without any, :class:`PasswordRequiredError`.  ``new``: a
+    new password (``--new-password-file``, ``CHUNKSTORE_NEW_PASSWORD``, a prompt twice)."""
+    path = new_password_file if new else _password_file()
+    if path:
+        return read_password_file(path)
+    found = os.environ.get(NEW_PASSWORD_ENV) if new else password_from_env()
+    if found:
+        return found
+    if _stdin_is_a_terminal():
+        what = "new password" if new else "password"
+        entered = getpass.getpass(f"{what} for {url}: ")
+        if (confirm or new) and getpass.getpass(f"{what} again: ") != entered:
+            raise CliError("the two passwords differ; nothing changed", EXIT_USAGE)
+        if entered:
+            return entered
+    if new:
+        raise CliError(f"no new password: set {NEW_PASSWORD_ENV}, pass --new-password-file,"
+                       " or run the command on a terminal to be asked", EXIT_USAGE)
+    raise PasswordRequiredError(url)
 
 
 @contextmanager

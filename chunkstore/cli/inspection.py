@@ -22,6 +22,7 @@ from chunkstore.cli.common import (
     STORE_ARG,
     CliError,
     SizeParam,
+    command_line_password,
     echo_lines,
     emit_json,
     explains_sizes,
@@ -42,7 +43,9 @@ from chunkstore.cli.recovery import drill_warnings_text, drills_text
 from chunkstore.errors import (
     ConfigRecoveredWarning,
     NotAStoreError,
+    PasswordRequiredError,
     RecoveredConfigError,
+    WrongPasswordError,
     recover_command,
 )
 from chunkstore.format.dtypes import element_size
@@ -95,8 +98,15 @@ from chunkstore.store import Store, VersionInfo
               " size, delta depth, creation time; docs/format.md §2.1). --chunk-size and"
               " --delta-depth, if given, replace what was recovered, checked against the"
               " manifests. Refused when the config is valid.")
+@click.option("--encrypt", is_flag=True,
+              help="Create an encrypted store (docs/format.md §13): every object sealed"
+              " with AES-256-GCM, chunk ids keyed, under a random master key wrapped by"
+              " the password (--password-file before the command name,"
+              " $CHUNKSTORE_PASSWORD, $CHUNKSTORE_PASSWORD_FILE, or asked twice on a"
+              " terminal). Every command then needs the password. Chosen for the life of"
+              " the store.")
 def init(path: str, chunk_size: int, compression: str, delta_depth: int,
-         recover: bool) -> None:
+         recover: bool, encrypt: bool) -> None:
     """Create an empty store at PATH (a directory or fsspec URL), or with
     --recover write back the config of an existing one.
 
@@ -115,6 +125,7 @@ def init(path: str, chunk_size: int, compression: str, delta_depth: int,
     Example:
       chunkstore init ckpts/ --chunk-size 1MiB --compression zstd
       chunkstore init ckpts/ --delta-depth 8
+      chunkstore init --encrypt ckpts/
       chunkstore init --recover ckpts/
 
     \b
@@ -141,12 +152,16 @@ def init(path: str, chunk_size: int, compression: str, delta_depth: int,
                            EXIT_USAGE)
     except NotAStoreError:
         pass  # the normal case: nothing there yet
+    except (PasswordRequiredError, WrongPasswordError):
+        raise CliError(f"{path} is already a chunkstore store (encrypted); nothing changed",
+                       EXIT_USAGE) from None
+    password = command_line_password(path, confirm=True) if encrypt else None
     store = open_any(path, create=True, chunk_size=chunk_size, compression=compression,
-                     delta_depth=delta_depth)
+                     delta_depth=delta_depth, encrypt=encrypt, password=password)
     with store:
-        click.echo(f"created an empty store at {path} (chunk size"
-                   f" {format_size(store.chunk_size)}, compression {store.config.compression},"
-                   f" delta depth {store.config.delta_depth})")
+        click.echo(f"created an empty{' encrypted' if encrypt else ''} store at {path}"
+                   f" (chunk size {format_size(store.chunk_size)}, compression"
+                   f" {store.config.compression}, delta depth {store.config.delta_depth})")
 
 
 @contextlib.contextmanager

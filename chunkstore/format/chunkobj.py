@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from chunkstore import codecs
 from chunkstore.errors import CorruptChunkError, FormatVersionError
-from chunkstore.format.digest import DIGEST_SIZE, Digest
+from chunkstore.format.digest import DIGEST_SIZE, PLAIN_IDS, ChunkIds, Digest
 
 MAGIC = b"CSCK"
 CHUNK_FORMAT_VERSION = 6
@@ -103,8 +103,8 @@ def encode_object(header: ChunkHeader, payload: bytes | memoryview) -> bytes:
 
 
 def decode_object(digest: Digest, data: bytes | memoryview, out: memoryview | None = None,
-                  base: bytes | memoryview | None = None, header: ChunkHeader | None = None
-                  ) -> bytes | memoryview:
+                  base: bytes | memoryview | None = None, header: ChunkHeader | None = None,
+                  ids: ChunkIds = PLAIN_IDS) -> bytes | memoryview:
     """Decode a whole chunk object and verify it hashes to ``digest``.
 
     With ``out`` (exactly the raw length) the bytes are decoded into it and
@@ -112,7 +112,8 @@ def decode_object(digest: Digest, data: bytes | memoryview, out: memoryview | No
     is bounded by the header's raw length, which is checked before anything
     is allocated (against ``out`` when given).  A delta object needs its
     base's raw bytes in ``base`` (already verified by the caller).  ``header``:
-    what :func:`parse_header` gave for ``data``, where the caller has it.
+    what :func:`parse_header` gave for ``data``, where the caller has it; ``ids``: how
+    the store names chunks (keyed in an encrypted store).
     """
     view = memoryview(data)
     if header is None:
@@ -130,10 +131,10 @@ def decode_object(digest: Digest, data: bytes | memoryview, out: memoryview | No
         except (ValueError, struct.error) as exc:
             raise CorruptChunkError(digest.hex, f"{codec.name} payload does not decode:"
                                     f" {exc}") from exc
-        check_digest(digest, chunk)
+        check_digest(digest, chunk, ids)
         return chunk
     raw = decode_payload(digest, header, view, out)
-    check_digest(digest, raw)
+    check_digest(digest, raw, ids)
     return raw
 
 
@@ -171,6 +172,6 @@ def _payload(digest: Digest, header: ChunkHeader, view: memoryview, out: memoryv
     return payload
 
 
-def check_digest(digest: Digest, raw: bytes | memoryview) -> None:
-    if not digest.is_hash_of(raw):
-        raise CorruptChunkError(digest.hex, f"content hashes to {Digest.of(raw).short(16)}")
+def check_digest(digest: Digest, raw: bytes | memoryview, ids: ChunkIds = PLAIN_IDS) -> None:
+    if not ids.names(digest, raw):
+        raise CorruptChunkError(digest.hex, f"content hashes to {ids.of(raw).short(16)}")

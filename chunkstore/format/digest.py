@@ -1,6 +1,8 @@
 """Content ids.
 
-A :class:`Digest` is the BLAKE3-256 of some bytes.  Where an object of each kind
+A :class:`Digest` is the BLAKE3-256 of some bytes; a chunk's id is its content's
+digest as the store names chunks (:class:`ChunkIds`: plain BLAKE3, or keyed BLAKE3 in an
+encrypted store).  Where an object of each kind
 lives in a store is decided in one place, :mod:`chunkstore.objects.kinds`.
 """
 
@@ -59,8 +61,40 @@ class Digest:
         return self.hex
 
 
-def digests_of(items: Sequence[bytes | memoryview], executor: Executor, helpers: int
-               ) -> list[Digest]:
+@dataclass(frozen=True)
+class ChunkIds:
+    """How a store names the content of its chunks (and packs): BLAKE3, or in an
+    encrypted store BLAKE3 keyed with a key derived from the master key, so that an id
+    tells nothing about the content to whoever lacks the key (docs/format.md §13)."""
+
+    key: bytes | None = None
+
+    @property
+    def keyed(self) -> bool:
+        return self.key is not None
+
+    def of(self, data: bytes | memoryview) -> Digest:
+        """The id of a chunk with content ``data``."""
+        if self.key is None:
+            return Digest.of(data)
+        return Digest(blake3.blake3(data, key=self.key).digest())
+
+    def names(self, digest: Digest, data: bytes | memoryview) -> bool:
+        """Whether ``digest`` is the id of content ``data`` (what a read checks)."""
+        if self.key is None:
+            return digest.is_hash_of(data)
+        return blake3.blake3(data, key=self.key).digest() == digest.raw
+
+    def __repr__(self) -> str:  # never the key
+        return f"ChunkIds(keyed={self.keyed})"
+
+
+#: The ids of an unencrypted store.
+PLAIN_IDS = ChunkIds()
+
+
+def digests_of(items: Sequence[bytes | memoryview], executor: Executor, helpers: int,
+               ids: ChunkIds = PLAIN_IDS) -> list[Digest]:
     """The digest of every item, hashed by the caller and up to ``helpers`` jobs of
     ``executor`` taking items in turn.
 
@@ -84,7 +118,7 @@ def digests_of(items: Sequence[bytes | memoryview], executor: Executor, helpers:
                 i, taken = taken, taken + 1
             if i >= len(items):
                 return
-            digests[i] = Digest.of(items[i])
+            digests[i] = ids.of(items[i])
 
     jobs: list[Future[None]] = []
     try:

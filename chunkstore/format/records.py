@@ -35,7 +35,11 @@ STORE_FORMAT_VERSION = 9
 #: packed bases (chunk format 5, node format 5), which a release reading only 7 would
 #: refuse, and whose GC could not mark the packs a chain needs; 9 adds sparse-delta
 #: chunks (chunk format 6), which a release reading only 8 could not decode.
-STORE_FORMAT_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
+#: 10 is 9 encrypted (docs/format.md §13): only an encrypted store is of version 10, so
+#: a release that cannot decrypt refuses it rather than reading ciphertext as objects;
+#: unencrypted stores stay at 9.
+ENCRYPTED_STORE_FORMAT_VERSION = 10
+STORE_FORMAT_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
 READABLE_STORE_VERSIONS = STORE_FORMAT_VERSIONS
 RECORD_FORMAT = "chunkstore.version"
 RECORD_FORMAT_VERSION = 1
@@ -62,6 +66,42 @@ def _dumps(obj: dict[str, Any]) -> bytes:
                       allow_nan=False).encode("utf-8")
 
 
+#: The ciphers, chunk id schemes and key derivations an encrypted store's config may name.
+CIPHERS = ("aes-256-gcm",)
+CHUNK_ID_SCHEMES = ("blake3-keyed",)
+#: The segment sizes a reader accepts (bounds what one segment read allocates).
+MIN_SEGMENT_SIZE, MAX_SEGMENT_SIZE = 4096, 16 * 1024 * 1024
+#: The segment size of new encrypted stores (chunkstore.objects.crypto).
+SEGMENT_SIZE = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Encryption:
+    """How an encrypted store seals its objects (its config's ``encryption``, §13)."""
+
+    cipher: str = "aes-256-gcm"
+    segment_size: int = SEGMENT_SIZE
+    chunk_ids: str = "blake3-keyed"
+
+    def encode(self) -> dict[str, Any]:
+        return {"cipher": self.cipher, "segment_size": self.segment_size,
+                "chunk_ids": self.chunk_ids, "keys": "keys/"}
+
+    @classmethod
+    def decode(cls, obj: object) -> Encryption:
+        """``ValueError`` for a block this release cannot read; a cipher or scheme it
+        does not know is a newer store's (``FormatVersionError``)."""
+        if not isinstance(obj, dict):
+            raise ValueError(f"encryption is {obj!r}, not an object")
+        cipher, ids = obj.get("cipher"), obj.get("chunk_ids")
+        if cipher not in CIPHERS or ids not in CHUNK_ID_SCHEMES:
+            raise FormatVersionError("store encryption", f"{cipher}/{ids}",
+                                     f"{'/'.join(CIPHERS)} with {'/'.join(CHUNK_ID_SCHEMES)}")
+        size = exact_int(obj.get("segment_size"), "segment_size", MIN_SEGMENT_SIZE,
+                         MAX_SEGMENT_SIZE)
+        return cls(cipher, size, ids)
+
+
 @dataclass(frozen=True)
 class StoreConfig:
     chunk_size: int
@@ -71,6 +111,8 @@ class StoreConfig:
     delta_depth: int = DEFAULT_DELTA_DEPTH
     #: The store version found (a store this release creates or upgrades is the current one).
     format_version: int = STORE_FORMAT_VERSION
+    #: how the store is encrypted (None: it is not; docs/format.md §13)
+    encryption: Encryption | None = None
 
     def identity(self) -> str:
         """What tells this store from another at the same location: its creation time,
@@ -79,10 +121,15 @@ class StoreConfig:
         return f"created {self.created!r}"
 
     def encode(self) -> bytes:
-        """The config as this release writes it: always the current store version."""
-        return _dumps({"format": STORE_FORMAT, "format_version": STORE_FORMAT_VERSION,
-                       "chunk_size": self.chunk_size, "compression": self.compression,
-                       "created": self.created, "delta_depth": self.delta_depth})
+        """The config as this release writes it: always the current store version (of
+        an encrypted store, :data:`ENCRYPTED_STORE_FORMAT_VERSION`)."""
+        body = {"format": STORE_FORMAT, "format_version": STORE_FORMAT_VERSION,
+                "chunk_size": self.chunk_size, "compression": self.compression,
+                "created": self.created, "delta_depth": self.delta_depth}
+        if self.encryption is not None:
+            body["format_version"] = ENCRYPTED_STORE_FORMAT_VERSION
+            body["encryption"] = self.encryption.encode()
+        return _dumps(body)
 
     @classmethod
     def decode(cls, url: str, data: bytes) -> StoreConfig:
@@ -111,8 +158,13 @@ class StoreConfig:
                 raise ValueError(f"compression is {compression!r}, not a policy name")
             depth = 0 if version < 3 else exact_int(obj.get("delta_depth"), "delta_depth",
                                                     0, MAX_DELTA_DEPTH)
+            encryption = None
+            if version >= ENCRYPTED_STORE_FORMAT_VERSION:
+                encryption = Encryption.decode(obj.get("encryption"))
+            elif "encryption" in obj:
+                raise ValueError(f"format_version {version} has no encryption")
             return cls(chunk_size, compression, _time(obj.get("created"), "created"), depth,
-                       version)
+                       version, encryption)
         except ValueError as exc:
             raise CorruptConfigError(url, str(exc)) from exc
 

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from chunkstore.backends.wrappers import ForwardingBackend
 from chunkstore.errors import (
     ChunkStoreError,
+    CorruptConfigError,
     FormatVersionError,
     InvalidSettingError,
     NoStoreError,
@@ -60,11 +61,12 @@ from chunkstore.format.records import (
     MIN_CHUNK_SIZE,
     STORE_FORMAT_VERSION,
     CommitRecord,
+    Encryption,
     StoreConfig,
 )
 from chunkstore.handle.tree import NodeCache, load_tree
 from chunkstore.index.lmdbindex import STORE_KEY, Index
-from chunkstore.objects.kinds import VERSIONS
+from chunkstore.objects.kinds import KEYS, VERSIONS
 from chunkstore.objects.objectstore import ObjectStore
 
 #: The compression policy a recovered config names.
@@ -146,7 +148,8 @@ def check_settings(url: str, config: StoreConfig, recovered: RecoveredConfig | N
 
 def load_or_create_config(url: str, objects: ObjectStore, create: bool,
                            chunk_size: int | None, compression: str | None,
-                           delta_depth: int | None) -> StoreConfig | str:
+                           delta_depth: int | None, encryption: Encryption | None = None
+                           ) -> StoreConfig | str:
     """The stored config (created first where asked and the location is empty), or what
     is wrong with it where it is damaged or missing in a location that holds commit
     records (a store: its config is recovered from them, docs/format.md §2.1)."""
@@ -159,10 +162,10 @@ def load_or_create_config(url: str, objects: ObjectStore, create: bool,
         if damage is None:
             return StoreConfig.decode(url, data)
         if holds_versions(objects):
-            return damage
+            return _recoverable(url, objects, damage)
         StoreConfig.decode(url, data)  # no store's damaged config: not a store, as it says
     elif holds_versions(objects):
-        return "is missing"
+        return _recoverable(url, objects, "is missing")
     if not create:
         local = objects.local_path()
         hint = " (create one with `chunkstore init` or chunkstore.open(..., create=True))"
@@ -174,13 +177,27 @@ def load_or_create_config(url: str, objects: ObjectStore, create: bool,
     if not objects.is_empty():
         raise NotAStoreError(url, "the location is not empty and has no chunkstore.json")
     config = StoreConfig(chunk_size or DEFAULT_CHUNK_SIZE, compression or "auto", time.time(),
-                         DEFAULT_DELTA_DEPTH if delta_depth is None else delta_depth)
+                         DEFAULT_DELTA_DEPTH if delta_depth is None else delta_depth,
+                         encryption=encryption)
     try:
         objects.create_config(config.encode())
     except OSError as exc:  # not a place for a store: nothing of it was written
         raise StoreLocationError(url, exc.strerror or str(exc)) from None
     # A concurrent creator may have won: the stored config is the one that counts.
     return StoreConfig.decode(url, objects.get_config())
+
+
+def _recoverable(url: str, objects: ObjectStore, damage: str) -> str:
+    """``damage``, where a config can be recovered from the objects; an encrypted store's
+    cannot (its records are sealed under a key the config's absence hides), so it is
+    refused, with the fix."""
+    if next(iter(objects.ids(KEYS)), None) is not None:
+        raise CorruptConfigError(url, f"chunkstore.json {damage}, and the store is encrypted"
+                                 " (keys/ holds its key objects): its config is not recovered"
+                                 " from its sealed objects. Put back a copy of its"
+                                 " chunkstore.json (it holds no secret: any copy of the"
+                                 " store's, a mirror's or a backup's); nothing was changed")
+    return damage
 
 
 @dataclass

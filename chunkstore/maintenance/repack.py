@@ -202,18 +202,14 @@ def _write_group(store: StoreHandle, fence: Fence, session: StoreSession,
         records.append(MovedRecord(use.pack, Digest(b"\0" * 32), members))
     header = ChunkHeader(PACK.id, 1, offset, offset).pack()
     data = b"".join([header, *parts])
-    new_pack = Digest.of(memoryview(data)[len(header):])
+    new_pack = store.objects.chunk_ids.of(memoryview(data)[len(header):])
     if fence.blocking(CHUNK, new_pack) is not None:
         result.skipped.extend(f"pack {use.pack.short()}: its new pack is being deleted by"
                               " another gc; not repacked" for use, _ in group)
         return
-    if not store.objects.put_if_absent(CHUNKS, new_pack, data):
-        try:
-            intact = store.objects.get(CHUNKS, new_pack) == data
-        except FileNotFoundError:
-            intact = False
-        if not intact:  # damaged or deleted meanwhile: replaced whole
-            store.objects.put(CHUNKS, new_pack, data)
+    if not store.objects.put_if_absent(CHUNKS, new_pack, data) \
+            and not store.objects.holds(CHUNKS, new_pack, data):
+        store.objects.put(CHUNKS, new_pack, data)  # damaged or deleted meanwhile: whole
     result.bytes_written += len(data)
     # Counted by this index (referenced by no version: GC's mark keeps it while a moved
     # record leads to it), so a GC without the orphan sweep frees it when it is not.

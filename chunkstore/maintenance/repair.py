@@ -57,7 +57,7 @@ from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import TensorEntry
 from chunkstore.format.records import CommitRecord
 from chunkstore.handle.tree import FlatTree, flatten
-from chunkstore.maintenance.sync import same_location, select
+from chunkstore.maintenance.sync import check_same_keys, same_location, select
 from chunkstore.maintenance.synccopy import (
     Member,
     Need,
@@ -388,6 +388,7 @@ def repair(store: StoreHandle, source: StoreHandle, selectors: Sequence[str] = (
     if same_location(store, source):
         raise InvalidInputError(f"{source.url} is the store being repaired; name another"
                                 " store that holds whole copies of its versions")
+    check_same_keys(source, store, "repair")
     result = RepairResult(store.url, source.url, dry_run)
     versions = select(store, selectors)
     progress = progress or NullProgress()

@@ -57,6 +57,7 @@ from chunkstore.errors import (
     ChunkStoreError,
     CorruptNodeError,
     CorruptRecordError,
+    EncryptionError,
     FormatVersionError,
     IntegrityError,
     InvalidInputError,
@@ -182,6 +183,21 @@ def check_pair(src: StoreHandle, dst: StoreHandle) -> None:
     # A smaller delta depth in the destination is no obstacle: the copied chains keep
     # their length (readers take chains of any listed length), and the destination's
     # own saves start a new chain wherever a listed one is at its depth or longer.
+    check_same_keys(src, dst, "sync")
+
+
+def check_same_keys(src: StoreHandle, dst: StoreHandle, operation: str) -> None:
+    """Refuse two stores that name chunks apart (an encrypted and a plain store, or two
+    encrypted ones with other master keys): objects copied by key would be another
+    store's ids there (docs/format.md §13)."""
+    if src.objects.chunk_ids != dst.objects.chunk_ids:
+        plain = [h.url for h in (src, dst) if not h.objects.encrypted]
+        why = (f"{' and '.join(plain)} {'is' if len(plain) == 1 else 'are'} not encrypted"
+               if plain else "they are encrypted under different master keys")
+        raise EncryptionError(dst.url, f"{operation} between {src.url} and {dst.url} would"
+                              f" copy chunks keyed for one store into the other ({why});"
+                              " nothing was copied. Copy between stores of the same kind, or"
+                              " restore from one and save into the other")
 
 
 def _itself(dst: StoreHandle) -> InvalidInputError:
@@ -457,14 +473,17 @@ def _open_destination(src: StoreHandle, location: str | os.PathLike[str], opener
                       options: dict[str, Any] | None, dry_run: bool
                       ) -> tuple[StoreHandle | None, bool]:
     """The destination store, and whether it was created (None: a dry run's)."""
+    # An encrypted source's copy is created encrypted with its key material (its config
+    # and key objects), and opens with the source's key (docs/format.md §13.4).
+    key_of = {"key_of": src} if src.objects.encrypted else {}
     try:
-        return opener(location, create=False, storage_options=options), False
+        return opener(location, create=False, storage_options=options, **key_of), False
     except NotAStoreError:
         if not dry_run:
             # Created only where nothing is stored (open refuses a non-empty location).
             return opener(location, create=True, storage_options=options,
                           chunk_size=src.config.chunk_size, compression=src.config.compression,
-                          delta_depth=src.config.delta_depth), True
+                          delta_depth=src.config.delta_depth, **key_of), True
     path = os.fspath(location)
     if "://" not in path and os.path.isdir(path) and os.listdir(path):
         raise NotAStoreError(path, "the location is not empty and has no chunkstore.json")

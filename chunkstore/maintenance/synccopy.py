@@ -319,7 +319,7 @@ class VersionCopy:
             parts.append(data[HEADER.size + offset:HEADER.size + offset + length])
             at += length
         body = b"".join(parts)
-        new = Digest.of(body)
+        new = self.src.objects.chunk_ids.of(body)
         record = MovedRecord(pack, new, members).encode()
         if self.dst is not None and self._stored(MOVED, pack, record) is False:
             return None  # a moved record of the destination's own: the pack goes whole
@@ -329,10 +329,7 @@ class VersionCopy:
         """Whether the destination holds ``data`` under the key (None: nothing there,
         False: other bytes)."""
         assert self.dst is not None
-        try:
-            return self.dst.objects.get(kind, digest) == data
-        except FileNotFoundError:
-            return None
+        return self.dst.objects.holds(kind, digest, data)
 
     def _count_planned(self, digest: Digest, data: bytes, need: Need,
                        compact: tuple[Digest, bytes, bytes] | None) -> None:
@@ -353,7 +350,7 @@ class VersionCopy:
         except FileNotFoundError:
             existing = None
         kept = existing is not None and (existing == data or (
-            (need is None or not need[0]) and _standalone_intact(digest, existing)))
+            (need is None or not need[0]) and _standalone_intact(self.dst, digest, existing)))
         self._count(data, written=not kept)
 
     def _put_compacted(self, pack: Digest, new: Digest, data: bytes, record: bytes) -> None:
@@ -385,7 +382,7 @@ class VersionCopy:
             existing = objects.get(CHUNKS, digest)
         except FileNotFoundError:
             existing = b""
-        if existing == data or _standalone_intact(digest, existing):
+        if existing == data or _standalone_intact(self.dst, digest, existing):
             return existing, False  # landed before (a killed sync), or stored otherwise
         replacement = data if need is None or not need[0] else self._standalone(digest, data, need)
         objects.put(CHUNKS, digest, replacement)
@@ -555,7 +552,8 @@ def checked_object(store: StoreHandle, digest: Digest, data: bytes, need: Need, 
     if need is not None:
         decode_chain(store, digest, data, need[0], locations=need[1], check_links=check_links)
         return data
-    if len(data) < HEADER.size or not digest.is_hash_of(memoryview(data)[HEADER.size:]):
+    if len(data) < HEADER.size or not store.objects.chunk_ids.names(
+            digest, memoryview(data)[HEADER.size:]):
         raise CorruptChunkError(digest.hex, "the pack's content does not hash to its key"
                                 " (damaged or truncated)")
     size = len(data) - HEADER.size
@@ -567,12 +565,12 @@ def checked_object(store: StoreHandle, digest: Digest, data: bytes, need: Need, 
     return ChunkHeader(codecs.PACK.id, 1, size, size).pack() + data[HEADER.size:]
 
 
-def _standalone_intact(digest: Digest, data: bytes) -> bool:
+def _standalone_intact(store: StoreHandle, digest: Digest, data: bytes) -> bool:
     """Whether ``data`` is a standalone chunk object (or pack) of ``digest``, whole."""
     try:
         if parse_header(digest, data).base is not None:
             return False
-        decode_object(digest, data)
+        decode_object(digest, data, ids=store.objects.chunk_ids)
     except ChunkStoreError:
         return False
     return True

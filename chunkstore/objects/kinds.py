@@ -2,8 +2,8 @@
 
 Every object of a store is one of these kinds, named by an id: a content
 digest (chunks and packs, manifest nodes, moved records) or a name (commit
-records by version id, tags, save sessions, GC journal entries, tombstones),
-plus the one config object.  A kind turns an id into a key and a listed key
+records by version id, tags, save sessions, GC journal entries, tombstones, key
+objects), plus the one config object.  A kind turns an id into a key and a listed key
 back into an id; nothing outside :mod:`chunkstore.objects` builds a key
 (docs/format.md §1 gives the same table).
 """
@@ -97,7 +97,14 @@ DRILLS = NamedKind("drill record", "drills/")
 #: Read leases: readers of a version, visible to every GC (§11.6).
 READERS = NamedKind("read lease", "readers/")
 
+#: Key objects of an encrypted store, by key id: each wraps the master key under one
+#: password (§13).  Stored in clear, as the config is: they say how to read the rest.
+KEYS = NamedKind("key", "keys/")
+
+#: Kinds whose objects an encrypted store keeps in clear (beside the config).
+CLEAR_KINDS: tuple[Kind[Digest] | Kind[str], ...] = (KEYS,)
+
 ALL_KINDS: tuple[Kind[Digest] | Kind[str], ...] = (
     CHUNKS, NODES, VERSIONS, TAGS, SESSIONS, JOURNAL, TOMBSTONES, MOVED, LEASES,
-    DRILLS, READERS)
+    DRILLS, READERS, KEYS)
 

@@ -15,6 +15,10 @@ transform that changes lengths (a nonce and tag per object) also owns the sizes
 compare a chunk's stored size with its header, and read pack members by offset.
 Reads that may map the stored bytes (:meth:`ObjectStore.view_range`) do so only
 while no transform is in place; with one they get :meth:`ObjectStore.get_range`'s.
+Each hook is given the object's key as well: encryption
+(:class:`chunkstore.objects.sealed.SealedObjects`) binds every object to it.  Chunk
+ids are the object layer's too (:attr:`ObjectStore.chunk_ids`): plain BLAKE3 here,
+keyed in an encrypted store.
 
 Errors keep the backend's contract: a missing object is ``FileNotFoundError``,
 a second create ``False``; the layers above turn them into domain errors, since
@@ -26,6 +30,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from chunkstore.backends import Backend, ObjectInfo
+from chunkstore.errors import IntegrityError
+from chunkstore.format.digest import PLAIN_IDS, ChunkIds
 from chunkstore.objects.kinds import CONFIG_KEY, IdT, Kind
 
 __all__ = ["ObjectInfo", "ObjectStore"]
@@ -34,43 +40,52 @@ __all__ = ["ObjectInfo", "ObjectStore"]
 class ObjectStore:
     """The objects of one store, by kind and id, on one backend."""
 
+    #: how the store names chunk contents (keyed BLAKE3 in an encrypted store)
+    chunk_ids: ChunkIds = PLAIN_IDS
+    #: whether stored objects are encrypted (:class:`~chunkstore.objects.sealed.SealedObjects`)
+    encrypted = False
+
     def __init__(self, backend: Backend) -> None:
         #: may be replaced by a wrapper of itself (tests, fault injection, counting)
         self.backend = backend
 
     # --- the bytes of every object pass here ------------------------------------------------
 
-    def _stored(self, kind: Kind[IdT], data: bytes | memoryview) -> bytes | memoryview:
-        """The bytes that go to the backend for an object of ``kind`` encoded as ``data``."""
+    def _stored(self, kind: Kind[IdT], key: str, data: bytes | memoryview
+                ) -> bytes | memoryview:
+        """The bytes that go to the backend for an object of ``kind`` stored as ``key``
+        and encoded as ``data``."""
         return data
 
-    def _loaded(self, kind: Kind[IdT], data: bytes) -> bytes:
+    def _loaded(self, kind: Kind[IdT], key: str, data: bytes) -> bytes:
         """An object's encoding from the bytes the backend holds."""
         return data
 
-    def _loaded_range(self, kind: Kind[IdT], start: int, data: bytes) -> bytes:
+    def _loaded_range(self, kind: Kind[IdT], key: str, start: int, data: bytes) -> bytes:
         """Bytes ``start`` onwards of an object's encoding from the same bytes stored."""
         return data
 
-    def _loaded_into(self, kind: Kind[IdT], start: int, buffer: memoryview) -> None:
+    def _loaded_into(self, kind: Kind[IdT], key: str, start: int, buffer: memoryview) -> None:
         """:meth:`_loaded_range` in place: ``buffer`` holds stored bytes from ``start``."""
 
     # --- writing ---------------------------------------------------------------------------
 
     def put(self, kind: Kind[IdT], object_id: IdT, data: bytes | memoryview) -> None:
         """Store (or replace) an object; atomic and durable on return."""
-        self.backend.put(kind.key(object_id), self._stored(kind, data))
+        key = kind.key(object_id)
+        self.backend.put(key, self._stored(kind, key, data))
 
     def put_if_absent(self, kind: Kind[IdT], object_id: IdT, data: bytes | memoryview) -> bool:
         """Create an object unless one is stored; whether this call created it (exactly
         one of concurrent creators gets True).  Durable on return."""
-        return self.backend.put_if_absent(kind.key(object_id), self._stored(kind, data))
+        key = kind.key(object_id)
+        return self.backend.put_if_absent(key, self._stored(kind, key, data))
 
     def put_if_absent_deferred(self, kind: Kind[IdT], object_id: IdT,
                                data: bytes | memoryview) -> bool:
         """:meth:`put_if_absent` whose durability may wait for the next :meth:`flush`."""
-        return self.backend.put_if_absent_deferred(kind.key(object_id),
-                                                   self._stored(kind, data))
+        key = kind.key(object_id)
+        return self.backend.put_if_absent_deferred(key, self._stored(kind, key, data))
 
     def flush(self) -> None:
         """Make every write so far durable (the step before a commit point)."""
@@ -80,12 +95,13 @@ class ObjectStore:
 
     def get(self, kind: Kind[IdT], object_id: IdT) -> bytes:
         """The whole object; ``FileNotFoundError`` when it is not stored."""
-        return self._loaded(kind, self.backend.get(kind.key(object_id)))
+        key = kind.key(object_id)
+        return self._loaded(kind, key, self.backend.get(key))
 
     def get_range(self, kind: Kind[IdT], object_id: IdT, start: int, length: int) -> bytes:
         """Up to ``length`` bytes from ``start`` (fewer at the end of the object)."""
-        return self._loaded_range(kind, start,
-                                  self.backend.get_range(kind.key(object_id), start, length))
+        key = kind.key(object_id)
+        return self._loaded_range(kind, key, start, self.backend.get_range(key, start, length))
 
     def view_range(self, kind: Kind[IdT], object_id: IdT, start: int, length: int
                    ) -> bytes | memoryview:
@@ -102,9 +118,20 @@ class ObjectStore:
                   buffer: memoryview) -> int:
         """Fill ``buffer`` from ``start`` of the object, straight from the backend with
         no copy; the bytes read (fewer only where the object ends first)."""
-        length = self.backend.read_into(kind.key(object_id), start, buffer)
-        self._loaded_into(kind, start, buffer[:length])
+        key = kind.key(object_id)
+        length = self.backend.read_into(key, start, buffer)
+        self._loaded_into(kind, key, start, buffer[:length])
         return length
+
+    def holds(self, kind: Kind[IdT], object_id: IdT, data: bytes | memoryview) -> bool | None:
+        """Whether the stored object is exactly ``data`` (None: nothing is stored; False:
+        other bytes, or a copy that fails its check, which a writer then replaces)."""
+        try:
+            return self.get(kind, object_id) == data
+        except FileNotFoundError:
+            return None
+        except IntegrityError:  # a sealed copy that fails authentication
+            return False
 
     def stat(self, kind: Kind[IdT], object_id: IdT) -> ObjectInfo:
         """Stored size and modification time; ``FileNotFoundError`` when absent."""

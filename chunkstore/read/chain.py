@@ -48,7 +48,7 @@ from chunkstore.format.chunkobj import (
     decode_payload,
     parse_header,
 )
-from chunkstore.format.digest import DIGEST_SIZE, Digest
+from chunkstore.format.digest import DIGEST_SIZE, PLAIN_IDS, ChunkIds, Digest
 from chunkstore.format.manifest import PackLocation
 from chunkstore.handle.caches import BaseCache
 from chunkstore.objects.kinds import CHUNKS
@@ -113,7 +113,7 @@ def decode_chain(store: StoreHandle, digest: Digest, data: bytes | memoryview,
     """
     header = parse_header(digest, data)
     if header.base is None or not _is_delta(header.codec_id):
-        return decode_object(digest, data, out, header=header)
+        return decode_object(digest, data, out, header=header, ids=store.objects.chunk_ids)
     _check_base(digest, header, chain)
     if out is not None and header.raw_length != len(out):  # before any base is read
         raise CorruptChunkError(digest.hex, f"holds {header.raw_length} bytes, the manifest"
@@ -122,14 +122,15 @@ def decode_chain(store: StoreHandle, digest: Digest, data: bytes | memoryview,
         base = base_bytes(store, chain[0], chain[1:], header.raw_length, cache,
                           check_links=True, location=_at(locations, 0),
                           locations=locations[1:], prefetched=prefetched)
-        return decode_object(digest, data, out, base)
+        return decode_object(digest, data, out, base, ids=store.objects.chunk_ids)
     links, root, root_raw = _chain_objects(store, digest, header, memoryview(data), chain, cache,
                                            locations, prefetched)
     transient = transient and out is not None  # else the result is returned, not copied
     if all(link[1].codec_id == codecs.XOR_DELTA.id
            and link[1].element_size == header.element_size for link in links):
-        return _decode_planes(digest, links, root, root_raw, out, transient)
-    return _decode_links(digest, links, root, root_raw, out, transient)
+        return _decode_planes(digest, links, root, root_raw, out, transient,
+                              store.objects.chunk_ids)
+    return _decode_links(digest, links, root, root_raw, out, transient, store.objects.chunk_ids)
 
 
 Link = tuple[Digest, ChunkHeader, memoryview]
@@ -165,7 +166,7 @@ def _chain_objects(store: StoreHandle, digest: Digest, header: ChunkHeader, view
 
 def _decode_planes(digest: Digest, links: list[Link], root: Link | None,
                    root_raw: bytes | memoryview | None, out: memoryview | None,
-                   transient: bool = False) -> bytes | memoryview:
+                   transient: bool = False, ids: ChunkIds = PLAIN_IDS) -> bytes | memoryview:
     """XOR the chain's byte planes together, unshuffle once, hash-check the result
     (``transient``: the planes in the thread's scratch buffer)."""
     head = links[0][1]
@@ -194,13 +195,13 @@ def _decode_planes(digest: Digest, links: list[Link], root: Link | None,
         raise CorruptChunkError(digest.hex, f"holds {length} bytes, the manifest expects"
                                 f" {len(out)}")
     join(planes, out)
-    check_digest(digest, out)
+    check_digest(digest, out, ids)
     return out
 
 
 def _decode_links(digest: Digest, links: list[Link], root: Link | None,
                   root_raw: bytes | memoryview | None, out: memoryview | None,
-                  transient: bool = False) -> bytes | memoryview:
+                  transient: bool = False, ids: ChunkIds = PLAIN_IDS) -> bytes | memoryview:
     """Decode the chain's root, apply each link's image to it with the link's codec,
     nearest the root first, and hash-check the result only.  ``transient``: the
     root and the links before the last go to the thread's scratch buffers (each
@@ -251,7 +252,7 @@ def _decode_links(digest: Digest, links: list[Link], root: Link | None,
             raise CorruptChunkError(link_digest.hex, f"{codec.name} payload does not decode:"
                                     f" {exc}") from exc
         current, owned = into, True
-    check_digest(digest, current)
+    check_digest(digest, current, ids)
     return current
 
 

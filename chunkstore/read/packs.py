@@ -62,7 +62,7 @@ from chunkstore.format.chunkobj import (
     decode_payload,
     parse_header,
 )
-from chunkstore.format.digest import DIGEST_SIZE, Digest
+from chunkstore.format.digest import DIGEST_SIZE, PLAIN_IDS, ChunkIds, Digest
 from chunkstore.format.manifest import MAX_PACK_BYTES, PackLocation
 from chunkstore.handle.caches import BaseCache
 from chunkstore.handle.handle import PACK_TARGET_BYTES
@@ -129,8 +129,10 @@ class PackBuilder:
     """
 
     def __init__(self, write: Callable[[Digest, bytes], int],
-                 target: int = PACK_TARGET_BYTES, waiting_bytes: int | None = None) -> None:
+                 target: int = PACK_TARGET_BYTES, waiting_bytes: int | None = None,
+                 ids: ChunkIds = PLAIN_IDS) -> None:
         self._write = write
+        self._ids = ids  # packs are named as the store names chunks
         self._target = target
         self._lock = threading.Lock()
         self._reserved = 0
@@ -232,7 +234,7 @@ class PackBuilder:
         members, parts, size = pack
         header = ChunkHeader(PACK.id, 1, size, size).pack()
         data = b"".join([header, *parts])
-        pack_digest = Digest.of(memoryview(data)[len(header):])
+        pack_digest = self._ids.of(memoryview(data)[len(header):])
         written = self._write(pack_digest, data)
         with self._lock:
             for digest, offset, length, _ in members:
@@ -388,7 +390,7 @@ def _decode_member(store: StoreHandle, digest: Digest, location: PackLocation, d
     header = member_header(digest, data)
     _check_member_length(digest, location, data, header, out)
     if header.base is None:
-        decode_object(digest, data, out, header=header)
+        decode_object(digest, data, out, header=header, ids=store.objects.chunk_ids)
         return
     bases, locations = chain
     decode_chain(store, digest, data, bases, out, cache, check_links=check_links,

@@ -84,7 +84,7 @@ def read_chunk_into(store: StoreHandle, digest: Digest, out: memoryview,
                                         f" {HEADER.size + len(out)} (truncated or padded)")
             if objects.read_into(CHUNKS, digest, HEADER.size, out) != len(out):
                 raise CorruptChunkError(digest.hex, "truncated while reading")
-            check_digest(digest, out)
+            check_digest(digest, out, objects.chunk_ids)
             return
         if header.raw_length != len(out):  # before reading a payload of the wrong chunk
             raise CorruptChunkError(digest.hex, f"holds {header.raw_length} bytes, the"

@@ -131,7 +131,7 @@ class ChunkJobs(Reuse):
         if seq is not None:
             return self._store_member(view, dtype, itemsize, base, base_copy, seq)
         if digest is None:
-            digest = Digest.of(view)
+            digest = self._store.objects.chunk_ids.of(view)
         packed = self._reuse_packed(digest) if claim is None else None
         if packed is not None:
             return packed
@@ -155,7 +155,7 @@ class ChunkJobs(Reuse):
         not held up."""
         digest = _NO_DIGEST
         try:
-            digest = Digest.of(view)
+            digest = self._store.objects.chunk_ids.of(view)
             reused = self._reuse_listed(digest)
             if reused is None:
                 generation = self._fence.generation  # before the claim: see _pre_claimed
@@ -241,7 +241,7 @@ class ChunkJobs(Reuse):
             existing = self._store.objects.get(CHUNKS, digest)
             found = parse_header(digest, existing)
             if found.base is None:
-                decode_object(digest, existing)
+                decode_object(digest, existing, ids=self._store.objects.chunk_ids)
                 return (digest, NewChunk(digest, found.codec_id, len(view), len(existing)), (),
                         None, ())
         except (FileNotFoundError, ChunkStoreError):
@@ -260,7 +260,7 @@ class ChunkJobs(Reuse):
         if not waiting:
             return
         digests = digests_of([view for _, view, _, _ in waiting], self._store.executor,
-                             self._store.hashing_helpers)
+                             self._store.hashing_helpers, self._store.objects.chunk_ids)
         batch = [SmallChunk(pending, view, dtype, itemsize, digest)
                  for (pending, view, dtype, itemsize), digest in zip(waiting, digests,
                                                                       strict=True)]
@@ -308,7 +308,7 @@ class ChunkJobs(Reuse):
         small chunk is (:meth:`_store_small`): reused, or packed at place ``seq``."""
         try:
             try:
-                digest = Digest.of(view)
+                digest = self._store.objects.chunk_ids.of(view)
                 self._heartbeat_now_and_then()
                 generation = self._fence.generation  # before the claim: see _pre_claimed
                 claimed, location = self._store.index.claim_small(self._session,
@@ -356,7 +356,8 @@ class ChunkJobs(Reuse):
         if self._store.objects.put_if_absent_deferred(CHUNKS, digest, data):
             return len(data)
         try:  # a copy exists (an orphan of an earlier save): keep it only if intact
-            decode_object(digest, self._store.objects.get(CHUNKS, digest))
+            decode_object(digest, self._store.objects.get(CHUNKS, digest),
+                          ids=self._store.objects.chunk_ids)
             return len(data)
         except (FileNotFoundError, ChunkStoreError):
             pass

@@ -169,7 +169,8 @@ class VersionWriter(ChunkJobs):
         self._adopted_new: dict[Digest, NewChunk] = {}
         self._small: list[tuple[PendingTensor, memoryview, str, int]] = []
         self._small_bytes = 0
-        self._packs = PackBuilder(_weakly(self._write_pack), store.pack_size)
+        self._packs = PackBuilder(_weakly(self._write_pack), store.pack_size,
+                                  ids=store.objects.chunk_ids)
         self._reusable_packs: dict[Digest, Future[bool]] = {}
         self._reusable_packs_lock = threading.Lock()
         self._closed = False
@@ -384,11 +385,8 @@ class VersionWriter(ChunkJobs):
         objects = self._store.objects
         if objects.put_if_absent_deferred(NODES, digest, data):
             return True
-        try:
-            if objects.get(NODES, digest) == data:
-                return False
-        except FileNotFoundError:
-            pass
+        if objects.holds(NODES, digest, data):
+            return False
         objects.put(NODES, digest, data)
         return True
 

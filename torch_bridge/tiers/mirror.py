@@ -26,7 +26,7 @@ from typing import Any
 
 import chunkstore
 from chunkstore import Store
-from chunkstore.errors import ChunkStoreError, NoStoreError
+from chunkstore.errors import ChunkStoreError, NoStoreError, PasswordRequiredError
 from chunkstore.handle.handle import StoreHandle
 from chunkstore.maintenance.mirror import Replicator
 from chunkstore.maintenance.retention import Candidate, Policy, decide
@@ -91,17 +91,28 @@ class MirrorTier:
                 location = self.location
                 assert not isinstance(location, Store)
                 try:
-                    self._store = chunkstore.open(location, storage_options=self._options)
+                    self._store = self._open_existing(location)
                 except NoStoreError:
                     if not create:
                         return None
                     local = self._local()
+                    # An encrypted local tier's mirror is its encrypted copy (its key).
                     self._store = chunkstore.open(
                         location, create=True, storage_options=self._options,
                         chunk_size=local.config.chunk_size,
-                        compression=local.config.compression)
+                        compression=local.config.compression,
+                        key_of=local if local.objects.encrypted else None)
                 self._owns_store = True
             return self._store
+
+    def _open_existing(self, location: str | os.PathLike[str]) -> Store:
+        """The mirror; an encrypted one with its password, else (its password not given)
+        with the local tier's key, whose encrypted copy it is."""
+        try:
+            return chunkstore.open(location, storage_options=self._options)
+        except PasswordRequiredError:
+            return chunkstore.open(location, storage_options=self._options,
+                                   key_of=self._local())
 
     def _open_for_copies(self) -> Store:
         store = self.open(create=True)

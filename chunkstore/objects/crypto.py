@@ -1,0 +1,179 @@
+"""The cryptography of an encrypted store (docs/format.md §13): subkeys, and objects
+sealed in segments.
+
+1. **Subkeys.**  A store's random 256-bit master key (wrapped in key objects,
+   :mod:`chunkstore.objects.keys`) is never used directly: HKDF-SHA256 derives one
+   subkey for sealing objects and one for chunk ids (keyed BLAKE3,
+   :class:`~chunkstore.format.digest.ChunkIds`), so neither use can leak into the other.
+2. **A key per object.**  Each object is sealed under its own AES-256-GCM key, keyed
+   BLAKE3 of its storage key under the sealing subkey: an object copied or renamed to
+   another key is opened under another key and fails, and random 96-bit nonces stay
+   far inside GCM's limit however large the store grows (each object's key seals only
+   the few versions ever written under that name).
+3. **Segments.**  An object's encoding is cut into segments of ``segment_size`` bytes
+   (64 KiB), the last always shorter (empty where the length is a multiple), each
+   stored as ``nonce (12) || ciphertext || tag (16)`` with the segment's index and the
+   object's key as associated data.  A range of the encoding is read as the segments
+   that cover it, so ranged reads (chunk headers, pack members, payloads read into a
+   caller's buffer) keep working at any offset with at most two segments' extra bytes,
+   and a repack or copy moves nothing it must not: a segment moved to another index or
+   object fails its tag.  A stored object whose last segment is full was truncated at a
+   segment boundary: it is refused (:class:`AuthenticationError`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import blake3
+import numpy as np
+
+from chunkstore.errors import MissingDependencyError
+from chunkstore.format import records
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+#: The segment size a new encrypted store records in its config.
+SEGMENT_SIZE = records.SEGMENT_SIZE
+NONCE_SIZE = 12
+TAG_SIZE = 16
+#: Stored bytes each segment adds to the encoding's.
+SEGMENT_OVERHEAD = NONCE_SIZE + TAG_SIZE
+KEY_SIZE = 32
+
+RandomBytes = Callable[[int], bytes]
+#: Where every key, salt and nonce comes from.  tools/make_encrypted_fixture.py replaces
+#: it with a seeded generator, so that its fixture's bytes are reproducible; nothing else may.
+random_source: RandomBytes = os.urandom
+
+
+def fresh_bytes(count: int) -> bytes:
+    """``count`` random bytes from :data:`random_source`."""
+    return random_source(count)
+
+
+class AuthenticationError(Exception):
+    """Raised when a stored object fails authentication (tampered, truncated, renamed,
+    or sealed under another key); the object layer turns it into the kind's corrupt error."""
+
+
+def aead_class() -> type[AESGCM]:
+    """AES-GCM from the ``cryptography`` package, or what to install."""
+    try:
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    except ImportError:
+        raise MissingDependencyError(
+            "encrypted stores need the `cryptography` package, which is not installed;"
+            " install it with: pip install 'chunkstore-ckpt[encrypt]'") from None
+    return AESGCM
+
+
+def subkey(master: bytes, purpose: str) -> bytes:
+    """HKDF-SHA256 of the master key for one ``purpose`` ("objects", "chunk ids")."""
+    aead_class()  # the same package; a clear error where it is missing
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+    return HKDF(algorithm=hashes.SHA256(), length=KEY_SIZE, salt=None,
+                info=f"chunkstore {purpose}".encode()).derive(master)
+
+
+def stored_size(size: int, segment: int = SEGMENT_SIZE) -> int:
+    """The stored size of an encoding of ``size`` bytes."""
+    return size + (size // segment + 1) * SEGMENT_OVERHEAD
+
+
+def plain_size(stored: int, segment: int = SEGMENT_SIZE) -> int:
+    """The encoding's size for ``stored`` bytes (0 where no valid object has that size)."""
+    full, rest = divmod(stored, segment + SEGMENT_OVERHEAD)
+    return full * segment + rest - SEGMENT_OVERHEAD if rest >= SEGMENT_OVERHEAD else 0
+
+
+def scratch(size: int) -> memoryview:
+    """A fresh writable buffer of ``size`` bytes, not zero-filled: every byte is written
+    before it is read, and a zero-filled ``bytearray`` of a chunk's size costs as much as
+    copying it (measured: 0.7-1.9 GB/s against numpy's empty, which reuses freed heap)."""
+    return memoryview(np.empty(size, dtype=np.uint8).data).cast("B")
+
+
+class Sealer:
+    """Seals and opens objects under one store's sealing subkey (see the module docstring)."""
+
+    def __init__(self, objects_key: bytes, segment: int = SEGMENT_SIZE) -> None:
+        self._key = objects_key
+        self.segment = segment
+        self._aead = aead_class()
+
+    def _cipher(self, name: str) -> AESGCM:
+        return self._aead(blake3.blake3(name.encode(), key=self._key).digest())
+
+    @staticmethod
+    def _associated(name: str, index: int) -> bytes:
+        return name.encode() + b"\0" + index.to_bytes(8, "big")
+
+    def seal(self, name: str, data: bytes | memoryview) -> memoryview:
+        """The stored bytes of the object stored as ``name`` whose encoding is ``data``."""
+        view, step = memoryview(data).cast("B"), self.segment
+        count = len(view) // step + 1
+        target, cipher = scratch(stored_size(len(view), step)), self._cipher(name)
+        nonces = fresh_bytes(NONCE_SIZE * count)
+        at = 0
+        for index in range(count):
+            piece = view[index * step:(index + 1) * step]
+            nonce = nonces[index * NONCE_SIZE:(index + 1) * NONCE_SIZE]
+            target[at:at + NONCE_SIZE] = nonce
+            end = at + NONCE_SIZE + len(piece) + TAG_SIZE
+            cipher.encrypt_into(nonce, piece, self._associated(name, index),
+                                target[at + NONCE_SIZE:end])
+            at = end
+        return target
+
+    def open(self, name: str, stored: bytes | memoryview) -> bytes:
+        """The encoding of a whole stored object; :class:`AuthenticationError` if it
+        fails (a truncated object included)."""
+        out = scratch(plain_size(len(stored), self.segment))
+        if self.open_into(name, 0, stored, out, 0) != len(out) \
+                or len(stored) != stored_size(len(out), self.segment):
+            raise AuthenticationError("the object is truncated")
+        return bytes(out)
+
+    def span(self, start: int, length: int) -> tuple[int, int]:
+        """The stored range (start, length) holding bytes ``start`` to ``start + length``
+        of an encoding: the segments that cover them."""
+        step = self.segment + SEGMENT_OVERHEAD
+        first, last = start // self.segment, (start + max(length, 1) - 1) // self.segment
+        return first * step, (last - first + 1) * step
+
+    def open_into(self, name: str, start: int, stored: bytes | memoryview,
+                  out: memoryview, skip: int) -> int:
+        """Open the whole segments ``stored`` holds (read from :meth:`span` of ``start``)
+        into ``out``, dropping the first ``skip`` bytes of their encoding; the bytes
+        written (fewer than ``len(out)`` only where the object ends first)."""
+        view, cipher = memoryview(stored).cast("B"), self._cipher(name)
+        index, full = start // self.segment, self.segment + SEGMENT_OVERHEAD
+        at = written = 0
+        while at < len(view):  # every segment read is authenticated, if none is used
+            piece = view[at:at + full]
+            if len(piece) < SEGMENT_OVERHEAD:
+                raise AuthenticationError(f"segment {index} is truncated")
+            size = len(piece) - SEGMENT_OVERHEAD
+            take = max(0, min(size - skip, len(out) - written))
+            nonce, body, associated = piece[:NONCE_SIZE], piece[NONCE_SIZE:], \
+                self._associated(name, index)
+            try:
+                if skip == 0 and take == size:
+                    cipher.decrypt_into(nonce, body, associated, out[written:written + size])
+                else:
+                    plain = cipher.decrypt(nonce, body, associated)
+                    out[written:written + take] = plain[skip:skip + take]
+            except Exception as exc:  # InvalidTag (and a nonce of the wrong size)
+                raise AuthenticationError(f"segment {index} fails authentication") from exc
+            written += take
+            skip, at, index = max(0, skip - size), at + full, index + 1
+            if size < self.segment:
+                return written  # the last segment: the object ends here
+        if len(view) and written < len(out):  # more was asked for, and no last segment
+            raise AuthenticationError("the object is truncated at a segment boundary")
+        return written

@@ -1,0 +1,193 @@
+"""Key objects: an encrypted store's master key, wrapped under each password
+(docs/format.md §13.2), as restic's and Kopia's key files do.
+
+1. **The master key** is 32 random bytes, made once when the store is created and
+   never stored in clear; everything the store seals derives from it
+   (:func:`chunkstore.objects.crypto.subkey`).
+2. **A key object** ``keys/<id>`` (JSON, in clear) holds a memory-hard KDF's name,
+   parameters and random salt, and the master key sealed with AES-256-GCM under the
+   key the KDF derives from one password; the associated data names the store's
+   identity and the key id, so a key object copied from another store or renamed opens
+   nothing.  The parameters are recorded per key, so new keys may use others later
+   while old ones keep opening.
+3. **Opening** tries each key object with the password (a wrong one fails every
+   tag): :class:`~chunkstore.errors.WrongPasswordError` when none opens.  Adding a
+   password or changing one writes a key object and (for a change) deletes the old
+   one; no data is re-encrypted.  The last key is never removed.
+
+The KDF is scrypt (``n=2**16, r=8, p=1``: Kopia's parameters, some 64 MiB and a
+third of a second here).  **Test-only**: with ``CHUNKSTORE_INSECURE_TEST_KDF`` set,
+new keys take ``n=2**10`` (a millisecond), so suites of many stores stay fast; a key
+made so says it in its parameters, and every key opens by what it records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from chunkstore.errors import CorruptObjectError, KeyObjectError, WrongPasswordError
+from chunkstore.format import plaindata
+from chunkstore.objects.crypto import KEY_SIZE, NONCE_SIZE, aead_class, fresh_bytes
+from chunkstore.objects.kinds import KEYS
+from chunkstore.objects.objectstore import ObjectStore
+
+KEY_FORMAT = "chunkstore.key"
+KEY_FORMAT_VERSION = 1
+#: scrypt's cost for new keys (Kopia's defaults), and the bounds a reader accepts
+#: before it allocates (n * r * 128 bytes of memory).
+SCRYPT = {"n": 2**16, "r": 8, "p": 1}
+INSECURE_TEST_SCRYPT = {"n": 2**10, "r": 8, "p": 1}
+TEST_KDF_ENV = "CHUNKSTORE_INSECURE_TEST_KDF"
+MAX_SCRYPT_MEMORY = 1 << 30
+MAX_KEY_OBJECT_BYTES = 64 * 1024
+SALT_SIZE = 32
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    """A key object as ``chunkstore key list`` shows it (never the key itself)."""
+
+    id: str
+    created: float
+    kdf: str
+    parameters: dict[str, int]
+
+
+def new_master_key() -> bytes:
+    return fresh_bytes(KEY_SIZE)
+
+
+def _scrypt_parameters() -> dict[str, int]:
+    return dict(INSECURE_TEST_SCRYPT if os.environ.get(TEST_KDF_ENV) else SCRYPT)
+
+
+def _derive(password: str, salt: bytes, parameters: dict[str, int]) -> bytes:
+    aead_class()  # the package is there, or what to install
+    from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
+    return Scrypt(salt=salt, length=KEY_SIZE, n=parameters["n"], r=parameters["r"],
+                  p=parameters["p"]).derive(password.encode("utf-8"))
+
+
+def _associated(identity: str, key_id: str) -> bytes:
+    return f"chunkstore key\0{identity}\0{key_id}".encode()
+
+
+def wrap(master: bytes, password: str, identity: str, key_id: str) -> bytes:
+    """The key object ``keys/<key_id>`` of the store ``identity`` names, which opens
+    ``master`` with ``password``."""
+    parameters, salt, nonce = _scrypt_parameters(), fresh_bytes(SALT_SIZE), \
+        fresh_bytes(NONCE_SIZE)
+    sealed = aead_class()(_derive(password, salt, parameters)).encrypt(
+        nonce, master, _associated(identity, key_id))
+    return json.dumps({
+        "format": KEY_FORMAT, "format_version": KEY_FORMAT_VERSION, "created": time.time(),
+        "kdf": {"name": "scrypt", **parameters, "salt": salt.hex()},
+        "cipher": "aes-256-gcm", "nonce": nonce.hex(), "master_key": sealed.hex(),
+    }, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _field(body: dict[str, Any], name: str, low: int, high: int) -> int:
+    value = body.get(name)
+    if type(value) is not int or not low <= value <= high:
+        raise ValueError(f"{name} must be an integer in [{low}, {high}], not {value!r}")
+    return value
+
+
+def _parse(key_id: str, data: bytes) -> tuple[dict[str, Any], dict[str, int], bytes, bytes,
+                                             bytes]:
+    """The body, scrypt parameters, salt, nonce and sealed master key of a key object,
+    every field bounded (:class:`CorruptObjectError` otherwise)."""
+    try:
+        if len(data) > MAX_KEY_OBJECT_BYTES:
+            raise ValueError(f"{len(data)} bytes, more than any key object")
+        body = plaindata.load_json(data)
+        if not isinstance(body, dict) or body.get("format") != KEY_FORMAT \
+                or body.get("format_version") != KEY_FORMAT_VERSION:
+            raise ValueError("not a key object of a format this release reads")
+        kdf = body.get("kdf")
+        if not isinstance(kdf, dict) or kdf.get("name") != "scrypt" \
+                or body.get("cipher") != "aes-256-gcm":
+            raise ValueError("names a KDF or cipher this release does not know")
+        parameters = {"n": _field(kdf, "n", 2, 1 << 24), "r": _field(kdf, "r", 1, 64),
+                      "p": _field(kdf, "p", 1, 64)}
+        if parameters["n"] & (parameters["n"] - 1) or \
+                128 * parameters["n"] * parameters["r"] > MAX_SCRYPT_MEMORY:
+            raise ValueError("scrypt parameters out of bounds")
+        salt, nonce, sealed = (bytes.fromhex(str(value)) for value in (
+            kdf.get("salt"), body.get("nonce"), body.get("master_key")))
+        if len(nonce) != NONCE_SIZE or len(sealed) != KEY_SIZE + 16 or not salt:
+            raise ValueError("a nonce, salt or sealed key of the wrong size")
+    except (ValueError, TypeError) as exc:
+        raise CorruptObjectError("key", key_id, str(exc)) from None
+    return body, parameters, salt, nonce, sealed
+
+
+def unwrap(key_id: str, data: bytes, password: str, identity: str) -> bytes | None:
+    """The master key the key object opens with ``password``; None where it does not."""
+    _, parameters, salt, nonce, sealed = _parse(key_id, data)
+    try:
+        return aead_class()(_derive(password, salt, parameters)).decrypt(
+            nonce, sealed, _associated(identity, key_id))
+    except Exception:  # InvalidTag: another password (or another store's key object)
+        return None
+
+
+def key_ids(objects: ObjectStore) -> list[str]:
+    return list(objects.ids(KEYS))
+
+
+def unlock(objects: ObjectStore, url: str, identity: str, password: str
+           ) -> tuple[bytes, str]:
+    """The master key and the id of the key object ``password`` opens."""
+    ids = key_ids(objects)
+    if not ids:
+        raise KeyObjectError(url, "the store is encrypted but holds no key object (keys/):"
+                             " its creation was interrupted before its first key was"
+                             " written, so it holds no data; remove it and create it again")
+    for key_id in ids:
+        try:
+            data = objects.get(KEYS, key_id)
+        except FileNotFoundError:
+            continue  # removed meanwhile
+        master = unwrap(key_id, data, password, identity)
+        if master is not None:
+            return master, key_id
+    raise WrongPasswordError(url, len(ids))
+
+
+def add_key(objects: ObjectStore, master: bytes, password: str, identity: str) -> str:
+    """Write a key object that opens ``master`` with ``password``; its id."""
+    key_id = fresh_bytes(8).hex()
+    if not objects.put_if_absent(KEYS, key_id, wrap(master, password, identity, key_id)):
+        raise KeyObjectError(objects.backend.url, f"key {key_id} exists (a random id met"
+                             " twice); try again")
+    return key_id
+
+
+def remove_key(objects: ObjectStore, url: str, key_id: str) -> None:
+    """Delete a key object; never the last one, nor one that is not there."""
+    ids = key_ids(objects)
+    if key_id not in ids:
+        raise KeyObjectError(url, f"no key {key_id!r}; `chunkstore key list` shows the"
+                             f" store's keys ({', '.join(ids)})")
+    if len(ids) == 1:
+        raise KeyObjectError(url, f"key {key_id} is the store's last key: removing it would"
+                             " leave no password that opens the store; add another first"
+                             " (`chunkstore key add`)")
+    objects.delete(KEYS, key_id)
+
+
+def list_keys(objects: ObjectStore) -> Iterator[KeyInfo]:
+    for key_id in key_ids(objects):
+        try:
+            body, parameters, _, _, _ = _parse(key_id, objects.get(KEYS, key_id))
+        except FileNotFoundError:
+            continue
+        created = body.get("created")
+        yield KeyInfo(key_id, float(created) if isinstance(created, (int, float)) else 0.0,
+                      "scrypt", parameters)

@@ -1,0 +1,145 @@
+"""The object layer of an encrypted store: every object sealed on its way to the
+backend and opened on its way back (:mod:`chunkstore.objects.crypto`), chunk ids keyed.
+
+Above this class nothing knows a store is encrypted: every read and write already
+passes the hooks of :class:`~chunkstore.objects.objectstore.ObjectStore`.  Sealing
+changes lengths (28 bytes per 64 KiB segment), so the ranged reads and the sizes are
+this class's too: a range of an encoding is read as the segments that cover it, and
+:meth:`stat` and :meth:`infos` report the encoding's size, which is what readers above
+compare with chunk headers.  Mapped reads (``view_range``) are opened into fresh
+memory instead, never mapped.  The config and key objects stay in clear: they say how
+to read the rest.
+
+An object that fails authentication raises the corrupt error of its kind (a chunk's
+:class:`CorruptChunkError`, a node's, a commit record's, a tag's; any other kind
+:class:`CorruptObjectError`), so verify names it and a restore falls back past it as
+it does past any damage: nothing that fails is ever returned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from chunkstore.backends import Backend, ObjectInfo
+from chunkstore.errors import (
+    CorruptChunkError,
+    CorruptNodeError,
+    CorruptObjectError,
+    CorruptRecordError,
+    CorruptTagError,
+    IntegrityError,
+)
+from chunkstore.format.digest import ChunkIds
+from chunkstore.objects.crypto import AuthenticationError, Sealer, plain_size, scratch
+from chunkstore.objects.kinds import CHUNKS, CLEAR_KINDS, NODES, TAGS, VERSIONS, IdT, Kind
+from chunkstore.objects.objectstore import ObjectStore
+
+
+def corrupt(kind: Kind[IdT], key: str, reason: str) -> IntegrityError:
+    """The error an object of ``kind`` stored as ``key`` that fails raises."""
+    name = key[len(kind.prefix):].rsplit("/", 1)[-1]
+    if kind is CHUNKS:
+        return CorruptChunkError(name, reason)
+    if kind is NODES:
+        return CorruptNodeError(name, reason)
+    if kind is VERSIONS:
+        return CorruptRecordError(name, reason)
+    if kind is TAGS:
+        return CorruptTagError(name, reason)
+    return CorruptObjectError(kind.name, name, reason)
+
+
+class SealedObjects(ObjectStore):
+    """The objects of an encrypted store (see the module docstring)."""
+
+    encrypted = True
+
+    def __init__(self, backend: Backend, sealer: Sealer, chunk_ids: ChunkIds,
+                 master: bytes, key_id: str) -> None:
+        super().__init__(backend)
+        self.sealer = sealer
+        self.chunk_ids = chunk_ids
+        #: the master key and the key object that opened it (``chunkstore key add`` and
+        #: ``passwd`` wrap the same master key again; never stored in clear, never shown)
+        self.master = master
+        self.key_id = key_id
+
+    def _open(self, kind: Kind[IdT], key: str, start: int, stored: bytes | memoryview,
+              out: memoryview, skip: int) -> int:
+        try:
+            return self.sealer.open_into(key, start, stored, out, skip)
+        except AuthenticationError as exc:
+            raise corrupt(kind, key, f"fails authentication: {exc} (tampered with,"
+                          " truncated, or another object's bytes)") from None
+
+    # --- the hooks --------------------------------------------------------------------------
+
+    def _stored(self, kind: Kind[IdT], key: str, data: bytes | memoryview
+                ) -> bytes | memoryview:
+        return data if kind in CLEAR_KINDS else self.sealer.seal(key, data)
+
+    def _loaded(self, kind: Kind[IdT], key: str, data: bytes) -> bytes:
+        if kind in CLEAR_KINDS:
+            return data
+        try:
+            return self.sealer.open(key, data)
+        except AuthenticationError as exc:
+            raise corrupt(kind, key, f"fails authentication: {exc} (tampered with,"
+                          " truncated, or another object's bytes)") from None
+
+    def _loaded_range(self, kind: Kind[IdT], key: str, start: int, data: bytes) -> bytes:
+        raise AssertionError("ranged reads of a sealed store go through get_range")
+
+    def _loaded_into(self, kind: Kind[IdT], key: str, start: int, buffer: memoryview) -> None:
+        raise AssertionError("ranged reads of a sealed store go through read_into")
+
+    # --- ranged reads and sizes ------------------------------------------------------------
+
+    def get_range(self, kind: Kind[IdT], object_id: IdT, start: int, length: int) -> bytes:
+        """Up to ``length`` bytes from ``start`` of the object's encoding, read as the
+        segments that cover them."""
+        key = kind.key(object_id)
+        if kind in CLEAR_KINDS:
+            return self.backend.get_range(key, start, length)
+        if length <= 0:
+            return b""
+        out = scratch(length)
+        return bytes(out[:self._read(kind, key, start, out)])  # bytes, as readers expect
+
+    def view_range(self, kind: Kind[IdT], object_id: IdT, start: int, length: int
+                   ) -> bytes | memoryview:
+        """:meth:`get_range` as a read-only buffer opened straight into fresh memory, for
+        bytes that are decoded and dropped (no copy into a ``bytes``)."""
+        key = kind.key(object_id)
+        if kind in CLEAR_KINDS or length <= 0:
+            return self.get_range(kind, object_id, start, length)
+        out = scratch(length)
+        return out[:self._read(kind, key, start, out)].toreadonly()
+
+    def read_into(self, kind: Kind[IdT], object_id: IdT, start: int,
+                  buffer: memoryview) -> int:
+        """Fill ``buffer`` from ``start`` of the encoding: segments wholly inside it are
+        opened straight into it, with no copy."""
+        key = kind.key(object_id)
+        if kind in CLEAR_KINDS:
+            return self.backend.read_into(key, start, buffer)
+        return self._read(kind, key, start, buffer) if len(buffer) else 0
+
+    def _read(self, kind: Kind[IdT], key: str, start: int, out: memoryview) -> int:
+        stored_start, stored_length = self.sealer.span(start, len(out))
+        # A local store maps larger ranges: the segments are opened straight from the
+        # page cache (no copy of the stored bytes, no fresh memory to fault in).
+        stored = self.backend.view_range(key, stored_start, stored_length)
+        return self._open(kind, key, start, stored, out, start % self.sealer.segment)
+
+    def stat(self, kind: Kind[IdT], object_id: IdT) -> ObjectInfo:
+        """The size of the object's encoding and its modification time."""
+        info = self.backend.stat(kind.key(object_id))
+        return info if kind in CLEAR_KINDS else self._plain(info)
+
+    def infos(self, kind: Kind[IdT]) -> Iterator[tuple[IdT, ObjectInfo]]:
+        for object_id, info in super().infos(kind):
+            yield object_id, info if kind in CLEAR_KINDS else self._plain(info)
+
+    def _plain(self, info: ObjectInfo) -> ObjectInfo:
+        return ObjectInfo(info.key, plain_size(info.size, self.sealer.segment), info.mtime)
