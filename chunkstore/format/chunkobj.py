@@ -172,6 +172,6 @@ def _payload(digest: Digest, header: ChunkHeader, view: memoryview, out: memoryv
     return payload
 
 
-def check_digest(digest: Digest, raw: bytes | memoryview, ids: ChunkIds = PLAIN_IDS) -> None:
+def check_digest(digest: Digest, raw: bytes | memoryview, ids: ChunkIds) -> None:
     if not ids.names(digest, raw):
         raise CorruptChunkError(digest.hex, f"content hashes to {ids.of(raw).short(16)}")

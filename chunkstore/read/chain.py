@@ -48,7 +48,7 @@ from chunkstore.format.chunkobj import (
     decode_payload,
     parse_header,
 )
-from chunkstore.format.digest import DIGEST_SIZE, PLAIN_IDS, ChunkIds, Digest
+from chunkstore.format.digest import DIGEST_SIZE, ChunkIds, Digest
 from chunkstore.format.manifest import PackLocation
 from chunkstore.handle.caches import BaseCache
 from chunkstore.objects.kinds import CHUNKS
@@ -166,7 +166,7 @@ def _chain_objects(store: StoreHandle, digest: Digest, header: ChunkHeader, view
 
 def _decode_planes(digest: Digest, links: list[Link], root: Link | None,
                    root_raw: bytes | memoryview | None, out: memoryview | None,
-                   transient: bool = False, ids: ChunkIds = PLAIN_IDS) -> bytes | memoryview:
+                   transient: bool, ids: ChunkIds) -> bytes | memoryview:
     """XOR the chain's byte planes together, unshuffle once, hash-check the result
     (``transient``: the planes in the thread's scratch buffer)."""
     head = links[0][1]
@@ -201,14 +201,14 @@ def _decode_planes(digest: Digest, links: list[Link], root: Link | None,
 
 def _decode_links(digest: Digest, links: list[Link], root: Link | None,
                   root_raw: bytes | memoryview | None, out: memoryview | None,
-                  transient: bool = False, ids: ChunkIds = PLAIN_IDS) -> bytes | memoryview:
+                  transient: bool, ids: ChunkIds) -> bytes | memoryview:
     """Decode the chain's root, apply each link's image to it with the link's codec,
     nearest the root first, and hash-check the result only.  ``transient``: the
     root and the links before the last go to the thread's scratch buffers (each
     link reads the buffer before and writes another)."""
     if out is not None and not any(
             isinstance(codecs.by_id(link[1].codec_id), SparseDeltaCodec) for link in links):
-        return _decode_links_through(digest, links, root, root_raw, out, transient)
+        return _decode_links_through(digest, links, root, root_raw, out, transient, ids)
     length = links[0][1].raw_length
     #: whether ``current`` is a buffer of this decode's own (a scratch buffer or one
     #: allocated here), which a sparse-delta link may change in place
@@ -258,7 +258,7 @@ def _decode_links(digest: Digest, links: list[Link], root: Link | None,
 
 def _decode_links_through(digest: Digest, links: list[Link], root: Link | None,
                           root_raw: bytes | memoryview | None, out: memoryview,
-                          transient: bool) -> memoryview:
+                          transient: bool, ids: ChunkIds) -> memoryview:
     """:func:`_decode_links` into the caller's ``out`` for a chain whose every link
     writes a new buffer (no sparse-delta link): the root and the links go to ``out``
     and to one other buffer in turn, so that the last lands in ``out``.  One scratch
@@ -299,7 +299,7 @@ def _decode_links_through(digest: Digest, links: list[Link], root: Link | None,
             raise CorruptChunkError(link_digest.hex, f"{codec.name} payload does not decode:"
                                     f" {exc}") from exc
         current = into
-    check_digest(digest, out)
+    check_digest(digest, out, ids)
     return out
 
 
