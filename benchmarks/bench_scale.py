@@ -41,6 +41,15 @@ for the code after, 45 before)::
         --out /work/main/benchmarks/results/scale.json
 
 ``--quick`` measures at 100 and 1,000 versions with fewer saves (a few minutes).
+
+The removal columns (benchmarks/scale_removal.py: a prune of 1,000 versions, an idle
+GC and a GC after the prune, at the version levels and at stores of 10k, 100k and,
+locally, 1M tiny objects) follow the saves; ``--removal-only`` measures them alone,
+``--no-removal`` leaves them out.  The reduced run in scale.json (about 15 minutes
+here, the stores built once)::
+
+    python -m benchmarks.bench_scale --label removal-quick --removal-only --quick --s3 \
+        --stores /tmp/scale-stores --out benchmarks/results/scale.json
 """
 
 from __future__ import annotations
@@ -434,11 +443,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="only the removal columns (a prune of 1,000 versions, an idle GC,"
                         " a GC after the prune: benchmarks/scale_removal.py), not the saves")
     parser.add_argument("--no-removal", action="store_true", help="only the saves")
-    parser.add_argument("--object-levels", type=int, nargs="+", default=None,
+    parser.add_argument("--object-levels", type=int, nargs="*", default=None,
                         help="stores of this many tiny objects for the removal columns"
                         f" (default {' '.join(map(str, OBJECT_LEVELS))}; --quick"
                         f" {' '.join(map(str, QUICK_OBJECT_LEVELS))})")
-    parser.add_argument("--s3-object-levels", type=int, nargs="+", default=None,
+    parser.add_argument("--s3-object-levels", type=int, nargs="*", default=None,
                         help=f"the object levels on S3 (default"
                         f" {' '.join(map(str, S3_OBJECT_LEVELS))}; --quick"
                         f" {' '.join(map(str, QUICK_S3_OBJECT_LEVELS))})")
@@ -472,16 +481,16 @@ def measure_removal(args: argparse.Namespace, stores: Path, sources: dict[int, P
     """The removal columns (benchmarks/scale_removal.py), locally and with ``--s3`` on
     the moto server."""
     from benchmarks import scale_removal
-    objects = tuple(args.object_levels or (QUICK_OBJECT_LEVELS if args.quick
-                                           else OBJECT_LEVELS))
+    objects = tuple(args.object_levels if args.object_levels is not None
+                    else QUICK_OBJECT_LEVELS if args.quick else OBJECT_LEVELS)
     print("removal: a prune of 1,000 versions, an idle GC, a GC after the prune", flush=True)
     found = {}
     if args.s3:  # first: the local run consumes the stores of the object levels
         s3_levels = tuple(args.s3_levels or sources)
         s3_sources = {level: sources.get(level) or prepared(stores, build(
             stores, (level,))[level], args.label) for level in s3_levels}
-        s3_objects = tuple(args.s3_object_levels or (QUICK_S3_OBJECT_LEVELS if args.quick
-                                                     else S3_OBJECT_LEVELS))
+        s3_objects = tuple(args.s3_object_levels if args.s3_object_levels is not None
+                           else QUICK_S3_OBJECT_LEVELS if args.quick else S3_OBJECT_LEVELS)
         found["s3"] = scale_removal.measure_s3(s3_sources, s3_objects, stores)
     found["local"] = scale_removal.measure_local(sources, objects, stores)
     return found
