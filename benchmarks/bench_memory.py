@@ -54,7 +54,7 @@ TENSORS = 64
 WAYS = {"default": BASE_COPY_BYTES, "no copies": 0}
 
 
-def _status(field: str) -> int:
+def rss_status(field: str) -> int:
     """A ``VmRSS``/``VmHWM`` figure of this process, in bytes."""
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
@@ -62,7 +62,7 @@ def _status(field: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {field}")
 
 
-def _reset_peak() -> None:
+def reset_peak() -> None:
     """Make the peak RSS (VmHWM) the current RSS."""
     Path("/proc/self/clear_refs").write_text("5")
 
@@ -81,17 +81,17 @@ def measure(mib: int, budget: int, saves: int, work: Path) -> dict[str, Any]:
     rows = []
     try:
         gc.collect()
-        baseline = _status("VmRSS")
+        baseline = rss_status("VmRSS")
         for step in range(saves):
             for tensor in state.values():
                 tensor.add_(step_size)
             copies_before = store.base_copies.held()
             gc.collect()
-            _reset_peak()
+            reset_peak()
             start = time.perf_counter()
             torch_bridge.save(store, state, run="r", step=step)
             seconds = time.perf_counter() - start
-            peak = _status("VmHWM") - baseline
+            peak = rss_status("VmHWM") - baseline
             copies = max(copies_before, store.base_copies.held())
             rows.append({"save": step, "seconds": seconds, "peak_over_baseline_bytes": peak,
                          "copies_bytes": copies, "working_bytes": peak - copies})

@@ -1,7 +1,8 @@
 """Turn the suite's results files into ``latest.md`` and PNG plots.
 
 Reads ``latest.json`` (records), ``run.json`` (run description) and, when
-present, ``core.json`` and ``pause.json`` from the same folder.  Usage::
+present, ``core.json``, ``pause.json`` and ``memory_table.json`` from the same
+folder.  Usage::
 
     python -m benchmarks.render benchmarks/results
 """
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.summarize import core_table, pause_table
+from benchmarks.summarize import core_table, memory_table, pause_table
 
 MB = 1e6
 
@@ -205,6 +206,10 @@ def markdown(folder: Path) -> str:
                   *core_table(core), "", "![throughput](throughput.png)", ""]
     if pause is not None:
         lines += ["## Async pause (bench_pause)", "", *pause_table(pause), ""]
+    side = _load(folder, "memory_table.json")
+    if side is not None:
+        lines += ["## Peak memory side by side (bench_memory_table)", "",
+                  *memory_table(side), ""]
     return "\n".join(lines)
 
 

@@ -179,6 +179,71 @@ def dcp_table(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def memory_table(doc: dict[str, Any]) -> list[str]:
+    """bench_memory_table's figures, a row per system and state size, and every target
+    that a chunkstore row misses, with by how much."""
+    targets = doc["targets"]
+    working = targets["working_bytes"]
+    lines = [
+        f"Peak resident memory over the process's own before each operation, in MiB, at"
+        f" each state size (`{doc['command']}`, {doc['saves']} saves of a state whose every"
+        " element changes, each operation in a process of its own; restores and loads of"
+        " the last version, checked against the saved state's sums). *sync save*: the"
+        " worst save's peak (the base copies chunkstore's handle held; what the save"
+        " needed beyond them). *async save*: the peak over all saves, the staging copy"
+        " included (staging; base copies; beyond both). *restore*: into the live"
+        " state's tensors (peak, share of the state). *load*: into new objects (peak;"
+        " beyond the state it returns).",
+        "",
+        "| system | state | sync save | async save | restore into live tensors"
+        " | load into new objects | checked |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    misses: list[str] = []
+    for row in doc["rows"]:
+        state = row["state_bytes"]
+        sync, asynchronous, live, fresh = (row[k] for k in ("sync", "async", "live", "fresh"))
+        async_cell = "none (no async save)" if asynchronous is None else (
+            f"{_mib(asynchronous['peak_bytes'])} ({_mib(asynchronous['staging_bytes'])};"
+            f" {_mib(asynchronous['copies_bytes'])}; {_mib(asynchronous['working_bytes'])})")
+        lines.append(
+            f"| {row['system']} | {_mib(state)} | {_mib(sync['peak_bytes'])}"
+            f" ({_mib(sync['copies_bytes'])}; {_mib(sync['working_bytes'])}) | {async_cell}"
+            f" | {_mib(live['extra_bytes'])} ({live['extra_bytes'] / state:.2f})"
+            f" | {_mib(fresh['peak_bytes'])} ({_mib(fresh['extra_bytes'])})"
+            f" | {'yes' if live['verified'] and fresh['verified'] else 'NO'} |")
+        if row["system"].startswith("chunkstore"):
+            misses += _memory_misses(row, state * targets["restore_share"], working)
+    lines += ["", "Targets for chunkstore: a restore's or load's extra memory at most"
+              f" {targets['restore_share']:.3g} of the state; a sync save's beyond its base"
+              f" copies under {_mib(working)} MiB; an async save's beyond its staging copy"
+              " and base copies under the same. "
+              + ("Missed (why: docs/performance.md, *Memory side by side*):" if misses
+                 else "All met."), ""]
+    return lines + [f"- {miss}" for miss in misses]
+
+
+def _memory_misses(row: dict[str, Any], restore_bound: float, working: int) -> list[str]:
+    name = f"{row['system']} at {_mib(row['state_bytes'])} MiB"
+    checks = [("restore into live tensors", row["live"], "extra_bytes", restore_bound),
+              ("load into new objects, beyond the state", row["fresh"], "extra_bytes",
+               restore_bound),
+              ("sync save beyond its base copies", row["sync"], "working_bytes", working)]
+    if row["async"] is not None:
+        checks.append(("async save beyond staging and base copies", row["async"],
+                       "working_bytes", working))
+    misses = []
+    for what, measured, key, bound in checks:
+        got = measured[key]
+        if got <= bound:
+            continue
+        kinds = ("" if "anon_peak_bytes" not in measured else
+                 f" (sampled peaks: anonymous {_mib(measured['anon_peak_bytes'])} MiB, file"
+                 f" pages mapped from the page cache {_mib(measured['file_peak_bytes'])} MiB)")
+        misses.append(f"{name}, {what}: {_mib(got)} MiB against {_mib(bound)} MiB,"
+                      f" {_mib(got - bound)} MiB over{kinds}")
+    return misses
+
 def suite_sections(names: tuple[str, ...]) -> list[str]:
     """Sections of the suite's latest.md, by heading, with their tables."""
     path = RESULTS / "latest.md"
@@ -212,7 +277,7 @@ def render_all() -> str:
         parts.append("\n".join(sections).strip())
     for name, render in (("core.json", core_table), ("pause.json", pause_table),
                          ("gc.json", gc_table), ("protocol.json", protocol_table),
-                         ("dcp.json", dcp_table)):
+                         ("dcp.json", dcp_table), ("memory_table.json", memory_table)):
         doc = _load(name)
         if doc is not None:
             parts.append("\n".join(render(doc)))

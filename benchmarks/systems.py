@@ -3,6 +3,11 @@
 Every save is durable before it returns: the file-based systems fsync their
 files and directory, as chunkstore and DCP's FileSystemWriter do.
 
+Each system also loads a version into fresh objects (``load``), what a job that
+builds its model afterwards, or a tool, does: ``torch.load``, safetensors'
+``load_file``, DCP's loader of a checkpoint's keys into tensors it allocates,
+``torch_bridge.load`` into empty trees (new tensors) for chunkstore.
+
 - ``torch.save``: one pickle file per version (the whole state tree).
 - ``safetensors``: one file per version, tensors only (plain values dropped).
 - ``dcp``: torch.distributed.checkpoint, FileSystemWriter, one directory per
@@ -34,6 +39,7 @@ from benchmarks.trace import TraceVersion, flatten
 
 # DCP without a process group says once per call that it assumes one process.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+warnings.filterwarnings("ignore", message="torch.distributed is unavailable or uninitialized")
 SYSTEMS = ("torch.save", "safetensors", "dcp", "chunkstore-none", "chunkstore-auto-d0",
            "chunkstore-auto")
 
@@ -108,7 +114,10 @@ class TorchSave(FileSystem):
             torch.save(state, out)
 
     def restore(self, version: TraceVersion, target: dict[str, Any]) -> Any:
-        return copy_into(target, flatten(torch.load(self.path(version), weights_only=True)))
+        return copy_into(target, flatten(self.load(version, list(target))))
+
+    def load(self, version: TraceVersion, keys: list[str]) -> Any:
+        return torch.load(self.path(version), weights_only=True)
 
 
 class Safetensors(FileSystem):
@@ -118,7 +127,10 @@ class Safetensors(FileSystem):
         safetensors.torch.save_file(flatten(state), path)
 
     def restore(self, version: TraceVersion, target: dict[str, Any]) -> Any:
-        return copy_into(target, safetensors.torch.load_file(self.path(version)))
+        return copy_into(target, self.load(version, list(target)))
+
+    def load(self, version: TraceVersion, keys: list[str]) -> Any:
+        return safetensors.torch.load_file(self.path(version))
 
 
 class Dcp(FileSystem):
@@ -128,6 +140,15 @@ class Dcp(FileSystem):
     def restore(self, version: TraceVersion, target: dict[str, Any]) -> Any:
         dcp.load(target, storage_reader=dcp.FileSystemReader(self.path(version)))
         return target
+
+    def load(self, version: TraceVersion, keys: list[str]) -> Any:
+        """DCP loads into tensors that exist; this private helper of torch's allocates
+        them from the checkpoint's metadata first (what ``dcp_to_torch_save`` does);
+        imported here, so a torch without it fails this load alone."""
+        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+        return _load_state_dict_from_keys(
+            set(keys), storage_reader=dcp.FileSystemReader(self.path(version)))
 
 
 class DcpAsync(Dcp):
@@ -162,6 +183,11 @@ class Chunkstore:
     def restore(self, version: TraceVersion, target: dict[str, Any]) -> Any:
         torch_bridge.load(self.store, f"{version.run}@{version.step}", target)
         return target
+
+    def load(self, version: TraceVersion, keys: list[str]) -> Any:
+        """Empty trees as targets: every tensor is read into a new one."""
+        return torch_bridge.load(self.store, f"{version.run}@{version.step}",
+                                 {key: {} for key in keys})
 
     def physical_bytes(self) -> int:
         """What the chunk and node objects occupy: ``store.stats().physical_bytes``,

@@ -60,7 +60,7 @@ from chunkstore.index.gclock import finish_abandoned_deletions
 from chunkstore.index.lmdbindex import open_index
 from chunkstore.maintenance.gc import collect
 from chunkstore.maintenance.rebuild import rebuild
-from chunkstore.maintenance.reconcile import reconcile
+from chunkstore.maintenance.reconcile import reconcile, reconcile_if_changed
 from chunkstore.maintenance.report import stats
 from chunkstore.maintenance.retention import Policy, prune
 from chunkstore.maintenance.verify import verify
@@ -264,7 +264,9 @@ def open(
         # With saves elsewhere in progress, the reconcile below counts every version in.
         with contextlib.suppress(SavesInProgressError):
             store.rebuild_index()
-    store.reconcile()
+    # Versions and tags committed or removed elsewhere since this index last looked
+    # (no listing where the store vouches that nothing changed).
+    reconcile_if_changed(store)
     # What GCs on other indexes deleted (and, for a new index, which of their runs
     # are still active): one listing of the GC journal.
     sync_journal(objects, index)

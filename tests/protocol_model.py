@@ -170,6 +170,7 @@ explorer finds the schedule that loses data.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
@@ -1518,10 +1519,14 @@ def explore(model: Model, max_depth: int | None = None,
             labels: set[str] | None = None) -> Result:
     """Breadth-first over every interleaving; stops at the first violation (shortest).
 
-    With ``labels``, the label of every transition taken is added to it."""
+    With ``labels``, the label of every transition taken is added to it.  A model with a
+    ``symmetric(state)`` method (states it maps to one key are the same world with
+    interchangeable processes renamed) is explored one state per key: the first one
+    found, whose path the schedule follows, so a schedule's names stay consistent."""
     start = time.perf_counter()
+    key: Callable[[Any], Any] = getattr(model, "symmetric", _same)
     init = model.initial()
-    parents: dict[State, tuple[State | None, str]] = {init: (None, "")}
+    parents: dict[Any, tuple[Any, str]] = {key(init): (None, "")}
     bad = model.violation(init)
     if bad:
         return Result(1, 0, 0, 0.0, True, bad, [])
@@ -1530,28 +1535,35 @@ def explore(model: Model, max_depth: int | None = None,
     limit = max_depth if max_depth is not None else model.config.max_depth
     while frontier and (limit is None or depth < limit):
         depth += 1
-        nxt: list[State] = []
+        nxt: list[Any] = []
         for s in frontier:
+            here = key(s)
             for label, t in model.successors(s):
                 transitions += 1
                 if labels is not None:
                     labels.add(label)
-                if t in parents:
+                there = key(t)
+                if there in parents:
                     continue
-                parents[t] = (s, label)
+                parents[there] = (here, label)
                 bad = model.violation(t)
                 if bad:
                     return Result(len(parents), transitions, depth,
-                                  time.perf_counter() - start, False, bad, _schedule(parents, t))
+                                  time.perf_counter() - start, False, bad,
+                                  _schedule(parents, there))
                 nxt.append(t)
         frontier = nxt
     return Result(len(parents), transitions, depth if frontier else depth - 1 if depth else 0,
                   time.perf_counter() - start, not frontier)
 
 
-def _schedule(parents: dict[State, tuple[State | None, str]], s: State) -> list[str]:
+def _same(state: Any) -> Any:
+    return state
+
+
+def _schedule(parents: dict[Any, tuple[Any, str]], key: Any) -> list[str]:
     steps: list[str] = []
-    cur: State | None = s
+    cur = key
     while cur is not None:
         prev, label = parents[cur]
         if prev is not None:

@@ -217,6 +217,23 @@ class Model:
                        RECHECK: self._recheck, RESTORE: self._restore, CLAIM: self._claim,
                        DISCARD: self._discard, CHECK: self._check, PUT: self._put,
                        DROP: self._drop}
+        idle = [i for i, n in enumerate(config.saves) if n == 0]
+        self._takers = (idle[0], idle[1]) if len(idle) == 2 and not config.removals else None
+
+    def symmetric(self, s: State) -> State:
+        """One state for each pair of worlds that differ only by swapping two writers that
+        never save (``Config.saves`` 0, no removals): they name no version, so which is
+        which is only their letters (:func:`tests.protocol_model.explore` explores one).
+        The order is by hash: any fixed choice within one exploration will do."""
+        if self._takers is None:
+            return s
+        i, j = self._takers
+        a, b = s.writers[i], s.writers[j]
+        if a == b or hash(a) <= hash(b):
+            return s
+        writers = list(s.writers)
+        writers[i], writers[j] = b, a
+        return s._replace(writers=tuple(writers))
 
     @staticmethod
     def _save_order(p: Fencing) -> tuple[str, ...]:

@@ -245,7 +245,7 @@ def test_the_memory_benchmark_counts_the_base_copies_apart(
     from benchmarks import bench_memory
 
     try:
-        bench_memory._reset_peak()
+        bench_memory.reset_peak()
     except OSError as exc:  # the peak RSS cannot be reset here (not Linux, or not allowed)
         pytest.skip(f"/proc/self/clear_refs: {exc}")
     # 512 KiB tensors: larger than what a store with delta chains packs whole
@@ -262,3 +262,43 @@ def test_the_memory_benchmark_counts_the_base_copies_apart(
     assert kept["saves"][0]["copies_bytes"] == 0
     assert kept["saves"][2]["copies_bytes"] >= 32 << 20
     assert all(row["copies_bytes"] == 0 for row in off["saves"])
+
+
+def test_the_memory_table_measures_every_operation_and_names_each_miss(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(REPO))
+    from benchmarks import bench_memory, bench_memory_table, summarize
+
+    try:
+        bench_memory.reset_peak()
+    except OSError as exc:  # the peak RSS cannot be reset here (not Linux, or not allowed)
+        pytest.skip(f"/proc/self/clear_refs: {exc}")
+    row: dict[str, Any] = {"system": "chunkstore-auto", "mib": 12}
+    for operation in bench_memory_table.OPERATIONS:
+        row[operation] = bench_memory_table.measure(operation, "chunkstore-auto", 12, 3, tmp_path)
+    state = row["state_bytes"] = row["sync"]["state_bytes"]
+    assert state == (12 << 20) + 4  # one layer: its weight, two moments and a step
+    sync, asynchronous, live, fresh = (row[k] for k in ("sync", "async", "live", "fresh"))
+    assert [s["working_bytes"] for s in sync["saves"]] == [
+        s["peak_bytes"] - s["copies_bytes"] for s in sync["saves"]]
+    assert sync["copies_bytes"] >= 4 << 20  # the second save kept the chunks it wrote
+    assert asynchronous["staging_bytes"] == state
+    assert asynchronous["working_bytes"] == (asynchronous["peak_bytes"] - state
+                                             - asynchronous["copies_bytes"])
+    # the live state was made anew (other values): only a restore that read makes it match
+    assert live["verified"] and fresh["verified"]
+    assert live["extra_bytes"] == live["peak_bytes"]
+    assert fresh["extra_bytes"] == fresh["peak_bytes"] - state
+    assert bench_memory_table.measure("async", "torch.save", 12, 3, tmp_path) is None
+
+    doc = {"command": "c", "saves": 3, "rows": [row],
+           "targets": {"restore_share": 1 / 8, "working_bytes": 256 << 20}}
+    live["extra_bytes"] = state // 8 + (1 << 20)  # one MiB over its target
+    lines = summarize.memory_table(doc)
+    assert any(line.startswith("- chunkstore-auto at 12.0 MiB, restore into live tensors: 2.5"
+                               " MiB against 1.5 MiB, 1.0 MiB over (sampled peaks: anonymous")
+               for line in lines)
+    assert sum(line.startswith("- ") for line in lines) == sum(
+        got > bound for got, bound in (
+            (live["extra_bytes"], state / 8), (fresh["extra_bytes"], state / 8),
+            (sync["working_bytes"], 256 << 20), (asynchronous["working_bytes"], 256 << 20)))

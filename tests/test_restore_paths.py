@@ -137,3 +137,40 @@ def test_a_read_releases_its_scratch_buffers(tmp_path: Path) -> None:
         finally:
             scratch.release = real  # type: ignore[assignment]
         assert seen and max(seen) > 0  # the chains used them, and each job let them go
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["decoded", "cached-bases"])
+def test_a_chain_of_links_is_read_through_one_scratch_buffer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cached: bool) -> None:
+    """The root and the links go to the caller's buffer and one scratch buffer in turn,
+    the last into the caller's (a chunk's worth less memory per read job than two
+    scratch buffers), at every depth: odd and even numbers of links, the root decoded
+    or found in the base cache."""
+    from chunkstore.read import chain
+
+    rng = np.random.default_rng(2)
+    table = rng.standard_normal((256, 64)).astype(np.float32)
+    states = []
+    slots: list[str] = []
+    real = chain.scratch
+
+    def recording(slot: str, size: int) -> memoryview:
+        slots.append(slot)
+        return real(slot, size)
+
+    with chunkstore.open(tmp_path / "s", create=True, chunk_size=16 * 1024) as store:
+        for step in range(5):  # chains of 0 to 4 sub-delta links
+            table *= np.float32(1.0001)
+            states.append(table.copy())
+            with store.new_version(run="r", step=step) as version:
+                version.put("t", table)
+        monkeypatch.setattr(chain, "scratch", recording)
+        for step, expected in enumerate(states):
+            if not cached:
+                store.base_cache.clear()
+            with store.open_version(f"r@{step}") as reader:
+                out = np.zeros_like(expected)
+                reader.get_into("t", out)
+                assert out.tobytes() == expected.tobytes()
+                assert reader.get("t").tobytes() == expected.tobytes()
+    assert slots and set(slots) == {"chain-0"}

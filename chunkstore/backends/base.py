@@ -116,6 +116,17 @@ class Backend(abc.ABC):
         """Return the root directory when the backend is a local filesystem, else None."""
         return None
 
+    def listing_stamp(self, prefix: str) -> str | None:
+        """An opaque value that changes whenever a key directly under the folder
+        ``prefix`` (ending in ``/``) is created or removed; None where the backend
+        cannot tell that cheaply and for sure.
+
+        A stamp read before a :meth:`list` of ``prefix`` that a later call returns
+        again means nothing was added or removed since: that listing holds what the
+        folder holds now.  The default says nothing (None): a caller then lists.
+        """
+        return None
+
     def put_if_absent_deferred(self, key: str, data: bytes | memoryview) -> bool:
         """``put_if_absent`` whose durability may wait for the next :meth:`flush`.
 

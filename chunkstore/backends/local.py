@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import ClassVar
 
 from chunkstore.backends.base import Backend, ObjectInfo
+from chunkstore.backends.folderstamp import file_system_of, folder_stamp
 from chunkstore.errors import StorageFullError
 
 #: errno values that mean the filesystem has no room for the write.
@@ -117,6 +118,8 @@ def _load_linkat() -> Callable[[int, bytes, int, bytes, int], int] | None:
 
 
 _LINKAT = _load_linkat()
+#: A file system type not looked up yet.
+_UNKNOWN = "?"
 _AT_FDCWD = -100
 _AT_SYMLINK_FOLLOW = 0x400
 _OPEN_FLAGS_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
@@ -160,6 +163,8 @@ class LocalBackend(Backend):
         # syncfs of the root's filesystem does not reach.
         self._unsynced_dirs: set[str] = set()
         self._unsynced_lock = threading.Lock()
+        # The file system the root lies on (listing_stamp), looked up when first asked.
+        self._file_system: str | None = _UNKNOWN
 
     # --- the abstract interface ----------------------------------------------------------
 
@@ -418,6 +423,17 @@ class LocalBackend(Backend):
     def local_path(self) -> str:
         """Return the root directory."""
         return self.root
+
+    def listing_stamp(self, prefix: str) -> str | None:
+        """The folder's device, inode and times, where they vouch for its names
+        (:mod:`chunkstore.backends.folderstamp`: a settled folder on a local file
+        system that keeps them); None otherwise, and for a prefix that is no folder."""
+        _check_relative(prefix)
+        if not prefix.endswith("/"):
+            return None
+        if self._file_system is _UNKNOWN:
+            self._file_system = file_system_of(self.root)
+        return folder_stamp(os.path.join(self.root, prefix), self._file_system)
 
     # --- helpers -------------------------------------------------------------------------
 

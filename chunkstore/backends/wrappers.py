@@ -94,6 +94,10 @@ class ForwardingBackend(Backend):
         """Forward to ``inner.local_path``."""
         return self.inner.local_path()
 
+    def listing_stamp(self, prefix: str) -> str | None:
+        """Forward to ``inner.listing_stamp``."""
+        return self.inner.listing_stamp(prefix)
+
     def discard(self, key: str) -> bool:
         """Forward to ``inner.discard``, through this class's ``delete`` when it is
         intercepted (so a subclass that intercepts ``delete`` sees every removal)."""

@@ -185,16 +185,22 @@ def _write_back(path: str, chunk_size: int | None, delta_depth: int | None,
 # --- log ------------------------------------------------------------------------------------
 
 
+#: Versions ``log`` lists unless told otherwise (``-n``, ``--all``).
+LOG_LIMIT = 100
+
+
 @click.command()
 @explains_sizes
 @STORE_ARG
 @click.option("--run", help="Only versions of this run.")
-@click.option("-n", "limit", type=click.IntRange(min=1), help="Show at most N versions.")
+@click.option("-n", "--limit", "limit", type=click.IntRange(min=1),
+              help=f"Show at most N versions, the newest  [default: {LOG_LIMIT}]")
+@click.option("--all", "show_all", is_flag=True, help="Show every version (no limit).")
 @click.option("--mirror", metavar="MIRROR",
               help="Also say whether store MIRROR (path or URL) holds each version.")
 @JSON_OPT
-def log(store_path: str, run: str | None, limit: int | None, mirror: str | None,
-        as_json: bool) -> None:
+def log(store_path: str, run: str | None, limit: int | None, show_all: bool,
+        mirror: str | None, as_json: bool) -> None:
     """List the versions in STORE, newest first.
 
     For each version: short id, RUN@STEP, creation time (local), its
@@ -203,26 +209,39 @@ def log(store_path: str, run: str | None, limit: int | None, mirror: str | None,
     store `chunkstore sync` copies into): MIRRORED yes or no, and
     "mirrored" in --json.
 
+    The newest 100 versions are listed unless -n or --all says otherwise;
+    a last line says how many more there are (--json: "total", the
+    versions there are, listed or not). Only the versions listed are read,
+    so a store of many thousand versions lists its newest at once.
+
     \b
     Examples:
       chunkstore log ckpts/ --run exp1 -n 5
+      chunkstore log ckpts/ --all --json
       chunkstore log /local/ckpts --mirror s3://bucket/ckpts
 
     \b
-    Exit codes: 0 listed (also when empty); 2 STORE (or MIRROR) is not a store.
+    Exit codes: 0 listed (also when empty); 2 STORE (or MIRROR) is not a store,
+    or both -n and --all are given.
     """
+    if show_all and limit is not None:
+        raise CliError("-n limits the versions listed and --all lists every one: give one"
+                       " or the other", EXIT_USAGE)
+    count = None if show_all else limit or LOG_LIMIT
     with open_store(store_path) as store:
-        versions = list(reversed(store.versions(run)))[:limit]
+        versions = store.newest(run, count)
+        total = len(versions) if count is None or len(versions) < count \
+            else store.version_count(run)
         tags = tags_by_version(store)
     mirrored: set[str] | None = None
     if mirror is not None:
         with open_store(mirror) as durable:
-            mirrored = {v.id for v in durable.versions(run)}
+            mirrored = {v.id for v in versions if durable.holds(v.id)}
     if as_json:
         emit_json({"versions": [
             {**version_json(v, tags), **({} if mirrored is None
                                          else {"mirrored": v.id in mirrored})}
-            for v in versions]})
+            for v in versions], "total": total})
         return
     if not versions:
         click.echo(f"no versions in {store_path}" + (f" for run {run!r}" if run else ""))
@@ -233,6 +252,9 @@ def log(store_path: str, run: str | None, limit: int | None, mirror: str | None,
     echo_lines(render_table(["ID", "RUN@STEP", "CREATED", *SIZE_HEADERS,
                              *([] if mirrored is None else ["MIRRORED"]), "TAGS"],
                             rows, right=(3, 4, 5)))
+    if total > len(versions):
+        click.echo(f"... {plural(total - len(versions), 'older version')} not listed"
+                   " (-n N lists the newest N, --all every one)")
 
 
 SIZE_HEADERS = [name.upper() for name, _ in SIZE_MEANINGS]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -378,7 +379,7 @@ def _decode_entry(node: TreeNode, name: str, entry: object) -> None:
     if "tree" in entry:
         node.subtrees[name] = _digest(entry["tree"], "tree")
     if "tensor" in entry:
-        node.leaves[name] = _tensor_from_json(entry["tensor"])
+        node.leaves[name] = _decoded.decode(entry["tensor"])
     elif "data" in entry:
         data = entry["data"]
         if not isinstance(data, dict):
@@ -476,6 +477,42 @@ def _bases(value: object, chunks: tuple[Digest, ...]) -> tuple[tuple[Digest, ...
             raise ValueError(f"the delta chain of chunk {chunk.short()} repeats a digest")
         chains.append(digests)
     return tuple(chains) if any(chains) else ()
+
+
+class _DecodedEntries:
+    """Tensor entries decoded and checked before, by their text.  Each version's
+    manifest lists its unchanged tensors again, as the versions before it did: a walk
+    of many versions (GC's mark, verify, report) decodes each distinct entry once.
+    Entries are immutable, and their text is all a decode depends on.  Bounded: it
+    holds at most :attr:`MAX_CHARS` characters of text (emptied when full), and no
+    text longer than :attr:`MAX_TEXT` (a tensor of thousands of chunks)."""
+
+    MAX_CHARS = 16 << 20
+    MAX_TEXT = 16 << 10
+
+    def __init__(self) -> None:
+        self._entries: dict[str, TensorEntry] = {}
+        self._chars = 0
+        self._lock = threading.Lock()
+
+    def decode(self, obj: object) -> TensorEntry:
+        """:func:`_tensor_from_json`, once per distinct entry text."""
+        # The parsed JSON's repr: C-fast, and one text per value of JSON's types.
+        text = repr(obj)
+        entry = self._entries.get(text)
+        if entry is None:
+            entry = _tensor_from_json(obj)
+            if len(text) <= self.MAX_TEXT:
+                with self._lock:
+                    if self._chars + len(text) > self.MAX_CHARS:
+                        self._entries.clear()
+                        self._chars = 0
+                    self._entries[text] = entry
+                    self._chars += len(text)
+        return entry
+
+
+_decoded = _DecodedEntries()
 
 
 def _tensor_from_json(obj: object) -> TensorEntry:

@@ -257,6 +257,19 @@ class StoreHandle:
         entries = self.index.versions() if run is None else self.index.run_versions(run)
         return [self.info_from_entry(e) for e in entries]
 
+    def newest(self, run: str | None = None, count: int | None = None) -> list[VersionInfo]:
+        """The ``count`` newest of :meth:`versions` (all with None), newest first, found by
+        a seek: only those are decoded."""
+        return [self.info_from_entry(e) for e in self.index.newest_versions(run, count)]
+
+    def version_count(self, run: str | None = None) -> int:
+        """How many versions :meth:`versions` lists, without decoding one."""
+        return self.index.version_count(run)
+
+    def holds(self, version_id: str) -> bool:
+        """Whether the index lists the version of this full id (a keyed lookup)."""
+        return self.index.version(version_id) is not None
+
     def latest(self, run: str | None = None) -> VersionInfo | None:
         """The last of :meth:`versions`, found by a seek (what a save asks, each time)."""
         entry = self.index.latest_version(run)

@@ -73,6 +73,9 @@ STORE_KEY = b"store"
 INDEX_ID_KEY = b"index_id"
 #: The meta key of the GC journal markers an index has accounted for.
 _MARKERS_KEY = b"journal_markers"
+#: The meta key of the store's listing stamps as of the index's last complete reconcile
+#: (:meth:`Index.listed_as`), with the count of versions it then held.
+_LISTED_KEY = b"listed"
 log = logging.getLogger(__name__)
 DEFAULT_MAP_SIZE = 1 << 36
 _CHUNK = struct.Struct("<BBxxIQQd")
@@ -877,6 +880,28 @@ class Index(VersionLookups):
         """GC looked for packs at least ``unused`` garbage after ``removals`` removals."""
         with self._writing(db=self.meta) as txn:
             txn.put(b"repack_checked", f"{removals} {float(unused)!r}".encode())
+
+    def listed_as(self) -> str | None:
+        """The listing stamps recorded by :meth:`set_listed_as`, while the index holds as
+        many versions as it did then (None otherwise: anything else that changed its
+        versions, an earlier release's rebuild stopped half-way say, voids them)."""
+        with self.env.begin() as txn:
+            found = txn.get(_LISTED_KEY, db=self.meta)
+            if found is None:
+                return None
+            count, _, stamps = bytes(found).decode().partition("\n")
+            held = txn.stat(self.versions_db)["entries"]
+        return stamps if count == str(held) else None
+
+    def set_listed_as(self, stamps: str | None) -> None:
+        """Record the store's listing stamps as of a reconcile that brought this index in
+        line with the store (None: forget them), with the versions it holds now."""
+        with self._writing() as txn:
+            if stamps is None:
+                txn.delete(_LISTED_KEY, db=self.meta)
+                return
+            held = txn.stat(self.versions_db)["entries"]
+            txn.put(_LISTED_KEY, f"{held}\n{stamps}".encode(), db=self.meta)
 
     def set_journal_synced(self, time_ns: int) -> None:
         with self._writing(db=self.meta) as txn:

@@ -230,8 +230,21 @@ class VersionLookups:
         found = self.newest_versions(run, 1)
         return found[0] if found else None
 
-    def newest_versions(self, run: str | None, count: int) -> list[VersionEntry]:
-        """The ``count`` newest versions of ``run`` (None: of the store), newest first."""
+    def version_count(self, run: str | None = None) -> int:
+        """How many versions the store (or ``run``) holds: LMDB's own count for the store,
+        a walk over the run's keys (no entry decoded) for a run."""
+        if run is not None and not names_a_run(run):
+            return 0
+        with self.env.begin() as txn:
+            if run is None:
+                return int(txn.stat(self.versions_db)["entries"])
+            if not self._orders_in_step(txn):
+                return len(self._listed(txn, run))
+            return sum(1 for _ in prefixed(txn, self.versions_by_run, run_prefix(run)))
+
+    def newest_versions(self, run: str | None, count: int | None) -> list[VersionEntry]:
+        """The ``count`` newest versions of ``run`` (None: of the store), newest first;
+        every one with ``count`` None.  Only the entries returned are decoded."""
         if run is not None and not names_a_run(run):
             return []
         with self.env.begin() as txn:

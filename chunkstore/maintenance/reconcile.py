@@ -116,14 +116,44 @@ def _sync_tags(store: StoreHandle) -> None:
             store.index.delete_tag(tag)
 
 
+def _stamps(store: StoreHandle) -> str | None:
+    """The listing stamps of the commit records and the tags; None where the backend
+    cannot give both (:meth:`~chunkstore.backends.base.Backend.listing_stamp`)."""
+    versions = store.objects.listing_stamp(VERSIONS)
+    tags = store.objects.listing_stamp(TAGS)
+    return None if versions is None or tags is None else f"{versions} {tags}"
+
+
+def reconcile_if_changed(store: StoreHandle) -> RebuildResult | None:
+    """:func:`reconcile`, unless the store's commit records and tags are as the index's
+    last complete reconcile listed them (what opening a store runs); None when skipped.
+
+    Skipped only where the backend vouches that no commit record and no tag was
+    added or removed since that reconcile read the stamps, before its listing (a
+    local folder's times: :mod:`chunkstore.backends.folderstamp`),
+    and the index holds as many versions as it then did.  Everything else lists:
+    object stores (no such stamp), a folder changed in the last seconds, an index
+    whose last reconcile left a version out (it may be readable now).  GC always
+    lists: what it deletes never rests on a stamp.
+    """
+    stamps = _stamps(store)
+    if stamps is not None and stamps == store.index.listed_as():
+        return None
+    return reconcile(store)
+
+
 def reconcile(store: StoreHandle, result: RebuildResult | None = None) -> RebuildResult:
     """Count in versions on storage the index lacks; count out those storage lacks.
 
     The index is read before storage is listed, so a version committed
     meanwhile is on the listing; a version missing from the listing is
-    checked again before it is counted out.
+    checked again before it is counted out.  The backend's listing stamps (:func:`_stamps`), read
+    before the listing, are recorded in the index where every version listed was
+    counted in: the next open that finds them unchanged need not list
+    (:func:`reconcile_if_changed`).
     """
     result = result or RebuildResult()
+    before = _stamps(store)
     in_index = store.index.version_ids()  # ids only: no entry decoded
     on_backend = set(store.stored_version_ids())
     new = sorted(on_backend - in_index)
@@ -139,6 +169,8 @@ def reconcile(store: StoreHandle, result: RebuildResult | None = None) -> Rebuil
         if not store.objects.exists(VERSIONS, version_id):
             store.index.remove_version(version_id)
     _sync_tags(store)
+    # The stamps read before the listing: any change since alters them.
+    store.index.set_listed_as(None if result.skipped else before)
     return result
 
 

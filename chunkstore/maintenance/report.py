@@ -3,6 +3,8 @@ for versions saved by several processes, the bytes each rank's shards hold."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -10,9 +12,9 @@ from chunkstore.codecs import PACK, by_id
 from chunkstore.errors import ChunkStoreError, CorruptNodeError, GcAbortedError, GcBusyError
 from chunkstore.format.digest import Digest
 from chunkstore.format.dtypes import element_size
-from chunkstore.format.manifest import DataEntry, PackLocation, TensorEntry
+from chunkstore.format.manifest import DataEntry, PackLocation, TensorEntry, decode_data
 from chunkstore.format.shards import RANKS_ENTRY, ShardRanks
-from chunkstore.handle.tree import Leaf, flatten
+from chunkstore.handle.tree import FlatTree, Leaf, flatten, read_node
 from chunkstore.index.indexfile import ReservePlan
 from chunkstore.index.lmdbindex import CHUNK, NODE
 from chunkstore.maintenance.drillhistory import DrillSummary, FailedDrill, drill_history
@@ -20,6 +22,7 @@ from chunkstore.read.reader import VersionReader
 
 if TYPE_CHECKING:
     from chunkstore.handle.handle import StoreHandle
+    from chunkstore.handle.versions import VersionInfo
     from chunkstore.maintenance.gc import GcResult
 
 
@@ -71,12 +74,19 @@ class VersionRanks:
 def shard_ranks(reader: VersionReader) -> ShardRanks | None:
     """The version's record of which rank wrote each shard; None when it has none
     (a save by one process, or one made before the record existed)."""
-    entries = reader.entries()
+    return _ranks_record(reader.entries(), reader.get_data)
+
+
+def _ranks_record(entries: dict[str, Leaf], get_data: Callable[[str], Any]
+                  ) -> ShardRanks | None:
+    """:func:`shard_ranks` of a version whose entries are ``entries`` (``get_data``
+    reads a data entry)."""
     leaf = entries.get(RANKS_ENTRY)
     if not isinstance(leaf, DataEntry):
         return None
+    value = get_data(RANKS_ENTRY)
     try:
-        return ShardRanks.from_plain(reader.get_data(RANKS_ENTRY), dict(entries))
+        return ShardRanks.from_plain(value, dict(entries))
     except ValueError as exc:
         raise CorruptNodeError(leaf.digest.hex, f"malformed ranks record: {exc}") from exc
 
@@ -159,21 +169,7 @@ def restore_reads(store: StoreHandle, leaves: dict[str, Leaf]) -> RestoreReads:
 def version_ranks(store: StoreHandle) -> list[VersionRanks]:
     """Every readable version that records its shards' ranks, oldest first; new
     bytes count against every earlier version (ranked or not)."""
-    seen: set[Digest] = set()
-    found = []
-    for info in store.versions():
-        try:
-            reader = VersionReader(store, info)
-            record = shard_ranks(reader)
-        except ChunkStoreError:
-            continue  # verify reports it
-        entries = reader.entries()
-        if record is not None:
-            found.append(VersionRanks(info.id, info.run, info.step, record.world_size,
-                                      ranks_of(entries, record, seen)))
-        seen.update(d for leaf in entries.values() if isinstance(leaf, TensorEntry)
-                    for shard in leaf.shards for d in shard.chunks)
-    return found
+    return _manifest_census(store, store.versions()).ranks
 
 
 @dataclass
@@ -295,7 +291,8 @@ def stats(store: StoreHandle, grace_s: float = 3600.0, now: float | None = None)
 
     now = time.time() if now is None else now
     result = StoreStats(grace_s=grace_s)
-    for info in store.versions():
+    versions = store.versions()
+    for info in versions:
         result.versions.append(VersionStats(info.id, info.run, info.step, info.created_iso,
                                             info.logical_bytes, info.new_bytes,
                                             info.new_stored_bytes))
@@ -306,7 +303,9 @@ def stats(store: StoreHandle, grace_s: float = 3600.0, now: float | None = None)
     try:
         # With the orphan sweep: what every GC could reclaim, the next one or a later.
         awaiting = collect(store, 0, dry_run=True, sweep=True, clock=lambda: now)
-        later = collect(store, grace_s, dry_run=True, sweep=True, clock=lambda: now)
+        # A longer grace deletes a part of what grace 0 does: of nothing, nothing.
+        later = awaiting if not _objects(awaiting) else collect(
+            store, grace_s, dry_run=True, sweep=True, clock=lambda: now)
     except (GcAbortedError, GcBusyError) as exc:
         result.gc_unknown = str(exc)
     else:
@@ -314,7 +313,8 @@ def stats(store: StoreHandle, grace_s: float = 3600.0, now: float | None = None)
         result.awaiting_gc_bytes = awaiting.bytes_freed + awaiting.orphan_bytes_freed
         result.reclaimable_now_objects = _objects(later)
         result.reclaimable_now_bytes = later.bytes_freed + later.orphan_bytes_freed
-    depths, members = _manifest_census(store)
+    census = _manifest_census(store, versions)
+    depths, members = census.depths, census.members
     pack_content: dict[Digest, int] = {}
     pack_stored: dict[Digest, int] = {}
     for kind in (CHUNK, NODE):
@@ -340,7 +340,7 @@ def stats(store: StoreHandle, grace_s: float = 3600.0, now: float | None = None)
     if depths:
         result.mean_chain_depth = sum(depths.values()) / len(depths)
         result.max_chain_depth = max(depths.values())
-    result.ranks = version_ranks(store)
+    result.ranks = census.ranks
     drills = drill_history(store, now)
     result.drills, result.failed_drills = drills.last_ok, drills.failed
     result.drill_warnings = drills.skipped
@@ -366,29 +366,62 @@ def _count_packs(result: StoreStats, awaiting: GcResult | None,
                                       for pack, size in pack_content.items())
 
 
-def _manifest_census(store: StoreHandle
-                     ) -> tuple[dict[Digest, int], dict[tuple[Digest, PackLocation], int]]:
-    """From the live versions' manifests: the chain depth of every chunk listed with
-    bases, and the raw length of every packed chunk by (digest, location)."""
-    depths: dict[Digest, int] = {}
-    members: dict[tuple[Digest, PackLocation], int] = {}
-    for info in store.versions():
+@dataclass
+class _Census:
+    """What the live versions' manifests say beyond the index: the chain depth of every
+    chunk listed with bases, the raw length of every packed chunk by (digest, location),
+    and the versions saved by several processes, by rank."""
+
+    depths: dict[Digest, int] = field(default_factory=dict)
+    members: dict[tuple[Digest, PackLocation], int] = field(default_factory=dict)
+    ranks: list[VersionRanks] = field(default_factory=list)
+
+
+def _manifest_census(store: StoreHandle, versions: list[VersionInfo]) -> _Census:
+    """One walk of every version's manifest (``versions``, oldest first) for
+    :class:`_Census`; a version whose manifest cannot be read is left out (verify
+    reports it).  A rank's new bytes count against every earlier version, ranked or
+    not."""
+    census = _Census()
+    seen: set[Digest] = set()
+    for info in versions:
         try:
             flat = flatten(store.objects, info.root, store.node_cache)
         except ChunkStoreError:
-            continue  # verify reports it
+            continue
         for leaf in flat.leaves.values():
-            if not isinstance(leaf, TensorEntry):
-                continue
-            for shard in leaf.shards:
-                for digest, chain in zip(shard.chunks, shard.bases, strict=False):
-                    if chain:
-                        depths[digest] = max(depths.get(digest, 0), len(chain))
-                spans = shard.chunk_spans(element_size(leaf.dtype))
-                for (digest, _start, length), location in zip(spans, shard.packs, strict=False):
-                    if location is not None:
-                        members[(digest, location)] = length
-    return depths, members
+            if isinstance(leaf, TensorEntry):
+                _count_chains(census, leaf)
+        try:
+            record = _ranks_record(flat.leaves, functools.partial(_data, store, flat))
+        except ChunkStoreError:
+            continue
+        if record is not None:
+            census.ranks.append(VersionRanks(info.id, info.run, info.step, record.world_size,
+                                             ranks_of(flat.leaves, record, seen)))
+        seen.update(d for leaf in flat.leaves.values() if isinstance(leaf, TensorEntry)
+                    for shard in leaf.shards for d in shard.chunks)
+    return census
+
+
+def _data(store: StoreHandle, flat: FlatTree, name: str) -> Any:
+    """The plain data of entry ``name`` (a data entry) of a version's tree."""
+    leaf = flat.leaves[name]
+    assert isinstance(leaf, DataEntry)
+    return decode_data(leaf.digest, read_node(store.objects, leaf.digest))
+
+
+def _count_chains(census: _Census, leaf: TensorEntry) -> None:
+    """A tensor's delta chains and packed chunks, into ``census``."""
+    for shard in leaf.shards:
+        for digest, chain in zip(shard.chunks, shard.bases, strict=False):
+            if chain:
+                census.depths[digest] = max(census.depths.get(digest, 0), len(chain))
+        if shard.packs:
+            spans = shard.chunk_spans(element_size(leaf.dtype))
+            for (digest, _start, length), location in zip(spans, shard.packs, strict=False):
+                if location is not None:
+                    census.members[(digest, location)] = length
 
 
 def _objects(result: GcResult) -> int:

@@ -162,16 +162,27 @@ def _problem_from(exc: ChunkStoreError, version: str | None) -> Problem:
 
 
 def _check_leaves(store: StoreHandle, verdict: VersionVerdict, flat: FlatTree,
-                  result: VerifyResult, reads: dict[ChunkCheck, list[str]]) -> None:
+                  result: VerifyResult, reads: dict[ChunkCheck, list[str]],
+                  checked: dict[object, list[ChunkCheck]]) -> None:
     """Check every leaf the way a read does; collect the chunk reads it implies
-    (each chunk at every length its positions imply, with the versions that need it)."""
+    (each chunk at every length its positions imply, with the versions that need it).
+    A leaf that an earlier version lists too and that passed is checked once
+    (``checked``, by data node, or by the tensor entry the manifest decoder shares
+    between versions, which ``trees`` keeps alive: its chunk reads)."""
     for name, leaf in flat.leaves.items():
+        key = leaf.digest if isinstance(leaf, DataEntry) else id(leaf)
+        known = checked.get(key)
+        if known is not None:
+            _needed_by(reads, known, verdict.id)
+            continue
         if isinstance(leaf, DataEntry):
             try:
                 decode_data(leaf.digest, read_node(store.objects, leaf.digest))
             except ChunkStoreError as exc:
                 result.problems.append(at(verdict, _problem_from(exc, None), name,
                                            node_at_fault(store, exc)))
+            else:
+                checked[key] = []
             continue
         try:
             spans = chunk_reads(leaf, store.chunk_size)
@@ -183,10 +194,19 @@ def _check_leaves(store: StoreHandle, verdict: VersionVerdict, flat: FlatTree,
             result.problems.append(at(verdict, _problem_from(corrupt, None), name,
                                        ("node", NODES.key(flat.owners[name]), "corrupt")))
             continue
-        for digest, _start, length, chain, location, locations in spans:
-            needed_by = reads.setdefault((digest, length, chain, location, locations), [])
-            if not needed_by or needed_by[-1] != verdict.id:
-                needed_by.append(verdict.id)
+        checks = [(digest, length, chain, location, locations)
+                  for digest, _start, length, chain, location, locations in spans]
+        checked[key] = checks
+        _needed_by(reads, checks, verdict.id)
+
+
+def _needed_by(reads: dict[ChunkCheck, list[str]], checks: list[ChunkCheck],
+               version_id: str) -> None:
+    """Note that version ``version_id`` needs each of ``checks``."""
+    for check in checks:
+        needed_by = reads.setdefault(check, [])
+        if not needed_by or needed_by[-1] != version_id:
+            needed_by.append(version_id)
 
 
 def _load_version(store: StoreHandle, verdict: VersionVerdict,
@@ -223,13 +243,14 @@ def _load_versions(store: StoreHandle, ids: list[str], result: VerifyResult,
                    ) -> tuple[dict[str, FlatTree], dict[str, VersionVerdict]]:
     trees: dict[str, FlatTree] = {}
     verdicts: dict[str, VersionVerdict] = {}
+    checked: dict[object, list[ChunkCheck]] = {}
     for version_id in ids:
         result.versions_checked += 1
         verdict = verdicts[version_id] = VersionVerdict(version_id)
         flat = _load_version(store, verdict, result)
         if flat is not None:
             verdict.entries = len(flat.leaves)
-            _check_leaves(store, verdict, flat, result, reads)
+            _check_leaves(store, verdict, flat, result, reads, checked)
             trees[version_id] = flat
     return trees, verdicts
 
@@ -297,7 +318,7 @@ def _check_moved(store: StoreHandle, result: VerifyResult) -> None:
 
 def _check_refcounts(store: StoreHandle, trees: dict[str, FlatTree], unreadable: set[str],
                      result: VerifyResult) -> None:
-    indexed = {e.id for e in store.index.versions()}
+    indexed = store.index.version_ids()
     for vid in sorted(set(trees) - indexed):
         result.problems.append(Problem("index", "version is not in the index; run"
                                        " `chunkstore index rebuild`", vid))

@@ -122,6 +122,12 @@ class ObjectStore:
             except ValueError:
                 continue
 
+    def listing_stamp(self, kind: Kind[IdT]) -> str | None:
+        """A value that changes whenever an object of ``kind`` is stored or removed, where
+        the backend can tell (:meth:`~chunkstore.backends.base.Backend.listing_stamp`);
+        None: list them to know."""
+        return self.backend.listing_stamp(kind.prefix)
+
     def infos(self, kind: Kind[IdT]) -> Iterator[tuple[IdT, ObjectInfo]]:
         """:meth:`ids` with each object's size and modification time."""
         for info in self.backend.list_info(kind.prefix):

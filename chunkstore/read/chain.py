@@ -203,8 +203,11 @@ def _decode_links(digest: Digest, links: list[Link], root: Link | None,
                   transient: bool = False) -> bytes | memoryview:
     """Decode the chain's root, apply each link's image to it with the link's codec,
     nearest the root first, and hash-check the result only.  ``transient``: the
-    root and the links before the last go to the thread's two scratch buffers in
-    turn (each link reads the one before and overwrites the other)."""
+    root and the links before the last go to the thread's scratch buffers (each
+    link reads the buffer before and writes another)."""
+    if out is not None and not any(
+            isinstance(codecs.by_id(link[1].codec_id), SparseDeltaCodec) for link in links):
+        return _decode_links_through(digest, links, root, root_raw, out, transient)
     length = links[0][1].raw_length
     #: whether ``current`` is a buffer of this decode's own (a scratch buffer or one
     #: allocated here), which a sparse-delta link may change in place
@@ -250,6 +253,53 @@ def _decode_links(digest: Digest, links: list[Link], root: Link | None,
         current, owned = into, True
     check_digest(digest, current)
     return current
+
+
+def _decode_links_through(digest: Digest, links: list[Link], root: Link | None,
+                          root_raw: bytes | memoryview | None, out: memoryview,
+                          transient: bool) -> memoryview:
+    """:func:`_decode_links` into the caller's ``out`` for a chain whose every link
+    writes a new buffer (no sparse-delta link): the root and the links go to ``out``
+    and to one other buffer in turn, so that the last lands in ``out``.  One scratch
+    buffer per read job, not two: a chunk's worth less memory per job in a restore
+    through chains of two links or more (python -m benchmarks.bench_memory_table).
+    ``out`` holds bytes of the chain's bases until the last link is applied; an error
+    leaves partial data in it, as any failed read does."""
+    length = links[0][1].raw_length
+    other: memoryview | None = None
+
+    def buffer(writes_after: int) -> memoryview:
+        """Where a write goes that ``writes_after`` more writes follow."""
+        nonlocal other
+        if writes_after % 2 == 0:
+            return out
+        if other is None:
+            other = scratch("chain-0", length) if transient \
+                else memoryview(bytearray(length))
+        return other
+
+    if root_raw is None:
+        assert root is not None
+        _, root_header, _ = root
+        # A raw root is read where it lies (a view, no copy); any other is decoded.
+        into = buffer(len(links)) if root_header.codec_id != codecs.RAW.id else None
+        root_raw = decode_payload(*root, into)
+    if len(root_raw) != length or len(out) != length:
+        raise CorruptChunkError(digest.hex, "a delta base of another length")
+    current: bytes | memoryview = root_raw
+    for i, (link_digest, link_header, link_view) in enumerate(reversed(links)):
+        codec = codecs.by_id(link_header.codec_id)
+        assert codec is not None  # parse_header checked it
+        into = buffer(len(links) - 1 - i)
+        try:
+            codec.decode_onto(link_view[link_header.size:], current, into,
+                              link_header.element_size)
+        except (ValueError, struct.error) as exc:
+            raise CorruptChunkError(link_digest.hex, f"{codec.name} payload does not decode:"
+                                    f" {exc}") from exc
+        current = into
+    check_digest(digest, out)
+    return out
 
 
 def _planes_of(digest: Digest, payload: memoryview, planes: np.ndarray, *, xor: bool) -> None:
