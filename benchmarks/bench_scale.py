@@ -41,6 +41,15 @@ for the code after, 45 before)::
         --out /work/main/benchmarks/results/scale.json
 
 ``--quick`` measures at 100 and 1,000 versions with fewer saves (a few minutes).
+
+The removal columns (benchmarks/scale_removal.py: a prune of 1,000 versions, an idle
+GC and a GC after the prune, at the version levels and at stores of 10k, 100k and,
+locally, 1M tiny objects) follow the saves; ``--removal-only`` measures them alone,
+``--no-removal`` leaves them out.  The reduced run in scale.json (about 15 minutes
+here, the stores built once)::
+
+    python -m benchmarks.bench_scale --label removal-quick --removal-only --quick --s3 \
+        --stores /tmp/scale-stores --out benchmarks/results/scale.json
 """
 
 from __future__ import annotations
@@ -66,13 +75,19 @@ from typing import Any
 import numpy as np
 
 import chunkstore
-from chunkstore.backends.wrappers import ForwardingBackend
+from chunkstore.backends.wrappers import RequestHook
 
 TENSORS = 20
 ELEMENTS = 1024
 RUN = "r"
 LEVELS = (100, 1000, 10_000)
 QUICK_LEVELS = (100, 1000)
+#: Stores of this many tiny objects for the removal columns (benchmarks/scale_removal.py);
+#: on the moto server a million is left out: uploading it takes hours there.
+OBJECT_LEVELS = (10_000, 100_000, 1_000_000)
+QUICK_OBJECT_LEVELS = (10_000, 100_000)
+S3_OBJECT_LEVELS = (10_000, 100_000)
+QUICK_S3_OBJECT_LEVELS = (10_000,)
 MODES = ("store", "checkpointer_sync", "checkpointer_async", "dcp", "dcp_url")
 #: Threads whose requests come per second, not per save (heartbeats, a collection).
 BACKGROUND = ("chunkstore-run-lease", "chunkstore-read-leases", "chunkstore-session",
@@ -84,10 +99,11 @@ WARM_UP = 2
 LIST_PAGE = 1000
 
 
-class Counting(ForwardingBackend):
+class Counting(RequestHook):
     """Counts requests by operation: ``list`` the listings, ``list_pages`` the LIST
-    requests they take on S3 (:data:`LIST_PAGE` keys each, at least one); the
-    :data:`BACKGROUND` threads' requests are not counted."""
+    requests they take on S3 (:data:`LIST_PAGE` keys each, at least one),
+    ``delete_many`` the bulk deletes (one per 1,000 keys); the :data:`BACKGROUND`
+    threads' requests are not counted."""
 
     def __init__(self, inner: Any, counts: Counter[str] | None = None) -> None:
         super().__init__(inner)
@@ -99,51 +115,11 @@ class Counting(ForwardingBackend):
             with self._lock:
                 self.counts[operation] += times
 
-    def put(self, key: str, data: bytes | memoryview) -> None:
-        self._count("put")
-        super().put(key, data)
+    def request(self, operation: str, key: str) -> None:
+        self._count(operation)
 
-    def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
-        self._count("put")
-        return super().put_if_absent(key, data)
-
-    def get(self, key: str) -> bytes:
-        self._count("get")
-        return super().get(key)
-
-    def get_range(self, key: str, start: int, length: int) -> bytes:
-        self._count("get")
-        return super().get_range(key, start, length)
-
-    def read_into(self, key: str, start: int, buffer: memoryview) -> int:
-        self._count("get")
-        return super().read_into(key, start, buffer)
-
-    def stat(self, key: str) -> Any:
-        self._count("head")
-        return super().stat(key)
-
-    def exists(self, key: str) -> bool:
-        self._count("head")
-        return super().exists(key)
-
-    def delete(self, key: str) -> bool:
-        self._count("delete")
-        return super().delete(key)
-
-    def list(self, prefix: str = "") -> Iterator[str]:
-        keys = [*super().list(prefix)]
-        self._count_listing(len(keys))
-        return iter(keys)
-
-    def list_info(self, prefix: str = "") -> Iterator[Any]:
-        infos = [*super().list_info(prefix)]
-        self._count_listing(len(infos))
-        return iter(infos)
-
-    def _count_listing(self, keys: int) -> None:
-        self._count("list")
-        self._count("list_pages", max(1, -(-keys // LIST_PAGE)))
+    def listed(self, prefix: str, count: int) -> None:
+        self._count("list_pages", max(1, -(-count // LIST_PAGE)))
 
 
 class Workload:
@@ -463,6 +439,18 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="where the stores are built and kept (default: a temporary"
                         " directory, removed afterwards)")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--removal-only", action="store_true",
+                        help="only the removal columns (a prune of 1,000 versions, an idle GC,"
+                        " a GC after the prune: benchmarks/scale_removal.py), not the saves")
+    parser.add_argument("--no-removal", action="store_true", help="only the saves")
+    parser.add_argument("--object-levels", type=int, nargs="*", default=None,
+                        help="stores of this many tiny objects for the removal columns"
+                        f" (default {' '.join(map(str, OBJECT_LEVELS))}; --quick"
+                        f" {' '.join(map(str, QUICK_OBJECT_LEVELS))})")
+    parser.add_argument("--s3-object-levels", type=int, nargs="*", default=None,
+                        help=f"the object levels on S3 (default"
+                        f" {' '.join(map(str, S3_OBJECT_LEVELS))}; --quick"
+                        f" {' '.join(map(str, QUICK_S3_OBJECT_LEVELS))})")
     return parser.parse_args(argv)
 
 
@@ -471,16 +459,40 @@ def measure_all(args: argparse.Namespace, stores: Path) -> dict[str, Any]:
     saves, count = (10, 3) if args.quick else (args.saves, args.count)
     bases = build(stores, levels)
     sources = {level: prepared(stores, bases[level], args.label) for level in levels}
-    local: dict[str, dict[str, Any]] = {str(level): {} for level in levels}
-    for mode in args.modes:  # each mode on fresh copies
-        with fresh_copies(sources, stores) as places:
-            measured = measure_modes(places, [mode], saves, count, lambda level, _: level)
-        for level, results in measured.items():
-            local[level].update(results)
-    found: dict[str, Any] = {"saves": saves, "counted": count,
-                             "local": {"levels": local, "ratio_highest_to_lowest": ratios(local)}}
-    if args.s3:
-        found["s3"] = measure_on_s3(args, stores, sources, count)
+    found: dict[str, Any] = {}
+    if not args.removal_only:
+        local: dict[str, dict[str, Any]] = {str(level): {} for level in levels}
+        for mode in args.modes:  # each mode on fresh copies
+            with fresh_copies(sources, stores) as places:
+                measured = measure_modes(places, [mode], saves, count, lambda level, _: level)
+            for level, results in measured.items():
+                local[level].update(results)
+        found.update({"saves": saves, "counted": count, "local": {
+            "levels": local, "ratio_highest_to_lowest": ratios(local)}})
+        if args.s3:
+            found["s3"] = measure_on_s3(args, stores, sources, count)
+    if not args.no_removal:
+        found["removal"] = measure_removal(args, stores, sources)
+    return found
+
+
+def measure_removal(args: argparse.Namespace, stores: Path, sources: dict[int, Path]
+                    ) -> dict[str, Any]:
+    """The removal columns (benchmarks/scale_removal.py), locally and with ``--s3`` on
+    the moto server."""
+    from benchmarks import scale_removal
+    objects = tuple(args.object_levels if args.object_levels is not None
+                    else QUICK_OBJECT_LEVELS if args.quick else OBJECT_LEVELS)
+    print("removal: a prune of 1,000 versions, an idle GC, a GC after the prune", flush=True)
+    found = {}
+    if args.s3:  # first: the local run consumes the stores of the object levels
+        s3_levels = tuple(args.s3_levels or sources)
+        s3_sources = {level: sources.get(level) or prepared(stores, build(
+            stores, (level,))[level], args.label) for level in s3_levels}
+        s3_objects = tuple(args.s3_object_levels if args.s3_object_levels is not None
+                           else QUICK_S3_OBJECT_LEVELS if args.quick else S3_OBJECT_LEVELS)
+        found["s3"] = scale_removal.measure_s3(s3_sources, s3_objects, stores)
+    found["local"] = scale_removal.measure_local(sources, objects, stores)
     return found
 
 
@@ -518,8 +530,9 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if args.stores is None:
             shutil.rmtree(stores, ignore_errors=True)
-    print(json.dumps({where: run[where]["ratio_highest_to_lowest"]
-                      for where in ("local", "s3") if where in run}))
+    if "local" in run:
+        print(json.dumps({where: run[where]["ratio_highest_to_lowest"]
+                          for where in ("local", "s3") if where in run}))
     if args.out is not None:
         write_results(args.out, args.label, run)
 

@@ -17,7 +17,7 @@ import operator
 import os
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from chunkstore.backends import LOCAL_SCHEMES, open_backend
@@ -366,6 +366,13 @@ class Store(StoreHandle):
     def delete(self, selector: str, *, force: bool = False) -> VersionInfo:
         self._check_writable(f"remove {selector}")
         return super().delete(selector, force=force)
+
+    def delete_many(self, selectors: Iterable[str], *, force: bool = False
+                    ) -> list[VersionInfo]:
+        selectors = list(selectors)
+        self._check_writable("remove " + " ".join(selectors[:3])
+                             + (f" and {len(selectors) - 3} more" if len(selectors) > 3 else ""))
+        return super().delete_many(selectors, force=force)
 
     def tag(self, selector: str, name: str) -> VersionInfo:
         self._check_writable(f"tag {selector} {name}")

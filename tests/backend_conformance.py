@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
 
+from chunkstore.backends import fsspec_backend
 from chunkstore.backends.base import Backend, ObjectInfo
 
 MIB = 1 << 20
@@ -188,6 +189,26 @@ class BackendConformance:
         with pytest.raises(FileNotFoundError):
             backend.get("chunks/ab/ab01")
         assert list(backend.list()) == []
+
+    def test_delete_many_removes_each_and_skips_the_missing(self, backend: Backend) -> None:
+        for key in ("versions/a", "versions/b", "removed/a", "tags/t"):
+            backend.put(key, b"x")
+        backend.delete_many(["versions/a", "removed/a", "versions/never", "versions/b"])
+        assert list(backend.list()) == ["tags/t"]
+        backend.delete_many([])
+        backend.delete_many(["versions/a"])  # gone already: nothing to do, no error
+        assert list(backend.list()) == ["tags/t"]
+
+    def test_delete_many_past_one_request(self, backend: Backend,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+        """More keys than one request takes (made 2 here, not 1,000, to spare the puts)."""
+        monkeypatch.setattr(fsspec_backend, "DELETE_BATCH", 2)
+        keys = [f"versions/{i:05d}" for i in range(5)]
+        for key in keys:
+            backend.put(key, b"")
+        backend.put("versions/kept", b"k")
+        backend.delete_many(keys)
+        assert list(backend.list("versions/")) == ["versions/kept"]
 
     # --- list ----------------------------------------------------------------------------
 

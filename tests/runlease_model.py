@@ -26,8 +26,12 @@ requests for as long as the others like (a crash is a pause that never ends):
   that took the run over, with ``takers_remove``) removes any version of the run
   (retention, ``chunkstore rm``, a step saved again with ``replace``): its
   tombstone and the check for a ``@rolled-`` marker (there: write the
-  ``@withdrawn-`` marker), then the record's deletion.  A record of a withdrawn
-  version is never a version (an index deletes it instead of counting it in).
+  ``@withdrawn-`` marker), then the record's deletion.  With ``Config.batch``, one
+  removal takes several versions, as a prune does: one check for all of them, then
+  each record's deletion, in any order, the other processes moving in between.  A
+  record of a withdrawn version is never a version (an index deletes it instead of
+  counting it in).  A GC deletes the tombstone of a removed version at any time, but
+  not while a taker walks (a walk outlasts no grace period).
 
 Versions are named by writer and step (``A2``); each knows its step, its parent
 (what its writer restored or saved before it), its writer's generation and the
@@ -106,6 +110,9 @@ class Fencing:
     #: A removal also withdraws a version whose intent is the run's highest slot, and a
     #: walk rolls forward no withdrawn version.
     withdraws_highest_intent: bool = False
+    #: Once it named the version rolled forward, the taker looks for its tombstone (a
+    #: removal began) and then rolls nothing forward.
+    taker_checks_tombstone: bool = False
 
     # --- one rule broken at a time --------------------------------------------------------------
     #: A taker creates its generation with a plain put (two takers may hold one).
@@ -133,7 +140,7 @@ class Fencing:
         """This protocol with the safe choices: the taker checks its generation before
         each roll-forward and once its fence is placed."""
         return replace(self, taker_checks_before_roll=True, taker_checks_after_fence=True,
-                       withdraws_highest_intent=True)
+                       withdraws_highest_intent=True, taker_checks_tombstone=True)
 
     def breaks(self) -> list[str]:
         return [f.name for f in fields(self)
@@ -148,6 +155,10 @@ class Config:
     removals: int = 0
     #: Only a writer that took the run over (generation 2 or later) removes versions.
     takers_remove: bool = False
+    #: Versions one removal takes at once (a prune, ``rm`` of several): one check of
+    #: the markers and the highest slot for all of them, then each record's deletion,
+    #: a step apart, in any order (a bulk delete promises none).
+    batch: int = 1
     max_depth: int | None = None  # explore() reads it: None explores everything
 
 
@@ -184,9 +195,11 @@ class State(NamedTuple):
     withdrawn: frozenset[str]  # versions with a ``@withdrawn-`` marker: never versions
     history: frozenset[Version]  # every commit record ever created
     removed: frozenset[str]
+    tombstoned: frozenset[str]  # versions a removal wrote the tombstone of (kept: no GC)
     writers: tuple[Writer, ...]
     removals: int  # removals left
-    removing: tuple[int, Version] | None  # a removal between its marker check and delete
+    #: a removal under way: the remover, the records left, whether it made its check
+    removing: tuple[int, tuple[Version, ...], bool] | None
 
 
 Step = tuple[str, State]
@@ -236,7 +249,7 @@ class Model:
     def initial(self) -> State:
         writers = tuple(Writer(TAKE, n) for n in self.config.saves)
         none: frozenset[str] = frozenset()
-        return State(0, (), frozenset(), none, none, frozenset(), none, writers,
+        return State(0, (), frozenset(), none, none, frozenset(), none, none, writers,
                      self.config.removals, None)
 
     # --- the invariants ---------------------------------------------------------------------
@@ -316,7 +329,13 @@ class Model:
                 self._with(s, i, w._replace(pc=ROLL), rolled=s.rolled | {w.seen.name}))
 
     def _roll(self, s: State, i: int, w: Writer) -> Step:
+        """Look for the version's tombstone (with ``taker_checks_tombstone``), then create
+        its record.  One step: a removal whose tombstone comes between the two found the
+        ``@rolled-`` marker (written before the look) and withdrew the version."""
         assert w.seen is not None
+        if self.protocol.taker_checks_tombstone and w.seen.name in s.tombstoned:
+            return (f"finds {w.seen.name} removed (its tombstone): rolls nothing forward",
+                    self._with(s, i, self._past(w, w.cursor)))
         label, t = _publish(s, w.seen)
         return f"rolls {w.seen.name} forward: {label}", self._with(t, i, self._past(w, w.cursor))
 
@@ -414,32 +433,52 @@ class Model:
     # --- removal ------------------------------------------------------------------------------
 
     def _removals(self, s: State) -> list[Step]:
-        """A removal: its tombstone and the ``@rolled-`` check (withdraw if there), then,
-        a step later, the record's deletion."""
+        """A removal of ``Config.batch`` versions: their tombstones; then one check of the
+        ``@rolled-`` markers and the highest slot for all of them (withdraw those it
+        names); then, a step apart each, the records' deletions."""
+        # A GC deletes the tombstone of a removed version once it is past its grace period,
+        # which no taker's walk outlasts from its listing of the slots to its look for the
+        # tombstone (as no reader outlasts it: what the grace period is for).
+        walking = any(w.pc in (READ, MARK, ROLL) for w in s.writers)
+        expired = [] if walking else [
+            (f"GC: deletes the tombstone of {name}", s._replace(tombstoned=s.tombstoned - {name}))
+            for name in sorted(s.tombstoned & s.removed)]
+        return expired + self._removal_steps(s)
+
+    def _removal_steps(self, s: State) -> list[Step]:
         if s.removing is not None:
-            i, v = s.removing
+            i, left, checked = s.removing
+            if not checked:
+                return [self._check_removal(s, i, left)]
             return [(f"{LETTERS[i]}: deletes the record of {v.name}",
                      s._replace(records=s.records - {v}, removed=s.removed | {v.name},
-                                removing=None))]
+                                removing=(i, tuple(u for u in left if u != v), True)
+                                if len(left) > 1 else None)) for v in left]
         if not s.removals:
             return []
         least = 2 if self.config.takers_remove else 1
         out = []
         for i, w in enumerate(s.writers):
-            if not w.restored or w.gen < least:
+            held = _held(s)
+            if not w.restored or w.gen < least or not held:
                 continue
-            top = max((n for n, slot in enumerate(s.slots, 1) if slot), default=0)
-            highest = _slot(s, top)
-            for v in _held(s):
-                rolled = (v.name in s.rolled or (
-                    self.protocol.withdraws_highest_intent and highest is not None
-                    and highest.version == v)) and not self.protocol.break_no_withdrawal
-                t = s._replace(removals=s.removals - 1, removing=(i, v))
-                if rolled:
-                    t = t._replace(withdrawn=s.withdrawn | {v.name})
-                out.append((f"{LETTERS[i]}: removes {v.name}"
-                            f"{' (withdraws it)' if rolled else ''}", t))
+            for chosen in itertools.combinations(held, min(self.config.batch, len(held))):
+                names = ", ".join(v.name for v in chosen)
+                out.append((f"{LETTERS[i]}: removes {names}: writes the tombstones",
+                            s._replace(removals=s.removals - 1, removing=(i, chosen, False),
+                                       tombstoned=s.tombstoned | {v.name for v in chosen})))
         return out
+
+    def _check_removal(self, s: State, i: int, chosen: tuple[Version, ...]) -> Step:
+        top = max((n for n, slot in enumerate(s.slots, 1) if slot), default=0)
+        highest = _slot(s, top)
+        withdrawn = frozenset(v.name for v in chosen if (v.name in s.rolled or (
+            self.protocol.withdraws_highest_intent and highest is not None
+            and highest.version == v)) and not self.protocol.break_no_withdrawal)
+        names = ", ".join(v.name + (" (withdraws it)" if v.name in withdrawn else "")
+                          for v in chosen)
+        return (f"{LETTERS[i]}: checks the markers for {names}",
+                s._replace(removing=(i, chosen, True), withdrawn=s.withdrawn | withdrawn))
 
 
 def _held(s: State) -> list[Version]:

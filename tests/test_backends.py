@@ -17,14 +17,16 @@ from typing import Any
 import fsspec
 import pytest
 
-from chunkstore.backends import open_backend
+from chunkstore.backends import open_backend, wrappers
 from chunkstore.backends.base import Backend
 from chunkstore.backends.fsspec_backend import FsspecBackend
 from chunkstore.backends.local import LocalBackend
 from chunkstore.backends.wrappers import (
     FAULT_ENV_VAR,
+    ForwardingBackend,
     KillAfterBackend,
     ReadOnlyBackend,
+    RequestHook,
     wrap_from_env,
 )
 from chunkstore.errors import BackendError, InvalidInputError, MissingDependencyError
@@ -344,11 +346,71 @@ class TestReadOnlyBackend:
             lambda: backend.put("k", b"x"),
             lambda: backend.put_if_absent("new", b"x"),
             lambda: backend.delete("k"),
+            lambda: backend.delete_many(["k"]),
         ):
             with pytest.raises(BackendError, match="read-only"):
                 write()
         assert inner.get("k") == b"value"
         assert list(inner.list()) == ["k"]
+
+
+class TestDeleteManyThroughWrappers:
+    """A wrapper that intercepts ``delete`` sees each key of a ``delete_many``; one that
+    does not forwards the bulk call (S3 keeps its batches); a counting hook counts a
+    request per batch."""
+
+    def test_a_wrapper_that_intercepts_delete_sees_every_key(self, tmp_path: Path) -> None:
+        inner = LocalBackend(str(tmp_path))
+        for key in ("versions/a", "versions/b", "tags/t"):
+            inner.put(key, b"x")
+        seen: list[str] = []
+
+        class Watching(ForwardingBackend):
+            def delete(self, key: str) -> bool:
+                seen.append(key)
+                return super().delete(key)
+
+        Watching(inner).delete_many(["versions/a", "versions/b"])
+        assert seen == ["versions/a", "versions/b"]
+        assert list(inner.list()) == ["tags/t"]
+
+    def test_a_plain_forwarder_and_a_hook_forward_the_bulk_call(
+            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        calls: list[list[str]] = []
+        inner = LocalBackend(str(tmp_path))
+        real = inner.delete_many
+        monkeypatch.setattr(inner, "delete_many", lambda keys: (calls.append(list(keys)),
+                                                                 real(keys))[1])
+        requests: list[tuple[str, str]] = []
+
+        class Hook(RequestHook):
+            def request(self, operation: str, key: str) -> None:
+                requests.append((operation, key))
+
+        monkeypatch.setattr(wrappers, "DELETE_BATCH", 2)
+        keys = [f"versions/{i}" for i in range(5)]
+        for key in keys:
+            inner.put(key, b"")
+        Hook(ForwardingBackend(inner)).delete_many(keys)
+        assert calls == [keys[0:2], keys[2:4], keys[4:5]]
+        assert requests == [("delete_many", "versions/0"), ("delete_many", "versions/2"),
+                            ("delete_many", "versions/4")]
+        assert list(inner.list()) == []
+
+    def test_kill_at_a_delete_of_a_bulk_delete(self, tmp_path: Path) -> None:
+        script = ("import sys\n"
+                  "from chunkstore.backends import open_backend\n"
+                  "from chunkstore.backends.wrappers import wrap_from_env\n"
+                  "wrap_from_env(open_backend(sys.argv[1])).delete_many("
+                  "[f'versions/{i}' for i in range(4)])\n")
+        backend = LocalBackend(str(tmp_path))
+        for i in range(4):
+            backend.put(f"versions/{i}", b"")
+        env = {**os.environ, FAULT_ENV_VAR: "kill-before-delete:versions/:2"}
+        result = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=env,
+                                cwd=REPO_ROOT, capture_output=True, timeout=60, check=False)
+        assert result.returncode == -signal.SIGKILL, result.stderr.decode()
+        assert list(backend.list()) == ["versions/2", "versions/3"]
 
 
 KILL_SCRIPT = """

@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 import chunkstore
-from benchmarks import bench_scale
+from benchmarks import bench_scale, scale_removal
 
 
 def test_the_scale_benchmark_records_each_level_and_mode_under_its_label(
@@ -16,8 +18,8 @@ def test_the_scale_benchmark_records_each_level_and_mode_under_its_label(
     out = tmp_path / "scale.json"
     out.write_text(json.dumps({"runs": {"before": {"kept": True}}}))
     bench_scale.main(["--label", "after", "--levels", "21", "24", "--saves", "2", "--count", "2",
-                      "--modes", "store", "dcp", "--stores", str(tmp_path / "stores"),
-                      "--out", str(out)])
+                      "--modes", "store", "dcp", "--no-removal",
+                      "--stores", str(tmp_path / "stores"), "--out", str(out)])
     found = json.loads(out.read_text())
     assert found["runs"]["before"] == {"kept": True}
     run = found["runs"]["after"]["local"]
@@ -34,3 +36,28 @@ def test_the_scale_benchmark_records_each_level_and_mode_under_its_label(
         run["levels"]["24"]["store"]["requests_per_save"]
     with chunkstore.open(tmp_path / "stores" / "base-24") as store:
         assert [v.step for v in store.versions("r")] == list(range(24))
+
+
+def test_the_removal_columns_record_prune_and_gcs_at_each_level(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--removal-only at a toy size: at each version level and object level an idle GC
+    that deletes nothing, a prune (here of 20 versions, not 1,000) counted per version,
+    and a GC after it that deletes what the pruned versions alone reached."""
+    monkeypatch.setattr(scale_removal, "PRUNED", 20)
+    monkeypatch.setattr(scale_removal, "OBJECT_LEVEL_RUN", 30)
+    out = tmp_path / "scale.json"
+    bench_scale.main(["--label", "removal", "--removal-only", "--levels", "40",
+                      "--object-levels", "200", "--stores", str(tmp_path / "stores"),
+                      "--out", str(out)])
+    run = json.loads(out.read_text())["runs"]["removal"]
+    assert "local" not in run  # the save columns were not asked for
+    versions = run["removal"]["local"]["versions"]["40"]
+    for found in (versions, run["removal"]["local"]["objects"]["200"]):
+        timed = found["timed"]
+        assert timed["idle_gc"]["deleted"] == 0
+        assert timed["prune"]["removed"] == 20 and timed["prune"]["ms_per_version"] > 0
+        assert timed["gc_after_prune"]["deleted"] > 0
+        assert timed["gc_after_prune"]["tombstones_deleted"] == 20
+    counted = versions["counted"]["prune"]
+    assert counted["requests"]["delete_many"] == 1 and "delete" not in counted["requests"]
+    assert counted["requests"]["put"] >= 20  # a tombstone each

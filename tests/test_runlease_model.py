@@ -22,6 +22,15 @@ every interleaving of two to four writers of one run (:mod:`tests.runlease_model
   again by the next walk (found by this model); the removal now withdraws it too, and
   the walk rolls forward nothing withdrawn (``withdraws_highest_intent``).
   tests/test_protocol_stateful.py plays both schedules on the real code.
+- Removal with a third launch (found by this model): a taker that read the intent of
+  the owner's A1, while the owner claimed its next slot (so A1's intent is no longer
+  the highest) and removed A1 (nothing to withdraw yet), rolled A1 forward again.  The
+  taker now looks for the version's tombstone once its ``@rolled-`` marker is written
+  (``taker_checks_tombstone``): the removal wrote the tombstone before it looked for
+  the marker, so one of the two sees the other's.  That holds while the tombstone
+  does: a walk must not outlast the grace period, as a reader must not.  With it, a
+  bulk removal (a prune) checks the markers and the highest slot once per batch, after
+  the batch's tombstones, and loses nothing (``batch``).
 """
 
 from __future__ import annotations
@@ -55,6 +64,11 @@ FOUR = Config(saves=(1, 1, 0, 0))
 TAKER_REMOVES = Config(saves=(1, 0), removals=1, takers_remove=True)
 # The same, but the writer itself may remove its version (``chunkstore rm RUN@latest``).
 OWNER_REMOVES = Config(saves=(1, 0), removals=1)
+# A writer that saves twice; a prune (or ``rm`` of several) removes two versions at once,
+# with one look at the markers and the highest slot for both (chunkstore.handle.removal),
+# by a taker or by the owner itself, and a third launch that only takes the run over.
+TAKER_PRUNES = Config(saves=(2, 0, 0), removals=1, takers_remove=True, batch=2)
+OWNER_PRUNES = Config(saves=(2, 0), removals=1, batch=2)
 
 
 def check(name: str, config: Config, protocol: Fencing) -> Result:
@@ -109,14 +123,18 @@ def test_safe_fencing_loses_nothing(world: str) -> None:
 # Each safe choice, alone made as the code makes it: (a) a stale taker listed slot 2 (B's
 # fence), B claimed 3 and 4 and deleted 2, stale A claimed 2 again, the taker rolls A1
 # forward: two versions of RUN@1; (b) the stale taker's schedule above, with a fourth writer.
+# (c) A owns the run and saves A1; C takes it and reads slot 2 (A1's intent); A claims
+# slot 3 for A2, so A1's is no longer the highest, and removes A1 (nothing to withdraw:
+# no marker yet); C marks A1 rolled forward and creates its record again.
 UNSAFE_CHOICES = {
     "taker_checks_before_roll": (STALE_CLAIM, "two versions of RUN@1: A1 and B1"),
     "taker_checks_after_fence": (FOUR, "A2 (gen 1) follows B1 (gen 2)"),
+    "taker_checks_tombstone": (TAKER_PRUNES, "A1 was removed and is there again"),
 }
 
 
 @pytest.mark.parametrize("choice", [
-    "taker_checks_before_roll",
+    "taker_checks_before_roll", "taker_checks_tombstone",
     pytest.param("taker_checks_after_fence", marks=pytest.mark.slow),
 ])
 def test_each_safe_choice_is_needed(choice: str) -> None:
@@ -185,8 +203,25 @@ def test_without_withdrawing_the_highest_intent_a_removed_latest_version_comes_b
     result = check("owner_removes", OWNER_REMOVES,
                    dataclasses.replace(SAFE, withdraws_highest_intent=False))
     assert result.violation == "A1 was removed and is there again", result.report()
-    assert "A: removes A1" in result.schedule
+    assert "A: removes A1: writes the tombstones" in result.schedule
     assert result.schedule[-1] == "B: rolls A1 forward: creates it"
+
+
+@pytest.mark.parametrize("world", ["taker_prunes", "owner_prunes"])
+def test_a_bulk_removal_checked_once_loses_nothing(world: str) -> None:
+    """One check of the markers and the highest slot for a batch of removals, the
+    deletes after it in any order while writers and takers move: every removed version
+    stays removed, and the history stays one chain."""
+    config = TAKER_PRUNES if world == "taker_prunes" else OWNER_PRUNES
+    result = check(world, config, SAFE)
+    assert result.violation is None, result.report()
+    assert result.complete
+
+
+def test_a_bulk_removal_that_withdraws_no_highest_intent_brings_a_version_back() -> None:
+    result = check("owner_prunes", OWNER_PRUNES,
+                   dataclasses.replace(SAFE, withdraws_highest_intent=False))
+    assert result.violation == "A1 was removed and is there again", result.report()
 
 
 def test_model_sanity() -> None:
@@ -204,7 +239,7 @@ def test_model_sanity() -> None:
                  "checks for A2: gen 2 exists, lost", "deletes slot 1", "restores from B1",
                  "checks before rolling A1 forward: gen 2 exists, lost",
                  "checks: gen 2 exists, lost", "puts the record of A1: already there",
-                 "removes A1 (withdraws it)", "finds A1 withdrawn",
+                 "checks the markers for A1 (withdraws it)", "finds A1 withdrawn",
                  "finds A1 not withdrawn", "finds A1 withdrawn: rolls nothing forward"):
         assert any(what in label for label in labels), what
 

@@ -10,8 +10,12 @@ errors: the store does that.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+
+#: Keys one request of :meth:`Backend.delete_many` removes at most (S3's DeleteObjects
+#: takes 1,000): a wrapper that counts requests counts one per this many keys.
+DELETE_BATCH = 1000
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,15 @@ class Backend(abc.ABC):
         simply ``put_if_absent``, durable on return.
         """
         return self.put_if_absent(key, data)
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        """:meth:`delete` every key (a missing one is skipped): each removal durable on
+        return, as :meth:`delete`'s.  Where the storage has a bulk delete, in one
+        request per :data:`DELETE_BATCH` keys.  In no particular order: a failure (an
+        exception) may leave any of them deleted and any not.  The default deletes
+        them one by one."""
+        for key in keys:
+            self.delete(key)
 
     def discard(self, key: str) -> bool:
         """``delete`` for an object whose removal need not survive a crash (a save's

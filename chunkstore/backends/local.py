@@ -28,7 +28,8 @@ import secrets
 import stat as stat_module
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import ClassVar
 
 from chunkstore.backends.base import Backend, ObjectInfo
@@ -55,6 +56,11 @@ MAP_MIN_BYTES = 256 * 1024
 #: later; Python 3.11's mmap module does not name it); None where reads are never mapped.
 _POPULATE_READ: int | None = getattr(mmap, "MADV_POPULATE_READ",
                                      22 if sys.platform == "linux" else None)
+#: Files :meth:`LocalBackend.delete_many` unlinks at once.  An unlink frees its file's
+#: blocks in the call, which waits on the filesystem's journal (and on a disk mounted
+#: with ``discard``, on the trim): on this project's 2-core machine 500 records took
+#: 0.7-1.6 s unlinked one after another and 0.05-0.08 s from 8 threads.
+UNLINK_THREADS = 8
 #: Set to ``file`` to fsync every object on its own instead of one syncfs per save.
 SYNC_ENV_VAR = "CHUNKSTORE_LOCAL_SYNC"
 #: Set to ``0`` to write new objects through named temp files even where the
@@ -310,6 +316,27 @@ class LocalBackend(Backend):
         # Without the directory fsync a crash can resurrect the deleted name.
         _fsync_dir(os.path.dirname(path))
         return True
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        """Unlink every file, :data:`UNLINK_THREADS` at a time, then fsync each directory
+        they were in once: one fsync for a thousand records of one folder where
+        :meth:`delete` makes a thousand."""
+        paths = [self._path(key) for key in keys]
+        # Until every unlink has answered, any of them may have happened.
+        directories = {os.path.dirname(path) for path in paths}
+        try:
+            if len(paths) > 1:
+                with ThreadPoolExecutor(min(UNLINK_THREADS, len(paths)),
+                                        thread_name_prefix="chunkstore-unlink") as pool:
+                    found = list(pool.map(_unlinked, paths))
+            else:
+                found = [_unlinked(path) for path in paths]
+            directories = {os.path.dirname(path)
+                           for path, was in zip(paths, found, strict=True) if was}
+        finally:  # the removals durable, those before a failure too
+            for directory in sorted(directories):
+                with contextlib.suppress(FileNotFoundError):
+                    _fsync_dir(directory)
 
     def discard(self, key: str) -> bool:
         """Unlink the file without the directory fsync (see :meth:`Backend.discard`)."""
@@ -598,6 +625,15 @@ def _fsync_dir(directory: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _unlinked(path: str) -> bool:
+    """Unlink ``path``; whether there was a file to unlink."""
+    try:
+        os.unlink(path)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return False
+    return True
 
 
 def _unlink_quietly(path: str) -> None:

@@ -12,10 +12,10 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TypeVar
 
-from chunkstore.backends.base import Backend, ObjectInfo
+from chunkstore.backends.base import DELETE_BATCH, Backend, ObjectInfo
 from chunkstore.errors import BackendError
 
 _T = TypeVar("_T")
@@ -104,6 +104,16 @@ class ForwardingBackend(Backend):
         if type(self).delete is not ForwardingBackend.delete:
             return self.delete(key)
         return self.inner.discard(key)
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        """Forward to ``inner.delete_many``, or key by key through this class's
+        ``delete`` when it is intercepted (so a subclass that intercepts ``delete``, to
+        refuse it or to die at one, sees every removal; one that counts requests
+        intercepts this method too)."""
+        if type(self).delete is not ForwardingBackend.delete:
+            super().delete_many(keys)
+            return
+        self.inner.delete_many(keys)
 
     def flush(self) -> None:
         """Forward to ``inner.flush``."""
@@ -233,7 +243,8 @@ def wrap_from_env(backend: Backend, environ: Mapping[str, str] | None = None) ->
 
 class RequestHook(ForwardingBackend):
     """Calls :meth:`request` before each storage request it forwards (``put``, ``get``,
-    ``head``, ``delete``, ``list``, and ``walk`` for a sweep of temporary files), and
+    ``head``, ``delete``, ``delete_many`` (one per :data:`DELETE_BATCH` keys), ``list``,
+    and ``walk`` for a sweep of temporary files), and
     :meth:`listed` once a listing has been read to its end: subclass to count requests
     (the benchmarks and tests that count them share this)."""
 
@@ -274,6 +285,13 @@ class RequestHook(ForwardingBackend):
     def delete(self, key: str) -> bool:  # discard comes here too
         self.request("delete", key)
         return super().delete(key)
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        """One ``delete_many`` request per :data:`DELETE_BATCH` keys (what S3 answers)."""
+        for start in range(0, len(keys), DELETE_BATCH):
+            batch = keys[start:start + DELETE_BATCH]
+            self.request("delete_many", batch[0])
+            self.inner.delete_many(batch)
 
     def list(self, prefix: str = "") -> Iterator[str]:
         self.request("list", prefix)

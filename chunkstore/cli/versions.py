@@ -147,8 +147,7 @@ def rm(store_path: str, selectors: tuple[str, ...], force: bool, dry_run: bool,
             names = "; ".join(f"{i.short_id} is tagged {', '.join(t)}" for i, t in pinned)
             raise CliError(f"{names}; untag first or pass --force; nothing removed", EXIT_USAGE)
         if not dry_run:
-            for info in infos:
-                store.delete(info.id, force=force)
+            store.delete_many([info.id for info in infos], force=force)
     if as_json:
         emit_json({"dry_run": dry_run, "removed": [version_json(i, tags) for i in infos]})
         return

@@ -44,6 +44,7 @@ from chunkstore.format.records import (
 )
 from chunkstore.handle.basecopies import BASE_COPY_BYTES, BaseCopies
 from chunkstore.handle.caches import BaseCache
+from chunkstore.handle.removal import remove_versions
 from chunkstore.handle.tree import NodeCache, flatten
 from chunkstore.handle.versions import VersionInfo, entry_from_record
 from chunkstore.index.lmdbindex import Index
@@ -51,8 +52,6 @@ from chunkstore.index.versiontables import VersionEntry
 from chunkstore.objects.kinds import TAGS, VERSIONS
 from chunkstore.objects.objectstore import ObjectStore
 from chunkstore.protocol.moved import MovedRecord
-from chunkstore.protocol.runlease import needs_withdrawal, withdraw
-from chunkstore.protocol.tombstones import write_tombstone
 
 if TYPE_CHECKING:
     from chunkstore.format.manifest import TensorEntry
@@ -400,36 +399,24 @@ class StoreHandle:
 
         A tagged version is refused unless ``force`` (which drops its tags too).
         A full version id whose commit record cannot be read (so it is never
-        listed) is removed too.
+        listed) is removed too.  See :mod:`chunkstore.handle.removal`.
         """
-        info = self.resolve_for_removal(selector)
-        # Removing versions is how a full disk is freed: on one, the index's space
-        # reserve makes room for the tombstone and the index's own writes.
-        self.index.release_reserve_if_low()
-        if info.meta.get("unreadable") is True:
-            return self._delete_unreadable(info)
-        # Storage is the truth for tags (the index may lag another process).
-        tags = {**self.tags(), **self.stored_tags()}
-        pinned = sorted(t for t, vid in tags.items() if vid == info.id)
-        if pinned and not force:
-            raise InvalidInputError(f"version {info.short_id} is tagged {', '.join(pinned)};"
-                                    " untag it first or pass force=True (--force)")
-        for tag in pinned:
-            self.objects.delete(TAGS, tag)
-        # The tombstone first: from it every GC counts the grace period of what
-        # the version reaches.  Then the record: from then on the version is
-        # not published.  A crash before the index update is healed by reconcile().
-        self.upgrade_format()
-        write_tombstone(self.objects, info.id, info.root, info.run, info.step)
-        if needs_withdrawal(self.objects, info.run, info.id):
-            # Rolled forward at a takeover (its writer may have been stopped before its
-            # own PUT), or the next taker's walk would roll it forward: withdrawn, it is
-            # never rolled forward again, and a late PUT of it never counted in
-            # (docs/format.md §11.5).
-            withdraw(self.objects, info.run, info.id)
-        self.objects.delete(VERSIONS, info.id)
-        self.index.remove_version(info.id)
-        return info
+        return self.delete_many([selector], force=force)[0]
+
+    def delete_many(self, selectors: Iterable[str], *, force: bool = False
+                    ) -> list[VersionInfo]:
+        """:meth:`delete` of every selector, in bulk (a few requests in all and a PUT per
+        version, where one by one each cost six).  Every selector is resolved, and every
+        tag checked, before anything is removed: one bad selector removes nothing."""
+        infos = list({info.id: info for info in map(self.resolve_for_removal,
+                                                    selectors)}.values())
+        remove_versions(self, infos, force=force)
+        return infos
+
+    def delete_listed_many(self, infos: Iterable[VersionInfo]) -> None:
+        """Remove versions a caller listed moments ago (retention), in bulk; one that
+        is gone from the store already (another process removed it) is simply gone."""
+        remove_versions(self, list({info.id: info for info in infos}.values()))
 
     def delete_listed(self, version_id: str) -> bool:
         """Remove a version a caller listed moments ago (retention, replacement).
@@ -465,19 +452,6 @@ class StoreHandle:
             return VersionInfo(selector, "?", 0, 0.0, None, Digest(bytes(32)), 0, 0, 0,
                                {"unreadable": True})
         return self.info_from_entry(entry_from_record(selector, record))  # the store's word
-
-    def _delete_unreadable(self, info: VersionInfo) -> VersionInfo:
-        """Remove a commit record that cannot be read: its tags, then the record.
-
-        No tombstone: what it references cannot be known, and no reader can have
-        opened it.
-        """
-        for tag, vid in self.stored_tags().items():
-            if vid == info.id:
-                self.objects.delete(TAGS, tag)
-        self.objects.delete(VERSIONS, info.id)
-        self.index.remove_version(info.id)
-        return info
 
     # --- the store's own word ----------------------------------------------------------------
 

@@ -48,6 +48,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from enum import IntEnum
@@ -641,24 +642,44 @@ class Index(VersionLookups):
 
     def remove_version(self, version_id: str) -> bool:
         """Count a version out; return whether the index knew it."""
+        return self.remove_versions([version_id]) == 1
+
+    def remove_versions(self, version_ids: Iterable[str]) -> int:
+        """Count versions out in one transaction (one commit, one sync, for a thousand
+        removed by a prune; each object's refcount written once); return how many the
+        index knew."""
         now = time.time()
-        key = version_id.encode()
+        dropped: Counter[tuple[bytes, bytes]] = Counter()
         with self._writing() as txn:
-            found = txn.get(key, db=self.versions_db)
-            if found is None:
-                return False
-            versiontables.delete(txn, self._orders(), VersionEntry.from_json(bytes(found)))
-            for kind, db in ((CHUNK, self.refs), (NODE, self.node_refs)):
-                refs = bytes(txn.get(key, db=db) or b"")
-                for i in range(0, len(refs), 32):
-                    self._bump(txn, kind, Digest(refs[i:i + 32]), -1, now)
-                txn.delete(key, db=db)
-            txn.delete(key, db=self.versions_db)
+            known = [key for key in map(str.encode, version_ids)
+                     if self._count_out(txn, key, dropped)]
+            if not known:
+                return 0
+            # A refcount dropped by n at once ends as n drops of one would: a CONDEMNED
+            # record has none (a reference makes it WRITING), so only the count and its
+            # time change.
+            for (kind, raw), n in sorted(dropped.items()):
+                self._bump(txn, kind, Digest(raw), -n, now)
             removals = int(txn.get(b"removals", db=self.meta) or b"0")
-            txn.put(b"removals", str(removals + 1).encode(), db=self.meta)
+            txn.put(b"removals", str(removals + len(known)).encode(), db=self.meta)
+            gone = set(known)
             for tag, target in list(txn.cursor(db=self.tags_db)):
-                if bytes(target) == key:
+                if bytes(target) in gone:
                     txn.delete(bytes(tag), db=self.tags_db)
+        return len(known)
+
+    def _count_out(self, txn: lmdb.Transaction, key: bytes,
+                   dropped: Counter[tuple[bytes, bytes]]) -> bool:
+        """Delete a version's entries; add the references it held to ``dropped``."""
+        found = txn.get(key, db=self.versions_db)
+        if found is None:
+            return False
+        versiontables.delete(txn, self._orders(), VersionEntry.from_json(bytes(found)))
+        for kind, db in ((CHUNK, self.refs), (NODE, self.node_refs)):
+            refs = bytes(txn.get(key, db=db) or b"")
+            dropped.update((kind, refs[i:i + 32]) for i in range(0, len(refs), 32))
+            txn.delete(key, db=db)
+        txn.delete(key, db=self.versions_db)
         return True
 
     def _bump(self, txn: lmdb.Transaction, kind: bytes, digest: Digest, delta: int,

@@ -27,7 +27,7 @@ only they know whether a missing object is damage or a race they expect.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from chunkstore.backends import Backend, ObjectInfo
 from chunkstore.errors import IntegrityError
@@ -168,6 +168,11 @@ class ObjectStore:
     def delete(self, kind: Kind[IdT], object_id: IdT) -> bool:
         """Remove an object durably; whether it was stored.  Idempotent."""
         return self.backend.delete(kind.key(object_id))
+
+    def delete_many(self, kind: Kind[IdT], object_ids: Iterable[IdT]) -> None:
+        """:meth:`delete` each object, in batches where the backend has a bulk delete
+        (:meth:`~chunkstore.backends.Backend.delete_many`: in no particular order)."""
+        self.backend.delete_many([kind.key(object_id) for object_id in object_ids])
 
     def discard(self, kind: Kind[IdT], object_id: IdT) -> bool:
         """:meth:`delete` whose removal need not survive a crash (a session's object)."""

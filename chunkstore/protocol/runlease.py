@@ -75,9 +75,20 @@ the record.  A record of a withdrawn version is never a version: A, whose PUT cr
 finds the marker right after (:meth:`RunLease.confirm`), deletes the record and
 reports the run lost; an index that finds it (A killed before that) deletes it
 instead of counting it in (:func:`~chunkstore.maintenance.reconcile.count_in`).
-Every listing goes through an index, so no reader ever sees it.  Saves that do not go
-through a lease (the low-level ``new_version``, releases before this protocol) are not
-fenced.
+Every listing goes through an index, so no reader ever sees it.
+
+A taker's walk may also have read an intent before a removal of its version looked
+for the markers, and name it rolled forward after: the owner claimed its next slot in
+between (so the intent is no longer the highest) and removed the version (retention;
+tests/runlease_model.py found it, with a third launch).  So the walk, once its marker is
+written, looks for the version's tombstone, which every removal writes before it looks
+for the markers: one of the two sees the other's object, and either the removal
+withdraws the version or the walk rolls nothing forward.  That holds while the
+tombstone does (a GC deletes it after the grace period): a walk must not outlast the
+grace period, as a reader must not.  For the same reason a removal of many versions
+(:class:`Withdrawals`) looks at the markers and the highest slot once, after all their
+tombstones.  Saves that do not go through a lease (the low-level ``new_version``,
+releases before this protocol) are not fenced.
 """
 
 from __future__ import annotations
@@ -104,7 +115,7 @@ from chunkstore.errors import (
 from chunkstore.format import plaindata
 from chunkstore.format.records import CommitRecord
 from chunkstore.index.lmdbindex import pid_namespace
-from chunkstore.objects.kinds import LEASES, VERSIONS
+from chunkstore.objects.kinds import LEASES, TOMBSTONES, VERSIONS
 from chunkstore.protocol.sessions import owner_info, owner_is_dead
 
 if TYPE_CHECKING:
@@ -155,6 +166,43 @@ def needs_withdrawal(objects: ObjectStore, run: str, version_id: str) -> bool:
         return False
     intent = _read(objects, _name(run, "slot", top), SLOT_FORMAT) or {}
     return intent.get("version") == version_id
+
+
+class Withdrawals:
+    """Which of a run's versions a removal of many must withdraw, from one look at the
+    run's lease objects: a listing of its slots, a read of the highest, a listing of its
+    ``@rolled-`` markers (three requests, not three for each version).
+
+    Made after the tombstone of every version it is asked about is written, and after
+    they were listed as published.  Its answer for each is the one
+    :func:`needs_withdrawal` would give at the removal:
+
+    - a marker written since its listing names a version a walk rolls forward after
+      that; the walk looks for the tombstone next, finds it and rolls nothing forward;
+    - the highest slot it read is the highest a later walk can start from (slots are
+      claimed only above it, and deleted only two below the highest), and a slot
+      claimed since holds a fence or a version saved since, none of those asked about
+      (each of them was published, its slot claimed, before this look).
+
+    Where the highest slot cannot be read (gone: claimed over twice meanwhile; or
+    damaged), it asks :func:`needs_withdrawal` for each version instead.
+    """
+
+    def __init__(self, objects: ObjectStore, run: str) -> None:
+        self._objects, self._run = objects, run
+        top = max(_numbers(objects, run, "slot"), default=0)
+        intent = _read(objects, _name(run, "slot", top), SLOT_FORMAT) if top else {}
+        #: None where the highest slot could not be read (gone, or damaged: set aside)
+        self._highest = None if intent is None else intent.get("version")
+        self._exact = intent is None
+        prefix = f"{run}@rolled-"
+        self._rolled = frozenset(name[len(prefix):] for name in objects.ids(LEASES, prefix))
+
+    def needed(self, version_id: str) -> bool:
+        """Whether removing ``version_id`` (of this run) must withdraw it first."""
+        if self._exact:
+            return needs_withdrawal(self._objects, self._run, version_id)
+        return version_id in self._rolled or version_id == self._highest
 
 
 def withdraw(objects: ObjectStore, run: str, version_id: str) -> None:
@@ -366,6 +414,10 @@ class RunLease:
         self.objects.put(LEASES, rolled_name(self.run, version), json.dumps(
             {"format_version": MARKER_FORMAT, "generation": self.generation,
              "token": self.token, "version": version}, sort_keys=True).encode())
+        # Then its tombstone: a removal that began before the marker was written (and so
+        # may not have withdrawn it) wrote the tombstone before it looked for the marker.
+        if self.objects.exists(TOMBSTONES, version):
+            return
         self.objects.put_if_absent(VERSIONS, version, data)
         self.head = version
 

@@ -37,11 +37,21 @@ class Tombstone:
     dated: bool = True
 
 
+def _body(version_id: str, root: Digest, run: str, step: int) -> bytes:
+    return json.dumps({"format_version": TOMBSTONE_FORMAT, "version": version_id,
+                       "root": root.hex, "run": run, "step": step, "removed": time.time()},
+                      sort_keys=True).encode()
+
+
 def write_tombstone(objects: ObjectStore, version_id: str, root: Digest, run: str,
-                    step: int) -> None:
-    body = {"format_version": TOMBSTONE_FORMAT, "version": version_id, "root": root.hex,
-            "run": run, "step": step, "removed": time.time()}
-    objects.put(TOMBSTONES, version_id, json.dumps(body, sort_keys=True).encode())
+                    step: int, *, deferred: bool = False) -> None:
+    """Store the tombstone, durable on return; or, ``deferred``, after the next
+    ``objects.flush()`` (a removal of many: one flush for all).  A tombstone stored
+    already (a removal that did not finish) is replaced, durably: the grace period
+    counts from this removal, the version having been published until now."""
+    body = _body(version_id, root, run, step)
+    if not deferred or not objects.put_if_absent_deferred(TOMBSTONES, version_id, body):
+        objects.put(TOMBSTONES, version_id, body)
 
 
 def list_tombstones(objects: ObjectStore) -> Iterator[Tombstone]:
