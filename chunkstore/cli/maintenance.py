@@ -38,7 +38,8 @@ from chunkstore.progress import TerminalProgress
 @STORE_ARG
 @click.argument("selector", required=False)
 @click.option("--quick", is_flag=True,
-              help="Only check that every chunk exists; do not read, decode and hash it.")
+              help="Only check that every chunk exists; do not read, decode and hash it."
+              " A version an earlier verify read whole is only checked present.")
 @click.option("--read-data-subset", "subset", metavar="N/M|X%",
               help="Read only part of the data: N/M, slice N of M (M runs, N=1..M, read"
               " every object once), or X%, a random sample; the rest is checked present.")
@@ -63,6 +64,14 @@ def verify(store_path: str, selector: str | None, quick: bool, subset: str | Non
     (kinds: missing-chunk, corrupt-chunk, corrupt-node, corrupt-record,
     corrupt-tag, corrupt-moved, format-version, unreadable, refcount,
     index).
+
+    --quick reads no chunk. It reads and parses each version's commit
+    record and manifests once: the index remembers each version a verify
+    found readable, and a later --quick over the whole store checks that
+    every object of such a version is still there (one listing of the
+    chunk objects and one of the nodes) without reading them again
+    (versions never change; a rebuilt index remembers nothing). A verify
+    without --quick, or with SELECTOR, reads everything every time.
 
     A large store can be read over several runs: --read-data-subset N/M
     reads the stored objects (chunk objects and packs) of slice N of M,

@@ -38,6 +38,11 @@ INDEX_LINES = 10
 def verify_text(result: VerifyResult, quick: bool, store_path: str = "STORE") -> None:
     click.echo(f"{plural(result.versions_checked, 'version')}, {_checked(result, quick)}:"
                f" {_verdict(result)} ({result.seconds:.2f} s)")
+    if result.versions_trusted:
+        click.echo(f"({result.versions_trusted} of {plural(result.versions_checked, 'version')}"
+                   " read by an earlier verify: their commit records and manifests were"
+                   " checked present, not read again; a verify without --quick reads"
+                   " everything)")
     if not result.ok:
         _versions_text(result, _readable_word(result, quick))
         _objects_text(result.objects, {v.id: v.label for v in result.versions})

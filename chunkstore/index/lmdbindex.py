@@ -38,6 +38,7 @@ cost that does not grow with the versions the store holds.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -81,6 +82,8 @@ DEFAULT_MAP_SIZE = 1 << 36
 _CHUNK = struct.Struct("<BBxxIQQd")
 _SINCE = struct.Struct("<d")
 _PACKED = struct.Struct("<32sQQ")  # pack digest, offset, length
+#: meta key of the random value that binds the verified table to this index's contents
+_VERIFIED_EPOCH_KEY = b"verified_epoch"
 CHUNK = b"c"
 NODE = b"n"
 KINDS = (CHUNK, NODE)
@@ -138,6 +141,21 @@ if hasattr(os, "register_at_fork"):
     # LMDB forbids using an environment after fork(): a child opens its own.  The
     # parent's are dropped from the table, not closed (closing is the parent's).
     os.register_at_fork(after_in_child=_OPEN.clear)
+
+
+@dataclass(frozen=True)
+class VerifiedVersion:
+    """A version a verify found readable, as the index holds it (raw 32-byte digests
+    laid end to end)."""
+
+    entry: VersionEntry
+    entries: int
+    chunk_refs: bytes
+    node_refs: bytes
+
+
+def _digest_set(raw: bytes) -> set[bytes]:
+    return {raw[i:i + 32] for i in range(0, len(raw), 32)}
 
 
 def open_index(path: str) -> Index:
@@ -248,6 +266,9 @@ class Index(VersionLookups):
         # time and id; by time and id
         self.versions_by_run = self.env.open_db(b"versions_by_run")
         self.versions_by_time = self.env.open_db(b"versions_by_time")
+        # version id -> stamp + entry count: the version passed verify's checks of its
+        # record and manifest tree (:meth:`verified_versions`)
+        self.verified = self.env.open_db(b"verified")
         other_schema = self._check_schema()
         self.reader_check()
         return other_schema
@@ -302,7 +323,7 @@ class Index(VersionLookups):
         return (self.chunks, self.nodes, self.zero, self.versions_db, self.refs,
                 self.node_refs, self.tags_db, self.sessions, self.claims, self.session_claims,
                 self.journal, self.packed, self.packed_by, self.versions_by_run,
-                self.versions_by_time)
+                self.versions_by_time, self.verified)
 
     def close(self) -> None:
         """Close this opener's use; the environment closes with its last opener
@@ -680,6 +701,7 @@ class Index(VersionLookups):
             dropped.update((kind, refs[i:i + 32]) for i in range(0, len(refs), 32))
             txn.delete(key, db=db)
         txn.delete(key, db=self.versions_db)
+        txn.delete(key, db=self.verified)
         return True
 
     def _bump(self, txn: lmdb.Transaction, kind: bytes, digest: Digest, delta: int,
@@ -705,6 +727,79 @@ class Index(VersionLookups):
         with self.env.begin(db=self.node_refs) as txn:
             refs = bytes(txn.get(version_id.encode()) or b"")
         return [Digest(refs[i:i + 32]) for i in range(0, len(refs), 32)]
+
+    # --- what verify found readable ---------------------------------------------------------
+
+    def _verified_parts(self, txn: lmdb.Transaction, key: bytes
+                        ) -> tuple[bytes, bytes, bytes] | None:
+        """A version's entry, chunk and node references as the index holds them now
+        (None: the index does not know the version)."""
+        entry = txn.get(key, db=self.versions_db)
+        if entry is None:
+            return None
+        return (bytes(entry), bytes(txn.get(key, db=self.refs) or b""),
+                bytes(txn.get(key, db=self.node_refs) or b""))
+
+    @staticmethod
+    def _verified_stamp(epoch: bytes, parts: tuple[bytes, bytes, bytes]) -> bytes:
+        """What a verified version's record is bound to: this index's epoch of verify
+        results, and the version's entry and references in the index."""
+        stamp = hashlib.blake2b(epoch, digest_size=16)
+        for part in parts:
+            stamp.update(len(part).to_bytes(8, "big") + part)
+        return stamp.digest()
+
+    def verified_versions(self, version_ids: Iterable[str]) -> dict[str, VerifiedVersion]:
+        """The versions of ``version_ids`` that a verify found readable (record and
+        manifest tree parsed, every entry one a read can read, the manifests naming
+        exactly the index's references), with what the index holds of them.
+
+        An answer is bound to the version's entry and references as the index holds
+        them now and to the index's *verify epoch*, a random value in its meta table:
+        a rebuild (this release's, whose new contents replace the verified table, or
+        an earlier release's, which drops the meta table) or an emptied index trusts
+        nothing verified before.  Versions are immutable and their nodes
+        content-addressed, so what was parsed once parses again; whether each object
+        is still there is the caller's to check."""
+        found: dict[str, VerifiedVersion] = {}
+        with self.env.begin() as txn:
+            epoch = txn.get(_VERIFIED_EPOCH_KEY, db=self.meta)
+            if epoch is None:
+                return found
+            for version_id in version_ids:
+                key = version_id.encode()
+                value = txn.get(key, db=self.verified)
+                if value is None or len(value) != 24:
+                    continue
+                value, parts = bytes(value), self._verified_parts(txn, key)
+                if parts is None or value[:16] != self._verified_stamp(bytes(epoch), parts):
+                    continue
+                found[version_id] = VerifiedVersion(VersionEntry.from_json(parts[0]),
+                                                    int.from_bytes(value[16:], "big"),
+                                                    parts[1], parts[2])
+        return found
+
+    def note_verified(self, checked: Iterable[tuple[str, int, set[bytes], set[bytes]]]) -> int:
+        """Record versions a verify found readable: (id, entries, the raw digests of the
+        chunk objects and of the nodes its manifests name).  A version the index does
+        not know, or whose references differ from the manifests', is left out (a
+        refcount check reports it).  Returns how many were recorded."""
+        recorded = 0
+        with self._writing() as txn:
+            epoch = txn.get(_VERIFIED_EPOCH_KEY, db=self.meta)
+            if epoch is None:
+                epoch = os.urandom(16)
+                txn.put(_VERIFIED_EPOCH_KEY, epoch, db=self.meta)
+            for version_id, entries, chunks, nodes in checked:
+                key = version_id.encode()
+                parts = self._verified_parts(txn, key)
+                if parts is None or _digest_set(parts[1]) != chunks \
+                        or _digest_set(parts[2]) != nodes:
+                    continue
+                txn.put(key, self._verified_stamp(bytes(epoch), parts)
+                        + entries.to_bytes(8, "big"), db=self.verified)
+                recorded += 1
+        return recorded
 
     # --- garbage collection ----------------------------------------------------------------
 

@@ -58,6 +58,7 @@ from chunkstore.read.reader import chunk_reads, read_chunk_into
 
 if TYPE_CHECKING:
     from chunkstore.handle.handle import StoreHandle
+    from chunkstore.index.lmdbindex import VerifiedVersion
 
 __all__ = ["DataSubset", "Problem", "VerifyResult", "verify"]
 
@@ -118,6 +119,9 @@ class VerifyResult:
     objects_total: int = 0
     #: of those, the objects read in full
     objects_read: int = 0
+    #: of ``versions_checked``, those a ``--quick`` run took as readable from an earlier
+    #: verify's reading (recorded in the index) and only checked present
+    versions_trusted: int = 0
     #: the data subset read (``"1/5"``, ``"10%"``); None: all, or none with read_data=False
     subset: str | None = None
     seconds: float = 0.0
@@ -140,6 +144,7 @@ class VerifyResult:
                 "chunks_checked": self.chunks_checked, "bytes_checked": self.bytes_checked,
                 "chunks_read": self.chunks_read, "objects_total": self.objects_total,
                 "objects_read": self.objects_read, "subset": self.subset,
+                "versions_trusted": self.versions_trusted,
                 "bytes_read": self.bytes_checked, "seconds": round(self.seconds, 3),
                 "problems": [p.to_json() for p in self.problems],
                 "warnings": [w.to_json() for w in self.warnings],
@@ -317,28 +322,66 @@ def _check_moved(store: StoreHandle, result: VerifyResult) -> None:
 
 
 def _check_refcounts(store: StoreHandle, trees: dict[str, FlatTree], unreadable: set[str],
-                     result: VerifyResult) -> None:
+                     result: VerifyResult, trusted: Counter[bytes]) -> None:
+    """Compare the index's refcounts with the manifests' references (``trusted``: the
+    references of versions an earlier verify found to name exactly the index's)."""
     indexed = store.index.version_ids()
     for vid in sorted(set(trees) - indexed):
         result.problems.append(Problem("index", "version is not in the index; run"
                                        " `chunkstore index rebuild`", vid))
-    expected: Counter[Digest] = Counter()
+    expected = Counter(trusted)
     for flat in trees.values():
-        expected.update(flat.chunk_digests())
+        expected.update(d.raw for d in flat.chunk_digests())
     # A version whose manifests cannot be read is already reported; take the
     # index's word for its references rather than flag each as a refcount error
     # (rebuilding the index would drop them and expose the chunks to GC).
     for vid in sorted(indexed & unreadable):
-        expected.update(store.index.version_refs(vid))
+        expected.update(d.raw for d in store.index.version_refs(vid))
     for digest, record in store.index.iter_chunks():
-        if record.refcount != expected.get(digest, 0):
+        if record.refcount != expected.get(digest.raw, 0):
             result.problems.append(Problem(
                 "refcount", f"index counts {record.refcount} references, the manifests"
-                f" {expected.get(digest, 0)}; run `chunkstore index rebuild`", None, digest.hex))
-        expected.pop(digest, None)
-    for digest in expected:
+                f" {expected.get(digest.raw, 0)}; run `chunkstore index rebuild`", None,
+                digest.hex))
+        expected.pop(digest.raw, None)
+    for raw in expected:
         result.problems.append(Problem("refcount", "referenced chunk has no index record;"
-                                       " run `chunkstore index rebuild`", None, digest.hex))
+                                       " run `chunkstore index rebuild`", None, raw.hex()))
+
+
+def _split(joined: bytes) -> list[bytes]:
+    return [joined[i:i + 32] for i in range(0, len(joined), 32)]
+
+
+def _trusted_versions(store: StoreHandle, ids: list[str]) -> dict[str, VerifiedVersion]:
+    """The versions of ``ids`` whose record and tree an earlier verify found readable
+    (:meth:`~chunkstore.index.lmdbindex.Index.verified_versions`) and every object of
+    which is still stored, by one listing of the chunk objects and one of the nodes
+    (an object store: one LIST request per 1,000 objects).  A version one of whose
+    objects is not listed is left out: the caller checks it as an unknown one, which
+    names what is missing the usual way (and finds a repacked pack's members where its
+    moved record says)."""
+    known = store.index.verified_versions(ids)
+    if not known:
+        return known
+    chunks = {d.raw for d in store.objects.ids(CHUNKS)}
+    nodes = {d.raw for d in store.objects.ids(NODES)}
+    return {vid: v for vid, v in known.items()
+            if all(d in chunks for d in _split(v.chunk_refs))
+            and all(d in nodes for d in _split(v.node_refs))}
+
+
+def _note_readable(store: StoreHandle, trees: dict[str, FlatTree],
+                   verdicts: dict[str, VersionVerdict], result: VerifyResult) -> None:
+    """Remember in the index the versions this verify found readable, for the next
+    ``--quick`` (none when it found the index's references wrong: the index is then
+    to be rebuilt, not trusted)."""
+    if any(p.kind in ("refcount", "index") for p in result.problems):
+        return
+    store.index.note_verified(
+        (vid, len(flat.leaves), {d.raw for d in flat.chunk_digests()},
+         {d.raw for d in flat.tree_nodes | flat.data_nodes()})
+        for vid, flat in trees.items() if not verdicts[vid].damaged)
 
 
 def _stored_object(check: ChunkCheck) -> Digest:
@@ -372,16 +415,27 @@ def verify(store: StoreHandle, sel: str | None = None, *, read_data: bool = True
     subset = _subset(read_data, read_data_subset)
     result = VerifyResult(subset=None if subset is None else str(subset))
     ids = [store.resolve(sel).id] if sel is not None else sorted(store.stored_version_ids())
+    # --quick over the whole store: a version an earlier verify read is checked present
+    trusted = _trusted_versions(store, ids) if not read_data and sel is None else {}
     reads: dict[ChunkCheck, list[str]] = {}
-    trees, verdicts = _load_versions(store, ids, result, reads)
+    trees, verdicts = _load_versions(store, [i for i in ids if i not in trusted], result,
+                                     reads)
+    for vid, known in trusted.items():
+        result.versions_checked += 1
+        verdicts[vid] = VersionVerdict(vid, known.entry.run, known.entry.step, known.entries)
+    result.versions_trusted = len(trusted)
     pending = list(reads)
     failed: list[tuple[ChunkCheck, Problem]] = []
     stored = {_stored_object(check) for check in pending}
     chosen = set() if not read_data else stored if subset is None else subset.select(stored)
-    result.objects_total, result.objects_read = len(stored), len(chosen)
+    trusted_objects = {d for v in trusted.values() for d in _split(v.chunk_refs)}
+    trusted_objects.difference_update(d.raw for d in stored)
+    result.objects_total = len(stored) + len(trusted_objects)
+    result.objects_read = len(chosen)
     checks = store.executor.map(
         lambda r: _check_chunk(store, r, _stored_object(r) in chosen), pending)
     progress.start(len(pending), "verify: chunks")
+    result.chunks_checked += len(trusted_objects)
     for check, (size, problem) in zip(pending, checks, strict=True):
         progress.advance()
         result.chunks_checked += 1
@@ -396,7 +450,9 @@ def verify(store: StoreHandle, sel: str | None = None, *, read_data: bool = True
     if sel is None:
         _check_tags(store, result)
         _check_moved(store, result)
-        _check_refcounts(store, trees, set(ids) - set(trees), result)
+        _check_refcounts(store, trees, set(ids) - set(trees) - set(trusted), result,
+                         Counter(d for v in trusted.values() for d in _split(v.chunk_refs)))
+    _note_readable(store, trees, verdicts, result)
     verdicts = dict(sorted(verdicts.items(), key=lambda item: (
         item[1].run or "", item[1].step or 0, item[0])))  # RUN@STEP order
     result.objects = summarize(result.problems, result.warnings, verdicts)

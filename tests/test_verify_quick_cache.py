@@ -1,0 +1,145 @@
+"""``verify --quick`` over a whole store trusts what an earlier verify read, and no more.
+
+A version a verify found readable is remembered in the index (bound to its entry and
+references there and to the index's verify epoch); a later quick verify only checks
+each of its objects present, by a listing.  These tests damage the real files of a
+local store after the index remembered its versions, and change the store through
+another index, and check that the quick verify still finds what it promises to
+find, and trusts nothing a rebuilt index or another index's removal invalidated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import chunkstore
+from chunkstore.format.digest import Digest
+from chunkstore.index.lmdbindex import ChunkRecord, ChunkState
+from chunkstore.maintenance.verify import VerifyResult
+from chunkstore.objects.kinds import CHUNKS, NODES, VERSIONS
+from tests.conftest import SMALL_CHUNK
+
+VERSIONS_SAVED = 4
+
+
+def _state(step: int) -> dict[str, np.ndarray]:
+    """Two tensors; "moving" changes at every step, "fixed" never."""
+    return {"fixed": np.arange(20_000, dtype=np.float32),
+            "moving": np.full(20_000, step, dtype=np.float32)}
+
+
+def _save(store: chunkstore.Store, step: int) -> str:
+    with store.new_version("r", step) as v:
+        for name, array in _state(step).items():
+            v.put(name, array)
+        v.put_data("trainer", {"step": step})
+    return v.info.id
+
+
+@pytest.fixture
+def saved(store_path: Path) -> Iterator[list[str]]:
+    """A store of a few versions, fully verified once (so the index remembers them)."""
+    with chunkstore.open(store_path, chunk_size=SMALL_CHUNK, create=True) as store:
+        ids = [_save(store, step) for step in range(VERSIONS_SAVED)]
+        assert store.verify().ok
+    yield ids
+
+
+def _quick(store_path: Path, index_dir: Path | None = None) -> VerifyResult:
+    extra = {} if index_dir is None else {"index_dir": str(index_dir)}
+    with chunkstore.open(store_path, create=False, **extra) as store:
+        return store.verify(read_data=False)
+
+
+def _own_chunk(store_path: Path, version_id: str) -> Digest:
+    """A chunk object only ``version_id`` needs."""
+    with chunkstore.open(store_path, create=False) as store:
+        mine = set(store.index.version_refs(version_id))
+        others = {d for vid in store.index.version_ids() - {version_id}
+                  for d in store.index.version_refs(vid)}
+    return sorted(mine - others)[0]
+
+
+def test_a_quick_verify_trusts_what_a_verify_read(store_path: Path, saved: list[str]) -> None:
+    result = _quick(store_path)
+    assert result.ok and result.versions_checked == VERSIONS_SAVED
+    assert result.versions_trusted == VERSIONS_SAVED
+    assert [v.entries for v in result.versions] == [3] * VERSIONS_SAVED
+    assert [v.step for v in result.versions] == list(range(VERSIONS_SAVED))
+
+
+def test_a_chunk_deleted_after_the_verify_is_found(store_path: Path, saved: list[str]) -> None:
+    victim = saved[1]
+    chunk = _own_chunk(store_path, victim)
+    (store_path / CHUNKS.key(chunk)).unlink()
+
+    result = _quick(store_path)
+    # one finding per chunk read that needs it (here a pack of several chunks)
+    assert {(p.kind, p.digest) for p in result.problems} == {("missing-chunk", chunk.hex)}
+    assert [v.id for v in result.versions if v.damaged] == [victim]
+    assert result.versions_trusted == VERSIONS_SAVED - 1  # the others still are
+
+
+def test_a_node_deleted_after_the_verify_is_found(store_path: Path, saved: list[str]) -> None:
+    victim = saved[2]
+    with chunkstore.open(store_path, create=False) as store:
+        root = store.read_record(victim).root  # the root node only this version has
+    (store_path / NODES.key(root)).unlink()
+
+    result = _quick(store_path)
+    assert not result.ok
+    assert {p.version for p in result.problems} == {victim}
+    assert [v.id for v in result.versions if v.damaged] == [victim]
+
+
+def test_a_wrong_refcount_is_found_with_every_version_trusted(
+        store_path: Path, saved: list[str]) -> None:
+    with chunkstore.open(store_path, create=False) as store:
+        digest = store.index.version_refs(saved[0])[0]
+        record = store.index.chunk(digest)
+        assert record is not None
+        store.index.put_chunk_record(digest, ChunkRecord(
+            ChunkState.LIVE, record.codec_id, record.refcount + 1, record.raw_length,
+            record.stored_length, record.since))
+
+    result = _quick(store_path)
+    assert result.versions_trusted == VERSIONS_SAVED
+    assert [(p.kind, p.digest) for p in result.problems] == [("refcount", digest.hex)]
+
+
+def test_nothing_is_trusted_after_an_index_rebuild(store_path: Path, saved: list[str]) -> None:
+    with chunkstore.open(store_path, create=False) as store:
+        store.rebuild_index()
+    first = _quick(store_path)
+    assert first.ok and first.versions_trusted == 0  # read whole again ...
+    assert _quick(store_path).versions_trusted == VERSIONS_SAVED  # ... and remembered
+
+
+def test_a_version_another_index_removed_is_not_trusted_nor_reported(
+        store_path: Path, saved: list[str], tmp_path: Path) -> None:
+    victim = saved[1]
+    chunk = _own_chunk(store_path, victim)
+    with chunkstore.open(store_path, create=False, index_dir=str(tmp_path / "other")) as other:
+        other.delete(victim)
+        other.gc(grace=0)
+    assert not (store_path / CHUNKS.key(chunk)).exists()
+    assert not (store_path / VERSIONS.key(victim)).exists()
+
+    result = _quick(store_path)
+    assert result.ok, result.problems
+    assert victim not in {v.id for v in result.versions}
+    assert result.versions_trusted == VERSIONS_SAVED - 1
+
+
+def test_a_damaged_record_is_trusted_by_quick_and_found_by_a_full_verify(
+        store_path: Path, saved: list[str]) -> None:
+    """What --quick documents: a record or manifest read once is not read again."""
+    record = store_path / VERSIONS.key(saved[3])
+    record.write_bytes(record.read_bytes()[:-5])
+    assert _quick(store_path).ok
+    with chunkstore.open(store_path, create=False) as store:
+        assert [p.kind for p in store.verify().problems] == ["corrupt-record"]
