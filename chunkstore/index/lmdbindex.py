@@ -33,6 +33,16 @@ Versions are kept by id (``versions``) and in two orders, by run and step and by
 time (:mod:`chunkstore.index.versiontables`), written in the same transactions, so
 that a save finds its run's newest version and its ``RUN@STEP`` by a seek, at a
 cost that does not grow with the versions the store holds.
+
+The ``verified`` table names each version a verify found readable (its commit
+record and tree parsed, every entry one a read can read, its manifests naming
+exactly the references the index holds), for ``verify --quick``, which then only
+checks that version's objects present (:meth:`Index.verified_versions`).  Each
+entry is bound to the version's entry and references and to a random *verify
+epoch* in ``meta``: a rebuild replaces both, so a rebuilt index trusts nothing
+verified before; an earlier release that rebuilds keeps the table but drops the
+epoch.  The table is additive (older releases never read it), so the schema
+stays 4.
 """
 
 from __future__ import annotations
