@@ -143,3 +143,11 @@ def test_a_damaged_record_is_trusted_by_quick_and_found_by_a_full_verify(
     assert _quick(store_path).ok
     with chunkstore.open(store_path, create=False) as store:
         assert [p.kind for p in store.verify().problems] == ["corrupt-record"]
+
+
+def test_a_verify_of_one_version_remembers_nothing(store_path: Path) -> None:
+    """prune, sync, drill and mirror verify single versions: no index write for them."""
+    with chunkstore.open(store_path, chunk_size=SMALL_CHUNK, create=True) as store:
+        version = _save(store, 0)
+        assert store.verify(version).ok and store.verify(version, read_data=False).ok
+    assert _quick(store_path).versions_trusted == 0

@@ -17,6 +17,7 @@ in its slice as the store grows.  ``X%`` reads a random sample of that share.
 
 from __future__ import annotations
 
+import logging
 import random
 import re
 import time
@@ -34,6 +35,7 @@ from chunkstore.errors import (
     FormatVersionError,
     InvalidInputError,
     MissingChunkError,
+    StorageFullError,
     SubsetError,
 )
 from chunkstore.format.digest import Digest
@@ -61,6 +63,8 @@ if TYPE_CHECKING:
     from chunkstore.index.lmdbindex import VerifiedVersion
 
 __all__ = ["DataSubset", "Problem", "VerifyResult", "verify"]
+
+log = logging.getLogger(__name__)
 
 
 _SLICE = re.compile(r"\s*(\d+)\s*/\s*(\d+)\s*")
@@ -373,15 +377,19 @@ def _trusted_versions(store: StoreHandle, ids: list[str]) -> dict[str, VerifiedV
 
 def _note_readable(store: StoreHandle, trees: dict[str, FlatTree],
                    verdicts: dict[str, VersionVerdict], result: VerifyResult) -> None:
-    """Remember in the index the versions this verify found readable, for the next
-    ``--quick`` (none when it found the index's references wrong: the index is then
-    to be rebuilt, not trusted)."""
+    """Remember in the index the versions this verify of the whole store found
+    readable, for the next ``--quick`` (none when it found the index's references
+    wrong: the index is then to be rebuilt, not trusted).  Only a help: a disk too
+    full to write it costs the next quick verify its reading, nothing else."""
     if any(p.kind in ("refcount", "index") for p in result.problems):
         return
-    store.index.note_verified(
-        (vid, len(flat.leaves), {d.raw for d in flat.chunk_digests()},
-         {d.raw for d in flat.tree_nodes | flat.data_nodes()})
-        for vid, flat in trees.items() if not verdicts[vid].damaged)
+    try:
+        store.index.note_verified(
+            (vid, len(flat.leaves), {d.raw for d in flat.chunk_digests()},
+             {d.raw for d in flat.tree_nodes | flat.data_nodes()})
+            for vid, flat in trees.items() if not verdicts[vid].damaged)
+    except StorageFullError as exc:
+        log.warning("verify could not remember the versions it found readable: %s", exc)
 
 
 def _stored_object(check: ChunkCheck) -> Digest:
@@ -452,7 +460,7 @@ def verify(store: StoreHandle, sel: str | None = None, *, read_data: bool = True
         _check_moved(store, result)
         _check_refcounts(store, trees, set(ids) - set(trees) - set(trusted), result,
                          Counter(d for v in trusted.values() for d in _split(v.chunk_refs)))
-    _note_readable(store, trees, verdicts, result)
+        _note_readable(store, trees, verdicts, result)
     verdicts = dict(sorted(verdicts.items(), key=lambda item: (
         item[1].run or "", item[1].step or 0, item[0])))  # RUN@STEP order
     result.objects = summarize(result.problems, result.warnings, verdicts)
