@@ -67,11 +67,12 @@ def verify(store_path: str, selector: str | None, quick: bool, subset: str | Non
 
     --quick reads no chunk. It reads and parses each version's commit
     record and manifests once: the index remembers each version a verify
-    found readable, and a later --quick over the whole store checks that
-    every object of such a version is still there (one listing of the
-    chunk objects and one of the nodes) without reading them again
-    (versions never change; a rebuilt index remembers nothing). A verify
-    without --quick, or with SELECTOR, reads everything every time.
+    of the whole store found readable, and a later --quick over the whole
+    store checks that every object of such a version is still there (one
+    listing of the chunk objects and one of the nodes) without reading
+    them again (versions never change; a rebuilt index remembers nothing).
+    A verify without --quick, or with SELECTOR, reads everything every
+    time.
 
     A large store can be read over several runs: --read-data-subset N/M
     reads the stored objects (chunk objects and packs) of slice N of M,
