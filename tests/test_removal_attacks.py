@@ -1,0 +1,193 @@
+"""Attacks on removal in bulk (chunkstore/handle/removal.py, issue 49): damaged inputs,
+a failing peer, a GC beside it, a taker's walk beside it.
+
+Real files, a real LMDB index, real subprocesses; the run leases are the real
+:class:`RunLease`; a file that refuses its unlink is made immutable (``chattr +i``: root
+included).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import chunkstore
+from chunkstore.errors import RunLeaseLostError
+from chunkstore.objects.kinds import TOMBSTONES, VERSIONS
+from chunkstore.protocol.runlease import RunLease
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RUN = "r"
+
+
+def _arrays(step: int, run: str = RUN) -> dict[str, np.ndarray]:
+    return {"w": np.full(256, step + 1000 * len(run), dtype=np.float32),
+            "base": np.arange(512, dtype=np.int32)}
+
+
+def _save(store: chunkstore.Store, step: int, lease: RunLease | None = None,
+          run: str = RUN) -> chunkstore.VersionInfo:
+    writer = store.new_version(run, step)
+    if lease is not None:  # a save as the Checkpointer makes it: claim, check, commit
+        writer.before_commit = lease
+    for name, array in _arrays(step, run).items():
+        writer.put(name, array)
+    return writer.commit()
+
+
+def _loads(store: chunkstore.Store, version_id: str) -> None:
+    reader = store.open_version(version_id)
+    for name, expected in _arrays(reader.info.step, reader.info.run).items():
+        assert reader.get(name).tobytes() == expected.tobytes(), (version_id[:12], name)
+
+
+def _verified(store: chunkstore.Store) -> None:
+    verified = store.verify()  # refcounts included
+    assert verified.ok, [p.to_json() for p in verified.problems]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHUNKSTORE_FAULT")}
+    return subprocess.run([sys.executable, "-m", "chunkstore", *args], env=env,
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+                          check=False)
+
+
+def test_a_taker_does_not_republish_a_version_a_grace_0_gc_collected(tmp_path: Path) -> None:
+    """The schedule of test_bulk_removal's taker test, with ``gc --grace 0`` between the
+    removal and the walk: the GC deletes r@1's tombstone (expired at once) and the
+    objects only r@1 reached.  The walk must still roll nothing forward: a record put
+    back then names objects that are gone."""
+    store = chunkstore.open(str(tmp_path / "s"), create=True)
+    owner, taker = RunLease(store.objects, RUN), RunLease(store.objects, RUN)
+    try:
+        owner.acquire()
+        version = _save(store, 1, owner)
+        walk = taker._fence
+        taker._fence = lambda: None  # type: ignore[method-assign]
+        taker.acquire(takeover=True)  # generation 2, paused before its walk
+        with pytest.raises(RunLeaseLostError):
+            _save(store, 2, owner)  # claims slot 3, then finds generation 2
+        store.delete(version.id)
+        result = store.gc(grace=0)
+        assert result.chunks_deleted > 0  # r@1's own chunk
+        taker._roll_forward(2)  # the walk, from its read of slot 2 on
+        taker._fence = walk  # type: ignore[method-assign]
+        assert not store.objects.exists(VERSIONS, version.id)
+        assert taker.head is None
+        store.reconcile()
+        assert store.versions(RUN) == []
+        _verified(store)
+    finally:
+        owner.release()
+        taker.release()
+        store.close()
+
+
+def _filled(path: Path, runs: tuple[str, ...] = (RUN,), steps: int = 6) -> dict[str, list[str]]:
+    with chunkstore.open(path, create=True) as store:
+        return {run: [_save(store, step, run=run).id for step in range(1, steps + 1)]
+                for run in runs}
+
+
+def _consistent(path: Path, kept: list[str], *, index_dir: str | None = None) -> None:
+    """Every kept version is published, listed, loads; the index's refcounts verify; a
+    GC with grace 0 keeps every kept version whole."""
+    with chunkstore.open(path, index_dir=index_dir) as store:
+        stored = set(store.stored_version_ids())
+        assert set(kept) <= stored
+        listed = {v.id for run in {store.resolve(vid).run for vid in kept}
+                  for v in store.versions(run)}
+        assert set(kept) <= listed
+        for vid in kept:
+            _loads(store, vid)
+        _verified(store)
+        store.gc(grace=0)
+        for vid in kept:
+            _loads(store, vid)
+        _verified(store)
+
+
+def test_rm_of_one_version_named_three_ways_and_of_several_runs_counts_each_once(
+        tmp_path: Path) -> None:
+    """``rm`` naming r@2 by its id, by RUN@STEP and by a tag (--force), beside versions of
+    two other runs: each is removed once (the JSON answer lists each once), the index's
+    refcounts stay right (verify), and every other version loads."""
+    path = tmp_path / "s"
+    ids = _filled(path, ("r", "q", "pp"))
+    with chunkstore.open(path) as store:
+        store.tag(ids["r"][1], "best")
+    done = _cli("rm", str(path), ids["r"][1], "r@2", "best", ids["q"][0], "pp@3", "q@1",
+                "--force", "--json")
+    assert done.returncode == 0, done.stderr
+    removed = [v["id"] for v in json.loads(done.stdout)["removed"]]
+    assert removed == [ids["r"][1], ids["q"][0], ids["pp"][2]]
+    with chunkstore.open(path) as store:
+        assert store.tags() == {} and store.stored_tags() == {}
+        assert all(store.objects.exists(TOMBSTONES, vid) for vid in removed)
+        assert not set(removed) & set(store.stored_version_ids())
+    _consistent(path, [vid for run in ids.values() for vid in run if vid not in removed])
+
+
+def _record_file(path: Path, version_id: str) -> Path:
+    found = [p for p in path.rglob(f"*{version_id}*") if "versions" in p.parts]
+    assert len(found) == 1, found
+    return found[0]
+
+
+@pytest.fixture
+def immutable() -> Iterator[Callable[[Path], None]]:
+    """``chattr +i`` a file (its unlink then fails, EPERM, root included); undone after."""
+    if shutil.which("chattr") is None:
+        pytest.skip("no chattr")
+    made: list[Path] = []
+
+    def make(path: Path) -> None:
+        if subprocess.run(["chattr", "+i", str(path)], capture_output=True,
+                          check=False).returncode:
+            pytest.skip("this filesystem has no immutable files")
+        made.append(path)
+
+    yield make
+    for path in made:
+        subprocess.run(["chattr", "-i", str(path)], check=False)
+
+
+def test_rm_whose_unlink_fails_reports_the_failure_and_a_rerun_finishes(
+        tmp_path: Path, immutable: Callable[[Path], None]) -> None:
+    """One commit record of the five removed refuses its unlink (EPERM): ``rm`` exits
+    non-zero with no JSON answer of success; the versions whose records went are not
+    listed by a new process's index, the one still there is, every kept version loads,
+    refcounts verify; once the file is writable again, rm of the same selectors
+    finishes."""
+    path = tmp_path / "s"
+    ids = _filled(path, steps=8)[RUN]
+    stuck = _record_file(path, ids[2])
+    immutable(stuck)
+    failed = _cli("rm", str(path), *ids[:5], "--json")
+    assert failed.returncode not in (0, 2), (failed.returncode, failed.stdout, failed.stderr)
+    assert "Operation not permitted" in failed.stderr, failed.stderr
+    assert '"removed"' not in failed.stdout
+    with chunkstore.open(path) as store:
+        stored = set(store.stored_version_ids())
+        assert ids[2] in stored and set(ids[5:]) <= stored
+        assert {v.id for v in store.versions(RUN)} == stored
+        assert all(store.objects.exists(TOMBSTONES, vid) for vid in ids[:5])
+    _consistent(path, [*ids[5:], ids[2]])
+    subprocess.run(["chattr", "-i", str(stuck)], check=True)
+    finished = _cli("rm", str(path), *ids[:5])
+    # The versions removed by the first rm are gone: named by id they are refused now.
+    assert finished.returncode != 0
+    finished = _cli("rm", str(path), ids[2])
+    assert finished.returncode == 0, finished.stderr
+    with chunkstore.open(path) as store:
+        assert [v.id for v in store.versions(RUN)] == ids[5:]
+    _consistent(path, ids[5:])
