@@ -191,3 +191,83 @@ def test_rm_whose_unlink_fails_reports_the_failure_and_a_rerun_finishes(
     with chunkstore.open(path) as store:
         assert [v.id for v in store.versions(RUN)] == ids[5:]
     _consistent(path, ids[5:])
+
+
+def test_rm_dry_run_tells_what_rm_does_when_another_index_tagged_the_version(
+        tmp_path: Path) -> None:
+    """A tag made through a second index (another machine's) that this one has not seen:
+    ``rm --dry-run`` must refuse as ``rm`` does, not say it would remove the version;
+    and ``rm`` refuses, removing nothing."""
+    path = tmp_path / "s"
+    ids = _filled(path, steps=3)[RUN]
+    with chunkstore.open(path) as store:  # the default index knows every version
+        assert len(store.versions(RUN)) == 3
+    with chunkstore.open(path, index_dir=str(tmp_path / "other-index")) as other:
+        other.tag(ids[0], "best")
+    dry = _cli("rm", str(path), ids[0], ids[1], "--dry-run", "--json")
+    real = _cli("rm", str(path), ids[0], ids[1], "--json")
+    assert real.returncode == 2, (real.returncode, real.stdout, real.stderr)
+    assert "best" in real.stderr
+    assert (dry.returncode, dry.stdout) == (real.returncode, real.stdout), dry.stdout
+    with chunkstore.open(path) as store:
+        assert sorted(store.stored_version_ids()) == sorted(ids)
+        assert not any(store.objects.exists(TOMBSTONES, vid) for vid in ids)
+
+
+_CHILD = """
+import sys, time, traceback
+import chunkstore
+from tests.test_removal_attacks import _save
+path, role, index = sys.argv[1], sys.argv[2], sys.argv[3] or None
+try:
+    with chunkstore.open(path, index_dir=index) as store:
+        if role == "save":
+            for step in range(1, 25):
+                _save(store, step)
+                time.sleep(0.03)
+        elif role == "prune":
+            removed = 0
+            for _ in range(20):
+                removed += len(store.prune(keep_last=3).removed)
+                time.sleep(0.03)
+            print(removed)
+        else:
+            for _ in range(8):
+                store.gc(grace=0, session_wait=30.0)
+                time.sleep(0.05)
+except Exception:
+    traceback.print_exc()
+    sys.exit(1)
+"""
+
+
+def test_prunes_on_two_indexes_beside_saves_and_grace_0_gcs_keep_every_kept_version(
+        tmp_path: Path) -> None:
+    """A process saving steps 1-24 of the run; two processes pruning it to the newest
+    three, each through an index of its own (two machines); two ``gc --grace 0`` loops,
+    one per index; all at once.  Every process finishes without an error; the newest
+    three steps are published; every published version loads, on both indexes, whose
+    refcounts verify; a GC after it all deletes nothing they need."""
+    path = tmp_path / "s"
+    with chunkstore.open(path, create=True) as store:
+        _save(store, 0)
+    other = str(tmp_path / "other-index")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHUNKSTORE_FAULT")}
+    children = [subprocess.Popen([sys.executable, "-c", _CHILD, str(path), role, index],
+                                 cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+                for role, index in (("save", ""), ("prune", ""), ("prune", other),
+                                    ("gc", ""), ("gc", other))]
+    pruned = 0
+    for child in children:
+        out, err = child.communicate(timeout=300)
+        assert child.returncode == 0, err[-3000:]
+        pruned += int(out) if out.strip() else 0
+    assert pruned >= 10  # the prunes ran while the saves did
+    for index in (None, other):
+        with chunkstore.open(path, index_dir=index) as store:
+            store.reconcile()
+            published = store.stored_version_ids()
+            steps = sorted(store.resolve(vid).step for vid in published)
+            assert steps[-3:] == [22, 23, 24], steps
+        _consistent(path, list(published), index_dir=index)
