@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import chunkstore
-from chunkstore.errors import RunLeaseLostError
+from chunkstore.errors import InvalidInputError, RunLeaseLostError
 from chunkstore.objects.kinds import TOMBSTONES, VERSIONS
 from chunkstore.protocol.runlease import RunLease
 
@@ -334,3 +334,61 @@ def test_a_prune_stopped_before_its_record_deletes_beside_a_grace_0_gc_and_a_sav
     again = _cli("prune", str(path), "--keep-last", "3", "--json")
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["removed"] == [], again.stdout
+
+
+def test_delete_many_given_one_string_is_a_typed_error_that_removes_nothing(
+        tmp_path: Path) -> None:
+    """``delete_many("best")`` would iterate the letters of a string: one-letter tags
+    ``b``, ``e``, ``s``, ``t`` would name versions to remove.  A string is refused, with
+    the call to use instead, before anything is removed."""
+    path = tmp_path / "s"
+    ids = _filled(path, steps=4)[RUN]
+    with chunkstore.open(path) as store:
+        for tag, vid in zip("best", ids, strict=True):
+            store.tag(vid, tag)
+        with pytest.raises(InvalidInputError, match=r"delete\('best'"):
+            store.delete_many("best", force=True)
+        assert sorted(store.stored_version_ids()) == sorted(ids)
+        assert store.stored_tags() == dict(zip("best", ids, strict=True))
+
+
+def test_a_version_removed_and_collected_while_a_reader_has_it_open_reads_back(
+        tmp_path: Path) -> None:
+    """A reader opened r@2; r@2 is removed in a prune of many, and ``gc --grace 0`` runs
+    (its tombstone expired at once): the reader's lease keeps what it reads, which reads
+    back whole; once the reader closes, a GC deletes it."""
+    path = tmp_path / "s"
+    ids = _filled(path, steps=5)[RUN]
+    with chunkstore.open(path) as store:
+        reader = store.open_version(ids[1])
+        assert [v.id for v in store.prune(keep_last=2).removed] == ids[:3]
+        store.gc(grace=0)
+        for name, expected in _arrays(2).items():
+            assert reader.get(name).tobytes() == expected.tobytes(), name
+        reader.close()
+        assert store.gc(grace=0).chunks_deleted > 0
+    _consistent(path, ids[3:])
+
+
+def test_prune_dry_run_names_exactly_what_the_prune_removes(tmp_path: Path) -> None:
+    """Two runs, a tag, keep-last and keep-every: the dry run's JSON names the versions
+    the real prune then removes, and changes nothing itself."""
+    path = tmp_path / "s"
+    ids = _filled(path, ("r", "q"), steps=9)
+    with chunkstore.open(path) as store:
+        store.tag(ids["q"][0], "first")
+    policy = ("--keep-last", "2", "--keep-every", "4", "--json")
+    dry = _cli("prune", str(path), *policy, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    with chunkstore.open(path) as store:
+        assert len(store.stored_version_ids()) == 18
+        assert not any(store.objects.exists(TOMBSTONES, vid)
+                       for run in ids.values() for vid in run)
+    real = _cli("prune", str(path), *policy)
+    assert real.returncode == 0, real.stderr
+    said = sorted(v["id"] for v in json.loads(dry.stdout)["removed"])
+    done = sorted(v["id"] for v in json.loads(real.stdout)["removed"])
+    assert said == done and len(done) == 11, (said, done)  # r: 6, q: 5 (q@1 tagged)
+    with chunkstore.open(path) as store:
+        assert not set(done) & set(store.stored_version_ids())
+    _consistent(path, [vid for run in ids.values() for vid in run if vid not in done])
