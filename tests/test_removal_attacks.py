@@ -392,3 +392,24 @@ def test_prune_dry_run_names_exactly_what_the_prune_removes(tmp_path: Path) -> N
     with chunkstore.open(path) as store:
         assert not set(done) & set(store.stored_version_ids())
     _consistent(path, [vid for run in ids.values() for vid in run if vid not in done])
+
+
+def test_a_prune_whose_unlink_fails_is_no_success_and_a_rerun_finishes(
+        tmp_path: Path, immutable: Callable[[Path], None]) -> None:
+    """``prune`` (in bulk) where one record refuses its unlink: a non-zero exit naming the
+    error and no JSON answer; kept versions whole; the same prune run again, once the
+    file can go, finishes."""
+    path = tmp_path / "s"
+    ids = _filled(path, steps=8)[RUN]
+    stuck = _record_file(path, ids[1])
+    immutable(stuck)
+    failed = _cli("prune", str(path), "--keep-last", "3", "--json")
+    assert failed.returncode not in (0, 2), (failed.returncode, failed.stdout, failed.stderr)
+    assert "Operation not permitted" in failed.stderr and '"removed"' not in failed.stdout
+    _consistent(path, ids[5:])
+    subprocess.run(["chattr", "-i", str(stuck)], check=True)
+    finished = _cli("prune", str(path), "--keep-last", "3", "--json")
+    assert finished.returncode == 0, finished.stderr
+    with chunkstore.open(path) as store:
+        assert [v.id for v in store.versions(RUN)] == ids[5:]
+    _consistent(path, ids[5:])

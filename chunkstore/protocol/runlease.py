@@ -174,10 +174,13 @@ class Withdrawals:
     claimed the slot above since).  Its later look for the tombstone does not cover
     that walk alone: a GC deletes the tombstone once the grace period is over (at once
     with ``gc --grace 0``), and then the walk would create the record of a version
-    whose objects are gone.  A slot read by a walk and deleted since is two below a
-    slot claimed since by a newer generation's writer, whose own walk named the version
-    rolled forward first (the highest intent it found) or fenced the slot two above (a
-    fence is never deleted): either the marker is here or the slot is.
+    whose objects are gone.  The slot such a walk read is still there: a slot is deleted
+    only once the slot two above it is claimed, and the writer that claims it took the
+    run after the walk read the slot (an older one's claims fail their check from the
+    walk's generation on, and the walk's own check before its marker fails if a newer
+    one exists then), so its walk found this intent the highest and named it rolled
+    forward before that claim (the removal then finds the marker), or found the intent
+    above it and fenced the slot two above, which is never claimed.
 
     - a marker written since its listing names a version a walk rolls forward after
       that; the walk looks for the tombstone next, finds it and rolls nothing forward;
