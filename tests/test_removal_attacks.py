@@ -532,3 +532,20 @@ def test_a_prune_on_s3_killed_at_each_step_leaves_every_kept_version_whole(
         for vid in ids[12:]:
             _loads(store, vid)
         _verified(store)
+
+
+def test_a_prune_of_several_batches_of_several_runs_counts_each_version_out_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches of three versions (1,000 in use): a prune of 11 versions of three runs
+    takes four batches, each its own tombstones, withdrawals, bulk delete and index
+    transaction; refcounts verify and every kept version loads."""
+    from chunkstore.handle import removal
+    monkeypatch.setattr(removal, "DELETE_BATCH", 3)
+    path = tmp_path / "s"
+    ids = _filled(path, ("r", "q", "pp"), steps=6)
+    with chunkstore.open(path) as store:
+        store.tag(ids["pp"][0], "first")
+        removed = [v.id for v in store.prune(keep_last=2).removed]
+        assert sorted(removed) == sorted(ids["r"][:4] + ids["q"][:4] + ids["pp"][1:4])
+        _verified(store)
+    _consistent(path, [vid for run in ids.values() for vid in run if vid not in removed])
