@@ -53,6 +53,7 @@ from chunkstore.handle.handle import (
     NODE_TARGET_BYTES,
     PACK_TARGET_BYTES,
     StoreHandle,
+    selector_list,
 )
 from chunkstore.handle.storeconfig import (
     RecoveredConfig,
@@ -369,7 +370,7 @@ class Store(StoreHandle):
 
     def delete_many(self, selectors: Iterable[str], *, force: bool = False
                     ) -> list[VersionInfo]:
-        selectors = list(selectors)
+        selectors = selector_list(selectors)
         self._check_writable("remove " + " ".join(selectors[:3])
                              + (f" and {len(selectors) - 3} more" if len(selectors) > 3 else ""))
         return super().delete_many(selectors, force=force)

@@ -31,7 +31,8 @@ requests for as long as the others like (a crash is a pause that never ends):
   each record's deletion, in any order, the other processes moving in between.  A
   record of a withdrawn version is never a version (an index deletes it instead of
   counting it in).  A GC deletes the tombstone of a removed version at any time, but
-  not while a taker walks (a walk outlasts no grace period).
+  not while a taker walks (a walk outlasts no grace period), unless
+  ``Config.gc_during_walks`` (``gc --grace 0``, or a walk paused past it).
 
 Versions are named by writer and step (``A2``); each knows its step, its parent
 (what its writer restored or saved before it), its writer's generation and the
@@ -113,6 +114,9 @@ class Fencing:
     #: Once it named the version rolled forward, the taker looks for its tombstone (a
     #: removal began) and then rolls nothing forward.
     taker_checks_tombstone: bool = False
+    #: A removal withdraws a version whose intent is in any slot, not only the highest
+    #: (a walk may have read that slot while it was the highest).
+    withdraws_slot_intents: bool = False
 
     # --- one rule broken at a time --------------------------------------------------------------
     #: A taker creates its generation with a plain put (two takers may hold one).
@@ -140,7 +144,8 @@ class Fencing:
         """This protocol with the safe choices: the taker checks its generation before
         each roll-forward and once its fence is placed."""
         return replace(self, taker_checks_before_roll=True, taker_checks_after_fence=True,
-                       withdraws_highest_intent=True, taker_checks_tombstone=True)
+                       withdraws_highest_intent=True, taker_checks_tombstone=True,
+                       withdraws_slot_intents=True)
 
     def breaks(self) -> list[str]:
         return [f.name for f in fields(self)
@@ -159,6 +164,9 @@ class Config:
     #: the markers and the highest slot for all of them, then each record's deletion,
     #: a step apart, in any order (a bulk delete promises none).
     batch: int = 1
+    #: A GC may delete a removed version's tombstone while a taker walks (``gc --grace
+    #: 0``, or a walk paused past the grace period); else only between walks.
+    gc_during_walks: bool = False
     max_depth: int | None = None  # explore() reads it: None explores everything
 
 
@@ -436,10 +444,11 @@ class Model:
         """A removal of ``Config.batch`` versions: their tombstones; then one check of the
         ``@rolled-`` markers and the highest slot for all of them (withdraw those it
         names); then, a step apart each, the records' deletions."""
-        # A GC deletes the tombstone of a removed version once it is past its grace period,
-        # which no taker's walk outlasts from its listing of the slots to its look for the
-        # tombstone (as no reader outlasts it: what the grace period is for).
-        walking = any(w.pc in (READ, MARK, ROLL) for w in s.writers)
+        # A GC deletes the tombstone of a removed version once it is past its grace period;
+        # unless gc_during_walks, no taker's walk outlasts that from its listing of the
+        # slots to its look for the tombstone.
+        walking = not self.config.gc_during_walks and any(
+            w.pc in (READ, MARK, ROLL) for w in s.writers)
         expired = [] if walking else [
             (f"GC: deletes the tombstone of {name}", s._replace(tombstoned=s.tombstoned - {name}))
             for name in sorted(s.tombstoned & s.removed)]
@@ -472,7 +481,9 @@ class Model:
     def _check_removal(self, s: State, i: int, chosen: tuple[Version, ...]) -> Step:
         top = max((n for n, slot in enumerate(s.slots, 1) if slot), default=0)
         highest = _slot(s, top)
-        withdrawn = frozenset(v.name for v in chosen if (v.name in s.rolled or (
+        intents = {slot.version for slot in s.slots if slot is not None} \
+            if self.protocol.withdraws_slot_intents else set()
+        withdrawn = frozenset(v.name for v in chosen if (v.name in s.rolled or v in intents or (
             self.protocol.withdraws_highest_intent and highest is not None
             and highest.version == v)) and not self.protocol.break_no_withdrawal)
         names = ", ".join(v.name + (" (withdraws it)" if v.name in withdrawn else "")

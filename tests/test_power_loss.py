@@ -24,7 +24,7 @@ from tools.crashstates import Recorder
 
 #: Distinct states checked per operation (each twice: fresh index, index at the cut);
 #: about 20 s in all on two cores.  ``python -m tools.crashscenarios`` checks them all.
-BUDGET = {"save": 40, "two-filesystem save": 40, "tag+rm": 40, "gc": 40,
+BUDGET = {"save": 40, "two-filesystem save": 40, "tag+rm": 40, "prune+gc": 40, "gc": 40,
           "repack": 40, "mixed-sync save": 40}
 
 

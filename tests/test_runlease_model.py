@@ -27,10 +27,14 @@ every interleaving of two to four writers of one run (:mod:`tests.runlease_model
   the highest) and removed A1 (nothing to withdraw yet), rolled A1 forward again.  The
   taker now looks for the version's tombstone once its ``@rolled-`` marker is written
   (``taker_checks_tombstone``): the removal wrote the tombstone before it looked for
-  the marker, so one of the two sees the other's.  That holds while the tombstone
-  does: a walk must not outlast the grace period, as a reader must not.  With it, a
-  bulk removal (a prune) checks the markers and the highest slot once per batch, after
-  the batch's tombstones, and loses nothing (``batch``).
+  the marker, so one of the two sees the other's.  That held only while the tombstone
+  did: with a GC that deletes it mid-walk (``gc_during_walks``: ``gc --grace 0``, or a
+  walk paused past the grace period; readers have read leases, walks do not) A1 came
+  back.  The removal now withdraws every version whose intent is in any slot
+  (``withdraws_slot_intents``): with it nothing is lost however early tombstones go,
+  with or without the tombstone check.  A bulk removal (a prune) checks the markers
+  and the slots once per batch, after the batch's tombstones, and loses nothing
+  (``batch``).
 """
 
 from __future__ import annotations
@@ -69,6 +73,9 @@ OWNER_REMOVES = Config(saves=(1, 0), removals=1)
 # by a taker or by the owner itself, and a third launch that only takes the run over.
 TAKER_PRUNES = Config(saves=(2, 0, 0), removals=1, takers_remove=True, batch=2)
 OWNER_PRUNES = Config(saves=(2, 0), removals=1, batch=2)
+# The owner saves twice and removes a version (retention), a taker walks, and a GC may
+# delete a tombstone at any time, walks included (``gc --grace 0``).
+OWNER_REMOVES_GC_ANY_TIME = Config(saves=(2, 0), removals=1, gc_during_walks=True)
 
 
 def check(name: str, config: Config, protocol: Fencing) -> Result:
@@ -125,21 +132,28 @@ def test_safe_fencing_loses_nothing(world: str) -> None:
 # forward: two versions of RUN@1; (b) the stale taker's schedule above, with a fourth writer.
 # (c) A owns the run and saves A1; C takes it and reads slot 2 (A1's intent); A claims
 # slot 3 for A2, so A1's is no longer the highest, and removes A1 (nothing to withdraw:
-# no marker yet); C marks A1 rolled forward and creates its record again.
+# no marker yet); C marks A1 rolled forward and creates its record again (the removal's
+# withdrawal of every slot's intent and the taker's look for the tombstone each close it
+# while tombstones outlive walks); (d) the same with a GC that deletes A1's tombstone
+# mid-walk: the look for the tombstone no longer closes it.
 UNSAFE_CHOICES = {
     "taker_checks_before_roll": (STALE_CLAIM, "two versions of RUN@1: A1 and B1"),
     "taker_checks_after_fence": (FOUR, "A2 (gen 1) follows B1 (gen 2)"),
     "taker_checks_tombstone": (TAKER_PRUNES, "A1 was removed and is there again"),
+    "withdraws_slot_intents": (OWNER_REMOVES_GC_ANY_TIME, "A1 was removed and is there again"),
 }
+#: Choices that are needed only as a pair: each stands in for the other.
+TOGETHER = {"taker_checks_tombstone": {"withdraws_slot_intents": False}}
 
 
 @pytest.mark.parametrize("choice", [
-    "taker_checks_before_roll", "taker_checks_tombstone",
+    "taker_checks_before_roll", "taker_checks_tombstone", "withdraws_slot_intents",
     pytest.param("taker_checks_after_fence", marks=pytest.mark.slow),
 ])
 def test_each_safe_choice_is_needed(choice: str) -> None:
     config, violation = UNSAFE_CHOICES[choice]
-    result = check(choice, config, dataclasses.replace(SAFE, **{choice: False}))
+    result = check(choice, config, dataclasses.replace(
+        SAFE, **{choice: False}, **TOGETHER.get(choice, {})))
     assert result.violation is not None and result.violation.startswith(violation), \
         result.report()
 
@@ -201,7 +215,8 @@ def test_a_removed_latest_version_stays_removed() -> None:
 
 def test_without_withdrawing_the_highest_intent_a_removed_latest_version_comes_back() -> None:
     result = check("owner_removes", OWNER_REMOVES,
-                   dataclasses.replace(SAFE, withdraws_highest_intent=False))
+                   dataclasses.replace(SAFE, withdraws_highest_intent=False,
+                                       withdraws_slot_intents=False))
     assert result.violation == "A1 was removed and is there again", result.report()
     assert "A: removes A1: writes the tombstones" in result.schedule
     assert result.schedule[-1] == "B: rolls A1 forward: creates it"
@@ -220,7 +235,8 @@ def test_a_bulk_removal_checked_once_loses_nothing(world: str) -> None:
 
 def test_a_bulk_removal_that_withdraws_no_highest_intent_brings_a_version_back() -> None:
     result = check("owner_prunes", OWNER_PRUNES,
-                   dataclasses.replace(SAFE, withdraws_highest_intent=False))
+                   dataclasses.replace(SAFE, withdraws_highest_intent=False,
+                                       withdraws_slot_intents=False))
     assert result.violation == "A1 was removed and is there again", result.report()
 
 
@@ -264,3 +280,30 @@ def test_two_writers_that_never_save_are_explored_as_one() -> None:
     (reduced, seen), (whole, seen_whole) = runs
     assert reduced < 0.6 * whole
     assert seen == seen_whole
+
+
+
+def test_a_tombstone_a_gc_deleted_mid_walk_lets_the_walk_bring_a_version_back() -> None:
+    """The taker read A1's intent; A claimed slot 2 for A2 (its check fails), so A1's
+    intent is no longer the highest, and removed A1 (no marker yet); a GC with grace 0
+    deleted A1's tombstone; the walk names A1 rolled forward, finds no tombstone and
+    creates A1's record again (whose objects that GC deleted).  Found by this model with
+    the tombstone check alone (tests/test_removal_attacks.py plays it on the real code)."""
+    result = check("owner_removes_gc_any_time", OWNER_REMOVES_GC_ANY_TIME,
+                   dataclasses.replace(SAFE, withdraws_slot_intents=False))
+    assert result.violation == "A1 was removed and is there again", result.report()
+    assert "GC: deletes the tombstone of A1" in result.schedule
+
+
+@pytest.mark.parametrize("tombstone_check", [True, False])
+def test_withdrawing_every_slot_intent_needs_no_tombstone_to_outlive_a_walk(
+        tombstone_check: bool) -> None:
+    """A removal that withdraws every version whose intent is in a slot loses nothing
+    however early a GC deletes the tombstones, and needs no look for the tombstone."""
+    for config in (OWNER_REMOVES_GC_ANY_TIME,
+                   dataclasses.replace(TAKER_PRUNES, gc_during_walks=True),
+                   dataclasses.replace(OWNER_PRUNES, gc_during_walks=True)):
+        result = check("gc_any_time", config, dataclasses.replace(
+            SAFE, taker_checks_tombstone=tombstone_check))
+        assert result.violation is None, result.report()
+        assert result.complete

@@ -1,7 +1,7 @@
 """The operations :mod:`tools.crashstates` explores, each on a small local store:
 a save (packed small tensors, a delta against the run's previous version, plain
 data), the same save into a store whose ``chunks/`` is another file system, a tag
-and a removal, a GC that deletes, and a GC that repacks.
+and a removal, a prune and a GC after it, a GC that deletes, and a GC that repacks.
 
 ``python -m tools.crashscenarios [STATES_PER_OPERATION]`` records each, checks its
 crash states and prints what it found (the tests in tests/test_power_loss.py run
@@ -140,6 +140,23 @@ def record_repack(root: Path) -> tuple[Recording, Expectations]:
     return recorder.recording, Expectations(before)
 
 
+def record_prune_and_gc(root: Path) -> tuple[Recording, Expectations]:
+    """A prune of steps 1-3 of five (in bulk: the tombstones synced together, the
+    records unlinked from threads, one directory fsync), then a GC that deletes what
+    they alone needed: a record whose unlink a cut undid names objects gone."""
+    before = _setup(root, range(1, 6))
+    removed = list(before)[:3]
+    with open_store(root) as store, _recorder(root, store) as recorder:
+        for version_id in removed:
+            recorder.mark(f"removing {version_id}")
+        result = store.prune(keep_last=2)
+        assert [v.id for v in result.removed] == removed, result
+        recorder.mark("pruned")
+        collected = store.gc(grace=0, repack_unused=None)
+    assert collected.chunks_deleted + collected.nodes_deleted > 0, collected
+    return recorder.recording, Expectations(before)
+
+
 class _Abandoned(Exception):
     pass
 
@@ -172,6 +189,7 @@ SCENARIOS: dict[str, Scenario] = {"save": record_save,
                                   "two-filesystem save":
                                   record_save_two_filesystems,
                                   "tag+rm": record_tag_and_remove,
+                                  "prune+gc": record_prune_and_gc,
                                   "gc": record_gc, "repack": record_repack,
                                   "mixed-sync save": record_mixed_sync_save}
 

@@ -53,6 +53,8 @@ def _typed_errors(method: Callable[_P, _T]) -> Callable[_P, _T]:
             if not _remote_failure(exc):
                 raise
             backend, key = args[0], args[1] if len(args) > 1 else ""
+            if isinstance(key, (list, tuple)):  # a bulk request: its first key, not all
+                key = f"{key[0]} and {len(key) - 1} more" if len(key) > 1 else "".join(key)
             raise BackendUnavailableError(getattr(backend, "url", "?"), str(key),
                                           f"{type(exc).__name__}: {exc}") from exc
 

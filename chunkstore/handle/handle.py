@@ -118,6 +118,16 @@ PACK_DELTA_CHUNKS = True
 SEEN_STORED_MAX = 1 << 18
 
 
+def selector_list(selectors: Iterable[str]) -> list[str]:
+    """``selectors`` as a list; one string is refused (:class:`InvalidInputError`): its
+    letters would be taken for selectors, one-letter tags naming versions to remove."""
+    if isinstance(selectors, str):
+        raise InvalidInputError(f"delete_many takes a list of selectors, not the string"
+                                f" {selectors!r}: call delete({selectors!r}) or"
+                                f" delete_many([{selectors!r}])")
+    return list(selectors)
+
+
 class StoreHandle:
     """An open store, below the operations.  Use :func:`chunkstore.open` to get one
     (a :class:`chunkstore.store.Store`)."""
@@ -409,7 +419,7 @@ class StoreHandle:
         version, where one by one each cost six).  Every selector is resolved, and every
         tag checked, before anything is removed: one bad selector removes nothing."""
         infos = list({info.id: info for info in map(self.resolve_for_removal,
-                                                    selectors)}.values())
+                                                    selector_list(selectors))}.values())
         remove_versions(self, infos, force=force)
         return infos
 

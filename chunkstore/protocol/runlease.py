@@ -80,15 +80,15 @@ Every listing goes through an index, so no reader ever sees it.
 A taker's walk may also have read an intent before a removal of its version looked
 for the markers, and name it rolled forward after: the owner claimed its next slot in
 between (so the intent is no longer the highest) and removed the version (retention;
-tests/runlease_model.py found it, with a third launch).  So the walk, once its marker is
-written, looks for the version's tombstone, which every removal writes before it looks
-for the markers: one of the two sees the other's object, and either the removal
-withdraws the version or the walk rolls nothing forward.  That holds while the
-tombstone does (a GC deletes it after the grace period): a walk must not outlast the
-grace period, as a reader must not.  For the same reason a removal of many versions
-(:class:`Withdrawals`) looks at the markers and the highest slot once, after all their
-tombstones.  Saves that do not go through a lease (the low-level ``new_version``,
-releases before this protocol) are not fenced.
+tests/runlease_model.py found it, with a third launch).  The slot the walk read is
+still there when the removal looks (:class:`Withdrawals`), so a removal withdraws
+every version whose intent is in any slot.  The walk also looks for the version's
+tombstone once its marker is written, which every removal writes before it looks for
+the markers; alone that look would not do: a GC deletes the tombstone after the grace
+period (at once with ``gc --grace 0``), and a walk paused past it created the record
+of a version whose objects that GC deleted.  A removal of many versions looks at the
+markers and the slots once, after all their tombstones.  Saves that do not go through
+a lease (the low-level ``new_version``, releases before this protocol) are not fenced.
 """
 
 from __future__ import annotations
@@ -156,53 +156,51 @@ def withdrawn_name(run: str, version_id: str) -> str:
 
 def needs_withdrawal(objects: ObjectStore, run: str, version_id: str) -> bool:
     """Whether removing the version must withdraw it: a taker rolled it forward (its
-    stopped writer may still PUT it), or its intent is the run's highest commit slot (the
-    next taker's walk would roll it forward).  Once neither holds it never will: no slot
-    is claimed below the highest, and the slots deleted lie two below it."""
-    if objects.exists(LEASES, rolled_name(run, version_id)):
-        return True
-    top = max(_numbers(objects, run, "slot"), default=0)
-    if not top:
-        return False
-    intent = _read(objects, _name(run, "slot", top), SLOT_FORMAT) or {}
-    return intent.get("version") == version_id
+    stopped writer may still PUT it), or its intent is in one of the run's commit slots
+    (a walk may have read it, or may yet: the next one rolls the highest forward).  See
+    :class:`Withdrawals`."""
+    return Withdrawals(objects, run).needed(version_id)
 
 
 class Withdrawals:
-    """Which of a run's versions a removal of many must withdraw, from one look at the
-    run's lease objects: a listing of its slots, a read of the highest, a listing of its
-    ``@rolled-`` markers (three requests, not three for each version).
+    """Which of a run's versions a removal must withdraw, from one look at the run's
+    lease objects: a listing of its slots, a read of each (the discards keep two or
+    three, and a fence each takeover), a listing of its ``@rolled-`` markers.
 
     Made after the tombstone of every version it is asked about is written, and after
-    they were listed as published.  Its answer for each is the one
-    :func:`needs_withdrawal` would give at the removal:
+    they were listed as published.  A version is withdrawn when a marker names it, or
+    when its intent is in any slot, not only the highest: a taker's walk may have read
+    that slot while it was the highest and be paused before its marker (the owner
+    claimed the slot above since).  Its later look for the tombstone does not cover
+    that walk alone: a GC deletes the tombstone once the grace period is over (at once
+    with ``gc --grace 0``), and then the walk would create the record of a version
+    whose objects are gone.  The slot such a walk read is still there: a slot is deleted
+    only once the slot two above it is claimed, and the writer that claims it took the
+    run after the walk read the slot (an older one's claims fail their check from the
+    walk's generation on, and the walk's own check before its marker fails if a newer
+    one exists then), so its walk found this intent the highest and named it rolled
+    forward before that claim (the removal then finds the marker), or found the intent
+    above it and fenced the slot two above, which is never claimed.
 
     - a marker written since its listing names a version a walk rolls forward after
       that; the walk looks for the tombstone next, finds it and rolls nothing forward;
-    - the highest slot it read is the highest a later walk can start from (slots are
-      claimed only above it, and deleted only two below the highest), and a slot
-      claimed since holds a fence or a version saved since, none of those asked about
-      (each of them was published, its slot claimed, before this look).
+    - a slot claimed since holds a fence or a version saved since, none of those asked
+      about (each of them was published, its slot claimed, before this look).
 
-    Where the highest slot cannot be read (gone: claimed over twice meanwhile; or
-    damaged), it asks :func:`needs_withdrawal` for each version instead.
+    A slot that cannot be read (gone since the listing, or damaged: set aside) names no
+    version.
     """
 
     def __init__(self, objects: ObjectStore, run: str) -> None:
-        self._objects, self._run = objects, run
-        top = max(_numbers(objects, run, "slot"), default=0)
-        intent = _read(objects, _name(run, "slot", top), SLOT_FORMAT) if top else {}
-        #: None where the highest slot could not be read (gone, or damaged: set aside)
-        self._highest = None if intent is None else intent.get("version")
-        self._exact = intent is None
+        self._intents = frozenset(
+            (_read(objects, _name(run, "slot", number), SLOT_FORMAT) or {}).get("version")
+            for number in _numbers(objects, run, "slot"))
         prefix = f"{run}@rolled-"
         self._rolled = frozenset(name[len(prefix):] for name in objects.ids(LEASES, prefix))
 
     def needed(self, version_id: str) -> bool:
         """Whether removing ``version_id`` (of this run) must withdraw it first."""
-        if self._exact:
-            return needs_withdrawal(self._objects, self._run, version_id)
-        return version_id in self._rolled or version_id == self._highest
+        return version_id in self._rolled or version_id in self._intents
 
 
 def withdraw(objects: ObjectStore, run: str, version_id: str) -> None:
