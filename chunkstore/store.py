@@ -28,7 +28,6 @@ from chunkstore.errors import (
     ConfigRecoveredWarning,
     InvalidInputError,
     InvalidSettingError,
-    PasswordRequiredError,
     RecoveredConfigError,
     SavesInProgressError,
     StoreLocationError,
@@ -43,8 +42,8 @@ from chunkstore.format.records import (
 from chunkstore.handle.encryption import (
     check_encrypt,
     check_new_store,
+    check_password_given,
     clone_keys,
-    password_from_env,
     unlocked,
 )
 from chunkstore.handle.handle import (
@@ -257,8 +256,7 @@ def open(
     if threads is not None:
         threads = _whole_number(threads, "threads", 1, MAX_THREADS)
     text = _location(url)
-    if encrypt and password is None and password_from_env() is None:
-        raise PasswordRequiredError(text)  # before anything is created
+    check_password_given(text, create, encrypt, password)  # before anything is created
     options = _storage_options(storage_options)
     with _options_taken(text, options):
         objects = ObjectStore(wrap_from_env(open_backend(text, **options)))

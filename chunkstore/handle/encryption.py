@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import blake3
 
 from chunkstore.errors import (
+    CorruptConfigError,
     EncryptionError,
     InvalidSettingError,
     NotEncryptedError,
@@ -72,6 +73,18 @@ def sealed(objects: ObjectStore, config: StoreConfig, master: bytes, key_id: str
                          master, key_id)
 
 
+def check_password_given(url: str, create: bool, encrypt: bool, password: str | None) -> None:
+    """A store opened with ``encrypt=True`` has a password (``password`` or the
+    environment's), and one it creates a password that is not empty."""
+    if not encrypt:
+        return
+    found = password if password is not None else password_from_env()
+    if found is None:
+        raise PasswordRequiredError(url)
+    if create:
+        keys.check_new_password(found)
+
+
 def check_new_store(url: str, objects: ObjectStore, create: bool, encrypt: bool,
                     password: str | None) -> None:
     """Refuse, before anything is created, a password given for a store this call would
@@ -101,6 +114,8 @@ def unlocked(url: str, objects: ObjectStore, config: StoreConfig, password: str 
     ``key_of``, an open store this one is a copy of (the same identity and encryption:
     :func:`clone_keys`)."""
     if config.encryption is None:
+        if password is not None or password_from_env() is not None:
+            check_not_stripped(url, objects)
         if password is not None:
             raise NotEncryptedError(url)
         return objects
@@ -120,6 +135,18 @@ def unlocked(url: str, objects: ObjectStore, config: StoreConfig, password: str 
             return sealed(objects, config, master, key_id)
     master, key_id = keys.unlock(objects, url, config.identity(), password)
     return sealed(objects, config, master, key_id)
+
+
+def check_not_stripped(url: str, objects: ObjectStore) -> None:
+    """An unencrypted store's config over a store that holds key objects was replaced or
+    damaged (by whoever can write the bucket, so that a writer holding the password
+    saves in clear): refused, nothing written.  Looked at where a password is at hand
+    (one listing), so plain stores opened without one pay nothing."""
+    if keys.key_ids(objects):
+        raise CorruptConfigError(url, "it describes an unencrypted store, but the store holds"
+                                 " key objects (keys/): an encrypted store's config was"
+                                 " replaced; put back a copy of its chunkstore.json (it"
+                                 " holds no secret). Nothing was read or written")
 
 
 def check_encrypt(url: str, config: StoreConfig, encrypt: bool) -> None:
