@@ -19,6 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 import chunkstore
+from chunkstore.backends.wrappers import RequestHook
 from chunkstore.cli import cli
 from chunkstore.errors import (
     CorruptConfigError,
@@ -247,3 +248,35 @@ def test_the_local_index_and_errors_hold_no_key_and_no_password(store: Path) -> 
             chunkstore.open(store, password=attempt)
         assert attempt not in str(caught.value) and attempt not in repr(caught.value.args)
     os.environ.pop("CHUNKSTORE_PASSWORD", None)
+
+
+class _RemovesFirst(RequestHook):
+    """Before this handle deletes a key, another handle removes another key (the two
+    ``chunkstore key remove`` of the last two keys at once, in their worst order)."""
+
+    def __init__(self, inner: Any, other: chunkstore.Store, other_key: str) -> None:
+        super().__init__(inner)
+        self.other, self.other_key = other, other_key
+
+    def request(self, operation: str, key: str) -> None:
+        if operation == "delete" and key.startswith("keys/") and self.other_key:
+            other_key, self.other_key = self.other_key, ""
+            encryption.remove_key(self.other.url, self.other.objects, other_key)
+
+
+def test_two_removals_at_once_never_leave_no_key(store: Path) -> None:
+    second = "second password"
+    with chunkstore.open(store, password=PASSWORD) as first:
+        objects = first.objects
+        assert isinstance(objects, SealedObjects)
+        encryption.add_password(first.url, objects, first.config, second)
+        first_key = objects.key_id
+    with chunkstore.open(store, password=second) as other, \
+            chunkstore.open(store, password=PASSWORD) as opened:
+        assert isinstance(other.objects, SealedObjects)
+        second_key = other.objects.key_id
+        opened.objects.backend = _RemovesFirst(opened.objects.backend, other, first_key)
+        with pytest.raises(KeyObjectError, match="meanwhile"):
+            encryption.remove_key(opened.url, opened.objects, second_key)
+    assert [p.name for p in (store / "keys").iterdir()] == [second_key]
+    _reads_back(store, second)

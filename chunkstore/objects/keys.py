@@ -207,7 +207,14 @@ def remove_key(objects: ObjectStore, url: str, key_id: str) -> None:
         raise KeyObjectError(url, f"every key but {key_id} is damaged (does not parse):"
                              " removing it would leave no password that opens the store;"
                              " add another first (`chunkstore key add`)")
+    data = objects.get(KEYS, key_id)
     objects.delete(KEYS, key_id)
+    # A removal elsewhere between the look above and the delete (two `key remove` of
+    # the two last keys at once) would leave none: look again, and put it back.
+    if not any(_intact(objects, other) for other in key_ids(objects)):
+        objects.put_if_absent(KEYS, key_id, data)
+        raise KeyObjectError(url, f"the store's other keys were removed meanwhile: key"
+                             f" {key_id} is kept (it is the last); nothing else changed")
 
 
 def _intact(objects: ObjectStore, key_id: str) -> bool:
