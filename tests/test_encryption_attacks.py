@@ -12,6 +12,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +23,7 @@ import pytest
 from click.testing import CliRunner
 
 import chunkstore
-from chunkstore.backends.wrappers import RequestHook
+from chunkstore.backends.wrappers import FAULT_ENV_VAR, RequestHook
 from chunkstore.cli import cli
 from chunkstore.errors import (
     CorruptConfigError,
@@ -36,6 +39,9 @@ from chunkstore.objects.crypto import SEGMENT_OVERHEAD, SEGMENT_SIZE, subkey
 from chunkstore.objects.kinds import NODES, TAGS, VERSIONS
 from chunkstore.objects.sealed import SealedObjects
 from tests.conftest import tree_snapshot
+from tests.s3server import create_bucket, remove_bucket, s3_endpoint, storage_options
+
+__all__ = ["s3_endpoint"]  # the session fixture, re-exported so pytest finds it here
 
 PASSWORD = "correct horse battery staple"
 
@@ -376,3 +382,64 @@ def test_no_command_line_option_takes_a_password_itself() -> None:
         for name in param.opts:
             if "password" in name:
                 assert name.endswith("-file"), name
+
+
+# --- key commands killed, and on S3 -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["kill-before-put:keys/:0", "kill-after-put:keys/:0",
+                                   "kill-before-delete:keys/:0", "kill-after-delete:keys/:0"])
+@pytest.mark.parametrize("command", ["add", "passwd"])
+def test_a_key_command_killed_at_each_step_leaves_a_key_that_opens(
+        store: Path, tmp_path: Path, command: str, fault: str) -> None:
+    """``chunkstore key add|passwd`` in a real process, SIGKILLed before and after its
+    write and its delete: the old password or the new one opens the store (never none),
+    and every key object left parses."""
+    new = tmp_path / "new"
+    new.write_text("a new password\n")
+    env = {**os.environ, "CHUNKSTORE_PASSWORD": PASSWORD, FAULT_ENV_VAR: fault,
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run([sys.executable, "-m", "chunkstore", "key", command, str(store),
+                           "--new-password-file", str(new)], env=env, capture_output=True,
+                          timeout=120, check=False)
+    killed = done.returncode == -signal.SIGKILL
+    assert killed or (done.returncode == 0 and "delete" in fault
+                      and command == "add"), done.stderr.decode()
+    opens = []
+    for password in (PASSWORD, "a new password"):
+        try:
+            _reads_back(store, password)
+            opens.append(password)
+        except WrongPasswordError:
+            pass
+    assert opens, "no password opens the store"
+    for key in (store / "keys").iterdir():
+        keys._parse(key.name, key.read_bytes())
+    assert PASSWORD.encode() not in done.stdout + done.stderr
+
+
+@pytest.mark.s3
+def test_crafted_keys_and_a_stripped_config_on_s3(s3_endpoint: str, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the S3 server: a garbage key object sorted first locks no one out, and a
+    config rewritten as a plain store's is refused to a job holding the password."""
+    monkeypatch.setenv("CHUNKSTORE_CACHE_DIR", str(tmp_path / "cache"))
+    bucket = create_bucket(s3_endpoint)
+    url, options = f"s3://{bucket}/ckpts", storage_options(s3_endpoint)
+    try:
+        with chunkstore.open(url, create=True, encrypt=True, password=PASSWORD,
+                             storage_options=options) as opened:
+            _save(opened, 1)
+            backend = opened.objects.backend
+            backend.put("keys/0000000000000000", b"\x00garbage")
+            config = json.loads(backend.get("chunkstore.json"))
+        with chunkstore.open(url, password=PASSWORD, storage_options=options) as opened:
+            assert opened.open_version("r@1").get_data("trainer")["step"] == 1
+            del config["encryption"]
+            config["format_version"] = 9
+            opened.objects.backend.put("chunkstore.json", json.dumps(config).encode())
+        monkeypatch.setenv("CHUNKSTORE_PASSWORD", PASSWORD)
+        with pytest.raises(CorruptConfigError, match="key objects"):
+            chunkstore.open(url, storage_options=options)
+    finally:
+        remove_bucket(s3_endpoint, bucket)
