@@ -105,6 +105,18 @@ def test_a_damaged_or_crafted_key_object_locks_no_one_out(store: Path, damage: s
         chunkstore.open(store, password="wrong")
 
 
+def test_a_store_whose_every_key_is_damaged_says_so_not_wrong_password(store: Path) -> None:
+    """Damage is not a wrong password: with no key object that parses, the error says to
+    put keys/ back (KeyObjectError), whatever the password; nothing changes."""
+    for key in (store / "keys").iterdir():
+        key.write_bytes(key.read_bytes()[:-40])
+    before = tree_snapshot(store)
+    for password in (PASSWORD, "wrong"):
+        with pytest.raises(KeyObjectError, match="every key object is damaged"):
+            chunkstore.open(store, password=password)
+    assert tree_snapshot(store) == before
+
+
 def test_kdf_work_is_bounded_before_deriving(store: Path) -> None:
     """scrypt's time grows with n * r * p: each bound alone (n up to 2^24, r and p up
     to 64, memory up to 1 GiB) let a crafted key cost 64 derivations of 1 GiB."""

@@ -181,6 +181,10 @@ def unlock(objects: ObjectStore, url: str, identity: str, password: str
             continue
         if master is not None:
             return master, key_id
+    if damaged and len(damaged) == len(ids):
+        raise KeyObjectError(url, f"every key object is damaged ({', '.join(damaged)}: it"
+                             " does not parse, or its KDF is out of bounds), so no password"
+                             " can be tried: put back a copy of the store's keys/")
     raise WrongPasswordError(url, len(ids), damaged)
 
 
