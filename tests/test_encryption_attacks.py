@@ -455,3 +455,58 @@ def test_crafted_keys_and_a_stripped_config_on_s3(s3_endpoint: str, tmp_path: Pa
             chunkstore.open(url, storage_options=options)
     finally:
         remove_bucket(s3_endpoint, bucket)
+
+
+def test_objects_of_another_store_with_the_same_password_do_not_splice(tmp_path: Path) -> None:
+    """Two stores made apart with one password have two master keys: a tag, a commit
+    record or a key object copied from one into the other opens nothing there, and is
+    named as damage (never read as the other store's data)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    for path in (a, b):
+        with chunkstore.open(path, create=True, encrypt=True, password=PASSWORD) as opened:
+            _save(opened, 1)
+            opened.tag("r@1", "best")
+    (a / "tags" / "best").write_bytes((b / "tags" / "best").read_bytes())
+    record = next((b / "versions").iterdir())
+    (a / "versions" / record.name).write_bytes(record.read_bytes())
+    key = next((b / "keys").iterdir())
+    (a / "keys" / ("f" * 16)).write_bytes(key.read_bytes())
+    with chunkstore.open(a, password=PASSWORD, index_dir=str(tmp_path / "fresh")) as opened:
+        assert isinstance(opened.objects, SealedObjects)
+        assert opened.objects.key_id != "f" * 16
+        with pytest.raises(IntegrityError):
+            opened.objects.get(TAGS, "best")
+        with pytest.raises(IntegrityError):
+            opened.objects.get(VERSIONS, record.name)
+        assert not opened.verify().ok
+    with chunkstore.open(a, password=PASSWORD) as opened:  # its own index knew the tag
+        assert opened.stored_tags()["best"] == opened.resolve("r@1").id
+
+
+def test_a_pack_cut_at_a_segment_boundary_fails_its_members(tmp_path: Path) -> None:
+    """A pack cut after its first segment: members past the cut are damage (a ranged
+    read meets the end of the object before its last, short, segment), never short
+    data; verify names the version."""
+    path = tmp_path / "s"
+    rng = np.random.default_rng(1)
+    tensors = [rng.standard_normal(4096).astype(np.float32) for _ in range(40)]  # 16 KiB
+    with chunkstore.open(path, create=True, encrypt=True, password=PASSWORD,
+                         pack_size=256 * 1024) as opened:
+        with opened.new_version(run="r", step=1) as version:
+            for i in range(40):
+                version.put(f"t{i}", tensors[i])
+    packs = [p for p in _chunk_files(path) if p.stat().st_size > 3 * SEGMENT_SIZE]
+    assert packs
+    step = SEGMENT_SIZE + SEGMENT_OVERHEAD
+    for pack in packs:
+        pack.write_bytes(pack.read_bytes()[:step])
+    with chunkstore.open(path, password=PASSWORD) as opened:
+        assert not opened.verify().ok
+        reader = opened.open_version("r@1")
+        failed = 0
+        for i in range(40):
+            try:
+                np.testing.assert_array_equal(reader.get(f"t{i}"), tensors[i])
+            except IntegrityError:
+                failed += 1
+        assert failed
