@@ -28,6 +28,7 @@ from chunkstore.cli import cli
 from chunkstore.errors import (
     CorruptConfigError,
     CorruptObjectError,
+    GcAbortedError,
     IntegrityError,
     InvalidSettingError,
     KeyObjectError,
@@ -510,3 +511,23 @@ def test_a_pack_cut_at_a_segment_boundary_fails_its_members(tmp_path: Path) -> N
             except IntegrityError:
                 failed += 1
         assert failed
+
+
+@pytest.mark.parametrize("encrypt", [True, False])
+def test_a_damaged_moved_record_is_reported_and_stops_gc(tmp_path: Path,
+                                                                encrypt: bool) -> None:
+    """A moved record (a repacked pack's forwarding record) that fails: verify reports it
+    and GC deletes nothing (GcAbortedError), as for one that does not parse in a plain
+    store; versions still read."""
+    path = tmp_path / "s"
+    kwargs: dict[str, Any] = {"encrypt": True, "password": PASSWORD} if encrypt else {}
+    with chunkstore.open(path, create=True, **kwargs) as opened:
+        _save(opened, 1)
+    (path / "moved").mkdir(exist_ok=True)
+    (path / "moved" / ("ab" * 32)).write_bytes(b"\x01" * 80)
+    with chunkstore.open(path, password=PASSWORD if encrypt else None) as opened:
+        result = opened.verify()
+        assert any("moved record" in p.message for p in result.problems), result.problems
+        with pytest.raises(GcAbortedError, match="moved record"):
+            opened.gc(grace=0)
+        assert opened.open_version("r@1").get_data("trainer")["step"] == 1
