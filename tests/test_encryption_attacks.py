@@ -531,3 +531,43 @@ def test_a_damaged_moved_record_is_reported_and_stops_gc(tmp_path: Path,
         with pytest.raises(GcAbortedError, match="moved record"):
             opened.gc(grace=0)
         assert opened.open_version("r@1").get_data("trainer")["step"] == 1
+
+
+@pytest.mark.parametrize("victim", ["leases/r", "removed/{r@2}", "sessions/s1", "readers/x1",
+                                    "drills/d1", "gc/{journal}", "tags/best", "moved/{pack}"])
+def test_a_protocol_object_that_fails_is_typed_damage_everywhere(tmp_path: Path,
+                                                                 victim: str) -> None:
+    """An object of each mutable kind that fails authentication (garbage under its
+    name, or a flipped byte in a real one): opening, listing, verify, a save, a
+    restore and GC each succeed or raise a typed error (ChunkStoreError), never another
+    exception; published versions still read."""
+    path = tmp_path / "s"
+    with chunkstore.open(path, create=True, encrypt=True, password=PASSWORD) as opened:
+        for step in (1, 2):
+            _save(opened, step)
+        opened.tag("r@2", "best")
+        opened.delete("r@1")
+        opened.gc(grace=0)
+        name = victim.format(**{"r@2": opened.resolve("r@2").id, "pack": "cd" * 32,
+                                "journal": "x"})
+    if name == "gc/x":
+        target = next(p for p in (path / "gc").iterdir())
+    else:
+        target = path / name
+        target.parent.mkdir(exist_ok=True)
+    data = bytearray(target.read_bytes() if target.exists() else os.urandom(200))
+    data[len(data) // 2] ^= 1
+    target.write_bytes(bytes(data))
+
+    def typed(step: Any) -> None:
+        with contextlib.suppress(chunkstore.errors.ChunkStoreError):
+            step()
+
+    with chunkstore.open(path, password=PASSWORD) as opened:
+        typed(opened.versions)
+        typed(opened.verify)
+        typed(lambda: _save(opened, 3))
+        typed(lambda: opened.gc(grace=0))
+        assert opened.open_version("r@2").get_data("trainer")["step"] == 2
+    with chunkstore.open(path, password=PASSWORD, index_dir=str(tmp_path / "fresh")) as opened:
+        assert opened.open_version("r@2").get_data("trainer")["step"] == 2
