@@ -571,3 +571,28 @@ def test_a_protocol_object_that_fails_is_typed_damage_everywhere(tmp_path: Path,
         assert opened.open_version("r@2").get_data("trainer")["step"] == 2
     with chunkstore.open(path, password=PASSWORD, index_dir=str(tmp_path / "fresh")) as opened:
         assert opened.open_version("r@2").get_data("trainer")["step"] == 2
+
+
+def test_a_store_whose_keys_are_lost_is_never_keyed_again(store: Path) -> None:
+    """keys/ deleted (by whoever can write the bucket, or lost in a copy): an open that
+    may create (create=True, encrypt=True, as Checkpointer and init do) made a new
+    master key and saved under it beside objects it cannot read. Refused, nothing
+    written; once keys/ is back the store reads. A creation interrupted before its
+    first key (the config alone) is still finished by such an open."""
+    saved = {p.name: p.read_bytes() for p in (store / "keys").iterdir()}
+    for name in saved:
+        (store / "keys" / name).unlink()
+    before = tree_snapshot(store)
+    for create in (True, False):
+        with pytest.raises(KeyObjectError, match=r"(?i)put back a copy of its keys/"):
+            chunkstore.open(store, create=create, encrypt=create, password=PASSWORD)
+    assert tree_snapshot(store) == before
+    for name, data in saved.items():
+        (store / "keys" / name).write_bytes(data)
+    _reads_back(store)
+    interrupted = store.parent / "interrupted"
+    interrupted.mkdir()
+    (interrupted / "chunkstore.json").write_bytes((store / "chunkstore.json").read_bytes())
+    with chunkstore.open(interrupted, create=True, encrypt=True, password=PASSWORD) as opened:
+        _save(opened, 1)
+    _reads_back(interrupted)

@@ -20,6 +20,7 @@ from chunkstore.errors import (
     CorruptConfigError,
     EncryptionError,
     InvalidSettingError,
+    KeyObjectError,
     NotEncryptedError,
     PasswordRequiredError,
 )
@@ -128,6 +129,11 @@ def unlocked(url: str, objects: ObjectStore, config: StoreConfig, password: str 
     if password is None:
         raise PasswordRequiredError(url)
     if created and not keys.key_ids(objects):
+        if objects.holds_objects(KEYS):
+            raise KeyObjectError(url, "the store holds objects but no key object (keys/):"
+                                 " its keys were deleted or not copied. Put back a copy of"
+                                 " its keys/; a new key would seal under another master"
+                                 " key, beside objects it cannot read. Nothing was written")
         master = keys.new_master_key()
         key_id = first_key_id(config)
         if objects.put_if_absent(KEYS, key_id, keys.wrap(master, password, config.identity(),

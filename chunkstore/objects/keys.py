@@ -167,8 +167,10 @@ def unlock(objects: ObjectStore, url: str, identity: str, password: str
     ids, damaged = key_ids(objects), list[str]()
     if not ids:
         raise KeyObjectError(url, "the store is encrypted but holds no key object (keys/):"
-                             " its creation was interrupted before its first key was"
-                             " written, so it holds no data; remove it and create it again")
+                             " if it holds data, its keys were deleted or not copied: put"
+                             " back a copy of its keys/; if its creation was interrupted"
+                             " before its first key, it holds nothing: remove it and create"
+                             " it again")
     for key_id in ids:
         try:
             data = objects.get(KEYS, key_id)

@@ -11,9 +11,10 @@ memory instead, never mapped.  The config and key objects stay in clear: they sa
 to read the rest.
 
 An object that fails authentication raises the corrupt error of its kind (a chunk's
-:class:`CorruptChunkError`, and a moved record's, as one that does not parse; a node's, a commit record's, a tag's; any other kind
-:class:`CorruptObjectError`), so verify names it and a restore falls back past it as
-it does past any damage: nothing that fails is ever returned.
+:class:`CorruptChunkError`, and a moved record's, as one that does not parse; a
+node's, a commit record's, a tag's; any other kind :class:`CorruptObjectError`), so
+verify names it and a restore falls back past it as it does past any damage: nothing
+that fails is ever returned.
 """
 
 from __future__ import annotations
