@@ -596,3 +596,33 @@ def test_a_store_whose_keys_are_lost_is_never_keyed_again(store: Path) -> None:
     with chunkstore.open(interrupted, create=True, encrypt=True, password=PASSWORD) as opened:
         _save(opened, 1)
     _reads_back(interrupted)
+
+
+def test_a_mirror_made_plain_beforehand_gets_nothing_in_clear(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    """The tiered Checkpointer's mirror location, made a plain store beforehand (by
+    whoever can write the bucket): mirroring the encrypted local tier into it is refused
+    (the stores name chunks apart), so no version reaches it in clear; the local tier
+    keeps every save."""
+    torch = pytest.importorskip("torch")
+    from torch_bridge import Checkpointer
+    monkeypatch.setenv("CHUNKSTORE_PASSWORD", PASSWORD)
+    chunkstore.open(tmp_path / "local", create=True, encrypt=True).close()
+    with monkeypatch.context() as plain:
+        plain.delenv("CHUNKSTORE_PASSWORD")
+        chunkstore.open(tmp_path / "mirror", create=True).close()
+    model = torch.nn.Linear(64, 64)
+    with pytest.warns(RuntimeWarning, match="is not encrypted"), \
+            Checkpointer(tmp_path / "local", run="r", mirror=str(tmp_path / "mirror")) as ckpt:
+        for step in (1, 2):
+            ckpt.save(step, model=model)
+        with contextlib.suppress(chunkstore.errors.ChunkStoreError, TimeoutError):
+            ckpt.wait(mirror=True, timeout=60)
+    with chunkstore.open(tmp_path / "local") as local:
+        assert [v.step for v in local.versions()] == [1, 2]
+    monkeypatch.delenv("CHUNKSTORE_PASSWORD")
+    with chunkstore.open(tmp_path / "mirror") as mirror:
+        assert mirror.versions() == []
+    assert not [p for p in (tmp_path / "mirror").rglob("*")
+                if p.is_file() and p.parts[-2] in ("versions", "nodes")]
