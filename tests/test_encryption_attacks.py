@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -626,3 +627,17 @@ def test_a_mirror_made_plain_beforehand_gets_nothing_in_clear(tmp_path: Path,
         assert mirror.versions() == []
     assert not [p for p in (tmp_path / "mirror").rglob("*")
                 if p.is_file() and p.parts[-2] in ("versions", "nodes")]
+
+
+def test_a_huge_object_in_keys_is_read_no_further_than_a_key(store: Path) -> None:
+    """A 512 MiB object planted in keys/ (sorted first): opening reads at most a key
+    object's bound of it, not the whole (measured as the peak of Python's allocations)."""
+    with (store / "keys" / "0000000000000000").open("wb") as planted:
+        planted.truncate(512 << 20)  # sparse: no disk used
+    tracemalloc.start()
+    try:
+        _reads_back(store)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 128 << 20, peak

@@ -104,7 +104,7 @@ def clone_keys(objects: ObjectStore, source: StoreHandle | None) -> None:
         return
     if objects.create_config(source.objects.get_config()):
         for key_id in keys.key_ids(source.objects):
-            objects.put_if_absent(KEYS, key_id, source.objects.get(KEYS, key_id))
+            objects.put_if_absent(KEYS, key_id, keys.read_key(source.objects, key_id))
 
 
 def unlocked(url: str, objects: ObjectStore, config: StoreConfig, password: str | None,

@@ -155,6 +155,12 @@ def unwrap(key_id: str, data: bytes, password: str, identity: str) -> bytes | No
         return None
 
 
+def read_key(objects: ObjectStore, key_id: str) -> bytes:
+    """A key object's bytes, at most one more than any key object holds (so that a huge
+    object planted in keys/ costs an opener 64 KiB, not its size)."""
+    return objects.get_range(KEYS, key_id, 0, MAX_KEY_OBJECT_BYTES + 1)
+
+
 def key_ids(objects: ObjectStore) -> list[str]:
     return list(objects.ids(KEYS))
 
@@ -173,7 +179,7 @@ def unlock(objects: ObjectStore, url: str, identity: str, password: str
                              " it again")
     for key_id in ids:
         try:
-            data = objects.get(KEYS, key_id)
+            data = read_key(objects, key_id)
         except FileNotFoundError:
             continue  # removed meanwhile
         try:
@@ -213,7 +219,7 @@ def remove_key(objects: ObjectStore, url: str, key_id: str) -> None:
         raise KeyObjectError(url, f"every key but {key_id} is damaged (does not parse):"
                              " removing it would leave no password that opens the store;"
                              " add another first (`chunkstore key add`)")
-    data = objects.get(KEYS, key_id)
+    data = read_key(objects, key_id)
     objects.delete(KEYS, key_id)
     # A removal elsewhere between the look above and the delete (two `key remove` of
     # the two last keys at once) would leave none: look again, and put it back.
@@ -225,7 +231,7 @@ def remove_key(objects: ObjectStore, url: str, key_id: str) -> None:
 
 def _intact(objects: ObjectStore, key_id: str) -> bool:
     try:
-        _parse(key_id, objects.get(KEYS, key_id))
+        _parse(key_id, read_key(objects, key_id))
     except (CorruptObjectError, FileNotFoundError):
         return False
     return True
@@ -234,7 +240,7 @@ def _intact(objects: ObjectStore, key_id: str) -> bool:
 def list_keys(objects: ObjectStore) -> Iterator[KeyInfo]:
     for key_id in key_ids(objects):
         try:
-            body, parameters, _, _, _ = _parse(key_id, objects.get(KEYS, key_id))
+            body, parameters, _, _, _ = _parse(key_id, read_key(objects, key_id))
         except FileNotFoundError:
             continue
         created = body.get("created")
