@@ -641,3 +641,16 @@ def test_a_huge_object_in_keys_is_read_no_further_than_a_key(store: Path) -> Non
     finally:
         tracemalloc.stop()
     assert peak < 128 << 20, peak
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero")
+def test_a_password_file_without_end_is_refused_not_read_for_ever(store: Path) -> None:
+    """``--password-file /dev/zero`` (or any file without a line break in its first
+    64 KiB): a typed refusal in a real process, not a read that never ends."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHUNKSTORE_PASSWORD")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, "-m", "chunkstore", "--password-file", "/dev/zero",
+                           "log", str(store)], env=env, capture_output=True, timeout=60,
+                          check=False)
+    assert done.returncode != 0
+    assert b"over 65536 bytes" in done.stderr, done.stderr

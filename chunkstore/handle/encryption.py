@@ -40,13 +40,23 @@ PASSWORD_ENV = "CHUNKSTORE_PASSWORD"
 PASSWORD_FILE_ENV = "CHUNKSTORE_PASSWORD_FILE"
 
 
+#: The most a password file's first line may hold (``/dev/zero`` given as one is refused
+#: after this much, instead of read for ever).
+MAX_PASSWORD_BYTES = 64 * 1024
+
+
 def read_password_file(path: str | os.PathLike[str]) -> str:
     """The password a file holds: its first line, without the line break."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with Path(path).open("rb") as file:
+            first = file.readline(MAX_PASSWORD_BYTES + 1)
+        text = first.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidSettingError(f"cannot read the password file {os.fspath(path)!r}:"
                                   f" {exc}") from None
+    if len(first) > MAX_PASSWORD_BYTES:
+        raise InvalidSettingError(f"the password file {os.fspath(path)!r} holds no password:"
+                                  f" its first line is over {MAX_PASSWORD_BYTES} bytes")
     return text.splitlines()[0] if text else ""
 
 
