@@ -259,7 +259,8 @@ def test_the_local_index_and_errors_hold_no_key_and_no_password(store: Path) -> 
         assert isinstance(objects, SealedObjects)
         secrets = [PASSWORD.encode(), objects.master, subkey(objects.master, "objects"),
                    subkey(objects.master, "chunk ids"),
-                   (np.arange(50_000, dtype=np.float32) + 1).tobytes()[4096:4160]]
+                   (np.arange(50_000, dtype=np.float32) + 1).tobytes()[4096:4160],
+                   b"trainer state"]  # a plain data value (the index holds records' meta)
         assert PASSWORD not in repr(opened) and PASSWORD not in repr(objects)
     index = b"".join(p.read_bytes() for p in (store / "index").rglob("*") if p.is_file())
     assert index  # the index is there, and read
