@@ -261,7 +261,7 @@ def open(
     with _options_taken(text, options):
         objects = ObjectStore(wrap_from_env(open_backend(text, **options)))
         check_new_store(text, objects, create, encrypt, password)
-        clone_keys(objects, key_of if create else None)
+        clone_keys(objects, key_of, create)
         loaded = load_or_create_config(text, objects, create, chunk_size, compression,
                                         delta_depth, Encryption() if encrypt else None)
     index_path = index_dir or default_index_dir(text, objects)

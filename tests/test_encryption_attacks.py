@@ -655,3 +655,31 @@ def test_a_password_file_without_end_is_refused_not_read_for_ever(store: Path) -
                           check=False)
     assert done.returncode != 0
     assert b"over 65536 bytes" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("fault", ["kill-after-put:chunkstore.json:0",
+                                   "kill-after-put:keys/:0"])
+def test_a_sync_killed_while_it_makes_the_encrypted_copy_finishes_it_next_time(
+        store: Path, tmp_path: Path, fault: str) -> None:
+    """``chunkstore sync`` into a new location SIGKILLed after the copy's config (the
+    next sync wrote the versions into a copy no password opened), or after its first
+    key object: the next sync completes the copy, which opens with the password of each
+    key object it holds (every one of the source's, or the first copied) and reads back."""
+    with chunkstore.open(store, password=PASSWORD) as opened:
+        encryption.add_password(opened.url, opened.objects, opened.config, "second password")
+    copy = tmp_path / "copy"
+    env = {**os.environ, "CHUNKSTORE_PASSWORD": PASSWORD, FAULT_ENV_VAR: fault,
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run([sys.executable, "-m", "chunkstore", "sync", str(store), str(copy)],
+                          env=env, capture_output=True, timeout=120, check=False)
+    assert done.returncode == -signal.SIGKILL, done.stderr.decode()
+    with chunkstore.open(store, password=PASSWORD) as source:
+        chunkstore.sync(source, copy)
+    copied = sorted(p.name for p in (copy / "keys").iterdir())
+    assert copied == sorted(p.name for p in (store / "keys").iterdir()) or len(copied) == 1
+    opens = []
+    for password in (PASSWORD, "second password"):
+        with contextlib.suppress(WrongPasswordError):
+            _reads_back(copy, password)
+            opens.append(password)
+    assert len(opens) == len(copied)

@@ -105,16 +105,26 @@ def check_new_store(url: str, objects: ObjectStore, create: bool, encrypt: bool,
                                 " (nothing was created)")
 
 
-def clone_keys(objects: ObjectStore, source: StoreHandle | None) -> None:
-    """Make an empty location an encrypted copy of the store ``source``: its config and
-    key objects, byte for byte, so that both share one master key (and its passwords)
-    and objects copied between them by key stay valid.  A location that holds anything
-    is left as it is (opening it checks what it is)."""
-    if source is None or not source.objects.encrypted or not objects.is_empty():
+def clone_keys(objects: ObjectStore, source: StoreHandle | None, create: bool) -> None:
+    """Make a location an encrypted copy of the store ``source``: its config and key
+    objects, byte for byte, so that both share one master key (and its passwords) and
+    objects copied between them by key stay valid.  An empty location gets them where
+    ``create``; a copy whose making was cut short (its config, no key object) gets the
+    keys it lacks; any other location is left as it is (opening it checks what it is)."""
+    if source is None or not source.objects.encrypted:
         return
-    if objects.create_config(source.objects.get_config()):
-        for key_id in keys.key_ids(source.objects):
-            objects.put_if_absent(KEYS, key_id, keys.read_key(source.objects, key_id))
+    config = source.objects.get_config()
+    if create and objects.is_empty():
+        objects.create_config(config)
+    elif keys.key_ids(objects):
+        return  # the usual case: a copy with its keys (or another store)
+    try:
+        if objects.get_config() != config:
+            return
+    except FileNotFoundError:
+        return
+    for key_id in keys.key_ids(source.objects):
+        objects.put_if_absent(KEYS, key_id, keys.read_key(source.objects, key_id))
 
 
 def unlocked(url: str, objects: ObjectStore, config: StoreConfig, password: str | None,
