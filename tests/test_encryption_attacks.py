@@ -683,3 +683,27 @@ def test_a_sync_killed_while_it_makes_the_encrypted_copy_finishes_it_next_time(
             _reads_back(copy, password)
             opens.append(password)
     assert len(opens) == len(copied)
+
+
+@pytest.mark.parametrize("victim", ["record", "node"])
+def test_gc_with_a_fresh_index_never_collects_what_a_failing_object_hides(
+        store: Path, tmp_path: Path, victim: str) -> None:
+    """A commit record or root node that fails authentication, met by a GC on a fresh
+    index (another machine): GC deletes none of that version's objects (it stops, or
+    keeps them), so once the object is put back the version reads whole."""
+    with chunkstore.open(store, password=PASSWORD) as opened:
+        old = _chunk_files(store)
+        _save(opened, 2)
+        target = _victims(store, opened, old)[victim]
+    original = target.read_bytes()
+    data = bytearray(original)
+    data[len(data) // 2] ^= 1
+    target.write_bytes(bytes(data))
+    with chunkstore.open(store, password=PASSWORD, index_dir=str(tmp_path / "fresh")) as opened:
+        with contextlib.suppress(chunkstore.errors.ChunkStoreError):
+            opened.gc(grace=0)
+    target.write_bytes(original)
+    with chunkstore.open(store, password=PASSWORD, index_dir=str(tmp_path / "again")) as opened:
+        reader = opened.open_version("r@2")
+        np.testing.assert_array_equal(reader.get("w"), np.arange(50_000, dtype=np.float32) + 2)
+        assert opened.verify().ok
