@@ -200,6 +200,15 @@ def test_a_config_stripped_of_its_encryption_is_refused_not_written_in_clear(
         chunkstore.open(store, password=PASSWORD)
 
 
+def test_a_plain_store_opens_beside_a_password_file_variable_it_cannot_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The look for key objects a password in the environment brings reads no file: a
+    plain store opens with CHUNKSTORE_PASSWORD_FILE naming one that is not there."""
+    chunkstore.open(tmp_path / "plain", create=True).close()
+    monkeypatch.setenv("CHUNKSTORE_PASSWORD_FILE", str(tmp_path / "not-there"))
+    chunkstore.open(tmp_path / "plain").close()
+
+
 def test_a_version_10_config_without_encryption_is_damaged(store: Path) -> None:
     _strip_encryption(store, 10)
     with pytest.raises(CorruptConfigError):

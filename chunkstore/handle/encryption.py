@@ -135,7 +135,8 @@ def unlocked(url: str, objects: ObjectStore, config: StoreConfig, password: str 
     ``key_of``, an open store this one is a copy of (the same identity and encryption:
     :func:`clone_keys`)."""
     if config.encryption is None:
-        if password is not None or password_from_env() is not None:
+        if password is not None or os.environ.get(PASSWORD_ENV) \
+                or os.environ.get(PASSWORD_FILE_ENV):  # the file is not read for a plain store
             check_not_stripped(url, objects)
         if password is not None:
             raise NotEncryptedError(url)
