@@ -478,11 +478,14 @@ class WrongPasswordError(ChunkStoreError):
     """Raised when the password opens none of an encrypted store's key objects; nothing
     was read or changed."""
 
-    def __init__(self, url: str, keys: int) -> None:
+    def __init__(self, url: str, keys: int, damaged: Sequence[str] = ()) -> None:
+        note = f"; damaged key objects, skipped: {', '.join(damaged)}" if damaged else ""
         super().__init__(f"{url}: wrong password: it opens none of the store's {keys} key"
-                         f"{'' if keys == 1 else 's'} (`chunkstore key list` shows them)")
+                         f"{'' if keys == 1 else 's'} (`chunkstore key list` shows them)"
+                         + note)
         self.url = url
         self.keys = keys
+        self.damaged = tuple(damaged)
 
 
 class KeyObjectError(EncryptionError):

@@ -28,7 +28,6 @@ from chunkstore.errors import (
     ConfigRecoveredWarning,
     InvalidInputError,
     InvalidSettingError,
-    PasswordRequiredError,
     RecoveredConfigError,
     SavesInProgressError,
     StoreLocationError,
@@ -43,8 +42,8 @@ from chunkstore.format.records import (
 from chunkstore.handle.encryption import (
     check_encrypt,
     check_new_store,
+    check_password_given,
     clone_keys,
-    password_from_env,
     unlocked,
 )
 from chunkstore.handle.handle import (
@@ -258,13 +257,12 @@ def open(
     if threads is not None:
         threads = _whole_number(threads, "threads", 1, MAX_THREADS)
     text = _location(url)
-    if encrypt and password is None and password_from_env() is None:
-        raise PasswordRequiredError(text)  # before anything is created
+    check_password_given(text, create, encrypt, password)  # before anything is created
     options = _storage_options(storage_options)
     with _options_taken(text, options):
         objects = ObjectStore(wrap_from_env(open_backend(text, **options)))
         check_new_store(text, objects, create, encrypt, password)
-        clone_keys(objects, key_of if create else None)
+        clone_keys(objects, key_of, create)
         loaded = load_or_create_config(text, objects, create, chunk_size, compression,
                                         delta_depth, Encryption() if encrypt else None)
     index_path = index_dir or default_index_dir(text, objects)

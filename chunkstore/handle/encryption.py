@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING
 import blake3
 
 from chunkstore.errors import (
+    CorruptConfigError,
     EncryptionError,
     InvalidSettingError,
+    KeyObjectError,
     NotEncryptedError,
     PasswordRequiredError,
 )
@@ -38,13 +40,23 @@ PASSWORD_ENV = "CHUNKSTORE_PASSWORD"
 PASSWORD_FILE_ENV = "CHUNKSTORE_PASSWORD_FILE"
 
 
+#: The most a password file's first line may hold (``/dev/zero`` given as one is refused
+#: after this much, instead of read for ever).
+MAX_PASSWORD_BYTES = 64 * 1024
+
+
 def read_password_file(path: str | os.PathLike[str]) -> str:
     """The password a file holds: its first line, without the line break."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with Path(path).open("rb") as file:
+            first = file.readline(MAX_PASSWORD_BYTES + 1)
+        text = first.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidSettingError(f"cannot read the password file {os.fspath(path)!r}:"
                                   f" {exc}") from None
+    if len(first) > MAX_PASSWORD_BYTES:
+        raise InvalidSettingError(f"the password file {os.fspath(path)!r} holds no password:"
+                                  f" its first line is over {MAX_PASSWORD_BYTES} bytes")
     return text.splitlines()[0] if text else ""
 
 
@@ -72,6 +84,18 @@ def sealed(objects: ObjectStore, config: StoreConfig, master: bytes, key_id: str
                          master, key_id)
 
 
+def check_password_given(url: str, create: bool, encrypt: bool, password: str | None) -> None:
+    """A store opened with ``encrypt=True`` has a password (``password`` or the
+    environment's), and one it creates a password that is not empty."""
+    if not encrypt:
+        return
+    found = password if password is not None else password_from_env()
+    if found is None:
+        raise PasswordRequiredError(url)
+    if create:
+        keys.check_new_password(found)
+
+
 def check_new_store(url: str, objects: ObjectStore, create: bool, encrypt: bool,
                     password: str | None) -> None:
     """Refuse, before anything is created, a password given for a store this call would
@@ -81,16 +105,26 @@ def check_new_store(url: str, objects: ObjectStore, create: bool, encrypt: bool,
                                 " (nothing was created)")
 
 
-def clone_keys(objects: ObjectStore, source: StoreHandle | None) -> None:
-    """Make an empty location an encrypted copy of the store ``source``: its config and
-    key objects, byte for byte, so that both share one master key (and its passwords)
-    and objects copied between them by key stay valid.  A location that holds anything
-    is left as it is (opening it checks what it is)."""
-    if source is None or not source.objects.encrypted or not objects.is_empty():
+def clone_keys(objects: ObjectStore, source: StoreHandle | None, create: bool) -> None:
+    """Make a location an encrypted copy of the store ``source``: its config and key
+    objects, byte for byte, so that both share one master key (and its passwords) and
+    objects copied between them by key stay valid.  An empty location gets them where
+    ``create``; a copy whose making was cut short (its config, no key object) gets the
+    keys it lacks; any other location is left as it is (opening it checks what it is)."""
+    if source is None or not source.objects.encrypted:
         return
-    if objects.create_config(source.objects.get_config()):
-        for key_id in keys.key_ids(source.objects):
-            objects.put_if_absent(KEYS, key_id, source.objects.get(KEYS, key_id))
+    config = source.objects.get_config()
+    if create and objects.is_empty():
+        objects.create_config(config)
+    elif keys.key_ids(objects):
+        return  # the usual case: a copy with its keys (or another store)
+    try:
+        if objects.get_config() != config:
+            return
+    except FileNotFoundError:
+        return
+    for key_id in keys.key_ids(source.objects):
+        objects.put_if_absent(KEYS, key_id, keys.read_key(source.objects, key_id))
 
 
 def unlocked(url: str, objects: ObjectStore, config: StoreConfig, password: str | None,
@@ -101,6 +135,9 @@ def unlocked(url: str, objects: ObjectStore, config: StoreConfig, password: str 
     ``key_of``, an open store this one is a copy of (the same identity and encryption:
     :func:`clone_keys`)."""
     if config.encryption is None:
+        if password is not None or os.environ.get(PASSWORD_ENV) \
+                or os.environ.get(PASSWORD_FILE_ENV):  # the file is not read for a plain store
+            check_not_stripped(url, objects)
         if password is not None:
             raise NotEncryptedError(url)
         return objects
@@ -113,6 +150,11 @@ def unlocked(url: str, objects: ObjectStore, config: StoreConfig, password: str 
     if password is None:
         raise PasswordRequiredError(url)
     if created and not keys.key_ids(objects):
+        if objects.holds_objects(KEYS):
+            raise KeyObjectError(url, "the store holds objects but no key object (keys/):"
+                                 " its keys were deleted or not copied. Put back a copy of"
+                                 " its keys/; a new key would seal under another master"
+                                 " key, beside objects it cannot read. Nothing was written")
         master = keys.new_master_key()
         key_id = first_key_id(config)
         if objects.put_if_absent(KEYS, key_id, keys.wrap(master, password, config.identity(),
@@ -120,6 +162,18 @@ def unlocked(url: str, objects: ObjectStore, config: StoreConfig, password: str 
             return sealed(objects, config, master, key_id)
     master, key_id = keys.unlock(objects, url, config.identity(), password)
     return sealed(objects, config, master, key_id)
+
+
+def check_not_stripped(url: str, objects: ObjectStore) -> None:
+    """An unencrypted store's config over a store that holds key objects was replaced or
+    damaged (by whoever can write the bucket, so that a writer holding the password
+    saves in clear): refused, nothing written.  Looked at where a password is at hand
+    (one listing), so plain stores opened without one pay nothing."""
+    if keys.key_ids(objects):
+        raise CorruptConfigError(url, "it describes an unencrypted store, but the store holds"
+                                 " key objects (keys/): an encrypted store's config was"
+                                 " replaced; put back a copy of its chunkstore.json (it"
+                                 " holds no secret). Nothing was read or written")
 
 
 def check_encrypt(url: str, config: StoreConfig, encrypt: bool) -> None:

@@ -377,6 +377,7 @@ class StoreHandle:
         """Tags as storage has them (``tags()`` reads the index)."""
         found = {}
         for name in self.objects.ids(TAGS):
+            data = None
             try:
                 data = self.objects.get(TAGS, name)
                 found[name] = Tag.decode(name, data).version
@@ -384,8 +385,11 @@ class StoreHandle:
                 continue  # removed meanwhile
             except CorruptTagError:
                 # Damaged (verify reports it); if it still names a version id, it
-                # still pins that version: retention errs on the side of keeping.
-                pinned = _pinned_version(data)
+                # still pins that version: retention errs on the side of keeping.  A
+                # sealed tag that fails authentication names none: it pins what the
+                # index last read from it.
+                pinned = _pinned_version(data) if data is not None \
+                    else self.index.tags().get(name)
                 if pinned is not None:
                     found[name] = pinned
         return found

@@ -218,19 +218,24 @@ class Repair:
 
     def node(self, digest: Digest, label: str) -> bool:
         """Check one node and replace it when it fails; whether it is whole now."""
+        problem = "does not hash to its key"
         try:
             stored: bytes | None = self.store.objects.get(NODES, digest)
         except FileNotFoundError:
             stored = None
+        except CorruptNodeError as exc:  # a sealed node that fails authentication
+            stored, problem = b"", exc.reason
         if stored is not None and digest.is_hash_of(stored):
             return True
-        fix = self._found("node", digest.hex, "missing" if stored is None
-                          else "does not hash to its key", label)
+        fix = self._found("node", digest.hex, "missing" if stored is None else problem,
+                          label)
         try:
             data = self.source.objects.get(NODES, digest)
         except FileNotFoundError:
             self._unfixed(fix, f"{self.source.url} does not hold it")
             return False
+        except CorruptNodeError:
+            data = b""
         if not digest.is_hash_of(data):
             self._unfixed(fix, f"damaged in {self.source.url} too")
             return False

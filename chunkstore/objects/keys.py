@@ -30,7 +30,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from chunkstore.errors import CorruptObjectError, KeyObjectError, WrongPasswordError
+from chunkstore.errors import (
+    CorruptObjectError,
+    InvalidSettingError,
+    KeyObjectError,
+    WrongPasswordError,
+)
 from chunkstore.format import plaindata
 from chunkstore.objects.crypto import KEY_SIZE, NONCE_SIZE, aead_class, fresh_bytes
 from chunkstore.objects.kinds import KEYS
@@ -44,6 +49,10 @@ SCRYPT = {"n": 2**16, "r": 8, "p": 1}
 INSECURE_TEST_SCRYPT = {"n": 2**10, "r": 8, "p": 1}
 TEST_KDF_ENV = "CHUNKSTORE_INSECURE_TEST_KDF"
 MAX_SCRYPT_MEMORY = 1 << 30
+#: scrypt's time grows with ``128 n r p`` (the memory times the passes): bounded
+#: together, so that a crafted key object costs an opener seconds, not minutes (new
+#: keys' cost is 2^26, a 32nd of it).
+MAX_SCRYPT_WORK = 1 << 31
 MAX_KEY_OBJECT_BYTES = 64 * 1024
 SALT_SIZE = 32
 
@@ -77,9 +86,17 @@ def _associated(identity: str, key_id: str) -> bytes:
     return f"chunkstore key\0{identity}\0{key_id}".encode()
 
 
+def check_new_password(password: str) -> None:
+    """A new key's password is not empty (an empty password file, ``/dev/null``)."""
+    if not password:
+        raise InvalidSettingError("the password is empty: an encrypted store's key needs a"
+                                  " password (check the password file or variable)")
+
+
 def wrap(master: bytes, password: str, identity: str, key_id: str) -> bytes:
     """The key object ``keys/<key_id>`` of the store ``identity`` names, which opens
     ``master`` with ``password``."""
+    check_new_password(password)
     parameters, salt, nonce = _scrypt_parameters(), fresh_bytes(SALT_SIZE), \
         fresh_bytes(NONCE_SIZE)
     sealed = aead_class()(_derive(password, salt, parameters)).encrypt(
@@ -115,8 +132,9 @@ def _parse(key_id: str, data: bytes) -> tuple[dict[str, Any], dict[str, int], by
             raise ValueError("names a KDF or cipher this release does not know")
         parameters = {"n": _field(kdf, "n", 2, 1 << 24), "r": _field(kdf, "r", 1, 64),
                       "p": _field(kdf, "p", 1, 64)}
-        if parameters["n"] & (parameters["n"] - 1) or \
-                128 * parameters["n"] * parameters["r"] > MAX_SCRYPT_MEMORY:
+        memory = 128 * parameters["n"] * parameters["r"]
+        if parameters["n"] & (parameters["n"] - 1) or memory > MAX_SCRYPT_MEMORY \
+                or memory * parameters["p"] > MAX_SCRYPT_WORK:
             raise ValueError("scrypt parameters out of bounds")
         salt, nonce, sealed = (bytes.fromhex(str(value)) for value in (
             kdf.get("salt"), body.get("nonce"), body.get("master_key")))
@@ -137,27 +155,45 @@ def unwrap(key_id: str, data: bytes, password: str, identity: str) -> bytes | No
         return None
 
 
+def read_key(objects: ObjectStore, key_id: str) -> bytes:
+    """A key object's bytes, at most one more than any key object holds (so that a huge
+    object planted in keys/ costs an opener 64 KiB, not its size)."""
+    return objects.get_range(KEYS, key_id, 0, MAX_KEY_OBJECT_BYTES + 1)
+
+
 def key_ids(objects: ObjectStore) -> list[str]:
     return list(objects.ids(KEYS))
 
 
 def unlock(objects: ObjectStore, url: str, identity: str, password: str
            ) -> tuple[bytes, str]:
-    """The master key and the id of the key object ``password`` opens."""
-    ids = key_ids(objects)
+    """The master key and the id of the key object ``password`` opens.  A key object that
+    does not parse or whose KDF is out of bounds is skipped (never derived), so that one
+    damaged or crafted key locks no password out."""
+    ids, damaged = key_ids(objects), list[str]()
     if not ids:
         raise KeyObjectError(url, "the store is encrypted but holds no key object (keys/):"
-                             " its creation was interrupted before its first key was"
-                             " written, so it holds no data; remove it and create it again")
+                             " if it holds data, its keys were deleted or not copied: put"
+                             " back a copy of its keys/; if its creation was interrupted"
+                             " before its first key, it holds nothing: remove it and create"
+                             " it again")
     for key_id in ids:
         try:
-            data = objects.get(KEYS, key_id)
+            data = read_key(objects, key_id)
         except FileNotFoundError:
             continue  # removed meanwhile
-        master = unwrap(key_id, data, password, identity)
+        try:
+            master = unwrap(key_id, data, password, identity)
+        except CorruptObjectError:
+            damaged.append(key_id)
+            continue
         if master is not None:
             return master, key_id
-    raise WrongPasswordError(url, len(ids))
+    if damaged and len(damaged) == len(ids):
+        raise KeyObjectError(url, f"every key object is damaged ({', '.join(damaged)}: it"
+                             " does not parse, or its KDF is out of bounds), so no password"
+                             " can be tried: put back a copy of the store's keys/")
+    raise WrongPasswordError(url, len(ids), damaged)
 
 
 def add_key(objects: ObjectStore, master: bytes, password: str, identity: str) -> str:
@@ -179,13 +215,32 @@ def remove_key(objects: ObjectStore, url: str, key_id: str) -> None:
         raise KeyObjectError(url, f"key {key_id} is the store's last key: removing it would"
                              " leave no password that opens the store; add another first"
                              " (`chunkstore key add`)")
+    if not any(_intact(objects, other) for other in ids if other != key_id):
+        raise KeyObjectError(url, f"every key but {key_id} is damaged (does not parse):"
+                             " removing it would leave no password that opens the store;"
+                             " add another first (`chunkstore key add`)")
+    data = read_key(objects, key_id)
     objects.delete(KEYS, key_id)
+    # A removal elsewhere between the look above and the delete (two `key remove` of
+    # the two last keys at once) would leave none: look again, and put it back.
+    if not any(_intact(objects, other) for other in key_ids(objects)):
+        objects.put_if_absent(KEYS, key_id, data)
+        raise KeyObjectError(url, f"the store's other keys were removed meanwhile: key"
+                             f" {key_id} is kept (it is the last); nothing else changed")
+
+
+def _intact(objects: ObjectStore, key_id: str) -> bool:
+    try:
+        _parse(key_id, read_key(objects, key_id))
+    except (CorruptObjectError, FileNotFoundError):
+        return False
+    return True
 
 
 def list_keys(objects: ObjectStore) -> Iterator[KeyInfo]:
     for key_id in key_ids(objects):
         try:
-            body, parameters, _, _, _ = _parse(key_id, objects.get(KEYS, key_id))
+            body, parameters, _, _, _ = _parse(key_id, read_key(objects, key_id))
         except FileNotFoundError:
             continue
         created = body.get("created")

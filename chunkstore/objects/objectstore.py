@@ -196,6 +196,14 @@ class ObjectStore:
     def replace_config(self, data: bytes) -> None:
         self.backend.put(CONFIG_KEY, data)
 
+    def holds_objects(self, *besides: Kind[IdT]) -> bool:
+        """Whether the location holds an object other than the config and those of
+        ``besides`` (stops at the first it lists)."""
+        for key in self.backend.list(""):
+            if key != CONFIG_KEY and not any(key.startswith(kind.prefix) for kind in besides):
+                return True
+        return False
+
     def is_empty(self) -> bool:
         """Whether the location holds no object at all (of any kind, or another tool's)."""
         return next(iter(self.backend.list("")), None) is None

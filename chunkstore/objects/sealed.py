@@ -11,9 +11,10 @@ memory instead, never mapped.  The config and key objects stay in clear: they sa
 to read the rest.
 
 An object that fails authentication raises the corrupt error of its kind (a chunk's
-:class:`CorruptChunkError`, a node's, a commit record's, a tag's; any other kind
-:class:`CorruptObjectError`), so verify names it and a restore falls back past it as
-it does past any damage: nothing that fails is ever returned.
+:class:`CorruptChunkError`, and a moved record's, as one that does not parse; a
+node's, a commit record's, a tag's; any other kind :class:`CorruptObjectError`), so
+verify names it and a restore falls back past it as it does past any damage: nothing
+that fails is ever returned.
 """
 
 from __future__ import annotations
@@ -31,7 +32,16 @@ from chunkstore.errors import (
 )
 from chunkstore.format.digest import ChunkIds
 from chunkstore.objects.crypto import AuthenticationError, Sealer, plain_size, scratch
-from chunkstore.objects.kinds import CHUNKS, CLEAR_KINDS, NODES, TAGS, VERSIONS, IdT, Kind
+from chunkstore.objects.kinds import (
+    CHUNKS,
+    CLEAR_KINDS,
+    MOVED,
+    NODES,
+    TAGS,
+    VERSIONS,
+    IdT,
+    Kind,
+)
 from chunkstore.objects.objectstore import ObjectStore
 
 
@@ -40,6 +50,8 @@ def corrupt(kind: Kind[IdT], key: str, reason: str) -> IntegrityError:
     name = key[len(kind.prefix):].rsplit("/", 1)[-1]
     if kind is CHUNKS:
         return CorruptChunkError(name, reason)
+    if kind is MOVED:  # as a moved record that does not parse: the pack's damage
+        return CorruptChunkError(name, f"its moved record ({key}) {reason}")
     if kind is NODES:
         return CorruptNodeError(name, reason)
     if kind is VERSIONS:
