@@ -67,7 +67,8 @@ def aead_class() -> type[AESGCM]:
     except ImportError:
         raise MissingDependencyError(
             "encrypted stores need the `cryptography` package, which is not installed;"
-            " install it with: pip install 'chunkstore-ckpt[encrypt]'") from None
+            " install it with: pip install cryptography (what the [encrypt] extra"
+            " installs)") from None
     return AESGCM
 
 
