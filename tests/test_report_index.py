@@ -116,7 +116,8 @@ def test_a_recorded_census_gives_what_reading_the_manifests_gives(store_path: Pa
 def _forged(store: chunkstore.Store, version_id: str) -> None:
     """Record a census for ``version_id`` no manifest gives (a chain of 99 bases), to
     see whether a report trusts it."""
-    payload = json.dumps({"depths": {"ab" * 32: 99}, "members": [], "ranked": False})
+    payload = json.dumps({"census": 1, "depths": {"ab" * 32: 99}, "members": [],
+                          "ranked": False})
     store.index.note_census([(version_id, payload.encode())])
     assert stats(store, full=False).max_chain_depth == 99  # trusted while it holds
 
@@ -153,3 +154,16 @@ def test_a_census_is_not_trusted_after_an_index_rebuild(store_path: Path) -> Non
         store.rebuild_index()
         assert store.index.census([kept]) == {}
         assert stats(store, full=False).max_chain_depth < 99
+
+
+def test_a_census_recorded_in_another_form_or_damaged_is_counted_again(
+        store_path: Path) -> None:
+    assert _saved(store_path, 1, 3) == 0
+    with chunkstore.open(store_path, create=False) as store:
+        read = stats(store, full=False)
+        kept = store.versions()[-1].id
+        for payload in (b'{"census": 2, "depths": {}, "members": [], "ranked": false}',
+                        b"\xff not json", b'{"census": 1, "depths": [1], "members": []}'):
+            store.index.note_census([(kept, payload)])
+            assert _census(stats(store, full=False)) == _census(read)
+            assert store.index.census([kept])[kept] != payload  # recorded again

@@ -36,6 +36,9 @@ if TYPE_CHECKING:
     from chunkstore.handle.versions import VersionInfo
 
 log = logging.getLogger(__name__)
+#: The form of a recorded contribution (:func:`_contribution`); one of another form is
+#: counted again from the manifests.
+CENSUS_FORM = 1
 
 
 @dataclass(frozen=True)
@@ -149,13 +152,14 @@ def manifest_census(store: StoreHandle, versions: list[VersionInfo]) -> _Census:
     counted: list[tuple[str, bytes]] = []
     for info in versions:
         payload = cached.get(info.id)
-        if payload is None:
-            try:
-                flat = flatten(store.objects, info.root, store.node_cache)
-            except ChunkStoreError:
-                continue
-            payload = _contribution(flat)
-            counted.append((info.id, payload))
+        if payload is not None and merged.add(payload):
+            continue
+        try:  # not recorded, or recorded in a form this release does not read
+            flat = flatten(store.objects, info.root, store.node_cache)
+        except ChunkStoreError:
+            continue
+        payload = _contribution(flat)
+        counted.append((info.id, payload))
         merged.add(payload)
     if counted:
         try:
@@ -187,8 +191,8 @@ def _contribution(flat: FlatTree) -> bytes:
                     if at is not None:
                         members.append([digest.hex, *at.to_json(), length])
     ranked = isinstance(flat.leaves.get(RANKS_ENTRY), DataEntry)
-    return json.dumps({"depths": depths, "members": members, "ranked": ranked},
-                      separators=(",", ":")).encode()
+    return json.dumps({"census": CENSUS_FORM, "depths": depths, "members": members,
+                       "ranked": ranked}, separators=(",", ":")).encode()
 
 
 @dataclass
@@ -200,17 +204,25 @@ class _Counted:
     members: dict[tuple[str, str, int, int], int] = field(default_factory=dict)
     ranked: bool = False
 
-    def add(self, payload: bytes) -> None:
-        """Merge one version's contribution (:func:`_contribution`)."""
-        counted = json.loads(payload)
-        depths = self.depths
-        for hex_digest, depth in counted["depths"].items():
-            if depth > depths.get(hex_digest, 0):
-                depths[hex_digest] = depth
-        members = self.members
-        for hex_digest, pack, offset, length, raw in counted["members"]:
-            members[(hex_digest, pack, offset, length)] = raw
-        self.ranked = self.ranked or bool(counted["ranked"])
+    def add(self, payload: bytes) -> bool:
+        """Merge one version's contribution (:func:`_contribution`); False, merging
+        nothing, when it is not one this release wrote (another form, or damaged)."""
+        try:
+            counted = json.loads(payload)
+            if counted["census"] != CENSUS_FORM:
+                return False
+            depths = {str(d): int(n) for d, n in counted["depths"].items()}
+            members = {(str(d), str(pack), int(offset), int(length)): int(raw)
+                       for d, pack, offset, length, raw in counted["members"]}
+            ranked = bool(counted["ranked"])
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return False
+        for hex_digest, depth in depths.items():
+            if depth > self.depths.get(hex_digest, 0):
+                self.depths[hex_digest] = depth
+        self.members.update(members)
+        self.ranked = self.ranked or ranked
+        return True
 
     def census(self) -> _Census:
         return _Census(
