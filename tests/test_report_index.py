@@ -163,7 +163,8 @@ def test_a_census_recorded_in_another_form_or_damaged_is_counted_again(
         read = stats(store, full=False)
         kept = store.versions()[-1].id
         for payload in (b'{"census": 2, "depths": {}, "members": [], "ranked": false}',
-                        b"\xff not json", b'{"census": 1, "depths": [1], "members": []}'):
+                        b"\xff not json", b'{"census": 1, "depths": [1], "members": []}',
+                        b'{"census": 1, "depths": {"zz": 1}, "members": [], "ranked": false}'):
             store.index.note_census([(kept, payload)])
             assert _census(stats(store, full=False)) == _census(read)
             assert store.index.census([kept])[kept] != payload  # recorded again

@@ -147,8 +147,17 @@ def manifest_census(store: StoreHandle, versions: list[VersionInfo]) -> _Census:
     from the index's ``census`` table where it holds one, from its manifest otherwise
     (then recorded there); a version whose manifest cannot be read is left out
     (verify reports it)."""
+    try:
+        return _census(store, versions, store.index.census(info.id for info in versions))
+    except ValueError:  # a damaged record in the index: count every version afresh
+        return _census(store, versions, {})
+
+
+def _census(store: StoreHandle, versions: list[VersionInfo], cached: dict[str, bytes]
+            ) -> _Census:
+    """:func:`manifest_census`, taking what ``cached`` holds of a version (its
+    recorded contribution) instead of its manifest."""
     merged = _Counted()
-    cached = store.index.census(info.id for info in versions)
     counted: list[tuple[str, bytes]] = []
     for info in versions:
         payload = cached.get(info.id)
@@ -211,10 +220,12 @@ class _Counted:
             counted = json.loads(payload)
             if counted["census"] != CENSUS_FORM:
                 return False
-            depths = {str(d): int(n) for d, n in counted["depths"].items()}
-            members = {(str(d), str(pack), int(offset), int(length)): int(raw)
+            depths: dict[str, int] = counted["depths"]
+            members = {(d, pack, offset, length): raw
                        for d, pack, offset, length, raw in counted["members"]}
             ranked = bool(counted["ranked"])
+            if not all(type(n) is int for n in (*depths.values(), *members.values())):
+                return False
         except (ValueError, KeyError, TypeError, AttributeError):
             return False
         for hex_digest, depth in depths.items():
@@ -225,9 +236,13 @@ class _Counted:
         return True
 
     def census(self) -> _Census:
+        """The merged census, each distinct digest parsed once (ValueError: a recorded
+        contribution named a digest that does not parse)."""
+        parsed = {d: Digest.parse(d) for d in
+                  {*self.depths, *(d for key in self.members for d in key[:2])}}
         return _Census(
-            depths={Digest.parse(d): depth for d, depth in self.depths.items()},
-            members={(Digest.parse(d), PackLocation(Digest.parse(pack), offset, length)): raw
+            depths={parsed[d]: depth for d, depth in self.depths.items()},
+            members={(parsed[d], PackLocation(parsed[pack], offset, length)): raw
                      for (d, pack, offset, length), raw in self.members.items()})
 
 
