@@ -90,9 +90,10 @@ class StoreStats:
     """Sizes over the whole store.  Amplification = physical / logical of the latest version.
 
     Live objects are those a published version reaches; the rest await GC.
-    What GC could reclaim comes from a GC dry run, so ``report`` and ``gc``
-    agree by construction (after ``rm``, after ``index rebuild``, on orphans
-    the index never knew).
+    What GC could reclaim comes from a GC dry run (``gc_source`` "gc-dry-run"),
+    so ``report`` and ``gc`` agree by construction (after ``rm``, after ``index
+    rebuild``, on orphans the index never knew), or from the index's refcounts
+    ("index"), which agree with it on everything this index knows of.
     """
 
     versions: list[VersionStats] = field(default_factory=list)
