@@ -60,6 +60,7 @@ COMMANDS: dict[str, list[str]] = {
     "show latest": ["show", "STORE", "latest"],
     "report": ["report", "STORE"],
     "report --json": ["report", "STORE", "--json"],
+    "report --full": ["report", "STORE", "--full"],
     "verify --quick": ["verify", "STORE", "--quick"],
 }
 #: The child: imports the command line, then runs it, and says how long each took.

@@ -401,8 +401,11 @@ class Store(StoreHandle):
         return verify(self, sel, read_data=read_data, read_data_subset=read_data_subset,
                       progress=progress)
 
-    def stats(self) -> StoreStats:
-        return stats(self)
+    def stats(self, *, full: bool = True) -> StoreStats:
+        """Sizes of the store (:func:`chunkstore.maintenance.report.stats`); with
+        ``full=False`` what GC could reclaim comes from the index's refcounts, not
+        from GC dry runs."""
+        return stats(self, full=full)
 
     def gc(self, grace: object = "1h", *, dry_run: bool = False, sweep: bool | None = None,
            clock: Callable[[], float] = time.time, progress: Progress | None = None,

@@ -54,15 +54,13 @@ from chunkstore.format.records import DEFAULT_DELTA_DEPTH
 from chunkstore.handle.basecopies import BASE_COPY_BYTES
 from chunkstore.handle.tree import Leaf
 from chunkstore.index.indexfile import RESERVE_ENV_VAR, RESERVE_FLOOR, RESERVE_NAME, ReservePlan
+from chunkstore.maintenance.census import RankStats, VersionRanks, ranks_of, shard_ranks
 from chunkstore.maintenance.report import (
-    RankStats,
+    GC_FROM_INDEX,
     RestoreReads,
     StoreStats,
-    VersionRanks,
     VersionStats,
-    ranks_of,
     restore_reads,
-    shard_ranks,
 )
 from chunkstore.maintenance.report import stats as store_stats
 from chunkstore.maintenance.retention import parse_duration
@@ -541,6 +539,10 @@ def report_text(stats: StoreStats, store_path: str) -> None:
          f" {format_duration(stats.grace_s)}` deletes now; the rest once the grace has"
          " passed)"),
     ]
+    if stats.gc_source == GC_FROM_INDEX:
+        fields.append(("gc figures", "from the index's refcounts; objects no index record"
+                       " names (orphans of killed saves, which only a sweep finds) are not"
+                       " in them: `report --full` runs GC's dry run with the sweep"))
     if stats.gc_unknown is not None:
         fields = [f for f in fields if not f[0].startswith(("stored, awaiting", "reclaimable"))]
         fields.append(("awaiting gc", f"unknown: {stats.gc_unknown}"))
@@ -572,8 +574,12 @@ def _reserve_text(plan: ReservePlan) -> str:
 @explains_sizes
 @STORE_ARG
 @GRACE_OPT
+@click.option("--full", is_flag=True,
+              help="Take the awaiting-gc and reclaimable figures from GC's dry run with"
+              " the orphan sweep (reads every manifest, lists every object) instead of"
+              " the index's refcounts.")
 @JSON_OPT
-def report(store_path: str, grace: str, as_json: bool) -> None:
+def report(store_path: str, grace: str, full: bool, as_json: bool) -> None:
     """Where the bytes go: per version and in total.
 
     \b
@@ -584,8 +590,14 @@ def report(store_path: str, grace: str, as_json: bool) -> None:
     (unique live chunk bytes / live stored bytes), storage amplification
     (all stored bytes / logical bytes of the latest version; saving a full
     copy each time, as torch.save does, gives N after N versions) and what
-    `gc` with the same --grace would delete now. The figures come from the
-    same code as `gc --dry-run`, so the two always agree.
+    `gc` with the same --grace would delete now. The awaiting-gc and
+    reclaimable figures come from the index's refcounts (--json:
+    "gc_source": "index"): they leave out what only GC's sweep of storage
+    finds, the orphans of killed saves and the objects of versions another
+    index removed and this one has not yet counted out. With --full they come
+    from the same code as `gc --dry-run` with the sweep ("gc_source":
+    "gc-dry-run"), so the two always agree; that reads every manifest and
+    lists every object.
     Per rank, for versions saved by several processes (torch_bridge.dcp):
     the shards each rank wrote, their bytes (LOGICAL) and the raw bytes of
     their chunks that no earlier version and no lower rank holds (NEW;
@@ -605,7 +617,7 @@ def report(store_path: str, grace: str, as_json: bool) -> None:
     Exit codes: 0 reported; 2 not a store.
     """
     with open_store(store_path) as store:
-        stats = store_stats(store, parse_duration(grace))
+        stats = store_stats(store, parse_duration(grace), full=full)
     if as_json:
         emit_json(stats.to_json())
         drill_warnings_text(stats)

@@ -37,18 +37,18 @@ cost that does not grow with the versions the store holds.
 The ``verified`` table names each version a verify found readable (its commit
 record and tree parsed, every entry one a read can read, its manifests naming
 exactly the references the index holds), for ``verify --quick``, which then only
-checks that version's objects present (:meth:`Index.verified_versions`).  Each
-entry is bound to the version's entry and references and to a random *verify
-epoch* in ``meta``: a rebuild replaces both, so a rebuilt index trusts nothing
-verified before; an earlier release that rebuilds keeps the table but drops the
-epoch.  The table is additive (older releases never read it), so the schema
-stays 4.
+checks that version's objects present (:meth:`Index.verified_versions`).  The
+``census`` table holds what ``report``'s census counted of each version's manifests
+(chains, packed chunks, ranks), so a report reads only the manifests of versions
+saved since.  Each entry of both is bound to the version's entry and references
+and to a random epoch in ``meta`` (:mod:`chunkstore.index.derived`): a rebuild
+replaces both, so a rebuilt index trusts nothing derived before.  The tables are
+additive (older releases never read them), so the schema stays 4.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -69,7 +69,7 @@ import lmdb
 
 from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import PackLocation
-from chunkstore.index import indexfile, versiontables, writegate
+from chunkstore.index import derived, indexfile, versiontables, writegate
 from chunkstore.index.versiontables import VersionEntry, VersionLookups
 
 #: 3 adds the ``packed_by`` table, 4 the orders of the versions (``versions_by_run``,
@@ -92,8 +92,6 @@ DEFAULT_MAP_SIZE = 1 << 36
 _CHUNK = struct.Struct("<BBxxIQQd")
 _SINCE = struct.Struct("<d")
 _PACKED = struct.Struct("<32sQQ")  # pack digest, offset, length
-#: meta key of the random value that binds the verified table to this index's contents
-_VERIFIED_EPOCH_KEY = b"verified_epoch"
 CHUNK = b"c"
 NODE = b"n"
 KINDS = (CHUNK, NODE)
@@ -279,6 +277,9 @@ class Index(VersionLookups):
         # version id -> stamp + entry count: the version passed verify's checks of its
         # record and manifest tree (:meth:`verified_versions`)
         self.verified = self.env.open_db(b"verified")
+        # version id -> stamp + what report's census counted of its manifests
+        # (:meth:`census`)
+        self.census_db = self.env.open_db(b"census")
         other_schema = self._check_schema()
         self.reader_check()
         return other_schema
@@ -333,7 +334,7 @@ class Index(VersionLookups):
         return (self.chunks, self.nodes, self.zero, self.versions_db, self.refs,
                 self.node_refs, self.tags_db, self.sessions, self.claims, self.session_claims,
                 self.journal, self.packed, self.packed_by, self.versions_by_run,
-                self.versions_by_time, self.verified)
+                self.versions_by_time, self.verified, self.census_db)
 
     def close(self) -> None:
         """Close this opener's use; the environment closes with its last opener
@@ -712,6 +713,7 @@ class Index(VersionLookups):
             txn.delete(key, db=db)
         txn.delete(key, db=self.versions_db)
         txn.delete(key, db=self.verified)
+        txn.delete(key, db=self.census_db)
         return True
 
     def _bump(self, txn: lmdb.Transaction, kind: bytes, digest: Digest, delta: int,
@@ -740,24 +742,8 @@ class Index(VersionLookups):
 
     # --- what verify found readable ---------------------------------------------------------
 
-    def _verified_parts(self, txn: lmdb.Transaction, key: bytes
-                        ) -> tuple[bytes, bytes, bytes] | None:
-        """A version's entry, chunk and node references as the index holds them now
-        (None: the index does not know the version)."""
-        entry = txn.get(key, db=self.versions_db)
-        if entry is None:
-            return None
-        return (bytes(entry), bytes(txn.get(key, db=self.refs) or b""),
-                bytes(txn.get(key, db=self.node_refs) or b""))
-
-    @staticmethod
-    def _verified_stamp(epoch: bytes, parts: tuple[bytes, bytes, bytes]) -> bytes:
-        """What a verified version's record is bound to: this index's epoch of verify
-        results, and the version's entry and references in the index."""
-        stamp = hashlib.blake2b(epoch, digest_size=16)
-        for part in parts:
-            stamp.update(len(part).to_bytes(8, "big") + part)
-        return stamp.digest()
+    def _derived_tables(self) -> derived.VersionTables:
+        return derived.VersionTables(self.versions_db, self.refs, self.node_refs, self.meta)
 
     def verified_versions(self, version_ids: Iterable[str]) -> dict[str, VerifiedVersion]:
         """The versions of ``version_ids`` that a verify found readable (record and
@@ -765,29 +751,15 @@ class Index(VersionLookups):
         exactly the index's references), with what the index holds of them.
 
         An answer is bound to the version's entry and references as the index holds
-        them now and to the index's *verify epoch*, a random value in its meta table:
-        a rebuild (this release's, whose new contents replace the verified table, or
-        an earlier release's, which drops the meta table) or an emptied index trusts
-        nothing verified before.  Versions are immutable and their nodes
-        content-addressed, so what was parsed once parses again; whether each object
-        is still there is the caller's to check."""
-        found: dict[str, VerifiedVersion] = {}
+        them now and to the index's epoch (:mod:`chunkstore.index.derived`): a
+        rebuild or an emptied index trusts nothing verified before.  Versions are
+        immutable and their nodes content-addressed, so what was parsed once parses
+        again; whether each object is still there is the caller's to check."""
         with self.env.begin() as txn:
-            epoch = txn.get(_VERIFIED_EPOCH_KEY, db=self.meta)
-            if epoch is None:
-                return found
-            for version_id in version_ids:
-                key = version_id.encode()
-                value = txn.get(key, db=self.verified)
-                if value is None or len(value) != 24:
-                    continue
-                value, parts = bytes(value), self._verified_parts(txn, key)
-                if parts is None or value[:16] != self._verified_stamp(bytes(epoch), parts):
-                    continue
-                found[version_id] = VerifiedVersion(VersionEntry.from_json(parts[0]),
-                                                    int.from_bytes(value[16:], "big"),
-                                                    parts[1], parts[2])
-        return found
+            bound = derived.read(txn, self._derived_tables(), self.verified, version_ids)
+        return {vid: VerifiedVersion(VersionEntry.from_json(parts[0]),
+                                     int.from_bytes(payload, "big"), parts[1], parts[2])
+                for vid, (payload, parts) in bound.items() if len(payload) == 8}
 
     def note_verified(self, checked: Iterable[tuple[str, int, set[bytes], set[bytes]]]) -> int:
         """Record versions a verify found readable: (id, entries, the raw digests of the
@@ -795,21 +767,38 @@ class Index(VersionLookups):
         not know, or whose references differ from the manifests', is left out (a
         refcount check reports it).  Returns how many were recorded."""
         recorded = 0
+        tables = self._derived_tables()
         with self._writing() as txn:
-            epoch = txn.get(_VERIFIED_EPOCH_KEY, db=self.meta)
-            if epoch is None:
-                epoch = os.urandom(16)
-                txn.put(_VERIFIED_EPOCH_KEY, epoch, db=self.meta)
+            epoch = derived.writing_epoch(txn, tables)
             for version_id, entries, chunks, nodes in checked:
-                key = version_id.encode()
-                parts = self._verified_parts(txn, key)
+                parts = tables.parts(txn, version_id.encode())
                 if parts is None or _digest_set(parts[1]) != chunks \
                         or _digest_set(parts[2]) != nodes:
                     continue
-                txn.put(key, self._verified_stamp(bytes(epoch), parts)
-                        + entries.to_bytes(8, "big"), db=self.verified)
+                derived.write(txn, self.verified, epoch, version_id, parts,
+                              entries.to_bytes(8, "big"))
                 recorded += 1
         return recorded
+
+    def census(self, version_ids: Iterable[str]) -> dict[str, bytes]:
+        """What ``report``'s census recorded of the versions of ``version_ids``
+        (:meth:`note_census`), where it still holds (:mod:`chunkstore.index.derived`)."""
+        with self.env.begin() as txn:
+            bound = derived.read(txn, self._derived_tables(), self.census_db, version_ids)
+        return {vid: payload for vid, (payload, _parts) in bound.items()}
+
+    def note_census(self, counted: Iterable[tuple[str, bytes]], wait_s: float = 2.0) -> None:
+        """Record each (version id, what ``report``'s census counted of its manifests);
+        a version the index does not know is left out.  Only a help: gives up
+        (:class:`~chunkstore.index.writegate.WriterBusy`) after ``wait_s`` seconds
+        behind another writer."""
+        tables = self._derived_tables()
+        with self._writing(wait_s=wait_s) as txn:
+            epoch = derived.writing_epoch(txn, tables)
+            for version_id, payload in counted:
+                parts = tables.parts(txn, version_id.encode())
+                if parts is not None:
+                    derived.write(txn, self.census_db, epoch, version_id, parts, payload)
 
     # --- garbage collection ----------------------------------------------------------------
 

@@ -1,28 +1,24 @@
 """``report``: logical and physical bytes, dedup and compression, amplification; and,
-for versions saved by several processes, the bytes each rank's shards hold."""
+for versions saved by several processes, the bytes each rank's shards hold (the
+census of the manifests: :mod:`chunkstore.maintenance.census`)."""
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from chunkstore.codecs import PACK, by_id
-from chunkstore.errors import ChunkStoreError, CorruptNodeError, GcAbortedError, GcBusyError
+from chunkstore.errors import GcAbortedError, GcBusyError
 from chunkstore.format.digest import Digest
-from chunkstore.format.dtypes import element_size
-from chunkstore.format.manifest import DataEntry, PackLocation, TensorEntry, decode_data
-from chunkstore.format.shards import RANKS_ENTRY, ShardRanks
-from chunkstore.handle.tree import FlatTree, Leaf, flatten, read_node
+from chunkstore.format.manifest import PackLocation, TensorEntry
+from chunkstore.handle.tree import Leaf
 from chunkstore.index.indexfile import ReservePlan
-from chunkstore.index.lmdbindex import CHUNK, NODE
+from chunkstore.index.lmdbindex import CHUNK, NODE, ChunkState
+from chunkstore.maintenance.census import VersionRanks, manifest_census
 from chunkstore.maintenance.drillhistory import DrillSummary, FailedDrill, drill_history
-from chunkstore.read.reader import VersionReader
 
 if TYPE_CHECKING:
     from chunkstore.handle.handle import StoreHandle
-    from chunkstore.handle.versions import VersionInfo
     from chunkstore.maintenance.gc import GcResult
 
 
@@ -35,83 +31,6 @@ class VersionStats:
     logical_bytes: int
     new_bytes: int
     new_stored_bytes: int
-
-
-@dataclass(frozen=True)
-class RankStats:
-    """The shards one rank wrote in one version.
-
-    ``new_bytes``: raw bytes of its chunks that no earlier version lists and no
-    lower rank of this version lists (a chunk two ranks hold, such as a zero
-    box, counts once, for the lower rank).
-    """
-
-    rank: int
-    shards: int
-    chunks: int
-    logical_bytes: int
-    new_bytes: int
-
-    def to_json(self) -> dict[str, int]:
-        return dict(self.__dict__)
-
-
-@dataclass(frozen=True)
-class VersionRanks:
-    """A version saved by several processes, by rank (ranks that wrote nothing included)."""
-
-    id: str
-    run: str
-    step: int
-    world_size: int
-    ranks: tuple[RankStats, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "run": self.run, "step": self.step,
-                "world_size": self.world_size, "ranks": [r.to_json() for r in self.ranks]}
-
-
-def shard_ranks(reader: VersionReader) -> ShardRanks | None:
-    """The version's record of which rank wrote each shard; None when it has none
-    (a save by one process, or one made before the record existed)."""
-    return _ranks_record(reader.entries(), reader.get_data)
-
-
-def _ranks_record(entries: dict[str, Leaf], get_data: Callable[[str], Any]
-                  ) -> ShardRanks | None:
-    """:func:`shard_ranks` of a version whose entries are ``entries`` (``get_data``
-    reads a data entry)."""
-    leaf = entries.get(RANKS_ENTRY)
-    if not isinstance(leaf, DataEntry):
-        return None
-    value = get_data(RANKS_ENTRY)
-    try:
-        return ShardRanks.from_plain(value, dict(entries))
-    except ValueError as exc:
-        raise CorruptNodeError(leaf.digest.hex, f"malformed ranks record: {exc}") from exc
-
-
-def ranks_of(entries: dict[str, Leaf], record: ShardRanks, seen: set[Digest] | None = None
-             ) -> tuple[RankStats, ...]:
-    """Per rank: shards, chunks, logical bytes and new bytes (chunks not in ``seen``,
-    which gains this version's chunks; None: every chunk counts as new)."""
-    seen = set() if seen is None else seen
-    totals = [[0, 0, 0, 0] for _ in range(record.world_size)]
-    shards = sorted(((rank, name, i) for name, ranks in record.ranks.items()
-                     for i, rank in enumerate(ranks)))
-    for rank, name, i in shards:  # lower ranks first: a chunk two ranks hold is new once
-        entry = entries[name]
-        assert isinstance(entry, TensorEntry)
-        shard, row = entry.shards[i], totals[rank]
-        itemsize = element_size(entry.dtype)
-        row[0] += 1
-        row[1] += len(shard.chunks)
-        row[2] += shard.nbytes(itemsize)
-        for digest, _start, length in shard.chunk_spans(itemsize):
-            if digest not in seen:
-                seen.add(digest)
-                row[3] += length
-    return tuple(RankStats(rank, *row) for rank, row in enumerate(totals))
 
 
 @dataclass(frozen=True)
@@ -166,20 +85,15 @@ def restore_reads(store: StoreHandle, leaves: dict[str, Leaf]) -> RestoreReads:
     return RestoreReads(chunks, links, longest, total, unsized)
 
 
-def version_ranks(store: StoreHandle) -> list[VersionRanks]:
-    """Every readable version that records its shards' ranks, oldest first; new
-    bytes count against every earlier version (ranked or not)."""
-    return _manifest_census(store, store.versions()).ranks
-
-
 @dataclass
 class StoreStats:
     """Sizes over the whole store.  Amplification = physical / logical of the latest version.
 
     Live objects are those a published version reaches; the rest await GC.
-    What GC could reclaim comes from a GC dry run, so ``report`` and ``gc``
-    agree by construction (after ``rm``, after ``index rebuild``, on orphans
-    the index never knew).
+    What GC could reclaim comes from a GC dry run (``gc_source`` "gc-dry-run"),
+    so ``report`` and ``gc`` agree by construction (after ``rm``, after ``index
+    rebuild``, on orphans the index never knew), or from the index's refcounts
+    ("index"), which agree with it on everything this index knows of.
     """
 
     versions: list[VersionStats] = field(default_factory=list)
@@ -205,6 +119,10 @@ class StoreStats:
     #: Why the awaiting-GC and reclaimable figures are unknown (a version cannot
     #: be read, so GC itself would delete nothing); None when they are known.
     gc_unknown: str | None = None
+    #: Where the awaiting-GC and reclaimable figures come from: ``"gc-dry-run"`` (two
+    #: GC dry runs with the orphan sweep, ``report --full``) or ``"index"`` (the
+    #: index's refcounts; orphans only a sweep finds are not in them).
+    gc_source: str = "gc-dry-run"
     #: Versions saved by several processes: their bytes by rank.
     ranks: list[VersionRanks] = field(default_factory=list)
     #: Per run (by name), its last successful drill (``chunkstore drill``).
@@ -269,6 +187,7 @@ class StoreStats:
                 "mean_chain_depth": round(self.mean_chain_depth, 3),
                 "max_chain_depth": self.max_chain_depth,
                 "gc_unknown": self.gc_unknown,
+                "gc_source": self.gc_source,
             },
             "ranks": [v.to_json() for v in self.ranks],
             "drills": [d.to_json() for d in self.drills],
@@ -278,16 +197,22 @@ class StoreStats:
         }
 
 
-def stats(store: StoreHandle, grace_s: float = 3600.0, now: float | None = None) -> StoreStats:
+#: Where the awaiting-GC and reclaimable figures come from (``StoreStats.gc_source``).
+GC_FROM_INDEX = "index"
+GC_FROM_DRY_RUN = "gc-dry-run"
+
+
+def stats(store: StoreHandle, grace_s: float = 3600.0, now: float | None = None,
+          full: bool = True) -> StoreStats:
     """Sizes of ``store``; what GC could reclaim now and after a grace of ``grace_s``.
 
-    Runs two GC dry runs (grace 0: everything awaiting GC; ``grace_s``: what
-    a GC deletes now); each marks the live versions, so the cost grows with
-    the size of the manifests, not of the data.
+    ``full``: those two figures from two GC dry runs with the orphan sweep (grace 0:
+    everything awaiting GC; ``grace_s``: what a GC deletes now), so they agree with
+    ``gc`` by construction; each marks the live versions and lists every object.
+    Otherwise from the index's refcounts (:func:`_gc_from_index`), at a cost that
+    follows the garbage; what only a sweep or a mark finds is then left out.
     """
     import time
-
-    from chunkstore.maintenance.gc import collect
 
     now = time.time() if now is None else now
     result = StoreStats(grace_s=grace_s)
@@ -299,21 +224,12 @@ def stats(store: StoreHandle, grace_s: float = 3600.0, now: float | None = None)
         result.logical_bytes_total += info.logical_bytes
     if result.versions:
         result.latest_logical_bytes = result.versions[-1].logical_bytes
-    awaiting: GcResult | None = None
-    try:
-        # With the orphan sweep: what every GC could reclaim, the next one or a later.
-        awaiting = collect(store, 0, dry_run=True, sweep=True, clock=lambda: now)
-        # A longer grace deletes a part of what grace 0 does: of nothing, nothing.
-        later = awaiting if not _objects(awaiting) else collect(
-            store, grace_s, dry_run=True, sweep=True, clock=lambda: now)
-    except (GcAbortedError, GcBusyError) as exc:
-        result.gc_unknown = str(exc)
+    awaiting = None
+    if full:
+        awaiting = _gc_dry_runs(store, result, now)
     else:
-        result.awaiting_gc_objects = _objects(awaiting)
-        result.awaiting_gc_bytes = awaiting.bytes_freed + awaiting.orphan_bytes_freed
-        result.reclaimable_now_objects = _objects(later)
-        result.reclaimable_now_bytes = later.bytes_freed + later.orphan_bytes_freed
-    census = _manifest_census(store, versions)
+        _gc_from_index(store, result, now)
+    census = manifest_census(store, versions)
     depths, members = census.depths, census.members
     pack_content: dict[Digest, int] = {}
     pack_stored: dict[Digest, int] = {}
@@ -335,8 +251,7 @@ def stats(store: StoreHandle, grace_s: float = 3600.0, now: float | None = None)
     result.delta_chunks += sum(1 for digest in packed_raw if digest in depths)
     result.chunks += result.packed_chunks
     result.unique_raw_bytes += sum(packed_raw.values())
-    _count_packs(result, awaiting if result.gc_unknown is None else None, members,
-                 pack_content, pack_stored)
+    _count_packs(result, awaiting, members, pack_content, pack_stored)
     if depths:
         result.mean_chain_depth = sum(depths.values()) / len(depths)
         result.max_chain_depth = max(depths.values())
@@ -346,6 +261,58 @@ def stats(store: StoreHandle, grace_s: float = 3600.0, now: float | None = None)
     result.drill_warnings = drills.skipped
     result.space_reserve = store.index.reserve_plan()
     return result
+
+
+def _gc_dry_runs(store: StoreHandle, result: StoreStats, now: float) -> GcResult | None:
+    """The awaiting-GC and reclaimable figures from two GC dry runs, into ``result``;
+    the first run's result (None: GC could not run, ``result.gc_unknown`` says why)."""
+    from chunkstore.maintenance.gc import collect
+
+    result.gc_source = GC_FROM_DRY_RUN
+    try:
+        # With the orphan sweep: what every GC could reclaim, the next one or a later.
+        awaiting = collect(store, 0, dry_run=True, sweep=True, clock=lambda: now)
+        # A longer grace deletes a part of what grace 0 does: of nothing, nothing.
+        later = awaiting if not _objects(awaiting) else collect(
+            store, result.grace_s, dry_run=True, sweep=True, clock=lambda: now)
+    except (GcAbortedError, GcBusyError) as exc:
+        result.gc_unknown = str(exc)
+        return None
+    result.awaiting_gc_objects = _objects(awaiting)
+    result.awaiting_gc_bytes = awaiting.bytes_freed + awaiting.orphan_bytes_freed
+    result.reclaimable_now_objects = _objects(later)
+    result.reclaimable_now_bytes = later.bytes_freed + later.orphan_bytes_freed
+    return awaiting
+
+
+def _gc_from_index(store: StoreHandle, result: StoreStats, now: float) -> None:
+    """The awaiting-GC and reclaimable figures from the index, into ``result``: the
+    records at refcount zero (the ``zero`` table, so the cost follows the garbage),
+    less those a GC of that grace keeps (being deleted, or claimed by a save session
+    it would not expire), as :meth:`~chunkstore.maintenance.gc._Run.find_candidates`
+    chooses.  Left out, as only a GC's sweep or mark finds them: objects on storage
+    no index record names (orphans of killed saves, objects of versions another index
+    removed and this one has not counted out) and packs whose every listed member a
+    repack moved."""
+    from chunkstore.maintenance.gc import session_is_dead
+
+    result.gc_source = GC_FROM_INDEX
+    index = store.index
+    sessions = index.list_sessions()
+    live_now = {sid for sid, info in sessions.items()
+                if not session_is_dead(info, now, result.grace_s)}
+    live_at_zero = {sid for sid, info in sessions.items() if not session_is_dead(info, now, 0)}
+    for kind, digest, since in index.unreferenced():
+        record = index.record(kind, digest)
+        if record is None or record.state == ChunkState.DELETING:
+            continue
+        claimants = set(index.claimants(digest)) if sessions else set()
+        if not claimants & live_at_zero and since <= now:
+            result.awaiting_gc_objects += 1
+            result.awaiting_gc_bytes += record.stored_length
+        if not claimants & live_now and since <= now - result.grace_s:
+            result.reclaimable_now_objects += 1
+            result.reclaimable_now_bytes += record.stored_length
 
 
 def _count_packs(result: StoreStats, awaiting: GcResult | None,
@@ -364,64 +331,6 @@ def _count_packs(result: StoreStats, awaiting: GcResult | None,
         listed[location.pack] = listed.get(location.pack, 0) + location.length
     result.packed_garbage_bytes = sum(max(size - listed.get(pack, 0), 0)
                                       for pack, size in pack_content.items())
-
-
-@dataclass
-class _Census:
-    """What the live versions' manifests say beyond the index: the chain depth of every
-    chunk listed with bases, the raw length of every packed chunk by (digest, location),
-    and the versions saved by several processes, by rank."""
-
-    depths: dict[Digest, int] = field(default_factory=dict)
-    members: dict[tuple[Digest, PackLocation], int] = field(default_factory=dict)
-    ranks: list[VersionRanks] = field(default_factory=list)
-
-
-def _manifest_census(store: StoreHandle, versions: list[VersionInfo]) -> _Census:
-    """One walk of every version's manifest (``versions``, oldest first) for
-    :class:`_Census`; a version whose manifest cannot be read is left out (verify
-    reports it).  A rank's new bytes count against every earlier version, ranked or
-    not."""
-    census = _Census()
-    seen: set[Digest] = set()
-    for info in versions:
-        try:
-            flat = flatten(store.objects, info.root, store.node_cache)
-        except ChunkStoreError:
-            continue
-        for leaf in flat.leaves.values():
-            if isinstance(leaf, TensorEntry):
-                _count_chains(census, leaf)
-        try:
-            record = _ranks_record(flat.leaves, functools.partial(_data, store, flat))
-        except ChunkStoreError:
-            continue
-        if record is not None:
-            census.ranks.append(VersionRanks(info.id, info.run, info.step, record.world_size,
-                                             ranks_of(flat.leaves, record, seen)))
-        seen.update(d for leaf in flat.leaves.values() if isinstance(leaf, TensorEntry)
-                    for shard in leaf.shards for d in shard.chunks)
-    return census
-
-
-def _data(store: StoreHandle, flat: FlatTree, name: str) -> Any:
-    """The plain data of entry ``name`` (a data entry) of a version's tree."""
-    leaf = flat.leaves[name]
-    assert isinstance(leaf, DataEntry)
-    return decode_data(leaf.digest, read_node(store.objects, leaf.digest))
-
-
-def _count_chains(census: _Census, leaf: TensorEntry) -> None:
-    """A tensor's delta chains and packed chunks, into ``census``."""
-    for shard in leaf.shards:
-        for digest, chain in zip(shard.chunks, shard.bases, strict=False):
-            if chain:
-                census.depths[digest] = max(census.depths.get(digest, 0), len(chain))
-        if shard.packs:
-            spans = shard.chunk_spans(element_size(leaf.dtype))
-            for (digest, _start, length), location in zip(spans, shard.packs, strict=False):
-                if location is not None:
-                    census.members[(digest, location)] = length
 
 
 def _objects(result: GcResult) -> int:

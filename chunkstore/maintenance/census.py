@@ -1,0 +1,266 @@
+"""``report``'s census of the live versions' manifests: delta chains, packed chunks,
+and the bytes each rank's shards hold in versions saved by several processes.
+
+Reading every version's manifest tree is most of a report's cost in a store of
+thousands of versions (3.1 s of 5.7 s at 10,000 versions, issue 49), and what one
+version adds to the census never changes: versions are immutable.  So each
+version's contribution (its chunks' chain depths, its packed chunks, whether it
+records ranks) is kept in the index's ``census`` table, bound to the version as the
+index holds it (:mod:`chunkstore.index.derived`: removed, counted in again or the
+index rebuilt, it is counted afresh), and a report reads only the manifests of the
+versions counted since.  The ranks are the exception: a rank's new bytes count
+against every earlier version, so a store with ranked versions has the manifests of
+every version up to its last ranked one read (as before the table existed).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from chunkstore.errors import ChunkStoreError, CorruptNodeError, StorageFullError
+from chunkstore.format.digest import Digest
+from chunkstore.format.dtypes import element_size
+from chunkstore.format.manifest import DataEntry, PackLocation, TensorEntry, decode_data
+from chunkstore.format.shards import RANKS_ENTRY, ShardRanks
+from chunkstore.handle.tree import FlatTree, Leaf, flatten, read_node
+from chunkstore.index.writegate import WriterBusy
+from chunkstore.read.reader import VersionReader
+
+if TYPE_CHECKING:
+    from chunkstore.handle.handle import StoreHandle
+    from chunkstore.handle.versions import VersionInfo
+
+log = logging.getLogger(__name__)
+#: The form of a recorded contribution (:func:`_contribution`); one of another form is
+#: counted again from the manifests.
+CENSUS_FORM = 1
+
+
+@dataclass(frozen=True)
+class RankStats:
+    """The shards one rank wrote in one version.
+
+    ``new_bytes``: raw bytes of its chunks that no earlier version lists and no
+    lower rank of this version lists (a chunk two ranks hold, such as a zero
+    box, counts once, for the lower rank).
+    """
+
+    rank: int
+    shards: int
+    chunks: int
+    logical_bytes: int
+    new_bytes: int
+
+    def to_json(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class VersionRanks:
+    """A version saved by several processes, by rank (ranks that wrote nothing included)."""
+
+    id: str
+    run: str
+    step: int
+    world_size: int
+    ranks: tuple[RankStats, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "run": self.run, "step": self.step,
+                "world_size": self.world_size, "ranks": [r.to_json() for r in self.ranks]}
+
+
+def shard_ranks(reader: VersionReader) -> ShardRanks | None:
+    """The version's record of which rank wrote each shard; None when it has none
+    (a save by one process, or one made before the record existed)."""
+    return _ranks_record(reader.entries(), reader.get_data)
+
+
+def _ranks_record(entries: dict[str, Leaf], get_data: Callable[[str], Any]
+                  ) -> ShardRanks | None:
+    """:func:`shard_ranks` of a version whose entries are ``entries`` (``get_data``
+    reads a data entry)."""
+    leaf = entries.get(RANKS_ENTRY)
+    if not isinstance(leaf, DataEntry):
+        return None
+    value = get_data(RANKS_ENTRY)
+    try:
+        return ShardRanks.from_plain(value, dict(entries))
+    except ValueError as exc:
+        raise CorruptNodeError(leaf.digest.hex, f"malformed ranks record: {exc}") from exc
+
+
+def ranks_of(entries: dict[str, Leaf], record: ShardRanks, seen: set[Digest] | None = None
+             ) -> tuple[RankStats, ...]:
+    """Per rank: shards, chunks, logical bytes and new bytes (chunks not in ``seen``,
+    which gains this version's chunks; None: every chunk counts as new)."""
+    seen = set() if seen is None else seen
+    totals = [[0, 0, 0, 0] for _ in range(record.world_size)]
+    shards = sorted(((rank, name, i) for name, ranks in record.ranks.items()
+                     for i, rank in enumerate(ranks)))
+    for rank, name, i in shards:  # lower ranks first: a chunk two ranks hold is new once
+        entry = entries[name]
+        assert isinstance(entry, TensorEntry)
+        shard, row = entry.shards[i], totals[rank]
+        itemsize = element_size(entry.dtype)
+        row[0] += 1
+        row[1] += len(shard.chunks)
+        row[2] += shard.nbytes(itemsize)
+        for digest, _start, length in shard.chunk_spans(itemsize):
+            if digest not in seen:
+                seen.add(digest)
+                row[3] += length
+    return tuple(RankStats(rank, *row) for rank, row in enumerate(totals))
+
+
+def version_ranks(store: StoreHandle) -> list[VersionRanks]:
+    """Every readable version that records its shards' ranks, oldest first; new
+    bytes count against every earlier version (ranked or not)."""
+    return manifest_census(store, store.versions()).ranks
+
+
+@dataclass
+class _Census:
+    """What the live versions' manifests say beyond the index: the chain depth of every
+    chunk listed with bases, the raw length of every packed chunk by (digest, location),
+    and the versions saved by several processes, by rank."""
+
+    depths: dict[Digest, int] = field(default_factory=dict)
+    members: dict[tuple[Digest, PackLocation], int] = field(default_factory=dict)
+    ranks: list[VersionRanks] = field(default_factory=list)
+
+
+def _data(store: StoreHandle, flat: FlatTree, name: str) -> Any:
+    """The plain data of entry ``name`` (a data entry) of a version's tree."""
+    leaf = flat.leaves[name]
+    assert isinstance(leaf, DataEntry)
+    return decode_data(leaf.digest, read_node(store.objects, leaf.digest))
+
+
+def manifest_census(store: StoreHandle, versions: list[VersionInfo]) -> _Census:
+    """:class:`_Census` of ``versions`` (oldest first): each version's contribution
+    from the index's ``census`` table where it holds one, from its manifest otherwise
+    (then recorded there); a version whose manifest cannot be read is left out
+    (verify reports it)."""
+    try:
+        return _census(store, versions, store.index.census(info.id for info in versions))
+    except ValueError:  # a damaged record in the index: count every version afresh
+        return _census(store, versions, {})
+
+
+def _census(store: StoreHandle, versions: list[VersionInfo], cached: dict[str, bytes]
+            ) -> _Census:
+    """:func:`manifest_census`, taking what ``cached`` holds of a version (its
+    recorded contribution) instead of its manifest."""
+    merged = _Counted()
+    counted: list[tuple[str, bytes]] = []
+    for info in versions:
+        payload = cached.get(info.id)
+        if payload is not None and merged.add(payload):
+            continue
+        try:  # not recorded, or recorded in a form this release does not read
+            flat = flatten(store.objects, info.root, store.node_cache)
+        except ChunkStoreError:
+            continue
+        payload = _contribution(flat)
+        counted.append((info.id, payload))
+        merged.add(payload)
+    if counted:
+        try:
+            store.index.note_census(counted)
+        except (StorageFullError, WriterBusy) as exc:  # only a help: counted again next time
+            log.info("report could not record its census of %d versions: %s",
+                     len(counted), exc)
+    census = merged.census()
+    if merged.ranked:
+        census.ranks = _ranks_census(store, versions)
+    return census
+
+
+def _contribution(flat: FlatTree) -> bytes:
+    """What one version adds to the census (JSON): its chunks' deepest chains, its
+    packed chunks, and whether it records its shards' ranks."""
+    depths: dict[str, int] = {}
+    members: list[list[Any]] = []
+    for leaf in flat.leaves.values():
+        if not isinstance(leaf, TensorEntry):
+            continue
+        for shard in leaf.shards:
+            for digest, chain in zip(shard.chunks, shard.bases, strict=False):
+                if chain:
+                    depths[digest.hex] = max(depths.get(digest.hex, 0), len(chain))
+            if shard.packs:
+                spans = shard.chunk_spans(element_size(leaf.dtype))
+                for (digest, _start, length), at in zip(spans, shard.packs, strict=False):
+                    if at is not None:
+                        members.append([digest.hex, *at.to_json(), length])
+    ranked = isinstance(flat.leaves.get(RANKS_ENTRY), DataEntry)
+    return json.dumps({"census": CENSUS_FORM, "depths": depths, "members": members,
+                       "ranked": ranked}, separators=(",", ":")).encode()
+
+
+@dataclass
+class _Counted:
+    """The census as the contributions say it, digests in hex: parsed once per distinct
+    chunk at the end (:meth:`census`), not once per version that lists it."""
+
+    depths: dict[str, int] = field(default_factory=dict)
+    members: dict[tuple[str, str, int, int], int] = field(default_factory=dict)
+    ranked: bool = False
+
+    def add(self, payload: bytes) -> bool:
+        """Merge one version's contribution (:func:`_contribution`); False, merging
+        nothing, when it is not one this release wrote (another form, or damaged)."""
+        try:
+            counted = json.loads(payload)
+            if counted["census"] != CENSUS_FORM:
+                return False
+            depths: dict[str, int] = counted["depths"]
+            members = {(d, pack, offset, length): raw
+                       for d, pack, offset, length, raw in counted["members"]}
+            ranked = bool(counted["ranked"])
+            if not all(type(n) is int for n in (*depths.values(), *members.values())):
+                return False
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return False
+        for hex_digest, depth in depths.items():
+            if depth > self.depths.get(hex_digest, 0):
+                self.depths[hex_digest] = depth
+        self.members.update(members)
+        self.ranked = self.ranked or ranked
+        return True
+
+    def census(self) -> _Census:
+        """The merged census, each distinct digest parsed once (ValueError: a recorded
+        contribution named a digest that does not parse)."""
+        parsed = {d: Digest.parse(d) for d in
+                  {*self.depths, *(d for key in self.members for d in key[:2])}}
+        return _Census(
+            depths={parsed[d]: depth for d, depth in self.depths.items()},
+            members={(parsed[d], PackLocation(parsed[pack], offset, length)): raw
+                     for (d, pack, offset, length), raw in self.members.items()})
+
+
+def _ranks_census(store: StoreHandle, versions: list[VersionInfo]) -> list[VersionRanks]:
+    """Every readable version that records its shards' ranks, oldest first, read from
+    the manifests; a rank's new bytes count against every earlier version, ranked or
+    not."""
+    found: list[VersionRanks] = []
+    seen: set[Digest] = set()
+    for info in versions:
+        try:
+            flat = flatten(store.objects, info.root, store.node_cache)
+            record = _ranks_record(flat.leaves, functools.partial(_data, store, flat))
+        except ChunkStoreError:
+            continue
+        if record is not None:
+            found.append(VersionRanks(info.id, info.run, info.step, record.world_size,
+                                      ranks_of(flat.leaves, record, seen)))
+        seen.update(d for leaf in flat.leaves.values() if isinstance(leaf, TensorEntry)
+                    for shard in leaf.shards for d in shard.chunks)
+    return found

@@ -1,0 +1,170 @@
+"""``report`` from the index: its GC figures against GC's dry run, and its kept census.
+
+By default ``report`` takes what awaits GC, and what a GC deletes now, from the
+index's refcounts, and each version's census (chains, packs, ranks) from the index's
+``census`` table where an earlier report recorded it.  These tests make garbage the
+real way (a prune, a save killed by SIGKILL through the fault hook) and check the
+index's figures against ``--full`` (GC's dry run with the sweep), name what the
+index cannot see (orphans no index record names, after a rebuild), and check that a
+recorded census is trusted no longer once its version is removed or the index
+rebuilt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import chunkstore
+from chunkstore.maintenance.report import GC_FROM_DRY_RUN, GC_FROM_INDEX, StoreStats, stats
+from tests.test_cli import run
+
+REPO = Path(__file__).resolve().parents[1]
+CHILD = [sys.executable, str(REPO / "tests" / "crash_child.py")]
+HOUR = 3600.0
+
+
+def _saved(store_path: Path, first: int, last: int, fault: str | None = None) -> int:
+    env = dict(os.environ) if fault is None else {**os.environ, "CHUNKSTORE_FAULT": fault}
+    done = subprocess.run([*CHILD, str(store_path), str(first), str(last)], env=env,
+                          capture_output=True, timeout=120, check=False)
+    return done.returncode
+
+
+def _gc_figures(result: StoreStats) -> tuple[int, int, int, int]:
+    return (result.awaiting_gc_objects, result.awaiting_gc_bytes,
+            result.reclaimable_now_objects, result.reclaimable_now_bytes)
+
+
+def _both(store: chunkstore.Store, now: float) -> tuple[StoreStats, StoreStats]:
+    fast = stats(store, HOUR, now=now, full=False)
+    full = stats(store, HOUR, now=now, full=True)
+    assert (fast.gc_source, full.gc_source) == (GC_FROM_INDEX, GC_FROM_DRY_RUN)
+    return fast, full
+
+
+def test_after_a_prune_the_index_figures_agree_with_the_dry_run(store_path: Path) -> None:
+    assert _saved(store_path, 1, 6) == 0
+    with chunkstore.open(store_path, create=False) as store:
+        for info in store.versions()[:3]:
+            store.delete(info.id)
+        for now in (time.time(), time.time() + 2 * HOUR):  # within the grace, and past it
+            fast, full = _both(store, now)
+            assert _gc_figures(fast) == _gc_figures(full)
+            assert fast.awaiting_gc_objects > 0
+        assert fast.reclaimable_now_objects == fast.awaiting_gc_objects
+        assert store.gc(grace="1h", clock=lambda: time.time() + 2 * HOUR).bytes_freed \
+            == fast.reclaimable_now_bytes
+
+
+def test_a_killed_saves_leftovers_the_index_knows_agree_and_those_it_does_not_are_named(
+        store_path: Path, tmp_path: Path) -> None:
+    assert _saved(store_path, 1, 2) == 0
+    elsewhere = str(tmp_path / "other-machine")  # an index built before the kill
+    with chunkstore.open(store_path, create=False, index_dir=elsewhere) as other:
+        assert stats(other, full=False).awaiting_gc_objects == 0
+    assert _saved(store_path, 3, 3, "kill-before-put:versions/:0") == -signal.SIGKILL
+    later = time.time() + 2 * HOUR
+    with chunkstore.open(store_path, create=False) as store:
+        # The killed save's objects are in its own index (its session wrote them).
+        fast, full = _both(store, later)
+        assert fast.awaiting_gc_objects > 0
+        assert _gc_figures(fast) == _gc_figures(full)
+        seen_by_its_own = full
+    with chunkstore.open(store_path, create=False, index_dir=elsewhere) as other:
+        # Another index never heard of them: orphans that only GC's sweep finds, so
+        # --full alone counts them.
+        fast, full = _both(other, later)
+        assert _gc_figures(fast) == (0, 0, 0, 0)
+        assert full.awaiting_gc_objects == seen_by_its_own.awaiting_gc_objects
+        swept = other.gc(grace="1h", clock=lambda: later)
+        assert swept.orphans_deleted == full.reclaimable_now_objects > 0
+
+
+def test_the_command_says_where_its_gc_figures_come_from(store_path: Path) -> None:
+    assert _saved(store_path, 1, 2) == 0
+    totals = json.loads(run("report", str(store_path), "--json").output)["totals"]
+    assert totals["gc_source"] == "index"
+    assert "only a sweep finds" in run("report", str(store_path)).output
+    full = json.loads(run("report", str(store_path), "--json", "--full").output)["totals"]
+    assert full["gc_source"] == "gc-dry-run"
+    assert "only a sweep finds" not in run("report", str(store_path), "--full").output
+
+
+def _census(result: StoreStats) -> tuple[object, ...]:
+    return (result.chunks, result.unique_raw_bytes, result.delta_chunks,
+            result.mean_chain_depth, result.max_chain_depth, result.packs,
+            result.packed_chunks, result.packed_garbage_bytes)
+
+
+def test_a_recorded_census_gives_what_reading_the_manifests_gives(store_path: Path) -> None:
+    assert _saved(store_path, 1, 5) == 0
+    with chunkstore.open(store_path, create=False) as store:
+        ids = [info.id for info in store.versions()]
+        assert store.index.census(ids) == {}
+        read = stats(store, full=False)
+        assert set(store.index.census(ids)) == set(ids)
+        assert read.max_chain_depth > 0  # the embedding's deltas
+        assert _census(stats(store, full=False)) == _census(read)
+
+
+def _forged(store: chunkstore.Store, version_id: str) -> None:
+    """Record a census for ``version_id`` no manifest gives (a chain of 99 bases), to
+    see whether a report trusts it."""
+    payload = json.dumps({"census": 1, "depths": {"ab" * 32: 99}, "members": [],
+                          "ranked": False})
+    store.index.note_census([(version_id, payload.encode())])
+    assert stats(store, full=False).max_chain_depth == 99  # trusted while it holds
+
+
+def test_a_census_is_not_trusted_once_its_version_is_removed(store_path: Path) -> None:
+    assert _saved(store_path, 1, 3) == 0
+    with chunkstore.open(store_path, create=False) as store:
+        victim = store.versions()[0].id
+        _forged(store, victim)
+        store.delete(victim)
+        assert store.index.census([victim]) == {}
+        assert stats(store, full=False).max_chain_depth < 99
+
+
+def test_a_census_is_not_trusted_once_another_index_removed_its_version(
+        store_path: Path, tmp_path: Path) -> None:
+    assert _saved(store_path, 1, 3) == 0
+    with chunkstore.open(store_path, create=False) as store:
+        victim = store.versions()[0].id
+        _forged(store, victim)
+    with chunkstore.open(store_path, create=False, index_dir=str(tmp_path / "other")) as other:
+        other.delete(victim)
+    with chunkstore.open(store_path, create=False) as store:
+        assert victim not in {info.id for info in store.versions()}
+        assert store.index.census([victim]) == {}
+        assert stats(store, full=False).max_chain_depth < 99
+
+
+def test_a_census_is_not_trusted_after_an_index_rebuild(store_path: Path) -> None:
+    assert _saved(store_path, 1, 3) == 0
+    with chunkstore.open(store_path, create=False) as store:
+        kept = store.versions()[-1].id
+        _forged(store, kept)
+        store.rebuild_index()
+        assert store.index.census([kept]) == {}
+        assert stats(store, full=False).max_chain_depth < 99
+
+
+def test_a_census_recorded_in_another_form_or_damaged_is_counted_again(
+        store_path: Path) -> None:
+    assert _saved(store_path, 1, 3) == 0
+    with chunkstore.open(store_path, create=False) as store:
+        read = stats(store, full=False)
+        kept = store.versions()[-1].id
+        for payload in (b'{"census": 2, "depths": {}, "members": [], "ranked": false}',
+                        b"\xff not json", b'{"census": 1, "depths": [1], "members": []}',
+                        b'{"census": 1, "depths": {"zz": 1}, "members": [], "ranked": false}'):
+            store.index.note_census([(kept, payload)])
+            assert _census(stats(store, full=False)) == _census(read)
+            assert store.index.census([kept])[kept] != payload  # recorded again
