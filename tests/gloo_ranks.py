@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import socket
 import time
 import traceback
@@ -23,6 +24,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 SPAWN_TIMEOUT_S = 90.0
+#: The key of ``extra`` that carries the parent's ``CHUNKSTORE_*`` variables to each rank.
+ENVIRON = "_chunkstore_environ"
 Job = Callable[[int, int, str, dict[str, Any]], dict[str, Any]]
 
 
@@ -42,12 +45,17 @@ class Ranks:
         out.mkdir(parents=True, exist_ok=True)
         self.out = out
         self.job = job
+        # A forkserver keeps the environment it started with (another test's, earlier in
+        # this process): each rank takes the parent's CHUNKSTORE_* variables as they are
+        # now (a password, a fault to inject), as a launcher gives each rank its own.
+        extra = {**(extra or {}), ENVIRON: {k: v for k, v in os.environ.items()
+                                            if k.startswith("CHUNKSTORE_")}}
         ctx = mp.get_context("forkserver")
         # One server process imports torch and the jobs once; every rank forks from it.
         ctx.set_forkserver_preload([child])
         port = _free_port()
         self.processes = [ctx.Process(target=run_rank, args=(r, world, port, url, job,
-                                                             str(out), extra or {}),
+                                                             str(out), extra),
                                       daemon=True) for r in range(world)]
         for process in self.processes:
             process.start()
@@ -102,6 +110,10 @@ def all_ok(reports: list[dict[str, Any] | None]) -> list[dict[str, Any]]:
 def run_job(jobs: dict[str, Job], rank: int, world: int, port: int, url: str, job: str,
             out: str, extra: dict[str, Any]) -> None:
     """In a rank process: join the group, run ``jobs[job]``, write the rank's report."""
+    environ = extra.pop(ENVIRON, {})
+    for name in [k for k in os.environ if k.startswith("CHUNKSTORE_") and k not in environ]:
+        del os.environ[name]
+    os.environ.update(environ)
     torch.set_num_threads(1)
     Path(out, f"rank{rank}.started").write_text(str(time.time()))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
