@@ -8,12 +8,14 @@ run leases are the real :class:`RunLease`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
 from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -142,28 +144,44 @@ def test_a_taker_does_not_roll_forward_a_version_removed_after_it_read_its_inten
     named r@1 rolled forward and created its record again, before the removal withdrew
     every version whose intent is in a slot (and the walk looked for the tombstone)."""
     store = chunkstore.open(str(tmp_path / "s"), create=True)
+    try:
+        with removed_behind_a_paused_walk(store, _save) as (taker, version):
+            # Withdrawn: its intent is still in slot 2, which a walk may have read (the
+            # tombstone alone does not cover a walk that outlasts a GC's grace period:
+            # test_removal_attacks' grace-0 test).
+            assert store.objects.exists(LEASES, withdrawn_name(RUN, version.id))
+            taker._roll_forward(2)  # the walk, from its read of slot 2 on
+            assert not store.objects.exists(VERSIONS, version.id)
+            assert taker.head is None
+    finally:
+        store.close()
+
+
+Save = Callable[[chunkstore.Store, int, RunLease], chunkstore.VersionInfo]
+
+
+@contextlib.contextmanager
+def removed_behind_a_paused_walk(store: chunkstore.Store, save: Save
+                                 ) -> Iterator[tuple[RunLease, chunkstore.VersionInfo]]:
+    """The owner of run ``r`` saved r@1; a taker took the run (generation 2) and is
+    paused before its walk; the owner's next save claimed slot 3 and lost the run; r@1
+    was removed.  Yields the taker (``taker._roll_forward(2)`` continues its walk from
+    its read of slot 2) and r@1; releases both leases after."""
     owner, taker = RunLease(store.objects, RUN), RunLease(store.objects, RUN)
+    walk = taker._fence
     try:
         owner.acquire()
-        version = _save(store, 1, owner)
-        walk = taker._fence
+        version = save(store, 1, owner)
         taker._fence = lambda: None  # type: ignore[method-assign]
         taker.acquire(takeover=True)  # generation 2, paused before its walk
         with pytest.raises(RunLeaseLostError):
-            _save(store, 2, owner)  # claims slot 3, then finds generation 2
+            save(store, 2, owner)  # claims slot 3, then finds generation 2
         store.delete(version.id)
-        # Withdrawn: its intent is still in slot 2, which a walk may have read (the
-        # tombstone alone does not cover a walk that outlasts a GC's grace period:
-        # test_removal_attacks' grace-0 test).
-        assert store.objects.exists(LEASES, withdrawn_name(RUN, version.id))
-        taker._roll_forward(2)  # the walk, from its read of slot 2 on
-        assert not store.objects.exists(VERSIONS, version.id)
-        assert taker.head is None
-        taker._fence = walk  # type: ignore[method-assign]
+        yield taker, version
     finally:
+        taker._fence = walk  # type: ignore[method-assign]
         owner.release()
         taker.release()
-        store.close()
 
 
 def _prune_in_a_child(path: Path, fault: str | None) -> subprocess.CompletedProcess[str]:

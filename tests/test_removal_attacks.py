@@ -23,10 +23,11 @@ import numpy as np
 import pytest
 
 import chunkstore
-from chunkstore.errors import InvalidInputError, RunLeaseLostError
+from chunkstore.errors import InvalidInputError
 from chunkstore.objects.kinds import TOMBSTONES, VERSIONS
 from chunkstore.protocol.runlease import RunLease
 from tests.s3server import create_bucket, remove_bucket, s3_endpoint, storage_options
+from tests.test_bulk_removal import removed_behind_a_paused_walk
 
 __all__ = ["s3_endpoint"]  # the session fixture, re-exported so pytest finds it here
 
@@ -73,28 +74,17 @@ def test_a_taker_does_not_republish_a_version_a_grace_0_gc_collected(tmp_path: P
     objects only r@1 reached.  The walk must still roll nothing forward: a record put
     back then names objects that are gone."""
     store = chunkstore.open(str(tmp_path / "s"), create=True)
-    owner, taker = RunLease(store.objects, RUN), RunLease(store.objects, RUN)
     try:
-        owner.acquire()
-        version = _save(store, 1, owner)
-        walk = taker._fence
-        taker._fence = lambda: None  # type: ignore[method-assign]
-        taker.acquire(takeover=True)  # generation 2, paused before its walk
-        with pytest.raises(RunLeaseLostError):
-            _save(store, 2, owner)  # claims slot 3, then finds generation 2
-        store.delete(version.id)
-        result = store.gc(grace=0)
-        assert result.chunks_deleted > 0  # r@1's own chunk
-        taker._roll_forward(2)  # the walk, from its read of slot 2 on
-        taker._fence = walk  # type: ignore[method-assign]
-        assert not store.objects.exists(VERSIONS, version.id)
-        assert taker.head is None
+        with removed_behind_a_paused_walk(store, _save) as (taker, version):
+            result = store.gc(grace=0)
+            assert result.chunks_deleted > 0  # r@1's own chunk
+            taker._roll_forward(2)  # the walk, from its read of slot 2 on
+            assert not store.objects.exists(VERSIONS, version.id)
+            assert taker.head is None
         store.reconcile()
         assert store.versions(RUN) == []
         _verified(store)
     finally:
-        owner.release()
-        taker.release()
         store.close()
 
 
