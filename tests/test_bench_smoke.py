@@ -239,15 +239,21 @@ def test_chunkstore_physical_bytes_are_what_stats_counts(
         system.close()
 
 
-def test_the_memory_benchmark_counts_the_base_copies_apart(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def bench_memory(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """benchmarks.bench_memory, where this process's peak RSS can be reset (else skip)."""
     monkeypatch.syspath_prepend(str(REPO))
     from benchmarks import bench_memory
 
     try:
         bench_memory.reset_peak()
-    except OSError as exc:  # the peak RSS cannot be reset here (not Linux, or not allowed)
+    except OSError as exc:  # not Linux, or not allowed
         pytest.skip(f"/proc/self/clear_refs: {exc}")
+    return bench_memory
+
+
+def test_the_memory_benchmark_counts_the_base_copies_apart(
+        tmp_path: Path, bench_memory: Any) -> None:
     # 512 KiB tensors: larger than what a store with delta chains packs whole
     kept = bench_memory.measure(32, bench_memory.WAYS["default"], 3, tmp_path)
     off = bench_memory.measure(32, 0, 3, tmp_path)
@@ -265,14 +271,9 @@ def test_the_memory_benchmark_counts_the_base_copies_apart(
 
 
 def test_the_memory_table_measures_every_operation_and_names_each_miss(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.syspath_prepend(str(REPO))
-    from benchmarks import bench_memory, bench_memory_table, summarize
+        tmp_path: Path, bench_memory: Any) -> None:
+    from benchmarks import bench_memory_table, summarize
 
-    try:
-        bench_memory.reset_peak()
-    except OSError as exc:  # the peak RSS cannot be reset here (not Linux, or not allowed)
-        pytest.skip(f"/proc/self/clear_refs: {exc}")
     row: dict[str, Any] = {"system": "chunkstore-auto", "mib": 12}
     for operation in bench_memory_table.OPERATIONS:
         row[operation] = bench_memory_table.measure(operation, "chunkstore-auto", 12, 3, tmp_path)
