@@ -88,6 +88,8 @@ import itertools
 from dataclasses import dataclass, fields, replace
 from typing import Any, NamedTuple
 
+from tests.protocol_model import _fast_replace
+
 LETTERS = "ABCD"
 #: A writer's next step, by where it is; "refused", "lost" and "done" are final.
 TAKE, CREATE, LIST, READ, MARK, ROLL, FENCE, RECHECK, RESTORE = (
@@ -210,6 +212,10 @@ class State(NamedTuple):
     removing: tuple[int, tuple[Version, ...], bool] | None
 
 
+for _cls in (Writer, State):
+    _cls._replace = _fast_replace(_cls)  # type: ignore[method-assign]
+
+
 Step = tuple[str, State]
 
 
@@ -227,6 +233,9 @@ class Model:
                        DROP: self._drop}
         idle = [i for i, n in enumerate(config.saves) if n == 0]
         self._takers = (idle[0], idle[1]) if len(idle) == 2 and not config.removals else None
+        self._by_restored: dict[Any, str | None] = {}
+        self._by_records: dict[tuple[frozenset[Any], ...], tuple[
+            str | None, list[Version], dict[str, str | None]]] = {}
 
     def symmetric(self, s: State) -> State:
         """One state for each pair of worlds that differ only by swapping two writers that
@@ -263,15 +272,35 @@ class Model:
     # --- the invariants ---------------------------------------------------------------------
 
     def violation(self, s: State) -> str | None:
+        # Most states differ from others only in where the writers are, so what the
+        # records alone decide is computed once per set of records (frozensets keep their
+        # hashes): a third of the exploring time before.
+        records = (s.records, s.withdrawn, s.removed, s.history)
+        known = self._by_records.get(records)
+        if known is None:
+            known = self._by_records[records] = self._records_violation(s)
+        bad, held, parents = known
+        if bad:
+            return bad
+        restored = tuple((w.gen, w.base) for w in s.writers if w.restored)
+        if not restored:
+            return None
+        key = (records, restored)
+        if key not in self._by_restored:
+            self._by_restored[key] = _restored_from_older(s, held, parents)
+        return self._by_restored[key]
+
+    @staticmethod
+    def _records_violation(s: State) -> tuple[str | None, list[Version], dict[str, str | None]]:
         held = _held(s)
+        parents = {v.name: v.parent for v in s.history}
         for a, b in itertools.combinations(held, 2):
             if a.step == b.step:
-                return f"two versions of RUN@{a.step}: {a.name} and {b.name}"
+                return f"two versions of RUN@{a.step}: {a.name} and {b.name}", held, parents
         back = [v.name for v in held if v.name in s.removed]
         if back:
-            return f"{back[0]} was removed and is there again"
-        parents = {v.name: v.parent for v in s.history}
-        return _one_chain(held, parents) or _restored_from_older(s, held, parents)
+            return f"{back[0]} was removed and is there again", held, parents
+        return _one_chain(held, parents), held, parents
 
     # --- steps --------------------------------------------------------------------------------
 
