@@ -506,6 +506,18 @@ class CorruptSignatureError(IntegrityError):
         self.reason = reason
 
 
+class UntrustedVersionError(IntegrityError):
+    """Raised when a restore that requires signed versions meets one that is not signed
+    by a trusted key (unsigned, signed by another key, or with a bad signature)."""
+
+    def __init__(self, version_id: str, status: str, reason: str | None = None) -> None:
+        super().__init__(f"version {version_id[:12]} is {status}, not signed by a trusted"
+                         f" key{f' ({reason})' if reason else ''}")
+        self.version_id = version_id
+        self.status = status
+        self.reason = reason
+
+
 class SigningKeyError(InvalidInputError):
     """Raised when a signing or trusted key cannot be used: an unreadable or non-PEM file,
     a wrong or missing password, a key type or curve other than ECDSA P-256/384/521,

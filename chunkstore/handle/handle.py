@@ -46,7 +46,7 @@ from chunkstore.format.records import (
 from chunkstore.handle.basecopies import BASE_COPY_BYTES, BaseCopies
 from chunkstore.handle.caches import BaseCache
 from chunkstore.handle.removal import remove_versions
-from chunkstore.handle.signatures import SignatureCheck, check_signature
+from chunkstore.handle.signatures import BAD_SIGNATURE, SignatureCheck, check_signature
 from chunkstore.handle.tree import NodeCache, flatten
 from chunkstore.handle.versions import VersionInfo, entry_from_record
 from chunkstore.index.lmdbindex import Index
@@ -361,17 +361,24 @@ class StoreHandle:
             return
         flatten(self.objects, record.root, self.node_cache)
 
-    def signature(self, selector: str) -> SignatureCheck:
-        """Who signed the version ``selector`` names, as the keys this handle trusts see
-        it (:mod:`chunkstore.handle.signatures`): its commit record is read from the store
-        and hash-checked, then its signature object checked against the record's bytes."""
-        version_id = self.resolve(selector).id
+    def signature(self, selector: str, trust: Trust | None = None) -> SignatureCheck:
+        """Who signed the version ``selector`` names, as the keys this handle trusts (or
+        ``trust``) see it (:mod:`chunkstore.handle.signatures`): its commit record is read
+        from the store and hash-checked, then its signature object checked against the
+        record's bytes.  A record that names another root than the index (what a read
+        of the version follows) is no signature of what would be read: bad."""
+        info = self.resolve(selector)
         try:
-            data = self.objects.get(VERSIONS, version_id)
+            data = self.objects.get(VERSIONS, info.id)
         except FileNotFoundError:  # removed by another process since the index looked
-            raise VersionRemovedError(version_id) from None
-        CommitRecord.decode(version_id, data)  # the bytes are the id's (CorruptRecordError)
-        return check_signature(self.objects, version_id, data, self.trust)
+            raise VersionRemovedError(info.id) from None
+        record = CommitRecord.decode(info.id, data)  # the id's bytes (CorruptRecordError)
+        if record.root != info.root:
+            return SignatureCheck(info.id, BAD_SIGNATURE, reason=(
+                f"the index names root {info.root.short()}, the commit record"
+                f" {record.root.short()}: rebuild the index (`chunkstore index rebuild`)"))
+        return check_signature(self.objects, info.id, data,
+                               self.trust if trust is None else trust)
 
     def read_record(self, version_id: str) -> CommitRecord:
         """Read and check a commit record from the backend (the truth)."""

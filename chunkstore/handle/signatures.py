@@ -20,9 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from chunkstore.errors import ChunkStoreError, IntegrityError
+from chunkstore.errors import ChunkStoreError, CorruptSignatureError, IntegrityError
 from chunkstore.format.signatures import Signature
-from chunkstore.objects.kinds import SIGNATURES
+from chunkstore.objects.kinds import SIGNATURES, VERSIONS
 from chunkstore.objects.signing import Trust, sign, signature_holds
 
 if TYPE_CHECKING:
@@ -87,3 +87,58 @@ def check_signature(objects: ObjectStore, version_id: str, record: bytes,
                               "the signature does not hold for the commit record's bytes")
     status = SIGNED_BY_TRUSTED if trust.trusts(signature) else SIGNED_BY_UNTRUSTED
     return SignatureCheck(version_id, status, signature.key)
+
+
+def orphan_signatures(objects: ObjectStore, before: float) -> list[str]:
+    """The signature objects stored before ``before`` (a Unix time: the grace period
+    ago) whose commit record is not stored: of saves that died between the two writes,
+    or of versions a removal that died between its two deletes unpublished.  Listed
+    before the records, so a version published meanwhile keeps its signature; a young
+    one may belong to a save about to publish, and is left alone."""
+    old = [vid for vid, info in objects.infos(SIGNATURES) if info.mtime < before]
+    if not old:
+        return []
+    published = set(objects.ids(VERSIONS))
+    return [vid for vid in old if vid not in published]
+
+
+def signature_bytes(objects: ObjectStore, version_id: str, record: bytes) -> bytes | None:
+    """The version's signature object where it is stored, parses and holds for
+    ``record``; None where none is stored; ``CorruptSignatureError`` where one is
+    stored that is bad."""
+    try:
+        data = objects.get(SIGNATURES, version_id)
+    except FileNotFoundError:
+        return None
+    except IntegrityError as exc:
+        raise CorruptSignatureError(version_id, str(exc)) from None
+    signature = Signature.decode(version_id, data)
+    if not signature_holds(signature, record):
+        raise CorruptSignatureError(version_id, "the signature does not hold for the"
+                                    " commit record's bytes")
+    return data
+
+
+def copy_signature(source: ObjectStore, target: ObjectStore, version_id: str,
+                   record: bytes) -> bool:
+    """Copy a version's signature object, checked, ahead of its commit record (durable
+    at the target's next flush); whether it has one.  A bad one in ``source`` is a
+    :class:`CorruptSignatureError` and nothing is written (the copy is not published
+    with a signature that does not hold); a bad one in ``target`` is replaced."""
+    data = signature_bytes(source, version_id, record)
+    if data is None:
+        return False
+    if not target.put_if_absent_deferred(SIGNATURES, version_id, data):
+        try:
+            found = signature_bytes(target, version_id, record)
+        except ChunkStoreError:
+            found = None
+        if found is None:
+            target.put(SIGNATURES, version_id, data)
+    return True
+
+
+def has_signature(objects: ObjectStore, version_id: str, record: bytes) -> bool:
+    """Whether the version has a signature object that holds for ``record`` (False:
+    none; ``CorruptSignatureError`` or ``FormatVersionError``: a bad or newer one)."""
+    return signature_bytes(objects, version_id, record) is not None

@@ -34,15 +34,15 @@ PrivateKeyLike = Union[str, "os.PathLike[str]", "ec.EllipticCurvePrivateKey"]
 PublicKeyLike = Union[str, "os.PathLike[str]", "ec.EllipticCurvePublicKey"]
 
 
-def _ec() -> object:
+def _ec() -> None:
+    """Nothing, where ``cryptography`` is installed; else what to install."""
     try:
-        from cryptography.hazmat.primitives.asymmetric import ec
+        import cryptography  # noqa: F401
     except ImportError:
         raise MissingDependencyError(
             "signed versions need the `cryptography` package, which is not installed;"
             " install it with: pip install cryptography (what the [sign] extra"
             " installs)") from None
-    return ec
 
 
 def _curve_name(key: ec.EllipticCurvePrivateKey | ec.EllipticCurvePublicKey) -> str:
@@ -67,10 +67,11 @@ def generate_key(curve: str = DEFAULT_CURVE, password: str | None = None
     _ec()
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
-    curves = {"P-256": ec.SECP256R1, "P-384": ec.SECP384R1, "P-521": ec.SECP521R1}
+    curves: dict[str, ec.EllipticCurve] = {
+        "P-256": ec.SECP256R1(), "P-384": ec.SECP384R1(), "P-521": ec.SECP521R1()}
     if curve not in curves:
         raise SigningKeyError("curve", f"{curve!r} is not one of {', '.join(CURVES)}")
-    key = ec.generate_private_key(curves[curve]())
+    key = ec.generate_private_key(curves[curve])
     encryption: serialization.KeySerializationEncryption = (
         serialization.BestAvailableEncryption(password.encode()) if password
         else serialization.NoEncryption())
@@ -99,8 +100,9 @@ def public_der(key: ec.EllipticCurvePublicKey) -> bytes:
 
 def fingerprint(key: ec.EllipticCurvePublicKey | ec.EllipticCurvePrivateKey) -> str:
     """The fingerprint a signature object records for ``key`` (of its public half)."""
-    public = key.public_key() if hasattr(key, "private_numbers") else key
-    return key_fingerprint(public_der(public))  # type: ignore[arg-type]
+    from cryptography.hazmat.primitives.asymmetric import ec
+    public = key.public_key() if isinstance(key, ec.EllipticCurvePrivateKey) else key
+    return key_fingerprint(public_der(public))
 
 
 def _read_key_file(path: str | os.PathLike[str]) -> bytes:
@@ -119,8 +121,9 @@ def load_private_key(key: PrivateKeyLike, password: str | None = None
     """A signing key: ``key`` itself when it is a loaded ECDSA private key, else the PEM
     file it names (decrypted with ``password`` where it is encrypted).  A file that is
     no such key, or a wrong or missing password, is a :class:`SigningKeyError`."""
-    ec = _ec()
-    if isinstance(key, ec.EllipticCurvePrivateKey):  # type: ignore[attr-defined]
+    _ec()
+    from cryptography.hazmat.primitives.asymmetric import ec
+    if isinstance(key, ec.EllipticCurvePrivateKey):
         _curve_name(key)
         return key
     if not isinstance(key, (str, os.PathLike)):
@@ -138,7 +141,7 @@ def load_private_key(key: PrivateKeyLike, password: str | None = None
     except ValueError as exc:
         raise SigningKeyError(what, "not a PEM private key, or a wrong password"
                               f" ({exc})") from None
-    if not isinstance(loaded, ec.EllipticCurvePrivateKey):  # type: ignore[attr-defined]
+    if not isinstance(loaded, ec.EllipticCurvePrivateKey):
         raise SigningKeyError(what, f"a {type(loaded).__name__}, not an ECDSA key"
                               " (make one with `chunkstore keygen`)")
     _curve_name(loaded)
@@ -149,10 +152,11 @@ def load_public_key(key: PublicKeyLike) -> ec.EllipticCurvePublicKey:
     """A trusted key: ``key`` itself when it is a loaded ECDSA public key (a private
     key's public half), else the PEM file it names (a private key file gives its
     public half, unless it is encrypted)."""
-    ec = _ec()
-    if isinstance(key, ec.EllipticCurvePrivateKey):  # type: ignore[attr-defined]
+    _ec()
+    from cryptography.hazmat.primitives.asymmetric import ec
+    if isinstance(key, ec.EllipticCurvePrivateKey):
         key = key.public_key()
-    if isinstance(key, ec.EllipticCurvePublicKey):  # type: ignore[attr-defined]
+    if isinstance(key, ec.EllipticCurvePublicKey):
         _curve_name(key)
         return key
     if not isinstance(key, (str, os.PathLike)):
@@ -168,7 +172,7 @@ def load_public_key(key: PublicKeyLike) -> ec.EllipticCurvePublicKey:
         except (TypeError, ValueError):
             raise SigningKeyError(os.fspath(key), "not a PEM public key (the .pub file"
                                   " `chunkstore keygen` wrote)") from None
-    if not isinstance(loaded, ec.EllipticCurvePublicKey):  # type: ignore[attr-defined]
+    if not isinstance(loaded, ec.EllipticCurvePublicKey):
         raise SigningKeyError(os.fspath(key), f"a {type(loaded).__name__}, not an ECDSA"
                               " key")
     _curve_name(loaded)
@@ -221,6 +225,14 @@ class Trust:
 
     def __bool__(self) -> bool:
         return bool(self.fingerprints)
+
+    def plus(self, key: PublicKeyLike | None) -> Trust:
+        """These keys and ``key`` (None: these)."""
+        if key is None:
+            return self
+        trust = Trust()
+        trust.fingerprints = self.fingerprints | {fingerprint(load_public_key(key))}
+        return trust
 
     def trusts(self, signature: Signature) -> bool:
         return signature.key in self.fingerprints
