@@ -44,6 +44,8 @@ from chunkstore.format.records import CommitRecord, Tag
 from chunkstore.handle.signatures import (
     BAD_SIGNATURE,
     CORRUPT,
+    SIGNED_BY_TRUSTED,
+    SIGNED_BY_UNTRUSTED,
     SignatureCheck,
     check_signature,
 )
@@ -390,7 +392,7 @@ def _check_signatures(store: StoreHandle, verdicts: dict[str, VersionVerdict],
 
 def _mark_corrupt_signatures(verdicts: dict[str, VersionVerdict]) -> None:
     for verdict in verdicts.values():
-        if verdict.damaged and verdict.signature is not None:
+        if verdict.damaged and verdict.signature in (SIGNED_BY_TRUSTED, SIGNED_BY_UNTRUSTED):
             verdict.signature = CORRUPT
 
 
