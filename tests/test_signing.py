@@ -353,3 +353,38 @@ def test_signed_versions_on_s3(s3_endpoint: str, tmp_path: Path,
             assert store.signature(two).trusted
     finally:
         remove_bucket(s3_endpoint, bucket)
+
+
+# --- SIGKILL at the commit point ------------------------------------------------------------
+
+_SIGNED_SAVE = """
+import sys, numpy as np, chunkstore
+with chunkstore.open(sys.argv[1], create=True) as store:
+    with store.new_version("r", 1, sign_with=sys.argv[2]) as v:
+        v.put("w", np.arange(1000, dtype=np.float32))
+"""
+
+
+@pytest.mark.parametrize("fault", ["kill-before-put", "kill-after-put"])
+def test_a_save_killed_at_its_commit_record_is_unpublished_or_signed(
+        tmp_path: Path, keys: dict[str, Path], fault: str) -> None:
+    """Killed as the commit record is stored: before it, nothing is published (the
+    signature is an orphan GC removes); after it, the version is published signed."""
+    import subprocess
+    import sys
+    store_path = tmp_path / "s"
+    env = {**os.environ, "CHUNKSTORE_FAULT": f"{fault}:versions/:0",
+           "PYTHONPATH": str(Path(__file__).parents[1])}
+    done = subprocess.run([sys.executable, "-c", _SIGNED_SAVE, str(store_path),
+                           str(keys["signer"])], env=env, timeout=120, check=False)
+    assert done.returncode == -9
+    with chunkstore.open(store_path, trust=[keys["signer.pub"]]) as store:
+        signatures = list(store.objects.ids(SIGNATURES))
+        assert len(signatures) == 1  # stored before the record, in either case
+        if fault == "kill-after-put":
+            assert store.signature("r@1").status == SIGNED_BY_TRUSTED
+        else:
+            assert store.versions() == []
+            past = time.time() - 7200
+            os.utime(store_path / SIGNATURES.key(signatures[0]), (past, past))
+            assert store.gc(grace="1h", sweep=True).signatures_deleted == 1
