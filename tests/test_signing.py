@@ -388,3 +388,34 @@ def test_a_save_killed_at_its_commit_record_is_unpublished_or_signed(
             past = time.time() - 7200
             os.utime(store_path / SIGNATURES.key(signatures[0]), (past, past))
             assert store.gc(grace="1h", sweep=True).signatures_deleted == 1
+
+
+# --- the frozen fixture (tools/make_signed_fixture.py) ------------------------------------
+
+FIXTURE = Path(__file__).parent / "data" / "signed-v1"
+
+
+def test_the_signed_fixture_reads_back_with_its_verdicts(tmp_path: Path) -> None:
+    import shutil
+
+    import blake3
+    expected = json.loads(FIXTURE.with_name("signed-v1.expected.json").read_text())
+    files = {str(p.relative_to(FIXTURE)): blake3.blake3(p.read_bytes()).hexdigest()
+             for p in sorted(FIXTURE.rglob("*")) if p.is_file()}
+    assert files == expected["files"]  # frozen: never rewritten
+    copy = tmp_path / "s"
+    shutil.copytree(FIXTURE, copy)
+    with chunkstore.open(copy, trust=[FIXTURE.with_name(expected["trusted"])]) as store:
+        result = store.verify()
+        for version in expected["versions"]:
+            found = store.signature(version["id"])
+            assert found.status == version["verdict"]
+            if version["verdict"] != UNSIGNED:
+                data = (copy / SIGNATURES.key(version["id"])).read_bytes()
+                signature = Signature.decode(version["id"], data)
+                assert json.loads(data)["format_version"] == expected["signature_format_version"]
+                assert signature.key == found.key
+                assert signature.key in expected["fingerprints"].values()
+    assert result.ok
+    assert [v.signature for v in result.versions] == [
+        v["verdict"] for v in expected["versions"]]
