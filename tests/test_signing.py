@@ -93,7 +93,7 @@ def test_keygen_writes_a_private_and_public_key_and_never_overwrites(tmp_path: P
     with pytest.raises(SigningKeyError):
         load_private_key(path, "wrong")
     before = path.read_bytes(), Path(f"{path}.pub").read_bytes()
-    again = runner.invoke(cli, ["keygen", str(path), "--no-password"])
+    again = runner.invoke(cli, ["keygen", str(path), "--unencrypted"])
     assert again.exit_code == 2 and "exists" in again.output
     assert (path.read_bytes(), Path(f"{path}.pub").read_bytes()) == before
 
@@ -419,3 +419,24 @@ def test_the_signed_fixture_reads_back_with_its_verdicts(tmp_path: Path) -> None
     assert result.ok
     assert [v.signature for v in result.versions] == [
         v["verdict"] for v in expected["versions"]]
+
+
+def test_drill_require_signed_fails_an_unsigned_target_and_falls_back(
+        tmp_path: Path, keys: dict[str, Path]) -> None:
+    store_path = tmp_path / "s"
+    with chunkstore.open(store_path, create=True) as store:
+        signed = _save(store, 1, keys["signer"])
+        _save(store, 2)
+    runner = CliRunner()
+    usage = runner.invoke(cli, ["drill", str(store_path), "--require-signed"])
+    assert usage.exit_code == 2 and "--trust" in usage.output
+    answer = runner.invoke(cli, ["drill", str(store_path), "--require-signed", "--trust",
+                                 str(keys["signer.pub"]), "--materialize", "numpy",
+                                 "--no-record", "--json"])
+    assert answer.exit_code == 5, answer.output  # the target did not restore
+    record = json.loads(answer.stdout)
+    assert record["restore"]["version"] == signed  # fell back to the signed version
+    assert "UntrustedVersionError" in json.dumps(record)
+    plain = runner.invoke(cli, ["drill", str(store_path), "--materialize", "numpy",
+                                "--no-record"])
+    assert plain.exit_code == 0, plain.output

@@ -13,7 +13,7 @@ import os
 
 import click
 
-from chunkstore.cli.common import EXIT_USAGE, CliError, emit_json
+from chunkstore.cli.common import EXIT_USAGE, CliError, _stdin_is_a_terminal, emit_json
 from chunkstore.errors import KeyFileExistsError
 from chunkstore.handle.encryption import read_password_file
 from chunkstore.objects.signing import (
@@ -26,17 +26,17 @@ from chunkstore.objects.signing import (
 )
 
 
-def _key_password(password_file: str | None, no_password: bool) -> str | None:
+def _key_password(password_file: str | None, unencrypted: bool) -> str | None:
     """The password the private key is encrypted under: --password-file, else
     $CHUNKSTORE_KEY_PASSWORD, else a prompt (twice) on a terminal; none with
-    --no-password, or off a terminal without either (the key is then not encrypted)."""
-    if no_password:
+    --unencrypted, or off a terminal without either (the key is then not encrypted)."""
+    if unencrypted:
         return None
     if password_file is not None:
         return read_password_file(password_file) or None
     if os.environ.get(KEY_PASSWORD_ENV):
         return os.environ[KEY_PASSWORD_ENV]
-    if not click.get_text_stream("stdin").isatty():
+    if not _stdin_is_a_terminal():
         return None
     entered = getpass.getpass("password for the new key (empty: none): ")
     if entered and getpass.getpass("password again: ") != entered:
@@ -65,10 +65,10 @@ def _write_new(path: str, data: bytes, mode: int) -> None:
 @click.option("--password-file", type=click.Path(dir_okay=False, exists=True), default=None,
               help="A file whose first line is the password the private key is encrypted"
               f" under (else ${KEY_PASSWORD_ENV}, else a prompt on a terminal).")
-@click.option("--no-password", is_flag=True, help="Write the private key unencrypted"
+@click.option("--unencrypted", is_flag=True, help="Write the private key unencrypted"
               " without asking.")
 @click.option("--json", "as_json", is_flag=True, help="Answer in JSON.")
-def keygen(path: str, curve: str, password_file: str | None, no_password: bool,
+def keygen(path: str, curve: str, password_file: str | None, unencrypted: bool,
            as_json: bool) -> None:
     """Make a signing key pair: the private key at PATH, the public key at PATH.pub.
 
@@ -93,7 +93,7 @@ def keygen(path: str, curve: str, password_file: str | None, no_password: bool,
     for target in (path, public_path):
         if os.path.lexists(target):
             raise KeyFileExistsError(target)
-    password = _key_password(password_file, no_password)
+    password = _key_password(password_file, unencrypted)
     private, public = generate_key(curve, password)
     _write_new(path, private, 0o600)
     try:
