@@ -440,3 +440,39 @@ def test_drill_require_signed_fails_an_unsigned_target_and_falls_back(
     plain = runner.invoke(cli, ["drill", str(store_path), "--materialize", "numpy",
                                 "--no-record"])
     assert plain.exit_code == 0, plain.output
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+def test_the_dcp_writer_signs_the_version_it_publishes(tmp_path: Path,
+                                                       keys: dict[str, Path]) -> None:
+    torch = pytest.importorskip("torch")
+    import torch.distributed.checkpoint as dcp
+
+    from torch_bridge.dcp import ChunkStoreWriter
+    url = str(tmp_path / "s")
+    dcp.save({"w": torch.ones(3, 4)}, storage_writer=ChunkStoreWriter(
+        url, run="r", step=1, sign_with=keys["signer"]))
+    dcp.save({"w": torch.zeros(3, 4)}, storage_writer=ChunkStoreWriter(url, run="r", step=2))
+    with chunkstore.open(url, trust=[keys["signer.pub"]]) as store:
+        assert store.signature("r@1").status == SIGNED_BY_TRUSTED
+        assert store.signature("r@2").status == UNSIGNED
+    with pytest.raises(SigningKeyError):  # before anything is saved
+        ChunkStoreWriter(url, run="r", step=3, sign_with=keys["signer.pub"])
+
+
+def test_an_index_that_names_another_root_is_no_signed_version(
+        tmp_path: Path, keys: dict[str, Path]) -> None:
+    """The local index (a cache anyone with the directory can edit) says signed version 1
+    has version 2's root: a reader would follow the index's root, which is not what the
+    key signed, so the version is not signed-by-trusted."""
+    import dataclasses
+    store_path = tmp_path / "s"
+    with chunkstore.open(store_path, create=True, trust=[keys["signer.pub"]]) as store:
+        one, two = _save(store, 1, keys["signer"]), _save(store, 2)
+        entry = store.index.version(one)
+        other = store.index.version(two)
+        assert entry is not None and other is not None
+        store.index.remove_version(one)
+        store.index.add_version(dataclasses.replace(entry, root=other.root), [], {}, [])
+        found = store.signature(one)
+    assert found.status == BAD_SIGNATURE and "index" in (found.reason or "")
