@@ -476,3 +476,16 @@ def test_an_index_that_names_another_root_is_no_signed_version(
         store.index.add_version(dataclasses.replace(entry, root=other.root), [], {}, [])
         found = store.signature(one)
     assert found.status == BAD_SIGNATURE and "index" in (found.reason or "")
+
+
+def test_the_mirror_of_a_signed_save_is_signed(tmp_path: Path, keys: dict[str, Path]) -> None:
+    torch = pytest.importorskip("torch")
+    from torch_bridge import Checkpointer
+    model = torch.nn.Linear(2, 2)
+    with Checkpointer(tmp_path / "local", run="r", sign_with=keys["signer"],
+                      mirror=tmp_path / "mirror") as ckpt:
+        info = ckpt.save(1, model=model)
+        assert info is not None
+        ckpt.wait(mirror=True)
+    with chunkstore.open(tmp_path / "mirror", trust=[keys["signer.pub"]]) as mirror:
+        assert mirror.signature(info.id).status == SIGNED_BY_TRUSTED
