@@ -1,7 +1,14 @@
 """Signed versions (docs/format.md §14): keygen, signatures over commit records, what a
 reader with trusted keys reports, and that tampering, crafted signature objects, copies,
 removal and GC each end where they must.  In-process (library API, CliRunner); the one
-S3 test uses the shared moto server."""
+S3 test uses the shared moto server, the two SIGKILL tests a child each.
+
+Each safety test was seen to fail with its guard removed: the fingerprint check of
+``Signature.decode`` (crafted), the signature check (moved), the ``corrupt`` marking
+of damaged versions in verify (tampered node, chunk), removal's delete of signatures,
+sync's and repair's copy, the trust check of the Checkpointer's, the drill's and the
+DCP writer's paths, the age test of the orphan sweep, the index-root comparison, and
+signing before the commit record (both SIGKILL cases)."""
 
 from __future__ import annotations
 
