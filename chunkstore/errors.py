@@ -491,3 +491,48 @@ class WrongPasswordError(ChunkStoreError):
 class KeyObjectError(EncryptionError):
     """Raised when a key command cannot do what it was asked (an unknown key id, the
     removal of a store's last key) or an encrypted store holds no key object."""
+
+
+# --- signed versions (docs/format.md §14) -----------------------------------------------------
+
+
+class CorruptSignatureError(IntegrityError):
+    """Raised when a version's signature object is unparsable, oversized, names another
+    version, or its key fingerprint does not match the public key it carries."""
+
+    def __init__(self, version_id: str, reason: str) -> None:
+        super().__init__(f"signature of version {version_id[:16]} is corrupt: {reason}")
+        self.version_id = version_id
+        self.reason = reason
+
+
+class UntrustedVersionError(IntegrityError):
+    """Raised when a restore that requires signed versions meets one that is not signed
+    by a trusted key (unsigned, signed by another key, or with a bad signature)."""
+
+    def __init__(self, version_id: str, status: str, reason: str | None = None) -> None:
+        super().__init__(f"version {version_id[:12]} is {status}, not signed by a trusted"
+                         f" key{f' ({reason})' if reason else ''}")
+        self.version_id = version_id
+        self.status = status
+        self.reason = reason
+
+
+class SigningKeyError(InvalidInputError):
+    """Raised when a signing or trusted key cannot be used: an unreadable or non-PEM file,
+    a wrong or missing password, a key type or curve other than ECDSA P-256/384/521,
+    or ``require_signed`` without any trusted key."""
+
+    def __init__(self, what: str, reason: str) -> None:
+        super().__init__(f"{what}: {reason}")
+        self.what = what
+        self.reason = reason
+
+
+class KeyFileExistsError(InvalidInputError):
+    """Raised when ``keygen`` would overwrite an existing key file; nothing is written."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"{path} exists; keygen never overwrites a key: choose another"
+                         " path or remove the old key (and its .pub) first")
+        self.path = path

@@ -74,6 +74,7 @@ from chunkstore.maintenance.report import stats
 from chunkstore.maintenance.retention import Policy, prune
 from chunkstore.maintenance.verify import verify
 from chunkstore.objects.objectstore import ObjectStore
+from chunkstore.objects.signing import PrivateKeyLike, PublicKeyLike, Trust
 from chunkstore.protocol.journal import sync_journal
 from chunkstore.read.reader import VersionReader
 from chunkstore.write.writer import VersionWriter
@@ -208,6 +209,7 @@ def open(
     storage_options: dict[str, Any] | None = None, delta_depth: int | None = None,
     pack_size: int | None = None, node_size: int | None = None, encrypt: bool = False,
     password: str | None = None, key_of: StoreHandle | None = None,
+    trust: Iterable[PublicKeyLike] = (),
 ) -> Store:
     """Open the store at a path or fsspec URL.
 
@@ -242,6 +244,12 @@ def open(
     open encrypted store: a store created here (``create=True``) is its encrypted copy
     (its config and key objects: one master key, the same passwords), and a copy opens
     with its key, no password needed (``sync`` and the tiered Checkpointer's mirror).
+
+    ``trust``: the keys whose signatures this handle trusts (public key PEM files, or
+    loaded keys): :meth:`Store.signature` and ``verify`` report each version as
+    signed-by-trusted, signed-by-untrusted, unsigned or bad-signature (docs/format.md
+    §14).  A key that cannot be loaded is a :class:`~chunkstore.errors.SigningKeyError`
+    before anything is opened.
     """
     # Numbers are checked (numpy integers taken as ints) before anything is opened.
     if chunk_size is not None:
@@ -256,6 +264,7 @@ def open(
         delta_depth = _whole_number(delta_depth, "delta depth", 0, MAX_DELTA_DEPTH)
     if threads is not None:
         threads = _whole_number(threads, "threads", 1, MAX_THREADS)
+    trusted = Trust(trust)
     text = _location(url)
     check_password_given(text, create, encrypt, password)  # before anything is created
     options = _storage_options(storage_options)
@@ -282,6 +291,7 @@ def open(
         raise
     store = Store(text, objects, config, index, compression or config.compression, threads)
     store.recovered_config = recovered
+    store.trust = trusted
     if delta_depth is not None:
         store.delta_depth = delta_depth
     store.pack_size = pack_size or PACK_TARGET_BYTES
@@ -351,16 +361,22 @@ class Store(StoreHandle):
         self.close()
 
     def new_version(self, run: str, step: int, meta: dict[str, Any] | None = None, *,
-                    replace: bool = False) -> VersionWriter:
+                    replace: bool = False, sign_with: PrivateKeyLike | None = None
+                    ) -> VersionWriter:
         """Start a version; publish it by leaving the ``with`` block (or ``commit()``).
 
         One version per ``RUN@STEP``: saving a step the run already has publishes
         nothing when the content is the same (the existing version is returned),
         and is refused with :class:`DuplicateStepError` when it differs, unless
         ``replace`` (then the new version is published and the old one removed).
+
+        ``sign_with``, a signing key (a PEM file path, its password in
+        ``$CHUNKSTORE_KEY_PASSWORD`` where it has one, or a key from
+        :func:`chunkstore.objects.signing.load_private_key`): the version is published
+        with a signature of its commit record (docs/format.md §14).
         """
         self._check_writable(f"save {run}@{step}")
-        return VersionWriter(self, run, step, meta, replace=replace)
+        return VersionWriter(self, run, step, meta, replace=replace, sign_with=sign_with)
 
     def delete(self, selector: str, *, force: bool = False) -> VersionInfo:
         self._check_writable(f"remove {selector}")

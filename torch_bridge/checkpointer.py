@@ -20,10 +20,10 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import torch.distributed as dist
@@ -36,10 +36,12 @@ from chunkstore.errors import (
     NoStoreError,
     RunInUseError,
     RunLeaseLostError,
+    SigningKeyError,
 )
 from chunkstore.format import plaindata
 from chunkstore.maintenance.autocollect import DEFAULT_COLLECT_GRACE_S, Collector
 from chunkstore.maintenance.retention import Candidate, Policy, decide
+from chunkstore.objects.signing import PrivateKeyLike, PublicKeyLike, Trust, signing_key
 from chunkstore.protocol.runlease import RunLease, describe_holder
 from torch_bridge.capture import boundary
 from torch_bridge.capture.layout import (
@@ -64,6 +66,9 @@ from torch_bridge.errors import (
 )
 from torch_bridge.tiers.mirror import DEFAULT_MIRROR_TIMEOUT_S, MirrorTier
 from torch_bridge.tiers.restore import RestoreSource, TierRestore, ranks_tier, refill
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric import ec
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -162,7 +167,15 @@ class Checkpointer:
     :data:`torch_bridge.tiers.mirror.S3_MIRROR_OPTIONS`); a restore waits at most
     ``mirror_timeout`` seconds for the mirror before it reads the local tier alone.
     ``mirror_pending`` (and ``mirror_pending_reasons``) say what is not mirrored yet.
+
+    ``sign_with`` (a key file from ``chunkstore keygen``, its password in
+    ``$CHUNKSTORE_KEY_PASSWORD`` where it has one, or a loaded key) signs every version
+    saved (docs/format.md §14); ``restore(require_signed=True)`` restores only versions
+    signed by a key in ``trust`` (public key files or loaded keys) or by that key.
     """
+
+    #: the keys the restore in progress requires a signature of (``require_signed``)
+    _restore_trust: Trust | None = None
 
     def __init__(self, path_or_url: str | os.PathLike[str] | Store, *, run: str = "default",
                  keep_last: int | None = None, keep_every: int | None = None,
@@ -175,7 +188,9 @@ class Checkpointer:
                  mirror_options: dict[str, Any] | None = None,
                  mirror_timeout: float = DEFAULT_MIRROR_TIMEOUT_S,
                  collect: bool = True,
-                 collect_grace: float = DEFAULT_COLLECT_GRACE_S) -> None:
+                 collect_grace: float = DEFAULT_COLLECT_GRACE_S,
+                 sign_with: PrivateKeyLike | None = None,
+                 trust: Iterable[PublicKeyLike] | PublicKeyLike = ()) -> None:
         if keep_best is not None:
             keep_best = tuple(keep_best) if isinstance(keep_best, list) else keep_best
             Policy(keep_best=keep_best)  # checks it: (metric, n) or (metric, n, "min"|"max")
@@ -200,6 +215,10 @@ class Checkpointer:
         if meta is not None and not isinstance(meta, dict):
             raise InvalidInputError(f"meta must be a dict of plain data (or None), got"
                                     f" {type(meta).__name__} {meta!r}")
+        #: the key every save signs its version with (docs/format.md §14), loaded now so a
+        #: bad key file fails here, and the keys ``restore(require_signed=True)`` trusts:
+        #: ``trust`` and this key's own public half
+        self._signing_key, self._trust = _signing(sign_with, trust)
         self._location = path_or_url
         self._settings = (chunk_size, compression)
         self._store, self._owns_store, self._missing = _open_store_on_ranks(
@@ -437,7 +456,8 @@ class Checkpointer:
         """Every rank's state as one version (:mod:`torch_bridge.distributed.ranks`); rank 0
         publishes it and applies retention."""
         info = save_ranks(self.store, self.run, step, meta,
-                          lambda: self._states(stateful), before_commit=self._lease_check())
+                          lambda: self._states(stateful), before_commit=self._lease_check(),
+                          sign_with=self._signing_key)
         return self._published_on_ranks(step, info)
 
     def _agreed(self, action: str, work: Callable[[], T]) -> T:
@@ -482,7 +502,8 @@ class Checkpointer:
 
         def background() -> VersionInfo:
             info = save_ranks(self.store, self.run, step, meta, None, prepared=prepared,
-                              group=group, before_commit=self._lease_check())
+                              group=group, before_commit=self._lease_check(),
+                              sign_with=self._signing_key)
             return self._published_on_ranks(step, info)
         self._pending = (step, self._executor.submit(background))
 
@@ -507,7 +528,7 @@ class Checkpointer:
             self._lease.check_known()
         assert self._lease is not None
         info = write_version(self.store, self.run, step, meta, captured, arrays,
-                             before_commit=self._lease)
+                             before_commit=self._lease, sign_with=self._signing_key)
         self._mirror_published(info.id)
         self._retain(step, info)
         return info
@@ -606,7 +627,7 @@ class Checkpointer:
 
     @collector_paused()
     def restore(self, step: int | None = None, *, rng: bool = True, missing_ok: bool = False,
-                **stateful: Any) -> int | None:
+                require_signed: bool = False, **stateful: Any) -> int | None:
         """Load the newest version that verifies into ``stateful``; return its step.
 
         Nothing to restore is an error unless ``missing_ok``: a path that holds no
@@ -620,8 +641,14 @@ class Checkpointer:
         ``step``, exactly that step is loaded (no fallback).  ``rng=False``
         leaves the global RNGs alone.  Under a process group every rank loads
         the same version: the newest whose parts read back intact on every rank.
+
+        ``require_signed=True`` restores only versions signed by a trusted key (``trust=``,
+        and the ``sign_with`` key): one unsigned, signed by another key or with a bad
+        signature is skipped with the same warning as a damaged one (with ``step``: an
+        :class:`~chunkstore.errors.UntrustedVersionError`).
         """
         self._check_open()
+        self._restore_trust = self._trust_for(require_signed)
         self._timings = {}
         self.last_restore = None
         if step is not None:
@@ -659,11 +686,20 @@ class Checkpointer:
             self._warn_of_other_runs()
         return restored
 
+    def _trust_for(self, require_signed: bool) -> Trust | None:
+        """The keys a restore requires a signature of (None: it does not)."""
+        if not require_signed:
+            return None
+        if not self._trust:
+            raise SigningKeyError("require_signed", "no trusted key: give the Checkpointer"
+                                  " trust=[PUBLIC_KEY_FILE, ...] (or sign_with=KEY)")
+        return self._trust
+
     def _restore_on_ranks(self, store: Store, step: int | None, stateful: dict[str, Any],
                           rng: bool) -> int | None:
         targets = {**stateful, "rng": {}} if rng else dict(stateful)
         restored = restore_ranks(store, self.run, step, targets,
-                                 {"rng": restore_rng} if rng else {})
+                                 {"rng": restore_rng} if rng else {}, self._restore_trust)
         if self.last_restore is not None:  # the tier ranks_tier chose
             self.last_restore = replace(self.last_restore, step=restored or 0)
         return restored
@@ -686,7 +722,8 @@ class Checkpointer:
         """The restore in one process: the newest version that loads (or ``step``'s),
         from the nearest of ``tiers`` that holds it whole; one read from the mirror is
         copied into the local tier afterwards (a fresh node refills it)."""
-        source = TierRestore(self.run, stateful, rng, step, self._timings).run_over(
+        source = TierRestore(self.run, stateful, rng, step, self._timings,
+                             self._restore_trust).run_over(
             tiers, self._refill, lambda: self._store is not None)
         if source is None:
             return None
@@ -794,6 +831,15 @@ class Checkpointer:
 
 #: Where a Checkpointer found no store, and why: (url, reason).
 Missing = tuple[str, str]
+
+
+def _signing(sign_with: PrivateKeyLike | None,
+             trust: Iterable[PublicKeyLike] | PublicKeyLike
+             ) -> tuple[ec.EllipticCurvePrivateKey | None, Trust]:
+    """The signing key (loaded now, so a bad key file fails at construction) and the
+    keys a ``require_signed`` restore trusts: ``trust`` and the signing key's own."""
+    key = None if sign_with is None else signing_key(sign_with)
+    return key, Trust(trust).plus(None if key is None else key.public_key())
 
 
 def _open_store_on_ranks(path_or_store: str | os.PathLike[str] | Store,

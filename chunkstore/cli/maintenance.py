@@ -29,6 +29,7 @@ from chunkstore.cli.verifytext import verify_text
 from chunkstore.maintenance.gc import GcResult
 from chunkstore.maintenance.retention import PruneResult, parse_duration
 from chunkstore.maintenance.verify import DataSubset, VerifyResult
+from chunkstore.objects.signing import Trust
 from chunkstore.progress import TerminalProgress
 
 # --- verify ---------------------------------------------------------------------------------
@@ -43,9 +44,14 @@ from chunkstore.progress import TerminalProgress
 @click.option("--read-data-subset", "subset", metavar="N/M|X%",
               help="Read only part of the data: N/M, slice N of M (M runs, N=1..M, read"
               " every object once), or X%, a random sample; the rest is checked present.")
+@click.option("--trust", "trust", multiple=True, metavar="PUBKEY",
+              type=click.Path(dir_okay=False),
+              help="A public key file (KEY.pub from `chunkstore keygen`) whose signatures"
+              " are trusted; repeatable. Each version is then reported signed-by-trusted,"
+              " signed-by-untrusted, unsigned, bad-signature (a problem) or corrupt.")
 @JSON_OPT
 def verify(store_path: str, selector: str | None, quick: bool, subset: str | None,
-           as_json: bool) -> None:
+           trust: tuple[str, ...], as_json: bool) -> None:
     """Check a store: every chunk reachable from the versions is present,
     decodes and hashes right; records and manifests parse; the index's
     reference counts match the manifests.
@@ -63,7 +69,12 @@ def verify(store_path: str, selector: str | None, quick: bool, subset: str | Non
     the same way, and "problems" one per version and entry it breaks
     (kinds: missing-chunk, corrupt-chunk, corrupt-node, corrupt-record,
     corrupt-tag, corrupt-moved, format-version, unreadable, refcount,
-    index).
+    index, bad-signature).
+
+    With --trust, each version's signature (docs/format.md §14) is checked
+    against its commit record and reported per version: signed-by-trusted,
+    signed-by-untrusted, unsigned, bad-signature (a problem: exit 1), or
+    corrupt (signed, but its data fails its checks).
 
     --quick reads no chunk. It reads and parses each version's commit
     record and manifests once: the index remembers each version a verify
@@ -86,6 +97,7 @@ def verify(store_path: str, selector: str | None, quick: bool, subset: str | Non
       chunkstore verify ckpts/ && echo clean
       chunkstore verify ckpts/ --read-data-subset "$(( 10#$(date +%j) % 7 + 1 ))/7"
       chunkstore verify ckpts/ --read-data-subset 5%
+      chunkstore verify ckpts/ --trust release.pub --json
 
     \b
     Exit codes: 0 clean; 1 problems found (also when a reader such as
@@ -96,7 +108,9 @@ def verify(store_path: str, selector: str | None, quick: bool, subset: str | Non
     if data_subset is not None and quick:
         raise CliError("--quick reads no data; --read-data-subset chooses which data to"
                        " read: give one or the other", EXIT_USAGE)
+    trusted = Trust(trust)  # a bad key file fails before the store is opened
     with open_store(store_path) as store, TerminalProgress() as progress:
+        store.trust = trusted
         result: VerifyResult = store.verify(selector, read_data=not quick,
                                             read_data_subset=subset, progress=progress)
     # decided before the answer is written: a reader that stops early (`| head`) does

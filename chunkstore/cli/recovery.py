@@ -4,6 +4,7 @@ restore process a drill starts, hidden from the help)."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any
 
@@ -13,8 +14,10 @@ import chunkstore
 from chunkstore.cli.common import (
     EXIT_INTEGRITY,
     EXIT_PROBLEMS,
+    EXIT_USAGE,
     JSON_OPT,
     STORE_ARG,
+    CliError,
     echo_lines,
     emit_json,
     format_duration,
@@ -33,8 +36,9 @@ from chunkstore.maintenance.drill import (
     repair_command,
 )
 from chunkstore.maintenance.drillhistory import FailedDrill
-from chunkstore.maintenance.drillrestore import restore
+from chunkstore.maintenance.drillrestore import TRUST_ENV, restore, trust_from_env
 from chunkstore.maintenance.report import StoreStats
+from chunkstore.objects.signing import Trust
 
 #: drill's exit status when its target (the newest version, or SELECTOR's) did not
 #: restore, whether or not the restore fell back to an earlier version: distinct from
@@ -115,10 +119,18 @@ def drill_text(result: DrillResult, store_path: str) -> None:
               help="What the restore reads entries into: torch tensors when torch_bridge"
               " is importable (auto), or numpy arrays.")
 @click.option("--no-record", is_flag=True, help="Do not store a drill record.")
+@click.option("--require-signed", is_flag=True,
+              help="Restore only versions signed by a --trust key, as"
+              " `Checkpointer.restore(require_signed=True)` does: others fail as damaged"
+              " ones do (docs/format.md §14).")
+@click.option("--trust", "trust", multiple=True, metavar="PUBKEY",
+              type=click.Path(dir_okay=False, exists=True),
+              help="A public key file (KEY.pub from `chunkstore keygen`) whose signatures"
+              " --require-signed accepts; repeatable.")
 @JSON_OPT
 def drill_command(store_path: str, selector: str | None, scenarios: tuple[str, ...],
                   then: str | None, then_timeout: str, materialize: str, no_record: bool,
-                  as_json: bool) -> None:
+                  require_signed: bool, trust: tuple[str, ...], as_json: bool) -> None:
     """Restore a version in a fresh process and report the recovery time.
 
     The target is the newest version (or SELECTOR's). The restore takes it
@@ -154,6 +166,7 @@ def drill_command(store_path: str, selector: str | None, scenarios: tuple[str, .
       chunkstore drill ckpts/
       chunkstore drill ckpts/ exp1@latest --scenario all --json
       chunkstore drill ckpts/ --then 'python train.py --resume --max-steps 1'
+      chunkstore drill ckpts/ --require-signed --trust release.pub
 
     \b
     Exit codes: 0 the target restored, and --then and every scenario passed;
@@ -163,11 +176,13 @@ def drill_command(store_path: str, selector: str | None, scenarios: tuple[str, .
     """
     chosen = tuple(SCENARIOS) if "all" in scenarios else tuple(dict.fromkeys(scenarios))
     ready_within = check_timeout(then_timeout, "--then-timeout")
+    child_env = {**storage_options_environment(store_path),
+                 **_trust_environment(require_signed, trust)}
     with open_store(store_path) as store:
         result = drill(store, selector, scenarios=chosen, then=then,
                        then_timeout=ready_within, materialize=materialize,
                        opener=chunkstore.open, record=not no_record,
-                       child_env=storage_options_environment(store_path))
+                       child_env=child_env)
     if as_json:
         emit_json(result.to_json())
     else:
@@ -178,6 +193,17 @@ def drill_command(store_path: str, selector: str | None, scenarios: tuple[str, .
         raise SystemExit(EXIT_PROBLEMS)
 
 
+def _trust_environment(require_signed: bool, trust: tuple[str, ...]) -> dict[str, str]:
+    """What hands the restore process the keys it requires a signature of."""
+    if not require_signed:
+        return {}
+    if not trust:
+        raise CliError("--require-signed needs the keys to trust: --trust KEY.pub",
+                       EXIT_USAGE)
+    Trust(trust)  # a file that is no public key fails here, not in the child
+    return {TRUST_ENV: os.pathsep.join(os.path.abspath(path) for path in trust)}
+
+
 @click.command("drill-restore", hidden=True)
 @STORE_ARG
 @click.argument("selector", required=False)
@@ -185,7 +211,7 @@ def drill_restore(store_path: str, selector: str | None) -> None:
     """The restore process `chunkstore drill` starts: one JSON line on stdout."""
     started = time.monotonic()
     with open_store(store_path) as store:
-        report = restore(store, selector, started=started)
+        report = restore(store, selector, started=started, trust=trust_from_env())
     doc: dict[str, Any] = report.to_json()
     click.echo(json.dumps(doc))
     if not report.ok:

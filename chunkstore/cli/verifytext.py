@@ -43,6 +43,8 @@ def verify_text(result: VerifyResult, quick: bool, store_path: str = "STORE") ->
                    " read by an earlier verify: their commit records and manifests were"
                    " checked present, not read again; a verify without --quick reads"
                    " everything)")
+    if any(v.signature is not None for v in result.versions):
+        _signatures_text(result)
     if not result.ok:
         _versions_text(result, _readable_word(result, quick))
         _objects_text(result.objects, {v.id: v.label for v in result.versions})
@@ -53,6 +55,22 @@ def verify_text(result: VerifyResult, quick: bool, store_path: str = "STORE") ->
                    " header: each member a version needs was read back whole, checked by its"
                    " own header and hash)", err=True)
     _remedies_text(result, store_path)
+
+
+def _signatures_text(result: VerifyResult) -> None:
+    """With trusted keys: how many versions of each signature verdict, then every
+    version not signed by a trusted key, by name."""
+    counts: dict[str, int] = {}
+    for verdict in result.versions:
+        counts[verdict.signature or ""] = counts.get(verdict.signature or "", 0) + 1
+    click.echo("signatures: " + ", ".join(f"{n} {status}" for status, n in sorted(
+        counts.items())))
+    width = max((len(v.label) for v in result.versions), default=0)
+    for verdict in result.versions:
+        if verdict.signature != "signed-by-trusted":
+            key = f"  key {verdict.signed_by[:16]}" if verdict.signed_by else ""
+            click.echo(f"  {verdict.label:<{width}}  {verdict.id[:12]}  {verdict.signature}"
+                       + key)
 
 
 def _checked(result: VerifyResult, quick: bool) -> str:

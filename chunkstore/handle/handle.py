@@ -30,6 +30,7 @@ from chunkstore.errors import (
     InvalidInputError,
     InvalidNameError,
     SelectorError,
+    VersionRemovedError,
 )
 from chunkstore.format import plaindata
 from chunkstore.format.digest import Digest, is_hex_digest
@@ -45,12 +46,14 @@ from chunkstore.format.records import (
 from chunkstore.handle.basecopies import BASE_COPY_BYTES, BaseCopies
 from chunkstore.handle.caches import BaseCache
 from chunkstore.handle.removal import remove_versions
+from chunkstore.handle.signatures import BAD_SIGNATURE, SignatureCheck, check_signature
 from chunkstore.handle.tree import NodeCache, flatten
 from chunkstore.handle.versions import VersionInfo, entry_from_record
 from chunkstore.index.lmdbindex import Index
 from chunkstore.index.versiontables import VersionEntry
 from chunkstore.objects.kinds import TAGS, VERSIONS
 from chunkstore.objects.objectstore import ObjectStore
+from chunkstore.objects.signing import Trust
 from chunkstore.protocol.moved import MovedRecord
 
 if TYPE_CHECKING:
@@ -186,6 +189,8 @@ class StoreHandle:
         self._seen_stored: dict[tuple[bytes, Digest], None] = {}  # in the order seen
         self._run_locks: dict[str, threading.Lock] = {}  # see run_lock
         self._tables_lock = threading.Lock()  # guards the two tables above
+        #: the keys whose signatures this handle trusts (``chunkstore.open(trust=...)``)
+        self.trust = Trust()
 
     @property
     def backend(self) -> Backend:
@@ -355,6 +360,25 @@ class StoreHandle:
         except FileNotFoundError:
             return
         flatten(self.objects, record.root, self.node_cache)
+
+    def signature(self, selector: str, trust: Trust | None = None) -> SignatureCheck:
+        """Who signed the version ``selector`` names, as the keys this handle trusts (or
+        ``trust``) see it (:mod:`chunkstore.handle.signatures`): its commit record is read
+        from the store and hash-checked, then its signature object checked against the
+        record's bytes.  A record that names another root than the index (what a read
+        of the version follows) is no signature of what would be read: bad."""
+        info = self.resolve(selector)
+        try:
+            data = self.objects.get(VERSIONS, info.id)
+        except FileNotFoundError:  # removed by another process since the index looked
+            raise VersionRemovedError(info.id) from None
+        record = CommitRecord.decode(info.id, data)  # the id's bytes (CorruptRecordError)
+        if record.root != info.root:
+            return SignatureCheck(info.id, BAD_SIGNATURE, reason=(
+                f"the index names root {info.root.short()}, the commit record"
+                f" {record.root.short()}: rebuild the index (`chunkstore index rebuild`)"))
+        return check_signature(self.objects, info.id, data,
+                               self.trust if trust is None else trust)
 
     def read_record(self, version_id: str) -> CommitRecord:
         """Read and check a commit record from the backend (the truth)."""

@@ -13,7 +13,10 @@ A removal makes each step durable before the next, in batches of
    (:class:`~chunkstore.protocol.runlease.Withdrawals`), after every tombstone of it;
 4. the commit records, in bulk (one request per batch on S3, one directory fsync
    locally): from here the versions are not published;
-5. the index, in one transaction.
+5. their signature objects, in bulk (after the records: a crash between leaves a
+   published version signed, never one unsigned; an orphan signature left behind GC
+   removes, docs/format.md §14);
+6. the index, in one transaction.
 
 So a batch costs a PUT per version and a few requests in all, where removing versions
 one by one cost six requests each, a listing and a read of every tag included.  A
@@ -32,7 +35,7 @@ from typing import TYPE_CHECKING
 
 from chunkstore.backends.base import DELETE_BATCH
 from chunkstore.errors import InvalidInputError
-from chunkstore.objects.kinds import TAGS, VERSIONS
+from chunkstore.objects.kinds import SIGNATURES, TAGS, VERSIONS
 from chunkstore.protocol.runlease import Withdrawals, withdraw
 from chunkstore.protocol.tombstones import write_tombstone
 
@@ -102,4 +105,5 @@ def _remove_batch(store: StoreHandle, batch: Sequence[VersionInfo]) -> None:
                 # (docs/format.md §11.5).
                 withdraw(store.objects, run, info.id)
     store.objects.delete_many(VERSIONS, [info.id for info in batch])
+    store.objects.delete_many(SIGNATURES, [info.id for info in batch])
     store.index.remove_versions(info.id for info in batch)

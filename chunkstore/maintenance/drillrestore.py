@@ -17,6 +17,11 @@ earlier versions), phase by phase.
    the caller's ``materialize`` makes: torch tensors in torch_bridge's drill), by
    the ordinary read path, which hash-checks again (a restore never skips it).
 
+With trusted keys (``chunkstore drill --require-signed --trust KEY.pub``, handed to
+the process in ``CHUNKSTORE_DRILL_TRUST``), a candidate not signed by one of them
+fails before phase 1's manifest is loaded, as ``UntrustedVersionError``, and the
+restore falls back as it does past damage (docs/format.md §14).
+
 Each phase is timed once, for the candidate that succeeded; the time spent on
 candidates that failed is ``fallback_seconds``.  The copies in memory are dropped
 at the end: a drill needs about twice the version's stored size in memory.
@@ -24,18 +29,20 @@ at the end: a drill needs about twice the version's stored size in memory.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from chunkstore.backends.prefetch import PrefetchBackend
-from chunkstore.errors import ChunkStoreError, SelectorError
+from chunkstore.errors import ChunkStoreError, SelectorError, UntrustedVersionError
 from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import DataEntry, TensorEntry
 from chunkstore.handle.versions import VersionInfo
 from chunkstore.maintenance.verify import verify
 from chunkstore.objects.kinds import CHUNKS
+from chunkstore.objects.signing import Trust
 from chunkstore.read.reader import VersionReader, chunk_reads
 
 if TYPE_CHECKING:
@@ -43,6 +50,16 @@ if TYPE_CHECKING:
 
 #: Reads entry ``name`` of the version into a fresh object (an array, a tensor).
 Materialize = Callable[[VersionReader, str], object]
+
+#: The trusted public key files of a ``--require-signed`` drill, joined by ``os.pathsep``.
+TRUST_ENV = "CHUNKSTORE_DRILL_TRUST"
+
+
+def trust_from_env() -> Trust | None:
+    """The keys the drill's restore requires a signature of (None: it does not)."""
+    files = [f for f in os.environ.get(TRUST_ENV, "").split(os.pathsep) if f]
+    return Trust(files) if files else None
+
 
 #: The error each kind of verify problem stands for.
 _ERROR_OF_PROBLEM = {
@@ -182,9 +199,13 @@ def _materialize(reader: VersionReader, materialize: Materialize) -> tuple[int, 
 
 
 def _restore_one(store: StoreHandle, info: VersionInfo, materialize: Materialize,
-                 report: RestoreReport) -> None:
+                 report: RestoreReport, trust: Trust | None) -> None:
     """Run phases 1 (the manifest) to 4 for one candidate; raise on failure."""
     started = time.monotonic()
+    if trust is not None:
+        check = store.signature(info.id, trust)
+        if not check.trusted:
+            raise UntrustedVersionError(info.id, check.status, check.reason)
     reader = VersionReader(store, info)
     needed = stored_objects(store, reader)
     loaded = time.monotonic()
@@ -208,11 +229,12 @@ def _restore_one(store: StoreHandle, info: VersionInfo, materialize: Materialize
 
 def restore(store: StoreHandle, selector: str | None = None, *,
             materialize: Materialize = read_array, materialized_as: str = "numpy",
-            started: float | None = None) -> RestoreReport:
+            started: float | None = None, trust: Trust | None = None) -> RestoreReport:
     """Restore the newest version that reads back (see the module docstring).
 
     ``started`` (a ``time.monotonic()``) is when discovery began: by default now;
-    the drill's child process passes the time before it opened the store.
+    the drill's child process passes the time before it opened the store.  ``trust``:
+    only versions signed by one of its keys are restored (others are failed candidates).
     """
     started = time.monotonic() if started is None else started
     report = RestoreReport(materialized_as=materialized_as)
@@ -223,7 +245,7 @@ def restore(store: StoreHandle, selector: str | None = None, *,
     for info in versions:
         attempt_started = time.monotonic()
         try:
-            _restore_one(store, info, materialize, report)
+            _restore_one(store, info, materialize, report, trust)
         except ChunkStoreError as exc:
             error = exc.error if isinstance(exc, CandidateFailed) else type(exc).__name__
             report.attempts.append(Attempt(info.id, error, str(exc),

@@ -41,7 +41,8 @@ class Problem:
     """
 
     kind: str  # missing-chunk, corrupt-chunk, corrupt-node, corrupt-record, corrupt-tag,
-    #            corrupt-moved, format-version, unreadable, refcount, index
+    #            corrupt-moved, format-version, unreadable, refcount, index,
+    #            bad-signature
     message: str
     version: str | None = None
     digest: str | None = None
@@ -77,15 +78,23 @@ class VersionVerdict:
     damaged: bool = False
     damaged_entries: list[str] = field(default_factory=list)
     reason: str | None = None
+    #: who signed it, as the trusted keys see it (chunkstore.handle.signatures: "corrupt"
+    #: for a damaged version); None: no trusted keys were given, signatures not checked
+    signature: str | None = None
+    #: the fingerprint of the key that signed it
+    signed_by: str | None = None
 
     @property
     def label(self) -> str:
         return version_label(self.id, self.run, self.step)
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "run": self.run, "step": self.step, "label": self.label,
-                "damaged": self.damaged, "entries": self.entries,
-                "damaged_entries": self.damaged_entries, "reason": self.reason}
+        found = {"id": self.id, "run": self.run, "step": self.step, "label": self.label,
+                 "damaged": self.damaged, "entries": self.entries,
+                 "damaged_entries": self.damaged_entries, "reason": self.reason}
+        if self.signature is not None:
+            found.update(signature=self.signature, signed_by=self.signed_by)
+        return found
 
 
 @dataclass

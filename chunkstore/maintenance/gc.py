@@ -53,7 +53,9 @@ model, are why each step is where it is):
    of this index wait rather than reuse an object being deleted;
 9. mark the journal entry ``done`` (saves apply it to their own indexes:
    those objects are never again dedup targets there), delete expired
-   tombstones and old temporary files.
+   tombstones and old temporary files, and in a sweep the signature objects of
+   versions not published, older than the grace period
+   (:func:`chunkstore.handle.signatures.orphan_signatures`).
 
 A pack of small chunks (:mod:`chunkstore.read.packs`) is one chunk object here:
 versions reference the pack, never its members, so it is marked, fenced,
@@ -135,6 +137,7 @@ from chunkstore.errors import (
 )
 from chunkstore.format.chunkobj import HEADER, parse_header
 from chunkstore.format.digest import Digest
+from chunkstore.handle.signatures import orphan_signatures
 from chunkstore.index.gclock import finish_deletions, gc_lock
 from chunkstore.index.lmdbindex import CHUNK, NODE, ChunkState
 from chunkstore.maintenance.mark import (
@@ -150,7 +153,15 @@ from chunkstore.maintenance.retention import parse_duration
 from chunkstore.maintenance.sweep import SweepPlan, SweepState, dead_sessions
 from chunkstore.maintenance.sweep import finish as finish_sweep
 from chunkstore.maintenance.sweep import plan as plan_sweep
-from chunkstore.objects.kinds import CHUNKS, MOVED, NODES, READERS, TOMBSTONES, VERSIONS
+from chunkstore.objects.kinds import (
+    CHUNKS,
+    MOVED,
+    NODES,
+    READERS,
+    SIGNATURES,
+    TOMBSTONES,
+    VERSIONS,
+)
 from chunkstore.progress import NullProgress, Progress
 from chunkstore.protocol.journal import (
     ABANDONED,
@@ -214,6 +225,8 @@ class GcResult:
     temporaries_deleted: int = 0
     unfinished_deletions: int = 0
     tombstones_deleted: int = 0
+    #: signature objects whose version is not published, past the grace period (a sweep)
+    signatures_deleted: int = 0
     journal_entries_pruned: int = 0
     #: Saves in progress in the store that this run waited for (step 6).
     sessions_waited_for: int = 0
@@ -763,6 +776,10 @@ class _Run:
             cutoff = min(self.before, self.started - TEMP_MIN_AGE_S)
             self.result.temporaries_deleted = self.objects.remove_temporaries(
                 cutoff, dry_run=self.dry_run)
+            orphans = orphan_signatures(self.objects, self.before)
+            if not self.dry_run:
+                self.objects.delete_many(SIGNATURES, orphans)
+            self.result.signatures_deleted = len(orphans)
 
 
 def collect(store: StoreHandle, grace: object = DEFAULT_GRACE_S, *, dry_run: bool = False,

@@ -9,6 +9,8 @@ selected version (every version when none is named), in this order:
 1. its commit record is read and checked; a damaged one is replaced by the other
    store's record of the same id, which hashes to the id (a missing record is a
    removed version and is left alone: repair never brings back what was removed);
+   then its signature object: a missing or bad one is replaced by the other store's
+   where that one holds for the record's bytes (docs/format.md §14);
 2. its tree is walked (:func:`~chunkstore.handle.tree.flatten`); a node that is
    missing or fails its hash is replaced by the other store's node that passes it,
    and the walk starts again, until the tree is whole or a node cannot be had; then
@@ -56,6 +58,7 @@ from chunkstore.format.chunkobj import ChunkHeader, parse_header
 from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import TensorEntry
 from chunkstore.format.records import CommitRecord
+from chunkstore.handle.signatures import has_signature, signature_bytes
 from chunkstore.handle.tree import FlatTree, flatten
 from chunkstore.maintenance.sync import check_same_keys, same_location, select
 from chunkstore.maintenance.synccopy import (
@@ -68,7 +71,7 @@ from chunkstore.maintenance.synccopy import (
 )
 from chunkstore.maintenance.verify import Problem
 from chunkstore.maintenance.verify import verify as verify_store
-from chunkstore.objects.kinds import CHUNKS, MOVED, NODES, VERSIONS
+from chunkstore.objects.kinds import CHUNKS, MOVED, NODES, SIGNATURES, VERSIONS
 from chunkstore.progress import NullProgress, Progress
 from chunkstore.protocol.moved import MAX_HOPS, read_moved
 from chunkstore.read.chain import decode_chain, header_chain
@@ -161,6 +164,7 @@ class Repair:
         record = self._record(version_id, label)
         if record is None:
             return
+        self.signature(version_id, label)
         flat = self._tree(record.root, label)
         if flat is None:
             return
@@ -192,6 +196,32 @@ class Repair:
             return None
         self._write(fix, lambda: self.store.objects.put(VERSIONS, version_id, data))
         return record
+
+    def signature(self, version_id: str, label: str) -> None:
+        """A signature object that is missing or bad where the other store holds one that
+        holds for the same commit record is copied (checked); an unsigned version
+        stays unsigned."""
+        try:
+            record = self.store.objects.get(VERSIONS, version_id)
+        except (FileNotFoundError, ChunkStoreError):
+            return  # removed meanwhile, or a record the dry run could not fix
+        try:
+            if has_signature(self.store.objects, version_id, record):
+                return
+            problem = "missing"
+        except ChunkStoreError as exc:
+            problem = str(exc)
+        try:
+            data = signature_bytes(self.source.objects, version_id, record)
+        except ChunkStoreError as exc:
+            data, problem = None, f"{problem}; damaged in {self.source.url} too: {exc}"
+        if data is None:
+            if problem != "missing":
+                self._unfixed(self._found("signature", version_id, problem, label),
+                              f"{self.source.url} holds no good signature of it")
+            return
+        fix = self._found("signature", version_id, problem, label)
+        self._write(fix, lambda: self.store.objects.put(SIGNATURES, version_id, data))
 
     def _tree(self, root: Digest, label: str) -> FlatTree | None:
         for _ in range(MAX_NODE_FIXES):

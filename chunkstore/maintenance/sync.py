@@ -30,8 +30,11 @@ The order (docs/recovery.md says the same for users):
    fails that check itself or is a delta the copied manifest cannot read.  A version
    with an object that fails (or is missing) is not published; it is reported with
    the object, and the next version is copied;
-4. one flush makes them durable; the commit record is created with put-if-absent,
-   verbatim: the commit point.  A session whose heartbeat lapsed publishes nothing;
+4. the version's signature object, where it has one, checked against the record
+   (:func:`~chunkstore.handle.signatures.copy_signature`: a bad one fails the
+   version, which is not published); one flush makes them durable; the commit
+   record is created with put-if-absent, verbatim: the commit point.  A session
+   whose heartbeat lapsed publishes nothing;
 5. the destination's index counts the version in (its refcounts, the chunks written,
    where packed chunks lie), in the transaction that ends the version's index session;
 6. tags that name a copied (or already present) version are created where the
@@ -57,6 +60,7 @@ from chunkstore.errors import (
     ChunkStoreError,
     CorruptNodeError,
     CorruptRecordError,
+    CorruptSignatureError,
     EncryptionError,
     FormatVersionError,
     IntegrityError,
@@ -70,6 +74,7 @@ from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import TensorEntry
 from chunkstore.format.records import CommitRecord
 from chunkstore.handle.handle import StoreHandle
+from chunkstore.handle.signatures import copy_signature
 from chunkstore.handle.tree import flatten
 from chunkstore.handle.versions import VersionInfo, entry_from_record
 from chunkstore.index.lmdbindex import CHUNK, NODE
@@ -327,6 +332,7 @@ def _failure(info: VersionInfo, exc: ChunkStoreError) -> FailedVersion:
     kind = ("missing-chunk" if isinstance(exc, MissingChunkError)
             else "corrupt-node" if isinstance(exc, CorruptNodeError)
             else "corrupt-record" if isinstance(exc, CorruptRecordError)
+            else "bad-signature" if isinstance(exc, CorruptSignatureError)
             else "format-version" if isinstance(exc, FormatVersionError) else "corrupt-chunk")
     return FailedVersion(info.id, info.run, info.step, kind, str(exc),
                          digest if isinstance(digest, str) else None)
@@ -367,6 +373,7 @@ def _copy_version(src: StoreHandle, dst: StoreHandle | None, info: VersionInfo,
         if index_session is None:
             return
         assert dst is not None and session is not None
+        copy_signature(src.objects, dst.objects, info.id, data)  # checked, before the record
         dst.objects.flush()  # every object durable before the commit point
         for pack in copied.moved:  # a GC may drop a moved record no version reaches yet
             if not dst.objects.exists(MOVED, pack):

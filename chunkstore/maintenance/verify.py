@@ -40,7 +40,15 @@ from chunkstore.errors import (
 )
 from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import DataEntry, decode_data
-from chunkstore.format.records import Tag
+from chunkstore.format.records import CommitRecord, Tag
+from chunkstore.handle.signatures import (
+    BAD_SIGNATURE,
+    CORRUPT,
+    SIGNED_BY_TRUSTED,
+    SIGNED_BY_UNTRUSTED,
+    SignatureCheck,
+    check_signature,
+)
 from chunkstore.handle.tree import FlatTree, flatten, read_node
 from chunkstore.maintenance.atfault import ChunkCheck, at, failed_read_problems, node_at_fault
 from chunkstore.maintenance.findings import (
@@ -50,7 +58,7 @@ from chunkstore.maintenance.findings import (
     VersionVerdict,
     summarize,
 )
-from chunkstore.objects.kinds import CHUNKS, MOVED, NODES, TAGS, VERSIONS
+from chunkstore.objects.kinds import CHUNKS, MOVED, NODES, SIGNATURES, TAGS, VERSIONS
 from chunkstore.progress import NullProgress, Progress
 from chunkstore.protocol.moved import list_moved
 from chunkstore.read.chain import NO_CACHE
@@ -357,6 +365,37 @@ def _split(joined: bytes) -> list[bytes]:
     return [joined[i:i + 32] for i in range(0, len(joined), 32)]
 
 
+def _check_signatures(store: StoreHandle, verdicts: dict[str, VersionVerdict],
+                      result: VerifyResult) -> None:
+    """Each version's signature as the handle's trusted keys see it (only where some
+    are): a bad one is a problem, as damage or tampering; a version damaged elsewhere
+    is reported ``corrupt`` whatever its signature says (what was signed is not what is
+    stored)."""
+    def check(version_id: str) -> SignatureCheck | None:
+        try:
+            data = store.objects.get(VERSIONS, version_id)
+            CommitRecord.decode(version_id, data)
+        except (FileNotFoundError, ChunkStoreError):  # reported by the record's check
+            return None
+        return check_signature(store.objects, version_id, data, store.trust)
+
+    for version_id, found in zip(verdicts, store.executor.map(check, list(verdicts)),
+                                 strict=True):
+        verdict = verdicts[version_id]
+        verdict.signature = CORRUPT if found is None else found.status
+        verdict.signed_by = None if found is None else found.key
+        if found is not None and found.status == BAD_SIGNATURE:
+            result.problems.append(at(verdict, Problem(
+                "bad-signature", f"version {version_id[:12]}: {found.reason}"), None,
+                ("signature", SIGNATURES.key(version_id), "corrupt")))
+
+
+def _mark_corrupt_signatures(verdicts: dict[str, VersionVerdict]) -> None:
+    for verdict in verdicts.values():
+        if verdict.damaged and verdict.signature in (SIGNED_BY_TRUSTED, SIGNED_BY_UNTRUSTED):
+            verdict.signature = CORRUPT
+
+
 def _trusted_versions(store: StoreHandle, ids: list[str]) -> dict[str, VerifiedVersion]:
     """The versions of ``ids`` whose record and tree an earlier verify found readable
     (:meth:`~chunkstore.index.lmdbindex.Index.verified_versions`) and every object of
@@ -453,6 +492,8 @@ def verify(store: StoreHandle, sel: str | None = None, *, read_data: bool = True
             failed.append((check, problem))
     progress.finish()
     result.problems.extend(failed_read_problems(store, failed, reads, trees, verdicts))
+    if store.trust:
+        _check_signatures(store, verdicts, result)
     _check_pack_headers(store, {c[3].pack for c in pending if c[3] is not None} & chosen,
                         result)
     if sel is None:
@@ -464,6 +505,7 @@ def verify(store: StoreHandle, sel: str | None = None, *, read_data: bool = True
     verdicts = dict(sorted(verdicts.items(), key=lambda item: (
         item[1].run or "", item[1].step or 0, item[0])))  # RUN@STEP order
     result.objects = summarize(result.problems, result.warnings, verdicts)
+    _mark_corrupt_signatures(verdicts)
     result.versions = list(verdicts.values())
     result.seconds = time.monotonic() - started
     return result

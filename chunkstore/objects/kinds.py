@@ -101,10 +101,14 @@ READERS = NamedKind("read lease", "readers/")
 #: password (§13).  Stored in clear, as the config is: they say how to read the rest.
 KEYS = NamedKind("key", "keys/")
 
+#: Signature objects by version id: an ECDSA signature over the commit record (§14).
+SIGNATURES = NamedKind("signature", "signatures/", hex_ids=True)
+
 #: Kinds whose objects an encrypted store keeps in clear (beside the config).
 CLEAR_KINDS: tuple[Kind[Digest] | Kind[str], ...] = (KEYS,)
 
 ALL_KINDS: tuple[Kind[Digest] | Kind[str], ...] = (
     CHUNKS, NODES, VERSIONS, TAGS, SESSIONS, JOURNAL, TOMBSTONES, MOVED, LEASES,
-    DRILLS, READERS, KEYS)
+    DRILLS, READERS, KEYS,
+    SIGNATURES)
 

@@ -73,11 +73,13 @@ from chunkstore.format.manifest import (
 from chunkstore.format.names import check_entry_name, check_label
 from chunkstore.format.records import MAX_COUNT, CommitRecord
 from chunkstore.format.treelayout import build_tree
+from chunkstore.handle.signatures import store_signature
 from chunkstore.handle.tree import flatten
 from chunkstore.handle.versions import VersionInfo, entry_from_record
 from chunkstore.index.claims import GroupClaims
 from chunkstore.index.lmdbindex import CHUNK, NODE, Claim, NewChunk
 from chunkstore.objects.kinds import CHUNKS, NODES, VERSIONS
+from chunkstore.objects.signing import PrivateKeyLike, signing_key
 from chunkstore.protocol.journal import Fence, sync_journal
 from chunkstore.protocol.runlease import RunLease
 from chunkstore.protocol.sessions import StoreSession
@@ -151,8 +153,11 @@ class VersionWriter(ChunkJobs):
     """Collects one version's entries; use as a context manager or call commit()/abort()."""
 
     def __init__(self, store: StoreHandle, run: str, step: int, meta: dict[str, Any] | None, *,
-                 replace: bool = False) -> None:
+                 replace: bool = False, sign_with: PrivateKeyLike | None = None) -> None:
         self._store = store
+        #: the key that signs the commit record (docs/format.md §14), loaded before
+        #: anything is stored so that a bad key file changes nothing
+        self._signing_key = None if sign_with is None else signing_key(sign_with)
         self.run = check_label(run, "run name")
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) \
                 or not 0 <= step <= MAX_COUNT:
@@ -483,6 +488,10 @@ class VersionWriter(ChunkJobs):
         """The commit point (step 5): every object durable, the session alive, the run
         still this writer's, then the record created."""
         objects = self._store.objects
+        if self._signing_key is not None:
+            # Before the flush, so durable with the nodes: a published signed version
+            # always has its signature (docs/format.md §14).
+            store_signature(objects, self._signing_key, version_id, data)
         objects.flush()  # every chunk and node durable before the commit point
         if self._store_session.lapsed():
             raise self._expired()

@@ -54,6 +54,7 @@ from torch_bridge.errors import (
 
 if TYPE_CHECKING:
     from chunkstore import Store, VersionInfo, VersionReader
+    from chunkstore.objects.signing import PrivateKeyLike
 
 BRIDGE_ENTRY = "_torch_bridge"
 FORMAT = 1
@@ -93,7 +94,8 @@ def capture_states(states: dict[str, Any]) -> list[CapturedState]:
 
 def write_version(store: Store, run: str, step: int, meta: dict[str, Any],
                   captured: list[CapturedState], arrays: Iterable[Array],
-                  before_commit: Callable[[], None] | None = None) -> VersionInfo:
+                  before_commit: Callable[[], None] | None = None,
+                  sign_with: PrivateKeyLike | None = None) -> VersionInfo:
     """Publish one version from captured states and their arrays (in record order).
 
     A step the run already has is replaced (``replace=True``): a resumed run
@@ -101,7 +103,7 @@ def write_version(store: Store, run: str, step: int, meta: dict[str, Any],
     to keep; a save identical in tensors and meta publishes nothing.
     """
     records = [r for c in captured for r in c.records]
-    with store.new_version(run, step, meta=meta, replace=True) as version:
+    with store.new_version(run, step, meta=meta, replace=True, sign_with=sign_with) as version:
         version.before_commit = before_commit
         for record, (array, override) in zip(records, arrays, strict=True):
             version.put(record.entry, array, dtype=override)

@@ -119,6 +119,7 @@ from chunkstore.format.dtypes import element_size
 from chunkstore.format.names import check_label
 from chunkstore.format.records import MAX_COUNT
 from chunkstore.format.shards import RANKS_ENTRY, ShardRanks, StagedShard
+from chunkstore.objects.signing import PrivateKeyLike, signing_key
 from torch_bridge.capture.tensors import as_array, check_storable, host_copy
 from torch_bridge.dcp.layout import (
     METADATA_ENTRY,
@@ -157,12 +158,16 @@ class ChunkStoreWriter(HandleOwner, StorageWriter, BlockingAsyncStager):
     :class:`~torch_bridge.errors.PickleRefusedError` unless ``allow_pickle=True``
     (it is then stored as DCP's pickled blob, which only a
     ``ChunkStoreReader(..., allow_pickle=True)`` loads).
+
+    ``sign_with`` (a key file or loaded key, as for ``Store.new_version``): the
+    coordinator publishes the version signed (docs/format.md §14).
     """
 
     def __init__(self, store: StoreLike, *, run: str, step: int,
                  meta: dict[str, Any] | None = None, replace: bool = False,
                  storage_options: dict[str, Any] | None = None,
-                 index_dir: str | None = None, allow_pickle: bool = False) -> None:
+                 index_dir: str | None = None, allow_pickle: bool = False,
+                 sign_with: PrivateKeyLike | None = None) -> None:
         super().__init__()
         BlockingAsyncStager.__init__(self)
         self.run = check_label(run, "run name")
@@ -174,6 +179,9 @@ class ChunkStoreWriter(HandleOwner, StorageWriter, BlockingAsyncStager):
         self.meta = dict(meta or {})
         self.replace = replace
         self.allow_pickle = allow_pickle
+        #: the coordinator signs the version it publishes (docs/format.md §14); loaded now,
+        #: so a bad key file fails before the save starts
+        self._signing_key = None if sign_with is None else signing_key(sign_with)
         self._use(StoreHandle(store, open_options(storage_options, index_dir)))
         self.is_coordinator = False
         self.save_id = uuid.uuid4().hex
@@ -210,8 +218,8 @@ class ChunkStoreWriter(HandleOwner, StorageWriter, BlockingAsyncStager):
                 f"ranks {others} save {[plans[r].storage_data for r in others]}, the"
                 f" coordinator {token}: every rank must save the same run and step")
         self._handle.abort_version()
-        version = self._handle.open(create=True).new_version(self.run, self.step, self.meta,
-                                                             replace=self.replace)
+        version = self._handle.open(create=True).new_version(
+            self.run, self.step, self.meta, replace=self.replace, sign_with=self._signing_key)
         self._handle.version = version
         planned = {**token, "gc_seen": version.gc_entries_seen}
         return [dataclasses.replace(plan, storage_data=planned) for plan in plans]

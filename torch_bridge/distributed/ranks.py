@@ -70,16 +70,17 @@ import functools
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from chunkstore import Store, VersionInfo, VersionReader, VersionWriter
-from chunkstore.errors import IntegrityError, SelectorError
+from chunkstore.errors import IntegrityError, SelectorError, UntrustedVersionError
 from chunkstore.format import plaindata
 from chunkstore.format.digest import Digest
 from chunkstore.format.shards import RANKS_ENTRY, ShardRanks, StagedShard
 from chunkstore.index.lmdbindex import NewChunk
+from chunkstore.objects.signing import Trust
 from torch_bridge.capture.dtensors import is_dtensor, local_box
 from torch_bridge.capture.layout import (
     BRIDGE_ENTRY,
@@ -101,6 +102,9 @@ from torch_bridge.errors import (
     RestoreFallbackWarning,
     nothing_restored,
 )
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric import ec
 
 T = TypeVar("T")
 
@@ -268,7 +272,8 @@ def capture_copies(states: Callable[[], dict[str, Any]], group: Any) -> Prepared
 def save_ranks(store: Store, run: str, step: int, meta: dict[str, Any],
                states: Callable[[], dict[str, Any]] | None, *,
                prepared: Prepared | None = None, group: Any = None,
-               before_commit: Callable[[], None] | None = None) -> VersionInfo:
+               before_commit: Callable[[], None] | None = None,
+               sign_with: ec.EllipticCurvePrivateKey | None = None) -> VersionInfo:
     """Save every rank's ``states()`` (or the copies :func:`capture_copies` made) as one
     version of ``run`` at ``step`` (a collective of ``group``, None: the default group:
     every rank calls it); every rank returns the published version's info."""
@@ -290,7 +295,8 @@ def save_ranks(store: Store, run: str, step: int, meta: dict[str, Any],
 
     def open_version() -> list[str]:
         if rank == 0:
-            version.append(store.new_version(run, step, meta, replace=True))
+            version.append(store.new_version(run, step, meta, replace=True,
+                                             sign_with=sign_with))
             version[0].before_commit = before_commit
             return version[0].gc_entries_seen
         return []
@@ -366,9 +372,11 @@ def _info_from_plain(value: dict[str, Any]) -> VersionInfo:
 # --- restoring ------------------------------------------------------------------------------
 
 def restore_ranks(store: Store, run: str, step: int | None, targets: dict[str, Any],
-                  special: dict[str, Callable[[Any], None]]) -> int | None:
+                  special: dict[str, Callable[[Any], None]], trust: Trust | None = None
+                  ) -> int | None:
     """Restore every rank from the same version: the newest (or the one at ``step``)
-    whose tensors read back intact on every rank.  A collective."""
+    whose tensors read back intact on every rank (and, with ``trust``, that is signed by
+    one of its keys).  A collective."""
     rank, world = rank_and_world()
     action = f"the restore of {run}" + ("" if step is None else f"@{step}")
 
@@ -390,7 +398,7 @@ def restore_ranks(store: Store, run: str, step: int | None, targets: dict[str, A
     failures: list[str] = []
     for version_id in listed[0]["candidates"]:
         (info, trees, _, saved), verdicts = _exchange(
-            action, functools.partial(_load, store, version_id, targets, rank, world),
+            action, functools.partial(_load, store, version_id, targets, rank, world, trust),
             lambda loaded: {"damaged": loaded[2]})
         damaged = {r: v["damaged"] for r, v in enumerate(verdicts) if v["damaged"]}
         if damaged:
@@ -411,12 +419,16 @@ def restore_ranks(store: Store, run: str, step: int | None, targets: dict[str, A
     return None
 
 
-def _load(store: Store, version_id: str, targets: dict[str, Any], rank: int, world: int
-          ) -> tuple[VersionInfo, dict[str, Any], str | None, list[str]]:
+def _load(store: Store, version_id: str, targets: dict[str, Any], rank: int, world: int,
+          trust: Trust | None = None) -> tuple[VersionInfo, dict[str, Any], str | None, list[str]]:
     """Read this rank's section of a version into ``targets`` (nothing applied yet): the
     trees to apply, or why the version is damaged here, and the states it holds."""
     reader = _open_by_id(store, version_id)
     try:
+        if trust is not None:  # require_signed: what is not signed by a trusted key is skipped
+            check = store.signature(version_id, trust)
+            if not check.trusted:
+                raise UntrustedVersionError(version_id, check.status, check.reason)
         sections = read_sections(reader, rank, world)
         return reader.info, load_states(reader, targets, sections), None, sorted(sections)
     except IntegrityError as exc:

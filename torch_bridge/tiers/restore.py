@@ -19,8 +19,9 @@ from typing import Any
 
 import chunkstore
 from chunkstore import Store, VersionInfo
-from chunkstore.errors import IntegrityError, SelectorError
+from chunkstore.errors import IntegrityError, SelectorError, UntrustedVersionError
 from chunkstore.objects.kinds import VERSIONS
+from chunkstore.objects.signing import Trust
 from torch_bridge.capture.layout import apply_states, load_states, read_sections, warn_unrestored
 from torch_bridge.capture.rng import restore_rng
 from torch_bridge.distributed.collectives import all_gather_plain
@@ -53,9 +54,11 @@ class TierRestore:
     loads), its phases timed into ``timings``."""
 
     def __init__(self, run: str, stateful: dict[str, Any], rng: bool, step: int | None,
-                 timings: dict[str, float]) -> None:
+                 timings: dict[str, float], trust: Trust | None = None) -> None:
         self.run, self.stateful, self.rng, self.step = run, stateful, rng, step
         self.timings = timings
+        #: with ``require_signed``: the keys a version must be signed by to be restored
+        self.trust = trust
 
     def run_over(self, tiers: list[Tier], refill: Callable[[VersionInfo], None],
                  has_local: Callable[[], bool]) -> RestoreSource | None:
@@ -133,6 +136,10 @@ class TierRestore:
     def load(self, info: VersionInfo, store: Store) -> None:
         """Read ``info`` from ``store`` into the objects (hash-checked), then apply it."""
         started = time.perf_counter()
+        if self.trust is not None:  # skipped, as a damaged version is, unless trusted
+            check = store.signature(info.id, self.trust)
+            if not check.trusted:
+                raise UntrustedVersionError(info.id, check.status, check.reason)
         targets = dict(self.stateful)
         if self.rng:
             targets["rng"] = {}

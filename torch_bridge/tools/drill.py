@@ -17,7 +17,7 @@ import torch
 from chunkstore.cli.common import CliError, open_any
 from chunkstore.errors import ChunkStoreError
 from chunkstore.format.manifest import TensorEntry
-from chunkstore.maintenance.drillrestore import restore
+from chunkstore.maintenance.drillrestore import restore, trust_from_env
 from chunkstore.read.reader import VersionReader
 from torch_bridge.capture.tensors import as_array, torch_dtype
 
@@ -42,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with open_any(args[0], create=False) as store:
             report = restore(store, args[1] if len(args) > 1 else None,
                              materialize=read_tensor, materialized_as="torch",
-                             started=started)
+                             started=started, trust=trust_from_env())
     except CliError as exc:  # CHUNKSTORE_STORAGE_OPTIONS that is not a JSON object
         print(f"chunkstore: error: {exc.format_message()}", file=sys.stderr)
         return 2
