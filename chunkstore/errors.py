@@ -491,3 +491,17 @@ class WrongPasswordError(ChunkStoreError):
 class KeyObjectError(EncryptionError):
     """Raised when a key command cannot do what it was asked (an unknown key id, the
     removal of a store's last key) or an encrypted store holds no key object."""
+
+
+# --- signing keys (signed versions and signed exports) ----------------------------------------
+
+
+class SigningKeyError(InvalidInputError):
+    """Raised when a signing or trusted key cannot be used: an unreadable or non-PEM file,
+    a wrong or missing password, a key type or curve other than ECDSA P-256/384/521,
+    or ``require_signed`` without any trusted key."""
+
+    def __init__(self, what: str, reason: str) -> None:
+        super().__init__(f"{what}: {reason}")
+        self.what = what
+        self.reason = reason
