@@ -31,8 +31,7 @@ from model_signing import verifying  # noqa: E402
 
 import chunkstore  # noqa: E402
 from chunkstore.errors import InvalidInputError, MissingDependencyError, SigningKeyError  # noqa: E402
-from torch_bridge import Checkpointer  # noqa: E402
-from torch_bridge.tools.artifact import export_artifact  # noqa: E402
+from torch_bridge import Checkpointer, export_artifact  # noqa: E402
 
 nn = torch.nn
 PASSWORD = "correct horse"
@@ -222,6 +221,9 @@ def test_bad_keys_are_typed_errors_that_write_nothing(
     result = CliRunner().invoke(cli, ["export", str(saved["store"]), "exp@3", str(out),
                                       "--sign", str(keys["rsa"])])
     assert result.exit_code == 2 and "not an ECDSA key" in result.output
+    result = CliRunner().invoke(cli, ["export", str(saved["store"]), "exp@3", str(out),
+                                      "--key-password-file", str(tmp_path / "garbage.pem")])
+    assert result.exit_code == 2 and "give --sign KEY" in result.output
     assert not out.exists()
 
 

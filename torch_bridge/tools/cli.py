@@ -174,7 +174,7 @@ KEY_PASSWORD_ENV_VAR = "CHUNKSTORE_KEY_PASSWORD"
                    " from the names (a model's tensors get their state_dict keys).")
 @click.option("--dtype", type=click.Choice(["float16", "bfloat16", "float32"]),
               help="Cast floating-point tensors to this dtype.")
-@click.option("--sign", "key", type=click.Path(dir_okay=False),
+@click.option("--sign", "key", type=click.Path(dir_okay=False), metavar="KEY",
               help="Write OUT as a signed artifact directory (weights, lineage.json and an"
                    " OpenSSF model-signing signature, model.sig) with this ECDSA private"
                    " key (PEM, P-256/384/521: `chunkstore keygen KEY` makes one).")
