@@ -227,6 +227,29 @@ def test_bad_keys_are_typed_errors_that_write_nothing(
     assert not out.exists()
 
 
+def test_a_key_file_replaced_while_exporting_is_refused(
+        saved: dict[str, Any], keys: dict[str, Path], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """model-signing loads the key from its path again: a key file replaced after the
+    export loaded it would sign with another key than the lineage names; refused."""
+    from torch_bridge.tools import signing
+
+    key = tmp_path / "key.pem"
+    shutil.copy(keys["p384"], key)
+    load = signing.load_signing_key
+
+    def load_then_replace(path: Any, password: Any = None) -> Any:
+        loaded = load(path, password)
+        _write_key(tmp_path, "key.pem", ec.generate_private_key(ec.SECP256R1()))
+        return loaded
+
+    monkeypatch.setattr(signing, "load_signing_key", load_then_replace)
+    out = tmp_path / "out"
+    with pytest.raises(SigningKeyError, match="the key file changed"):
+        export_artifact(saved["store"], "exp@3", out, sign_with=key)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["key.pem", "key.pem.pub"]
+
+
 def test_missing_model_signing_is_a_typed_error_with_the_install_command(
         saved: dict[str, Any], keys: dict[str, Path], tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -287,7 +310,7 @@ KILLED_CHILD = textwrap.dedent("""
     import sys, time
     from torch_bridge.tools import artifact, signing
 
-    def stalled(directory, key, password):  # the weights and lineage are written
+    def stalled(*args):  # the weights and lineage are written
         print("signing", flush=True)
         time.sleep(60)
 

@@ -37,13 +37,21 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chunkstore import Store
 from chunkstore.errors import InvalidInputError
 from torch_bridge.checkpointer import open_store
 from torch_bridge.tools import lineage, signing
-from torch_bridge.tools.export import CAST_DTYPES, read_export, safetensors_metadata
+from torch_bridge.tools.export import (
+    CAST_DTYPES,
+    ExportedTensors,
+    read_export,
+    safetensors_metadata,
+)
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric import ec
 
 WEIGHTS_FILE = "model.safetensors"
 LINEAGE_FILE = "lineage.json"
@@ -74,6 +82,25 @@ def export_artifact(store: Store | str | os.PathLike[str], selector: str,
         key = signing.load_signing_key(sign_with, key_password)
     out = Path(os.path.abspath(out_dir))
     _check_target(out, overwrite)
+    exported, record = _read(store, selector, prefix, dtype, key)
+    with _staging(out) as staged:
+        save_file(exported.tensors, str(staged / WEIGHTS_FILE),
+                  metadata=safetensors_metadata(exported.info))
+        (staged / LINEAGE_FILE).write_text(json.dumps(record, indent=2) + "\n")
+        if sign_with is not None and key is not None:
+            signing.sign_directory(staged, sign_with, key_password, key)
+        _sync_tree(staged)
+        _move_into_place(staged, out, overwrite)
+    info = exported.info
+    return {"version": info.id, "step": info.step, "tensors": len(exported.tensors),
+            "bytes": (out / WEIGHTS_FILE).stat().st_size, "path": str(out),
+            "signed": key is not None, "files": sorted(p.name for p in out.iterdir())}
+
+
+def _read(store: Store | str | os.PathLike[str], selector: str, prefix: str,
+          dtype: str | None, key: ec.EllipticCurvePrivateKey | None
+          ) -> tuple[ExportedTensors, dict[str, Any]]:
+    """The version's tensors, and the lineage that describes them."""
     opened, owned = open_store(store, create=False)
     try:
         exported = read_export(opened, selector, prefix, dtype)
@@ -83,21 +110,8 @@ def export_artifact(store: Store | str | os.PathLike[str], selector: str,
         if owned:
             opened.close()
     described = signing.signature_description(key) if key is not None else None
-    record = lineage.build_lineage(url, exported, parents, weights_file=WEIGHTS_FILE,
-                                   prefix=prefix, dtype=dtype, signature=described)
-    with _staging(out) as staged:
-        save_file(exported.tensors, str(staged / WEIGHTS_FILE),
-                  metadata=safetensors_metadata(exported.info))
-        (staged / LINEAGE_FILE).write_text(json.dumps(record, indent=2, sort_keys=False)
-                                           + "\n")
-        if sign_with is not None:
-            signing.sign_directory(staged, sign_with, key_password)
-        _sync_tree(staged)
-        _move_into_place(staged, out, overwrite)
-    info = exported.info
-    return {"version": info.id, "step": info.step, "tensors": len(exported.tensors),
-            "bytes": (out / WEIGHTS_FILE).stat().st_size, "path": str(out),
-            "signed": key is not None, "files": sorted(p.name for p in out.iterdir())}
+    return exported, lineage.build_lineage(url, exported, parents, weights_file=WEIGHTS_FILE,
+                                           prefix=prefix, dtype=dtype, signature=described)
 
 
 def _check_target(out: Path, overwrite: bool) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -99,9 +100,10 @@ def signature_description(key: ec.EllipticCurvePrivateKey) -> dict[str, Any]:
             "curve": CURVES[key.curve.name], "public_key_sha256": public_key_sha256(key)}
 
 
-def sign_directory(directory: Path, key_path: str | os.PathLike[str],
-                   password: str | None) -> Path:
-    """Sign every file of ``directory`` (but the signature) into ``directory/model.sig``."""
+def sign_directory(directory: Path, key_path: str | os.PathLike[str], password: str | None,
+                   key: ec.EllipticCurvePrivateKey) -> Path:
+    """Sign every file of ``directory`` (but the signature) into ``directory/model.sig``,
+    with the key at ``key_path``, which :func:`load_signing_key` loaded as ``key``."""
     # As Any: model-signing's Config classes are untyped (mypy --strict refuses the calls).
     hashing: Any = importlib.import_module("model_signing.hashing")
     signing: Any = importlib.import_module("model_signing.signing")
@@ -113,4 +115,10 @@ def sign_directory(directory: Path, key_path: str | os.PathLike[str],
     signing.Config().use_elliptic_key_signer(
         private_key=Path(key_path), password=secret).set_hashing_config(
         hashing_config).sign(directory, signature)
+    # model-signing read the key file again: the signature must be by the key the
+    # lineage names (a key file replaced in between would make the two disagree).
+    hint = json.loads(signature.read_text())["verificationMaterial"]["publicKey"]["hint"]
+    if hint != public_key_sha256(key):
+        raise SigningKeyError(os.fspath(key_path), "the key file changed while the export"
+                              " was signed; export again")
     return signature
