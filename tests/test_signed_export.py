@@ -342,3 +342,29 @@ def test_a_sigkilled_export_leaves_no_artifact(saved: dict[str, Any], keys: dict
     assert sorted(p.name for p in staged.iterdir()) == ["lineage.json", "model.safetensors"]
     export_artifact(saved["store"], "exp@3", out, sign_with=keys["p384"])
     _verify(out, Path(f"{keys['p384']}.pub"))
+
+
+def test_an_encrypted_store_exports_signed_with_its_own_password_apart(
+        keys: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store's password and the key's are two things: each from its own source."""
+    import numpy as np
+
+    from chunkstore.cli import cli
+    from chunkstore.objects.keys import TEST_KDF_ENV
+
+    monkeypatch.setenv(TEST_KDF_ENV, "1")
+    monkeypatch.setenv("CHUNKSTORE_PASSWORD", "store password")
+    store = tmp_path / "s"
+    with chunkstore.open(store, create=True, encrypt=True) as opened:
+        with opened.new_version(run="r", step=1, meta={"dataset": "secret-set"}) as version:
+            version.put("model.w", np.arange(6, dtype=np.float32))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, ["export", str(store), "r@1", str(out), "--sign",
+                                      str(keys["p256"])])
+    assert result.exit_code == 2 and "--key-password-file" in result.output
+    monkeypatch.setenv("CHUNKSTORE_KEY_PASSWORD", PASSWORD)
+    result = CliRunner().invoke(cli, ["export", str(store), "r@1", str(out), "--sign",
+                                      str(keys["p256"])])
+    assert result.exit_code == 0, result.output
+    _verify(out, Path(f"{keys['p256']}.pub"))
+    assert json.loads((out / "lineage.json").read_text())["dataset"] == "secret-set"
