@@ -116,3 +116,30 @@ def test_the_demo_command_passes_the_storage_options_on(
     assert seen["options"] == {"endpoint_url": s3_endpoint}
     assert run("demo", "local-dir-never-made").exit_code == 4
     assert seen["options"] is None  # a local path takes none
+
+
+def test_a_signed_export_from_an_s3_store_names_its_url(
+        saved: tuple[str, dict[str, torch.Tensor]], s3_endpoint: str, tmp_path: Path) -> None:
+    """``export --sign`` reads an S3 store like any export; its lineage names the URL and
+    model-signing's verifier accepts the artifact."""
+    pytest.importorskip("model_signing.signing")
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from model_signing import verifying
+
+    url, weights = saved
+    key = ec.generate_private_key(ec.SECP256R1())
+    (tmp_path / "k.pem").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    (tmp_path / "k.pub").write_bytes(key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    out = tmp_path / "release"
+    result = run("--storage-option", f"endpoint_url={s3_endpoint}", "export", url, "r@1",
+                 str(out), "--sign", str(tmp_path / "k.pem"))
+    assert result.exit_code == 0, result.output
+    verifying.Config().use_elliptic_key_verifier(public_key=tmp_path / "k.pub").verify(
+        out, out / "model.sig")
+    lineage = json.loads((out / "lineage.json").read_text())
+    assert lineage["source"]["store"] == url and lineage["source"]["step"] == 1
+    assert safetensors_torch.load_file(out / "model.safetensors").keys() == weights.keys()

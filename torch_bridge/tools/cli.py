@@ -12,7 +12,7 @@ import json
 import os
 import tempfile
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -28,8 +28,10 @@ from chunkstore.cli import (
 from chunkstore.cli import CliError as CommandError
 from chunkstore.cli.common import open_any, storage_options_for
 from chunkstore.errors import ChunkStoreError
+from chunkstore.handle.encryption import read_password_file
 
 if TYPE_CHECKING:
+    from chunkstore import Store
     from torch_bridge.tools.plan import Plan
 
 
@@ -158,46 +160,100 @@ def _demo_dir(path: str | None) -> Iterator[str]:
 # --- export ---------------------------------------------------------------------------------
 
 
+#: Where ``chunkstore export --sign`` takes the key's password from when
+#: --key-password-file is not given.
+KEY_PASSWORD_ENV_VAR = "CHUNKSTORE_KEY_PASSWORD"
+
+
 @click.command()
 @click.argument("store_path", metavar="STORE")
 @click.argument("selector")
-@click.argument("out", type=click.Path(dir_okay=False, writable=True))
+@click.argument("out", type=click.Path())
 @click.option("--prefix", default="model.", show_default=True,
               help="Export the tensors whose entry names start with this; it is removed"
                    " from the names (a model's tensors get their state_dict keys).")
 @click.option("--dtype", type=click.Choice(["float16", "bfloat16", "float32"]),
               help="Cast floating-point tensors to this dtype.")
-@click.option("--force", is_flag=True, help="Replace OUT if it exists (refused otherwise).")
+@click.option("--sign", "key", type=click.Path(dir_okay=False), metavar="KEY",
+              help="Write OUT as a signed artifact directory (weights, lineage.json and an"
+                   " OpenSSF model-signing signature, model.sig) with this ECDSA private"
+                   " key (PEM, P-256/384/521: `chunkstore keygen KEY` makes one).")
+@click.option("--key-password-file", type=click.Path(dir_okay=False),
+              help="The --sign key's password: the first line of this file (else"
+                   f" ${KEY_PASSWORD_ENV_VAR}).")
+@click.option("--lineage", is_flag=True,
+              help="Write OUT as an unsigned artifact directory (weights and lineage.json),"
+                   " to sign with another tool (model_signing sign DIR).")
+@click.option("--force", is_flag=True,
+              help="Replace OUT if it exists (refused otherwise; a directory only if it"
+                   " holds an artifact's files alone).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def export(store_path: str, selector: str, out: str, prefix: str, dtype: str | None,
-           force: bool, as_json: bool) -> None:
+           key: str | None, key_password_file: str | None, lineage: bool, force: bool,
+           as_json: bool) -> None:
     """Write a version's weights to a safetensors file (optimizer and the rest stripped).
 
     SELECTOR is a version id (or unique prefix), RUN@STEP, RUN@latest, latest or
     a tag. The file loads with safetensors.torch.load_file; every tensor is
     hash-verified on the way out, and the file appears only when complete.
 
+    With --sign KEY (or --lineage), OUT is a directory: model.safetensors,
+    lineage.json (store, version, run, step, parent versions, code revision,
+    dataset, environment, dtype cast, what was stripped) and, signed, model.sig:
+    a signature over both in the OpenSSF model-signing format (SHA-256, the
+    key's ECDSA curve), which `model_signing verify key` checks. It appears
+    whole or not at all.
+
     \b
     Examples:
       chunkstore export ckpts/ exp1@latest model.safetensors
       chunkstore export ckpts/ best model-fp16.safetensors --dtype float16
+      chunkstore export ckpts/ best model-signed/ --sign key.pem
+      model_signing verify key --signature model-signed/model.sig \\
+          --public_key key.pem.pub model-signed/
 
     \b
-    Exit codes: 0 written; 2 bad store, selector or prefix, or PyTorch or
-    safetensors not installed; 3 damaged data; 4 failure.
+    Exit codes: 0 written; 2 bad store, selector, prefix or key, OUT exists, or
+    PyTorch, safetensors or (--sign) model-signing not installed; 3 damaged
+    data; 4 failure.
     """
     with _errors("export", extra="export"):
-        from torch_bridge.tools.export import export_safetensors
-
+        if key is None and key_password_file is not None:
+            raise CommandError("--key-password-file is for the --sign key; give --sign KEY",
+                               EXIT_USAGE)
         with open_any(store_path, create=False) as store:
-            summary = export_safetensors(store, selector, out, prefix=prefix, dtype=dtype,
-                                         overwrite=force)
+            summary = _export(store, selector, out, prefix, dtype, key,
+                              _key_password(key, key_password_file), lineage, force)
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     else:
+        made = (f" ({'signed' if summary['signed'] else 'unsigned'} artifact:"
+                f" {', '.join(summary['files'])})" if "files" in summary else "")
         click.echo(f"wrote {plural(summary['tensors'], 'tensor')}"
                    f" ({format_size(summary['bytes'])}) of"
-                   f" {summary['version'][:12]} (step {summary['step']}) to {out}")
+                   f" {summary['version'][:12]} (step {summary['step']}) to {out}{made}")
+
+
+def _export(store: Store, selector: str, out: str, prefix: str, dtype: str | None,
+            key: str | None, key_password: str | None, lineage: bool,
+            force: bool) -> dict[str, Any]:
+    if key is None and not lineage:
+        from torch_bridge.tools.export import export_safetensors
+
+        return export_safetensors(store, selector, out, prefix=prefix, dtype=dtype,
+                                  overwrite=force)
+    from torch_bridge.tools.artifact import export_artifact
+
+    return export_artifact(store, selector, out, prefix=prefix, dtype=dtype, sign_with=key,
+                           key_password=key_password, overwrite=force)
+
+
+def _key_password(key: str | None, path: str | None) -> str | None:
+    if key is None:
+        return None
+    if path is not None:
+        return read_password_file(path)
+    return os.environ.get(KEY_PASSWORD_ENV_VAR) or None
 
 
 # --- plan -----------------------------------------------------------------------------------

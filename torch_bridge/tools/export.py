@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from chunkstore import Store, VersionReader
+from chunkstore import Store, VersionInfo, VersionReader
 from chunkstore.errors import InvalidInputError
 from chunkstore.format.manifest import DataEntry, TensorEntry
 from torch_bridge.capture.layout import BRIDGE_ENTRY, saved_ranks
@@ -89,6 +91,59 @@ def read_tensor(reader: VersionReader, name: str) -> torch.Tensor:
     return tensor
 
 
+@dataclass
+class ExportedTensors:
+    """What an export read from one version: the tensors to write, by output name, and
+    what it left out (the lineage file names both)."""
+
+    info: VersionInfo
+    tensors: dict[str, torch.Tensor]
+    #: Tensors whose dtype the cast changed.
+    cast: int
+    #: Entries not exported, by the first part of their names (``optimizer``, ``rng``):
+    #: how many tensors and plain-data entries, and their logical bytes.
+    left_out: dict[str, dict[str, int]]
+
+
+def read_export(store: Store, selector: str, prefix: str = "model.",
+                dtype: str | None = None) -> ExportedTensors:
+    """The tensors under ``prefix`` of version ``selector`` as CPU tensors, cast to
+    ``dtype`` (float16, bfloat16, float32) where floating-point, hash-verified."""
+    if dtype is not None and dtype not in CAST_DTYPES:
+        raise InvalidInputError(f"dtype {dtype!r}: choose one of {', '.join(CAST_DTYPES)}")
+    with contextlib.closing(store.open_version(selector)) as reader:  # its read lease ends
+        names = _names(reader, prefix)                                 # with the read
+        if not names:
+            raise InvalidInputError(f"version {reader.info.short_id} has no tensors under"
+                                    f" prefix {prefix!r}")
+        if "__metadata__" in names:  # the header's own key: the file would not load
+            raise InvalidInputError(f"version {reader.info.short_id} has a tensor named"
+                                    " '__metadata__' under the prefix, which a safetensors"
+                                    " file cannot hold; export with another --prefix")
+        tensors, cast = {}, 0
+        for out_name, entry in sorted(names.items()):
+            tensor = read_tensor(reader, entry)
+            if dtype is not None and tensor.is_floating_point():
+                cast += tensor.dtype != CAST_DTYPES[dtype]
+                tensor = tensor.to(CAST_DTYPES[dtype])
+            tensors[out_name] = tensor
+        left_out = _left_out(reader.entries(), set(names.values()))
+        return ExportedTensors(reader.info, tensors, cast, left_out)
+
+
+def _left_out(entries: Mapping[str, TensorEntry | DataEntry],
+              exported: set[str]) -> dict[str, dict[str, int]]:
+    groups: dict[str, dict[str, int]] = {}
+    for name, leaf in sorted(entries.items()):
+        if name in exported:
+            continue
+        group = groups.setdefault(name.split(".", 1)[0],
+                                  {"tensors": 0, "data": 0, "bytes": 0})
+        group["tensors" if isinstance(leaf, TensorEntry) else "data"] += 1
+        group["bytes"] += leaf.nbytes
+    return groups
+
+
 def export_safetensors(store: Store | str | os.PathLike[str], selector: str,
                        out_path: str | os.PathLike[str], prefix: str = "model.",
                        dtype: str | None = None, *, overwrite: bool = False) -> dict[str, Any]:
@@ -99,39 +154,27 @@ def export_safetensors(store: Store | str | os.PathLike[str], selector: str,
     existing file is replaced only with ``overwrite``.  Returns a summary:
     version id, step, tensor count, bytes.
     """
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # missing: said before anything is read
 
     if dtype is not None and dtype not in CAST_DTYPES:
         raise InvalidInputError(f"dtype {dtype!r}: choose one of {', '.join(CAST_DTYPES)}")
     _check_target(os.fspath(out_path), overwrite)
     opened, owned = open_store(store, create=False)
-    reader: VersionReader | None = None
     try:
-        reader = opened.open_version(selector)
-        names = _names(reader, prefix)
-        if not names:
-            raise InvalidInputError(f"version {reader.info.short_id} has no tensors under"
-                                    f" prefix {prefix!r}")
-        if "__metadata__" in names:  # the header's own key: the file would not load
-            raise InvalidInputError(f"version {reader.info.short_id} has a tensor named"
-                                    " '__metadata__' under the prefix, which a safetensors"
-                                    " file cannot hold; export with another --prefix")
-        tensors = {}
-        for out_name, entry in sorted(names.items()):
-            tensor = read_tensor(reader, entry)
-            if dtype is not None and tensor.is_floating_point():
-                tensor = tensor.to(CAST_DTYPES[dtype])
-            tensors[out_name] = tensor
-        info = reader.info
+        exported = read_export(opened, selector, prefix, dtype)
     finally:
-        if reader is not None:
-            reader.close()  # its read lease ends with the read
         if owned:
             opened.close()
-    metadata = {"chunkstore_version": info.id, "run": info.run, "step": str(info.step)}
-    _write_atomically(tensors, os.fspath(out_path), metadata, save_file, overwrite)
-    return {"version": info.id, "step": info.step, "tensors": len(tensors),
+    info = exported.info
+    _write_atomically(exported.tensors, os.fspath(out_path), safetensors_metadata(info),
+                      save_file, overwrite)
+    return {"version": info.id, "step": info.step, "tensors": len(exported.tensors),
             "bytes": os.path.getsize(out_path), "path": os.fspath(out_path)}
+
+
+def safetensors_metadata(info: VersionInfo) -> dict[str, str]:
+    """The header metadata of an exported file: the version it came from."""
+    return {"chunkstore_version": info.id, "run": info.run, "step": str(info.step)}
 
 
 def _check_target(out_path: str, overwrite: bool) -> None:
