@@ -116,11 +116,13 @@ def _read_key_file(path: str | os.PathLike[str]) -> bytes:
     return data
 
 
-def load_private_key(key: PrivateKeyLike, password: str | None = None
+def load_private_key(key: PrivateKeyLike, password: str | None = None, *,
+                     password_from: str = f"--password-file, ${KEY_PASSWORD_ENV}"
                      ) -> ec.EllipticCurvePrivateKey:
     """A signing key: ``key`` itself when it is a loaded ECDSA private key, else the PEM
     file it names (decrypted with ``password`` where it is encrypted).  A file that is
-    no such key, or a wrong or missing password, is a :class:`SigningKeyError`."""
+    no such key, or a wrong or missing password, is a :class:`SigningKeyError`;
+    ``password_from`` is where the caller takes a key's password from, for its hint."""
     _ec()
     from cryptography.hazmat.primitives.asymmetric import ec
     if isinstance(key, ec.EllipticCurvePrivateKey):
@@ -135,9 +137,8 @@ def load_private_key(key: PrivateKeyLike, password: str | None = None
         loaded = serialization.load_pem_private_key(
             _read_key_file(key), password.encode() if password else None)
     except TypeError as exc:  # encrypted without a password, or a password for a plain key
-        raise SigningKeyError(what, f"{exc}: give the key's password (--password-file,"
-                              " $CHUNKSTORE_KEY_PASSWORD)" if "encrypted" in str(exc)
-                              else str(exc)) from None
+        raise SigningKeyError(what, f"{exc}: give the key's password ({password_from})"
+                              if "encrypted" in str(exc) else str(exc)) from None
     except ValueError as exc:
         raise SigningKeyError(what, "not a PEM private key, or a wrong password"
                               f" ({exc})") from None

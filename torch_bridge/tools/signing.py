@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chunkstore.errors import MissingDependencyError, SigningKeyError
+from chunkstore.objects.signing import load_private_key
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -35,8 +36,6 @@ SIGNATURE_HASH = "sha256"
 SIGNATURE_FORMAT = ("OpenSSF model-signing 1.x: Sigstore bundle v0.3, DSSE envelope,"
                     " in-toto statement of every file's digest")
 CURVES = {"secp256r1": "P-256", "secp384r1": "P-384", "secp521r1": "P-521"}
-#: Key files are small; anything larger is not one (bounds what loading reads).
-MAX_KEY_FILE_BYTES = 64 * 1024
 INSTALL = "pip install 'model-signing>=1.1.1,<1.2' pyOpenSSL"
 
 
@@ -52,37 +51,11 @@ def require_model_signing() -> None:
 
 def load_signing_key(path: str | os.PathLike[str],
                      password: str | None = None) -> ec.EllipticCurvePrivateKey:
-    """The ECDSA private key (P-256, P-384 or P-521) in the PEM file at ``path``,
-    decrypted with ``password`` where it is encrypted; anything else is a
-    :class:`~chunkstore.errors.SigningKeyError` that says what to do."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-
-    what = os.fspath(path)
-    try:
-        with Path(path).open("rb") as file:
-            data = file.read(MAX_KEY_FILE_BYTES + 1)
-    except OSError as exc:
-        raise SigningKeyError(what, f"cannot read the key file: {exc}") from None
-    if len(data) > MAX_KEY_FILE_BYTES:
-        raise SigningKeyError(what, f"over {MAX_KEY_FILE_BYTES} bytes: not a key file")
-    try:
-        key = serialization.load_pem_private_key(data, password.encode() if password
-                                                 else None)
-    except TypeError as exc:  # encrypted without a password, or a password for a plain key
-        hint = (": give its password with --key-password-file or $CHUNKSTORE_KEY_PASSWORD"
-                if "encrypted" in str(exc) else "")
-        raise SigningKeyError(what, f"{exc}{hint}") from None
-    except ValueError as exc:
-        raise SigningKeyError(what, "not a PEM private key, or a wrong password"
-                              f" ({exc})") from None
-    if not isinstance(key, ec.EllipticCurvePrivateKey):
-        raise SigningKeyError(what, f"a {type(key).__name__}, not an ECDSA key; make one"
-                              " with `chunkstore keygen KEY`")
-    if key.curve.name not in CURVES:
-        raise SigningKeyError(what, f"curve {key.curve.name} is not one of"
-                              f" {', '.join(CURVES.values())}")
-    return key
+    """The ECDSA private key (P-256, P-384 or P-521) in the PEM file at ``path``, as
+    signed versions load it (:func:`chunkstore.objects.signing.load_private_key`);
+    anything else is a :class:`~chunkstore.errors.SigningKeyError` that says what to do."""
+    return load_private_key(path, password,
+                            password_from="--key-password-file or $CHUNKSTORE_KEY_PASSWORD")
 
 
 def public_key_sha256(key: ec.EllipticCurvePrivateKey) -> str:
