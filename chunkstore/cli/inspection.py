@@ -249,7 +249,7 @@ def log(store_path: str, run: str | None, limit: int | None, show_all: bool,
     mirrored: set[str] | None = None
     if mirror is not None:
         with open_store(mirror) as durable:
-            mirrored = {v.id for v in versions if durable.holds(v.id)}
+            mirrored = {v.id for v in versions if durable.lists_version(v.id)}
     if as_json:
         emit_json({"versions": [
             {**version_json(v, tags), **({} if mirrored is None

@@ -108,3 +108,8 @@ ALL_KINDS: tuple[Kind[Digest] | Kind[str], ...] = (
     CHUNKS, NODES, VERSIONS, TAGS, SESSIONS, JOURNAL, TOMBSTONES, MOVED, LEASES,
     DRILLS, READERS, KEYS)
 
+#: Legal holds, by version id (§14): a held version is removed by no release that
+#: writes them (store format 11 and later).
+HOLDS = NamedKind("hold", "holds/", hex_ids=True)
+ALL_KINDS += (HOLDS,)
+
