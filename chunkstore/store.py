@@ -460,17 +460,20 @@ class Store(StoreHandle):
             self._check_writable("prune versions")
         return prune(self, policy, run=run, dry_run=dry_run, verify=verify)
 
-    def purge(self, selector: str | Iterable[str], *, grace: object = "1h",
-              session_wait: float = 120.0, progress: Progress | None = None) -> PurgeResult:
+    def purge(self, selector: str | Iterable[str], *, force: bool = False,
+              grace: object = "1h", session_wait: float = 120.0,
+              progress: Progress | None = None) -> PurgeResult:
         """Remove versions (one selector or a list) and delete now the data no other
         version shares; report what was freed and what stays, shared with which
-        versions.  A held or tagged version is refused (nothing changes).  ``grace``
+        versions.  A held version is refused, and a tagged one unless ``force`` (nothing
+        changes).  ``grace``
         protects versions removed earlier, as in :meth:`gc`; the purged ones get none.
         See :mod:`chunkstore.maintenance.purge` for what it promises."""
         selectors = [selector] if isinstance(selector, str) else selector_list(selector)
         self._check_writable("purge " + " ".join(selectors[:3]))
         infos = list({info.id: info for info in map(self.resolve, selectors)}.values())
-        return purge(self, infos, grace=grace, session_wait=session_wait, progress=progress)
+        return purge(self, infos, force=force, grace=grace, session_wait=session_wait,
+                     progress=progress)
 
     def finish_abandoned_deletions(self) -> None:
         """Finish deletions a killed GC left behind, unless a GC is running now."""

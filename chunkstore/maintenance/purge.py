@@ -118,7 +118,7 @@ class _PurgeRun(_Run):
         return found
 
 
-def purge(store: StoreHandle, infos: Sequence[VersionInfo], *,
+def purge(store: StoreHandle, infos: Sequence[VersionInfo], *, force: bool = False,
           grace: object = DEFAULT_GRACE_S, clock: Callable[[], float] = time.time,
           progress: Progress | None = None,
           session_wait: float = DEFAULT_SESSION_WAIT_S) -> PurgeResult:
@@ -134,7 +134,7 @@ def purge(store: StoreHandle, infos: Sequence[VersionInfo], *,
             scope.update((NODE, d) for d in store.index.version_node_refs(info.id))
         sizes = {key: record.stored_length for key in scope
                  if (record := store.index.record(*key)) is not None}
-        remove_versions(store, infos)
+        remove_versions(store, infos, force=force)
         store.index.release_reserve_if_low()
         run = _PurgeRun(store, grace_s, scope, frozenset(info.id for info in infos), clock,
                         progress or NullProgress(), session_wait)
