@@ -100,10 +100,14 @@ def who_am_i() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-def encode_hold(version_id: str, reason: str, when: float) -> bytes:
-    process = f"pid {os.getpid()} {os.path.basename(sys.argv[0]) if sys.argv else ''}"
+def encode_hold(version_id: str, reason: str, when: float, *, who: str | None = None,
+                process: str | None = None) -> bytes:
+    """The hold object's bytes (who and process: this user and process unless given)."""
+    if process is None:
+        process = f"pid {os.getpid()} {os.path.basename(sys.argv[0]) if sys.argv else ''}"
     body = {"format": HOLD_RECORD, "format_version": HOLD_FORMAT, "version": version_id,
-            "reason": reason, "who": who_am_i(), "when": when, "process": process.strip()}
+            "reason": reason, "who": who_am_i() if who is None else who, "when": when,
+            "process": process.strip()}
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                       allow_nan=False).encode("utf-8")
 
