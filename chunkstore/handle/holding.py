@@ -48,11 +48,15 @@ def place_hold(store: StoreHandle, selector: str, reason: str, *,
         return hold
     deadline, delay = time.monotonic() + wait_s, 0.05
     while True:
+        # The tombstone first, the record second: a purge deletes its tombstone only
+        # after the record, so a tombstone gone with the record still there was expired
+        # by GC, not removed by the removal that wrote it.
+        tombstone = store.objects.exists(TOMBSTONES, info.id)
         if not store.objects.exists(VERSIONS, info.id):
             release_hold(store.objects, info.id)  # it holds nothing: the version is gone
             raise SelectorError(selector, f"version {info.short_id} was removed by a removal"
                                 " that started before the hold; nothing is held")
-        if not store.objects.exists(TOMBSTONES, info.id):
+        if not tombstone:
             return hold  # that removal ended without removing it (GC expired its tombstone)
         if time.monotonic() >= deadline:
             raise HoldUnconfirmedError(info.id, wait_s)
