@@ -143,6 +143,21 @@ def test_checkpointer_keep_last_skips_a_held_version_with_a_warning(tmp_path: Pa
     ckpt.close()
 
 
+def test_a_mirrors_keep_last_skips_a_held_version_with_a_warning(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from torch_bridge.tiers.mirror import MirrorTier
+
+    path = tmp_path / "mirror"
+    _filled(path)
+    with chunkstore.open(path) as mirror:
+        mirror.hold("r@0", "mirror copy kept")
+        tier = MirrorTier(mirror, run="r", keep_last=1, options=None, timeout=1.0,
+                          local=lambda: mirror)
+        with pytest.warns(HeldVersionWarning, match="mirror copy kept"):
+            tier.apply_retention()
+        assert _steps(mirror) == [0, 2, 3]
+
+
 def test_gc_at_grace_0_keeps_all_a_held_version_needs(tmp_path: Path) -> None:
     path = tmp_path / "s"
     _filled(path)
