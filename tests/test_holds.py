@@ -264,6 +264,7 @@ def test_a_hold_that_meets_a_removal_in_progress_says_it_is_unconfirmed(tmp_path
 
 
 @pytest.mark.parametrize("body", [b"{not json", b"x" * (MAX_HOLD_BYTES + 1),
+                                  b" " * (MAX_HOLD_BYTES + 5000),  # not read at all
                                   b'{"format":"chunkstore.hold","format_version":2}',
                                   b'{"format":"chunkstore.hold","format_version":1,'
                                   b'"version":"00","reason":"r","who":"u@h","when":1,'
@@ -329,6 +330,11 @@ def test_the_first_hold_upgrades_an_encrypted_store_to_11_keeping_its_encryption
         assert [h.reason for h in store.holds().values()] == ["sealed hold"]
         with pytest.raises(HeldVersionError, match="sealed hold"):
             store.delete("r@0")
+        held_id = store.resolve("r@0").id
+        store.backend.put(HOLDS.key(held_id), b"not sealed by the key")  # forged in clear
+        with pytest.raises(HeldVersionError, match="damaged"):
+            store.delete("r@0")
+        assert [p.kind for p in store.verify().problems] == ["corrupt-hold"]
 
 
 def test_store_version_11_is_read_plain_or_encrypted_and_12_refused() -> None:

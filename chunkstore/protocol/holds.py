@@ -49,6 +49,9 @@ HOLD_FORMAT = 1
 HOLD_RECORD = "chunkstore.hold"
 #: A hold object larger than this is not read (it is damaged; it still holds).
 MAX_HOLD_BYTES = 16 * 1024
+#: What sealing adds to an object of at most MAX_HOLD_BYTES (docs/format.md §13.3), with
+#: room to spare: the stored size is checked against the bound plus this.
+_SEALING_SLACK = 4096
 #: The longest reason a hold records, in characters.
 MAX_REASON_CHARS = 2000
 
@@ -143,6 +146,10 @@ def held_ids(objects: ObjectStore) -> set[str]:
 def read_hold(objects: ObjectStore, version_id: str) -> Hold | None:
     """The hold of ``version_id`` (None: not held); one that cannot be read holds."""
     try:
+        # Bounded before it is read: a crafted object of a gigabyte is damage, not a read.
+        size = objects.stat(HOLDS, version_id).size
+        if size > MAX_HOLD_BYTES + _SEALING_SLACK:
+            return Hold(version_id, None, damage=f"{size} bytes, over {MAX_HOLD_BYTES}")
         data = objects.get(HOLDS, version_id)
     except FileNotFoundError:
         return None
