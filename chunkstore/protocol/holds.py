@@ -17,7 +17,9 @@ was stored after that look, hence after H's write, and R's listing, later still,
 the hold (a hold stored before R's tombstone is always seen).  If H finds a tombstone, a
 removal may have listed ``holds/`` before H's write and may still remove the version: H
 waits for the record to go (the hold then held nothing: it is deleted and the caller
-told the version was removed) and otherwise says the hold is stored but unconfirmed
+told the version was removed) or the tombstone to go with the record still there (GC
+expired it; a purge deletes its tombstone only after the record, so H looks at the
+tombstone first), and otherwise says the hold is stored but unconfirmed
 (:class:`~chunkstore.errors.HoldUnconfirmedError`): it still stops every removal that
 lists ``holds/`` after it, and ``hold`` run again confirms it once the tombstone is gone.
 A tombstone left by a removal a hold refused, or by one that was killed, makes a hold
