@@ -536,3 +536,44 @@ class KeyFileExistsError(InvalidInputError):
         super().__init__(f"{path} exists; keygen never overwrites a key: choose another"
                          " path or remove the old key (and its .pub) first")
         self.path = path
+
+
+# --- legal holds -----------------------------------------------------------------------------
+
+
+class HeldVersionError(InvalidInputError):
+    """Raised when a removal (``rm``, a replacement, a retention policy asked to remove
+    one version) names a version under a legal hold; ``holds`` maps each held version id
+    to the hold's reason (None for a damaged hold object, which still holds).  Versions
+    the message names as held were not removed."""
+
+    def __init__(self, holds: dict[str, str | None], removed: Sequence[str] = ()) -> None:
+        held = "; ".join(f"version {vid[:12]} is held ("
+                         + (f"reason: {reason!r}" if reason is not None
+                            else "hold object damaged, still a hold") + ")"
+                         for vid, reason in sorted(holds.items()))
+        note = (f"; {len(removed)} other version{'' if len(removed) == 1 else 's'} of the"
+                " request were removed") if removed else "; nothing was removed"
+        super().__init__(f"{held}{note}; release it first (`chunkstore release STORE ID`)"
+                         " if the hold is no longer needed")
+        self.holds = dict(holds)
+        self.removed = tuple(removed)
+
+
+class HoldUnconfirmedError(ChunkStoreError):
+    """Raised when a hold was stored but a removal of the version started before it (its
+    tombstone is in the store) had not finished or given up within the wait, so whether
+    the hold stopped it cannot be known yet; the hold object stays.  Run ``hold`` again."""
+
+    def __init__(self, version_id: str, waited_s: float) -> None:
+        super().__init__(f"version {version_id[:12]}: the hold is stored, but a removal of"
+                         f" the version that started before it was still under way after"
+                         f" {waited_s:.0f}s (its tombstone is in the store), so the hold may"
+                         " not stop it; run `chunkstore hold` again to confirm, or `chunkstore"
+                         " show` to see whether the version is still there")
+        self.version_id = version_id
+
+
+class HeldVersionWarning(UserWarning):
+    """Warned when retention (``keep_last``, a mirror's ``keep_last``) leaves a version it
+    would remove because it is under a legal hold; the message names the hold's reason."""

@@ -68,6 +68,7 @@ from chunkstore.handle.versions import VersionInfo
 from chunkstore.index.gclock import finish_abandoned_deletions
 from chunkstore.index.lmdbindex import open_index
 from chunkstore.maintenance.gc import collect
+from chunkstore.maintenance.purge import PurgeResult, purge
 from chunkstore.maintenance.rebuild import rebuild
 from chunkstore.maintenance.reconcile import reconcile, reconcile_if_changed
 from chunkstore.maintenance.report import stats
@@ -75,6 +76,7 @@ from chunkstore.maintenance.retention import Policy, prune
 from chunkstore.maintenance.verify import verify
 from chunkstore.objects.objectstore import ObjectStore
 from chunkstore.objects.signing import PrivateKeyLike, PublicKeyLike, Trust
+from chunkstore.protocol.holds import Hold
 from chunkstore.protocol.journal import sync_journal
 from chunkstore.read.reader import VersionReader
 from chunkstore.write.writer import VersionWriter
@@ -397,6 +399,14 @@ class Store(StoreHandle):
         self._check_writable(f"untag {name}")
         return super().untag(name)
 
+    def hold(self, selector: str, reason: str) -> Hold:
+        self._check_writable(f"hold {selector}")
+        return super().hold(selector, reason)
+
+    def release(self, selector: str) -> Hold:
+        self._check_writable(f"release {selector}")
+        return super().release(selector)
+
     def open_version(self, selector: str) -> VersionReader:
         """Open a version for reading; its manifest is loaded and hash-checked now."""
         return VersionReader(self, self.resolve(selector))
@@ -465,6 +475,21 @@ class Store(StoreHandle):
         if not dry_run:
             self._check_writable("prune versions")
         return prune(self, policy, run=run, dry_run=dry_run, verify=verify)
+
+    def purge(self, selector: str | Iterable[str], *, force: bool = False,
+              grace: object = "1h", session_wait: float = 120.0,
+              progress: Progress | None = None) -> PurgeResult:
+        """Remove versions (one selector or a list) and delete now the data no other
+        version shares; report what was freed and what stays, shared with which
+        versions.  A held version is refused, and a tagged one unless ``force`` (nothing
+        changes).  ``grace``
+        protects versions removed earlier, as in :meth:`gc`; the purged ones get none.
+        See :mod:`chunkstore.maintenance.purge` for what it promises."""
+        selectors = [selector] if isinstance(selector, str) else selector_list(selector)
+        self._check_writable("purge " + " ".join(selectors[:3]))
+        infos = list({info.id: info for info in map(self.resolve, selectors)}.values())
+        return purge(self, infos, force=force, grace=grace, session_wait=session_wait,
+                     progress=progress)
 
     def finish_abandoned_deletions(self) -> None:
         """Finish deletions a killed GC left behind, unless a GC is running now."""

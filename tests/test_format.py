@@ -32,7 +32,7 @@ import zstandard
 
 import chunkstore
 from chunkstore.codecs import RAW, SHUFFLE_ZSTD, SPARSE_DELTA, SUB_DELTA, XOR_DELTA, ZSTD
-from chunkstore.errors import ChunkStoreError, FormatVersionError, RunInUseError
+from chunkstore.errors import ChunkStoreError, FormatVersionError, HeldVersionError, RunInUseError
 from chunkstore.format import plaindata
 from chunkstore.format.chunkobj import (
     CHUNK_FORMAT_VERSION,
@@ -181,6 +181,12 @@ def test_fixture_reads_back_exactly(name: str, tmp_path: Path) -> None:
         for tag, selector in expected["tags"].items():
             assert store.resolve(tag).id == store.resolve(selector).id
             assert store.tags() == {tag: store.resolve(selector).id}
+        # store-v12 on: a legal hold, read from the store; the held version is not removed
+        assert {vid: h.reason for vid, h in store.holds().items()} \
+            == expected.get("holds", {})
+        for held in expected.get("holds", {}):
+            with pytest.raises(HeldVersionError):
+                store.delete(held)
         result = store.verify()
         assert result.ok, result.to_json()
         assert result.versions_checked == len(expected["versions"])
@@ -262,6 +268,12 @@ def test_fixture_objects_carry_their_format_versions(name: str) -> None:
         assert json.loads(path.read_bytes())["format_version"] == versions[kind], path.name
     for path in (root / "readers").glob("*") if "read_lease" in versions else ():
         assert json.loads(path.read_bytes())["format_version"] == versions["read_lease"]
+    holds = sorted(p.name for p in (root / "holds").glob("*"))
+    assert holds == sorted(expected.get("holds", {}))
+    for held_id in holds:
+        hold = json.loads((root / "holds" / held_id).read_bytes())
+        assert (hold["format"], hold["format_version"], hold["version"]) == (
+            "chunkstore.hold", versions["hold"], held_id)
 
 
 # --- (c) today's encoder reproduces the current fixture byte for byte ----------------------
@@ -885,6 +897,12 @@ def test_gc_deletes_the_expired_read_lease_which_protects_nothing(name: str, tmp
         assert list(store.objects.ids(READERS)) == []
         assert [key for key in reached if (root / key).exists()] == []
         assert [v.id for v in store.versions()] == [v["id"] for v in expected["versions"]]
+        # store-v12 on: a legal hold, read from the store; the held version is not removed
+        assert {vid: h.reason for vid, h in store.holds().items()} \
+            == expected.get("holds", {})
+        for held in expected.get("holds", {}):
+            with pytest.raises(HeldVersionError):
+                store.delete(held)
         result = store.verify()
         assert result.ok, result.to_json()
         assert result.versions_checked == len(expected["versions"])

@@ -21,11 +21,16 @@ and keep the old one.  Regenerating with an unchanged format yields the same
 chunk keys and the same manifest nodes; the store config, tag and commit
 records differ (they carry creation times, so the version ids differ too).
 
+With ``--with-hold`` (store-v12 on) the store also holds a legal hold (docs/format.md
+§15) on one version, with a fixed reason, owner and time, which upgrades it to store
+version 11.
+
 Usage (from the repository root)::
 
     python tools/make_format_fixture.py                 # refuses to overwrite
     python tools/make_format_fixture.py --force         # same format, rebuilt
     python tools/make_format_fixture.py --name store-v2 # after a format change
+    python tools/make_format_fixture.py --name store-v12 --with-hold
 """
 
 from __future__ import annotations
@@ -52,10 +57,16 @@ from chunkstore.format.chunkobj import CHUNK_FORMAT_VERSION, HEADER
 from chunkstore.format.digest import Digest
 from chunkstore.format.dtypes import dtype_name
 from chunkstore.format.manifest import NODE_FORMAT_VERSION
-from chunkstore.format.records import RECORD_FORMAT_VERSION, STORE_FORMAT_VERSION
+from chunkstore.format.records import (
+    HOLDS_STORE_FORMAT_VERSION,
+    RECORD_FORMAT_VERSION,
+    STORE_FORMAT_VERSION,
+)
+from chunkstore.handle.holding import upgrade_for_holds
 from chunkstore.handle.tree import load_tree
-from chunkstore.objects.kinds import CHUNKS, LEASES, READERS, VERSIONS
+from chunkstore.objects.kinds import CHUNKS, HOLDS, LEASES, READERS, VERSIONS
 from chunkstore.protocol import runlease
+from chunkstore.protocol.holds import HOLD_FORMAT, encode_hold
 from chunkstore.protocol.readleases import READ_LEASE_FORMAT, expired_read_leases
 from chunkstore.protocol.runlease import (
     LEASE_FORMAT,
@@ -464,8 +475,39 @@ def _lease_history(store: chunkstore.Store, arrays: dict[str, np.ndarray],
             "late_records": [late]}
 
 
-def build(root: Path) -> dict[str, Any]:
-    """Create the fixture store at ``root`` (must not exist); return the expectations."""
+#: The fixture's legal hold (``--with-hold``): on this version, with this reason, placed
+#: by a user on a machine no one has, at a fixed time after the launches.
+HELD_SELECTOR = f"{RUN}@3"
+HOLD_REASON = "fixture hold: audit 2023-11, keep until released"
+HOLD_WHO = "fixture-user@fixture-hold.invalid"
+HOLD_PROCESS = "pid 4505 make_format_fixture.py"
+
+
+def _hold(store: chunkstore.Store) -> dict[str, str]:
+    """Hold :data:`HELD_SELECTOR` (the store becomes version 11 first, as a hold does)."""
+    version_id = store.resolve(HELD_SELECTOR).id
+    upgrade_for_holds(store)
+    store.objects.put(HOLDS, version_id, encode_hold(version_id, HOLD_REASON,
+                                                     LEASE_TIME + 3600, who=HOLD_WHO,
+                                                     process=HOLD_PROCESS))
+    if {h.reason for h in store.holds().values()} != {HOLD_REASON}:
+        raise SystemExit("the fixture's hold does not read back")
+    return {version_id: HOLD_REASON}
+
+
+def _format_versions(with_hold: bool) -> dict[str, int]:
+    versions = {"store": STORE_FORMAT_VERSION, "record": RECORD_FORMAT_VERSION,
+                "node": NODE_FORMAT_VERSION, "chunk": CHUNK_FORMAT_VERSION,
+                "lease": LEASE_FORMAT, "lease_slot": SLOT_FORMAT,
+                "lease_marker": MARKER_FORMAT, "read_lease": READ_LEASE_FORMAT}
+    if with_hold:
+        versions.update(store=HOLDS_STORE_FORMAT_VERSION, hold=HOLD_FORMAT)
+    return versions
+
+
+def build(root: Path, with_hold: bool = False) -> dict[str, Any]:
+    """Create the fixture store at ``root`` (must not exist); return the expectations
+    (``with_hold``: with a legal hold, store version 11)."""
     arrays, data = arrays_v1(), data_v1()
     versions = []
     with chunkstore.open(root, chunk_size=CHUNK_SIZE, compression="auto",
@@ -522,6 +564,7 @@ def build(root: Path) -> dict[str, Any]:
         # what only the expired reader's version reaches: a GC deletes it
         protocol["reached_by_expired_readers_only"] = sorted(CHUNKS.key(d)
                                                              for d in awaiting_objects)
+        holds = _hold(store) if with_hold else {}
     # The index is a cache, rebuilt on open: it is not part of the format.
     shutil.rmtree(root / "index")
     codec_counts, plane_modes = _codec_census(root)
@@ -532,10 +575,8 @@ def build(root: Path) -> dict[str, Any]:
                          f" (saw {sorted(plane_modes)}); adjust the arrays")
     return {
         "generator": "tools/make_format_fixture.py",
-        "format_versions": {"store": STORE_FORMAT_VERSION, "record": RECORD_FORMAT_VERSION,
-                            "node": NODE_FORMAT_VERSION, "chunk": CHUNK_FORMAT_VERSION,
-                            "lease": LEASE_FORMAT, "lease_slot": SLOT_FORMAT,
-                            "lease_marker": MARKER_FORMAT, "read_lease": READ_LEASE_FORMAT},
+        "format_versions": _format_versions(with_hold),
+        **({"holds": holds} if with_hold else {}),
         "chunk_size": CHUNK_SIZE,
         "codec_counts": codec_counts,
         "versions": versions,
@@ -561,6 +602,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DATA_DIR, help="folder for the fixture")
     parser.add_argument("--name", default=f"store-v{STORE_FORMAT_VERSION}",
                         help="fixture name (a new one for every format change)")
+    parser.add_argument("--with-hold", action="store_true",
+                        help="also hold a version (store version 11; store-v12 on)")
     parser.add_argument("--force", action="store_true",
                         help="replace an existing fixture (only when the format is unchanged)")
     args = parser.parse_args(argv)
@@ -572,7 +615,7 @@ def main(argv: list[str] | None = None) -> int:
                   " format is unchanged.", file=sys.stderr)
             return 1
         shutil.rmtree(root, ignore_errors=True)
-    expected = build(root)
+    expected = build(root, with_hold=args.with_hold)
     expected_path.write_text(json.dumps(expected, indent=1, sort_keys=True) + "\n")
     size = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
     print(f"wrote {root} ({len(expected['objects'])} objects, {size} bytes,"

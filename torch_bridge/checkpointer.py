@@ -40,7 +40,7 @@ from chunkstore.errors import (
 )
 from chunkstore.format import plaindata
 from chunkstore.maintenance.autocollect import DEFAULT_COLLECT_GRACE_S, Collector
-from chunkstore.maintenance.retention import Candidate, Policy, decide
+from chunkstore.maintenance.retention import Candidate, Policy, decide, warn_held
 from chunkstore.objects.signing import PrivateKeyLike, PublicKeyLike, Trust, signing_key
 from chunkstore.protocol.runlease import RunLease, describe_holder
 from torch_bridge.capture import boundary
@@ -582,14 +582,16 @@ class Checkpointer:
         decision = decide([Candidate(v.id, v.step, v.created, v.meta) for v in versions],
                           policy, time.time())
         pinned = set(self.store.tags().values())
-        removed = 0
+        dropped = []
         for version in versions:
             if version.id in decision.drop and version.id not in pinned \
                     and version.id != just_written:
                 if self._tier is not None and not self._tier.may_leave(version.id):
                     continue  # never the last whole copy: the mirror's store must hold it
-                self.store.delete_listed(version.id)
-                removed += 1
+                dropped.append(version)
+        held = self.store.delete_listed_many(dropped)  # held versions stay (and are named)
+        warn_held(held, f"run {self.run!r}: keep_last")
+        removed = len(dropped) - len(held)
         if removed and self._collect:  # what they alone needed goes now, not in an hour
             if self._collector is None:
                 self._collector = Collector(self.store, self._collect_grace)

@@ -26,6 +26,7 @@ from chunkstore.errors import (
     WrongPasswordError,
 )
 from chunkstore.handle.encryption import password_from_env, read_password_file
+from chunkstore.protocol.holds import Hold
 from chunkstore.store import Store, VersionInfo
 
 EXIT_OK = 0
@@ -397,8 +398,24 @@ def tags_by_version(store: Store) -> dict[str, list[str]]:
     return result
 
 
-def version_json(info: VersionInfo, tags: dict[str, list[str]]) -> dict[str, Any]:
-    return {**info.to_json(), "tags": tags.get(info.id, [])}
+def version_json(info: VersionInfo, tags: dict[str, list[str]],
+                 holds: dict[str, Hold] | None = None) -> dict[str, Any]:
+    """A version as every ``--json`` gives it; with ``holds``, also ``held`` and
+    ``hold`` (what the hold records, or null)."""
+    body = {**info.to_json(), "tags": tags.get(info.id, [])}
+    if holds is not None:
+        hold = holds.get(info.id)
+        body["held"] = hold is not None
+        body["hold"] = None if hold is None else hold.to_json()
+    return body
+
+
+def hold_text(hold: Hold | None) -> str:
+    """A version's hold in a table cell: its reason (a damaged hold still holds)."""
+    if hold is None:
+        return "-"
+    reason = "(damaged hold object)" if hold.reason is None else hold.reason
+    return reason if len(reason) <= 40 else reason[:39] + "…"
 
 
 def label(info: VersionInfo) -> str:

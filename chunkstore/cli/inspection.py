@@ -29,6 +29,7 @@ from chunkstore.cli.common import (
     format_duration,
     format_ratio,
     format_size,
+    hold_text,
     label,
     local_time,
     open_any,
@@ -64,6 +65,7 @@ from chunkstore.maintenance.report import (
 )
 from chunkstore.maintenance.report import stats as store_stats
 from chunkstore.maintenance.retention import parse_duration
+from chunkstore.protocol.holds import Hold, read_hold
 from chunkstore.store import Store, VersionInfo
 
 # --- init -----------------------------------------------------------------------------------
@@ -217,7 +219,9 @@ def log(store_path: str, run: str | None, limit: int | None, show_all: bool,
     """List the versions in STORE, newest first.
 
     For each version: short id, RUN@STEP, creation time (local), its
-    three sizes (below) and its tags. With --mirror, also whether the
+    three sizes (below) and its tags; where the store holds legal holds, a
+    HELD column gives each held version's reason (--json: "held" and
+    "hold" for every version). With --mirror, also whether the
     store MIRROR holds it (a tiered Checkpointer's durable tier, or any
     store `chunkstore sync` copies into): MIRRORED yes or no, and
     "mirrored" in --json.
@@ -246,13 +250,14 @@ def log(store_path: str, run: str | None, limit: int | None, show_all: bool,
         total = len(versions) if count is None or len(versions) < count \
             else store.version_count(run)
         tags = tags_by_version(store)
+        holds = store.holds()  # read in the store: a hold made on another machine shows
     mirrored: set[str] | None = None
     if mirror is not None:
         with open_store(mirror) as durable:
-            mirrored = {v.id for v in versions if durable.holds(v.id)}
+            mirrored = {v.id for v in versions if durable.lists_version(v.id)}
     if as_json:
         emit_json({"versions": [
-            {**version_json(v, tags), **({} if mirrored is None
+            {**version_json(v, tags, holds), **({} if mirrored is None
                                          else {"mirrored": v.id in mirrored})}
             for v in versions], "total": total})
         return
@@ -261,9 +266,11 @@ def log(store_path: str, run: str | None, limit: int | None, show_all: bool,
         return
     rows = [[v.short_id, f"{v.run}@{v.step}", local_time(v), *size_cells(v),
              *([] if mirrored is None else ["yes" if v.id in mirrored else "no"]),
-             ", ".join(tags.get(v.id, []))] for v in versions]
+             ", ".join(tags.get(v.id, [])),
+             *([hold_text(holds.get(v.id))] if holds else [])] for v in versions]
     echo_lines(render_table(["ID", "RUN@STEP", "CREATED", *SIZE_HEADERS,
-                             *([] if mirrored is None else ["MIRRORED"]), "TAGS"],
+                             *([] if mirrored is None else ["MIRRORED"]), "TAGS",
+                             *(["HELD"] if holds else [])],
                             rows, right=(3, 4, 5)))
     if total > len(versions):
         click.echo(f"... {plural(total - len(versions), 'older version')} not listed"
@@ -321,10 +328,11 @@ def reads_text(reads: RestoreReads) -> str:
 
 def show_text(info: VersionInfo, tags: list[str], entries: list[dict[str, Any]],
               ranks: tuple[RankStats, ...] | None = None,
-              reads: RestoreReads | None = None) -> None:
+              reads: RestoreReads | None = None, hold: Hold | None = None) -> None:
     fields = [("id", info.id), ("run@step", f"{info.run}@{info.step}"),
               ("created", local_time(info)), ("parent", info.parent or "-"),
-              ("root", info.root.hex), ("tags", ", ".join(tags) or "-")]
+              ("root", info.root.hex), ("tags", ", ".join(tags) or "-"),
+              ("held", "-" if hold is None else f"yes: {hold.describe()}")]
     sizes = [[name, size, meaning] for (name, meaning), size
              in zip(SIZE_MEANINGS, size_cells(info), strict=True)]
     if reads is not None:
@@ -363,6 +371,9 @@ def show_text(info: VersionInfo, tags: list[str], entries: list[dict[str, Any]],
 def show(store_path: str, selector: str, as_json: bool) -> None:
     """Show one version: its record, metadata and every entry.
 
+    A version under a legal hold says so, with the hold's reason, who
+    placed it and when (--json: "held" and "hold").
+
     Entries are tensors (dtype, shape, size, number of chunks) or plain
     data (trainer state and the like, stored as one encoded node). A tensor
     saved by several processes (torch.distributed.checkpoint through
@@ -389,6 +400,7 @@ def show(store_path: str, selector: str, as_json: bool) -> None:
     with open_store(store_path) as store:
         reader = store.open_version(selector)
         tags = tags_by_version(store).get(reader.info.id, [])
+        hold = read_hold(store.objects, reader.info.id)
         leaves = reader.entries()
         record = shard_ranks(reader)
         listed = {} if record is None else record.ranks
@@ -396,7 +408,9 @@ def show(store_path: str, selector: str, as_json: bool) -> None:
         ranks = None if record is None else ranks_of(leaves, record)
         reads = restore_reads(store, leaves)
     if as_json:
-        version: dict[str, Any] = {**reader.info.to_json(), "tags": tags}
+        version: dict[str, Any] = {**reader.info.to_json(), "tags": tags,
+                                   "held": hold is not None,
+                                   "hold": None if hold is None else hold.to_json()}
         doc: dict[str, Any] = {"version": version, "entries": entries,
                                "restore_reads": reads.to_json()}
         if ranks is not None:
@@ -404,7 +418,7 @@ def show(store_path: str, selector: str, as_json: bool) -> None:
                             for r in ranks]
         emit_json(doc)
     else:
-        show_text(reader.info, tags, entries, ranks, reads)
+        show_text(reader.info, tags, entries, ranks, reads, hold)
 
 
 # --- diff -----------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Commands that name and remove versions: ``tag`` and ``rm``."""
+"""Commands that name, remove and hold versions: ``tag``, ``rm``, ``hold`` and
+``release``."""
 
 from __future__ import annotations
 
@@ -11,14 +12,18 @@ from chunkstore.cli.common import (
     CliError,
     echo_lines,
     emit_json,
+    format_size,
     label,
     local_time,
     open_store,
+    plural,
     render_table,
     tags_by_version,
     version_json,
 )
 from chunkstore.errors import SelectorError
+from chunkstore.maintenance.purge import PurgeResult
+from chunkstore.progress import TerminalProgress
 from chunkstore.store import Store, VersionInfo
 
 # --- tag ------------------------------------------------------------------------------------
@@ -116,20 +121,38 @@ def _list_tags(store: Store, as_json: bool) -> None:
 @click.argument("selectors", nargs=-1, required=True, metavar="SELECTOR...")
 @click.option("--force", is_flag=True, help="Also remove tagged versions (drops their tags).")
 @click.option("-n", "--dry-run", is_flag=True, help="Say what would be removed; change nothing.")
+@click.option("--purge", is_flag=True,
+              help="Also delete now (grace 0) the data no other version shares, and report"
+              " what stays because other versions share it.")
+@click.option("--grace", default="1h", show_default=True, metavar="DURATION",
+              help="With --purge: what versions removed earlier keep (as for gc).")
 @JSON_OPT
 def rm(store_path: str, selectors: tuple[str, ...], force: bool, dry_run: bool,
-       as_json: bool) -> None:
+       purge: bool, grace: str, as_json: bool) -> None:
     """Unpublish versions: they stop being listed or loadable.
 
     Their chunks stay on storage until `chunkstore gc` finds them
     unreferenced by every remaining version for the grace period, so an
     rm does not free space by itself. Tagged versions are refused unless
     --force. All selectors are resolved before anything is removed: one
-    bad selector removes nothing.
+    bad selector removes nothing. A version under a legal hold (`chunkstore
+    hold`) is refused, --force or not, and nothing is removed.
+
+    With --purge the data of the removed versions that no other version
+    shares is deleted at once (a garbage collection narrowed to them, at
+    grace 0: readers of these versions lose them now; a save running at the
+    same time is never broken, it writes again what it needs). It reports
+    the bytes freed, the bytes that stay because other versions share them
+    and (up to 10) which versions, and bytes kept for another reason
+    (versions removed earlier within --grace, live readers, saves in
+    progress). On an encrypted store purge deletes the sealed objects but
+    cannot destroy keys: copies kept elsewhere (bucket versioning, backups,
+    synced stores) stay readable to password holders.
 
     \b
-    Example:
+    Examples:
       chunkstore rm ckpts/ exp1@100 exp1@200 --dry-run
+      chunkstore rm ckpts/ exp1@300 --purge --json
 
     \b
     A version whose commit record cannot be read is never listed; name it by
@@ -137,7 +160,8 @@ def rm(store_path: str, selectors: tuple[str, ...], force: bool, dry_run: bool,
 
     \b
     Exit codes: 0 removed (or would be, with --dry-run); 2 bad selector,
-    tagged version without --force, or not a store.
+    tagged version without --force, held version, or not a store; 4 with
+    --purge, a gc running on the store.
     """
     with open_store(store_path) as store:
         infos = list({info.id: info for info in map(store.resolve_for_removal, selectors)}.values())
@@ -146,6 +170,12 @@ def rm(store_path: str, selectors: tuple[str, ...], force: bool, dry_run: bool,
         if pinned and not force:
             names = "; ".join(f"{i.short_id} is tagged {', '.join(t)}" for i, t in pinned)
             raise CliError(f"{names}; untag first or pass --force; nothing removed", EXIT_USAGE)
+        if purge and not dry_run:
+            with TerminalProgress() as progress:
+                result = store.purge([info.id for info in infos], force=force, grace=grace,
+                                     progress=progress)
+            _purge_report(result, tags, as_json)
+            return
         if not dry_run:
             store.delete_many([info.id for info in infos], force=force)
     if as_json:
@@ -158,4 +188,92 @@ def rm(store_path: str, selectors: tuple[str, ...], force: bool, dry_run: bool,
         click.echo("space is freed by `chunkstore gc` once no version references the chunks")
 
 
-COMMANDS = (tag, rm)
+def _purge_report(result: PurgeResult, tags: dict[str, list[str]], as_json: bool) -> None:
+    if as_json:
+        emit_json({"dry_run": False, "purged": True,
+                   "removed": [version_json(i, tags) for i in result.removed],
+                   **{k: v for k, v in result.to_json().items() if k != "removed"}})
+        return
+    for info in result.removed:
+        click.echo(f"removed {label(info)}")
+    click.echo(f"freed {format_size(result.bytes_freed)} in"
+               f" {plural(result.objects_deleted, 'object')} no other version shares")
+    if result.objects_shared:
+        more = ", and others" if result.shared_with_more else ""
+        click.echo(f"{format_size(result.bytes_shared)} in"
+                   f" {plural(result.objects_shared, 'object')} stay, shared with version"
+                   f"{'' if len(result.shared_with) == 1 else 's'}"
+                   f" {', '.join(v[:12] for v in result.shared_with)}{more}")
+    if result.objects_kept:
+        click.echo(f"{format_size(result.bytes_kept)} in {plural(result.objects_kept, 'object')}"
+                   " stay for now: versions removed earlier (within --grace), live readers or"
+                   " saves in progress still reach them; `chunkstore gc` deletes them later")
+
+
+# --- hold and release ---------------------------------------------------------------------
+
+
+@click.command()
+@STORE_ARG
+@click.argument("selector")
+@click.option("--reason", required=True, metavar="TEXT",
+              help="Why the version must be kept (recorded with who and when).")
+@JSON_OPT
+def hold(store_path: str, selector: str, reason: str, as_json: bool) -> None:
+    """Put a version under a legal hold: nothing removes it until released.
+
+    `rm` refuses a held version (with --force too), `prune`, retention
+    policies and a Checkpointer's keep_last skip it with a warning that
+    names the hold, and GC keeps everything it needs. The hold is an object
+    in the store (holds/<version id>), seen by every index on every machine;
+    `log` and `show` mark held versions. Holding a held version replaces its
+    reason. The first hold upgrades the store to format version 11, which
+    releases that do not honour holds refuse to open.
+
+    \b
+    Examples:
+      chunkstore hold ckpts/ exp1@5000 --reason "audit 2024-17: model shipped to ACME"
+      chunkstore hold s3://bucket/ckpts best --reason "dispute #42" --json
+
+    \b
+    Exit codes: 0 held; 2 bad selector, empty or over-long reason, or not a
+    store; 4 a removal of the version that started before the hold had not
+    finished (the hold is stored: run hold again to confirm it).
+    """
+    with open_store(store_path) as store:
+        placed = store.hold(selector, reason)
+        info = store.resolve(placed.version_id)
+    if as_json:
+        emit_json({"held": True, "version": info.to_json(), "hold": placed.to_json()})
+    else:
+        click.echo(f"held {label(info)}: {placed.describe()}")
+
+
+@click.command()
+@STORE_ARG
+@click.argument("selector")
+@JSON_OPT
+def release(store_path: str, selector: str, as_json: bool) -> None:
+    """Release a version's legal hold (deletes its hold object).
+
+    The version can be removed again from then on (`rm`, `prune`,
+    retention). A hold object whose version is not listed (damaged, or left
+    by a tool) is released by the full version id.
+
+    \b
+    Examples:
+      chunkstore release ckpts/ exp1@5000
+      chunkstore release ckpts/ 3f2a9c0d... --json
+
+    \b
+    Exit codes: 0 released; 2 the version is not held, bad selector, or not a store.
+    """
+    with open_store(store_path) as store:
+        released = store.release(selector)
+    if as_json:
+        emit_json({"released": True, "hold": released.to_json()})
+    else:
+        click.echo(f"released the hold of {released.version_id[:12]} ({released.describe()})")
+
+
+COMMANDS = (tag, rm, hold, release)

@@ -37,9 +37,14 @@ STORE_FORMAT_VERSION = 9
 #: chunks (chunk format 6), which a release reading only 8 could not decode.
 #: 10 is 9 encrypted (docs/format.md §13): only an encrypted store is of version 10, so
 #: a release that cannot decrypt refuses it rather than reading ciphertext as objects;
-#: unencrypted stores stay at 9.
+#: unencrypted stores stay at 9.  11 is 9 or 10 with legal holds (``holds/``,
+#: docs/format.md §15): a store is upgraded to it before its first hold object is
+#: written, so that a release that does not honour holds refuses it rather than remove
+#: a held version; its config has an ``encryption`` field exactly when the store is
+#: encrypted.
 ENCRYPTED_STORE_FORMAT_VERSION = 10
-STORE_FORMAT_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+HOLDS_STORE_FORMAT_VERSION = 11
+STORE_FORMAT_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)
 READABLE_STORE_VERSIONS = STORE_FORMAT_VERSIONS
 RECORD_FORMAT = "chunkstore.version"
 RECORD_FORMAT_VERSION = 1
@@ -121,14 +126,18 @@ class StoreConfig:
         return f"created {self.created!r}"
 
     def encode(self) -> bytes:
-        """The config as this release writes it: always the current store version (of
-        an encrypted store, :data:`ENCRYPTED_STORE_FORMAT_VERSION`)."""
+        """The config as this release writes it: the current store version (of an
+        encrypted store, :data:`ENCRYPTED_STORE_FORMAT_VERSION`), or
+        :data:`HOLDS_STORE_FORMAT_VERSION` for a store that has it (holds, plain or
+        encrypted)."""
         body = {"format": STORE_FORMAT, "format_version": STORE_FORMAT_VERSION,
                 "chunk_size": self.chunk_size, "compression": self.compression,
                 "created": self.created, "delta_depth": self.delta_depth}
         if self.encryption is not None:
             body["format_version"] = ENCRYPTED_STORE_FORMAT_VERSION
             body["encryption"] = self.encryption.encode()
+        if self.format_version >= HOLDS_STORE_FORMAT_VERSION:
+            body["format_version"] = HOLDS_STORE_FORMAT_VERSION
         return _dumps(body)
 
     @classmethod
@@ -159,7 +168,8 @@ class StoreConfig:
             depth = 0 if version < 3 else exact_int(obj.get("delta_depth"), "delta_depth",
                                                     0, MAX_DELTA_DEPTH)
             encryption = None
-            if version >= ENCRYPTED_STORE_FORMAT_VERSION:
+            if version == ENCRYPTED_STORE_FORMAT_VERSION or (
+                    version >= HOLDS_STORE_FORMAT_VERSION and "encryption" in obj):
                 encryption = Encryption.decode(obj.get("encryption"))
             elif "encryption" in obj:
                 raise ValueError(f"format_version {version} has no encryption")

@@ -45,6 +45,7 @@ from chunkstore.format.records import (
 )
 from chunkstore.handle.basecopies import BASE_COPY_BYTES, BaseCopies
 from chunkstore.handle.caches import BaseCache
+from chunkstore.handle.holding import place_hold, release_version
 from chunkstore.handle.removal import remove_versions
 from chunkstore.handle.signatures import BAD_SIGNATURE, SignatureCheck, check_signature
 from chunkstore.handle.tree import NodeCache, flatten
@@ -54,6 +55,7 @@ from chunkstore.index.versiontables import VersionEntry
 from chunkstore.objects.kinds import TAGS, VERSIONS
 from chunkstore.objects.objectstore import ObjectStore
 from chunkstore.objects.signing import Trust
+from chunkstore.protocol.holds import Hold, list_holds
 from chunkstore.protocol.moved import MovedRecord
 
 if TYPE_CHECKING:
@@ -281,7 +283,7 @@ class StoreHandle:
         """How many versions :meth:`versions` lists, without decoding one."""
         return self.index.version_count(run)
 
-    def holds(self, version_id: str) -> bool:
+    def lists_version(self, version_id: str) -> bool:
         """Whether the index lists the version of this full id (a keyed lookup)."""
         return self.index.version(version_id) is not None
 
@@ -451,10 +453,30 @@ class StoreHandle:
         remove_versions(self, infos, force=force)
         return infos
 
-    def delete_listed_many(self, infos: Iterable[VersionInfo]) -> None:
+    def delete_listed_many(self, infos: Iterable[VersionInfo]) -> list[Hold]:
         """Remove versions a caller listed moments ago (retention), in bulk; one that
-        is gone from the store already (another process removed it) is simply gone."""
-        remove_versions(self, list({info.id: info for info in infos}.values()))
+        is gone from the store already (another process removed it) is simply gone.
+        Held versions are left as they are: their holds are returned."""
+        return remove_versions(self, list({info.id: info for info in infos}.values()),
+                               skip_held=True)
+
+    # --- legal holds (chunkstore.protocol.holds) -------------------------------------------
+
+    def hold(self, selector: str, reason: str) -> Hold:
+        """Put the version ``selector`` names under a legal hold: no removal path (``rm``,
+        ``prune``, retention, ``keep_last``, replacement) removes it until
+        :meth:`release`.  Returns the hold, confirmed against removals in progress
+        (:class:`HoldUnconfirmedError` if one could not be ruled out)."""
+        return place_hold(self, selector, reason)
+
+    def release(self, selector: str) -> Hold:
+        """Release the hold of a version (deletes its hold object); returns the hold."""
+        return release_version(self, selector)
+
+    def holds(self) -> dict[str, Hold]:
+        """Every hold in the store (not the index: holds are read where they are), by
+        version id; a damaged hold object is a hold with ``damage`` set."""
+        return list_holds(self.objects)
 
     def delete_listed(self, version_id: str) -> bool:
         """Remove a version a caller listed moments ago (retention, replacement).

@@ -9,6 +9,14 @@ A removal makes each step durable before the next, in batches of
    counts the grace period of what the version reaches
    (:mod:`chunkstore.protocol.tombstones`), and a taker's walk rolls nothing forward
    (:mod:`chunkstore.protocol.runlease`);
+2b. one listing of ``holds/``, after every tombstone of the batch is durable: a version
+   held now is left out of steps 3-5 (its tombstone stays; it only protects the
+   version's objects a grace period longer).  Why a hold stored before the listing, and
+   so every hold stored before the tombstone, always stops the removal, and how placing
+   a hold learns of a removal that listed ``holds/`` before it:
+   :mod:`chunkstore.protocol.holds`.  Holds are also listed once before anything else,
+   so that a held version normally gets no tombstone and ``rm`` refuses it having
+   changed nothing;
 3. the withdrawals: one look at each run's lease objects for the whole batch
    (:class:`~chunkstore.protocol.runlease.Withdrawals`), after every tombstone of it;
 4. the commit records, in bulk (one request per batch on S3, one directory fsync
@@ -34,8 +42,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from chunkstore.backends.base import DELETE_BATCH
-from chunkstore.errors import InvalidInputError
+from chunkstore.errors import HeldVersionError, InvalidInputError
 from chunkstore.objects.kinds import SIGNATURES, TAGS, VERSIONS
+from chunkstore.protocol.holds import Hold, held_ids, read_hold
 from chunkstore.protocol.runlease import Withdrawals, withdraw
 from chunkstore.protocol.tombstones import write_tombstone
 
@@ -50,13 +59,21 @@ def unreadable(info: VersionInfo) -> bool:
 
 
 def remove_versions(store: StoreHandle, infos: Sequence[VersionInfo], *,
-                    force: bool = False) -> None:
+                    force: bool = False, skip_held: bool = False) -> list[Hold]:
     """Unpublish ``infos`` (resolved, each once).  A tagged version is refused, before
     anything is removed, unless ``force`` (which drops its tags too); a commit record
     that cannot be read is removed with its tags and no tombstone (what it references
-    cannot be known, and no reader can have opened it)."""
+    cannot be known, and no reader can have opened it).
+
+    A held version is never removed (``force`` or not): with ``skip_held`` it is left
+    out and its hold returned (retention); else :class:`HeldVersionError` is raised,
+    before anything changes when the hold was there at the start."""
     if not infos:
-        return
+        return []
+    held = _holds_of(store, held_ids(store.objects), infos)
+    if held and not skip_held:
+        raise HeldVersionError({h.version_id: h.reason for h in held})
+    infos = [info for info in infos if info.id not in {h.version_id for h in held}]
     # Removing versions is how a full disk is freed: on one, the index's space reserve
     # makes room for the tombstones and the index's own writes.
     store.index.release_reserve_if_low()
@@ -76,11 +93,30 @@ def remove_versions(store: StoreHandle, infos: Sequence[VersionInfo], *,
         store.objects.delete(TAGS, tag)
     if any(not unreadable(info) for info in infos):
         store.upgrade_format()  # tombstones are objects of format 2
+    removed_ids: list[str] = []
+    late: list[Hold] = []  # held after the first listing
     for start in range(0, len(infos), DELETE_BATCH):
-        _remove_batch(store, infos[start:start + DELETE_BATCH])
+        batch = infos[start:start + DELETE_BATCH]
+        late += _remove_batch(store, batch)
+        removed_ids += [info.id for info in batch]
+    if late and not skip_held:
+        late_ids = {h.version_id for h in late}
+        raise HeldVersionError({h.version_id: h.reason for h in late},
+                               removed=[vid for vid in removed_ids if vid not in late_ids])
+    return held + late
 
 
-def _remove_batch(store: StoreHandle, batch: Sequence[VersionInfo]) -> None:
+def _holds_of(store: StoreHandle, held: set[str], infos: Sequence[VersionInfo]
+              ) -> list[Hold]:
+    """The holds of those of ``infos`` that ``held`` names (a hold released meanwhile
+    still counts: it was there when the removal looked)."""
+    return [read_hold(store.objects, info.id)
+            or Hold(info.id, "(released while the removal ran)")
+            for info in infos if info.id in held]
+
+
+def _remove_batch(store: StoreHandle, batch: Sequence[VersionInfo]) -> list[Hold]:
+    """Steps 2-5 for one batch; return the holds step 2b found (left out)."""
     readable = [info for info in batch if not unreadable(info)]
 
     def tombstone(info: VersionInfo) -> None:
@@ -95,6 +131,13 @@ def _remove_batch(store: StoreHandle, batch: Sequence[VersionInfo]) -> None:
         for info in readable:
             tombstone(info)
     store.objects.flush()  # every tombstone durable (locally one syncfs) before step 3
+    # 2b: a hold stored before the tombstones were durable is listed here.  An unreadable
+    # record has no tombstone and is not held (it was never listed, so never held).
+    late = _holds_of(store, held_ids(store.objects), readable) if readable else []
+    if late:
+        kept = {h.version_id for h in late}
+        readable = [info for info in readable if info.id not in kept]
+        batch = [info for info in batch if info.id not in kept]
     for run in sorted({info.run for info in readable}):
         withdrawals = Withdrawals(store.objects, run)
         for info in readable:
@@ -107,3 +150,4 @@ def _remove_batch(store: StoreHandle, batch: Sequence[VersionInfo]) -> None:
     store.objects.delete_many(VERSIONS, [info.id for info in batch])
     store.objects.delete_many(SIGNATURES, [info.id for info in batch])
     store.index.remove_versions(info.id for info in batch)
+    return late

@@ -314,6 +314,11 @@ class _Run:
         self.clock, self.progress, self.session_wait_s = clock, progress, session_wait_s
         self.started = clock()
         self.before = self.started - grace_s
+        #: tombstones younger than this protect their versions' trees (``before`` but in a
+        #: purge, whose own candidates have grace 0: chunkstore.maintenance.purge)
+        self.removed_before = self.before
+        #: versions whose tombstones protect nothing (a purge's)
+        self.purged: frozenset[str] = frozenset()
         self.result = GcResult(dry_run=dry_run, grace_s=grace_s, repack_unused=repack_unused)
         self.expired: set[str] = set()
         self.expired_tombstones: list[str] = []
@@ -421,7 +426,7 @@ class _Run:
         was stored before it, so a run with grace 0 covers them."""
         dead = dead_sessions(self.objects, time.time())
         self.started = self.clock()
-        self.before = self.started - self.grace_s
+        self.before = self.removed_before = self.started - self.grace_s
         state = SweepState.load(self.index.path)
         self.sweep_plan = plan_sweep(state, dead, self.requested_sweep, self.started,
                                      self.grace_s)
@@ -557,7 +562,8 @@ class _Run:
         marks = self.marks
         fallback = mark_live(self.store, marks, self.progress, self.check_time)
         mark_unindexed(self.store, marks)
-        self.expired_tombstones = mark_removed(self.store, marks, self.before)
+        self.expired_tombstones = mark_removed(self.store, marks, self.removed_before,
+                                               skip=self.purged) + sorted(self.purged)
         # Read leases last: step 7 lists them after the session wait (the order the
         # argument of chunkstore.protocol.readleases needs).
         self.result.readers_protected = mark_read(self.store, marks)

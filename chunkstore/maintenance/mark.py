@@ -345,11 +345,15 @@ def mark_unindexed(store: StoreHandle, marks: MarkSet) -> None:
                 " `chunkstore rm` the version if it is beyond repair") from exc
 
 
-def mark_removed(store: StoreHandle, marks: MarkSet, removed_after: float) -> list[str]:
+def mark_removed(store: StoreHandle, marks: MarkSet, removed_after: float,
+                 skip: frozenset[str] = frozenset()) -> list[str]:
     """Mark the trees of versions removed after ``removed_after`` (their grace period
-    still runs); return the ids of tombstones older than that, which protect nothing."""
+    still runs), but those of ``skip`` (purged); return the ids of tombstones older than
+    that, which protect nothing."""
     expired = []
     for tombstone in list_tombstones(store.objects):
+        if tombstone.version_id in skip:
+            continue
         if tombstone.removed <= removed_after:
             expired.append(tombstone.version_id)
         elif tombstone.root is not None:

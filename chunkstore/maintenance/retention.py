@@ -16,12 +16,14 @@ from __future__ import annotations
 import math
 import re
 import reprlib
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from chunkstore.errors import InvalidSettingError, UnknownMetricError
+from chunkstore.errors import HeldVersionWarning, InvalidSettingError, UnknownMetricError
 from chunkstore.maintenance.verify import verify
+from chunkstore.protocol.holds import Hold
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d|w)?\s*$")
 _UNIT_S = {None: 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -206,6 +208,18 @@ def decide(versions: Sequence[Candidate], policy: Policy, now: float,
                     drop=[v.id for v in ordered if not reasons[v.id]])
 
 
+def held_message(hold: Hold, what: str) -> str:
+    """Why retention left a version: the hold, named with its reason."""
+    return (f"{what}: version {hold.version_id[:12]} is under a legal hold and stays"
+            f" ({hold.describe()}); `chunkstore release` it to let retention remove it")
+
+
+def warn_held(holds: Sequence[Hold], what: str) -> None:
+    """Warn (:class:`HeldVersionWarning`) once per version retention left for its hold."""
+    for hold in holds:
+        warnings.warn(HeldVersionWarning(held_message(hold, what)), stacklevel=3)
+
+
 @dataclass
 class PruneResult:
     """What :func:`prune` kept (with reasons) and removed, per run."""
@@ -215,11 +229,13 @@ class PruneResult:
     removed: list[Any] = field(default_factory=list)  # VersionInfo
     unverified: list[str] = field(default_factory=list)  # newest versions that failed verify
     warnings: list[str] = field(default_factory=list)  # e.g. a metric only some versions record
+    #: versions the policy would remove that are under a legal hold: left as they are
+    held: list[Hold] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"dry_run": self.dry_run, "kept": self.kept,
                 "removed": [v.to_json() for v in self.removed], "unverified": self.unverified,
-                "warnings": self.warnings}
+                "warnings": self.warnings, "held": [h.to_json() for h in self.held]}
 
 
 def prune(store: Any, policy: Policy, *, run: str | None = None, dry_run: bool = False,
@@ -260,9 +276,14 @@ def prune(store: Any, policy: Policy, *, run: str | None = None, dry_run: bool =
         result.kept.update(decision.keep)
         by_id = {v.id: v for v in infos}
         dropped = [by_id[vid] for vid in decision.drop]
-        if not dry_run:  # in bulk: a PUT per version and a few requests per thousand
-            store.delete_listed_many(dropped)
-        result.removed.extend(dropped)
+        # in bulk: a PUT per version and a few requests per thousand; held ones stay
+        held = [h for h in store.holds().values() if h.version_id in by_id
+                and h.version_id in decision.drop] if dry_run \
+            else store.delete_listed_many(dropped)
+        result.held.extend(held)
+        result.warnings.extend(held_message(h, "prune") for h in held)
+        held_ids = {h.version_id for h in held}
+        result.removed.extend(v for v in dropped if v.id not in held_ids)
     return result
 
 

@@ -1,7 +1,7 @@
 """``verify``: every chunk reachable from the chosen versions is present, decodes
 and hashes right at the length the manifest implies; commit records, manifest
 nodes and data nodes parse; every tensor entry is one a read can read; tags
-parse; refcounts match.
+parse; hold objects parse (a damaged one still holds); refcounts match.
 
 Findings are collected as :class:`Problem` objects instead of stopping at the
 first one.
@@ -58,8 +58,9 @@ from chunkstore.maintenance.findings import (
     VersionVerdict,
     summarize,
 )
-from chunkstore.objects.kinds import CHUNKS, MOVED, NODES, SIGNATURES, TAGS, VERSIONS
+from chunkstore.objects.kinds import CHUNKS, HOLDS, MOVED, NODES, SIGNATURES, TAGS, VERSIONS
 from chunkstore.progress import NullProgress, Progress
+from chunkstore.protocol.holds import list_holds
 from chunkstore.protocol.moved import list_moved
 from chunkstore.read.chain import NO_CACHE
 from chunkstore.read.members import locate_member, missing_chunk
@@ -321,6 +322,18 @@ def _check_tags(store: StoreHandle, result: VerifyResult) -> None:
                                            object_key=TAGS.key(name), object_state="corrupt"))
 
 
+def _check_holds(store: StoreHandle, result: VerifyResult) -> None:
+    """A hold object that cannot be read still holds its version (never read as released,
+    docs/format.md §15): name it, and how to end it if it is not wanted."""
+    for version_id, hold in list_holds(store.objects).items():
+        if hold.damage is not None:
+            result.problems.append(Problem(
+                "corrupt-hold", f"the hold of version {version_id[:12]} cannot be read"
+                f" ({hold.damage}); it still holds the version: no removal removes it until"
+                f" `chunkstore release STORE {version_id}`", version_id,
+                object_kind="hold", object_key=HOLDS.key(version_id), object_state="corrupt"))
+
+
 def _check_moved(store: StoreHandle, result: VerifyResult) -> None:
     """A moved record that cannot be parsed stops every GC (it cannot know where that
     pack's members went), and a read through it fails: name it."""
@@ -498,6 +511,7 @@ def verify(store: StoreHandle, sel: str | None = None, *, read_data: bool = True
                         result)
     if sel is None:
         _check_tags(store, result)
+        _check_holds(store, result)
         _check_moved(store, result)
         _check_refcounts(store, trees, set(ids) - set(trees) - set(trusted), result,
                          Counter(d for v in trusted.values() for d in _split(v.chunk_refs)))

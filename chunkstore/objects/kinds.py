@@ -112,3 +112,8 @@ ALL_KINDS: tuple[Kind[Digest] | Kind[str], ...] = (
     DRILLS, READERS, KEYS,
     SIGNATURES)
 
+#: Legal holds, by version id (§15): a held version is removed by no release that
+#: writes them (store format 11 and later).
+HOLDS = NamedKind("hold", "holds/", hex_ids=True)
+ALL_KINDS += (HOLDS,)
+

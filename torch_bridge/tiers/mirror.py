@@ -29,7 +29,7 @@ from chunkstore import Store
 from chunkstore.errors import ChunkStoreError, NoStoreError, PasswordRequiredError
 from chunkstore.handle.handle import StoreHandle
 from chunkstore.maintenance.mirror import Replicator
-from chunkstore.maintenance.retention import Candidate, Policy, decide
+from chunkstore.maintenance.retention import Candidate, Policy, decide, warn_held
 from chunkstore.objects.kinds import TOMBSTONES, VERSIONS
 
 #: How long a restore waits for the mirror to list its versions before it reads the
@@ -190,9 +190,9 @@ class MirrorTier:
         decision = decide([Candidate(v.id, v.step, v.created, v.meta) for v in versions],
                           Policy(keep_last=self.keep_last, min_previous=1), time.time())
         pinned = set(mirror.tags().values())
-        for version in versions:
-            if version.id in decision.drop and version.id not in pinned:
-                mirror.delete_listed(version.id)
+        held = mirror.delete_listed_many(v for v in versions
+                                         if v.id in decision.drop and v.id not in pinned)
+        warn_held(held, f"mirror of run {self.run!r}: keep_last")
 
     # --- waiting and closing -------------------------------------------------------------
 
