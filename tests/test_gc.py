@@ -57,6 +57,12 @@ def objects(store_path: Path, prefix: str) -> set[str]:
     return {p.name for p in root.rglob("*") if p.is_file()} if root.exists() else set()
 
 
+def stored_bytes(store_path: Path) -> int:
+    """What the chunk and node objects occupy."""
+    return sum(p.stat().st_size for prefix in ("chunks", "nodes")
+               for p in (store_path / prefix).rglob("*") if p.is_file())
+
+
 def reachable(store: chunkstore.Store, version_id: str) -> tuple[set[str], set[str]]:
     """(chunk hexes, node hexes) a version's manifest reaches, read from the manifest."""
     flat = flatten(store.objects, store.read_record(version_id).root, store.node_cache)
@@ -139,18 +145,25 @@ def test_a_killed_save_leaves_orphans_collected_after_the_grace_period(
     child = [sys.executable, str(REPO / "tests" / "crash_child.py"), str(store_path)]
     subprocess.run([*child, "1", "1"], check=True, capture_output=True, timeout=120)
     before = objects(store_path, "chunks")
+    stored = stored_bytes(store_path)
     killed = subprocess.run([*child, "2", "2"], capture_output=True, timeout=120, check=False,
                             env={**os.environ, "CHUNKSTORE_FAULT": "kill-before-put:versions/:0"})
     assert killed.returncode == -signal.SIGKILL
     orphans = objects(store_path, "chunks") - before
     assert orphans
+    # Its claims in the index never learnt their sizes: GC and report ask storage.
+    left = stored_bytes(store_path) - stored
     with chunkstore.open(store_path, create=True) as store:
         assert len(store.index.list_sessions()) == 1  # the killed save's
+        assert store.stats(full=False).awaiting_gc_bytes == left
         fresh = store.gc(grace="1h")
         assert fresh.sessions_expired == 1
         assert fresh.chunks_deleted == 0
+        dry = store.gc(grace="1h", clock=lambda: later(2 * HOUR), dry_run=True)
+        assert dry.bytes_freed + dry.orphan_bytes_freed == left
         result = store.gc(grace="1h", clock=lambda: later(2 * HOUR))
         assert result.chunks_deleted == len(orphans)
+        assert result.bytes_freed + result.orphan_bytes_freed == left
         assert objects(store_path, "chunks") == before
         assert store.verify().ok
         assert [v.step for v in store.versions()] == [1]

@@ -137,7 +137,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from chunkstore.backends.base import DELETE_BATCH
@@ -304,6 +304,16 @@ def session_is_dead(info: dict[str, Any], now: float, grace_s: float) -> bool:
     """Whether an index write session's process is gone (see :func:`owner_is_dead`;
     seen from another host, once its heartbeat is older than the grace period)."""
     return owner_is_dead(info, now, grace_s)
+
+
+def stored_size(store: StoreHandle, kind: bytes, digest: Digest) -> int | None:
+    """The size of a chunk (``kind`` CHUNK) or node object as stored now (one HEAD);
+    None when it is not stored.  For a record whose size the index never learnt (a
+    killed save's claim: WRITING, size 0)."""
+    try:
+        return store.objects.stat(_KIND_OF[kind], digest).size
+    except FileNotFoundError:
+        return None
 
 
 # --- the run ----------------------------------------------------------------------------------
@@ -492,7 +502,12 @@ class _Run:
             if self._claimed(digest):
                 self.result.kept_by_sessions += 1
                 continue
-            found.append(Candidate(kind, digest, record.stored_length, True))
+            candidate = Candidate(kind, digest, record.stored_length, True)
+            if self.dry_run and record.state == ChunkState.WRITING and not record.stored_length:
+                # A killed save's claim: its size was never recorded (a real run learns
+                # it as it deletes, _delete_batches).
+                candidate = self._as_stored(candidate)[0]
+            found.append(candidate)
         return found
 
     def _claimed(self, digest: Digest) -> bool:
@@ -771,20 +786,25 @@ class _Run:
             began = time.monotonic()
             started = start(batch)
             # A record of WRITING state (another GC's deletion applied here, a killed
-            # run's handed back) may name an object gone already: not freed again.
-            gone = {s.candidate.digest for s in started
-                    if s.maybe_gone and not self.objects.exists(_KIND_OF[kind],
-                                                                 s.candidate.digest)}
+            # run's handed back, a killed save's claim) may name an object gone already
+            # (not freed again) or one whose size it never learnt: asked storage.
+            counted = [(s.candidate, True) if not s.maybe_gone else self._as_stored(s.candidate)
+                       for s in started]
             self.objects.delete_many(_KIND_OF[kind], [s.candidate.digest for s in started])
             self.index.finish_deletes(kind, [s.candidate.digest for s in started])
-            for s in started:
-                self._count(s.candidate, s.candidate.digest not in gone)
+            for candidate, existed in counted:
+                self._count(candidate, existed)
             self.progress.advance(len(batch))
             took = time.monotonic() - began
             if took < RENEW_LAPSE_S / 4:
                 size = min(size * 4, DELETE_BATCH)
             elif took > RENEW_LAPSE_S / 2:
                 size = max(size // 2, 1)
+
+    def _as_stored(self, candidate: Candidate) -> tuple[Candidate, bool]:
+        """``candidate`` with its size as stored now, and whether it is stored."""
+        size = stored_size(self.store, candidate.kind, candidate.digest)
+        return (candidate, False) if size is None else (replace(candidate, size=size), True)
 
     def _count(self, candidate: Candidate, existed: bool = True) -> None:
         self.deleted.append((candidate.kind, candidate.digest))
