@@ -628,13 +628,16 @@ class Index(VersionLookups):
 
     def add_version(self, entry: VersionEntry, refs: Iterable[Digest], nodes: dict[Digest, int],
                     new_chunks: Iterable[NewChunk], session_id: str | None = None,
-                    packed: dict[Digest, PackLocation] | None = None) -> bool:
+                    packed: dict[Digest, PackLocation] | None = None,
+                    census: bytes | None = None) -> bool:
         """Count one version in: its chunks' and nodes' refcounts, and the chunks it wrote.
 
         ``nodes`` maps every node of the version's tree to its size in bytes
         (0 when unknown); ``packed`` where its packed chunks lie (remembered for
-        deduplication).  Returns False when ``session_id`` no longer exists
-        (GC expired it, so its claims did not protect what it reused).
+        deduplication); ``census`` what report's census counts of it, where the
+        caller read its manifests anyway (:meth:`note_census`, in this transaction).
+        Returns False when ``session_id`` no longer exists (GC expired it, so its
+        claims did not protect what it reused).
         """
         now = time.time()
         with self._writing() as txn:
@@ -668,6 +671,12 @@ class Index(VersionLookups):
             txn.put(entry.id.encode(), b"".join(d.raw for d in node_list), db=self.node_refs)
             for member, location in (packed or {}).items():
                 self._remember_packed(txn, member, location)
+            if census is not None:
+                tables = self._derived_tables()
+                parts = tables.parts(txn, entry.id.encode())
+                assert parts is not None  # put just above
+                derived.write(txn, self.census_db, derived.writing_epoch(txn, tables),
+                              entry.id, parts, census)
             if session_id:
                 self._drop_session(txn, session_id)
         return alive
