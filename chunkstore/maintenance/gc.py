@@ -89,12 +89,13 @@ done or died (the fence wait, for every active entry naming X), so after
 its deletion.  "Died" includes "could not renew its entry for half the
 lease": such a run stops deleting before others may count it dead.  A save
 counts a silent entry dead only :data:`~chunkstore.protocol.journal.FENCE_STALE_S`
-after it saw it, and this run begins no batch of step 8 later than
-``RENEW_LAPSE_S`` (half of that) after its last renewal was sent: the other half
-is for the batch in flight.  That is why a batch is bounded in time and not only
-in keys (one DeleteObjects request on S3, as one DELETE was before; locally the
-first batch is small and a batch grows only while one takes under a quarter of
-``RENEW_LAPSE_S``).  Batching changes nothing else the argument uses: each
+after it saw it, and this run begins no bulk delete of step 8 later than
+``RENEW_LAPSE_S`` (half of that) after its last renewal was sent (it checks
+before each batch, and again after any request the batch made first): the other
+half is for the delete in flight.  That is why a batch is bounded in time and not
+only in keys (one DeleteObjects request on S3, as one DELETE was before; locally
+the first batch is small and a batch grows only while its delete takes under a
+quarter of ``RENEW_LAPSE_S``).  Batching changes nothing else the argument uses: each
 object's record is re-checked (refcount 0, unclaimed) and made DELETING in the
 same transaction, before its object is deleted, exactly as one at a time.  Versions published
 before step 7 are marked in step 7; a version removed before it is marked
@@ -772,24 +773,27 @@ class _Run:
         """Delete ``digests`` of one kind in batches.  For each: the run's checks
         (:meth:`check_time`: grace, and the entry renewed lately), ``start`` (one index
         transaction: the re-check against saves of this index, and DELETING for each
-        object that may go), the objects in one bulk delete (one request per batch on
-        S3, unlinks side by side and a fsync per folder locally), then their records
-        removed (one transaction).  A batch is one deletion in flight for the fence's
-        timing (chunkstore.protocol.journal.FENCE_STALE_S): the first is small, and a
-        batch grows only while one takes under a quarter of RENEW_LAPSE_S, and shrinks
+        object that may go), the run's checks again where requests were made since, the
+        objects in one bulk delete (one request per batch on S3, unlinks side by side
+        and a fsync per folder locally), then their records removed (one transaction).
+        A bulk delete is one deletion in flight for the fence's timing
+        (chunkstore.protocol.journal.FENCE_STALE_S): the first is small, and a batch
+        grows only while its delete takes under a quarter of RENEW_LAPSE_S, and shrinks
         when one takes over half."""
         size, done = _FIRST_BATCH, 0
         while done < len(digests):
             batch = digests[done:done + size]
             done += len(batch)
             self.check_time()
-            began = time.monotonic()
             started = start(batch)
             # A record of WRITING state (another GC's deletion applied here, a killed
             # run's handed back, a killed save's claim) may name an object gone already
             # (not freed again) or one whose size it never learnt: asked storage.
             counted = [(s.candidate, True) if not s.maybe_gone else self._as_stored(s.candidate)
                        for s in started]
+            if any(s.maybe_gone for s in started):
+                self.check_time()  # after those requests: the delete begins in time
+            began = time.monotonic()
             self.objects.delete_many(_KIND_OF[kind], [s.candidate.digest for s in started])
             self.index.finish_deletes(kind, [s.candidate.digest for s in started])
             for candidate, existed in counted:
