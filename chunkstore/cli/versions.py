@@ -21,7 +21,7 @@ from chunkstore.cli.common import (
     tags_by_version,
     version_json,
 )
-from chunkstore.errors import SelectorError
+from chunkstore.errors import HeldVersionError, SelectorError
 from chunkstore.maintenance.purge import PurgeResult
 from chunkstore.progress import TerminalProgress
 from chunkstore.store import Store, VersionInfo
@@ -170,6 +170,11 @@ def rm(store_path: str, selectors: tuple[str, ...], force: bool, dry_run: bool,
         if pinned and not force:
             names = "; ".join(f"{i.short_id} is tagged {', '.join(t)}" for i, t in pinned)
             raise CliError(f"{names}; untag first or pass --force; nothing removed", EXIT_USAGE)
+        if dry_run:  # what rm would refuse, a dry run refuses too (a real rm asks again)
+            holds = store.holds()
+            held = {i.id: holds[i.id].reason for i in infos if i.id in holds}
+            if held:
+                raise HeldVersionError(held)
         if purge and not dry_run:
             with TerminalProgress() as progress:
                 result = store.purge([info.id for info in infos], force=force, grace=grace,

