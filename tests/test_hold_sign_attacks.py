@@ -15,6 +15,8 @@ from click.testing import CliRunner
 
 import chunkstore
 from chunkstore.cli import cli
+from chunkstore.errors import HeldVersionError
+from chunkstore.format.records import HOLDS_STORE_FORMAT_VERSION
 from chunkstore.objects.signing import generate_key
 from tests.conftest import tree_snapshot
 
@@ -65,3 +67,21 @@ def test_rm_dry_run_refuses_a_held_version_as_rm_does(tmp_path: Path, purge: boo
     # what is not held still dry-runs
     answer = CliRunner().invoke(cli, ["rm", str(path), "r@2", "--dry-run", "--json"])
     assert answer.exit_code == 0 and json.loads(answer.stdout)["removed"][0]["id"] == ids[2]
+
+
+def test_init_recover_keeps_the_holds_store_version(tmp_path: Path) -> None:
+    """Broke: ``init --recover`` on a store with holds wrote format version 9 back, so a
+    release that does not honour holds opened it again and could remove a held
+    version."""
+    path = tmp_path / "s"
+    _filled(path)
+    with chunkstore.open(path) as store:
+        store.hold("r@1", "dispute")
+    (path / "chunkstore.json").write_text("damaged")
+    answer = CliRunner().invoke(cli, ["init", str(path), "--recover"])
+    assert answer.exit_code == 0, answer.output
+    assert f"format version {HOLDS_STORE_FORMAT_VERSION}" in answer.output
+    config = json.loads((path / "chunkstore.json").read_text())
+    assert config["format_version"] == HOLDS_STORE_FORMAT_VERSION
+    with chunkstore.open(path) as store, pytest.raises(HeldVersionError):
+        store.delete("r@1")
