@@ -15,9 +15,11 @@ from click.testing import CliRunner
 
 import chunkstore
 from chunkstore.cli import cli
-from chunkstore.errors import HeldVersionError
+from chunkstore.errors import DuplicateStepError, HeldVersionError
 from chunkstore.format.records import HOLDS_STORE_FORMAT_VERSION
-from chunkstore.objects.signing import generate_key
+from chunkstore.handle.signatures import SIGNED_BY_TRUSTED, SIGNED_BY_UNTRUSTED
+from chunkstore.objects.kinds import SIGNATURES, TOMBSTONES, VERSIONS
+from chunkstore.objects.signing import Trust, generate_key
 from tests.conftest import tree_snapshot
 
 
@@ -85,3 +87,44 @@ def test_init_recover_keeps_the_holds_store_version(tmp_path: Path) -> None:
     assert config["format_version"] == HOLDS_STORE_FORMAT_VERSION
     with chunkstore.open(path) as store, pytest.raises(HeldVersionError):
         store.delete("r@1")
+
+
+# --- signatures -----------------------------------------------------------------------------
+
+
+def test_an_identical_save_with_a_key_leaves_the_version_signed_by_it(
+        tmp_path: Path, keys: dict[str, Path]) -> None:
+    """Broke: saving a step again with the same content and ``sign_with`` returned the
+    existing unsigned version (``existed``), which a ``require_signed`` restore then
+    skips; now the existing version is signed by the key."""
+    path = tmp_path / "s"
+    ids = _filled(path)
+    trust = Trust([keys["signer.pub"]])
+    with chunkstore.open(path) as store:
+        again = _save(store, 2, keys["signer"])
+        assert again.existed and again.info.id == ids[2]
+        assert store.signature("r@2", trust).status == SIGNED_BY_TRUSTED
+        assert _save(store, 2, keys["signer"]).existed  # and again: nothing changes
+        assert store.signature("r@2", trust).status == SIGNED_BY_TRUSTED
+
+
+def test_an_identical_save_never_takes_over_another_keys_signature(
+        tmp_path: Path, keys: dict[str, Path]) -> None:
+    """A version signed by another key is not this save's: without replace it is a
+    DuplicateStepError naming the other key (its signature unchanged); with replace the
+    save publishes its own signed version in its place."""
+    path = tmp_path / "s"
+    with chunkstore.open(path, create=True) as store:
+        first = _save(store, 5, keys["other"]).info.id
+        signature = (path / SIGNATURES.key(first)).read_bytes()
+        with pytest.raises(DuplicateStepError, match="signed by another key"):
+            _save(store, 5, keys["signer"])
+        assert (path / SIGNATURES.key(first)).read_bytes() == signature
+        assert store.signature(first, Trust([keys["signer.pub"]])).status \
+            == SIGNED_BY_UNTRUSTED
+        mine = _save(store, 5, keys["signer"], replace=True)
+        assert not mine.existed and mine.info.id != first
+        assert store.signature("r@5", Trust([keys["signer.pub"]])).status \
+            == SIGNED_BY_TRUSTED
+        assert not (path / VERSIONS.key(first)).exists()
+        assert (path / TOMBSTONES.key(first)).exists()
