@@ -83,7 +83,7 @@ def sign_existing(objects: ObjectStore, key: ec.EllipticCurvePrivateKey,
     except FileNotFoundError:
         return True
     CommitRecord.decode(version_id, record)  # the id's bytes (CorruptRecordError)
-    check = check_signature(objects, version_id, record, Trust(key))
+    check = check_signature(objects, version_id, record, Trust(key.public_key()))
     if check.status == SIGNED_BY_UNTRUSTED:
         return False
     if not check.trusted:
