@@ -18,7 +18,7 @@ from chunkstore.cli import cli
 from chunkstore.errors import DuplicateStepError, HeldVersionError
 from chunkstore.format.records import HOLDS_STORE_FORMAT_VERSION
 from chunkstore.handle.signatures import SIGNED_BY_TRUSTED, SIGNED_BY_UNTRUSTED
-from chunkstore.objects.kinds import SIGNATURES, TOMBSTONES, VERSIONS
+from chunkstore.objects.kinds import HOLDS, SIGNATURES, TOMBSTONES, VERSIONS
 from chunkstore.objects.signing import Trust, generate_key
 from tests.conftest import tree_snapshot
 
@@ -87,6 +87,28 @@ def test_init_recover_keeps_the_holds_store_version(tmp_path: Path) -> None:
     assert config["format_version"] == HOLDS_STORE_FORMAT_VERSION
     with chunkstore.open(path) as store, pytest.raises(HeldVersionError):
         store.delete("r@1")
+
+
+def test_sync_says_which_copied_versions_are_held_at_the_source(tmp_path: Path) -> None:
+    """Issue 51: a hold belongs to its store; sync names each version it copies that is
+    held at the source (text and JSON), and the copy is not held."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    ids = _filled(src)
+    with chunkstore.open(src) as store:
+        store.hold("r@1", "legal review")
+    answer = CliRunner().invoke(cli, ["sync", str(src), str(dst), "--json"])
+    assert answer.exit_code == 0, answer.output
+    found = json.loads(answer.stdout)
+    assert [h["version"] for h in found["held_at_source"]] == [ids[1]]
+    assert found["held_at_source"][0]["reason"] == "legal review"
+    assert not (dst / HOLDS.prefix).exists()
+    src2, dst2 = tmp_path / "src2", tmp_path / "dst2"
+    _filled(src2)
+    with chunkstore.open(src2) as store:
+        store.hold("r@2", "legal review")
+    text = CliRunner().invoke(cli, ["sync", str(src2), str(dst2), "--dry-run"]).output
+    assert "held at the source" in text and "legal review" in text
+    assert f"chunkstore hold {dst2}" in text
 
 
 # --- signatures -----------------------------------------------------------------------------
