@@ -150,3 +150,18 @@ def test_an_identical_save_never_takes_over_another_keys_signature(
             == SIGNED_BY_TRUSTED
         assert not (path / VERSIONS.key(first)).exists()
         assert (path / TOMBSTONES.key(first)).exists()
+
+
+def test_drill_refuses_trust_without_require_signed(tmp_path: Path,
+                                                     keys: dict[str, Path]) -> None:
+    """Broke: ``drill --trust KEY.pub`` without ``--require-signed`` ignored the key and
+    restored an unsigned version as if it had been checked; now it is a usage error
+    (exit 2) before anything runs."""
+    path = tmp_path / "s"
+    _filled(path, steps=1)
+    before = tree_snapshot(path)
+    answer = CliRunner().invoke(cli, ["drill", str(path), "--trust",
+                                      str(keys["signer.pub"]), "--no-record"])
+    assert answer.exit_code == 2, answer.output
+    assert "--require-signed" in answer.output
+    assert tree_snapshot(path) == before

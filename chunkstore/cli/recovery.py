@@ -126,7 +126,7 @@ def drill_text(result: DrillResult, store_path: str) -> None:
 @click.option("--trust", "trust", multiple=True, metavar="PUBKEY",
               type=click.Path(dir_okay=False, exists=True),
               help="A public key file (KEY.pub from `chunkstore keygen`) whose signatures"
-              " --require-signed accepts; repeatable.")
+              " --require-signed accepts (only with it); repeatable.")
 @JSON_OPT
 def drill_command(store_path: str, selector: str | None, scenarios: tuple[str, ...],
                   then: str | None, then_timeout: str, materialize: str, no_record: bool,
@@ -195,6 +195,9 @@ def drill_command(store_path: str, selector: str | None, scenarios: tuple[str, .
 
 def _trust_environment(require_signed: bool, trust: tuple[str, ...]) -> dict[str, str]:
     """What hands the restore process the keys it requires a signature of."""
+    if trust and not require_signed:  # else the keys would be silently ignored
+        raise CliError("--trust names the keys --require-signed accepts: add"
+                       " --require-signed (or drop --trust); nothing was run", EXIT_USAGE)
     if not require_signed:
         return {}
     if not trust:
