@@ -6,6 +6,8 @@ a held version without saying so."""
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +16,16 @@ import pytest
 from click.testing import CliRunner
 
 import chunkstore
+from chunkstore.backends.wrappers import ForwardingBackend
 from chunkstore.cli import cli
-from chunkstore.errors import DuplicateStepError, HeldVersionError
+from chunkstore.errors import DuplicateStepError, HeldVersionError, HoldUnconfirmedError
 from chunkstore.format.records import HOLDS_STORE_FORMAT_VERSION
+from chunkstore.handle.holding import place_hold
 from chunkstore.handle.signatures import SIGNED_BY_TRUSTED, SIGNED_BY_UNTRUSTED
 from chunkstore.objects.kinds import HOLDS, SIGNATURES, TOMBSTONES, VERSIONS
+from chunkstore.objects.objectstore import ObjectStore
 from chunkstore.objects.signing import Trust, generate_key
+from chunkstore.protocol import tombstones
 from tests.conftest import tree_snapshot
 
 
@@ -165,3 +171,76 @@ def test_drill_refuses_trust_without_require_signed(tmp_path: Path,
     assert answer.exit_code == 2, answer.output
     assert "--require-signed" in answer.output
     assert tree_snapshot(path) == before
+
+
+# --- a removal stalled while a GC and a hold run ---------------------------------------------
+
+
+class _StallAfterHoldsListing(ForwardingBackend):
+    """Runs ``meanwhile`` once, right after this removal's second listing of ``holds/``
+    (the one after its tombstones): as if the removal were stopped there while other
+    processes ran."""
+
+    def __init__(self, inner: Any, meanwhile: Callable[[], None]) -> None:
+        super().__init__(inner)
+        self.meanwhile: Callable[[], None] | None = meanwhile
+        self.listings = 0
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        found = list(super().list(prefix))
+        if prefix.startswith(HOLDS.prefix):
+            self.listings += 1
+            if self.listings == 2 and self.meanwhile is not None:
+                meanwhile, self.meanwhile = self.meanwhile, None
+                meanwhile()
+        return iter(found)
+
+
+def test_gc_keeps_the_tombstone_of_a_removal_in_progress_so_a_hold_is_not_confirmed(
+        tmp_path: Path) -> None:
+    """Broke: a removal stopped after its look at holds/, a ``gc --grace 0`` (which
+    deleted its tombstone: the version was still published), then a hold, which found no
+    tombstone and said it was confirmed; the removal went on and removed the held
+    version.  Now GC keeps the tombstone of a published version for
+    LIVE_TOMBSTONE_MIN_AGE_S whatever the grace, and the hold says it is unconfirmed."""
+    path = tmp_path / "s"
+    ids = _filled(path)
+    outcome: dict[str, Any] = {}
+    with chunkstore.open(path) as store, \
+            chunkstore.open(path, index_dir=str(tmp_path / "i2")) as other:
+        def meanwhile() -> None:
+            outcome["gc"] = other.gc(grace=0).tombstones_deleted
+            with pytest.raises(HoldUnconfirmedError):
+                place_hold(other, ids[1], "dispute", wait_s=0.1)
+        store.objects = ObjectStore(_StallAfterHoldsListing(store.objects.backend,
+                                                            meanwhile))
+        store.delete("r@1")  # it listed holds/ before the hold: it may remove it
+    assert outcome["gc"] == 0
+    with chunkstore.open(path) as store:  # once the removal is over, GC expires it
+        assert store.gc(grace=0).tombstones_deleted == 1
+
+
+def test_a_removal_stalled_past_its_bound_looks_at_holds_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A removal stopped longer than MAX_REMOVAL_STALL_S after its tombstones (here
+    shrunk, with the GC's minimum age, to fractions of a second) may have had them
+    expired by a GC and a hold confirmed meanwhile: it stores them again and lists
+    holds/ again before it withdraws or deletes anything, so the held version stays.
+    (Checked: without the stall check the held version is removed.)"""
+    monkeypatch.setattr(tombstones, "LIVE_TOMBSTONE_MIN_AGE_S", 0.2)
+    monkeypatch.setattr(tombstones, "MAX_REMOVAL_STALL_S", 0.1)
+    path = tmp_path / "s"
+    ids = _filled(path)
+    with chunkstore.open(path) as store, \
+            chunkstore.open(path, index_dir=str(tmp_path / "i2")) as other:
+        def meanwhile() -> None:
+            time.sleep(0.3)
+            assert other.gc(grace=0).tombstones_deleted == 2  # both still published
+            other.hold(ids[1], "dispute")  # no tombstone: confirmed
+        store.objects = ObjectStore(_StallAfterHoldsListing(store.objects.backend,
+                                                            meanwhile))
+        with pytest.raises(HeldVersionError, match="dispute") as caught:
+            store.delete_many(["r@1", "r@2"])
+        assert caught.value.removed == (ids[2],)
+    assert (path / VERSIONS.key(ids[1])).exists()
+    assert (path / HOLDS.key(ids[1])).exists()

@@ -563,7 +563,8 @@ class _Run:
         fallback = mark_live(self.store, marks, self.progress, self.check_time)
         mark_unindexed(self.store, marks)
         self.expired_tombstones = mark_removed(self.store, marks, self.removed_before,
-                                               skip=self.purged) + sorted(self.purged)
+                                               skip=self.purged, now=self.started
+                                               ) + sorted(self.purged)
         # Read leases last: step 7 lists them after the session wait (the order the
         # argument of chunkstore.protocol.readleases needs).
         self.result.readers_protected = mark_read(self.store, marks)

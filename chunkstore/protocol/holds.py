@@ -22,6 +22,13 @@ expired it; a purge deletes its tombstone only after the record, so H looks at t
 tombstone first), and otherwise says the hold is stored but unconfirmed
 (:class:`~chunkstore.errors.HoldUnconfirmedError`): it still stops every removal that
 lists ``holds/`` after it, and ``hold`` run again confirms it once the tombstone is gone.
+The argument needs R's tombstone stored from its write until R deletes the record,
+and a GC deletes tombstones past the grace period (at once at grace 0): so a GC keeps
+the tombstone of a version still published for at least
+:data:`~chunkstore.protocol.tombstones.LIVE_TOMBSTONE_MIN_AGE_S`, whatever the grace
+period, and a removal stalled longer than
+:data:`~chunkstore.protocol.tombstones.MAX_REMOVAL_STALL_S` between its tombstones and
+its withdrawals stores them again and lists ``holds/`` again (docs/format.md §15.2).
 A tombstone left by a removal a hold refused, or by one that was killed, makes a hold
 unconfirmed until GC deletes the tombstone (one grace period); a removal checks
 ``holds/`` before it writes any tombstone, so a version held already gets none.
