@@ -244,3 +244,39 @@ def test_a_removal_stalled_past_its_bound_looks_at_holds_again(
         assert caught.value.removed == (ids[2],)
     assert (path / VERSIONS.key(ids[1])).exists()
     assert (path / HOLDS.key(ids[1])).exists()
+
+
+class _BeforeCommitRecord(ForwardingBackend):
+    """Runs ``meanwhile`` once, right before a save's commit record is created (its
+    signature and every object durable already)."""
+
+    def __init__(self, inner: Any, meanwhile: Callable[[], None]) -> None:
+        super().__init__(inner)
+        self.meanwhile: Callable[[], None] | None = meanwhile
+
+    def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
+        if key.startswith(VERSIONS.prefix) and self.meanwhile is not None:
+            meanwhile, self.meanwhile = self.meanwhile, None
+            meanwhile()
+        return super().put_if_absent(key, data)
+
+
+def test_a_sweep_at_grace_0_leaves_the_signature_of_a_save_about_to_publish(
+        tmp_path: Path, keys: dict[str, Path]) -> None:
+    """Broke: a ``gc --grace 0`` sweep between a signed save's signature and its commit
+    record deleted the signature as an orphan, and the save published its version
+    unsigned (restore(require_signed) then skips it).  A young signature is a save's
+    own, as a young temporary file is: the sweep leaves those under TEMP_MIN_AGE_S."""
+    path = tmp_path / "s"
+    _filled(path, steps=1)
+    found: dict[str, int] = {}
+    with chunkstore.open(path) as store, \
+            chunkstore.open(path, index_dir=str(tmp_path / "i2")) as other:
+        def meanwhile() -> None:
+            found["deleted"] = other.gc(grace=0, sweep=True,
+                                        session_wait=0.1).signatures_deleted
+        store.objects = ObjectStore(_BeforeCommitRecord(store.objects.backend, meanwhile))
+        version = _save(store, 7, keys["signer"]).info.id
+        assert found == {"deleted": 0}
+        assert store.signature(version, Trust([keys["signer.pub"]])).status \
+            == SIGNED_BY_TRUSTED

@@ -778,12 +778,12 @@ class _Run:
                 keep=[self.entry.id] if self.entry is not None else [])
         self.result.tombstones_deleted = len(self.expired_tombstones)
         if self.sweep:
-            # A write in progress owns its temporary file: never touch a young one,
-            # whatever the grace period.
+            # A write in progress owns its temporary file, and a signed save about to
+            # publish its signature: never touch a young one, whatever the grace period.
             cutoff = min(self.before, self.started - TEMP_MIN_AGE_S)
             self.result.temporaries_deleted = self.objects.remove_temporaries(
                 cutoff, dry_run=self.dry_run)
-            orphans = orphan_signatures(self.objects, self.before)
+            orphans = orphan_signatures(self.objects, cutoff)
             if not self.dry_run:
                 self.objects.delete_many(SIGNATURES, orphans)
             self.result.signatures_deleted = len(orphans)
