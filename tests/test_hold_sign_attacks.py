@@ -18,7 +18,12 @@ from click.testing import CliRunner
 import chunkstore
 from chunkstore.backends.wrappers import ForwardingBackend
 from chunkstore.cli import cli
-from chunkstore.errors import DuplicateStepError, HeldVersionError, HoldUnconfirmedError
+from chunkstore.errors import (
+    DuplicateStepError,
+    HeldVersionError,
+    HoldUnconfirmedError,
+    SelectorError,
+)
 from chunkstore.format.records import HOLDS_STORE_FORMAT_VERSION
 from chunkstore.handle.holding import place_hold
 from chunkstore.handle.signatures import SIGNED_BY_TRUSTED, SIGNED_BY_UNTRUSTED
@@ -26,6 +31,7 @@ from chunkstore.objects.kinds import HOLDS, SIGNATURES, TOMBSTONES, VERSIONS
 from chunkstore.objects.objectstore import ObjectStore
 from chunkstore.objects.signing import Trust, generate_key
 from chunkstore.protocol import tombstones
+from chunkstore.protocol.runlease import withdraw
 from tests.conftest import tree_snapshot
 
 
@@ -280,3 +286,18 @@ def test_a_sweep_at_grace_0_leaves_the_signature_of_a_save_about_to_publish(
         assert found == {"deleted": 0}
         assert store.signature(version, Trust([keys["signer.pub"]])).status \
             == SIGNED_BY_TRUSTED
+
+
+def test_a_withdrawn_version_cannot_be_held(tmp_path: Path) -> None:
+    """Broke: a removal killed after withdrawing a version (``@withdrawn-`` marker,
+    docs/format.md §11.5) and before deleting its record left the record behind; once
+    GC expired the tombstone a hold of it was confirmed, and the next index to count the
+    version in deleted the held version's record.  A withdrawn version is never a
+    version again: holding it is refused and no hold object stays."""
+    path = tmp_path / "s"
+    ids = _filled(path)
+    with chunkstore.open(path) as store:
+        withdraw(store.objects, "r", ids[1])  # the removal died here
+        with pytest.raises(SelectorError, match="withdrawn"):
+            store.hold("r@1", "evidence")
+        assert not store.objects.exists(HOLDS, ids[1])

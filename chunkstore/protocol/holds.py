@@ -11,7 +11,9 @@ the store, not its index, at the moment it decides.
 Why no interleaving removes a version whose hold was confirmed.  A removal (R) stores
 the version's tombstone durably, *then* lists ``holds/`` and removes only versions not
 held (:mod:`chunkstore.handle.removal`).  Placing a hold (H) stores the hold object
-durably, *then* looks for the version's tombstone.  Both are "write mine, then read
+durably, *then* looks for the version's tombstone (and first for its ``@withdrawn-``
+marker, :mod:`chunkstore.protocol.runlease`: a withdrawn version is never a version
+again, whether or not its removal lived to delete the record, so H is refused).  Both are "write mine, then read
 theirs", so at least one sees the other: if H's look finds no tombstone, R's tombstone
 was stored after that look, hence after H's write, and R's listing, later still, sees
 the hold (a hold stored before R's tombstone is always seen).  If H finds a tombstone, a
