@@ -82,7 +82,7 @@ from chunkstore.maintenance.synccopy import Copied, Spans, VersionCopy, add_span
 from chunkstore.maintenance.verify import verify as verify_store
 from chunkstore.objects.kinds import MOVED, SESSIONS, VERSIONS
 from chunkstore.progress import NullProgress, Progress
-from chunkstore.protocol.holds import Hold, list_holds
+from chunkstore.protocol.holds import Hold, held_ids, read_hold
 from chunkstore.protocol.tombstones import write_tombstone
 from chunkstore.write.writer import open_store_session
 
@@ -284,9 +284,10 @@ def sync(src: StoreHandle, dst: StoreHandle | None, selectors: Sequence[str] = (
         progress.finish()
         if session is not None:
             session.close()
-    if result.copied:  # one listing of the source's holds/
-        held = list_holds(src.objects)
-        result.held_at_source = [held[vid] for vid in result.copied if vid in held]
+    if result.copied:  # one listing of the source's holds/, a read of each copied one's
+        held = held_ids(src.objects)
+        result.held_at_source = [hold for vid in result.copied if vid in held
+                                 and (hold := read_hold(src.objects, vid)) is not None]
     there = set(result.copied) | already  # tags may name only what the destination has
     _sync_tags(src, dst, [v for v in versions if v.id in there], result)
     if verify and dst is not None and not dry_run:
