@@ -14,9 +14,9 @@ held (:mod:`chunkstore.handle.removal`).  Placing a hold (H) stores the hold obj
 durably, *then* looks for the version's tombstone (and first for its ``@withdrawn-``
 marker, :mod:`chunkstore.protocol.runlease`: a withdrawn version is never a version
 again, whether or not its removal lived to delete the record, so H is refused).  Both
-are "write mine, then read theirs", so at least one sees the other: if H's look finds no tombstone, R's tombstone
-was stored after that look, hence after H's write, and R's listing, later still, sees
-the hold (a hold stored before R's tombstone is always seen).  If H finds a tombstone, a
+are "write mine, then read theirs", so at least one sees the other: if H's look finds
+no tombstone, R's tombstone was stored after that look, hence after H's write, and R's
+listing, later still, sees the hold (a hold stored before R's tombstone is always seen).  If H finds a tombstone, a
 removal may have listed ``holds/`` before H's write and may still remove the version: H
 waits for the record to go (the hold then held nothing: it is deleted and the caller
 told the version was removed) or the tombstone to go with the record still there (GC
