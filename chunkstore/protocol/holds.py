@@ -8,31 +8,32 @@ its version (a removal never reads a damaged object as "released"), and ``verify
 reports it.  Every index on every machine sees the same holds, because a removal asks
 the store, not its index, at the moment it decides.
 
-Why no interleaving removes a version whose hold was confirmed.  A removal (R) stores
-the version's tombstone durably, *then* lists ``holds/`` and removes only versions not
-held (:mod:`chunkstore.handle.removal`).  Placing a hold (H) stores the hold object
-durably, *then* looks for the version's tombstone (and first for its ``@withdrawn-``
-marker, :mod:`chunkstore.protocol.runlease`: a withdrawn version is never a version
-again, whether or not its removal lived to delete the record, so H is refused).  Both
-are "write mine, then read theirs", so at least one sees the other: if H's look finds
-no tombstone, R's tombstone was stored after that look, hence after H's write, and R's
-listing, later still, sees the hold (a hold stored before R's tombstone is always seen).  If H finds a tombstone, a
-removal may have listed ``holds/`` before H's write and may still remove the version: H
-waits for the record to go (the hold then held nothing: it is deleted and the caller
-told the version was removed) or the tombstone to go with the record still there (GC
-expired it; a purge deletes its tombstone only after the record, so H looks at the
-tombstone first), and otherwise says the hold is stored but unconfirmed
+Why no interleaving removes a version whose hold was confirmed. A removal (R) stores the
+version's tombstone durably, *then* lists ``holds/`` and removes only versions not held
+(:mod:`chunkstore.handle.removal`). Placing a hold (H) stores the hold object durably,
+*then* looks for the version's tombstone (and first for its ``@withdrawn-`` marker,
+:mod:`chunkstore.protocol.runlease`: a withdrawn version is never a version again,
+whether or not its removal lived to delete the record, so H is refused). Both are "write
+mine, then read theirs", so at least one sees the other: if H's look finds no tombstone,
+R's tombstone was stored after that look, hence after H's write, and R's listing, later
+still, sees the hold (a hold stored before R's tombstone is always seen). If H finds a
+tombstone, a removal may have listed ``holds/`` before H's write and may still remove
+the version: H waits for the record to go (the hold then held nothing: it is deleted and
+the caller told the version was removed) or the tombstone to go with the record still
+there (GC expired it; a purge deletes its tombstone only after the record, so H looks at
+the tombstone first), and otherwise says the hold is stored but unconfirmed
 (:class:`~chunkstore.errors.HoldUnconfirmedError`): it still stops every removal that
-lists ``holds/`` after it, and ``hold`` run again confirms it once the tombstone is gone.
-The argument needs R's tombstone stored from its write until R deletes the record,
+lists ``holds/`` after it, and ``hold`` run again confirms it once the tombstone is
+gone. The argument needs R's tombstone stored from its write until R deletes the record,
 and a GC deletes tombstones past the grace period (at once at grace 0): so a GC keeps
 the tombstone of a version still published for at least
 :data:`~chunkstore.protocol.tombstones.LIVE_TOMBSTONE_MIN_AGE_S`, whatever the grace
 period, and a removal stalled longer than
 :data:`~chunkstore.protocol.tombstones.MAX_REMOVAL_STALL_S` between its tombstones and
-its withdrawals stores them again and lists ``holds/`` again (docs/format.md §15.2).
-A tombstone left by a removal a hold refused, or by one that was killed, makes a hold
-unconfirmed until GC deletes the tombstone (one grace period); a removal checks
+its withdrawals stores them again and lists ``holds/`` again (docs/format.md §15.2). A
+tombstone left by a removal a hold refused, or by one that was killed, makes a hold
+unconfirmed until GC deletes the tombstone (one grace period, an hour at least); a
+removal checks
 ``holds/`` before it writes any tombstone, so a version held already gets none.
 """
 
