@@ -6,6 +6,7 @@ a held version without saying so."""
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -301,3 +302,19 @@ def test_a_withdrawn_version_cannot_be_held(tmp_path: Path) -> None:
         with pytest.raises(SelectorError, match="withdrawn"):
             store.hold("r@1", "evidence")
         assert not store.objects.exists(HOLDS, ids[1])
+
+
+def test_a_process_that_opened_an_old_store_keeps_the_holds_version(tmp_path: Path) -> None:
+    """Broke: a process that opened a store of version 8 before another placed the
+    first hold (version 11) upgraded it at its first save to 9, from the config it had
+    read: a release that does not honour holds could open the store again.  The stored
+    config decides: it stays 11."""
+    path = tmp_path / "s"
+    shutil.copytree(Path(__file__).parent / "data" / "store-v8", path)
+    with chunkstore.open(path, index_dir=str(tmp_path / "early")) as early, \
+            chunkstore.open(path, index_dir=str(tmp_path / "holder")) as holder:
+        assert early.config.format_version == 8
+        holder.hold(holder.versions()[0].id, "kept")
+        _save(early, 1)
+    assert json.loads((path / "chunkstore.json").read_text())["format_version"] \
+        == HOLDS_STORE_FORMAT_VERSION
