@@ -24,6 +24,7 @@ from chunkstore.cli.common import (
 from chunkstore.errors import HeldVersionError, SelectorError
 from chunkstore.maintenance.purge import PurgeResult
 from chunkstore.progress import TerminalProgress
+from chunkstore.protocol.holds import held_ids, read_hold
 from chunkstore.store import Store, VersionInfo
 
 # --- tag ------------------------------------------------------------------------------------
@@ -171,8 +172,9 @@ def rm(store_path: str, selectors: tuple[str, ...], force: bool, dry_run: bool,
             names = "; ".join(f"{i.short_id} is tagged {', '.join(t)}" for i, t in pinned)
             raise CliError(f"{names}; untag first or pass --force; nothing removed", EXIT_USAGE)
         if dry_run:  # what rm would refuse, a dry run refuses too (a real rm asks again)
-            holds = store.holds()
-            held = {i.id: holds[i.id].reason for i in infos if i.id in holds}
+            listed = held_ids(store.objects)
+            held = {i.id: (found.reason if (found := read_hold(store.objects, i.id)) else None)
+                    for i in infos if i.id in listed}
             if held:
                 raise HeldVersionError(held)
         if purge and not dry_run:
