@@ -318,3 +318,29 @@ def test_a_process_that_opened_an_old_store_keeps_the_holds_version(tmp_path: Pa
         _save(early, 1)
     assert json.loads((path / "chunkstore.json").read_text())["format_version"] \
         == HOLDS_STORE_FORMAT_VERSION
+
+
+@pytest.mark.parametrize("reason", ["audit\x1b[2J", "line one\nline two", "csi\x9b31m"])
+def test_a_hold_reason_is_printable_text(tmp_path: Path, reason: str) -> None:
+    """Broke: a reason (or a crafted hold object's reason, owner or process) with
+    terminal control characters went raw to every `log` and `show` an operator ran.
+    Placing such a hold is refused, nothing stored; a crafted object that holds one is a
+    damaged hold: it still holds, and no command prints its fields."""
+    path = tmp_path / "s"
+    ids = _filled(path)
+    answer = CliRunner().invoke(cli, ["hold", str(path), "r@1", "--reason", reason])
+    assert answer.exit_code == 2 and "printable" in answer.output
+    assert not (path / HOLDS.prefix).exists()
+    with chunkstore.open(path) as store:
+        store.hold("r@1", "placeholder")  # the store is of version 11 now
+    crafted = json.loads((path / HOLDS.key(ids[1])).read_text())
+    crafted.update(reason=reason, who=f"x{reason}", process=reason)
+    (path / HOLDS.key(ids[1])).write_text(json.dumps(crafted))
+    for command in (["log", str(path)], ["show", str(path), "r@1"],
+                    ["rm", str(path), "r@1"], ["verify", str(path)]):
+        output = CliRunner().invoke(cli, command).output
+        assert not any(c in output for c in "\x1b\x9b") and "line two" not in output
+    with chunkstore.open(path) as store:
+        assert store.holds()[ids[1]].damage is not None
+        with pytest.raises(HeldVersionError):
+            store.delete("r@1")

@@ -101,6 +101,9 @@ def check_reason(reason: object) -> str:
     if not (isinstance(reason, str) and reason.strip() and plaindata.is_unicode(reason)):
         raise InvalidInputError(f"a hold needs a reason (non-empty text), not {reason!r}:"
                                 " say why the version must be kept (--reason TEXT)")
+    if not reason.isprintable():  # log and show print it on operators' terminals
+        raise InvalidInputError(f"a hold's reason is one line of printable text, not"
+                                f" {reason!r}: no control characters or line breaks")
     if len(reason) > MAX_REASON_CHARS:
         raise InvalidInputError(f"a hold's reason is at most {MAX_REASON_CHARS} characters"
                                 f" ({len(reason)} given); refer to a document instead")
@@ -112,7 +115,13 @@ def who_am_i() -> str:
         user = getpass.getuser()
     except (KeyError, OSError):  # no name for this uid (a container)
         user = f"uid{os.getuid()}"
-    return f"{user}@{socket.gethostname()}"
+    return _printable(f"{user}@{socket.gethostname()}")
+
+
+def _printable(text: str) -> str:
+    """``text`` with each character that is not printable as ``?`` (a reader takes a
+    hold object with one for damage: its fields go to terminals)."""
+    return "".join(c if c.isprintable() else "?" for c in text)
 
 
 def encode_hold(version_id: str, reason: str, when: float, *, who: str | None = None,
@@ -122,7 +131,7 @@ def encode_hold(version_id: str, reason: str, when: float, *, who: str | None = 
         process = f"pid {os.getpid()} {os.path.basename(sys.argv[0]) if sys.argv else ''}"
     body = {"format": HOLD_RECORD, "format_version": HOLD_FORMAT, "version": version_id,
             "reason": reason, "who": who_am_i() if who is None else who, "when": when,
-            "process": process.strip()}
+            "process": _printable(process.strip())}
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                       allow_nan=False).encode("utf-8")
 
@@ -141,13 +150,22 @@ def decode_hold(version_id: str, data: bytes) -> Hold:
     if not is_version(body.get("format_version"), HOLD_FORMAT):
         return Hold(version_id, None,
                     damage=f"format_version {body.get('format_version')!r} unknown here")
+    damage = _field_damage(version_id, body)
+    if damage is not None:
+        return Hold(version_id, None, damage=damage)
+    return Hold(version_id, body["reason"], body["who"], float(body["when"]), body["process"])
+
+
+def _field_damage(version_id: str, body: dict[str, Any]) -> str | None:
+    """What is wrong with a hold object's fields (None: nothing)."""
     reason, who, when, process = (body.get(k) for k in ("reason", "who", "when", "process"))
     if body.get("version") != version_id or not isinstance(reason, str) \
             or not isinstance(who, str) or type(when) not in (int, float) \
             or not isinstance(process, str):
-        return Hold(version_id, None, damage="a field is missing, of the wrong type, or names"
-                    " another version")
-    return Hold(version_id, reason, who, float(when), process)  # type: ignore[arg-type]
+        return "a field is missing, of the wrong type, or names another version"
+    if not all(text.isprintable() for text in (reason, who, process)):
+        return "a field holds control characters"  # they would go raw to terminals
+    return None
 
 
 def held_ids(objects: ObjectStore) -> set[str]:
