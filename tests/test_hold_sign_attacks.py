@@ -344,3 +344,19 @@ def test_a_hold_reason_is_printable_text(tmp_path: Path, reason: str) -> None:
         assert store.holds()[ids[1]].damage is not None
         with pytest.raises(HeldVersionError):
             store.delete("r@1")
+
+
+def test_repair_signs_a_copy_made_before_its_version_was_signed(
+        tmp_path: Path, keys: dict[str, Path]) -> None:
+    """A version synced unsigned and signed in SRC afterwards (a signed save of the same
+    content) is "already there" for sync, whose idle runs list nothing more; ``repair
+    DST --from SRC`` copies the signature DST lacks, checked (docs/format.md §14)."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    ids = _filled(src)
+    assert CliRunner().invoke(cli, ["sync", str(src), str(dst)]).exit_code == 0
+    with chunkstore.open(src) as store:
+        assert _save(store, 2, keys["signer"]).existed  # ids[2] signed now
+    answer = CliRunner().invoke(cli, ["repair", str(dst), "--from", str(src)])
+    assert answer.exit_code == 0, answer.output
+    with chunkstore.open(dst) as store:
+        assert store.signature(ids[2], Trust([keys["signer.pub"]])).trusted
