@@ -561,10 +561,10 @@ class _Run:
             self.marks = MarkSet(self.index.path)
         marks = self.marks
         fallback = mark_live(self.store, marks, self.progress, self.check_time)
-        mark_unindexed(self.store, marks)
-        self.expired_tombstones = mark_removed(self.store, marks, self.removed_before,
-                                               skip=self.purged, now=self.started
-                                               ) + sorted(self.purged)
+        published = mark_unindexed(self.store, marks)
+        self.expired_tombstones = mark_removed(
+            self.store, marks, self.removed_before, skip=self.purged, now=self.started,
+            published=published) + sorted(self.purged)
         # Read leases last: step 7 lists them after the session wait (the order the
         # argument of chunkstore.protocol.readleases needs).
         self.result.readers_protected = mark_read(self.store, marks)
