@@ -19,6 +19,7 @@ from click.testing import CliRunner
 import chunkstore
 from chunkstore.backends.wrappers import ForwardingBackend
 from chunkstore.cli import cli
+from chunkstore.cli.recovery import _trust_environment
 from chunkstore.errors import (
     DuplicateStepError,
     HeldVersionError,
@@ -28,6 +29,7 @@ from chunkstore.errors import (
 from chunkstore.format.records import HOLDS_STORE_FORMAT_VERSION
 from chunkstore.handle.holding import place_hold
 from chunkstore.handle.signatures import SIGNED_BY_TRUSTED, SIGNED_BY_UNTRUSTED
+from chunkstore.maintenance.drillrestore import trust_from_env
 from chunkstore.objects.kinds import HOLDS, SIGNATURES, TOMBSTONES, VERSIONS
 from chunkstore.objects.objectstore import ObjectStore
 from chunkstore.objects.signing import Trust, generate_key
@@ -360,3 +362,20 @@ def test_repair_signs_a_copy_made_before_its_version_was_signed(
     assert answer.exit_code == 0, answer.output
     with chunkstore.open(dst) as store:
         assert store.signature(ids[2], Trust([keys["signer.pub"]])).trusted
+
+
+def test_drill_hands_its_restore_process_key_paths_holding_a_path_separator(
+        tmp_path: Path, keys: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Broke: the trusted key files went to the restore process joined by ``:``, so a
+    key under a folder named ``a:b`` (a legal name) split into two paths that are no
+    keys, and the drill's restore process failed.  The child now gets them back whole."""
+    folder = tmp_path / "keys:v2"
+    folder.mkdir()
+    shutil.copy(keys["signer.pub"], folder / "signer.pub")
+    environment = _trust_environment(True, (str(folder / "signer.pub"),
+                                            str(keys["other.pub"])))
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    trust = trust_from_env()
+    assert trust is not None
+    assert trust.fingerprints == Trust([keys["signer.pub"], keys["other.pub"]]).fingerprints

@@ -4,7 +4,6 @@ restore process a drill starts, hidden from the help)."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import Any
 
@@ -36,7 +35,7 @@ from chunkstore.maintenance.drill import (
     repair_command,
 )
 from chunkstore.maintenance.drillhistory import FailedDrill
-from chunkstore.maintenance.drillrestore import TRUST_ENV, restore, trust_from_env
+from chunkstore.maintenance.drillrestore import restore, trust_environment, trust_from_env
 from chunkstore.maintenance.report import StoreStats
 from chunkstore.objects.signing import Trust
 
@@ -204,7 +203,7 @@ def _trust_environment(require_signed: bool, trust: tuple[str, ...]) -> dict[str
         raise CliError("--require-signed needs the keys to trust: --trust KEY.pub",
                        EXIT_USAGE)
     Trust(trust)  # a file that is no public key fails here, not in the child
-    return {TRUST_ENV: os.pathsep.join(os.path.abspath(path) for path in trust)}
+    return trust_environment(trust)
 
 
 @click.command("drill-restore", hidden=True)
