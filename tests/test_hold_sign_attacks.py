@@ -379,3 +379,14 @@ def test_drill_hands_its_restore_process_key_paths_holding_a_path_separator(
     trust = trust_from_env()
     assert trust is not None
     assert trust.fingerprints == Trust([keys["signer.pub"], keys["other.pub"]]).fingerprints
+
+
+def test_rm_grace_without_purge_is_a_usage_error(tmp_path: Path) -> None:
+    """Broke: ``rm STORE SEL --grace 0`` (meant with --purge) removed the version and
+    ignored --grace without a word; now a usage error, nothing removed."""
+    path = tmp_path / "s"
+    _filled(path, steps=2)
+    before = tree_snapshot(path)
+    answer = CliRunner().invoke(cli, ["rm", str(path), "r@1", "--grace", "0"])
+    assert answer.exit_code == 2 and "--purge" in answer.output
+    assert tree_snapshot(path) == before

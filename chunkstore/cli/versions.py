@@ -125,11 +125,12 @@ def _list_tags(store: Store, as_json: bool) -> None:
 @click.option("--purge", is_flag=True,
               help="Also delete now (grace 0) the data no other version shares, and report"
               " what stays because other versions share it.")
-@click.option("--grace", default="1h", show_default=True, metavar="DURATION",
-              help="With --purge: what versions removed earlier keep (as for gc).")
+@click.option("--grace", default=None, metavar="DURATION",
+              help="With --purge: what versions removed earlier keep (as for gc;"
+              " default 1h).")
 @JSON_OPT
 def rm(store_path: str, selectors: tuple[str, ...], force: bool, dry_run: bool,
-       purge: bool, grace: str, as_json: bool) -> None:
+       purge: bool, grace: str | None, as_json: bool) -> None:
     """Unpublish versions: they stop being listed or loadable.
 
     Their chunks stay on storage until `chunkstore gc` finds them
@@ -164,6 +165,9 @@ def rm(store_path: str, selectors: tuple[str, ...], force: bool, dry_run: bool,
     tagged version without --force, held version, or not a store; 4 with
     --purge, a gc running on the store.
     """
+    if grace is not None and not purge:  # else it would be silently ignored
+        raise CliError("--grace is for --purge (what versions removed earlier keep); add"
+                       " --purge or drop --grace; nothing removed", EXIT_USAGE)
     with open_store(store_path) as store:
         infos = list({info.id: info for info in map(store.resolve_for_removal, selectors)}.values())
         tags = tags_by_version(store)
@@ -179,7 +183,8 @@ def rm(store_path: str, selectors: tuple[str, ...], force: bool, dry_run: bool,
                 raise HeldVersionError(held)
         if purge and not dry_run:
             with TerminalProgress() as progress:
-                result = store.purge([info.id for info in infos], force=force, grace=grace,
+                result = store.purge([info.id for info in infos], force=force,
+                                     grace="1h" if grace is None else grace,
                                      progress=progress)
             _purge_report(result, tags, as_json)
             return
