@@ -30,7 +30,7 @@ from chunkstore.format.records import HOLDS_STORE_FORMAT_VERSION
 from chunkstore.handle.holding import place_hold
 from chunkstore.handle.signatures import SIGNED_BY_TRUSTED, SIGNED_BY_UNTRUSTED
 from chunkstore.maintenance.drillrestore import trust_from_env
-from chunkstore.objects.kinds import HOLDS, SIGNATURES, TOMBSTONES, VERSIONS
+from chunkstore.objects.kinds import CHUNKS, HOLDS, SIGNATURES, TOMBSTONES, VERSIONS
 from chunkstore.objects.objectstore import ObjectStore
 from chunkstore.objects.signing import Trust, generate_key
 from chunkstore.protocol import tombstones
@@ -190,19 +190,27 @@ class _StallAfterHoldsListing(ForwardingBackend):
     (the one after its tombstones): as if the removal were stopped there while other
     processes ran."""
 
-    def __init__(self, inner: Any, meanwhile: Callable[[], None]) -> None:
+    def __init__(self, inner: Any, meanwhile: Callable[[], None], *,
+                 before: bool = False) -> None:
         super().__init__(inner)
         self.meanwhile: Callable[[], None] | None = meanwhile
         self.listings = 0
+        self.before = before  # run it right before that listing instead
 
     def list(self, prefix: str = "") -> Iterator[str]:
-        found = list(super().list(prefix))
         if prefix.startswith(HOLDS.prefix):
             self.listings += 1
-            if self.listings == 2 and self.meanwhile is not None:
-                meanwhile, self.meanwhile = self.meanwhile, None
-                meanwhile()
+        if self.before and self.listings == 2:
+            self._run()
+        found = list(super().list(prefix))
+        if not self.before and self.listings == 2:
+            self._run()
         return iter(found)
+
+    def _run(self) -> None:
+        if self.meanwhile is not None:
+            meanwhile, self.meanwhile = self.meanwhile, None
+            meanwhile()
 
 
 def test_gc_keeps_the_tombstone_of_a_removal_in_progress_so_a_hold_is_not_confirmed(
@@ -390,3 +398,31 @@ def test_rm_grace_without_purge_is_a_usage_error(tmp_path: Path) -> None:
     answer = CliRunner().invoke(cli, ["rm", str(path), "r@1", "--grace", "0"])
     assert answer.exit_code == 2 and "--purge" in answer.output
     assert tree_snapshot(path) == before
+
+
+def test_a_purge_that_meets_a_hold_purges_what_it_removed(tmp_path: Path) -> None:
+    """Broke: a version held while ``rm --purge`` ran (after its first look at holds/)
+    was left, as it must be, but the HeldVersionError ended the purge before its GC: the
+    versions it did remove were removed, not purged, and no purge could name them
+    again.  Now their data is deleted, then the error names the hold."""
+    path = tmp_path / "s"
+    with chunkstore.open(path, create=True) as store:
+        for step in (1, 2):
+            with store.new_version("r", step) as v:
+                v.put("w", np.random.default_rng(step).random(4096))
+        ids = [store.resolve(f"r@{step}").id for step in (1, 2)]  # r@1 is held below
+        chunks = {step: set(store.index.version_refs(ids[step - 1])) for step in (1, 2)}
+    with chunkstore.open(path) as store, \
+            chunkstore.open(path, index_dir=str(tmp_path / "i2")) as other:
+        def meanwhile() -> None:
+            with pytest.raises(HoldUnconfirmedError):  # the purge's tombstone is there
+                place_hold(other, ids[0], "dispute", wait_s=0.05)
+        store.objects = ObjectStore(_StallAfterHoldsListing(store.objects.backend,
+                                                            meanwhile, before=True))
+        with pytest.raises(HeldVersionError, match="dispute") as caught:
+            store.purge(["r@1", "r@2"], session_wait=0.1)
+        assert caught.value.removed == (ids[1],)
+    assert chunks[2] - chunks[1]
+    assert all(not (path / CHUNKS.key(d)).exists() for d in chunks[2] - chunks[1])
+    assert all((path / CHUNKS.key(d)).exists() for d in chunks[1])
+    assert (path / VERSIONS.key(ids[0])).exists()
