@@ -26,9 +26,11 @@ from chunkstore.codecs.policy import RAW_TENSOR_BYTES
 from chunkstore.errors import (
     AmbiguousSelectorError,
     ChunkStoreError,
+    CorruptConfigError,
     CorruptTagError,
     InvalidInputError,
     InvalidNameError,
+    NotAStoreError,
     SelectorError,
     VersionRemovedError,
 )
@@ -256,6 +258,17 @@ class StoreHandle:
         upgraders write the same bytes.
         """
         if self.config.format_version >= STORE_FORMAT_VERSION:
+            return
+        # Another process may have upgraded it since this handle read the config (to 11,
+        # before a first hold): written back as 9, a release that does not honour holds
+        # would open it again.  The stored config decides (a newer store's: refused).
+        try:
+            stored = StoreConfig.decode(self.url, self.objects.get_config())
+        except (FileNotFoundError, CorruptConfigError, NotAStoreError):
+            stored = self.config  # missing or damaged: this handle's is written
+        if stored.format_version >= STORE_FORMAT_VERSION:
+            self.config = dataclasses.replace(self.config,
+                                              format_version=stored.format_version)
             return
         self.objects.replace_config(self.config.encode())
         self.config = dataclasses.replace(self.config, format_version=STORE_FORMAT_VERSION)

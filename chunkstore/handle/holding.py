@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING
 from chunkstore.errors import HoldUnconfirmedError, SelectorError
 from chunkstore.format.digest import is_hex_digest
 from chunkstore.format.records import HOLDS_STORE_FORMAT_VERSION
-from chunkstore.objects.kinds import TOMBSTONES, VERSIONS
+from chunkstore.objects.kinds import LEASES, TOMBSTONES, VERSIONS
 from chunkstore.protocol.holds import Hold, check_reason, read_hold, release_hold, store_hold
+from chunkstore.protocol.runlease import withdrawn_name
 
 if TYPE_CHECKING:
     from chunkstore.handle.handle import StoreHandle
@@ -43,6 +44,13 @@ def place_hold(store: StoreHandle, selector: str, reason: str, *,
         raise SelectorError(selector, f"version {info.short_id} was removed from the store")
     upgrade_for_holds(store)
     hold = store_hold(store.objects, info.id, reason)  # 1. durable
+    if store.objects.exists(LEASES, withdrawn_name(info.run, info.id)):
+        # A removal withdrew it (after a takeover, docs/format.md §11.5) having listed
+        # holds/ before step 1: its record is never a version again (the next index to
+        # find it deletes it), whether or not that removal lived to delete it.
+        release_hold(store.objects, info.id)
+        raise SelectorError(selector, f"version {info.short_id} was withdrawn by a removal"
+                            " that started before the hold; nothing is held")
     # 2. then look for a removal that may have listed holds/ before step 1
     if not store.objects.exists(TOMBSTONES, info.id):
         return hold

@@ -16,7 +16,9 @@ A removal makes each step durable before the next, in batches of
    a hold learns of a removal that listed ``holds/`` before it:
    :mod:`chunkstore.protocol.holds`.  Holds are also listed once before anything else,
    so that a held version normally gets no tombstone and ``rm`` refuses it having
-   changed nothing;
+   changed nothing.  A batch that reaches step 3 more than
+   :data:`~chunkstore.protocol.tombstones.MAX_REMOVAL_STALL_S` after its tombstones
+   (the process was stopped) goes back to step 2: a GC may have deleted them since;
 3. the withdrawals: one look at each run's lease objects for the whole batch
    (:class:`~chunkstore.protocol.runlease.Withdrawals`), after every tombstone of it;
 4. the commit records, in bulk (one request per batch on S3, one directory fsync
@@ -37,6 +39,7 @@ batch's records a crash leaves is left to chance, and either way is safe.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
@@ -44,6 +47,7 @@ from typing import TYPE_CHECKING
 from chunkstore.backends.base import DELETE_BATCH
 from chunkstore.errors import HeldVersionError, InvalidInputError
 from chunkstore.objects.kinds import SIGNATURES, TAGS, VERSIONS
+from chunkstore.protocol import tombstones
 from chunkstore.protocol.holds import Hold, held_ids, read_hold
 from chunkstore.protocol.runlease import Withdrawals, withdraw
 from chunkstore.protocol.tombstones import write_tombstone
@@ -118,36 +122,53 @@ def _holds_of(store: StoreHandle, held: set[str], infos: Sequence[VersionInfo]
 def _remove_batch(store: StoreHandle, batch: Sequence[VersionInfo]) -> list[Hold]:
     """Steps 2-5 for one batch; return the holds step 2b found (left out)."""
     readable = [info for info in batch if not unreadable(info)]
-
-    def tombstone(info: VersionInfo) -> None:
-        write_tombstone(store.objects, info.id, info.root, info.run, info.step,
-                        deferred=True)
-
-    if len(readable) > 1:  # each PUT waits on a request: side by side
-        with ThreadPoolExecutor(min(store.threads, len(readable)),
-                                thread_name_prefix="chunkstore-remove") as pool:
-            list(pool.map(tombstone, readable))
-    else:
-        for info in readable:
-            tombstone(info)
-    store.objects.flush()  # every tombstone durable (locally one syncfs) before step 3
-    # 2b: a hold stored before the tombstones were durable is listed here.  An unreadable
-    # record has no tombstone and is not held (it was never listed, so never held).
-    late = _holds_of(store, held_ids(store.objects), readable) if readable else []
-    if late:
+    while True:
+        stored_at = time.monotonic()
+        _store_tombstones(store, readable)
+        # 2b: a hold stored before the tombstones were durable is listed here.  An
+        # unreadable record has no tombstone and is not held (it was never listed).
+        late = _holds_of(store, held_ids(store.objects), readable) if readable else []
         kept = {h.version_id for h in late}
-        readable = [info for info in readable if info.id not in kept]
-        batch = [info for info in batch if info.id not in kept]
-    for run in sorted({info.run for info in readable}):
-        withdrawals = Withdrawals(store.objects, run)
-        for info in readable:
-            if info.run == run and withdrawals.needed(info.id):
-                # Rolled forward at a takeover (its writer may have been stopped before
-                # its own PUT), or the next taker's walk would roll it forward: withdrawn,
-                # it is never rolled forward again, and a late PUT of it never counted in
-                # (docs/format.md §11.5).
-                withdraw(store.objects, run, info.id)
+        withdrawals = _withdrawals(store, [i for i in readable if i.id not in kept])
+        if time.monotonic() - stored_at <= tombstones.MAX_REMOVAL_STALL_S:
+            break
+        # Stalled since the tombstones (a stopped process): a GC may have deleted them
+        # and a hold been confirmed meanwhile, finding none.  Stored again, looked again.
+    for run, version_id in withdrawals:
+        # Rolled forward at a takeover (its writer may have been stopped before its own
+        # PUT), or the next taker's walk would roll it forward: withdrawn, it is never
+        # rolled forward again, and a late PUT of it never counted in (docs/format.md
+        # §11.5).
+        withdraw(store.objects, run, version_id)
+    batch = [info for info in batch if info.id not in kept]
     store.objects.delete_many(VERSIONS, [info.id for info in batch])
     store.objects.delete_many(SIGNATURES, [info.id for info in batch])
     store.index.remove_versions(info.id for info in batch)
     return late
+
+
+def _store_tombstones(store: StoreHandle, infos: Sequence[VersionInfo]) -> None:
+    """Step 2: each version's tombstone, durable when this returns."""
+    def tombstone(info: VersionInfo) -> None:
+        write_tombstone(store.objects, info.id, info.root, info.run, info.step,
+                        deferred=True)
+
+    if len(infos) > 1:  # each PUT waits on a request: side by side
+        with ThreadPoolExecutor(min(store.threads, len(infos)),
+                                thread_name_prefix="chunkstore-remove") as pool:
+            list(pool.map(tombstone, infos))
+    else:
+        for info in infos:
+            tombstone(info)
+    store.objects.flush()  # every tombstone durable (locally one syncfs) before step 3
+
+
+def _withdrawals(store: StoreHandle, infos: Sequence[VersionInfo]) -> list[tuple[str, str]]:
+    """Step 3's look: (run, version id) of each of ``infos`` to withdraw, from one look
+    at each run's lease objects."""
+    found = []
+    for run in sorted({info.run for info in infos}):
+        withdrawals = Withdrawals(store.objects, run)
+        found += [(run, info.id) for info in infos
+                  if info.run == run and withdrawals.needed(info.id)]
+    return found

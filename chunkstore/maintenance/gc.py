@@ -606,9 +606,10 @@ class _Run:
             self.marks = MarkSet(self.index.path)
         marks = self.marks
         fallback = mark_live(self.store, marks, self.progress, self.check_time)
-        mark_unindexed(self.store, marks)
-        self.expired_tombstones = mark_removed(self.store, marks, self.removed_before,
-                                               skip=self.purged) + sorted(self.purged)
+        published = mark_unindexed(self.store, marks)
+        self.expired_tombstones = mark_removed(
+            self.store, marks, self.removed_before, skip=self.purged, now=self.started,
+            published=published) + sorted(self.purged)
         # Read leases last: step 7 lists them after the session wait (the order the
         # argument of chunkstore.protocol.readleases needs).
         self.result.readers_protected = mark_read(self.store, marks)
@@ -866,12 +867,12 @@ class _Run:
                 keep=[self.entry.id] if self.entry is not None else [])
         self.result.tombstones_deleted = len(self.expired_tombstones)
         if self.sweep:
-            # A write in progress owns its temporary file: never touch a young one,
-            # whatever the grace period.
+            # A write in progress owns its temporary file, and a signed save about to
+            # publish its signature: never touch a young one, whatever the grace period.
             cutoff = min(self.before, self.started - TEMP_MIN_AGE_S)
             self.result.temporaries_deleted = self.objects.remove_temporaries(
                 cutoff, dry_run=self.dry_run)
-            orphans = orphan_signatures(self.objects, self.before)
+            orphans = orphan_signatures(self.objects, cutoff)
             if not self.dry_run:
                 self.objects.delete_many(SIGNATURES, orphans)
             self.result.signatures_deleted = len(orphans)

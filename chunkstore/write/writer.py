@@ -73,7 +73,7 @@ from chunkstore.format.manifest import (
 from chunkstore.format.names import check_entry_name, check_label
 from chunkstore.format.records import MAX_COUNT, CommitRecord
 from chunkstore.format.treelayout import build_tree
-from chunkstore.handle.signatures import store_signature
+from chunkstore.handle.signatures import sign_existing, store_signature
 from chunkstore.handle.tree import flatten
 from chunkstore.handle.versions import VersionInfo, entry_from_record
 from chunkstore.index.claims import GroupClaims
@@ -433,6 +433,13 @@ class VersionWriter(ChunkJobs):
             if identical is None and not self._replace:  # stored under another layout?
                 identical = next((v for v in same_step if self._same_content(v, tensors)),
                                  None)
+            if identical is not None and self._signing_key is not None \
+                    and not sign_existing(store.objects, self._signing_key, identical.id):
+                # Signed by another key: not this save's version (its signature stays).
+                if not self._replace:
+                    raise DuplicateStepError(self.run, self.step, identical.id,
+                                             "signed by another key")
+                identical = None
             if identical is not None:  # saved before, byte for byte: publish nothing
                 self.abort()
                 self._info = identical
