@@ -95,6 +95,8 @@ class PurgeResult:
 class _PurgeRun(_Run):
     """A GC run whose candidates are the purged versions' objects, at grace 0."""
 
+    audit_op = "purge-gc"
+
     def __init__(self, store: StoreHandle, grace_s: float, scope: set[_Key],
                  purged: frozenset[str], clock: Callable[[], float], progress: Progress,
                  session_wait_s: float) -> None:
@@ -134,7 +136,7 @@ def purge(store: StoreHandle, infos: Sequence[VersionInfo], *, force: bool = Fal
             scope.update((NODE, d) for d in store.index.version_node_refs(info.id))
         sizes = {key: record.stored_length for key in scope
                  if (record := store.index.record(*key)) is not None}
-        remove_versions(store, infos, force=force)
+        remove_versions(store, infos, force=force, operation="purge")
         store.index.release_reserve_if_low()
         run = _PurgeRun(store, grace_s, scope, frozenset(info.id for info in infos), clock,
                         progress or NullProgress(), session_wait)

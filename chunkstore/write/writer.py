@@ -80,6 +80,7 @@ from chunkstore.index.claims import GroupClaims
 from chunkstore.index.lmdbindex import CHUNK, NODE, Claim, NewChunk
 from chunkstore.objects.kinds import CHUNKS, NODES, VERSIONS
 from chunkstore.objects.signing import PrivateKeyLike, signing_key
+from chunkstore.protocol import audit
 from chunkstore.protocol.journal import Fence, sync_journal
 from chunkstore.protocol.runlease import RunLease
 from chunkstore.protocol.sessions import StoreSession
@@ -492,6 +493,11 @@ class VersionWriter(ChunkJobs):
             # Before the flush, so durable with the nodes: a published signed version
             # always has its signature (docs/format.md §14).
             store_signature(objects, self._signing_key, version_id, data)
+        # The audit event too: durable before the commit point, so a published version
+        # always has its "publish" event (an unpublished save may leave one).
+        audit.record(objects, "publish", deferred=True,
+                     versions=[{"id": version_id, "run": self.run, "step": self.step}],
+                     signed=self._signing_key is not None)
         objects.flush()  # every chunk and node durable before the commit point
         if self._store_session.lapsed():
             raise self._expired()
