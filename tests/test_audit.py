@@ -256,3 +256,35 @@ def test_on_s3_events_are_written_listed_and_pruned(s3_endpoint: str, tmp_path: 
             assert [e.op for e in b.audit()] == ["publish", "rm", "rm", "audit-prune"]
     finally:
         remove_bucket(s3_endpoint, bucket)
+
+
+# --- the frozen fixture (tools/make_audit_fixture.py) ---------------------------------------
+
+FIXTURE = Path(__file__).parent / "data" / "audit-v1"
+
+
+def test_the_audit_fixture_reads_back_in_canonical_json(tmp_path: Path) -> None:
+    """The frozen events decode to what was recorded; each object is canonical JSON
+    (sorted keys, no spaces), so its bytes are pinned; the store verifies."""
+    import shutil
+
+    import blake3
+    expected = json.loads(FIXTURE.with_name("audit-v1.expected.json").read_text())
+    files = {str(p.relative_to(FIXTURE)): blake3.blake3(p.read_bytes()).hexdigest()
+             for p in sorted(FIXTURE.rglob("*")) if p.is_file()}
+    assert files == expected["files"]  # frozen: never rewritten
+    for entry in expected["events"]:
+        data = (FIXTURE / AUDIT.key(entry["id"])).read_bytes()
+        body = json.loads(data)
+        assert json.dumps(body, sort_keys=True, separators=(",", ":"),
+                          ensure_ascii=False).encode() == data
+        assert body["format_version"] == expected["audit_format_version"]
+    copy = tmp_path / "s"
+    shutil.copytree(FIXTURE, copy)
+    with chunkstore.open(copy) as store:
+        trail = list(store.audit())
+        assert [{"id": e.id, "op": e.op, "phase": e.phase} for e in trail] == expected["events"]
+        assert {(e.who, e.process) for e in trail} == {(expected["who"], expected["process"])}
+        assert _named(trail[0]) == expected["versions"][:1]
+        assert _named(trail[3]) == expected["versions"][:1]  # the rm
+        assert store.verify().ok
