@@ -494,7 +494,8 @@ class StoreHandle:
         done, not an error.
         """
         try:
-            self.delete(version_id)
+            remove_versions(self, [self.resolve_for_removal(version_id)],
+                            operation="replace")
         except SelectorError:
             if self.objects.exists(VERSIONS, version_id):
                 raise

@@ -26,7 +26,8 @@ A removal makes each step durable before the next, in batches of
 5. their signature objects, in bulk (after the records: a crash between leaves a
    published version signed, never one unsigned; an orphan signature left behind GC
    removes, docs/format.md §14);
-6. the index, in one transaction.
+6. the index, in one transaction;
+7. the audit done event: how many were removed, and those a hold kept.
 
 So a batch costs a PUT per version and a few requests in all, where removing versions
 one by one cost six requests each, a listing and a read of every tag included.  A
