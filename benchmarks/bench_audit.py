@@ -12,7 +12,7 @@ last round's saves (bench_protocol's ``Counting``, by operation and kind of obje
 and, with ``--s3``, on a moto S3 server on loopback.  The result in
 benchmarks/results/audit.json comes from::
 
-    python benchmarks/bench_audit.py --mib 32 --repeat 5 --s3 --s3-mib 8 --s3-repeat 3 \\
+    python benchmarks/bench_audit.py --mib 32 --repeat 5 --s3 --s3-mib 8 --s3-repeat 7 \\
         --out benchmarks/results/audit.json
 """
 

@@ -22,8 +22,9 @@ Order of a save (invariants 1 and 3 in DESIGN.md; the GC side is in
    dedup hit is also checked to exist (a stat), so an object lost behind the
    index's back is written again, not referenced;
 4. on commit, manifest nodes are claimed like chunks and the missing ones
-   written; then one backend flush makes every object durable (a local
-   store: one syncfs instead of two fsyncs per object);
+   written, with the signature (if signing) and the audit event of the publish
+   (:mod:`chunkstore.protocol.audit`); then one backend flush makes every object
+   durable (a local store: one syncfs instead of two fsyncs per object);
 5. the commit record is written durably (atomic create): this is the
    commit.  A save whose session heartbeat lapsed (a GC elsewhere may have
    counted it dead) refuses instead;
