@@ -4,8 +4,9 @@ saved again with ``replace``).
 A removal makes each step durable before the next, in batches of
 :data:`~chunkstore.backends.base.DELETE_BATCH` versions:
 
-0. the audit intent events (:mod:`chunkstore.protocol.audit`), one per batch, durably:
-   a removal a crash cuts short at any later step is recorded;
+0. the audit intent events (:mod:`chunkstore.protocol.audit`), one per batch, durable
+   before any tag or record is deleted (with the tombstones' flush, or one of their
+   own before step 1): a removal a crash cuts short at any later step is recorded;
 1. the tags that pin a removed version (only with ``force``), storage first;
 2. each version's tombstone (in parallel, made durable together): from it every GC
    counts the grace period of what the version reaches
@@ -99,11 +100,16 @@ def remove_versions(store: StoreHandle, infos: Sequence[VersionInfo], *,
             f" {', '.join(sorted(t for t, v in pinned.items() if v == vid))}"
             for vid in sorted(set(pinned.values()))) + "; untag first or pass force=True"
             " (--force)")
-    intents = [audit.record(store.objects, operation, force=force,
+    # 0. recorded: durable with the first batch's tombstones, before any record goes,
+    # or at once when a tag is deleted first
+    intents = [audit.record(store.objects, operation, force=force, deferred=True,
                             versions=versions_named(infos[start:start + DELETE_BATCH]))
-               for start in range(0, len(infos), DELETE_BATCH)]  # 0. recorded, durably
-    for tag in sorted({*pinned, *(t for t, vid in stored.items()
-                                  if vid in removed and unreadable(removed[vid]))}):
+               for start in range(0, len(infos), DELETE_BATCH)]
+    untagged = sorted({*pinned, *(t for t, vid in stored.items()
+                                  if vid in removed and unreadable(removed[vid]))})
+    if untagged:
+        store.objects.flush()
+    for tag in untagged:
         store.objects.delete(TAGS, tag)
     if any(not unreadable(info) for info in infos):
         store.upgrade_format()  # tombstones are objects of format 2

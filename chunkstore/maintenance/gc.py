@@ -690,7 +690,7 @@ class _Run:
             nodes=r.nodes_deleted, bytes=r.bytes_freed, orphans=r.orphans_deleted,
             orphan_bytes=r.orphan_bytes_freed, tombstones=r.tombstones_deleted,
             signatures=r.signatures_deleted, moved_records=len(self.moved_unused),
-            deferred=r.deferred)
+            deferred_objects=r.deferred)
 
     def wait_for_sessions(self, entry: JournalEntry) -> bool:
         """Wait until no live save session that has not read ``entry`` is left."""

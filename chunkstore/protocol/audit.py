@@ -31,6 +31,7 @@ import secrets
 import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -51,6 +52,8 @@ MAX_EVENT_BYTES = 1024 * 1024
 #: What sealing adds, with room to spare (docs/format.md §13.3).
 _SEALING_SLACK = 64 * 1024
 INTENT, DONE = "intent", "done"
+#: Events a listing reads ahead, and the reads it makes at once.
+_READ_AHEAD, _READERS = 64, 8
 #: The fields every event has; the rest are the operation's.
 _COMMON = ("format", "format_version", "op", "phase", "when", "who", "process")
 
@@ -113,7 +116,7 @@ def versions_named(infos: Iterable[VersionLike]) -> list[dict[str, Any]]:
 
 def encode_event(op: str, phase: str, when: float, fields: dict[str, Any]) -> bytes:
     """The event object's bytes: canonical JSON (sorted keys, no spaces, UTF-8)."""
-    clash = set(fields) & {*_COMMON, "id", "damage"}
+    clash = set(fields) & {*_COMMON, "id", "damage", "deferred"}
     if clash:
         raise ValueError(f"an event's own fields may not be named {sorted(clash)}")
     body = {"format": AUDIT_RECORD, "format_version": AUDIT_FORMAT, "op": op,
@@ -162,8 +165,11 @@ def record(objects: ObjectStore, op: str, *, phase: str = INTENT, deferred: bool
 
 
 def record_done(objects: ObjectStore, op: str, intent: str, **fields: Any) -> str:
-    """The ``done`` event of an operation whose ``intent`` event was stored."""
-    return record(objects, op, phase=DONE, intent=intent, **fields)
+    """The ``done`` event of an operation whose ``intent`` event was stored: deferred (on
+    a local store durable at the next flush, or when the system writes it back), since
+    one lost to a power cut only leaves an intent without its ``done``, which the trail
+    reads as an operation that may not have finished."""
+    return record(objects, op, phase=DONE, deferred=True, intent=intent, **fields)
 
 
 # --- reading and pruning ----------------------------------------------------------------------
@@ -179,10 +185,17 @@ def read_event(objects: ObjectStore, event_id: str) -> AuditEvent | None:
     """The event ``event_id`` (None: pruned meanwhile); one that cannot be read, parsed or
     opened is returned with ``damage`` set, never raised."""
     try:
-        # Bounded before it is read: a crafted object of a gigabyte is damage, not a read.
         size = objects.stat(AUDIT, event_id).size
-        if size > MAX_EVENT_BYTES + _SEALING_SLACK:
-            return AuditEvent(event_id, damage=f"{size} bytes, over {MAX_EVENT_BYTES}")
+    except FileNotFoundError:
+        return None
+    return _read_sized(objects, event_id, size)
+
+
+def _read_sized(objects: ObjectStore, event_id: str, size: int) -> AuditEvent | None:
+    # Bounded before it is read: a crafted object of a gigabyte is damage, not a read.
+    if size > MAX_EVENT_BYTES + _SEALING_SLACK:
+        return AuditEvent(event_id, damage=f"{size} bytes, over {MAX_EVENT_BYTES}")
+    try:
         data = objects.get(AUDIT, event_id)
     except FileNotFoundError:
         return None
@@ -193,14 +206,20 @@ def read_event(objects: ObjectStore, event_id: str) -> AuditEvent | None:
 
 def list_events(objects: ObjectStore, *, since: float | None = None,
                 run: str | None = None) -> Iterator[AuditEvent]:
-    """The events oldest first, read one at a time; with ``run`` those that name a
-    version of it (a damaged event is listed whatever the filter: it may be one)."""
-    for event_id in event_ids(objects, since):
-        event = read_event(objects, event_id)
-        if event is None:
-            continue
-        if run is None or event.damage is not None or run in event.runs():
-            yield event
+    """The events oldest first, read as they are yielded (a window of
+    :data:`_READ_AHEAD` at a time, side by side: each is a GET on an object store; the
+    listing gives their sizes); with ``run`` those that name a version of it (a damaged
+    event is listed whatever the filter: it may be one)."""
+    start = event_id_at(since) if since is not None else ""
+    listed = sorted((i, info.size) for i, info in objects.infos(AUDIT) if i >= start)
+    with ThreadPoolExecutor(_READERS, thread_name_prefix="chunkstore-audit") as pool:
+        for at in range(0, len(listed), _READ_AHEAD):
+            window = listed[at:at + _READ_AHEAD]
+            for event in pool.map(lambda item: _read_sized(objects, *item), window):
+                if event is None:
+                    continue
+                if run is None or event.damage is not None or run in event.runs():
+                    yield event
 
 
 @dataclass(frozen=True)
