@@ -11,6 +11,9 @@ least time so far, from the seconds each module took in a recorded run
 The assignment depends only on the modules selected and the file, so the shards of
 one selection never overlap and together hold every test.
 
+``python -m tests.shards --modules K/N`` prints shard K's modules (./dev test names them
+to each pytest, which then collects only those).
+
 Record the times again after the suite changes much::
 
     pytest -q --durations=0 > all.log
@@ -87,6 +90,16 @@ class Shards:
             items[:] = [item for item in items if shard_of[item.path.name] == k]
 
 
+def modules(k: int, n: int) -> list[str]:
+    """The test modules (paths from the repository root) of shard ``k`` of ``n`` of the
+    whole suite: what ``--shard K/N`` keeps of a run of every module, which ./dev test
+    names to each pytest so that it imports (collects) only its own."""
+    times = recorded()
+    names = sorted(p.name for p in DURATIONS.parent.glob("test_*.py"))
+    shard_of = assign({m: times.get(m, UNKNOWN_S) for m in names}, n)
+    return [f"tests/{m}" for m in names if shard_of[m] == k]
+
+
 def main(logs: list[str]) -> None:
     """Rewrite tests/durations.json from ``pytest --durations=0`` outputs."""
     seconds: Counter[str] = Counter()
@@ -100,4 +113,7 @@ def main(logs: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    if sys.argv[1:2] == ["--modules"]:
+        print("\n".join(modules(*parse(sys.argv[2]))))
+    else:
+        main(sys.argv[1:])

@@ -8,12 +8,15 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import chunkstore
+from chunkstore.backends.base import Backend
+from chunkstore.backends.wrappers import RequestHook
 from chunkstore.errors import (
     GcAbortedError,
     GcBusyError,
@@ -23,6 +26,7 @@ from chunkstore.errors import (
 from chunkstore.format.digest import Digest
 from chunkstore.handle.tree import flatten
 from chunkstore.index.lmdbindex import CHUNK, ChunkRecord, ChunkState, Claim
+from chunkstore.maintenance import gc
 from chunkstore.maintenance.gc import gc_lock
 from chunkstore.objects.kinds import CHUNKS, NODES
 from tests.conftest import SMALL_CHUNK, tree_snapshot
@@ -51,6 +55,12 @@ def save(store: chunkstore.Store, step: int, arrays: dict[str, np.ndarray]) -> s
 def objects(store_path: Path, prefix: str) -> set[str]:
     root = store_path / prefix
     return {p.name for p in root.rglob("*") if p.is_file()} if root.exists() else set()
+
+
+def stored_bytes(store_path: Path) -> int:
+    """What the chunk and node objects occupy."""
+    return sum(p.stat().st_size for prefix in ("chunks", "nodes")
+               for p in (store_path / prefix).rglob("*") if p.is_file())
 
 
 def reachable(store: chunkstore.Store, version_id: str) -> tuple[set[str], set[str]]:
@@ -135,18 +145,25 @@ def test_a_killed_save_leaves_orphans_collected_after_the_grace_period(
     child = [sys.executable, str(REPO / "tests" / "crash_child.py"), str(store_path)]
     subprocess.run([*child, "1", "1"], check=True, capture_output=True, timeout=120)
     before = objects(store_path, "chunks")
+    stored = stored_bytes(store_path)
     killed = subprocess.run([*child, "2", "2"], capture_output=True, timeout=120, check=False,
                             env={**os.environ, "CHUNKSTORE_FAULT": "kill-before-put:versions/:0"})
     assert killed.returncode == -signal.SIGKILL
     orphans = objects(store_path, "chunks") - before
     assert orphans
+    # Its claims in the index never learnt their sizes: GC and report ask storage.
+    left = stored_bytes(store_path) - stored
     with chunkstore.open(store_path, create=True) as store:
         assert len(store.index.list_sessions()) == 1  # the killed save's
+        assert store.stats(full=False).awaiting_gc_bytes == left
         fresh = store.gc(grace="1h")
         assert fresh.sessions_expired == 1
         assert fresh.chunks_deleted == 0
+        dry = store.gc(grace="1h", clock=lambda: later(2 * HOUR), dry_run=True)
+        assert dry.bytes_freed + dry.orphan_bytes_freed == left
         result = store.gc(grace="1h", clock=lambda: later(2 * HOUR))
         assert result.chunks_deleted == len(orphans)
+        assert result.bytes_freed + result.orphan_bytes_freed == left
         assert objects(store_path, "chunks") == before
         assert store.verify().ok
         assert [v.step for v in store.versions()] == [1]
@@ -516,3 +533,56 @@ def test_prune_keeps_a_predecessor_that_verifies_not_just_the_one_before(
     assert result.unverified == [ids[2]]
     assert [v.id for v in result.removed] == [ids[0], ids[2]]
     assert [v.id for v in store.versions()] == [ids[1], ids[3]]
+
+
+class _DeleteBatches(RequestHook):
+    """Records the size of each bulk delete of chunks and nodes, and the objects
+    deleted one at a time; waits ``slow_s`` in the first two bulk deletes."""
+
+    def __init__(self, inner: Backend, slow_s: float = 0.0) -> None:
+        super().__init__(inner)
+        self.sizes: list[int] = []
+        self.one_by_one = 0
+        self.slow_s = slow_s
+
+    def request(self, operation: str, key: str) -> None:
+        if operation == "delete" and key.startswith((CHUNKS.prefix, NODES.prefix)):
+            self.one_by_one += 1
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        if keys and keys[0].startswith((CHUNKS.prefix, NODES.prefix)):
+            self.sizes.append(len(keys))
+            time.sleep(self.slow_s if len(self.sizes) <= 2 else 0.0)
+        super().delete_many(keys)
+
+
+@pytest.mark.parametrize("slow", [False, True])
+def test_gc_deletes_in_bulk_batches_that_grow_while_fast_and_shrink_when_slow(
+        store_path: Path, monkeypatch: pytest.MonkeyPatch, slow: bool) -> None:
+    """Step 8 deletes through the backend's bulk delete, never one object at a time; a
+    batch is one deletion in flight for the fence's timing, so the first is small and a
+    batch grows only while fast, and shrinks when one takes over half RENEW_LAPSE_S."""
+    rng = np.random.default_rng(7)
+    wide = rng.standard_normal(300 * SMALL_CHUNK // 4).astype(np.float32)
+    # No deltas: the chunks of a large tensor are objects of their own, not packed.
+    with chunkstore.open(store_path, chunk_size=SMALL_CHUNK, delta_depth=0,
+                         create=True) as store:
+        keep = save(store, 1, {"a": np.zeros(8, np.float32)})
+        gone = save(store, 2, {"wide": wide})
+        chunks, _ = reachable(store, gone)
+        assert len(chunks) == 300 and chunks <= objects(store_path, "chunks")
+        store.delete(gone)
+        # Slow: a batch over half of it; fast: every batch well under a quarter.
+        monkeypatch.setattr(gc, "RENEW_LAPSE_S", 0.2 if slow else 60.0)
+        batches = _DeleteBatches(store.backend, slow_s=0.15 if slow else 0.0)
+        store.backend = batches
+        result = store.gc(grace=0)
+        assert batches.one_by_one == 0
+        assert sum(batches.sizes) == result.chunks_deleted + result.nodes_deleted > 300
+        assert not chunks & objects(store_path, "chunks")
+        if slow:  # 64, then halved after each slow batch
+            assert batches.sizes[:3] == [64, 32, 16]
+        else:  # 64, then 256 (the 236 chunks left), then the nodes
+            assert batches.sizes[:2] == [64, 236]
+        assert store.verify().ok
+        assert store.open_version(keep).get("a").tobytes() == bytes(32)

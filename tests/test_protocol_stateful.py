@@ -18,6 +18,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -272,19 +273,19 @@ def test_interrupted_gc_then_a_save_on_another_index(tmp_path: Path) -> None:
         with a.new_version("r", 1) as v:
             v.put("w", POOL[0])
         a.delete(v.info.id)
-        real_delete = g.backend.delete
+        real_delete_many = g.backend.delete_many
         failed: list[str] = []
 
-        def delete(key: str) -> bool:
-            if key.startswith("chunks/") and not failed:
-                failed.append(key)
+        def delete_many(keys: Sequence[str]) -> None:  # GC deletes in bulk
+            if any(key.startswith("chunks/") for key in keys) and not failed:
+                failed.extend(keys)
                 raise OSError("injected: backend error while deleting")
-            return real_delete(key)
+            real_delete_many(keys)
 
-        g.backend.delete = delete  # type: ignore[method-assign]
+        g.backend.delete_many = delete_many  # type: ignore[method-assign]
         with pytest.raises(OSError):
             g.gc(grace=0, session_wait=5)
-        g.backend.delete = real_delete  # type: ignore[method-assign]
+        g.backend.delete_many = real_delete_many  # type: ignore[method-assign]
         with a.new_version("r", 2) as v:
             v.put("w", POOL[0])
         g.gc(grace=0, session_wait=5)

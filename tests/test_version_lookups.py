@@ -22,14 +22,12 @@ from pathlib import Path
 import lmdb
 import numpy as np
 import pytest
-import torch
 
 import chunkstore
 from chunkstore.errors import DuplicateStepError, SelectorError
 from chunkstore.index import versiontables
 from chunkstore.index.lmdbindex import INDEX_SCHEMA, Index, VersionEntry
 from chunkstore.objects.kinds import VERSIONS
-from torch_bridge import Checkpointer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -245,6 +243,9 @@ def test_a_takeover_saves_on_top_of_the_run_s_newest_version(tmp_path: Path,
             ids.append(holder.stdout.readline().strip())
         assert all(ids), holder.stderr.read() if holder.stderr else ""
         assert taker_store.latest("r") is None  # its index has not heard of them
+        import torch  # here: OTHER's processes import this module and need no torch
+
+        from torch_bridge import Checkpointer
         model = torch.nn.Linear(4, 2)
         with Checkpointer(taker_store, run="r", takeover=True, async_save=async_save) as ckpt:
             ckpt.save(4, model=model)

@@ -628,13 +628,16 @@ class Index(VersionLookups):
 
     def add_version(self, entry: VersionEntry, refs: Iterable[Digest], nodes: dict[Digest, int],
                     new_chunks: Iterable[NewChunk], session_id: str | None = None,
-                    packed: dict[Digest, PackLocation] | None = None) -> bool:
+                    packed: dict[Digest, PackLocation] | None = None,
+                    census: bytes | None = None) -> bool:
         """Count one version in: its chunks' and nodes' refcounts, and the chunks it wrote.
 
         ``nodes`` maps every node of the version's tree to its size in bytes
         (0 when unknown); ``packed`` where its packed chunks lie (remembered for
-        deduplication).  Returns False when ``session_id`` no longer exists
-        (GC expired it, so its claims did not protect what it reused).
+        deduplication); ``census`` what report's census counts of it, where the
+        caller read its manifests anyway (:meth:`note_census`, in this transaction).
+        Returns False when ``session_id`` no longer exists (GC expired it, so its
+        claims did not protect what it reused).
         """
         now = time.time()
         with self._writing() as txn:
@@ -668,6 +671,12 @@ class Index(VersionLookups):
             txn.put(entry.id.encode(), b"".join(d.raw for d in node_list), db=self.node_refs)
             for member, location in (packed or {}).items():
                 self._remember_packed(txn, member, location)
+            if census is not None:
+                tables = self._derived_tables()
+                parts = tables.parts(txn, entry.id.encode())
+                assert parts is not None  # put just above
+                derived.write(txn, self.census_db, derived.writing_epoch(txn, tables),
+                              entry.id, parts, census)
             if session_id:
                 self._drop_session(txn, session_id)
         return alive
@@ -839,37 +848,57 @@ class Index(VersionLookups):
 
     def start_delete(self, kind: bytes, digest: Digest, before: float,
                      forwarded: bool = False) -> ChunkRecord | None:
-        """Re-check a condemned record and move it to DELETING; None if it must stay.
+        """:meth:`start_deletes` of one record: the record before, or None."""
+        started = self.start_deletes(kind, [digest], before,
+                                     frozenset([digest]) if forwarded else frozenset())
+        return started[0][1] if started else None
 
-        From this transaction on, a writer that wants the object waits
-        instead of deduplicating against it, so the object may be deleted.
+    def start_deletes(self, kind: bytes, digests: Iterable[Digest], before: float,
+                      forwarded: frozenset[Digest] = frozenset()
+                      ) -> list[tuple[Digest, ChunkRecord]]:
+        """Re-check condemned records and move each that may go to DELETING, in one
+        transaction; return those, each with its record as it was before.
+
+        From this transaction on, a writer that wants one of the objects waits
+        instead of deduplicating against it, so the objects may be deleted.
         """
+        started = []
         with self._writing() as txn:
-            rec = self._get(txn, self._db(kind), digest)
-            if rec is None or rec.state not in (ChunkState.CONDEMNED, ChunkState.WRITING) \
-                    or not self._collectable(txn, digest, rec, before, forwarded):
-                return None
-            self._put(txn, kind, digest, replace(rec, state=ChunkState.DELETING))
-        return rec
+            for digest in digests:
+                rec = self._get(txn, self._db(kind), digest)
+                if rec is None or rec.state not in (ChunkState.CONDEMNED, ChunkState.WRITING) \
+                        or not self._collectable(txn, digest, rec, before, digest in forwarded):
+                    continue
+                self._put(txn, kind, digest, replace(rec, state=ChunkState.DELETING))
+                started.append((digest, rec))
+        return started
 
     def finish_delete(self, kind: bytes, digest: Digest) -> bool:
-        """Remove a DELETING record once its object is gone.
+        """:meth:`finish_deletes` of one record: whether it was DELETING."""
+        return self.finish_deletes(kind, [digest]) == 1
+
+    def finish_deletes(self, kind: bytes, digests: Iterable[Digest]) -> int:
+        """Remove DELETING records once their objects are gone (one transaction); return
+        how many were DELETING.
 
         A record a version references again (counted in from storage while
         it was being deleted) is kept as WRITING instead: the next save that
         needs the object writes it again, and verify reports the version.
         """
+        finished = 0
         with self._writing() as txn:
-            rec = self._get(txn, self._db(kind), digest)
-            if rec is None or rec.state != ChunkState.DELETING:
-                return False
-            if rec.refcount > 0:
-                self._put(txn, kind, digest, replace(rec, state=ChunkState.WRITING))
-            else:
-                self._delete(txn, kind, digest)
-            if kind == CHUNK:  # a pack's object is gone: so is every location inside it
-                self._forget_pack(txn, digest)
-        return True
+            for digest in digests:
+                rec = self._get(txn, self._db(kind), digest)
+                if rec is None or rec.state != ChunkState.DELETING:
+                    continue
+                if rec.refcount > 0:
+                    self._put(txn, kind, digest, replace(rec, state=ChunkState.WRITING))
+                else:
+                    self._delete(txn, kind, digest)
+                if kind == CHUNK:  # a pack's object is gone: so is every location in it
+                    self._forget_pack(txn, digest)
+                finished += 1
+        return finished
 
     def abandon_deletions(self) -> int:
         """Turn every DELETING record (of a killed GC) back into WRITING; return how many.
@@ -897,17 +926,21 @@ class Index(VersionLookups):
             self._put(txn, kind, digest, record)
         return True
 
-    def start_orphan_delete(self, kind: bytes, digest: Digest) -> bool:
-        """Put a DELETING record for an object the index does not know; False if it does.
+    def start_orphan_deletes(self, kind: bytes, digests: Iterable[Digest]) -> list[Digest]:
+        """Put a DELETING record for each object the index does not know (one
+        transaction); return those, leaving out the ones it does know now.
 
-        Writers then wait instead of deduplicating against the object while
-        the sweep deletes it.
+        Writers then wait instead of deduplicating against the objects while
+        the sweep deletes them.
         """
+        started = []
         with self._writing() as txn:
-            if self._get(txn, self._db(kind), digest) is not None:
-                return False
-            self._put(txn, kind, digest, ChunkRecord(ChunkState.DELETING, 0, 0, 0, 0, 0.0))
-        return True
+            for digest in digests:
+                if self._get(txn, self._db(kind), digest) is None:
+                    self._put(txn, kind, digest,
+                              ChunkRecord(ChunkState.DELETING, 0, 0, 0, 0, 0.0))
+                    started.append(digest)
+        return started
 
     def claimants(self, digest: Digest) -> list[str]:
         """The sessions that claim ``digest``."""

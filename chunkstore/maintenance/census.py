@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from chunkstore.handle.versions import VersionInfo
 
 log = logging.getLogger(__name__)
-#: The form of a recorded contribution (:func:`_contribution`); one of another form is
+#: The form of a recorded contribution (:func:`contribution`); one of another form is
 #: counted again from the manifests.
 CENSUS_FORM = 1
 
@@ -167,7 +167,7 @@ def _census(store: StoreHandle, versions: list[VersionInfo], cached: dict[str, b
             flat = flatten(store.objects, info.root, store.node_cache)
         except ChunkStoreError:
             continue
-        payload = _contribution(flat)
+        payload = contribution(flat)
         counted.append((info.id, payload))
         merged.add(payload)
     if counted:
@@ -182,7 +182,7 @@ def _census(store: StoreHandle, versions: list[VersionInfo], cached: dict[str, b
     return census
 
 
-def _contribution(flat: FlatTree) -> bytes:
+def contribution(flat: FlatTree) -> bytes:
     """What one version adds to the census (JSON): its chunks' deepest chains, its
     packed chunks, and whether it records its shards' ranks."""
     depths: dict[str, int] = {}
@@ -214,7 +214,7 @@ class _Counted:
     ranked: bool = False
 
     def add(self, payload: bytes) -> bool:
-        """Merge one version's contribution (:func:`_contribution`); False, merging
+        """Merge one version's contribution (:func:`contribution`); False, merging
         nothing, when it is not one this release wrote (another form, or damaged)."""
         try:
             counted = json.loads(payload)

@@ -52,7 +52,12 @@ model, are why each step is where it is):
 8. record the run's audit intent event (:mod:`chunkstore.protocol.audit`: counts
    and bytes, durably, so a run killed while deleting is on record), then delete,
    through the index's condemn -> DELETING protocol so that saves
-   of this index wait rather than reuse an object being deleted;
+   of this index wait rather than reuse an object being deleted, in batches:
+   each batch re-checks its records and moves them to DELETING in one index
+   transaction, deletes their objects in one bulk delete (S3 DeleteObjects;
+   locally unlinks side by side and one fsync per folder), and only then
+   removes the records (a crash in between leaves them DELETING, handed back
+   by step 1 of the next run);
 9. mark the journal entry ``done`` (saves apply it to their own indexes:
    those objects are never again dedup targets there), delete expired
    tombstones and old temporary files, and in a sweep the signature objects of
@@ -87,7 +92,17 @@ was abandoned, nothing needs X.  Otherwise S read the entry: S never
 referenced X unwritten, and wrote X only after this run marked the entry
 done or died (the fence wait, for every active entry naming X), so after
 its deletion.  "Died" includes "could not renew its entry for half the
-lease": such a run stops deleting before others may count it dead.  Versions published
+lease": such a run stops deleting before others may count it dead.  A save
+counts a silent entry dead only :data:`~chunkstore.protocol.journal.FENCE_STALE_S`
+after it saw it, and this run begins no bulk delete of step 8 later than
+``RENEW_LAPSE_S`` (half of that) after its last renewal was sent (it checks
+before each batch, and again after any request the batch made first): the other
+half is for the delete in flight.  That is why a batch is bounded in time and not
+only in keys (one DeleteObjects request on S3, as one DELETE was before; locally
+the first batch is small and a batch grows only while its delete takes under a
+quarter of ``RENEW_LAPSE_S``).  Batching changes nothing else the argument uses: each
+object's record is re-checked (refcount 0, unclaimed) and made DELETING in the
+same transaction, before its object is deleted, exactly as one at a time.  Versions published
 before step 7 are marked in step 7; a version removed before it is marked
 through its tombstone for the grace period.  Two GCs on different indexes
 each satisfy this argument independently (deleting is idempotent, and each
@@ -128,9 +143,10 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from chunkstore.backends.base import DELETE_BATCH
 from chunkstore.errors import (
     ChunkStoreError,
     CorruptChunkError,
@@ -171,6 +187,7 @@ from chunkstore.protocol.journal import (
     ABANDONED,
     DONE,
     FENCED,
+    RENEW_LAPSE_S,
     JournalEntry,
     check_renewed,
     finish_entry,
@@ -199,6 +216,10 @@ _KIND_OF = {CHUNK: CHUNKS, NODE: NODES}
 _KIND_NAME = {CHUNK: "chunk", NODE: "node"}
 
 
+#: The first batch of step 8's deletions; later ones grow to DELETE_BATCH while fast.
+_FIRST_BATCH = 64
+
+
 @dataclass(frozen=True)
 class Candidate:
     """An object GC may delete; ``indexed`` when this index has a record of it."""
@@ -207,6 +228,15 @@ class Candidate:
     digest: Digest
     size: int
     indexed: bool
+
+
+@dataclass(frozen=True)
+class _Started:
+    """A candidate whose deletion began (its record DELETING); ``maybe_gone`` when its
+    object may be gone already (a record of WRITING state)."""
+
+    candidate: Candidate
+    maybe_gone: bool
 
 
 @dataclass
@@ -292,6 +322,16 @@ def session_is_dead(info: dict[str, Any], now: float, grace_s: float) -> bool:
     """Whether an index write session's process is gone (see :func:`owner_is_dead`;
     seen from another host, once its heartbeat is older than the grace period)."""
     return owner_is_dead(info, now, grace_s)
+
+
+def stored_size(store: StoreHandle, kind: bytes, digest: Digest) -> int | None:
+    """The size of a chunk (``kind`` CHUNK) or node object as stored now (one HEAD);
+    None when it is not stored.  For a record whose size the index never learnt (a
+    killed save's claim: WRITING, size 0)."""
+    try:
+        return store.objects.stat(_KIND_OF[kind], digest).size
+    except FileNotFoundError:
+        return None
 
 
 # --- the run ----------------------------------------------------------------------------------
@@ -490,7 +530,12 @@ class _Run:
             if self._claimed(digest):
                 self.result.kept_by_sessions += 1
                 continue
-            found.append(Candidate(kind, digest, record.stored_length, True))
+            candidate = Candidate(kind, digest, record.stored_length, True)
+            if self.dry_run and record.state == ChunkState.WRITING and not record.stored_length:
+                # A killed save's claim: its size was never recorded (a real run learns
+                # it as it deletes, _delete_batches).
+                candidate = self._as_stored(candidate)[0]
+            found.append(candidate)
         return found
 
     def _claimed(self, digest: Digest) -> bool:
@@ -751,6 +796,8 @@ class _Run:
         return True
 
     def delete(self, candidates: list[Candidate]) -> None:
+        """Step 8, a batch at a time (:meth:`_delete_batches`): the index's records first
+        (condemned, then re-checked and moved to DELETING), then the objects in bulk."""
         self.delete_began = True  # from here an interruption may leave any candidate deleted
         self.progress.start(len(candidates), "gc: delete")
         candidates = [c for c in candidates if c.kind != CHUNK or c.digest not in self.forwarded
@@ -758,24 +805,66 @@ class _Run:
         for kind in (CHUNK, NODE):
             indexed = [c.digest for c in candidates if c.kind == kind and c.indexed]
             forwarded = frozenset(self.forwarded) if kind == CHUNK else frozenset()
-            for digest in self.index.condemn(kind, indexed, self.before, forwarded):
-                self.check_time()
-                record = self.index.start_delete(kind, digest, self.before,
-                                                 digest in forwarded)
-                if record is not None:
-                    existed = self.objects.delete(_KIND_OF[kind], digest)
-                    self.index.finish_delete(kind, digest)
-                    self._count(Candidate(kind, digest, record.stored_length, True), existed)
-                self.progress.advance()
-        for candidate in candidates:
-            if not candidate.indexed:
-                self.check_time()
-                if self.index.start_orphan_delete(candidate.kind, candidate.digest):
-                    existed = self.objects.delete(_KIND_OF[candidate.kind], candidate.digest)
-                    self.index.finish_delete(candidate.kind, candidate.digest)
-                    self._count(candidate, existed)
-                self.progress.advance()
+
+            def start_indexed(batch: list[Digest], kind: bytes = kind,
+                              forwarded: frozenset[Digest] = forwarded) -> list[_Started]:
+                return [_Started(Candidate(kind, digest, record.stored_length, True),
+                                 record.state == ChunkState.WRITING)
+                        for digest, record in self.index.start_deletes(
+                            kind, batch, self.before, forwarded)]
+            self._delete_batches(kind, self.index.condemn(kind, indexed, self.before,
+                                                          forwarded), start_indexed)
+        for kind in (CHUNK, NODE):
+            orphans = {c.digest: c for c in candidates if c.kind == kind and not c.indexed}
+
+            def start_orphans(batch: list[Digest], kind: bytes = kind,
+                              orphans: dict[Digest, Candidate] = orphans) -> list[_Started]:
+                return [_Started(orphans[digest], False)
+                        for digest in self.index.start_orphan_deletes(kind, batch)]
+            self._delete_batches(kind, list(orphans), start_orphans)
         self.progress.finish()
+
+    def _delete_batches(self, kind: bytes, digests: list[Digest],
+                        start: Callable[[list[Digest]], list[_Started]]) -> None:
+        """Delete ``digests`` of one kind in batches.  For each: the run's checks
+        (:meth:`check_time`: grace, and the entry renewed lately), ``start`` (one index
+        transaction: the re-check against saves of this index, and DELETING for each
+        object that may go), the run's checks again where requests were made since, the
+        objects in one bulk delete (one request per batch on S3, unlinks side by side
+        and a fsync per folder locally), then their records removed (one transaction).
+        A bulk delete is one deletion in flight for the fence's timing
+        (chunkstore.protocol.journal.FENCE_STALE_S): the first is small, and a batch
+        grows only while its delete takes under a quarter of RENEW_LAPSE_S, and shrinks
+        when one takes over half."""
+        size, done = _FIRST_BATCH, 0
+        while done < len(digests):
+            batch = digests[done:done + size]
+            done += len(batch)
+            self.check_time()
+            started = start(batch)
+            # A record of WRITING state (another GC's deletion applied here, a killed
+            # run's handed back, a killed save's claim) may name an object gone already
+            # (not freed again) or one whose size it never learnt: asked storage.
+            counted = [(s.candidate, True) if not s.maybe_gone else self._as_stored(s.candidate)
+                       for s in started]
+            if any(s.maybe_gone for s in started):
+                self.check_time()  # after those requests: the delete begins in time
+            began = time.monotonic()
+            self.objects.delete_many(_KIND_OF[kind], [s.candidate.digest for s in started])
+            self.index.finish_deletes(kind, [s.candidate.digest for s in started])
+            for candidate, existed in counted:
+                self._count(candidate, existed)
+            self.progress.advance(len(batch))
+            took = time.monotonic() - began
+            if took < RENEW_LAPSE_S / 4:
+                size = min(size * 4, DELETE_BATCH)
+            elif took > RENEW_LAPSE_S / 2:
+                size = max(size // 2, 1)
+
+    def _as_stored(self, candidate: Candidate) -> tuple[Candidate, bool]:
+        """``candidate`` with its size as stored now, and whether it is stored."""
+        size = stored_size(self.store, candidate.kind, candidate.digest)
+        return (candidate, False) if size is None else (replace(candidate, size=size), True)
 
     def _count(self, candidate: Candidate, existed: bool = True) -> None:
         self.deleted.append((candidate.kind, candidate.digest))

@@ -24,6 +24,7 @@ from chunkstore.index.lmdbindex import (
     ChunkState,
     NewChunk,
 )
+from chunkstore.maintenance.census import contribution
 from chunkstore.objects.kinds import CHUNKS, LEASES, NODES, TAGS, VERSIONS
 from chunkstore.protocol.runlease import withdrawn, withdrawn_name
 
@@ -89,8 +90,9 @@ def count_in(store: StoreHandle, version_id: str,
     node_digests = sorted(flat.tree_nodes | flat.data_nodes(), key=lambda d: d.raw)
     nodes = dict(zip(node_digests, store.executor.map(lambda d: _node_size(store, d),
                                                       node_digests), strict=True))
+    # Its census recorded with it: report need not read its manifests again.
     store.index.add_version(entry_from_record(version_id, record), refs, nodes, new_chunks,
-                            packed=flat.pack_members())
+                            packed=flat.pack_members(), census=contribution(flat))
     if not store.objects.exists(VERSIONS, version_id):
         store.index.remove_version(version_id)  # removed while it was being counted in
         return False

@@ -294,7 +294,7 @@ def _gc_from_index(store: StoreHandle, result: StoreStats, now: float) -> None:
     no index record names (orphans of killed saves, objects of versions another index
     removed and this one has not counted out) and packs whose every listed member a
     repack moved."""
-    from chunkstore.maintenance.gc import session_is_dead
+    from chunkstore.maintenance.gc import session_is_dead, stored_size
 
     result.gc_source = GC_FROM_INDEX
     index = store.index
@@ -307,12 +307,18 @@ def _gc_from_index(store: StoreHandle, result: StoreStats, now: float) -> None:
         if record is None or record.state == ChunkState.DELETING:
             continue
         claimants = set(index.claimants(digest)) if sessions else set()
-        if not claimants & live_at_zero and since <= now:
+        awaiting = not claimants & live_at_zero and since <= now
+        reclaimable = not claimants & live_now and since <= now - result.grace_s
+        size = record.stored_length
+        if (awaiting or reclaimable) and not size and record.state == ChunkState.WRITING:
+            # A killed save's claim: the index never learnt its size (one HEAD each).
+            size = stored_size(store, kind, digest) or 0
+        if awaiting:
             result.awaiting_gc_objects += 1
-            result.awaiting_gc_bytes += record.stored_length
-        if not claimants & live_now and since <= now - result.grace_s:
+            result.awaiting_gc_bytes += size
+        if reclaimable:
             result.reclaimable_now_objects += 1
-            result.reclaimable_now_bytes += record.stored_length
+            result.reclaimable_now_bytes += size
 
 
 def _count_packs(result: StoreStats, awaiting: GcResult | None,
