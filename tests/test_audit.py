@@ -2,7 +2,14 @@
 publish, removal, tag change, hold and release, key change and GC deletion run, stored
 before the change; none missing after a SIGKILL at a save's or a removal's commit point;
 damaged events listed, never fatal; pruned only by ``audit --prune-before``, which
-records itself; sealed in an encrypted store; the same on the moto S3 server."""
+records itself; sealed in an encrypted store; the same on the moto S3 server.
+
+Each safety test was seen to fail with its guard broken: the publish event moved after
+the commit record, and a removal's intents moved after its batches (the SIGKILL test);
+a GC's intent moved after its deletions (the request-order test); audit events kept in
+clear in an encrypted store (the sealing test); the JSON guard of ``decode_event``
+removed (the damaged-event test: the listing crashed); a prune that deletes a newer
+event (the prune test)."""
 
 from __future__ import annotations
 
@@ -19,7 +26,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 import chunkstore
-from chunkstore.backends.wrappers import FAULT_ENV_VAR
+from chunkstore.backends.wrappers import FAULT_ENV_VAR, RequestHook
 from chunkstore.cli import EXIT_USAGE, cli
 from chunkstore.objects.keys import TEST_KDF_ENV, list_keys
 from chunkstore.objects.kinds import AUDIT
@@ -111,6 +118,41 @@ def test_checkpointer_keep_last_records_its_removal(tmp_path: Path) -> None:
     with chunkstore.open(tmp_path / "s") as store:
         ops = _ops(store, run="job")
     assert ops[:2] == [("publish", "intent")] * 2 and ("keep_last", "intent") in ops
+
+
+class _Requests(RequestHook):
+    """The order of the requests a store makes: (operation, key)."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.log: list[tuple[str, str]] = []
+
+    def request(self, operation: str, key: str) -> None:
+        self.log.append((operation, key))
+
+    def first(self, operation: str, prefix: str) -> int:
+        return next(i for i, (op, key) in enumerate(self.log)
+                    if op == operation and key.startswith(prefix))
+
+
+def test_each_event_is_stored_before_the_change_it_announces(tmp_path: Path) -> None:
+    """The request order: a save's event before its commit record, a removal's before
+    its first tombstone and record deletion, a GC's before its first deletion."""
+    with chunkstore.open(tmp_path / "s", create=True) as store:
+        requests = _Requests(store.backend)
+        store.backend = requests
+        _save(store, 0)
+        assert requests.first("put", "audit/") < requests.first("put", "versions/")
+        requests.log.clear()
+        store.delete("r@0")
+        event = requests.first("put", "audit/")
+        assert event < requests.first("put", "removed/")
+        assert event < requests.first("delete_many", "versions/")
+        requests.log.clear()
+        store.gc(grace=0)
+        assert requests.first("put", "audit/") < min(
+            i for i, (op, key) in enumerate(requests.log)
+            if op.startswith("delete") and key.startswith(("chunks/", "nodes/")))
 
 
 @pytest.mark.parametrize("body", [b"{not json", b"[1, 2]", json.dumps({
