@@ -158,10 +158,12 @@ def record(objects: ObjectStore, op: str, *, phase: str = INTENT, deferred: bool
     if len(data) > MAX_EVENT_BYTES:  # a caller's bug: events are batched small
         raise ValueError(f"an audit event of {len(data)} bytes, over {MAX_EVENT_BYTES}")
     put = objects.put_if_absent_deferred if deferred else objects.put_if_absent
-    while True:  # 32 random bits within a microsecond: a clash is all but impossible
+    for _ in range(8):  # 32 random bits within a microsecond: a clash is all but impossible
         event_id = f"{event_id_at(when)}-{secrets.token_hex(4)}"
         if put(AUDIT, event_id, data):
             return event_id
+    raise ChunkStoreError(f"{objects.backend!r}: eight audit event keys in a row were taken;"
+                          " the store's put-if-absent does not work (docs/s3.md)")
 
 
 def record_done(objects: ObjectStore, op: str, intent: str, **fields: Any) -> str:
