@@ -57,6 +57,8 @@ from chunkstore.index.versiontables import VersionEntry
 from chunkstore.objects.kinds import TAGS, VERSIONS
 from chunkstore.objects.objectstore import ObjectStore
 from chunkstore.objects.signing import Trust
+from chunkstore.protocol import audit
+from chunkstore.protocol.audit import versions_named
 from chunkstore.protocol.holds import Hold, list_holds
 from chunkstore.protocol.moved import MovedRecord
 
@@ -408,6 +410,8 @@ class StoreHandle:
             raise InvalidInputError(f"tag {name!r} looks like a version id; choose another name")
         info = self.resolve(selector)
         body = json.dumps({"version": info.id, "created": time.time()}).encode()
+        audit.record(self.objects, "tag", tag=name, versions=versions_named([info]),
+                     previous=self.index.tags().get(name))  # as this index last saw it
         self.objects.put(TAGS, name, body)
         self.index.set_tag(name, info.id)
         return info
@@ -441,6 +445,8 @@ class StoreHandle:
             # still be removed by its exact name, if it names a plain key.
             if not _removable_key_name(name) or not self.objects.exists(TAGS, name):
                 raise
+        if self.objects.exists(TAGS, name):
+            audit.record(self.objects, "untag", tag=name, previous=self.index.tags().get(name))
         existed = self.objects.delete(TAGS, name)
         return self.index.delete_tag(name) or existed
 
@@ -466,12 +472,14 @@ class StoreHandle:
         remove_versions(self, infos, force=force)
         return infos
 
-    def delete_listed_many(self, infos: Iterable[VersionInfo]) -> list[Hold]:
+    def delete_listed_many(self, infos: Iterable[VersionInfo], *,
+                           operation: str = "retention") -> list[Hold]:
         """Remove versions a caller listed moments ago (retention), in bulk; one that
         is gone from the store already (another process removed it) is simply gone.
-        Held versions are left as they are: their holds are returned."""
+        Held versions are left as they are: their holds are returned.  ``operation``
+        names the removal in the audit trail."""
         return remove_versions(self, list({info.id: info for info in infos}.values()),
-                               skip_held=True)
+                               skip_held=True, operation=operation)
 
     # --- legal holds (chunkstore.protocol.holds) -------------------------------------------
 
@@ -499,7 +507,8 @@ class StoreHandle:
         done, not an error.
         """
         try:
-            self.delete(version_id)
+            remove_versions(self, [self.resolve_for_removal(version_id)],
+                            operation="replace")
         except SelectorError:
             if self.objects.exists(VERSIONS, version_id):
                 raise

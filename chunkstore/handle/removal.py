@@ -4,6 +4,9 @@ saved again with ``replace``).
 A removal makes each step durable before the next, in batches of
 :data:`~chunkstore.backends.base.DELETE_BATCH` versions:
 
+0. the audit intent events (:mod:`chunkstore.protocol.audit`), one per batch, durable
+   before any tag or record is deleted (with the tombstones' flush, or one of their
+   own before step 1): a removal a crash cuts short at any later step is recorded;
 1. the tags that pin a removed version (only with ``force``), storage first;
 2. each version's tombstone (in parallel, made durable together): from it every GC
    counts the grace period of what the version reaches
@@ -26,7 +29,8 @@ A removal makes each step durable before the next, in batches of
 5. their signature objects, in bulk (after the records: a crash between leaves a
    published version signed, never one unsigned; an orphan signature left behind GC
    removes, docs/format.md §14);
-6. the index, in one transaction.
+6. the index, in one transaction;
+7. the audit done event: how many were removed, and those a hold kept.
 
 So a batch costs a PUT per version and a few requests in all, where removing versions
 one by one cost six requests each, a listing and a read of every tag included.  A
@@ -47,7 +51,8 @@ from typing import TYPE_CHECKING
 from chunkstore.backends.base import DELETE_BATCH
 from chunkstore.errors import HeldVersionError, InvalidInputError
 from chunkstore.objects.kinds import SIGNATURES, TAGS, VERSIONS
-from chunkstore.protocol import tombstones
+from chunkstore.protocol import audit, tombstones
+from chunkstore.protocol.audit import versions_named
 from chunkstore.protocol.holds import Hold, held_ids, read_hold
 from chunkstore.protocol.runlease import Withdrawals, withdraw
 from chunkstore.protocol.tombstones import write_tombstone
@@ -63,7 +68,8 @@ def unreadable(info: VersionInfo) -> bool:
 
 
 def remove_versions(store: StoreHandle, infos: Sequence[VersionInfo], *,
-                    force: bool = False, skip_held: bool = False) -> list[Hold]:
+                    force: bool = False, skip_held: bool = False,
+                    operation: str = "rm") -> list[Hold]:
     """Unpublish ``infos`` (resolved, each once).  A tagged version is refused, before
     anything is removed, unless ``force`` (which drops its tags too); a commit record
     that cannot be read is removed with its tags and no tombstone (what it references
@@ -71,13 +77,18 @@ def remove_versions(store: StoreHandle, infos: Sequence[VersionInfo], *,
 
     A held version is never removed (``force`` or not): with ``skip_held`` it is left
     out and its hold returned (retention); else :class:`HeldVersionError` is raised,
-    before anything changes when the hold was there at the start."""
+    before anything changes when the hold was there at the start.
+
+    ``operation`` names the removal in its audit events (``rm``, ``prune``, ...): one
+    intent per batch, stored before anything is removed, and one done event."""
     if not infos:
         return []
     held = _holds_of(store, held_ids(store.objects), infos)
     if held and not skip_held:
         raise HeldVersionError({h.version_id: h.reason for h in held})
     infos = [info for info in infos if info.id not in {h.version_id for h in held}]
+    if not infos:
+        return held
     # Removing versions is how a full disk is freed: on one, the index's space reserve
     # makes room for the tombstones and the index's own writes.
     store.index.release_reserve_if_low()
@@ -92,8 +103,16 @@ def remove_versions(store: StoreHandle, infos: Sequence[VersionInfo], *,
             f" {', '.join(sorted(t for t, v in pinned.items() if v == vid))}"
             for vid in sorted(set(pinned.values()))) + "; untag first or pass force=True"
             " (--force)")
-    for tag in sorted({*pinned, *(t for t, vid in stored.items()
-                                  if vid in removed and unreadable(removed[vid]))}):
+    # 0. recorded: durable with the first batch's tombstones, before any record goes,
+    # or at once when a tag is deleted first
+    intents = [audit.record(store.objects, operation, force=force, deferred=True,
+                            versions=versions_named(infos[start:start + DELETE_BATCH]))
+               for start in range(0, len(infos), DELETE_BATCH)]
+    untagged = sorted({*pinned, *(t for t, vid in stored.items()
+                                  if vid in removed and unreadable(removed[vid]))})
+    if untagged:
+        store.objects.flush()
+    for tag in untagged:
         store.objects.delete(TAGS, tag)
     if any(not unreadable(info) for info in infos):
         store.upgrade_format()  # tombstones are objects of format 2
@@ -103,8 +122,12 @@ def remove_versions(store: StoreHandle, infos: Sequence[VersionInfo], *,
         batch = infos[start:start + DELETE_BATCH]
         late += _remove_batch(store, batch)
         removed_ids += [info.id for info in batch]
+    late_ids = {h.version_id for h in late}
+    audit.record_done(store.objects, operation, intents[0], intents=len(intents),
+                      removed=len(removed_ids) - len(late_ids),
+                      held=sorted(late_ids | {h.version_id for h in held}),
+                      tags_removed=sorted(pinned))
     if late and not skip_held:
-        late_ids = {h.version_id for h in late}
         raise HeldVersionError({h.version_id: h.reason for h in late},
                                removed=[vid for vid in removed_ids if vid not in late_ids])
     return held + late

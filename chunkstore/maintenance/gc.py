@@ -49,7 +49,9 @@ model, are why each step is where it is):
 7. mark again: count in and walk every version committed meanwhile (by the
    sessions just waited for) and every tombstone, into step 4's mark set
    (what was walked then is not walked again); drop what is reached;
-8. delete, through the index's condemn -> DELETING protocol so that saves
+8. record the run's audit intent event (:mod:`chunkstore.protocol.audit`: counts
+   and bytes, durably, so a run killed while deleting is on record), then delete,
+   through the index's condemn -> DELETING protocol so that saves
    of this index wait rather than reuse an object being deleted, in batches:
    each batch re-checks its records and moves them to DELETING in one index
    transaction, deletes their objects in one bulk delete (S3 DeleteObjects;
@@ -60,7 +62,8 @@ model, are why each step is where it is):
    those objects are never again dedup targets there), delete expired
    tombstones and old temporary files, and in a sweep the signature objects of
    versions not published, older than the grace period
-   (:func:`chunkstore.handle.signatures.orphan_signatures`).
+   (:func:`chunkstore.handle.signatures.orphan_signatures`); a run that recorded an
+   intent records what it deleted (its ``done`` event).
 
 A pack of small chunks (:mod:`chunkstore.read.packs`) is one chunk object here:
 versions reference the pack, never its members, so it is marked, fenced,
@@ -139,7 +142,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -179,6 +182,7 @@ from chunkstore.objects.kinds import (
     VERSIONS,
 )
 from chunkstore.progress import NullProgress, Progress
+from chunkstore.protocol import audit
 from chunkstore.protocol.journal import (
     ABANDONED,
     DONE,
@@ -334,6 +338,9 @@ def stored_size(store: StoreHandle, kind: bytes, digest: Digest) -> int | None:
 
 
 class _Run:
+    #: what the run's audit events call it (docs/format.md §16)
+    audit_op = "gc"
+
     def __init__(self, store: StoreHandle, grace_s: float, dry_run: bool, sweep: bool | None,
                  clock: Callable[[], float], progress: Progress, session_wait_s: float,
                  repack_unused: float | None) -> None:
@@ -365,6 +372,7 @@ class _Run:
         self.deleted: list[tuple[bytes, Digest]] = []
         self.delete_began = False
         self.entry: JournalEntry | None = None
+        self.audit_intent: str | None = None  # the id of the run's audit intent event
         self.marks: MarkSet | None = None  # steps 4 and 7 share one
         self.moved: dict[Digest, MovedRecord | None] = {}  # read by the last mark
         self.last_beat, self.last_beat_wall = time.monotonic(), time.time()
@@ -412,6 +420,7 @@ class _Run:
         self.clean_up()
         if not self.dry_run:
             self.finish(removals)
+            self.record_done()
         self.result.seconds = round(self.clock() - self.started, 3)
         return self.result
 
@@ -673,6 +682,8 @@ class _Run:
             candidates = self.confirm_unreachable(candidates)
             still = set(self.unused_moved())
             self.moved_unused = [pack for pack in moved if pack in still]
+            if candidates or self.moved_unused:
+                self.record_intent(candidates=candidates)
             self.delete(candidates)
             # The records too while the entry is fenced: a sync that reads it done
             # relies on a record it finds and would publish before a later delete.
@@ -700,6 +711,32 @@ class _Run:
                 # the entry left fenced is counted gone by saves after a heartbeat.
                 log.warning("gc journal entry %s could not be marked finished: %s",
                             entry.id, exc)
+
+    def record_intent(self, *, candidates: Sequence[Candidate] = (), **counts: int) -> None:
+        """Before the run's first deletion: its audit intent event, durably (one a run:
+        what it is about to delete first, counts and bytes, not every object)."""
+        if self.audit_intent is not None:
+            return
+        fields: dict[str, Any] = {
+            name: sum(1 for c in candidates if c.kind == kind and c.indexed)
+            for name, kind in (("chunks", CHUNK), ("nodes", NODE))}
+        fields.update(counts, orphans=sum(1 for c in candidates if not c.indexed),
+                      bytes=sum(c.size for c in candidates),
+                      moved_records=len(self.moved_unused), grace_s=self.grace_s,
+                      journal_entry=self.entry.id if self.entry is not None else None)
+        self.audit_intent = audit.record(self.objects, self.audit_op, **fields)
+
+    def record_done(self) -> None:
+        """After a run that recorded an intent: what it deleted."""
+        if self.audit_intent is None:
+            return
+        r = self.result
+        audit.record_done(
+            self.objects, self.audit_op, self.audit_intent, chunks=r.chunks_deleted,
+            nodes=r.nodes_deleted, bytes=r.bytes_freed, orphans=r.orphans_deleted,
+            orphan_bytes=r.orphan_bytes_freed, tombstones=r.tombstones_deleted,
+            signatures=r.signatures_deleted, moved_records=len(self.moved_unused),
+            deferred_objects=r.deferred)
 
     def wait_for_sessions(self, entry: JournalEntry) -> bool:
         """Wait until no live save session that has not read ``entry`` is left."""
@@ -855,6 +892,8 @@ class _Run:
         # while it is fenced waits for this run before it writes or relies on the record.
         self.result.moved_records_deleted = len(self.moved_unused)
         if not self.dry_run:
+            if self.expired_tombstones:
+                self.record_intent(tombstones=len(self.expired_tombstones))
             # In bulk (a prune leaves a thousand): each protects nothing any more.
             self.objects.delete_many(TOMBSTONES, self.expired_tombstones)
             for lease_id in expired_read_leases(self.objects):  # of killed readers
@@ -874,6 +913,8 @@ class _Run:
                 cutoff, dry_run=self.dry_run)
             orphans = orphan_signatures(self.objects, cutoff)
             if not self.dry_run:
+                if orphans:
+                    self.record_intent(signatures=len(orphans))
                 self.objects.delete_many(SIGNATURES, orphans)
             self.result.signatures_deleted = len(orphans)
 

@@ -97,6 +97,8 @@ class PurgeResult:
 class _PurgeRun(_Run):
     """A GC run whose candidates are the purged versions' objects, at grace 0."""
 
+    audit_op = "purge-gc"
+
     def __init__(self, store: StoreHandle, grace_s: float, scope: set[_Key],
                  purged: frozenset[str], clock: Callable[[], float], progress: Progress,
                  session_wait_s: float) -> None:
@@ -137,7 +139,7 @@ def purge(store: StoreHandle, infos: Sequence[VersionInfo], *, force: bool = Fal
         sizes = {key: record.stored_length for key in scope
                  if (record := store.index.record(*key)) is not None}
         try:
-            remove_versions(store, infos, force=force)
+            remove_versions(store, infos, force=force, operation="purge")
             late: HeldVersionError | None = None
         except HeldVersionError as exc:  # held while it ran: the others were removed
             if not exc.removed:

@@ -82,6 +82,8 @@ from chunkstore.maintenance.synccopy import Copied, Spans, VersionCopy, add_span
 from chunkstore.maintenance.verify import verify as verify_store
 from chunkstore.objects.kinds import MOVED, SESSIONS, VERSIONS
 from chunkstore.progress import NullProgress, Progress
+from chunkstore.protocol import audit
+from chunkstore.protocol.audit import versions_named
 from chunkstore.protocol.holds import Hold, held_ids, read_hold
 from chunkstore.protocol.tombstones import write_tombstone
 from chunkstore.write.writer import open_store_session
@@ -383,6 +385,10 @@ def _copy_version(src: StoreHandle, dst: StoreHandle | None, info: VersionInfo,
             return
         assert dst is not None and session is not None
         copy_signature(src.objects, dst.objects, info.id, data)  # checked, before the record
+        # The destination's audit event, durable with the copy (its own trail: the
+        # source's events are not copied).
+        audit.record(dst.objects, "sync", deferred=True, versions=versions_named([info]),
+                     source=src.url)
         dst.objects.flush()  # every object durable before the commit point
         for pack in copied.moved:  # a GC may drop a moved record no version reaches yet
             if not dst.objects.exists(MOVED, pack):

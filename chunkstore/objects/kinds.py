@@ -117,3 +117,9 @@ ALL_KINDS: tuple[Kind[Digest] | Kind[str], ...] = (
 HOLDS = NamedKind("hold", "holds/", hex_ids=True)
 ALL_KINDS += (HOLDS,)
 
+
+#: Audit events, by ``<UTC time>-<random>`` so that a listing is in time order (§16):
+#: append-only, removed only by ``chunkstore audit --prune-before`` (a new kind: releases
+#: that do not know it never list it).
+AUDIT = NamedKind("audit event", "audit/")
+ALL_KINDS += (AUDIT,)

@@ -22,8 +22,9 @@ Order of a save (invariants 1 and 3 in DESIGN.md; the GC side is in
    dedup hit is also checked to exist (a stat), so an object lost behind the
    index's back is written again, not referenced;
 4. on commit, manifest nodes are claimed like chunks and the missing ones
-   written; then one backend flush makes every object durable (a local
-   store: one syncfs instead of two fsyncs per object);
+   written, with the signature (if signing) and the audit event of the publish
+   (:mod:`chunkstore.protocol.audit`); then one backend flush makes every object
+   durable (a local store: one syncfs instead of two fsyncs per object);
 5. the commit record is written durably (atomic create): this is the
    commit.  A save whose session heartbeat lapsed (a GC elsewhere may have
    counted it dead) refuses instead;
@@ -80,6 +81,7 @@ from chunkstore.index.claims import GroupClaims
 from chunkstore.index.lmdbindex import CHUNK, NODE, Claim, NewChunk
 from chunkstore.objects.kinds import CHUNKS, NODES, VERSIONS
 from chunkstore.objects.signing import PrivateKeyLike, signing_key
+from chunkstore.protocol import audit
 from chunkstore.protocol.journal import Fence, sync_journal
 from chunkstore.protocol.runlease import RunLease
 from chunkstore.protocol.sessions import StoreSession
@@ -499,6 +501,11 @@ class VersionWriter(ChunkJobs):
             # Before the flush, so durable with the nodes: a published signed version
             # always has its signature (docs/format.md §14).
             store_signature(objects, self._signing_key, version_id, data)
+        # The audit event too: durable before the commit point, so a published version
+        # always has its "publish" event (an unpublished save may leave one).
+        audit.record(objects, "publish", deferred=True,
+                     versions=[{"id": version_id, "run": self.run, "step": self.step}],
+                     signed=self._signing_key is not None)
         objects.flush()  # every chunk and node durable before the commit point
         if self._store_session.lapsed():
             raise self._expired()

@@ -1,0 +1,332 @@
+"""The audit trail (chunkstore.protocol.audit, docs/format.md §16): an event for every
+publish, removal, tag change, hold and release, key change and GC deletion run, stored
+before the change; none missing after a SIGKILL at a save's or a removal's commit point;
+damaged events listed, never fatal; pruned only by ``audit --prune-before``, which
+records itself; sealed in an encrypted store; the same on the moto S3 server.
+
+Each safety test was seen to fail with its guard broken: the publish event moved after
+the commit record, and a removal's intents moved after its batches (the SIGKILL test);
+a GC's intent moved after its deletions (the request-order test); audit events kept in
+clear in an encrypted store (the sealing test); the JSON guard of ``decode_event``
+removed (the damaged-event test: the listing crashed); a prune that deletes a newer
+event (the prune test)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from click.testing import CliRunner, Result
+
+import chunkstore
+from chunkstore.backends.wrappers import FAULT_ENV_VAR, RequestHook
+from chunkstore.cli import EXIT_USAGE, cli
+from chunkstore.objects.keys import TEST_KDF_ENV, list_keys
+from chunkstore.objects.kinds import AUDIT
+from chunkstore.protocol.audit import MAX_EVENT_BYTES, AuditEvent, event_id_at
+from tests.conftest import tree_snapshot
+from tests.s3server import create_bucket, remove_bucket, s3_endpoint, storage_options
+
+__all__ = ["s3_endpoint"]  # the session fixture, re-exported so pytest finds it here
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _save(store: chunkstore.Store, step: int, run: str = "r") -> str:
+    with store.new_version(run, step) as version:
+        version.put("w", np.arange(256, dtype=np.float32) + step)
+    return version.info.id
+
+
+def _ops(store: chunkstore.Store, **filters: Any) -> list[tuple[str | None, str | None]]:
+    return [(e.op, e.phase) for e in store.audit(**filters)]
+
+
+def _named(event: AuditEvent) -> list[str]:
+    return [v["id"] for v in event.fields.get("versions", [])]
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> Result:
+    return CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
+
+
+def test_each_operation_records_its_events_before_it_changes_the_store(tmp_path: Path
+                                                                       ) -> None:
+    """Publish, tag, untag, hold, release, rm (one event for three versions), prune,
+    purge and GC each leave their events, naming what they changed; a refused rm
+    records nothing and changes nothing; sync records a copy in the destination and
+    copies no event."""
+    with chunkstore.open(tmp_path / "s", create=True) as store:
+        ids = [_save(store, step) for step in range(8)]
+        events = list(store.audit())
+        assert [(e.op, e.phase) for e in events] == [("publish", "intent")] * 8
+        assert [_named(e) for e in events] == [[vid] for vid in ids]
+        assert {e.who for e in events} == {events[0].who} and "@" in str(events[0].who)
+        assert all(str(e.process).startswith(f"pid {os.getpid()} ") for e in events)
+        since = next(store.audit()).when
+        store.tag("r@1", "best")
+        store.untag("best")
+        store.hold("r@0", "dispute 7")
+        before = tree_snapshot(tmp_path / "s")
+        with pytest.raises(chunkstore.errors.HeldVersionError):
+            store.delete_many(["r@0", "r@2"])  # refused before anything changed
+        assert tree_snapshot(tmp_path / "s") == before
+        store.release("r@0")
+        store.delete_many(["r@0", "r@1", "r@2"])
+        store.prune(keep_last=3, verify=False)  # removes r@3, r@4
+        store.purge("r@5", grace=0)
+        store.gc(grace=0)
+        assert _ops(store)[8:] == [
+            ("tag", "intent"), ("untag", "intent"), ("hold", "intent"), ("release", "intent"),
+            ("rm", "intent"), ("rm", "done"), ("prune", "intent"), ("prune", "done"),
+            ("purge", "intent"), ("purge", "done"), ("purge-gc", "intent"),
+            ("purge-gc", "done"), ("gc", "intent"), ("gc", "done")]
+        trail = list(store.audit())
+        rm, rm_done = trail[12], trail[13]
+        assert _named(rm) == ids[:3] and rm_done.fields["intent"] == rm.id
+        assert rm_done.fields["removed"] == 3
+        assert trail[8].fields["tag"] == "best" and trail[10].fields["reason"] == "dispute 7"
+        assert _named(trail[14]) == ids[3:5]
+        gc_done = trail[-1]
+        assert gc_done.fields["chunks"] > 0 and gc_done.fields["bytes"] > 0
+        assert gc_done.fields["intent"] == trail[-2].id
+        assert store.gc(grace=0).chunks_deleted == 0 and len(list(store.audit())) == len(trail)
+        assert _ops(store, since=since)[0] == ("publish", "intent")
+        with chunkstore.open(tmp_path / "copy", create=True) as copy:
+            chunkstore.sync(store, copy)
+            assert _ops(copy) == [("sync", "intent")] * 2
+            assert [_named(e)[0] for e in copy.audit()] == ids[6:]
+            assert next(copy.audit()).fields["source"] == store.url
+        assert _ops(store, run="other") == []
+
+
+def test_checkpointer_keep_last_records_its_removal(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from torch_bridge import Checkpointer
+    model = torch.nn.Linear(4, 2)
+    ckpt = Checkpointer(tmp_path / "s", run="job", keep_last=1, async_save=False)
+    for step in range(4):
+        ckpt.save(step, model=model)
+    ckpt.close()
+    with chunkstore.open(tmp_path / "s") as store:
+        ops = _ops(store, run="job")
+    assert ops[:2] == [("publish", "intent")] * 2 and ("keep_last", "intent") in ops
+
+
+class _Requests(RequestHook):
+    """The order of the requests a store makes: (operation, key)."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.log: list[tuple[str, str]] = []
+
+    def request(self, operation: str, key: str) -> None:
+        self.log.append((operation, key))
+
+    def first(self, operation: str, prefix: str) -> int:
+        return next(i for i, (op, key) in enumerate(self.log)
+                    if op == operation and key.startswith(prefix))
+
+
+def test_each_event_is_stored_before_the_change_it_announces(tmp_path: Path) -> None:
+    """The request order: a save's event before its commit record, a removal's before
+    its first tombstone and record deletion, a GC's before its first deletion."""
+    with chunkstore.open(tmp_path / "s", create=True) as store:
+        requests = _Requests(store.backend)
+        store.backend = requests
+        _save(store, 0)
+        assert requests.first("put", "audit/") < requests.first("put", "versions/")
+        requests.log.clear()
+        store.delete("r@0")
+        event = requests.first("put", "audit/")
+        assert event < requests.first("put", "removed/")
+        assert event < requests.first("delete_many", "versions/")
+        requests.log.clear()
+        store.gc(grace=0)
+        assert requests.first("put", "audit/") < min(
+            i for i, (op, key) in enumerate(requests.log)
+            if op.startswith("delete") and key.startswith(("chunks/", "nodes/")))
+
+
+@pytest.mark.parametrize("body", [b"{not json", b"[1, 2]", json.dumps({
+    "format": "chunkstore.audit", "format_version": 99}).encode(), b"x" * (MAX_EVENT_BYTES + 1),
+    json.dumps({"format": "chunkstore.audit", "format_version": 1, "op": 3}).encode()])
+def test_a_damaged_event_is_listed_as_damaged_and_never_stops_the_listing(
+        tmp_path: Path, body: bytes) -> None:
+    path = tmp_path / "s"
+    with chunkstore.open(path, create=True) as store:
+        _save(store, 0)
+        store.objects.put(AUDIT, event_id_at(0) + "-00000000", body)  # the oldest
+        _save(store, 1)
+    listed = run_cli("audit", str(path), "--json")
+    assert listed.exit_code == 0, listed.output
+    events = json.loads(listed.output)["events"]
+    assert [e["op"] for e in events] == [None, "publish", "publish"]
+    assert events[0]["damage"] and events[1]["damage"] is None
+    text = run_cli("audit", str(path), "--run", "r")
+    assert text.exit_code == 0 and "DAMAGED" in text.output  # a damaged one may be r's
+    assert text.output.count("publish") == 2
+
+
+def test_prune_before_deletes_older_events_and_records_itself(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    with chunkstore.open(path, create=True) as store:
+        _save(store, 0)
+        _save(store, 1)
+        (old, newer) = list(store.audit())
+        cut = (old.when + newer.when) / 2  # type: ignore[operator]
+    bad = run_cli("audit", str(path), "--prune-before", "yesterday-ish")
+    assert bad.exit_code == EXIT_USAGE and "bad time" in bad.output
+    iso = dt.datetime.fromtimestamp(cut, dt.timezone.utc).isoformat()
+    pruned = run_cli("audit", str(path), "--prune-before", iso, "--json")
+    assert pruned.exit_code == 0, pruned.output
+    assert json.loads(pruned.output)["pruned"] == 1
+    with chunkstore.open(path) as store:
+        trail = list(store.audit())
+        assert trail[0].id == newer.id
+        assert trail[-1].op == "audit-prune" and trail[-1].fields["count"] == 1
+        assert trail[-1].fields["first"] == old.id
+        store.gc(grace=0, sweep=True)  # GC never deletes an event
+        assert [e.id for e in store.audit()] == [e.id for e in trail]
+
+
+def _killed(path: Path, code: str, fault: str) -> None:
+    env = {**os.environ, FAULT_ENV_VAR: fault}
+    child = subprocess.run([sys.executable, "-c", code, str(path)], env=env, cwd=REPO,
+                           capture_output=True, text=True, timeout=120, check=False)
+    assert child.returncode == -9, child.stderr
+
+
+SAVE_CODE = """
+import sys, numpy as np, chunkstore
+store = chunkstore.open(sys.argv[1])
+with store.new_version("r", 5) as version:
+    version.put("w", np.arange(256, dtype=np.float32) * 5)
+"""
+RM_CODE = """
+import sys, chunkstore
+chunkstore.open(sys.argv[1]).delete_many(["r@0", "r@1"])
+"""
+
+
+def test_a_sigkill_right_after_a_commit_point_leaves_the_intent_event(tmp_path: Path) -> None:
+    """SIGKILL just after a save's commit record, then just after a removal's commit
+    records were deleted: the version published and the versions removed are each named
+    by an intent event; the killed removal has no done event (it did not finish)."""
+    path = tmp_path / "s"
+    with chunkstore.open(path, create=True) as store:
+        for step in range(2):
+            _save(store, step)
+    _killed(path, SAVE_CODE, "kill-after-put:versions/:0")
+    with chunkstore.open(path) as store:
+        published = store.resolve("r@5").id
+        assert _named(list(store.audit())[-1]) == [published]
+        removed = [store.resolve("r@0").id, store.resolve("r@1").id]
+    _killed(path, RM_CODE, "kill-after-delete:versions/:0")
+    with chunkstore.open(path) as store:
+        assert len(store.versions()) == 2  # killed after the first record's delete
+        last = list(store.audit())[-1]
+        assert (last.op, last.phase) == ("rm", "intent") and _named(last) == removed
+
+
+@pytest.fixture
+def _fast_kdf(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("cryptography")
+    monkeypatch.setenv(TEST_KDF_ENV, "1")
+    for name in ("CHUNKSTORE_PASSWORD", "CHUNKSTORE_PASSWORD_FILE",
+                 "CHUNKSTORE_NEW_PASSWORD"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.mark.usefixtures("_fast_kdf")
+def test_key_changes_are_recorded_and_an_encrypted_stores_events_are_sealed(
+        tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    with chunkstore.open(path, create=True, encrypt=True, password="first") as store:
+        _save(store, 0, run="secret-run")
+    assert run_cli("key", "add", str(path), env={"CHUNKSTORE_PASSWORD": "first",
+                                                  "CHUNKSTORE_NEW_PASSWORD": "second"}
+                   ).exit_code == 0
+    assert run_cli("key", "passwd", str(path), env={"CHUNKSTORE_PASSWORD": "second",
+                                                     "CHUNKSTORE_NEW_PASSWORD": "third"}
+                   ).exit_code == 0
+    with chunkstore.open(path, password="third") as store:
+        other = next(k.id for k in list_keys(store.objects) if k.id != store.objects.key_id)
+    assert run_cli("key", "remove", str(path), other,
+                   env={"CHUNKSTORE_PASSWORD": "third"}).exit_code == 0
+    listed = run_cli("audit", str(path), "--json", env={"CHUNKSTORE_PASSWORD": "third"})
+    events = json.loads(listed.output)["events"]
+    assert [(e["op"], e["phase"]) for e in events] == [
+        ("publish", "intent"), ("key-add", "intent"), ("key-add", "done"),
+        ("key-passwd", "intent"), ("key-passwd", "done"), ("key-remove", "intent")]
+    assert events[-1]["key"] == other
+    for event_file in (path / "audit").iterdir():  # sealed: nothing of it in clear
+        raw = event_file.read_bytes()
+        assert b"chunkstore.audit" not in raw and b"secret-run" not in raw
+    forged = path / "audit" / (event_id_at(0) + "-00000000")
+    forged.write_bytes(b'{"format":"chunkstore.audit"}')  # not sealed: fails to open
+    listed = run_cli("audit", str(path), env={"CHUNKSTORE_PASSWORD": "third"})
+    assert listed.exit_code == 0 and listed.output.splitlines()[0].count("DAMAGED") == 1
+
+
+def test_on_s3_events_are_written_listed_and_pruned(s3_endpoint: str, tmp_path: Path
+                                                    ) -> None:
+    bucket = create_bucket(s3_endpoint)
+    url, options = f"s3://{bucket}/store", storage_options(s3_endpoint)
+    try:
+        with chunkstore.open(url, create=True, index_dir=str(tmp_path / "a"),
+                             storage_options=options) as a, \
+                chunkstore.open(url, create=True, index_dir=str(tmp_path / "b"),
+                                storage_options=options) as b:
+            first = _save(a, 0)
+            _save(a, 1)
+            b.reconcile()
+            b.delete("r@0")  # through another index
+            assert _ops(a) == [("publish", "intent")] * 2 + [("rm", "intent"),
+                                                             ("rm", "done")]
+            assert _named(list(a.audit())[2]) == [first]
+            later = list(a.audit())[1].when
+            result = a.prune_audit(later)  # type: ignore[arg-type]
+            assert len(result.pruned) == 1
+            assert [e.op for e in b.audit()] == ["publish", "rm", "rm", "audit-prune"]
+    finally:
+        remove_bucket(s3_endpoint, bucket)
+
+
+# --- the frozen fixture (tools/make_audit_fixture.py) ---------------------------------------
+
+FIXTURE = Path(__file__).parent / "data" / "audit-v1"
+
+
+def test_the_audit_fixture_reads_back_in_canonical_json(tmp_path: Path) -> None:
+    """The frozen events decode to what was recorded; each object is canonical JSON
+    (sorted keys, no spaces), so its bytes are pinned; the store verifies."""
+    import shutil
+
+    import blake3
+    expected = json.loads(FIXTURE.with_name("audit-v1.expected.json").read_text())
+    files = {str(p.relative_to(FIXTURE)): blake3.blake3(p.read_bytes()).hexdigest()
+             for p in sorted(FIXTURE.rglob("*")) if p.is_file()}
+    assert files == expected["files"]  # frozen: never rewritten
+    for entry in expected["events"]:
+        data = (FIXTURE / AUDIT.key(entry["id"])).read_bytes()
+        body = json.loads(data)
+        assert json.dumps(body, sort_keys=True, separators=(",", ":"),
+                          ensure_ascii=False).encode() == data
+        assert body["format_version"] == expected["audit_format_version"]
+    copy = tmp_path / "s"
+    shutil.copytree(FIXTURE, copy)
+    with chunkstore.open(copy) as store:
+        trail = list(store.audit())
+        assert [{"id": e.id, "op": e.op, "phase": e.phase} for e in trail] == expected["events"]
+        assert {(e.who, e.process) for e in trail} == {(expected["who"], expected["process"])}
+        assert _named(trail[0]) == expected["versions"][:1]
+        assert _named(trail[3]) == expected["versions"][:1]  # the rm
+        assert store.verify().ok
