@@ -197,6 +197,62 @@ def test_prune_before_deletes_older_events_and_records_itself(tmp_path: Path) ->
         assert [e.id for e in store.audit()] == [e.id for e in trail]
 
 
+def _crafted(**fields: Any) -> bytes:
+    body = {"format": "chunkstore.audit", "format_version": 1, "op": "publish",
+            "phase": "intent", "when": 1.0e9, "who": "a@b", "process": "pid 1 x", **fields}
+    return json.dumps(body).encode()
+
+
+def test_a_crafted_event_neither_writes_to_the_terminal_nor_lies_in_the_listing(
+        tmp_path: Path) -> None:
+    """Whoever can write the bucket can forge events (docs/format.md §16.2), but not
+    make ``audit`` print escape sequences or line breaks (they print as ``?``), not give
+    an event another id or a clean bill in ``--json``, and not stop the listing with a
+    time no clock can print (1e300, 1e400: infinity).  Broken: without the printable
+    guard the escapes reach the output; without the reserved-field check the forged id
+    is listed; without the time check the text listing raised OverflowError."""
+    path = tmp_path / "s"
+    with chunkstore.open(path, create=True) as store:
+        _save(store, 0)
+        crafted = {
+            event_id_at(1) + "-00000001": _crafted(who="\x1b[2Jroot@prod", tag="\x1b]0;x\x07",
+                                                   process="pid 1\nfake line\x9b31m"),
+            event_id_at(2) + "-00000002": _crafted(id="20261205T000000.000000Z-00000000"),
+            event_id_at(3) + "-00000003": _crafted(damage=None),
+            event_id_at(4) + "-00000004": _crafted(when=1e300),
+            event_id_at(5) + "-00000005": b'{"format":"chunkstore.audit","format_version":1,'
+            b'"op":"gc","phase":"done","when":1e400,"who":"a@b","process":"p"}'}
+        for event_id, body in crafted.items():
+            store.objects.put(AUDIT, event_id, body)
+    text = run_cli("audit", str(path))
+    assert text.exit_code == 0, text.output
+    lines = text.output.splitlines()
+    assert len(lines) == 6 and all(line.isprintable() for line in lines), lines
+    assert "?[2Jroot@prod" in lines[0]
+    listed = run_cli("audit", str(path), "--json")
+    events = json.loads(listed.output)["events"]
+    assert [e["id"] for e in events[:5]] == list(crafted)
+    assert [bool(e["damage"]) for e in events] == [False, True, True, True, True, False]
+
+
+def test_a_time_outside_years_1000_to_9999_keeps_its_place_in_key_order(tmp_path: Path
+                                                                          ) -> None:
+    """``--since`` and ``--prune-before`` before the year 1000: strftime wrote the year
+    in three digits, an id that sorts after every event of this millennium, so
+    ``--prune-before 0999-01-01`` deleted the whole trail and ``--since`` listed none.
+    Broken: without the clamp in event_id_at both asserts fail."""
+    path = tmp_path / "s"
+    with chunkstore.open(path, create=True) as store:
+        _save(store, 0)
+    listed = run_cli("audit", str(path), "--since", "0999-01-01", "--json")
+    assert len(json.loads(listed.output)["events"]) == 1
+    assert event_id_at(-1e12) <= event_id_at(0) < event_id_at(1) < event_id_at(1e15)
+    pruned = run_cli("audit", str(path), "--prune-before", "0999-01-01", "--json")
+    assert pruned.exit_code == 0 and json.loads(pruned.output)["pruned"] == 0
+    with chunkstore.open(path) as store:
+        assert _ops(store) == [("publish", "intent"), ("audit-prune", "intent")]
+
+
 def _killed(path: Path, code: str, fault: str) -> None:
     env = {**os.environ, FAULT_ENV_VAR: fault}
     child = subprocess.run([sys.executable, "-c", code, str(path)], env=env, cwd=REPO,

@@ -23,6 +23,7 @@ from chunkstore.errors import InvalidSettingError
 from chunkstore.format.digest import is_hex_digest
 from chunkstore.maintenance.retention import parse_duration
 from chunkstore.protocol.audit import AuditEvent
+from chunkstore.protocol.holds import printable
 
 
 def parse_time(text: str, now: float) -> float:
@@ -50,7 +51,7 @@ def _utc(when: float | None) -> str:
 def _what(event: AuditEvent) -> str:
     """What the event names, in a line."""
     if event.damage is not None:
-        return f"DAMAGED: {event.damage}"
+        return f"DAMAGED audit/{event.id}: {event.damage}"
     fields = dict(event.fields)
     parts = []
     versions = fields.pop("versions", None)
@@ -71,8 +72,10 @@ def _what(event: AuditEvent) -> str:
 
 
 def _line(event: AuditEvent) -> str:
-    return (f"{_utc(event.when):20}  {event.op or '?':10} {event.phase or '?':6}"
-            f"  {event.who or '?'} ({event.process or '?'})  {_what(event)}")
+    """The event in a line of printable text: whoever can write the bucket can store an
+    event with escape sequences or line breaks in any field (each prints as ``?``)."""
+    return printable(f"{_utc(event.when):20}  {event.op or '?':10} {event.phase or '?':6}"
+                     f"  {event.who or '?'} ({event.process or '?'})  {_what(event)}")
 
 
 @click.command()

@@ -115,10 +115,10 @@ def who_am_i() -> str:
         user = getpass.getuser()
     except (KeyError, OSError):  # no name for this uid (a container)
         user = f"uid{os.getuid()}"
-    return _printable(f"{user}@{socket.gethostname()}")
+    return printable(f"{user}@{socket.gethostname()}")
 
 
-def _printable(text: str) -> str:
+def printable(text: str) -> str:
     """``text`` with each character that is not printable as ``?`` (a reader takes a
     hold object with one for damage: its fields go to terminals)."""
     return "".join(c if c.isprintable() else "?" for c in text)
@@ -131,7 +131,7 @@ def encode_hold(version_id: str, reason: str, when: float, *, who: str | None = 
         process = f"pid {os.getpid()} {os.path.basename(sys.argv[0]) if sys.argv else ''}"
     body = {"format": HOLD_RECORD, "format_version": HOLD_FORMAT, "version": version_id,
             "reason": reason, "who": who_am_i() if who is None else who, "when": when,
-            "process": _printable(process.strip())}
+            "process": printable(process.strip())}
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                       allow_nan=False).encode("utf-8")
 
