@@ -29,7 +29,7 @@ import chunkstore
 from chunkstore.backends.wrappers import FAULT_ENV_VAR, RequestHook
 from chunkstore.cli import EXIT_USAGE, cli
 from chunkstore.objects.keys import TEST_KDF_ENV, list_keys
-from chunkstore.objects.kinds import AUDIT
+from chunkstore.objects.kinds import AUDIT, VERSIONS
 from chunkstore.protocol.audit import MAX_EVENT_BYTES, AuditEvent, event_id_at
 from tests.conftest import tree_snapshot
 from tests.s3server import create_bucket, remove_bucket, s3_endpoint, storage_options
@@ -251,6 +251,38 @@ def test_a_time_outside_years_1000_to_9999_keeps_its_place_in_key_order(tmp_path
     assert pruned.exit_code == 0 and json.loads(pruned.output)["pruned"] == 0
     with chunkstore.open(path) as store:
         assert _ops(store) == [("publish", "intent"), ("audit-prune", "intent")]
+
+
+def test_repair_records_what_it_rewrites_and_a_dry_or_idle_repair_records_nothing(
+        tmp_path: Path) -> None:
+    """``repair`` rewrites commit records and signature objects (a copy made before its
+    version was signed gets the signature this way, docs/format.md §14): each changes
+    what a restore accepts, and it was recorded nowhere.  Broken: without the repair's
+    events the first assert after the repair fails."""
+    path, mirror = tmp_path / "s", tmp_path / "m"
+    with chunkstore.open(path, create=True) as store:
+        ids = [_save(store, step) for step in range(2)]
+    assert chunkstore.sync(path, mirror).ok
+    with chunkstore.open(path) as store:
+        record = bytearray(store.objects.get(VERSIONS, ids[1]))
+        record[len(record) // 2] ^= 0x04
+        store.objects.put(VERSIONS, ids[1], bytes(record))
+        trail = _ops(store)
+    assert chunkstore.repair(path, mirror, dry_run=True).fixed  # would fix
+    with chunkstore.open(path) as store:
+        assert _ops(store) == trail
+    assert chunkstore.repair(path, mirror).ok
+    with chunkstore.open(path) as store:
+        events = list(store.audit())
+        assert [(e.op, e.phase) for e in events[len(trail):]] == [
+            ("repair", "intent"), ("repair", "done")]
+        intent, done = events[len(trail):]
+        assert intent.fields["source"] == chunkstore.open(mirror).url
+        assert done.fields["intent"] == intent.id and done.fields["fixed"] == 1
+        assert done.fields["records"] == [ids[1]]
+    assert chunkstore.repair(path, mirror).ok  # nothing to fix: nothing recorded
+    with chunkstore.open(path) as store:
+        assert len(list(store.audit())) == len(trail) + 2
 
 
 def _killed(path: Path, code: str, fault: str) -> None:

@@ -93,8 +93,8 @@ def audit(store_path: str, since: str | None, run_name: str | None,
     """List the audit trail of STORE, oldest first, or prune its oldest events.
 
     Every publish (save, Checkpointer, DCP, sync), removal (rm, prune,
-    keep_last, purge), tag change, hold and release, key change and GC run
-    that deletes something stores an event (audit/<UTC time>-<random>) with
+    keep_last, purge), tag change, hold and release, key change, repair and
+    GC run that deletes something stores an event (audit/<UTC time>-<random>) with
     who (user@host), which process and what it names. Each is stored
     *before* the change it announces ("intent"), so no change goes
     unrecorded whatever kills the process; an intent with no change after it
