@@ -285,6 +285,25 @@ def test_repair_records_what_it_rewrites_and_a_dry_or_idle_repair_records_nothin
         assert len(list(store.audit())) == len(trail) + 2
 
 
+def test_a_removals_done_event_names_every_tag_it_deleted(tmp_path: Path) -> None:
+    """A version whose commit record cannot be read is removed with its tags, force or
+    not; its done event said ``tags_removed: []`` while the tag was gone.  Broken: with
+    ``tags_removed`` the tags of readable versions only, the test fails."""
+    path = tmp_path / "s"
+    with chunkstore.open(path, create=True) as store:
+        vid = _save(store, 0)
+        store.tag("r@0", "shipped")
+        record = bytearray(store.objects.get(VERSIONS, vid))
+        record[len(record) // 2] ^= 0x04
+        store.objects.put(VERSIONS, vid, bytes(record))
+    with chunkstore.open(path, index_dir=str(tmp_path / "fresh")) as store:
+        store.delete(vid)
+        assert "shipped" not in store.stored_tags()
+        done = list(store.audit())[-1]
+        assert (done.op, done.phase) == ("rm", "done")
+        assert done.fields["tags_removed"] == ["shipped"] and done.fields["removed"] == 1
+
+
 def _killed(path: Path, code: str, fault: str) -> None:
     env = {**os.environ, FAULT_ENV_VAR: fault}
     child = subprocess.run([sys.executable, "-c", code, str(path)], env=env, cwd=REPO,
