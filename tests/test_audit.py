@@ -30,6 +30,7 @@ from chunkstore.backends.wrappers import FAULT_ENV_VAR, RequestHook
 from chunkstore.cli import EXIT_USAGE, cli
 from chunkstore.objects.keys import TEST_KDF_ENV, list_keys
 from chunkstore.objects.kinds import AUDIT, VERSIONS
+from chunkstore.objects.signing import generate_key
 from chunkstore.protocol.audit import MAX_EVENT_BYTES, AuditEvent, event_id_at
 from tests.conftest import tree_snapshot
 from tests.s3server import create_bucket, remove_bucket, s3_endpoint, storage_options
@@ -302,6 +303,26 @@ def test_a_removals_done_event_names_every_tag_it_deleted(tmp_path: Path) -> Non
         done = list(store.audit())[-1]
         assert (done.op, done.phase) == ("rm", "done")
         assert done.fields["tags_removed"] == ["shipped"] and done.fields["removed"] == 1
+
+
+def test_a_signed_save_that_signs_an_existing_version_records_it(tmp_path: Path) -> None:
+    """A signed save of a version published unsigned (same step, same content) signs
+    that version (docs/format.md §14): its restores under ``require_signed`` change,
+    and the trail said only ``publish, signed: false``.  Broken: without the event
+    in sign_existing the test fails."""
+    private = generate_key()[0]
+    (tmp_path / "k").write_bytes(private)
+    with chunkstore.open(tmp_path / "s", create=True) as store:
+        vid = _save(store, 0)
+        with store.new_version("r", 0, sign_with=str(tmp_path / "k")) as version:
+            version.put("w", np.arange(256, dtype=np.float32))
+        assert version.info.id == vid
+        events = list(store.audit())
+        assert [(e.op, e.phase) for e in events] == [("publish", "intent"), ("sign", "intent")]
+        assert _named(events[1]) == [vid] and events[0].fields["signed"] is False
+        with store.new_version("r", 0, sign_with=str(tmp_path / "k")) as version:
+            version.put("w", np.arange(256, dtype=np.float32))  # signed already: nothing
+        assert len(list(store.audit())) == 2
 
 
 def _killed(path: Path, code: str, fault: str) -> None:
