@@ -325,6 +325,24 @@ def test_a_signed_save_that_signs_an_existing_version_records_it(tmp_path: Path)
         assert len(list(store.audit())) == 2
 
 
+def test_a_tag_event_names_the_version_the_stored_tag_named(tmp_path: Path) -> None:
+    """``previous`` was the tag as this process's index last saw it: a tag moved or
+    deleted by a process whose index had not seen another's tag said ``previous:
+    null`` (nothing overwritten) while it overwrote or deleted a tag naming a version.
+    Broken: with the index's view the test fails."""
+    path = tmp_path / "s"
+    with chunkstore.open(path, create=True) as store:
+        ids = [_save(store, step) for step in range(3)]
+    with chunkstore.open(path, index_dir=str(tmp_path / "b")) as late, \
+            chunkstore.open(path) as store:
+        store.tag("r@1", "best")
+        late.tag("r@2", "best")  # its index has not read the tag yet
+        late.untag("best")
+        tag, untag = list(late.audit())[-2:]
+        assert (tag.op, tag.fields["previous"]) == ("tag", ids[1])
+        assert (untag.op, untag.fields["previous"]) == ("untag", ids[2])
+
+
 def _killed(path: Path, code: str, fault: str) -> None:
     env = {**os.environ, FAULT_ENV_VAR: fault}
     child = subprocess.run([sys.executable, "-c", code, str(path)], env=env, cwd=REPO,
