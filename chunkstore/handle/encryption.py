@@ -204,6 +204,7 @@ def add_password(url: str, objects: ObjectStore, config: StoreConfig, password: 
     """Wrap the store's master key under another password; the new key's id.  No data
     is re-encrypted: every object stays sealed under the same master key."""
     sealed_objects = _sealed_objects(url, objects)
+    keys.check_new_password(password)  # refused before the event: bad input changes nothing
     intent = audit.record(objects, "key-add", by_key=sealed_objects.key_id)
     key_id = keys.add_key(objects, sealed_objects.master, password, config.identity())
     audit.record_done(objects, "key-add", intent, key=key_id)
@@ -217,6 +218,7 @@ def change_password(url: str, objects: ObjectStore, config: StoreConfig, passwor
     opening the store).  (new id, old id)."""
     sealed_objects = _sealed_objects(url, objects)
     old = sealed_objects.key_id
+    keys.check_new_password(password)  # refused before the event: bad input changes nothing
     intent = audit.record(objects, "key-passwd", by_key=old)
     new = keys.add_key(objects, sealed_objects.master, password, config.identity())
     keys.remove_key(objects, url, old)
