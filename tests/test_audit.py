@@ -422,6 +422,25 @@ def test_key_changes_are_recorded_and_an_encrypted_stores_events_are_sealed(
     assert listed.exit_code == 0 and listed.output.splitlines()[0].count("DAMAGED") == 1
 
 
+def test_a_refused_key_removal_records_nothing(tmp_path: Path) -> None:
+    """``key remove`` of a key whose every other key is damaged is refused (it would
+    lock everyone out): the refusal stored a key-remove intent first.  Broken: with
+    the event before the checks the store's tree changes."""
+    path = tmp_path / "s"
+    with chunkstore.open(path, create=True, encrypt=True, password="first") as store:
+        first = store.objects.key_id
+    assert run_cli("key", "add", str(path), env={"CHUNKSTORE_PASSWORD": "first",
+                                                  "CHUNKSTORE_NEW_PASSWORD": "second"}
+                   ).exit_code == 0
+    second = next(p for p in (path / "keys").iterdir() if p.name != first)
+    second.write_bytes(b"damaged")
+    before = tree_snapshot(path)
+    refused = CliRunner().invoke(cli, ["key", "remove", str(path), first],
+                                 env={"CHUNKSTORE_PASSWORD": "first"})
+    assert refused.exit_code != 0 and "damaged" in refused.output, refused.output
+    assert tree_snapshot(path) == before
+
+
 def test_on_s3_events_are_written_listed_and_pruned(s3_endpoint: str, tmp_path: Path
                                                     ) -> None:
     bucket = create_bucket(s3_endpoint)
