@@ -209,31 +209,40 @@ def test_a_crafted_event_neither_writes_to_the_terminal_nor_lies_in_the_listing(
     """Whoever can write the bucket can forge events (docs/format.md §16.2), but not
     make ``audit`` print escape sequences or line breaks (they print as ``?``), not give
     an event another id or a clean bill in ``--json``, and not stop the listing with a
-    time no clock can print (1e300, 1e400: infinity).  Broken: without the printable
+    time no clock can print (1e300, 1e400: infinity), nor list itself out of time
+    order (its id and ``when`` disagree, or its key is no event id).  Broken: without the printable
     guard the escapes reach the output; without the reserved-field check the forged id
-    is listed; without the time check the text listing raised OverflowError."""
+    is listed; without the time check the text listing raised OverflowError; without
+    the id check the last two are listed as sound."""
     path = tmp_path / "s"
     with chunkstore.open(path, create=True) as store:
         _save(store, 0)
         crafted = {
-            event_id_at(1) + "-00000001": _crafted(who="\x1b[2Jroot@prod", tag="\x1b]0;x\x07",
-                                                   process="pid 1\nfake line\x9b31m"),
-            event_id_at(2) + "-00000002": _crafted(id="20261205T000000.000000Z-00000000"),
-            event_id_at(3) + "-00000003": _crafted(damage=None),
+            event_id_at(1) + "-00000001": _crafted(
+                when=1.0, who="\x1b[2Jroot@prod", tag="\x1b]0;x\x07",
+                process="pid 1\nfake line\x9b31m"),
+            event_id_at(2) + "-00000002": _crafted(when=2.0,
+                                                   id="20261205T000000.000000Z-00000000"),
+            event_id_at(3) + "-00000003": _crafted(when=3.0, damage=None),
             event_id_at(4) + "-00000004": _crafted(when=1e300),
             event_id_at(5) + "-00000005": b'{"format":"chunkstore.audit","format_version":1,'
-            b'"op":"gc","phase":"done","when":1e400,"who":"a@b","process":"p"}'}
+            b'"op":"gc","phase":"done","when":1e400,"who":"a@b","process":"p"}',
+            # listed among 1970's events, it says it is of 2001
+            event_id_at(6) + "-00000006": _crafted(),
+            # a key no writer makes: it sorts after every event, so no prune deletes it
+            "zz-forever": _crafted(when=6.0)}
         for event_id, body in crafted.items():
             store.objects.put(AUDIT, event_id, body)
     text = run_cli("audit", str(path))
     assert text.exit_code == 0, text.output
     lines = text.output.splitlines()
-    assert len(lines) == 6 and all(line.isprintable() for line in lines), lines
+    assert len(lines) == 8 and all(line.isprintable() for line in lines), lines
     assert "?[2Jroot@prod" in lines[0]
     listed = run_cli("audit", str(path), "--json")
     events = json.loads(listed.output)["events"]
-    assert [e["id"] for e in events[:5]] == list(crafted)
-    assert [bool(e["damage"]) for e in events] == [False, True, True, True, True, False]
+    assert [e["id"] for e in events[:6]] + [events[7]["id"]] == list(crafted)
+    assert [bool(e["damage"]) for e in events] == [False, True, True, True, True, True,
+                                                   False, True]
 
 
 def test_a_time_outside_years_1000_to_9999_keeps_its_place_in_key_order(tmp_path: Path

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import sys
 import time
@@ -61,6 +62,8 @@ _RESERVED = ("id", "damage")
 #: 9999-12-31T23:59:59Z, the last second an id can name (strftime writes a year of
 #: other than four digits, which would sort out of time order).
 _LAST_SECOND = 253_402_300_799
+#: The ids :func:`record` makes.
+_EVENT_ID = re.compile(r"[0-9]{8}T[0-9]{6}\.[0-9]{6}Z-[0-9a-f]{8}")
 
 
 class VersionLike(Protocol):
@@ -144,6 +147,11 @@ def decode_event(event_id: str, data: bytes) -> AuditEvent:
     except ValueError as exc:
         return AuditEvent(event_id, damage=f"not JSON: {exc}")
     damage = _body_damage(body)
+    if damage is None and not _EVENT_ID.fullmatch(event_id):  # no writer names one so
+        damage = "its key is no event id (<UTC time>-<8 hex digits>)"
+    elif damage is None and event_id_at(body["when"]) != event_id.partition("-")[0]:
+        # A writer names an event by its own "when": one listed out of its time's place
+        damage = f"its time {body['when']!r} is not the one its key names"
     if damage is not None:
         return AuditEvent(event_id, damage=damage)
     op, phase, when, who, process = (body[k] for k in _COMMON[2:])
