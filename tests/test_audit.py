@@ -263,6 +263,19 @@ def test_a_time_outside_years_1000_to_9999_keeps_its_place_in_key_order(tmp_path
         assert _ops(store) == [("publish", "intent"), ("audit-prune", "intent")]
 
 
+def test_prune_before_a_future_time_is_refused(tmp_path: Path) -> None:
+    """``--prune-before 2062-01-01`` (a typo of 2026) deleted every event, those of the
+    operations running at the time included.  A time after now is a usage error that
+    changes nothing.  Broken: without the check the store's tree changes."""
+    path = tmp_path / "s"
+    with chunkstore.open(path, create=True) as store:
+        _save(store, 0)
+    before = tree_snapshot(path)
+    refused = run_cli("audit", str(path), "--prune-before", "2062-01-01")
+    assert refused.exit_code == EXIT_USAGE and "future" in refused.output, refused.output
+    assert tree_snapshot(path) == before
+
+
 def test_repair_records_what_it_rewrites_and_a_dry_or_idle_repair_records_nothing(
         tmp_path: Path) -> None:
     """``repair`` rewrites commit records and signature objects (a copy made before its

@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from chunkstore.errors import ChunkStoreError
+from chunkstore.errors import ChunkStoreError, InvalidInputError
 from chunkstore.format import plaindata
 from chunkstore.format.manifest import is_version
 from chunkstore.objects.kinds import AUDIT
@@ -265,7 +265,13 @@ class AuditPruneResult:
 
 def prune_events(objects: ObjectStore, before: float) -> AuditPruneResult:
     """Delete every event stored before ``before`` (Unix time), having first recorded an
-    event that says so (it is never among those deleted)."""
+    event that says so (it is never among those deleted).  A ``before`` later than now
+    is an :class:`InvalidInputError`: it would delete the events of operations running
+    now (a mistyped year, say)."""
+    if before > time.time():
+        raise InvalidInputError(
+            f"audit events are pruned before a past time; {event_id_at(before)} is in the"
+            " future (it would delete the events of operations running now)")
     limit = event_id_at(before)
     doomed = [i for i in event_ids(objects) if i < limit]
     event = record(objects, "audit-prune", before=before, count=len(doomed),
