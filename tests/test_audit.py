@@ -213,7 +213,8 @@ def test_a_crafted_event_neither_writes_to_the_terminal_nor_lies_in_the_listing(
     order (its id and ``when`` disagree, or its key is no event id).  Broken: without the printable
     guard the escapes reach the output; without the reserved-field check the forged id
     is listed; without the time check the text listing raised OverflowError; without
-    the id check the last two are listed as sound."""
+    the id check the last two are listed as sound; with every int ``bytes`` given to
+    format_size the listing raised OverflowError again."""
     path = tmp_path / "s"
     with chunkstore.open(path, create=True) as store:
         _save(store, 0)
@@ -229,6 +230,8 @@ def test_a_crafted_event_neither_writes_to_the_terminal_nor_lies_in_the_listing(
             b'"op":"gc","phase":"done","when":1e400,"who":"a@b","process":"p"}',
             # listed among 1970's events, it says it is of 2001
             event_id_at(6) + "-00000006": _crafted(),
+            # a byte count no float holds: format_size raised OverflowError
+            event_id_at(7) + "-00000007": _crafted(when=7.0, op="gc", bytes=10**400),
             # a key no writer makes: it sorts after every event, so no prune deletes it
             "zz-forever": _crafted(when=6.0)}
         for event_id, body in crafted.items():
@@ -236,13 +239,13 @@ def test_a_crafted_event_neither_writes_to_the_terminal_nor_lies_in_the_listing(
     text = run_cli("audit", str(path))
     assert text.exit_code == 0, text.output
     lines = text.output.splitlines()
-    assert len(lines) == 8 and all(line.isprintable() for line in lines), lines
-    assert "?[2Jroot@prod" in lines[0]
+    assert len(lines) == 9 and all(line.isprintable() for line in lines), lines
+    assert "?[2Jroot@prod" in lines[0] and "bytes=1000000" in lines[6]
     listed = run_cli("audit", str(path), "--json")
     events = json.loads(listed.output)["events"]
-    assert [e["id"] for e in events[:6]] + [events[7]["id"]] == list(crafted)
+    assert [e["id"] for e in events[:7]] + [events[8]["id"]] == list(crafted)
     assert [bool(e["damage"]) for e in events] == [False, True, True, True, True, True,
-                                                   False, True]
+                                                   False, False, True]
 
 
 def test_a_time_outside_years_1000_to_9999_keeps_its_place_in_key_order(tmp_path: Path

@@ -64,9 +64,10 @@ def _what(event: AuditEvent) -> str:
     for name, value in sorted(fields.items()):
         if value is None or value == [] or value is False:
             continue
+        # A byte count no float holds is a crafted one: printed as it is stored.
         text = format_size(value) if name in ("bytes", "orphan_bytes") \
-            and isinstance(value, int) else value if isinstance(value, str) \
-            else json.dumps(value)
+            and isinstance(value, int) and 0 <= value < 2**63 else value \
+            if isinstance(value, str) else json.dumps(value)
         parts.append(f"{name}={text[:12] if is_hex_digest(text) else text}")
     return "; ".join(parts)
 
