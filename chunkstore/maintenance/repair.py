@@ -85,6 +85,8 @@ Opener = Callable[..., "StoreHandle"]
 #: How many times a tree walk starts again after a node was replaced (a tree of that
 #: many damaged nodes is replaced node by node; more, and the walk gives up on it).
 MAX_NODE_FIXES = 10_000
+#: The versions a repair's done event names at most (about 80 bytes each).
+MAX_NAMED = 1000
 
 
 @dataclass
@@ -159,18 +161,20 @@ class Repair:
             self.result.fixed.append(fix)
 
     def record_done(self) -> None:
-        """After a repair that wrote something: what it rewrote (counts, and the
-        versions whose record or signature it replaced: those change what a restore
-        accepts)."""
+        """After a repair that wrote something: what it rewrote (counts, and the first
+        :data:`MAX_NAMED` versions whose record or signature it replaced: those change
+        what a restore accepts; an event stays small however much was repaired)."""
         if self.audit_intent is None:
             return
         fixed = self.result.fixed
+        kinds = [f.kind for f in fixed]
+        named = sorted({f.digest for f in fixed if f.kind in ("record", "signature")})
         audit.record_done(
             self.store.objects, "repair", self.audit_intent, fixed=len(fixed),
-            records=[f.digest for f in fixed if f.kind == "record"],
-            signatures=[f.digest for f in fixed if f.kind == "signature"],
-            nodes=sum(1 for f in fixed if f.kind == "node"),
-            chunks=sum(1 for f in fixed if f.kind not in ("record", "signature", "node")))
+            records=kinds.count("record"), signatures=kinds.count("signature"),
+            nodes=kinds.count("node"),
+            chunks=len(kinds) - sum(map(kinds.count, ("record", "signature", "node"))),
+            versions=[{"id": version_id} for version_id in named[:MAX_NAMED]])
 
     def _unfixed(self, fix: Fix, reason: str) -> None:
         fix.reason = reason
