@@ -279,6 +279,24 @@ def test_prune_before_a_future_time_is_refused(tmp_path: Path) -> None:
     assert tree_snapshot(path) == before
 
 
+def test_who_is_the_process_owner_not_what_its_environment_says(tmp_path: Path) -> None:
+    """``who`` came from getpass.getuser(), which believes $LOGNAME and $USER: any
+    process recorded whatever name it was started with.  It is now the name of the
+    process's user id.  Broken: with getuser() the event names "ceo"."""
+    import pwd
+    path = tmp_path / "s"
+    chunkstore.open(path, create=True).close()
+    env = {**os.environ, "LOGNAME": "ceo", "USER": "ceo", "LNAME": "ceo", "USERNAME": "ceo"}
+    code = ("import sys, numpy as np, chunkstore\n"
+            "with chunkstore.open(sys.argv[1]) as s, s.new_version('r', 0) as v:\n"
+            "    v.put('w', np.zeros(4))\n")
+    subprocess.run([sys.executable, "-c", code, str(path)], env=env, cwd=REPO, check=True,
+                   timeout=120)
+    with chunkstore.open(path) as store:
+        who = next(store.audit()).who
+    assert str(who).split("@")[0] == pwd.getpwuid(os.getuid()).pw_name != "ceo"
+
+
 def test_repair_records_what_it_rewrites_and_a_dry_or_idle_repair_records_nothing(
         tmp_path: Path) -> None:
     """``repair`` rewrites commit records and signature objects (a copy made before its

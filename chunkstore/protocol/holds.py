@@ -111,9 +111,15 @@ def check_reason(reason: object) -> str:
 
 
 def who_am_i() -> str:
+    """``user@host``: the name of the process's user id (not getpass.getuser(), which
+    believes $LOGNAME and $USER: any process would record the name it was started
+    with), ``uid<N>`` where the id has none (a container)."""
     try:
+        import pwd  # POSIX only
+        user = pwd.getpwuid(os.getuid()).pw_name
+    except ImportError:  # Windows: the login name is the one there is
         user = getpass.getuser()
-    except (KeyError, OSError):  # no name for this uid (a container)
+    except KeyError:  # no name for this uid
         user = f"uid{os.getuid()}"
     return printable(f"{user}@{socket.gethostname()}")
 
