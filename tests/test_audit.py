@@ -29,7 +29,8 @@ import chunkstore
 from chunkstore.backends.wrappers import FAULT_ENV_VAR, RequestHook
 from chunkstore.cli import EXIT_USAGE, cli
 from chunkstore.objects.keys import TEST_KDF_ENV, list_keys
-from chunkstore.objects.kinds import AUDIT
+from chunkstore.objects.kinds import AUDIT, VERSIONS
+from chunkstore.objects.signing import generate_key
 from chunkstore.protocol.audit import MAX_EVENT_BYTES, AuditEvent, event_id_at
 from tests.conftest import tree_snapshot
 from tests.s3server import create_bucket, remove_bucket, s3_endpoint, storage_options
@@ -197,6 +198,194 @@ def test_prune_before_deletes_older_events_and_records_itself(tmp_path: Path) ->
         assert [e.id for e in store.audit()] == [e.id for e in trail]
 
 
+def _crafted(**fields: Any) -> bytes:
+    body = {"format": "chunkstore.audit", "format_version": 1, "op": "publish",
+            "phase": "intent", "when": 1.0e9, "who": "a@b", "process": "pid 1 x", **fields}
+    return json.dumps(body).encode()
+
+
+def test_a_crafted_event_neither_writes_to_the_terminal_nor_lies_in_the_listing(
+        tmp_path: Path) -> None:
+    """Whoever can write the bucket can forge events (docs/format.md §16.2), but not
+    make ``audit`` print escape sequences or line breaks (they print as ``?``), not give
+    an event another id or a clean bill in ``--json``, and not stop the listing with a
+    time no clock can print (1e300, 1e400: infinity), nor list itself out of time
+    order (its id and ``when`` disagree, or its key is no event id).  Broken: without the printable
+    guard the escapes reach the output; without the reserved-field check the forged id
+    is listed; without the time check the text listing raised OverflowError; without
+    the id check the last two are listed as sound; with every int ``bytes`` given to
+    format_size the listing raised OverflowError again."""
+    path = tmp_path / "s"
+    with chunkstore.open(path, create=True) as store:
+        _save(store, 0)
+        crafted = {
+            event_id_at(1) + "-00000001": _crafted(
+                when=1.0, who="\x1b[2Jroot@prod", tag="\x1b]0;x\x07",
+                process="pid 1\nfake line\x9b31m"),
+            event_id_at(2) + "-00000002": _crafted(when=2.0,
+                                                   id="20261205T000000.000000Z-00000000"),
+            event_id_at(3) + "-00000003": _crafted(when=3.0, damage=None),
+            event_id_at(4) + "-00000004": _crafted(when=1e300),
+            event_id_at(5) + "-00000005": b'{"format":"chunkstore.audit","format_version":1,'
+            b'"op":"gc","phase":"done","when":1e400,"who":"a@b","process":"p"}',
+            # listed among 1970's events, it says it is of 2001
+            event_id_at(6) + "-00000006": _crafted(),
+            # a byte count no float holds: format_size raised OverflowError
+            event_id_at(7) + "-00000007": _crafted(when=7.0, op="gc", bytes=10**400),
+            # a key no writer makes: it sorts after every event, so no prune deletes it
+            "zz-forever": _crafted(when=6.0)}
+        for event_id, body in crafted.items():
+            store.objects.put(AUDIT, event_id, body)
+    text = run_cli("audit", str(path))
+    assert text.exit_code == 0, text.output
+    lines = text.output.splitlines()
+    assert len(lines) == 9 and all(line.isprintable() for line in lines), lines
+    assert "?[2Jroot@prod" in lines[0] and "bytes=1000000" in lines[6]
+    listed = run_cli("audit", str(path), "--json")
+    events = json.loads(listed.output)["events"]
+    assert [e["id"] for e in events[:7]] + [events[8]["id"]] == list(crafted)
+    assert [bool(e["damage"]) for e in events] == [False, True, True, True, True, True,
+                                                   False, False, True]
+
+
+def test_a_time_outside_years_1000_to_9999_keeps_its_place_in_key_order(tmp_path: Path
+                                                                          ) -> None:
+    """``--since`` and ``--prune-before`` before the year 1000: strftime wrote the year
+    in three digits, an id that sorts after every event of this millennium, so
+    ``--prune-before 0999-01-01`` deleted the whole trail and ``--since`` listed none.
+    Broken: without the clamp in event_id_at both asserts fail."""
+    path = tmp_path / "s"
+    with chunkstore.open(path, create=True) as store:
+        _save(store, 0)
+    listed = run_cli("audit", str(path), "--since", "0999-01-01", "--json")
+    assert len(json.loads(listed.output)["events"]) == 1
+    assert event_id_at(-1e12) <= event_id_at(0) < event_id_at(1) < event_id_at(1e15)
+    pruned = run_cli("audit", str(path), "--prune-before", "0999-01-01", "--json")
+    assert pruned.exit_code == 0 and json.loads(pruned.output)["pruned"] == 0
+    with chunkstore.open(path) as store:
+        assert _ops(store) == [("publish", "intent"), ("audit-prune", "intent")]
+
+
+def test_prune_before_a_future_time_is_refused(tmp_path: Path) -> None:
+    """``--prune-before 2062-01-01`` (a typo of 2026) deleted every event, those of the
+    operations running at the time included.  A time after now is a usage error that
+    changes nothing.  Broken: without the check the store's tree changes."""
+    path = tmp_path / "s"
+    with chunkstore.open(path, create=True) as store:
+        _save(store, 0)
+    before = tree_snapshot(path)
+    refused = run_cli("audit", str(path), "--prune-before", "2062-01-01")
+    assert refused.exit_code == EXIT_USAGE and "future" in refused.output, refused.output
+    assert tree_snapshot(path) == before
+
+
+def test_who_is_the_process_owner_not_what_its_environment_says(tmp_path: Path) -> None:
+    """``who`` came from getpass.getuser(), which believes $LOGNAME and $USER: any
+    process recorded whatever name it was started with.  It is now the name of the
+    process's user id.  Broken: with getuser() the event names "ceo"."""
+    import pwd
+    path = tmp_path / "s"
+    chunkstore.open(path, create=True).close()
+    env = {**os.environ, "LOGNAME": "ceo", "USER": "ceo", "LNAME": "ceo", "USERNAME": "ceo"}
+    code = ("import sys, numpy as np, chunkstore\n"
+            "with chunkstore.open(sys.argv[1]) as s, s.new_version('r', 0) as v:\n"
+            "    v.put('w', np.zeros(4))\n")
+    subprocess.run([sys.executable, "-c", code, str(path)], env=env, cwd=REPO, check=True,
+                   timeout=120)
+    with chunkstore.open(path) as store:
+        who = next(store.audit()).who
+    assert str(who).split("@")[0] == pwd.getpwuid(os.getuid()).pw_name != "ceo"
+
+
+def test_repair_records_what_it_rewrites_and_a_dry_or_idle_repair_records_nothing(
+        tmp_path: Path) -> None:
+    """``repair`` rewrites commit records and signature objects (a copy made before its
+    version was signed gets the signature this way, docs/format.md §14): each changes
+    what a restore accepts, and it was recorded nowhere.  Broken: without the repair's
+    events the first assert after the repair fails."""
+    path, mirror = tmp_path / "s", tmp_path / "m"
+    with chunkstore.open(path, create=True) as store:
+        ids = [_save(store, step) for step in range(2)]
+    assert chunkstore.sync(path, mirror).ok
+    with chunkstore.open(path) as store:
+        record = bytearray(store.objects.get(VERSIONS, ids[1]))
+        record[len(record) // 2] ^= 0x04
+        store.objects.put(VERSIONS, ids[1], bytes(record))
+        trail = _ops(store)
+    assert chunkstore.repair(path, mirror, dry_run=True).fixed  # would fix
+    with chunkstore.open(path) as store:
+        assert _ops(store) == trail
+    assert chunkstore.repair(path, mirror).ok
+    with chunkstore.open(path) as store:
+        events = list(store.audit())
+        assert [(e.op, e.phase) for e in events[len(trail):]] == [
+            ("repair", "intent"), ("repair", "done")]
+        intent, done = events[len(trail):]
+        assert intent.fields["source"] == chunkstore.open(mirror).url
+        assert done.fields["intent"] == intent.id and done.fields["fixed"] == 1
+        assert done.fields["records"] == 1 and _named(done) == [ids[1]]
+    assert chunkstore.repair(path, mirror).ok  # nothing to fix: nothing recorded
+    with chunkstore.open(path) as store:
+        assert len(list(store.audit())) == len(trail) + 2
+
+
+def test_a_removals_done_event_names_every_tag_it_deleted(tmp_path: Path) -> None:
+    """A version whose commit record cannot be read is removed with its tags, force or
+    not; its done event said ``tags_removed: []`` while the tag was gone.  Broken: with
+    ``tags_removed`` the tags of readable versions only, the test fails."""
+    path = tmp_path / "s"
+    with chunkstore.open(path, create=True) as store:
+        vid = _save(store, 0)
+        store.tag("r@0", "shipped")
+        record = bytearray(store.objects.get(VERSIONS, vid))
+        record[len(record) // 2] ^= 0x04
+        store.objects.put(VERSIONS, vid, bytes(record))
+    with chunkstore.open(path, index_dir=str(tmp_path / "fresh")) as store:
+        store.delete(vid)
+        assert "shipped" not in store.stored_tags()
+        done = list(store.audit())[-1]
+        assert (done.op, done.phase) == ("rm", "done")
+        assert done.fields["tags_removed"] == ["shipped"] and done.fields["removed"] == 1
+
+
+def test_a_signed_save_that_signs_an_existing_version_records_it(tmp_path: Path) -> None:
+    """A signed save of a version published unsigned (same step, same content) signs
+    that version (docs/format.md §14): its restores under ``require_signed`` change,
+    and the trail said only ``publish, signed: false``.  Broken: without the event
+    in sign_existing the test fails."""
+    private = generate_key()[0]
+    (tmp_path / "k").write_bytes(private)
+    with chunkstore.open(tmp_path / "s", create=True) as store:
+        vid = _save(store, 0)
+        with store.new_version("r", 0, sign_with=str(tmp_path / "k")) as version:
+            version.put("w", np.arange(256, dtype=np.float32))
+        assert version.info.id == vid
+        events = list(store.audit())
+        assert [(e.op, e.phase) for e in events] == [("publish", "intent"), ("sign", "intent")]
+        assert _named(events[1]) == [vid] and events[0].fields["signed"] is False
+        with store.new_version("r", 0, sign_with=str(tmp_path / "k")) as version:
+            version.put("w", np.arange(256, dtype=np.float32))  # signed already: nothing
+        assert len(list(store.audit())) == 2
+
+
+def test_a_tag_event_names_the_version_the_stored_tag_named(tmp_path: Path) -> None:
+    """``previous`` was the tag as this process's index last saw it: a tag moved or
+    deleted by a process whose index had not seen another's tag said ``previous:
+    null`` (nothing overwritten) while it overwrote or deleted a tag naming a version.
+    Broken: with the index's view the test fails."""
+    path = tmp_path / "s"
+    with chunkstore.open(path, create=True) as store:
+        ids = [_save(store, step) for step in range(3)]
+    with chunkstore.open(path, index_dir=str(tmp_path / "b")) as late, \
+            chunkstore.open(path) as store:
+        store.tag("r@1", "best")
+        late.tag("r@2", "best")  # its index has not read the tag yet
+        late.untag("best")
+        tag, untag = list(late.audit())[-2:]
+        assert (tag.op, tag.fields["previous"]) == ("tag", ids[1])
+        assert (untag.op, untag.fields["previous"]) == ("untag", ids[2])
+
+
 def _killed(path: Path, code: str, fault: str) -> None:
     env = {**os.environ, FAULT_ENV_VAR: fault}
     child = subprocess.run([sys.executable, "-c", code, str(path)], env=env, cwd=REPO,
@@ -274,6 +463,25 @@ def test_key_changes_are_recorded_and_an_encrypted_stores_events_are_sealed(
     forged.write_bytes(b'{"format":"chunkstore.audit"}')  # not sealed: fails to open
     listed = run_cli("audit", str(path), env={"CHUNKSTORE_PASSWORD": "third"})
     assert listed.exit_code == 0 and listed.output.splitlines()[0].count("DAMAGED") == 1
+
+
+def test_a_refused_key_removal_records_nothing(tmp_path: Path) -> None:
+    """``key remove`` of a key whose every other key is damaged is refused (it would
+    lock everyone out): the refusal stored a key-remove intent first.  Broken: with
+    the event before the checks the store's tree changes."""
+    path = tmp_path / "s"
+    with chunkstore.open(path, create=True, encrypt=True, password="first") as store:
+        first = store.objects.key_id
+    assert run_cli("key", "add", str(path), env={"CHUNKSTORE_PASSWORD": "first",
+                                                  "CHUNKSTORE_NEW_PASSWORD": "second"}
+                   ).exit_code == 0
+    second = next(p for p in (path / "keys").iterdir() if p.name != first)
+    second.write_bytes(b"damaged")
+    before = tree_snapshot(path)
+    refused = CliRunner().invoke(cli, ["key", "remove", str(path), first],
+                                 env={"CHUNKSTORE_PASSWORD": "first"})
+    assert refused.exit_code != 0 and "damaged" in refused.output, refused.output
+    assert tree_snapshot(path) == before
 
 
 def test_on_s3_events_are_written_listed_and_pruned(s3_endpoint: str, tmp_path: Path

@@ -23,6 +23,7 @@ from chunkstore.errors import InvalidSettingError
 from chunkstore.format.digest import is_hex_digest
 from chunkstore.maintenance.retention import parse_duration
 from chunkstore.protocol.audit import AuditEvent
+from chunkstore.protocol.holds import printable
 
 
 def parse_time(text: str, now: float) -> float:
@@ -50,7 +51,7 @@ def _utc(when: float | None) -> str:
 def _what(event: AuditEvent) -> str:
     """What the event names, in a line."""
     if event.damage is not None:
-        return f"DAMAGED: {event.damage}"
+        return f"DAMAGED audit/{event.id}: {event.damage}"
     fields = dict(event.fields)
     parts = []
     versions = fields.pop("versions", None)
@@ -63,16 +64,19 @@ def _what(event: AuditEvent) -> str:
     for name, value in sorted(fields.items()):
         if value is None or value == [] or value is False:
             continue
+        # A byte count no float holds is a crafted one: printed as it is stored.
         text = format_size(value) if name in ("bytes", "orphan_bytes") \
-            and isinstance(value, int) else value if isinstance(value, str) \
-            else json.dumps(value)
+            and isinstance(value, int) and 0 <= value < 2**63 else value \
+            if isinstance(value, str) else json.dumps(value)
         parts.append(f"{name}={text[:12] if is_hex_digest(text) else text}")
     return "; ".join(parts)
 
 
 def _line(event: AuditEvent) -> str:
-    return (f"{_utc(event.when):20}  {event.op or '?':10} {event.phase or '?':6}"
-            f"  {event.who or '?'} ({event.process or '?'})  {_what(event)}")
+    """The event in a line of printable text: whoever can write the bucket can store an
+    event with escape sequences or line breaks in any field (each prints as ``?``)."""
+    return printable(f"{_utc(event.when):20}  {event.op or '?':10} {event.phase or '?':6}"
+                     f"  {event.who or '?'} ({event.process or '?'})  {_what(event)}")
 
 
 @click.command()
@@ -90,8 +94,8 @@ def audit(store_path: str, since: str | None, run_name: str | None,
     """List the audit trail of STORE, oldest first, or prune its oldest events.
 
     Every publish (save, Checkpointer, DCP, sync), removal (rm, prune,
-    keep_last, purge), tag change, hold and release, key change and GC run
-    that deletes something stores an event (audit/<UTC time>-<random>) with
+    keep_last, purge), tag change, hold and release, key change, repair and
+    GC run that deletes something stores an event (audit/<UTC time>-<random>) with
     who (user@host), which process and what it names. Each is stored
     *before* the change it announces ("intent"), so no change goes
     unrecorded whatever kills the process; an intent with no change after it

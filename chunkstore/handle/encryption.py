@@ -230,7 +230,6 @@ def change_password(url: str, objects: ObjectStore, config: StoreConfig, passwor
 def remove_key(url: str, objects: ObjectStore, key_id: str) -> None:
     """Remove a key object (never the last)."""
     sealed_objects = _sealed_objects(url, objects)
-    ids = keys.key_ids(objects)
-    if key_id in ids and len(ids) > 1:  # else refused, nothing changed (KeyObjectError)
-        audit.record(objects, "key-remove", key=key_id, by_key=sealed_objects.key_id)
-    keys.remove_key(objects, url, key_id)
+    # Recorded once the removal is allowed (never the last intact key), before it.
+    keys.remove_key(objects, url, key_id, before_delete=lambda: audit.record(
+        objects, "key-remove", key=key_id, by_key=sealed_objects.key_id))

@@ -411,7 +411,7 @@ class StoreHandle:
         info = self.resolve(selector)
         body = json.dumps({"version": info.id, "created": time.time()}).encode()
         audit.record(self.objects, "tag", tag=name, versions=versions_named([info]),
-                     previous=self.index.tags().get(name))  # as this index last saw it
+                     previous=self._stored_tag(name)[1])  # the store's word: the index lags
         self.objects.put(TAGS, name, body)
         self.index.set_tag(name, info.id)
         return info
@@ -445,13 +445,27 @@ class StoreHandle:
             # still be removed by its exact name, if it names a plain key.
             if not _removable_key_name(name) or not self.objects.exists(TAGS, name):
                 raise
-        if self.objects.exists(TAGS, name):
-            audit.record(self.objects, "untag", tag=name, previous=self.index.tags().get(name))
+        stored, previous = self._stored_tag(name)
+        if stored:
+            audit.record(self.objects, "untag", tag=name, previous=previous)
         existed = self.objects.delete(TAGS, name)
         return self.index.delete_tag(name) or existed
 
     def tags(self) -> dict[str, str]:
         return self.index.tags()
+
+    def _stored_tag(self, name: str) -> tuple[bool, str | None]:
+        """Whether tag ``name`` is stored, and the version it names (one GET; a damaged
+        tag: the version it still names, else the index's), for its audit events."""
+        data = None
+        try:
+            data = self.objects.get(TAGS, name)
+            return True, Tag.decode(name, data).version
+        except FileNotFoundError:
+            return False, None
+        except CorruptTagError:  # as stored_tags reads one (a sealed one: data None)
+            pinned = _pinned_version(data) if data is not None else None
+            return True, pinned or self.index.tags().get(name)
 
     def delete(self, selector: str, *, force: bool = False) -> VersionInfo:
         """Unpublish a version.  Its chunks are freed by GC after the grace period.

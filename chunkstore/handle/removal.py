@@ -126,7 +126,7 @@ def remove_versions(store: StoreHandle, infos: Sequence[VersionInfo], *,
     audit.record_done(store.objects, operation, intents[0], intents=len(intents),
                       removed=len(removed_ids) - len(late_ids),
                       held=sorted(late_ids | {h.version_id for h in held}),
-                      tags_removed=sorted(pinned))
+                      tags_removed=untagged)
     if late and not skip_held:
         raise HeldVersionError({h.version_id: h.reason for h in late},
                                removed=[vid for vid in removed_ids if vid not in late_ids])

@@ -25,6 +25,7 @@ from chunkstore.format.records import CommitRecord
 from chunkstore.format.signatures import Signature
 from chunkstore.objects.kinds import SIGNATURES, VERSIONS
 from chunkstore.objects.signing import Trust, sign, signature_holds
+from chunkstore.protocol import audit
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -82,11 +83,16 @@ def sign_existing(objects: ObjectStore, key: ec.EllipticCurvePrivateKey,
         record = objects.get(VERSIONS, version_id)
     except FileNotFoundError:
         return True
-    CommitRecord.decode(version_id, record)  # the id's bytes (CorruptRecordError)
+    decoded = CommitRecord.decode(version_id, record)  # the id's bytes (CorruptRecordError)
     check = check_signature(objects, version_id, record, Trust(key.public_key()))
     if check.status == SIGNED_BY_UNTRUSTED:
         return False
     if not check.trusted:
+        # Recorded first (docs/format.md §16): signing a published version changes what
+        # a require_signed restore accepts, and its publish event said unsigned.
+        audit.record(objects, "sign", versions=[
+            {"id": version_id, "run": decoded.run, "step": decoded.step}],
+            was=check.status)
         objects.put(SIGNATURES, version_id, sign(key, version_id, record).encode())
     return True
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import sys
 import time
@@ -35,11 +36,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from chunkstore.errors import ChunkStoreError
+from chunkstore.errors import ChunkStoreError, InvalidInputError
 from chunkstore.format import plaindata
 from chunkstore.format.manifest import is_version
 from chunkstore.objects.kinds import AUDIT
-from chunkstore.protocol.holds import who_am_i
+from chunkstore.protocol.holds import printable, who_am_i
 
 if TYPE_CHECKING:
     from chunkstore.objects.objectstore import ObjectStore
@@ -56,6 +57,13 @@ INTENT, DONE = "intent", "done"
 _READ_AHEAD, _READERS = 64, 8
 #: The fields every event has; the rest are the operation's.
 _COMMON = ("format", "format_version", "op", "phase", "when", "who", "process")
+#: Names a listing gives an event beside its fields (``to_json``): no stored field has one.
+_RESERVED = ("id", "damage")
+#: 9999-12-31T23:59:59Z, the last second an id can name (strftime writes a year of
+#: other than four digits, which would sort out of time order).
+_LAST_SECOND = 253_402_300_799
+#: The ids :func:`record` makes.
+_EVENT_ID = re.compile(r"[0-9]{8}T[0-9]{6}\.[0-9]{6}Z-[0-9a-f]{8}")
 
 
 class VersionLike(Protocol):
@@ -98,15 +106,18 @@ class AuditEvent:
 
 def event_id_at(when: float) -> str:
     """The key-order position of time ``when``: every event stored at or after it has an
-    id at least this (``20261205T113000.123456Z``)."""
-    seconds = int(when)
-    micro = min(round((when - seconds) * 1e6), 999_999)
+    id at least this (``20261205T113000.123456Z``).  A time before 1970 or after 9999 is
+    taken as the first or last one an id names, so ids keep the order of times."""
+    when = max(when, 0.0)
+    seconds = int(min(when, _LAST_SECOND))
+    micro = 999_999 if when >= _LAST_SECOND + 1 else min(round((when - seconds) * 1e6),
+                                                         999_999)
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime(seconds)) + f".{micro:06d}Z"
 
 
 def this_process() -> str:
     name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
-    return f"pid {os.getpid()} {name}"
+    return printable(f"pid {os.getpid()} {name}")
 
 
 def versions_named(infos: Iterable[VersionLike]) -> list[dict[str, Any]]:
@@ -116,7 +127,7 @@ def versions_named(infos: Iterable[VersionLike]) -> list[dict[str, Any]]:
 
 def encode_event(op: str, phase: str, when: float, fields: dict[str, Any]) -> bytes:
     """The event object's bytes: canonical JSON (sorted keys, no spaces, UTF-8)."""
-    clash = set(fields) & {*_COMMON, "id", "damage", "deferred"}
+    clash = set(fields) & {*_COMMON, *_RESERVED, "deferred"}
     if clash:
         raise ValueError(f"an event's own fields may not be named {sorted(clash)}")
     body = {"format": AUDIT_RECORD, "format_version": AUDIT_FORMAT, "op": op,
@@ -135,18 +146,36 @@ def decode_event(event_id: str, data: bytes) -> AuditEvent:
         body = plaindata.load_json(data)
     except ValueError as exc:
         return AuditEvent(event_id, damage=f"not JSON: {exc}")
+    damage = _body_damage(body)
+    if damage is None and not _EVENT_ID.fullmatch(event_id):  # no writer names one so
+        damage = "its key is no event id (<UTC time>-<8 hex digits>)"
+    elif damage is None and event_id_at(body["when"]) != event_id.partition("-")[0]:
+        # A writer names an event by its own "when": one listed out of its time's place
+        damage = f"its time {body['when']!r} is not the one its key names"
+    if damage is not None:
+        return AuditEvent(event_id, damage=damage)
+    op, phase, when, who, process = (body[k] for k in _COMMON[2:])
+    extra = {k: v for k, v in body.items() if k not in _COMMON}
+    return AuditEvent(event_id, op, phase, float(when), who, process, extra)
+
+
+def _body_damage(body: Any) -> str | None:
+    """Why a parsed event is not one this release reads (None: it is)."""
     if not isinstance(body, dict) or body.get("format") != AUDIT_RECORD:
-        return AuditEvent(event_id, damage="not an audit event")
+        return "not an audit event"
     if not is_version(body.get("format_version"), AUDIT_FORMAT):
-        return AuditEvent(event_id, damage=f"format_version {body.get('format_version')!r}"
-                          " unknown here")
+        return f"format_version {body.get('format_version')!r} unknown here"
     op, phase, when, who, process = (body.get(k) for k in _COMMON[2:])
     if not (isinstance(op, str) and isinstance(phase, str) and isinstance(when, int | float)
             and not isinstance(when, bool) and isinstance(who, str)
             and isinstance(process, str)):
-        return AuditEvent(event_id, damage="a field is missing or of the wrong type")
-    extra = {k: v for k, v in body.items() if k not in _COMMON}
-    return AuditEvent(event_id, op, phase, float(when), who, process, extra)
+        return "a field is missing or of the wrong type"
+    if not 0 <= when <= _LAST_SECOND:  # 1e400 is infinity; no clock prints 1e300
+        return f"when {when!r} is no time between 1970 and 9999"
+    reserved = sorted(set(body) & set(_RESERVED))
+    if reserved:  # the listing would show it under another id, or undamaged
+        return f"a field named {reserved}"
+    return None
 
 
 def record(objects: ObjectStore, op: str, *, phase: str = INTENT, deferred: bool = False,
@@ -236,7 +265,13 @@ class AuditPruneResult:
 
 def prune_events(objects: ObjectStore, before: float) -> AuditPruneResult:
     """Delete every event stored before ``before`` (Unix time), having first recorded an
-    event that says so (it is never among those deleted)."""
+    event that says so (it is never among those deleted).  A ``before`` later than now
+    is an :class:`InvalidInputError`: it would delete the events of operations running
+    now (a mistyped year, say)."""
+    if before > time.time():
+        raise InvalidInputError(
+            f"audit events are pruned before a past time; {event_id_at(before)} is in the"
+            " future (it would delete the events of operations running now)")
     limit = event_id_at(before)
     doomed = [i for i in event_ids(objects) if i < limit]
     event = record(objects, "audit-prune", before=before, count=len(doomed),

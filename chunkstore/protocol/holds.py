@@ -111,14 +111,20 @@ def check_reason(reason: object) -> str:
 
 
 def who_am_i() -> str:
+    """``user@host``: the name of the process's user id (not getpass.getuser(), which
+    believes $LOGNAME and $USER: any process would record the name it was started
+    with), ``uid<N>`` where the id has none (a container)."""
     try:
+        import pwd  # POSIX only
+        user = pwd.getpwuid(os.getuid()).pw_name
+    except ImportError:  # Windows: the login name is the one there is
         user = getpass.getuser()
-    except (KeyError, OSError):  # no name for this uid (a container)
+    except KeyError:  # no name for this uid
         user = f"uid{os.getuid()}"
-    return _printable(f"{user}@{socket.gethostname()}")
+    return printable(f"{user}@{socket.gethostname()}")
 
 
-def _printable(text: str) -> str:
+def printable(text: str) -> str:
     """``text`` with each character that is not printable as ``?`` (a reader takes a
     hold object with one for damage: its fields go to terminals)."""
     return "".join(c if c.isprintable() else "?" for c in text)
@@ -131,7 +137,7 @@ def encode_hold(version_id: str, reason: str, when: float, *, who: str | None = 
         process = f"pid {os.getpid()} {os.path.basename(sys.argv[0]) if sys.argv else ''}"
     body = {"format": HOLD_RECORD, "format_version": HOLD_FORMAT, "version": version_id,
             "reason": reason, "who": who_am_i() if who is None else who, "when": when,
-            "process": _printable(process.strip())}
+            "process": printable(process.strip())}
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                       allow_nan=False).encode("utf-8")
 
