@@ -82,6 +82,7 @@ from chunkstore.maintenance.synccopy import Copied, Spans, VersionCopy, add_span
 from chunkstore.maintenance.verify import verify as verify_store
 from chunkstore.objects.kinds import MOVED, SESSIONS, VERSIONS
 from chunkstore.progress import NullProgress, Progress
+from chunkstore.protocol.published import write_marker
 from chunkstore.protocol.tombstones import write_tombstone
 from chunkstore.write.writer import open_store_session
 
@@ -374,6 +375,7 @@ def _copy_version(src: StoreHandle, dst: StoreHandle | None, info: VersionInfo,
             return
         assert dst is not None and session is not None
         copy_signature(src.objects, dst.objects, info.id, data)  # checked, before the record
+        write_marker(dst.objects, info.id)  # openers of dst learn of it without a listing
         dst.objects.flush()  # every object durable before the commit point
         for pack in copied.moved:  # a GC may drop a moved record no version reaches yet
             if not dst.objects.exists(MOVED, pack):
