@@ -164,3 +164,12 @@ def test_a_sweep_prunes_markers_older_than_a_day_only(tmp_path: Path) -> None:
         result = store.gc(grace=0, sweep=True)
         assert result.markers_pruned == 1
         assert [m.split("-")[1] for m in store.objects.ids(PUBLISHED)] == [first]
+
+
+def test_a_purge_leaves_no_marker_naming_the_purged_version(tmp_path: Path) -> None:
+    where: tuple[str, dict[str, object]] = (str(tmp_path / "store"), {})
+    first = save(where, tmp_path / "index", 1)
+    second = save(where, tmp_path / "index", 2)
+    with opened(where, tmp_path / "index") as store:
+        store.purge(second)
+        assert [m.split("-")[1] for m in store.objects.ids(PUBLISHED)] == [first]

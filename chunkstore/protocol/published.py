@@ -89,3 +89,11 @@ def prune_markers(objects: ObjectStore, now_s: float, *, dry_run: bool = False) 
     if not dry_run:
         objects.delete_many(PUBLISHED, old)
     return len(old)
+
+
+def forget_markers(objects: ObjectStore, version_ids: set[str]) -> int:
+    """Delete the markers of ``version_ids`` (a purge: no key names them any more);
+    how many."""
+    named = [m for m in objects.ids(PUBLISHED) if parse_marker(m)[1] in version_ids]
+    objects.delete_many(PUBLISHED, named)
+    return len(named)
