@@ -9,7 +9,6 @@ afresh and reconciles.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -31,6 +30,7 @@ from chunkstore.protocol.published import (
     FULL_LISTING_S,
     KEEP_S,
     SKEW_S,
+    clock_s,
     recent_markers,
 )
 from chunkstore.protocol.runlease import withdrawn, withdrawn_name
@@ -174,7 +174,7 @@ def reconcile_from_markers(store: StoreHandle, now: float | None = None) -> bool
     record gone; one whose tombstone GC already deleted waits for the next full
     listing, as does a version without a marker.
     """
-    now = time.time() if now is None else now
+    now = clock_s() if now is None else now
     listed = store.index.markers_listed()
     if listed is None:
         return False
@@ -217,7 +217,7 @@ def reconcile(store: StoreHandle, result: RebuildResult | None = None) -> Rebuil
     (:func:`reconcile_if_changed`).
     """
     result = result or RebuildResult()
-    started = time.time()  # before the listing: markers from then on are listed next
+    started = clock_s()  # before the listing: markers from then on are listed next
     before = _stamps(store)
     in_index = store.index.version_ids()  # ids only: no entry decoded
     on_backend = set(store.stored_version_ids())

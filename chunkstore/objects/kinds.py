@@ -155,3 +155,6 @@ MARKER_BUCKET_NS = 10 ** (MARKER_TIME_DIGITS - MARKER_BUCKET_DIGITS)
 #: commit record (§16).  Older releases neither write nor read them: no format change.
 PUBLISHED = MarkerKind("publication marker", "published/")
 ALL_KINDS += (PUBLISHED,)
+#: Empty, read by the key alone: nothing to seal in an encrypted store (§13.5), and
+#: forging one gains nothing (the commit record it names is read and checked).
+CLEAR_KINDS += (PUBLISHED,)

@@ -48,6 +48,12 @@ KEEP_S = 86400.0
 _NS = 1_000_000_000
 
 
+def clock_s() -> float:
+    """The clock markers are stamped by, and openers' watermarks read from, in seconds:
+    ``time.time_ns`` (nanoseconds in the name)."""
+    return time.time_ns() / _NS
+
+
 def marker_id(version_id: str, time_ns: int | None = None) -> str:
     """The marker of ``version_id``, stamped now (or at ``time_ns``)."""
     stamp = time.time_ns() if time_ns is None else time_ns
@@ -70,7 +76,7 @@ def recent_markers(objects: ObjectStore, since_s: float,
                    now_s: float | None = None) -> Iterator[tuple[int, str]]:
     """The markers stamped from ``since_s`` less :data:`SKEW_S` up to ``now_s`` plus
     :data:`SKEW_S`, as (ns time, version id): one listing per bucket in between."""
-    now_s = time.time() if now_s is None else now_s
+    now_s = clock_s() if now_s is None else now_s
     first = int((since_s - SKEW_S) * _NS)
     last = int((now_s + SKEW_S) * _NS)
     for bucket in range(first // MARKER_BUCKET_NS, last // MARKER_BUCKET_NS + 1):
