@@ -173,3 +173,14 @@ def test_a_purge_leaves_no_marker_naming_the_purged_version(tmp_path: Path) -> N
     with opened(where, tmp_path / "index") as store:
         store.purge(second)
         assert [m.split("-")[1] for m in store.objects.ids(PUBLISHED)] == [first]
+
+
+def test_an_index_emptied_by_a_rebuild_that_stopped_lists_in_full(tmp_path: Path) -> None:
+    where: tuple[str, dict[str, object]] = (str(tmp_path / "store"), {})
+    first = save(where, tmp_path / "index", 1)
+    save(where, tmp_path / "index", 2)
+    with opened(where, tmp_path / "index") as store:
+        (older,) = [m for m in store.objects.ids(PUBLISHED) if m.endswith(first)]
+        store.objects.delete(PUBLISHED, older)  # as if saved long ago
+        store.index.clear()  # the first step of a rebuild, killed after it
+    assert steps(where, tmp_path / "index") == [1, 2]

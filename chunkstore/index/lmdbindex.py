@@ -1157,6 +1157,8 @@ class Index(VersionLookups):
         """Drop every record (the first step of a rebuild) and stamp the current schema."""
         with self._writing() as txn:
             self._drop_records(txn)
+            # No version held: only a full listing brings them back, never the markers.
+            txn.delete(_MARKERS_LISTED_KEY, db=self.meta)
             txn.put(b"schema", str(INDEX_SCHEMA).encode(), db=self.meta)
         self.needs_rebuild = False
 
