@@ -5,8 +5,9 @@ tensor of 64 float32 each), saved through index A; index B opens it once (its
 first open lists every commit record); then ``--rounds`` times: A saves one
 version, B opens the store and sees it.  B's first open waits ``--settle`` seconds
 after the history is built, as a job's opens come minutes after the saves before.
-B's opens are timed and their requests counted by operation (``list_pages``: the LIST requests at 1,000 keys each), the
-median and the counts of the last round reported.  The script measures whatever
+B's opens are timed and their requests counted by operation (``list_pages``: the
+LIST requests at 1,000 keys each), the median and the counts of the last round
+reported.  The script measures whatever
 ``chunkstore`` it imports: the code before the markers from a checkout of it::
 
     python -m benchmarks.bench_open_markers --label open-markers-s3 \\
