@@ -9,6 +9,7 @@ the moto S3 server.  The listings of ``versions/`` are counted by a request hook
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -184,3 +185,15 @@ def test_an_index_emptied_by_a_rebuild_that_stopped_lists_in_full(tmp_path: Path
         store.objects.delete(PUBLISHED, older)  # as if saved long ago
         store.index.clear()  # the first step of a rebuild, killed after it
     assert steps(where, tmp_path / "index") == [1, 2]
+
+
+def test_the_window_s_prefixes_hold_every_marker_in_it_and_few_outside() -> None:
+    rng = random.Random(49)
+    for _ in range(2000):
+        first = rng.randrange(10 ** 19)
+        last = first + int(10 ** rng.uniform(0, 15))
+        prefixes = published._time_prefixes(first, last)
+        assert 1 <= len(prefixes) <= 2 or all(p.endswith("/") for p in prefixes)
+        for stamp in (first, last, rng.randint(first, last)):
+            key = PUBLISHED.key(marker_id("ab" * 32, stamp))[len(PUBLISHED.prefix):]
+            assert any(key.startswith(prefix) for prefix in prefixes), (first, last)

@@ -31,7 +31,12 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from chunkstore.objects.kinds import MARKER_BUCKET_NS, MARKER_TIME_DIGITS, PUBLISHED
+from chunkstore.objects.kinds import (
+    MARKER_BUCKET_DIGITS,
+    MARKER_BUCKET_NS,
+    MARKER_TIME_DIGITS,
+    PUBLISHED,
+)
 
 if TYPE_CHECKING:
     from chunkstore.objects.objectstore import ObjectStore
@@ -79,14 +84,30 @@ def recent_markers(objects: ObjectStore, since_s: float,
     """The markers stamped from ``since_s`` less :data:`SKEW_S` up to ``now_s`` plus
     :data:`SKEW_S`, as (ns time, version id): one listing per bucket in between."""
     now_s = clock_s() if now_s is None else now_s
-    first = int((since_s - SKEW_S) * _NS)
+    first = max(int((since_s - SKEW_S) * _NS), 0)
     last = int((now_s + SKEW_S) * _NS)
-    for bucket in range(first // MARKER_BUCKET_NS, last // MARKER_BUCKET_NS + 1):
-        prefix = PUBLISHED.bucket(bucket * MARKER_BUCKET_NS)[len(PUBLISHED.prefix):]
+    for prefix in _time_prefixes(first, last):
         for marker in objects.ids(PUBLISHED, prefix):
             stamp, version_id = parse_marker(marker)
             if first <= stamp <= last:
                 yield stamp, version_id
+
+
+def _time_prefixes(first: int, last: int) -> list[str]:
+    """Key prefixes (after ``published/``) that hold every marker stamped from ``first``
+    to ``last`` ns: one or two runs of the time's leading digits, the longest that do
+    (the server filters a listing by prefix only: a whole bucket would return hours of
+    markers), or whole buckets where the window spans more than one."""
+    unit = 1
+    while last // unit - first // unit > 1:
+        unit *= 10
+    if unit >= MARKER_BUCKET_NS:
+        return [PUBLISHED.bucket(b * MARKER_BUCKET_NS)[len(PUBLISHED.prefix):]
+                for b in range(first // MARKER_BUCKET_NS, last // MARKER_BUCKET_NS + 1)]
+    digits = MARKER_TIME_DIGITS - len(str(unit)) + 1
+    return [f"{stamp[:MARKER_BUCKET_DIGITS]}/{stamp[:digits]}"
+            for stamp in (f"{head * unit:0{MARKER_TIME_DIGITS}d}"
+                          for head in range(first // unit, last // unit + 1))]
 
 
 def prune_markers(objects: ObjectStore, now_s: float, *, dry_run: bool = False) -> int:
