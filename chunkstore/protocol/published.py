@@ -6,23 +6,24 @@ without listing every commit record (docs/format.md §16).
    durable before the record is created, so a writer killed after its commit point
    always leaves a marker.  A marker whose record never comes (the save was killed or
    refused between the two) names no version.
-2. **Reading.**  An opener lists the markers of the buckets from its watermark (the
-   time it last listed, by its own clock) less :data:`SKEW_S` (clocks of other
-   machines, a writer paused between its marker and its record) up to now plus
-   :data:`SKEW_S`, and counts a version in only after reading its commit record: a
-   marker is a hint, never the truth.  Versions removed elsewhere are counted out
-   from their tombstones (``removed/``, one listing).  An index version created
-   inside the window whose marker is not listed (an older release's save; a store
-   put back to an older copy of itself) makes the opener list every record instead.
+2. **Reading.**  An opener lists the markers stamped from its watermark (the time
+   it last listed, by its own clock) less :data:`SKEW_S` (clocks of other machines, a
+   writer paused between its marker and its record) up to now plus :data:`SKEW_S`
+   (by time-digit prefixes: one or two LISTs), and counts a version in only after
+   reading its commit record: a marker is a hint, never the truth.  Versions removed
+   elsewhere are counted out from their tombstones (``removed/``, one listing).  An
+   index version created inside the window whose marker is not listed (an older
+   release's save; a store put back to an older copy of itself) makes the opener
+   list every record instead.
 3. **The safety net.**  A version without a marker (an older release's save, a
    marker lost or written outside the window) is found by the full listing of
    commit records, which an opener still makes where the index has no watermark,
    where its watermark is older than :data:`KEEP_S` less :data:`SKEW_S`, and where
    its last full listing is older than :data:`FULL_LISTING_S`: a version is seen by
    an open at most that late, whatever happened to its marker.
-4. **Pruning.**  GC's sweep deletes markers older than :data:`KEEP_S`.  An opener
-   that may need one of them (its watermark is that old) lists in full instead, so
-   pruning takes from no index what it still needs.
+4. **Pruning.**  GC's sweep deletes markers older than :data:`KEEP_S` (a purge those
+   of the purged versions).  An opener that may need one of them (its watermark is
+   that old) lists in full instead, so pruning takes from no index what it needs.
 """
 
 from __future__ import annotations
