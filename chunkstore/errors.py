@@ -339,13 +339,15 @@ class SavesInProgressError(ChunkStoreError):
 
 
 class DuplicateStepError(InvalidInputError):
-    """Raised when a save names a ``RUN@STEP`` the run already has, with other content,
-    and was not asked to replace it; ``existing`` is that version's id."""
+    """Raised when a save names a ``RUN@STEP`` the run already has, with other content
+    (or the same content signed by another key than the save's), and was not asked to
+    replace it; ``existing`` is that version's id."""
 
-    def __init__(self, run: str, step: int, existing: str) -> None:
+    def __init__(self, run: str, step: int, existing: str,
+                 differs: str = "with other content") -> None:
         super().__init__(
-            f"run {run!r} already has a version at step {step} ({existing[:12]}) with other"
-            " content; nothing was published. Save under another step, remove that version"
+            f"run {run!r} already has a version at step {step} ({existing[:12]}) {differs}"
+            "; nothing was published. Save under another step, remove that version"
             " first, or pass replace=True to publish this one in its place")
         self.run = run
         self.step = step

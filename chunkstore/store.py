@@ -76,6 +76,7 @@ from chunkstore.maintenance.retention import Policy, prune
 from chunkstore.maintenance.verify import verify
 from chunkstore.objects.objectstore import ObjectStore
 from chunkstore.objects.signing import PrivateKeyLike, PublicKeyLike, Trust
+from chunkstore.protocol.audit import AuditEvent, AuditPruneResult, list_events, prune_events
 from chunkstore.protocol.holds import Hold
 from chunkstore.protocol.journal import sync_journal
 from chunkstore.read.reader import VersionReader
@@ -406,6 +407,19 @@ class Store(StoreHandle):
     def release(self, selector: str) -> Hold:
         self._check_writable(f"release {selector}")
         return super().release(selector)
+
+    def audit(self, *, since: float | None = None, run: str | None = None
+              ) -> Iterator[AuditEvent]:
+        """The audit trail, oldest first, read as it is iterated (docs/format.md §16):
+        from ``since`` (Unix time), only events naming a version of ``run``.  An event
+        that cannot be read is yielded with ``damage`` set, never raised."""
+        return list_events(self.objects, since=since, run=run)
+
+    def prune_audit(self, before: float) -> AuditPruneResult:
+        """Delete the audit events older than ``before`` (Unix time), having recorded
+        an event that says so: the only way an event is ever deleted."""
+        self._check_writable("prune the audit trail")
+        return prune_events(self.objects, before)
 
     def open_version(self, selector: str) -> VersionReader:
         """Open a version for reading; its manifest is loaded and hash-checked now."""

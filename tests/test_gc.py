@@ -552,7 +552,7 @@ class _DeleteBatches(RequestHook):
     def delete_many(self, keys: Sequence[str]) -> None:
         if keys and keys[0].startswith((CHUNKS.prefix, NODES.prefix)):
             self.sizes.append(len(keys))
-            time.sleep(self.slow_s if len(self.sizes) <= 2 else 0.0)
+            time.sleep(self.slow_s if 4 <= len(self.sizes) <= 5 else 0.0)  # 4th and 5th
         super().delete_many(keys)
 
 
@@ -580,9 +580,9 @@ def test_gc_deletes_in_bulk_batches_that_grow_while_fast_and_shrink_when_slow(
         assert batches.one_by_one == 0
         assert sum(batches.sizes) == result.chunks_deleted + result.nodes_deleted > 300
         assert not chunks & objects(store_path, "chunks")
-        if slow:  # 64, then halved after each slow batch
-            assert batches.sizes[:3] == [64, 32, 16]
-        else:  # 64, then 256 (the 236 chunks left), then the nodes
-            assert batches.sizes[:2] == [64, 236]
+        if slow:  # one, growing while fast, then halved after each slow batch
+            assert batches.sizes[:6] == [1, 4, 16, 64, 32, 16]
+        else:  # one, then 4, 16, 64, then 256 (the 215 chunks left), then the nodes
+            assert batches.sizes[:5] == [1, 4, 16, 64, 215]
         assert store.verify().ok
         assert store.open_version(keep).get("a").tobytes() == bytes(32)

@@ -23,24 +23,36 @@ from tests.s3server import create_bucket, remove_bucket, s3_endpoint, storage_op
 __all__ = ["s3_endpoint"]  # the session fixture, re-exported so pytest finds it here
 
 ROOT = Path(__file__).resolve().parent.parent
+#: One of RACERS processes: once every one is ready (however slow a busy machine makes
+#: their start), all try to take the run at once; the winner holds it until every
+#: other has tried, so a later start can never win it after a release.
+RACERS = 4
 RACER = """
-import sys, time, chunkstore
+import os, pathlib, sys, time, chunkstore
 from chunkstore.errors import RunInUseError
 from chunkstore.protocol.runlease import RunLease
 from tests.s3server import storage_options
 url, endpoint, start = sys.argv[1], sys.argv[2], float(sys.argv[3])
+here, racers = pathlib.Path(sys.argv[4]), int(sys.argv[5])
+def wait_for(kind, count):
+    deadline = time.time() + 90
+    while len(list(here.parent.glob(f"{kind}-*"))) < count and time.time() < deadline:
+        time.sleep(0.01)
 options = storage_options(endpoint) if url.startswith("s3://") else None
-with chunkstore.open(url, storage_options=options, index_dir=sys.argv[4]) as store:
+with chunkstore.open(url, storage_options=options, index_dir=str(here)) as store:
     lease = RunLease(store.objects, "job")
+    (here.parent / f"ready-{os.getpid()}").touch()
+    wait_for("ready", racers)
     time.sleep(max(0.0, start - time.time()))
     try:
         lease.acquire()
         print("won", flush=True)
-        time.sleep(1.0)
+        wait_for("tried", racers - 1)
         lease.check()
         lease.release()
     except RunInUseError as exc:
         print("lost", exc.holder.get("pid"), flush=True)
+        (here.parent / f"tried-{os.getpid()}").touch()
 """
 
 
@@ -74,11 +86,11 @@ def test_processes_racing_for_a_run_get_one_writer(tmp_path: Path) -> None:
     there), so the S3 case is the sequential takeover test below."""
     url, endpoint = str(tmp_path / "store"), ""
     chunkstore.open(url, create=True).close()
-    start = time.time() + 3.0
+    start = time.time()  # and then every racer ready (RACER)
     racers = [subprocess.Popen([sys.executable, "-c", RACER, url, endpoint or "-", str(start),
-                                str(tmp_path / f"index-{i}")], cwd=ROOT, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-              for i in range(4)]
+                                str(tmp_path / f"index-{i}"), str(RACERS)], cwd=ROOT,
+                               text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+              for i in range(RACERS)]
     outcomes = []
     for racer in racers:
         out, err = racer.communicate(timeout=120)

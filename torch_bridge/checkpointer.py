@@ -589,7 +589,8 @@ class Checkpointer:
                 if self._tier is not None and not self._tier.may_leave(version.id):
                     continue  # never the last whole copy: the mirror's store must hold it
                 dropped.append(version)
-        held = self.store.delete_listed_many(dropped)  # held versions stay (and are named)
+        # held versions stay (and are named)
+        held = self.store.delete_listed_many(dropped, operation="keep_last")
         warn_held(held, f"run {self.run!r}: keep_last")
         removed = len(dropped) - len(held)
         if removed and self._collect:  # what they alone needed goes now, not in an hour

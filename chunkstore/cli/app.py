@@ -38,7 +38,16 @@ import click
 
 import chunkstore
 from chunkstore import interrupts
-from chunkstore.cli import inspection, keys, maintenance, recovery, signing, transfer, versions
+from chunkstore.cli import (
+    audit,
+    inspection,
+    keys,
+    maintenance,
+    recovery,
+    signing,
+    transfer,
+    versions,
+)
 from chunkstore.cli.common import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
@@ -215,7 +224,7 @@ def cli(ctx: click.Context, storage_option: tuple[str, ...], password_file: str 
 
 for _command in (*inspection.COMMANDS, *versions.COMMANDS, *maintenance.COMMANDS,
                  *transfer.COMMANDS, *recovery.COMMANDS, *keys.COMMANDS,
-                 *signing.COMMANDS):
+                 *signing.COMMANDS, *audit.COMMANDS):
     # The store's own commands run with the cyclic garbage collector paused
     # (chunkstore.collector); the torch commands (the demo trains) do not.
     if _command.callback is not None:

@@ -4,7 +4,6 @@ restore process a drill starts, hidden from the help)."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import Any
 
@@ -36,7 +35,7 @@ from chunkstore.maintenance.drill import (
     repair_command,
 )
 from chunkstore.maintenance.drillhistory import FailedDrill
-from chunkstore.maintenance.drillrestore import TRUST_ENV, restore, trust_from_env
+from chunkstore.maintenance.drillrestore import restore, trust_environment, trust_from_env
 from chunkstore.maintenance.report import StoreStats
 from chunkstore.objects.signing import Trust
 
@@ -126,7 +125,7 @@ def drill_text(result: DrillResult, store_path: str) -> None:
 @click.option("--trust", "trust", multiple=True, metavar="PUBKEY",
               type=click.Path(dir_okay=False, exists=True),
               help="A public key file (KEY.pub from `chunkstore keygen`) whose signatures"
-              " --require-signed accepts; repeatable.")
+              " --require-signed accepts (only with it); repeatable.")
 @JSON_OPT
 def drill_command(store_path: str, selector: str | None, scenarios: tuple[str, ...],
                   then: str | None, then_timeout: str, materialize: str, no_record: bool,
@@ -195,13 +194,16 @@ def drill_command(store_path: str, selector: str | None, scenarios: tuple[str, .
 
 def _trust_environment(require_signed: bool, trust: tuple[str, ...]) -> dict[str, str]:
     """What hands the restore process the keys it requires a signature of."""
+    if trust and not require_signed:  # else the keys would be silently ignored
+        raise CliError("--trust names the keys --require-signed accepts: add"
+                       " --require-signed (or drop --trust); nothing was run", EXIT_USAGE)
     if not require_signed:
         return {}
     if not trust:
         raise CliError("--require-signed needs the keys to trust: --trust KEY.pub",
                        EXIT_USAGE)
     Trust(trust)  # a file that is no public key fails here, not in the child
-    return {TRUST_ENV: os.pathsep.join(os.path.abspath(path) for path in trust)}
+    return trust_environment(trust)
 
 
 @click.command("drill-restore", hidden=True)

@@ -34,6 +34,10 @@ def sync_text(result: SyncResult) -> None:
                f" {plural(result.subtrees_present, 'whole subtree')} found in place")
     for version_id in result.copied:
         click.echo(f"  {version_id[:12]}")
+    for hold in result.held_at_source:
+        click.echo(f"held at the source: {hold.version_id[:12]} ({hold.describe()}); a hold"
+                   f" stays in its store: `chunkstore hold {result.dst or 'DST'}"
+                   f" {hold.version_id[:12]} --reason TEXT` holds the copy")
     if result.tags_created:
         click.echo(f"tags {'to create' if result.dry_run else 'created'}:"
                    f" {', '.join(result.tags_created)}")
@@ -101,7 +105,9 @@ def sync(src: str, dst: str, selectors: tuple[str, ...], dry_run: bool, verify_a
     with a damaged or missing object is not published in DST; it is named
     with the object, and the other versions still travel. DST holds one
     version per RUN@STEP: a different version at a step DST has is a
-    conflict, not copied.
+    conflict, not copied. A legal hold belongs to the store it was placed
+    in: a copied version held in SRC is named ("held at the source", JSON
+    held_at_source), and its copy in DST is not held.
 
     \b
     Exit codes: 0 done; 1 a tag or step conflict, or --verify found a

@@ -21,9 +21,10 @@ from chunkstore.cli.common import (
     tags_by_version,
     version_json,
 )
-from chunkstore.errors import SelectorError
+from chunkstore.errors import HeldVersionError, SelectorError
 from chunkstore.maintenance.purge import PurgeResult
 from chunkstore.progress import TerminalProgress
+from chunkstore.protocol.holds import held_ids, read_hold
 from chunkstore.store import Store, VersionInfo
 
 # --- tag ------------------------------------------------------------------------------------
@@ -124,11 +125,12 @@ def _list_tags(store: Store, as_json: bool) -> None:
 @click.option("--purge", is_flag=True,
               help="Also delete now (grace 0) the data no other version shares, and report"
               " what stays because other versions share it.")
-@click.option("--grace", default="1h", show_default=True, metavar="DURATION",
-              help="With --purge: what versions removed earlier keep (as for gc).")
+@click.option("--grace", default=None, metavar="DURATION",
+              help="With --purge: what versions removed earlier keep (as for gc;"
+              " default 1h).")
 @JSON_OPT
 def rm(store_path: str, selectors: tuple[str, ...], force: bool, dry_run: bool,
-       purge: bool, grace: str, as_json: bool) -> None:
+       purge: bool, grace: str | None, as_json: bool) -> None:
     """Unpublish versions: they stop being listed or loadable.
 
     Their chunks stay on storage until `chunkstore gc` finds them
@@ -163,6 +165,9 @@ def rm(store_path: str, selectors: tuple[str, ...], force: bool, dry_run: bool,
     tagged version without --force, held version, or not a store; 4 with
     --purge, a gc running on the store.
     """
+    if grace is not None and not purge:  # else it would be silently ignored
+        raise CliError("--grace is for --purge (what versions removed earlier keep); add"
+                       " --purge or drop --grace; nothing removed", EXIT_USAGE)
     with open_store(store_path) as store:
         infos = list({info.id: info for info in map(store.resolve_for_removal, selectors)}.values())
         tags = tags_by_version(store)
@@ -170,9 +175,16 @@ def rm(store_path: str, selectors: tuple[str, ...], force: bool, dry_run: bool,
         if pinned and not force:
             names = "; ".join(f"{i.short_id} is tagged {', '.join(t)}" for i, t in pinned)
             raise CliError(f"{names}; untag first or pass --force; nothing removed", EXIT_USAGE)
+        if dry_run:  # what rm would refuse, a dry run refuses too (a real rm asks again)
+            listed = held_ids(store.objects)
+            held = {i.id: (found.reason if (found := read_hold(store.objects, i.id)) else None)
+                    for i in infos if i.id in listed}
+            if held:
+                raise HeldVersionError(held)
         if purge and not dry_run:
             with TerminalProgress() as progress:
-                result = store.purge([info.id for info in infos], force=force, grace=grace,
+                result = store.purge([info.id for info in infos], force=force,
+                                     grace="1h" if grace is None else grace,
                                      progress=progress)
             _purge_report(result, tags, as_json)
             return

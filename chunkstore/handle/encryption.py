@@ -31,6 +31,7 @@ from chunkstore.objects.crypto import Sealer, subkey
 from chunkstore.objects.kinds import KEYS
 from chunkstore.objects.objectstore import ObjectStore
 from chunkstore.objects.sealed import SealedObjects
+from chunkstore.protocol import audit
 
 if TYPE_CHECKING:
     from chunkstore.handle.handle import StoreHandle
@@ -203,7 +204,11 @@ def add_password(url: str, objects: ObjectStore, config: StoreConfig, password: 
     """Wrap the store's master key under another password; the new key's id.  No data
     is re-encrypted: every object stays sealed under the same master key."""
     sealed_objects = _sealed_objects(url, objects)
-    return keys.add_key(objects, sealed_objects.master, password, config.identity())
+    keys.check_new_password(password)  # refused before its audit event: nothing changes
+    intent = audit.record(objects, "key-add", by_key=sealed_objects.key_id)
+    key_id = keys.add_key(objects, sealed_objects.master, password, config.identity())
+    audit.record_done(objects, "key-add", intent, key=key_id)
+    return key_id
 
 
 def change_password(url: str, objects: ObjectStore, config: StoreConfig, password: str
@@ -213,13 +218,18 @@ def change_password(url: str, objects: ObjectStore, config: StoreConfig, passwor
     opening the store).  (new id, old id)."""
     sealed_objects = _sealed_objects(url, objects)
     old = sealed_objects.key_id
-    new = add_password(url, objects, config, password)
+    keys.check_new_password(password)  # refused before its audit event: nothing changes
+    intent = audit.record(objects, "key-passwd", by_key=old)
+    new = keys.add_key(objects, sealed_objects.master, password, config.identity())
     keys.remove_key(objects, url, old)
+    audit.record_done(objects, "key-passwd", intent, key=new, removed=old)
     sealed_objects.key_id = new
     return new, old
 
 
 def remove_key(url: str, objects: ObjectStore, key_id: str) -> None:
     """Remove a key object (never the last)."""
-    _sealed_objects(url, objects)
-    keys.remove_key(objects, url, key_id)
+    sealed_objects = _sealed_objects(url, objects)
+    # Recorded once the removal is allowed (never the last intact key), before it.
+    keys.remove_key(objects, url, key_id, before_delete=lambda: audit.record(
+        objects, "key-remove", key=key_id, by_key=sealed_objects.key_id))

@@ -26,9 +26,11 @@ from chunkstore.codecs.policy import RAW_TENSOR_BYTES
 from chunkstore.errors import (
     AmbiguousSelectorError,
     ChunkStoreError,
+    CorruptConfigError,
     CorruptTagError,
     InvalidInputError,
     InvalidNameError,
+    NotAStoreError,
     SelectorError,
     VersionRemovedError,
 )
@@ -55,6 +57,8 @@ from chunkstore.index.versiontables import VersionEntry
 from chunkstore.objects.kinds import TAGS, VERSIONS
 from chunkstore.objects.objectstore import ObjectStore
 from chunkstore.objects.signing import Trust
+from chunkstore.protocol import audit
+from chunkstore.protocol.audit import versions_named
 from chunkstore.protocol.holds import Hold, list_holds
 from chunkstore.protocol.moved import MovedRecord
 
@@ -257,6 +261,17 @@ class StoreHandle:
         """
         if self.config.format_version >= STORE_FORMAT_VERSION:
             return
+        # Another process may have upgraded it since this handle read the config (to 11,
+        # before a first hold): written back as 9, a release that does not honour holds
+        # would open it again.  The stored config decides (a newer store's: refused).
+        try:
+            stored = StoreConfig.decode(self.url, self.objects.get_config())
+        except (FileNotFoundError, CorruptConfigError, NotAStoreError):
+            stored = self.config  # missing or damaged: this handle's is written
+        if stored.format_version >= STORE_FORMAT_VERSION:
+            self.config = dataclasses.replace(self.config,
+                                              format_version=stored.format_version)
+            return
         self.objects.replace_config(self.config.encode())
         self.config = dataclasses.replace(self.config, format_version=STORE_FORMAT_VERSION)
 
@@ -395,6 +410,8 @@ class StoreHandle:
             raise InvalidInputError(f"tag {name!r} looks like a version id; choose another name")
         info = self.resolve(selector)
         body = json.dumps({"version": info.id, "created": time.time()}).encode()
+        audit.record(self.objects, "tag", tag=name, versions=versions_named([info]),
+                     previous=self._stored_tag(name)[1])  # the store's word: the index lags
         self.objects.put(TAGS, name, body)
         self.index.set_tag(name, info.id)
         return info
@@ -428,11 +445,27 @@ class StoreHandle:
             # still be removed by its exact name, if it names a plain key.
             if not _removable_key_name(name) or not self.objects.exists(TAGS, name):
                 raise
+        stored, previous = self._stored_tag(name)
+        if stored:
+            audit.record(self.objects, "untag", tag=name, previous=previous)
         existed = self.objects.delete(TAGS, name)
         return self.index.delete_tag(name) or existed
 
     def tags(self) -> dict[str, str]:
         return self.index.tags()
+
+    def _stored_tag(self, name: str) -> tuple[bool, str | None]:
+        """Whether tag ``name`` is stored, and the version it names (one GET; a damaged
+        tag: the version it still names, else the index's), for its audit events."""
+        data = None
+        try:
+            data = self.objects.get(TAGS, name)
+            return True, Tag.decode(name, data).version
+        except FileNotFoundError:
+            return False, None
+        except CorruptTagError:  # as stored_tags reads one (a sealed one: data None)
+            pinned = _pinned_version(data) if data is not None else None
+            return True, pinned or self.index.tags().get(name)
 
     def delete(self, selector: str, *, force: bool = False) -> VersionInfo:
         """Unpublish a version.  Its chunks are freed by GC after the grace period.
@@ -453,12 +486,14 @@ class StoreHandle:
         remove_versions(self, infos, force=force)
         return infos
 
-    def delete_listed_many(self, infos: Iterable[VersionInfo]) -> list[Hold]:
+    def delete_listed_many(self, infos: Iterable[VersionInfo], *,
+                           operation: str = "retention") -> list[Hold]:
         """Remove versions a caller listed moments ago (retention), in bulk; one that
         is gone from the store already (another process removed it) is simply gone.
-        Held versions are left as they are: their holds are returned."""
+        Held versions are left as they are: their holds are returned.  ``operation``
+        names the removal in the audit trail."""
         return remove_versions(self, list({info.id: info for info in infos}.values()),
-                               skip_held=True)
+                               skip_held=True, operation=operation)
 
     # --- legal holds (chunkstore.protocol.holds) -------------------------------------------
 
@@ -486,7 +521,8 @@ class StoreHandle:
         done, not an error.
         """
         try:
-            self.delete(version_id)
+            remove_versions(self, [self.resolve_for_removal(version_id)],
+                            operation="replace")
         except SelectorError:
             if self.objects.exists(VERSIONS, version_id):
                 raise

@@ -11,8 +11,11 @@ from typing import TYPE_CHECKING
 from chunkstore.errors import HoldUnconfirmedError, SelectorError
 from chunkstore.format.digest import is_hex_digest
 from chunkstore.format.records import HOLDS_STORE_FORMAT_VERSION
-from chunkstore.objects.kinds import TOMBSTONES, VERSIONS
+from chunkstore.objects.kinds import LEASES, TOMBSTONES, VERSIONS
+from chunkstore.protocol import audit
+from chunkstore.protocol.audit import versions_named
 from chunkstore.protocol.holds import Hold, check_reason, read_hold, release_hold, store_hold
+from chunkstore.protocol.runlease import withdrawn_name
 
 if TYPE_CHECKING:
     from chunkstore.handle.handle import StoreHandle
@@ -42,7 +45,15 @@ def place_hold(store: StoreHandle, selector: str, reason: str, *,
     if not store.objects.exists(VERSIONS, info.id):  # the index lags a removal elsewhere
         raise SelectorError(selector, f"version {info.short_id} was removed from the store")
     upgrade_for_holds(store)
+    audit.record(store.objects, "hold", reason=reason, versions=versions_named([info]))
     hold = store_hold(store.objects, info.id, reason)  # 1. durable
+    if store.objects.exists(LEASES, withdrawn_name(info.run, info.id)):
+        # A removal withdrew it (after a takeover, docs/format.md §11.5) having listed
+        # holds/ before step 1: its record is never a version again (the next index to
+        # find it deletes it), whether or not that removal lived to delete it.
+        release_hold(store.objects, info.id)
+        raise SelectorError(selector, f"version {info.short_id} was withdrawn by a removal"
+                            " that started before the hold; nothing is held")
     # 2. then look for a removal that may have listed holds/ before step 1
     if not store.objects.exists(TOMBSTONES, info.id):
         return hold
@@ -74,6 +85,8 @@ def release_version(store: StoreHandle, selector: str) -> Hold:
     if hold is None:
         raise SelectorError(selector, f"version {version_id[:12]} is not held"
                             " (`chunkstore log STORE` marks the held versions)")
+    audit.record(store.objects, "release", reason=hold.reason,
+                 versions=[{"id": version_id}])
     release_hold(store.objects, version_id)
     return hold
 

@@ -4,6 +4,9 @@ saved again with ``replace``).
 A removal makes each step durable before the next, in batches of
 :data:`~chunkstore.backends.base.DELETE_BATCH` versions:
 
+0. the audit intent events (:mod:`chunkstore.protocol.audit`), one per batch, durable
+   before any tag or record is deleted (with the tombstones' flush, or one of their
+   own before step 1): a removal a crash cuts short at any later step is recorded;
 1. the tags that pin a removed version (only with ``force``), storage first;
 2. each version's tombstone (in parallel, made durable together): from it every GC
    counts the grace period of what the version reaches
@@ -16,7 +19,9 @@ A removal makes each step durable before the next, in batches of
    a hold learns of a removal that listed ``holds/`` before it:
    :mod:`chunkstore.protocol.holds`.  Holds are also listed once before anything else,
    so that a held version normally gets no tombstone and ``rm`` refuses it having
-   changed nothing;
+   changed nothing.  A batch that reaches step 3 more than
+   :data:`~chunkstore.protocol.tombstones.MAX_REMOVAL_STALL_S` after its tombstones
+   (the process was stopped) goes back to step 2: a GC may have deleted them since;
 3. the withdrawals: one look at each run's lease objects for the whole batch
    (:class:`~chunkstore.protocol.runlease.Withdrawals`), after every tombstone of it;
 4. the commit records, in bulk (one request per batch on S3, one directory fsync
@@ -24,7 +29,8 @@ A removal makes each step durable before the next, in batches of
 5. their signature objects, in bulk (after the records: a crash between leaves a
    published version signed, never one unsigned; an orphan signature left behind GC
    removes, docs/format.md §14);
-6. the index, in one transaction.
+6. the index, in one transaction;
+7. the audit done event: how many were removed, and those a hold kept.
 
 So a batch costs a PUT per version and a few requests in all, where removing versions
 one by one cost six requests each, a listing and a read of every tag included.  A
@@ -37,6 +43,7 @@ batch's records a crash leaves is left to chance, and either way is safe.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
@@ -44,6 +51,8 @@ from typing import TYPE_CHECKING
 from chunkstore.backends.base import DELETE_BATCH
 from chunkstore.errors import HeldVersionError, InvalidInputError
 from chunkstore.objects.kinds import SIGNATURES, TAGS, VERSIONS
+from chunkstore.protocol import audit, tombstones
+from chunkstore.protocol.audit import versions_named
 from chunkstore.protocol.holds import Hold, held_ids, read_hold
 from chunkstore.protocol.runlease import Withdrawals, withdraw
 from chunkstore.protocol.tombstones import write_tombstone
@@ -59,7 +68,8 @@ def unreadable(info: VersionInfo) -> bool:
 
 
 def remove_versions(store: StoreHandle, infos: Sequence[VersionInfo], *,
-                    force: bool = False, skip_held: bool = False) -> list[Hold]:
+                    force: bool = False, skip_held: bool = False,
+                    operation: str = "rm") -> list[Hold]:
     """Unpublish ``infos`` (resolved, each once).  A tagged version is refused, before
     anything is removed, unless ``force`` (which drops its tags too); a commit record
     that cannot be read is removed with its tags and no tombstone (what it references
@@ -67,13 +77,18 @@ def remove_versions(store: StoreHandle, infos: Sequence[VersionInfo], *,
 
     A held version is never removed (``force`` or not): with ``skip_held`` it is left
     out and its hold returned (retention); else :class:`HeldVersionError` is raised,
-    before anything changes when the hold was there at the start."""
+    before anything changes when the hold was there at the start.
+
+    ``operation`` names the removal in its audit events (``rm``, ``prune``, ...): one
+    intent per batch, stored before anything is removed, and one done event."""
     if not infos:
         return []
     held = _holds_of(store, held_ids(store.objects), infos)
     if held and not skip_held:
         raise HeldVersionError({h.version_id: h.reason for h in held})
     infos = [info for info in infos if info.id not in {h.version_id for h in held}]
+    if not infos:
+        return held
     # Removing versions is how a full disk is freed: on one, the index's space reserve
     # makes room for the tombstones and the index's own writes.
     store.index.release_reserve_if_low()
@@ -88,8 +103,16 @@ def remove_versions(store: StoreHandle, infos: Sequence[VersionInfo], *,
             f" {', '.join(sorted(t for t, v in pinned.items() if v == vid))}"
             for vid in sorted(set(pinned.values()))) + "; untag first or pass force=True"
             " (--force)")
-    for tag in sorted({*pinned, *(t for t, vid in stored.items()
-                                  if vid in removed and unreadable(removed[vid]))}):
+    # 0. recorded: durable with the first batch's tombstones, before any record goes,
+    # or at once when a tag is deleted first
+    intents = [audit.record(store.objects, operation, force=force, deferred=True,
+                            versions=versions_named(infos[start:start + DELETE_BATCH]))
+               for start in range(0, len(infos), DELETE_BATCH)]
+    untagged = sorted({*pinned, *(t for t, vid in stored.items()
+                                  if vid in removed and unreadable(removed[vid]))})
+    if untagged:
+        store.objects.flush()
+    for tag in untagged:
         store.objects.delete(TAGS, tag)
     if any(not unreadable(info) for info in infos):
         store.upgrade_format()  # tombstones are objects of format 2
@@ -99,8 +122,12 @@ def remove_versions(store: StoreHandle, infos: Sequence[VersionInfo], *,
         batch = infos[start:start + DELETE_BATCH]
         late += _remove_batch(store, batch)
         removed_ids += [info.id for info in batch]
+    late_ids = {h.version_id for h in late}
+    audit.record_done(store.objects, operation, intents[0], intents=len(intents),
+                      removed=len(removed_ids) - len(late_ids),
+                      held=sorted(late_ids | {h.version_id for h in held}),
+                      tags_removed=untagged)
     if late and not skip_held:
-        late_ids = {h.version_id for h in late}
         raise HeldVersionError({h.version_id: h.reason for h in late},
                                removed=[vid for vid in removed_ids if vid not in late_ids])
     return held + late
@@ -118,36 +145,53 @@ def _holds_of(store: StoreHandle, held: set[str], infos: Sequence[VersionInfo]
 def _remove_batch(store: StoreHandle, batch: Sequence[VersionInfo]) -> list[Hold]:
     """Steps 2-5 for one batch; return the holds step 2b found (left out)."""
     readable = [info for info in batch if not unreadable(info)]
-
-    def tombstone(info: VersionInfo) -> None:
-        write_tombstone(store.objects, info.id, info.root, info.run, info.step,
-                        deferred=True)
-
-    if len(readable) > 1:  # each PUT waits on a request: side by side
-        with ThreadPoolExecutor(min(store.threads, len(readable)),
-                                thread_name_prefix="chunkstore-remove") as pool:
-            list(pool.map(tombstone, readable))
-    else:
-        for info in readable:
-            tombstone(info)
-    store.objects.flush()  # every tombstone durable (locally one syncfs) before step 3
-    # 2b: a hold stored before the tombstones were durable is listed here.  An unreadable
-    # record has no tombstone and is not held (it was never listed, so never held).
-    late = _holds_of(store, held_ids(store.objects), readable) if readable else []
-    if late:
+    while True:
+        stored_at = time.monotonic()
+        _store_tombstones(store, readable)
+        # 2b: a hold stored before the tombstones were durable is listed here.  An
+        # unreadable record has no tombstone and is not held (it was never listed).
+        late = _holds_of(store, held_ids(store.objects), readable) if readable else []
         kept = {h.version_id for h in late}
-        readable = [info for info in readable if info.id not in kept]
-        batch = [info for info in batch if info.id not in kept]
-    for run in sorted({info.run for info in readable}):
-        withdrawals = Withdrawals(store.objects, run)
-        for info in readable:
-            if info.run == run and withdrawals.needed(info.id):
-                # Rolled forward at a takeover (its writer may have been stopped before
-                # its own PUT), or the next taker's walk would roll it forward: withdrawn,
-                # it is never rolled forward again, and a late PUT of it never counted in
-                # (docs/format.md §11.5).
-                withdraw(store.objects, run, info.id)
+        withdrawals = _withdrawals(store, [i for i in readable if i.id not in kept])
+        if time.monotonic() - stored_at <= tombstones.MAX_REMOVAL_STALL_S:
+            break
+        # Stalled since the tombstones (a stopped process): a GC may have deleted them
+        # and a hold been confirmed meanwhile, finding none.  Stored again, looked again.
+    for run, version_id in withdrawals:
+        # Rolled forward at a takeover (its writer may have been stopped before its own
+        # PUT), or the next taker's walk would roll it forward: withdrawn, it is never
+        # rolled forward again, and a late PUT of it never counted in (docs/format.md
+        # §11.5).
+        withdraw(store.objects, run, version_id)
+    batch = [info for info in batch if info.id not in kept]
     store.objects.delete_many(VERSIONS, [info.id for info in batch])
     store.objects.delete_many(SIGNATURES, [info.id for info in batch])
     store.index.remove_versions(info.id for info in batch)
     return late
+
+
+def _store_tombstones(store: StoreHandle, infos: Sequence[VersionInfo]) -> None:
+    """Step 2: each version's tombstone, durable when this returns."""
+    def tombstone(info: VersionInfo) -> None:
+        write_tombstone(store.objects, info.id, info.root, info.run, info.step,
+                        deferred=True)
+
+    if len(infos) > 1:  # each PUT waits on a request: side by side
+        with ThreadPoolExecutor(min(store.threads, len(infos)),
+                                thread_name_prefix="chunkstore-remove") as pool:
+            list(pool.map(tombstone, infos))
+    else:
+        for info in infos:
+            tombstone(info)
+    store.objects.flush()  # every tombstone durable (locally one syncfs) before step 3
+
+
+def _withdrawals(store: StoreHandle, infos: Sequence[VersionInfo]) -> list[tuple[str, str]]:
+    """Step 3's look: (run, version id) of each of ``infos`` to withdraw, from one look
+    at each run's lease objects."""
+    found = []
+    for run in sorted({info.run for info in infos}):
+        withdrawals = Withdrawals(store.objects, run)
+        found += [(run, info.id) for info in infos
+                  if info.run == run and withdrawals.needed(info.id)]
+    return found

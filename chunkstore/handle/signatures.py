@@ -21,9 +21,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from chunkstore.errors import ChunkStoreError, CorruptSignatureError, IntegrityError
+from chunkstore.format.records import CommitRecord
 from chunkstore.format.signatures import Signature
 from chunkstore.objects.kinds import SIGNATURES, VERSIONS
 from chunkstore.objects.signing import Trust, sign, signature_holds
+from chunkstore.protocol import audit
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -66,6 +68,33 @@ def store_signature(objects: ObjectStore, key: ec.EllipticCurvePrivateKey,
     data = sign(key, version_id, record).encode()
     if not objects.put_if_absent_deferred(SIGNATURES, version_id, data):
         objects.put(SIGNATURES, version_id, data)
+
+
+def sign_existing(objects: ObjectStore, key: ec.EllipticCurvePrivateKey,
+                  version_id: str) -> bool:
+    """For a signed save that found its version published already (the same step and
+    content): leave that version signed by ``key``.  One unsigned, or whose signature
+    object is bad, gets ``key``'s signature (durable when this returns); False, nothing
+    written, where another key's signature holds for it (it is not this save's
+    version).  A record removed meanwhile is left alone (True: the save returns it, as
+    an unsigned save does in that race); a signature stored just after a removal
+    deleted the record is an orphan, which GC sweeps."""
+    try:
+        record = objects.get(VERSIONS, version_id)
+    except FileNotFoundError:
+        return True
+    decoded = CommitRecord.decode(version_id, record)  # the id's bytes (CorruptRecordError)
+    check = check_signature(objects, version_id, record, Trust(key.public_key()))
+    if check.status == SIGNED_BY_UNTRUSTED:
+        return False
+    if not check.trusted:
+        # Recorded first (docs/format.md §16): signing a published version changes what
+        # a require_signed restore accepts, and its publish event said unsigned.
+        audit.record(objects, "sign", versions=[
+            {"id": version_id, "run": decoded.run, "step": decoded.step}],
+            was=check.status)
+        objects.put(SIGNATURES, version_id, sign(key, version_id, record).encode())
+    return True
 
 
 def check_signature(objects: ObjectStore, version_id: str, record: bytes,

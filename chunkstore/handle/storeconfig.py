@@ -57,6 +57,7 @@ from chunkstore.format.manifest import MAX_DELTA_DEPTH, TensorEntry
 from chunkstore.format.records import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_DELTA_DEPTH,
+    HOLDS_STORE_FORMAT_VERSION,
     MAX_CHUNK_SIZE,
     MIN_CHUNK_SIZE,
     STORE_FORMAT_VERSION,
@@ -66,7 +67,7 @@ from chunkstore.format.records import (
 )
 from chunkstore.handle.tree import NodeCache, load_tree
 from chunkstore.index.lmdbindex import STORE_KEY, Index
-from chunkstore.objects.kinds import KEYS, VERSIONS
+from chunkstore.objects.kinds import HOLDS, KEYS, VERSIONS
 from chunkstore.objects.objectstore import ObjectStore
 
 #: The compression policy a recovered config names.
@@ -270,8 +271,11 @@ def recover_config(objects: ObjectStore, reason: str, created: float | None) -> 
     else:
         created, created_from = time.time(), "the time of recovery"
     depth = min(MAX_DELTA_DEPTH, max(DEFAULT_DELTA_DEPTH, found.longest_chain))
+    # A store with a hold object is of version 11 (docs/format.md §15): written back as
+    # 9, a release that does not honour holds would open it and remove a held version.
+    held = next(iter(objects.ids(HOLDS)), None) is not None
     config = StoreConfig(chunk_size, RECOVERED_COMPRESSION, created, depth,
-                         STORE_FORMAT_VERSION)
+                         HOLDS_STORE_FORMAT_VERSION if held else STORE_FORMAT_VERSION)
     return RecoveredConfig(config, reason, known, largest, found.longest_chain, created_from,
                            len(found.records), found.unreadable, tuple(found.newer))
 

@@ -29,14 +29,20 @@ at the end: a drill needs about twice the version's stored size in memory.
 
 from __future__ import annotations
 
+import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from chunkstore.backends.prefetch import PrefetchBackend
-from chunkstore.errors import ChunkStoreError, SelectorError, UntrustedVersionError
+from chunkstore.errors import (
+    ChunkStoreError,
+    SelectorError,
+    SigningKeyError,
+    UntrustedVersionError,
+)
 from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import DataEntry, TensorEntry
 from chunkstore.handle.versions import VersionInfo
@@ -51,14 +57,26 @@ if TYPE_CHECKING:
 #: Reads entry ``name`` of the version into a fresh object (an array, a tensor).
 Materialize = Callable[[VersionReader, str], object]
 
-#: The trusted public key files of a ``--require-signed`` drill, joined by ``os.pathsep``.
+#: The trusted public key files of a ``--require-signed`` drill, a JSON list (a path
+#: may hold any separator).
 TRUST_ENV = "CHUNKSTORE_DRILL_TRUST"
+
+
+def trust_environment(files: Sequence[str]) -> dict[str, str]:
+    """What hands the drill's restore process ``files`` as its trusted keys."""
+    return {TRUST_ENV: json.dumps([os.path.abspath(path) for path in files])}
 
 
 def trust_from_env() -> Trust | None:
     """The keys the drill's restore requires a signature of (None: it does not)."""
-    files = [f for f in os.environ.get(TRUST_ENV, "").split(os.pathsep) if f]
-    return Trust(files) if files else None
+    text = os.environ.get(TRUST_ENV, "")
+    try:
+        files = json.loads(text) if text else []
+    except ValueError:
+        raise SigningKeyError(TRUST_ENV, f"not a JSON list of key files: {text!r}") from None
+    if not isinstance(files, list):
+        raise SigningKeyError(TRUST_ENV, f"not a JSON list of key files: {text!r}")
+    return Trust([str(f) for f in files]) if files else None
 
 
 #: The error each kind of verify problem stands for.

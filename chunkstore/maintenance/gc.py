@@ -49,7 +49,9 @@ model, are why each step is where it is):
 7. mark again: count in and walk every version committed meanwhile (by the
    sessions just waited for) and every tombstone, into step 4's mark set
    (what was walked then is not walked again); drop what is reached;
-8. delete, through the index's condemn -> DELETING protocol so that saves
+8. record the run's audit intent event (:mod:`chunkstore.protocol.audit`: counts
+   and bytes, durably, so a run killed while deleting is on record), then delete,
+   through the index's condemn -> DELETING protocol so that saves
    of this index wait rather than reuse an object being deleted, in batches:
    each batch re-checks its records and moves them to DELETING in one index
    transaction, deletes their objects in one bulk delete (S3 DeleteObjects;
@@ -60,8 +62,9 @@ model, are why each step is where it is):
    those objects are never again dedup targets there), delete expired
    tombstones and old temporary files, and in a sweep the signature objects of
    versions not published, older than the grace period
-   (:func:`chunkstore.handle.signatures.orphan_signatures`), and the publication
-   markers older than a day (:mod:`chunkstore.protocol.published`).
+   (:func:`chunkstore.handle.signatures.orphan_signatures`) and the publication
+   markers older than a day (:mod:`chunkstore.protocol.published`); a run that
+   recorded an intent records what it deleted (its ``done`` event).
 
 A pack of small chunks (:mod:`chunkstore.read.packs`) is one chunk object here:
 versions reference the pack, never its members, so it is marked, fenced,
@@ -140,7 +143,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -180,6 +183,7 @@ from chunkstore.objects.kinds import (
     VERSIONS,
 )
 from chunkstore.progress import NullProgress, Progress
+from chunkstore.protocol import audit
 from chunkstore.protocol.journal import (
     ABANDONED,
     DONE,
@@ -214,8 +218,11 @@ _KIND_OF = {CHUNK: CHUNKS, NODE: NODES}
 _KIND_NAME = {CHUNK: "chunk", NODE: "node"}
 
 
-#: The first batch of step 8's deletions; later ones grow to DELETE_BATCH while fast.
-_FIRST_BATCH = 64
+#: The first batch of step 8's deletions; later ones grow to DELETE_BATCH while fast.  One
+#: object: nothing is known yet of how long a delete takes here, and a first batch of 64
+#: on storage that takes 0.1 s an object ran 6.4 s past the renewal, where a save may
+#: count this run dead after one heartbeat (tests/test_stopped_peers.py).
+_FIRST_BATCH = 1
 
 
 @dataclass(frozen=True)
@@ -338,6 +345,9 @@ def stored_size(store: StoreHandle, kind: bytes, digest: Digest) -> int | None:
 
 
 class _Run:
+    #: what the run's audit events call it (docs/format.md §16)
+    audit_op = "gc"
+
     def __init__(self, store: StoreHandle, grace_s: float, dry_run: bool, sweep: bool | None,
                  clock: Callable[[], float], progress: Progress, session_wait_s: float,
                  repack_unused: float | None) -> None:
@@ -369,6 +379,7 @@ class _Run:
         self.deleted: list[tuple[bytes, Digest]] = []
         self.delete_began = False
         self.entry: JournalEntry | None = None
+        self.audit_intent: str | None = None  # the id of the run's audit intent event
         self.marks: MarkSet | None = None  # steps 4 and 7 share one
         self.moved: dict[Digest, MovedRecord | None] = {}  # read by the last mark
         self.last_beat, self.last_beat_wall = time.monotonic(), time.time()
@@ -416,6 +427,7 @@ class _Run:
         self.clean_up()
         if not self.dry_run:
             self.finish(removals)
+            self.record_done()
         self.result.seconds = round(self.clock() - self.started, 3)
         return self.result
 
@@ -610,9 +622,10 @@ class _Run:
             self.marks = MarkSet(self.index.path)
         marks = self.marks
         fallback = mark_live(self.store, marks, self.progress, self.check_time)
-        mark_unindexed(self.store, marks)
-        self.expired_tombstones = mark_removed(self.store, marks, self.removed_before,
-                                               skip=self.purged) + sorted(self.purged)
+        published = mark_unindexed(self.store, marks)
+        self.expired_tombstones = mark_removed(
+            self.store, marks, self.removed_before, skip=self.purged, now=self.started,
+            published=published) + sorted(self.purged)
         # Read leases last: step 7 lists them after the session wait (the order the
         # argument of chunkstore.protocol.readleases needs).
         self.result.readers_protected = mark_read(self.store, marks)
@@ -676,6 +689,8 @@ class _Run:
             candidates = self.confirm_unreachable(candidates)
             still = set(self.unused_moved())
             self.moved_unused = [pack for pack in moved if pack in still]
+            if candidates or self.moved_unused:
+                self.record_intent(candidates=candidates)
             self.delete(candidates)
             # The records too while the entry is fenced: a sync that reads it done
             # relies on a record it finds and would publish before a later delete.
@@ -703,6 +718,32 @@ class _Run:
                 # the entry left fenced is counted gone by saves after a heartbeat.
                 log.warning("gc journal entry %s could not be marked finished: %s",
                             entry.id, exc)
+
+    def record_intent(self, *, candidates: Sequence[Candidate] = (), **counts: int) -> None:
+        """Before the run's first deletion: its audit intent event, durably (one a run:
+        what it is about to delete first, counts and bytes, not every object)."""
+        if self.audit_intent is not None:
+            return
+        fields: dict[str, Any] = {
+            name: sum(1 for c in candidates if c.kind == kind and c.indexed)
+            for name, kind in (("chunks", CHUNK), ("nodes", NODE))}
+        fields.update(counts, orphans=sum(1 for c in candidates if not c.indexed),
+                      bytes=sum(c.size for c in candidates),
+                      moved_records=len(self.moved_unused), grace_s=self.grace_s,
+                      journal_entry=self.entry.id if self.entry is not None else None)
+        self.audit_intent = audit.record(self.objects, self.audit_op, **fields)
+
+    def record_done(self) -> None:
+        """After a run that recorded an intent: what it deleted."""
+        if self.audit_intent is None:
+            return
+        r = self.result
+        audit.record_done(
+            self.objects, self.audit_op, self.audit_intent, chunks=r.chunks_deleted,
+            nodes=r.nodes_deleted, bytes=r.bytes_freed, orphans=r.orphans_deleted,
+            orphan_bytes=r.orphan_bytes_freed, tombstones=r.tombstones_deleted,
+            signatures=r.signatures_deleted, moved_records=len(self.moved_unused),
+            deferred_objects=r.deferred)
 
     def wait_for_sessions(self, entry: JournalEntry) -> bool:
         """Wait until no live save session that has not read ``entry`` is left."""
@@ -858,6 +899,8 @@ class _Run:
         # while it is fenced waits for this run before it writes or relies on the record.
         self.result.moved_records_deleted = len(self.moved_unused)
         if not self.dry_run:
+            if self.expired_tombstones:
+                self.record_intent(tombstones=len(self.expired_tombstones))
             # In bulk (a prune leaves a thousand): each protects nothing any more.
             self.objects.delete_many(TOMBSTONES, self.expired_tombstones)
             for lease_id in expired_read_leases(self.objects):  # of killed readers
@@ -870,13 +913,15 @@ class _Run:
                 keep=[self.entry.id] if self.entry is not None else [])
         self.result.tombstones_deleted = len(self.expired_tombstones)
         if self.sweep:
-            # A write in progress owns its temporary file: never touch a young one,
-            # whatever the grace period.
+            # A write in progress owns its temporary file, and a signed save about to
+            # publish its signature: never touch a young one, whatever the grace period.
             cutoff = min(self.before, self.started - TEMP_MIN_AGE_S)
             self.result.temporaries_deleted = self.objects.remove_temporaries(
                 cutoff, dry_run=self.dry_run)
-            orphans = orphan_signatures(self.objects, self.before)
+            orphans = orphan_signatures(self.objects, cutoff)
             if not self.dry_run:
+                if orphans:
+                    self.record_intent(signatures=len(orphans))
                 self.objects.delete_many(SIGNATURES, orphans)
             self.result.signatures_deleted = len(orphans)
             # Markers past their keeping: an index that might still look for them lists

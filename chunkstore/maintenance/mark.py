@@ -8,6 +8,7 @@ import os
 import shutil
 import struct
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -27,6 +28,7 @@ from chunkstore.index.indexfile import is_full
 from chunkstore.index.lmdbindex import CHUNK, NODE
 from chunkstore.objects.kinds import TOMBSTONES
 from chunkstore.progress import Progress
+from chunkstore.protocol import tombstones
 from chunkstore.protocol.moved import MAX_HOPS, MovedRecord, resolve_hops
 from chunkstore.protocol.readleases import live_read_roots
 from chunkstore.protocol.tombstones import list_tombstones
@@ -326,11 +328,13 @@ def mark_tree(store: StoreHandle, root: Digest, marks: MarkSet) -> None:
 
 
 
-def mark_unindexed(store: StoreHandle, marks: MarkSet) -> None:
+def mark_unindexed(store: StoreHandle, marks: MarkSet) -> set[str]:
     """Mark versions on storage the index does not list (committed since the
-    reconcile, or unreadable); refuse to go on when one cannot be read."""
+    reconcile, or unreadable); refuse to go on when one cannot be read.  Returns the
+    ids of the commit records listed."""
     indexed = {e.id for e in store.index.versions()}
-    for version_id in store.stored_version_ids():
+    stored = set(store.stored_version_ids())
+    for version_id in stored:
         if version_id in indexed:
             continue
         try:
@@ -343,19 +347,28 @@ def mark_unindexed(store: StoreHandle, marks: MarkSet) -> None:
                 f"version {version_id[:12]} cannot be read ({exc}), so gc cannot know what"
                 " it references and deletes nothing; run `chunkstore verify`, and"
                 " `chunkstore rm` the version if it is beyond repair") from exc
+    return stored
 
 
 def mark_removed(store: StoreHandle, marks: MarkSet, removed_after: float,
-                 skip: frozenset[str] = frozenset()) -> list[str]:
+                 skip: frozenset[str] = frozenset(), now: float | None = None,
+                 published: set[str] | None = None) -> list[str]:
     """Mark the trees of versions removed after ``removed_after`` (their grace period
     still runs), but those of ``skip`` (purged); return the ids of tombstones older than
-    that, which protect nothing."""
-    expired = []
+    that, which protect nothing, but those younger than
+    :data:`~chunkstore.protocol.tombstones.LIVE_TOMBSTONE_MIN_AGE_S` (at ``now``) whose
+    version is still published (in ``published``, a listing of the commit records made
+    before this call, else one made here): a removal in progress may be stopped after
+    them."""
+    expired: list[str] = []
+    young: list[str] = []
+    live_after = (time.time() if now is None else now) - tombstones.LIVE_TOMBSTONE_MIN_AGE_S
     for tombstone in list_tombstones(store.objects):
         if tombstone.version_id in skip:
             continue
         if tombstone.removed <= removed_after:
-            expired.append(tombstone.version_id)
+            (young if tombstone.removed > live_after else expired).append(
+                tombstone.version_id)
         elif tombstone.root is not None:
             try:
                 mark_tree(store, tombstone.root, marks)
@@ -369,6 +382,10 @@ def mark_removed(store: StoreHandle, marks: MarkSet, removed_after: float,
                     f" {TOMBSTONES.key(tombstone.version_id)}) cannot be read now ({exc}); gc"
                     " deletes nothing until it can, or until the tombstone is older than the"
                     " grace period") from exc
+    if young:  # only below the minimum age
+        # A record listed earlier and deleted since keeps its tombstone one run longer.
+        listed = set(store.stored_version_ids()) if published is None else published
+        expired += [vid for vid in young if vid not in listed]
     return expired
 
 

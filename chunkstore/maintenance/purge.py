@@ -1,7 +1,9 @@
 """``rm --purge``: remove versions and delete, now, the data no other version shares.
 
 A purge is a removal (:mod:`chunkstore.handle.removal`: refused for a held version,
-before anything changes) followed by one garbage collection
+before anything changes; a version held while the removal runs is left, the others are
+removed and purged, then the ``HeldVersionError`` names it) followed by one garbage
+collection
 (:mod:`chunkstore.maintenance.gc`) narrowed to the removed versions' objects, in three
 ways, and otherwise the same run with the same order of steps:
 
@@ -40,7 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from chunkstore.errors import GcBusyError
+from chunkstore.errors import GcBusyError, HeldVersionError
 from chunkstore.format.digest import Digest
 from chunkstore.handle.removal import remove_versions
 from chunkstore.index.gclock import gc_lock
@@ -96,6 +98,8 @@ class PurgeResult:
 class _PurgeRun(_Run):
     """A GC run whose candidates are the purged versions' objects, at grace 0."""
 
+    audit_op = "purge-gc"
+
     def __init__(self, store: StoreHandle, grace_s: float, scope: set[_Key],
                  purged: frozenset[str], clock: Callable[[], float], progress: Progress,
                  session_wait_s: float) -> None:
@@ -135,7 +139,13 @@ def purge(store: StoreHandle, infos: Sequence[VersionInfo], *, force: bool = Fal
             scope.update((NODE, d) for d in store.index.version_node_refs(info.id))
         sizes = {key: record.stored_length for key in scope
                  if (record := store.index.record(*key)) is not None}
-        remove_versions(store, infos, force=force)
+        try:
+            remove_versions(store, infos, force=force, operation="purge")
+            late: HeldVersionError | None = None
+        except HeldVersionError as exc:  # held while it ran: the others were removed
+            if not exc.removed:
+                raise
+            late, infos = exc, [info for info in infos if info.id in set(exc.removed)]
         store.index.release_reserve_if_low()
         run = _PurgeRun(store, grace_s, scope, frozenset(info.id for info in infos), clock,
                         progress or NullProgress(), session_wait)
@@ -146,6 +156,8 @@ def purge(store: StoreHandle, infos: Sequence[VersionInfo], *, force: bool = Fal
         store.index.keep_reserve()
         # Their publication markers too: empty, but named by the purged ids.
         forget_markers(store.objects, {info.id for info in infos})
+    if late is not None:  # what it removed is purged; the held one named
+        raise late
     result = PurgeResult(list(infos), gc=gc)
     deleted = set(run.deleted)
     result.objects_deleted = len(scope & deleted)

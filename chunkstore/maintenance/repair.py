@@ -73,6 +73,7 @@ from chunkstore.maintenance.verify import Problem
 from chunkstore.maintenance.verify import verify as verify_store
 from chunkstore.objects.kinds import CHUNKS, MOVED, NODES, SIGNATURES, VERSIONS
 from chunkstore.progress import NullProgress, Progress
+from chunkstore.protocol import audit
 from chunkstore.protocol.moved import MAX_HOPS, read_moved
 from chunkstore.read.chain import decode_chain, header_chain
 
@@ -84,6 +85,8 @@ Opener = Callable[..., "StoreHandle"]
 #: How many times a tree walk starts again after a node was replaced (a tree of that
 #: many damaged nodes is replaced node by node; more, and the walk gives up on it).
 MAX_NODE_FIXES = 10_000
+#: The versions a repair's done event names at most (about 80 bytes each).
+MAX_NAMED = 1000
 
 
 @dataclass
@@ -136,6 +139,7 @@ class Repair:
         #: per pack, the members the version being repaired lists in it
         self.members: dict[Digest, set[Member]] = {}
         self._fixes: dict[tuple[str, str], Fix] = {}
+        self.audit_intent: str | None = None  # the id of the repair's audit intent event
 
     # --- bookkeeping --------------------------------------------------------------------
 
@@ -150,8 +154,27 @@ class Repair:
     def _write(self, fix: Fix, write: Callable[[], None]) -> None:
         if fix.reason is None and fix not in self.result.fixed:
             if not self.result.dry_run:
+                if self.audit_intent is None:  # before the first write (docs/format.md §16)
+                    self.audit_intent = audit.record(self.store.objects, "repair",
+                                                     source=self.source.url)
                 write()
             self.result.fixed.append(fix)
+
+    def record_done(self) -> None:
+        """After a repair that wrote something: what it rewrote (counts, and the first
+        :data:`MAX_NAMED` versions whose record or signature it replaced: those change
+        what a restore accepts; an event stays small however much was repaired)."""
+        if self.audit_intent is None:
+            return
+        fixed = self.result.fixed
+        kinds = [f.kind for f in fixed]
+        named = sorted({f.digest for f in fixed if f.kind in ("record", "signature")})
+        audit.record_done(
+            self.store.objects, "repair", self.audit_intent, fixed=len(fixed),
+            records=kinds.count("record"), signatures=kinds.count("signature"),
+            nodes=kinds.count("node"),
+            chunks=len(kinds) - sum(map(kinds.count, ("record", "signature", "node"))),
+            versions=[{"id": version_id} for version_id in named[:MAX_NAMED]])
 
     def _unfixed(self, fix: Fix, reason: str) -> None:
         fix.reason = reason
@@ -402,7 +425,9 @@ def repair_objects(store: StoreHandle, source: StoreHandle, needs: dict[Digest, 
     as :func:`repair` does for a whole version; ``label`` names the version(s) that
     need them.  No verify afterwards: the caller knows what it asked about."""
     result = RepairResult(store.url, source.url)
-    Repair(store, source, result).chunks(needs, label)
+    repairer = Repair(store, source, result)
+    repairer.chunks(needs, label)
+    repairer.record_done()
     return result
 
 
@@ -413,6 +438,7 @@ def repair_nodes(store: StoreHandle, source: StoreHandle, nodes: Sequence[Digest
     repairer = Repair(store, source, result)
     for digest in nodes:
         repairer.node(digest, label)
+    repairer.record_done()
     return result
 
 
@@ -437,6 +463,7 @@ def repair(store: StoreHandle, source: StoreHandle, selectors: Sequence[str] = (
             progress.advance()
     finally:
         progress.finish()
+    repairer.record_done()
     if not dry_run and result.fixed:
         store.base_cache.clear()
     for info in versions if not dry_run else ():

@@ -279,7 +279,7 @@ def prune(store: Any, policy: Policy, *, run: str | None = None, dry_run: bool =
         # in bulk: a PUT per version and a few requests per thousand; held ones stay
         held = [h for h in store.holds().values() if h.version_id in by_id
                 and h.version_id in decision.drop] if dry_run \
-            else store.delete_listed_many(dropped)
+            else store.delete_listed_many(dropped, operation="prune")
         result.held.extend(held)
         result.warnings.extend(held_message(h, "prune") for h in held)
         held_ids = {h.version_id for h in held}

@@ -82,6 +82,9 @@ from chunkstore.maintenance.synccopy import Copied, Spans, VersionCopy, add_span
 from chunkstore.maintenance.verify import verify as verify_store
 from chunkstore.objects.kinds import MOVED, SESSIONS, VERSIONS
 from chunkstore.progress import NullProgress, Progress
+from chunkstore.protocol import audit
+from chunkstore.protocol.audit import versions_named
+from chunkstore.protocol.holds import Hold, held_ids, read_hold
 from chunkstore.protocol.published import write_marker
 from chunkstore.protocol.tombstones import write_tombstone
 from chunkstore.write.writer import open_store_session
@@ -152,6 +155,9 @@ class SyncResult:
     failed: list[FailedVersion] = field(default_factory=list)
     verified: int = 0  # versions read back in the destination
     problems: list[str] = field(default_factory=list)  # what that read-back found
+    #: copied versions under a legal hold in the source: a hold belongs to its store,
+    #: so the copy is not held (docs/format.md §15)
+    held_at_source: list[Hold] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -163,6 +169,7 @@ class SyncResult:
         doc["conflicts"] = [c.__dict__ for c in self.conflicts]
         doc["step_conflicts"] = [c.__dict__ for c in self.step_conflicts]
         doc["failed"] = [f.__dict__ for f in self.failed]
+        doc["held_at_source"] = [h.to_json() for h in self.held_at_source]
         doc["ok"] = self.ok
         return doc
 
@@ -280,6 +287,10 @@ def sync(src: StoreHandle, dst: StoreHandle | None, selectors: Sequence[str] = (
         progress.finish()
         if session is not None:
             session.close()
+    if result.copied:  # one listing of the source's holds/, a read of each copied one's
+        held = held_ids(src.objects)
+        result.held_at_source = [hold for vid in result.copied if vid in held
+                                 and (hold := read_hold(src.objects, vid)) is not None]
     there = set(result.copied) | already  # tags may name only what the destination has
     _sync_tags(src, dst, [v for v in versions if v.id in there], result)
     if verify and dst is not None and not dry_run:
@@ -376,6 +387,10 @@ def _copy_version(src: StoreHandle, dst: StoreHandle | None, info: VersionInfo,
         assert dst is not None and session is not None
         copy_signature(src.objects, dst.objects, info.id, data)  # checked, before the record
         write_marker(dst.objects, info.id)  # openers of dst learn of it without a listing
+        # The destination's audit event, durable with the copy (its own trail: the
+        # source's events are not copied).
+        audit.record(dst.objects, "sync", deferred=True, versions=versions_named([info]),
+                     source=src.url)
         dst.objects.flush()  # every object durable before the commit point
         for pack in copied.moved:  # a GC may drop a moved record no version reaches yet
             if not dst.objects.exists(MOVED, pack):

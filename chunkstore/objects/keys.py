@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -205,8 +205,11 @@ def add_key(objects: ObjectStore, master: bytes, password: str, identity: str) -
     return key_id
 
 
-def remove_key(objects: ObjectStore, url: str, key_id: str) -> None:
-    """Delete a key object; never the last one, nor one that is not there."""
+def remove_key(objects: ObjectStore, url: str, key_id: str,
+               before_delete: Callable[[], object] | None = None) -> None:
+    """Delete a key object; never the last one, nor one that is not there.
+    ``before_delete`` runs once the removal is allowed, before anything changes (its
+    audit event)."""
     ids = key_ids(objects)
     if key_id not in ids:
         raise KeyObjectError(url, f"no key {key_id!r}; `chunkstore key list` shows the"
@@ -220,6 +223,8 @@ def remove_key(objects: ObjectStore, url: str, key_id: str) -> None:
                              " removing it would leave no password that opens the store;"
                              " add another first (`chunkstore key add`)")
     data = read_key(objects, key_id)
+    if before_delete is not None:
+        before_delete()
     objects.delete(KEYS, key_id)
     # A removal elsewhere between the look above and the delete (two `key remove` of
     # the two last keys at once) would leave none: look again, and put it back.

@@ -118,10 +118,15 @@ HOLDS = NamedKind("hold", "holds/", hex_ids=True)
 ALL_KINDS += (HOLDS,)
 
 
+#: Audit events, by ``<UTC time>-<random>`` so that a listing is in time order (§16):
+#: append-only, removed only by ``chunkstore audit --prune-before`` (a new kind: releases
+#: that do not know it never list it).
+AUDIT = NamedKind("audit event", "audit/")
+ALL_KINDS += (AUDIT,)
 
 @dataclass(frozen=True)
 class MarkerKind(Kind[str]):
-    """Publication markers (§16), by ``<20-digit ns time>-<version id>``, one folder per
+    """Publication markers (§17), by ``<20-digit ns time>-<version id>``, one folder per
     :data:`MARKER_BUCKET_NS` of time: ``<prefix><first 7 digits>/<id>``, so that an
     opener lists the last hours' markers only (one prefix, a LIST or two on S3)."""
 
@@ -152,7 +157,7 @@ MARKER_BUCKET_NS = 10 ** (MARKER_TIME_DIGITS - MARKER_BUCKET_DIGITS)
 
 #: Publication markers: an empty object stored just before each commit record, so that
 #: an opener learns of new versions by listing the last hours' markers instead of every
-#: commit record (§16).  Older releases neither write nor read them: no format change.
+#: commit record (§17).  Older releases neither write nor read them: no format change.
 PUBLISHED = MarkerKind("publication marker", "published/")
 ALL_KINDS += (PUBLISHED,)
 #: Empty, read by the key alone: nothing to seal in an encrypted store (§13.5), and

@@ -8,22 +8,32 @@ its version (a removal never reads a damaged object as "released"), and ``verify
 reports it.  Every index on every machine sees the same holds, because a removal asks
 the store, not its index, at the moment it decides.
 
-Why no interleaving removes a version whose hold was confirmed.  A removal (R) stores
-the version's tombstone durably, *then* lists ``holds/`` and removes only versions not
-held (:mod:`chunkstore.handle.removal`).  Placing a hold (H) stores the hold object
-durably, *then* looks for the version's tombstone.  Both are "write mine, then read
-theirs", so at least one sees the other: if H's look finds no tombstone, R's tombstone
-was stored after that look, hence after H's write, and R's listing, later still, sees
-the hold (a hold stored before R's tombstone is always seen).  If H finds a tombstone, a
-removal may have listed ``holds/`` before H's write and may still remove the version: H
-waits for the record to go (the hold then held nothing: it is deleted and the caller
-told the version was removed) or the tombstone to go with the record still there (GC
-expired it; a purge deletes its tombstone only after the record, so H looks at the
-tombstone first), and otherwise says the hold is stored but unconfirmed
+Why no interleaving removes a version whose hold was confirmed. A removal (R) stores the
+version's tombstone durably, *then* lists ``holds/`` and removes only versions not held
+(:mod:`chunkstore.handle.removal`). Placing a hold (H) stores the hold object durably,
+*then* looks for the version's tombstone (and first for its ``@withdrawn-`` marker,
+:mod:`chunkstore.protocol.runlease`: a withdrawn version is never a version again,
+whether or not its removal lived to delete the record, so H is refused). Both are "write
+mine, then read theirs", so at least one sees the other: if H's look finds no tombstone,
+R's tombstone was stored after that look, hence after H's write, and R's listing, later
+still, sees the hold (a hold stored before R's tombstone is always seen). If H finds a
+tombstone, a removal may have listed ``holds/`` before H's write and may still remove
+the version: H waits for the record to go (the hold then held nothing: it is deleted and
+the caller told the version was removed) or the tombstone to go with the record still
+there (GC expired it; a purge deletes its tombstone only after the record, so H looks at
+the tombstone first), and otherwise says the hold is stored but unconfirmed
 (:class:`~chunkstore.errors.HoldUnconfirmedError`): it still stops every removal that
-lists ``holds/`` after it, and ``hold`` run again confirms it once the tombstone is gone.
-A tombstone left by a removal a hold refused, or by one that was killed, makes a hold
-unconfirmed until GC deletes the tombstone (one grace period); a removal checks
+lists ``holds/`` after it, and ``hold`` run again confirms it once the tombstone is
+gone. The argument needs R's tombstone stored from its write until R deletes the record,
+and a GC deletes tombstones past the grace period (at once at grace 0): so a GC keeps
+the tombstone of a version still published for at least
+:data:`~chunkstore.protocol.tombstones.LIVE_TOMBSTONE_MIN_AGE_S`, whatever the grace
+period, and a removal stalled longer than
+:data:`~chunkstore.protocol.tombstones.MAX_REMOVAL_STALL_S` between its tombstones and
+its withdrawals stores them again and lists ``holds/`` again (docs/format.md §15.2). A
+tombstone left by a removal a hold refused, or by one that was killed, makes a hold
+unconfirmed until GC deletes the tombstone (one grace period, an hour at least); a
+removal checks
 ``holds/`` before it writes any tombstone, so a version held already gets none.
 """
 
@@ -91,6 +101,9 @@ def check_reason(reason: object) -> str:
     if not (isinstance(reason, str) and reason.strip() and plaindata.is_unicode(reason)):
         raise InvalidInputError(f"a hold needs a reason (non-empty text), not {reason!r}:"
                                 " say why the version must be kept (--reason TEXT)")
+    if not reason.isprintable():  # log and show print it on operators' terminals
+        raise InvalidInputError(f"a hold's reason is one line of printable text, not"
+                                f" {reason!r}: no control characters or line breaks")
     if len(reason) > MAX_REASON_CHARS:
         raise InvalidInputError(f"a hold's reason is at most {MAX_REASON_CHARS} characters"
                                 f" ({len(reason)} given); refer to a document instead")
@@ -98,11 +111,23 @@ def check_reason(reason: object) -> str:
 
 
 def who_am_i() -> str:
+    """``user@host``: the name of the process's user id (not getpass.getuser(), which
+    believes $LOGNAME and $USER: any process would record the name it was started
+    with), ``uid<N>`` where the id has none (a container)."""
     try:
+        import pwd  # POSIX only
+        user = pwd.getpwuid(os.getuid()).pw_name
+    except ImportError:  # Windows: the login name is the one there is
         user = getpass.getuser()
-    except (KeyError, OSError):  # no name for this uid (a container)
+    except KeyError:  # no name for this uid
         user = f"uid{os.getuid()}"
-    return f"{user}@{socket.gethostname()}"
+    return printable(f"{user}@{socket.gethostname()}")
+
+
+def printable(text: str) -> str:
+    """``text`` with each character that is not printable as ``?`` (a reader takes a
+    hold object with one for damage: its fields go to terminals)."""
+    return "".join(c if c.isprintable() else "?" for c in text)
 
 
 def encode_hold(version_id: str, reason: str, when: float, *, who: str | None = None,
@@ -112,7 +137,7 @@ def encode_hold(version_id: str, reason: str, when: float, *, who: str | None = 
         process = f"pid {os.getpid()} {os.path.basename(sys.argv[0]) if sys.argv else ''}"
     body = {"format": HOLD_RECORD, "format_version": HOLD_FORMAT, "version": version_id,
             "reason": reason, "who": who_am_i() if who is None else who, "when": when,
-            "process": process.strip()}
+            "process": printable(process.strip())}
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                       allow_nan=False).encode("utf-8")
 
@@ -131,13 +156,22 @@ def decode_hold(version_id: str, data: bytes) -> Hold:
     if not is_version(body.get("format_version"), HOLD_FORMAT):
         return Hold(version_id, None,
                     damage=f"format_version {body.get('format_version')!r} unknown here")
+    damage = _field_damage(version_id, body)
+    if damage is not None:
+        return Hold(version_id, None, damage=damage)
+    return Hold(version_id, body["reason"], body["who"], float(body["when"]), body["process"])
+
+
+def _field_damage(version_id: str, body: dict[str, Any]) -> str | None:
+    """What is wrong with a hold object's fields (None: nothing)."""
     reason, who, when, process = (body.get(k) for k in ("reason", "who", "when", "process"))
     if body.get("version") != version_id or not isinstance(reason, str) \
             or not isinstance(who, str) or type(when) not in (int, float) \
             or not isinstance(process, str):
-        return Hold(version_id, None, damage="a field is missing, of the wrong type, or names"
-                    " another version")
-    return Hold(version_id, reason, who, float(when), process)  # type: ignore[arg-type]
+        return "a field is missing, of the wrong type, or names another version"
+    if not all(text.isprintable() for text in (reason, who, process)):
+        return "a field holds control characters"  # they would go raw to terminals
+    return None
 
 
 def held_ids(objects: ObjectStore) -> set[str]:

@@ -1,5 +1,5 @@
 """Publication markers: how an opener learns of versions other indexes published
-without listing every commit record (docs/format.md §16).
+without listing every commit record (docs/format.md §17).
 
 1. **Writing.**  A save stores ``published/<bucket>/<20-digit ns time>-<version id>``
    (empty) with its last objects, before the flush that precedes its commit record:

@@ -26,6 +26,15 @@ if TYPE_CHECKING:
     from chunkstore.objects.objectstore import ObjectStore
 
 TOMBSTONE_FORMAT = 1
+#: A tombstone whose version is still published (a removal in progress, or one that a
+#: hold stopped or a crash ended) is deleted by a GC only once it is this old, whatever
+#: the GC's grace period: until then it may be a removal's only sign, which placing a
+#: hold looks for (:mod:`chunkstore.protocol.holds`).
+LIVE_TOMBSTONE_MIN_AGE_S = 3600.0
+#: A removal stalled longer than this after storing its tombstones (a GC may have
+#: deleted them since) stores them again and lists ``holds/`` again before it withdraws
+#: or deletes anything (:mod:`chunkstore.handle.removal`).
+MAX_REMOVAL_STALL_S = LIVE_TOMBSTONE_MIN_AGE_S / 2
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,9 @@ Order of a save (invariants 1 and 3 in DESIGN.md; the GC side is in
    dedup hit is also checked to exist (a stat), so an object lost behind the
    index's back is written again, not referenced;
 4. on commit, manifest nodes are claimed like chunks and the missing ones
-   written; then one backend flush makes every object durable (a local
-   store: one syncfs instead of two fsyncs per object);
+   written, with the signature (if signing) and the audit event of the publish
+   (:mod:`chunkstore.protocol.audit`); then one backend flush makes every object
+   durable (a local store: one syncfs instead of two fsyncs per object);
 5. the commit record is written durably (atomic create): this is the
    commit.  A save whose session heartbeat lapsed (a GC elsewhere may have
    counted it dead) refuses instead;
@@ -73,13 +74,14 @@ from chunkstore.format.manifest import (
 from chunkstore.format.names import check_entry_name, check_label
 from chunkstore.format.records import MAX_COUNT, CommitRecord
 from chunkstore.format.treelayout import build_tree
-from chunkstore.handle.signatures import store_signature
+from chunkstore.handle.signatures import sign_existing, store_signature
 from chunkstore.handle.tree import flatten
 from chunkstore.handle.versions import VersionInfo, entry_from_record
 from chunkstore.index.claims import GroupClaims
 from chunkstore.index.lmdbindex import CHUNK, NODE, Claim, NewChunk
 from chunkstore.objects.kinds import CHUNKS, NODES, VERSIONS
 from chunkstore.objects.signing import PrivateKeyLike, signing_key
+from chunkstore.protocol import audit
 from chunkstore.protocol.journal import Fence, sync_journal
 from chunkstore.protocol.published import write_marker
 from chunkstore.protocol.runlease import RunLease
@@ -434,6 +436,13 @@ class VersionWriter(ChunkJobs):
             if identical is None and not self._replace:  # stored under another layout?
                 identical = next((v for v in same_step if self._same_content(v, tensors)),
                                  None)
+            if identical is not None and self._signing_key is not None \
+                    and not sign_existing(store.objects, self._signing_key, identical.id):
+                # Signed by another key: not this save's version (its signature stays).
+                if not self._replace:
+                    raise DuplicateStepError(self.run, self.step, identical.id,
+                                             "signed by another key")
+                identical = None
             if identical is not None:  # saved before, byte for byte: publish nothing
                 self.abort()
                 self._info = identical
@@ -496,6 +505,11 @@ class VersionWriter(ChunkJobs):
         # Durable with the nodes, before the record: openers elsewhere learn of the
         # version from it without listing every record (chunkstore.protocol.published).
         write_marker(objects, version_id)
+        # The audit event too: durable before the commit point, so a published version
+        # always has its "publish" event (an unpublished save may leave one).
+        audit.record(objects, "publish", deferred=True,
+                     versions=[{"id": version_id, "run": self.run, "step": self.step}],
+                     signed=self._signing_key is not None)
         objects.flush()  # every chunk and node durable before the commit point
         if self._store_session.lapsed():
             raise self._expired()

@@ -190,8 +190,9 @@ class MirrorTier:
         decision = decide([Candidate(v.id, v.step, v.created, v.meta) for v in versions],
                           Policy(keep_last=self.keep_last, min_previous=1), time.time())
         pinned = set(mirror.tags().values())
-        held = mirror.delete_listed_many(v for v in versions
-                                         if v.id in decision.drop and v.id not in pinned)
+        held = mirror.delete_listed_many(
+            [v for v in versions if v.id in decision.drop and v.id not in pinned],
+            operation="keep_last")
         warn_held(held, f"mirror of run {self.run!r}: keep_last")
 
     # --- waiting and closing -------------------------------------------------------------
