@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 # Every test process, and every process a test starts, runs torch's kernels on one thread
-# (set before anything imports torch): the suite's three shards already share two cores,
+# (set before anything imports torch): the suite's shards already share two cores,
 # and an intra-op pool spinning for work on a busy core nearly doubled the CPU time of
 # torch-heavy tests (test_steady_disk's 300 saves: 26.7 s of CPU, 14.7 s on one thread).
 os.environ.setdefault("OMP_NUM_THREADS", "1")

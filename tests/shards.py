@@ -1,10 +1,9 @@
 """Split a pytest run into shards of about equal time: ``pytest --shard K/N``.
 
-`./dev test` runs the suite as three pytest processes side by side, ``--shard 1/3``,
-``2/3`` and ``3/3``.  Most tests wait on subprocesses, sleeps and disks (one pytest
-process keeps about 0.7 of a core busy), so three processes keep the two cores of the
-reference machine busy where two (the slow job and the rest) left a third of them
-idle.  A shard is a set of whole modules (a module's
+`./dev test` runs the suite as four pytest processes side by side, the modules of
+``--shard 1/4`` to ``4/4``.  Many tests wait on subprocesses, sleeps and locks (one pytest
+process keeps under a core busy), so more processes than cores keep the two cores of the
+reference machine busy.  A shard is a set of whole modules (a module's
 fixtures and order stay as they are), assigned longest first to the shard with the
 least time so far, from the seconds each module took in a recorded run
 (``tests/durations.json``); a module not recorded there counts :data:`UNKNOWN_S`.
@@ -107,6 +106,9 @@ def main(logs: list[str]) -> None:
         for line in Path(log).read_text().splitlines():
             if match := _LINE.match(line):
                 seconds[match.group(2)] += float(match.group(1))
+    if not seconds:  # a log of a run without --durations=0 would empty the file
+        sys.exit(f"no test durations in {', '.join(logs)}: run pytest with --durations=0"
+                 " (PYTEST_ADDOPTS=--durations=0 ./dev test > all.log)")
     DURATIONS.write_text(json.dumps({m: round(s, 1) for m, s in sorted(seconds.items())},
                                     indent=0) + "\n")
     print(f"wrote {DURATIONS} ({len(seconds)} modules, {sum(seconds.values()):.0f} s)")
