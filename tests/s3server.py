@@ -75,6 +75,24 @@ def remove_bucket(endpoint: str, name: str) -> None:
 
 
 @contextlib.contextmanager
+def two_indexes(endpoint: str, folder: Any) -> Iterator[tuple[Any, Any]]:
+    """Two handles on one store in a fresh bucket, each through an index of its own
+    (``folder``/a and ``folder``/b: two machines); the bucket goes afterwards."""
+    import chunkstore
+
+    bucket = create_bucket(endpoint)
+    url, options = f"s3://{bucket}/store", storage_options(endpoint)
+    try:
+        with chunkstore.open(url, create=True, index_dir=str(folder / "a"),
+                             storage_options=options) as a, \
+                chunkstore.open(url, create=True, index_dir=str(folder / "b"),
+                                storage_options=options) as b:
+            yield a, b
+    finally:
+        remove_bucket(endpoint, bucket)
+
+
+@contextlib.contextmanager
 def _moto_server() -> Iterator[str]:
     """Run ``python -m moto.server`` on a free loopback port; yield its endpoint."""
     port = _free_port()

@@ -33,7 +33,7 @@ from chunkstore.objects.kinds import AUDIT, VERSIONS
 from chunkstore.objects.signing import generate_key
 from chunkstore.protocol.audit import MAX_EVENT_BYTES, AuditEvent, event_id_at
 from tests.conftest import tree_snapshot
-from tests.s3server import create_bucket, remove_bucket, s3_endpoint, storage_options
+from tests.s3server import s3_endpoint, two_indexes
 
 __all__ = ["s3_endpoint"]  # the session fixture, re-exported so pytest finds it here
 
@@ -486,26 +486,18 @@ def test_a_refused_key_removal_records_nothing(tmp_path: Path) -> None:
 
 def test_on_s3_events_are_written_listed_and_pruned(s3_endpoint: str, tmp_path: Path
                                                     ) -> None:
-    bucket = create_bucket(s3_endpoint)
-    url, options = f"s3://{bucket}/store", storage_options(s3_endpoint)
-    try:
-        with chunkstore.open(url, create=True, index_dir=str(tmp_path / "a"),
-                             storage_options=options) as a, \
-                chunkstore.open(url, create=True, index_dir=str(tmp_path / "b"),
-                                storage_options=options) as b:
-            first = _save(a, 0)
-            _save(a, 1)
-            b.reconcile()
-            b.delete("r@0")  # through another index
-            assert _ops(a) == [("publish", "intent")] * 2 + [("rm", "intent"),
-                                                             ("rm", "done")]
-            assert _named(list(a.audit())[2]) == [first]
-            later = list(a.audit())[1].when
-            result = a.prune_audit(later)  # type: ignore[arg-type]
-            assert len(result.pruned) == 1
-            assert [e.op for e in b.audit()] == ["publish", "rm", "rm", "audit-prune"]
-    finally:
-        remove_bucket(s3_endpoint, bucket)
+    with two_indexes(s3_endpoint, tmp_path) as (a, b):
+        first = _save(a, 0)
+        _save(a, 1)
+        b.reconcile()
+        b.delete("r@0")  # through another index
+        assert _ops(a) == [("publish", "intent")] * 2 + [("rm", "intent"),
+                                                         ("rm", "done")]
+        assert _named(list(a.audit())[2]) == [first]
+        later = list(a.audit())[1].when
+        result = a.prune_audit(later)  # type: ignore[arg-type]
+        assert len(result.pruned) == 1
+        assert [e.op for e in b.audit()] == ["publish", "rm", "rm", "audit-prune"]
 
 
 # --- the frozen fixture (tools/make_audit_fixture.py) ---------------------------------------

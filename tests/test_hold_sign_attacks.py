@@ -32,23 +32,13 @@ from chunkstore.handle.signatures import SIGNED_BY_TRUSTED, SIGNED_BY_UNTRUSTED
 from chunkstore.maintenance.drillrestore import trust_from_env
 from chunkstore.objects.kinds import CHUNKS, HOLDS, SIGNATURES, TOMBSTONES, VERSIONS
 from chunkstore.objects.objectstore import ObjectStore
-from chunkstore.objects.signing import Trust, generate_key
+from chunkstore.objects.signing import Trust
 from chunkstore.protocol import tombstones
 from chunkstore.protocol.runlease import withdraw
 from tests.conftest import tree_snapshot
+from tests.test_signing import keys
 
-
-@pytest.fixture(scope="module")
-def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Two key pairs: ``signer`` and ``other``."""
-    folder = tmp_path_factory.mktemp("keys")
-    found = {}
-    for name in ("signer", "other"):
-        private, public = generate_key()
-        (folder / name).write_bytes(private)
-        (folder / f"{name}.pub").write_bytes(public)
-        found[name], found[f"{name}.pub"] = folder / name, folder / f"{name}.pub"
-    return found
+__all__ = ["keys"]  # test_signing's two key pairs, re-exported so pytest finds the fixture
 
 
 def _save(store: chunkstore.Store, step: int, sign_with: Any = None, *,

@@ -35,7 +35,7 @@ from chunkstore.objects.objectstore import ObjectStore
 from chunkstore.protocol.holds import MAX_HOLD_BYTES, store_hold
 from chunkstore.protocol.tombstones import write_tombstone
 from tests.conftest import tree_snapshot
-from tests.s3server import create_bucket, remove_bucket, s3_endpoint, storage_options
+from tests.s3server import s3_endpoint, two_indexes
 
 __all__ = ["s3_endpoint"]  # the session fixture, re-exported so pytest finds it here
 
@@ -171,27 +171,19 @@ def test_gc_at_grace_0_keeps_all_a_held_version_needs(tmp_path: Path) -> None:
 
 def test_on_s3_a_hold_from_one_index_stops_removals_through_another(s3_endpoint: str,
                                                                      tmp_path: Path) -> None:
-    bucket = create_bucket(s3_endpoint)
-    url, options = f"s3://{bucket}/store", storage_options(s3_endpoint)
-    try:
-        with chunkstore.open(url, create=True, index_dir=str(tmp_path / "a"),
-                             storage_options=options) as a, \
-                chunkstore.open(url, create=True, index_dir=str(tmp_path / "b"),
-                                storage_options=options) as b:
-            for step in range(4):
-                _save(a, step)
-            b.reconcile()
-            a.hold("r@1", "s3 hold")
-            with pytest.raises(HeldVersionError, match="s3 hold"):
-                b.delete("r@1")
-            assert b.prune(keep_last=1, verify=False).held[0].reason == "s3 hold"
-            assert [v.step for v in b.versions()] == [1, 2, 3]
-            b.release("r@1")
+    with two_indexes(s3_endpoint, tmp_path) as (a, b):
+        for step in range(4):
+            _save(a, step)
+        b.reconcile()
+        a.hold("r@1", "s3 hold")
+        with pytest.raises(HeldVersionError, match="s3 hold"):
             b.delete("r@1")
-            a.reconcile()
-            assert _steps(a) == [2, 3]
-    finally:
-        remove_bucket(s3_endpoint, bucket)
+        assert b.prune(keep_last=1, verify=False).held[0].reason == "s3 hold"
+        assert [v.step for v in b.versions()] == [1, 2, 3]
+        b.release("r@1")
+        b.delete("r@1")
+        a.reconcile()
+        assert _steps(a) == [2, 3]
 
 
 # --- the race: a hold and a removal at once ----------------------------------------------------
