@@ -23,11 +23,10 @@ import functools
 import json
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -38,8 +37,8 @@ from chunkstore.protocol import audit
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.bench_protocol import (
     Counting,
+    alternated_saves,
     code_revision,
-    difference,
     make_state,
     moto,
     save,
@@ -60,29 +59,15 @@ def trail(on: bool) -> Iterator[None]:
 
 def saves(store: chunkstore.Store, counting: Counting, mib: int, tensors: int,
           repeat: int) -> dict[str, Any]:
-    times: dict[str, dict[str, list[float]]] = {"unaudited": {}, "audited": {}}
-    requests: dict[str, dict[str, Any]] = {"unaudited": {}, "audited": {}}
-    step = 0
-    for r in range(repeat):
-        for mode, seed in (("unaudited", 0), ("audited", 50)):
-            base = make_state(mib, tensors, seed + 100 + r)
-            partial = {**base, "layer0.w": base["layer0.w"] + 1}
-            with trail(mode == "audited"):
-                for kind, state in (("first", base), ("unchanged", base), ("partial", partial)):
-                    counting.take()
-                    times[mode].setdefault(kind, []).append(save(store, mode, step, state))
-                    requests[mode][kind] = counting.take()
-                    step += 1
-    out: dict[str, Any] = {mode: {"save_s": {k: round(statistics.median(v), 4)
-                                             for k, v in kinds.items()},
-                                  "requests_per_save": requests[mode]}
-                           for mode, kinds in times.items()}
-    out["added"] = {kind: {
-        "seconds": round(out["audited"]["save_s"][kind] - out["unaudited"]["save_s"][kind], 4),
-        "ratio": round(out["audited"]["save_s"][kind] / out["unaudited"]["save_s"][kind], 3),
-        "requests": difference(requests["audited"][kind], requests["unaudited"][kind])}
-        for kind in times["unaudited"]}
-    return out
+    """Saves with the trail switched off (run ``unaudited``) and as shipped (run
+    ``audited``) alternated (bench_protocol.alternated_saves)."""
+    def saved(on: bool) -> Callable[[str, int, dict[str, Any]], float]:
+        def save_one(run: str, step: int, state: dict[str, Any]) -> float:
+            with trail(on):
+                return save(store, run, step, state)
+        return save_one
+    return alternated_saves(counting, {"unaudited": (0, saved(False)),
+                                       "audited": (50, saved(True))}, mib, tensors, repeat)
 
 
 def removals_and_listing(store: chunkstore.Store, counting: Counting) -> dict[str, Any]:

@@ -182,6 +182,43 @@ def saves(store: chunkstore.Store, counting: Counting, run: str, lease: RunLease
             "seconds": round(time.perf_counter() - start, 2)}
 
 
+#: A way of saving: (run, step, state) -> seconds.
+SaveWay = Callable[[str, int, dict[str, np.ndarray]], float]
+
+
+def alternated_saves(counting: Counting, ways: dict[str, tuple[int, SaveWay]], mib: int,
+                     tensors: int, repeat: int) -> dict[str, Any]:
+    """Two ways of saving compared: ``repeat`` rounds, in each every kind of save
+    (``first``: everything new, ``unchanged``: every chunk a dedup hit, ``partial``: one
+    tensor changed) made each way in turn, so that both meet the same machine state.
+    ``ways`` maps a way's name (the run it saves) to its states' seed and its save
+    (run, step, state -> seconds).  Per way the median seconds and the last round's
+    requests; ``added``: the second way's less the first's."""
+    times: dict[str, dict[str, list[float]]] = {way: {} for way in ways}
+    requests: dict[str, dict[str, Any]] = {way: {} for way in ways}
+    step = 0
+    for r in range(repeat):
+        for way, (seed, save_one) in ways.items():
+            base = make_state(mib, tensors, seed + 100 + r)
+            partial = {**base, "layer0.w": base["layer0.w"] + 1}
+            for kind, state in (("first", base), ("unchanged", base), ("partial", partial)):
+                counting.take()
+                times[way].setdefault(kind, []).append(save_one(way, step, state))
+                requests[way][kind] = counting.take()
+                step += 1
+    out: dict[str, Any] = {way: {"save_s": {k: round(statistics.median(v), 4)
+                                            for k, v in kinds.items()},
+                                 "requests_per_save": requests[way]}
+                           for way, kinds in times.items()}
+    less, more = ways
+    out["added"] = {kind: {
+        "seconds": round(out[more]["save_s"][kind] - out[less]["save_s"][kind], 4),
+        "ratio": round(out[more]["save_s"][kind] / out[less]["save_s"][kind], 3),
+        "requests": difference(requests[more][kind], requests[less][kind])}
+        for kind in times[less]}
+    return out
+
+
 def retain(store: chunkstore.Store, run: str, keep: int) -> int:
     """The Checkpointer's retention after a save (keep_last, min_previous=1, tags pinned)."""
     versions = store.versions(run)

@@ -22,7 +22,6 @@ import functools
 import json
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -37,9 +36,9 @@ from chunkstore.objects.signing import Trust, generate_key, load_private_key, si
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.bench_protocol import (
     Counting,
+    alternated_saves,
     code_revision,
     difference,
-    make_state,
     moto,
 )
 
@@ -55,30 +54,12 @@ def save(store: chunkstore.Store, run: str, step: int, state: dict[str, np.ndarr
 
 def saves(store: chunkstore.Store, counting: Counting, key: Any, mib: int, tensors: int,
           repeat: int) -> dict[str, Any]:
-    """``repeat`` rounds; in each, every kind of save plain (run ``plain``) then signed
-    (run ``signed``), each run with states of its own."""
-    times: dict[str, dict[str, list[float]]] = {"plain": {}, "signed": {}}
-    requests: dict[str, dict[str, Any]] = {"plain": {}, "signed": {}}
-    step = 0
-    for r in range(repeat):
-        for mode, seed, signer in (("plain", 0, None), ("signed", 50, key)):
-            base = make_state(mib, tensors, seed + 100 + r)
-            partial = {**base, "layer0.w": base["layer0.w"] + 1}
-            for kind, state in (("first", base), ("unchanged", base), ("partial", partial)):
-                counting.take()
-                times[mode].setdefault(kind, []).append(save(store, mode, step, state, signer))
-                requests[mode][kind] = counting.take()
-                step += 1
-    out: dict[str, Any] = {mode: {"save_s": {k: round(statistics.median(v), 4)
-                                             for k, v in kinds.items()},
-                                  "requests_per_save": requests[mode]}
-                           for mode, kinds in times.items()}
-    out["added"] = {kind: {
-        "seconds": round(out["signed"]["save_s"][kind] - out["plain"]["save_s"][kind], 4),
-        "ratio": round(out["signed"]["save_s"][kind] / out["plain"]["save_s"][kind], 3),
-        "requests": difference(requests["signed"][kind], requests["plain"][kind])}
-        for kind in times["plain"]}
-    return out
+    """Plain (run ``plain``) and signed (run ``signed``) saves alternated
+    (bench_protocol.alternated_saves)."""
+    return alternated_saves(counting, {
+        "plain": (0, lambda run, step, state: save(store, run, step, state, None)),
+        "signed": (50, lambda run, step, state: save(store, run, step, state, key))},
+        mib, tensors, repeat)
 
 
 def reading(store: chunkstore.Store, counting: Counting, public: Path) -> dict[str, Any]:
