@@ -276,6 +276,22 @@ def test_prunes_on_two_indexes_beside_saves_and_grace_0_gcs_keep_every_kept_vers
         _consistent(path, list(published), index_dir=index)
 
 
+def test_a_prune_whose_newest_version_another_prune_removed_goes_on(tmp_path: Path) -> None:
+    """Two prunes on two indexes: one lists the run, the other removes its newest version,
+    then the first verifies the newest to keep.  The version is gone, neither kept nor
+    failed; it raised SelectorError out of prune (found by the concurrent prunes above)."""
+    from chunkstore.maintenance.retention import _verified_newest
+
+    with chunkstore.open(tmp_path / "s", create=True) as store:
+        for step in range(4):
+            _save(store, step)
+        listed = store.versions("r")
+        store.delete(listed[-1].id)  # since the listing, by another prune
+        failed: list[str] = []
+        assert _verified_newest(store, listed, 2, failed) == [listed[-2].id, listed[-3].id]
+        assert failed == []
+
+
 _STOPPED_PRUNE = """
 import os, signal, sys
 import chunkstore

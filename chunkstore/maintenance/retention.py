@@ -21,7 +21,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from chunkstore.errors import HeldVersionWarning, InvalidSettingError, UnknownMetricError
+from chunkstore.errors import (
+    HeldVersionWarning,
+    InvalidSettingError,
+    SelectorError,
+    UnknownMetricError,
+)
 from chunkstore.maintenance.verify import verify
 from chunkstore.protocol.holds import Hold
 
@@ -294,7 +299,11 @@ def _verified_newest(store: Any, infos: Sequence[Any], count: int, failed: list[
     for info in reversed(infos):
         if len(good) == count:
             break
-        if verify(store, info.id).ok:
+        try:
+            ok = verify(store, info.id).ok
+        except SelectorError:  # removed since the listing (another index's prune): gone,
+            continue           # neither a version to keep nor one that failed
+        if ok:
             good.append(info.id)
         else:
             failed.append(info.id)
