@@ -27,7 +27,7 @@ SYSTEM_PREFIXES = ("torch.save", "safetensors", "dcp", "chunkstore")
 KEYS = {"workload": str, "system": str, "versions": int, "logical_bytes": int,
         "physical_bytes": int, "amplification": float, "save_s": float, "pause_s": float,
         "restore_s": float, "peak_rss_bytes": int}
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.slow_job, pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")

@@ -117,7 +117,7 @@ def test_the_code_before_the_walks_checks_lost_the_run_to_a_stale_taker() -> Non
 
 @pytest.mark.parametrize("world", [
     "two", "three", "three_saves",
-    pytest.param("four", marks=pytest.mark.slow),
+    pytest.param("four", marks=[pytest.mark.slow, pytest.mark.slow_job]),
 ])
 def test_safe_fencing_loses_nothing(world: str) -> None:
     config = {"two": TWO, "three": THREE, "three_saves": THREE_SAVES, "four": FOUR}[world]
@@ -148,7 +148,7 @@ TOGETHER = {"taker_checks_tombstone": {"withdraws_slot_intents": False}}
 
 @pytest.mark.parametrize("choice", [
     "taker_checks_before_roll", "taker_checks_tombstone", "withdraws_slot_intents",
-    pytest.param("taker_checks_after_fence", marks=pytest.mark.slow),
+    pytest.param("taker_checks_after_fence", marks=[pytest.mark.slow, pytest.mark.slow_job]),
 ])
 def test_each_safe_choice_is_needed(choice: str) -> None:
     config, violation = UNSAFE_CHOICES[choice]
