@@ -13,6 +13,14 @@ thread sealing and opening 4 MiB objects (AES-256-GCM in 64 KiB segments)::
 
     python -m benchmarks.bench_encryption --mib 256 --repeat 3 \\
         --out benchmarks/results/encryption.json
+
+``--sealing`` adds, for each policy, an encrypted store of version 10 (sealing 1: random
+nonces, plain node ids; made as a release before version 12 made it) beside today's of
+version 12, taking turns with the others, and the ratios version 12 / version 10: what
+the format change costs, measured in one process on the same code::
+
+    python -m benchmarks.bench_encryption --mib 256 --repeat 5 --sealing \\
+        --out benchmarks/results/encryption-sealing.json
 """
 
 from __future__ import annotations
@@ -24,12 +32,15 @@ import shutil
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 
 import chunkstore
 from benchmarks.bench_core import Round, _seconds, in_rounds, limits, make_state
+from chunkstore.format.records import Encryption
 
 PASSWORD = "benchmark password"
 
@@ -46,8 +57,8 @@ def _changed(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def store_round(workdir: Path, state: dict[str, np.ndarray], compression: str,
-                encrypted: bool) -> Round:
-    root = workdir / f"{compression}{'-enc' if encrypted else ''}"
+                encrypted: bool, sealing: int = 2) -> Round:
+    root = workdir / f"{compression}{'-enc' if encrypted else ''}{sealing}"
     outs = {k: np.empty_like(v) for k, v in state.items()}
     changed = _changed(state)
     password = PASSWORD if encrypted else None
@@ -59,8 +70,10 @@ def store_round(workdir: Path, state: dict[str, np.ndarray], compression: str,
 
     def one() -> dict[str, float]:
         shutil.rmtree(root, ignore_errors=True)
-        store = chunkstore.open(root, create=True, compression=compression, encrypt=encrypted,
-                                password=password)
+        with mock.patch("chunkstore.store.Encryption", partial(Encryption, sealing=sealing)):
+            store = chunkstore.open(root, create=True, compression=compression,
+                                    encrypt=encrypted, password=password)
+        assert not encrypted or store.config.format_version == (12 if sealing == 2 else 10)
         with store:
             times = {"first_save_s": _seconds(lambda: save(store, 0, state)),
                      "changed_save_s": _seconds(lambda: save(store, 1, changed)),
@@ -84,20 +97,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--out", default="benchmarks/results/encryption.json")
     parser.add_argument("--workdir", default=None)
+    parser.add_argument("--sealing", action="store_true",
+                        help="add encrypted stores of version 10 (sealing 1) to compare")
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="cs-enc-bench-", dir=args.workdir))
     started = time.perf_counter()
     try:
         state = make_state(args.mib << 20)
-        measured = in_rounds({
-            f"{policy}{suffix}": store_round(workdir, state, policy, bool(suffix))
-            for policy in ("auto", "none") for suffix in ("", "-enc")}, args.repeat)
+        systems = {f"{policy}{suffix}": store_round(workdir, state, policy, bool(suffix))
+                   for policy in ("auto", "none") for suffix in ("", "-enc")}
+        if args.sealing:
+            systems.update({f"{policy}-enc10": store_round(workdir, state, policy, True, 1)
+                            for policy in ("auto", "none")})
+        measured = in_rounds(systems, args.repeat)
         machine = limits(64 << 20)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     ratios = {policy: {step: measured[f"{policy}-enc"][step] / measured[policy][step]
                        for step in measured[policy] if measured[policy][step]}
               for policy in ("auto", "none")}
+    if args.sealing:
+        ratios.update({f"{policy}-enc12/enc10": {
+            step: measured[f"{policy}-enc"][step] / measured[f"{policy}-enc10"][step]
+            for step in measured[policy] if measured[f"{policy}-enc10"][step]}
+            for policy in ("auto", "none")})
     result = {
         "command": "python -m benchmarks.bench_encryption " + " ".join(argv or sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),

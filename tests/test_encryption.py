@@ -38,6 +38,7 @@ from chunkstore.errors import (
 from chunkstore.format import plaindata
 from chunkstore.format.chunkobj import HEADER, parse_header
 from chunkstore.format.chunkobj import MAGIC as CHUNK_MAGIC
+from chunkstore.maintenance.readback import ReadBack
 from chunkstore.objects.crypto import SEGMENT_OVERHEAD, AuthenticationError, Sealer, plain_size
 from chunkstore.objects.keys import TEST_KDF_ENV, unlock
 from chunkstore.objects.kinds import CHUNKS, NODES, VERSIONS
@@ -437,10 +438,13 @@ def test_sync_creates_an_encrypted_copy_with_the_same_keys(tmp_path: Path) -> No
     assert sorted(p.name for p in (tmp_path / "copy" / "keys").iterdir()) == \
         sorted(p.name for p in (tmp_path / "src" / "keys").iterdir())
     assert [p for p in _stored_plainly(tmp_path / "copy")[1] if p.parts[-2] != "keys"] == []
-    with _open(tmp_path / "copy") as copy:
+    with _open(tmp_path / "copy") as copy, _open(tmp_path / "src") as src:
         assert [v.step for v in copy.versions()] == [1, 2, 3, 4]
         state.check(copy)
         assert copy.verify().ok
+        # a mirror's read-back checks its nodes under the store's keyed node ids
+        read = ReadBack(copy, src, budget_bytes=1 << 30).step()
+        assert read.objects_read and read.cycle_done and not read.damaged, read
     with pytest.raises(WrongPasswordError):
         _open(tmp_path / "copy", password="not it")
 
@@ -566,7 +570,9 @@ def test_ciphertext_never_holds_a_window_of_the_plaintext(data: bytes) -> None:
 # --- the frozen encrypted store (tools/make_encrypted_fixture.py) ------------------------------
 
 DATA = Path(__file__).resolve().parent / "data"
-FIXTURE = "encrypted-v1"
+#: Each frozen encrypted store and its store version: encrypted-v1 was written before
+#: version 12 (random nonces, plain node ids) and is read, never rebuilt.
+FIXTURES = {"encrypted-v1": 10, "encrypted-v2": 12}
 
 
 def _fixture_tool() -> ModuleType:
@@ -578,23 +584,27 @@ def _fixture_tool() -> ModuleType:
     return module
 
 
-def _expected() -> dict[str, Any]:
-    result: dict[str, Any] = json.loads((DATA / f"{FIXTURE}.expected.json").read_text())
+def _expected(fixture: str) -> dict[str, Any]:
+    result: dict[str, Any] = json.loads((DATA / f"{fixture}.expected.json").read_text())
     return result
 
 
-def test_the_encrypted_fixture_is_unchanged_and_reads_back(tmp_path: Path) -> None:
-    tool, expected = _fixture_tool(), _expected()
-    copy = tmp_path / FIXTURE
-    shutil.copytree(DATA / FIXTURE, copy)
+@pytest.mark.parametrize("fixture", sorted(FIXTURES))
+def test_the_encrypted_fixture_is_unchanged_and_reads_back(tmp_path: Path,
+                                                           fixture: str) -> None:
+    tool, expected = _fixture_tool(), _expected(fixture)
+    copy = tmp_path / fixture
+    shutil.copytree(DATA / fixture, copy)
     assert tool.files_of(copy) == expected["files"], "never edit a fixture"
     config = json.loads((copy / "chunkstore.json").read_bytes())
-    assert (config["format_version"], config["encryption"]["cipher"]) == (10, "aes-256-gcm")
+    assert (config["format_version"], config["encryption"]["cipher"]) \
+        == (FIXTURES[fixture], "aes-256-gcm")
     with pytest.raises(WrongPasswordError):
         chunkstore.open(copy, password="not it")
     with chunkstore.open(copy, password=expected["password"]) as store:
+        assert store.config.encryption is not None
         master, _ = unlock(store.objects, store.url, store.config.identity(),
-                           expected["password"])
+                           expected["password"], store.config.encryption.sealing)
         assert master.hex() == expected["master_key"]
         assert [(v.id, v.step) for v in store.versions()] == [
             (v["id"], v["step"]) for v in expected["versions"]]
@@ -615,5 +625,40 @@ def test_today_s_writer_rebuilds_the_encrypted_fixture_byte_for_byte(tmp_path: P
     key object of §13 cannot change by accident."""
     monkeypatch.delenv(TEST_KDF_ENV)  # the fixture's key has the real scrypt cost
     tool = _fixture_tool()
-    tool.build(tmp_path / FIXTURE)
-    assert tool.files_of(tmp_path / FIXTURE) == _expected()["files"]
+    assert FIXTURES[tool.FIXTURE] == 12
+    tool.build(tmp_path / tool.FIXTURE)
+    assert tool.files_of(tmp_path / tool.FIXTURE) == _expected(tool.FIXTURE)["files"]
+
+
+def test_a_version_10_store_keeps_its_sealing_and_a_copy_into_12_is_refused(
+        tmp_path: Path) -> None:
+    """encrypted-v1 (store version 10) still takes saves, sealed as before (random nonces,
+    plain node ids) and read back; a sync or repair between it and encrypted-v2 (the same
+    master key and chunk ids, node ids keyed apart) is refused and changes nothing."""
+    copies = {}
+    for fixture in FIXTURES:
+        copies[fixture] = tmp_path / fixture
+        shutil.copytree(DATA / fixture, copies[fixture])
+    password = _expected("encrypted-v1")["password"]
+    assert password == _expected("encrypted-v2")["password"]
+    with chunkstore.open(copies["encrypted-v1"], password=password) as old:
+        assert old.config.encryption is not None and old.config.encryption.sealing == 1
+        assert isinstance(old.objects, SealedObjects) and not old.objects.sealer.salted
+        with old.new_version(run="enc", step=3) as version:
+            version.put_data("note", {"step": 4})
+        root = old.resolve("enc@3").root
+        node = old.objects.get(NODES, root)
+        assert blake3.blake3(node).digest() == root.raw  # plain node ids, as version 10's
+        assert old.open_version("enc@3").get_data("note") == {"step": 4}
+        assert old.verify().ok
+        v2_before = tree_snapshot(copies["encrypted-v2"])
+        with chunkstore.open(copies["encrypted-v2"], password=password) as new:
+            assert new.objects.chunk_ids == old.objects.chunk_ids
+            for src, dst in ((old, new), (new, old)):
+                with pytest.raises(EncryptionError, match=r"keyed ids.*nothing was copied"):
+                    chunkstore.sync(src, dst)
+            with pytest.raises(EncryptionError):
+                chunkstore.repair(new, old)
+    assert tree_snapshot(copies["encrypted-v2"]) == v2_before
+    assert json.loads((copies["encrypted-v1"] / "chunkstore.json").read_bytes()
+                      )["format_version"] == 10

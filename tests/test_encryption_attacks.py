@@ -3,7 +3,6 @@ crafted and damaged key objects, a config stripped of its encryption, empty pass
 segments spliced between two writes of one name, names that reveal plain data, and
 what the local index and error messages hold.
 
-Tests marked xfail(strict=True) are holes whose fix changes the format; each says why.
 Each safety test was broken once (see the commit that adds it) and seen to fail.
 """
 
@@ -12,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +29,7 @@ from chunkstore.cli import cli
 from chunkstore.errors import (
     CorruptConfigError,
     CorruptObjectError,
+    CorruptTagError,
     GcAbortedError,
     IntegrityError,
     InvalidSettingError,
@@ -209,6 +210,46 @@ def test_a_plain_store_opens_beside_a_password_file_variable_it_cannot_read(
     chunkstore.open(tmp_path / "plain").close()
 
 
+@pytest.mark.parametrize("claimed", [10, 11])
+def test_a_config_downgraded_below_12_is_refused_not_written_with_sealing_1(
+        store: Path, claimed: int) -> None:
+    """Someone who can write the bucket rewrites a version-12 store's config as version
+    10 (or 11, held), so that a writer with the password would seal with random nonces
+    and name nodes in clear: the key objects are bound to sealing 2, so the config is
+    refused as replaced (CorruptConfigError, not a wrong password), and nothing is
+    written; put back, the store reads."""
+    original = (store / "chunkstore.json").read_bytes()
+    config = json.loads(original)
+    assert config["format_version"] == 12
+    (store / "chunkstore.json").write_text(json.dumps({**config, "format_version": claimed}))
+    before = tree_snapshot(store)
+    for password in (PASSWORD, "wrong"):
+        with pytest.raises(CorruptConfigError if password == PASSWORD
+                           else WrongPasswordError, match="replaced" if password ==
+                           PASSWORD else "password"):
+            with chunkstore.open(store, password=password) as opened:
+                _save(opened, 2, secret="SEALED-WITH-SEALING-1")
+    assert tree_snapshot(store) == before
+    (store / "chunkstore.json").write_bytes(original)
+    _reads_back(store)
+
+
+def test_a_version_10_store_s_config_raised_to_12_is_refused(tmp_path: Path) -> None:
+    """The other way: encrypted-v1 (version 10) with a config that says 12 opens no key
+    bound to sealing 2; its key opens bound to sealing 1, so the config was replaced."""
+    fixture = Path(__file__).resolve().parent / "data" / "encrypted-v1"
+    path = tmp_path / "v1"
+    shutil.copytree(fixture, path)
+    password = json.loads(fixture.with_name("encrypted-v1.expected.json").read_text()
+                          )["password"]
+    config = json.loads((path / "chunkstore.json").read_bytes())
+    (path / "chunkstore.json").write_text(json.dumps({**config, "format_version": 12}))
+    before = tree_snapshot(path)
+    with pytest.raises(CorruptConfigError, match="sealing 1"):
+        chunkstore.open(path, password=password)
+    assert tree_snapshot(path) == before
+
+
 def test_a_version_10_config_without_encryption_is_damaged(store: Path) -> None:
     _strip_encryption(store, 10)
     with pytest.raises(CorruptConfigError):
@@ -218,33 +259,35 @@ def test_a_version_10_config_without_encryption_is_damaged(store: Path) -> None:
 # --- sealing --------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "format change: segments are bound to the object's name and index, not to one write"
-    " of it, so two writes of a mutable object (a tag, a session, a lease) spanning"
-    " several segments splice into bytes never written. Fix: a random per-write salt"
-    " (16 bytes) at the head of every sealed object, in each segment's associated data"
-    " (or in the per-object key: keyed BLAKE3 of name + salt); store version 11"))
-def test_segments_of_two_writes_of_one_name_do_not_splice(store: Path) -> None:
+@pytest.mark.parametrize("read", ["whole", "range"])
+def test_segments_of_two_writes_of_one_name_do_not_splice(store: Path, read: str) -> None:
+    """Store version 12 (docs/format.md §13.3): every segment's nonce carries its write's
+    salt, so the head of one write of a tag followed by the rest of another fails, read
+    whole or by a range across the seam; each write alone still reads."""
     with chunkstore.open(store, password=PASSWORD) as opened:
         objects = opened.objects
+        assert opened.config.format_version == 12
         first, second = b"A" * (2 * SEGMENT_SIZE + 10), b"B" * (2 * SEGMENT_SIZE + 10)
         objects.put(TAGS, "spliced", first)
         old = (store / TAGS.key("spliced")).read_bytes()
         objects.put(TAGS, "spliced", second)
         new = (store / TAGS.key("spliced")).read_bytes()
         step = SEGMENT_SIZE + SEGMENT_OVERHEAD
-        (store / TAGS.key("spliced")).write_bytes(new[:step] + old[step:])
-        with pytest.raises(CorruptObjectError):
-            mixed = objects.get(TAGS, "spliced")
-            assert mixed in (first, second), "a plaintext never written"
+        for head, tail in ((new, old), (old, new)):
+            (store / TAGS.key("spliced")).write_bytes(head[:step] + tail[step:])
+            with pytest.raises(CorruptTagError, match="another write"):
+                mixed = objects.get(TAGS, "spliced") if read == "whole" else \
+                    objects.get_range(TAGS, "spliced", SEGMENT_SIZE - 5, 10)
+                assert mixed in (first, second), "a plaintext never written"
+        for whole, plain in ((old, first), (new, second)):
+            (store / TAGS.key("spliced")).write_bytes(whole)
+            assert objects.get(TAGS, "spliced") == plain
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "format change: node ids are plain BLAKE3 of the node's encoding, so a node that"
-    " holds plain data (and no keyed chunk id) has the same name as in a plain store:"
-    " whoever can list the bucket confirms a guess of it ({'step': 4}). Fix: node ids"
-    " keyed under the chunk-id subkey in encrypted stores; store version 11"))
 def test_object_names_tell_nothing_about_plain_data(tmp_path: Path) -> None:
+    """Store version 12 (§13.4): node ids are keyed like chunk ids, so a node of plain
+    data alone ({'step': 4}) is not named as in a plain store, where a guess of it could
+    be confirmed by listing the bucket."""
     def names(path: Path) -> set[str]:
         return {str(p.relative_to(path)) for p in path.rglob("*")
                 if p.is_file() and "index" not in p.parts and p.name != "chunkstore.json"}
@@ -255,6 +298,9 @@ def test_object_names_tell_nothing_about_plain_data(tmp_path: Path) -> None:
             with opened.new_version(run="r", step=1) as version:
                 version.put_data("trainer", {"step": 4})
     assert not names(tmp_path / "enc") & names(tmp_path / "plain")
+    with chunkstore.open(tmp_path / "enc", password=PASSWORD) as opened:
+        assert opened.open_version("r@1").get_data("trainer") == {"step": 4}
+        assert opened.verify().ok
 
 
 # --- what stays on the machine ---------------------------------------------------------------
@@ -377,7 +423,12 @@ def test_repair_between_encrypted_copies_heals_tampered_objects(tmp_path: Path,
             chunkstore.open(store, password=PASSWORD) as source:
         assert not damaged.verify().ok
         result = chunkstore.repair(damaged, source)
-        assert result.ok and result.fixed, result.to_json()
+        assert result.ok, result.to_json()
+        # exactly the three: a node whole in the copy is not taken for damage (node ids
+        # are keyed in a store of version 12; checked as plain, every node would be)
+        assert sorted(f.digest for f in result.fixed) == sorted(
+            victim.name for victim in victims.values()), \
+            result.to_json()
         assert damaged.verify().ok
         assert damaged.open_version("r@2").get_data("trainer")["step"] == 2
     # the source damaged: a sync into a new copy copies nothing it cannot authenticate

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -21,6 +22,7 @@ import chunkstore
 from chunkstore.backends.wrappers import ForwardingBackend
 from chunkstore.cli import cli
 from chunkstore.errors import (
+    CorruptConfigError,
     FormatVersionError,
     HeldVersionError,
     HeldVersionWarning,
@@ -308,35 +310,49 @@ def encrypted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     yield path
 
 
-def test_the_first_hold_upgrades_an_encrypted_store_to_11_keeping_its_encryption(
-        encrypted: Path) -> None:
+@pytest.mark.parametrize("made", ["new", "encrypted-v1"])
+def test_the_first_hold_keeps_an_encrypted_store_s_sealing(
+        encrypted: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, made: str) -> None:
+    """A new encrypted store (version 12) stays 12 with holds; one of version 10 (the
+    frozen encrypted-v1) becomes 11, keeping its encryption and its sealing."""
+    selector, before, after = "r@0", 12, 12
+    if made != "new":
+        encrypted, selector, before, after = tmp_path / made, "enc@1", 10, 11
+        shutil.copytree(REPO / "tests" / "data" / made, encrypted)
+        expected = json.loads((REPO / "tests" / "data" / f"{made}.expected.json").read_text())
+        monkeypatch.setenv("CHUNKSTORE_PASSWORD", expected["password"])
     config = json.loads((encrypted / "chunkstore.json").read_bytes())
-    assert config["format_version"] == 10
+    assert config["format_version"] == before
     with chunkstore.open(encrypted) as store:
-        store.hold("r@0", "sealed hold")
-        assert b"sealed hold" not in (encrypted / HOLDS.key(store.resolve("r@0").id)).read_bytes()
+        store.hold(selector, "sealed hold")
+        assert b"sealed hold" not in (encrypted / HOLDS.key(store.resolve(selector).id)
+                                      ).read_bytes()
     upgraded = json.loads((encrypted / "chunkstore.json").read_bytes())
-    assert upgraded == {**config, "format_version": 11}
+    assert upgraded == {**config, "format_version": after}
     with chunkstore.open(encrypted) as store:
         assert store.config.encryption is not None
+        assert store.config.encryption.sealing == (2 if made == "new" else 1)
         assert [h.reason for h in store.holds().values()] == ["sealed hold"]
         with pytest.raises(HeldVersionError, match="sealed hold"):
-            store.delete("r@0")
-        held_id = store.resolve("r@0").id
+            store.delete(selector)
+        assert store.verify().ok
+        held_id = store.resolve(selector).id
         store.backend.put(HOLDS.key(held_id), b"not sealed by the key")  # forged in clear
         with pytest.raises(HeldVersionError, match="damaged"):
-            store.delete("r@0")
+            store.delete(selector)
         assert [p.kind for p in store.verify().problems] == ["corrupt-hold"]
 
 
-def test_store_version_11_is_read_plain_or_encrypted_and_12_refused() -> None:
+def test_store_version_11_is_read_plain_or_encrypted_12_only_encrypted_13_refused() -> None:
     plain = {"format": "chunkstore", "format_version": 11, "chunk_size": 4096,
              "compression": "auto", "created": 1.0, "delta_depth": 3}
     config = StoreConfig.decode("x", json.dumps(plain).encode())
     assert config.encryption is None and config.format_version == 11
     assert json.loads(config.encode()) == plain
-    with pytest.raises(FormatVersionError):
+    with pytest.raises(CorruptConfigError, match="encryption is None"):
         StoreConfig.decode("x", json.dumps({**plain, "format_version": 12}).encode())
+    with pytest.raises(FormatVersionError):
+        StoreConfig.decode("x", json.dumps({**plain, "format_version": 13}).encode())
 
 
 # --- the commands ---------------------------------------------------------------------------

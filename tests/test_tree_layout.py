@@ -12,7 +12,7 @@ import pytest
 
 import chunkstore
 from chunkstore.errors import CorruptNodeError, DuplicateStepError, InvalidSettingError
-from chunkstore.format.digest import Digest
+from chunkstore.format.digest import PLAIN_IDS, Digest
 from chunkstore.format.manifest import (
     NODE_FORMAT_VERSION,
     PackLocation,
@@ -33,6 +33,18 @@ from chunkstore.protocol.moved import list_moved
 CHUNK = Digest.of(b"x").hex
 TENSOR = {"dtype": "uint8", "shape": [1], "shards": [
     {"offsets": [0], "sizes": [1], "chunk_bytes": 1, "chunks": [CHUNK]}]}
+
+
+class _Nodes:
+    """A tree's node objects by digest, as the object layer of a plain store gives them."""
+
+    node_ids = PLAIN_IDS
+
+    def __init__(self, nodes: dict[Digest, bytes]) -> None:
+        self._nodes = nodes
+
+    def get(self, kind: object, digest: Digest) -> bytes:
+        return self._nodes[digest]
 
 
 def _node(entries: dict[str, Any], version: int = NODE_FORMAT_VERSION) -> tuple[Digest, bytes]:
@@ -162,11 +174,7 @@ def test_dotted_names_decode_from_format_4_and_flatten_to_full_names() -> None:
     node = decode_tree(*root)
     assert set(node.leaves) == {"a.x.y", "c"} and set(node.subtrees) == {"a.x"}
 
-    class Objects:  # the tree's node objects, by digest
-        def get(self, kind: object, digest: Digest) -> bytes:
-            return dict([root, child])[digest]
-
-    flat = flatten(Objects(), root[0], NodeCache())  # type: ignore[arg-type]
+    flat = flatten(_Nodes(dict([root, child])), root[0], NodeCache())  # type: ignore[arg-type]
     assert sorted(flat.leaves) == ["a.x.b", "a.x.y", "c"]
 
 
@@ -188,11 +196,7 @@ def test_continuation_nodes_hold_entries_under_the_same_prefix() -> None:
     parent = _node({"x": {"tree": index[0].hex}})
     objects = dict([first, second, index, parent])
 
-    class Objects:  # the tree's node objects, by digest
-        def get(self, kind: object, digest: Digest) -> bytes:
-            return objects[digest]
-
-    flat = flatten(Objects(), parent[0], NodeCache())  # type: ignore[arg-type]
+    flat = flatten(_Nodes(objects), parent[0], NodeCache())  # type: ignore[arg-type]
     assert sorted(flat.leaves) == ["x.a", "x.b.c", "x.d"]
     assert decode_tree(*index).children() == [first[0], second[0]]
 
@@ -217,24 +221,16 @@ def test_a_name_in_two_continuation_nodes_is_corrupt(second_entries: dict[str, A
     index = _index([first[0], second[0]])
     objects = dict([child, other, first, second, index])
 
-    class Objects:  # the tree's node objects, by digest
-        def get(self, kind: object, digest: Digest) -> bytes:
-            return objects[digest]
-
     with pytest.raises(CorruptNodeError, match="appears twice"):
-        flatten(Objects(), index[0], NodeCache())  # type: ignore[arg-type]
+        flatten(_Nodes(objects), index[0], NodeCache())  # type: ignore[arg-type]
 
 
 def test_an_inlined_name_that_repeats_a_subtree_leaf_is_corrupt() -> None:
     child = _node({"b": {"tensor": TENSOR}})
     root = _node({"a.b": {"tensor": TENSOR}, "a": {"tree": child[0].hex}})
 
-    class Objects:  # the tree's node objects, by digest
-        def get(self, kind: object, digest: Digest) -> bytes:
-            return dict([root, child])[digest]
-
     with pytest.raises(CorruptNodeError, match="appears twice"):
-        flatten(Objects(), root[0], NodeCache())  # type: ignore[arg-type]
+        flatten(_Nodes(dict([root, child])), root[0], NodeCache())  # type: ignore[arg-type]
 
 
 def test_gc_and_index_rebuild_keep_every_node_of_a_split_tree(tmp_path: Path) -> None:

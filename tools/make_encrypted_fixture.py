@@ -1,20 +1,22 @@
-"""Build the frozen encrypted store that pins docs/format.md §13 (``tests/data/encrypted-v1``).
+"""Build the frozen encrypted store that pins docs/format.md §13 (``tests/data/encrypted-v2``,
+store version 12; ``encrypted-v1``, store version 10, was built by this tool before
+version 12 and is read, never rebuilt).
 
 Two versions of the format fixture's arrays and plain data (tools/make_format_fixture.py)
 saved into an encrypted store, and a tag.  Every random byte (the master key, the key
-object's salt and nonce, every segment's nonce) comes from a seeded BLAKE3 stream, and
+object's salt and nonce, every write's salt) comes from a seeded BLAKE3 stream, and
 the clock is fixed, so the tool run twice writes the same bytes: tests/test_encryption.py
 rebuilds it and compares, and reads the frozen copy back with :data:`PASSWORD`.  The
 key object uses the real scrypt parameters (``n=2**16``), as a new store's does.
 
-``encrypted-v1.expected.json`` records the password, the master key (a test key: never
+``<name>.expected.json`` records the password, the master key (a test key: never
 a real store's), the versions, what each entry reads back as, and the BLAKE3 of every
 stored file.  Never regenerate an existing fixture after a format change: build
-``--name encrypted-v2`` and keep the old one.
+``--name encrypted-v3`` and keep the old ones.
 
 Usage (from the repository root)::
 
-    python tools/make_encrypted_fixture.py [--name encrypted-v1] [--out DIR] [--force]
+    python tools/make_encrypted_fixture.py [--name encrypted-v2] [--out DIR] [--force]
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ SEED = b"chunkstore encrypted fixture v1"
 RUN, TAG = "enc", "best"
 START = 1_800_000_000.0
 CHUNK_SIZE = 128 * 1024
+#: The fixture today's writer rebuilds byte for byte.
+FIXTURE = "encrypted-v2"
 
 
 def _format_tool() -> ModuleType:
@@ -111,7 +115,9 @@ def tensor_hash(array: np.ndarray) -> str:
 
 def _unlock(store: chunkstore.Store) -> tuple[bytes, str]:
     from chunkstore.objects.keys import unlock
-    return unlock(store.objects, store.url, store.config.identity(), PASSWORD)
+    assert store.config.encryption is not None
+    return unlock(store.objects, store.url, store.config.identity(), PASSWORD,
+                  store.config.encryption.sealing)
 
 
 def files_of(root: Path) -> dict[str, str]:
@@ -123,7 +129,7 @@ def files_of(root: Path) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--name", default="encrypted-v1")
+    parser.add_argument("--name", default=FIXTURE)
     parser.add_argument("--out", type=Path, default=DATA_DIR)
     parser.add_argument("--force", action="store_true")
     args = parser.parse_args(argv)

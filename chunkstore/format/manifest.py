@@ -21,7 +21,7 @@ from typing import Any
 
 from chunkstore.errors import CorruptNodeError, FormatVersionError, InvalidNameError
 from chunkstore.format import plaindata
-from chunkstore.format.digest import Digest
+from chunkstore.format.digest import PLAIN_IDS, ChunkIds, Digest
 from chunkstore.format.dtypes import element_size, numpy_dtype
 from chunkstore.format.names import check_component, check_entry_name
 
@@ -202,9 +202,10 @@ def canonical_json(obj: object) -> str:
                       allow_nan=False)
 
 
-def encode_node(body: dict[str, Any]) -> tuple[Digest, bytes]:
+def encode_node(body: dict[str, Any], ids: ChunkIds = PLAIN_IDS) -> tuple[Digest, bytes]:
+    """A node's id (under the store's node ids, ``ObjectStore.node_ids``) and bytes."""
     data = canonical_json({"format_version": NODE_FORMAT_VERSION, **body}).encode("utf-8")
-    return Digest.of(data), data
+    return ids.of(data), data
 
 
 def leaf_text(leaf: TensorEntry | DataEntry) -> str:
@@ -256,8 +257,8 @@ def entry_text(leaf: str | None, tree: Digest | None) -> str:
     return "{" + ",".join(fields) + "}"
 
 
-def tree_bytes(entries: list[tuple[str, str]], more: tuple[Digest, ...] = ()
-               ) -> tuple[Digest, bytes]:
+def tree_bytes(entries: list[tuple[str, str]], more: tuple[Digest, ...] = (),
+               ids: ChunkIds = PLAIN_IDS) -> tuple[Digest, bytes]:
     """A tree node from (name, entry text) pairs and continuation nodes: byte for
     byte what :func:`encode_node` writes for them, without re-encoding the entries."""
     body = ",".join(f"{quote(name)}:{text}"
@@ -266,25 +267,25 @@ def tree_bytes(entries: list[tuple[str, str]], more: tuple[Digest, ...] = ()
     text = (f'{{"entries":{{{body}}},"format_version":{NODE_FORMAT_VERSION},"kind":"tree"'
             f"{tail}}}")
     data = text.encode("utf-8")
-    return Digest.of(data), data
+    return ids.of(data), data
 
 
-def encode_tree(node: TreeNode) -> tuple[Digest, bytes]:
+def encode_tree(node: TreeNode, ids: ChunkIds = PLAIN_IDS) -> tuple[Digest, bytes]:
     entries = []
     for name in set(node.subtrees) | set(node.leaves):
         leaf = node.leaves.get(name)
         entries.append((name, entry_text(None if leaf is None else leaf_text(leaf),
                                           node.subtrees.get(name))))
-    return tree_bytes(entries, node.more)
+    return tree_bytes(entries, node.more, ids)
 
 
-def encode_data(value: object) -> tuple[Digest, bytes, int]:
+def encode_data(value: object, ids: ChunkIds = PLAIN_IDS) -> tuple[Digest, bytes, int]:
     """Encode plain data as a data node; returns (digest, node bytes, value bytes)."""
     payload = plaindata.encode(value)
     data = b"".join([
         b'{"format_version":%d,"kind":"data","value":' % NODE_FORMAT_VERSION, payload, b"}",
     ])
-    return Digest.of(data), data, len(payload)
+    return ids.of(data), data, len(payload)
 
 
 def exact_int(value: object, what: str, low: int = 0, high: int = MAX_DIM) -> int:
@@ -300,8 +301,8 @@ def is_version(value: object, supported: int) -> bool:
     return type(value) is int and value == supported
 
 
-def _parse(digest: Digest, data: bytes, kind: str) -> dict[str, Any]:
-    if Digest.of(data) != digest:
+def _parse(digest: Digest, data: bytes, kind: str, ids: ChunkIds) -> dict[str, Any]:
+    if not ids.names(digest, data):
         raise CorruptNodeError(digest.hex, "content does not match its hash")
     try:
         body = plaindata.load_json(data)
@@ -318,8 +319,9 @@ def _parse(digest: Digest, data: bytes, kind: str) -> dict[str, Any]:
     return body
 
 
-def decode_data(digest: Digest, data: bytes) -> Any:
-    body = _parse(digest, data, "data")
+def decode_data(digest: Digest, data: bytes, ids: ChunkIds = PLAIN_IDS) -> Any:
+    """Decode a data node stored as ``digest`` under the store's node ids."""
+    body = _parse(digest, data, "data", ids)
     if "value" not in body:
         raise CorruptNodeError(digest.hex, "data node without a value")
     try:
@@ -328,9 +330,10 @@ def decode_data(digest: Digest, data: bytes) -> Any:
         raise CorruptNodeError(digest.hex, f"malformed plain data: {exc}") from exc
 
 
-def decode_tree(digest: Digest, data: bytes) -> TreeNode:
-    """Decode a tree node, refusing anything a writer would not write (typed errors)."""
-    body = _parse(digest, data, "tree")
+def decode_tree(digest: Digest, data: bytes, ids: ChunkIds = PLAIN_IDS) -> TreeNode:
+    """Decode a tree node stored as ``digest`` under the store's node ids, refusing
+    anything a writer would not write (typed errors)."""
+    body = _parse(digest, data, "tree", ids)
     entries = body.get("entries")
     if not isinstance(entries, dict):
         raise CorruptNodeError(digest.hex, "tree node without an entries object")

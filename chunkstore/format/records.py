@@ -41,10 +41,14 @@ STORE_FORMAT_VERSION = 9
 #: docs/format.md §15): a store is upgraded to it before its first hold object is
 #: written, so that a release that does not honour holds refuses it rather than remove
 #: a held version; its config has an ``encryption`` field exactly when the store is
-#: encrypted.
-ENCRYPTED_STORE_FORMAT_VERSION = 10
+#: encrypted.  12 is 11 encrypted with the sealing of docs/format.md §13.3 that binds
+#: every segment to one write (a salt per write) and keyed node ids (§13.4): every new
+#: encrypted store is of version 12, held or not; stores of 10 (and 11 encrypted) keep
+#: their sealing, read and written as before (:attr:`Encryption.sealing` 1).
+FIRST_ENCRYPTED_STORE_FORMAT_VERSION = 10
 HOLDS_STORE_FORMAT_VERSION = 11
-STORE_FORMAT_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)
+ENCRYPTED_STORE_FORMAT_VERSION = 12
+STORE_FORMAT_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)
 READABLE_STORE_VERSIONS = STORE_FORMAT_VERSIONS
 RECORD_FORMAT = "chunkstore.version"
 RECORD_FORMAT_VERSION = 1
@@ -87,13 +91,21 @@ class Encryption:
     cipher: str = "aes-256-gcm"
     segment_size: int = SEGMENT_SIZE
     chunk_ids: str = "blake3-keyed"
+    #: 2 (store version 12): a salt per write in every segment, node ids keyed; 1 (store
+    #: versions 10 and 11): neither.  Said by the store version, not by this block.
+    sealing: int = 2
 
     def encode(self) -> dict[str, Any]:
         return {"cipher": self.cipher, "segment_size": self.segment_size,
                 "chunk_ids": self.chunk_ids, "keys": "keys/"}
 
+    @property
+    def keyed_nodes(self) -> bool:
+        """Whether node ids are keyed like chunk ids (docs/format.md §13.4)."""
+        return self.sealing >= 2
+
     @classmethod
-    def decode(cls, obj: object) -> Encryption:
+    def decode(cls, obj: object, sealing: int = 2) -> Encryption:
         """``ValueError`` for a block this release cannot read; a cipher or scheme it
         does not know is a newer store's (``FormatVersionError``)."""
         if not isinstance(obj, dict):
@@ -104,7 +116,7 @@ class Encryption:
                                      f"{'/'.join(CIPHERS)} with {'/'.join(CHUNK_ID_SCHEMES)}")
         size = exact_int(obj.get("segment_size"), "segment_size", MIN_SEGMENT_SIZE,
                          MAX_SEGMENT_SIZE)
-        return cls(cipher, size, ids)
+        return cls(cipher, size, ids, sealing)
 
 
 @dataclass(frozen=True)
@@ -126,18 +138,21 @@ class StoreConfig:
         return f"created {self.created!r}"
 
     def encode(self) -> bytes:
-        """The config as this release writes it: the current store version (of an
-        encrypted store, :data:`ENCRYPTED_STORE_FORMAT_VERSION`), or
-        :data:`HOLDS_STORE_FORMAT_VERSION` for a store that has it (holds, plain or
-        encrypted)."""
+        """The config as this release writes it: the current store version, or
+        :data:`HOLDS_STORE_FORMAT_VERSION` for a store that has it (holds, plain or of
+        sealing 1); an encrypted store of sealing 2 is always
+        :data:`ENCRYPTED_STORE_FORMAT_VERSION`, one of sealing 1
+        :data:`FIRST_ENCRYPTED_STORE_FORMAT_VERSION` until its first hold."""
         body = {"format": STORE_FORMAT, "format_version": STORE_FORMAT_VERSION,
                 "chunk_size": self.chunk_size, "compression": self.compression,
                 "created": self.created, "delta_depth": self.delta_depth}
         if self.encryption is not None:
-            body["format_version"] = ENCRYPTED_STORE_FORMAT_VERSION
+            body["format_version"] = FIRST_ENCRYPTED_STORE_FORMAT_VERSION
             body["encryption"] = self.encryption.encode()
         if self.format_version >= HOLDS_STORE_FORMAT_VERSION:
             body["format_version"] = HOLDS_STORE_FORMAT_VERSION
+        if self.encryption is not None and self.encryption.sealing >= 2:
+            body["format_version"] = ENCRYPTED_STORE_FORMAT_VERSION
         return _dumps(body)
 
     @classmethod
@@ -168,9 +183,11 @@ class StoreConfig:
             depth = 0 if version < 3 else exact_int(obj.get("delta_depth"), "delta_depth",
                                                     0, MAX_DELTA_DEPTH)
             encryption = None
-            if version == ENCRYPTED_STORE_FORMAT_VERSION or (
-                    version >= HOLDS_STORE_FORMAT_VERSION and "encryption" in obj):
-                encryption = Encryption.decode(obj.get("encryption"))
+            if version in (FIRST_ENCRYPTED_STORE_FORMAT_VERSION,
+                           ENCRYPTED_STORE_FORMAT_VERSION) or (
+                    version == HOLDS_STORE_FORMAT_VERSION and "encryption" in obj):
+                encryption = Encryption.decode(
+                    obj.get("encryption"), 2 if version == ENCRYPTED_STORE_FORMAT_VERSION else 1)
             elif "encryption" in obj:
                 raise ValueError(f"format_version {version} has no encryption")
             return cls(chunk_size, compression, _time(obj.get("created"), "created"), depth,

@@ -28,7 +28,7 @@ from typing import Any
 
 import blake3
 
-from chunkstore.format.digest import Digest
+from chunkstore.format.digest import PLAIN_IDS, ChunkIds, Digest
 from chunkstore.format.manifest import (
     DataEntry,
     TensorEntry,
@@ -43,9 +43,10 @@ from chunkstore.format.manifest import (
 Entries = list[tuple[str, str, int]]
 
 
-def build_tree(leaves: dict[str, TensorEntry | DataEntry], limit: int
-               ) -> tuple[Digest, dict[Digest, bytes]]:
-    """The root digest and every tree node's bytes for ``leaves`` (full names)."""
+def build_tree(leaves: dict[str, TensorEntry | DataEntry], limit: int,
+               ids: ChunkIds = PLAIN_IDS) -> tuple[Digest, dict[Digest, bytes]]:
+    """The root digest and every tree node's bytes for ``leaves`` (full names), the
+    nodes named by ``ids`` (the store's node ids)."""
     nested: dict[str, Any] = {}
     for name, leaf in leaves.items():
         *parents, last = name.split(".")
@@ -54,7 +55,7 @@ def build_tree(leaves: dict[str, TensorEntry | DataEntry], limit: int
             level = level.setdefault(part, {}).setdefault("", {})
         level.setdefault(last, {})[None] = leaf
     nodes: dict[Digest, bytes] = {}
-    root = _store(_entries_of(nested, limit, nodes), limit, nodes)
+    root = _store(_entries_of(nested, limit, nodes, ids), limit, nodes, ids)
     return root, nodes
 
 
@@ -71,19 +72,20 @@ def _is_cut(name: str) -> bool:
     return blake3.blake3(name.encode()).digest(length=2)[0] % CUT_MODULUS == 0
 
 
-def _entries_of(level: dict[str, Any], limit: int, nodes: dict[Digest, bytes]) -> Entries:
+def _entries_of(level: dict[str, Any], limit: int, nodes: dict[Digest, bytes],
+                ids: ChunkIds) -> Entries:
     """The entries of one level of the names, small subtrees inlined."""
     entries: Entries = []
     for part in sorted(level):
         slot = level[part]
         tree = None
         if "" in slot:
-            inner = _entries_of(slot[""], limit, nodes)
+            inner = _entries_of(slot[""], limit, nodes, ids)
             prefix = len(part.encode()) + 1  # "part." before each inlined name
             if sum(cost + prefix for _, _, cost in inner) <= limit:
                 entries.extend((f"{part}.{n}", t, cost + prefix) for n, t, cost in inner)
             else:
-                tree = _store(inner, limit, nodes)
+                tree = _store(inner, limit, nodes, ids)
         leaf = slot.get(None)
         if leaf is not None or tree is not None:
             entries.append(_entry(part, entry_text(None if leaf is None else leaf_text(leaf),
@@ -91,10 +93,10 @@ def _entries_of(level: dict[str, Any], limit: int, nodes: dict[Digest, bytes]) -
     return entries
 
 
-def _store(entries: Entries, limit: int, nodes: dict[Digest, bytes]) -> Digest:
+def _store(entries: Entries, limit: int, nodes: dict[Digest, bytes], ids: ChunkIds) -> Digest:
     """One node for ``entries``, or a node listing continuations (see above)."""
     if not limit or len(entries) < 2 or sum(cost for _, _, cost in entries) <= limit:
-        digest, data = tree_bytes([(n, t) for n, t, _ in entries])
+        digest, data = tree_bytes([(n, t) for n, t, _ in entries], ids=ids)
         nodes[digest] = data
         return digest
     runs: list[list[tuple[str, str]]] = [[]]
@@ -112,9 +114,9 @@ def _store(entries: Entries, limit: int, nodes: dict[Digest, bytes]) -> Digest:
         runs.pop()
     more = []
     for run in runs:
-        digest, data = tree_bytes(run)
+        digest, data = tree_bytes(run, ids=ids)
         nodes[digest] = data
         more.append(digest)
-    digest, data = tree_bytes([], tuple(more))
+    digest, data = tree_bytes([], tuple(more), ids)
     nodes[digest] = data
     return digest

@@ -75,14 +75,23 @@ def first_key_id(config: StoreConfig) -> str:
     return blake3.blake3(config.identity().encode()).hexdigest(length=8)
 
 
+def sealing_of(config: StoreConfig) -> int:
+    """The sealing of an encrypted store (docs/format.md §13.1): 2 for version 12."""
+    assert config.encryption is not None
+    return config.encryption.sealing
+
+
 def sealed(objects: ObjectStore, config: StoreConfig, master: bytes, key_id: str
            ) -> SealedObjects:
     """The object layer of the encrypted store ``config`` describes, under ``master``
     (which key object ``key_id`` opened)."""
-    assert config.encryption is not None
-    sealer = Sealer(subkey(master, "objects"), config.encryption.segment_size)
-    return SealedObjects(objects.backend, sealer, ChunkIds(subkey(master, "chunk ids")),
-                         master, key_id)
+    encryption = config.encryption
+    assert encryption is not None
+    sealer = Sealer(subkey(master, "objects"), encryption.segment_size,
+                    salted=encryption.sealing >= 2)
+    ids = ChunkIds(subkey(master, "chunk ids"))
+    return SealedObjects(objects.backend, sealer, ids, master, key_id,
+                         ids if encryption.keyed_nodes else None)
 
 
 def check_password_given(url: str, create: bool, encrypt: bool, password: str | None) -> None:
@@ -159,9 +168,9 @@ def unlocked(url: str, objects: ObjectStore, config: StoreConfig, password: str 
         master = keys.new_master_key()
         key_id = first_key_id(config)
         if objects.put_if_absent(KEYS, key_id, keys.wrap(master, password, config.identity(),
-                                                          key_id)):
+                                                          key_id, sealing_of(config))):
             return sealed(objects, config, master, key_id)
-    master, key_id = keys.unlock(objects, url, config.identity(), password)
+    master, key_id = keys.unlock(objects, url, config.identity(), password, sealing_of(config))
     return sealed(objects, config, master, key_id)
 
 
@@ -206,7 +215,8 @@ def add_password(url: str, objects: ObjectStore, config: StoreConfig, password: 
     sealed_objects = _sealed_objects(url, objects)
     keys.check_new_password(password)  # refused before its audit event: nothing changes
     intent = audit.record(objects, "key-add", by_key=sealed_objects.key_id)
-    key_id = keys.add_key(objects, sealed_objects.master, password, config.identity())
+    key_id = keys.add_key(objects, sealed_objects.master, password, config.identity(),
+                          sealing_of(config))
     audit.record_done(objects, "key-add", intent, key=key_id)
     return key_id
 
@@ -220,7 +230,8 @@ def change_password(url: str, objects: ObjectStore, config: StoreConfig, passwor
     old = sealed_objects.key_id
     keys.check_new_password(password)  # refused before its audit event: nothing changes
     intent = audit.record(objects, "key-passwd", by_key=old)
-    new = keys.add_key(objects, sealed_objects.master, password, config.identity())
+    new = keys.add_key(objects, sealed_objects.master, password, config.identity(),
+                       sealing_of(config))
     keys.remove_key(objects, url, old)
     audit.record_done(objects, "key-passwd", intent, key=new, removed=old)
     sealed_objects.key_id = new

@@ -10,10 +10,18 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any
 
 from chunkstore.errors import CorruptNodeError
 from chunkstore.format.digest import Digest
-from chunkstore.format.manifest import DataEntry, PackLocation, TensorEntry, TreeNode, decode_tree
+from chunkstore.format.manifest import (
+    DataEntry,
+    PackLocation,
+    TensorEntry,
+    TreeNode,
+    decode_data,
+    decode_tree,
+)
 from chunkstore.format.names import MAX_NAME_LENGTH
 from chunkstore.objects.kinds import NODES
 from chunkstore.objects.objectstore import ObjectStore
@@ -55,9 +63,15 @@ def read_node(objects: ObjectStore, digest: Digest) -> bytes:
 def load_tree(objects: ObjectStore, digest: Digest, cache: NodeCache) -> TreeNode:
     node = cache.get(digest)
     if node is None:
-        node = decode_tree(digest, read_node(objects, digest))
+        node = decode_tree(digest, read_node(objects, digest), objects.node_ids)
         cache.put(digest, node)
     return node
+
+
+def load_data(objects: ObjectStore, digest: Digest) -> Any:
+    """The plain data the data node ``digest`` holds (hash-checked, under the store's
+    node ids)."""
+    return decode_data(digest, read_node(objects, digest), objects.node_ids)
 
 
 @dataclass

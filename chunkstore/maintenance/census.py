@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 from chunkstore.errors import ChunkStoreError, CorruptNodeError, StorageFullError
 from chunkstore.format.digest import Digest
 from chunkstore.format.dtypes import element_size
-from chunkstore.format.manifest import DataEntry, PackLocation, TensorEntry, decode_data
+from chunkstore.format.manifest import DataEntry, PackLocation, TensorEntry
 from chunkstore.format.shards import RANKS_ENTRY, ShardRanks
-from chunkstore.handle.tree import FlatTree, Leaf, flatten, read_node
+from chunkstore.handle.tree import FlatTree, Leaf, flatten, load_data
 from chunkstore.index.writegate import WriterBusy
 from chunkstore.read.reader import VersionReader
 
@@ -139,7 +139,7 @@ def _data(store: StoreHandle, flat: FlatTree, name: str) -> Any:
     """The plain data of entry ``name`` (a data entry) of a version's tree."""
     leaf = flat.leaves[name]
     assert isinstance(leaf, DataEntry)
-    return decode_data(leaf.digest, read_node(store.objects, leaf.digest))
+    return load_data(store.objects, leaf.digest)
 
 
 def manifest_census(store: StoreHandle, versions: list[VersionInfo]) -> _Census:

@@ -128,7 +128,7 @@ class ReadBack:
         try:
             if is_node:
                 data = self.mirror.objects.get(NODES, digest)
-                ok = digest.is_hash_of(data)
+                ok = self.mirror.objects.node_ids.names(digest, data)
             else:
                 data = self.mirror.objects.get(CHUNKS, digest)
                 checked_object(self.mirror, digest, data, need, check_links=True)

@@ -278,7 +278,7 @@ class Repair:
             stored = None
         except CorruptNodeError as exc:  # a sealed node that fails authentication
             stored, problem = b"", exc.reason
-        if stored is not None and digest.is_hash_of(stored):
+        if stored is not None and self.store.objects.node_ids.names(digest, stored):
             return True
         fix = self._found("node", digest.hex, "missing" if stored is None else problem,
                           label)
@@ -289,7 +289,7 @@ class Repair:
             return False
         except CorruptNodeError:
             data = b""
-        if not digest.is_hash_of(data):
+        if not self.source.objects.node_ids.names(digest, data):
             self._unfixed(fix, f"damaged in {self.source.url} too")
             return False
         self._write(fix, lambda: self.store.objects.put(NODES, digest, data))

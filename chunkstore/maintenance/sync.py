@@ -72,7 +72,7 @@ from chunkstore.errors import (
 )
 from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import TensorEntry
-from chunkstore.format.records import CommitRecord
+from chunkstore.format.records import ENCRYPTED_STORE_FORMAT_VERSION, CommitRecord
 from chunkstore.handle.handle import StoreHandle
 from chunkstore.handle.signatures import copy_signature
 from chunkstore.handle.tree import flatten
@@ -199,13 +199,18 @@ def check_pair(src: StoreHandle, dst: StoreHandle) -> None:
 
 
 def check_same_keys(src: StoreHandle, dst: StoreHandle, operation: str) -> None:
-    """Refuse two stores that name chunks apart (an encrypted and a plain store, or two
-    encrypted ones with other master keys): objects copied by key would be another
-    store's ids there (docs/format.md §13)."""
-    if src.objects.chunk_ids != dst.objects.chunk_ids:
+    """Refuse two stores that name chunks or nodes apart (an encrypted and a plain store,
+    two encrypted ones with other master keys, or of store versions that name nodes
+    apart): objects copied by key would be another store's ids there (docs/format.md
+    §13)."""
+    if src.objects.chunk_ids != dst.objects.chunk_ids \
+            or src.objects.node_ids != dst.objects.node_ids:
         plain = [h.url for h in (src, dst) if not h.objects.encrypted]
         why = (f"{' and '.join(plain)} {'is' if len(plain) == 1 else 'are'} not encrypted"
-               if plain else "they are encrypted under different master keys")
+               if plain else "they are encrypted under different master keys"
+               if src.objects.chunk_ids != dst.objects.chunk_ids else
+               "one names its nodes by keyed ids (store version"
+               f" {ENCRYPTED_STORE_FORMAT_VERSION}), the other by plain ones")
         raise EncryptionError(dst.url, f"{operation} between {src.url} and {dst.url} would"
                               f" copy chunks keyed for one store into the other ({why});"
                               " nothing was copied. Copy between stores of the same kind, or"

@@ -445,10 +445,11 @@ class VersionCopy:
 
     def _copy_node(self, digest: Digest) -> int:
         data = self.src.objects.get(NODES, digest)
-        if Digest.of(data) != digest:
+        ids = self.src.objects.node_ids
+        if not ids.names(digest, data):
             raise CorruptNodeError(digest.hex, "the source's copy does not hash to its key")
         if digest in self.data_nodes:
-            decode_data(digest, data)  # plain data a read of the version would decode
+            decode_data(digest, data, ids)  # plain data a read of the version would decode
         self.planned.add((NODE, digest))
         written = True
         if self.dst is not None and self.dry_run:

@@ -39,7 +39,7 @@ from chunkstore.errors import (
     SubsetError,
 )
 from chunkstore.format.digest import Digest
-from chunkstore.format.manifest import DataEntry, decode_data
+from chunkstore.format.manifest import DataEntry
 from chunkstore.format.records import CommitRecord, Tag
 from chunkstore.handle.signatures import (
     BAD_SIGNATURE,
@@ -49,7 +49,7 @@ from chunkstore.handle.signatures import (
     SignatureCheck,
     check_signature,
 )
-from chunkstore.handle.tree import FlatTree, flatten, read_node
+from chunkstore.handle.tree import FlatTree, flatten, load_data
 from chunkstore.maintenance.atfault import ChunkCheck, at, failed_read_problems, node_at_fault
 from chunkstore.maintenance.findings import (
     NEWER_FORMAT,
@@ -195,7 +195,7 @@ def _check_leaves(store: StoreHandle, verdict: VersionVerdict, flat: FlatTree,
             continue
         if isinstance(leaf, DataEntry):
             try:
-                decode_data(leaf.digest, read_node(store.objects, leaf.digest))
+                load_data(store.objects, leaf.digest)
             except ChunkStoreError as exc:
                 result.problems.append(at(verdict, _problem_from(exc, None), name,
                                            node_at_fault(store, exc)))

@@ -7,9 +7,9 @@ sealed in segments.
    :class:`~chunkstore.format.digest.ChunkIds`), so neither use can leak into the other.
 2. **A key per object.**  Each object is sealed under its own AES-256-GCM key, keyed
    BLAKE3 of its storage key under the sealing subkey: an object copied or renamed to
-   another key is opened under another key and fails, and random 96-bit nonces stay
-   far inside GCM's limit however large the store grows (each object's key seals only
-   the few versions ever written under that name).
+   another key is opened under another key and fails, and random 96-bit nonces (or
+   salts, 4.) stay far inside GCM's limit however large the store grows (each object's
+   key seals only the few versions ever written under that name).
 3. **Segments.**  An object's encoding is cut into segments of ``segment_size`` bytes
    (64 KiB), the last always shorter (empty where the length is a multiple), each
    stored as ``nonce (12) || ciphertext || tag (16)`` with the segment's index and the
@@ -19,6 +19,14 @@ sealed in segments.
    and a repack or copy moves nothing it must not: a segment moved to another index or
    object fails its tag.  A stored object whose last segment is full was truncated at a
    segment boundary: it is refused (:class:`AuthenticationError`).
+4. **A salt per write** (sealing 2, store version 12).  Each write draws one 96-bit
+   salt; segment ``i``'s nonce is the salt XOR ``i`` (big-endian, in the last 8 bytes),
+   so the nonce every segment stores names its write, and GCM authenticates it.  A reader
+   takes the salt from the first segment it opens and refuses any other segment whose
+   nonce is not that salt XOR its index: segments of two writes of one name (a tag, a
+   session rewritten) no longer splice into bytes never written, and a ranged read still
+   needs nothing but the segments it reads.  Sealing 1 (store versions 10 and 11) draws
+   every nonce at random and binds a segment to its name and index only.
 """
 
 from __future__ import annotations
@@ -53,6 +61,13 @@ random_source: RandomBytes = os.urandom
 def fresh_bytes(count: int) -> bytes:
     """``count`` random bytes from :data:`random_source`."""
     return random_source(count)
+
+
+def _salted(salt: bytes, index: int) -> bytes:
+    """The nonce of segment ``index`` of a write with ``salt`` (and, as XOR is its own
+    inverse, the salt of segment ``index`` with that nonce)."""
+    low = int.from_bytes(salt[4:], "big") ^ index
+    return salt[:4] + low.to_bytes(8, "big")
 
 
 class AuthenticationError(Exception):
@@ -102,9 +117,12 @@ def scratch(size: int) -> memoryview:
 class Sealer:
     """Seals and opens objects under one store's sealing subkey (see the module docstring)."""
 
-    def __init__(self, objects_key: bytes, segment: int = SEGMENT_SIZE) -> None:
+    def __init__(self, objects_key: bytes, segment: int = SEGMENT_SIZE,
+                 salted: bool = True) -> None:
         self._key = objects_key
         self.segment = segment
+        #: one salt per write, in every segment's nonce (sealing 2; see the module docstring)
+        self.salted = salted
         self._aead = aead_class()
 
     def _cipher(self, name: str) -> AESGCM:
@@ -119,11 +137,13 @@ class Sealer:
         view, step = memoryview(data).cast("B"), self.segment
         count = len(view) // step + 1
         target, cipher = scratch(stored_size(len(view), step)), self._cipher(name)
-        nonces = fresh_bytes(NONCE_SIZE * count)
+        salt = fresh_bytes(NONCE_SIZE) if self.salted else b""
+        nonces = b"" if self.salted else fresh_bytes(NONCE_SIZE * count)
         at = 0
         for index in range(count):
             piece = view[index * step:(index + 1) * step]
-            nonce = nonces[index * NONCE_SIZE:(index + 1) * NONCE_SIZE]
+            nonce = _salted(salt, index) if self.salted \
+                else nonces[index * NONCE_SIZE:(index + 1) * NONCE_SIZE]
             target[at:at + NONCE_SIZE] = nonce
             end = at + NONCE_SIZE + len(piece) + TAG_SIZE
             cipher.encrypt_into(nonce, piece, self._associated(name, index),
@@ -155,6 +175,7 @@ class Sealer:
         view, cipher = memoryview(stored).cast("B"), self._cipher(name)
         index, full = start // self.segment, self.segment + SEGMENT_OVERHEAD
         at = written = 0
+        salt: bytes | None = None
         while at < len(view):  # every segment read is authenticated, if none is used
             piece = view[at:at + full]
             if len(piece) < SEGMENT_OVERHEAD:
@@ -163,6 +184,12 @@ class Sealer:
             take = max(0, min(size - skip, len(out) - written))
             nonce, body, associated = piece[:NONCE_SIZE], piece[NONCE_SIZE:], \
                 self._associated(name, index)
+            if self.salted:  # every segment of one write: the same salt
+                if salt is None:
+                    salt = _salted(bytes(nonce), index)
+                elif _salted(salt, index) != nonce:
+                    raise AuthenticationError(f"segment {index} is of another write than"
+                                              " the segments before it")
             try:
                 if skip == 0 and take == size:
                     cipher.decrypt_into(nonce, body, associated, out[written:written + size])

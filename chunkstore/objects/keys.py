@@ -8,8 +8,12 @@
    parameters and random salt, and the master key sealed with AES-256-GCM under the
    key the KDF derives from one password; the associated data names the store's
    identity and the key id, so a key object copied from another store or renamed opens
-   nothing.  The parameters are recorded per key, so new keys may use others later
-   while old ones keep opening.
+   nothing, and in a store of version 12 its sealing too: a config replaced to say
+   another store version (version 10, so that a writer with the password would seal
+   with random nonces and name nodes in clear) opens no key, and says so
+   (:class:`~chunkstore.errors.CorruptConfigError`), rather than a wrong password.  The
+   parameters are recorded per key, so new keys may use others later while old ones
+   keep opening.
 3. **Opening** tries each key object with the password (a wrong one fails every
    tag): :class:`~chunkstore.errors.WrongPasswordError` when none opens.  Adding a
    password or changing one writes a key object and (for a change) deletes the old
@@ -31,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from chunkstore.errors import (
+    CorruptConfigError,
     CorruptObjectError,
     InvalidSettingError,
     KeyObjectError,
@@ -82,8 +87,16 @@ def _derive(password: str, salt: bytes, parameters: dict[str, int]) -> bytes:
                   p=parameters["p"]).derive(password.encode("utf-8"))
 
 
-def _associated(identity: str, key_id: str) -> bytes:
-    return f"chunkstore key\0{identity}\0{key_id}".encode()
+def _associated(identity: str, key_id: str, sealing: int) -> bytes:
+    """What a key object's sealed master key is bound to: the store (its identity and,
+    from sealing 2, store version 12, its sealing) and the key's id."""
+    bound = f"chunkstore key\0{identity}\0{key_id}"
+    return (bound if sealing < 2 else f"{bound}\0sealing {sealing}").encode()
+
+
+class OtherSealingError(Exception):
+    """A key object opens with the password, but bound to another sealing than the
+    config's: the config was replaced (:func:`unlock` says so with the store's url)."""
 
 
 def check_new_password(password: str) -> None:
@@ -93,14 +106,15 @@ def check_new_password(password: str) -> None:
                                   " password (check the password file or variable)")
 
 
-def wrap(master: bytes, password: str, identity: str, key_id: str) -> bytes:
-    """The key object ``keys/<key_id>`` of the store ``identity`` names, which opens
-    ``master`` with ``password``."""
+def wrap(master: bytes, password: str, identity: str, key_id: str, sealing: int = 1
+         ) -> bytes:
+    """The key object ``keys/<key_id>`` of the store ``identity`` names (sealed with
+    ``sealing``), which opens ``master`` with ``password``."""
     check_new_password(password)
     parameters, salt, nonce = _scrypt_parameters(), fresh_bytes(SALT_SIZE), \
         fresh_bytes(NONCE_SIZE)
     sealed = aead_class()(_derive(password, salt, parameters)).encrypt(
-        nonce, master, _associated(identity, key_id))
+        nonce, master, _associated(identity, key_id, sealing))
     return json.dumps({
         "format": KEY_FORMAT, "format_version": KEY_FORMAT_VERSION, "created": time.time(),
         "kdf": {"name": "scrypt", **parameters, "salt": salt.hex()},
@@ -145,14 +159,22 @@ def _parse(key_id: str, data: bytes) -> tuple[dict[str, Any], dict[str, int], by
     return body, parameters, salt, nonce, sealed
 
 
-def unwrap(key_id: str, data: bytes, password: str, identity: str) -> bytes | None:
-    """The master key the key object opens with ``password``; None where it does not."""
+def unwrap(key_id: str, data: bytes, password: str, identity: str, sealing: int = 1
+           ) -> bytes | None:
+    """The master key the key object opens with ``password`` in a store of ``sealing``;
+    None where it does not; :class:`OtherSealingError` where it opens bound to the
+    other sealing (the same derived key: no second scrypt)."""
     _, parameters, salt, nonce, sealed = _parse(key_id, data)
-    try:
-        return aead_class()(_derive(password, salt, parameters)).decrypt(
-            nonce, sealed, _associated(identity, key_id))
-    except Exception:  # InvalidTag: another password (or another store's key object)
-        return None
+    cipher = aead_class()(_derive(password, salt, parameters))
+    for bound in (sealing, 1 if sealing >= 2 else 2):
+        try:
+            master = cipher.decrypt(nonce, sealed, _associated(identity, key_id, bound))
+        except Exception:  # InvalidTag: another password (or another store's key object)
+            continue
+        if bound != sealing:
+            raise OtherSealingError(bound)
+        return master
+    return None
 
 
 def read_key(objects: ObjectStore, key_id: str) -> bytes:
@@ -165,11 +187,12 @@ def key_ids(objects: ObjectStore) -> list[str]:
     return list(objects.ids(KEYS))
 
 
-def unlock(objects: ObjectStore, url: str, identity: str, password: str
+def unlock(objects: ObjectStore, url: str, identity: str, password: str, sealing: int = 1
            ) -> tuple[bytes, str]:
-    """The master key and the id of the key object ``password`` opens.  A key object that
-    does not parse or whose KDF is out of bounds is skipped (never derived), so that one
-    damaged or crafted key locks no password out."""
+    """The master key and the id of the key object ``password`` opens in a store of
+    ``sealing``.  A key object that does not parse or whose KDF is out of bounds is
+    skipped (never derived), so that one damaged or crafted key locks no password out;
+    one bound to the other sealing refuses the config (:class:`CorruptConfigError`)."""
     ids, damaged = key_ids(objects), list[str]()
     if not ids:
         raise KeyObjectError(url, "the store is encrypted but holds no key object (keys/):"
@@ -183,10 +206,17 @@ def unlock(objects: ObjectStore, url: str, identity: str, password: str
         except FileNotFoundError:
             continue  # removed meanwhile
         try:
-            master = unwrap(key_id, data, password, identity)
+            master = unwrap(key_id, data, password, identity, sealing)
         except CorruptObjectError:
             damaged.append(key_id)
             continue
+        except OtherSealingError as exc:
+            raise CorruptConfigError(url, (
+                f"it says store version {10 if sealing < 2 else 12}, but key {key_id} opens"
+                f" with this password bound to a store of sealing {exc.args[0]} (version"
+                f" {12 if exc.args[0] >= 2 else '10 or 11'}): its chunkstore.json was"
+                " replaced; put back a copy of it (it holds no secret). Nothing was read"
+                " or written")) from None
         if master is not None:
             return master, key_id
     if damaged and len(damaged) == len(ids):
@@ -196,10 +226,13 @@ def unlock(objects: ObjectStore, url: str, identity: str, password: str
     raise WrongPasswordError(url, len(ids), damaged)
 
 
-def add_key(objects: ObjectStore, master: bytes, password: str, identity: str) -> str:
-    """Write a key object that opens ``master`` with ``password``; its id."""
+def add_key(objects: ObjectStore, master: bytes, password: str, identity: str,
+            sealing: int = 1) -> str:
+    """Write a key object that opens ``master`` with ``password`` (in a store of
+    ``sealing``); its id."""
     key_id = fresh_bytes(8).hex()
-    if not objects.put_if_absent(KEYS, key_id, wrap(master, password, identity, key_id)):
+    if not objects.put_if_absent(KEYS, key_id, wrap(master, password, identity, key_id,
+                                                    sealing)):
         raise KeyObjectError(objects.backend.url, f"key {key_id} exists (a random id met"
                              " twice); try again")
     return key_id

@@ -18,7 +18,8 @@ while no transform is in place; with one they get :meth:`ObjectStore.get_range`'
 Each hook is given the object's key as well: encryption
 (:class:`chunkstore.objects.sealed.SealedObjects`) binds every object to it.  Chunk
 ids are the object layer's too (:attr:`ObjectStore.chunk_ids`): plain BLAKE3 here,
-keyed in an encrypted store.
+keyed in an encrypted store; so are node ids (:attr:`ObjectStore.node_ids`), keyed in
+an encrypted store of version 12.
 
 Errors keep the backend's contract: a missing object is ``FileNotFoundError``,
 a second create ``False``; the layers above turn them into domain errors, since
@@ -42,6 +43,8 @@ class ObjectStore:
 
     #: how the store names chunk contents (keyed BLAKE3 in an encrypted store)
     chunk_ids: ChunkIds = PLAIN_IDS
+    #: how the store names manifest nodes (keyed BLAKE3 in an encrypted store of version 12)
+    node_ids: ChunkIds = PLAIN_IDS
     #: whether stored objects are encrypted (:class:`~chunkstore.objects.sealed.SealedObjects`)
     encrypted = False
 

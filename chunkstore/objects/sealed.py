@@ -67,10 +67,12 @@ class SealedObjects(ObjectStore):
     encrypted = True
 
     def __init__(self, backend: Backend, sealer: Sealer, chunk_ids: ChunkIds,
-                 master: bytes, key_id: str) -> None:
+                 master: bytes, key_id: str, node_ids: ChunkIds | None = None) -> None:
         super().__init__(backend)
         self.sealer = sealer
         self.chunk_ids = chunk_ids
+        if node_ids is not None:  # keyed (store version 12); else plain, as the base's
+            self.node_ids = node_ids
         #: the master key and the key object that opened it (``chunkstore key add`` and
         #: ``passwd`` wrap the same master key again; never stored in clear, never shown)
         self.master = master

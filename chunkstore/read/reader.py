@@ -27,7 +27,7 @@ from chunkstore.errors import (
 from chunkstore.format.chunkobj import HEADER, check_digest, parse_header
 from chunkstore.format.digest import DIGEST_SIZE, Digest
 from chunkstore.format.dtypes import dtype_name, element_size, numpy_dtype
-from chunkstore.format.manifest import DataEntry, PackLocation, Shard, TensorEntry, decode_data
+from chunkstore.format.manifest import DataEntry, PackLocation, Shard, TensorEntry
 from chunkstore.format.shards import (
     box_chunk_range,
     box_of,
@@ -37,7 +37,7 @@ from chunkstore.format.shards import (
     shard_bases,
 )
 from chunkstore.handle.caches import BaseCache
-from chunkstore.handle.tree import FlatTree, Leaf, flatten, read_node
+from chunkstore.handle.tree import FlatTree, Leaf, flatten, load_data
 from chunkstore.handle.versions import VersionInfo
 from chunkstore.objects.kinds import CHUNKS, VERSIONS
 from chunkstore.protocol.readleases import ReadLease
@@ -383,7 +383,7 @@ class VersionReader:
         leaf = self.entry(name)
         if not isinstance(leaf, DataEntry):
             raise InvalidInputError(f"entry {name!r} is a tensor; use get() or get_into()")
-        return decode_data(leaf.digest, read_node(self._store.objects, leaf.digest))
+        return load_data(self._store.objects, leaf.digest)
 
     def get_box(self, name: str, shard: int, offsets: Sequence[int], sizes: Sequence[int],
                 out: np.ndarray) -> None:

@@ -290,7 +290,7 @@ class VersionWriter(ChunkJobs):
     def put_data(self, name: str, value: object) -> None:
         """Add plain data (numbers, strings, lists, dicts, tuples, bytes), encoded safely."""
         name = self._check_new_name(name)
-        self._data[name] = encode_data(value)
+        self._data[name] = encode_data(value, self._store.objects.node_ids)
 
     # --- commit ----------------------------------------------------------------------------
 
@@ -340,7 +340,7 @@ class VersionWriter(ChunkJobs):
         and every node's bytes, data nodes included."""
         leaves: dict[str, TensorEntry | DataEntry] = dict(tensors)
         leaves.update({n: DataEntry(d, size) for n, (d, _, size) in self._data.items()})
-        root, nodes = build_tree(leaves, self._store.node_size)
+        root, nodes = build_tree(leaves, self._store.node_size, self._store.objects.node_ids)
         nodes.update({d: b for d, b, _ in self._data.values()})
         return root, nodes
 
