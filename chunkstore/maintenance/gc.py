@@ -21,7 +21,10 @@ model, are why each step is where it is):
    period (the index's ``zero`` table), and, in a sweep, objects on storage no
    index record names (orphans of killed saves, objects of another index's
    versions) older than the grace period;
-4. mark: walk the manifests of every live version on storage (shared
+4. mark: walk, first, the tree of every intent in a run's commit slots (a
+   killed writer's claimed save, which the run's next taker publishes:
+   :mod:`chunkstore.protocol.runlease` argues why before the listing of the
+   commit records), then the manifests of every live version on storage (shared
    subtrees once) and of every version removed less than the grace period
    ago (its tombstone, :mod:`chunkstore.protocol.tombstones`: the grace period runs
    from unreachability, whoever removed it and whatever the index knows), and
@@ -162,9 +165,11 @@ from chunkstore.index.lmdbindex import CHUNK, NODE, ChunkState
 from chunkstore.maintenance.mark import (
     MarkSet,
     mark_live,
+    mark_pending,
     mark_read,
     mark_removed,
     mark_unindexed,
+    tree_objects,
 )
 from chunkstore.maintenance.reconcile import reconcile
 from chunkstore.maintenance.repack import DEFAULT_UNUSED, plan, repack
@@ -617,6 +622,8 @@ class _Run:
         if self.marks is None:
             self.marks = MarkSet(self.index.path)
         marks = self.marks
+        # Intents first: before the listing of the commit records (mark_pending says why).
+        pending = mark_pending(self.store, marks)
         fallback = mark_live(self.store, marks, self.progress, self.check_time)
         published = mark_unindexed(self.store, marks)
         self.expired_tombstones = mark_removed(
@@ -634,12 +641,16 @@ class _Run:
             if note not in self.result.index_disagreements:
                 self.result.index_disagreements.append(note)
         confirmed = []
+        uncounted: set[tuple[bytes, Digest]] | None = None  # what only intents reach
         for candidate in candidates:
             if (candidate.kind, candidate.digest) not in marks:
                 confirmed.append(candidate)
             elif candidate.indexed and self._refcount(candidate) == 0 \
                     and not marks.forwarded_to(candidate.digest):
-                self._disagree(candidate)
+                if uncounted is None:
+                    uncounted = tree_objects(self.store, pending) if pending else set()
+                if (candidate.kind, candidate.digest) not in uncounted:
+                    self._disagree(candidate)
         return confirmed
 
     def _refcount(self, candidate: Candidate) -> int:
