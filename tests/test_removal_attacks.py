@@ -184,13 +184,51 @@ def test_rm_whose_unlink_fails_reports_the_failure_and_a_rerun_finishes(
     left = [vid for vid in ids[:5] if vid in stored]
     _consistent(path, [*ids[5:], *left])
     subprocess.run(["chattr", "-i", str(stuck)], check=True)
-    if len(left) < 5:  # the versions removed already are refused by id (one bad selector)
-        assert _cli("rm", str(path), *ids[:5]).returncode == 2
+    if len(left) < 5:  # removed already, and their tombstones gone with _consistent's
+        assert _cli("rm", str(path), *ids[:5]).returncode == 2  # GC: nothing names them
     finished = _cli("rm", str(path), *left)
     assert finished.returncode == 0, finished.stderr
     with chunkstore.open(path) as store:
         assert [v.id for v in store.versions(RUN)] == ids[5:]
     _consistent(path, ids[5:])
+
+
+def test_rm_run_again_reports_what_was_removed_already_and_changes_nothing(
+        tmp_path: Path) -> None:
+    """``rm`` run a second time (by RUN@STEP, full id and id prefix): exit 0, each
+    version reported as already removed (JSON ``already_removed``), nothing changed; a
+    rerun beside a version still published removes that one; a selector that names
+    nothing stays a bad selector, as does a removed version once a GC deleted its
+    tombstone (nothing in the store remembers it)."""
+    from click.testing import CliRunner
+
+    from chunkstore.cli import cli
+    path = tmp_path / "s"
+    ids = _filled(path, steps=4)[RUN]
+    runner = CliRunner()
+
+    def rm(*args: str) -> tuple[int, str]:
+        answer = runner.invoke(cli, ["rm", str(path), *args])
+        return answer.exit_code, answer.output
+
+    assert rm("r@1", ids[1])[0] == 0
+    before = {p: p.stat().st_mtime_ns for p in path.rglob("*") if "index" not in p.parts}
+    code, out = rm("r@1", ids[1], ids[1][:8], "--json")
+    assert code == 0, out
+    answer = json.loads(out)
+    assert answer["removed"] == []
+    assert [(r["id"], r["step"]) for r in answer["already_removed"]] == [(ids[0], 1), (ids[1], 2)]
+    assert {p: p.stat().st_mtime_ns for p in path.rglob("*") if "index" not in p.parts} == before
+    code, out = rm("r@2", "r@3")
+    assert code == 0 and f"already removed {ids[1][:12]} (r@2)" in out and "removed " in out, out
+    assert rm("r@9")[0] == 2
+    with chunkstore.open(path) as store:
+        assert [v.id for v in store.versions(RUN)] == [ids[3]]
+        store.gc(grace=0)  # deletes the tombstones
+    code, out = rm("r@1")
+    assert code == 2 and "no version" in out, out
+    assert "already removed" in runner.invoke(cli, ["rm", "--help"]).output
+    _consistent(path, [ids[3]])
 
 
 def test_rm_dry_run_tells_what_rm_does_when_another_index_tagged_the_version(
