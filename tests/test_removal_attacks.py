@@ -231,6 +231,43 @@ def test_rm_run_again_reports_what_was_removed_already_and_changes_nothing(
     _consistent(path, [ids[3]])
 
 
+def test_a_gc_keeps_the_tombstone_an_rm_run_again_rewrote_while_it_ran(
+        tmp_path: Path) -> None:
+    """An rm killed between r@1's tombstone and its record's delete, over an hour ago:
+    the GC judges that tombstone expired (its version still published); while the GC
+    runs, the rm run again (another machine's index) rewrites the tombstone, fresh, and
+    deletes the record.  The GC must not delete the fresh tombstone it never judged: it
+    is what keeps r@1's tree for the grace period, and what a hold placed now looks for
+    (docs/format.md §11.3, §15.2).  Before, it deleted it by the id it had judged."""
+    from chunkstore.backends.wrappers import RequestHook
+
+    path = tmp_path / "s"
+    with chunkstore.open(path, create=True) as store:
+        first, second = _save(store, 1), _save(store, 2)
+        store.objects.put(TOMBSTONES, first.id, json.dumps({  # as the killed rm left it
+            "format_version": 1, "version": first.id, "root": first.root.hex, "run": RUN,
+            "step": 1, "removed": time.time() - 7200}, sort_keys=True).encode())
+
+        class RerunOnceTheMarkReadTheTombstones(RequestHook):
+            def listed(self, prefix: str, count: int) -> None:
+                if prefix == TOMBSTONES.prefix and not rerun:
+                    with chunkstore.open(path, index_dir=str(tmp_path / "other")) as other:
+                        other.delete(first.id)
+                    rerun.append(first.id)
+
+        rerun: list[str] = []
+        store.backend = RerunOnceTheMarkReadTheTombstones(store.backend)
+        store.gc(grace="1h")
+        assert rerun == [first.id]
+        assert store.objects.exists(TOMBSTONES, first.id)
+    with chunkstore.open(path) as store:
+        store.gc(grace="1h")  # r@1 was removed just now: its tombstone stays
+        assert store.objects.exists(TOMBSTONES, first.id)
+        assert [v.id for v in store.versions(RUN)] == [second.id]
+        assert store.verify().ok
+    _consistent(path, [second.id])
+
+
 def test_rm_dry_run_tells_what_rm_does_when_another_index_tagged_the_version(
         tmp_path: Path) -> None:
     """A tag made through a second index (another machine's) that this one has not seen:

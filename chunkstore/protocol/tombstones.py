@@ -106,6 +106,22 @@ def _removed(objects: ObjectStore, version_id: str) -> RemovedVersion | None:
                           tombstone.removed if tombstone.dated else None)
 
 
+def removal_times(objects: ObjectStore, version_ids: list[str]) -> dict[str, float]:
+    """When each of ``version_ids`` was removed, as its tombstone says now (read side by
+    side); those gone, or whose time cannot be read, are left out."""
+    def read(version_id: str) -> Tombstone | None:
+        try:
+            body = plaindata.load_json(objects.get(TOMBSTONES, version_id))
+        except (FileNotFoundError, ValueError):
+            return None
+        return _parse(version_id, body)
+
+    with ThreadPoolExecutor(max(1, min(16, len(version_ids))),
+                            thread_name_prefix="chunkstore-tombstones") as pool:
+        return {t.version_id: t.removed for t in pool.map(read, version_ids)
+                if t is not None and t.dated}
+
+
 def list_tombstones(objects: ObjectStore) -> Iterator[Tombstone]:
     """Every tombstone; one that cannot be parsed counts as removed now (it protects
     its version, if the root can be read, for a whole grace period from this GC)."""
