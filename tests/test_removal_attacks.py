@@ -268,6 +268,25 @@ def test_a_gc_keeps_the_tombstone_an_rm_run_again_rewrote_while_it_ran(
     _consistent(path, [second.id])
 
 
+def test_verify_on_a_handle_whose_index_lags_reports_only_what_a_fresh_open_would(
+        tmp_path: Path) -> None:
+    """Two handles in one process: one on the store's index, one on an index of its own
+    (another machine's, or a private one); the first removes r@2 and saves r@4.  The
+    second's verify counts them out and in first (what opening the store does), so it
+    reports no refcount mismatch; before, it took its index's lag for damage ('run
+    chunkstore index rebuild').  Two handles on one index (shared) verify clean too."""
+    path = tmp_path / "s"
+    ids = _filled(path, steps=3)[RUN]
+    with chunkstore.open(path) as first, chunkstore.open(path) as same, \
+            chunkstore.open(path, index_dir=str(tmp_path / "other")) as lagging:
+        assert lagging.verify(read_data=False).ok
+        first.delete(ids[1])
+        saved = _save(first, 4)
+        for handle in (same, lagging):
+            _verified(handle)
+            assert [v.id for v in handle.versions(RUN)] == [ids[0], ids[2], saved.id]
+
+
 def test_rm_dry_run_tells_what_rm_does_when_another_index_tagged_the_version(
         tmp_path: Path) -> None:
     """A tag made through a second index (another machine's) that this one has not seen:
