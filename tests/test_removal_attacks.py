@@ -588,6 +588,28 @@ def test_a_removed_version_whose_intent_is_the_highest_slot_is_collected(
         _verified(store)
 
 
+def test_crafted_commit_slots_keep_nothing_and_stop_no_gc(tmp_path: Path) -> None:
+    """Slots that are not JSON, not an object, or hold an intent whose record does not
+    hash to its id, and the intent of a version removed since (withdrawn): GC (grace 0)
+    skips them, warns nothing, and still collects the removed version's data."""
+    from chunkstore.errors import LeaseSetAsideWarning
+    from chunkstore.objects.kinds import LEASES
+    path = tmp_path / "s"
+    with chunkstore.open(path, create=True) as store:
+        first, second = _save(store, 1), _save(store, 2)
+        record = store.objects.get(VERSIONS, second.id).decode()
+        for number, body in enumerate([b"\xff not json", b"[1, 2]", json.dumps(
+                {"format_version": 1, "version": second.id, "record": record}).encode(),
+                json.dumps({"format_version": 1, "version": "0" * 64,
+                            "record": record.replace(second.root.hex, "1" * 64)}).encode()],
+                start=90):
+            store.objects.put(LEASES, f"{RUN}@slot-{number:012d}", body)
+        with pytest.warns(LeaseSetAsideWarning):  # the removal's look at the slots
+            store.delete(second.id)  # withdraws r@2: its intent is in slot 92
+        assert store.gc(grace=0).chunks_deleted > 0  # warns nothing (warnings are errors)
+    _consistent(path, [first.id])
+
+
 def test_a_bulk_delete_whose_s3_server_is_down_is_a_typed_error_of_a_readable_size(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A DeleteObjects of 1,000 records to an S3 endpoint where nothing listens (a closed
