@@ -646,6 +646,42 @@ def s3_url(s3_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         remove_bucket(s3_endpoint, bucket)
 
 
+def test_on_s3_a_gc_keeps_the_intent_of_a_commit_that_never_put_its_record(
+        s3_endpoint: str, s3_url: str) -> None:
+    """On the moto server, in process: r@2's save claims its slot and then its record's
+    PUT fails (its writer gives up: its session ends, its objects are orphans); gc
+    --grace 0 sweeps; a takeover rolls r@2 forward, whole (docs/format.md §11.5)."""
+    from chunkstore.backends.wrappers import RequestHook
+
+    class NoRecord(RequestHook):
+        def request(self, operation: str, key: str) -> None:
+            if operation == "put" and key.startswith(VERSIONS.prefix):
+                raise OSError("the record's PUT fails")
+
+    options = storage_options(s3_endpoint)
+    with chunkstore.open(s3_url, create=True, storage_options=options) as store:
+        owner = RunLease(store.objects, RUN)
+        owner.acquire()
+        try:
+            first = _save(store, 1, owner)
+            inner = store.objects.backend
+            store.backend = store.objects.backend = NoRecord(inner)
+            with pytest.raises(OSError):
+                _save(store, 2, owner)
+            store.backend = store.objects.backend = inner
+            assert store.gc(grace=0).swept
+            taker = RunLease(store.objects, RUN)
+            taker.acquire(takeover=True)
+            taker.release()
+        finally:
+            owner.release()
+        assert taker.head is not None and taker.head != first.id
+    with chunkstore.open(s3_url, storage_options=options) as store:
+        assert [v.step for v in store.versions(RUN)] == [1, 2]
+        _loads(store, taker.head)
+        _verified(store)
+
+
 @pytest.mark.parametrize("fault", [
     "kill-before-put:removed/:5", "kill-after-put:removed/:11",
     "kill-after-delete:versions/:11", None,
