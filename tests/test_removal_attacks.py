@@ -77,7 +77,9 @@ def test_a_taker_does_not_republish_a_version_a_grace_0_gc_collected(tmp_path: P
     try:
         with removed_behind_a_paused_walk(store, _save) as (taker, version):
             result = store.gc(grace=0)
-            assert result.chunks_deleted > 0  # r@1's own chunk
+            # r@1's own nodes; its chunk shares a pack with what r@2's intent (slot 3,
+            # the next walk publishes it) reaches, which the GC keeps.
+            assert result.nodes_deleted > 0 and not result.index_disagreements
             taker._roll_forward(2)  # the walk, from its read of slot 2 on
             assert not store.objects.exists(VERSIONS, version.id)
             assert taker.head is None
@@ -182,13 +184,107 @@ def test_rm_whose_unlink_fails_reports_the_failure_and_a_rerun_finishes(
     left = [vid for vid in ids[:5] if vid in stored]
     _consistent(path, [*ids[5:], *left])
     subprocess.run(["chattr", "-i", str(stuck)], check=True)
-    if len(left) < 5:  # the versions removed already are refused by id (one bad selector)
-        assert _cli("rm", str(path), *ids[:5]).returncode == 2
+    if len(left) < 5:  # removed already, and their tombstones gone with _consistent's
+        assert _cli("rm", str(path), *ids[:5]).returncode == 2  # GC: nothing names them
     finished = _cli("rm", str(path), *left)
     assert finished.returncode == 0, finished.stderr
     with chunkstore.open(path) as store:
         assert [v.id for v in store.versions(RUN)] == ids[5:]
     _consistent(path, ids[5:])
+
+
+def test_rm_run_again_reports_what_was_removed_already_and_changes_nothing(
+        tmp_path: Path) -> None:
+    """``rm`` run a second time (by RUN@STEP, full id and id prefix): exit 0, each
+    version reported as already removed (JSON ``already_removed``), nothing changed; a
+    rerun beside a version still published removes that one; a selector that names
+    nothing stays a bad selector, as does a removed version once a GC deleted its
+    tombstone (nothing in the store remembers it)."""
+    from click.testing import CliRunner
+
+    from chunkstore.cli import cli
+    path = tmp_path / "s"
+    ids = _filled(path, steps=4)[RUN]
+    runner = CliRunner()
+
+    def rm(*args: str) -> tuple[int, str]:
+        answer = runner.invoke(cli, ["rm", str(path), *args])
+        return answer.exit_code, answer.output
+
+    assert rm("r@1", ids[1])[0] == 0
+    before = {p: p.stat().st_mtime_ns for p in path.rglob("*") if "index" not in p.parts}
+    code, out = rm("r@1", ids[1], ids[1][:8], "--json")
+    assert code == 0, out
+    answer = json.loads(out)
+    assert answer["removed"] == []
+    assert [(r["id"], r["step"]) for r in answer["already_removed"]] == [(ids[0], 1), (ids[1], 2)]
+    assert {p: p.stat().st_mtime_ns for p in path.rglob("*") if "index" not in p.parts} == before
+    code, out = rm("r@2", "r@3")
+    assert code == 0 and f"already removed {ids[1][:12]} (r@2)" in out and "removed " in out, out
+    assert rm("r@9")[0] == 2
+    with chunkstore.open(path) as store:
+        assert [v.id for v in store.versions(RUN)] == [ids[3]]
+        store.gc(grace=0)  # deletes the tombstones
+    code, out = rm("r@1")
+    assert code == 2 and "no version" in out, out
+    assert "already removed" in runner.invoke(cli, ["rm", "--help"]).output
+    _consistent(path, [ids[3]])
+
+
+def test_a_gc_keeps_the_tombstone_an_rm_run_again_rewrote_while_it_ran(
+        tmp_path: Path) -> None:
+    """An rm killed between r@1's tombstone and its record's delete, over an hour ago:
+    the GC judges that tombstone expired (its version still published); while the GC
+    runs, the rm run again (another machine's index) rewrites the tombstone, fresh, and
+    deletes the record.  The GC must not delete the fresh tombstone it never judged: it
+    is what keeps r@1's tree for the grace period, and what a hold placed now looks for
+    (docs/format.md §11.3, §15.2).  Before, it deleted it by the id it had judged."""
+    from chunkstore.backends.wrappers import RequestHook
+
+    path = tmp_path / "s"
+    with chunkstore.open(path, create=True) as store:
+        first, second = _save(store, 1), _save(store, 2)
+        store.objects.put(TOMBSTONES, first.id, json.dumps({  # as the killed rm left it
+            "format_version": 1, "version": first.id, "root": first.root.hex, "run": RUN,
+            "step": 1, "removed": time.time() - 7200}, sort_keys=True).encode())
+
+        class RerunOnceTheMarkReadTheTombstones(RequestHook):
+            def listed(self, prefix: str, count: int) -> None:
+                if prefix == TOMBSTONES.prefix and not rerun:
+                    with chunkstore.open(path, index_dir=str(tmp_path / "other")) as other:
+                        other.delete(first.id)
+                    rerun.append(first.id)
+
+        rerun: list[str] = []
+        store.backend = RerunOnceTheMarkReadTheTombstones(store.backend)
+        store.gc(grace="1h")
+        assert rerun == [first.id]
+        assert store.objects.exists(TOMBSTONES, first.id)
+    with chunkstore.open(path) as store:
+        store.gc(grace="1h")  # r@1 was removed just now: its tombstone stays
+        assert store.objects.exists(TOMBSTONES, first.id)
+        assert [v.id for v in store.versions(RUN)] == [second.id]
+        assert store.verify().ok
+    _consistent(path, [second.id])
+
+
+def test_verify_on_a_handle_whose_index_lags_reports_only_what_a_fresh_open_would(
+        tmp_path: Path) -> None:
+    """Two handles in one process: one on the store's index, one on an index of its own
+    (another machine's, or a private one); the first removes r@2 and saves r@4.  The
+    second's verify counts them out and in first (what opening the store does), so it
+    reports no refcount mismatch; before, it took its index's lag for damage ('run
+    chunkstore index rebuild').  Two handles on one index (shared) verify clean too."""
+    path = tmp_path / "s"
+    ids = _filled(path, steps=3)[RUN]
+    with chunkstore.open(path) as first, chunkstore.open(path) as same, \
+            chunkstore.open(path, index_dir=str(tmp_path / "other")) as lagging:
+        assert lagging.verify(read_data=False).ok
+        first.delete(ids[1])
+        saved = _save(first, 4)
+        for handle in (same, lagging):
+            _verified(handle)
+            assert [v.id for v in handle.versions(RUN)] == [ids[0], ids[2], saved.id]
 
 
 def test_rm_dry_run_tells_what_rm_does_when_another_index_tagged_the_version(
@@ -442,15 +538,13 @@ _save(store, 2, lease)  # killed after its claim and check, before its record's 
 """
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a taker's walk rolls forward an intent whose objects a GC collected after its"
-    " writer died (a launch that takes the run over later than the grace period): the"
-    " record it creates names objects that are gone; reconcile leaves it out of the"
-    " index with a warning, but it stays in the store. Fix: the walk checks that the"
-    " intent's tree is whole before its PUT (or a GC marks the trees of each run's"
-    " highest intent); not a removal change"))
 def test_a_takeover_after_a_gc_rolls_forward_no_intent_whose_objects_are_gone(
         tmp_path: Path) -> None:
+    """A writer killed after its claim, before its record's PUT; a GC with grace 0 (its
+    session dead, its objects orphans past the grace period); then a takeover, whose
+    walk rolls the intent forward: the GC kept the intent's tree (docs/format.md §11.5),
+    so the version published loads and verifies.  Before, the GC deleted it and the walk
+    created a record naming objects that were gone."""
     path = tmp_path / "s"
     chunkstore.open(path, create=True).close()
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("CHUNKSTORE_FAULT")},
@@ -461,13 +555,59 @@ def test_a_takeover_after_a_gc_rolls_forward_no_intent_whose_objects_are_gone(
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     with chunkstore.open(path) as store:
         (first,) = store.versions(RUN)
-        assert store.gc(grace=0).chunks_deleted > 0  # r@2's own, its writer dead
+        store.gc(grace=0)
         taker = RunLease(store.objects, RUN)
         taker.acquire(takeover=True)
         try:
-            assert store.stored_version_ids() == [first.id]
+            assert taker.head is not None and taker.head != first.id
+            assert sorted(store.stored_version_ids()) == sorted([first.id, taker.head])
         finally:
             taker.release()
+    with chunkstore.open(path) as store:  # a fresh index counts the record in
+        assert [v.id for v in store.versions(RUN)] == [first.id, taker.head]
+        _loads(store, taker.head)
+        _verified(store)
+
+
+def test_a_removed_version_whose_intent_is_the_highest_slot_is_collected(
+        tmp_path: Path) -> None:
+    """GC keeps the tree of every intent in the commit slots but not of a withdrawn
+    version: ``rm RUN@latest`` of a run whose writer released it, then a GC with grace
+    0, frees what only that version held (else it stayed until the next takeover)."""
+    path = tmp_path / "s"
+    with chunkstore.open(path, create=True) as store:
+        lease = RunLease(store.objects, RUN)
+        lease.acquire()
+        try:
+            first, latest = _save(store, 1, lease), _save(store, 2, lease)
+        finally:
+            lease.release()
+        store.delete(latest.id)
+        assert store.gc(grace=0).chunks_deleted > 0
+        assert [v.id for v in store.versions(RUN)] == [first.id]
+        _verified(store)
+
+
+def test_crafted_commit_slots_keep_nothing_and_stop_no_gc(tmp_path: Path) -> None:
+    """Slots that are not JSON, not an object, or hold an intent whose record does not
+    hash to its id, and the intent of a version removed since (withdrawn): GC (grace 0)
+    skips them, warns nothing, and still collects the removed version's data."""
+    from chunkstore.errors import LeaseSetAsideWarning
+    from chunkstore.objects.kinds import LEASES
+    path = tmp_path / "s"
+    with chunkstore.open(path, create=True) as store:
+        first, second = _save(store, 1), _save(store, 2)
+        record = store.objects.get(VERSIONS, second.id).decode()
+        for number, body in enumerate([b"\xff not json", b"[1, 2]", json.dumps(
+                {"format_version": 1, "version": second.id, "record": record}).encode(),
+                json.dumps({"format_version": 1, "version": "0" * 64,
+                            "record": record.replace(second.root.hex, "1" * 64)}).encode()],
+                start=90):
+            store.objects.put(LEASES, f"{RUN}@slot-{number:012d}", body)
+        with pytest.warns(LeaseSetAsideWarning):  # the removal's look at the slots
+            store.delete(second.id)  # withdraws r@2: its intent is in slot 92
+        assert store.gc(grace=0).chunks_deleted > 0  # warns nothing (warnings are errors)
+    _consistent(path, [first.id])
 
 
 def test_a_bulk_delete_whose_s3_server_is_down_is_a_typed_error_of_a_readable_size(
@@ -504,6 +644,42 @@ def s3_url(s3_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         yield f"s3://{bucket}/ckpts"
     finally:
         remove_bucket(s3_endpoint, bucket)
+
+
+def test_on_s3_a_gc_keeps_the_intent_of_a_commit_that_never_put_its_record(
+        s3_endpoint: str, s3_url: str) -> None:
+    """On the moto server, in process: r@2's save claims its slot and then its record's
+    PUT fails (its writer gives up: its session ends, its objects are orphans); gc
+    --grace 0 sweeps; a takeover rolls r@2 forward, whole (docs/format.md §11.5)."""
+    from chunkstore.backends.wrappers import RequestHook
+
+    class NoRecord(RequestHook):
+        def request(self, operation: str, key: str) -> None:
+            if operation == "put" and key.startswith(VERSIONS.prefix):
+                raise OSError("the record's PUT fails")
+
+    options = storage_options(s3_endpoint)
+    with chunkstore.open(s3_url, create=True, storage_options=options) as store:
+        owner = RunLease(store.objects, RUN)
+        owner.acquire()
+        try:
+            first = _save(store, 1, owner)
+            inner = store.objects.backend
+            store.backend = store.objects.backend = NoRecord(inner)
+            with pytest.raises(OSError):
+                _save(store, 2, owner)
+            store.backend = store.objects.backend = inner
+            assert store.gc(grace=0).swept
+            taker = RunLease(store.objects, RUN)
+            taker.acquire(takeover=True)
+            taker.release()
+        finally:
+            owner.release()
+        assert taker.head is not None and taker.head != first.id
+    with chunkstore.open(s3_url, storage_options=options) as store:
+        assert [v.step for v in store.versions(RUN)] == [1, 2]
+        _loads(store, taker.head)
+        _verified(store)
 
 
 @pytest.mark.parametrize("fault", [

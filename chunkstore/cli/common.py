@@ -386,8 +386,10 @@ def echo_lines(lines: Sequence[str]) -> None:
         click.echo(line)
 
 
-def local_time(info: VersionInfo) -> str:
-    stamp = dt.datetime.fromtimestamp(info.created, dt.timezone.utc).astimezone()
+def local_time(info: VersionInfo | float) -> str:
+    """When a version was created (or a Unix time), in local time."""
+    when = info if isinstance(info, float) else info.created
+    stamp = dt.datetime.fromtimestamp(when, dt.timezone.utc).astimezone()
     return stamp.strftime("%Y-%m-%d %H:%M:%S")
 
 

@@ -21,10 +21,12 @@ from chunkstore.cli.common import (
     tags_by_version,
     version_json,
 )
-from chunkstore.errors import HeldVersionError, SelectorError
+from chunkstore.errors import AmbiguousSelectorError, HeldVersionError, SelectorError
+from chunkstore.handle.removal import removed_already
 from chunkstore.maintenance.purge import PurgeResult
 from chunkstore.progress import TerminalProgress
 from chunkstore.protocol.holds import held_ids, read_hold
+from chunkstore.protocol.tombstones import RemovedVersion
 from chunkstore.store import Store, VersionInfo
 
 # --- tag ------------------------------------------------------------------------------------
@@ -161,15 +163,26 @@ def rm(store_path: str, selectors: tuple[str, ...], force: bool, dry_run: bool,
     its full id to remove it.
 
     \b
-    Exit codes: 0 removed (or would be, with --dry-run); 2 bad selector,
-    tagged version without --force, held version, or not a store; 4 with
-    --purge, a gc running on the store.
+    A rerun is safe: a selector (full id, id prefix or RUN@STEP) that names a
+    version removed already, whose tombstone is still in the store (removed
+    less than a GC grace period ago, or by a removal that did not finish), is
+    reported as "already removed", not an error; RUN@latest, latest and tags
+    name what is published now. A selector that names nothing, published or
+    removed, is still a bad selector.
+
+    \b
+    Exit codes: 0 removed or already removed (or would be, with --dry-run);
+    2 bad selector, tagged version without --force, held version, or not a
+    store; 4 with --purge, a gc running on the store.
     """
     if grace is not None and not purge:  # else it would be silently ignored
         raise CliError("--grace is for --purge (what versions removed earlier keep); add"
                        " --purge or drop --grace; nothing removed", EXIT_USAGE)
     with open_store(store_path) as store:
-        infos = list({info.id: info for info in map(store.resolve_for_removal, selectors)}.values())
+        infos, gone = _removals(store, selectors)
+        if not infos:  # a rerun of a removal that finished: nothing to do
+            _already_report(gone, dry_run, purge, as_json)
+            return
         tags = tags_by_version(store)
         pinned = [(i, tags[i.id]) for i in infos if i.id in tags]
         if pinned and not force:
@@ -186,28 +199,71 @@ def rm(store_path: str, selectors: tuple[str, ...], force: bool, dry_run: bool,
                 result = store.purge([info.id for info in infos], force=force,
                                      grace="1h" if grace is None else grace,
                                      progress=progress)
-            _purge_report(result, tags, as_json)
+            _purge_report(result, tags, gone, as_json)
             return
         if not dry_run:
             store.delete_many([info.id for info in infos], force=force)
     if as_json:
-        emit_json({"dry_run": dry_run, "removed": [version_json(i, tags) for i in infos]})
+        emit_json({"dry_run": dry_run, "removed": [version_json(i, tags) for i in infos],
+                   "already_removed": [r.to_json() for r in gone]})
         return
     verb = "would remove" if dry_run else "removed"
     for info in infos:
         click.echo(f"{verb} {label(info)}")
+    _already_lines(gone)
     if not dry_run:
         click.echo("space is freed by `chunkstore gc` once no version references the chunks")
 
 
-def _purge_report(result: PurgeResult, tags: dict[str, list[str]], as_json: bool) -> None:
+def _removals(store: Store, selectors: tuple[str, ...]
+              ) -> tuple[list[VersionInfo], list[RemovedVersion]]:
+    """The versions to remove, each once, and those the selectors name that a removal
+    took already (a rerun); any other bad selector raises, before anything changes."""
+    infos: dict[str, VersionInfo] = {}
+    gone: dict[str, RemovedVersion] = {}
+    for selector in selectors:
+        try:
+            info = store.resolve_for_removal(selector)
+        except AmbiguousSelectorError:
+            raise
+        except SelectorError:
+            removed = removed_already(store, selector)
+            if removed is None:
+                raise
+            gone[removed.version_id] = removed
+            continue
+        infos[info.id] = info
+    return list(infos.values()), [r for vid, r in gone.items() if vid not in infos]
+
+
+def _already_report(gone: list[RemovedVersion], dry_run: bool, purge: bool,
+                    as_json: bool) -> None:
+    if as_json:
+        emit_json({"dry_run": dry_run, **({"purged": True} if purge and not dry_run else {}),
+                   "removed": [], "already_removed": [r.to_json() for r in gone]})
+        return
+    _already_lines(gone)
+    click.echo("nothing to do")
+
+
+def _already_lines(gone: list[RemovedVersion]) -> None:
+    for r in gone:
+        name = f"{r.run}@{r.step}" if r.run is not None and r.step is not None else "?"
+        when = "" if r.removed is None else f" at {local_time(r.removed)}"
+        click.echo(f"already removed {r.version_id[:12]} ({name}){when}")
+
+
+def _purge_report(result: PurgeResult, tags: dict[str, list[str]],
+                  gone: list[RemovedVersion], as_json: bool) -> None:
     if as_json:
         emit_json({"dry_run": False, "purged": True,
                    "removed": [version_json(i, tags) for i in result.removed],
+                   "already_removed": [r.to_json() for r in gone],
                    **{k: v for k, v in result.to_json().items() if k != "removed"}})
         return
     for info in result.removed:
         click.echo(f"removed {label(info)}")
+    _already_lines(gone)
     click.echo(f"freed {format_size(result.bytes_freed)} in"
                f" {plural(result.objects_deleted, 'object')} no other version shares")
     if result.objects_shared:

@@ -50,12 +50,13 @@ from typing import TYPE_CHECKING
 
 from chunkstore.backends.base import DELETE_BATCH
 from chunkstore.errors import HeldVersionError, InvalidInputError
+from chunkstore.format.records import MIN_PREFIX
 from chunkstore.objects.kinds import SIGNATURES, TAGS, VERSIONS
 from chunkstore.protocol import audit, tombstones
 from chunkstore.protocol.audit import versions_named
 from chunkstore.protocol.holds import Hold, held_ids, read_hold
 from chunkstore.protocol.runlease import Withdrawals, withdraw
-from chunkstore.protocol.tombstones import write_tombstone
+from chunkstore.protocol.tombstones import RemovedVersion, find_removed, write_tombstone
 
 if TYPE_CHECKING:
     from chunkstore.handle.handle import StoreHandle
@@ -131,6 +132,26 @@ def remove_versions(store: StoreHandle, infos: Sequence[VersionInfo], *,
         raise HeldVersionError({h.version_id: h.reason for h in late},
                                removed=[vid for vid in removed_ids if vid not in late_ids])
     return held + late
+
+
+def removed_already(store: StoreHandle, selector: str) -> RemovedVersion | None:
+    """The version ``selector`` named (a full id or unique id prefix, or RUN@STEP) if it
+    was removed already and its tombstone is still stored (removed less than a grace
+    period ago, docs/format.md §11.3) and its record is gone: what a rerun of a removal
+    reports instead of a bad selector.  None when the selector names no such version."""
+    run, at, step = selector.partition("@")
+    if at:
+        if not (step.isascii() and step.isdigit() and len(step) <= 19):
+            return None  # RUN@latest names what is published now
+        found = find_removed(store.objects, run=run, step=int(step))
+    elif len(selector) >= MIN_PREFIX and all(c in "0123456789abcdef" for c in selector.lower()):
+        found = find_removed(store.objects, prefix=selector.lower())
+        if len(found) > 1:
+            return None  # ambiguous: the resolver's error says so
+    else:
+        return None
+    found = [r for r in found if not store.objects.exists(VERSIONS, r.version_id)]
+    return found[-1] if found else None
 
 
 def _holds_of(store: StoreHandle, held: set[str], infos: Sequence[VersionInfo]

@@ -21,7 +21,10 @@ model, are why each step is where it is):
    period (the index's ``zero`` table), and, in a sweep, objects on storage no
    index record names (orphans of killed saves, objects of another index's
    versions) older than the grace period;
-4. mark: walk the manifests of every live version on storage (shared
+4. mark: walk, first, the tree of every intent in a run's commit slots (a
+   killed writer's claimed save, which the run's next taker publishes:
+   :mod:`chunkstore.protocol.runlease` argues why before the listing of the
+   commit records), then the manifests of every live version on storage (shared
    subtrees once) and of every version removed less than the grace period
    ago (its tombstone, :mod:`chunkstore.protocol.tombstones`: the grace period runs
    from unreachability, whoever removed it and whatever the index knows), and
@@ -60,7 +63,8 @@ model, are why each step is where it is):
    by step 1 of the next run);
 9. mark the journal entry ``done`` (saves apply it to their own indexes:
    those objects are never again dedup targets there), delete expired
-   tombstones and old temporary files, and in a sweep the signature objects of
+   tombstones (each read again first: one that a removal run again rewrote
+   since is fresh and stays) and old temporary files, and in a sweep the signature objects of
    versions not published, older than the grace period
    (:func:`chunkstore.handle.signatures.orphan_signatures`); a run that recorded an
    intent records what it deleted (its ``done`` event).
@@ -162,9 +166,11 @@ from chunkstore.index.lmdbindex import CHUNK, NODE, ChunkState
 from chunkstore.maintenance.mark import (
     MarkSet,
     mark_live,
+    mark_pending,
     mark_read,
     mark_removed,
     mark_unindexed,
+    tree_objects,
 )
 from chunkstore.maintenance.reconcile import reconcile
 from chunkstore.maintenance.repack import DEFAULT_UNUSED, plan, repack
@@ -199,6 +205,7 @@ from chunkstore.protocol.journal import (
 from chunkstore.protocol.moved import MovedRecord, list_moved, resolve_location
 from chunkstore.protocol.readleases import expired_read_leases
 from chunkstore.protocol.sessions import HEARTBEAT_S, LEASE_S, list_sessions, owner_is_dead
+from chunkstore.protocol.tombstones import removal_times
 from chunkstore.read.packs import copy_members
 
 if TYPE_CHECKING:
@@ -617,6 +624,8 @@ class _Run:
         if self.marks is None:
             self.marks = MarkSet(self.index.path)
         marks = self.marks
+        # Intents first: before the listing of the commit records (mark_pending says why).
+        pending = mark_pending(self.store, marks)
         fallback = mark_live(self.store, marks, self.progress, self.check_time)
         published = mark_unindexed(self.store, marks)
         self.expired_tombstones = mark_removed(
@@ -634,12 +643,16 @@ class _Run:
             if note not in self.result.index_disagreements:
                 self.result.index_disagreements.append(note)
         confirmed = []
+        uncounted: set[tuple[bytes, Digest]] | None = None  # what only intents reach
         for candidate in candidates:
             if (candidate.kind, candidate.digest) not in marks:
                 confirmed.append(candidate)
             elif candidate.indexed and self._refcount(candidate) == 0 \
                     and not marks.forwarded_to(candidate.digest):
-                self._disagree(candidate)
+                if uncounted is None:
+                    uncounted = tree_objects(self.store, pending) if pending else set()
+                if (candidate.kind, candidate.digest) not in uncounted:
+                    self._disagree(candidate)
         return confirmed
 
     def _refcount(self, candidate: Candidate) -> int:
@@ -884,6 +897,18 @@ class _Run:
             self.result.nodes_deleted += 1
         self.result.bytes_freed += candidate.size
 
+    def still_expired(self) -> list[str]:
+        """The tombstones the marks judged expired, read again right before they go (one
+        request each, side by side): a removal run again over one that did not finish
+        (``rm`` killed after its tombstones) rewrote its tombstone since, fresh, and is
+        deleting the record; deleted by its id, the version would lose its grace period
+        and a hold placed now the removal's only sign (docs/format.md §11.3).  A purge's
+        own tombstones go whatever their age."""
+        judged = [vid for vid in self.expired_tombstones if vid not in self.purged]
+        times = removal_times(self.objects, judged)
+        return [vid for vid in self.expired_tombstones if vid in self.purged
+                or (vid in times and times[vid] <= self.removed_before)]
+
     def clean_up(self) -> None:
         """Expired tombstones, finished journal entries (older than a day, or applied
         here on a local store), and the temporary files of interrupted writes."""
@@ -895,6 +920,7 @@ class _Run:
         # while it is fenced waits for this run before it writes or relies on the record.
         self.result.moved_records_deleted = len(self.moved_unused)
         if not self.dry_run:
+            self.expired_tombstones = self.still_expired()
             if self.expired_tombstones:
                 self.record_intent(tombstones=len(self.expired_tombstones))
             # In bulk (a prune leaves a thousand): each protects nothing any more.

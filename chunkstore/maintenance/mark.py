@@ -23,7 +23,7 @@ from chunkstore.errors import (
 )
 from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import DataEntry, PackLocation, TensorEntry
-from chunkstore.handle.tree import load_tree
+from chunkstore.handle.tree import flatten, load_tree
 from chunkstore.index.indexfile import is_full
 from chunkstore.index.lmdbindex import CHUNK, NODE
 from chunkstore.objects.kinds import TOMBSTONES
@@ -31,6 +31,7 @@ from chunkstore.progress import Progress
 from chunkstore.protocol import tombstones
 from chunkstore.protocol.moved import MAX_HOPS, MovedRecord, resolve_hops
 from chunkstore.protocol.readleases import live_read_roots
+from chunkstore.protocol.runlease import pending_roots
 from chunkstore.protocol.tombstones import list_tombstones
 
 if TYPE_CHECKING:
@@ -392,7 +393,37 @@ def mark_removed(store: StoreHandle, marks: MarkSet, removed_after: float,
 def mark_read(store: StoreHandle, marks: MarkSet) -> int:
     """Mark the trees that live read leases name (docs/format.md §11.6): what a reader
     on any machine still reads stays, removed or not.  Returns how many were marked."""
-    roots = live_read_roots(store.objects)
+    return _mark_roots(store, marks, live_read_roots(store.objects))
+
+
+def mark_pending(store: StoreHandle, marks: MarkSet) -> list[Digest]:
+    """Mark the trees of the intents in every run's commit slots (docs/format.md §11.5):
+    a writer killed after its claim left a version the run's next taker publishes.
+    Called before the mark lists the commit records: a slot is deleted only after its
+    version's record was created (or its version withdrawn), so an intent this listing
+    misses is a record (or a tombstone) the later listing finds.  Returns their roots."""
+    roots = pending_roots(store.objects)
+    _mark_roots(store, marks, roots)
+    return roots
+
+
+def tree_objects(store: StoreHandle, roots: list[Digest]) -> set[tuple[bytes, Digest]]:
+    """(kind, digest) of every node and chunk object the trees at ``roots`` need (those
+    that can be read): what no index counts for an intent, so that a GC does not call
+    an index wrong for keeping them at refcount 0."""
+    found: set[tuple[bytes, Digest]] = set()
+    for root in roots:
+        try:
+            flat = flatten(store.objects, root, store.node_cache)
+        except ChunkStoreError:
+            continue
+        found |= {(NODE, digest) for digest in flat.tree_nodes | flat.data_nodes()}
+        found |= {(CHUNK, digest) for leaf in flat.leaves.values()
+                  if isinstance(leaf, TensorEntry) for digest in leaf.chunk_digests()}
+    return found
+
+
+def _mark_roots(store: StoreHandle, marks: MarkSet, roots: list[Digest]) -> int:
     for root in roots:
         try:
             mark_tree(store, root, marks)

@@ -1,7 +1,10 @@
 """``verify``: every chunk reachable from the chosen versions is present, decodes
 and hashes right at the length the manifest implies; commit records, manifest
 nodes and data nodes parse; every tensor entry is one a read can read; tags
-parse; hold objects parse (a damaged one still holds); refcounts match.
+parse; hold objects parse (a damaged one still holds); refcounts match.  The
+refcounts are those of the store as it is now: a verify of the whole store first
+counts in and out what was saved or removed through another index (as opening the
+store does), so an index that only lags is never reported as damaged.
 
 Findings are collected as :class:`Problem` objects instead of stopping at the
 first one.
@@ -58,6 +61,7 @@ from chunkstore.maintenance.findings import (
     VersionVerdict,
     summarize,
 )
+from chunkstore.maintenance.reconcile import reconcile_if_changed
 from chunkstore.objects.kinds import CHUNKS, HOLDS, MOVED, NODES, SIGNATURES, TAGS, VERSIONS
 from chunkstore.progress import NullProgress, Progress
 from chunkstore.protocol.holds import list_holds
@@ -474,6 +478,12 @@ def verify(store: StoreHandle, sel: str | None = None, *, read_data: bool = True
     started = time.monotonic()
     subset = _subset(read_data, read_data_subset)
     result = VerifyResult(subset=None if subset is None else str(subset))
+    if sel is None:
+        # Versions saved or removed through another index (another machine's, another
+        # handle's private one) since this one looked: counted in and out first, as
+        # opening the store does, so the refcount check compares the store with itself
+        # and not with this index's lag.
+        reconcile_if_changed(store)
     ids = [store.resolve(sel).id] if sel is not None else sorted(store.stored_version_ids())
     # --quick over the whole store: a version an earlier verify read is checked present
     trusted = _trusted_versions(store, ids) if not read_data and sel is None else {}

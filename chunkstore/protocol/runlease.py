@@ -89,6 +89,26 @@ period (at once with ``gc --grace 0``), and a walk paused past it created the re
 of a version whose objects that GC deleted.  A removal of many versions looks at the
 markers and the slots once, after all their tombstones.  Saves that do not go through
 a lease (the low-level ``new_version``, releases before this protocol) are not fenced.
+
+**What a walk rolls forward is whole.**  A writer killed after its claim leaves an
+intent whose objects no version reaches and whose save session is dead: a GC would
+collect them once the grace period is over, and a later takeover's walk would create a
+record naming objects that are gone.  So a GC keeps the tree of every intent in any
+slot whose version is not withdrawn (:func:`pending_roots`, marked by
+:func:`chunkstore.maintenance.mark.mark_pending`), as it keeps a read lease's, in both
+of its marks and *before* it lists the commit records.  Why that suffices: the intent's
+objects were durable when its slot was claimed, and slots are never rewritten.  A slot
+a mark's listing finds keeps its tree (induction over deletions: the first object of it
+a GC deletes was reached by that GC's mark).  A slot the listing does not find was
+deleted before, which happens only once the slot two above it is claimed, by its own
+writer after it published the version, or by a newer owner whose walk rolled it
+forward (or found it removed) first: so its record was created before the listing of
+the commit records that follows, which marks it, or it was removed since (its
+tombstone marks it for the grace period, and it is withdrawn).  A withdrawn version is
+never rolled forward, so its intent keeps nothing: ``rm RUN@latest`` frees its data.
+The cost: a killed writer's claimed save holds its new objects until the run's next
+takeover publishes it (then retention governs it); a GC that marks adds a listing of
+``leases/`` and a read of each slot (two or three per run), twice.
 """
 
 from __future__ import annotations
@@ -113,6 +133,7 @@ from chunkstore.errors import (
     RunLeaseLostError,
 )
 from chunkstore.format import plaindata
+from chunkstore.format.digest import Digest
 from chunkstore.format.records import CommitRecord
 from chunkstore.index.lmdbindex import pid_namespace
 from chunkstore.objects.kinds import LEASES, TOMBSTONES, VERSIONS
@@ -214,6 +235,35 @@ def withdrawn(objects: ObjectStore) -> frozenset[str]:
     """The ids of every withdrawn version (one listing of ``leases/``)."""
     return frozenset(name.rpartition("@withdrawn-")[2] for name in objects.ids(LEASES)
                      if "@withdrawn-" in name)
+
+
+def pending_roots(objects: ObjectStore) -> list[Digest]:
+    """The root of every intent in any run's commit slots whose version is not withdrawn:
+    what a GC keeps, so that the walk that rolls the intent forward publishes a whole
+    version (one listing of ``leases/`` and a read of each slot; see
+    :func:`chunkstore.maintenance.mark.mark_pending` for the order that makes it safe).
+    A slot that cannot be read or whose record does not check protects nothing: no walk
+    rolls it forward."""
+    names = list(objects.ids(LEASES))
+    gone = {name.rpartition("@withdrawn-")[2] for name in names if "@withdrawn-" in name}
+    roots = set()
+    for name in names:
+        run, _, number = name.rpartition("@slot-")
+        if not run or not _NUMBER.fullmatch(number):
+            continue
+        try:  # as the walk reads it (_read, _roll_forward): what it skips, this skips
+            intent = plaindata.load_json(objects.get(LEASES, name))
+        except (ValueError, OSError):  # discarded since (a claim two above), damaged
+            continue
+        version, record = (intent.get("version"), intent.get("record")) \
+            if isinstance(intent, dict) else (None, None)
+        if not isinstance(version, str) or not isinstance(record, str) or version in gone:
+            continue  # a fence, or a version removed since
+        try:
+            roots.add(CommitRecord.decode(version, record.encode()).root)
+        except ChunkStoreError:
+            continue  # set aside by the walk too
+    return sorted(roots, key=lambda digest: digest.raw)
 
 
 def _numbers(objects: ObjectStore, run: str, what: str) -> list[int]:

@@ -15,6 +15,7 @@ import json
 import math
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -61,6 +62,64 @@ def write_tombstone(objects: ObjectStore, version_id: str, root: Digest, run: st
     body = _body(version_id, root, run, step)
     if not deferred or not objects.put_if_absent_deferred(TOMBSTONES, version_id, body):
         objects.put(TOMBSTONES, version_id, body)
+
+
+@dataclass(frozen=True)
+class RemovedVersion:
+    """What a tombstone tells a person of its version: a rerun of ``rm`` names it."""
+
+    version_id: str
+    run: str | None
+    step: int | None
+    removed: float | None  # None: not readable
+
+    def to_json(self) -> dict[str, object]:
+        return {"id": self.version_id, "run": self.run, "step": self.step,
+                "removed": self.removed}
+
+
+def find_removed(objects: ObjectStore, *, prefix: str = "", run: str | None = None,
+                 step: int | None = None) -> list[RemovedVersion]:
+    """The versions whose tombstones are stored, by id prefix, or by run and step (which
+    reads every tombstone, side by side), newest removal last."""
+    ids = [vid for vid in objects.ids(TOMBSTONES, prefix) if is_hex_digest(vid)]
+    with ThreadPoolExecutor(max(1, min(16, len(ids))),
+                            thread_name_prefix="chunkstore-tombstones") as pool:
+        found = [r for r in pool.map(lambda vid: _removed(objects, vid), ids)
+                 if r is not None and (run is None or (r.run, r.step) == (run, step))]
+    return sorted(found, key=lambda r: (r.removed or 0.0, r.version_id))
+
+
+def _removed(objects: ObjectStore, version_id: str) -> RemovedVersion | None:
+    try:
+        body = plaindata.load_json(objects.get(TOMBSTONES, version_id))
+    except FileNotFoundError:
+        return None  # deleted by a GC since the listing
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        return RemovedVersion(version_id, None, None, None)
+    run, step = body.get("run"), body.get("step")
+    tombstone = _parse(version_id, body)
+    return RemovedVersion(version_id, run if isinstance(run, str) else None,
+                          step if type(step) is int else None,
+                          tombstone.removed if tombstone.dated else None)
+
+
+def removal_times(objects: ObjectStore, version_ids: list[str]) -> dict[str, float]:
+    """When each of ``version_ids`` was removed, as its tombstone says now (read side by
+    side); those gone, or whose time cannot be read, are left out."""
+    def read(version_id: str) -> Tombstone | None:
+        try:
+            body = plaindata.load_json(objects.get(TOMBSTONES, version_id))
+        except (FileNotFoundError, ValueError):
+            return None
+        return _parse(version_id, body)
+
+    with ThreadPoolExecutor(max(1, min(16, len(version_ids))),
+                            thread_name_prefix="chunkstore-tombstones") as pool:
+        return {t.version_id: t.removed for t in pool.map(read, version_ids)
+                if t is not None and t.dated}
 
 
 def list_tombstones(objects: ObjectStore) -> Iterator[Tombstone]:
