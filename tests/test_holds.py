@@ -198,12 +198,16 @@ class _HoldAfterTombstones(ForwardingBackend):
     def __init__(self, inner: Any, other: chunkstore.Store, version_id: str) -> None:
         super().__init__(inner)
         self.other, self.version_id = other, version_id
+        self.lock = threading.Lock()  # a removal stores its tombstones from several threads
 
     def _after(self, key: str) -> None:
-        if key.startswith(TOMBSTONES.prefix) and self.version_id:
-            upgrade_for_holds(self.other)
-            store_hold(self.other.objects, self.version_id, "placed mid-removal")
-            self.version_id = ""
+        if not key.startswith(TOMBSTONES.prefix):
+            return
+        with self.lock:
+            version_id, self.version_id = self.version_id, ""
+            if version_id:
+                upgrade_for_holds(self.other)
+                store_hold(self.other.objects, version_id, "placed mid-removal")
 
     def put(self, key: str, data: bytes | memoryview) -> None:
         super().put(key, data)
