@@ -365,6 +365,13 @@ def measure_modes(places: dict[int, Location], modes: list[str], saves: int, cou
     return found
 
 
+def store_files(source: Path) -> list[Path]:
+    """The files of a local store that a bucket holding it holds (not its index, nor
+    the marks this benchmark leaves beside them)."""
+    return [path for path in sorted(source.rglob("*")) if path.is_file()
+            and path.relative_to(source).parts[0] not in ("index", "done", "ready")]
+
+
 @contextlib.contextmanager
 def on_s3(endpoint: str, sources: dict[int, Path]) -> Iterator[dict[int, Location]]:
     """A bucket per level holding its store's objects (uploaded), each with a copy of
@@ -379,8 +386,7 @@ def on_s3(endpoint: str, sources: dict[int, Path]) -> Iterator[dict[int, Locatio
         places = {}
         for level, source in sources.items():
             buckets.append(create_bucket(endpoint))
-            files = [path for path in sorted(source.rglob("*")) if path.is_file()
-                     and path.relative_to(source).parts[0] not in ("index", "done", "ready")]
+            files = store_files(source)
             started = time.perf_counter()
             s3fs.S3FileSystem(**options).put(
                 [str(path) for path in files],
@@ -451,6 +457,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help=f"the object levels on S3 (default"
                         f" {' '.join(map(str, S3_OBJECT_LEVELS))}; --quick"
                         f" {' '.join(map(str, QUICK_S3_OBJECT_LEVELS))})")
+    parser.add_argument("--s3-fill", choices=("upload", "insert", "insert-sorted"),
+                        default="upload", help="how the S3 object levels' stores get into"
+                        " their buckets: uploaded over HTTP, or inserted into the moto"
+                        " server's memory (with insert-sorted its listings walk only their"
+                        " page: benchmarks/moto_filled.py)")
     return parser.parse_args(argv)
 
 
@@ -491,7 +502,7 @@ def measure_removal(args: argparse.Namespace, stores: Path, sources: dict[int, P
             stores, (level,))[level], args.label) for level in s3_levels}
         s3_objects = tuple(args.s3_object_levels if args.s3_object_levels is not None
                            else QUICK_S3_OBJECT_LEVELS if args.quick else S3_OBJECT_LEVELS)
-        found["s3"] = scale_removal.measure_s3(s3_sources, s3_objects, stores)
+        found["s3"] = scale_removal.measure_s3(s3_sources, s3_objects, stores, args.s3_fill)
     found["local"] = scale_removal.measure_local(sources, objects, stores)
     return found
 
