@@ -30,12 +30,18 @@ write durable on its own, which would change the times).  An object level is not
 copied (a million files take longer to copy than to measure): its GCs and saves are
 counted first, then everything is timed (its ``first_gc`` there is the index's
 second), and the store, consumed, is built again by the next run.  On the moto
-server each store is uploaded to a bucket of its own and timed and counted in one
-pass (the hook changes no request there).  The moto
-server's own listing time grows with the bucket, so its times grow with the store
-even where the requests do not: the request counts are the figures that must stay
-bounded.  A million objects is left out there: moto takes about 70 uploads a second
-on this machine, four hours for them.
+server each store is put in a bucket of its own (on a server of its own) and timed
+and counted in one pass (the hook changes no request there).  By default the store
+is uploaded, at 70-140 objects a second on this machine: hours for a million.  With
+``fill="insert"`` an object level's store (the same local store the local run
+measures) is inserted straight into the memory of a moto server started for it
+(:func:`benchmarks.moto_filled.filled_bucket`, under a minute for a million), and a
+listing over HTTP must count every object inserted before anything is measured; the
+measured operations still go over HTTP through s3fs and the hook.  moto's own
+listing sorts the whole bucket for every page it returns, so its times grow with
+the store even where the requests do not (a full listing of a million objects takes
+hours): ``fill="insert-sorted"`` also keeps the bucket's names sorted and walks only
+each page, as S3 does.  The request counts are the figures that must stay bounded.
 """
 
 from __future__ import annotations
