@@ -30,12 +30,18 @@ write durable on its own, which would change the times).  An object level is not
 copied (a million files take longer to copy than to measure): its GCs and saves are
 counted first, then everything is timed (its ``first_gc`` there is the index's
 second), and the store, consumed, is built again by the next run.  On the moto
-server each store is uploaded to a bucket of its own and timed and counted in one
-pass (the hook changes no request there).  The moto
-server's own listing time grows with the bucket, so its times grow with the store
-even where the requests do not: the request counts are the figures that must stay
-bounded.  A million objects is left out there: moto takes about 70 uploads a second
-on this machine, four hours for them.
+server each store is put in a bucket of its own (on a server of its own) and timed
+and counted in one pass (the hook changes no request there).  By default the store
+is uploaded, at 70-140 objects a second on this machine: hours for a million.  With
+``fill="insert"`` an object level's store (the same local store the local run
+measures) is inserted straight into the memory of a moto server started for it
+(:func:`benchmarks.moto_filled.filled_bucket`, under a minute for a million), and a
+listing over HTTP must count every object inserted before anything is measured; the
+measured operations still go over HTTP through s3fs and the hook.  moto's own
+listing sorts the whole bucket for every page it returns, so its times grow with
+the store even where the requests do not (a full listing of a million objects takes
+hours): ``fill="insert-sorted"`` also keeps the bucket's names sorted and walks only
+each page, as S3 does.  The request counts are the figures that must stay bounded.
 """
 
 from __future__ import annotations
@@ -214,23 +220,40 @@ def measure_local(version_sources: dict[int, Path], object_levels: tuple[int, ..
 
 
 def measure_s3(version_sources: dict[int, Path], object_levels: tuple[int, ...],
-               stores: Path) -> dict[str, Any]:
+               stores: Path, fill: str = "upload") -> dict[str, Any]:
+    """``fill``: how an object level's store gets into its bucket: ``upload`` over HTTP,
+    ``insert`` straight into the moto server's memory, ``insert-sorted`` so and with
+    listings that walk only their page (benchmarks/moto_filled.py)."""
     from tests.s3server import _DUMMY_CREDENTIALS, _moto_server
     os.environ.update(_DUMMY_CREDENTIALS)  # a local moto server: never real keys
     found: dict[str, Any] = {"versions": {}, "objects": {}}
-    sources = {("versions", level): path for level, path in version_sources.items()}
-    sources.update({("objects", n): object_store(stores, n) for n in object_levels})
-    for (kind, level), source in sources.items():
-        # A server per store: its listings slow down with what it holds.
+    for level, source in version_sources.items():
         with _moto_server() as endpoint, on_s3(endpoint, {level: source}) as places:
-            if kind == "versions":
-                entry = _version_level(places[level], True)
-            else:
-                entry = _object_level(places[level], SAVES, True,
-                                      first_step=OBJECT_LEVEL_RUN)
-        found[kind][str(level)] = {"counted": entry}
-        report(f"s3 {level} {kind}", {"counted": entry})
+            entry = _version_level(places[level], True)
+        found["versions"][str(level)] = {"counted": entry}
+        report(f"s3 {level} versions", {"counted": entry})
+    for level in object_levels:
+        # A server per store: moto's listings slow down with what it holds.
+        with _object_bucket(object_store(stores, level), fill) as (where, filled):
+            entry = _object_level(where, SAVES, True, first_step=OBJECT_LEVEL_RUN)
+        found["objects"][str(level)] = {"counted": entry, **({"fill": filled} if filled else {})}
+        report(f"s3 {level} objects", {"counted": entry})
     return found
+
+
+@contextlib.contextmanager
+def _object_bucket(source: Path, fill: str) -> Iterator[tuple[Location, dict[str, Any]]]:
+    if fill == "upload":
+        from tests.s3server import _moto_server
+        with _moto_server() as endpoint, on_s3(endpoint, {0: source}) as places:
+            yield places[0], {}
+        return
+    from benchmarks.moto_filled import filled_bucket
+    with filled_bucket(source, sorted_listing=fill == "insert-sorted") as (where, filled):
+        print(f"  s3: {filled['inserted']} objects of {source.name} inserted in"
+              f" {filled['seconds']} s, {filled['listed']} listed in {filled['list_seconds']} s",
+              flush=True)
+        yield where, filled
 
 
 def report(what: str, entry: dict[str, Any]) -> None:

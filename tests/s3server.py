@@ -19,7 +19,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import IO, Any
 
 import pytest
@@ -95,17 +95,28 @@ def two_indexes(endpoint: str, folder: Any) -> Iterator[tuple[Any, Any]]:
 @contextlib.contextmanager
 def _moto_server() -> Iterator[str]:
     """Run ``python -m moto.server`` on a free loopback port; yield its endpoint."""
+    with _moto_process() as (endpoint, _):
+        yield endpoint
+
+
+@contextlib.contextmanager
+def _moto_process(
+    arguments: Sequence[str] = ("-m", "moto.server"), startup_timeout: float = _STARTUP_TIMEOUT_S
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """Run ``python ARGUMENTS -H 127.0.0.1 -p PORT`` (a moto server, or one that starts
+    filled: benchmarks/moto_filled.py) on a free loopback port; yield its endpoint
+    and process once it answers."""
     port = _free_port()
     endpoint = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile() as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            [sys.executable, *arguments, "-H", "127.0.0.1", "-p", str(port)],
             stdout=log,
             stderr=subprocess.STDOUT,
         )
         try:
-            _wait_until_answering(endpoint, process, log)
-            yield endpoint
+            _wait_until_answering(endpoint, process, log, startup_timeout)
+            yield endpoint, process
         finally:
             process.terminate()
             try:
@@ -123,10 +134,11 @@ def _free_port() -> int:
 
 
 def _wait_until_answering(
-    endpoint: str, process: subprocess.Popen[bytes], log: IO[bytes]
+    endpoint: str, process: subprocess.Popen[bytes], log: IO[bytes],
+    timeout: float = _STARTUP_TIMEOUT_S,
 ) -> None:
     """Poll until the server answers HTTP; fail with its output if it exits first."""
-    deadline = time.monotonic() + _STARTUP_TIMEOUT_S
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             log.seek(0)
@@ -137,4 +149,4 @@ def _wait_until_answering(
                 return
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             time.sleep(0.1)
-    raise RuntimeError(f"moto server at {endpoint} did not answer within {_STARTUP_TIMEOUT_S} s")
+    raise RuntimeError(f"moto server at {endpoint} did not answer within {timeout} s")

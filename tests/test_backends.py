@@ -294,6 +294,22 @@ class TestS3Backend(BackendConformance):
         assert seen == ["*", "*", None]
         assert backend.get("k") == b"three"
 
+    def test_list_info_takes_sizes_and_times_from_the_listing(self, backend: Backend) -> None:
+        """One ListObjectsV2 request, no HEAD per key (a GC's sweep lists every object
+        of the store through it), and each key's size and time as a HEAD gives them."""
+        assert isinstance(backend, FsspecBackend)
+        for key, data in (("chunks/a/1", b"12345"), ("chunks/b/2", b""), ("nodes/3", b"x")):
+            backend.put(key, data)
+        sent: list[str] = []
+        client = backend.fs.s3  # type: ignore[attr-defined]
+        client.meta.events.register("before-send.s3", lambda event_name, **_: sent.append(
+            event_name.rsplit(".", 1)[-1]))
+        infos = list(backend.list_info("chunks/"))
+        assert sent == ["ListObjectsV2"]
+        assert [(info.key, info.size) for info in infos] == [("chunks/a/1", 5), ("chunks/b/2", 0)]
+        for info in infos:
+            assert abs(info.mtime - backend.stat(info.key).mtime) < 1.0
+
     def test_open_backend_passes_storage_options(self) -> None:
         backend = open_backend(f"s3://{self.bucket}/via-registry", **storage_options(self.endpoint))
         assert isinstance(backend, FsspecBackend)

@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
+import s3fs
 
 import chunkstore
 from benchmarks import bench_scale, scale_removal
@@ -62,3 +64,50 @@ def test_the_removal_columns_record_prune_and_gcs_at_each_level(
     # one bulk delete of the records, one of their signature objects (docs/format.md §14)
     assert counted["requests"]["delete_many"] == 2 and "delete" not in counted["requests"]
     assert counted["requests"]["put"] >= 20  # a tombstone each
+
+
+def test_a_filled_moto_server_serves_the_store_as_an_upload_would(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """benchmarks/moto_filled.py at a toy size: the keys inserted straight into moto are
+    counted by a listing over HTTP, the store verifies on them (each object read back
+    whole through s3fs), and its page-walking listings equal moto's own, page by page,
+    for the same files uploaded to a bucket of moto's own on the same server."""
+    from benchmarks.moto_filled import filled_bucket
+    from tests.s3server import _DUMMY_CREDENTIALS, create_bucket
+
+    for name, value in _DUMMY_CREDENTIALS.items():  # a local moto server: never real keys
+        monkeypatch.setenv(name, value)
+    source = tmp_path / "store"
+    with chunkstore.open(source, chunk_size=4096, compression="none", create=True) as store:
+        for step in range(3):
+            with store.new_version("r", step) as version:
+                version.put("w", np.arange(2048 * (step + 1), dtype=np.uint64))
+    files = bench_scale.store_files(source)
+    with filled_bucket(source, sorted_listing=True) as (where, filled):
+        assert filled["inserted"] == filled["listed"] == len(files)
+        with where.open() as store:
+            assert store.verify().ok and len(store.versions("r")) == 3
+        fs = s3fs.S3FileSystem(**where.options)
+        uploaded = create_bucket(where.options["client_kwargs"]["endpoint_url"])
+        fs.put([str(path) for path in files],
+               [f"{uploaded}/store/{path.relative_to(source).as_posix()}" for path in files])
+        filled_name = where.url.removeprefix("s3://").split("/")[0]
+        for query in ({"Prefix": "store/"}, {"Prefix": "store/", "Delimiter": "/"},
+                      {"Prefix": "store/chunks/", "Delimiter": "/"},
+                      {"Prefix": "store/c"}, {"Prefix": "store/", "StartAfter": "store/d"},
+                      {"Prefix": "store/nodes/", "Delimiter": "/"}):
+            assert _pages(fs, filled_name, query) == _pages(fs, uploaded, query), query
+    assert filled["server_peak_rss_mib"] > 0
+
+
+def _pages(fs: s3fs.S3FileSystem, bucket: str, query: dict[str, str]) -> list[list[str]]:
+    """Every page of a listing 3 entries a page: the keys' names and folders."""
+    pages, token = [], None
+    while True:
+        answer = fs.call_s3("list_objects_v2", Bucket=bucket, MaxKeys=3, **query,
+                            **({"ContinuationToken": token} if token else {}))
+        pages.append([item["Key"] for item in answer.get("Contents", [])]
+                     + [item["Prefix"] for item in answer.get("CommonPrefixes", [])])
+        if not answer["IsTruncated"]:
+            return pages
+        token = answer["NextContinuationToken"]

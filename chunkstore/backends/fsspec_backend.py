@@ -218,18 +218,33 @@ class FsspecBackend(Backend):
 
     @_typed_errors
     def _list(self, prefix: str = "") -> builtins.list[str]:
+        keys = (self._key(path) for path in self._find(prefix, detail=False))
+        return sorted(key for key in keys if key.startswith(prefix))
+
+    def list_info(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """:meth:`list` with each key's size and mtime, from the listing itself: on S3
+        one LIST request per 1,000 keys, not a HEAD per key besides."""
+        yield from self._list_info(prefix)
+
+    @_typed_errors
+    def _list_info(self, prefix: str) -> builtins.list[ObjectInfo]:
+        found = self._find(prefix, detail=True)
+        infos = (ObjectInfo(key=self._key(path), size=int(info["size"]), mtime=_mtime(info))
+                 for path, info in found.items() if info.get("type", "file") == "file")
+        return sorted((info for info in infos if info.key.startswith(prefix)),
+                      key=lambda info: info.key)
+
+    def _find(self, prefix: str, detail: bool) -> Any:
+        """``fs.find`` below the deepest directory ``prefix`` implies (on S3 the whole
+        prefix filtered server-side), freshly listed; nothing where it does not exist."""
         directory, _, leaf = prefix.rpartition("/")
         search = f"{self._root}/{directory}" if directory else self._root or "/"
         self.fs.invalidate_cache(search)
+        narrowed = {"prefix": leaf} if self._protocol in self.PREFIX_FIND_PROTOCOLS else {}
         try:
-            if self._protocol in self.PREFIX_FIND_PROTOCOLS:
-                paths = self.fs.find(search, prefix=leaf)
-            else:
-                paths = self.fs.find(search)
+            return self.fs.find(search, detail=detail, **narrowed)
         except FileNotFoundError:
-            return []
-        keys = (self._key(path) for path in paths)
-        return sorted(key for key in keys if key.startswith(prefix))
+            return {} if detail else []
 
     # --- faster derived conveniences -----------------------------------------------------
 
