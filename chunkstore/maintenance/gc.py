@@ -62,8 +62,9 @@ model, are why each step is where it is):
    those objects are never again dedup targets there), delete expired
    tombstones and old temporary files, and in a sweep the signature objects of
    versions not published, older than the grace period
-   (:func:`chunkstore.handle.signatures.orphan_signatures`); a run that recorded an
-   intent records what it deleted (its ``done`` event).
+   (:func:`chunkstore.handle.signatures.orphan_signatures`) and the publication
+   markers older than a day (:mod:`chunkstore.protocol.published`); a run that
+   recorded an intent records what it deleted (its ``done`` event).
 
 A pack of small chunks (:mod:`chunkstore.read.packs`) is one chunk object here:
 versions reference the pack, never its members, so it is marked, fenced,
@@ -197,6 +198,7 @@ from chunkstore.protocol.journal import (
     write_entry,
 )
 from chunkstore.protocol.moved import MovedRecord, list_moved, resolve_location
+from chunkstore.protocol.published import prune_markers
 from chunkstore.protocol.readleases import expired_read_leases
 from chunkstore.protocol.sessions import HEARTBEAT_S, LEASE_S, list_sessions, owner_is_dead
 from chunkstore.read.packs import copy_members
@@ -264,6 +266,8 @@ class GcResult:
     tombstones_deleted: int = 0
     #: signature objects whose version is not published, past the grace period (a sweep)
     signatures_deleted: int = 0
+    #: publication markers older than a day, deleted in a sweep
+    markers_pruned: int = 0
     journal_entries_pruned: int = 0
     #: Saves in progress in the store that this run waited for (step 6).
     sessions_waited_for: int = 0
@@ -920,6 +924,10 @@ class _Run:
                     self.record_intent(signatures=len(orphans))
                 self.objects.delete_many(SIGNATURES, orphans)
             self.result.signatures_deleted = len(orphans)
+            # Markers past their keeping: an index that might still look for them lists
+            # every commit record instead (chunkstore.protocol.published, step 4).
+            self.result.markers_pruned = prune_markers(self.objects, self.started,
+                                                       dry_run=self.dry_run)
 
 
 def collect(store: StoreHandle, grace: object = DEFAULT_GRACE_S, *, dry_run: bool = False,

@@ -25,7 +25,14 @@ from chunkstore.index.lmdbindex import (
     NewChunk,
 )
 from chunkstore.maintenance.census import contribution
-from chunkstore.objects.kinds import CHUNKS, LEASES, NODES, TAGS, VERSIONS
+from chunkstore.objects.kinds import CHUNKS, LEASES, NODES, TAGS, TOMBSTONES, VERSIONS
+from chunkstore.protocol.published import (
+    FULL_LISTING_S,
+    KEEP_S,
+    SKEW_S,
+    clock_s,
+    recent_markers,
+)
 from chunkstore.protocol.runlease import withdrawn, withdrawn_name
 
 if TYPE_CHECKING:
@@ -136,12 +143,67 @@ def reconcile_if_changed(store: StoreHandle) -> RebuildResult | None:
     and the index holds as many versions as it then did.  Everything else lists:
     object stores (no such stamp), a folder changed in the last seconds, an index
     whose last reconcile left a version out (it may be readable now).  GC always
-    lists: what it deletes never rests on a stamp.
+    lists: what it deletes never rests on a stamp.  Where the stamps do not vouch, the
+    publication markers may (:func:`reconcile_from_markers`).
     """
     stamps = _stamps(store)
     if stamps is not None and stamps == store.index.listed_as():
         return None
+    if reconcile_from_markers(store):
+        return None
     return reconcile(store)
+
+
+#: How far the marker watermark may lag before an open records a new one (a write
+#: transaction): the window listed grows by at most this much.
+MARKER_REFRESH_S = 60.0
+
+
+def reconcile_from_markers(store: StoreHandle, now: float | None = None) -> bool:
+    """Count in the versions the recent publication markers name and count out those
+    the tombstones name, without listing the commit records; False (nothing done) where
+    the markers cannot vouch (:mod:`chunkstore.protocol.published`, steps 2-3): the
+    index has no watermark, its last full listing is older than
+    :data:`~chunkstore.protocol.published.FULL_LISTING_S`, its watermark older than
+    the markers are kept, or the clock went back since.
+
+    A marker only names a version to look at: the version is counted in only after
+    its commit record is read (``count_in``), and a marker without a record (a save
+    killed or refused between the two, or one in flight) is passed over.  A version
+    removed elsewhere is counted out where its tombstone is still stored and its
+    record gone; one whose tombstone GC already deleted waits for the next full
+    listing, as does a version without a marker.
+    """
+    now = clock_s() if now is None else now
+    listed = store.index.markers_listed()
+    if listed is None:
+        return False
+    full_s, markers_s = listed
+    if not (now - FULL_LISTING_S < full_s <= now and now - KEEP_S + SKEW_S < markers_s <= now):
+        return False
+    # Every version this index holds that was created inside the window must have its
+    # marker there (stamped after its record's time, on the same clock): where one
+    # lacks it (an older release's save; a store put back to an older copy of itself,
+    # which took the marker with the record), list every record instead.
+    expected = store.index.version_ids_since(markers_s - SKEW_S)
+    if expected is None:
+        return False
+    named = set()
+    for _, version_id in recent_markers(store.objects, markers_s, now):
+        named.add(version_id)
+        if (store.index.version(version_id) is None
+                and store.objects.exists(VERSIONS, version_id)):  # else: no such version
+            count_in(store, version_id)
+    if expected - named:
+        return False
+    for version_id in store.objects.ids(TOMBSTONES):
+        if (store.index.version(version_id) is not None
+                and not store.objects.exists(VERSIONS, version_id)):
+            store.index.remove_version(version_id)
+    _sync_tags(store)
+    if now - markers_s > MARKER_REFRESH_S:  # the window listed starts from ``now`` next
+        store.index.set_markers_listed(full_s, now)
+    return True
 
 
 def reconcile(store: StoreHandle, result: RebuildResult | None = None) -> RebuildResult:
@@ -155,6 +217,7 @@ def reconcile(store: StoreHandle, result: RebuildResult | None = None) -> Rebuil
     (:func:`reconcile_if_changed`).
     """
     result = result or RebuildResult()
+    started = clock_s()  # before the listing: markers from then on are listed next
     before = _stamps(store)
     in_index = store.index.version_ids()  # ids only: no entry decoded
     on_backend = set(store.stored_version_ids())
@@ -173,6 +236,8 @@ def reconcile(store: StoreHandle, result: RebuildResult | None = None) -> Rebuil
     _sync_tags(store)
     # The stamps read before the listing: any change since alters them.
     store.index.set_listed_as(None if result.skipped else before)
+    if not result.skipped:  # else the next open lists in full again
+        store.index.set_markers_listed(started, started)
     return result
 
 
