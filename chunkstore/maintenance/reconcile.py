@@ -25,7 +25,7 @@ from chunkstore.index.lmdbindex import (
     NewChunk,
 )
 from chunkstore.maintenance.census import contribution
-from chunkstore.objects.kinds import CHUNKS, LEASES, NODES, TAGS, TOMBSTONES, VERSIONS
+from chunkstore.objects.kinds import CHUNKS, LEASES, NODES, TAGS, VERSIONS
 from chunkstore.protocol.published import (
     FULL_LISTING_S,
     KEEP_S,
@@ -161,18 +161,17 @@ MARKER_REFRESH_S = 60.0
 
 def reconcile_from_markers(store: StoreHandle, now: float | None = None) -> bool:
     """Count in the versions the recent publication markers name and count out those
-    the tombstones name, without listing the commit records; False (nothing done) where
-    the markers cannot vouch (:mod:`chunkstore.protocol.published`, steps 2-3): the
-    index has no watermark, its last full listing is older than
+    the recent removal markers name, without listing the commit records; False
+    (nothing done) where the markers cannot vouch (:mod:`chunkstore.protocol.published`,
+    steps 2-3): the index has no watermark, its last full listing is older than
     :data:`~chunkstore.protocol.published.FULL_LISTING_S`, its watermark older than
     the markers are kept, or the clock went back since.
 
-    A marker only names a version to look at: the version is counted in only after
-    its commit record is read (``count_in``), and a marker without a record (a save
-    killed or refused between the two, or one in flight) is passed over.  A version
-    removed elsewhere is counted out where its tombstone is still stored and its
-    record gone; one whose tombstone GC already deleted waits for the next full
-    listing, as does a version without a marker.
+    A marker only names a version to look at: a version is counted in only after its
+    commit record is read (``count_in``), and out only once its record is found gone;
+    a marker whose change never came (a process killed or refused between the two, or
+    one in flight) changes nothing.  A version created or removed without a marker
+    waits for the next full listing (the safety net of step 3).
     """
     now = clock_s() if now is None else now
     listed = store.index.markers_listed()
@@ -189,21 +188,35 @@ def reconcile_from_markers(store: StoreHandle, now: float | None = None) -> bool
     if expected is None:
         return False
     named = set()
-    for _, version_id in recent_markers(store.objects, markers_s, now):
-        named.add(version_id)
-        if (store.index.version(version_id) is None
-                and store.objects.exists(VERSIONS, version_id)):  # else: no such version
-            count_in(store, version_id)
+    for marker in recent_markers(store.objects, markers_s, now):
+        held = store.index.version(marker.version_id) is not None
+        if marker.removed:
+            if held and not store.objects.exists(VERSIONS, marker.version_id):
+                store.index.remove_version(marker.version_id)
+            continue
+        named.add(marker.version_id)
+        if not held and store.objects.exists(VERSIONS, marker.version_id):
+            count_in(store, marker.version_id)  # else: no such version (yet, or now)
     if expected - named:
         return False
-    for version_id in store.objects.ids(TOMBSTONES):
-        if (store.index.version(version_id) is not None
-                and not store.objects.exists(VERSIONS, version_id)):
-            store.index.remove_version(version_id)
     _sync_tags(store)
     if now - markers_s > MARKER_REFRESH_S:  # the window listed starts from ``now`` next
         store.index.set_markers_listed(full_s, now)
     return True
+
+
+def count_out(store: StoreHandle, listed: set[str], in_index: set[str] | None = None
+              ) -> int:
+    """Remove from the index the versions a listing of the commit records (``listed``)
+    lacks, each checked gone again (a record created after the listing stays), of
+    ``in_index`` (the index's, read before that listing) or of all it holds now; how
+    many.  What a full listing (:func:`reconcile`, verify) learns that no marker may
+    have said: a record deleted by an older release, or by hand."""
+    held = store.index.version_ids() if in_index is None else in_index
+    gone = [vid for vid in held - listed if not store.objects.exists(VERSIONS, vid)]
+    for version_id in gone:
+        store.index.remove_version(version_id)
+    return len(gone)
 
 
 def reconcile(store: StoreHandle, result: RebuildResult | None = None) -> RebuildResult:
@@ -230,9 +243,7 @@ def reconcile(store: StoreHandle, result: RebuildResult | None = None) -> Rebuil
             result.versions += 1
         else:
             result.skipped.append(version_id)
-    for version_id in in_index - on_backend:
-        if not store.objects.exists(VERSIONS, version_id):
-            store.index.remove_version(version_id)
+    count_out(store, on_backend, in_index)
     _sync_tags(store)
     # The stamps read before the listing: any change since alters them.
     store.index.set_listed_as(None if result.skipped else before)

@@ -332,6 +332,8 @@ def _retract_if_broken(dst: StoreHandle, info: VersionInfo, record: CommitRecord
     if broken is None:
         return
     write_tombstone(dst.objects, info.id, record.root, record.run, record.step)
+    write_marker(dst.objects, info.id, removed=True)  # openers of dst count it out
+    dst.objects.flush()
     dst.objects.delete(VERSIONS, info.id)
     raise SessionExpiredError(
         f"the sync into {dst.url} was paused past its session's lease at its commit, and a"

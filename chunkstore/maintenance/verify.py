@@ -58,6 +58,7 @@ from chunkstore.maintenance.findings import (
     VersionVerdict,
     summarize,
 )
+from chunkstore.maintenance.reconcile import count_out
 from chunkstore.objects.kinds import CHUNKS, HOLDS, MOVED, NODES, SIGNATURES, TAGS, VERSIONS
 from chunkstore.progress import NullProgress, Progress
 from chunkstore.protocol.holds import list_holds
@@ -475,6 +476,11 @@ def verify(store: StoreHandle, sel: str | None = None, *, read_data: bool = True
     subset = _subset(read_data, read_data_subset)
     result = VerifyResult(subset=None if subset is None else str(subset))
     ids = [store.resolve(sel).id] if sel is not None else sorted(store.stored_version_ids())
+    if sel is None:
+        # A version whose record is gone is no longer the index's to count (removed
+        # where no marker said so, or said so after this index looked: its tombstone
+        # may be gone too): out before refcounts are compared (docs/format.md §17).
+        count_out(store, set(ids))
     # --quick over the whole store: a version an earlier verify read is checked present
     trusted = _trusted_versions(store, ids) if not read_data and sel is None else {}
     reads: dict[ChunkCheck, list[str]] = {}

@@ -1,35 +1,46 @@
-"""Publication markers: how an opener learns of versions other indexes published
-without listing every commit record (docs/format.md §17).
+"""Publication markers: how an opener learns of versions other indexes published or
+removed without listing every commit record (docs/format.md §17).
 
-1. **Writing.**  A save stores ``published/<bucket>/<20-digit ns time>-<version id>``
-   (empty) with its last objects, before the flush that precedes its commit record:
-   durable before the record is created, so a writer killed after its commit point
-   always leaves a marker.  A marker whose record never comes (the save was killed or
-   refused between the two) names no version.
+1. **Writing.**  Every path of this release that creates a commit record (a save, a
+   sync, a takeover's roll-forward, a repair) first stores
+   ``published/<bucket>/<20-digit ns time>-<version id>`` (empty), and every path that
+   deletes one (a removal, a sync's retraction, a writer whose version was withdrawn)
+   first stores ``...-<version id>-removed``: durable (flushed) before the record is
+   created or deleted, so a process killed after that point always leaves a marker.  A
+   marker whose change never comes (the process was killed or refused between the
+   two) names no change.
 2. **Reading.**  An opener lists the markers stamped from its watermark (the time
    it last listed, by its own clock) less :data:`SKEW_S` (clocks of other machines, a
    writer paused between its marker and its record) up to now plus :data:`SKEW_S`
-   (by time-digit prefixes: one or two LISTs), and counts a version in only after
-   reading its commit record: a marker is a hint, never the truth.  Versions removed
-   elsewhere are counted out from their tombstones (``removed/``, one listing).  An
-   index version created inside the window whose marker is not listed (an older
-   release's save; a store put back to an older copy of itself) makes the opener
-   list every record instead.
-3. **The safety net.**  A version without a marker (an older release's save, a
-   marker lost or written outside the window) is found by the full listing of
-   commit records, which an opener still makes where the index has no watermark,
-   where its watermark is older than :data:`KEEP_S` less :data:`SKEW_S`, and where
-   its last full listing is older than :data:`FULL_LISTING_S`: a version is seen by
-   an open at most that late, whatever happened to its marker.
-4. **Pruning.**  GC's sweep deletes markers older than :data:`KEEP_S` (a purge those
-   of the purged versions).  An opener that may need one of them (its watermark is
-   that old) lists in full instead, so pruning takes from no index what it needs.
+   (by time-digit prefixes: one or two LISTs), and changes its index only after
+   looking at the commit record: a marker is a hint, never the truth.  A publication
+   marker of a version the index lacks counts it in where its record is read and
+   checked; a removal marker of a version the index holds counts it out where its
+   record is gone.  An index version created inside the window whose publication
+   marker is not listed (an older release's save; a store put back to an older copy
+   of itself) makes the opener list every record instead.
+3. **The safety net.**  A record created or deleted without a marker (an older
+   release, a crafted or hand-copied record, a marker lost or written outside the
+   window) is found by a full listing of the commit records, which runs where the
+   index has no watermark, where its watermark is older than :data:`KEEP_S` less
+   :data:`SKEW_S`, where its last full listing is older than :data:`FULL_LISTING_S`,
+   in every GC that marks, an ``index rebuild``, a whole-store verify (which counts
+   out what its own listing lacks before it compares refcounts), and where a
+   selector names nothing the index holds (it lists and looks again before it
+   raises): such a version is seen by an open at most that late, and at once by a
+   selector naming it.
+4. **Pruning.**  GC's sweep deletes markers older than :data:`KEEP_S` (a purge the
+   publication markers of the purged versions; their removal markers stay, for the
+   indexes that still count them).  An opener that may need a pruned one (its
+   watermark is that old) lists in full instead, so pruning takes from no index what
+   it needs.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from chunkstore.objects.kinds import (
@@ -37,6 +48,7 @@ from chunkstore.objects.kinds import (
     MARKER_BUCKET_NS,
     MARKER_TIME_DIGITS,
     PUBLISHED,
+    REMOVED_SUFFIX,
 )
 
 if TYPE_CHECKING:
@@ -62,36 +74,47 @@ def clock_s() -> float:
     return time.time_ns() / _NS
 
 
-def marker_id(version_id: str, time_ns: int | None = None) -> str:
-    """The marker of ``version_id``, stamped now (or at ``time_ns``)."""
+def marker_id(version_id: str, time_ns: int | None = None, *, removed: bool = False) -> str:
+    """The marker of ``version_id`` (of its removal with ``removed``), stamped now (or
+    at ``time_ns``)."""
     stamp = time.time_ns() if time_ns is None else time_ns
-    return f"{stamp:0{MARKER_TIME_DIGITS}d}-{version_id}"
+    return f"{stamp:0{MARKER_TIME_DIGITS}d}-{version_id}{REMOVED_SUFFIX if removed else ''}"
 
 
-def write_marker(objects: ObjectStore, version_id: str) -> None:
-    """Store the marker of a version about to be committed; durable with the next
-    ``objects.flush()``, which a save makes before its commit record."""
-    objects.put_if_absent_deferred(PUBLISHED, marker_id(version_id), b"")
+def write_marker(objects: ObjectStore, version_id: str, *, removed: bool = False) -> None:
+    """Store the marker of a version whose commit record is about to be created (or,
+    with ``removed``, deleted); durable with the next ``objects.flush()``, which the
+    caller makes before it creates or deletes the record."""
+    objects.put_if_absent_deferred(PUBLISHED, marker_id(version_id, removed=removed), b"")
 
 
-def parse_marker(marker: str) -> tuple[int, str]:
-    """A marker's time (ns) and version id (a listed marker is checked by its kind)."""
-    stamp, _, version_id = marker.partition("-")
-    return int(stamp), version_id
+@dataclass(frozen=True)
+class Marker:
+    """A listed marker: its time (ns), the version it names, whether of a removal."""
+
+    time_ns: int
+    version_id: str
+    removed: bool
+
+
+def parse_marker(marker: str) -> Marker:
+    """A marker's fields (a listed marker is checked by its kind)."""
+    stamp, _, version_id = marker.removesuffix(REMOVED_SUFFIX).partition("-")
+    return Marker(int(stamp), version_id, marker.endswith(REMOVED_SUFFIX))
 
 
 def recent_markers(objects: ObjectStore, since_s: float,
-                   now_s: float | None = None) -> Iterator[tuple[int, str]]:
+                   now_s: float | None = None) -> Iterator[Marker]:
     """The markers stamped from ``since_s`` less :data:`SKEW_S` up to ``now_s`` plus
-    :data:`SKEW_S`, as (ns time, version id): one listing per bucket in between."""
+    :data:`SKEW_S`: one listing per bucket in between."""
     now_s = clock_s() if now_s is None else now_s
     first = max(int((since_s - SKEW_S) * _NS), 0)
     last = int((now_s + SKEW_S) * _NS)
     for prefix in _time_prefixes(first, last):
-        for marker in objects.ids(PUBLISHED, prefix):
-            stamp, version_id = parse_marker(marker)
-            if first <= stamp <= last:
-                yield stamp, version_id
+        for name in objects.ids(PUBLISHED, prefix):
+            marker = parse_marker(name)
+            if first <= marker.time_ns <= last:
+                yield marker
 
 
 def _time_prefixes(first: int, last: int) -> list[str]:
@@ -115,15 +138,17 @@ def prune_markers(objects: ObjectStore, now_s: float, *, dry_run: bool = False) 
     """Delete the markers older than :data:`KEEP_S` (GC's sweep: it lists them all);
     how many."""
     horizon = int((now_s - KEEP_S) * _NS)
-    old = [m for m in objects.ids(PUBLISHED) if parse_marker(m)[0] < horizon]
+    old = [m for m in objects.ids(PUBLISHED) if parse_marker(m).time_ns < horizon]
     if not dry_run:
         objects.delete_many(PUBLISHED, old)
     return len(old)
 
 
 def forget_markers(objects: ObjectStore, version_ids: set[str]) -> int:
-    """Delete the markers of ``version_ids`` (a purge: no key names them any more);
-    how many."""
-    named = [m for m in objects.ids(PUBLISHED) if parse_marker(m)[1] in version_ids]
+    """Delete the publication markers of ``version_ids`` (a purge); how many.  Their
+    removal markers stay until they are pruned: an index that still counts one of
+    them counts it out from its removal marker (its tombstone is gone with the purge)."""
+    named = [m for m in objects.ids(PUBLISHED)
+             if not (marker := parse_marker(m)).removed and marker.version_id in version_ids]
     objects.delete_many(PUBLISHED, named)
     return len(named)
