@@ -22,9 +22,9 @@ import pytest
 
 import chunkstore
 import chunkstore.store
-from chunkstore.errors import SelectorError
 from chunkstore.backends.base import Backend
 from chunkstore.backends.wrappers import RequestHook
+from chunkstore.errors import SelectorError
 from chunkstore.objects.kinds import PUBLISHED, TOMBSTONES, VERSIONS
 from chunkstore.protocol import published
 from chunkstore.protocol.published import marker_id

@@ -124,8 +124,14 @@ marks of steps 4 and 7 after the fence, and a run that skips a source of
 candidates (a sweep, another index's removals, moved records) deletes a subset
 of what a full run would.  What it skips only waits: another index's removals
 are counted out at the next run that has work or sweeps (at least daily), or
-earlier when their tombstones are seen; a run that marks lists the versions
-first (step 4 needs them anyway).  A run that deletes always marks twice.
+earlier when their tombstones are seen, or their removal markers by an open
+(:mod:`chunkstore.protocol.published`); a run that marks lists the versions
+first (step 4 needs them anyway), and that listing counts out every version whose
+record is gone, whatever became of its tombstone and its marker.  A run that
+deletes always marks twice.  Publication and removal markers decide nothing here:
+what an open counted in or out from them is a hint that the marks' full listings
+(steps 1 and 7) and the tombstones (step 4) replace, so no marker, lost, crafted
+or late, makes a run keep less.
 Retiring dead sessions (deleting their objects after a complete sweep covered
 what they wrote, :mod:`chunkstore.maintenance.sweep`) takes nothing the argument
 uses: step 6 waits only for live sessions, and a session is judged dead again
