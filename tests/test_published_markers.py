@@ -107,12 +107,14 @@ def test_markers_without_a_record_or_with_crafted_names_name_no_version(
         tmp_path: Path, listings: type[Listings]) -> None:
     where: tuple[str, dict[str, object]] = (str(tmp_path / "store"), {})
     a, b = tmp_path / "index-a", tmp_path / "index-b"
-    save(where, a, 1)
+    first = save(where, a, 1)
     assert steps(where, b) == [1]
     third = save(where, a, 3)
     with opened(where, a) as store:
         # A marker whose save never created its record; names of other tools' files.
         store.objects.put(PUBLISHED, marker_id("ab" * 32), b"")
+        # A removal marker of a version still published: it stays.
+        store.objects.put(PUBLISHED, marker_id(first, removed=True), b"")
         (mine,) = [m for m in store.objects.ids(PUBLISHED) if m.endswith(third)]
         store.objects.delete(PUBLISHED, mine)
         stamp = mine.split("-")[0]
