@@ -24,10 +24,11 @@ import chunkstore
 import chunkstore.store
 from chunkstore.backends.base import Backend
 from chunkstore.backends.wrappers import RequestHook
-from chunkstore.errors import SelectorError
+from chunkstore.errors import RunLeaseLostError, SelectorError
 from chunkstore.objects.kinds import PUBLISHED, TOMBSTONES, VERSIONS
 from chunkstore.protocol import published
 from chunkstore.protocol.published import marker_id
+from chunkstore.protocol.runlease import RunLease, withdraw
 from tests.s3server import create_bucket, remove_bucket, s3_endpoint, storage_options
 
 __all__ = ["s3_endpoint"]  # the session fixture, re-exported so pytest finds it here
@@ -261,3 +262,22 @@ def test_a_removal_no_marker_announced_is_counted_out_by_a_whole_verify(
         result = store.verify(read_data=False)
         assert result.ok, result.problems
         assert [v.step for v in store.versions()] == [1]
+
+
+def test_a_writer_deleting_its_own_withdrawn_record_leaves_a_removal_marker(
+        tmp_path: Path) -> None:
+    """A stopped writer whose late PUT created a record the run's new owner had
+    withdrawn deletes it again (RunLease.confirm): an index that counted the version in
+    counts it out at its next open, from that removal marker alone."""
+    where: tuple[str, dict[str, object]] = (str(tmp_path / "store"), {})
+    a, b = tmp_path / "index-a", tmp_path / "index-b"
+    save(where, a, 1)
+    second = save(where, a, 2)
+    assert steps(where, b) == [1, 2]
+    with opened(where, a) as store:
+        withdraw(store.objects, "r", second)
+        with pytest.raises(RunLeaseLostError):
+            RunLease(store.objects, "r").confirm(second)
+        assert not store.objects.exists(VERSIONS, second)
+        assert not list(store.objects.ids(TOMBSTONES))
+    assert steps(where, b) == [1]
