@@ -205,18 +205,29 @@ def reconcile_from_markers(store: StoreHandle, now: float | None = None) -> bool
     return True
 
 
-def count_out(store: StoreHandle, listed: set[str], in_index: set[str] | None = None
-              ) -> int:
-    """Remove from the index the versions a listing of the commit records (``listed``)
-    lacks, each checked gone again (a record created after the listing stays), of
-    ``in_index`` (the index's, read before that listing) or of all it holds now; how
-    many.  What a full listing (:func:`reconcile`, verify) learns that no marker may
-    have said: a record deleted by an older release, or by hand."""
-    held = store.index.version_ids() if in_index is None else in_index
-    gone = [vid for vid in held - listed if not store.objects.exists(VERSIONS, vid)]
-    for version_id in gone:
-        store.index.remove_version(version_id)
-    return len(gone)
+def line_up(store: StoreHandle, in_index: set[str], listed: set[str],
+            result: RebuildResult | None = None) -> RebuildResult:
+    """Bring the index in line with a listing of the commit records (``listed``),
+    ``in_index`` being the index's versions read before that listing: count in each
+    listed version it lacks (``result.skipped`` those that cannot be), count out each
+    it holds that the listing lacks and a check again finds gone (a record created
+    after the listing stays).  What a full listing (:func:`reconcile`, a whole
+    verify) learns that no marker may have said: a record created or deleted by an
+    older release, by hand, or crafted."""
+    result = result or RebuildResult()
+    new = sorted(listed - in_index)
+    gone = withdrawn(store.objects) if new else frozenset()
+    for version_id in new:
+        if store.index.version(version_id) is not None:
+            continue  # its own save counted it in meanwhile
+        if count_in(store, version_id, gone):
+            result.versions += 1
+        else:
+            result.skipped.append(version_id)
+    for version_id in in_index - listed:
+        if not store.objects.exists(VERSIONS, version_id):
+            store.index.remove_version(version_id)
+    return result
 
 
 def reconcile(store: StoreHandle, result: RebuildResult | None = None) -> RebuildResult:
@@ -233,17 +244,7 @@ def reconcile(store: StoreHandle, result: RebuildResult | None = None) -> Rebuil
     started = clock_s()  # before the listing: markers from then on are listed next
     before = _stamps(store)
     in_index = store.index.version_ids()  # ids only: no entry decoded
-    on_backend = set(store.stored_version_ids())
-    new = sorted(on_backend - in_index)
-    gone = withdrawn(store.objects) if new else frozenset()
-    for version_id in new:
-        if store.index.version(version_id) is not None:
-            continue  # its own save counted it in meanwhile
-        if count_in(store, version_id, gone):
-            result.versions += 1
-        else:
-            result.skipped.append(version_id)
-    count_out(store, on_backend, in_index)
+    line_up(store, in_index, set(store.stored_version_ids()), result)
     _sync_tags(store)
     # The stamps read before the listing: any change since alters them.
     store.index.set_listed_as(None if result.skipped else before)
