@@ -24,8 +24,8 @@ removed without listing every commit record (docs/format.md §17).
    window) is found by a full listing of the commit records, which runs where the
    index has no watermark, where its watermark is older than :data:`KEEP_S` less
    :data:`SKEW_S`, where its last full listing is older than :data:`FULL_LISTING_S`,
-   in every GC that marks, an ``index rebuild``, a whole-store verify (which counts
-   out what its own listing lacks before it compares refcounts), and where a
+   in every GC that marks, an ``index rebuild``, a whole-store verify (which brings
+   the index in line with its own listing before it compares refcounts), and where a
    selector names nothing the index holds (it lists and looks again before it
    raises): such a version is seen by an open at most that late, and at once by a
    selector naming it.
