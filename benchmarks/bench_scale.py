@@ -13,8 +13,9 @@ per save, saved into run ``r`` of a store that already holds N versions of it
   (``save`` + ``wait``) and the training pause (``save`` alone);
 - ``dcp``: ``dcp.save`` through ``ChunkStoreWriter`` given the open store (world
   size 1, no process group);
-- ``dcp_url``: the same given the store's path, so each save opens the store,
-  whose ``reconcile`` lists its versions: the one path here that stays O(versions).
+- ``dcp_url``: the same given the store's path, so each save opens the store: its
+  ``reconcile`` lists the recent publication markers, not every commit record
+  (chunkstore.protocol.published; every version at most each 10 minutes).
 
 Each mode runs on a fresh copy of each level's store, all levels at once: two
 warm-up saves each, then ``--saves`` timed saves taking the levels in turn (the

@@ -56,9 +56,14 @@ class NotSerializableError(InvalidInputError):
 class SelectorError(InvalidInputError):
     """Raised when a version selector matches no version."""
 
-    def __init__(self, selector: str, reason: str) -> None:
+    #: Well formed, and named nothing the index holds (a record it has not counted in
+    #: may: the store lists its records and looks again before it raises).
+    missed = False
+
+    def __init__(self, selector: str, reason: str, *, missed: bool = False) -> None:
         super().__init__(f"version selector {selector!r}: {reason}")
         self.selector = selector
+        self.missed = missed
 
 
 class AmbiguousSelectorError(SelectorError):

@@ -429,6 +429,12 @@ class Store(StoreHandle):
         """Count in versions committed elsewhere, count out versions deleted elsewhere."""
         reconcile(self)
 
+    def list_after_miss(self) -> bool:
+        """A selector missed: a full :func:`reconcile`, then it is looked up again (a
+        miss is rare: it costs what every open once did)."""
+        reconcile(self)
+        return True
+
 
     # --- whole-store operations ------------------------------------------------------------
 

@@ -18,7 +18,7 @@ import torch
 
 import chunkstore
 from chunkstore.errors import RunInUseError
-from chunkstore.objects.kinds import VERSIONS
+from chunkstore.objects.kinds import PUBLISHED, VERSIONS
 from tests.s3server import create_bucket, remove_bucket, s3_endpoint, storage_options
 from torch_bridge import Checkpointer
 
@@ -257,6 +257,11 @@ def test_a_killed_writers_commit_in_flight_is_rolled_forward(tmp_path: Path) -> 
         assert restarted.restore(model=model()) == 3
         restarted.save(4, model=model())
         assert restarted.all_steps() == [1, 2, 3, 4]
+    with chunkstore.open(url, create=False) as store:
+        third = store.resolve("r@3").id
+        # its writer's publication marker, and the roll-forward's (for other indexes:
+        # docs/format.md §17)
+        assert len([m for m in store.objects.ids(PUBLISHED) if m.endswith(third)]) == 2
 
 
 def test_a_version_rolled_forward_then_removed_is_not_published_again_by_its_stopped_writer(

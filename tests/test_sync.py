@@ -191,12 +191,14 @@ def test_round_trip_then_nothing_then_only_what_is_new(ends: Ends) -> None:
             counting.written.clear()
             third = chunkstore.sync(src, dst)
         assert third.copied == [new] and third.objects_copied == len(added) - 1
+        # (its publication marker is written anew: chunkstore.protocol.published)
         objects = {k for k in counting.written
-                   if not k.startswith(("sessions/", "versions/", "audit/"))}
-        assert objects == {k for k in added if not k.startswith("versions/")}
+                   if not k.startswith(("sessions/", "versions/", "published/", "audit/"))}
+        assert objects == {k for k in added if not k.startswith(("versions/", "published/"))}
         # and the destination's own audit event of the copy (docs/format.md §16)
         assert len([k for k in counting.written if k.startswith("audit/")]) == 1
         assert counting.written.count(f"versions/{new}") == 1
+        assert next(k for k in counting.written if k.startswith("published/")).endswith(new)
         versions[new] = ("a", 4)
         assert_whole(dst, versions)
 
@@ -232,8 +234,10 @@ def test_a_killed_sync_leaves_whole_versions_and_the_rerun_finishes(
         landed = {v.id for v in dst.versions()}
         assert landed < set(versions)
         assert_whole(dst, {i: versions[i] for i in landed})
-        # (the destination's audit events are its own: never copied, not counted)
-        landed_objects = len({k for k in keys(tmp_path / "dst") if not k.startswith("audit/")})
+        # (the destination's audit events and publication markers are its own: never
+        # copied, not counted)
+        landed_objects = len({k for k in keys(tmp_path / "dst")
+                              if not k.startswith(("audit/", "published/"))})
     rerun = _sync_process(tmp_path / "src", tmp_path / "dst")
     assert rerun.returncode == 0, rerun.stderr
     report = json.loads(rerun.stdout)

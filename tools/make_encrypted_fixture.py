@@ -121,10 +121,11 @@ def _unlock(store: chunkstore.Store) -> tuple[bytes, str]:
 
 
 def files_of(root: Path) -> dict[str, str]:
-    """The BLAKE3 of every stored file (the index and read leases aside)."""
+    """The BLAKE3 of every stored file (the index, read leases and publication markers,
+    named by the real clock, aside)."""
     return {p.relative_to(root).as_posix(): blake3.blake3(p.read_bytes()).hexdigest()
             for p in sorted(root.rglob("*")) if p.is_file()
-            and p.relative_to(root).parts[0] not in ("index", "readers")}
+            and p.relative_to(root).parts[0] not in ("index", "readers", "published")}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -316,13 +316,32 @@ class StoreHandle:
         return self.index.runs()
 
     def resolve(self, selector: str) -> VersionInfo:
-        """Resolve a full id, unique id prefix, RUN@STEP, RUN@latest, latest or tag."""
+        """Resolve a full id, unique id prefix, RUN@STEP, RUN@latest, latest or tag.
+
+        A well-formed selector that names nothing the index holds has the index list
+        every commit record and looks again before the error is raised
+        (:meth:`list_after_miss`): a record created without a publication marker (an
+        older release's, a crafted or copied one) is seen at once when it is named
+        (docs/format.md §17)."""
+        try:
+            return self._resolve(selector)
+        except SelectorError as exc:
+            if not exc.missed or not self.list_after_miss():
+                raise
+        return self._resolve(selector)
+
+    def list_after_miss(self) -> bool:
+        """A selector named nothing the index holds: list every commit record into the
+        index (:class:`~chunkstore.store.Store` does), and say whether it did."""
+        return False
+
+    def _resolve(self, selector: str) -> VersionInfo:
         if not isinstance(selector, str) or not selector:
             raise SelectorError(str(selector), "empty selector")
         if selector == "latest":
             found = self.latest()
             if found is None:
-                raise SelectorError(selector, "the store has no versions")
+                raise SelectorError(selector, "the store has no versions", missed=True)
             return found
         if "@" in selector:
             return self._resolve_run_step(selector)
@@ -334,21 +353,23 @@ class StoreHandle:
     def _by_id(self, version_id: str, selector: str) -> VersionInfo:
         entry = self.index.version(version_id)
         if entry is None:
-            raise SelectorError(selector, f"version {version_id[:12]} is not in the store")
+            raise SelectorError(selector, f"version {version_id[:12]} is not in the store",
+                                missed=True)
         return self.info_from_entry(entry)
 
     def _resolve_run_step(self, selector: str) -> VersionInfo:
         run, _, step = selector.partition("@")
         latest = self.latest(run)
         if latest is None:
-            raise SelectorError(selector, f"no versions of run {run!r}")
+            raise SelectorError(selector, f"no versions of run {run!r}", missed=True)
         if step == "latest":
             return latest
         if not (step.isascii() and step.isdigit() and len(step) <= 19):  # '²' is a digit
             raise SelectorError(selector, "expected RUN@STEP with an integer step, or RUN@latest")
         matches = self.at_step(run, int(step))
         if not matches:
-            raise SelectorError(selector, f"run {run!r} has no version at step {step}")
+            raise SelectorError(selector, f"run {run!r} has no version at step {step}",
+                                missed=True)
         return matches[-1]
 
     def _resolve_prefix(self, selector: str) -> VersionInfo:
@@ -363,7 +384,7 @@ class StoreHandle:
         if not matches:
             if is_hex_digest(prefix):
                 self._explain_unlisted(prefix)
-            raise SelectorError(selector, "no version id starts with it")
+            raise SelectorError(selector, "no version id starts with it", missed=True)
         return matches[0]
 
     def _explain_unlisted(self, version_id: str) -> None:
@@ -520,8 +541,8 @@ class StoreHandle:
         removed it, and this index had not heard yet): for retention that is
         done, not an error.
         """
-        try:
-            remove_versions(self, [self.resolve_for_removal(version_id)],
+        try:  # (no listing after a miss: gone is the common case here, and fine)
+            remove_versions(self, [self.resolve_for_removal(version_id, listing=False)],
                             operation="replace")
         except SelectorError:
             if self.objects.exists(VERSIONS, version_id):
@@ -530,11 +551,12 @@ class StoreHandle:
             return False
         return True
 
-    def resolve_for_removal(self, selector: str) -> VersionInfo:
-        """:meth:`resolve`, and also a full version id whose commit record exists but
-        cannot be read (never listed): then an info with ``meta={"unreadable": True}``."""
+    def resolve_for_removal(self, selector: str, *, listing: bool = True) -> VersionInfo:
+        """:meth:`resolve` (without its listing after a miss where not ``listing``), and
+        also a full version id whose commit record exists but cannot be read (never
+        listed): then an info with ``meta={"unreadable": True}``."""
         try:
-            return self.resolve(selector)
+            return self.resolve(selector) if listing else self._resolve(selector)
         except ChunkStoreError:
             if not (isinstance(selector, str) and is_hex_digest(selector)
                     and self.objects.exists(VERSIONS, selector)):

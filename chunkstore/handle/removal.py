@@ -11,7 +11,9 @@ A removal makes each step durable before the next, in batches of
 2. each version's tombstone (in parallel, made durable together): from it every GC
    counts the grace period of what the version reaches
    (:mod:`chunkstore.protocol.tombstones`), and a taker's walk rolls nothing forward
-   (:mod:`chunkstore.protocol.runlease`);
+   (:mod:`chunkstore.protocol.runlease`); with it, durable together, each version's
+   removal marker (:mod:`chunkstore.protocol.published`): other indexes count the
+   version out at their next open from it, whatever becomes of the tombstone;
 2b. one listing of ``holds/``, after every tombstone of the batch is durable: a version
    held now is left out of steps 3-5 (its tombstone stays; it only protects the
    version's objects a grace period longer).  Why a hold stored before the listing, and
@@ -32,8 +34,9 @@ A removal makes each step durable before the next, in batches of
 6. the index, in one transaction;
 7. the audit done event: how many were removed, and those a hold kept.
 
-So a batch costs a PUT per version and a few requests in all, where removing versions
-one by one cost six requests each, a listing and a read of every tag included.  A
+So a batch costs two PUTs per version (tombstone, marker) and a few requests in all,
+where removing versions one by one cost six requests each, a listing and a read of
+every tag included.  A
 crash at any point leaves each version of the batch either still published (its
 tombstone only protects its objects a grace period longer: it is removed again by the
 next ``rm`` or ``prune``) or removed, with its tombstone; an index that missed step 5
@@ -55,6 +58,7 @@ from chunkstore.objects.kinds import SIGNATURES, TAGS, VERSIONS
 from chunkstore.protocol import audit, tombstones
 from chunkstore.protocol.audit import versions_named
 from chunkstore.protocol.holds import Hold, held_ids, read_hold
+from chunkstore.protocol.published import write_marker
 from chunkstore.protocol.runlease import Withdrawals, withdraw
 from chunkstore.protocol.tombstones import RemovedVersion, find_removed, write_tombstone
 
@@ -168,7 +172,7 @@ def _remove_batch(store: StoreHandle, batch: Sequence[VersionInfo]) -> list[Hold
     readable = [info for info in batch if not unreadable(info)]
     while True:
         stored_at = time.monotonic()
-        _store_tombstones(store, readable)
+        _store_tombstones(store, batch)
         # 2b: a hold stored before the tombstones were durable is listed here.  An
         # unreadable record has no tombstone and is not held (it was never listed).
         late = _holds_of(store, held_ids(store.objects), readable) if readable else []
@@ -192,10 +196,13 @@ def _remove_batch(store: StoreHandle, batch: Sequence[VersionInfo]) -> list[Hold
 
 
 def _store_tombstones(store: StoreHandle, infos: Sequence[VersionInfo]) -> None:
-    """Step 2: each version's tombstone, durable when this returns."""
+    """Step 2: each version's tombstone (an unreadable record has none) and removal
+    marker, durable when this returns."""
     def tombstone(info: VersionInfo) -> None:
-        write_tombstone(store.objects, info.id, info.root, info.run, info.step,
-                        deferred=True)
+        if not unreadable(info):
+            write_tombstone(store.objects, info.id, info.root, info.run, info.step,
+                            deferred=True)
+        write_marker(store.objects, info.id, removed=True)
 
     if len(infos) > 1:  # each PUT waits on a request: side by side
         with ThreadPoolExecutor(min(store.threads, len(infos)),

@@ -87,6 +87,9 @@ _MARKERS_KEY = b"journal_markers"
 #: The meta key of the store's listing stamps as of the index's last complete reconcile
 #: (:meth:`Index.listed_as`), with the count of versions it then held.
 _LISTED_KEY = b"listed"
+#: The meta key of when this index last listed every commit record, and last listed
+#: the publication markers (:meth:`Index.markers_listed`).
+_MARKERS_LISTED_KEY = b"markers_listed"
 log = logging.getLogger(__name__)
 DEFAULT_MAP_SIZE = 1 << 36
 _CHUNK = struct.Struct("<BBxxIQQd")
@@ -1030,6 +1033,21 @@ class Index(VersionLookups):
             held = txn.stat(self.versions_db)["entries"]
             txn.put(_LISTED_KEY, f"{held}\n{stamps}".encode(), db=self.meta)
 
+    def markers_listed(self) -> tuple[float, float] | None:
+        """When (unix time, this machine's clock) this index last listed every commit
+        record, and last listed the publication markers; None: never since it was
+        made (chunkstore.protocol.published)."""
+        with self.env.begin(db=self.meta) as txn:
+            found = txn.get(_MARKERS_LISTED_KEY)
+        if found is None:
+            return None
+        full, _, markers = bytes(found).decode().partition(" ")
+        return float(full), float(markers)
+
+    def set_markers_listed(self, full_s: float, markers_s: float) -> None:
+        with self._writing(db=self.meta) as txn:
+            txn.put(_MARKERS_LISTED_KEY, f"{full_s!r} {markers_s!r}".encode())
+
     def set_journal_synced(self, time_ns: int) -> None:
         with self._writing(db=self.meta) as txn:
             txn.put(b"journal_synced", str(time_ns).encode())
@@ -1139,6 +1157,8 @@ class Index(VersionLookups):
         """Drop every record (the first step of a rebuild) and stamp the current schema."""
         with self._writing() as txn:
             self._drop_records(txn)
+            # No version held: only a full listing brings them back, never the markers.
+            txn.delete(_MARKERS_LISTED_KEY, db=self.meta)
             txn.put(b"schema", str(INDEX_SCHEMA).encode(), db=self.meta)
         self.needs_rebuild = False
 

@@ -216,6 +216,17 @@ class VersionLookups:
         with self.env.begin(db=self.versions_db) as txn:
             return {bytes(k).decode() for k in txn.cursor().iternext(values=False)}
 
+    def version_ids_since(self, created: float) -> set[str] | None:
+        """The ids of the versions created at or after ``created``, by a seek; None where
+        the order by time does not hold every version (:meth:`_orders_in_step`)."""
+        with self.env.begin() as txn:
+            if not self._orders_in_step(txn):
+                return None
+            cursor = txn.cursor(db=self.versions_by_time)
+            if not cursor.set_range(time_key(created)):
+                return set()
+            return {bytes(key)[8:].decode() for key in cursor.iternext(values=False)}
+
     def versions_with_prefix(self, prefix: str) -> list[VersionEntry]:
         """The versions whose id starts with ``prefix``, by a seek."""
         with self.env.begin() as txn:

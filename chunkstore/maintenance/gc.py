@@ -66,8 +66,9 @@ model, are why each step is where it is):
    tombstones (each read again first: one that a removal run again rewrote
    since is fresh and stays) and old temporary files, and in a sweep the signature objects of
    versions not published, older than the grace period
-   (:func:`chunkstore.handle.signatures.orphan_signatures`); a run that recorded an
-   intent records what it deleted (its ``done`` event).
+   (:func:`chunkstore.handle.signatures.orphan_signatures`) and the publication
+   markers older than a day (:mod:`chunkstore.protocol.published`); a run that
+   recorded an intent records what it deleted (its ``done`` event).
 
 A pack of small chunks (:mod:`chunkstore.read.packs`) is one chunk object here:
 versions reference the pack, never its members, so it is marked, fenced,
@@ -127,8 +128,14 @@ marks of steps 4 and 7 after the fence, and a run that skips a source of
 candidates (a sweep, another index's removals, moved records) deletes a subset
 of what a full run would.  What it skips only waits: another index's removals
 are counted out at the next run that has work or sweeps (at least daily), or
-earlier when their tombstones are seen; a run that marks lists the versions
-first (step 4 needs them anyway).  A run that deletes always marks twice.
+earlier when their tombstones are seen, or their removal markers by an open
+(:mod:`chunkstore.protocol.published`); a run that marks lists the versions
+first (step 4 needs them anyway), and that listing counts out every version whose
+record is gone, whatever became of its tombstone and its marker.  A run that
+deletes always marks twice.  Publication and removal markers decide nothing here:
+what an open counted in or out from them is a hint that the marks' full listings
+(steps 1 and 7) and the tombstones (step 4) replace, so no marker, lost, crafted
+or late, makes a run keep less.
 Retiring dead sessions (deleting their objects after a complete sweep covered
 what they wrote, :mod:`chunkstore.maintenance.sweep`) takes nothing the argument
 uses: step 6 waits only for live sessions, and a session is judged dead again
@@ -203,6 +210,7 @@ from chunkstore.protocol.journal import (
     write_entry,
 )
 from chunkstore.protocol.moved import MovedRecord, list_moved, resolve_location
+from chunkstore.protocol.published import prune_markers
 from chunkstore.protocol.readleases import expired_read_leases
 from chunkstore.protocol.sessions import HEARTBEAT_S, LEASE_S, list_sessions, owner_is_dead
 from chunkstore.protocol.tombstones import removal_times
@@ -271,6 +279,8 @@ class GcResult:
     tombstones_deleted: int = 0
     #: signature objects whose version is not published, past the grace period (a sweep)
     signatures_deleted: int = 0
+    #: publication markers older than a day, deleted in a sweep
+    markers_pruned: int = 0
     journal_entries_pruned: int = 0
     #: Saves in progress in the store that this run waited for (step 6).
     sessions_waited_for: int = 0
@@ -946,6 +956,10 @@ class _Run:
                     self.record_intent(signatures=len(orphans))
                 self.objects.delete_many(SIGNATURES, orphans)
             self.result.signatures_deleted = len(orphans)
+            # Markers past their keeping: an index that might still look for them lists
+            # every commit record instead (chunkstore.protocol.published, step 4).
+            self.result.markers_pruned = prune_markers(self.objects, self.started,
+                                                       dry_run=self.dry_run)
 
 
 def collect(store: StoreHandle, grace: object = DEFAULT_GRACE_S, *, dry_run: bool = False,

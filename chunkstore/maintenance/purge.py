@@ -56,6 +56,7 @@ from chunkstore.maintenance.gc import (
 )
 from chunkstore.maintenance.retention import parse_duration
 from chunkstore.progress import NullProgress, Progress
+from chunkstore.protocol.published import forget_markers
 
 if TYPE_CHECKING:
     from chunkstore.handle.handle import StoreHandle
@@ -153,6 +154,8 @@ def purge(store: StoreHandle, infos: Sequence[VersionInfo], *, force: bool = Fal
         finally:
             run.close()
         store.index.keep_reserve()
+        # Their publication markers too: empty, but named by the purged ids.
+        forget_markers(store.objects, {info.id for info in infos})
     if late is not None:  # what it removed is purged; the held one named
         raise late
     result = PurgeResult(list(infos), gc=gc)

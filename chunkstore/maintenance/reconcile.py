@@ -26,6 +26,13 @@ from chunkstore.index.lmdbindex import (
 )
 from chunkstore.maintenance.census import contribution
 from chunkstore.objects.kinds import CHUNKS, LEASES, NODES, TAGS, VERSIONS
+from chunkstore.protocol.published import (
+    FULL_LISTING_S,
+    KEEP_S,
+    SKEW_S,
+    clock_s,
+    recent_markers,
+)
 from chunkstore.protocol.runlease import withdrawn, withdrawn_name
 
 if TYPE_CHECKING:
@@ -136,12 +143,91 @@ def reconcile_if_changed(store: StoreHandle) -> RebuildResult | None:
     and the index holds as many versions as it then did.  Everything else lists:
     object stores (no such stamp), a folder changed in the last seconds, an index
     whose last reconcile left a version out (it may be readable now).  GC always
-    lists: what it deletes never rests on a stamp.
+    lists: what it deletes never rests on a stamp.  Where the stamps do not vouch, the
+    publication markers may (:func:`reconcile_from_markers`).
     """
     stamps = _stamps(store)
     if stamps is not None and stamps == store.index.listed_as():
         return None
+    if reconcile_from_markers(store):
+        return None
     return reconcile(store)
+
+
+#: How far the marker watermark may lag before an open records a new one (a write
+#: transaction): the window listed grows by at most this much.
+MARKER_REFRESH_S = 60.0
+
+
+def reconcile_from_markers(store: StoreHandle, now: float | None = None) -> bool:
+    """Count in the versions the recent publication markers name and count out those
+    the recent removal markers name, without listing the commit records; False
+    (nothing done) where the markers cannot vouch (:mod:`chunkstore.protocol.published`,
+    steps 2-3): the index has no watermark, its last full listing is older than
+    :data:`~chunkstore.protocol.published.FULL_LISTING_S`, its watermark older than
+    the markers are kept, or the clock went back since.
+
+    A marker only names a version to look at: a version is counted in only after its
+    commit record is read (``count_in``), and out only once its record is found gone;
+    a marker whose change never came (a process killed or refused between the two, or
+    one in flight) changes nothing.  A version created or removed without a marker
+    waits for the next full listing (the safety net of step 3).
+    """
+    now = clock_s() if now is None else now
+    listed = store.index.markers_listed()
+    if listed is None:
+        return False
+    full_s, markers_s = listed
+    if not (now - FULL_LISTING_S < full_s <= now and now - KEEP_S + SKEW_S < markers_s <= now):
+        return False
+    # Every version this index holds that was created inside the window must have its
+    # marker there (stamped after its record's time, on the same clock): where one
+    # lacks it (an older release's save; a store put back to an older copy of itself,
+    # which took the marker with the record), list every record instead.
+    expected = store.index.version_ids_since(markers_s - SKEW_S)
+    if expected is None:
+        return False
+    named = set()
+    for marker in recent_markers(store.objects, markers_s, now):
+        held = store.index.version(marker.version_id) is not None
+        if marker.removed:
+            if held and not store.objects.exists(VERSIONS, marker.version_id):
+                store.index.remove_version(marker.version_id)
+            continue
+        named.add(marker.version_id)
+        if not held and store.objects.exists(VERSIONS, marker.version_id):
+            count_in(store, marker.version_id)  # else: no such version (yet, or now)
+    if expected - named:
+        return False
+    _sync_tags(store)
+    if now - markers_s > MARKER_REFRESH_S:  # the window listed starts from ``now`` next
+        store.index.set_markers_listed(full_s, now)
+    return True
+
+
+def line_up(store: StoreHandle, in_index: set[str], listed: set[str],
+            result: RebuildResult | None = None) -> RebuildResult:
+    """Bring the index in line with a listing of the commit records (``listed``),
+    ``in_index`` being the index's versions read before that listing: count in each
+    listed version it lacks (``result.skipped`` those that cannot be), count out each
+    it holds that the listing lacks and a check again finds gone (a record created
+    after the listing stays).  What a full listing (:func:`reconcile`, a whole
+    verify) learns that no marker may have said: a record created or deleted by an
+    older release, by hand, or crafted."""
+    result = result or RebuildResult()
+    new = sorted(listed - in_index)
+    gone = withdrawn(store.objects) if new else frozenset()
+    for version_id in new:
+        if store.index.version(version_id) is not None:
+            continue  # its own save counted it in meanwhile
+        if count_in(store, version_id, gone):
+            result.versions += 1
+        else:
+            result.skipped.append(version_id)
+    for version_id in in_index - listed:
+        if not store.objects.exists(VERSIONS, version_id):
+            store.index.remove_version(version_id)
+    return result
 
 
 def reconcile(store: StoreHandle, result: RebuildResult | None = None) -> RebuildResult:
@@ -155,24 +241,15 @@ def reconcile(store: StoreHandle, result: RebuildResult | None = None) -> Rebuil
     (:func:`reconcile_if_changed`).
     """
     result = result or RebuildResult()
+    started = clock_s()  # before the listing: markers from then on are listed next
     before = _stamps(store)
     in_index = store.index.version_ids()  # ids only: no entry decoded
-    on_backend = set(store.stored_version_ids())
-    new = sorted(on_backend - in_index)
-    gone = withdrawn(store.objects) if new else frozenset()
-    for version_id in new:
-        if store.index.version(version_id) is not None:
-            continue  # its own save counted it in meanwhile
-        if count_in(store, version_id, gone):
-            result.versions += 1
-        else:
-            result.skipped.append(version_id)
-    for version_id in in_index - on_backend:
-        if not store.objects.exists(VERSIONS, version_id):
-            store.index.remove_version(version_id)
+    line_up(store, in_index, set(store.stored_version_ids()), result)
     _sync_tags(store)
     # The stamps read before the listing: any change since alters them.
     store.index.set_listed_as(None if result.skipped else before)
+    if not result.skipped:  # else the next open lists in full again
+        store.index.set_markers_listed(started, started)
     return result
 
 

@@ -75,6 +75,7 @@ from chunkstore.objects.kinds import CHUNKS, MOVED, NODES, SIGNATURES, VERSIONS
 from chunkstore.progress import NullProgress, Progress
 from chunkstore.protocol import audit
 from chunkstore.protocol.moved import MAX_HOPS, read_moved
+from chunkstore.protocol.published import write_marker
 from chunkstore.read.chain import decode_chain, header_chain
 
 if TYPE_CHECKING:
@@ -160,6 +161,13 @@ class Repair:
                 write()
             self.result.fixed.append(fix)
 
+    def _put_record(self, version_id: str, data: bytes) -> None:
+        """A commit record written again: its publication marker first, as a save's
+        (an index that counted the version out counts it in again at its next open)."""
+        write_marker(self.store.objects, version_id)
+        self.store.objects.flush()
+        self.store.objects.put(VERSIONS, version_id, data)
+
     def record_done(self) -> None:
         """After a repair that wrote something: what it rewrote (counts, and the first
         :data:`MAX_NAMED` versions whose record or signature it replaced: those change
@@ -217,7 +225,7 @@ class Repair:
         except ChunkStoreError as exc:
             self._unfixed(fix, f"damaged in {self.source.url} too: {exc}")
             return None
-        self._write(fix, lambda: self.store.objects.put(VERSIONS, version_id, data))
+        self._write(fix, lambda: self._put_record(version_id, data))
         return record
 
     def signature(self, version_id: str, label: str) -> None:

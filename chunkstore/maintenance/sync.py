@@ -85,6 +85,7 @@ from chunkstore.progress import NullProgress, Progress
 from chunkstore.protocol import audit
 from chunkstore.protocol.audit import versions_named
 from chunkstore.protocol.holds import Hold, held_ids, read_hold
+from chunkstore.protocol.published import write_marker
 from chunkstore.protocol.tombstones import write_tombstone
 from chunkstore.write.writer import open_store_session
 
@@ -336,6 +337,8 @@ def _retract_if_broken(dst: StoreHandle, info: VersionInfo, record: CommitRecord
     if broken is None:
         return
     write_tombstone(dst.objects, info.id, record.root, record.run, record.step)
+    write_marker(dst.objects, info.id, removed=True)  # openers of dst count it out
+    dst.objects.flush()
     dst.objects.delete(VERSIONS, info.id)
     raise SessionExpiredError(
         f"the sync into {dst.url} was paused past its session's lease at its commit, and a"
@@ -390,6 +393,7 @@ def _copy_version(src: StoreHandle, dst: StoreHandle | None, info: VersionInfo,
             return
         assert dst is not None and session is not None
         copy_signature(src.objects, dst.objects, info.id, data)  # checked, before the record
+        write_marker(dst.objects, info.id)  # openers of dst learn of it without a listing
         # The destination's audit event, durable with the copy (its own trail: the
         # source's events are not copied).
         audit.record(dst.objects, "sync", deferred=True, versions=versions_named([info]),

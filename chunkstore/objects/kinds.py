@@ -123,3 +123,47 @@ ALL_KINDS += (HOLDS,)
 #: that do not know it never list it).
 AUDIT = NamedKind("audit event", "audit/")
 ALL_KINDS += (AUDIT,)
+
+@dataclass(frozen=True)
+class MarkerKind(Kind[str]):
+    """Publication markers (§17), by ``<20-digit ns time>-<version id>``, or with
+    :data:`REMOVED_SUFFIX` for a removal, one folder per :data:`MARKER_BUCKET_NS` of
+    time: ``<prefix><first 7 digits>/<id>``, so that an opener lists the last hours'
+    markers only (one prefix, a LIST or two on S3)."""
+
+    def key(self, object_id: str) -> str:
+        return f"{self.prefix}{object_id[:MARKER_BUCKET_DIGITS]}/{object_id}"
+
+    def id_of(self, key: str) -> str:
+        name = key[len(self.prefix):]
+        folder, _, marker = name.partition("/")
+        time_ns, dash, version_id = marker.removesuffix(REMOVED_SUFFIX).partition("-")
+        if (not key.startswith(self.prefix) or len(time_ns) != MARKER_TIME_DIGITS
+                or not time_ns.isascii() or not time_ns.isdigit() or dash != "-"
+                or not is_hex_digest(version_id)
+                or folder != time_ns[:MARKER_BUCKET_DIGITS]):
+            raise ValueError(f"{key!r} is not a {self.name} key")
+        return marker
+
+    def bucket(self, time_ns: int) -> str:
+        """The key prefix of every marker of the time bucket ``time_ns`` falls in."""
+        return f"{self.prefix}{f'{max(time_ns, 0):0{MARKER_TIME_DIGITS}d}'[:MARKER_BUCKET_DIGITS]}/"
+
+
+#: What ends the marker of a removal (the commit record about to be deleted).
+REMOVED_SUFFIX = "-removed"
+#: A marker's time: nanoseconds since the epoch, 20 digits (zero-padded).
+MARKER_TIME_DIGITS = 20
+#: The leading digits of that time that name its folder: buckets of 10**13 ns (2.8 h).
+MARKER_BUCKET_DIGITS = 7
+MARKER_BUCKET_NS = 10 ** (MARKER_TIME_DIGITS - MARKER_BUCKET_DIGITS)
+
+#: Publication markers: an empty object stored just before each commit record is
+#: created or deleted, so that an opener learns of versions published and removed by
+#: listing the last hours' markers instead of every commit record (§17).  Older
+#: releases neither write nor read them: no format change.
+PUBLISHED = MarkerKind("publication marker", "published/")
+ALL_KINDS += (PUBLISHED,)
+#: Empty, read by the key alone: nothing to seal in an encrypted store (§13.5), and
+#: forging one gains nothing (the commit record it names is read and checked).
+CLEAR_KINDS += (PUBLISHED,)

@@ -137,6 +137,7 @@ from chunkstore.format.digest import Digest
 from chunkstore.format.records import CommitRecord
 from chunkstore.index.lmdbindex import pid_namespace
 from chunkstore.objects.kinds import LEASES, TOMBSTONES, VERSIONS
+from chunkstore.protocol.published import write_marker
 from chunkstore.protocol.sessions import owner_info, owner_is_dead
 
 if TYPE_CHECKING:
@@ -466,6 +467,8 @@ class RunLease:
         # may not have withdrawn it) wrote the tombstone before it looked for the marker.
         if self.objects.exists(TOMBSTONES, version):
             return
+        write_marker(self.objects, version)  # as a save's: openers elsewhere count it in
+        self.objects.flush()
         self.objects.put_if_absent(VERSIONS, version, data)
         self.head = version
 
@@ -512,6 +515,9 @@ class RunLease:
         :class:`RunLeaseLostError`.  One existence check per save."""
         if not self.objects.exists(LEASES, withdrawn_name(self.run, version_id)):
             return
+        # An opener elsewhere may have counted it in from its publication marker.
+        write_marker(self.objects, version_id, removed=True)
+        self.objects.flush()
         self.objects.discard(VERSIONS, version_id)
         self.held = False
         raise RunLeaseLostError(self.run, self._successor())

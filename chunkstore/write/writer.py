@@ -83,6 +83,7 @@ from chunkstore.objects.kinds import CHUNKS, NODES, VERSIONS
 from chunkstore.objects.signing import PrivateKeyLike, signing_key
 from chunkstore.protocol import audit
 from chunkstore.protocol.journal import Fence, sync_journal
+from chunkstore.protocol.published import write_marker
 from chunkstore.protocol.runlease import RunLease
 from chunkstore.protocol.sessions import StoreSession
 from chunkstore.read.members import Locations
@@ -501,6 +502,9 @@ class VersionWriter(ChunkJobs):
             # Before the flush, so durable with the nodes: a published signed version
             # always has its signature (docs/format.md §14).
             store_signature(objects, self._signing_key, version_id, data)
+        # Durable with the nodes, before the record: openers elsewhere learn of the
+        # version from it without listing every record (chunkstore.protocol.published).
+        write_marker(objects, version_id)
         # The audit event too: durable before the commit point, so a published version
         # always has its "publish" event (an unpublished save may leave one).
         audit.record(objects, "publish", deferred=True,
