@@ -198,33 +198,34 @@ class Sealer:
         written (fewer than ``len(out)`` only where the object ends first)."""
         view, cipher = memoryview(stored).cast("B"), self._cipher(name)
         index, full = start // self.segment, self.segment + SEGMENT_OVERHEAD
-        prefix, at, written = name.encode() + b"\0", 0, 0
+        prefix, at, written, stop = name.encode() + b"\0", 0, 0, len(view)
         head: bytes | None = None  # the salt's first 4 bytes, once a segment gave them
         low = 0  # and its last 8, as a number
-        while at < len(view):  # every segment read is authenticated, if none is used
-            piece = view[at:at + full]
-            if len(piece) < SEGMENT_OVERHEAD:
+        while at < stop:  # every segment read is authenticated, if none is used
+            end = min(at + full, stop)
+            size = end - at - SEGMENT_OVERHEAD
+            if size < 0:
                 raise AuthenticationError(f"segment {index} is truncated")
-            size = len(piece) - SEGMENT_OVERHEAD
-            take = max(0, min(size - skip, len(out) - written))
-            nonce, body = piece[:NONCE_SIZE], piece[NONCE_SIZE:]
+            nonce = view[at:at + NONCE_SIZE]
             if self.salted:  # every segment of one write: the same salt
                 if head is None:
                     head, low = bytes(nonce[:4]), int.from_bytes(nonce[4:], "big") ^ index
                 elif nonce != head + (low ^ index).to_bytes(8, "big"):
                     raise AuthenticationError(f"segment {index} is of another write than"
                                               " the segments before it")
-            associated = prefix + index.to_bytes(8, "big")
+            body, associated = view[at + NONCE_SIZE:end], prefix + index.to_bytes(8, "big")
             try:
-                if skip == 0 and take == size:
+                if skip == 0 and written + size <= len(out):  # wholly wanted: in place
                     cipher.decrypt_into(nonce, body, associated, out[written:written + size])
+                    written += size
                 else:
+                    take = max(0, min(size - skip, len(out) - written))
                     plain = cipher.decrypt(nonce, body, associated)
                     out[written:written + take] = plain[skip:skip + take]
+                    written, skip = written + take, max(0, skip - size)
             except Exception as exc:  # InvalidTag (and a nonce of the wrong size)
                 raise AuthenticationError(f"segment {index} fails authentication") from exc
-            written += take
-            skip, at, index = max(0, skip - size), at + full, index + 1
+            at, index = end, index + 1
             if size < self.segment:
                 return written  # the last segment: the object ends here
         if len(view) and written < len(out):  # more was asked for, and no last segment
