@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> None:
             run_reference(args.out_dir, work, args.quick)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    command = "python -m benchmarks.suite" + (" --quick" if args.quick else "")
+    command = " ".join(["python -m benchmarks.suite", *(sys.argv[1:] if argv is None else argv)])
     run_info = {"command": command, "mode": "quick" if args.quick else "full",
                 "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine(),
                 "runtime_s": time.perf_counter() - started, "scale": scale.__dict__,

@@ -7,6 +7,7 @@ Each safety test was broken once (see the commit that adds it) and seen to fail.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import os
 import shutil
@@ -39,6 +40,7 @@ from chunkstore.format import plaindata
 from chunkstore.format.chunkobj import HEADER, parse_header
 from chunkstore.format.chunkobj import MAGIC as CHUNK_MAGIC
 from chunkstore.maintenance.readback import ReadBack
+from chunkstore.objects import crypto
 from chunkstore.objects.crypto import SEGMENT_OVERHEAD, AuthenticationError, Sealer, plain_size
 from chunkstore.objects.keys import TEST_KDF_ENV, unlock
 from chunkstore.objects.kinds import CHUNKS, NODES, VERSIONS
@@ -557,6 +559,24 @@ def test_ranged_reads_open_any_range(data: bytes, start: int, length: int) -> No
     assert bytes(out[:written]) == data[start:start + length]
     with pytest.raises(AuthenticationError):
         sealer.open("chunks/ab/y", stored)  # another object's name
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.binary(min_size=0, max_size=20_000),
+       cuts=st.lists(st.integers(0, 20_000), max_size=8))
+def test_an_encoding_in_pieces_is_sealed_as_the_pieces_joined(data: bytes,
+                                                              cuts: list[int]) -> None:
+    """A pack reaches the sealer as its pieces (header, members' headers and payloads),
+    segments straddling them: the stored bytes are those of the pieces joined."""
+    bounds = sorted({0, len(data), *(cut for cut in cuts if cut <= len(data))})
+    pieces: list[bytes | memoryview] = [memoryview(data)[a:b]
+                                        for a, b in itertools.pairwise(bounds)]
+    sealer, salt = _sealer(), os.urandom(12)
+    with pytest.MonkeyPatch.context() as patch:  # both writes draw the same salt
+        patch.setattr(crypto, "random_source", lambda size: salt)
+        stored = bytes(sealer.seal("chunks/ab/p", pieces))
+        assert stored == bytes(sealer.seal("chunks/ab/p", data))
+    assert bytes(sealer.open("chunks/ab/p", stored)) == data
 
 
 @settings(max_examples=60, deadline=None)
