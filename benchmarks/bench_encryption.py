@@ -41,10 +41,8 @@ from unittest import mock
 import numpy as np
 
 import chunkstore
-from benchmarks.bench_core import Round, in_rounds, limits, make_state
+from benchmarks.bench_core import BENCH_PASSWORD, Round, in_rounds, limits, make_state
 from chunkstore.format.records import Encryption
-
-PASSWORD = "benchmark password"
 
 
 def _changed(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -63,7 +61,7 @@ def store_round(workdir: Path, state: dict[str, np.ndarray], compression: str,
     root = workdir / f"{compression}{'-enc' if encrypted else ''}{sealing}"
     outs = {k: np.empty_like(v) for k, v in state.items()}
     changed = _changed(state)
-    password = PASSWORD if encrypted else None
+    password = BENCH_PASSWORD if encrypted else None
 
     def save(store: chunkstore.Store, step: int, arrays: dict[str, np.ndarray]) -> None:
         with store.new_version(run="bench", step=step) as version:
