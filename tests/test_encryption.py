@@ -682,3 +682,33 @@ def test_a_version_10_store_keeps_its_sealing_and_a_copy_into_12_is_refused(
     assert tree_snapshot(copies["encrypted-v2"]) == v2_before
     assert json.loads((copies["encrypted-v1"] / "chunkstore.json").read_bytes()
                       )["format_version"] == 10
+
+
+def test_a_damaged_copy_of_a_pack_is_replaced_by_the_save_that_writes_it_again(
+        tmp_path: Path) -> None:
+    """A save hands its packs to the object layer as pieces, sealed straight from them;
+    where a copy of the pack is stored already and fails authentication (an orphan a
+    save with another index left, then damaged), the save stores the pieces again,
+    sealed whole under a fresh salt, and the version reads back."""
+    state = {f"b{i}": np.full(100, i, np.float32) for i in range(20)}
+
+    def save(index: str, step: int) -> None:
+        with chunkstore.open(tmp_path / "s", create=True, encrypt=True, password="pw",
+                             index_dir=str(tmp_path / index)) as store, \
+                store.new_version(run=f"r{step}", step=step) as version:
+            for name, array in state.items():  # no parent: nothing reused through one
+                version.put(name, array)
+
+    save("first", 0)
+    (pack,) = [p for p in (tmp_path / "s" / "chunks").rglob("*") if p.is_file()]
+    good = pack.read_bytes()
+    pack.chmod(0o644)
+    damaged = good[:-1] + bytes([good[-1] ^ 1])
+    pack.write_bytes(damaged)
+    save("second", 1)  # an index that never saw the pack: it writes it, finds the copy
+    assert pack.read_bytes() not in (damaged, good) and len(pack.read_bytes()) == len(good)
+    outs = {name: np.empty_like(array) for name, array in state.items()}
+    with chunkstore.open(tmp_path / "s", password="pw", index_dir=str(tmp_path / "second")
+                         ) as store:
+        store.open_version("r1@1").get_many_into((name, out, None) for name, out in outs.items())
+    assert all(np.array_equal(outs[name], array) for name, array in state.items())
