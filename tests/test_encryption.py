@@ -712,3 +712,35 @@ def test_a_damaged_copy_of_a_pack_is_replaced_by_the_save_that_writes_it_again(
                          ) as store:
         store.open_version("r1@1").get_many_into((name, out, None) for name, out in outs.items())
     assert all(np.array_equal(outs[name], array) for name, array in state.items())
+
+
+@pytest.mark.parametrize("encrypt", [True, False])
+def test_a_damaged_orphan_pack_is_replaced_by_the_save_that_writes_it_again(
+        tmp_path: Path, encrypt: bool) -> None:
+    """The pack of a large tensor's chunks (policy none) goes to the object layer as its
+    pieces (joined there, or sealed straight from them); where a damaged copy is stored
+    already (an orphan: its version was removed, so another index never heard of it),
+    the save finds it, and stores the pieces again whole."""
+    state = {"big": np.arange(300_000, dtype=np.float32)}
+    password = "pw" if encrypt else None
+
+    def opened(index: str) -> chunkstore.Store:
+        return chunkstore.open(tmp_path / "s", create=True, encrypt=encrypt, password=password,
+                               compression="none", index_dir=str(tmp_path / index))
+
+    with opened("first") as store:
+        with store.new_version(run="r", step=0) as version:
+            version.put("big", state["big"])
+        store.delete("r@0")  # the chunk stays, referenced by no version, until a GC
+    (chunk,) = [p for p in (tmp_path / "s" / "chunks").rglob("*") if p.is_file()]  # the pack
+    good = chunk.read_bytes()
+    chunk.chmod(0o644)
+    damaged = good[:-1] + bytes([good[-1] ^ 1])
+    chunk.write_bytes(damaged)
+    with opened("second") as store:
+        with store.new_version(run="r", step=1) as version:
+            version.put("big", state["big"])
+        assert chunk.read_bytes() != damaged and len(chunk.read_bytes()) == len(good)
+        out = np.empty_like(state["big"])
+        store.open_version("r@1").get_many_into([("big", out, None)])
+    assert np.array_equal(out, state["big"])
