@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from unittest import mock
@@ -39,10 +41,8 @@ from unittest import mock
 import numpy as np
 
 import chunkstore
-from benchmarks.bench_core import Round, _seconds, in_rounds, limits, make_state
+from benchmarks.bench_core import BENCH_PASSWORD, Round, in_rounds, limits, make_state
 from chunkstore.format.records import Encryption
-
-PASSWORD = "benchmark password"
 
 
 def _changed(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -61,7 +61,7 @@ def store_round(workdir: Path, state: dict[str, np.ndarray], compression: str,
     root = workdir / f"{compression}{'-enc' if encrypted else ''}{sealing}"
     outs = {k: np.empty_like(v) for k, v in state.items()}
     changed = _changed(state)
-    password = PASSWORD if encrypted else None
+    password = BENCH_PASSWORD if encrypted else None
 
     def save(store: chunkstore.Store, step: int, arrays: dict[str, np.ndarray]) -> None:
         with store.new_version(run="bench", step=step) as version:
@@ -69,20 +69,29 @@ def store_round(workdir: Path, state: dict[str, np.ndarray], compression: str,
                 version.put(name, array)
 
     def one() -> dict[str, float]:
+        times: dict[str, float] = {}
+
+        def timed(step: str, fn: Callable[[], object]) -> None:
+            """Wall seconds, and CPU seconds of every thread of the process (steadier
+            than wall time on a shared machine: a neighbour's load hardly moves them)."""
+            wall, cpu = time.perf_counter(), time.process_time()
+            fn()
+            times[step + "_s"] = time.perf_counter() - wall
+            times[step + "_cpu_s"] = time.process_time() - cpu
+
         shutil.rmtree(root, ignore_errors=True)
         with mock.patch("chunkstore.store.Encryption", partial(Encryption, sealing=sealing)):
             store = chunkstore.open(root, create=True, compression=compression,
                                     encrypt=encrypted, password=password)
         assert not encrypted or store.config.format_version == (12 if sealing == 2 else 10)
         with store:
-            times = {"first_save_s": _seconds(lambda: save(store, 0, state)),
-                     "changed_save_s": _seconds(lambda: save(store, 1, changed)),
-                     "resave_s": _seconds(lambda: save(store, 2, changed))}
+            timed("first_save", lambda: save(store, 0, state))
+            timed("changed_save", lambda: save(store, 1, changed))
+            timed("resave", lambda: save(store, 2, changed))
         opened: list[chunkstore.Store] = []
-        times["open_s"] = _seconds(lambda: opened.append(chunkstore.open(root,
-                                                                         password=password)))
+        timed("open", lambda: opened.append(chunkstore.open(root, password=password)))
         with opened[0] as store:
-            times["restore_s"] = _seconds(lambda: store.open_version("latest").get_many_into(
+            timed("restore", lambda: store.open_version("latest").get_many_into(
                 (name, out, None) for name, out in outs.items()))
         times["stored_bytes"] = sum(p.stat().st_size for kind in ("chunks", "nodes")
                                     for p in (root / kind).rglob("*") if p.is_file())
@@ -97,30 +106,33 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--out", default="benchmarks/results/encryption.json")
     parser.add_argument("--workdir", default=None)
+    parser.add_argument("--policies", default="auto,none",
+                        help="comma-separated compression policies to measure")
     parser.add_argument("--sealing", action="store_true",
                         help="add encrypted stores of version 10 (sealing 1) to compare")
     args = parser.parse_args(argv)
+    policies = args.policies.split(",")
     workdir = Path(tempfile.mkdtemp(prefix="cs-enc-bench-", dir=args.workdir))
-    started = time.perf_counter()
+    started, load_before = time.perf_counter(), os.getloadavg()
     try:
         state = make_state(args.mib << 20)
         systems = {f"{policy}{suffix}": store_round(workdir, state, policy, bool(suffix))
-                   for policy in ("auto", "none") for suffix in ("", "-enc")}
+                   for policy in policies for suffix in ("", "-enc")}
         if args.sealing:
             systems.update({f"{policy}-enc10": store_round(workdir, state, policy, True, 1)
-                            for policy in ("auto", "none")})
+                            for policy in policies})
         measured = in_rounds(systems, args.repeat)
         machine = limits(64 << 20)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     ratios = {policy: {step: measured[f"{policy}-enc"][step] / measured[policy][step]
                        for step in measured[policy] if measured[policy][step]}
-              for policy in ("auto", "none")}
+              for policy in policies}
     if args.sealing:
         ratios.update({f"{policy}-enc12/enc10": {
             step: measured[f"{policy}-enc"][step] / measured[f"{policy}-enc10"][step]
             for step in measured[policy] if measured[f"{policy}-enc10"][step]}
-            for policy in ("auto", "none")})
+            for policy in policies})
     result = {
         "command": "python -m benchmarks.bench_encryption " + " ".join(argv or sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
@@ -128,6 +140,8 @@ def main(argv: list[str] | None = None) -> None:
         "logical_bytes": sum(a.nbytes for a in state.values()), "repeat": args.repeat,
         "limits": machine, "median": measured, "encrypted_over_plain": ratios,
         "runtime_s": time.perf_counter() - started,
+        # the machine may be shared: its 1-minute load average when the run began and ended
+        "load_average": [load_before[0], os.getloadavg()[0]],
     }
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({"encrypted_over_plain": ratios, "limits": machine}, indent=2))

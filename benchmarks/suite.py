@@ -260,8 +260,10 @@ def main(argv: list[str] | None = None) -> None:
             run_reference(args.out_dir, work, args.quick)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    command = "python -m benchmarks.suite" + (" --quick" if args.quick else "")
+    command = " ".join(["python -m benchmarks.suite", *(sys.argv[1:] if argv is None else argv)])
     run_info = {"command": command, "mode": "quick" if args.quick else "full",
+                # the machine may be shared: its 1-minute load average as the run ended
+                "load_average": os.getloadavg()[0],
                 "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine(),
                 "runtime_s": time.perf_counter() - started, "scale": scale.__dict__,
                 "workloads": workloads, "repeat": args.repeat}

@@ -26,7 +26,10 @@ def core_table(core: dict[str, Any]) -> list[str]:
     lines = [
         f"State: {gib:.2f} GiB of float32. Machine limits measured in the same run: memcpy"
         f" {lim['memcpy_gbps']:.1f} GB/s, BLAKE3 {lim['blake3_1thread_gbps']:.1f} GB/s per"
-        f" thread, write+fsync {lim['write_fsync_gbps']:.2f} GB/s.",
+        f" thread, write+fsync {lim['write_fsync_gbps']:.2f} GB/s"
+        + (f", AES-256-GCM in 64 KiB segments {lim['aes_gcm_seal_1thread_gbps']:.1f} GB/s"
+           f" sealing, {lim['aes_gcm_open_1thread_gbps']:.1f} GB/s opening per thread"
+           if "aes_gcm_seal_1thread_gbps" in lim else "") + ".",
         "",
         "| | first save | unchanged re-save | restore (hash-checked) | stored bytes |",
         "|---|---|---|---|---|",
@@ -39,8 +42,11 @@ def core_table(core: dict[str, Any]) -> list[str]:
                      f" {st['save_gbps']:.2f} GB/s | {st['load_gbps']:.2f} GB/s (not checked) |"
                      f" {core['logical_bytes'] / 1e9:.2f} GB per version |")
     for key, label in (("chunkstore-none", "chunkstore, no compression"),
-                       ("chunkstore-auto", "chunkstore, compression auto")):
-        r = core[key]
+                       ("chunkstore-auto", "chunkstore, compression auto"),
+                       ("chunkstore-auto-enc", "chunkstore, compression auto, encrypted")):
+        r = core.get(key)
+        if r is None:  # a run before encrypted stores were measured
+            continue
         versus = f"{r['restore_vs_torch_load']:.2f}x"
         if "restore_time_vs_safetensors" in r:
             versus += f"; {r['restore_time_vs_safetensors']:.2f}x safetensors' time"

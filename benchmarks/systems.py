@@ -37,6 +37,7 @@ import torch.distributed.checkpoint as dcp
 
 import chunkstore
 import torch_bridge
+from benchmarks.bench_core import BENCH_PASSWORD
 from benchmarks.trace import TraceVersion, flatten
 
 # DCP without a process group says once per call that it assumes one process.
@@ -44,8 +45,6 @@ warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 warnings.filterwarnings("ignore", message="torch.distributed is unavailable or uninitialized")
 SYSTEMS = ("torch.save", "safetensors", "dcp", "chunkstore-none", "chunkstore-auto-d0",
            "chunkstore-auto", "chunkstore-auto-enc")
-#: The password of the encrypted stores the benchmarks make (their key at the real cost).
-BENCH_PASSWORD = "benchmark password"
 
 
 def _fsync_path(path: Path) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from chunkstore.objects.crypto import SEGMENT_OVERHEAD
 from tests.quick_suite import QuickSuiteRun
 
 REPO = Path(__file__).resolve().parent.parent
@@ -53,7 +54,8 @@ def test_schema(records: list[dict[str, Any]]) -> None:
     assert {r["workload"] for r in records} == WORKLOADS
     systems = {r["system"] for r in records}
     assert all(s.startswith(SYSTEM_PREFIXES) for s in systems)
-    assert {"torch.save", "safetensors", "dcp", "chunkstore-none", "chunkstore-auto"} <= systems
+    assert {"torch.save", "safetensors", "dcp", "chunkstore-none", "chunkstore-auto",
+            "chunkstore-auto-enc"} <= systems
     assert len(records) == len(WORKLOADS) * len(systems)  # every workload x system, once
     for record in records:
         for key, kind in KEYS.items():
@@ -83,6 +85,13 @@ def test_amplification_is_sane(records: list[dict[str, Any]]) -> None:
     for workload in ("dense", "mixed-precision"):  # everything changes: dedup alone saves nothing
         r = _record(records, workload, "chunkstore-none")
         assert r["amplification"] >= 0.95 * r["versions"], r
+    for workload in WORKLOADS:  # encryption adds 28 bytes per 64 KiB segment, and no more
+        plain = _record(records, workload, "chunkstore-auto")["cumulative_bytes"]
+        sealed = _record(records, workload, "chunkstore-auto-enc")
+        for before, after, objects in zip(plain, sealed["cumulative_bytes"],
+                                          sealed["cumulative_objects"], strict=True):
+            assert before < after <= before + SEGMENT_OVERHEAD * (objects + after // (64 << 10)), (
+                workload, plain, sealed["cumulative_bytes"])
 
 
 def test_reports_and_plots(quick_suite_results: Path) -> None:

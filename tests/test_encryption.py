@@ -7,6 +7,7 @@ Each safety test was broken once (see the commit that adds it) and seen to fail.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import os
 import shutil
@@ -39,6 +40,7 @@ from chunkstore.format import plaindata
 from chunkstore.format.chunkobj import HEADER, parse_header
 from chunkstore.format.chunkobj import MAGIC as CHUNK_MAGIC
 from chunkstore.maintenance.readback import ReadBack
+from chunkstore.objects import crypto
 from chunkstore.objects.crypto import SEGMENT_OVERHEAD, AuthenticationError, Sealer, plain_size
 from chunkstore.objects.keys import TEST_KDF_ENV, unlock
 from chunkstore.objects.kinds import CHUNKS, NODES, VERSIONS
@@ -560,6 +562,24 @@ def test_ranged_reads_open_any_range(data: bytes, start: int, length: int) -> No
 
 
 @settings(max_examples=60, deadline=None)
+@given(data=st.binary(min_size=0, max_size=20_000),
+       cuts=st.lists(st.integers(0, 20_000), max_size=8))
+def test_an_encoding_in_pieces_is_sealed_as_the_pieces_joined(data: bytes,
+                                                              cuts: list[int]) -> None:
+    """A pack reaches the sealer as its pieces (header, members' headers and payloads),
+    segments straddling them: the stored bytes are those of the pieces joined."""
+    bounds = sorted({0, len(data), *(cut for cut in cuts if cut <= len(data))})
+    pieces: list[bytes | memoryview] = [memoryview(data)[a:b]
+                                        for a, b in itertools.pairwise(bounds)]
+    sealer, salt = _sealer(), os.urandom(12)
+    with pytest.MonkeyPatch.context() as patch:  # both writes draw the same salt
+        patch.setattr(crypto, "random_source", lambda size: salt)
+        stored = bytes(sealer.seal("chunks/ab/p", pieces))
+        assert stored == bytes(sealer.seal("chunks/ab/p", data))
+    assert bytes(sealer.open("chunks/ab/p", stored)) == data
+
+
+@settings(max_examples=60, deadline=None)
 @given(data=st.binary(min_size=32, max_size=12_000))
 def test_ciphertext_never_holds_a_window_of_the_plaintext(data: bytes) -> None:
     stored = bytes(_sealer().seal("chunks/00/c", data))
@@ -662,3 +682,65 @@ def test_a_version_10_store_keeps_its_sealing_and_a_copy_into_12_is_refused(
     assert tree_snapshot(copies["encrypted-v2"]) == v2_before
     assert json.loads((copies["encrypted-v1"] / "chunkstore.json").read_bytes()
                       )["format_version"] == 10
+
+
+def test_a_damaged_copy_of_a_pack_is_replaced_by_the_save_that_writes_it_again(
+        tmp_path: Path) -> None:
+    """A save hands its packs to the object layer as pieces, sealed straight from them;
+    where a copy of the pack is stored already and fails authentication (an orphan a
+    save with another index left, then damaged), the save stores the pieces again,
+    sealed whole under a fresh salt, and the version reads back."""
+    state = {f"b{i}": np.full(100, i, np.float32) for i in range(20)}
+
+    def save(index: str, step: int) -> None:
+        with chunkstore.open(tmp_path / "s", create=True, encrypt=True, password="pw",
+                             index_dir=str(tmp_path / index)) as store, \
+                store.new_version(run=f"r{step}", step=step) as version:
+            for name, array in state.items():  # no parent: nothing reused through one
+                version.put(name, array)
+
+    save("first", 0)
+    (pack,) = [p for p in (tmp_path / "s" / "chunks").rglob("*") if p.is_file()]
+    good = pack.read_bytes()
+    pack.chmod(0o644)
+    damaged = good[:-1] + bytes([good[-1] ^ 1])
+    pack.write_bytes(damaged)
+    save("second", 1)  # an index that never saw the pack: it writes it, finds the copy
+    assert pack.read_bytes() not in (damaged, good) and len(pack.read_bytes()) == len(good)
+    outs = {name: np.empty_like(array) for name, array in state.items()}
+    with chunkstore.open(tmp_path / "s", password="pw", index_dir=str(tmp_path / "second")
+                         ) as store:
+        store.open_version("r1@1").get_many_into((name, out, None) for name, out in outs.items())
+    assert all(np.array_equal(outs[name], array) for name, array in state.items())
+
+
+@pytest.mark.parametrize("encrypt", [True, False])
+def test_a_damaged_orphan_pack_is_replaced_by_the_save_that_writes_it_again(
+        tmp_path: Path, encrypt: bool) -> None:
+    """The pack of a large tensor's chunks (policy none) goes to the object layer as its
+    pieces (joined there, or sealed straight from them); where a damaged copy is stored
+    already (an orphan: its version was removed, so another index never heard of it),
+    the save finds it, and stores the pieces again whole."""
+    state = {"big": np.arange(300_000, dtype=np.float32)}
+    password = "pw" if encrypt else None
+
+    def opened(index: str) -> chunkstore.Store:
+        return chunkstore.open(tmp_path / "s", create=True, encrypt=encrypt, password=password,
+                               compression="none", index_dir=str(tmp_path / index))
+
+    with opened("first") as store:
+        with store.new_version(run="r", step=0) as version:
+            version.put("big", state["big"])
+        store.delete("r@0")  # the chunk stays, referenced by no version, until a GC
+    (chunk,) = [p for p in (tmp_path / "s" / "chunks").rglob("*") if p.is_file()]  # the pack
+    good = chunk.read_bytes()
+    chunk.chmod(0o644)
+    damaged = good[:-1] + bytes([good[-1] ^ 1])
+    chunk.write_bytes(damaged)
+    with opened("second") as store:
+        with store.new_version(run="r", step=1) as version:
+            version.put("big", state["big"])
+        assert chunk.read_bytes() != damaged and len(chunk.read_bytes()) == len(good)
+        out = np.empty_like(state["big"])
+        store.open_version("r@1").get_many_into([("big", out, None)])
+    assert np.array_equal(out, state["big"])

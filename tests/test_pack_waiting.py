@@ -22,9 +22,9 @@ def member(i: int) -> tuple[Digest, tuple[bytes, bytes]]:
 def test_members_behind_a_stalled_one_are_packed_within_the_bound() -> None:
     written: dict[Digest, bytes] = {}
 
-    def write(digest: Digest, data: bytes) -> int:
-        written[digest] = data
-        return len(data)
+    def write(digest: Digest, pieces: list[bytes | memoryview]) -> int:
+        written[digest] = b"".join(pieces)
+        return len(written[digest])
 
     limit = 1 << 20
     builder = PackBuilder(write, target=256 << 10, waiting_bytes=limit)
@@ -54,7 +54,8 @@ def test_members_behind_a_stalled_one_are_packed_within_the_bound() -> None:
 
 def test_in_order_members_are_packed_in_the_order_of_the_state() -> None:
     packs: list[bytes] = []
-    builder = PackBuilder(lambda d, data: packs.append(data) or len(data), target=1 << 30)
+    builder = PackBuilder(lambda d, pieces: packs.append(b"".join(pieces)) or len(packs[-1]),
+                          target=1 << 30)
     places = [builder.reserve() for _ in range(20)]
     for seq in reversed(places):  # all waiting, within the bound
         digest, encoded = member(seq)

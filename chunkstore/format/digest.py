@@ -79,6 +79,13 @@ class ChunkIds:
             return Digest.of(data)
         return Digest(blake3.blake3(data, key=self.key).digest())
 
+    def of_pieces(self, pieces: Sequence[bytes | memoryview]) -> Digest:
+        """:meth:`of` the pieces laid end to end, without joining them."""
+        hasher = blake3.blake3() if self.key is None else blake3.blake3(key=self.key)
+        for piece in pieces:
+            hasher.update(piece)
+        return Digest(hasher.digest())
+
     def names(self, digest: Digest, data: bytes | memoryview) -> bool:
         """Whether ``digest`` is the id of content ``data`` (what a read checks)."""
         if self.key is None:

@@ -32,7 +32,7 @@ sealed in segments.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import blake3
@@ -61,13 +61,6 @@ random_source: RandomBytes = os.urandom
 def fresh_bytes(count: int) -> bytes:
     """``count`` random bytes from :data:`random_source`."""
     return random_source(count)
-
-
-def _salted(salt: bytes, index: int) -> bytes:
-    """The nonce of segment ``index`` of a write with ``salt`` (and, as XOR is its own
-    inverse, the salt of segment ``index`` with that nonce)."""
-    low = int.from_bytes(salt[4:], "big") ^ index
-    return salt[:4] + low.to_bytes(8, "big")
 
 
 class AuthenticationError(Exception):
@@ -114,6 +107,33 @@ def scratch(size: int) -> memoryview:
     return memoryview(np.empty(size, dtype=np.uint8).data).cast("B")
 
 
+def _segments(pieces: Sequence[memoryview], step: int) -> Iterator[memoryview]:
+    """The ``step``-byte segments of ``pieces`` (byte views) laid end to end, then the
+    shorter last one (empty where the length is a multiple of ``step``): views of the
+    pieces, except a segment that straddles pieces, gathered into one buffer (each
+    view is valid until the next is taken)."""
+    gather, held = scratch(step), 0
+    for number, piece in enumerate(pieces):
+        at = 0
+        if held:  # the rest of a segment begun in the pieces before
+            at = min(step - held, len(piece))
+            gather[held:held + at] = piece[:at]
+            held += at
+            if held < step:
+                continue
+            yield gather
+            held = 0
+        while len(piece) - at >= step:
+            yield piece[at:at + step]
+            at += step
+        if number == len(pieces) - 1:
+            yield piece[at:]  # the last segment, straight from the last piece
+            return
+        gather[:len(piece) - at] = piece[at:]
+        held = len(piece) - at
+    yield gather[:held]  # no pieces, or a last piece that did not complete its segment
+
+
 class Sealer:
     """Seals and opens objects under one store's sealing subkey (see the module docstring)."""
 
@@ -128,26 +148,30 @@ class Sealer:
     def _cipher(self, name: str) -> AESGCM:
         return self._aead(blake3.blake3(name.encode(), key=self._key).digest())
 
-    @staticmethod
-    def _associated(name: str, index: int) -> bytes:
-        return name.encode() + b"\0" + index.to_bytes(8, "big")
-
-    def seal(self, name: str, data: bytes | memoryview) -> memoryview:
-        """The stored bytes of the object stored as ``name`` whose encoding is ``data``."""
-        view, step = memoryview(data).cast("B"), self.segment
-        count = len(view) // step + 1
-        target, cipher = scratch(stored_size(len(view), step)), self._cipher(name)
+    def seal(self, name: str, data: bytes | memoryview | list[bytes | memoryview]
+             ) -> memoryview:
+        """The stored bytes of the object stored as ``name`` whose encoding is ``data``,
+        or the pieces of ``data`` laid end to end (a pack's header and members: each
+        segment is sealed straight from its piece, and only a segment that straddles
+        two pieces is gathered first, so the pieces are never joined)."""
+        pieces = [memoryview(piece).cast("B")
+                  for piece in (data if isinstance(data, list) else [data])]
+        size, step = sum(map(len, pieces)), self.segment
+        count = size // step + 1
+        target, cipher = scratch(stored_size(size, step)), self._cipher(name)
         salt = fresh_bytes(NONCE_SIZE) if self.salted else b""
         nonces = b"" if self.salted else fresh_bytes(NONCE_SIZE * count)
-        at = 0
-        for index in range(count):
-            piece = view[index * step:(index + 1) * step]
-            nonce = _salted(salt, index) if self.salted \
+        # Segment i's associated data: the name, a zero byte, i (8 bytes, big-endian); its
+        # nonce (sealing 2): the salt's first 4 bytes, then its last 8 XOR i.
+        prefix, low = name.encode() + b"\0", int.from_bytes(salt[4:], "big")
+        encrypt, at = cipher.encrypt_into, 0
+        for index, piece in enumerate(_segments(pieces, step)):
+            nonce = salt[:4] + (low ^ index).to_bytes(8, "big") if self.salted \
                 else nonces[index * NONCE_SIZE:(index + 1) * NONCE_SIZE]
             target[at:at + NONCE_SIZE] = nonce
             end = at + NONCE_SIZE + len(piece) + TAG_SIZE
-            cipher.encrypt_into(nonce, piece, self._associated(name, index),
-                                target[at + NONCE_SIZE:end])
+            encrypt(nonce, piece, prefix + index.to_bytes(8, "big"),
+                    target[at + NONCE_SIZE:end])
             at = end
         return target
 
@@ -174,32 +198,34 @@ class Sealer:
         written (fewer than ``len(out)`` only where the object ends first)."""
         view, cipher = memoryview(stored).cast("B"), self._cipher(name)
         index, full = start // self.segment, self.segment + SEGMENT_OVERHEAD
-        at = written = 0
-        salt: bytes | None = None
-        while at < len(view):  # every segment read is authenticated, if none is used
-            piece = view[at:at + full]
-            if len(piece) < SEGMENT_OVERHEAD:
+        prefix, at, written, stop = name.encode() + b"\0", 0, 0, len(view)
+        head: bytes | None = None  # the salt's first 4 bytes, once a segment gave them
+        low = 0  # and its last 8, as a number
+        while at < stop:  # every segment read is authenticated, if none is used
+            end = min(at + full, stop)
+            size = end - at - SEGMENT_OVERHEAD
+            if size < 0:
                 raise AuthenticationError(f"segment {index} is truncated")
-            size = len(piece) - SEGMENT_OVERHEAD
-            take = max(0, min(size - skip, len(out) - written))
-            nonce, body, associated = piece[:NONCE_SIZE], piece[NONCE_SIZE:], \
-                self._associated(name, index)
+            nonce = view[at:at + NONCE_SIZE]
             if self.salted:  # every segment of one write: the same salt
-                if salt is None:
-                    salt = _salted(bytes(nonce), index)
-                elif _salted(salt, index) != nonce:
+                if head is None:
+                    head, low = bytes(nonce[:4]), int.from_bytes(nonce[4:], "big") ^ index
+                elif nonce != head + (low ^ index).to_bytes(8, "big"):
                     raise AuthenticationError(f"segment {index} is of another write than"
                                               " the segments before it")
+            body, associated = view[at + NONCE_SIZE:end], prefix + index.to_bytes(8, "big")
             try:
-                if skip == 0 and take == size:
+                if skip == 0 and written + size <= len(out):  # wholly wanted: in place
                     cipher.decrypt_into(nonce, body, associated, out[written:written + size])
+                    written += size
                 else:
+                    take = max(0, min(size - skip, len(out) - written))
                     plain = cipher.decrypt(nonce, body, associated)
                     out[written:written + take] = plain[skip:skip + take]
+                    written, skip = written + take, max(0, skip - size)
             except Exception as exc:  # InvalidTag (and a nonce of the wrong size)
                 raise AuthenticationError(f"segment {index} fails authentication") from exc
-            written += take
-            skip, at, index = max(0, skip - size), at + full, index + 1
+            at, index = end, index + 1
             if size < self.segment:
                 return written  # the last segment: the object ends here
         if len(view) and written < len(out):  # more was asked for, and no last segment

@@ -2,7 +2,9 @@
 
 Everything above asks for objects by kind and id (:mod:`chunkstore.objects.kinds`)
 and never builds a key or calls a :class:`~chunkstore.backends.Backend`.  Every
-object's bytes pass through :meth:`ObjectStore._stored` on the way in and
+object's bytes pass through :meth:`ObjectStore._stored` on the way in (an encoding
+written in pieces, a pack's, joined first by :meth:`ObjectStore._stored_pieces`, which
+a transform that reads pieces in place overrides) and
 :meth:`ObjectStore._loaded` on the way out (ranged reads, of pack members and
 headers, through :meth:`ObjectStore._loaded_range`, or in place into a caller's
 buffer through :meth:`ObjectStore._loaded_into`): a transform of every stored
@@ -35,7 +37,14 @@ from chunkstore.errors import IntegrityError
 from chunkstore.format.digest import PLAIN_IDS, ChunkIds
 from chunkstore.objects.kinds import CONFIG_KEY, IdT, Kind
 
-__all__ = ["ObjectInfo", "ObjectStore"]
+__all__ = ["Encoded", "ObjectInfo", "ObjectStore", "Pieces"]
+
+#: An object's encoding as pieces laid end to end (a pack: its header and its members),
+#: joined only where the store keeps objects as they are encoded
+#: (:meth:`ObjectStore._stored_pieces`).
+Pieces = list[bytes | memoryview]
+#: What a write takes: an object's encoding, whole or in pieces.
+Encoded = bytes | memoryview | Pieces
 
 
 class ObjectStore:
@@ -60,6 +69,17 @@ class ObjectStore:
         and encoded as ``data``."""
         return data
 
+    def _stored_pieces(self, kind: Kind[IdT], key: str, pieces: Pieces) -> bytes | memoryview:
+        """:meth:`_stored` of an encoding given in pieces: here joined first (the one copy
+        a pack's bytes take on their way to the backend); a transform that reads its input
+        piece by piece (sealing) reads them in place instead."""
+        return self._stored(kind, key, b"".join(pieces))
+
+    def _encoded(self, kind: Kind[IdT], key: str, data: Encoded) -> bytes | memoryview:
+        if isinstance(data, list):
+            return self._stored_pieces(kind, key, data)
+        return self._stored(kind, key, data)
+
     def _loaded(self, kind: Kind[IdT], key: str, data: bytes) -> bytes:
         """An object's encoding from the bytes the backend holds."""
         return data
@@ -73,22 +93,21 @@ class ObjectStore:
 
     # --- writing ---------------------------------------------------------------------------
 
-    def put(self, kind: Kind[IdT], object_id: IdT, data: bytes | memoryview) -> None:
+    def put(self, kind: Kind[IdT], object_id: IdT, data: Encoded) -> None:
         """Store (or replace) an object; atomic and durable on return."""
         key = kind.key(object_id)
-        self.backend.put(key, self._stored(kind, key, data))
+        self.backend.put(key, self._encoded(kind, key, data))
 
-    def put_if_absent(self, kind: Kind[IdT], object_id: IdT, data: bytes | memoryview) -> bool:
+    def put_if_absent(self, kind: Kind[IdT], object_id: IdT, data: Encoded) -> bool:
         """Create an object unless one is stored; whether this call created it (exactly
         one of concurrent creators gets True).  Durable on return."""
         key = kind.key(object_id)
-        return self.backend.put_if_absent(key, self._stored(kind, key, data))
+        return self.backend.put_if_absent(key, self._encoded(kind, key, data))
 
-    def put_if_absent_deferred(self, kind: Kind[IdT], object_id: IdT,
-                               data: bytes | memoryview) -> bool:
+    def put_if_absent_deferred(self, kind: Kind[IdT], object_id: IdT, data: Encoded) -> bool:
         """:meth:`put_if_absent` whose durability may wait for the next :meth:`flush`."""
         key = kind.key(object_id)
-        return self.backend.put_if_absent_deferred(key, self._stored(kind, key, data))
+        return self.backend.put_if_absent_deferred(key, self._encoded(kind, key, data))
 
     def flush(self) -> None:
         """Make every write so far durable (the step before a commit point)."""

@@ -42,7 +42,7 @@ from chunkstore.objects.kinds import (
     IdT,
     Kind,
 )
-from chunkstore.objects.objectstore import ObjectStore
+from chunkstore.objects.objectstore import ObjectStore, Pieces
 
 
 def corrupt(kind: Kind[IdT], key: str, reason: str) -> IntegrityError:
@@ -91,6 +91,12 @@ class SealedObjects(ObjectStore):
     def _stored(self, kind: Kind[IdT], key: str, data: bytes | memoryview
                 ) -> bytes | memoryview:
         return data if kind in CLEAR_KINDS else self.sealer.seal(key, data)
+
+    def _stored_pieces(self, kind: Kind[IdT], key: str, pieces: Pieces) -> bytes | memoryview:
+        """Sealed straight from the pieces (a pack's members): no join."""
+        if kind in CLEAR_KINDS:
+            return super()._stored_pieces(kind, key, pieces)
+        return self.sealer.seal(key, pieces)
 
     def _loaded(self, kind: Kind[IdT], key: str, data: bytes) -> bytes:
         if kind in CLEAR_KINDS:

@@ -122,13 +122,15 @@ WAITING_BYTES = 64 << 20
 class PackBuilder:
     """Collects a save's members in the order they were handed out; seals packs.
 
-    ``write(digest, data)`` stores one sealed pack object (claimed,
-    put-if-absent) and returns the bytes written.  Thread-safe: workers add
-    members as they finish encoding; the worker that fills a pack joins,
-    hashes and writes it outside the lock, one copy of the bytes in all.
+    ``write(digest, pieces)`` stores one sealed pack object, given as its pieces (its
+    header, then its members' headers and payloads), claimed, put-if-absent, and
+    returns the bytes written.  Thread-safe: workers add members as they finish
+    encoding; the worker that fills a pack hashes and writes it outside the lock,
+    one copy of the bytes in all (the object layer's join, or in an encrypted store
+    its sealing, which reads the pieces in place).
     """
 
-    def __init__(self, write: Callable[[Digest, bytes], int],
+    def __init__(self, write: Callable[[Digest, list[bytes | memoryview]], int],
                  target: int = PACK_TARGET_BYTES, waiting_bytes: int | None = None,
                  ids: ChunkIds = PLAIN_IDS) -> None:
         self._write = write
@@ -233,9 +235,8 @@ class PackBuilder:
     def _store(self, pack: _Sealed) -> None:
         members, parts, size = pack
         header = ChunkHeader(PACK.id, 1, size, size).pack()
-        data = b"".join([header, *parts])
-        pack_digest = self._ids.of(memoryview(data)[len(header):])
-        written = self._write(pack_digest, data)
+        pack_digest = self._ids.of_pieces(parts)
+        written = self._write(pack_digest, [header, *parts])
         with self._lock:
             for digest, offset, length, _ in members:
                 location = PackLocation(pack_digest, offset, length)

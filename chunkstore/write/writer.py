@@ -80,6 +80,7 @@ from chunkstore.handle.versions import VersionInfo, entry_from_record
 from chunkstore.index.claims import GroupClaims
 from chunkstore.index.lmdbindex import CHUNK, NODE, Claim, NewChunk
 from chunkstore.objects.kinds import CHUNKS, NODES, VERSIONS
+from chunkstore.objects.objectstore import Pieces
 from chunkstore.objects.signing import PrivateKeyLike, signing_key
 from chunkstore.protocol import audit
 from chunkstore.protocol.journal import Fence, sync_journal
@@ -134,7 +135,7 @@ def _as_le_contiguous(array: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(array)
 
 
-def _weakly(method: Callable[[Digest, bytes], int]) -> Callable[[Digest, bytes], int]:
+def _weakly(method: Callable[[Digest, Pieces], int]) -> Callable[[Digest, Pieces], int]:
     """``method`` as a callback that does not keep its writer alive.
 
     A writer's helpers that called back through a bound method would make a
@@ -143,7 +144,7 @@ def _weakly(method: Callable[[Digest, bytes], int]) -> Callable[[Digest, bytes],
     """
     ref = weakref.WeakMethod(method)
 
-    def call(digest: Digest, data: bytes) -> int:
+    def call(digest: Digest, data: Pieces) -> int:
         bound = ref()
         if bound is None:
             raise VersionClosedError("the version's writer is gone")
