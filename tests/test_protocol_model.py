@@ -279,6 +279,7 @@ BREAKS = {
 }
 
 
+@pytest.mark.slow_job  # the model's own power: ./dev test-slow
 @pytest.mark.parametrize("broken", list(BREAKS))
 def test_explorer_finds_the_schedule_of_each_break(broken: str) -> None:
     protocol = Protocol(**{broken: True}).fixed()
@@ -313,6 +314,7 @@ REDUNDANT = {"break_moved_before_new_pack": "mark_trusts_moved_records",
              "break_moved_delete_while_present": "break_moved_delete_unfenced"}
 
 
+@pytest.mark.slow_job  # the model's own power: ./dev test-slow
 @pytest.mark.parametrize("broken", list(REPACK_BREAKS))
 def test_explorer_finds_the_schedule_of_each_repack_break(broken: str) -> None:
     protocol = Protocol(**{broken: True}).fixed()
@@ -323,6 +325,7 @@ def test_explorer_finds_the_schedule_of_each_repack_break(broken: str) -> None:
     assert result.schedule
 
 
+@pytest.mark.slow_job  # the model's own power: ./dev test-slow
 @pytest.mark.parametrize("broken", sorted(REDUNDANT))
 def test_later_change_makes_rule_redundant(broken: str) -> None:
     result = check(broken, REPACK_BREAKS[broken], Protocol(**{broken: True}).fixed())
@@ -337,6 +340,7 @@ SYNC_BREAKS = {"break_moved_delete_unfenced": SYNC_RETRY,
                "break_sync_ignores_fence": SYNC_DANGLING}
 
 
+@pytest.mark.slow_job  # the model's own power: ./dev test-slow
 @pytest.mark.parametrize("broken", list(SYNC_BREAKS))
 def test_explorer_finds_the_schedule_of_each_sync_break(broken: str) -> None:
     result = check(broken, SYNC_BREAKS[broken], Protocol(**{broken: True}).fixed())
@@ -355,6 +359,7 @@ LEASE_BREAKS = {"break_reader_checks_before_lease": LEASES,
                 "break_gc_lists_leases_before_walk": LEASES}
 
 
+@pytest.mark.slow_job  # the model's own power: ./dev test-slow
 @pytest.mark.parametrize("broken", list(LEASE_BREAKS))
 def test_explorer_finds_the_schedule_of_each_lease_break(broken: str) -> None:
     result = check(broken, LEASE_BREAKS[broken], Protocol(**{broken: True}).fixed())
@@ -372,6 +377,7 @@ UNSAFE_CHOICES = {"wait_every_blocker": _PLAIN, "gc_stops_when_lapsed": _PLAIN,
                   "lease_mark_skips_unreadable": (("lease_faults", LEASE_FAULTS),)}
 
 
+@pytest.mark.slow_job  # the model's own power: ./dev test-slow
 @pytest.mark.parametrize("unsafe", list(UNSAFE_CHOICES))
 def test_explorer_finds_the_schedule_of_each_unsafe_choice(unsafe: str) -> None:
     """Each of the six choices, alone made unsafe, loses data in some world."""

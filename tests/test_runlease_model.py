@@ -178,6 +178,7 @@ BREAKS = {
 }
 
 
+@pytest.mark.slow_job  # the model's own power: ./dev test-slow
 @pytest.mark.parametrize("broken", list(BREAKS))
 def test_explorer_finds_the_schedule_of_each_break(broken: str) -> None:
     config, violation = BREAKS[broken]
