@@ -22,38 +22,17 @@ import pytest
 
 import chunkstore
 import chunkstore.store
-from chunkstore.backends.base import Backend
-from chunkstore.backends.wrappers import RequestHook
 from chunkstore.errors import RunLeaseLostError, SelectorError
 from chunkstore.objects.kinds import PUBLISHED, TOMBSTONES, VERSIONS
 from chunkstore.protocol import published
 from chunkstore.protocol.published import marker_id
 from chunkstore.protocol.runlease import RunLease, withdraw
 from tests.s3server import create_bucket, remove_bucket, s3_endpoint, storage_options
+from tests.test_open_listing import Listings, listings
 
-__all__ = ["s3_endpoint"]  # the session fixture, re-exported so pytest finds it here
+__all__ = ["listings", "s3_endpoint"]  # fixtures, re-exported so pytest finds them here
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-class Listings(RequestHook):
-    """Counts the listings of commit records."""
-
-    count = 0
-
-    def request(self, operation: str, key: str) -> None:
-        if operation == "list" and key.startswith("versions/"):
-            Listings.count += 1
-
-
-@pytest.fixture
-def listings(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[Listings]]:
-    def wrapped(backend: Backend, environ: object = None) -> Backend:
-        return Listings(backend)
-
-    monkeypatch.setattr(chunkstore.store, "wrap_from_env", wrapped)
-    Listings.count = 0
-    yield Listings
 
 
 @pytest.fixture(params=["local", "s3"])
