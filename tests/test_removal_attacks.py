@@ -736,3 +736,27 @@ def test_a_prune_of_several_batches_of_several_runs_counts_each_version_out_once
         assert sorted(removed) == sorted(ids["r"][:4] + ids["q"][:4] + ids["pp"][1:4])
         _verified(store)
     _consistent(path, [vid for run in ids.values() for vid in run if vid not in removed])
+
+
+@pytest.mark.parametrize("damage", ["not json", "not an object", "no time"])
+def test_a_tombstone_whose_time_cannot_be_read_ages_from_its_write(tmp_path: Path,
+                                                                   damage: str) -> None:
+    """A tombstone whose removal time cannot be read counted as removed at each read: it
+    never aged, so no GC deleted it, and one that still named its root kept its
+    version's data for good.  It now counts from its object's last write: a GC with
+    grace 0 deletes it, and the removed version's data with it."""
+    path = tmp_path / "s"
+    with chunkstore.open(path, create=True) as store:
+        first, second = _save(store, 1), _save(store, 2)
+        store.delete(first.id)
+        body = {"not json": b"\xff not json", "not an object": b"[1, 2]",
+                "no time": json.dumps({"format_version": 1, "version": first.id,
+                                       "root": first.root.hex, "removed": "yesterday"}
+                                      ).encode()}[damage]
+        store.objects.put(TOMBSTONES, first.id, body)
+        time.sleep(0.05)  # written before the GC starts, as by an earlier removal
+        collected = store.gc(grace=0)
+        assert collected.tombstones_deleted == 1, collected
+        assert collected.chunks_deleted + collected.nodes_deleted > 0, collected
+        assert not store.objects.exists(TOMBSTONES, first.id)
+    _consistent(path, [second.id])

@@ -376,7 +376,7 @@ def mark_removed(store: StoreHandle, marks: MarkSet, removed_after: float,
             except (IntegrityError, FormatVersionError):
                 continue  # partly gone already, or unreadable here: as it was marked
             except ChunkStoreError as exc:  # unreadable now, maybe not gone: keep everything
-                if not tombstone.dated:  # would stop every run (it never ages): as damage
+                if not tombstone.dated:  # it ages from its write, but damage it is
                     continue
                 raise GcAbortedError(
                     f"removed version {tombstone.version_id[:12]} (tombstone"

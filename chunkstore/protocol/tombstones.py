@@ -11,6 +11,7 @@ a tombstone once it is older than the grace period.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -43,7 +44,8 @@ class Tombstone:
     version_id: str
     root: Digest | None  # None: unreadable, protects nothing but is still cleaned up
     removed: float
-    #: False when the removal time could not be read (it then counts as now, every run)
+    #: False when the removal time could not be read: ``removed`` is then when the
+    #: object was last written (its modification time), so that it ages like any other
     dated: bool = True
 
 
@@ -108,40 +110,51 @@ def _removed(objects: ObjectStore, version_id: str) -> RemovedVersion | None:
 
 def removal_times(objects: ObjectStore, version_ids: list[str]) -> dict[str, float]:
     """When each of ``version_ids`` was removed, as its tombstone says now (read side by
-    side); those gone, or whose time cannot be read, are left out."""
+    side; one whose time cannot be read, when it was last written); those gone are left
+    out."""
     def read(version_id: str) -> Tombstone | None:
         try:
-            body = plaindata.load_json(objects.get(TOMBSTONES, version_id))
-        except (FileNotFoundError, ValueError):
+            return read_tombstone(objects, version_id)
+        except FileNotFoundError:
             return None
-        return _parse(version_id, body)
 
     with ThreadPoolExecutor(max(1, min(16, len(version_ids))),
                             thread_name_prefix="chunkstore-tombstones") as pool:
-        return {t.version_id: t.removed for t in pool.map(read, version_ids)
-                if t is not None and t.dated}
+        return {t.version_id: t.removed for t in pool.map(read, version_ids) if t is not None}
 
 
 def list_tombstones(objects: ObjectStore) -> Iterator[Tombstone]:
-    """Every tombstone; one that cannot be parsed counts as removed now (it protects
-    its version, if the root can be read, for a whole grace period from this GC)."""
+    """Every tombstone.  One whose removal time cannot be read (not JSON, not an object,
+    no finite time) counts as removed when its object was last written: it protects its
+    version, if the root can be read, for a grace period from that write, then a GC
+    deletes it (counted as removed at each read instead, it never aged, and its
+    version's tree stayed marked for good)."""
     for version_id in objects.ids(TOMBSTONES):
         if not is_hex_digest(version_id):
             continue
         try:
-            # ValueError when too deep, ...
-            body = plaindata.load_json(objects.get(TOMBSTONES, version_id))
+            yield read_tombstone(objects, version_id)
         except FileNotFoundError:
             continue
-        except ValueError:
-            yield Tombstone(version_id, None, time.time())
-            continue
-        yield _parse(version_id, body)
+
+
+def read_tombstone(objects: ObjectStore, version_id: str) -> Tombstone:
+    """The tombstone of ``version_id``; ``FileNotFoundError`` when there is none."""
+    try:  # ValueError: not JSON, too deep, or (a sealed store's) failing authentication
+        body = plaindata.load_json(objects.get(TOMBSTONES, version_id))
+    except ValueError:
+        body = None
+    tombstone = _parse(version_id, body)
+    if tombstone.dated:
+        return tombstone
+    return dataclasses.replace(tombstone, removed=objects.stat(TOMBSTONES, version_id).mtime)
 
 
 def _parse(version_id: str, body: object) -> Tombstone:
+    """The tombstone ``body`` describes; one whose time cannot be read counts as removed
+    now (:func:`read_tombstone` dates it by its object instead)."""
     if not isinstance(body, dict):
-        return Tombstone(version_id, None, time.time())
+        return Tombstone(version_id, None, time.time(), dated=False)
     root, removed = body.get("root"), body.get("removed")
     digest = Digest.parse(root) if isinstance(root, str) and is_hex_digest(root) else None
     dated, when = False, time.time()
