@@ -8,6 +8,8 @@ the moto S3 server.  The listings of ``versions/`` are counted by a request hook
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import random
 import signal
@@ -262,3 +264,38 @@ def test_a_writer_deleting_its_own_withdrawn_record_leaves_a_removal_marker(
         assert not store.objects.exists(VERSIONS, second)
         assert not list(store.objects.ids(TOMBSTONES))
     assert steps(where, b) == [1]
+
+
+# --- the frozen fixture (tools/make_markers_fixture.py) -----------------------------------
+
+FIXTURE = Path(__file__).parent / "data" / "markers-v1"
+
+
+def test_the_markers_fixture_reads_back(tmp_path: Path) -> None:
+    """The frozen markers (a publication marker per save, a removal marker for the
+    version removed) keep their names and bytes; each parses to its version and kind;
+    they are pruned exactly once older than KEEP_S; the store opens with the removed
+    version counted out and verifies."""
+    import shutil
+
+    import blake3
+    expected = json.loads(FIXTURE.with_name("markers-v1.expected.json").read_text())
+    files = {str(p.relative_to(FIXTURE)): blake3.blake3(p.read_bytes()).hexdigest()
+             for p in sorted(FIXTURE.rglob("*")) if p.is_file()}
+    assert files == expected["files"]  # frozen: never rewritten
+    first, second = expected["versions"]
+    parsed = [published.parse_marker(m) for m in expected["markers"]]
+    assert [(m.version_id, m.removed) for m in parsed] == [
+        (first, False), (second, False), (first, True)]
+    assert all(a.time_ns < b.time_ns for a, b in itertools.pairwise(parsed))
+    copy = tmp_path / "s"
+    shutil.copytree(FIXTURE, copy)
+    with chunkstore.open(copy) as store:
+        assert sorted(store.objects.ids(PUBLISHED)) == expected["markers"]
+        assert [v.id for v in store.versions("mk")] == [second]
+        assert store.verify().ok
+        newest = parsed[-1].time_ns / 1e9
+        assert published.prune_markers(store.objects, parsed[0].time_ns / 1e9
+                                       + published.KEEP_S - 1, dry_run=True) == 0
+        assert published.prune_markers(store.objects, newest + published.KEEP_S + 1) == 3
+        assert list(store.objects.ids(PUBLISHED)) == []

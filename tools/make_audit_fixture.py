@@ -19,15 +19,17 @@ Usage (from the repository root)::
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
+import sys
 from pathlib import Path
 
-import blake3
 import numpy as np
 
 import chunkstore
 from chunkstore.protocol import audit
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from frozen import freeze  # tools/ is no package: its own folder on the path
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "tests" / "data"
 WHO = "fixture-user@fixture-audit.invalid"
@@ -52,13 +54,8 @@ def build(name: str, force: bool) -> Path:
         store.delete("aud@1")
         store.gc(grace=0)
         events = [{"id": e.id, "op": e.op, "phase": e.phase} for e in store.audit()]
-    shutil.rmtree(out / "index")  # a cache, not part of the format
-    files = {str(p.relative_to(out)): blake3.blake3(p.read_bytes()).hexdigest()
-             for p in sorted(out.rglob("*")) if p.is_file()}
-    expected = {"run": "aud", "versions": ids, "events": events, "who": WHO,
-                "process": PROCESS, "audit_format_version": audit.AUDIT_FORMAT,
-                "files": files}
-    (DATA_DIR / f"{name}.expected.json").write_text(json.dumps(expected, indent=1) + "\n")
+    freeze(out, {"run": "aud", "versions": ids, "events": events, "who": WHO,
+                 "process": PROCESS, "audit_format_version": audit.AUDIT_FORMAT})
     return out
 
 
