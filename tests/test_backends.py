@@ -7,6 +7,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import uuid
@@ -29,7 +30,12 @@ from chunkstore.backends.wrappers import (
     RequestHook,
     wrap_from_env,
 )
-from chunkstore.errors import BackendError, InvalidInputError, MissingDependencyError
+from chunkstore.errors import (
+    BackendError,
+    BackendUnavailableError,
+    InvalidInputError,
+    MissingDependencyError,
+)
 from tests.backend_conformance import BackendConformance
 from tests.s3server import create_bucket, remove_bucket, s3_endpoint, storage_options
 
@@ -274,7 +280,11 @@ class TestS3Backend(BackendConformance):
 
     def make_backend(self) -> Backend:
         url = f"s3://{self.bucket}/{uuid.uuid4().hex[:8]}"
-        return FsspecBackend(url, **storage_options(self.endpoint))
+        backend = FsspecBackend(url, **storage_options(self.endpoint))
+        # Pages of 2 keys (S3 sends 1,000): every listing of the shared suite, its
+        # state machine's included, crosses page boundaries.
+        backend.list_page_keys = 2
+        return backend
 
     def test_put_if_absent_sends_if_none_match(self, backend: Backend) -> None:
         assert isinstance(backend, FsspecBackend)
@@ -310,11 +320,128 @@ class TestS3Backend(BackendConformance):
         for info in infos:
             assert abs(info.mtime - backend.stat(info.key).mtime) < 1.0
 
+    # --- listings page by page (a GC's sweep lists every object of the store) ----------
+
+    @staticmethod
+    def _lists_sent(backend: FsspecBackend) -> list[dict[str, Any]]:
+        """The parameters of each ListObjectsV2 request ``backend`` sends from now on."""
+        sent: list[dict[str, Any]] = []
+        client = backend.fs.s3  # type: ignore[attr-defined]
+        client.meta.events.register("before-parameter-build.s3.ListObjectsV2",
+                                    lambda params, **_: sent.append(dict(params)))
+        return sent
+
+    def test_a_listing_sends_each_page_once_the_one_before_is_used_up(
+            self, backend: Backend) -> None:
+        """A listing holds one page, never the whole prefix: the request for the next
+        page goes out when the listing reaches it, not before."""
+        assert isinstance(backend, FsspecBackend)
+        backend.list_page_keys = 3
+        keys = [f"chunks/{i:02d}" for i in range(7)]
+        for key in keys:
+            backend.put(key, key.encode())
+        sent = self._lists_sent(backend)
+        for listing in (backend.list("chunks/"), (i.key for i in backend.list_info("chunks/"))):
+            seen = len(sent)
+            reached = [(next(listing), len(sent) - seen) for _ in keys]
+            assert next(listing, None) is None
+            assert reached == [(key, 1 + i // 3) for i, key in enumerate(keys)]
+            assert len(sent) - seen == 3
+        assert {params["MaxKeys"] for params in sent} == {3}
+
+    def test_listings_across_page_boundaries_with_prefixes(self, backend: Backend) -> None:
+        """Every prefix lists exactly its keys, in byte order, in max(1, ceil(n / page))
+        requests, whether n fills its last page or not; sizes come with the keys."""
+        assert isinstance(backend, FsspecBackend)
+        backend.list_page_keys = 3
+        stored = {f"chunks/{a}/{a}{i}": i for a in ("ab", "ac") for i in range(6)}
+        stored |= {"chunks/ab.x": 9, "chunksx": 1, "nodes/n": 2, "a": 0}
+        for key, size in stored.items():
+            backend.put(key, bytes(size))
+        sent = self._lists_sent(backend)
+        for prefix in ("", "chunks/", "chunks/ab", "chunks/ab/", "chunks/ab/ab5", "nodes/",
+                       "none/"):
+            expected = sorted(key for key in stored if key.startswith(prefix))
+            seen = len(sent)
+            assert list(backend.list(prefix)) == expected, prefix
+            assert len(sent) - seen == max(1, -(-len(expected) // 3)), prefix
+            infos = list(backend.list_info(prefix))
+            assert [(i.key, i.size) for i in infos] == [(k, stored[k]) for k in expected]
+
+    def test_keys_added_and_removed_mid_listing(self, backend: Backend) -> None:
+        """A key stored throughout a listing comes exactly once and in order whatever
+        is added or removed meanwhile; the listing goes on from where it is (as S3
+        does), so a key added ahead of it comes and one removed ahead does not."""
+        assert isinstance(backend, FsspecBackend)
+        backend.list_page_keys = 2
+        keys = [f"chunks/{i:02d}" for i in range(10)]
+        for key in keys:
+            backend.put(key, b"x")
+        listing = backend.list("chunks/")
+        listed = [next(listing), next(listing)]  # the first page, read to its end
+        backend.delete("chunks/00")  # listed already
+        backend.delete("chunks/05")  # ahead
+        backend.put("chunks/00a", b"x")  # behind
+        backend.put("chunks/07a", b"x")  # ahead
+        listed += list(listing)
+        assert listed == sorted(set(listed))  # ascending, no key twice
+        assert set(keys) - {"chunks/00", "chunks/05"} <= set(listed)
+        assert "chunks/07a" in listed
+        assert "chunks/05" not in listed and "chunks/00a" not in listed
+
+    def test_the_request_hook_sees_every_list_request(self, backend: Backend) -> None:
+        """A counting hook's listings and the keys they return account for every
+        ListObjectsV2 sent: one per listing and page (``list_page_keys`` keys each),
+        a listing left after its first key one request."""
+        assert isinstance(backend, FsspecBackend)
+        backend.list_page_keys = 2
+
+        class Pages(RequestHook):
+            listings = pages = 0
+
+            def request(self, operation: str, key: str) -> None:
+                self.listings += operation == "list"
+
+            def listed(self, prefix: str, count: int) -> None:
+                self.pages += max(1, -(-count // backend.list_page_keys)) - 1
+
+        for i in range(5):
+            backend.put(f"chunks/{i}", b"")
+            backend.put(f"nodes/{i}", b"")
+        hook = Pages(backend)
+        sent = self._lists_sent(backend)
+        for prefix in ("", "chunks/", "nodes/3", "none/"):
+            assert len(list(hook.list(prefix))) == len(list(hook.list_info(prefix)))
+        next(hook.list("chunks/"))
+        assert len(sent) == hook.listings + hook.pages == 2 * (5 + 3 + 1 + 1) + 1
+
     def test_open_backend_passes_storage_options(self) -> None:
         backend = open_backend(f"s3://{self.bucket}/via-registry", **storage_options(self.endpoint))
         assert isinstance(backend, FsspecBackend)
         backend.put("k", b"v")
         assert list(backend.list()) == ["k"]
+
+
+def test_a_listing_whose_s3_server_is_down_is_a_typed_error_naming_its_prefix(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each page's request is a storage request like any other: where nothing listens
+    (a closed loopback port) the listing raises :class:`BackendUnavailableError` with
+    the listing's prefix, not botocore's own exception."""
+    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                        "AWS_DEFAULT_REGION": "us-east-1",
+                        "AWS_EC2_METADATA_DISABLED": "true"}.items():
+        monkeypatch.setenv(name, value)
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    backend = FsspecBackend("s3://no-bucket/ckpts",
+                            client_kwargs={"endpoint_url": f"http://127.0.0.1:{port}"},
+                            config_kwargs={"retries": {"max_attempts": 1},
+                                           "connect_timeout": 1})
+    backend.fs.retries = 1  # type: ignore[attr-defined]  # s3fs's own, besides botocore's
+    for listing in (backend.list, backend.list_info):
+        with pytest.raises(BackendUnavailableError, match="chunks/"):
+            next(iter(listing("chunks/")))
 
 
 # --- registry ------------------------------------------------------------------------------

@@ -26,11 +26,15 @@ import pytest
 from click.testing import CliRunner
 
 import chunkstore
+from chunkstore.backends.fsspec_backend import FsspecBackend
 from chunkstore.backends.wrappers import FAULT_ENV_VAR, RequestHook
 from chunkstore.cli import cli
 from chunkstore.format.digest import Digest
 from chunkstore.maintenance.sweep import STATE_FILE
 from chunkstore.objects.kinds import CHUNKS, SESSIONS
+from tests.s3server import create_bucket, remove_bucket, s3_endpoint, storage_options
+
+__all__ = ["s3_endpoint"]  # the session fixture, re-exported so pytest finds it here
 
 ROOT = Path(__file__).resolve().parent.parent
 HOUR = 3600.0
@@ -373,3 +377,45 @@ def test_a_sweep_retires_dead_sessions_only_and_a_live_saves_objects_stay(
                                       np.arange(200_000, dtype=np.float32) + 3)
         assert sessions(root) == set()
         assert not store.objects.exists(SESSIONS, dead_session)
+
+
+# --- a sweep on S3, page by page -------------------------------------------------------------
+
+
+@pytest.mark.s3
+def test_an_s3_sweep_lists_page_by_page_and_finds_orphans_on_every_page(
+        s3_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full sweep on the moto server, listing in pages of 2 keys (S3 sends 1,000):
+    orphans on every page of the chunk listing are each found and deleted, what the
+    version reaches stays, and the sweep reads the whole listing (FsspecBackend._pages
+    streams it, the sweep keeps only the orphans)."""
+    monkeypatch.setattr(FsspecBackend, "list_page_keys", 2)
+    bucket = create_bucket(s3_endpoint)
+    try:
+        with chunkstore.open(f"s3://{bucket}/store", storage_options=storage_options(
+                s3_endpoint), index_dir=str(tmp_path / "index"), chunk_size=CHUNK,
+                compression="none", create=True) as store:
+            with store.new_version("base", 1) as version:
+                version.put("w", np.arange(9 * CHUNK // 8, dtype=np.uint64))
+            store.gc(grace=0)  # this index's first sweep
+            kept = set(store.backend.list("chunks/"))
+            orphans = {CHUNKS.key(Digest(bytes([first]) * 32))
+                       for first in (0, 0x40, 0x80, 0xC0, 0xFF)}
+            for key in orphans:
+                store.backend.put(key, b"left by a save on another machine")
+            listing = sorted(kept | orphans)
+            pages = {listing.index(key) // 2 for key in orphans}
+            assert len(pages) > 2 and pages == set(range(-(-len(listing) // 2)))
+            plain = store.backend
+            counting = Counting(plain)
+            store.backend = counting
+            try:
+                result = store.gc(grace=0, sweep=True)
+            finally:
+                store.backend = plain
+            assert result.swept and result.orphans_deleted == len(orphans), result
+            assert set(store.backend.list("chunks/")) == kept
+            assert counting.counts["list-keys chunks"] == len(listing)
+            assert store.verify().ok
+    finally:
+        remove_bucket(s3_endpoint, bucket)

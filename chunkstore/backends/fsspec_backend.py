@@ -77,8 +77,11 @@ class FsspecBackend(Backend):
     ATOMIC_CREATE_PROTOCOLS: ClassVar[frozenset[str]] = frozenset({"s3", "s3a"})
     #: Protocols whose storage lives in one process, so the create lock covers every writer.
     ONE_PROCESS_PROTOCOLS: ClassVar[frozenset[str]] = frozenset({"memory"})
-    #: Protocols whose ``find`` takes a server-side ``prefix`` filter.
-    PREFIX_FIND_PROTOCOLS: ClassVar[frozenset[str]] = frozenset({"s3", "s3a"})
+    #: Protocols listed page by page through the S3 API (:meth:`_pages`).
+    PAGED_LIST_PROTOCOLS: ClassVar[frozenset[str]] = frozenset({"s3", "s3a"})
+    #: Keys one LIST request asks for on S3 (its ceiling, and what a request without
+    #: ``MaxKeys`` gets); tests set fewer on an instance to cross pages cheaply.
+    list_page_keys: int = 1000
     #: Protocols that accept ``use_listings_cache`` (listings must never be stale).
     LISTING_CACHE_PROTOCOLS: ClassVar[frozenset[str]] = frozenset(
         {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"}
@@ -103,6 +106,8 @@ class FsspecBackend(Backend):
         self._protocol = protocol
         #: Whether put_if_absent is atomic across processes (server-side condition).
         self.atomic_create = protocol in self.ATOMIC_CREATE_PROTOCOLS
+        #: Whether listings stream page by page (:meth:`_pages`).
+        self.paged_listing = protocol in self.PAGED_LIST_PROTOCOLS
         if not self.atomic_create and protocol not in self.ONE_PROCESS_PROTOCOLS:
             log.warning("%s: objects are created check-then-write here (this release knows"
                         " a conditional create only on S3), which is atomic within one"
@@ -211,9 +216,13 @@ class FsspecBackend(Backend):
     def list(self, prefix: str = "") -> Iterator[str]:
         """Yield keys starting with ``prefix`` in ascending byte order.
 
-        Only the deepest directory the prefix implies is searched (on S3 the
-        whole prefix is filtered server-side).
+        On S3 page by page (:meth:`_pages`); elsewhere only the deepest directory
+        the prefix implies is searched.
         """
+        if self.paged_listing:
+            for page in self._pages(prefix):
+                yield from (info.key for info in page)
+            return
         yield from self._list(prefix)
 
     @_typed_errors
@@ -223,7 +232,11 @@ class FsspecBackend(Backend):
 
     def list_info(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """:meth:`list` with each key's size and mtime, from the listing itself: on S3
-        one LIST request per 1,000 keys, not a HEAD per key besides."""
+        one LIST request per :attr:`list_page_keys` keys, not a HEAD per key besides."""
+        if self.paged_listing:
+            for page in self._pages(prefix):
+                yield from page
+            return
         yield from self._list_info(prefix)
 
     @_typed_errors
@@ -235,16 +248,50 @@ class FsspecBackend(Backend):
                       key=lambda info: info.key)
 
     def _find(self, prefix: str, detail: bool) -> Any:
-        """``fs.find`` below the deepest directory ``prefix`` implies (on S3 the whole
-        prefix filtered server-side), freshly listed; nothing where it does not exist."""
-        directory, _, leaf = prefix.rpartition("/")
+        """``fs.find`` below the deepest directory ``prefix`` implies, freshly listed;
+        nothing where it does not exist."""
+        directory, _, _ = prefix.rpartition("/")
         search = f"{self._root}/{directory}" if directory else self._root or "/"
         self.fs.invalidate_cache(search)
-        narrowed = {"prefix": leaf} if self._protocol in self.PREFIX_FIND_PROTOCOLS else {}
         try:
-            return self.fs.find(search, detail=detail, **narrowed)
+            return self.fs.find(search, detail=detail)
         except FileNotFoundError:
             return {} if detail else []
+
+    def _pages(self, prefix: str) -> Iterator[builtins.list[ObjectInfo]]:
+        """The keys under ``prefix`` as S3 pages them: one ListObjectsV2 request (the
+        whole prefix filtered server-side) per :attr:`list_page_keys` keys, each sent
+        once the page before is used up, so a listing holds one page, never the store
+        (s3fs's ``find`` builds a dict of every key before it returns one).
+
+        S3 returns keys in ascending byte order and continues after the last key of
+        the page before: a key stored throughout the listing comes exactly once; one
+        added or removed meanwhile may or may not.
+        """
+        bucket, _, folder = self._root.partition("/")
+        request: dict[str, Any] = {"Bucket": bucket, "MaxKeys": self.list_page_keys,
+                                   "Prefix": f"{folder}/{prefix}" if folder else prefix}
+        while True:
+            answer = self._list_page(prefix, request)
+            page = [ObjectInfo(key=self._key(f"{bucket}/{entry['Key']}"),
+                               size=int(entry["Size"]), mtime=_mtime(entry))
+                    for entry in answer.get("Contents", ()) if not entry["Key"].endswith("/")]
+            token = answer.get("NextContinuationToken") if answer.get("IsTruncated") else None
+            del answer  # the page is held once (as ObjectInfo) while the caller reads it
+            yield page
+            if token is None:
+                return
+            request["ContinuationToken"] = token
+
+    @_typed_errors
+    def _list_page(self, prefix: str, request: Mapping[str, Any]) -> dict[str, Any]:
+        """One ListObjectsV2 request (``prefix`` names the listing in an error); no
+        page where the bucket does not exist."""
+        try:
+            answer: dict[str, Any] = self.fs.call_s3("list_objects_v2", **request)
+        except FileNotFoundError:
+            return {}
+        return answer
 
     # --- faster derived conveniences -----------------------------------------------------
 

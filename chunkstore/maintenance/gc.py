@@ -563,7 +563,10 @@ class _Run:
         return any(s not in self.expired for s in self.index.claimants(digest))
 
     def find_orphans(self) -> list[Candidate]:
-        """Objects on storage no index record names, older than the grace period."""
+        """Objects on storage no index record names, older than the grace period.
+
+        The listing streams (on S3 a page of 1,000 keys at a time) and only these
+        candidates are kept: the sweep's memory follows the orphans, not the store."""
         found = []
         for kind in (CHUNK, NODE):
             for digest, info in self.objects.infos(_KIND_OF[kind]):
