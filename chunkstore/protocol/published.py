@@ -12,7 +12,8 @@ removed without listing every commit record (docs/format.md §17).
 2. **Reading.**  An opener lists the markers stamped from its watermark (the time
    it last listed, by its own clock) less :data:`SKEW_S` (clocks of other machines, a
    writer paused between its marker and its record) up to now plus :data:`SKEW_S`
-   (by time-digit prefixes: one or two LISTs), and changes its index only after
+   (on an object store by time-digit prefixes, one or two LISTs; on a local disk the
+   window's 100-s folders, two or three), and changes its index only after
    looking at the commit record: a marker is a hint, never the truth.  A publication
    marker of a version the index lacks counts it in where its record is read and
    checked; a removal marker of a version the index holds counts it out where its
