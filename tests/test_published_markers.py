@@ -18,14 +18,16 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
 
 import chunkstore
 import chunkstore.store
+from chunkstore.backends.wrappers import RequestHook
 from chunkstore.errors import RunLeaseLostError, SelectorError
-from chunkstore.objects.kinds import PUBLISHED, TOMBSTONES, VERSIONS
+from chunkstore.objects.kinds import MARKER_BUCKET_NS, PUBLISHED, TOMBSTONES, VERSIONS
 from chunkstore.protocol import published
 from chunkstore.protocol.published import marker_id
 from chunkstore.protocol.runlease import RunLease, withdraw
@@ -100,9 +102,11 @@ def test_markers_without_a_record_or_with_crafted_names_name_no_version(
         (mine,) = [m for m in store.objects.ids(PUBLISHED) if m.endswith(third)]
         store.objects.delete(PUBLISHED, mine)
         stamp = mine.split("-")[0]
-        for crafted in [f"0000000/{stamp}-{third}", f"{stamp[:7]}/{stamp}-{third}x",
-                        f"{stamp[:7]}/{stamp}{third}", f"{stamp[:7]}/{stamp[1:]}-{third}",
-                        f"{stamp[:7]}/{stamp}-{third}/x", f"{stamp[:7]}/-{third}"]:
+        for crafted in [f"000000000/{stamp}-{third}", f"{stamp[:9]}/{stamp}-{third}x",
+                        f"{stamp[:9]}/{stamp}{third}", f"{stamp[:9]}/{stamp[1:]}-{third}",
+                        f"{stamp[:9]}/{stamp}-{third}/x", f"{stamp[:9]}/-{third}",
+                        f"{stamp[:8]}/{stamp}-{third}", f"{stamp[:9]}/{stamp[:9]}/{stamp}-{third}",
+                        f"0000000/{stamp}-{third}", f"{stamp[:7]}/{stamp}-{third}x"]:
             store.objects.backend.put(f"published/{crafted}", b"")
     before = listings.count
     assert steps(where, b) == [1]  # r@3 has no marker of its own
@@ -185,15 +189,81 @@ def test_an_index_emptied_by_a_rebuild_that_stopped_lists_in_full(tmp_path: Path
 
 
 def test_the_window_s_prefixes_hold_every_marker_in_it_and_few_outside() -> None:
+    """S3's one or two prefixes, and a local disk's folders (each read whole), hold
+    every marker of the window; the folders are those the window spans, no more."""
     rng = random.Random(49)
-    for _ in range(2000):
+    for _ in range(500):
         first = rng.randrange(10 ** 19)
-        last = first + int(10 ** rng.uniform(0, 15))
+        last = first + int(10 ** rng.uniform(0, 14.95))  # up to a day (KEEP_S)
         prefixes = published._time_prefixes(first, last)
-        assert 1 <= len(prefixes) <= 2 or all(p.endswith("/") for p in prefixes)
+        folders = published._bucket_folders(first, last)
+        assert 1 <= len(prefixes) <= 2
+        assert len(folders) == last // MARKER_BUCKET_NS - first // MARKER_BUCKET_NS + 1
         for stamp in (first, last, rng.randint(first, last)):
             key = PUBLISHED.key(marker_id("ab" * 32, stamp))[len(PUBLISHED.prefix):]
             assert any(key.startswith(prefix) for prefix in prefixes), (first, last)
+            assert key.rpartition("/")[0] + "/" in folders, (first, last)
+
+
+def test_an_open_s_window_yields_its_markers_across_folders_and_none_outside(
+        where: tuple[str, dict[str, object]], tmp_path: Path) -> None:
+    """Markers every 14.3 s from 7 minutes before now to 2.5 after, in the 100-s folders
+    around the window (and at its two ends): exactly those stamped inside it are
+    listed, on a local disk (folder by folder) and on S3 (by prefix)."""
+    with opened(where, tmp_path / "index") as store:
+        now = published.clock_s()
+        since = now - 250.0
+        first = int((since - published.SKEW_S) * 1e9)
+        last = int((now + published.SKEW_S) * 1e9)
+        stamps = [int((now - 420.0) * 1e9) + int(i * 14.3e9) for i in range(40)]
+        stamps += [first - 1, first, last, last + 1]
+        for i, stamp in enumerate(stamps):
+            store.objects.put(PUBLISHED, marker_id(f"{i:064x}", stamp), b"")
+        found = sorted(m.time_ns for m in published.recent_markers(store.objects, since, now))
+        assert found == sorted(s for s in stamps if first <= s <= last)
+
+
+class MarkerListings(RequestHook):
+    """The prefixes listed under ``published/`` and the names each listing returned."""
+
+    listed_prefixes: ClassVar[list[tuple[str, int]]] = []
+
+    def listed(self, prefix: str, count: int) -> None:
+        if prefix.startswith(PUBLISHED.prefix):
+            MarkerListings.listed_prefixes.append((prefix, count))
+
+
+def test_an_open_reads_the_window_s_folders_on_a_local_disk_and_two_prefixes_on_s3(
+        where: tuple[str, dict[str, object]], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A local listing reads the folder a prefix ends in whole: an open reads the few
+    100-s folders of its window, not a longer stretch (30 markers an hour earlier
+    stay unread); on S3 it sends one or two LIST requests, as before."""
+    a, b = tmp_path / "index-a", tmp_path / "index-b"
+    save(where, a, 1)
+    assert steps(where, b) == [1]
+    with opened(where, a) as store:
+        hour_ago = time.time_ns() - 3600 * 10 ** 9
+        for i in range(30):
+            store.objects.put(PUBLISHED, marker_id(f"{i:064x}", hour_ago + i), b"")
+    second = save(where, a, 2)
+    monkeypatch.setattr(chunkstore.store, "wrap_from_env",
+                        lambda backend, environ=None: MarkerListings(backend))
+    MarkerListings.listed_prefixes = []
+    opened_at = published.clock_s()
+    with opened(where, b) as store:
+        assert [v.id for v in store.versions()][-1] == second  # from a's marker
+    listed = MarkerListings.listed_prefixes
+    assert sum(count for _, count in listed) < 10
+    if where[0].startswith("s3://"):
+        assert 1 <= len(listed) <= 2
+        return
+    # b's watermark is its open just before: the window starts a minute before that.
+    window = published._bucket_folders(int((opened_at - 2 * published.SKEW_S) * 1e9),
+                                       int((published.clock_s() + published.SKEW_S) * 1e9))
+    assert 1 <= len(listed) <= 3
+    for prefix, _ in listed:
+        assert prefix[len(PUBLISHED.prefix):] in window  # a whole folder of the window
 
 
 def test_a_record_written_without_a_marker_is_found_once_a_selector_names_it(
@@ -266,36 +336,45 @@ def test_a_writer_deleting_its_own_withdrawn_record_leaves_a_removal_marker(
     assert steps(where, b) == [1]
 
 
-# --- the frozen fixture (tools/make_markers_fixture.py) -----------------------------------
+# --- the frozen fixtures (tools/make_markers_fixture.py) ----------------------------------
 
-FIXTURE = Path(__file__).parent / "data" / "markers-v1"
+DATA = Path(__file__).parent / "data"
 
 
-def test_the_markers_fixture_reads_back(tmp_path: Path) -> None:
+@pytest.mark.parametrize("layout", [1, 2])
+def test_the_markers_fixture_reads_back(tmp_path: Path, layout: int) -> None:
     """The frozen markers (a publication marker per save, a removal marker for the
     version removed) keep their names and bytes; each parses to its version and kind;
     they are pruned exactly once older than KEEP_S; the store opens with the removed
-    version counted out and verifies."""
+    version counted out and verifies.  Layout 1's (2.8-hour folders, markers-v1) are
+    listed with their folder in the id, so that a prune and a purge find their keys."""
     import shutil
 
     import blake3
-    expected = json.loads(FIXTURE.with_name("markers-v1.expected.json").read_text())
-    files = {str(p.relative_to(FIXTURE)): blake3.blake3(p.read_bytes()).hexdigest()
-             for p in sorted(FIXTURE.rglob("*")) if p.is_file()}
+    fixture = DATA / f"markers-v{layout}"
+    expected = json.loads(fixture.with_name(f"markers-v{layout}.expected.json").read_text())
+    files = {str(p.relative_to(fixture)): blake3.blake3(p.read_bytes()).hexdigest()
+             for p in sorted(fixture.rglob("*")) if p.is_file()}
     assert files == expected["files"]  # frozen: never rewritten
     first, second = expected["versions"]
-    parsed = [published.parse_marker(m) for m in expected["markers"]]
-    assert [(m.version_id, m.removed) for m in parsed] == [
-        (first, False), (second, False), (first, True)]
-    assert all(a.time_ns < b.time_ns for a, b in itertools.pairwise(parsed))
+    folder = {1: 7, 2: 9}[layout]
+    assert sorted(k for k in files if k.startswith(PUBLISHED.prefix)) == [
+        f"{PUBLISHED.prefix}{m[:folder]}/{m}" for m in expected["markers"]]
     copy = tmp_path / "s"
-    shutil.copytree(FIXTURE, copy)
+    shutil.copytree(fixture, copy)
     with chunkstore.open(copy) as store:
-        assert sorted(store.objects.ids(PUBLISHED)) == expected["markers"]
+        listed = sorted(store.objects.ids(PUBLISHED))
+        assert sorted(PUBLISHED.key(m) for m in listed) == sorted(
+            k for k in files if k.startswith(PUBLISHED.prefix))
+        parsed = [published.parse_marker(m) for m in listed]
+        assert [(m.version_id, m.removed) for m in parsed] == [
+            (first, False), (second, False), (first, True)]
+        assert all(a.time_ns < b.time_ns for a, b in itertools.pairwise(parsed))
         assert [v.id for v in store.versions("mk")] == [second]
         assert store.verify().ok
         newest = parsed[-1].time_ns / 1e9
         assert published.prune_markers(store.objects, parsed[0].time_ns / 1e9
                                        + published.KEEP_S - 1, dry_run=True) == 0
-        assert published.prune_markers(store.objects, newest + published.KEEP_S + 1) == 3
+        assert published.forget_markers(store.objects, {second}) == 1
+        assert published.prune_markers(store.objects, newest + published.KEEP_S + 1) == 2
         assert list(store.objects.ids(PUBLISHED)) == []

@@ -1,18 +1,19 @@
 """Build the frozen store that pins docs/format.md §17, publication and removal markers
-(``tests/data/markers-v1``).
+(``tests/data/markers-v2``: marker layout 2, a folder per 100 s; ``markers-v1``, built
+before, holds layout 1's 2.8-hour folders).
 
 A plain store through the real operations: two saves of one run (a publication marker
 each) and the removal of the first (its removal marker and tombstone; no GC, so both
 stay).  Times are real, so a second run writes other names: the test reads the frozen
 copy back; it never rebuilds it.  Never regenerate an existing fixture after a format
-change: build ``--name markers-v2``.
+change: build ``--name markers-v3``.
 
-``markers-v1.expected.json`` records the version ids, the marker names and the BLAKE3
+``markers-vN.expected.json`` records the version ids, the marker names and the BLAKE3
 of every stored file.
 
 Usage (from the repository root)::
 
-    python tools/make_markers_fixture.py [--name markers-v1] [--force]
+    python tools/make_markers_fixture.py [--name markers-v2] [--force]
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def build(name: str, force: bool) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--name", default="markers-v1")
+    parser.add_argument("--name", default="markers-v2")
     parser.add_argument("--force", action="store_true")
     args = parser.parse_args()
     print(build(args.name, args.force))

@@ -128,10 +128,17 @@ ALL_KINDS += (AUDIT,)
 class MarkerKind(Kind[str]):
     """Publication markers (§17), by ``<20-digit ns time>-<version id>``, or with
     :data:`REMOVED_SUFFIX` for a removal, one folder per :data:`MARKER_BUCKET_NS` of
-    time: ``<prefix><first 7 digits>/<id>``, so that an opener lists the last hours'
-    markers only (one prefix, a LIST or two on S3)."""
+    time: ``<prefix><first 9 digits>/<id>`` (marker layout 2), so that an opener lists
+    the last minutes' markers only (one or two prefixes on S3, the few folders of the
+    window on a local disk, which reads a folder whole).
+
+    Layout 1 (``<prefix><first 7 digits>/<id>``, 2.8-hour folders) is read too: its
+    keys are markers whose id keeps the folder (``<7 digits>/<time>-<id>``), so that
+    GC prunes them and a purge forgets them; an open lists layout 2's folders only."""
 
     def key(self, object_id: str) -> str:
+        if "/" in object_id:  # layout 1: the folder is in the id
+            return f"{self.prefix}{object_id}"
         return f"{self.prefix}{object_id[:MARKER_BUCKET_DIGITS]}/{object_id}"
 
     def id_of(self, key: str) -> str:
@@ -141,9 +148,10 @@ class MarkerKind(Kind[str]):
         if (not key.startswith(self.prefix) or len(time_ns) != MARKER_TIME_DIGITS
                 or not time_ns.isascii() or not time_ns.isdigit() or dash != "-"
                 or not is_hex_digest(version_id)
-                or folder != time_ns[:MARKER_BUCKET_DIGITS]):
+                or folder not in (time_ns[:MARKER_BUCKET_DIGITS],
+                                  time_ns[:MARKER_BUCKET_DIGITS_1])):
             raise ValueError(f"{key!r} is not a {self.name} key")
-        return marker
+        return marker if len(folder) == MARKER_BUCKET_DIGITS else name
 
     def bucket(self, time_ns: int) -> str:
         """The key prefix of every marker of the time bucket ``time_ns`` falls in."""
@@ -154,9 +162,13 @@ class MarkerKind(Kind[str]):
 REMOVED_SUFFIX = "-removed"
 #: A marker's time: nanoseconds since the epoch, 20 digits (zero-padded).
 MARKER_TIME_DIGITS = 20
-#: The leading digits of that time that name its folder: buckets of 10**13 ns (2.8 h).
-MARKER_BUCKET_DIGITS = 7
+#: The leading digits of that time that name its folder: buckets of 10**11 ns (100 s).
+#: A job saving every second keeps 100 markers a folder; an open reads the two or three
+#: folders its window (two or three minutes) spans.
+MARKER_BUCKET_DIGITS = 9
 MARKER_BUCKET_NS = 10 ** (MARKER_TIME_DIGITS - MARKER_BUCKET_DIGITS)
+#: Marker layout 1's folders (read, never written): 10**13 ns, 2.8 hours.
+MARKER_BUCKET_DIGITS_1 = 7
 
 #: Publication markers: an empty object stored just before each commit record is
 #: created or deleted, so that an opener learns of versions published and removed by

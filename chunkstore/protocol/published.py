@@ -12,7 +12,8 @@ removed without listing every commit record (docs/format.md §17).
 2. **Reading.**  An opener lists the markers stamped from its watermark (the time
    it last listed, by its own clock) less :data:`SKEW_S` (clocks of other machines, a
    writer paused between its marker and its record) up to now plus :data:`SKEW_S`
-   (by time-digit prefixes: one or two LISTs), and changes its index only after
+   (on an object store by time-digit prefixes, one or two LISTs; on a local disk the
+   window's 100-s folders, two or three), and changes its index only after
    looking at the commit record: a marker is a hint, never the truth.  A publication
    marker of a version the index lacks counts it in where its record is read and
    checked; a removal marker of a version the index holds counts it out where its
@@ -98,40 +99,55 @@ class Marker:
 
 
 def parse_marker(marker: str) -> Marker:
-    """A marker's fields (a listed marker is checked by its kind)."""
-    stamp, _, version_id = marker.removesuffix(REMOVED_SUFFIX).partition("-")
+    """A marker's fields (a listed marker is checked by its kind; one of layout 1 has
+    its folder in front: ``<7 digits>/<time>-<id>``)."""
+    stamp, _, version_id = marker.rpartition("/")[2].removesuffix(REMOVED_SUFFIX).partition("-")
     return Marker(int(stamp), version_id, marker.endswith(REMOVED_SUFFIX))
 
 
 def recent_markers(objects: ObjectStore, since_s: float,
                    now_s: float | None = None) -> Iterator[Marker]:
     """The markers stamped from ``since_s`` less :data:`SKEW_S` up to ``now_s`` plus
-    :data:`SKEW_S`: one listing per bucket in between."""
+    :data:`SKEW_S`: on a local disk, which reads a folder whole, each folder of the
+    window (two or three for the minutes an open's window spans; at most a day's,
+    :data:`KEEP_S`, where the caller lists in full past that); elsewhere one or two
+    prefixes (a LIST request each)."""
     now_s = clock_s() if now_s is None else now_s
     first = max(int((since_s - SKEW_S) * _NS), 0)
     last = int((now_s + SKEW_S) * _NS)
-    for prefix in _time_prefixes(first, last):
+    local = objects.local_path() is not None
+    for prefix in _bucket_folders(first, last) if local else _time_prefixes(first, last):
         for name in objects.ids(PUBLISHED, prefix):
             marker = parse_marker(name)
             if first <= marker.time_ns <= last:
                 yield marker
 
 
+def _bucket_folders(first: int, last: int) -> list[str]:
+    """The folders (key prefixes after ``published/``) of every marker stamped from
+    ``first`` to ``last`` ns, one per :data:`MARKER_BUCKET_NS`: a local listing of a
+    prefix reads the whole folder it ends in, so a prefix of the time inside a folder
+    saves nothing there, and one of folder names reads ``published/`` itself (a folder
+    per 100 s ever written: emptied folders stay)."""
+    return [PUBLISHED.bucket(bucket * MARKER_BUCKET_NS)[len(PUBLISHED.prefix):]
+            for bucket in range(first // MARKER_BUCKET_NS, last // MARKER_BUCKET_NS + 1)]
+
+
 def _time_prefixes(first: int, last: int) -> list[str]:
     """Key prefixes (after ``published/``) that hold every marker stamped from ``first``
     to ``last`` ns: one or two runs of the time's leading digits, the longest that do
-    (the server filters a listing by prefix only: a whole bucket would return hours of
-    markers), or whole buckets where the window spans more than one."""
+    (the server filters a listing by prefix only: a whole folder, or a shorter prefix,
+    would return more markers), inside a folder (``017964868/01796486812``) or, for a
+    window wider than a folder, of the folders' names (``01796486``: they are the
+    time's leading digits too)."""
     unit = 1
     while last // unit - first // unit > 1:
         unit *= 10
-    if unit >= MARKER_BUCKET_NS:
-        return [PUBLISHED.bucket(b * MARKER_BUCKET_NS)[len(PUBLISHED.prefix):]
-                for b in range(first // MARKER_BUCKET_NS, last // MARKER_BUCKET_NS + 1)]
     digits = MARKER_TIME_DIGITS - len(str(unit)) + 1
-    return [f"{stamp[:MARKER_BUCKET_DIGITS]}/{stamp[:digits]}"
-            for stamp in (f"{head * unit:0{MARKER_TIME_DIGITS}d}"
-                          for head in range(first // unit, last // unit + 1))]
+    heads = [f"{head * unit:0{MARKER_TIME_DIGITS}d}"[:digits]
+             for head in range(first // unit, last // unit + 1)]
+    return [f"{head[:MARKER_BUCKET_DIGITS]}/{head}" if digits >= MARKER_BUCKET_DIGITS else head
+            for head in heads]
 
 
 def prune_markers(objects: ObjectStore, now_s: float, *, dry_run: bool = False) -> int:
