@@ -174,9 +174,12 @@ def build(stores: Path, levels: tuple[int, ...]) -> dict[int, Path]:
     below: Path | None = None
     for level in sorted(levels):
         base = stores / f"base-{level}"
-        if not (base / "done").exists():
+        done = base / "done"
+        if not (done.exists() and done.read_text() == str(level)):
             if below is not None and not base.exists():
-                shutil.copytree(below, base, symlinks=True)
+                # Not the level's "done": a build killed partway must not read as finished.
+                shutil.copytree(below, base, symlinks=True,
+                                ignore=shutil.ignore_patterns("done"))
             with chunkstore.open(base, create=True) as store:
                 workload = Workload()
                 held = stored_versions(store)
