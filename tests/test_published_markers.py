@@ -159,6 +159,41 @@ def test_a_sweep_prunes_markers_older_than_a_day_only(tmp_path: Path) -> None:
         assert [m.split("-")[1] for m in store.objects.ids(PUBLISHED)] == [first]
 
 
+def test_a_sweep_removes_the_day_old_marker_folders_it_empties_and_no_other(
+        tmp_path: Path) -> None:
+    """On a local disk the prune removes the folders it emptied whose whole span is past
+    KEEP_S (a layout-2 100-s folder and a layout-1 2.8-hour one): else ``published/``
+    keeps an empty folder per 100 s ever written.  The folder of today's markers stays,
+    and so does an old folder that holds anything else (a write under way there)."""
+    where: tuple[str, dict[str, object]] = (str(tmp_path / "store"), {})
+    first = save(where, tmp_path / "index", 1)
+    root = tmp_path / "store" / PUBLISHED.prefix
+    old_ns = time.time_ns() - int((published.KEEP_S + 4 * 3600) * 1e9)  # past 2.8 h folders
+    with opened(where, tmp_path / "index") as store:
+        emptied = marker_id(first, old_ns)
+        busy = marker_id(first, old_ns + 2 * MARKER_BUCKET_NS)
+        layout_1 = f"{emptied[:7]}/{marker_id(first, old_ns + 4 * MARKER_BUCKET_NS)}"
+        for marker in (emptied, busy, layout_1):
+            store.objects.put(PUBLISHED, marker, b"")
+        (root / busy[:9] / ".tmp-0123456789abcdef").write_bytes(b"")  # a write under way
+        today = sorted(p.name for p in root.iterdir())
+        assert {emptied[:9], busy[:9], emptied[:7]} <= set(today)
+        result = store.gc(grace=0, sweep=True)
+        assert result.markers_pruned == 3
+        assert sorted(p.name for p in root.iterdir()) == sorted(
+            set(today) - {emptied[:9], emptied[:7]})
+        assert [m.split("-")[1] for m in store.objects.ids(PUBLISHED)] == [first]
+        assert [v.step for v in store.versions()] == [1]
+        # A marker past KEEP_S in a folder whose span is not: pruned, its folder kept
+        # (a marker of that span may still come, from a clock a little behind).
+        start = (old_ns // MARKER_BUCKET_NS - 50) * MARKER_BUCKET_NS
+        straddling = marker_id(first, start + 10 * 10**9)
+        store.objects.put(PUBLISHED, straddling, b"")
+        assert published.prune_markers(store.objects, (start + 11 * 10**9) / 1e9
+                                       + published.KEEP_S) == 1
+        assert (root / straddling[:9]).is_dir() and not any((root / straddling[:9]).iterdir())
+
+
 def test_a_purge_leaves_the_purged_version_its_removal_marker_only(tmp_path: Path) -> None:
     """Its tombstone goes with the purge: an index that still counts the version counts
     it out from the removal marker."""

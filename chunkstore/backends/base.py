@@ -160,5 +160,12 @@ class Backend(abc.ABC):
         nothing behind (object stores: a PUT is whole or absent) have none."""
         return 0
 
+    def remove_folders(self, prefixes: Sequence[str]) -> int:
+        """Remove each folder ``prefixes`` names (a key prefix ending in ``/``) that
+        holds nothing; one that holds anything, or does not exist, stays.  Return how
+        many went.  Object stores have no folders (a prefix is only part of its keys'
+        names): nothing to remove."""
+        return 0
+
     def close(self) -> None:  # noqa: B027 - optional hook; most backends hold nothing
         """Release connections or handles; the backend is unusable afterwards."""

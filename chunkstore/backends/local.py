@@ -471,6 +471,26 @@ class LocalBackend(Backend):
         os.close(fd)
         return temp
 
+    def remove_folders(self, prefixes: Sequence[str]) -> int:
+        """``rmdir`` each empty folder, then fsync each parent of one removed (once)."""
+        parents: set[str] = set()
+        removed = 0
+        for prefix in prefixes:
+            if not prefix.endswith("/"):
+                raise ValueError(f"folder {prefix!r} must end in '/'")
+            path = self._path(prefix[:-1])
+            try:
+                os.rmdir(path)
+            except OSError as exc:  # it holds something (a write is under way), or is gone
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
+                    raise
+                continue
+            removed += 1
+            parents.add(os.path.dirname(path))
+        for parent in sorted(parents):
+            _fsync_dir(parent)
+        return removed
+
     def remove_temporaries(self, older_than: float, dry_run: bool = False) -> int:
         """Delete ``.tmp-*`` files (left by killed writes) older than ``older_than``."""
         found = 0

@@ -123,6 +123,10 @@ class ForwardingBackend(Backend):
         """Forward to ``inner.remove_temporaries``."""
         return self.inner.remove_temporaries(older_than, dry_run)
 
+    def remove_folders(self, prefixes: Sequence[str]) -> int:
+        """Forward to ``inner.remove_folders``."""
+        return self.inner.remove_folders(prefixes)
+
     def close(self) -> None:
         """Close ``inner``."""
         self.inner.close()
@@ -148,6 +152,10 @@ class ReadOnlyBackend(ForwardingBackend):
     def delete(self, key: str) -> bool:
         """Raise :class:`BackendError`; nothing is deleted."""
         raise self._refuse("delete", key)
+
+    def remove_folders(self, prefixes: Sequence[str]) -> int:
+        """Raise :class:`BackendError`; nothing is removed."""
+        raise self._refuse("remove folder", prefixes[0] if prefixes else "")
 
 
 class KillAfterBackend(ForwardingBackend):

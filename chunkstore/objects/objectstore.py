@@ -200,6 +200,11 @@ class ObjectStore:
         """:meth:`delete` whose removal need not survive a crash (a session's object)."""
         return self.backend.discard(kind.key(object_id))
 
+    def remove_folders(self, kind: Kind[IdT], folders: Iterable[str]) -> int:
+        """Remove those of the kind's ``folders`` (names below its prefix, each ending in
+        ``/``) that hold nothing, where the backend has folders; how many went."""
+        return self.backend.remove_folders([kind.prefix + folder for folder in folders])
+
     def remove_temporaries(self, older_than: float, dry_run: bool = False) -> int:
         """Delete leftovers of interrupted writes older than ``older_than``; how many."""
         return self.backend.remove_temporaries(older_than, dry_run)

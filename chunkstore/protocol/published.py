@@ -128,7 +128,7 @@ def _bucket_folders(first: int, last: int) -> list[str]:
     ``first`` to ``last`` ns, one per :data:`MARKER_BUCKET_NS`: a local listing of a
     prefix reads the whole folder it ends in, so a prefix of the time inside a folder
     saves nothing there, and one of folder names reads ``published/`` itself (a folder
-    per 100 s ever written: emptied folders stay)."""
+    per 100 s of the last day: :func:`prune_markers` removes older ones it empties)."""
     return [PUBLISHED.bucket(bucket * MARKER_BUCKET_NS)[len(PUBLISHED.prefix):]
             for bucket in range(first // MARKER_BUCKET_NS, last // MARKER_BUCKET_NS + 1)]
 
@@ -152,12 +152,32 @@ def _time_prefixes(first: int, last: int) -> list[str]:
 
 def prune_markers(objects: ObjectStore, now_s: float, *, dry_run: bool = False) -> int:
     """Delete the markers older than :data:`KEEP_S` (GC's sweep: it lists them all);
-    how many."""
+    how many.  Then, where the store has folders (a local disk), remove those folders
+    of theirs that the prune emptied and whose whole time span is that old: no marker
+    of this release is written there any more, and a local open's window and a sweep
+    would otherwise walk one empty folder per 100 s ever written.  A folder that holds
+    anything stays (``rmdir`` removes only an empty one)."""
     horizon = int((now_s - KEEP_S) * _NS)
     old = [m for m in objects.ids(PUBLISHED) if parse_marker(m).time_ns < horizon]
     if not dry_run:
         objects.delete_many(PUBLISHED, old)
+        objects.remove_folders(PUBLISHED, sorted(
+            {folder for folder in map(_folder_of, old) if _folder_end_ns(folder) <= horizon}))
     return len(old)
+
+
+def _folder_of(marker: str) -> str:
+    """The folder (after ``published/``, ending in ``/``) that holds ``marker``'s key,
+    whatever its layout."""
+    return PUBLISHED.key(marker)[len(PUBLISHED.prefix):].rpartition("/")[0] + "/"
+
+
+def _folder_end_ns(folder: str) -> int:
+    """The time just past the span of the markers a folder of leading time digits
+    holds (100 s for layout 2's 9 digits, 2.8 hours for layout 1's 7)."""
+    digits = folder.rstrip("/")
+    span = int(10 ** (MARKER_TIME_DIGITS - len(digits)))
+    return (int(digits) + 1) * span
 
 
 def forget_markers(objects: ObjectStore, version_ids: set[str]) -> int:
