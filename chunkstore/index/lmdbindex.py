@@ -4,7 +4,10 @@ Everything here can be rebuilt from the manifests (``chunkstore index
 rebuild``): the manifests are the truth, the index is the fast path.  All
 mutations happen in LMDB write transactions, which serialise across threads
 and processes, so a writer's dedup claim and a GC's condemnation of the same
-chunk can never interleave.
+chunk can never interleave.  Each commits with a sync of the index file, so a
+save makes as few as its order allows: its write session is stored with its first
+claims (:meth:`Index.open_session`), its last pack is claimed with its nodes
+(:meth:`Index.claim_kinds`), and the count-in drops its session.
 
 Chunk states:
 

@@ -683,9 +683,14 @@ class VersionWriter(ChunkJobs):
             except ValueError as exc:
                 raise InvalidInputError(f"entry {name!r}: {exc}") from exc
         digests = sorted({d for entry in entries.values() for d in entry.chunk_digests()})
+        # Claimed together, in one index transaction (the workers' claims one at a time
+        # took a commit for every few), then each decided as a batch's claim is.
+        generation = self._fence.generation  # before the claims: see _pre_claimed
+        claimed = self._store.index.claim_many(self._session, CHUNK, digests) if digests else {}
 
         def present(digest: Digest) -> bool:
-            return (self._reusable(CHUNK, digest, self._claim)
+            claim = self._pre_claimed(claimed[digest], generation)
+            return (self._reusable(CHUNK, digest, claim)
                     or self._store.objects.exists(CHUNKS, digest))
 
         missing = [d for d, ok in zip(digests, self._store.executor.map(present, digests),
