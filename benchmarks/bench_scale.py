@@ -22,7 +22,9 @@ warm-up saves each, then ``--saves`` timed saves taking the levels in turn (the
 machine's load, which moves from minute to minute on a shared 2-core machine,
 falls on every level alike), the median reported; then ``--count`` saves through
 a :class:`~chunkstore.backends.wrappers.ForwardingBackend` that counts requests by
-operation (the heartbeat threads' left out: they come per 10-30 s, not per save).
+operation (the heartbeat threads' left out: they come per 10-30 s, not per save),
+and the write transactions of the store's index they commit (LMDB's transaction id:
+each is a commit and a sync; not for ``dcp_url``).
 Timing and counting are separate passes: on a local disk the wrapper makes each
 write durable on its own, which would change the times.  With ``--s3`` the same
 on a moto S3 server on loopback (each level's store uploaded to a bucket of its
@@ -246,8 +248,16 @@ class Saver:
     training pause where it differs from the save (the async Checkpointer)."""
 
     def __init__(self, save: Callable[[int], float | None],
-                 counting: Callable[[], Counter[str]], first_step: int) -> None:
+                 counting: Callable[[], Counter[str]], first_step: int,
+                 store: chunkstore.Store | None = None) -> None:
         self._save, self.counting, self.step = save, counting, first_step
+        self._store = store
+
+    def index_transactions(self) -> int | None:
+        """Write transactions the store's index has committed so far (LMDB's own count:
+        each is a commit and a sync of the index file); None where a save opens a store
+        of its own (``dcp_url``)."""
+        return None if self._store is None else int(self._store.index.env.info()["last_txnid"])
 
     def save(self) -> float | None:
         pause = self._save(self.step)
@@ -263,7 +273,8 @@ def saver(mode: str, where: Location, first_step: int) -> Iterator[Saver]:
     with contextlib.ExitStack() as stack:
         store = stack.enter_context(where.open())
         if mode == "store":
-            yield Saver(lambda step: save_plain(store, workload, step), wrap(store), first_step)
+            yield Saver(lambda step: save_plain(store, workload, step), wrap(store), first_step,
+                        store)
             return
         if mode.startswith("checkpointer"):
             from torch_bridge import Checkpointer
@@ -277,7 +288,7 @@ def saver(mode: str, where: Location, first_step: int) -> Iterator[Saver]:
                 pause = time.perf_counter() - started
                 ckpt.wait()
                 return pause
-            yield Saver(checkpoint, wrap(store), first_step)
+            yield Saver(checkpoint, wrap(store), first_step, store)
             return
         from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
@@ -291,7 +302,8 @@ def saver(mode: str, where: Location, first_step: int) -> Iterator[Saver]:
                       ChunkStoreWriter(where.url, run=RUN, step=step,
                                        storage_options=where.options, index_dir=where.index_dir))
             dcp_save(workload.state_dict(), storage_writer=writer)
-        yield Saver(through_dcp, wrap(store) if mode == "dcp" else count_opens, first_step)
+        yield Saver(through_dcp, wrap(store) if mode == "dcp" else count_opens, first_step,
+                    store if mode == "dcp" else None)
 
 
 def measure(savers: dict[int, Saver], saves: int, count: int) -> dict[int, dict[str, Any]]:
@@ -312,9 +324,13 @@ def measure(savers: dict[int, Saver], saves: int, count: int) -> dict[int, dict[
     found = {}
     for level, each in savers.items():
         counts = each.counting()
+        committed = each.index_transactions()
         for _ in range(count):
             each.save()
         found[level] = summary(times[level], pauses[level], counts, count)
+        after = each.index_transactions()
+        if committed is not None and after is not None:
+            found[level]["index_transactions_per_save"] = round((after - committed) / count, 2)
     return found
 
 

@@ -163,6 +163,22 @@ def test_save_and_load_without_a_process_group_and_async(store_url: str) -> None
         assert result.ok, result.problems
 
 
+def test_a_save_given_the_store_makes_six_index_write_transactions(store_url: str) -> None:
+    """DCP's save of one process through the open store (each index write transaction a
+    commit and a sync, counted by LMDB's transaction id): the rank's writer claims its
+    small chunks, then its pack, and drops its claims; the publisher claims every chunk
+    it adopts in one transaction, then the last pack with the nodes, then counts the
+    version in (tests/test_save_transactions.py)."""
+    with chunkstore.open(store_url) as store:
+        made = []
+        for step in range(4):
+            state = {f"t{i}": torch.full((256,), float(i + (i == step))) for i in range(20)}
+            before = int(store.index.env.info()["last_txnid"])
+            dcp.save(state, storage_writer=ChunkStoreWriter(store, run="r", step=step))
+            made.append(int(store.index.env.info()["last_txnid"]) - before)
+    assert max(made[1:]) <= 6, made  # the first one makes the run's
+
+
 def test_an_async_save_keeps_conjugate_and_negative_views(store_url: str) -> None:
     """dcp.async_save stages the state first: torch's default stager copies with set_,
     which drops a conjugate or negative view's bit; the writer stages as torch's own

@@ -96,6 +96,24 @@ def test_async_save_stores_the_values_at_save_time(tmp_path: Path) -> None:
     assert all(torch.equal(fresh.state_dict()[k], v) for k, v in expected.items())
 
 
+def test_an_async_save_makes_three_index_write_transactions(tmp_path: Path) -> None:
+    """The async path's save commits what a plain save does to the index (each write
+    transaction a commit and a sync, counted by LMDB's own transaction id): its
+    session with its first claims, the last pack with the nodes, the count-in
+    (tests/test_save_transactions.py)."""
+    model = _model()
+    optimizer = torch.optim.Adam(model.parameters())
+    with _ckpt(tmp_path / "s", async_save=True) as ckpt:
+        made = []
+        for step in range(4):
+            _train_step(model, optimizer)
+            before = int(ckpt.store.index.env.info()["last_txnid"])
+            ckpt.save(step, model=model, optimizer=optimizer)
+            ckpt.wait()
+            made.append(int(ckpt.store.index.env.info()["last_txnid"]) - before)
+    assert max(made[1:]) <= 3, made  # the first one makes the run's
+
+
 def test_at_most_one_save_is_in_flight(tmp_path: Path) -> None:
     model = _model()
     with _ckpt(tmp_path / "s", async_save=True) as ckpt:

@@ -4,7 +4,10 @@ Everything here can be rebuilt from the manifests (``chunkstore index
 rebuild``): the manifests are the truth, the index is the fast path.  All
 mutations happen in LMDB write transactions, which serialise across threads
 and processes, so a writer's dedup claim and a GC's condemnation of the same
-chunk can never interleave.
+chunk can never interleave.  Each commits with a sync of the index file, so a
+save makes as few as its order allows: its write session is stored with its first
+claims (:meth:`Index.open_session`), its last pack is claimed with its nodes
+(:meth:`Index.claim_kinds`), and the count-in drops its session.
 
 Chunk states:
 
@@ -219,6 +222,10 @@ class Index(VersionLookups):
         self._shared_as = ""  # the key in _OPEN, for an index open_index shares
         self._private = False  # a private_index: its directory goes with its last close
         self._warned_orders = False  # see _orders_in_step
+        #: sessions opened ``deferred`` that no write transaction has stored yet (by id:
+        #: their record), and the lock that guards the table (:meth:`open_session`)
+        self._unwritten: dict[str, dict[str, Any]] = {}
+        self._unwritten_lock = threading.Lock()
         self._map_size = indexfile.map_size(map_size)
         self.env, damaged = indexfile.open_env(path, self._map_size)
         self._gate = writegate.WriteGate(path)
@@ -353,13 +360,23 @@ class Index(VersionLookups):
             shutil.rmtree(self.path, ignore_errors=True)
 
     @contextlib.contextmanager
-    def _writing(self, db: Any = None, wait_s: float | None = None
+    def _writing(self, db: Any = None, wait_s: float | None = None, session: str = ""
                  ) -> Iterator[lmdb.Transaction]:
         """A write transaction, behind the write gate (:class:`WriterBusy` past
-        ``wait_s``); a full disk undoes it and is a ``StorageFullError``."""
+        ``wait_s``); a full disk undoes it and is a ``StorageFullError``.  A deferred
+        ``session`` not stored yet is stored in it, first (:meth:`open_session`)."""
         try:
-            with self._gate.held(wait_s), self.env.begin(write=True, db=db) as txn:
-                yield txn
+            with self._gate.held(wait_s):
+                record = self._take_unwritten(session)
+                try:
+                    with self.env.begin(write=True, db=db) as txn:
+                        if record is not None:
+                            txn.put(session.encode(), record, db=self.sessions)
+                        yield txn
+                except BaseException:
+                    if record is not None:  # undone with the transaction: still to store
+                        self._put_back_unwritten(session, record)
+                    raise
         except lmdb.Error as exc:
             if indexfile.is_full(exc, self.path):
                 raise indexfile.full(self.path, exc) from exc
@@ -442,9 +459,17 @@ class Index(VersionLookups):
     def claim_many(self, session_id: str, kind: bytes, digests: Iterable[Digest]
                    ) -> dict[Digest, Claim]:
         """Claim several objects of one kind in one transaction (one commit, one sync)."""
+        return self.claim_kinds(session_id, {kind: digests})[kind]
+
+    def claim_kinds(self, session_id: str, objects: dict[bytes, Iterable[Digest]]
+                    ) -> dict[bytes, dict[Digest, Claim]]:
+        """Claim objects of several kinds (``objects``: kind -> digests) in one
+        transaction: a commit's nodes with the last pack it sealed."""
         now = time.time()
-        with self._writing() as txn:
-            return {d: self._claim(txn, session_id.encode(), kind, d, now) for d in digests}
+        sid = session_id.encode()
+        with self._writing(session=session_id) as txn:
+            return {kind: {d: self._claim(txn, sid, kind, d, now) for d in digests}
+                    for kind, digests in objects.items()}
 
     def _claim(self, txn: lmdb.Transaction, sid: bytes, kind: bytes, digest: Digest,
                now: float) -> Claim:
@@ -495,7 +520,7 @@ class Index(VersionLookups):
         # its members the batch reuses: None when it is not LIVE, ``gone`` when deleted.
         packs: dict[Digest, Claim | None] = {}
         gone: set[Digest] = set()
-        with self._writing() as txn:
+        with self._writing(session=session_id) as txn:
             for digest in digests:
                 record = self._get(txn, self.chunks, digest)
                 if record is not None and record.state == ChunkState.LIVE:
@@ -583,18 +608,55 @@ class Index(VersionLookups):
 
     # --- sessions ------------------------------------------------------------------------
 
-    def open_session(self, purpose: str) -> str:
+    def open_session(self, purpose: str, deferred: bool = False) -> str:
+        """A new write session; ``deferred``: stored by the first write transaction that
+        claims for it (:meth:`claim_many`, :meth:`claim_small`, :meth:`claim_kinds`), in
+        that transaction, instead of one of its own (a commit and a sync).
+
+        What a session protects is its claims, and a deferred one is stored, with its
+        heartbeat, in the transaction of its first claim, before that claim: GC never
+        sees a claim without its session, so one left by a killed process is expired
+        with it (a session that never claimed is never stored, and has nothing to
+        expire).  Until then it holds nothing: :meth:`heartbeat` says it is alive,
+        :meth:`close_session` forgets it, :meth:`add_version` drops nothing for it."""
         session_id = uuid.uuid4().hex
         now = time.time()
         info = {"pid": os.getpid(), "host": socket.gethostname(), "started": now,
                 "heartbeat": now, "purpose": purpose, "process_start": process_start(os.getpid()),
                 "pidns": pid_namespace()}
+        if deferred:
+            with self._unwritten_lock:
+                self._unwritten[session_id] = info
+            return session_id
         with self._writing(db=self.sessions) as txn:
             txn.put(session_id.encode(), json.dumps(info).encode())
         return session_id
 
+    def _take_unwritten(self, session_id: str) -> bytes | None:
+        """The record of a deferred session not stored yet, its heartbeat now (and the
+        session no longer unwritten); None for any other."""
+        if not session_id:
+            return None
+        with self._unwritten_lock:
+            info = self._unwritten.pop(session_id, None)
+        if info is None:
+            return None
+        return json.dumps({**info, "heartbeat": time.time()}).encode()
+
+    def _put_back_unwritten(self, session_id: str, record: bytes) -> None:
+        with self._unwritten_lock:
+            self._unwritten[session_id] = json.loads(record)
+
+    def _forget_unwritten(self, session_id: str) -> bool:
+        """Forget a deferred session no transaction stored; whether it was one."""
+        with self._unwritten_lock:
+            return self._unwritten.pop(session_id, None) is not None
+
     def heartbeat(self, session_id: str) -> bool:
         """Mark the session alive now; False when GC has expired it (its claims are gone)."""
+        with self._unwritten_lock:
+            if session_id in self._unwritten:  # not stored yet: nothing to refresh
+                return True
         with self._writing(db=self.sessions) as txn:
             data = txn.get(session_id.encode())
             if data is None:
@@ -624,6 +686,8 @@ class Index(VersionLookups):
 
     def close_session(self, session_id: str) -> None:
         """Forget a session's claims (abort, or after its commit transaction)."""
+        if self._forget_unwritten(session_id):
+            return  # never stored, so it never claimed
         with self._writing() as txn:
             self._drop_session(txn, session_id)
 
@@ -643,9 +707,11 @@ class Index(VersionLookups):
         claims did not protect what it reused).
         """
         now = time.time()
+        # A deferred session never stored claimed nothing: alive, with nothing to drop.
+        unwritten = session_id is not None and self._forget_unwritten(session_id)
         with self._writing() as txn:
-            alive = session_id is None or txn.get(session_id.encode(),
-                                                  db=self.sessions) is not None
+            alive = session_id is None or unwritten or txn.get(session_id.encode(),
+                                                               db=self.sessions) is not None
             if txn.get(entry.id.encode(), db=self.versions_db) is not None:
                 if session_id:
                     self._drop_session(txn, session_id)

@@ -83,6 +83,10 @@ class ChunkJobs(Reuse):
     _small_bytes: int
     _packs: PackBuilder
     _inflight: threading.BoundedSemaphore
+    #: the last pack a commit sealed, put aside by :meth:`_write_pack` (a list while the
+    #: commit, in thread ``_committing``, seals it), until the commit stores it
+    _set_aside: list[tuple[Digest, Pieces]] | None = None
+    _committing: int = 0
 
     def _store_chunk_job(self, view: memoryview, dtype: str, itemsize: int,
                          base: BaseSlot | None, digest: Digest | None = None,
@@ -351,9 +355,22 @@ class ChunkJobs(Reuse):
     def _write_pack(self, digest: Digest, pieces: Pieces) -> int:
         """Store a sealed pack object, given as its pieces (see
         :class:`~chunkstore.read.packs.PackBuilder`), as a new chunk object would be
-        (claim it, wait out a GC that is deleting or fencing a copy, put-if-absent);
-        return the bytes written."""
-        if self._reusable(CHUNK, digest, self._claim):
+        (:meth:`_store_pack`); return the bytes written.
+
+        The last pack a commit seals (in the committing thread, while ``_set_aside``
+        is a list) is only put aside, 0 bytes written so far: the commit claims it with
+        the version's nodes, in their transaction, and stores it before them
+        (:meth:`~chunkstore.write.writer.VersionWriter._write_nodes`)."""
+        if self._set_aside is not None and threading.get_ident() == self._committing:
+            self._set_aside.append((digest, pieces))
+            return 0
+        return self._store_pack(digest, pieces, self._claim)
+
+    def _store_pack(self, digest: Digest, pieces: Pieces, claim: Callable[[Digest], Claim]
+                    ) -> int:
+        """Claim the pack (``claim``), wait out a GC that is deleting or fencing a copy,
+        put-if-absent; return the bytes written."""
+        if self._reusable(CHUNK, digest, claim):
             return 0  # the same pack is stored and safe to reference: nothing written
         size = sum(map(len, pieces))
         if self._store.objects.put_if_absent_deferred(CHUNKS, digest, pieces):

@@ -10,9 +10,10 @@ Order of a save (invariants 1 and 3 in DESIGN.md; the GC side is in
    before writing one of them).  Only then is any dedup decision taken, so
    every GC either sees this session and waits for it, or this session saw
    the GC's entry;
-2. a write session is registered in the index; every chunk the save writes
-   or deduplicates against is claimed by it, so a GC of the same index
-   leaves them alone;
+2. a write session is registered in the index (stored in the transaction of its
+   first claim, so GC never sees a claim without its session); every chunk the
+   save writes or deduplicates against is claimed by it, so a GC of the same
+   index leaves them alone;
 3. chunk objects are written (put-if-absent) by a thread pool while the
    caller keeps adding entries (:mod:`chunkstore.write.chunkjobs`); memory stays
    O(chunk_size x threads) plus one open pack.  Small tensors' chunks that
@@ -22,7 +23,10 @@ Order of a save (invariants 1 and 3 in DESIGN.md; the GC side is in
    dedup hit is also checked to exist (a stat), so an object lost behind the
    index's back is written again, not referenced;
 4. on commit, manifest nodes are claimed like chunks and the missing ones
-   written, with the signature (if signing) and the audit event of the publish
+   written (the last pack, sealed but not yet claimed, is claimed in the nodes'
+   transaction and stored before them: a save of small tensors makes three index
+   transactions, each a commit and a sync, with the count-in of step 6), with the
+   signature (if signing) and the audit event of the publish
    (:mod:`chunkstore.protocol.audit`); then one backend flush makes every object
    durable (a local store: one syncfs instead of two fsyncs per object);
 5. the commit record is written durably (atomic create): this is the
@@ -197,7 +201,9 @@ class VersionWriter(ChunkJobs):
         # disks) or the GC journal could not be read; elsewhere once per store handle.
         self._check_dedup = self._fence.distrust_index or store.objects.local_path() is not None
         try:
-            self._session = store.index.open_session(f"save {self.run}@{self.step}")
+            # Stored with the save's first claim, in its transaction (one commit fewer).
+            self._session = store.index.open_session(f"save {self.run}@{self.step}",
+                                                     deferred=True)
         except BaseException:
             self._store_session.close()
             raise
@@ -296,9 +302,12 @@ class VersionWriter(ChunkJobs):
 
     # --- commit ----------------------------------------------------------------------------
 
-    def _collect(self) -> tuple[dict[str, TensorEntry], list[NewChunk], int]:
+    def _collect(self, set_aside: bool = False
+                 ) -> tuple[dict[str, TensorEntry], list[NewChunk], int]:
         """The version's tensor entries, the chunk objects it wrote (packs included)
-        and the raw bytes of the chunks it stored."""
+        and the raw bytes of the chunks it stored.  With ``set_aside``, the last pack
+        is sealed but not yet claimed or stored (nor counted): :meth:`_write_nodes`
+        claims it with the nodes."""
         self._flush_small()
         for name, pending in self._tensors.items():
             expected = -(-math.prod(pending.shape) * element_size(pending.dtype)
@@ -307,6 +316,8 @@ class VersionWriter(ChunkJobs):
                 raise VersionClosedError(f"entry {name!r} has {len(pending.futures)} of its"
                                          f" {expected} chunks queued; the version is aborted")
         results = {name: pending.results() for name, pending in self._tensors.items()}
+        if set_aside:
+            self._set_aside, self._committing = [], threading.get_ident()
         self._packs.finish()  # every member handed over: seal and write the last pack
         entries: dict[str, TensorEntry] = {}
         new_chunks = [NewChunk(d, PACK.id, content, size)
@@ -365,14 +376,25 @@ class VersionWriter(ChunkJobs):
                 return False
         return True
 
-    def _write_nodes(self, nodes: dict[Digest, bytes]) -> int:
-        """Claim every node of the tree; write, durably, those the store lacks.
+    def _write_nodes(self, nodes: dict[Digest, bytes]) -> tuple[int, list[NewChunk]]:
+        """Claim every node of the tree, and the last pack :meth:`_collect` set aside, in
+        one index transaction; store the pack (as any pack is: reused where it may be),
+        then write those nodes the store lacks.
 
-        Returns the bytes written.
+        Returns the bytes of nodes written, and the pack if it was written.
         """
         index = self._store.index
         generation = self._fence.generation  # before the claims: see _pre_claimed
-        claims = index.claim_nodes(self._session, nodes)
+        last, self._set_aside = self._set_aside or [], None
+        claimed = index.claim_kinds(self._session, {NODE: nodes, CHUNK: [d for d, _ in last]})
+        packs = []
+        for digest, pieces in last:
+            written = self._store_pack(digest, pieces,
+                                       self._pre_claimed(claimed[CHUNK][digest], generation))
+            if written:
+                content = next(c for d, c, _ in self._packs.packs if d == digest)
+                packs.append(NewChunk(digest, PACK.id, content, written))
+        claims = claimed[NODE]
         for digest, found in claims.items():
             if found == Claim.WAIT:  # GC is deleting an unreferenced copy of it
                 claims[digest] = self._wait_out_deletion(digest, self._node_claimer(digest))
@@ -384,7 +406,7 @@ class VersionWriter(ChunkJobs):
             return self._wait_out_deletion(digest, self._node_claimer(digest))
         missing = [(d, nodes[d]) for d in nodes if not self._reusable(NODE, d, claim)]
         done = self._store.executor.map(lambda item: self._put_node(*item), missing)
-        return sum(len(b) for (_, b), wrote in zip(missing, done, strict=True) if wrote)
+        return sum(len(b) for (_, b), wrote in zip(missing, done, strict=True) if wrote), packs
 
     def _put_node(self, digest: Digest, data: bytes) -> bool:
         """Store a node the save may not reuse (put-if-absent); a copy found stored is
@@ -416,10 +438,13 @@ class VersionWriter(ChunkJobs):
 
     def _commit(self, held: list[threading.Lock]) -> VersionInfo:
         try:
-            tensors, new_chunks, new_bytes = self._collect()
+            tensors, new_chunks, new_bytes = self._collect(set_aside=True)
             root, nodes = self._build_tree(tensors)
             store = self._store
-            node_bytes = self._write_nodes(nodes)  # reused where stored (an identical save)
+            # Reused where stored (an identical save); the last pack with the nodes.
+            node_bytes, last_packs = self._write_nodes(nodes)
+            new_chunks += last_packs
+            new_bytes += _member_raw_bytes(tensors, {c.digest for c in last_packs})
             lock = store.run_lock(self.run)
             lock.acquire()
             held.append(lock)
@@ -545,6 +570,7 @@ class VersionWriter(ChunkJobs):
             return
         self._closed = True
         self._small = []  # never handed to a worker: nothing to wait for
+        self._set_aside = None  # a last pack sealed and never stored: nothing names it
         for pending in self._tensors.values():
             for future in pending.futures:
                 future.cancel()
@@ -657,9 +683,14 @@ class VersionWriter(ChunkJobs):
             except ValueError as exc:
                 raise InvalidInputError(f"entry {name!r}: {exc}") from exc
         digests = sorted({d for entry in entries.values() for d in entry.chunk_digests()})
+        # Claimed together, in one index transaction (the workers' claims one at a time
+        # took a commit for every few), then each decided as a batch's claim is.
+        generation = self._fence.generation  # before the claims: see _pre_claimed
+        claimed = self._store.index.claim_many(self._session, CHUNK, digests) if digests else {}
 
         def present(digest: Digest) -> bool:
-            return (self._reusable(CHUNK, digest, self._claim)
+            claim = self._pre_claimed(claimed[digest], generation)
+            return (self._reusable(CHUNK, digest, claim)
                     or self._store.objects.exists(CHUNKS, digest))
 
         missing = [d for d, ok in zip(digests, self._store.executor.map(present, digests),
@@ -691,6 +722,14 @@ def _adopted_raw_bytes(entries: dict[str, TensorEntry], written: dict[Digest, Ne
     """The raw bytes of the chunks other processes stored for adopted entries: each new
     object of its own, and each member of a new pack (a pack's own length is encoded)."""
     packs = {d for d, chunk in written.items() if chunk.codec_id == PACK.id}
+    return _member_raw_bytes(entries, packs) + sum(c.raw_length for c in written.values()
+                                                   if c.codec_id != PACK.id)
+
+
+def _member_raw_bytes(entries: dict[str, TensorEntry], packs: set[Digest]) -> int:
+    """The raw bytes of the distinct members ``entries`` list in ``packs``."""
+    if not packs:
+        return 0
     members: dict[Digest, int] = {}
     for entry in entries.values():
         itemsize = element_size(entry.dtype)
@@ -699,8 +738,7 @@ def _adopted_raw_bytes(entries: dict[str, TensorEntry], written: dict[Digest, Ne
                 location = shard.location(i)
                 if location is not None and location.pack in packs:
                     members[digest] = length
-    return sum(members.values()) + sum(c.raw_length for c in written.values()
-                                       if c.codec_id != PACK.id)
+    return sum(members.values())
 
 
 def _content(entry: TensorEntry) -> tuple[object, ...]:
