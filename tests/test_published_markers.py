@@ -172,16 +172,17 @@ def test_a_sweep_removes_the_day_old_marker_folders_it_empties_and_no_other(
     with opened(where, tmp_path / "index") as store:
         emptied = marker_id(first, old_ns)
         busy = marker_id(first, old_ns + 2 * MARKER_BUCKET_NS)
-        layout_1 = f"{emptied[:7]}/{marker_id(first, old_ns + 4 * MARKER_BUCKET_NS)}"
+        in_layout_1 = marker_id(first, old_ns + 4 * MARKER_BUCKET_NS)
+        layout_1 = f"{in_layout_1[:7]}/{in_layout_1}"  # its own 2.8-hour folder
         for marker in (emptied, busy, layout_1):
             store.objects.put(PUBLISHED, marker, b"")
         (root / busy[:9] / ".tmp-0123456789abcdef").write_bytes(b"")  # a write under way
         today = sorted(p.name for p in root.iterdir())
-        assert {emptied[:9], busy[:9], emptied[:7]} <= set(today)
+        assert {emptied[:9], busy[:9], in_layout_1[:7]} <= set(today)
         result = store.gc(grace=0, sweep=True)
         assert result.markers_pruned == 3
         assert sorted(p.name for p in root.iterdir()) == sorted(
-            set(today) - {emptied[:9], emptied[:7]})
+            set(today) - {emptied[:9], in_layout_1[:7]})
         assert [m.split("-")[1] for m in store.objects.ids(PUBLISHED)] == [first]
         assert [v.step for v in store.versions()] == [1]
         # A marker past KEEP_S in a folder whose span is not: pruned, its folder kept
