@@ -20,14 +20,15 @@ in its slice as the store grows.  ``X%`` reads a random sample of that share.
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import re
 import time
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from chunkstore.errors import (
     ChunkStoreError,
@@ -69,7 +70,7 @@ from chunkstore.protocol.moved import list_moved
 from chunkstore.read.chain import NO_CACHE
 from chunkstore.read.members import locate_member, missing_chunk
 from chunkstore.read.packs import pack_header_problem
-from chunkstore.read.reader import chunk_reads, read_chunk_into
+from chunkstore.read.reader import chunk_reads, read_chunk_into, run_jobs
 
 if TYPE_CHECKING:
     from chunkstore.handle.handle import StoreHandle
@@ -185,12 +186,14 @@ def _problem_from(exc: ChunkStoreError, version: str | None) -> Problem:
 
 def _check_leaves(store: StoreHandle, verdict: VersionVerdict, flat: FlatTree,
                   result: VerifyResult, reads: dict[ChunkCheck, list[str]],
-                  checked: dict[object, list[ChunkCheck]]) -> None:
+                  checked: dict[object, list[ChunkCheck]],
+                  data: dict[Digest, ChunkStoreError | None]) -> None:
     """Check every leaf the way a read does; collect the chunk reads it implies
     (each chunk at every length its positions imply, with the versions that need it).
     A leaf that an earlier version lists too and that passed is checked once
     (``checked``, by data node, or by the tensor entry the manifest decoder shares
-    between versions, which ``trees`` keeps alive: its chunk reads)."""
+    between versions, which ``trees`` keeps alive: its chunk reads).  ``data``: what
+    the read of each data node raised (None: it read), from :func:`_read_data`."""
     for name, leaf in flat.leaves.items():
         key = leaf.digest if isinstance(leaf, DataEntry) else id(leaf)
         known = checked.get(key)
@@ -198,11 +201,10 @@ def _check_leaves(store: StoreHandle, verdict: VersionVerdict, flat: FlatTree,
             _needed_by(reads, known, verdict.id)
             continue
         if isinstance(leaf, DataEntry):
-            try:
-                load_data(store.objects, leaf.digest)
-            except ChunkStoreError as exc:
-                result.problems.append(at(verdict, _problem_from(exc, None), name,
-                                           node_at_fault(store, exc)))
+            failure = data[leaf.digest]
+            if failure is not None:
+                result.problems.append(at(verdict, _problem_from(failure, None), name,
+                                           node_at_fault(store, failure)))
             else:
                 checked[key] = []
             continue
@@ -231,14 +233,66 @@ def _needed_by(reads: dict[ChunkCheck, list[str]], checks: list[ChunkCheck],
             needed_by.append(version_id)
 
 
-def _load_version(store: StoreHandle, verdict: VersionVerdict,
+_Item = TypeVar("_Item")
+_Found = TypeVar("_Found")
+
+
+def _read_each(store: StoreHandle, items: list[_Item], read: Callable[[_Item], _Found]
+               ) -> list[_Found]:
+    """``read`` of each item, in order, as a read of a version runs its chunk reads
+    (:func:`~chunkstore.read.reader.run_jobs`: a job per core from a local store, where
+    decoding is the work; every pool thread from an object store, each read waiting on
+    a request).  ``read`` returns what a version's check reports as a value; any other
+    error (a backend that cannot be reached) is raised, as a serial read raised it."""
+    found: list[_Found | None] = [None] * len(items)
+
+    def job(number: int) -> None:
+        found[number] = read(items[number])
+
+    run_jobs(store.executor, [functools.partial(job, n) for n in range(len(items))],
+             store.read_jobs)
+    return found  # type: ignore[return-value]  # every job ran, or run_jobs raised
+
+
+@dataclass
+class _VersionRead:
+    """What reading one version's commit record and manifest tree found: the record or
+    why it could not be read; the tree, or why not."""
+
+    record: CommitRecord | None = None
+    record_failure: FileNotFoundError | ChunkStoreError | None = None
+    flat: FlatTree | None = None
+    tree_failure: ChunkStoreError | None = None
+
+
+def _read_version(store: StoreHandle, version_id: str) -> _VersionRead:
+    """A pool job: the version's record and tree, each failure kept for its finding."""
+    try:
+        record = store.read_record(version_id)
+    except (FileNotFoundError, ChunkStoreError) as exc:
+        return _VersionRead(record_failure=exc)
+    try:
+        return _VersionRead(record, flat=flatten(store.objects, record.root, store.node_cache))
+    except ChunkStoreError as exc:
+        return _VersionRead(record, tree_failure=exc)
+
+
+def _read_data_node(store: StoreHandle, digest: Digest) -> ChunkStoreError | None:
+    """A pool job: whether the data node reads (None) or what its read raises."""
+    try:
+        load_data(store.objects, digest)
+    except ChunkStoreError as exc:
+        return exc
+    return None
+
+
+def _load_version(store: StoreHandle, verdict: VersionVerdict, read: _VersionRead,
                   result: VerifyResult) -> FlatTree | None:
     """The version's tree; None, with the finding, where its commit record or tree
     cannot be read (its run and step then come from the index, where it has them)."""
     record_key = VERSIONS.key(verdict.id)
-    try:
-        record = store.read_record(verdict.id)
-    except (FileNotFoundError, ChunkStoreError) as exc:
+    if read.record is None:
+        exc = read.record_failure
         entry = store.index.version(verdict.id)
         if entry is not None:
             verdict.run, verdict.step = entry.run, entry.step
@@ -247,32 +301,40 @@ def _load_version(store: StoreHandle, verdict: VersionVerdict,
                 "corrupt-record", "commit record vanished while verifying (deleted"
                 " concurrently?)")))
         else:
+            assert exc is not None
             state = NEWER_FORMAT if isinstance(exc, FormatVersionError) else "corrupt"
             result.problems.append(at(verdict, _problem_from(exc, None), None,
                                        ("record", record_key, state)))
         return None
-    verdict.run, verdict.step = record.run, record.step
-    try:
-        return flatten(store.objects, record.root, store.node_cache)
-    except ChunkStoreError as exc:
-        result.problems.append(at(verdict, _problem_from(exc, None), None,
-                                   node_at_fault(store, exc)))
-        return None
+    verdict.run, verdict.step = read.record.run, read.record.step
+    if read.tree_failure is not None:
+        result.problems.append(at(verdict, _problem_from(read.tree_failure, None), None,
+                                   node_at_fault(store, read.tree_failure)))
+    return read.flat
 
 
 def _load_versions(store: StoreHandle, ids: list[str], result: VerifyResult,
                    reads: dict[ChunkCheck, list[str]]
                    ) -> tuple[dict[str, FlatTree], dict[str, VersionVerdict]]:
+    """Read every version of ``ids`` (records and trees, then the data nodes they
+    list, each distinct one once) in parallel; then check each in turn, so the
+    findings come in the order and with the words of a serial read."""
+    found = _read_each(store, ids, functools.partial(_read_version, store))
+    listed = {leaf.digest: None for read in found if read.flat is not None
+              for leaf in read.flat.leaves.values() if isinstance(leaf, DataEntry)}
+    data = dict(zip(listed, _read_each(store, list(listed),
+                                       functools.partial(_read_data_node, store)),
+                    strict=True))
     trees: dict[str, FlatTree] = {}
     verdicts: dict[str, VersionVerdict] = {}
     checked: dict[object, list[ChunkCheck]] = {}
-    for version_id in ids:
+    for version_id, read in zip(ids, found, strict=True):
         result.versions_checked += 1
         verdict = verdicts[version_id] = VersionVerdict(version_id)
-        flat = _load_version(store, verdict, result)
+        flat = _load_version(store, verdict, read, result)
         if flat is not None:
             verdict.entries = len(flat.leaves)
-            _check_leaves(store, verdict, flat, result, reads, checked)
+            _check_leaves(store, verdict, flat, result, reads, checked, data)
             trees[version_id] = flat
     return trees, verdicts
 
