@@ -26,9 +26,9 @@ import random
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from chunkstore.errors import (
     ChunkStoreError,
@@ -70,7 +70,7 @@ from chunkstore.protocol.moved import list_moved
 from chunkstore.read.chain import NO_CACHE
 from chunkstore.read.members import locate_member, missing_chunk
 from chunkstore.read.packs import pack_header_problem
-from chunkstore.read.reader import chunk_reads, read_chunk_into, run_jobs
+from chunkstore.read.reader import chunk_reads, map_jobs, read_chunk_into
 
 if TYPE_CHECKING:
     from chunkstore.handle.handle import StoreHandle
@@ -233,27 +233,6 @@ def _needed_by(reads: dict[ChunkCheck, list[str]], checks: list[ChunkCheck],
             needed_by.append(version_id)
 
 
-_Item = TypeVar("_Item")
-_Found = TypeVar("_Found")
-
-
-def _read_each(store: StoreHandle, items: list[_Item], read: Callable[[_Item], _Found]
-               ) -> list[_Found]:
-    """``read`` of each item, in order, as a read of a version runs its chunk reads
-    (:func:`~chunkstore.read.reader.run_jobs`: a job per core from a local store, where
-    decoding is the work; every pool thread from an object store, each read waiting on
-    a request).  ``read`` returns what a version's check reports as a value; any other
-    error (a backend that cannot be reached) is raised, as a serial read raised it."""
-    found: list[_Found | None] = [None] * len(items)
-
-    def job(number: int) -> None:
-        found[number] = read(items[number])
-
-    run_jobs(store.executor, [functools.partial(job, n) for n in range(len(items))],
-             store.read_jobs)
-    return found  # type: ignore[return-value]  # every job ran, or run_jobs raised
-
-
 @dataclass
 class _VersionRead:
     """What reading one version's commit record and manifest tree found: the record or
@@ -319,11 +298,12 @@ def _load_versions(store: StoreHandle, ids: list[str], result: VerifyResult,
     """Read every version of ``ids`` (records and trees, then the data nodes they
     list, each distinct one once) in parallel; then check each in turn, so the
     findings come in the order and with the words of a serial read."""
-    found = _read_each(store, ids, functools.partial(_read_version, store))
+    found = map_jobs(store.executor, ids, functools.partial(_read_version, store),
+                     store.read_jobs)
     listed = {leaf.digest: None for read in found if read.flat is not None
               for leaf in read.flat.leaves.values() if isinstance(leaf, DataEntry)}
-    data = dict(zip(listed, _read_each(store, list(listed),
-                                       functools.partial(_read_data_node, store)),
+    data = dict(zip(listed, map_jobs(store.executor, list(listed),
+                                     functools.partial(_read_data_node, store), store.read_jobs),
                     strict=True))
     trees: dict[str, FlatTree] = {}
     verdicts: dict[str, VersionVerdict] = {}
@@ -412,17 +392,18 @@ def _check_moved(store: StoreHandle, result: VerifyResult) -> None:
                 object_state="corrupt"))
 
 
-def _check_refcounts(store: StoreHandle, trees: dict[str, FlatTree], unreadable: set[str],
+def _check_refcounts(store: StoreHandle, refs: dict[str, set[bytes]], unreadable: set[str],
                      result: VerifyResult, trusted: Counter[bytes]) -> None:
-    """Compare the index's refcounts with the manifests' references (``trusted``: the
-    references of versions an earlier verify found to name exactly the index's)."""
+    """Compare the index's refcounts with the manifests' references (``refs``: the raw
+    digests of the chunk objects each version read names; ``trusted``: the references
+    of versions an earlier verify found to name exactly the index's)."""
     indexed = store.index.version_ids()
-    for vid in sorted(set(trees) - indexed):
+    for vid in sorted(set(refs) - indexed):
         result.problems.append(Problem("index", "version is not in the index; run"
                                        " `chunkstore index rebuild`", vid))
     expected = Counter(trusted)
-    for flat in trees.values():
-        expected.update(d.raw for d in flat.chunk_digests())
+    for chunks in refs.values():
+        expected.update(chunks)
     # A version whose manifests cannot be read is already reported; take the
     # index's word for its references rather than flag each as a refcount error
     # (rebuilding the index would drop them and expose the chunks to GC).
@@ -493,7 +474,7 @@ def _trusted_versions(store: StoreHandle, ids: list[str]) -> dict[str, VerifiedV
             and all(d in nodes for d in _split(v.node_refs))}
 
 
-def _note_readable(store: StoreHandle, trees: dict[str, FlatTree],
+def _note_readable(store: StoreHandle, trees: dict[str, FlatTree], refs: dict[str, set[bytes]],
                    verdicts: dict[str, VersionVerdict], result: VerifyResult) -> None:
     """Remember in the index the versions this verify of the whole store found
     readable, for the next ``--quick`` (none when it found the index's references
@@ -503,7 +484,7 @@ def _note_readable(store: StoreHandle, trees: dict[str, FlatTree],
         return
     try:
         store.index.note_verified(
-            (vid, len(flat.leaves), {d.raw for d in flat.chunk_digests()},
+            (vid, len(flat.leaves), refs[vid],
              {d.raw for d in flat.tree_nodes | flat.data_nodes()})
             for vid, flat in trees.items() if not verdicts[vid].damaged)
     except StorageFullError as exc:
@@ -524,6 +505,21 @@ def _subset(read_data: bool, read_data_subset: str | DataSubset | None) -> DataS
         raise InvalidInputError("a data subset to read was given with read_data=False"
                                 " (--quick), which reads no data: give one or the other")
     return subset
+
+
+def _check_store_wide(store: StoreHandle, ids: list[str], trees: dict[str, FlatTree],
+                      trusted: dict[str, VerifiedVersion], verdicts: dict[str, VersionVerdict],
+                      result: VerifyResult) -> None:
+    """What only a verify of the whole store checks: tags, holds, moved records and the
+    refcounts; then the index remembers the versions found readable."""
+    _check_tags(store, result)
+    _check_holds(store, result)
+    _check_moved(store, result)
+    # each read version's references, computed once for both
+    refs = {vid: {d.raw for d in flat.chunk_digests()} for vid, flat in trees.items()}
+    _check_refcounts(store, refs, set(ids) - set(trees) - set(trusted), result,
+                     Counter(d for v in trusted.values() for d in _split(v.chunk_refs)))
+    _note_readable(store, trees, refs, verdicts, result)
 
 
 def verify(store: StoreHandle, sel: str | None = None, *, read_data: bool = True,
@@ -585,12 +581,7 @@ def verify(store: StoreHandle, sel: str | None = None, *, read_data: bool = True
     _check_pack_headers(store, {c[3].pack for c in pending if c[3] is not None} & chosen,
                         result)
     if sel is None:
-        _check_tags(store, result)
-        _check_holds(store, result)
-        _check_moved(store, result)
-        _check_refcounts(store, trees, set(ids) - set(trees) - set(trusted), result,
-                         Counter(d for v in trusted.values() for d in _split(v.chunk_refs)))
-        _note_readable(store, trees, verdicts, result)
+        _check_store_wide(store, ids, trees, trusted, verdicts, result)
     verdicts = dict(sorted(verdicts.items(), key=lambda item: (
         item[1].run or "", item[1].step or 0, item[0])))  # RUN@STEP order
     result.objects = summarize(result.problems, result.warnings, verdicts)
