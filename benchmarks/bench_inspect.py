@@ -38,8 +38,10 @@ on it): each run on a fresh copy of that index, ``K`` rounds, each round every
 command under the code measured and under ``--baseline`` in turn (the load of a
 shared machine falls on both alike); with ``--s3`` also on a moto S3 server filled
 with the store (benchmarks/moto_filled.py; the index copied into a fresh
-``CHUNKSTORE_CACHE_DIR`` for each run).  Each code is recorded under its label
-(``--label``, ``--baseline-label``)::
+``CHUNKSTORE_CACHE_DIR`` for each run).  ``--first-index saves`` takes instead the
+index the saves that built the store kept (no census recorded: a job's own index,
+as a user's first ``report`` after a run finds it).  Each code is recorded under its
+label (``--label``, ``--baseline-label``)::
 
     git worktree add --detach /work/main-before main
     python -m benchmarks.bench_inspect --first-runs 3 --s3 --levels 10000 \\
@@ -294,6 +296,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--baseline-label", default="baseline")
     parser.add_argument("--s3", action="store_true",
                         help="with --first-runs: also on a moto S3 server")
+    parser.add_argument("--first-index", choices=("count-in", "saves"), default="count-in",
+                        help="with --first-runs: the index the first runs find, built by"
+                        " the store's first open (count-in, which records each version's"
+                        " census) or the one the saves that built the store kept (saves)")
     args = parser.parse_args(argv)
     args.stores.mkdir(parents=True, exist_ok=True)
     bases = built(args.stores, tuple(args.levels))
@@ -310,10 +316,12 @@ def main(argv: list[str] | None = None) -> None:
         codes = {args.label: code}
         if args.baseline is not None:
             codes[args.baseline_label] = args.baseline.resolve()
-        found_by = first_runs(codes, places, args.commands, args.first_runs, args.s3)
+        found_by = first_runs(codes, places if args.first_index == "count-in" else bases,
+                              args.commands, args.first_runs, args.s3)
         for label, found in found_by.items():
             runs[label] = {"command": command, "code": str(codes[label]),
                            "commit": commit_of(codes[label]), "first_runs": args.first_runs,
+                           "first_index": args.first_index,
                            "measured_in_turn_with": [k for k in codes if k != label],
                            "machine": machine, "python": platform.python_version(),
                            "seconds": round(time.perf_counter() - started), "first": found}

@@ -11,6 +11,8 @@ index rebuilt, it is counted afresh), and a report reads only the manifests of t
 versions counted since.  The ranks are the exception: a rank's new bytes count
 against every earlier version, so a store with ranked versions has the manifests of
 every version up to its last ranked one read (as before the table existed).
+The manifests a census reads are read in parallel, a batch at a time
+(:func:`_each_read`), and merged in version order.
 """
 
 from __future__ import annotations

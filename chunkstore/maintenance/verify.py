@@ -7,7 +7,10 @@ counts in and out what was saved or removed through another index (as opening th
 store does), so an index that only lags is never reported as damaged.
 
 Findings are collected as :class:`Problem` objects instead of stopping at the
-first one.
+first one.  The versions' commit records and manifests are read in parallel (on an
+object store each read waits on a request; a first ``--quick`` verify of an index
+reads them all), the findings made afterwards in version order: the same findings,
+in the same order, as reading them one after another.
 
 A large store can be read over several runs (``read_data_subset``, as restic's
 ``check --read-data-subset``): the structure check (every object each version
