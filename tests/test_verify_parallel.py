@@ -17,27 +17,30 @@ import numpy as np
 import pytest
 
 import chunkstore
-from chunkstore.format.manifest import DataEntry
+from chunkstore.format.manifest import DataEntry, TensorEntry
 from chunkstore.handle.tree import flatten
 from chunkstore.maintenance.verify import VerifyResult
-from chunkstore.objects.kinds import NODES, VERSIONS
+from chunkstore.objects.kinds import CHUNKS, NODES, VERSIONS
+from tests.conftest import SMALL_CHUNK
 
 VERSIONS_SAVED = 40
 #: the versions (by step) damaged, and how
-RECORD, ROOT, OWN_DATA = 7, 19, 31
+RECORD, ROOT, OWN_DATA, OWN_CHUNK = 7, 19, 31, 36
 
 
 @pytest.fixture(scope="module")
 def damaged(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
     """40 versions of run ``r``; step 7's commit record garbled, step 19's root node
-    deleted, step 31's own data node garbled, and the data node all share garbled
-    (each verify runs on a copy)."""
+    deleted, step 31's own data node garbled, the data node all share garbled, and
+    step 36's own chunk object of "big" deleted (each verify runs on a copy)."""
     path = tmp_path_factory.mktemp("parallel") / "store"
     ids = []
-    with chunkstore.open(path, create=True) as store:
+    with chunkstore.open(path, create=True, chunk_size=SMALL_CHUNK) as store:
+        store.pack_delta_chunks = False  # "big"'s deltas as objects of their own
         for step in range(VERSIONS_SAVED):
             with store.new_version(run="r", step=step) as version:
-                version.put("w", np.full(16, step, dtype=np.float32))
+                version.put("w", np.full(16, step, dtype=np.float32))  # packed
+                version.put("big", np.full(20_000, step, dtype=np.float32))  # an object
                 version.put("frozen", np.arange(16, dtype=np.float32))
                 version.put_data("trainer", {"step": step})
                 version.put_data("config", {"lr": 0.1})
@@ -46,6 +49,10 @@ def damaged(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
         root = store.read_record(ids[ROOT]).root
         leaves = flatten(store.objects, store.read_record(ids[OWN_DATA]).root,
                          store.node_cache).leaves
+        big = flatten(store.objects, store.read_record(ids[OWN_CHUNK]).root,
+                      store.node_cache).leaves["big"]
+    assert isinstance(big, TensorEntry)
+    (path / CHUNKS.key(next(big.chunk_digests()))).unlink()
     (path / NODES.key(root)).unlink()
     for name in ("trainer", "config"):
         leaf = leaves[name]
@@ -82,13 +89,16 @@ def test_damaged_versions_read_in_parallel_are_each_named_as_read_one_by_one(
     assert verdicts[ids[RECORD]].damaged and verdicts[ids[RECORD]].entries is None
     assert verdicts[ids[ROOT]].damaged and verdicts[ids[ROOT]].entries is None
     assert sorted(verdicts[ids[OWN_DATA]].damaged_entries) == ["config", "trainer"]
+    assert sorted(verdicts[ids[OWN_CHUNK]].damaged_entries) == ["big", "config"]
     for step, vid in enumerate(ids):  # the shared data node breaks every readable tree
-        if step not in (RECORD, ROOT, OWN_DATA):
+        if step not in (RECORD, ROOT, OWN_DATA, OWN_CHUNK):
             assert verdicts[vid].damaged_entries == ["config"], step
     found = {(p.version, p.kind, p.tensor, p.object_state) for p in parallel.problems}
     assert (ids[RECORD], "corrupt-record", None, "corrupt") in found
     assert (ids[ROOT], "corrupt-node", None, "missing") in found
     assert (ids[OWN_DATA], "corrupt-node", "trainer", "corrupt") in found
+    assert (ids[OWN_CHUNK], "missing-chunk", "big", "missing") in found
+    assert {p.object_kind for p in parallel.problems if p.tensor == "big"} == {"chunk"}
 
     assert _answer(parallel) == _answer(_verify(path, 1, read_data))
 

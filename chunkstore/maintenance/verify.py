@@ -322,12 +322,17 @@ def _load_versions(store: StoreHandle, ids: list[str], result: VerifyResult,
     return trees, verdicts
 
 
-def _check_chunk(store: StoreHandle, check: ChunkCheck, read_data: bool
-                 ) -> tuple[int, Problem | None]:
+def _check_chunk(store: StoreHandle, check: ChunkCheck, read_data: bool,
+                 listed: set[bytes]) -> tuple[int, Problem | None]:
     """Read the chunk exactly as a read of the version would (same checks, same code:
-    a delta through its listed chain, so a missing or corrupt base is found here)."""
+    a delta through its listed chain, so a missing or corrupt base is found here).
+    Not reading it: a chunk whose object and bases' objects are all in ``listed`` (a
+    listing of the chunk objects) is present; any other is checked as a read finds it."""
     digest, length, chain, location, locations = check
     stored = digest if location is None else location.pack
+    if not read_data and location is None and not any(locations or ()) \
+            and digest.raw in listed and all(base.raw in listed for base in chain):
+        return 0, None
     try:
         if read_data:
             read_chunk_into(store, digest, memoryview(bytearray(length)), chain, NO_CACHE,
@@ -459,18 +464,18 @@ def _mark_corrupt_signatures(verdicts: dict[str, VersionVerdict]) -> None:
             verdict.signature = CORRUPT
 
 
-def _trusted_versions(store: StoreHandle, ids: list[str]) -> dict[str, VerifiedVersion]:
+def _trusted_versions(store: StoreHandle, ids: list[str], chunks: set[bytes]
+                      ) -> dict[str, VerifiedVersion]:
     """The versions of ``ids`` whose record and tree an earlier verify found readable
     (:meth:`~chunkstore.index.lmdbindex.Index.verified_versions`) and every object of
-    which is still stored, by one listing of the chunk objects and one of the nodes
-    (an object store: one LIST request per 1,000 objects).  A version one of whose
-    objects is not listed is left out: the caller checks it as an unknown one, which
-    names what is missing the usual way (and finds a repacked pack's members where its
-    moved record says)."""
+    which is still stored, by one listing of the chunk objects (``chunks``, raw
+    digests) and one of the nodes (an object store: one LIST request per 1,000
+    objects).  A version one of whose objects is not listed is left out: the caller
+    checks it as an unknown one, which names what is missing the usual way (and finds a
+    repacked pack's members where its moved record says)."""
     known = store.index.verified_versions(ids)
     if not known:
         return known
-    chunks = {d.raw for d in store.objects.ids(CHUNKS)}
     nodes = {d.raw for d in store.objects.ids(NODES)}
     return {vid: v for vid, v in known.items()
             if all(d in chunks for d in _split(v.chunk_refs))
@@ -549,8 +554,12 @@ def verify(store: StoreHandle, sel: str | None = None, *, read_data: bool = True
         line_up(store, in_index, set(ids))
     else:
         ids = [store.resolve(sel).id]
-    # --quick over the whole store: a version an earlier verify read is checked present
-    trusted = _trusted_versions(store, ids) if not read_data and sel is None else {}
+    # --quick over the whole store: every chunk object listed once (a LIST request per
+    # 1,000 on an object store, not a HEAD each); a version an earlier verify read is
+    # checked present by that listing alone
+    quick = not read_data and sel is None
+    listed = {d.raw for d in store.objects.ids(CHUNKS)} if quick else set()
+    trusted = _trusted_versions(store, ids, listed) if quick else {}
     reads: dict[ChunkCheck, list[str]] = {}
     trees, verdicts = _load_versions(store, [i for i in ids if i not in trusted], result,
                                      reads)
@@ -567,7 +576,7 @@ def verify(store: StoreHandle, sel: str | None = None, *, read_data: bool = True
     result.objects_total = len(stored) + len(trusted_objects)
     result.objects_read = len(chosen)
     checks = store.executor.map(
-        lambda r: _check_chunk(store, r, _stored_object(r) in chosen), pending)
+        lambda r: _check_chunk(store, r, _stored_object(r) in chosen, listed), pending)
     progress.start(len(pending), "verify: chunks")
     result.chunks_checked += len(trusted_objects)
     for check, (size, problem) in zip(pending, checks, strict=True):
