@@ -83,20 +83,28 @@ COMMANDS: dict[str, list[str]] = {
     "verify --quick": ["verify", "STORE", "--quick"],
 }
 #: The child: imports the command line, then runs it, and says how long each took.
+#: With ``BENCH_INSPECT_COUNT`` set, the stores it opens count their requests by
+#: operation (benchmarks.bench_scale.opens_counted, of the code measured).
 DRIVER = """
-import sys, time, json, os
+import sys, time, json, os, contextlib
 started = time.perf_counter()
 from chunkstore.cli import main
+counting = contextlib.nullcontext(None)
+if os.environ.get("BENCH_INSPECT_COUNT"):
+    from benchmarks.bench_scale import opens_counted
+    counting = opens_counted()
 imported = time.perf_counter()
 code = 0
-try:
-    main(sys.argv[1:])
-except SystemExit as exc:
-    code = exc.code if isinstance(exc.code, int) else 1
+with counting as install:
+    counts = install() if install is not None else None
+    try:
+        main(sys.argv[1:])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
 done = time.perf_counter()
 with open(os.environ["BENCH_INSPECT_TIMES"], "w") as out:
     json.dump({"import_s": imported - started, "in_process_s": done - imported,
-               "exit": code}, out)
+               "exit": code, "requests": None if counts is None else dict(counts)}, out)
 """
 
 
@@ -186,7 +194,8 @@ def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "in_process_s": round(statistics.median(r["in_process_s"] for r in runs), 4),
             "in_process_runs_s": [round(r["in_process_s"], 4) for r in runs],
             "exit": runs[-1]["exit"], "output_lines": runs[-1]["output_lines"],
-            "runs": len(runs)}
+            "runs": len(runs),
+            **({"requests": runs[-1]["requests"]} if runs[-1].get("requests") else {})}
 
 
 @contextlib.contextmanager
@@ -296,11 +305,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--baseline-label", default="baseline")
     parser.add_argument("--s3", action="store_true",
                         help="with --first-runs: also on a moto S3 server")
+    parser.add_argument("--count", action="store_true",
+                        help="count each run's requests by operation (the last run's"
+                        " recorded)")
     parser.add_argument("--first-index", choices=("count-in", "saves"), default="count-in",
                         help="with --first-runs: the index the first runs find, built by"
                         " the store's first open (count-in, which records each version's"
                         " census) or the one the saves that built the store kept (saves)")
     args = parser.parse_args(argv)
+    if args.count:
+        os.environ["BENCH_INSPECT_COUNT"] = "1"
     args.stores.mkdir(parents=True, exist_ok=True)
     bases = built(args.stores, tuple(args.levels))
     code = args.code.resolve()

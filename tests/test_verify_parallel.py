@@ -25,14 +25,15 @@ from tests.conftest import SMALL_CHUNK
 
 VERSIONS_SAVED = 40
 #: the versions (by step) damaged, and how
-RECORD, ROOT, OWN_DATA, OWN_CHUNK = 7, 19, 31, 36
+RECORD, OWN_PACK, ROOT, OWN_DATA, OWN_CHUNK = 7, 12, 19, 31, 36
 
 
 @pytest.fixture(scope="module")
 def damaged(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
     """40 versions of run ``r``; step 7's commit record garbled, step 19's root node
     deleted, step 31's own data node garbled, the data node all share garbled, and
-    step 36's own chunk object of "big" deleted (each verify runs on a copy)."""
+    step 36's own chunk object of "big" and step 12's pack holding "w" deleted (each
+    verify runs on a copy)."""
     path = tmp_path_factory.mktemp("parallel") / "store"
     ids = []
     with chunkstore.open(path, create=True, chunk_size=SMALL_CHUNK) as store:
@@ -51,8 +52,13 @@ def damaged(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
                          store.node_cache).leaves
         big = flatten(store.objects, store.read_record(ids[OWN_CHUNK]).root,
                       store.node_cache).leaves["big"]
-    assert isinstance(big, TensorEntry)
+        w = flatten(store.objects, store.read_record(ids[OWN_PACK]).root,
+                    store.node_cache).leaves["w"]
+    assert isinstance(big, TensorEntry) and isinstance(w, TensorEntry)
     (path / CHUNKS.key(next(big.chunk_digests()))).unlink()
+    pack = w.shards[0].location(0)
+    assert pack is not None  # a small chunk is packed
+    (path / CHUNKS.key(pack.pack)).unlink()
     (path / NODES.key(root)).unlink()
     for name in ("trainer", "config"):
         leaf = leaves[name]
@@ -91,7 +97,7 @@ def test_damaged_versions_read_in_parallel_are_each_named_as_read_one_by_one(
     assert sorted(verdicts[ids[OWN_DATA]].damaged_entries) == ["config", "trainer"]
     assert sorted(verdicts[ids[OWN_CHUNK]].damaged_entries) == ["big", "config"]
     for step, vid in enumerate(ids):  # the shared data node breaks every readable tree
-        if step not in (RECORD, ROOT, OWN_DATA, OWN_CHUNK):
+        if step not in (RECORD, OWN_PACK, ROOT, OWN_DATA, OWN_CHUNK):
             assert verdicts[vid].damaged_entries == ["config"], step
     found = {(p.version, p.kind, p.tensor, p.object_state) for p in parallel.problems}
     assert (ids[RECORD], "corrupt-record", None, "corrupt") in found
@@ -99,6 +105,8 @@ def test_damaged_versions_read_in_parallel_are_each_named_as_read_one_by_one(
     assert (ids[OWN_DATA], "corrupt-node", "trainer", "corrupt") in found
     assert (ids[OWN_CHUNK], "missing-chunk", "big", "missing") in found
     assert {p.object_kind for p in parallel.problems if p.tensor == "big"} == {"chunk"}
+    assert "w" in verdicts[ids[OWN_PACK]].damaged_entries
+    assert (ids[OWN_PACK], "missing-chunk", "w", "missing") in found
 
     assert _answer(parallel) == _answer(_verify(path, 1, read_data))
 

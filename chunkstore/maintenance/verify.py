@@ -326,12 +326,15 @@ def _check_chunk(store: StoreHandle, check: ChunkCheck, read_data: bool,
                  listed: set[bytes]) -> tuple[int, Problem | None]:
     """Read the chunk exactly as a read of the version would (same checks, same code:
     a delta through its listed chain, so a missing or corrupt base is found here).
-    Not reading it: a chunk whose object and bases' objects are all in ``listed`` (a
-    listing of the chunk objects) is present; any other is checked as a read finds it."""
+    Not reading it: a chunk every stored object of which (its own or its pack, and each
+    base's) is in ``listed`` (a listing of the chunk objects) is present, as a check of
+    each would find it; any other is checked as a read finds it (a pack's members where
+    its moved record says)."""
     digest, length, chain, location, locations = check
     stored = digest if location is None else location.pack
-    if not read_data and location is None and not any(locations or ()) \
-            and digest.raw in listed and all(base.raw in listed for base in chain):
+    bases = zip(chain, locations or (None,) * len(chain), strict=True)
+    if not read_data and stored.raw in listed \
+            and all((base if at is None else at.pack).raw in listed for base, at in bases):
         return 0, None
     try:
         if read_data:
