@@ -7,10 +7,8 @@ counts in and out what was saved or removed through another index (as opening th
 store does), so an index that only lags is never reported as damaged.
 
 Findings are collected as :class:`Problem` objects instead of stopping at the
-first one.  The versions' commit records and manifests are read in parallel (on an
-object store each read waits on a request; a first ``--quick`` verify of an index
-reads them all), the findings made afterwards in version order: the same findings,
-in the same order, as reading them one after another.
+first one.  The versions' commit records and manifests are read in parallel
+(:mod:`chunkstore.maintenance.verifyload`), the findings made in version order.
 
 A large store can be read over several runs (``read_data_subset``, as restic's
 ``check --read-data-subset``): the structure check (every object each version
@@ -23,7 +21,6 @@ in its slice as the store grows.  ``X%`` reads a random sample of that share.
 
 from __future__ import annotations
 
-import functools
 import logging
 import random
 import re
@@ -35,18 +32,12 @@ from typing import TYPE_CHECKING, Any
 
 from chunkstore.errors import (
     ChunkStoreError,
-    CorruptChunkError,
-    CorruptNodeError,
-    CorruptRecordError,
     CorruptTagError,
-    FormatVersionError,
     InvalidInputError,
-    MissingChunkError,
     StorageFullError,
     SubsetError,
 )
 from chunkstore.format.digest import Digest
-from chunkstore.format.manifest import DataEntry
 from chunkstore.format.records import CommitRecord, Tag
 from chunkstore.handle.signatures import (
     BAD_SIGNATURE,
@@ -56,16 +47,16 @@ from chunkstore.handle.signatures import (
     SignatureCheck,
     check_signature,
 )
-from chunkstore.handle.tree import FlatTree, flatten, load_data
-from chunkstore.maintenance.atfault import ChunkCheck, at, failed_read_problems, node_at_fault
+from chunkstore.handle.tree import FlatTree
+from chunkstore.maintenance.atfault import ChunkCheck, at, failed_read_problems
 from chunkstore.maintenance.findings import (
-    NEWER_FORMAT,
     DamagedObject,
     Problem,
     VersionVerdict,
     summarize,
 )
 from chunkstore.maintenance.reconcile import line_up
+from chunkstore.maintenance.verifyload import load_versions, problem_from
 from chunkstore.objects.kinds import CHUNKS, HOLDS, MOVED, NODES, SIGNATURES, TAGS, VERSIONS
 from chunkstore.progress import NullProgress, Progress
 from chunkstore.protocol.holds import list_holds
@@ -73,7 +64,7 @@ from chunkstore.protocol.moved import list_moved
 from chunkstore.read.chain import NO_CACHE
 from chunkstore.read.members import locate_member, missing_chunk
 from chunkstore.read.packs import pack_header_problem
-from chunkstore.read.reader import chunk_reads, map_jobs, read_chunk_into
+from chunkstore.read.reader import read_chunk_into
 
 if TYPE_CHECKING:
     from chunkstore.handle.handle import StoreHandle
@@ -173,155 +164,6 @@ class VerifyResult:
                 "objects": [o.to_json(labels) for o in self.objects]}
 
 
-_KINDS: tuple[tuple[type[ChunkStoreError], str], ...] = (
-    (MissingChunkError, "missing-chunk"), (CorruptChunkError, "corrupt-chunk"),
-    (FormatVersionError, "format-version"), (CorruptRecordError, "corrupt-record"),
-    (CorruptNodeError, "corrupt-node"), (CorruptTagError, "corrupt-tag"),
-)
-
-
-def _problem_from(exc: ChunkStoreError, version: str | None) -> Problem:
-    """A finding from the typed error a read raised; ``unreadable`` for the rest
-    (an unknown dtype, a sharded tensor this release cannot read)."""
-    kind = next((k for cls, k in _KINDS if isinstance(exc, cls)), "unreadable")
-    return Problem(kind, str(exc), version, getattr(exc, "digest", None))
-
-
-def _check_leaves(store: StoreHandle, verdict: VersionVerdict, flat: FlatTree,
-                  result: VerifyResult, reads: dict[ChunkCheck, list[str]],
-                  checked: dict[object, list[ChunkCheck]],
-                  data: dict[Digest, ChunkStoreError | None]) -> None:
-    """Check every leaf the way a read does; collect the chunk reads it implies
-    (each chunk at every length its positions imply, with the versions that need it).
-    A leaf that an earlier version lists too and that passed is checked once
-    (``checked``, by data node, or by the tensor entry the manifest decoder shares
-    between versions, which ``trees`` keeps alive: its chunk reads).  ``data``: what
-    the read of each data node raised (None: it read), from :func:`_read_data`."""
-    for name, leaf in flat.leaves.items():
-        key = leaf.digest if isinstance(leaf, DataEntry) else id(leaf)
-        known = checked.get(key)
-        if known is not None:
-            _needed_by(reads, known, verdict.id)
-            continue
-        if isinstance(leaf, DataEntry):
-            failure = data[leaf.digest]
-            if failure is not None:
-                result.problems.append(at(verdict, _problem_from(failure, None), name,
-                                           node_at_fault(store, failure)))
-            else:
-                checked[key] = []
-            continue
-        try:
-            spans = chunk_reads(leaf, store.chunk_size)
-        except ChunkStoreError as exc:  # a dtype or layout this release cannot read
-            result.problems.append(at(verdict, _problem_from(exc, None), name))
-            continue
-        except ValueError as exc:  # what chunk_reads finds wrong with the manifest
-            corrupt = CorruptNodeError(flat.owners[name].hex, f"entry {name!r}: {exc}")
-            result.problems.append(at(verdict, _problem_from(corrupt, None), name,
-                                       ("node", NODES.key(flat.owners[name]), "corrupt")))
-            continue
-        checks = [(digest, length, chain, location, locations)
-                  for digest, _start, length, chain, location, locations in spans]
-        checked[key] = checks
-        _needed_by(reads, checks, verdict.id)
-
-
-def _needed_by(reads: dict[ChunkCheck, list[str]], checks: list[ChunkCheck],
-               version_id: str) -> None:
-    """Note that version ``version_id`` needs each of ``checks``."""
-    for check in checks:
-        needed_by = reads.setdefault(check, [])
-        if not needed_by or needed_by[-1] != version_id:
-            needed_by.append(version_id)
-
-
-@dataclass
-class _VersionRead:
-    """What reading one version's commit record and manifest tree found: the record or
-    why it could not be read; the tree, or why not."""
-
-    record: CommitRecord | None = None
-    record_failure: FileNotFoundError | ChunkStoreError | None = None
-    flat: FlatTree | None = None
-    tree_failure: ChunkStoreError | None = None
-
-
-def _read_version(store: StoreHandle, version_id: str) -> _VersionRead:
-    """A pool job: the version's record and tree, each failure kept for its finding."""
-    try:
-        record = store.read_record(version_id)
-    except (FileNotFoundError, ChunkStoreError) as exc:
-        return _VersionRead(record_failure=exc)
-    try:
-        return _VersionRead(record, flat=flatten(store.objects, record.root, store.node_cache))
-    except ChunkStoreError as exc:
-        return _VersionRead(record, tree_failure=exc)
-
-
-def _read_data_node(store: StoreHandle, digest: Digest) -> ChunkStoreError | None:
-    """A pool job: whether the data node reads (None) or what its read raises."""
-    try:
-        load_data(store.objects, digest)
-    except ChunkStoreError as exc:
-        return exc
-    return None
-
-
-def _load_version(store: StoreHandle, verdict: VersionVerdict, read: _VersionRead,
-                  result: VerifyResult) -> FlatTree | None:
-    """The version's tree; None, with the finding, where its commit record or tree
-    cannot be read (its run and step then come from the index, where it has them)."""
-    record_key = VERSIONS.key(verdict.id)
-    if read.record is None:
-        exc = read.record_failure
-        entry = store.index.version(verdict.id)
-        if entry is not None:
-            verdict.run, verdict.step = entry.run, entry.step
-        if isinstance(exc, FileNotFoundError):  # removed meanwhile: nothing to repair
-            result.problems.append(at(verdict, Problem(
-                "corrupt-record", "commit record vanished while verifying (deleted"
-                " concurrently?)")))
-        else:
-            assert exc is not None
-            state = NEWER_FORMAT if isinstance(exc, FormatVersionError) else "corrupt"
-            result.problems.append(at(verdict, _problem_from(exc, None), None,
-                                       ("record", record_key, state)))
-        return None
-    verdict.run, verdict.step = read.record.run, read.record.step
-    if read.tree_failure is not None:
-        result.problems.append(at(verdict, _problem_from(read.tree_failure, None), None,
-                                   node_at_fault(store, read.tree_failure)))
-    return read.flat
-
-
-def _load_versions(store: StoreHandle, ids: list[str], result: VerifyResult,
-                   reads: dict[ChunkCheck, list[str]]
-                   ) -> tuple[dict[str, FlatTree], dict[str, VersionVerdict]]:
-    """Read every version of ``ids`` (records and trees, then the data nodes they
-    list, each distinct one once) in parallel; then check each in turn, so the
-    findings come in the order and with the words of a serial read."""
-    found = map_jobs(store.executor, ids, functools.partial(_read_version, store),
-                     store.read_jobs)
-    listed = {leaf.digest: None for read in found if read.flat is not None
-              for leaf in read.flat.leaves.values() if isinstance(leaf, DataEntry)}
-    data = dict(zip(listed, map_jobs(store.executor, list(listed),
-                                     functools.partial(_read_data_node, store), store.read_jobs),
-                    strict=True))
-    trees: dict[str, FlatTree] = {}
-    verdicts: dict[str, VersionVerdict] = {}
-    checked: dict[object, list[ChunkCheck]] = {}
-    for version_id, read in zip(ids, found, strict=True):
-        result.versions_checked += 1
-        verdict = verdicts[version_id] = VersionVerdict(version_id)
-        flat = _load_version(store, verdict, read, result)
-        if flat is not None:
-            verdict.entries = len(flat.leaves)
-            _check_leaves(store, verdict, flat, result, reads, checked, data)
-            trees[version_id] = flat
-    return trees, verdicts
-
-
 def _check_chunk(store: StoreHandle, check: ChunkCheck, read_data: bool,
                  listed: set[bytes]) -> tuple[int, Problem | None]:
     """Read the chunk exactly as a read of the version would (same checks, same code:
@@ -349,12 +191,12 @@ def _check_chunk(store: StoreHandle, check: ChunkCheck, read_data: bool,
             if at is not None:
                 locate_member(store, base, at)
             elif not store.objects.exists(CHUNKS, base):
-                return 0, _problem_from(missing_chunk(store, base), None)
+                return 0, problem_from(missing_chunk(store, base), None)
         return 0, None
     except FileNotFoundError:
-        return 0, _problem_from(missing_chunk(store, stored), None)
+        return 0, problem_from(missing_chunk(store, stored), None)
     except ChunkStoreError as exc:
-        return 0, _problem_from(exc, None)
+        return 0, problem_from(exc, None)
 
 
 def _check_pack_headers(store: StoreHandle, packs: set[Digest], result: VerifyResult) -> None:
@@ -375,7 +217,7 @@ def _check_tags(store: StoreHandle, result: VerifyResult) -> None:
         except FileNotFoundError:
             continue  # removed meanwhile
         except CorruptTagError as exc:
-            result.problems.append(replace(_problem_from(exc, None), object_kind="tag",
+            result.problems.append(replace(problem_from(exc, None), object_kind="tag",
                                            object_key=TAGS.key(name), object_state="corrupt"))
 
 
@@ -564,8 +406,9 @@ def verify(store: StoreHandle, sel: str | None = None, *, read_data: bool = True
     listed = {d.raw for d in store.objects.ids(CHUNKS)} if quick else set()
     trusted = _trusted_versions(store, ids, listed) if quick else {}
     reads: dict[ChunkCheck, list[str]] = {}
-    trees, verdicts = _load_versions(store, [i for i in ids if i not in trusted], result,
-                                     reads)
+    trees, verdicts = load_versions(store, [i for i in ids if i not in trusted],
+                                    result.problems, reads)
+    result.versions_checked += len(verdicts)
     for vid, known in trusted.items():
         result.versions_checked += 1
         verdicts[vid] = VersionVerdict(vid, known.entry.run, known.entry.step, known.entries)
