@@ -31,11 +31,29 @@ machine shared with other jobs; the stores take about 320 MB)::
         --stores /tmp/inspect-stores --out benchmarks/results/inspect.json
     python -m benchmarks.bench_inspect --label after \\
         --stores /tmp/inspect-stores --out benchmarks/results/inspect.json
+
+``--first-runs K`` measures instead the *first* run of each command on an index
+just built (the store's first open counted every version in, and nothing else ran
+on it): each run on a fresh copy of that index, ``K`` rounds, each round every
+command under the code measured and under ``--baseline`` in turn (the load of a
+shared machine falls on both alike); with ``--s3`` also on a moto S3 server filled
+with the store (benchmarks/moto_filled.py; the index copied into a fresh
+``CHUNKSTORE_CACHE_DIR`` for each run).  ``--first-index saves`` takes instead the
+index the saves that built the store kept (no census recorded: a job's own index,
+as a user's first ``report`` after a run finds it).  Each code is recorded under its
+label (``--label``, ``--baseline-label``)::
+
+    git worktree add --detach /work/main-before main
+    python -m benchmarks.bench_inspect --first-runs 3 --s3 --levels 10000 \\
+        --commands "verify --quick" report --label first-after \\
+        --baseline /work/main-before --baseline-label first-before \\
+        --stores /tmp/inspect-stores --out benchmarks/results/inspect.json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -45,6 +63,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,27 +83,37 @@ COMMANDS: dict[str, list[str]] = {
     "verify --quick": ["verify", "STORE", "--quick"],
 }
 #: The child: imports the command line, then runs it, and says how long each took.
+#: With ``BENCH_INSPECT_COUNT`` set, the stores it opens count their requests by
+#: operation (benchmarks.bench_scale.opens_counted, of the code measured).
 DRIVER = """
-import sys, time, json, os
+import sys, time, json, os, contextlib
 started = time.perf_counter()
 from chunkstore.cli import main
+counting = contextlib.nullcontext(None)
+if os.environ.get("BENCH_INSPECT_COUNT"):
+    from benchmarks.bench_scale import opens_counted
+    counting = opens_counted()
 imported = time.perf_counter()
 code = 0
-try:
-    main(sys.argv[1:])
-except SystemExit as exc:
-    code = exc.code if isinstance(exc.code, int) else 1
+with counting as install:
+    counts = install() if install is not None else None
+    try:
+        main(sys.argv[1:])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
 done = time.perf_counter()
 with open(os.environ["BENCH_INSPECT_TIMES"], "w") as out:
     json.dump({"import_s": imported - started, "in_process_s": done - imported,
-               "exit": code}, out)
+               "exit": code, "requests": None if counts is None else dict(counts)}, out)
 """
 
 
-def run_once(code: Path, args: list[str], scratch: Path) -> dict[str, Any]:
+def run_once(code: Path, args: list[str], scratch: Path,
+             env_extra: dict[str, str] | None = None) -> dict[str, Any]:
     """One run of the command in a new process: wall time, and the child's own times."""
     times = scratch / "times.json"
-    env = {**os.environ, "PYTHONPATH": str(code), "BENCH_INSPECT_TIMES": str(times)}
+    env = {**os.environ, "PYTHONPATH": str(code), "BENCH_INSPECT_TIMES": str(times),
+           **(env_extra or {})}
     with open(scratch / "out.txt", "wb") as out:
         started = time.perf_counter()
         # Run from the scratch folder: ``python -c`` puts the working directory first
@@ -150,18 +179,105 @@ def measure(code: Path, places: dict[int, Path], repeat: int, commands: list[str
                         run_once(code, args, Path(scratch)))
     found: dict[str, dict[str, Any]] = {}
     for (level, name), runs in samples.items():
+        # in_process_runs_s, each run in order: the first ``verify --quick`` of a store
+        # reads every version (and has the index remember them), the later ones trust it
         found.setdefault(str(level), {})[name] = {
-            "wall_s": round(statistics.median(r["wall_s"] for r in runs), 4),
-            "in_process_s": round(statistics.median(r["in_process_s"] for r in runs), 4),
-            "import_s": round(statistics.median(r["import_s"] for r in runs), 4),
-            # each run in order: the first ``verify --quick`` of a store reads every
-            # version (and has the index remember them), the later ones trust that
-            "in_process_runs_s": [round(r["in_process_s"], 4) for r in runs],
-            "exit": runs[-1]["exit"], "output_lines": runs[-1]["output_lines"],
-            "runs": len(runs)}
+            **medians(runs), "import_s": round(statistics.median(r["import_s"] for r in runs), 4)}
         print(f"  {level:>6} versions  {name:<16} wall {found[str(level)][name]['wall_s']:7.3f} s"
               f"  in-process {found[str(level)][name]['in_process_s']:7.3f} s", flush=True)
     return found
+
+
+def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median times of a command's runs, and each run's."""
+    return {"wall_s": round(statistics.median(r["wall_s"] for r in runs), 4),
+            "in_process_s": round(statistics.median(r["in_process_s"] for r in runs), 4),
+            "in_process_runs_s": [round(r["in_process_s"], 4) for r in runs],
+            "exit": runs[-1]["exit"], "output_lines": runs[-1]["output_lines"],
+            "runs": len(runs),
+            **({"requests": runs[-1]["requests"]} if runs[-1].get("requests") else {})}
+
+
+@contextlib.contextmanager
+def fresh_index(where: str, store: str, counted: Path, scratch: Path
+                ) -> Iterator[tuple[str, dict[str, str]]]:
+    """A store whose index is a fresh copy of ``counted``'s (built by its first open):
+    locally a copy of the store's objects made once (``scratch/store``; no command
+    measured changes them) with the index put back; on S3 the bucket's URL
+    (``store``), with the index copied where the command finds it
+    (``CHUNKSTORE_CACHE_DIR``).  Yields the store's name and the environment."""
+    if where == "local":
+        place = scratch / "store"
+        if not place.exists():
+            shutil.copytree(counted, place, symlinks=True,
+                            ignore=shutil.ignore_patterns("index"))
+        shutil.rmtree(place / "index", ignore_errors=True)
+        shutil.copytree(counted / "index", place / "index")
+        yield str(place), {}
+        return
+    from chunkstore.store import default_index_dir
+
+    cache = scratch / "cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    os.environ["CHUNKSTORE_CACHE_DIR"] = str(cache)
+    try:
+        target = default_index_dir(store, _NotLocal())  # type: ignore[arg-type]
+    finally:
+        del os.environ["CHUNKSTORE_CACHE_DIR"]
+    shutil.copytree(counted / "index", target)
+    yield store, {"CHUNKSTORE_CACHE_DIR": str(cache)}
+
+
+class _NotLocal:
+    """What :func:`chunkstore.store.default_index_dir` asks of a remote store's objects."""
+
+    def local_path(self) -> None:
+        return None
+
+
+def first_runs(codes: dict[str, Path], counted: dict[int, Path], commands: list[str],
+               rounds: int, s3: bool) -> dict[str, dict[str, Any]]:
+    """Per label: the first run of each command on an index just built, locally and,
+    with ``s3``, on a moto server filled with the store, ``rounds`` times, the codes of
+    ``codes`` in turn for each command."""
+    samples: dict[tuple[str, str, int, str], list[dict[str, Any]]] = {}
+    wheres = ["local", "s3"] if s3 else ["local"]
+    for where in wheres:
+        for level, source in counted.items():
+            with tempfile.TemporaryDirectory() as scratch_dir, \
+                    _bucket(where, source) as (url, env):
+                scratch = Path(scratch_dir)
+                for _ in range(rounds):
+                    for name in commands:
+                        for label, code in codes.items():
+                            with fresh_index(where, url, source, scratch) as (place, extra):
+                                args = [place if a == "STORE" else a for a in COMMANDS[name]]
+                                found = run_once(code, args, scratch, {**env, **extra})
+                            samples.setdefault((label, where, level, name), []).append(found)
+                            print(f"  {label:<14} {where:<5} {level:>6} {name:<16}"
+                                  f" in-process {found['in_process_s']:7.3f} s"
+                                  f" (exit {found['exit']})", flush=True)
+    found_all: dict[str, dict[str, Any]] = {}
+    for (label, where, level, name), runs in samples.items():
+        levels = found_all.setdefault(label, {}).setdefault(where, {})
+        levels.setdefault(str(level), {})[name] = medians(runs)
+    return found_all
+
+
+@contextlib.contextmanager
+def _bucket(where: str, source: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    """Locally the store's path (nothing to start); on S3 a moto server filled with
+    the store (:func:`benchmarks.moto_filled.filled_bucket`), its URL and the
+    environment that points the command line at it."""
+    if where == "local":
+        yield str(source), {}
+        return
+    from benchmarks.moto_filled import filled_bucket
+    from tests.s3server import _DUMMY_CREDENTIALS
+
+    os.environ.update(_DUMMY_CREDENTIALS)  # a local moto server: never real keys
+    with filled_bucket(source, sorted_listing=True) as (location, _fill):
+        yield location.url, {"CHUNKSTORE_STORAGE_OPTIONS": json.dumps(location.options)}
 
 
 def commit_of(root: Path) -> str:
@@ -181,7 +297,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--commands", nargs="+", default=list(COMMANDS),
                         choices=list(COMMANDS))
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--first-runs", type=int, default=0, metavar="K",
+                        help="measure each command's first run on an index just built,"
+                        " K rounds (see the module's docstring)")
+    parser.add_argument("--baseline", type=Path,
+                        help="with --first-runs: another checkout measured in turn")
+    parser.add_argument("--baseline-label", default="baseline")
+    parser.add_argument("--s3", action="store_true",
+                        help="with --first-runs: also on a moto S3 server")
+    parser.add_argument("--count", action="store_true",
+                        help="count each run's requests by operation (the last run's"
+                        " recorded)")
+    parser.add_argument("--first-index", choices=("count-in", "saves"), default="count-in",
+                        help="with --first-runs: the index the first runs find, built by"
+                        " the store's first open (count-in, which records each version's"
+                        " census) or the one the saves that built the store kept (saves)")
     args = parser.parse_args(argv)
+    if args.count:
+        os.environ["BENCH_INSPECT_COUNT"] = "1"
     args.stores.mkdir(parents=True, exist_ok=True)
     bases = built(args.stores, tuple(args.levels))
     code = args.code.resolve()
@@ -189,16 +322,36 @@ def main(argv: list[str] | None = None) -> None:
               for level, base in bases.items()}
     settled(code, places)
     started = time.perf_counter()
-    found = measure(code, places, args.repeat, args.commands)
-    run = {"command": "python -m benchmarks.bench_inspect " + " ".join(
-               sys.argv[1:] if argv is None else argv),
-           "code": str(code), "commit": commit_of(code), "repeat": args.repeat,
-           "machine": f"{platform.machine()}, {os.cpu_count()} cores (shared with other jobs)",
-           "python": platform.python_version(), "seconds": round(time.perf_counter() - started),
-           "levels": found}
+    command = "python -m benchmarks.bench_inspect " + " ".join(
+        sys.argv[1:] if argv is None else argv)
+    machine = f"{platform.machine()}, {os.cpu_count()} cores (shared with other jobs)"
+    runs: dict[str, dict[str, Any]] = {}
+    if args.first_runs:
+        codes = {args.label: code}
+        if args.baseline is not None:
+            codes[args.baseline_label] = args.baseline.resolve()
+        found_by = first_runs(codes, places if args.first_index == "count-in" else bases,
+                              args.commands, args.first_runs, args.s3)
+        for label, found in found_by.items():
+            runs[label] = {"command": command, "code": str(codes[label]),
+                           "commit": commit_of(codes[label]), "first_runs": args.first_runs,
+                           "first_index": args.first_index,
+                           "measured_in_turn_with": [k for k in codes if k != label],
+                           "machine": machine, "python": platform.python_version(),
+                           "seconds": round(time.perf_counter() - started), "first": found}
+    else:
+        found = measure(code, places, args.repeat, args.commands)
+        runs[args.label] = {
+            "command": command, "code": str(code), "commit": commit_of(code),
+            "repeat": args.repeat, "machine": machine, "python": platform.python_version(),
+            "seconds": round(time.perf_counter() - started), "levels": found}
     if args.out is not None:
         results = json.loads(args.out.read_text()) if args.out.exists() else {}
-        results[args.label] = run
+        for label in runs:
+            if label in results:
+                raise SystemExit(f"{args.out} has a run labelled {label!r} already: choose"
+                                 " another label (runs are added, never rewritten)")
+        results.update(runs)
         args.out.write_text(json.dumps(results, indent=2) + "\n")
 
 

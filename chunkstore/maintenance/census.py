@@ -11,6 +11,8 @@ index rebuilt, it is counted afresh), and a report reads only the manifests of t
 versions counted since.  The ranks are the exception: a rank's new bytes count
 against every earlier version, so a store with ranked versions has the manifests of
 every version up to its last ranked one read (as before the table existed).
+The manifests a census reads are read in parallel, a batch at a time
+(:func:`_each_read`), and merged in version order.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from chunkstore.errors import ChunkStoreError, CorruptNodeError, StorageFullError
 from chunkstore.format.digest import Digest
@@ -29,7 +31,7 @@ from chunkstore.format.manifest import DataEntry, PackLocation, TensorEntry
 from chunkstore.format.shards import RANKS_ENTRY, ShardRanks
 from chunkstore.handle.tree import FlatTree, Leaf, flatten, load_data
 from chunkstore.index.writegate import WriterBusy
-from chunkstore.read.reader import VersionReader
+from chunkstore.read.reader import VersionReader, map_jobs
 
 if TYPE_CHECKING:
     from chunkstore.handle.handle import StoreHandle
@@ -158,18 +160,14 @@ def _census(store: StoreHandle, versions: list[VersionInfo], cached: dict[str, b
     """:func:`manifest_census`, taking what ``cached`` holds of a version (its
     recorded contribution) instead of its manifest."""
     merged = _Counted()
+    # not recorded, or recorded in a form this release does not read: from the manifests
+    unknown = [info for info in versions
+               if (payload := cached.get(info.id)) is None or not merged.add(payload)]
     counted: list[tuple[str, bytes]] = []
-    for info in versions:
-        payload = cached.get(info.id)
-        if payload is not None and merged.add(payload):
-            continue
-        try:  # not recorded, or recorded in a form this release does not read
-            flat = flatten(store.objects, info.root, store.node_cache)
-        except ChunkStoreError:
-            continue
-        payload = contribution(flat)
-        counted.append((info.id, payload))
-        merged.add(payload)
+    for info, payload in _each_read(store, unknown, _contribution_of):
+        if payload is not None:  # else unreadable: left out
+            counted.append((info.id, payload))
+            merged.add(payload)
     if counted:
         try:
             store.index.note_census(counted)
@@ -180,6 +178,45 @@ def _census(store: StoreHandle, versions: list[VersionInfo], cached: dict[str, b
     if merged.ranked:
         census.ranks = _ranks_census(store, versions)
     return census
+
+
+#: Versions whose manifests a census reads at once (:func:`_each_read`): their reads
+#: overlap, and at most this many trees are held.
+READ_BATCH = 256
+
+_Found = TypeVar("_Found")
+
+
+def _each_read(store: StoreHandle, versions: list[VersionInfo],
+               read: Callable[[StoreHandle, VersionInfo], _Found]
+               ) -> Iterator[tuple[VersionInfo, _Found]]:
+    """Each version with ``read`` of it, in order; read :data:`READ_BATCH` at a time in
+    parallel (:func:`~chunkstore.read.reader.map_jobs`: a job per core from a local
+    store, every pool thread from an object store, where each read waits on a request)."""
+    for start in range(0, len(versions), READ_BATCH):
+        batch = versions[start:start + READ_BATCH]
+        yield from zip(batch, map_jobs(store.executor, batch,
+                                       functools.partial(read, store), store.read_jobs),
+                       strict=True)
+
+
+def _contribution_of(store: StoreHandle, info: VersionInfo) -> bytes | None:
+    """The version's :func:`contribution`, from its manifests; None where they cannot
+    be read."""
+    try:
+        return contribution(flatten(store.objects, info.root, store.node_cache))
+    except ChunkStoreError:
+        return None
+
+
+def _ranked_tree(store: StoreHandle, info: VersionInfo
+                 ) -> tuple[FlatTree, ShardRanks | None] | None:
+    """The version's tree and its record of ranks; None where either cannot be read."""
+    try:
+        flat = flatten(store.objects, info.root, store.node_cache)
+        return flat, _ranks_record(flat.leaves, functools.partial(_data, store, flat))
+    except ChunkStoreError:
+        return None
 
 
 def contribution(flat: FlatTree) -> bytes:
@@ -252,12 +289,10 @@ def _ranks_census(store: StoreHandle, versions: list[VersionInfo]) -> list[Versi
     not."""
     found: list[VersionRanks] = []
     seen: set[Digest] = set()
-    for info in versions:
-        try:
-            flat = flatten(store.objects, info.root, store.node_cache)
-            record = _ranks_record(flat.leaves, functools.partial(_data, store, flat))
-        except ChunkStoreError:
+    for info, read in _each_read(store, versions, _ranked_tree):
+        if read is None:
             continue
+        flat, record = read
         if record is not None:
             found.append(VersionRanks(info.id, info.run, info.step, record.world_size,
                                       ranks_of(flat.leaves, record, seen)))

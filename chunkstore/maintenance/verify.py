@@ -7,7 +7,8 @@ counts in and out what was saved or removed through another index (as opening th
 store does), so an index that only lags is never reported as damaged.
 
 Findings are collected as :class:`Problem` objects instead of stopping at the
-first one.
+first one.  The versions' commit records and manifests are read in parallel
+(:mod:`chunkstore.maintenance.verifyload`), the findings made in version order.
 
 A large store can be read over several runs (``read_data_subset``, as restic's
 ``check --read-data-subset``): the structure check (every object each version
@@ -31,18 +32,12 @@ from typing import TYPE_CHECKING, Any
 
 from chunkstore.errors import (
     ChunkStoreError,
-    CorruptChunkError,
-    CorruptNodeError,
-    CorruptRecordError,
     CorruptTagError,
-    FormatVersionError,
     InvalidInputError,
-    MissingChunkError,
     StorageFullError,
     SubsetError,
 )
 from chunkstore.format.digest import Digest
-from chunkstore.format.manifest import DataEntry
 from chunkstore.format.records import CommitRecord, Tag
 from chunkstore.handle.signatures import (
     BAD_SIGNATURE,
@@ -52,16 +47,16 @@ from chunkstore.handle.signatures import (
     SignatureCheck,
     check_signature,
 )
-from chunkstore.handle.tree import FlatTree, flatten, load_data
-from chunkstore.maintenance.atfault import ChunkCheck, at, failed_read_problems, node_at_fault
+from chunkstore.handle.tree import FlatTree
+from chunkstore.maintenance.atfault import ChunkCheck, at, failed_read_problems
 from chunkstore.maintenance.findings import (
-    NEWER_FORMAT,
     DamagedObject,
     Problem,
     VersionVerdict,
     summarize,
 )
 from chunkstore.maintenance.reconcile import line_up
+from chunkstore.maintenance.verifyload import load_versions, problem_from
 from chunkstore.objects.kinds import CHUNKS, HOLDS, MOVED, NODES, SIGNATURES, TAGS, VERSIONS
 from chunkstore.progress import NullProgress, Progress
 from chunkstore.protocol.holds import list_holds
@@ -69,7 +64,7 @@ from chunkstore.protocol.moved import list_moved
 from chunkstore.read.chain import NO_CACHE
 from chunkstore.read.members import locate_member, missing_chunk
 from chunkstore.read.packs import pack_header_problem
-from chunkstore.read.reader import chunk_reads, read_chunk_into
+from chunkstore.read.reader import read_chunk_into
 
 if TYPE_CHECKING:
     from chunkstore.handle.handle import StoreHandle
@@ -169,120 +164,20 @@ class VerifyResult:
                 "objects": [o.to_json(labels) for o in self.objects]}
 
 
-_KINDS: tuple[tuple[type[ChunkStoreError], str], ...] = (
-    (MissingChunkError, "missing-chunk"), (CorruptChunkError, "corrupt-chunk"),
-    (FormatVersionError, "format-version"), (CorruptRecordError, "corrupt-record"),
-    (CorruptNodeError, "corrupt-node"), (CorruptTagError, "corrupt-tag"),
-)
-
-
-def _problem_from(exc: ChunkStoreError, version: str | None) -> Problem:
-    """A finding from the typed error a read raised; ``unreadable`` for the rest
-    (an unknown dtype, a sharded tensor this release cannot read)."""
-    kind = next((k for cls, k in _KINDS if isinstance(exc, cls)), "unreadable")
-    return Problem(kind, str(exc), version, getattr(exc, "digest", None))
-
-
-def _check_leaves(store: StoreHandle, verdict: VersionVerdict, flat: FlatTree,
-                  result: VerifyResult, reads: dict[ChunkCheck, list[str]],
-                  checked: dict[object, list[ChunkCheck]]) -> None:
-    """Check every leaf the way a read does; collect the chunk reads it implies
-    (each chunk at every length its positions imply, with the versions that need it).
-    A leaf that an earlier version lists too and that passed is checked once
-    (``checked``, by data node, or by the tensor entry the manifest decoder shares
-    between versions, which ``trees`` keeps alive: its chunk reads)."""
-    for name, leaf in flat.leaves.items():
-        key = leaf.digest if isinstance(leaf, DataEntry) else id(leaf)
-        known = checked.get(key)
-        if known is not None:
-            _needed_by(reads, known, verdict.id)
-            continue
-        if isinstance(leaf, DataEntry):
-            try:
-                load_data(store.objects, leaf.digest)
-            except ChunkStoreError as exc:
-                result.problems.append(at(verdict, _problem_from(exc, None), name,
-                                           node_at_fault(store, exc)))
-            else:
-                checked[key] = []
-            continue
-        try:
-            spans = chunk_reads(leaf, store.chunk_size)
-        except ChunkStoreError as exc:  # a dtype or layout this release cannot read
-            result.problems.append(at(verdict, _problem_from(exc, None), name))
-            continue
-        except ValueError as exc:  # what chunk_reads finds wrong with the manifest
-            corrupt = CorruptNodeError(flat.owners[name].hex, f"entry {name!r}: {exc}")
-            result.problems.append(at(verdict, _problem_from(corrupt, None), name,
-                                       ("node", NODES.key(flat.owners[name]), "corrupt")))
-            continue
-        checks = [(digest, length, chain, location, locations)
-                  for digest, _start, length, chain, location, locations in spans]
-        checked[key] = checks
-        _needed_by(reads, checks, verdict.id)
-
-
-def _needed_by(reads: dict[ChunkCheck, list[str]], checks: list[ChunkCheck],
-               version_id: str) -> None:
-    """Note that version ``version_id`` needs each of ``checks``."""
-    for check in checks:
-        needed_by = reads.setdefault(check, [])
-        if not needed_by or needed_by[-1] != version_id:
-            needed_by.append(version_id)
-
-
-def _load_version(store: StoreHandle, verdict: VersionVerdict,
-                  result: VerifyResult) -> FlatTree | None:
-    """The version's tree; None, with the finding, where its commit record or tree
-    cannot be read (its run and step then come from the index, where it has them)."""
-    record_key = VERSIONS.key(verdict.id)
-    try:
-        record = store.read_record(verdict.id)
-    except (FileNotFoundError, ChunkStoreError) as exc:
-        entry = store.index.version(verdict.id)
-        if entry is not None:
-            verdict.run, verdict.step = entry.run, entry.step
-        if isinstance(exc, FileNotFoundError):  # removed meanwhile: nothing to repair
-            result.problems.append(at(verdict, Problem(
-                "corrupt-record", "commit record vanished while verifying (deleted"
-                " concurrently?)")))
-        else:
-            state = NEWER_FORMAT if isinstance(exc, FormatVersionError) else "corrupt"
-            result.problems.append(at(verdict, _problem_from(exc, None), None,
-                                       ("record", record_key, state)))
-        return None
-    verdict.run, verdict.step = record.run, record.step
-    try:
-        return flatten(store.objects, record.root, store.node_cache)
-    except ChunkStoreError as exc:
-        result.problems.append(at(verdict, _problem_from(exc, None), None,
-                                   node_at_fault(store, exc)))
-        return None
-
-
-def _load_versions(store: StoreHandle, ids: list[str], result: VerifyResult,
-                   reads: dict[ChunkCheck, list[str]]
-                   ) -> tuple[dict[str, FlatTree], dict[str, VersionVerdict]]:
-    trees: dict[str, FlatTree] = {}
-    verdicts: dict[str, VersionVerdict] = {}
-    checked: dict[object, list[ChunkCheck]] = {}
-    for version_id in ids:
-        result.versions_checked += 1
-        verdict = verdicts[version_id] = VersionVerdict(version_id)
-        flat = _load_version(store, verdict, result)
-        if flat is not None:
-            verdict.entries = len(flat.leaves)
-            _check_leaves(store, verdict, flat, result, reads, checked)
-            trees[version_id] = flat
-    return trees, verdicts
-
-
-def _check_chunk(store: StoreHandle, check: ChunkCheck, read_data: bool
-                 ) -> tuple[int, Problem | None]:
+def _check_chunk(store: StoreHandle, check: ChunkCheck, read_data: bool,
+                 listed: set[bytes]) -> tuple[int, Problem | None]:
     """Read the chunk exactly as a read of the version would (same checks, same code:
-    a delta through its listed chain, so a missing or corrupt base is found here)."""
+    a delta through its listed chain, so a missing or corrupt base is found here).
+    Not reading it: a chunk every stored object of which (its own or its pack, and each
+    base's) is in ``listed`` (a listing of the chunk objects) is present, as a check of
+    each would find it; any other is checked as a read finds it (a pack's members where
+    its moved record says)."""
     digest, length, chain, location, locations = check
     stored = digest if location is None else location.pack
+    bases = zip(chain, locations or (None,) * len(chain), strict=True)
+    if not read_data and stored.raw in listed \
+            and all((base if at is None else at.pack).raw in listed for base, at in bases):
+        return 0, None
     try:
         if read_data:
             read_chunk_into(store, digest, memoryview(bytearray(length)), chain, NO_CACHE,
@@ -296,12 +191,12 @@ def _check_chunk(store: StoreHandle, check: ChunkCheck, read_data: bool
             if at is not None:
                 locate_member(store, base, at)
             elif not store.objects.exists(CHUNKS, base):
-                return 0, _problem_from(missing_chunk(store, base), None)
+                return 0, problem_from(missing_chunk(store, base), None)
         return 0, None
     except FileNotFoundError:
-        return 0, _problem_from(missing_chunk(store, stored), None)
+        return 0, problem_from(missing_chunk(store, stored), None)
     except ChunkStoreError as exc:
-        return 0, _problem_from(exc, None)
+        return 0, problem_from(exc, None)
 
 
 def _check_pack_headers(store: StoreHandle, packs: set[Digest], result: VerifyResult) -> None:
@@ -322,7 +217,7 @@ def _check_tags(store: StoreHandle, result: VerifyResult) -> None:
         except FileNotFoundError:
             continue  # removed meanwhile
         except CorruptTagError as exc:
-            result.problems.append(replace(_problem_from(exc, None), object_kind="tag",
+            result.problems.append(replace(problem_from(exc, None), object_kind="tag",
                                            object_key=TAGS.key(name), object_state="corrupt"))
 
 
@@ -350,17 +245,18 @@ def _check_moved(store: StoreHandle, result: VerifyResult) -> None:
                 object_state="corrupt"))
 
 
-def _check_refcounts(store: StoreHandle, trees: dict[str, FlatTree], unreadable: set[str],
+def _check_refcounts(store: StoreHandle, refs: dict[str, set[bytes]], unreadable: set[str],
                      result: VerifyResult, trusted: Counter[bytes]) -> None:
-    """Compare the index's refcounts with the manifests' references (``trusted``: the
-    references of versions an earlier verify found to name exactly the index's)."""
+    """Compare the index's refcounts with the manifests' references (``refs``: the raw
+    digests of the chunk objects each version read names; ``trusted``: the references
+    of versions an earlier verify found to name exactly the index's)."""
     indexed = store.index.version_ids()
-    for vid in sorted(set(trees) - indexed):
+    for vid in sorted(set(refs) - indexed):
         result.problems.append(Problem("index", "version is not in the index; run"
                                        " `chunkstore index rebuild`", vid))
     expected = Counter(trusted)
-    for flat in trees.values():
-        expected.update(d.raw for d in flat.chunk_digests())
+    for chunks in refs.values():
+        expected.update(chunks)
     # A version whose manifests cannot be read is already reported; take the
     # index's word for its references rather than flag each as a refcount error
     # (rebuilding the index would drop them and expose the chunks to GC).
@@ -413,25 +309,25 @@ def _mark_corrupt_signatures(verdicts: dict[str, VersionVerdict]) -> None:
             verdict.signature = CORRUPT
 
 
-def _trusted_versions(store: StoreHandle, ids: list[str]) -> dict[str, VerifiedVersion]:
+def _trusted_versions(store: StoreHandle, ids: list[str], chunks: set[bytes]
+                      ) -> dict[str, VerifiedVersion]:
     """The versions of ``ids`` whose record and tree an earlier verify found readable
     (:meth:`~chunkstore.index.lmdbindex.Index.verified_versions`) and every object of
-    which is still stored, by one listing of the chunk objects and one of the nodes
-    (an object store: one LIST request per 1,000 objects).  A version one of whose
-    objects is not listed is left out: the caller checks it as an unknown one, which
-    names what is missing the usual way (and finds a repacked pack's members where its
-    moved record says)."""
+    which is still stored, by one listing of the chunk objects (``chunks``, raw
+    digests) and one of the nodes (an object store: one LIST request per 1,000
+    objects).  A version one of whose objects is not listed is left out: the caller
+    checks it as an unknown one, which names what is missing the usual way (and finds a
+    repacked pack's members where its moved record says)."""
     known = store.index.verified_versions(ids)
     if not known:
         return known
-    chunks = {d.raw for d in store.objects.ids(CHUNKS)}
     nodes = {d.raw for d in store.objects.ids(NODES)}
     return {vid: v for vid, v in known.items()
             if all(d in chunks for d in _split(v.chunk_refs))
             and all(d in nodes for d in _split(v.node_refs))}
 
 
-def _note_readable(store: StoreHandle, trees: dict[str, FlatTree],
+def _note_readable(store: StoreHandle, trees: dict[str, FlatTree], refs: dict[str, set[bytes]],
                    verdicts: dict[str, VersionVerdict], result: VerifyResult) -> None:
     """Remember in the index the versions this verify of the whole store found
     readable, for the next ``--quick`` (none when it found the index's references
@@ -441,7 +337,7 @@ def _note_readable(store: StoreHandle, trees: dict[str, FlatTree],
         return
     try:
         store.index.note_verified(
-            (vid, len(flat.leaves), {d.raw for d in flat.chunk_digests()},
+            (vid, len(flat.leaves), refs[vid],
              {d.raw for d in flat.tree_nodes | flat.data_nodes()})
             for vid, flat in trees.items() if not verdicts[vid].damaged)
     except StorageFullError as exc:
@@ -462,6 +358,21 @@ def _subset(read_data: bool, read_data_subset: str | DataSubset | None) -> DataS
         raise InvalidInputError("a data subset to read was given with read_data=False"
                                 " (--quick), which reads no data: give one or the other")
     return subset
+
+
+def _check_store_wide(store: StoreHandle, ids: list[str], trees: dict[str, FlatTree],
+                      trusted: dict[str, VerifiedVersion], verdicts: dict[str, VersionVerdict],
+                      result: VerifyResult) -> None:
+    """What only a verify of the whole store checks: tags, holds, moved records and the
+    refcounts; then the index remembers the versions found readable."""
+    _check_tags(store, result)
+    _check_holds(store, result)
+    _check_moved(store, result)
+    # each read version's references, computed once for both
+    refs = {vid: {d.raw for d in flat.chunk_digests()} for vid, flat in trees.items()}
+    _check_refcounts(store, refs, set(ids) - set(trees) - set(trusted), result,
+                     Counter(d for v in trusted.values() for d in _split(v.chunk_refs)))
+    _note_readable(store, trees, refs, verdicts, result)
 
 
 def verify(store: StoreHandle, sel: str | None = None, *, read_data: bool = True,
@@ -488,11 +399,16 @@ def verify(store: StoreHandle, sel: str | None = None, *, read_data: bool = True
         line_up(store, in_index, set(ids))
     else:
         ids = [store.resolve(sel).id]
-    # --quick over the whole store: a version an earlier verify read is checked present
-    trusted = _trusted_versions(store, ids) if not read_data and sel is None else {}
+    # --quick over the whole store: every chunk object listed once (a LIST request per
+    # 1,000 on an object store, not a HEAD each); a version an earlier verify read is
+    # checked present by that listing alone
+    quick = not read_data and sel is None
+    listed = {d.raw for d in store.objects.ids(CHUNKS)} if quick else set()
+    trusted = _trusted_versions(store, ids, listed) if quick else {}
     reads: dict[ChunkCheck, list[str]] = {}
-    trees, verdicts = _load_versions(store, [i for i in ids if i not in trusted], result,
-                                     reads)
+    trees, verdicts = load_versions(store, [i for i in ids if i not in trusted],
+                                    result.problems, reads)
+    result.versions_checked += len(verdicts)
     for vid, known in trusted.items():
         result.versions_checked += 1
         verdicts[vid] = VersionVerdict(vid, known.entry.run, known.entry.step, known.entries)
@@ -506,7 +422,7 @@ def verify(store: StoreHandle, sel: str | None = None, *, read_data: bool = True
     result.objects_total = len(stored) + len(trusted_objects)
     result.objects_read = len(chosen)
     checks = store.executor.map(
-        lambda r: _check_chunk(store, r, _stored_object(r) in chosen), pending)
+        lambda r: _check_chunk(store, r, _stored_object(r) in chosen, listed), pending)
     progress.start(len(pending), "verify: chunks")
     result.chunks_checked += len(trusted_objects)
     for check, (size, problem) in zip(pending, checks, strict=True):
@@ -523,12 +439,7 @@ def verify(store: StoreHandle, sel: str | None = None, *, read_data: bool = True
     _check_pack_headers(store, {c[3].pack for c in pending if c[3] is not None} & chosen,
                         result)
     if sel is None:
-        _check_tags(store, result)
-        _check_holds(store, result)
-        _check_moved(store, result)
-        _check_refcounts(store, trees, set(ids) - set(trees) - set(trusted), result,
-                         Counter(d for v in trusted.values() for d in _split(v.chunk_refs)))
-        _note_readable(store, trees, verdicts, result)
+        _check_store_wide(store, ids, trees, trusted, verdicts, result)
     verdicts = dict(sorted(verdicts.items(), key=lambda item: (
         item[1].run or "", item[1].step or 0, item[0])))  # RUN@STEP order
     result.objects = summarize(result.problems, result.warnings, verdicts)

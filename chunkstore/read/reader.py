@@ -8,7 +8,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor, wait
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -162,6 +162,26 @@ def chunk_reads(entry: TensorEntry, chunk_size: int) -> list[ChunkRead]:
             reads.append((digest, base + start, length, shard.chain(i), shard.location(i),
                           shard.chain_locations(i)))
     return reads
+
+
+_Item = TypeVar("_Item")
+_Found = TypeVar("_Found")
+
+
+def map_jobs(executor: Executor, items: Sequence[_Item], read: Callable[[_Item], _Found],
+             at_once: int) -> list[_Found]:
+    """``read`` of each of ``items``, in their order, through :func:`run_jobs` (at most
+    ``at_once`` at a time, the calling thread taking its turn): a bulk read of many
+    small objects (commit records, manifests) whose requests overlap.  ``read`` returns
+    what its caller reports as a value; an error it raises is raised here, that of the
+    first item in order, once every job is done."""
+    found: list[_Found | None] = [None] * len(items)
+
+    def job(number: int) -> None:
+        found[number] = read(items[number])
+
+    run_jobs(executor, [functools.partial(job, n) for n in range(len(items))], at_once)
+    return found  # type: ignore[return-value]  # every job ran, or run_jobs raised
 
 
 def run_jobs(executor: Executor, jobs: list[Callable[[], None]], at_once: int) -> None:
