@@ -138,11 +138,13 @@ class Sealer:
     """Seals and opens objects under one store's sealing subkey (see the module docstring)."""
 
     def __init__(self, objects_key: bytes, segment: int = SEGMENT_SIZE,
-                 salted: bool = True) -> None:
+                 salted: bool = True, members: bool = False) -> None:
         self._key = objects_key
         self.segment = segment
         #: one salt per write, in every segment's nonce (sealing 2; see the module docstring)
         self.salted = salted
+        #: each pack member sealed on its own (sealing 3, :mod:`chunkstore.objects.sealedpacks`)
+        self.members = members
         self._aead = aead_class()
 
     def _cipher(self, name: str) -> AESGCM:
