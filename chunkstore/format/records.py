@@ -42,12 +42,12 @@ STORE_FORMAT_VERSION = 9
 #: written, so that a release that does not honour holds refuses it rather than remove
 #: a held version; its config has an ``encryption`` field exactly when the store is
 #: encrypted.  12 is 11 encrypted with the sealing of docs/format.md §13.3 that binds
-#: every segment to one write (a salt per write) and keyed node ids (§13.4): every new
-#: encrypted store is of version 12, held or not; stores of 10 (and 11 encrypted) keep
-#: their sealing, read and written as before (:attr:`Encryption.sealing` 1).
-#: 13 is 12 with each pack member sealed on its own (docs/format.md §13.6): pack
-#: locations and moved records count stored bytes, which a release reading only 12 would
-#: take for the encoding's; stores of 12 keep sealing 2.
+#: every segment to one write (a salt per write) and keyed node ids (§13.4); stores of
+#: 10 (and 11 encrypted) keep their sealing, read and written as before
+#: (:attr:`Encryption.sealing` 1).  13 is 12 with each pack member sealed on its own
+#: (docs/format.md §13.6): pack locations and moved records count stored bytes, which a
+#: release reading only 12 would take for the encoding's.  Every new encrypted store is
+#: of version 13, held or not; stores of 12 keep sealing 2, read and written as before.
 FIRST_ENCRYPTED_STORE_FORMAT_VERSION = 10
 HOLDS_STORE_FORMAT_VERSION = 11
 SALTED_STORE_FORMAT_VERSION = 12

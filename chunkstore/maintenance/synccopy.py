@@ -298,8 +298,9 @@ class VersionCopy:
             return None
         stored, written = self._put_chunk(digest, data, need)
         header = parse_header(digest, stored)
-        self._count(stored, NewChunk(digest, header.codec_id, header.raw_length, len(stored)),
-                    written=written)
+        raw, size = (self.dst.objects.pack_sizes(stored) if header.codec_id == codecs.PACK.id
+                     else (header.raw_length, len(stored)))
+        self._count(stored, NewChunk(digest, header.codec_id, raw, size), written=written)
         return None
 
     def _compacted(self, pack: Digest, data: bytes) -> tuple[Digest, bytes, bytes] | None:

@@ -21,7 +21,10 @@ Each hook is given the object's key as well: encryption
 (:class:`chunkstore.objects.sealed.SealedObjects`) binds every object to it.  Chunk
 ids are the object layer's too (:attr:`ObjectStore.chunk_ids`): plain BLAKE3 here,
 keyed in an encrypted store; so are node ids (:attr:`ObjectStore.node_ids`), keyed in
-an encrypted store of version 12.
+an encrypted store of version 12.  Pack members are read through one path
+(:meth:`ObjectStore.member_range`, then :meth:`ObjectStore.open_member` for each member
+cut out by its location), which a store that seals each member on its own (version 13)
+overrides; packs are written as :class:`PackEncoding` (header and members by chunk id).
 
 Errors keep the backend's contract: a missing object is ``FileNotFoundError``,
 a second create ``False``; the layers above turn them into domain errors, since
@@ -278,6 +281,14 @@ class ObjectStore:
         if isinstance(pack, OpenedPack) and pack.pack.sealed is not None:
             return memoryview(b"".join(pack.pack.sealed))
         return memoryview(pack)[HEADER.size:]
+
+    def pack_sizes(self, pack: bytes) -> tuple[int, int]:
+        """A whole pack's (bytes its members take as locations count them, bytes stored),
+        for the pack as :meth:`get` returns it (what an index records of it)."""
+        located = len(self.located_members(pack))
+        if isinstance(pack, OpenedPack) and self.sealed_members:
+            return located, self.pack_size(pack.pack)
+        return located, len(pack)
 
     def member_head(self, digest: Digest, location: PackLocation, length: int) -> bytes:
         """Up to the first ``length`` bytes of the member object at ``location`` (its
