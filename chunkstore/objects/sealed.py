@@ -10,6 +10,12 @@ compare with chunk headers.  Mapped reads (``view_range``) are opened into fresh
 memory instead, never mapped.  The config and key objects stay in clear: they say how
 to read the rest.
 
+In a store of version 13 each pack member is sealed on its own under its chunk id
+(:mod:`chunkstore.objects.sealedpacks`): pack locations then count stored bytes, and the
+member path (:meth:`member_range`, :meth:`open_member`, :meth:`member_head`) reads the
+stored bytes a location names and opens each member alone; a whole pack (:meth:`get`)
+is opened member by member through its sealed index.
+
 An object that fails authentication raises the corrupt error of its kind (a chunk's
 :class:`CorruptChunkError`, and a moved record's, as one that does not parse; a
 node's, a commit record's, a tag's; any other kind :class:`CorruptObjectError`), so
@@ -68,6 +74,12 @@ def corrupt(kind: Kind[IdT], key: str, reason: str) -> IntegrityError:
     if kind is TAGS:
         return CorruptTagError(name, reason)
     return CorruptObjectError(kind.name, name, reason)
+
+
+def _member_corrupt(digest: Digest, location: PackLocation, reason: str) -> CorruptChunkError:
+    return CorruptChunkError(digest.hex, f"its member at {location.offset} of pack"
+                             f" {location.pack.short()} fails authentication: {reason}"
+                             " (tampered with, moved, or another chunk's bytes)")
 
 
 class SealedObjects(ObjectStore):
@@ -203,15 +215,17 @@ class SealedObjects(ObjectStore):
         if not self.sealed_members:
             return data
         out = scratch(plain_size(len(data), self.sealer.segment))
-        try:
-            if self.sealer.open_into(sealedpacks.member_name(digest), 0, data, out, 0) \
-                    != len(out) or len(data) != stored_size(len(out), self.sealer.segment):
-                raise AuthenticationError("the member is truncated")
-        except AuthenticationError as exc:
-            raise CorruptChunkError(digest.hex, f"its member at {location.offset} of pack"
-                                    f" {location.pack.short()} fails authentication: {exc}"
-                                    " (tampered with, or another chunk's bytes)") from None
+        if self._open_member(digest, location, data, out) != len(out) \
+                or len(data) != stored_size(len(out), self.sealer.segment):
+            raise _member_corrupt(digest, location, "the member is truncated")
         return out.toreadonly()
+
+    def _open_member(self, digest: Digest, location: PackLocation, stored: bytes | memoryview,
+                     out: memoryview) -> int:
+        try:
+            return self.sealer.open_into(sealedpacks.member_name(digest), 0, stored, out, 0)
+        except AuthenticationError as exc:
+            raise _member_corrupt(digest, location, str(exc)) from None
 
     def member_head(self, digest: Digest, location: PackLocation, length: int) -> bytes:
         if not self.sealed_members:
@@ -220,13 +234,7 @@ class SealedObjects(ObjectStore):
         stored = self.backend.get_range(CHUNKS.key(location.pack), location.offset,
                                         min(span, location.length))
         out = scratch(min(length, plain_size(location.length, self.sealer.segment)))
-        try:
-            written = self.sealer.open_into(sealedpacks.member_name(digest), 0, stored, out, 0)
-        except AuthenticationError as exc:
-            raise CorruptChunkError(digest.hex, f"its member at {location.offset} of pack"
-                                    f" {location.pack.short()} fails authentication: {exc}"
-                                    " (tampered with, or another chunk's bytes)") from None
-        return bytes(out[:written])
+        return bytes(out[:self._open_member(digest, location, stored, out)])
 
     def pack_size(self, pack: PackEncoding) -> int:
         if not self.sealed_members:
