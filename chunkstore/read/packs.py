@@ -86,12 +86,15 @@ if TYPE_CHECKING:
     from chunkstore.handle.handle import StoreHandle
 
 
-def chunks_fit_in_packs(chunk_bytes: int) -> bool:
+def chunks_fit_in_packs(chunk_bytes: int, member_length: Callable[[int], int] | None = None
+                        ) -> bool:
     """Whether every object a chunk of ``chunk_bytes`` can be encoded to (its header,
-    a base's key and a payload of at most its bytes plus a codec's framing) fits in a
-    pack; the chunks of a store whose chunk size is close to the largest are objects
-    of their own."""
-    return HEADER.size + DIGEST_SIZE + chunk_bytes + MAX_PAYLOAD_OVERHEAD <= MAX_PACK_BYTES
+    a base's key and a payload of at most its bytes plus a codec's framing), as a
+    location lists it (``member_length``: sealed on its own, in a store of version 13),
+    fits in a pack; the chunks of a store whose chunk size is close to the largest are
+    objects of their own."""
+    longest = HEADER.size + DIGEST_SIZE + chunk_bytes + MAX_PAYLOAD_OVERHEAD
+    return (longest if member_length is None else member_length(longest)) <= MAX_PACK_BYTES
 
 
 class PackSlot:

@@ -262,7 +262,7 @@ class VersionWriter(ChunkJobs):
                 return
             # Chunks of nearly the largest chunk size are objects of their own: no pack
             # location may end past MAX_PACK_BYTES.
-            fit = chunks_fit_in_packs(chunk_bytes)
+            fit = chunks_fit_in_packs(chunk_bytes, self._store.objects.member_length)
             pack_chunks = fit and not self._parent.depth and (
                 self._store.objects.local_path() is None if PACK_LARGE_TENSORS is None
                 else PACK_LARGE_TENSORS)
