@@ -85,12 +85,17 @@ def test_amplification_is_sane(records: list[dict[str, Any]]) -> None:
     for workload in ("dense", "mixed-precision"):  # everything changes: dedup alone saves nothing
         r = _record(records, workload, "chunkstore-none")
         assert r["amplification"] >= 0.95 * r["versions"], r
-    for workload in WORKLOADS:  # encryption adds 28 bytes per 64 KiB segment, and no more
+    # Encryption adds 28 bytes per 64 KiB segment of each object and, each pack member being
+    # sealed on its own (store version 13), 64 per member (its own last segment, its entry
+    # in its pack's index): 0.06-0.35% of stored bytes in the full suite, up to 2.5% in
+    # these tiny states (lora's members average under 3 KB here).
+    for workload in WORKLOADS:
         plain = _record(records, workload, "chunkstore-auto")["cumulative_bytes"]
         sealed = _record(records, workload, "chunkstore-auto-enc")
         for before, after, objects in zip(plain, sealed["cumulative_bytes"],
                                           sealed["cumulative_objects"], strict=True):
-            assert before < after <= before + SEGMENT_OVERHEAD * (objects + after // (64 << 10)), (
+            segments = SEGMENT_OVERHEAD * (objects + after // (64 << 10))
+            assert before < after <= before + segments + before // 40, (
                 workload, plain, sealed["cumulative_bytes"])
 
 

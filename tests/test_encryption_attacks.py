@@ -210,17 +210,18 @@ def test_a_plain_store_opens_beside_a_password_file_variable_it_cannot_read(
     chunkstore.open(tmp_path / "plain").close()
 
 
-@pytest.mark.parametrize("claimed", [10, 11])
-def test_a_config_downgraded_below_12_is_refused_not_written_with_sealing_1(
+@pytest.mark.parametrize("claimed", [10, 11, 12])
+def test_a_config_downgraded_below_13_is_refused_not_written_with_an_older_sealing(
         store: Path, claimed: int) -> None:
-    """Someone who can write the bucket rewrites a version-12 store's config as version
+    """Someone who can write the bucket rewrites a version-13 store's config as version
     10 (or 11, held), so that a writer with the password would seal with random nonces
-    and name nodes in clear: the key objects are bound to sealing 2, so the config is
+    and name nodes in clear, or as 12, so that it would seal packs whole where readers
+    open members on their own: the key objects are bound to sealing 3, so the config is
     refused as replaced (CorruptConfigError, not a wrong password), and nothing is
     written; put back, the store reads."""
     original = (store / "chunkstore.json").read_bytes()
     config = json.loads(original)
-    assert config["format_version"] == 12
+    assert config["format_version"] == 13
     (store / "chunkstore.json").write_text(json.dumps({**config, "format_version": claimed}))
     before = tree_snapshot(store)
     for password in (PASSWORD, "wrong"):
@@ -266,7 +267,7 @@ def test_segments_of_two_writes_of_one_name_do_not_splice(store: Path, read: str
     whole or by a range across the seam; each write alone still reads."""
     with chunkstore.open(store, password=PASSWORD) as opened:
         objects = opened.objects
-        assert opened.config.format_version == 12
+        assert opened.config.format_version == 13
         first, second = b"A" * (2 * SEGMENT_SIZE + 10), b"B" * (2 * SEGMENT_SIZE + 10)
         objects.put(TAGS, "spliced", first)
         old = (store / TAGS.key("spliced")).read_bytes()

@@ -317,9 +317,9 @@ def encrypted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
 @pytest.mark.parametrize("made", ["new", "encrypted-v1"])
 def test_the_first_hold_keeps_an_encrypted_store_s_sealing(
         encrypted: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, made: str) -> None:
-    """A new encrypted store (version 12) stays 12 with holds; one of version 10 (the
+    """A new encrypted store (version 13) stays 13 with holds; one of version 10 (the
     frozen encrypted-v1) becomes 11, keeping its encryption and its sealing."""
-    selector, before, after = "r@0", 12, 12
+    selector, before, after = "r@0", 13, 13
     if made != "new":
         encrypted, selector, before, after = tmp_path / made, "enc@1", 10, 11
         shutil.copytree(REPO / "tests" / "data" / made, encrypted)
@@ -335,7 +335,7 @@ def test_the_first_hold_keeps_an_encrypted_store_s_sealing(
     assert upgraded == {**config, "format_version": after}
     with chunkstore.open(encrypted) as store:
         assert store.config.encryption is not None
-        assert store.config.encryption.sealing == (2 if made == "new" else 1)
+        assert store.config.encryption.sealing == (3 if made == "new" else 1)
         assert [h.reason for h in store.holds().values()] == ["sealed hold"]
         with pytest.raises(HeldVersionError, match="sealed hold"):
             store.delete(selector)
@@ -347,16 +347,18 @@ def test_the_first_hold_keeps_an_encrypted_store_s_sealing(
         assert [p.kind for p in store.verify().problems] == ["corrupt-hold"]
 
 
-def test_store_version_11_is_read_plain_or_encrypted_12_only_encrypted_13_refused() -> None:
+def test_store_version_11_is_read_plain_or_encrypted_12_13_only_encrypted_14_refused() -> None:
     plain = {"format": "chunkstore", "format_version": 11, "chunk_size": 4096,
              "compression": "auto", "created": 1.0, "delta_depth": 3}
     config = StoreConfig.decode("x", json.dumps(plain).encode())
     assert config.encryption is None and config.format_version == 11
     assert json.loads(config.encode()) == plain
-    with pytest.raises(CorruptConfigError, match="encryption is None"):
-        StoreConfig.decode("x", json.dumps({**plain, "format_version": 12}).encode())
+    for encrypted_only in (12, 13):
+        with pytest.raises(CorruptConfigError, match="encryption is None"):
+            StoreConfig.decode("x", json.dumps({**plain, "format_version": encrypted_only}
+                                               ).encode())
     with pytest.raises(FormatVersionError):
-        StoreConfig.decode("x", json.dumps({**plain, "format_version": 13}).encode())
+        StoreConfig.decode("x", json.dumps({**plain, "format_version": 14}).encode())
 
 
 # --- the commands ---------------------------------------------------------------------------

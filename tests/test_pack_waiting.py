@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from chunkstore.format.chunkobj import HEADER
 from chunkstore.format.digest import Digest
+from chunkstore.objects.objectstore import PackEncoding
 from chunkstore.read.packs import PackBuilder
 
 MEMBER = 64 << 10
@@ -22,8 +23,8 @@ def member(i: int) -> tuple[Digest, tuple[bytes, bytes]]:
 def test_members_behind_a_stalled_one_are_packed_within_the_bound() -> None:
     written: dict[Digest, bytes] = {}
 
-    def write(digest: Digest, pieces: list[bytes | memoryview]) -> int:
-        written[digest] = b"".join(pieces)
+    def write(digest: Digest, pack: PackEncoding) -> int:
+        written[digest] = b"".join(pack.pieces())
         return len(written[digest])
 
     limit = 1 << 20
@@ -35,7 +36,7 @@ def test_members_behind_a_stalled_one_are_packed_within_the_bound() -> None:
         builder.add(seq, digest, encoded, MEMBER)
         held = sum(len(m[0]) + len(m[1]) for _, m, _, _ in builder._waiting.values()
                    if m is not None)
-        held += sum(len(part) for part in builder._parts)
+        held += sum(len(part) for _, pieces in builder._parts for part in pieces)
         most_held = max(most_held, held)
     assert most_held <= limit + (256 << 10) + MEMBER  # waiting, and one open pack
     assert written, "nothing was packed while place 0 stalled"
@@ -54,7 +55,7 @@ def test_members_behind_a_stalled_one_are_packed_within_the_bound() -> None:
 
 def test_in_order_members_are_packed_in_the_order_of_the_state() -> None:
     packs: list[bytes] = []
-    builder = PackBuilder(lambda d, pieces: packs.append(b"".join(pieces)) or len(packs[-1]),
+    builder = PackBuilder(lambda d, pack: packs.append(b"".join(pack.pieces())) or len(packs[-1]),
                           target=1 << 30)
     places = [builder.reserve() for _ in range(20)]
     for seq in reversed(places):  # all waiting, within the bound

@@ -1,6 +1,7 @@
-"""Build the frozen encrypted store that pins docs/format.md §13 (``tests/data/encrypted-v2``,
-store version 12; ``encrypted-v1``, store version 10, was built by this tool before
-version 12 and is read, never rebuilt).
+"""Build the frozen encrypted store that pins docs/format.md §13 (``tests/data/encrypted-v3``,
+store version 13: each pack member sealed on its own; ``encrypted-v1``, store version 10,
+and ``encrypted-v2``, store version 12, were built by this tool before and are read,
+never rebuilt).
 
 Two versions of the format fixture's arrays and plain data (tools/make_format_fixture.py)
 saved into an encrypted store, and a tag.  Every random byte (the master key, the key
@@ -12,11 +13,11 @@ key object uses the real scrypt parameters (``n=2**16``), as a new store's does.
 ``<name>.expected.json`` records the password, the master key (a test key: never
 a real store's), the versions, what each entry reads back as, and the BLAKE3 of every
 stored file.  Never regenerate an existing fixture after a format change: build
-``--name encrypted-v3`` and keep the old ones.
+``--name encrypted-v4`` and keep the old ones.
 
 Usage (from the repository root)::
 
-    python tools/make_encrypted_fixture.py [--name encrypted-v2] [--out DIR] [--force]
+    python tools/make_encrypted_fixture.py [--name encrypted-v3] [--out DIR] [--force]
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ RUN, TAG = "enc", "best"
 START = 1_800_000_000.0
 CHUNK_SIZE = 128 * 1024
 #: The fixture today's writer rebuilds byte for byte.
-FIXTURE = "encrypted-v2"
+FIXTURE = "encrypted-v3"
 
 
 def _format_tool() -> ModuleType:

@@ -42,13 +42,23 @@ STORE_FORMAT_VERSION = 9
 #: written, so that a release that does not honour holds refuses it rather than remove
 #: a held version; its config has an ``encryption`` field exactly when the store is
 #: encrypted.  12 is 11 encrypted with the sealing of docs/format.md §13.3 that binds
-#: every segment to one write (a salt per write) and keyed node ids (§13.4): every new
-#: encrypted store is of version 12, held or not; stores of 10 (and 11 encrypted) keep
-#: their sealing, read and written as before (:attr:`Encryption.sealing` 1).
+#: every segment to one write (a salt per write) and keyed node ids (§13.4); stores of
+#: 10 (and 11 encrypted) keep their sealing, read and written as before
+#: (:attr:`Encryption.sealing` 1).  13 is 12 with each pack member sealed on its own
+#: (docs/format.md §13.6): pack locations and moved records count stored bytes, which a
+#: release reading only 12 would take for the encoding's.  Every new encrypted store is
+#: of version 13, held or not; stores of 12 keep sealing 2, read and written as before.
 FIRST_ENCRYPTED_STORE_FORMAT_VERSION = 10
 HOLDS_STORE_FORMAT_VERSION = 11
-ENCRYPTED_STORE_FORMAT_VERSION = 12
-STORE_FORMAT_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)
+SALTED_STORE_FORMAT_VERSION = 12
+MEMBERS_STORE_FORMAT_VERSION = 13
+#: The store version of a new encrypted store (its sealing: :data:`NEW_SEALING`).
+ENCRYPTED_STORE_FORMAT_VERSION = MEMBERS_STORE_FORMAT_VERSION
+STORE_FORMAT_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13)
+#: The store version of each sealing (docs/format.md §13.1): 2 and 3 only ever that one.
+SEALING_STORE_VERSIONS = {2: SALTED_STORE_FORMAT_VERSION, 3: MEMBERS_STORE_FORMAT_VERSION}
+#: The sealing of a new encrypted store.
+NEW_SEALING = 3
 READABLE_STORE_VERSIONS = STORE_FORMAT_VERSIONS
 RECORD_FORMAT = "chunkstore.version"
 RECORD_FORMAT_VERSION = 1
@@ -91,9 +101,10 @@ class Encryption:
     cipher: str = "aes-256-gcm"
     segment_size: int = SEGMENT_SIZE
     chunk_ids: str = "blake3-keyed"
-    #: 2 (store version 12): a salt per write in every segment, node ids keyed; 1 (store
-    #: versions 10 and 11): neither.  Said by the store version, not by this block.
-    sealing: int = 2
+    #: 3 (store version 13): as 2, and each pack member sealed on its own; 2 (store
+    #: version 12): a salt per write in every segment, node ids keyed; 1 (store versions
+    #: 10 and 11): neither.  Said by the store version, not by this block.
+    sealing: int = NEW_SEALING
 
     def encode(self) -> dict[str, Any]:
         return {"cipher": self.cipher, "segment_size": self.segment_size,
@@ -105,7 +116,7 @@ class Encryption:
         return self.sealing >= 2
 
     @classmethod
-    def decode(cls, obj: object, sealing: int = 2) -> Encryption:
+    def decode(cls, obj: object, sealing: int = NEW_SEALING) -> Encryption:
         """``ValueError`` for a block this release cannot read; a cipher or scheme it
         does not know is a newer store's (``FormatVersionError``)."""
         if not isinstance(obj, dict):
@@ -152,7 +163,7 @@ class StoreConfig:
         if self.format_version >= HOLDS_STORE_FORMAT_VERSION:
             body["format_version"] = HOLDS_STORE_FORMAT_VERSION
         if self.encryption is not None and self.encryption.sealing >= 2:
-            body["format_version"] = ENCRYPTED_STORE_FORMAT_VERSION
+            body["format_version"] = SEALING_STORE_VERSIONS[self.encryption.sealing]
         return _dumps(body)
 
     @classmethod
@@ -183,11 +194,10 @@ class StoreConfig:
             depth = 0 if version < 3 else exact_int(obj.get("delta_depth"), "delta_depth",
                                                     0, MAX_DELTA_DEPTH)
             encryption = None
-            if version in (FIRST_ENCRYPTED_STORE_FORMAT_VERSION,
-                           ENCRYPTED_STORE_FORMAT_VERSION) or (
+            sealings = {v: sealing for sealing, v in SEALING_STORE_VERSIONS.items()}
+            if version == FIRST_ENCRYPTED_STORE_FORMAT_VERSION or version in sealings or (
                     version == HOLDS_STORE_FORMAT_VERSION and "encryption" in obj):
-                encryption = Encryption.decode(
-                    obj.get("encryption"), 2 if version == ENCRYPTED_STORE_FORMAT_VERSION else 1)
+                encryption = Encryption.decode(obj.get("encryption"), sealings.get(version, 1))
             elif "encryption" in obj:
                 raise ValueError(f"format_version {version} has no encryption")
             return cls(chunk_size, compression, _time(obj.get("created"), "created"), depth,

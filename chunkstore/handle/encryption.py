@@ -76,7 +76,8 @@ def first_key_id(config: StoreConfig) -> str:
 
 
 def sealing_of(config: StoreConfig) -> int:
-    """The sealing of an encrypted store (docs/format.md §13.1): 2 for version 12."""
+    """The sealing of an encrypted store (docs/format.md §13.1): 3 for version 13, 2 for
+    version 12."""
     assert config.encryption is not None
     return config.encryption.sealing
 
@@ -88,7 +89,7 @@ def sealed(objects: ObjectStore, config: StoreConfig, master: bytes, key_id: str
     encryption = config.encryption
     assert encryption is not None
     sealer = Sealer(subkey(master, "objects"), encryption.segment_size,
-                    salted=encryption.sealing >= 2)
+                    salted=encryption.sealing >= 2, members=encryption.sealing >= 3)
     ids = ChunkIds(subkey(master, "chunk ids"))
     return SealedObjects(objects.backend, sealer, ids, master, key_id,
                          ids if encryption.keyed_nodes else None)

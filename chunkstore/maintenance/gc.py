@@ -165,7 +165,7 @@ from chunkstore.errors import (
     GcBusyError,
     InvalidSettingError,
 )
-from chunkstore.format.chunkobj import HEADER, parse_header
+from chunkstore.format.chunkobj import parse_header
 from chunkstore.format.digest import Digest
 from chunkstore.handle.signatures import orphan_signatures
 from chunkstore.index.gclock import finish_deletions, gc_lock
@@ -810,11 +810,11 @@ class _Run:
             try:
                 if location.pack == pack:
                     raise CorruptChunkError(pack.hex, "a listed member was not moved")
-                (moved,) = copy_members(self.store, location.pack,
-                                        [(digest, location.offset, location.length)])
+                ((moved, _),) = copy_members(self.store, location.pack,
+                                             [(digest, location.offset, location.length)])
                 if parse_header(digest, moved).base is not None and moved != bytes(
-                        self.objects.get_range(CHUNKS, pack, HEADER.size + listed.offset,
-                                               listed.length)):
+                        self.objects.open_member(digest, listed, self.objects.member_range(
+                            pack, listed.offset, listed.length))):
                     raise CorruptChunkError(digest.hex, "its moved copy differs from the"
                                             f" member in pack {pack.short()}")
             except (FileNotFoundError, ChunkStoreError) as exc:

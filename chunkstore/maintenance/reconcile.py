@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from chunkstore.codecs import PACK
 from chunkstore.errors import ChunkStoreError
 from chunkstore.format.chunkobj import HEADER, parse_header
 from chunkstore.format.digest import (
@@ -59,10 +60,15 @@ def chunk_info(store: StoreHandle, digest: Digest) -> NewChunk | None:
     try:
         header = parse_header(digest, store.objects.get_range(CHUNKS, digest, 0,
                                                               HEADER.size + DIGEST_SIZE))
-        size = store.objects.stat(CHUNKS, digest).size
+        raw = header.raw_length
+        if header.codec_id == PACK.id:  # its content as pack locations count it
+            head = store.objects.pack_head(digest)
+            raw, size = head.located, head.stored
+        else:
+            size = store.objects.stat(CHUNKS, digest).size
     except (FileNotFoundError, ChunkStoreError):
         return None  # missing or damaged: verify reports it
-    return NewChunk(digest, header.codec_id, header.raw_length, size)
+    return NewChunk(digest, header.codec_id, raw, size)
 
 
 def _needs_info(store: StoreHandle, digest: Digest) -> bool:

@@ -44,11 +44,12 @@ from typing import TYPE_CHECKING
 
 from chunkstore.codecs import PACK
 from chunkstore.errors import ChunkStoreError
-from chunkstore.format.chunkobj import HEADER, ChunkHeader, parse_header
+from chunkstore.format.chunkobj import ChunkHeader, parse_header
 from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import MAX_PACK_BYTES
 from chunkstore.index.lmdbindex import CHUNK, ChunkRecord, ChunkState
 from chunkstore.objects.kinds import CHUNKS
+from chunkstore.objects.objectstore import PackEncoding
 from chunkstore.protocol.moved import MovedRecord, write_moved
 from chunkstore.read.packs import copy_members
 
@@ -132,12 +133,13 @@ def _pack_size(store: StoreHandle, pack: Digest) -> tuple[int, int] | None:
     if record is not None and record.codec_id == PACK.id and record.stored_length:
         return record.raw_length, record.stored_length
     try:
-        header = parse_header(pack, store.objects.get_range(CHUNKS, pack, 0, HEADER.size))
+        head = store.objects.pack_head(pack)
+        header = parse_header(pack, head.header)
     except (FileNotFoundError, ChunkStoreError):
         return None
     if header.codec_id != PACK.id:
         return None
-    return header.raw_length, HEADER.size + header.payload_length
+    return head.located, head.stored
 
 
 @dataclass
@@ -155,7 +157,7 @@ def repack(store: StoreHandle, chosen: list[PackUse], target: int) -> RepackResu
     store.upgrade_format()  # moved records are a store format 6 object
     session, fence = open_store_session(store, "gc repack")
     try:
-        group: list[tuple[PackUse, list[bytes]]] = []
+        group: list[tuple[PackUse, list[tuple[bytes, bytes]]]] = []
         size = 0
         for use in chosen:
             try:
@@ -167,7 +169,7 @@ def repack(store: StoreHandle, chosen: list[PackUse], target: int) -> RepackResu
                 result.skipped.append(f"pack {use.pack.short()}: {exc} (run `chunkstore"
                                       " verify`); not repacked")
                 continue
-            more = sum(len(m) for m in copied)
+            more = sum(len(stored) for _, stored in copied)
             if group and size + more > MAX_PACK_BYTES:  # no moved offset may pass it
                 _write_group(store, fence, session, group, result)
                 group, size = [], 0
@@ -184,25 +186,31 @@ def repack(store: StoreHandle, chosen: list[PackUse], target: int) -> RepackResu
 
 
 def _write_group(store: StoreHandle, fence: Fence, session: StoreSession,
-                 group: list[tuple[PackUse, list[bytes]]], result: RepackResult) -> None:
-    """Write one new pack holding every member of ``group``, then the moved records."""
-    parts: list[bytes] = []
+                 group: list[tuple[PackUse, list[tuple[bytes, bytes]]]],
+                 result: RepackResult) -> None:
+    """Write one new pack holding every member of ``group``, then the moved records.
+    A member's bytes are copied as its location names them: in an encrypted store of
+    version 13 the member sealed on its own, unchanged (docs/format.md §13.6)."""
+    parts: list[tuple[Digest, list[bytes | memoryview]]] = []
+    stored_parts: list[bytes | memoryview] = []
     records: list[MovedRecord] = []
     offset = 0
     placed: dict[bytes, int] = {}
     for use, copied in group:
         members: dict[int, tuple[int, int]] = {}
-        for (_, old, length), member in zip(use.members, copied, strict=True):
+        for (digest, old, length), (member, stored) in zip(use.members, copied, strict=True):
             new = placed.get(member)
             if new is None:  # the same member object in two old packs: copied once
                 new = placed[member] = offset
-                parts.append(member)
-                offset += len(member)
+                parts.append((digest, [member]))
+                stored_parts.append(stored)
+                offset += len(stored)
             members[old] = (length, new)
         records.append(MovedRecord(use.pack, Digest(b"\0" * 32), members))
-    header = ChunkHeader(PACK.id, 1, offset, offset).pack()
-    data = b"".join([header, *parts])
-    new_pack = store.objects.chunk_ids.of(memoryview(data)[len(header):])
+    content = sum(len(member) for _, (member,) in parts)
+    data = PackEncoding(ChunkHeader(PACK.id, 1, content, content).pack(), parts,
+                        stored_parts if store.objects.sealed_members else None)
+    new_pack = store.objects.chunk_ids.of_pieces(data.pieces()[1:])
     if fence.blocking(CHUNK, new_pack) is not None:
         result.skipped.extend(f"pack {use.pack.short()}: its new pack is being deleted by"
                               " another gc; not repacked" for use, _ in group)
@@ -210,11 +218,11 @@ def _write_group(store: StoreHandle, fence: Fence, session: StoreSession,
     if not store.objects.put_if_absent(CHUNKS, new_pack, data) \
             and not store.objects.holds(CHUNKS, new_pack, data):
         store.objects.put(CHUNKS, new_pack, data)  # damaged or deleted meanwhile: whole
-    result.bytes_written += len(data)
+    result.bytes_written += store.objects.pack_size(data)
     # Counted by this index (referenced by no version: GC's mark keeps it while a moved
     # record leads to it), so a GC without the orphan sweep frees it when it is not.
     store.index.put_record_if_absent(CHUNK, new_pack, ChunkRecord(
-        ChunkState.LIVE, PACK.id, 0, offset, len(data), time.time()))
+        ChunkState.LIVE, PACK.id, 0, offset, store.objects.pack_size(data), time.time()))
     for record in records:
         if record.pack == new_pack:
             # Its live members, with those of the others (members it holds that

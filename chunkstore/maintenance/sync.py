@@ -72,7 +72,11 @@ from chunkstore.errors import (
 )
 from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import TensorEntry
-from chunkstore.format.records import ENCRYPTED_STORE_FORMAT_VERSION, CommitRecord
+from chunkstore.format.records import (
+    MEMBERS_STORE_FORMAT_VERSION,
+    SALTED_STORE_FORMAT_VERSION,
+    CommitRecord,
+)
 from chunkstore.handle.handle import StoreHandle
 from chunkstore.handle.signatures import copy_signature
 from chunkstore.handle.tree import flatten
@@ -211,11 +215,20 @@ def check_same_keys(src: StoreHandle, dst: StoreHandle, operation: str) -> None:
                if plain else "they are encrypted under different master keys"
                if src.objects.chunk_ids != dst.objects.chunk_ids else
                "one names its nodes by keyed ids (store version"
-               f" {ENCRYPTED_STORE_FORMAT_VERSION}), the other by plain ones")
+               f" {SALTED_STORE_FORMAT_VERSION} or later), the other by plain ones")
         raise EncryptionError(dst.url, f"{operation} between {src.url} and {dst.url} would"
                               f" copy chunks keyed for one store into the other ({why});"
                               " nothing was copied. Copy between stores of the same kind, or"
                               " restore from one and save into the other")
+    if src.objects.sealed_members != dst.objects.sealed_members:
+        members, packs = (src, dst) if src.objects.sealed_members else (dst, src)
+        raise EncryptionError(dst.url, f"{operation} between {src.url} and {dst.url} would"
+                              " copy packs between stores that lay them out apart:"
+                              f" {members.url} seals each pack member on its own (store"
+                              f" version {MEMBERS_STORE_FORMAT_VERSION}), {packs.url} seals"
+                              " each pack whole (store version"
+                              f" {packs.config.format_version}); nothing was copied. Restore"
+                              " from one and save into the other")
 
 
 def _itself(dst: StoreHandle) -> InvalidInputError:

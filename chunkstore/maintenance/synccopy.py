@@ -298,8 +298,9 @@ class VersionCopy:
             return None
         stored, written = self._put_chunk(digest, data, need)
         header = parse_header(digest, stored)
-        self._count(stored, NewChunk(digest, header.codec_id, header.raw_length, len(stored)),
-                    written=written)
+        raw, size = (self.dst.objects.pack_sizes(stored) if header.codec_id == codecs.PACK.id
+                     else (header.raw_length, len(stored)))
+        self._count(stored, NewChunk(digest, header.codec_id, raw, size), written=written)
         return None
 
     def _compacted(self, pack: Digest, data: bytes) -> tuple[Digest, bytes, bytes] | None:
@@ -307,6 +308,8 @@ class VersionCopy:
         list in ``pack`` (checked: ``data`` passed :func:`checked_object`), when they
         are less than :data:`COMPACT_BELOW` of it and the destination has no moved
         record of its own for ``pack``; else None (the pack is copied whole)."""
+        if self.src.objects.sealed_members:
+            return None  # spans count stored bytes there; the pack is copied whole
         spans = sorted(self.spans.get(pack, ()))
         content = len(data) - HEADER.size
         if not spans or len({offset for offset, _ in spans}) != len(spans) \
@@ -400,12 +403,14 @@ class VersionCopy:
         """Every member the version lists in ``pack`` lies inside it and reads as a read
         reads it (decoded through its listed chain, hash-checked): a pack whose content
         hashes right may still not hold what a crafted or damaged manifest lists."""
-        content = len(data) - HEADER.size
+        objects = self.src.objects
+        located = objects.located_members(data)
         for digest, offset, length, chain, locations in sorted(self.members.get(pack, ())):
-            if offset + length > content:
+            if offset + length > len(located):
                 raise CorruptChunkError(digest.hex, f"listed at {offset}+{length} in pack"
-                                        f" {pack.short()}, which holds {content} bytes")
-            member = data[HEADER.size + offset:HEADER.size + offset + length]
+                                        f" {pack.short()}, which holds {len(located)} bytes")
+            member = objects.open_member(digest, PackLocation(pack, offset, length),
+                                         located[offset:offset + length])
             decode_chain(self.src, digest, member, chain, locations=locations)
 
     def _check_listed_in_source(self, pack: Digest) -> None:
@@ -499,10 +504,9 @@ def check_listed(store: StoreHandle, pack: Digest, members: Iterable[Member]) ->
             listed = [_forwarded(record, member) for member in listed]
             pack = record.to
     for digest, offset, length, chain, locations in listed:
-        member = store.objects.get_range(CHUNKS, pack, HEADER.size + offset, length)
-        if len(member) != length:
-            raise CorruptChunkError(digest.hex, f"listed at {offset}+{length} in pack"
-                                    f" {pack.short()}, which ends before it")
+        location = PackLocation(pack, offset, length)
+        member = store.objects.open_member(digest, location,
+                                           store.objects.member_range(pack, offset, length))
         decode_chain(store, digest, member, chain, locations=locations)
 
 

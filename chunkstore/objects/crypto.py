@@ -27,6 +27,9 @@ sealed in segments.
    session rewritten) no longer splice into bytes never written, and a ranged read still
    needs nothing but the segments it reads.  Sealing 1 (store versions 10 and 11) draws
    every nonce at random and binds a segment to its name and index only.
+5. **Pack members on their own** (sealing 3, store version 13).  Each pack member is
+   sealed as an object of its own under its chunk id, not under its pack's key
+   (:mod:`chunkstore.objects.sealedpacks`): a repack copies its ciphertext unchanged.
 """
 
 from __future__ import annotations
@@ -138,11 +141,13 @@ class Sealer:
     """Seals and opens objects under one store's sealing subkey (see the module docstring)."""
 
     def __init__(self, objects_key: bytes, segment: int = SEGMENT_SIZE,
-                 salted: bool = True) -> None:
+                 salted: bool = True, members: bool = False) -> None:
         self._key = objects_key
         self.segment = segment
         #: one salt per write, in every segment's nonce (sealing 2; see the module docstring)
         self.salted = salted
+        #: each pack member sealed on its own (sealing 3, :mod:`chunkstore.objects.sealedpacks`)
+        self.members = members
         self._aead = aead_class()
 
     def _cipher(self, name: str) -> AESGCM:

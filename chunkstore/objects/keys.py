@@ -87,6 +87,11 @@ def _derive(password: str, salt: bytes, parameters: dict[str, int]) -> bytes:
                   p=parameters["p"]).derive(password.encode("utf-8"))
 
 
+#: The sealings of encrypted stores (docs/format.md §13.1), and the store versions of each.
+SEALINGS = (1, 2, 3)
+SEALING_VERSIONS = {1: "10 or 11", 2: "12", 3: "13"}
+
+
 def _associated(identity: str, key_id: str, sealing: int) -> bytes:
     """What a key object's sealed master key is bound to: the store (its identity and,
     from sealing 2, store version 12, its sealing) and the key's id."""
@@ -166,7 +171,7 @@ def unwrap(key_id: str, data: bytes, password: str, identity: str, sealing: int 
     other sealing (the same derived key: no second scrypt)."""
     _, parameters, salt, nonce, sealed = _parse(key_id, data)
     cipher = aead_class()(_derive(password, salt, parameters))
-    for bound in (sealing, 1 if sealing >= 2 else 2):
+    for bound in (sealing, *(other for other in SEALINGS if other != sealing)):
         try:
             master = cipher.decrypt(nonce, sealed, _associated(identity, key_id, bound))
         except Exception:  # InvalidTag: another password (or another store's key object)
@@ -212,9 +217,9 @@ def unlock(objects: ObjectStore, url: str, identity: str, password: str, sealing
             continue
         except OtherSealingError as exc:
             raise CorruptConfigError(url, (
-                f"it says store version {10 if sealing < 2 else 12}, but key {key_id} opens"
-                f" with this password bound to a store of sealing {exc.args[0]} (version"
-                f" {12 if exc.args[0] >= 2 else '10 or 11'}): its chunkstore.json was"
+                f"it says store version {SEALING_VERSIONS[sealing]}, but key {key_id}"
+                f" opens with this password bound to a store of sealing {exc.args[0]}"
+                f" (version {SEALING_VERSIONS[exc.args[0]]}): its chunkstore.json was"
                 " replaced; put back a copy of it (it holds no secret). Nothing was read"
                 " or written")) from None
         if master is not None:

@@ -21,7 +21,10 @@ Each hook is given the object's key as well: encryption
 (:class:`chunkstore.objects.sealed.SealedObjects`) binds every object to it.  Chunk
 ids are the object layer's too (:attr:`ObjectStore.chunk_ids`): plain BLAKE3 here,
 keyed in an encrypted store; so are node ids (:attr:`ObjectStore.node_ids`), keyed in
-an encrypted store of version 12.
+an encrypted store of version 12.  Pack members are read through one path
+(:meth:`ObjectStore.member_range`, then :meth:`ObjectStore.open_member` for each member
+cut out by its location), which a store that seals each member on its own (version 13)
+overrides; packs are written as :class:`PackEncoding` (header and members by chunk id).
 
 Errors keep the backend's contract: a missing object is ``FileNotFoundError``,
 a second create ``False``; the layers above turn them into domain errors, since
@@ -31,20 +34,65 @@ only they know whether a missing object is damage or a race they expect.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from chunkstore.backends import Backend, ObjectInfo
-from chunkstore.errors import IntegrityError
-from chunkstore.format.digest import PLAIN_IDS, ChunkIds
-from chunkstore.objects.kinds import CONFIG_KEY, IdT, Kind
+from chunkstore.errors import CorruptChunkError, IntegrityError
+from chunkstore.format.chunkobj import HEADER
+from chunkstore.format.digest import PLAIN_IDS, ChunkIds, Digest
+from chunkstore.format.manifest import PackLocation
+from chunkstore.objects.kinds import CHUNKS, CONFIG_KEY, IdT, Kind
 
-__all__ = ["Encoded", "ObjectInfo", "ObjectStore", "Pieces"]
+__all__ = ["Encoded", "ObjectInfo", "ObjectStore", "OpenedPack", "PackEncoding", "PackHead",
+           "Pieces"]
 
 #: An object's encoding as pieces laid end to end (a pack: its header and its members),
 #: joined only where the store keeps objects as they are encoded
 #: (:meth:`ObjectStore._stored_pieces`).
 Pieces = list[bytes | memoryview]
-#: What a write takes: an object's encoding, whole or in pieces.
-Encoded = bytes | memoryview | Pieces
+
+
+@dataclass(frozen=True)
+class PackEncoding:
+    """A pack to write (docs/format.md §3.5): its header, and each member as the chunk
+    id it is the object of and its encoding in pieces.  ``sealed``: each member's stored
+    bytes as a store that seals members on their own already holds them (a repack
+    copies them unchanged, §13.6), else None."""
+
+    header: bytes
+    members: list[tuple[Digest, Pieces]]
+    sealed: list[bytes | memoryview] | None = None
+
+    def pieces(self) -> Pieces:
+        """The pack's encoding (header, then every member) as pieces laid end to end."""
+        return [self.header, *(piece for _, pieces in self.members for piece in pieces)]
+
+
+class OpenedPack(bytes):
+    """A pack's encoding as a read of the whole pack returns it from a store that seals
+    each member on its own, which also holds the pack as :class:`PackEncoding` (its
+    members' ids and stored bytes): written to a store under the same keys (a sync, a
+    repair, a mirror's heal; :func:`chunkstore.maintenance.sync.check_same_keys`), the
+    members' stored bytes are copied as they are."""
+
+    pack: PackEncoding
+
+
+class PackHead(NamedTuple):
+    """A pack object as a whole (:meth:`ObjectStore.pack_head`): its header's bytes, the
+    bytes of member objects it holds, the bytes its members take in the coordinates of
+    pack locations, and the object's stored bytes (the encoding's, where that is what a
+    store reports)."""
+
+    header: bytes
+    content: int
+    located: int
+    stored: int
+
+
+#: What a write takes: an object's encoding, whole or in pieces, or a pack.
+Encoded = bytes | memoryview | Pieces | PackEncoding
 
 
 class ObjectStore:
@@ -75,7 +123,17 @@ class ObjectStore:
         piece by piece (sealing) reads them in place instead."""
         return self._stored(kind, key, b"".join(pieces))
 
+    def _stored_pack(self, kind: Kind[IdT], key: str, pack: PackEncoding
+                     ) -> bytes | memoryview:
+        """:meth:`_stored` of a pack: here its pieces (a store that seals each member on
+        its own lays it out member by member)."""
+        return self._stored_pieces(kind, key, pack.pieces())
+
     def _encoded(self, kind: Kind[IdT], key: str, data: Encoded) -> bytes | memoryview:
+        if isinstance(data, OpenedPack):
+            data = data.pack
+        if isinstance(data, PackEncoding):
+            return self._stored_pack(kind, key, data)
         if isinstance(data, list):
             return self._stored_pieces(kind, key, data)
         return self._stored(kind, key, data)
@@ -145,9 +203,12 @@ class ObjectStore:
         self._loaded_into(kind, key, start, buffer[:length])
         return length
 
-    def holds(self, kind: Kind[IdT], object_id: IdT, data: bytes | memoryview) -> bool | None:
+    def holds(self, kind: Kind[IdT], object_id: IdT, data: bytes | memoryview | PackEncoding
+              ) -> bool | None:
         """Whether the stored object is exactly ``data`` (None: nothing is stored; False:
         other bytes, or a copy that fails its check, which a writer then replaces)."""
+        if isinstance(data, PackEncoding):
+            data = b"".join(data.pieces())
         try:
             return self.get(kind, object_id) == data
         except FileNotFoundError:
@@ -184,6 +245,67 @@ class ObjectStore:
                 yield kind.id_of(info.key), info
             except ValueError:
                 continue
+
+    # --- pack members: the one path every member reader takes (docs/format.md §3.5) ------
+
+    #: whether each pack member is sealed on its own (an encrypted store of version 13):
+    #: pack locations then count stored bytes (docs/format.md §13.6)
+    sealed_members = False
+
+    def member_length(self, length: int) -> int:
+        """The length a pack location lists for a member object of ``length`` bytes."""
+        return length
+
+    def member_range(self, pack: Digest, start: int, length: int) -> bytes | memoryview:
+        """The bytes of ``pack`` from location offset ``start`` (one ranged read for a run
+        of neighbouring members, which may map the stored object): cut each member out by
+        its location and pass it to :meth:`open_member`.  ``FileNotFoundError`` when the
+        pack is not stored."""
+        return self.view_range(CHUNKS, pack, HEADER.size + start, length)
+
+    def open_member(self, digest: Digest, location: PackLocation,
+                    data: bytes | memoryview) -> memoryview:
+        """The member object of chunk ``digest`` from the bytes its ``location`` names
+        (cut from :meth:`member_range`); :class:`CorruptChunkError` where the pack ended
+        first (or, sealed, the member fails authentication)."""
+        if len(data) != location.length:
+            raise CorruptChunkError(digest.hex, f"pack {location.pack.short()} ends before"
+                                    f" the member's {location.length} bytes at"
+                                    f" {location.offset}")
+        return memoryview(data)
+
+    def located_members(self, pack: bytes) -> memoryview:
+        """The bytes that pack locations address in a whole pack as :meth:`get` returns
+        it (cut a member out by its location and pass it to :meth:`open_member`): its
+        members' stored bytes where each is sealed on its own, else its content."""
+        if isinstance(pack, OpenedPack) and pack.pack.sealed is not None:
+            return memoryview(b"".join(pack.pack.sealed))
+        return memoryview(pack)[HEADER.size:]
+
+    def pack_sizes(self, pack: bytes) -> tuple[int, int]:
+        """A whole pack's (bytes its members take as locations count them, bytes stored),
+        for the pack as :meth:`get` returns it (what an index records of it)."""
+        located = len(self.located_members(pack))
+        if isinstance(pack, OpenedPack) and self.sealed_members:
+            return located, self.pack_size(pack.pack)
+        return located, len(pack)
+
+    def member_head(self, digest: Digest, location: PackLocation, length: int) -> bytes:
+        """Up to the first ``length`` bytes of the member object at ``location`` (its
+        header), without the rest."""
+        return self.get_range(CHUNKS, location.pack, HEADER.size + location.offset,
+                              min(location.length, length))
+
+    def pack_size(self, pack: PackEncoding) -> int:
+        """The bytes ``pack`` takes stored (what a write of it reports)."""
+        return sum(map(len, pack.pieces()))
+
+    def pack_head(self, pack: Digest) -> PackHead:
+        """The pack's header and sizes (:class:`PackHead`), for checks of a pack as a
+        whole: reads never need them.  ``FileNotFoundError`` when it is not stored."""
+        header = self.get_range(CHUNKS, pack, 0, HEADER.size)
+        size = self.stat(CHUNKS, pack).size
+        return PackHead(header, size - HEADER.size, size - HEADER.size, size)
 
     # --- removing --------------------------------------------------------------------------
 

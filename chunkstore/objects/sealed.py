@@ -10,6 +10,12 @@ compare with chunk headers.  Mapped reads (``view_range``) are opened into fresh
 memory instead, never mapped.  The config and key objects stay in clear: they say how
 to read the rest.
 
+In a store of version 13 each pack member is sealed on its own under its chunk id
+(:mod:`chunkstore.objects.sealedpacks`): pack locations then count stored bytes, and the
+member path (:meth:`member_range`, :meth:`open_member`, :meth:`member_head`) reads the
+stored bytes a location names and opens each member alone; a whole pack (:meth:`get`)
+is opened member by member through its sealed index.
+
 An object that fails authentication raises the corrupt error of its kind (a chunk's
 :class:`CorruptChunkError`, and a moved record's, as one that does not parse; a
 node's, a commit record's, a tag's; any other kind :class:`CorruptObjectError`), so
@@ -30,8 +36,17 @@ from chunkstore.errors import (
     CorruptTagError,
     IntegrityError,
 )
-from chunkstore.format.digest import ChunkIds
-from chunkstore.objects.crypto import AuthenticationError, Sealer, plain_size, scratch
+from chunkstore.format.chunkobj import HEADER
+from chunkstore.format.digest import ChunkIds, Digest
+from chunkstore.format.manifest import PackLocation
+from chunkstore.objects import sealedpacks
+from chunkstore.objects.crypto import (
+    AuthenticationError,
+    Sealer,
+    plain_size,
+    scratch,
+    stored_size,
+)
 from chunkstore.objects.kinds import (
     CHUNKS,
     CLEAR_KINDS,
@@ -42,7 +57,7 @@ from chunkstore.objects.kinds import (
     IdT,
     Kind,
 )
-from chunkstore.objects.objectstore import ObjectStore, Pieces
+from chunkstore.objects.objectstore import ObjectStore, PackEncoding, PackHead, Pieces
 
 
 def corrupt(kind: Kind[IdT], key: str, reason: str) -> IntegrityError:
@@ -61,6 +76,12 @@ def corrupt(kind: Kind[IdT], key: str, reason: str) -> IntegrityError:
     return CorruptObjectError(kind.name, name, reason)
 
 
+def _member_corrupt(digest: Digest, location: PackLocation, reason: str) -> CorruptChunkError:
+    return CorruptChunkError(digest.hex, f"its member at {location.offset} of pack"
+                             f" {location.pack.short()} fails authentication: {reason}"
+                             " (tampered with, moved, or another chunk's bytes)")
+
+
 class SealedObjects(ObjectStore):
     """The objects of an encrypted store (see the module docstring)."""
 
@@ -73,6 +94,7 @@ class SealedObjects(ObjectStore):
         self.chunk_ids = chunk_ids
         if node_ids is not None:  # keyed (store version 12); else plain, as the base's
             self.node_ids = node_ids
+        self.sealed_members = sealer.members  # store version 13
         #: the master key and the key object that opened it (``chunkstore key add`` and
         #: ``passwd`` wrap the same master key again; never stored in clear, never shown)
         self.master = master
@@ -98,14 +120,27 @@ class SealedObjects(ObjectStore):
             return super()._stored_pieces(kind, key, pieces)
         return self.sealer.seal(key, pieces)
 
+    def _stored_pack(self, kind: Kind[IdT], key: str, pack: PackEncoding
+                     ) -> bytes | memoryview:
+        if not self.sealed_members:
+            return super()._stored_pack(kind, key, pack)
+        return sealedpacks.seal_pack(self.sealer, key, pack)
+
     def _loaded(self, kind: Kind[IdT], key: str, data: bytes) -> bytes:
         if kind in CLEAR_KINDS:
             return data
         try:
             return self.sealer.open(key, data)
         except AuthenticationError as exc:
-            raise corrupt(kind, key, f"fails authentication: {exc} (tampered with,"
-                          " truncated, or another object's bytes)") from None
+            failure = exc
+        if self.sealed_members and kind is CHUNKS:  # or a pack, sealed member by member
+            try:
+                return sealedpacks.open_pack(self.sealer, key, data)
+            except AuthenticationError as exc:
+                if sealedpacks.looks_like_pack(data, self.sealer.segment):
+                    failure = exc
+        raise corrupt(kind, key, f"fails authentication: {failure} (tampered with,"
+                      " truncated, or another object's bytes)") from None
 
     def _loaded_range(self, kind: Kind[IdT], key: str, start: int, data: bytes) -> bytes:
         raise AssertionError("ranged reads of a sealed store go through get_range")
@@ -150,7 +185,79 @@ class SealedObjects(ObjectStore):
         # A local store maps larger ranges: the segments are opened straight from the
         # page cache (no copy of the stored bytes, no fresh memory to fault in).
         stored = self.backend.view_range(key, stored_start, stored_length)
-        return self._open(kind, key, start, stored, out, start % self.sealer.segment)
+        try:
+            return self._open(kind, key, start, stored, out, start % self.sealer.segment)
+        except CorruptChunkError:
+            if not (self.sealed_members and kind is CHUNKS and start < HEADER.size):
+                raise
+        try:  # the head of a chunk object that is a pack: its header, from its index
+            header = self._pack_head(key).header[start:start + len(out)]
+        except (AuthenticationError, FileNotFoundError):
+            raise corrupt(kind, key, "fails authentication (tampered with, truncated, or"
+                          " another object's bytes)") from None
+        out[:len(header)] = header
+        return len(header)
+
+    # --- pack members (store version 13: docs/format.md §13.6) -----------------------------
+
+    def member_length(self, length: int) -> int:
+        return stored_size(length, self.sealer.segment) if self.sealed_members else length
+
+    def member_range(self, pack: Digest, start: int, length: int) -> bytes | memoryview:
+        """The stored bytes themselves: each member is opened on its own."""
+        if not self.sealed_members:
+            return super().member_range(pack, start, length)
+        return self.backend.view_range(CHUNKS.key(pack), start, length)
+
+    def open_member(self, digest: Digest, location: PackLocation,
+                    data: bytes | memoryview) -> memoryview:
+        data = super().open_member(digest, location, data)
+        if not self.sealed_members:
+            return data
+        out = scratch(plain_size(len(data), self.sealer.segment))
+        if self._open_member(digest, location, data, out) != len(out) \
+                or len(data) != stored_size(len(out), self.sealer.segment):
+            raise _member_corrupt(digest, location, "the member is truncated")
+        return out.toreadonly()
+
+    def _open_member(self, digest: Digest, location: PackLocation, stored: bytes | memoryview,
+                     out: memoryview) -> int:
+        try:
+            return self.sealer.open_into(sealedpacks.member_name(digest), 0, stored, out, 0)
+        except AuthenticationError as exc:
+            raise _member_corrupt(digest, location, str(exc)) from None
+
+    def member_head(self, digest: Digest, location: PackLocation, length: int) -> bytes:
+        if not self.sealed_members:
+            return super().member_head(digest, location, length)
+        _, span = self.sealer.span(0, length)  # the segments that hold the head
+        stored = self.backend.get_range(CHUNKS.key(location.pack), location.offset,
+                                        min(span, location.length))
+        out = scratch(min(length, plain_size(location.length, self.sealer.segment)))
+        return bytes(out[:self._open_member(digest, location, stored, out)])
+
+    def pack_size(self, pack: PackEncoding) -> int:
+        if not self.sealed_members:
+            return super().pack_size(pack)  # the encoding's size, as stat reports
+        return sealedpacks.stored_pack_size(pack, self.sealer.segment)
+
+    def pack_head(self, pack: Digest) -> PackHead:
+        if not self.sealed_members:
+            return super().pack_head(pack)
+        try:
+            return self._pack_head(CHUNKS.key(pack))
+        except AuthenticationError as exc:
+            raise corrupt(CHUNKS, CHUNKS.key(pack), f"its index fails authentication: {exc}"
+                          " (tampered with, or truncated)") from None
+
+    def _pack_head(self, key: str) -> PackHead:
+        size = self.backend.stat(key).size
+        trailer = self.backend.get_range(key, max(size - 4, 0), 4)
+        if len(trailer) < 4:
+            raise AuthenticationError("the pack is truncated")
+        need = sealedpacks.tail_length(trailer)
+        tail = self.backend.get_range(key, max(size - need, 0), need)
+        return sealedpacks.pack_head(self.sealer, key, size, tail)
 
     def stat(self, kind: Kind[IdT], object_id: IdT) -> ObjectInfo:
         """The size of the object's encoding and its modification time."""

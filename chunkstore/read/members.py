@@ -93,27 +93,25 @@ def member_object(store: StoreHandle, digest: Digest, location: PackLocation, ra
 def _member_object(store: StoreHandle, digest: Digest, location: PackLocation,
                    raw_length: int, prefetched: Prefetched | None) -> memoryview:
     for hops in range(MAX_HOPS + 1):
-        check_listed_length(digest, location, raw_length)
+        check_listed_length(store, digest, location, raw_length)
         found = None if prefetched is None else prefetched.get(location)
         if found is not None:
-            return checked_member(digest, location, found)
+            return checked_member(store, digest, location, found)
         try:
-            data = memoryview(store.objects.view_range(CHUNKS, location.pack,
-                                                       HEADER.size + location.offset,
-                                                       location.length))
+            data = store.objects.member_range(location.pack, location.offset, location.length)
         except FileNotFoundError:
             ((_, location, _, _),) = forward_members(store, [(digest, location, memoryview(b""),
                                                        NO_CHAIN)], hops)
             continue
-        return checked_member(digest, location, data)
+        return checked_member(store, digest, location, data)
     raise AssertionError("unreachable: forward_members refuses the hop after the last")
 
 
-def checked_member(digest: Digest, location: PackLocation, data: memoryview) -> memoryview:
-    """The member object read at ``location``, its length and header checked."""
-    if len(data) != location.length:
-        raise CorruptChunkError(digest.hex, f"pack {location.pack.short()} ends before the"
-                                f" member's {location.length} bytes at {location.offset}")
+def checked_member(store: StoreHandle, digest: Digest, location: PackLocation,
+                   data: bytes | memoryview) -> memoryview:
+    """The member object read at ``location`` (the bytes its location names, opened by
+    the object layer's one path for members), its length and header checked."""
+    data = store.objects.open_member(digest, location, data)
     header = member_header(digest, data)
     if header.size + header.payload_length != len(data):
         raise CorruptChunkError(digest.hex, f"member object is {len(data)} bytes, its"
@@ -158,11 +156,13 @@ def forward_members(store: StoreHandle, members: list[MemberRead], hops: int) ->
     return moved
 
 
-def check_listed_length(digest: Digest, location: PackLocation, raw_length: int) -> None:
+def check_listed_length(store: StoreHandle, digest: Digest, location: PackLocation,
+                        raw_length: int) -> None:
     """A member listed longer than any object of ``raw_length`` raw bytes can be is
     refused before anything is read (a crafted manifest or moved record could
     otherwise make a reader fetch and allocate up to a whole pack)."""
-    if location.length > HEADER.size + DIGEST_SIZE + raw_length + MAX_PAYLOAD_OVERHEAD:
+    if location.length > store.objects.member_length(
+            HEADER.size + DIGEST_SIZE + raw_length + MAX_PAYLOAD_OVERHEAD):
         raise CorruptChunkError(digest.hex, f"listed as {location.length} bytes in pack"
                                 f" {location.pack.short()}, too long for {raw_length} raw"
                                 " bytes")

@@ -66,7 +66,7 @@ from chunkstore.format.digest import DIGEST_SIZE, PLAIN_IDS, ChunkIds, Digest
 from chunkstore.format.manifest import MAX_PACK_BYTES, PackLocation
 from chunkstore.handle.caches import BaseCache
 from chunkstore.handle.handle import PACK_TARGET_BYTES
-from chunkstore.objects.kinds import CHUNKS
+from chunkstore.objects.objectstore import PackEncoding
 from chunkstore.read.chain import decode_chain
 from chunkstore.read.members import (
     NO_CHAIN,
@@ -86,12 +86,15 @@ if TYPE_CHECKING:
     from chunkstore.handle.handle import StoreHandle
 
 
-def chunks_fit_in_packs(chunk_bytes: int) -> bool:
+def chunks_fit_in_packs(chunk_bytes: int, member_length: Callable[[int], int] | None = None
+                        ) -> bool:
     """Whether every object a chunk of ``chunk_bytes`` can be encoded to (its header,
-    a base's key and a payload of at most its bytes plus a codec's framing) fits in a
-    pack; the chunks of a store whose chunk size is close to the largest are objects
-    of their own."""
-    return HEADER.size + DIGEST_SIZE + chunk_bytes + MAX_PAYLOAD_OVERHEAD <= MAX_PACK_BYTES
+    a base's key and a payload of at most its bytes plus a codec's framing), as a
+    location lists it (``member_length``: sealed on its own, in a store of version 13),
+    fits in a pack; the chunks of a store whose chunk size is close to the largest are
+    objects of their own."""
+    longest = HEADER.size + DIGEST_SIZE + chunk_bytes + MAX_PAYLOAD_OVERHEAD
+    return (longest if member_length is None else member_length(longest)) <= MAX_PACK_BYTES
 
 
 class PackSlot:
@@ -109,9 +112,11 @@ class PackSlot:
 
 #: A member object as the writer encoded it: its header bytes and its payload.
 Member = tuple[bytes, bytes | memoryview]
-#: The members of one pack once it is full: (digest, offset, length, raw length) each, the
-#: object's pieces in order, and the content's length.
-_Sealed = tuple[list[tuple[Digest, int, int, int]], list[bytes | memoryview], int]
+#: The members of one pack once it is full: (digest, offset, length, raw length) each (in
+#: the coordinates of pack locations), each member's pieces, their length in those
+#: coordinates, and the members' bytes.
+_Sealed = tuple[list[tuple[Digest, int, int, int]], list[tuple[Digest, list[bytes | memoryview]]],
+                int, int]
 
 
 #: Encoded members a save holds back waiting for an earlier one (at least; four packs'
@@ -122,18 +127,22 @@ WAITING_BYTES = 64 << 20
 class PackBuilder:
     """Collects a save's members in the order they were handed out; seals packs.
 
-    ``write(digest, pieces)`` stores one sealed pack object, given as its pieces (its
-    header, then its members' headers and payloads), claimed, put-if-absent, and
-    returns the bytes written.  Thread-safe: workers add members as they finish
+    ``write(digest, pack)`` stores one sealed pack object, given as its header and its
+    members (each its chunk id and its header and payload), claimed, put-if-absent, and
+    returns the bytes written.  ``member_length`` gives the length a location lists for
+    a member object (in an encrypted store of version 13, its stored length: locations
+    count stored bytes there).  Thread-safe: workers add members as they finish
     encoding; the worker that fills a pack hashes and writes it outside the lock,
     one copy of the bytes in all (the object layer's join, or in an encrypted store
     its sealing, which reads the pieces in place).
     """
 
-    def __init__(self, write: Callable[[Digest, list[bytes | memoryview]], int],
+    def __init__(self, write: Callable[[Digest, PackEncoding], int],
                  target: int = PACK_TARGET_BYTES, waiting_bytes: int | None = None,
-                 ids: ChunkIds = PLAIN_IDS) -> None:
+                 ids: ChunkIds = PLAIN_IDS,
+                 member_length: Callable[[int], int] | None = None) -> None:
         self._write = write
+        self._member_length = member_length
         self._ids = ids  # packs are named as the store names chunks
         self._target = target
         self._lock = threading.Lock()
@@ -147,8 +156,9 @@ class PackBuilder:
         self._waiting_limit = (max(4 * target, WAITING_BYTES) if waiting_bytes is None
                                else waiting_bytes)
         self._early: set[int] = set()
-        self._parts: list[bytes | memoryview] = []
+        self._parts: list[tuple[Digest, list[bytes | memoryview]]] = []
         self._size = 0
+        self._content = 0  # the members' bytes (``_size`` is in location coordinates)
         self._open: list[tuple[Digest, int, int, int]] = []
         self._slots: dict[Digest, PackSlot] = {}
         self._placed: set[Digest] = set()
@@ -217,26 +227,28 @@ class PackBuilder:
         self._placed.add(digest)
         self._slots[digest].chain = chain
         length = len(member[0]) + len(member[1])
-        if length > MAX_PACK_BYTES:  # the writer packs only chunks_fit_in_packs
+        located = length if self._member_length is None else self._member_length(length)
+        if located > MAX_PACK_BYTES:  # the writer packs only chunks_fit_in_packs
             raise ValueError(f"a member of {length} bytes cannot be packed")
-        if self._open and self._size + length > MAX_PACK_BYTES:
+        if self._open and self._size + located > MAX_PACK_BYTES:
             sealed.append(self._seal())  # no location may end past MAX_PACK_BYTES
-        self._open.append((digest, self._size, length, raw_length))
-        self._parts.extend(member)
-        self._size += length
+        self._open.append((digest, self._size, located, raw_length))
+        self._parts.append((digest, list(member)))
+        self._size += located
+        self._content += length
         if self._size >= self._target:
             sealed.append(self._seal())
 
     def _seal(self) -> _Sealed:
-        sealed = (self._open, self._parts, self._size)
-        self._parts, self._open, self._size = [], [], 0
+        sealed = (self._open, self._parts, self._size, self._content)
+        self._parts, self._open, self._size, self._content = [], [], 0, 0
         return sealed
 
     def _store(self, pack: _Sealed) -> None:
-        members, parts, size = pack
-        header = ChunkHeader(PACK.id, 1, size, size).pack()
-        pack_digest = self._ids.of_pieces(parts)
-        written = self._write(pack_digest, [header, *parts])
+        members, parts, size, content = pack
+        header = ChunkHeader(PACK.id, 1, content, content).pack()
+        pack_digest = self._ids.of_pieces([piece for _, pieces in parts for piece in pieces])
+        written = self._write(pack_digest, PackEncoding(header, parts))
         with self._lock:
             for digest, offset, length, _ in members:
                 location = PackLocation(pack_digest, offset, length)
@@ -286,7 +298,7 @@ def prefetch_bases(store: StoreHandle, members: list[MemberRead], cache: BaseCac
             if cache.get(base) is not None:
                 break  # decoded already: the deeper bases are not read
             if at is not None and at not in wanted:
-                check_listed_length(base, at, len(out))
+                check_listed_length(store, base, at, len(out))
                 wanted[at] = (base, at, out, NO_CHAIN)
     found: Prefetched = {}
     budget = PREFETCH_BYTES  # the bytes read, gaps between neighbours included
@@ -296,8 +308,7 @@ def prefetch_bases(store: StoreHandle, members: list[MemberRead], cache: BaseCac
             continue
         budget -= end - start
         try:
-            data = memoryview(store.objects.view_range(CHUNKS, run[0][1].pack,
-                                                       HEADER.size + start, end - start))
+            data = memoryview(store.objects.member_range(run[0][1].pack, start, end - start))
         except FileNotFoundError:
             continue
         for _, location, _, _ in run:
@@ -318,11 +329,10 @@ def read_members_into(store: StoreHandle, members: list[MemberRead], hops: int =
     thread's scratch buffers (:mod:`chunkstore.read.scratch`)."""
     pack = members[0][1].pack
     for digest, location, out, _ in members:  # bounded before anything is read
-        check_listed_length(digest, location, len(out))
+        check_listed_length(store, digest, location, len(out))
     start, end = member_span(members)
     try:
-        data = memoryview(store.objects.view_range(CHUNKS, pack, HEADER.size + start,
-                                                   end - start))
+        data = memoryview(store.objects.member_range(pack, start, end - start))
     except FileNotFoundError:
         def forwarded() -> None:
             for run in read_runs(forward_members(store, members, hops)):
@@ -341,38 +351,37 @@ def read_members_into(store: StoreHandle, members: list[MemberRead], hops: int =
 
 
 def copy_members(store: StoreHandle, pack: Digest, members: list[tuple[Digest, int, int]]
-                 ) -> list[bytes]:
+                 ) -> list[tuple[bytes, bytes]]:
     """The member objects at (digest, offset, length) of ``pack``, each checked as a
-    read checks it (so a repack never copies damage): the bytes to pack again.  A
+    read checks it (so a repack never copies damage), and the bytes the location
+    names (in an encrypted store of version 13 the member sealed on its own, which a
+    repack copies unchanged; elsewhere the same bytes): the bytes to pack again.  A
     delta member is checked as far as it can be without its bases (header, length,
     its payload decodes): its bytes are copied unchanged, and a read through its
     chain still hash-checks them."""
     reads: list[MemberRead] = [(digest, PackLocation(pack, offset, length),
                                 memoryview(bytearray(0)), NO_CHAIN)
                                for digest, offset, length in members]
-    copied: dict[tuple[int, int], bytes] = {}
+    copied: dict[tuple[int, int], tuple[bytes, bytes]] = {}
     for run in read_runs(reads):
         start, end = member_span(run)
-        data = memoryview(store.objects.get_range(CHUNKS, pack, HEADER.size + start,
-                                                  end - start))
+        data = memoryview(store.objects.member_range(pack, start, end - start))
         for digest, location, _, _ in run:
-            member = data[location.offset - start : location.offset - start + location.length]
+            stored = data[location.offset - start : location.offset - start + location.length]
+            member = store.objects.open_member(digest, location, stored)
             header = member_header(digest, member)
             out = memoryview(bytearray(header.raw_length))
             if header.base is None:
-                _decode_member(store, digest, location, member, out, NO_CHAIN, None, False)
+                _decode_opened(store, digest, member, out, NO_CHAIN, None, False)
             else:
-                _check_member_length(digest, location, member, header, out)
+                _check_member_length(digest, member, header, out)
                 decode_payload(digest, header, member, out)
-            copied[(location.offset, location.length)] = bytes(member)
+            copied[(location.offset, location.length)] = (bytes(member), bytes(stored))
     return [copied[(offset, length)] for _, offset, length in members]
 
 
-def _check_member_length(digest: Digest, location: PackLocation, data: memoryview,
-                         header: ChunkHeader, out: memoryview) -> None:
-    if len(data) != location.length:
-        raise CorruptChunkError(digest.hex, f"pack {location.pack.short()} ends before the"
-                                f" member's {location.length} bytes at {location.offset}")
+def _check_member_length(digest: Digest, data: memoryview, header: ChunkHeader,
+                         out: memoryview) -> None:
     if header.raw_length != len(out):
         raise CorruptChunkError(digest.hex, f"holds {header.raw_length} bytes, the manifest"
                                 f" expects {len(out)}")
@@ -385,11 +394,17 @@ def _decode_member(store: StoreHandle, digest: Digest, location: PackLocation, d
                    out: memoryview, chain: Chain, cache: BaseCache | None,
                    check_links: bool, prefetched: Prefetched | None = None, *,
                    transient: bool = False) -> None:
-    if len(data) < HEADER.size:
-        raise CorruptChunkError(digest.hex, f"pack {location.pack.short()} ends before the"
-                                f" member's {location.length} bytes at {location.offset}")
+    """Decode the member ``data`` (the bytes ``location`` names) into ``out``: opened
+    by the object layer's one path for members, then checked and decoded."""
+    _decode_opened(store, digest, store.objects.open_member(digest, location, data), out,
+                   chain, cache, check_links, prefetched, transient=transient)
+
+
+def _decode_opened(store: StoreHandle, digest: Digest, data: memoryview, out: memoryview,
+                   chain: Chain, cache: BaseCache | None, check_links: bool,
+                   prefetched: Prefetched | None = None, *, transient: bool = False) -> None:
     header = member_header(digest, data)
-    _check_member_length(digest, location, data, header, out)
+    _check_member_length(digest, data, header, out)
     if header.base is None:
         decode_object(digest, data, out, header=header, ids=store.objects.chunk_ids)
         return
@@ -406,13 +421,13 @@ def pack_header_problem(store: StoreHandle, pack: Digest) -> str | None:
     members still read back whole.  ``FileNotFoundError`` when the pack is gone.
     """
     try:
-        header = parse_header(pack, store.objects.get_range(CHUNKS, pack, 0, HEADER.size))
+        head = store.objects.pack_head(pack)
+        header = parse_header(pack, head.header)
     except ChunkStoreError as exc:  # damaged, or a format version no release wrote
         return str(exc)
     if header.codec_id != PACK.id or header.raw_length != header.payload_length:
         return f"pack {pack.hex[:16]}: listed as a pack, but its header is not a pack's"
-    size = store.objects.stat(CHUNKS, pack).size
-    if size != HEADER.size + header.payload_length:
-        return (f"pack {pack.hex[:16]}: the object is {size} bytes, its header says"
-                f" {HEADER.size + header.payload_length} (truncated or padded)")
+    if head.content != header.payload_length:
+        return (f"pack {pack.hex[:16]}: the object holds {head.content} bytes of members,"
+                f" its header says {header.payload_length} (truncated or padded)")
     return None

@@ -134,8 +134,7 @@ def _raw_length(store: StoreHandle, digest: Digest, location: PackLocation | Non
             head = store.objects.get_range(CHUNKS, digest, 0, HEADER.size + DIGEST_SIZE)
             return parse_header(digest, head).raw_length
         now = locate_member(store, digest, location)
-        head = store.objects.get_range(CHUNKS, now.pack, HEADER.size + now.offset,
-                                       min(now.length, HEADER.size + DIGEST_SIZE))
+        head = store.objects.member_head(digest, now, HEADER.size + DIGEST_SIZE)
         return member_header(digest, memoryview(head)).raw_length
     except FileNotFoundError:
         raise missing_chunk(store, digest) from None

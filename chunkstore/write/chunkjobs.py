@@ -29,7 +29,7 @@ from chunkstore.format.manifest import PackLocation
 from chunkstore.handle.basecopies import Place
 from chunkstore.index.lmdbindex import CHUNK, Claim, NewChunk
 from chunkstore.objects.kinds import CHUNKS
-from chunkstore.objects.objectstore import Pieces
+from chunkstore.objects.objectstore import PackEncoding
 from chunkstore.read.chain import base_bytes, base_prefix
 from chunkstore.read.members import Locations
 from chunkstore.read.packs import PackBuilder
@@ -352,8 +352,8 @@ class ChunkJobs(Reuse):
         slot = self._packs.add(seq, chunk.digest, member, len(chunk.view))
         return reused if reused is not None else (chunk.digest, None, (), slot, ())
 
-    def _write_pack(self, digest: Digest, pieces: Pieces) -> int:
-        """Store a sealed pack object, given as its pieces (see
+    def _write_pack(self, digest: Digest, pack: PackEncoding) -> int:
+        """Store a sealed pack object, given as its header and members (see
         :class:`~chunkstore.read.packs.PackBuilder`), as a new chunk object would be
         (:meth:`_store_pack`); return the bytes written.
 
@@ -372,8 +372,8 @@ class ChunkJobs(Reuse):
         put-if-absent; return the bytes written."""
         if self._reusable(CHUNK, digest, claim):
             return 0  # the same pack is stored and safe to reference: nothing written
-        size = sum(map(len, pieces))
-        if self._store.objects.put_if_absent_deferred(CHUNKS, digest, pieces):
+        size = self._store.objects.pack_size(pack)
+        if self._store.objects.put_if_absent_deferred(CHUNKS, digest, pack):
             return size
         try:  # a copy exists (an orphan of an earlier save): keep it only if intact
             decode_object(digest, self._store.objects.get(CHUNKS, digest),
@@ -381,5 +381,5 @@ class ChunkJobs(Reuse):
             return size
         except (FileNotFoundError, ChunkStoreError):
             pass
-        self._store.objects.put(CHUNKS, digest, pieces)
+        self._store.objects.put(CHUNKS, digest, pack)
         return size

@@ -84,7 +84,7 @@ from chunkstore.handle.versions import VersionInfo, entry_from_record
 from chunkstore.index.claims import GroupClaims
 from chunkstore.index.lmdbindex import CHUNK, NODE, Claim, NewChunk
 from chunkstore.objects.kinds import CHUNKS, NODES, VERSIONS
-from chunkstore.objects.objectstore import Pieces
+from chunkstore.objects.objectstore import PackEncoding
 from chunkstore.objects.signing import PrivateKeyLike, signing_key
 from chunkstore.protocol import audit
 from chunkstore.protocol.journal import Fence, sync_journal
@@ -139,7 +139,8 @@ def _as_le_contiguous(array: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(array)
 
 
-def _weakly(method: Callable[[Digest, Pieces], int]) -> Callable[[Digest, Pieces], int]:
+def _weakly(method: Callable[[Digest, PackEncoding], int]
+            ) -> Callable[[Digest, PackEncoding], int]:
     """``method`` as a callback that does not keep its writer alive.
 
     A writer's helpers that called back through a bound method would make a
@@ -148,7 +149,7 @@ def _weakly(method: Callable[[Digest, Pieces], int]) -> Callable[[Digest, Pieces
     """
     ref = weakref.WeakMethod(method)
 
-    def call(digest: Digest, data: Pieces) -> int:
+    def call(digest: Digest, data: PackEncoding) -> int:
         bound = ref()
         if bound is None:
             raise VersionClosedError("the version's writer is gone")
@@ -183,7 +184,8 @@ class VersionWriter(ChunkJobs):
         self._small: list[tuple[PendingTensor, memoryview, str, int]] = []
         self._small_bytes = 0
         self._packs = PackBuilder(_weakly(self._write_pack), store.pack_size,
-                                  ids=store.objects.chunk_ids)
+                                  ids=store.objects.chunk_ids,
+                                  member_length=store.objects.member_length)
         self._reusable_packs: dict[Digest, Future[bool]] = {}
         self._reusable_packs_lock = threading.Lock()
         self._closed = False
@@ -266,7 +268,7 @@ class VersionWriter(ChunkJobs):
                 return
             # Chunks of nearly the largest chunk size are objects of their own: no pack
             # location may end past MAX_PACK_BYTES.
-            fit = chunks_fit_in_packs(chunk_bytes)
+            fit = chunks_fit_in_packs(chunk_bytes, self._store.objects.member_length)
             pack_chunks = fit and not self._parent.depth and (
                 self._store.objects.local_path() is None if PACK_LARGE_TENSORS is None
                 else PACK_LARGE_TENSORS)
