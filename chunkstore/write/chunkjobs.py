@@ -85,7 +85,7 @@ class ChunkJobs(Reuse):
     _inflight: threading.BoundedSemaphore
     #: the last pack a commit sealed, put aside by :meth:`_write_pack` (a list while the
     #: commit, in thread ``_committing``, seals it), until the commit stores it
-    _set_aside: list[tuple[Digest, Pieces]] | None = None
+    _set_aside: list[tuple[Digest, PackEncoding]] | None = None
     _committing: int = 0
 
     def _store_chunk_job(self, view: memoryview, dtype: str, itemsize: int,
@@ -362,12 +362,12 @@ class ChunkJobs(Reuse):
         the version's nodes, in their transaction, and stores it before them
         (:meth:`~chunkstore.write.writer.VersionWriter._write_nodes`)."""
         if self._set_aside is not None and threading.get_ident() == self._committing:
-            self._set_aside.append((digest, pieces))
+            self._set_aside.append((digest, pack))
             return 0
-        return self._store_pack(digest, pieces, self._claim)
+        return self._store_pack(digest, pack, self._claim)
 
-    def _store_pack(self, digest: Digest, pieces: Pieces, claim: Callable[[Digest], Claim]
-                    ) -> int:
+    def _store_pack(self, digest: Digest, pack: PackEncoding,
+                    claim: Callable[[Digest], Claim]) -> int:
         """Claim the pack (``claim``), wait out a GC that is deleting or fencing a copy,
         put-if-absent; return the bytes written."""
         if self._reusable(CHUNK, digest, claim):

@@ -390,8 +390,8 @@ class VersionWriter(ChunkJobs):
         last, self._set_aside = self._set_aside or [], None
         claimed = index.claim_kinds(self._session, {NODE: nodes, CHUNK: [d for d, _ in last]})
         packs = []
-        for digest, pieces in last:
-            written = self._store_pack(digest, pieces,
+        for digest, pack in last:
+            written = self._store_pack(digest, pack,
                                        self._pre_claimed(claimed[CHUNK][digest], generation))
             if written:
                 content = next(c for d, c, _ in self._packs.packs if d == digest)
