@@ -736,11 +736,20 @@ class Index(VersionLookups):
         commit, one sync, for the hundreds an open counts in); return the ids of
         those the index did not hold before."""
         now = time.time()
+        bumps: Counter[tuple[bytes, bytes]] = Counter()
         with self._writing() as txn:
-            return [version.entry.id for version in versions if self._add(txn, version, now)]
+            added = [version.entry.id for version in versions
+                     if self._add(txn, version, now, bumps)]
+            # Each object's refcount written once (the batch's versions share most of
+            # theirs); raised by n at once it ends as n raises of one would.
+            for (kind, raw), n in sorted(bumps.items()):
+                self._bump(txn, kind, Digest(raw), n, now)
+        return added
 
-    def _add(self, txn: lmdb.Transaction, version: NewVersion, now: float) -> bool:
-        """Count one version in (:meth:`add_version`); False if the index holds it."""
+    def _add(self, txn: lmdb.Transaction, version: NewVersion, now: float,
+             bumps: Counter[tuple[bytes, bytes]] | None = None) -> bool:
+        """Count one version in (:meth:`add_version`); False if the index holds it.
+        With ``bumps``, its references are added there, not to the refcounts."""
         entry = version.entry
         if txn.get(entry.id.encode(), db=self.versions_db) is not None:
             return False
@@ -757,11 +766,15 @@ class Index(VersionLookups):
                                   now)
                 self._put(txn, NODE, digest, rec)
         ref_list = sorted(set(version.refs))
-        for digest in ref_list:
-            self._bump(txn, CHUNK, digest, +1, now)
         node_list = sorted(version.nodes)
-        for digest in node_list:
-            self._bump(txn, NODE, digest, +1, now)
+        if bumps is not None:
+            bumps.update((CHUNK, d.raw) for d in ref_list)
+            bumps.update((NODE, d.raw) for d in node_list)
+        else:
+            for digest in ref_list:
+                self._bump(txn, CHUNK, digest, +1, now)
+            for digest in node_list:
+                self._bump(txn, NODE, digest, +1, now)
         txn.put(entry.id.encode(), entry.to_json(), db=self.versions_db)
         versiontables.put(txn, self._orders(), entry)
         txn.put(entry.id.encode(), b"".join(d.raw for d in ref_list), db=self.refs)
