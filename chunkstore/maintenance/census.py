@@ -7,10 +7,12 @@ version adds to the census never changes: versions are immutable.  So each
 version's contribution (its chunks' chain depths, its packed chunks, whether it
 records ranks) is kept in the index's ``census`` table, bound to the version as the
 index holds it (:mod:`chunkstore.index.derived`: removed, counted in again or the
-index rebuilt, it is counted afresh), and a report reads only the manifests of the
-versions counted since.  The ranks are the exception: a rank's new bytes count
-against every earlier version, so a store with ranked versions has the manifests of
-every version up to its last ranked one read (as before the table existed).
+index rebuilt, it is counted afresh), recorded by the save that wrote the version
+and by the open that counted it in (:mod:`chunkstore.handle.censusrecord`), so a
+report reads only the manifests of versions recorded without it.  The ranks are
+the exception: a rank's new bytes count against every earlier version, so a store
+with ranked versions has the manifests of every version up to its last ranked one
+read (as before the table existed).
 The manifests a census reads are read in parallel, a batch at a time
 (:func:`_each_read`), and merged in version order.
 """
