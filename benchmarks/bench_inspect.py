@@ -48,6 +48,10 @@ label (``--label``, ``--baseline-label``)::
         --commands "verify --quick" report --label first-after \\
         --baseline /work/main-before --baseline-label first-before \\
         --stores /tmp/inspect-stores --out benchmarks/results/inspect.json
+
+``--first-open K`` times instead the first open of each store by a new index
+(``log -n 1`` on a copy of ``base-N`` without its index: every version counted
+in), ``K`` rounds, in turn with ``--baseline`` (runs ``countin-open-*``).
 """
 
 from __future__ import annotations
