@@ -48,6 +48,10 @@ label (``--label``, ``--baseline-label``)::
         --commands "verify --quick" report --label first-after \\
         --baseline /work/main-before --baseline-label first-before \\
         --stores /tmp/inspect-stores --out benchmarks/results/inspect.json
+
+``--first-open K`` times instead the first open of each store by a new index
+(``log -n 1`` on a copy of ``base-N`` without its index: every version counted
+in), ``K`` rounds, in turn with ``--baseline`` (runs ``countin-open-*``).
 """
 
 from __future__ import annotations
@@ -104,6 +108,7 @@ with counting as install:
 done = time.perf_counter()
 with open(os.environ["BENCH_INSPECT_TIMES"], "w") as out:
     json.dump({"import_s": imported - started, "in_process_s": done - imported,
+               "cpu_s": time.process_time(),
                "exit": code, "requests": None if counts is None else dict(counts)}, out)
 """
 
@@ -193,6 +198,8 @@ def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {"wall_s": round(statistics.median(r["wall_s"] for r in runs), 4),
             "in_process_s": round(statistics.median(r["in_process_s"] for r in runs), 4),
             "in_process_runs_s": [round(r["in_process_s"], 4) for r in runs],
+            **({"cpu_s": round(statistics.median(r["cpu_s"] for r in runs), 4)}
+               if all("cpu_s" in r for r in runs) else {}),
             "exit": runs[-1]["exit"], "output_lines": runs[-1]["output_lines"],
             "runs": len(runs),
             **({"requests": runs[-1]["requests"]} if runs[-1].get("requests") else {})}
@@ -264,6 +271,31 @@ def first_runs(codes: dict[str, Path], counted: dict[int, Path], commands: list[
     return found_all
 
 
+def first_opens(codes: dict[str, Path], bases: dict[int, Path], rounds: int
+                ) -> dict[str, dict[str, Any]]:
+    """Per label: the first open of each store by a new index (``log -n 1`` on a copy
+    of ``base-N`` without its index: every version counted in), ``rounds`` times, the
+    codes of ``codes`` in turn."""
+    samples: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for level, base in bases.items():
+        with tempfile.TemporaryDirectory() as scratch_dir:
+            scratch = Path(scratch_dir)
+            place = scratch / "store"
+            shutil.copytree(base, place, symlinks=True, ignore=shutil.ignore_patterns("index"))
+            for _ in range(rounds):
+                for label, code in codes.items():
+                    shutil.rmtree(place / "index", ignore_errors=True)
+                    found = run_once(code, ["log", str(place), "-n", "1"], scratch)
+                    samples.setdefault((label, level), []).append(found)
+                    print(f"  {label:<14} {level:>6} first open in-process"
+                          f" {found['in_process_s']:7.3f} s, cpu {found['cpu_s']:7.3f} s"
+                          f" (exit {found['exit']})", flush=True)
+    found_all: dict[str, dict[str, Any]] = {}
+    for (label, level), runs in samples.items():
+        found_all.setdefault(label, {})[str(level)] = medians(runs)
+    return found_all
+
+
 @contextlib.contextmanager
 def _bucket(where: str, source: Path) -> Iterator[tuple[str, dict[str, str]]]:
     """Locally the store's path (nothing to start); on S3 a moto server filled with
@@ -312,12 +344,17 @@ def main(argv: list[str] | None = None) -> None:
                         help="with --first-runs: the index the first runs find, built by"
                         " the store's first open (count-in, which records each version's"
                         " census) or the one the saves that built the store kept (saves)")
+    parser.add_argument("--first-open", type=int, default=0, metavar="K",
+                        help="measure instead the first open of each store by a new index"
+                        " (every version counted in), K rounds, in turn with --baseline")
     args = parser.parse_args(argv)
     if args.count:
         os.environ["BENCH_INSPECT_COUNT"] = "1"
     args.stores.mkdir(parents=True, exist_ok=True)
     bases = built(args.stores, tuple(args.levels))
     code = args.code.resolve()
+    if args.first_open:
+        return first_open_main(args, code, bases, argv)
     places = {level: prepared(code, base, args.stores / f"{args.label}-{level}")
               for level, base in bases.items()}
     settled(code, places)
@@ -345,14 +382,40 @@ def main(argv: list[str] | None = None) -> None:
             "command": command, "code": str(code), "commit": commit_of(code),
             "repeat": args.repeat, "machine": machine, "python": platform.python_version(),
             "seconds": round(time.perf_counter() - started), "levels": found}
-    if args.out is not None:
-        results = json.loads(args.out.read_text()) if args.out.exists() else {}
-        for label in runs:
-            if label in results:
-                raise SystemExit(f"{args.out} has a run labelled {label!r} already: choose"
-                                 " another label (runs are added, never rewritten)")
-        results.update(runs)
-        args.out.write_text(json.dumps(results, indent=2) + "\n")
+    record(args.out, runs)
+
+
+def first_open_main(args: argparse.Namespace, code: Path, bases: dict[int, Path],
+                    argv: list[str] | None) -> None:
+    """``--first-open``: :func:`first_opens`, each label recorded in ``--out``."""
+    started = time.perf_counter()
+    codes = {args.label: code}
+    if args.baseline is not None:
+        codes[args.baseline_label] = args.baseline.resolve()
+    found_by = first_opens(codes, bases, args.first_open)
+    command = "python -m benchmarks.bench_inspect " + " ".join(
+        sys.argv[1:] if argv is None else argv)
+    runs = {label: {"command": command, "code": str(codes[label]),
+                    "commit": commit_of(codes[label]), "first_open": args.first_open,
+                    "measured_in_turn_with": [k for k in codes if k != label],
+                    "machine": f"{platform.machine()}, {os.cpu_count()} cores (shared with"
+                    " other jobs)", "python": platform.python_version(),
+                    "seconds": round(time.perf_counter() - started), "first_open_s": found}
+            for label, found in found_by.items()}
+    record(args.out, runs)
+
+
+def record(out: Path | None, runs: dict[str, dict[str, Any]]) -> None:
+    """Add ``runs`` to the results file ``out`` (a label already there: refused)."""
+    if out is None:
+        return
+    results = json.loads(out.read_text()) if out.exists() else {}
+    for label in runs:
+        if label in results:
+            raise SystemExit(f"{out} has a run labelled {label!r} already: choose"
+                             " another label (runs are added, never rewritten)")
+    results.update(runs)
+    out.write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -7,10 +7,12 @@ version adds to the census never changes: versions are immutable.  So each
 version's contribution (its chunks' chain depths, its packed chunks, whether it
 records ranks) is kept in the index's ``census`` table, bound to the version as the
 index holds it (:mod:`chunkstore.index.derived`: removed, counted in again or the
-index rebuilt, it is counted afresh), and a report reads only the manifests of the
-versions counted since.  The ranks are the exception: a rank's new bytes count
-against every earlier version, so a store with ranked versions has the manifests of
-every version up to its last ranked one read (as before the table existed).
+index rebuilt, it is counted afresh), recorded by the save that wrote the version
+and by the open that counted it in (:mod:`chunkstore.handle.censusrecord`), so a
+report reads only the manifests of versions recorded without it.  The ranks are
+the exception: a rank's new bytes count against every earlier version, so a store
+with ranked versions has the manifests of every version up to its last ranked one
+read (as before the table existed).
 The manifests a census reads are read in parallel, a batch at a time
 (:func:`_each_read`), and merged in version order.
 """
@@ -29,6 +31,7 @@ from chunkstore.format.digest import Digest
 from chunkstore.format.dtypes import element_size
 from chunkstore.format.manifest import DataEntry, PackLocation, TensorEntry
 from chunkstore.format.shards import RANKS_ENTRY, ShardRanks
+from chunkstore.handle.censusrecord import CENSUS_FORM, contribution
 from chunkstore.handle.tree import FlatTree, Leaf, flatten, load_data
 from chunkstore.index.writegate import WriterBusy
 from chunkstore.read.reader import VersionReader, map_jobs
@@ -38,9 +41,6 @@ if TYPE_CHECKING:
     from chunkstore.handle.versions import VersionInfo
 
 log = logging.getLogger(__name__)
-#: The form of a recorded contribution (:func:`contribution`); one of another form is
-#: counted again from the manifests.
-CENSUS_FORM = 1
 
 
 @dataclass(frozen=True)
@@ -204,7 +204,7 @@ def _contribution_of(store: StoreHandle, info: VersionInfo) -> bytes | None:
     """The version's :func:`contribution`, from its manifests; None where they cannot
     be read."""
     try:
-        return contribution(flatten(store.objects, info.root, store.node_cache))
+        return contribution(flatten(store.objects, info.root, store.node_cache).leaves)
     except ChunkStoreError:
         return None
 
@@ -217,28 +217,6 @@ def _ranked_tree(store: StoreHandle, info: VersionInfo
         return flat, _ranks_record(flat.leaves, functools.partial(_data, store, flat))
     except ChunkStoreError:
         return None
-
-
-def contribution(flat: FlatTree) -> bytes:
-    """What one version adds to the census (JSON): its chunks' deepest chains, its
-    packed chunks, and whether it records its shards' ranks."""
-    depths: dict[str, int] = {}
-    members: list[list[Any]] = []
-    for leaf in flat.leaves.values():
-        if not isinstance(leaf, TensorEntry):
-            continue
-        for shard in leaf.shards:
-            for digest, chain in zip(shard.chunks, shard.bases, strict=False):
-                if chain:
-                    depths[digest.hex] = max(depths.get(digest.hex, 0), len(chain))
-            if shard.packs:
-                spans = shard.chunk_spans(element_size(leaf.dtype))
-                for (digest, _start, length), at in zip(spans, shard.packs, strict=False):
-                    if at is not None:
-                        members.append([digest.hex, *at.to_json(), length])
-    ranked = isinstance(flat.leaves.get(RANKS_ENTRY), DataEntry)
-    return json.dumps({"census": CENSUS_FORM, "depths": depths, "members": members,
-                       "ranked": ranked}, separators=(",", ":")).encode()
 
 
 @dataclass

@@ -8,9 +8,11 @@ afresh and reconciles.
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from chunkstore.codecs import PACK
 from chunkstore.errors import ChunkStoreError
@@ -19,13 +21,14 @@ from chunkstore.format.digest import (
     DIGEST_SIZE,
     Digest,
 )
+from chunkstore.handle.censusrecord import contribution
 from chunkstore.handle.tree import flatten
 from chunkstore.handle.versions import entry_from_record
 from chunkstore.index.lmdbindex import (
     ChunkState,
     NewChunk,
+    NewVersion,
 )
-from chunkstore.maintenance.census import contribution
 from chunkstore.objects.kinds import CHUNKS, LEASES, NODES, TAGS, VERSIONS
 from chunkstore.protocol.published import (
     FULL_LISTING_S,
@@ -35,6 +38,7 @@ from chunkstore.protocol.published import (
     recent_markers,
 )
 from chunkstore.protocol.runlease import withdrawn, withdrawn_name
+from chunkstore.read.reader import map_jobs
 
 if TYPE_CHECKING:
     from chunkstore.handle.handle import StoreHandle
@@ -76,10 +80,50 @@ def _needs_info(store: StoreHandle, digest: Digest) -> bool:
     return record is None or record.state == ChunkState.WRITING
 
 
+#: Versions counted in at once (:func:`count_in_many`): read in parallel, then added to
+#: the index in one write transaction (one commit and sync, not one per version).
+COUNT_BATCH = 256
+
+
 def count_in(store: StoreHandle, version_id: str,
              withdrawn_ids: frozenset[str] | None = None) -> bool:
     """Add a version found on the backend to the index; False if it cannot be read, or
     if it was withdrawn (``withdrawn_ids``, one listing of them; None: asked here)."""
+    return bool(count_in_many(store, [version_id], withdrawn_ids))
+
+
+def count_in_many(store: StoreHandle, version_ids: list[str],
+                  withdrawn_ids: frozenset[str] | None = None) -> list[str]:
+    """:func:`count_in` of each version, :data:`COUNT_BATCH` at a time: each batch's
+    versions read in parallel (:func:`~chunkstore.read.reader.map_jobs`), then added
+    in one index transaction; return those counted in, in order (the others cannot
+    be read, were withdrawn, or were removed while they were being counted in)."""
+    counted: list[str] = []
+    for start in range(0, len(version_ids), COUNT_BATCH):
+        batch = version_ids[start:start + COUNT_BATCH]
+        # A lone version's objects are asked about in parallel; a batch's versions are.
+        each: Callable[..., Iterable[Any]] = store.executor.map if len(batch) == 1 else map
+        read = [found for found in map_jobs(
+            store.executor, batch, functools.partial(_read_in, store, withdrawn_ids, each),
+            store.read_jobs) if found is not None]
+        if not read:
+            continue
+        store.index.add_versions(read)
+        ids = [found.entry.id for found in read]
+        there = map_jobs(store.executor, ids, functools.partial(store.objects.exists, VERSIONS),
+                         store.read_jobs)
+        gone = [vid for vid, present in zip(ids, there, strict=True) if not present]
+        if gone:
+            store.index.remove_versions(gone)  # removed while they were being counted in
+        counted += [vid for vid, present in zip(ids, there, strict=True) if present]
+    return counted
+
+
+def _read_in(store: StoreHandle, withdrawn_ids: frozenset[str] | None,
+             each: Callable[..., Iterable[Any]], version_id: str) -> NewVersion | None:
+    """What counting a version in adds to the index, from its commit record and
+    manifests (``each`` maps over its objects); None if it cannot be read, or was
+    withdrawn (:func:`count_in`)."""
     try:
         record = store.read_record(version_id)
         if (version_id in withdrawn_ids if withdrawn_ids is not None
@@ -90,26 +134,22 @@ def count_in(store: StoreHandle, version_id: str,
                         " record its earlier writer created again is deleted",
                         version_id[:12], record.run, record.step)
             store.objects.discard(VERSIONS, version_id)
-            return False
+            return None
         flat = flatten(store.objects, record.root, store.node_cache)
     except (FileNotFoundError, ChunkStoreError) as exc:
         log.warning("version %s is not readable, left out of the index: %s", version_id[:12], exc)
-        return False
+        return None
     refs = flat.chunk_digests()
     # A chunk still WRITING was claimed by a save that died before its index
     # update (killed after the commit record): its size is known only here.
     unknown = [d for d in refs if _needs_info(store, d)]
-    new_chunks = [c for c in store.executor.map(lambda d: chunk_info(store, d), unknown) if c]
+    new_chunks = [c for c in each(lambda d: chunk_info(store, d), unknown) if c]
     node_digests = sorted(flat.tree_nodes | flat.data_nodes(), key=lambda d: d.raw)
-    nodes = dict(zip(node_digests, store.executor.map(lambda d: _node_size(store, d),
-                                                      node_digests), strict=True))
+    nodes = dict(zip(node_digests, each(lambda d: _node_size(store, d), node_digests),
+                     strict=True))
     # Its census recorded with it: report need not read its manifests again.
-    store.index.add_version(entry_from_record(version_id, record), refs, nodes, new_chunks,
-                            packed=flat.pack_members(), census=contribution(flat))
-    if not store.objects.exists(VERSIONS, version_id):
-        store.index.remove_version(version_id)  # removed while it was being counted in
-        return False
-    return True
+    return NewVersion(entry_from_record(version_id, record), refs, nodes, new_chunks,
+                      flat.pack_members(), contribution(flat.leaves))
 
 
 def _node_size(store: StoreHandle, digest: Digest) -> int:
@@ -194,6 +234,7 @@ def reconcile_from_markers(store: StoreHandle, now: float | None = None) -> bool
     if expected is None:
         return False
     named = set()
+    found: list[str] = []
     for marker in recent_markers(store.objects, markers_s, now):
         held = store.index.version(marker.version_id) is not None
         if marker.removed:
@@ -202,7 +243,8 @@ def reconcile_from_markers(store: StoreHandle, now: float | None = None) -> bool
             continue
         named.add(marker.version_id)
         if not held and store.objects.exists(VERSIONS, marker.version_id):
-            count_in(store, marker.version_id)  # else: no such version (yet, or now)
+            found.append(marker.version_id)  # else: no such version (yet, or now)
+    count_in_many(store, found)
     if expected - named:
         return False
     _sync_tags(store)
@@ -223,13 +265,12 @@ def line_up(store: StoreHandle, in_index: set[str], listed: set[str],
     result = result or RebuildResult()
     new = sorted(listed - in_index)
     gone = withdrawn(store.objects) if new else frozenset()
-    for version_id in new:
-        if store.index.version(version_id) is not None:
-            continue  # its own save counted it in meanwhile
-        if count_in(store, version_id, gone):
-            result.versions += 1
-        else:
-            result.skipped.append(version_id)
+    for start in range(0, len(new), COUNT_BATCH):
+        # Not those their own saves counted in meanwhile.
+        batch = [vid for vid in new[start:start + COUNT_BATCH] if store.index.version(vid) is None]
+        counted = set(count_in_many(store, batch, gone))
+        result.versions += len(counted)
+        result.skipped += [vid for vid in batch if vid not in counted]
     for version_id in in_index - listed:
         if not store.objects.exists(VERSIONS, version_id):
             store.index.remove_version(version_id)

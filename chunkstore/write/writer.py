@@ -78,6 +78,7 @@ from chunkstore.format.manifest import (
 from chunkstore.format.names import check_entry_name, check_label
 from chunkstore.format.records import MAX_COUNT, CommitRecord
 from chunkstore.format.treelayout import build_tree
+from chunkstore.handle.censusrecord import contribution
 from chunkstore.handle.signatures import sign_existing, store_signature
 from chunkstore.handle.tree import flatten
 from chunkstore.handle.versions import VersionInfo, entry_from_record
@@ -353,11 +354,16 @@ class VersionWriter(ChunkJobs):
     def _build_tree(self, tensors: dict[str, TensorEntry]) -> tuple[Digest, dict[Digest, bytes]]:
         """Encode the tree (see :func:`chunkstore.format.treelayout.build_tree`); returns the root
         and every node's bytes, data nodes included."""
-        leaves: dict[str, TensorEntry | DataEntry] = dict(tensors)
-        leaves.update({n: DataEntry(d, size) for n, (d, _, size) in self._data.items()})
-        root, nodes = build_tree(leaves, self._store.node_size, self._store.objects.node_ids)
+        root, nodes = build_tree(self._leaves(tensors), self._store.node_size,
+                                 self._store.objects.node_ids)
         nodes.update({d: b for d, b, _ in self._data.values()})
         return root, nodes
+
+    def _leaves(self, tensors: dict[str, TensorEntry]) -> dict[str, TensorEntry | DataEntry]:
+        """The version's leaves by full name: ``tensors`` and its data entries."""
+        leaves: dict[str, TensorEntry | DataEntry] = dict(tensors)
+        leaves.update({n: DataEntry(d, size) for n, (d, _, size) in self._data.items()})
+        return leaves
 
     def _same_content(self, version: VersionInfo, tensors: dict[str, TensorEntry]) -> bool:
         """Whether ``version`` holds exactly this version's entries (the same names,
@@ -509,8 +515,10 @@ class VersionWriter(ChunkJobs):
             packed = {digest: location for t in tensors.values() for shard in t.shards
                       for i, digest in enumerate(shard.chunks)
                       if (location := shard.location(i)) is not None and not shard.chain(i)}
+            # Its census recorded with it: report need not read its manifests.
             store.index.add_version(entry, refs, {d: len(b) for d, b in nodes.items()},
-                                    new_chunks, self._session, packed)
+                                    new_chunks, self._session, packed,
+                                    census=contribution(self._leaves(tensors)))
         except Exception as exc:
             # The commit record is the truth; reconcile counts the version in on
             # the next open or GC.  A leftover session object ends with this process.
