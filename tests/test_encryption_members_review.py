@@ -6,6 +6,7 @@ that verifies.  Real files, real LMDB, a real SIGKILL."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -232,3 +233,31 @@ def test_a_pack_sealed_whole_in_a_version_13_store_is_not_taken_as_whole(
         result = chunkstore.repair(copy, store)
         assert result.ok, result.to_json()
         assert _read_all(copy, version, tensors) == set()
+
+
+def test_a_sync_replaces_a_damaged_pack_its_target_index_does_not_know(
+        tmp_path: Path) -> None:
+    """The target holds the pack with one member flipped, and an index of its own that
+    never recorded it (another machine's): the sync's put-if-absent finds the object,
+    which fails authentication: it is replaced by the source's checked bytes, not
+    reported as a failure of the source's version (before: failed, "chunk ... is
+    corrupt", the destination left as it was)."""
+    src, dst, tensors = tmp_path / "src", tmp_path / "dst", _tensors(1)
+    with _open(src) as store:
+        version = _save(store, 1, tensors)
+        chunkstore.sync(store, dst)
+        _, location = _locations(store, version)["t2"]
+    damaged = (dst / CHUNKS.key(location.pack)).read_bytes()
+    for stale in (dst / "versions", dst / "nodes"):
+        shutil.rmtree(stale)
+    (dst / "versions").mkdir()
+    for chunk in (dst / "chunks").rglob("*"):
+        if chunk.is_file():
+            chunk.unlink()
+    (dst / CHUNKS.key(location.pack)).write_bytes(damaged)
+    _flip(dst, location)
+    with _open(dst, index_dir=str(tmp_path / "fresh-index")) as copy, \
+            _open(src) as store:
+        result = chunkstore.sync(store, copy)
+        assert result.ok, result.to_json()
+        assert _read_all(copy, version, tensors) == set() and copy.verify().ok
