@@ -264,8 +264,12 @@ def test_a_sync_replaces_a_damaged_pack_its_target_index_does_not_know(
     _flip(dst, location)
     with _open(dst, index_dir=str(tmp_path / "fresh-index")) as copy, \
             _open(src) as store:
+        before = tree_snapshot(dst)
+        planned = chunkstore.sync(store, copy, dry_run=True)
+        assert planned.ok and tree_snapshot(dst) == before, planned.to_json()
         result = chunkstore.sync(store, copy)
         assert result.ok, result.to_json()
+        assert planned.objects_copied == result.objects_copied
         assert _read_all(copy, version, tensors) == set() and copy.verify().ok
 
 
