@@ -663,6 +663,9 @@ def _unlink_quietly(path: str) -> None:
 
 def _pread(fd: int, start: int, length: int) -> bytes:
     """Up to ``length`` bytes of ``fd`` from ``start`` (fewer at the end of the file)."""
+    if length > MAP_MIN_BYTES:  # pread allocates what it is asked for: a length past the
+        # end (a crafted or damaged location) would ask for memory the file never holds
+        length = min(length, max(os.fstat(fd).st_size - start, 0))
     parts: list[bytes] = []
     done = 0
     while done < length:

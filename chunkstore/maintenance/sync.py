@@ -230,6 +230,16 @@ def check_same_keys(src: StoreHandle, dst: StoreHandle, operation: str) -> None:
                               " each pack whole (store version"
                               f" {packs.config.format_version}); nothing was copied. Restore"
                               " from one and save into the other")
+    segments = [h.config.encryption.segment_size if h.config.encryption is not None else None
+                for h in (src, dst)]
+    if src.objects.sealed_members and segments[0] != segments[1]:
+        # Members' stored bytes are copied as they are: each opens only in segments of
+        # the size it was sealed in.
+        raise EncryptionError(dst.url, f"{operation} between {src.url} and {dst.url} would"
+                              " copy pack members sealed in segments of"
+                              f" {segments[0]} bytes into a store that opens them in"
+                              f" segments of {segments[1]}; nothing was copied. Restore"
+                              " from one and save into the other")
 
 
 def _itself(dst: StoreHandle) -> InvalidInputError:

@@ -350,7 +350,7 @@ class VersionCopy:
             return
         try:
             existing = self.dst.objects.get(CHUNKS, digest)
-        except FileNotFoundError:
+        except (FileNotFoundError, CorruptChunkError):  # failing its check: replaced
             existing = None
         kept = existing is not None and (existing == data or (
             (need is None or not need[0]) and _standalone_intact(self.dst, digest, existing)))
@@ -384,6 +384,8 @@ class VersionCopy:
         try:
             existing = objects.get(CHUNKS, digest)
         except FileNotFoundError:
+            existing = b""
+        except CorruptChunkError:  # a sealed copy failing authentication: replaced
             existing = b""
         if existing == data or _standalone_intact(self.dst, digest, existing):
             return existing, False  # landed before (a killed sync), or stored otherwise

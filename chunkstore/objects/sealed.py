@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from chunkstore.backends import Backend, ObjectInfo
+from chunkstore.codecs import PACK
 from chunkstore.errors import (
     CorruptChunkError,
     CorruptNodeError,
@@ -36,7 +37,7 @@ from chunkstore.errors import (
     CorruptTagError,
     IntegrityError,
 )
-from chunkstore.format.chunkobj import HEADER
+from chunkstore.format.chunkobj import HEADER, MAGIC
 from chunkstore.format.digest import ChunkIds, Digest
 from chunkstore.format.manifest import PackLocation
 from chunkstore.objects import sealedpacks
@@ -58,6 +59,11 @@ from chunkstore.objects.kinds import (
     Kind,
 )
 from chunkstore.objects.objectstore import ObjectStore, PackEncoding, PackHead, Pieces
+
+
+def _is_pack(plain: bytes) -> bool:
+    """Whether an opened chunk object is a pack (its header names the pack codec)."""
+    return len(plain) >= HEADER.size and plain[:4] == MAGIC and plain[5] == PACK.id
 
 
 def corrupt(kind: Kind[IdT], key: str, reason: str) -> IntegrityError:
@@ -130,9 +136,16 @@ class SealedObjects(ObjectStore):
         if kind in CLEAR_KINDS:
             return data
         try:
-            return self.sealer.open(key, data)
+            plain = self.sealer.open(key, data)
         except AuthenticationError as exc:
             failure = exc
+        else:
+            if not (self.sealed_members and kind is CHUNKS and _is_pack(plain)):
+                return plain
+            # A pack sealed whole (as a store of version 12 lays it out): its members
+            # are not where its locations, which count stored bytes here, say.
+            failure = AuthenticationError("a pack sealed whole, where each member is"
+                                          " sealed on its own")
         if self.sealed_members and kind is CHUNKS:  # or a pack, sealed member by member
             try:
                 return sealedpacks.open_pack(self.sealer, key, data)
