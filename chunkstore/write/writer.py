@@ -78,7 +78,6 @@ from chunkstore.format.manifest import (
 from chunkstore.format.names import check_entry_name, check_label
 from chunkstore.format.records import MAX_COUNT, CommitRecord
 from chunkstore.format.treelayout import build_tree
-from chunkstore.handle.censusrecord import contribution
 from chunkstore.handle.signatures import sign_existing, store_signature
 from chunkstore.handle.tree import flatten
 from chunkstore.handle.versions import VersionInfo, entry_from_record
@@ -515,10 +514,10 @@ class VersionWriter(ChunkJobs):
             packed = {digest: location for t in tensors.values() for shard in t.shards
                       for i, digest in enumerate(shard.chunks)
                       if (location := shard.location(i)) is not None and not shard.chain(i)}
-            # Its census recorded with it: report need not read its manifests.
+            # No census recorded (report reads and records it): a census per save made
+            # the index of a keep_last job keep growing (tests/test_steady_disk.py).
             store.index.add_version(entry, refs, {d: len(b) for d, b in nodes.items()},
-                                    new_chunks, self._session, packed,
-                                    census=contribution(self._leaves(tensors)))
+                                    new_chunks, self._session, packed)
         except Exception as exc:
             # The commit record is the truth; reconcile counts the version in on
             # the next open or GC.  A leftover session object ends with this process.
