@@ -221,7 +221,15 @@ def test_protocol_as_implemented_loses_nothing(world: str) -> None:
     assert result.states > 1000
 
 
-@pytest.mark.parametrize("world", list(SYNC_WORLDS))
+#: The largest sync world (a writer saving beside the sync, its index deleted or
+#: rebuilt: 112k states, about 8 s) is the slow job's (``./dev test-slow``, which CI runs
+#: after the suite): no sanity test needs its labels, and the other sync worlds stay.
+_SLOW_SYNC_WORLDS = {"sync_writer"}
+
+
+@pytest.mark.parametrize("world", [
+    pytest.param(w, marks=[pytest.mark.slow_job]) if w in _SLOW_SYNC_WORLDS else w
+    for w in SYNC_WORLDS])
 def test_sync_with_the_safe_choices_loses_nothing(world: str) -> None:
     """A sync beside GCs on other indexes: moved records deleted only through the journal
     entry (23a1ab0), while it is still fenced (the safe choice)."""

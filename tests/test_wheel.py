@@ -11,6 +11,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()
 #: PyTorch's CPU build, which the README installs first: plain `pip install torch` (or a
@@ -58,6 +60,7 @@ def _fresh_environment(root: Path, wheel: Path) -> Path:
     return python
 
 
+@pytest.mark.slow_job  # pip building and installing a wheel: packaging, ./dev test-slow
 def test_dev_wheel_installs_into_a_fresh_environment(tmp_path: Path) -> None:
     out = tmp_path / "dist"
     env = {**os.environ, "CHUNKSTORE_VENV": sys.prefix}
