@@ -18,7 +18,6 @@ Usage (from the repository root)::
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import sys
 from pathlib import Path
@@ -29,7 +28,7 @@ import chunkstore
 from chunkstore.objects.kinds import PUBLISHED
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from frozen import freeze  # tools/ is no package: its own folder on the path
+from frozen import freeze, run_builder  # tools/ is no package: its own folder on the path
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "tests" / "data"
 
@@ -53,11 +52,7 @@ def build(name: str, force: bool) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--name", default="markers-v2")
-    parser.add_argument("--force", action="store_true")
-    args = parser.parse_args()
-    print(build(args.name, args.force))
+    run_builder(build, "markers-v2", __doc__)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ Usage (from the repository root)::
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import sys
 from pathlib import Path
@@ -32,7 +31,7 @@ import chunkstore
 from chunkstore.objects.signing import fingerprint, public_pem
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from frozen import freeze  # tools/ is no package: its own folder on the path
+from frozen import freeze, run_builder  # tools/ is no package: its own folder on the path
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "tests" / "data"
 SEED = b"chunkstore signed fixture v1"
@@ -68,11 +67,7 @@ def build(name: str, force: bool) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--name", default="signed-v1")
-    parser.add_argument("--force", action="store_true")
-    args = parser.parse_args()
-    print(build(args.name, args.force))
+    run_builder(build, "signed-v1", __doc__)
 
 
 if __name__ == "__main__":
