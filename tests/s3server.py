@@ -57,6 +57,19 @@ def storage_options(endpoint: str) -> dict[str, Any]:
     return {"client_kwargs": {"endpoint_url": endpoint}}
 
 
+def unreachable_backend(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """An S3 backend whose endpoint is a loopback port nothing listens on (credentials
+    faked, one try of each request, a 1 s connect timeout): every request fails."""
+    from chunkstore.backends.fsspec_backend import FsspecBackend
+    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                        "AWS_DEFAULT_REGION": "us-east-1",
+                        "AWS_EC2_METADATA_DISABLED": "true"}.items():
+        monkeypatch.setenv(name, value)
+    return FsspecBackend("s3://no-bucket/ckpts",
+                         client_kwargs={"endpoint_url": f"http://127.0.0.1:{_free_port()}"},
+                         config_kwargs={"retries": {"max_attempts": 1}, "connect_timeout": 1})
+
+
 def create_bucket(endpoint: str) -> str:
     """Create a bucket with a fresh unique name and return the name."""
     import s3fs

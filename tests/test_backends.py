@@ -7,7 +7,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import uuid
@@ -37,7 +36,13 @@ from chunkstore.errors import (
     MissingDependencyError,
 )
 from tests.backend_conformance import BackendConformance
-from tests.s3server import create_bucket, remove_bucket, s3_endpoint, storage_options
+from tests.s3server import (
+    create_bucket,
+    remove_bucket,
+    s3_endpoint,
+    storage_options,
+    unreachable_backend,
+)
 
 __all__ = ["s3_endpoint"]  # the session fixture, re-exported so pytest finds it here
 
@@ -427,17 +432,7 @@ def test_a_listing_whose_s3_server_is_down_is_a_typed_error_naming_its_prefix(
     """Each page's request is a storage request like any other: where nothing listens
     (a closed loopback port) the listing raises :class:`BackendUnavailableError` with
     the listing's prefix, not botocore's own exception."""
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_DEFAULT_REGION": "us-east-1",
-                        "AWS_EC2_METADATA_DISABLED": "true"}.items():
-        monkeypatch.setenv(name, value)
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    backend = FsspecBackend("s3://no-bucket/ckpts",
-                            client_kwargs={"endpoint_url": f"http://127.0.0.1:{port}"},
-                            config_kwargs={"retries": {"max_attempts": 1},
-                                           "connect_timeout": 1})
+    backend = unreachable_backend(monkeypatch)
     backend.fs.retries = 1  # type: ignore[attr-defined]  # s3fs's own, besides botocore's
     for listing in (backend.list, backend.list_info):
         with pytest.raises(BackendUnavailableError, match="chunks/"):

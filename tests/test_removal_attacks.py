@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -615,19 +614,9 @@ def test_a_bulk_delete_whose_s3_server_is_down_is_a_typed_error_of_a_readable_si
     """A DeleteObjects of 1,000 records to an S3 endpoint where nothing listens (a closed
     loopback port): :class:`BackendUnavailableError`, naming the first key and how many
     more, not every key of the batch (77 KB of message before)."""
-    from chunkstore.backends.fsspec_backend import FsspecBackend
     from chunkstore.errors import BackendUnavailableError
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_DEFAULT_REGION": "us-east-1",
-                        "AWS_EC2_METADATA_DISABLED": "true"}.items():
-        monkeypatch.setenv(name, value)
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    backend = FsspecBackend("s3://no-bucket/ckpts",
-                            client_kwargs={"endpoint_url": f"http://127.0.0.1:{port}"},
-                            config_kwargs={"retries": {"max_attempts": 1},
-                                           "connect_timeout": 1})
+    from tests.s3server import unreachable_backend
+    backend = unreachable_backend(monkeypatch)
     keys = [f"versions/{i:064x}" for i in range(1000)]
     with pytest.raises(BackendUnavailableError) as caught:
         backend.delete_many(keys)
