@@ -14,6 +14,20 @@ from typing import Any
 
 import blake3
 
+#: Where the frozen fixtures live.
+DATA_DIR = Path(__file__).resolve().parent.parent / "tests" / "data"
+
+
+def fresh_fixture(name: str, force: bool) -> Path:
+    """The folder the fixture ``name`` is built in: absent, or removed first where
+    ``force`` (never for a committed fixture; without it an existing one stops here)."""
+    out = DATA_DIR / name
+    if out.exists():
+        if not force:
+            raise SystemExit(f"{out} exists; pass --force (never for a committed fixture)")
+        shutil.rmtree(out)
+    return out
+
 
 def freeze(out: Path, expected: dict[str, Any]) -> None:
     """Finish the fixture at ``out``: ``expected`` gains ``files`` (path -> BLAKE3)."""

@@ -18,7 +18,6 @@ Usage (from the repository root)::
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
@@ -27,20 +26,16 @@ import numpy as np
 import chunkstore
 from chunkstore.protocol import audit
 
+# tools/ is no package: its own folder on the path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from frozen import freeze, run_builder  # tools/ is no package: its own folder on the path
+from frozen import freeze, fresh_fixture, run_builder
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "tests" / "data"
 WHO = "fixture-user@fixture-audit.invalid"
 PROCESS = "pid 4242 make_audit_fixture.py"
 
 
 def build(name: str, force: bool) -> Path:
-    out = DATA_DIR / name
-    if out.exists():
-        if not force:
-            raise SystemExit(f"{out} exists; pass --force (never for a committed fixture)")
-        shutil.rmtree(out)
+    out = fresh_fixture(name, force)
     audit.who_am_i = lambda: WHO  # type: ignore[assignment]
     audit.this_process = lambda: PROCESS  # type: ignore[assignment]
     ids = []

@@ -18,7 +18,6 @@ Usage (from the repository root)::
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
@@ -27,18 +26,13 @@ import numpy as np
 import chunkstore
 from chunkstore.objects.kinds import PUBLISHED
 
+# tools/ is no package: its own folder on the path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from frozen import freeze, run_builder  # tools/ is no package: its own folder on the path
-
-DATA_DIR = Path(__file__).resolve().parent.parent / "tests" / "data"
+from frozen import freeze, fresh_fixture, run_builder
 
 
 def build(name: str, force: bool) -> Path:
-    out = DATA_DIR / name
-    if out.exists():
-        if not force:
-            raise SystemExit(f"{out} exists; pass --force (never for a committed fixture)")
-        shutil.rmtree(out)
+    out = fresh_fixture(name, force)
     ids = []
     with chunkstore.open(out, create=True, chunk_size=64 * 1024) as store:
         for step in (1, 2):

@@ -19,7 +19,6 @@ Usage (from the repository root)::
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
@@ -30,10 +29,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 import chunkstore
 from chunkstore.objects.signing import fingerprint, public_pem
 
+# tools/ is no package: its own folder on the path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from frozen import freeze, run_builder  # tools/ is no package: its own folder on the path
+from frozen import freeze, fresh_fixture, run_builder
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "tests" / "data"
 SEED = b"chunkstore signed fixture v1"
 
 
@@ -44,11 +43,7 @@ def fixture_key(curve: ec.EllipticCurve, label: bytes) -> ec.EllipticCurvePrivat
 
 
 def build(name: str, force: bool) -> Path:
-    out = DATA_DIR / name
-    if out.exists():
-        if not force:
-            raise SystemExit(f"{out} exists; pass --force (never for a committed fixture)")
-        shutil.rmtree(out)
+    out = fresh_fixture(name, force)
     p256, p384 = fixture_key(ec.SECP256R1(), b"p256"), fixture_key(ec.SECP384R1(), b"p384")
     versions = []
     with chunkstore.open(out, create=True, chunk_size=64 * 1024) as store:
@@ -59,7 +54,7 @@ def build(name: str, force: bool) -> Path:
                 v.put("w", np.arange(1000, dtype=np.float32) * step)
             versions.append({"id": v.info.id, "step": step, "verdict": verdict})
     for label, key in (("p256", p256), ("p384", p384)):
-        (DATA_DIR / f"{name}.{label}.pub").write_bytes(public_pem(key.public_key()))
+        (out.parent / f"{name}.{label}.pub").write_bytes(public_pem(key.public_key()))
     freeze(out, {"run": "sig", "versions": versions, "trusted": f"{name}.p256.pub",
                  "fingerprints": {"p256": fingerprint(p256), "p384": fingerprint(p384)},
                  "signature_format_version": 1})
