@@ -675,17 +675,26 @@ def test_a_version_10_store_keeps_its_sealing_and_a_copy_into_12_is_refused(
         assert blake3.blake3(node).digest() == root.raw  # plain node ids, as version 10's
         assert old.open_version("enc@3").get_data("note") == {"step": 4}
         assert old.verify().ok
-        v2_before = tree_snapshot(copies["encrypted-v2"])
-        with chunkstore.open(copies["encrypted-v2"], password=password) as new:
-            assert new.objects.chunk_ids == old.objects.chunk_ids
-            for src, dst in ((old, new), (new, old)):
-                with pytest.raises(EncryptionError, match=r"keyed ids.*nothing was copied"):
-                    chunkstore.sync(src, dst)
-            with pytest.raises(EncryptionError):
-                chunkstore.repair(new, old)
-    assert tree_snapshot(copies["encrypted-v2"]) == v2_before
+        refuses_copies_both_ways(old, copies["encrypted-v2"], password,
+                                 r"keyed ids.*nothing was copied")
     assert json.loads((copies["encrypted-v1"] / "chunkstore.json").read_bytes()
                       )["format_version"] == 10
+
+
+def refuses_copies_both_ways(old: chunkstore.Store, other: Path, password: str,
+                             match: str) -> None:
+    """The store at ``other`` shares ``old``'s key but not its sealing: sync either way
+    raises :class:`EncryptionError` matching ``match``, repair raises too, and nothing
+    under ``other`` changes."""
+    before = tree_snapshot(other)
+    with chunkstore.open(other, password=password) as new:
+        assert new.objects.chunk_ids == old.objects.chunk_ids
+        for src, dst in ((old, new), (new, old)):
+            with pytest.raises(EncryptionError, match=match):
+                chunkstore.sync(src, dst)
+        with pytest.raises(EncryptionError):
+            chunkstore.repair(new, old)
+    assert tree_snapshot(other) == before
 
 
 def test_a_damaged_copy_of_a_pack_is_replaced_by_the_save_that_writes_it_again(

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import chunkstore
-from chunkstore.errors import CorruptChunkError, EncryptionError, IntegrityError
+from chunkstore.errors import CorruptChunkError, IntegrityError
 from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import PackLocation, TensorEntry
 from chunkstore.objects import crypto, sealedpacks
@@ -23,7 +23,7 @@ from chunkstore.objects.crypto import SEGMENT_OVERHEAD, SEGMENT_SIZE, stored_siz
 from chunkstore.objects.kinds import CHUNKS, MOVED
 from chunkstore.objects.sealed import SealedObjects
 from chunkstore.objects.sealedpacks import member_name
-from tests.conftest import tree_snapshot
+from tests.test_encryption import refuses_copies_both_ways
 
 PASSWORD = "member password"
 DATA = Path(__file__).resolve().parent / "data"
@@ -304,15 +304,8 @@ def test_a_version_12_store_keeps_packing_whole_and_a_copy_into_13_is_refused(
         assert len(whole) == 24 + sum(loc.length for _, loc in
                                       _locations(old, version).values())
         assert _read_all(old, version, tensors) == set() and old.verify().ok
-        before = tree_snapshot(copies["encrypted-v3"])
-        with chunkstore.open(copies["encrypted-v3"], password=password) as new:
-            assert new.objects.chunk_ids == old.objects.chunk_ids
-            for src, dst in ((old, new), (new, old)):
-                with pytest.raises(EncryptionError, match=r"lay them out apart.*nothing was"):
-                    chunkstore.sync(src, dst)
-            with pytest.raises(EncryptionError):
-                chunkstore.repair(new, old)
-        assert tree_snapshot(copies["encrypted-v3"]) == before
+        refuses_copies_both_ways(old, copies["encrypted-v3"], password,
+                                 r"lay them out apart.*nothing was")
     assert json.loads((copies["encrypted-v2"] / "chunkstore.json").read_bytes()
                       )["format_version"] == 12
 
