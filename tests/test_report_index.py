@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -105,27 +106,29 @@ def _census(result: StoreStats) -> tuple[object, ...]:
             result.packed_chunks, result.packed_garbage_bytes)
 
 
-def test_a_recorded_census_gives_what_reading_the_manifests_gives(store_path: Path) -> None:
-    """Saves record no census (one a save kept a keep_last job's index growing); the
-    first report reads the manifests and records it, and a report from the record
-    (no manifest read) says what reading them says."""
+def test_saves_record_their_census_and_a_report_after_them_reads_no_manifest(
+        store_path: Path) -> None:
+    """A job's saves record each version's census as they count it in (issue 49: the
+    first report after them read every manifest, 3.7 s at 10,000 versions); what it
+    says is what reading the manifests says."""
     assert _saved(store_path, 1, 5) == 0
     with chunkstore.open(store_path, create=False) as store:
         ids = [info.id for info in store.versions()]
-        assert store.index.census(ids) == {}
-        read = stats(store, full=False)
-        assert set(store.index.census(ids)) == set(ids)
-        assert read.max_chain_depth > 0  # the embedding's deltas
+        assert set(store.index.census(ids)) == set(ids)  # the saves' own index
         reads = _NodeReads(store.backend)
         store.backend = reads
         recorded = stats(store, full=False)
         store.backend = reads.inner
         assert reads.nodes == 0
+        assert recorded.max_chain_depth > 0  # the embedding's deltas
+        store.index.note_census([(vid, b"") for vid in ids])  # unreadable: read again
+        read = stats(store, full=False)
+        assert set(store.index.census(ids)) == set(ids)
         assert _census(read) == _census(recorded)
 
 
-_FORGED = json.dumps({"census": 1, "depths": {"ab" * 32: 99}, "members": [],
-                      "ranked": False}).encode()
+#: form 2, no packs, one chain (of a chunk whose digest starts ab..), no members
+_FORGED = struct.pack("<BBIII", 2, 0, 0, 1, 0) + b"\xab" * 8 + bytes([99])
 
 
 def _forged(store: chunkstore.Store, version_id: str) -> None:
@@ -204,9 +207,14 @@ def test_a_census_recorded_in_another_form_or_damaged_is_counted_again(
     with chunkstore.open(store_path, create=False) as store:
         read = stats(store, full=False)
         kept = store.versions()[-1].id
-        for payload in (b'{"census": 2, "depths": {}, "members": [], "ranked": false}',
-                        b"\xff not json", b'{"census": 1, "depths": [1], "members": []}',
-                        b'{"census": 1, "depths": {"zz": 1}, "members": [], "ranked": false}'):
+        recorded = store.index.census([kept])[kept]
+        for payload in (b'{"census": 1, "depths": {}, "members": [], "ranked": false}',
+                        b"\xff not a census", recorded[:-1], recorded + b"\x00",
+                        b"\x03" + recorded[1:],  # another form
+                        recorded[:1] + b"\x04" + recorded[2:],  # an unknown flag
+                        # a member whose pack is past the packs listed
+                        struct.pack("<BBIII", 2, 0, 0, 0, 1) + struct.pack("<8sIIII",
+                                                                           b"x" * 8, 0, 0, 1, 1)):
             store.index.note_census([(kept, payload)])
             assert _census(stats(store, full=False)) == _census(read)
             assert store.index.census([kept])[kept] != payload  # recorded again

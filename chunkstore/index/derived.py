@@ -18,6 +18,16 @@ The stamp is a BLAKE2b of:
 
 A payload is trusted only while its stamp matches (:func:`read`).  The tables are
 additive (older releases never read them), so they change no schema.
+
+Every save writes one entry to each table, and a ``keep_last`` job removes one
+version's entries for each it saves, so each entry stays within an LMDB leaf page:
+LMDB puts a larger value on *overflow pages*, a run of contiguous pages, and a run
+freed by a removal is reused only by a write that needs no more pages than the run
+holds, so a job whose values are a few pages each kept growing its index file (a
+census of 10 kB a save: 12 KiB steps, tests/test_steady_disk.py).  A payload longer
+than :data:`PIECE_BYTES` is laid over several entries: the version's own entry holds
+the stamp and the number of pieces, and ``id/N`` (2 bytes of N) each piece; every
+piece is a leaf entry, and pages freed by removals are reused one at a time.
 """
 
 from __future__ import annotations
@@ -34,6 +44,11 @@ import lmdb
 EPOCH_KEY = b"verified_epoch"
 #: bytes of a stamp at the head of each value
 STAMP_BYTES = 16
+#: The most payload bytes one entry holds: with a version id of 64 bytes and the
+#: stamp, an entry stays under LMDB's 2,038 bytes of key and value in a 4 KiB page.
+PIECE_BYTES = 1800
+#: What follows the stamp in the entry of a payload laid over pieces, before their count.
+_IN_PIECES = b"\xffpieces"
 
 
 @dataclass(frozen=True)
@@ -81,8 +96,34 @@ def read(txn: lmdb.Transaction, tables: VersionTables, db: Any, version_ids: Ite
         parts = tables.parts(txn, key)
         value = bytes(value)
         if parts is not None and value[:STAMP_BYTES] == _stamp(epoch, parts):
-            found[version_id] = (value[STAMP_BYTES:], parts)
+            payload = _joined(txn, db, key, value[STAMP_BYTES:])
+            if payload is not None:
+                found[version_id] = (payload, parts)
     return found
+
+
+def _piece_key(key: bytes, number: int) -> bytes:
+    return key + b"/" + number.to_bytes(2, "big")
+
+
+def _piece_count(head: bytes) -> int | None:
+    """How many pieces a payload's own entry (less the stamp) says it is laid over;
+    None where it holds the payload itself."""
+    if len(head) != len(_IN_PIECES) + 2 or not head.startswith(_IN_PIECES):
+        return None
+    return int.from_bytes(head[len(_IN_PIECES):], "big")
+
+
+def _joined(txn: lmdb.Transaction, db: Any, key: bytes, head: bytes) -> bytes | None:
+    """The payload whose own entry holds ``head`` after the stamp (None: a piece is
+    missing, so nothing is trusted)."""
+    count = _piece_count(head)
+    if count is None:
+        return head
+    pieces = [txn.get(_piece_key(key, number), db=db) for number in range(count)]
+    if any(piece is None for piece in pieces):
+        return None
+    return b"".join(bytes(piece) for piece in pieces if piece is not None)
 
 
 def writing_epoch(txn: lmdb.Transaction, tables: VersionTables) -> bytes:
@@ -99,4 +140,26 @@ def write(txn: lmdb.Transaction, db: Any, epoch: bytes, version_id: str,
     """Store ``payload`` for ``version_id`` in ``db``, bound to ``epoch`` (from
     :func:`writing_epoch`) and to the version's ``parts`` as the index holds them now
     (:meth:`VersionTables.parts`, read in the same transaction)."""
-    txn.put(version_id.encode(), _stamp(epoch, parts) + payload, db=db)
+    key = version_id.encode()
+    delete(txn, db, key)
+    stamp = _stamp(epoch, parts)
+    if len(payload) <= PIECE_BYTES and _piece_count(payload) is None:
+        txn.put(key, stamp + payload, db=db)
+        return
+    pieces = range(0, len(payload), PIECE_BYTES)
+    if len(pieces) >> 16:
+        return  # more pieces than 2 bytes count: left unrecorded (only a help)
+    for number, start in enumerate(pieces):
+        txn.put(_piece_key(key, number), payload[start:start + PIECE_BYTES], db=db)
+    txn.put(key, stamp + _IN_PIECES + len(pieces).to_bytes(2, "big"), db=db)
+
+
+def delete(txn: lmdb.Transaction, db: Any, key: bytes) -> None:
+    """Delete what ``db`` holds of the version of ``key`` (its pieces included)."""
+    value = txn.get(key, db=db)
+    if value is None:
+        return
+    count = _piece_count(bytes(value)[STAMP_BYTES:])
+    for number in range(count or 0):
+        txn.delete(_piece_key(key, number), db=db)
+    txn.delete(key, db=db)

@@ -90,6 +90,10 @@ _MARKERS_KEY = b"journal_markers"
 #: The meta key of the store's listing stamps as of the index's last complete reconcile
 #: (:meth:`Index.listed_as`), with the count of versions it then held.
 _LISTED_KEY = b"listed"
+#: What follows the entry count in the ``verified`` table where the version's own save
+#: recorded it (:meth:`Index.verified_versions`); a release before it reads only the
+#: count alone, and so reads such a version again.
+_BY_ITS_SAVE = b"s"
 #: The meta key of when this index last listed every commit record, and last listed
 #: the publication markers (:meth:`Index.markers_listed`).
 _MARKERS_LISTED_KEY = b"markers_listed"
@@ -151,7 +155,9 @@ class NewChunk:
 class NewVersion:
     """A version to count in (:meth:`Index.add_versions`): its entry, the chunks it
     references, its nodes with their sizes (0: unknown), the chunks it wrote, where
-    its packed chunks lie, and its census contribution (None: not counted)."""
+    its packed chunks lie, its census contribution (None: not counted), and the
+    number of entries of a version its own save built (None: not known readable; see
+    :meth:`Index.verified_versions`)."""
 
     entry: VersionEntry
     refs: Iterable[Digest]
@@ -159,6 +165,7 @@ class NewVersion:
     new_chunks: Iterable[NewChunk] = ()
     packed: dict[Digest, PackLocation] | None = None
     census: bytes | None = None
+    built_entries: int | None = None
 
 
 #: Indexes open in this process, by real path: LMDB allows one environment per file
@@ -180,6 +187,9 @@ class VerifiedVersion:
     entries: int
     chunk_refs: bytes
     node_refs: bytes
+    #: recorded by the save that built the version (its tree never read back), not by a
+    #: verify that read it
+    by_its_save: bool = False
 
 
 def _digest_set(raw: bytes) -> set[bytes]:
@@ -710,13 +720,15 @@ class Index(VersionLookups):
     def add_version(self, entry: VersionEntry, refs: Iterable[Digest], nodes: dict[Digest, int],
                     new_chunks: Iterable[NewChunk], session_id: str | None = None,
                     packed: dict[Digest, PackLocation] | None = None,
-                    census: bytes | None = None) -> bool:
+                    census: bytes | None = None, built_entries: int | None = None) -> bool:
         """Count one version in: its chunks' and nodes' refcounts, and the chunks it wrote.
 
         ``nodes`` maps every node of the version's tree to its size in bytes
         (0 when unknown); ``packed`` where its packed chunks lie (remembered for
         deduplication); ``census`` what report's census counts of it, where the
-        caller read its manifests anyway (:meth:`note_census`, in this transaction).
+        caller read its manifests anyway (:meth:`note_census`, in this transaction);
+        ``built_entries`` the number of entries of the tree the caller built and
+        published itself, recorded as known readable (:meth:`verified_versions`).
         Returns False when ``session_id`` no longer exists (GC expired it, so its
         claims did not protect what it reused).
         """
@@ -726,7 +738,8 @@ class Index(VersionLookups):
         with self._writing() as txn:
             alive = session_id is None or unwritten or txn.get(session_id.encode(),
                                                                db=self.sessions) is not None
-            self._add(txn, NewVersion(entry, refs, nodes, new_chunks, packed, census), now)
+            self._add(txn, NewVersion(entry, refs, nodes, new_chunks, packed, census,
+                                      built_entries), now)
             if session_id:
                 self._drop_session(txn, session_id)
         return alive
@@ -781,13 +794,24 @@ class Index(VersionLookups):
         txn.put(entry.id.encode(), b"".join(d.raw for d in node_list), db=self.node_refs)
         for member, location in (version.packed or {}).items():
             self._remember_packed(txn, member, location)
-        if version.census is not None:
-            tables = self._derived_tables()
-            parts = tables.parts(txn, entry.id.encode())
-            assert parts is not None  # put just above
-            derived.write(txn, self.census_db, derived.writing_epoch(txn, tables),
-                          entry.id, parts, version.census)
+        self._derive(txn, version)
         return True
+
+    def _derive(self, txn: lmdb.Transaction, version: NewVersion) -> None:
+        """Record what the caller derived of a version it counts in (its census, and
+        that it is readable where its own save built it), bound to the version as just
+        put (:mod:`chunkstore.index.derived`)."""
+        if version.census is None and version.built_entries is None:
+            return
+        tables = self._derived_tables()
+        parts = tables.parts(txn, version.entry.id.encode())
+        assert parts is not None  # put by the caller, in this transaction
+        epoch = derived.writing_epoch(txn, tables)
+        if version.census is not None:
+            derived.write(txn, self.census_db, epoch, version.entry.id, parts, version.census)
+        if version.built_entries is not None:
+            derived.write(txn, self.verified, epoch, version.entry.id, parts,
+                          version.built_entries.to_bytes(8, "big") + _BY_ITS_SAVE)
 
     def remove_version(self, version_id: str) -> bool:
         """Count a version out; return whether the index knew it."""
@@ -829,8 +853,8 @@ class Index(VersionLookups):
             dropped.update((kind, refs[i:i + 32]) for i in range(0, len(refs), 32))
             txn.delete(key, db=db)
         txn.delete(key, db=self.versions_db)
-        txn.delete(key, db=self.verified)
-        txn.delete(key, db=self.census_db)
+        derived.delete(txn, self.verified, key)
+        derived.delete(txn, self.census_db, key)
         return True
 
     def _bump(self, txn: lmdb.Transaction, kind: bytes, digest: Digest, delta: int,
@@ -865,7 +889,10 @@ class Index(VersionLookups):
     def verified_versions(self, version_ids: Iterable[str]) -> dict[str, VerifiedVersion]:
         """The versions of ``version_ids`` that a verify found readable (record and
         manifest tree parsed, every entry one a read can read, the manifests naming
-        exactly the index's references), with what the index holds of them.
+        exactly the index's references), or that the save which built them recorded
+        (:attr:`VerifiedVersion.by_its_save`: it encoded that tree from entries it
+        checked as a read does, and counted in exactly its references), with what the
+        index holds of them.
 
         An answer is bound to the version's entry and references as the index holds
         them now and to the index's epoch (:mod:`chunkstore.index.derived`): a
@@ -875,8 +902,10 @@ class Index(VersionLookups):
         with self.env.begin() as txn:
             bound = derived.read(txn, self._derived_tables(), self.verified, version_ids)
         return {vid: VerifiedVersion(VersionEntry.from_json(parts[0]),
-                                     int.from_bytes(payload, "big"), parts[1], parts[2])
-                for vid, (payload, parts) in bound.items() if len(payload) == 8}
+                                     int.from_bytes(payload[:8], "big"), parts[1], parts[2],
+                                     by_its_save=payload[8:] == _BY_ITS_SAVE)
+                for vid, (payload, parts) in bound.items()
+                if len(payload) == 8 or payload[8:] == _BY_ITS_SAVE}
 
     def note_verified(self, checked: Iterable[tuple[str, int, set[bytes], set[bytes]]]) -> int:
         """Record versions a verify found readable: (id, entries, the raw digests of the

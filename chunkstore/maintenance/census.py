@@ -20,7 +20,6 @@ The manifests a census reads are read in parallel, a batch at a time
 from __future__ import annotations
 
 import functools
-import json
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ from chunkstore.format.digest import Digest
 from chunkstore.format.dtypes import element_size
 from chunkstore.format.manifest import DataEntry, PackLocation, TensorEntry
 from chunkstore.format.shards import RANKS_ENTRY, ShardRanks
-from chunkstore.handle.censusrecord import CENSUS_FORM, contribution
+from chunkstore.handle.censusrecord import contribution, parse
 from chunkstore.handle.tree import FlatTree, Leaf, flatten, load_data
 from chunkstore.index.writegate import WriterBusy
 from chunkstore.read.reader import VersionReader, map_jobs
@@ -130,10 +129,12 @@ def version_ranks(store: StoreHandle) -> list[VersionRanks]:
 class _Census:
     """What the live versions' manifests say beyond the index: the chain depth of every
     chunk listed with bases, the raw length of every packed chunk by (digest, location),
-    and the versions saved by several processes, by rank."""
+    and the versions saved by several processes, by rank.  A chunk is named by its
+    digest's first :data:`~chunkstore.handle.censusrecord.PREFIX_BYTES` bytes (as a
+    recorded contribution names it)."""
 
-    depths: dict[Digest, int] = field(default_factory=dict)
-    members: dict[tuple[Digest, PackLocation], int] = field(default_factory=dict)
+    depths: dict[bytes, int] = field(default_factory=dict)
+    members: dict[tuple[bytes, PackLocation], int] = field(default_factory=dict)
     ranks: list[VersionRanks] = field(default_factory=list)
 
 
@@ -149,10 +150,7 @@ def manifest_census(store: StoreHandle, versions: list[VersionInfo]) -> _Census:
     from the index's ``census`` table where it holds one, from its manifest otherwise
     (then recorded there); a version whose manifest cannot be read is left out
     (verify reports it)."""
-    try:
-        return _census(store, versions, store.index.census(info.id for info in versions))
-    except ValueError:  # a damaged record in the index: count every version afresh
-        return _census(store, versions, {})
+    return _census(store, versions, store.index.census(info.id for info in versions))
 
 
 def _census(store: StoreHandle, versions: list[VersionInfo], cached: dict[str, bytes]
@@ -221,44 +219,34 @@ def _ranked_tree(store: StoreHandle, info: VersionInfo
 
 @dataclass
 class _Counted:
-    """The census as the contributions say it, digests in hex: parsed once per distinct
-    chunk at the end (:meth:`census`), not once per version that lists it."""
+    """The census as the contributions say it (:class:`~chunkstore.handle.censusrecord.
+    Contribution`: chunks named by their digests' first bytes), merged version by
+    version."""
 
-    depths: dict[str, int] = field(default_factory=dict)
-    members: dict[tuple[str, str, int, int], int] = field(default_factory=dict)
+    depths: dict[bytes, int] = field(default_factory=dict)
+    members: dict[tuple[bytes, bytes, int, int], int] = field(default_factory=dict)
     ranked: bool = False
 
     def add(self, payload: bytes) -> bool:
         """Merge one version's contribution (:func:`contribution`); False, merging
         nothing, when it is not one this release wrote (another form, or damaged)."""
-        try:
-            counted = json.loads(payload)
-            if counted["census"] != CENSUS_FORM:
-                return False
-            depths: dict[str, int] = counted["depths"]
-            members = {(d, pack, offset, length): raw
-                       for d, pack, offset, length, raw in counted["members"]}
-            ranked = bool(counted["ranked"])
-            if not all(type(n) is int for n in (*depths.values(), *members.values())):
-                return False
-        except (ValueError, KeyError, TypeError, AttributeError):
+        counted = parse(payload)
+        if counted is None:
             return False
-        for hex_digest, depth in depths.items():
-            if depth > self.depths.get(hex_digest, 0):
-                self.depths[hex_digest] = depth
-        self.members.update(members)
-        self.ranked = self.ranked or ranked
+        for prefix, depth in counted.depths.items():
+            if depth > self.depths.get(prefix, 0):
+                self.depths[prefix] = depth
+        self.members.update(counted.members)
+        self.ranked = self.ranked or counted.ranked
         return True
 
     def census(self) -> _Census:
-        """The merged census, each distinct digest parsed once (ValueError: a recorded
-        contribution named a digest that does not parse)."""
-        parsed = {d: Digest.parse(d) for d in
-                  {*self.depths, *(d for key in self.members for d in key[:2])}}
+        """The merged census, each distinct pack digest parsed once."""
+        packs = {pack: Digest(pack) for (_, pack, _, _) in self.members}
         return _Census(
-            depths={parsed[d]: depth for d, depth in self.depths.items()},
-            members={(parsed[d], PackLocation(parsed[pack], offset, length)): raw
-                     for (d, pack, offset, length), raw in self.members.items()})
+            depths=self.depths,
+            members={(prefix, PackLocation(packs[pack], offset, length)): raw
+                     for (prefix, pack, offset, length), raw in self.members.items()})
 
 
 def _ranks_census(store: StoreHandle, versions: list[VersionInfo]) -> list[VersionRanks]:

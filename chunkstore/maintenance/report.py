@@ -322,7 +322,7 @@ def _gc_from_index(store: StoreHandle, result: StoreStats, now: float) -> None:
 
 
 def _count_packs(result: StoreStats, awaiting: GcResult | None,
-                 members: dict[tuple[Digest, PackLocation], int],
+                 members: dict[tuple[bytes, PackLocation], int],
                  pack_content: dict[Digest, int], pack_stored: dict[Digest, int]) -> None:
     """Live packs, their bytes and the garbage inside them."""
     if awaiting is not None:

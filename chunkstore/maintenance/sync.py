@@ -77,6 +77,7 @@ from chunkstore.format.records import (
     SALTED_STORE_FORMAT_VERSION,
     CommitRecord,
 )
+from chunkstore.handle.censusrecord import contribution
 from chunkstore.handle.handle import StoreHandle
 from chunkstore.handle.signatures import copy_signature
 from chunkstore.handle.tree import flatten
@@ -442,7 +443,7 @@ def _copy_version(src: StoreHandle, dst: StoreHandle | None, info: VersionInfo,
     nodes = {d: copied.node_sizes.get(d, 0) for d in flat.tree_nodes | flat.data_nodes()}
     refs = flat.chunk_digests()
     dst.index.add_version(entry_from_record(info.id, record), refs, nodes, copied.new_chunks,
-                          index_session, flat.pack_members())
+                          index_session, flat.pack_members(), census=contribution(flat.leaves))
     dst.saw_stored(CHUNK, refs)
     dst.saw_stored(NODE, nodes)
 

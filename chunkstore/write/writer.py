@@ -78,6 +78,7 @@ from chunkstore.format.manifest import (
 from chunkstore.format.names import check_entry_name, check_label
 from chunkstore.format.records import MAX_COUNT, CommitRecord
 from chunkstore.format.treelayout import build_tree
+from chunkstore.handle.censusrecord import contribution
 from chunkstore.handle.signatures import sign_existing, store_signature
 from chunkstore.handle.tree import flatten
 from chunkstore.handle.versions import VersionInfo, entry_from_record
@@ -93,6 +94,7 @@ from chunkstore.protocol.runlease import RunLease
 from chunkstore.protocol.sessions import StoreSession
 from chunkstore.read.members import Locations
 from chunkstore.read.packs import PackBuilder, chunks_fit_in_packs
+from chunkstore.read.reader import chunk_reads
 from chunkstore.write.chunkjobs import ChunkJobs, PendingTensor
 from chunkstore.write.delta import MIN_DELTA_TENSOR_BYTES, ParentChunks
 
@@ -514,10 +516,13 @@ class VersionWriter(ChunkJobs):
             packed = {digest: location for t in tensors.values() for shard in t.shards
                       for i, digest in enumerate(shard.chunks)
                       if (location := shard.location(i)) is not None and not shard.chain(i)}
-            # No census recorded (report reads and records it): a census per save made
-            # the index of a keep_last job keep growing (tests/test_steady_disk.py).
+            # Its census, and that it is readable, recorded with it: neither the first
+            # report nor the first verify --quick reads its manifests.
+            leaves = self._leaves(tensors)
             store.index.add_version(entry, refs, {d: len(b) for d, b in nodes.items()},
-                                    new_chunks, self._session, packed)
+                                    new_chunks, self._session, packed,
+                                    census=contribution(leaves),
+                                    built_entries=_readable(leaves, store.chunk_size))
         except Exception as exc:
             # The commit record is the truth; reconcile counts the version in on
             # the next open or GC.  A leftover session object ends with this process.
@@ -709,6 +714,19 @@ class VersionWriter(ChunkJobs):
         self._adopted.update(entries)
         for chunk in written:
             self._adopted_new.setdefault(chunk.digest, chunk)
+
+
+def _readable(leaves: dict[str, TensorEntry | DataEntry], chunk_size: int) -> int | None:
+    """The number of a built version's entries where each is one a read can read (the
+    check verify makes of every tensor, :func:`~chunkstore.read.reader.chunk_reads`),
+    so its index may record the version readable; None where one is not."""
+    try:
+        for leaf in leaves.values():
+            if isinstance(leaf, TensorEntry):
+                chunk_reads(leaf, chunk_size)
+    except (ChunkStoreError, ValueError):
+        return None
+    return len(leaves)
 
 
 def open_store_session(store: StoreHandle, purpose: str) -> tuple[StoreSession, Fence]:
