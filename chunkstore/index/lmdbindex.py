@@ -39,13 +39,16 @@ cost that does not grow with the versions the store holds.
 
 The ``verified`` table names each version a verify found readable (its commit
 record and tree parsed, every entry one a read can read, its manifests naming
-exactly the references the index holds), for ``verify --quick``, which then only
-checks that version's objects present (:meth:`Index.verified_versions`).  The
-``census`` table holds what ``report``'s census counted of each version's manifests
-(chains, packed chunks, ranks), so a report reads only the manifests of versions
-saved since.  Each entry of both is bound to the version's entry and references
-and to a random epoch in ``meta`` (:mod:`chunkstore.index.derived`): a rebuild
-replaces both, so a rebuilt index trusts nothing derived before.  The tables are
+exactly the references the index holds), or that the save which built it recorded
+in its count-in transaction, for ``verify --quick``, which then only checks that
+version's objects present (:meth:`Index.verified_versions`).  The ``census`` table
+holds what ``report``'s census counts of each version's manifests (chains, packed
+chunks, ranks), recorded by the save, the sync or the count-in that adds the
+version, so a report reads only the manifests of versions none of them recorded.
+Each entry of both is bound to the version's entry and references and to a random
+epoch in ``meta`` (:mod:`chunkstore.index.derived`): a rebuild replaces both, so a
+rebuilt index trusts nothing derived before; each stays within a leaf page, so that
+a job that saves and removes versions reuses the pages it frees.  The tables are
 additive (older releases never read them), so the schema stays 4.
 """
 

@@ -132,7 +132,8 @@ class VerifyResult:
     #: of those, the objects read in full
     objects_read: int = 0
     #: of ``versions_checked``, those a ``--quick`` run took as readable from an earlier
-    #: verify's reading (recorded in the index) and only checked present
+    #: verify's reading, or from the save that built them through this index (recorded
+    #: in the index), and only checked present
     versions_trusted: int = 0
     #: the data subset read (``"1/5"``, ``"10%"``); None: all, or none with read_data=False
     subset: str | None = None
@@ -311,8 +312,9 @@ def _mark_corrupt_signatures(verdicts: dict[str, VersionVerdict]) -> None:
 
 def _trusted_versions(store: StoreHandle, ids: list[str], chunks: set[bytes]
                       ) -> dict[str, VerifiedVersion]:
-    """The versions of ``ids`` whose record and tree an earlier verify found readable
-    (:meth:`~chunkstore.index.lmdbindex.Index.verified_versions`) and every object of
+    """The versions of ``ids`` whose record and tree an earlier verify found readable,
+    or the save that built them recorded
+    (:meth:`~chunkstore.index.lmdbindex.Index.verified_versions`), and every object of
     which is still stored, by one listing of the chunk objects (``chunks``, raw
     digests) and one of the nodes (an object store: one LIST request per 1,000
     objects).  A version one of whose objects is not listed is left out: the caller
