@@ -73,6 +73,8 @@ def test_the_reserve_grows_with_the_store(tmp_path: Path) -> None:
         for step in range(2, 150):  # each version wants a tombstone's block on rm
             with store.new_version("lora", step) as version:
                 version.put("adapter.a", np.full(16, step, dtype=np.float32))
+            # what the save added to the index counted too, not a save behind it
+            assert reserve_file(path).stat().st_size == store.index.reserve_plan().needed
         plan = store.index.reserve_plan()
     grown = reserve_file(path).stat().st_size
     assert plan.versions == 150 and grown == plan.needed

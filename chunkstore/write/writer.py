@@ -523,6 +523,10 @@ class VersionWriter(ChunkJobs):
                                     new_chunks, self._session, packed,
                                     census=contribution(leaves),
                                     built_entries=_readable(leaves, store.chunk_size))
+            # Taken at the save's start too (should the save fill the disk); sized again
+            # here, the reserve follows what the save added to the index, not a save
+            # behind it (25 us: a stat of each table).
+            store.index.keep_reserve()
         except Exception as exc:
             # The commit record is the truth; reconcile counts the version in on
             # the next open or GC.  A leftover session object ends with this process.
