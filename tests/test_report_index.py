@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 import chunkstore
 from chunkstore.backends.base import Backend
 from chunkstore.backends.wrappers import RequestHook
@@ -218,3 +220,24 @@ def test_a_census_recorded_in_another_form_or_damaged_is_counted_again(
             store.index.note_census([(kept, payload)])
             assert _census(stats(store, full=False)) == _census(read)
             assert store.index.census([kept])[kept] != payload  # recorded again
+
+
+def test_a_sync_records_the_census_of_what_it_copies(tmp_path: Path) -> None:
+    """A copy into another store is a save there: the destination's index records each
+    copied version's census, so a report there reads no manifest."""
+    with chunkstore.open(tmp_path / "src", create=True) as src:
+        for step in range(2):
+            with src.new_version("r", step) as version:
+                version.put("w", np.full(64, step, dtype=np.float32))  # packed
+                version.put("b", np.arange(64, dtype=np.float32))
+    chunkstore.sync(tmp_path / "src", tmp_path / "dst")
+    with chunkstore.open(tmp_path / "dst", create=False) as dst:
+        ids = [info.id for info in dst.versions()]
+        assert len(ids) == 2 and set(dst.index.census(ids)) == set(ids)
+        reads = _NodeReads(dst.backend)
+        dst.backend = reads
+        recorded = stats(dst, full=False)
+        dst.backend = reads.inner
+        assert reads.nodes == 0 and recorded.packed_chunks == 3
+        dst.index.note_census([(vid, b"") for vid in ids])  # unreadable: read again
+        assert _census(stats(dst, full=False)) == _census(recorded)
