@@ -13,6 +13,7 @@ find, and trusts nothing a rebuilt index or another index's removal invalidated.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from chunkstore.index.lmdbindex import ChunkRecord, ChunkState
 from chunkstore.maintenance.verify import VerifyResult
 from chunkstore.objects.kinds import CHUNKS, NODES, VERSIONS
 from tests.conftest import SMALL_CHUNK
+from tests.test_report_index import _saved
 
 VERSIONS_SAVED = 4
 
@@ -212,3 +214,17 @@ def test_a_version_another_index_saved_is_read(store_path: Path, saved: list[str
     with chunkstore.open(store_path, create=False) as store:
         assert not store.index.verified_versions([theirs])[theirs].by_its_save
     assert _quick(store_path).versions_trusted == VERSIONS_SAVED + 1
+
+
+def test_a_version_whose_save_was_killed_after_its_record_is_read(store_path: Path) -> None:
+    """SIGKILL between the commit record and the index update: the version is published,
+    its save recorded nothing; the next open counts it in and the quick verify reads it."""
+    assert _saved(store_path, 1, 2) == 0
+    assert _saved(store_path, 3, 3, "kill-after-put:versions/:0") == -signal.SIGKILL
+    with chunkstore.open(store_path, create=False) as store:
+        ids = [info.id for info in store.versions()]
+        assert len(ids) == 3
+        assert set(store.index.verified_versions(ids)) == set(ids[:2])
+        result = store.verify(read_data=False)
+    assert result.ok and result.versions_trusted == 2
+    assert _quick(store_path).versions_trusted == 3
