@@ -12,17 +12,17 @@ a page run every few saves (tests/test_steady_disk.py).  Its layout, little-endi
 
     header   form (1 byte, 2), flags (1 byte: 1 = records ranks),
              packs P, chains D, members M (4 bytes each)
-    packs    P pack digests, 32 bytes each
+    packs    P pack digest prefixes, 8 bytes each
     chains   D x (digest prefix, 8 bytes; deepest chain, 1 byte)
     members  M x (digest prefix, 8 bytes; pack index, 4; offset, 4; length, 4;
                   raw length, 4)
 
-A chunk is named by the first 8 bytes of its digest: the census counts distinct
-chunks and their chains, and two chunks of one store sharing 64 bits of BLAKE3 (for
-a million chunks, odds of about 3 in 10^8) would be counted once, one figure of a
-report off by one chunk.  A pack keeps its whole digest, since the report matches it
-to the index's records.  Offsets and lengths fit 4 bytes: a pack is at most
-:data:`~chunkstore.format.manifest.MAX_PACK_BYTES`.
+A chunk or a pack is named by the first 8 bytes of its digest (a 20-tensor version
+of packed chunks: 0.6 kB): the census counts distinct chunks, their chains and the
+bytes each pack's listed members hold, and two objects of one store sharing 64 bits
+of BLAKE3 (for a million objects, odds of about 3 in 10^8) would be counted as one,
+a figure of a report off by one object.  Offsets and lengths fit 4 bytes: a pack is
+at most :data:`~chunkstore.format.manifest.MAX_PACK_BYTES`.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ _RANKED = 1
 @dataclass(frozen=True)
 class Contribution:
     """One version's contribution, decoded (:func:`parse`): its chained chunks' deepest
-    chains and its packed chunks as (digest prefix, pack digest, offset, length) ->
-    raw length."""
+    chains and its packed chunks as (digest prefix, pack digest prefix, offset, length)
+    -> raw length."""
 
     depths: dict[bytes, int]
     members: dict[tuple[bytes, bytes, int, int], int]
@@ -75,7 +75,7 @@ def contribution(leaves: Mapping[str, TensorEntry | DataEntry]) -> bytes:
                 spans = shard.chunk_spans(element_size(leaf.dtype))
                 for (digest, _start, length), at in zip(spans, shard.packs, strict=False):
                     if at is not None:
-                        pack = packs.setdefault(at.pack.raw, len(packs))
+                        pack = packs.setdefault(at.pack.raw[:PREFIX_BYTES], len(packs))
                         members.append(_MEMBER.pack(digest.raw[:PREFIX_BYTES], pack,
                                                     at.offset, at.length, length))
     ranked = isinstance(leaves.get(RANKS_ENTRY), DataEntry)
@@ -90,12 +90,13 @@ def parse(payload: bytes) -> Contribution | None:
     if len(payload) < _HEADER.size:
         return None
     form, flags, n_packs, n_chains, n_members = _HEADER.unpack_from(payload)
-    chains_at = _HEADER.size + 32 * n_packs
+    chains_at = _HEADER.size + PREFIX_BYTES * n_packs
     members_at = chains_at + _CHAIN.size * n_chains
     if form != CENSUS_FORM or flags & ~_RANKED \
             or len(payload) != members_at + _MEMBER.size * n_members:
         return None
-    packs = [payload[at:at + 32] for at in range(_HEADER.size, chains_at, 32)]
+    packs = [payload[at:at + PREFIX_BYTES]
+             for at in range(_HEADER.size, chains_at, PREFIX_BYTES)]
     depths = {prefix: depth for prefix, depth
               in _CHAIN.iter_unpack(payload[chains_at:members_at])}
     try:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from chunkstore.errors import ChunkStoreError, CorruptNodeError, StorageFullError
 from chunkstore.format.digest import Digest
 from chunkstore.format.dtypes import element_size
-from chunkstore.format.manifest import DataEntry, PackLocation, TensorEntry
+from chunkstore.format.manifest import DataEntry, TensorEntry
 from chunkstore.format.shards import RANKS_ENTRY, ShardRanks
 from chunkstore.handle.censusrecord import contribution, parse
 from chunkstore.handle.tree import FlatTree, Leaf, flatten, load_data
@@ -129,12 +129,12 @@ def version_ranks(store: StoreHandle) -> list[VersionRanks]:
 class _Census:
     """What the live versions' manifests say beyond the index: the chain depth of every
     chunk listed with bases, the raw length of every packed chunk by (digest, location),
-    and the versions saved by several processes, by rank.  A chunk is named by its
-    digest's first :data:`~chunkstore.handle.censusrecord.PREFIX_BYTES` bytes (as a
-    recorded contribution names it)."""
+    and the versions saved by several processes, by rank.  A chunk or a pack is named by
+    its digest's first :data:`~chunkstore.handle.censusrecord.PREFIX_BYTES` bytes (as a
+    recorded contribution names it); a member by (chunk, pack, offset, length)."""
 
     depths: dict[bytes, int] = field(default_factory=dict)
-    members: dict[tuple[bytes, PackLocation], int] = field(default_factory=dict)
+    members: dict[tuple[bytes, bytes, int, int], int] = field(default_factory=dict)
     ranks: list[VersionRanks] = field(default_factory=list)
 
 
@@ -241,12 +241,8 @@ class _Counted:
         return True
 
     def census(self) -> _Census:
-        """The merged census, each distinct pack digest parsed once."""
-        packs = {pack: Digest(pack) for (_, pack, _, _) in self.members}
-        return _Census(
-            depths=self.depths,
-            members={(prefix, PackLocation(packs[pack], offset, length)): raw
-                     for (prefix, pack, offset, length), raw in self.members.items()})
+        """The merged census."""
+        return _Census(depths=self.depths, members=self.members)
 
 
 def _ranks_census(store: StoreHandle, versions: list[VersionInfo]) -> list[VersionRanks]:

@@ -11,6 +11,7 @@ from chunkstore.codecs import PACK, by_id
 from chunkstore.errors import GcAbortedError, GcBusyError
 from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import PackLocation, TensorEntry
+from chunkstore.handle.censusrecord import PREFIX_BYTES
 from chunkstore.handle.tree import Leaf
 from chunkstore.index.indexfile import ReservePlan
 from chunkstore.index.lmdbindex import CHUNK, NODE, ChunkState
@@ -246,7 +247,7 @@ def stats(store: StoreHandle, grace_s: float = 3600.0, now: float | None = None,
                     codec = by_id(record.codec_id)
                     result.delta_chunks += codec is not None and codec.needs_base
     result.packs = len(pack_content)
-    packed_raw = {digest: raw for (digest, _), raw in members.items()}
+    packed_raw = {digest: raw for (digest, _, _, _), raw in members.items()}
     result.packed_chunks = len(packed_raw)
     result.delta_chunks += sum(1 for digest in packed_raw if digest in depths)
     result.chunks += result.packed_chunks
@@ -322,7 +323,7 @@ def _gc_from_index(store: StoreHandle, result: StoreStats, now: float) -> None:
 
 
 def _count_packs(result: StoreStats, awaiting: GcResult | None,
-                 members: dict[tuple[bytes, PackLocation], int],
+                 members: dict[tuple[bytes, bytes, int, int], int],
                  pack_content: dict[Digest, int], pack_stored: dict[Digest, int]) -> None:
     """Live packs, their bytes and the garbage inside them."""
     if awaiting is not None:
@@ -332,10 +333,10 @@ def _count_packs(result: StoreStats, awaiting: GcResult | None,
         result.packs = awaiting.live_packs
         result.packed_garbage_bytes = awaiting.pack_garbage_bytes
         return
-    listed: dict[Digest, int] = {}
-    for (_, location), _raw in members.items():
-        listed[location.pack] = listed.get(location.pack, 0) + location.length
-    result.packed_garbage_bytes = sum(max(size - listed.get(pack, 0), 0)
+    listed: dict[bytes, int] = {}  # by the pack's digest prefix, as the census names it
+    for (_, pack, _, length), _raw in members.items():
+        listed[pack] = listed.get(pack, 0) + length
+    result.packed_garbage_bytes = sum(max(size - listed.get(pack.raw[:PREFIX_BYTES], 0), 0)
                                       for pack, size in pack_content.items())
 
 
