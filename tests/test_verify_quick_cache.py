@@ -28,7 +28,10 @@ from chunkstore.index.lmdbindex import ChunkRecord, ChunkState
 from chunkstore.maintenance.verify import VerifyResult
 from chunkstore.objects.kinds import CHUNKS, NODES, VERSIONS
 from tests.conftest import SMALL_CHUNK
+from tests.s3server import s3_endpoint, two_indexes
 from tests.test_report_index import _saved
+
+__all__ = ["s3_endpoint"]  # the session fixture, re-exported so pytest finds it here
 
 VERSIONS_SAVED = 4
 
@@ -228,3 +231,39 @@ def test_a_version_whose_save_was_killed_after_its_record_is_read(store_path: Pa
         result = store.verify(read_data=False)
     assert result.ok and result.versions_trusted == 2
     assert _quick(store_path).versions_trusted == 3
+
+
+class _Keys(RequestHook):
+    """The keys read (GET, ranged or not)."""
+
+    def __init__(self, inner: Backend) -> None:
+        super().__init__(inner)
+        self.read: set[str] = set()
+
+    def request(self, operation: str, key: str) -> None:
+        if operation in ("get", "get_range"):
+            self.read.add(key)
+
+
+def test_on_s3_a_quick_verify_trusts_its_saves_and_reads_another_indexs(
+        s3_endpoint: str, tmp_path: Path) -> None:
+    """Two machines' indexes on one bucket (moto): A's quick verify reads none of the
+    records A's saves wrote, reads the one B saved, and still names a pack of A's
+    deleted from the bucket."""
+    with two_indexes(s3_endpoint, tmp_path) as (a, b):
+        mine = [_save(a, step) for step in range(2)]
+        theirs = _save(b, 2)
+        keys = _Keys(a.backend)
+        a.backend = keys
+        result = a.verify(read_data=False)
+        a.backend = keys.inner
+        assert result.ok and result.versions_checked == 3 and result.versions_trusted == 2
+        assert VERSIONS.key(theirs) in keys.read
+        assert not {VERSIONS.key(vid) for vid in mine} & keys.read
+        own = set(a.index.version_refs(mine[1])) - set(a.index.version_refs(mine[0])) \
+            - set(a.index.version_refs(theirs))
+        victim = sorted(own)[0]
+        a.backend.delete(CHUNKS.key(victim))
+        found = a.verify(read_data=False)
+        assert [v.id for v in found.versions if v.damaged] == [mine[1]]
+        assert {p.kind for p in found.problems} == {"missing-chunk"}
