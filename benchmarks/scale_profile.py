@@ -25,7 +25,9 @@ import argparse
 import contextlib
 import cProfile
 import pstats
+import shutil
 import statistics
+import tempfile
 import threading
 import time
 import warnings
@@ -155,8 +157,12 @@ def main(argv: list[str] | None = None) -> None:
         if not (source / "ready").exists():
             parser.error(f"{source} is no prepared store: run bench_scale --label"
                          f" {args.label} --stores {args.stores} with these levels first")
-    found = profile_saves(args.mode, sources, args.stores / "profile-scratch", args.saves,
-                          time.thread_time if args.cpu else time.perf_counter)
+    scratch = Path(tempfile.mkdtemp(prefix="scale-profile-", dir=args.stores))
+    try:
+        found = profile_saves(args.mode, sources, scratch, args.saves,
+                              time.thread_time if args.cpu else time.perf_counter)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     low, high = sorted(found)
     compare(found[low], found[high], args.saves, args.top)
 
