@@ -18,9 +18,13 @@ per save, saved into run ``r`` of a store that already holds N versions of it
   (chunkstore.protocol.published; every version at most each 10 minutes).
 
 Each mode runs on a fresh copy of each level's store, all levels at once: two
-warm-up saves each, then ``--saves`` timed saves taking the levels in turn (the
-machine's load, which moves from minute to minute on a shared 2-core machine,
-falls on every level alike), the median reported; then ``--count`` saves through
+warm-up saves each, then ``--saves`` timed saves taking the levels in turn, the
+order reversed every round (the machine's load, which moves from minute to minute
+on a shared 2-core machine, falls on every level alike), the median reported, of
+the seconds and of the process's CPU time (every thread's: what other work on the
+machine moves least), and with ``--saves`` of two ``--block`` or more the ratio of
+the levels' medians in each block of rounds (the run's own spread); then
+``--count`` saves through
 a :class:`~chunkstore.backends.wrappers.ForwardingBackend` that counts requests by
 operation (the heartbeat threads' left out: they come per 10-30 s, not per save),
 and the write transactions of the store's index they commit (LMDB's transaction id:
@@ -44,6 +48,15 @@ for the code after, 45 before)::
         --out /work/main/benchmarks/results/scale.json
 
 ``--quick`` measures at 100 and 1,000 versions with fewer saves (a few minutes).
+
+Whether a save at 10,000 versions stays within 1.1x of one at 100 needs hundreds of
+saves per level: two runs of 30 differ by up to 0.25 in the ratio on a shared
+machine.  Runs ``saves-10k-interleaved-*`` in scale.json (about 10 minutes here, the
+stores built once)::
+
+    python -m benchmarks.bench_scale --label saves-10k-interleaved-N --levels 100 10000 \
+        --modes store checkpointer_sync checkpointer_async dcp dcp_url --no-removal \
+        --saves 500 --stores DIR --out benchmarks/results/scale.json
 
 The removal columns (benchmarks/scale_removal.py: a prune of 1,000 versions, an idle
 GC and a GC after the prune, at the version levels and at stores of 10k, 100k and,
@@ -106,6 +119,10 @@ MODES = ("store", "checkpointer_sync", "checkpointer_async", "dcp", "dcp_url")
 BACKGROUND = ("chunkstore-run-lease", "chunkstore-read-leases", "chunkstore-session",
               "chunkstore-gc-entry", "chunkstore-collect")
 WARM_UP = 2
+#: Rounds per block whose medians are reported beside the run's (``--block``; with
+#: ``--saves`` of at least two blocks): the spread of the blocks' ratios is the run's
+#: noise, what it cannot decide.
+BLOCK = 50
 
 
 #: Keys an S3 LIST request returns at most: a listing of n keys takes ceil(n / 1000).
@@ -306,21 +323,14 @@ def saver(mode: str, where: Location, first_step: int) -> Iterator[Saver]:
                     store if mode == "dcp" else None)
 
 
-def measure(savers: dict[int, Saver], saves: int, count: int) -> dict[int, dict[str, Any]]:
-    """Warm-up saves, then the timed saves of every level in turn (so that the load of
-    the machine, which moves, falls on every level alike), then the counted ones."""
+def measure(savers: dict[int, Saver], saves: int, count: int, block: int = BLOCK
+            ) -> dict[int, dict[str, Any]]:
+    """Warm-up saves, then the timed saves (:func:`timed_rounds`), then the counted ones;
+    the medians of each ``block`` rounds too (their spread is the run's noise)."""
     for _ in range(WARM_UP):
         for each in savers.values():
             each.save()
-    times: dict[int, list[float]] = {level: [] for level in savers}
-    pauses: dict[int, list[float]] = {level: [] for level in savers}
-    for _ in range(saves):
-        for level, each in savers.items():
-            started = time.perf_counter()
-            pause = each.save()
-            times[level].append(time.perf_counter() - started)
-            if pause is not None:
-                pauses[level].append(pause)
+    times, cpu, pauses = timed_rounds(savers, saves)
     found = {}
     for level, each in savers.items():
         counts = each.counting()
@@ -328,10 +338,44 @@ def measure(savers: dict[int, Saver], saves: int, count: int) -> dict[int, dict[
         for _ in range(count):
             each.save()
         found[level] = summary(times[level], pauses[level], counts, count)
+        found[level]["median_cpu_ms"] = round(statistics.median(cpu[level]) * 1e3, 2)
+        if saves >= 2 * block:
+            found[level]["block_medians_ms"] = block_medians(times[level], block)
+            found[level]["block_cpu_medians_ms"] = block_medians(cpu[level], block)
         after = each.index_transactions()
         if committed is not None and after is not None:
             found[level]["index_transactions_per_save"] = round((after - committed) / count, 2)
     return found
+
+
+Samples = dict[int, list[float]]
+
+
+def timed_rounds(savers: dict[int, Saver], saves: int) -> tuple[Samples, Samples, Samples]:
+    """``saves`` rounds of one save at every level, the order reversed every round (so
+    that the load of the machine, which moves, and whatever one save leaves to the next
+    fall on every level alike): per level the seconds of each save, the process's CPU
+    seconds in it (every thread's: an async save's background included; what the
+    machine's other work does not move) and the training pauses where a mode has them."""
+    times: Samples = {level: [] for level in savers}
+    cpu: Samples = {level: [] for level in savers}
+    pauses: Samples = {level: [] for level in savers}
+    order = list(savers.items())
+    for round_ in range(saves):
+        for level, each in order[::-1] if round_ % 2 else order:
+            started, started_cpu = time.perf_counter(), time.process_time()
+            pause = each.save()
+            times[level].append(time.perf_counter() - started)
+            cpu[level].append(time.process_time() - started_cpu)
+            if pause is not None:
+                pauses[level].append(pause)
+    return times, cpu, pauses
+
+
+def block_medians(seconds: list[float], block: int) -> list[float]:
+    """The median of each whole block of ``block`` samples, in ms."""
+    return [round(statistics.median(seconds[start:start + block]) * 1e3, 3)
+            for start in range(0, len(seconds) - block + 1, block)]
 
 
 def summary(times: list[float], pauses: list[float], counts: Counter[str], count: int
@@ -379,8 +423,8 @@ def opens_counted() -> Iterator[Callable[[], Counter[str]]]:
 
 
 def measure_modes(places: dict[int, Location], modes: list[str], saves: int, count: int,
-                  first_steps: Callable[[int, int], int], label: str = ""
-                  ) -> dict[str, dict[str, Any]]:
+                  first_steps: Callable[[int, int], int], label: str = "",
+                  block: int = BLOCK) -> dict[str, dict[str, Any]]:
     """Every mode at every level (levels interleaved); ``first_steps(level, mode index)``
     is where a mode's saves begin."""
     found: dict[str, dict[str, Any]] = {str(level): {} for level in places}
@@ -388,7 +432,7 @@ def measure_modes(places: dict[int, Location], modes: list[str], saves: int, cou
         with contextlib.ExitStack() as stack:
             savers = {level: stack.enter_context(saver(mode, where, first_steps(level, number)))
                       for level, where in places.items()}
-            measured = measure(savers, saves, count)
+            measured = measure(savers, saves, count, block)
         for level, result in measured.items():
             found[str(level)][mode] = result
             report(level, f"{label}{mode}", result)
@@ -449,12 +493,31 @@ def commit_of(root: Path) -> str:
         return "unknown"
 
 
-def ratios(levels: dict[str, dict[str, Any]]) -> dict[str, float]:
-    """Median save at the highest level / at the lowest, per mode."""
+def ratios(levels: dict[str, dict[str, Any]], key: str = "median_ms") -> dict[str, float]:
+    """Median save at the highest level / at the lowest, per mode (``key``: the median of
+    the saves' seconds, or ``median_cpu_ms`` of their CPU time)."""
     keys = sorted(levels, key=int)
     low, high = levels[keys[0]], levels[keys[-1]]
-    return {mode: round(high[mode]["median_ms"] / low[mode]["median_ms"], 2)
+    return {mode: round(high[mode][key] / low[mode][key], 2)
             for mode in high if mode in low}
+
+
+def block_ratios(levels: dict[str, dict[str, Any]], key: str = "block_medians_ms"
+                 ) -> dict[str, dict[str, Any]]:
+    """Per mode, the ratio of the highest level's median to the lowest's in each block of
+    :data:`BLOCK` rounds (both levels' saves of one block ran side by side), with their
+    range; ``key`` names the block medians (the saves' seconds, or
+    ``block_cpu_medians_ms`` their CPU time)."""
+    keys = sorted(levels, key=int)
+    low, high = levels[keys[0]], levels[keys[-1]]
+    found = {}
+    for mode in high:
+        if key not in high[mode] or mode not in low:
+            continue
+        each = [round(h / lo, 3) for h, lo in zip(high[mode][key], low[mode][key], strict=True)]
+        found[mode] = {"blocks": each, "min": min(each), "max": max(each),
+                       "median": round(statistics.median(each), 3)}
+    return found
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -463,6 +526,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--levels", type=int, nargs="+", default=None)
     parser.add_argument("--saves", type=int, default=30, help="timed saves per mode and level")
     parser.add_argument("--count", type=int, default=5, help="counted saves per mode and level")
+    parser.add_argument("--block", type=int, default=BLOCK,
+                        help="rounds per block: with --saves of two blocks or more, the ratio"
+                        " of the levels' medians in each block too (the run's spread)")
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--quick", action="store_true",
                         help="100 and 1,000 versions, 10 timed saves, 3 counted")
@@ -506,11 +572,17 @@ def measure_all(args: argparse.Namespace, stores: Path) -> dict[str, Any]:
         local: dict[str, dict[str, Any]] = {str(level): {} for level in levels}
         for mode in args.modes:  # each mode on fresh copies
             with fresh_copies(sources, stores) as places:
-                measured = measure_modes(places, [mode], saves, count, lambda level, _: level)
+                measured = measure_modes(places, [mode], saves, count, lambda level, _: level,
+                                         block=args.block)
             for level, results in measured.items():
                 local[level].update(results)
         found.update({"saves": saves, "counted": count, "local": {
-            "levels": local, "ratio_highest_to_lowest": ratios(local)}})
+            "levels": local, "ratio_highest_to_lowest": ratios(local),
+            "cpu_ratio_highest_to_lowest": ratios(local, "median_cpu_ms")}})
+        if saves >= 2 * args.block:
+            found["local"].update({
+                "block": args.block, "block_ratios": block_ratios(local),
+                "block_cpu_ratios": block_ratios(local, "block_cpu_medians_ms")})
         if args.s3:
             found["s3"] = measure_on_s3(args, stores, sources, count)
     if not args.no_removal:

@@ -19,8 +19,8 @@ def test_the_scale_benchmark_records_each_level_and_mode_under_its_label(
         tmp_path: Path) -> None:
     out = tmp_path / "scale.json"
     out.write_text(json.dumps({"runs": {"before": {"kept": True}}}))
-    bench_scale.main(["--label", "after", "--levels", "21", "24", "--saves", "2", "--count", "2",
-                      "--modes", "store", "dcp", "--no-removal",
+    bench_scale.main(["--label", "after", "--levels", "21", "24", "--saves", "4", "--count", "2",
+                      "--block", "2", "--modes", "store", "dcp", "--no-removal",
                       "--stores", str(tmp_path / "stores"), "--out", str(out)])
     found = json.loads(out.read_text())
     assert found["runs"]["before"] == {"kept": True}
@@ -30,8 +30,17 @@ def test_the_scale_benchmark_records_each_level_and_mode_under_its_label(
     for level in ("21", "24"):
         for mode in ("store", "dcp"):
             result = run["levels"][level][mode]
-            assert result["saves"] == 2 and result["median_ms"] > 0
+            assert result["saves"] == 4 and result["median_ms"] > 0
+            assert result["median_cpu_ms"] > 0 and len(result["block_medians_ms"]) == 2
             assert result["requests_per_save"]["put"] >= 2  # a pack or node, the record
+    # Each block's ratio of the levels' medians (both levels' saves of a block side by side)
+    for mode in ("store", "dcp"):
+        blocks = run["block_ratios"][mode]
+        assert len(blocks["blocks"]) == 2 and blocks["min"] <= blocks["median"] <= blocks["max"]
+        assert run["levels"]["24"][mode]["block_medians_ms"][0] / run["levels"]["21"][mode][
+            "block_medians_ms"][0] == pytest.approx(blocks["blocks"][0], abs=1e-3)
+        assert len(run["block_cpu_ratios"][mode]["blocks"]) == 2
+    assert set(run["cpu_ratio_highest_to_lowest"]) == {"store", "dcp"}
     # Requests per save do not follow the history (they are counted, not timed), once
     # each of the 20 tensors has changed (each unchanged one is then in a pack of its own).
     assert run["levels"]["21"]["store"]["requests_per_save"] == \
