@@ -9,20 +9,27 @@ that once per read call (with the next change, runs split by decoded bytes: 0.11
 against 0.143 CPU seconds, medians, for the 126 MB state of an MLP with AdamW
 read through delta chains; benchmarks/results/restore.json).
 Reading runs of pack members into such a buffer instead of fresh bytes gained
-nothing measurable, so reads still return fresh bytes.
+nothing measurable, so reads still return fresh bytes.  In an encrypted store of
+version 13 each member is decrypted on its own, and there fresh memory for it costs
+as much as the decryption: a read job opens each member into a buffer per depth of
+the chain it decodes (:func:`member_buffer`; the 261 MB sparse-embedding state, 434 MB
+of members opened per restore: X against Y ms on one thread).
 
 The buffers live for one read call: each pool job of :func:`chunkstore.read.reader.run_jobs`
 releases its thread's when the call's jobs run out, so a long-lived handle's idle
 threads hold nothing.
 
 Nothing may keep a view of a scratch buffer past the call that asked for it: the
-thread's next use overwrites it.  So only the chain decoder of a read job uses it
-(never verify's, whose decoded bases go to the handle's base cache).
+thread's next use overwrites it.  So only the member and chain decoders of a read
+job use it (never verify's, whose decoded bases go to the handle's base cache).
 """
 
 from __future__ import annotations
 
+import functools
 import threading
+
+from chunkstore.objects.objectstore import MemberBuffer
 
 #: A thread keeps a slot's buffer up to this size (a larger request gets memory of
 #: its own, freed with it).
@@ -43,6 +50,14 @@ def scratch(slot: str, size: int) -> memoryview:
         if size <= KEEP_BYTES:
             buffers[slot] = held
     return memoryview(held)[:size]
+
+
+def member_buffer(depth: int) -> MemberBuffer:
+    """Where a read job opens the sealed member object at ``depth`` of the chain it
+    decodes (0: the chunk's own, then each base): a slot of its own per depth, since a
+    chain's objects are all held until its last link is applied.  Fresh memory for each
+    would cost as much as decrypting it."""
+    return functools.partial(scratch, f"member-{depth}")
 
 
 def release() -> None:
