@@ -30,27 +30,39 @@ from __future__ import annotations
 import functools
 import threading
 
+import numpy as np
+
 from chunkstore.objects.objectstore import MemberBuffer
 
 #: A thread keeps a slot's buffer up to this size (a larger request gets memory of
 #: its own, freed with it).
 KEEP_BYTES = 16 * 1024 * 1024
+#: The grain of the buffers sealed members are opened into (:func:`member_buffer`), whose
+#: sizes run from a bias's few hundred bytes to a chunk's
+MEMBER_GRAIN = 1024 * 1024
 
 _local = threading.local()
 
 
-def scratch(slot: str, size: int) -> memoryview:
+def scratch(slot: str, size: int, grain: int = 0) -> memoryview:
     """``size`` writable bytes of this thread's buffer ``slot`` (uninitialised: what
-    the last use left), valid until the thread's next call with the same slot."""
-    buffers: dict[str, bytearray] | None = getattr(_local, "buffers", None)
+    the last use left), valid until the thread's next call with the same slot.
+    ``grain``: a buffer the thread keeps is allocated in whole multiples of it and not
+    zero-filled, so that a slot asked for sizes of every kind grows a few times per
+    call, not with each request a little larger than the last (pages never written
+    cost nothing)."""
+    buffers: dict[str, memoryview] | None = getattr(_local, "buffers", None)
     if buffers is None:
         buffers = _local.buffers = {}
     held = buffers.get(slot)
     if held is None or len(held) < size:
-        held = bytearray(size)
+        if grain and size <= KEEP_BYTES:
+            held = memoryview(np.empty(-(-size // grain) * grain, dtype=np.uint8).data).cast("B")
+        else:
+            held = memoryview(bytearray(size))
         if size <= KEEP_BYTES:
             buffers[slot] = held
-    return memoryview(held)[:size]
+    return held[:size]
 
 
 def member_buffer(depth: int) -> MemberBuffer:
@@ -58,7 +70,7 @@ def member_buffer(depth: int) -> MemberBuffer:
     decodes (0: the chunk's own, then each base): a slot of its own per depth, since a
     chain's objects are all held until its last link is applied.  Fresh memory for each
     would cost as much as decrypting it."""
-    return functools.partial(scratch, f"member-{depth}")
+    return functools.partial(scratch, f"member-{depth}", grain=MEMBER_GRAIN)
 
 
 def release() -> None:
