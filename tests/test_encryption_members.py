@@ -339,3 +339,35 @@ def test_a_restore_falls_back_past_a_version_with_a_flipped_member(
                                                            match="restored step 1"):
         assert ckpt.restore(model=model) == 1
     assert all(torch.equal(model.state_dict()[k], v) for k, v in states[0].items())
+
+
+def test_a_restore_opens_each_member_of_a_chain_apart_and_fails_on_a_flipped_base(
+        tmp_path: Path) -> None:
+    """Read jobs open each sealed member of a delta chain into a buffer of its depth
+    (chunkstore.read.scratch.member_buffer): the newest of four versions reads back
+    exactly through a chain of three packed bases; a base flipped two links down fails
+    the versions that need it as failing authentication, and on the same handle the
+    version before it still reads exactly."""
+    path, rng = tmp_path / "s", np.random.default_rng(7)
+    table = rng.standard_normal((64, 64)).astype(np.float32)  # four chunks of 4 KiB
+    tables, ids = [], []
+    with _open(path, chunk_size=4096, delta_depth=3) as store:
+        for step in range(4):
+            table[0, step] += 1  # chunk 0 changes in every version: a chain of depth 3
+            tables.append(table.copy())
+            with store.new_version("r", step) as version:
+                version.put("emb", tables[-1])
+            ids.append(version.info.id)
+        entry = store.open_version(ids[-1]).entry("emb")
+        assert isinstance(entry, TensorEntry)
+        (shard,) = entry.shards
+        assert len(shard.chain(0)) == 3 and None not in shard.chain_locations(0)
+        assert store.open_version(ids[-1]).get("emb").tobytes() == tables[-1].tobytes()
+        base = shard.chain_locations(0)[1]  # version 1's chunk 0, itself a delta
+        assert base is not None
+        _rewrite(path, base.pack, lambda data: data.__setitem__(
+            base.offset + base.length // 2, data[base.offset + base.length // 2] ^ 1))
+        for failing in ids[1:]:
+            with pytest.raises(CorruptChunkError, match="fails authentication"):
+                store.open_version(failing).get("emb")
+        assert store.open_version(ids[0]).get("emb").tobytes() == tables[0].tobytes()

@@ -33,7 +33,7 @@ only they know whether a missing object is damage or a race they expect.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -44,8 +44,8 @@ from chunkstore.format.digest import PLAIN_IDS, ChunkIds, Digest
 from chunkstore.format.manifest import PackLocation
 from chunkstore.objects.kinds import CHUNKS, CONFIG_KEY, IdT, Kind
 
-__all__ = ["Encoded", "ObjectInfo", "ObjectStore", "OpenedPack", "PackEncoding", "PackHead",
-           "Pieces"]
+__all__ = ["Encoded", "MemberBuffer", "ObjectInfo", "ObjectStore", "OpenedPack", "PackEncoding",
+           "PackHead", "Pieces"]
 
 #: An object's encoding as pieces laid end to end (a pack: its header and its members),
 #: joined only where the store keeps objects as they are encoded
@@ -93,6 +93,9 @@ class PackHead(NamedTuple):
 
 #: What a write takes: an object's encoding, whole or in pieces, or a pack.
 Encoded = bytes | memoryview | Pieces | PackEncoding
+#: Where a store that seals each member on its own opens one (:meth:`ObjectStore.open_member`):
+#: ``size`` writable bytes that the caller owns until it drops the opened member.
+MemberBuffer = Callable[[int], memoryview]
 
 
 class ObjectStore:
@@ -264,10 +267,14 @@ class ObjectStore:
         return self.view_range(CHUNKS, pack, HEADER.size + start, length)
 
     def open_member(self, digest: Digest, location: PackLocation,
-                    data: bytes | memoryview) -> memoryview:
+                    data: bytes | memoryview, buffer: MemberBuffer | None = None
+                    ) -> memoryview:
         """The member object of chunk ``digest`` from the bytes its ``location`` names
         (cut from :meth:`member_range`); :class:`CorruptChunkError` where the pack ended
-        first (or, sealed, the member fails authentication)."""
+        first (or, sealed, the member fails authentication).  Here a view of ``data``;
+        a store that seals each member on its own opens it into ``buffer`` (a reader's
+        reused scratch memory: fresh memory costs a page fault per 4 KiB, as much as
+        the decryption), else into fresh memory."""
         if len(data) != location.length:
             raise CorruptChunkError(digest.hex, f"pack {location.pack.short()} ends before"
                                     f" the member's {location.length} bytes at"

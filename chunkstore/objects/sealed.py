@@ -58,7 +58,13 @@ from chunkstore.objects.kinds import (
     IdT,
     Kind,
 )
-from chunkstore.objects.objectstore import ObjectStore, PackEncoding, PackHead, Pieces
+from chunkstore.objects.objectstore import (
+    MemberBuffer,
+    ObjectStore,
+    PackEncoding,
+    PackHead,
+    Pieces,
+)
 
 
 def _is_pack(plain: bytes) -> bool:
@@ -223,11 +229,12 @@ class SealedObjects(ObjectStore):
         return self.backend.view_range(CHUNKS.key(pack), start, length)
 
     def open_member(self, digest: Digest, location: PackLocation,
-                    data: bytes | memoryview) -> memoryview:
+                    data: bytes | memoryview, buffer: MemberBuffer | None = None
+                    ) -> memoryview:
         data = super().open_member(digest, location, data)
         if not self.sealed_members:
             return data
-        out = scratch(plain_size(len(data), self.sealer.segment))
+        out = (scratch if buffer is None else buffer)(plain_size(len(data), self.sealer.segment))
         if self._open_member(digest, location, data, out) != len(out) \
                 or len(data) != stored_size(len(out), self.sealer.segment):
             raise _member_corrupt(digest, location, "the member is truncated")

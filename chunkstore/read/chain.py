@@ -52,20 +52,23 @@ from chunkstore.format.digest import DIGEST_SIZE, ChunkIds, Digest
 from chunkstore.format.manifest import PackLocation
 from chunkstore.handle.caches import BaseCache
 from chunkstore.objects.kinds import CHUNKS
+from chunkstore.objects.objectstore import MemberBuffer
 from chunkstore.read.members import Locations, Prefetched, member_object, missing_chunk
-from chunkstore.read.scratch import scratch
+from chunkstore.read.scratch import member_buffer, scratch
 
 if TYPE_CHECKING:
     from chunkstore.handle.handle import StoreHandle
 
 
 def _get(store: StoreHandle, digest: Digest, location: PackLocation | None, raw_length: int,
-         prefetched: Prefetched | None = None) -> bytes | memoryview:
+         prefetched: Prefetched | None = None, buffer: MemberBuffer | None = None
+         ) -> bytes | memoryview:
     """The object of ``digest`` (of ``raw_length`` raw bytes): stored under its key, or
     the member object at ``location`` inside a pack (bounded by that length before it
-    is read; from ``prefetched`` where it was read ahead)."""
+    is read; from ``prefetched`` where it was read ahead; a sealed one opened into
+    ``buffer`` where given)."""
     if location is not None:
-        return member_object(store, digest, location, raw_length, prefetched)
+        return member_object(store, digest, location, raw_length, prefetched, buffer)
     try:
         # At most one byte more than any object of raw_length bytes can be: a padded
         # object is refused by its header check without being read whole.
@@ -123,9 +126,9 @@ def decode_chain(store: StoreHandle, digest: Digest, data: bytes | memoryview,
                           check_links=True, location=_at(locations, 0),
                           locations=locations[1:], prefetched=prefetched)
         return decode_object(digest, data, out, base, ids=store.objects.chunk_ids)
-    links, root, root_raw = _chain_objects(store, digest, header, memoryview(data), chain, cache,
-                                           locations, prefetched)
     transient = transient and out is not None  # else the result is returned, not copied
+    links, root, root_raw = _chain_objects(store, digest, header, memoryview(data), chain, cache,
+                                           locations, prefetched, transient)
     if all(link[1].codec_id == codecs.XOR_DELTA.id
            and link[1].element_size == header.element_size for link in links):
         return _decode_planes(digest, links, root, root_raw, out, transient,
@@ -138,10 +141,12 @@ Link = tuple[Digest, ChunkHeader, memoryview]
 
 def _chain_objects(store: StoreHandle, digest: Digest, header: ChunkHeader, view: memoryview,
                    chain: tuple[Digest, ...], cache: BaseCache | None, locations: Locations,
-                   prefetched: Prefetched | None = None
+                   prefetched: Prefetched | None = None, transient: bool = False
                    ) -> tuple[list[Link], Link | None, bytes | memoryview | None]:
     """The delta objects from the chunk down its chain (nearest first), then either
-    the standalone object that ends it or the bytes of a base found in the cache."""
+    the standalone object that ends it or the bytes of a base found in the cache
+    (``transient``: sealed members opened into the thread's scratch buffers, one per
+    depth, as the decode holds them all)."""
     cache = store.base_cache if cache is None else cache
     links: list[Link] = []
     current, rest = digest, chain
@@ -160,7 +165,8 @@ def _chain_objects(store: StoreHandle, digest: Digest, header: ChunkHeader, view
             return links, None, cached
         at = _at(locations, len(links) - 1)
         current, rest = rest[0], rest[1:]
-        view = memoryview(_get(store, current, at, links[0][1].raw_length, prefetched))
+        view = memoryview(_get(store, current, at, links[0][1].raw_length, prefetched,
+                               member_buffer(len(links)) if transient else None))
         header = parse_header(current, view)
 
 

@@ -27,6 +27,7 @@ from chunkstore.format.digest import DIGEST_SIZE, Digest
 from chunkstore.format.manifest import PackLocation
 from chunkstore.index.lmdbindex import CHUNK
 from chunkstore.objects.kinds import CHUNKS
+from chunkstore.objects.objectstore import MemberBuffer
 from chunkstore.protocol.moved import MAX_HOPS, read_moved
 
 if TYPE_CHECKING:
@@ -81,37 +82,41 @@ def fresh_on_miss(store: StoreHandle, attempt: Callable[[], _T]) -> _T:
 
 
 def member_object(store: StoreHandle, digest: Digest, location: PackLocation, raw_length: int,
-                  prefetched: Prefetched | None = None) -> memoryview:
+                  prefetched: Prefetched | None = None, buffer: MemberBuffer | None = None
+                  ) -> memoryview:
     """The member object of packed chunk ``digest`` at ``location`` (a base to decode,
     of ``raw_length`` raw bytes): bounded by that length before it is read, taken from
     ``prefetched`` (:func:`chunkstore.read.packs.prefetch_bases`) or read by range,
-    following moved records, its header and length checked."""
+    following moved records, its header and length checked; a sealed member opened into
+    ``buffer`` where given (:meth:`~chunkstore.objects.objectstore.ObjectStore.open_member`)."""
     return fresh_on_miss(store, lambda: _member_object(store, digest, location, raw_length,
-                                                       prefetched))
+                                                       prefetched, buffer))
 
 
 def _member_object(store: StoreHandle, digest: Digest, location: PackLocation,
-                   raw_length: int, prefetched: Prefetched | None) -> memoryview:
+                   raw_length: int, prefetched: Prefetched | None,
+                   buffer: MemberBuffer | None) -> memoryview:
     for hops in range(MAX_HOPS + 1):
         check_listed_length(store, digest, location, raw_length)
         found = None if prefetched is None else prefetched.get(location)
         if found is not None:
-            return checked_member(store, digest, location, found)
+            return checked_member(store, digest, location, found, buffer)
         try:
             data = store.objects.member_range(location.pack, location.offset, location.length)
         except FileNotFoundError:
             ((_, location, _, _),) = forward_members(store, [(digest, location, memoryview(b""),
                                                        NO_CHAIN)], hops)
             continue
-        return checked_member(store, digest, location, data)
+        return checked_member(store, digest, location, data, buffer)
     raise AssertionError("unreachable: forward_members refuses the hop after the last")
 
 
 def checked_member(store: StoreHandle, digest: Digest, location: PackLocation,
-                   data: bytes | memoryview) -> memoryview:
+                   data: bytes | memoryview, buffer: MemberBuffer | None = None) -> memoryview:
     """The member object read at ``location`` (the bytes its location names, opened by
-    the object layer's one path for members), its length and header checked."""
-    data = store.objects.open_member(digest, location, data)
+    the object layer's one path for members, into ``buffer`` where given), its length
+    and header checked."""
+    data = store.objects.open_member(digest, location, data, buffer)
     header = member_header(digest, data)
     if header.size + header.payload_length != len(data):
         raise CorruptChunkError(digest.hex, f"member object is {len(data)} bytes, its"

@@ -81,6 +81,7 @@ from chunkstore.read.members import (
     member_span,
     read_runs,
 )
+from chunkstore.read.scratch import member_buffer
 
 if TYPE_CHECKING:
     from chunkstore.handle.handle import StoreHandle
@@ -395,9 +396,12 @@ def _decode_member(store: StoreHandle, digest: Digest, location: PackLocation, d
                    check_links: bool, prefetched: Prefetched | None = None, *,
                    transient: bool = False) -> None:
     """Decode the member ``data`` (the bytes ``location`` names) into ``out``: opened
-    by the object layer's one path for members, then checked and decoded."""
-    _decode_opened(store, digest, store.objects.open_member(digest, location, data), out,
-                   chain, cache, check_links, prefetched, transient=transient)
+    by the object layer's one path for members (``transient``: a sealed one into the
+    thread's scratch buffer), then checked and decoded."""
+    opened = store.objects.open_member(digest, location, data,
+                                       member_buffer(0) if transient else None)
+    _decode_opened(store, digest, opened, out, chain, cache, check_links, prefetched,
+                   transient=transient)
 
 
 def _decode_opened(store: StoreHandle, digest: Digest, data: memoryview, out: memoryview,
