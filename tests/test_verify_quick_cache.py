@@ -267,3 +267,23 @@ def test_on_s3_a_quick_verify_trusts_its_saves_and_reads_another_indexs(
         found = a.verify(read_data=False)
         assert [v.id for v in found.versions if v.damaged] == [mine[1]]
         assert {p.kind for p in found.problems} == {"missing-chunk"}
+
+
+def test_a_version_a_full_verify_found_damaged_is_not_trusted_after_it(
+        store_path: Path, saved: list[str]) -> None:
+    """A node flipped in place after the version was remembered: --quick does not read
+    it (documented), but once a full verify read it damaged, the index no longer holds
+    it readable, so the next quick verify reads it and names it too."""
+    with chunkstore.open(store_path, create=False) as store:
+        root = store.read_record(saved[2]).root  # the root node only this version has
+    node = store_path / NODES.key(root)
+    damaged = bytearray(node.read_bytes())
+    damaged[len(damaged) // 2] ^= 0x10
+    node.write_bytes(bytes(damaged))
+    assert _quick(store_path).ok  # trusted, as docs/recovery.md says
+    with chunkstore.open(store_path, create=False) as store:
+        full = store.verify()
+    assert [v.id for v in full.versions if v.damaged] == [saved[2]]
+    quick = _quick(store_path)
+    assert [v.id for v in quick.versions if v.damaged] == [saved[2]]
+    assert quick.versions_trusted == VERSIONS_SAVED - 1

@@ -929,6 +929,13 @@ class Index(VersionLookups):
                 recorded += 1
         return recorded
 
+    def forget_verified(self, version_ids: Iterable[str]) -> None:
+        """Hold the versions of ``version_ids`` readable no more (a verify read them
+        damaged), whoever recorded them: the next ``--quick`` reads them again."""
+        with self._writing() as txn:
+            for version_id in version_ids:
+                derived.delete(txn, self.verified, version_id.encode())
+
     def census(self, version_ids: Iterable[str]) -> dict[str, bytes]:
         """What ``report``'s census recorded of the versions of ``version_ids``
         (:meth:`note_census`), where it still holds (:mod:`chunkstore.index.derived`)."""

@@ -346,6 +346,20 @@ def _note_readable(store: StoreHandle, trees: dict[str, FlatTree], refs: dict[st
         log.warning("verify could not remember the versions it found readable: %s", exc)
 
 
+def _forget_damaged(store: StoreHandle, verdicts: dict[str, VersionVerdict]) -> None:
+    """Drop what the index holds readable of the versions this verify found damaged (a
+    save or an earlier verify recorded them before the damage), so that the next
+    ``--quick`` reads them again instead of trusting them.  Only a help, as
+    :func:`_note_readable` is."""
+    damaged = [vid for vid, verdict in verdicts.items() if verdict.damaged]
+    if not damaged:
+        return
+    try:
+        store.index.forget_verified(damaged)
+    except StorageFullError as exc:
+        log.warning("verify could not forget the versions it found damaged: %s", exc)
+
+
 def _stored_object(check: ChunkCheck) -> Digest:
     """The stored object a chunk check reads: the chunk's own, or its pack."""
     return check[0] if check[3] is None else check[3].pack
@@ -445,6 +459,7 @@ def verify(store: StoreHandle, sel: str | None = None, *, read_data: bool = True
     verdicts = dict(sorted(verdicts.items(), key=lambda item: (
         item[1].run or "", item[1].step or 0, item[0])))  # RUN@STEP order
     result.objects = summarize(result.problems, result.warnings, verdicts)
+    _forget_damaged(store, verdicts)  # marked by summarize
     _mark_corrupt_signatures(verdicts)
     result.versions = list(verdicts.values())
     result.seconds = time.monotonic() - started
