@@ -269,17 +269,20 @@ def test_on_s3_a_quick_verify_trusts_its_saves_and_reads_another_indexs(
         assert {p.kind for p in found.problems} == {"missing-chunk"}
 
 
+@pytest.mark.parametrize("damaged_object", ["node", "record"])
 def test_a_version_a_full_verify_found_damaged_is_not_trusted_after_it(
-        store_path: Path, saved: list[str]) -> None:
-    """A node flipped in place after the version was remembered: --quick does not read
-    it (documented), but once a full verify read it damaged, the index no longer holds
-    it readable, so the next quick verify reads it and names it too."""
+        store_path: Path, saved: list[str], damaged_object: str) -> None:
+    """A node or commit record flipped in place after the version was remembered:
+    --quick does not read it (documented), but once a full verify read it damaged, the
+    index no longer holds it readable, so the next quick verify reads it and names it
+    too."""
     with chunkstore.open(store_path, create=False) as store:
         root = store.read_record(saved[2]).root  # the root node only this version has
-    node = store_path / NODES.key(root)
-    damaged = bytearray(node.read_bytes())
+    damaged_path = store_path / (NODES.key(root) if damaged_object == "node"
+                                 else VERSIONS.key(saved[2]))
+    damaged = bytearray(damaged_path.read_bytes())
     damaged[len(damaged) // 2] ^= 0x10
-    node.write_bytes(bytes(damaged))
+    damaged_path.write_bytes(bytes(damaged))
     assert _quick(store_path).ok  # trusted, as docs/recovery.md says
     with chunkstore.open(store_path, create=False) as store:
         full = store.verify()
@@ -287,3 +290,32 @@ def test_a_version_a_full_verify_found_damaged_is_not_trusted_after_it(
     quick = _quick(store_path)
     assert [v.id for v in quick.versions if v.damaged] == [saved[2]]
     assert quick.versions_trusted == VERSIONS_SAVED - 1
+
+
+def test_a_node_damaged_before_a_save_that_reused_it_is_trusted_with_that_save(
+        store_path: Path) -> None:
+    """What docs/recovery.md says a save's record gives up: a save reuses a stored node
+    without reading it, so a node damaged before the save is trusted with its version
+    by --quick; a full verify names both versions, and every later quick verify too."""
+    def save(store: chunkstore.Store, step: int) -> str:
+        with store.new_version("r", step) as v:
+            v.put("moving", np.full(2_000, step, dtype=np.float32))
+            v.put_data("const", {"lr": 0.1})  # the same data node in every version
+        return v.info.id
+
+    with chunkstore.open(store_path, chunk_size=SMALL_CHUNK, create=True) as store:
+        first = save(store, 0)
+        before = set(store.index.version_node_refs(first))
+    for digest in before:
+        node = store_path / NODES.key(digest)
+        damaged = bytearray(node.read_bytes())
+        damaged[len(damaged) // 2] ^= 0x10
+        node.write_bytes(bytes(damaged))
+    with chunkstore.open(store_path, create=False) as store:
+        second = save(store, 1)
+        assert set(store.index.version_node_refs(second)) & before  # reused, not read
+        assert store.verify(read_data=False).versions_trusted == 2
+        full = store.verify()
+    assert {v.id for v in full.versions if v.damaged} == {first, second}
+    quick = _quick(store_path)
+    assert {v.id for v in quick.versions if v.damaged} == {first, second}

@@ -894,8 +894,9 @@ class Index(VersionLookups):
         manifest tree parsed, every entry one a read can read, the manifests naming
         exactly the index's references), or that the save which built them recorded
         (:attr:`VerifiedVersion.by_its_save`: it encoded that tree from entries it
-        checked as a read does, and counted in exactly its references), with what the
-        index holds of them.
+        checked as a read does, and counted in exactly its references; a node it reused
+        it did not read), with what the index holds of them.  A verify that reads one
+        damaged forgets it (:meth:`forget_verified`).
 
         An answer is bound to the version's entry and references as the index holds
         them now and to the index's epoch (:mod:`chunkstore.index.derived`): a
