@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from chunkstore.format.digest import Digest
-from chunkstore.handle.versions import VersionEntry
 from chunkstore.index import derived
-from chunkstore.index.lmdbindex import Index
+from chunkstore.index.lmdbindex import Index, VersionEntry
 
 ENTRY = VersionEntry("c" * 63 + "7", "r", 1, 0.0, "00", None, 0, 0, 0, {})
 CHUNK = Digest(bytes(range(32)))
@@ -31,7 +31,7 @@ def index(tmp_path: Path) -> Iterator[Index]:
         opened.close()
 
 
-def _put_head(index: Index, db: object, after_stamp: bytes, epoch: bytes | None = None
+def _put_head(index: Index, db: Any, after_stamp: bytes, epoch: bytes | None = None
               ) -> None:
     """Write the version's own entry in ``db``: a true stamp (of ``epoch``, the index's
     own by default) and ``after_stamp``."""
