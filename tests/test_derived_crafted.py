@@ -14,7 +14,8 @@ import pytest
 
 from chunkstore.format.digest import Digest
 from chunkstore.index import derived
-from chunkstore.index.lmdbindex import Index, VersionEntry
+from chunkstore.index.lmdbindex import Index
+from chunkstore.index.versiontables import VersionEntry
 
 ENTRY = VersionEntry("c" * 63 + "7", "r", 1, 0.0, "00", None, 0, 0, 0, {})
 CHUNK = Digest(bytes(range(32)))
