@@ -930,12 +930,18 @@ class Index(VersionLookups):
                 recorded += 1
         return recorded
 
-    def forget_verified(self, version_ids: Iterable[str]) -> None:
+    def forget_verified(self, version_ids: Iterable[str], wait_s: float = 2.0) -> None:
         """Hold the versions of ``version_ids`` readable no more (a verify read them
-        damaged), whoever recorded them: the next ``--quick`` reads them again."""
-        with self._writing() as txn:
-            for version_id in version_ids:
-                derived.delete(txn, self.verified, version_id.encode())
+        damaged), whoever recorded them: the next ``--quick`` reads them again.  Writes
+        only where one is held; gives up (:class:`~chunkstore.index.writegate.
+        WriterBusy`) after ``wait_s`` seconds behind another writer."""
+        with self.env.begin(db=self.verified) as txn:
+            held = [key for key in (vid.encode() for vid in version_ids) if txn.get(key)]
+        if not held:
+            return
+        with self._writing(wait_s=wait_s) as txn:
+            for key in held:
+                derived.delete(txn, self.verified, key)
 
     def census(self, version_ids: Iterable[str]) -> dict[str, bytes]:
         """What ``report``'s census recorded of the versions of ``version_ids``

@@ -48,6 +48,7 @@ from chunkstore.handle.signatures import (
     check_signature,
 )
 from chunkstore.handle.tree import FlatTree
+from chunkstore.index.writegate import WriterBusy
 from chunkstore.maintenance.atfault import ChunkCheck, at, failed_read_problems
 from chunkstore.maintenance.findings import (
     DamagedObject,
@@ -356,8 +357,9 @@ def _forget_damaged(store: StoreHandle, verdicts: dict[str, VersionVerdict]) -> 
         return
     try:
         store.index.forget_verified(damaged)
-    except StorageFullError as exc:
-        log.warning("verify could not forget the versions it found damaged: %s", exc)
+    except (StorageFullError, WriterBusy) as exc:
+        log.warning("verify could not forget the versions it found damaged (the next"
+                    " --quick may trust them): %s", exc)
 
 
 def _stored_object(check: ChunkCheck) -> Digest:
