@@ -319,3 +319,32 @@ def test_a_node_damaged_before_a_save_that_reused_it_is_trusted_with_that_save(
     assert {v.id for v in full.versions if v.damaged} == {first, second}
     quick = _quick(store_path)
     assert {v.id for v in quick.versions if v.damaged} == {first, second}
+
+
+def test_a_damaged_node_a_trusted_version_shares_is_named_with_it(
+        store_path: Path, tmp_path: Path) -> None:
+    """The quick verify reads the version another index saved and finds a node damaged
+    that a version this index's save recorded shares: both are named, as a quick verify
+    before the saves' records named them, and neither is trusted after it."""
+    def save(store: chunkstore.Store, step: int) -> str:
+        with store.new_version("r", step) as v:
+            v.put("moving", np.full(2_000, step, dtype=np.float32))
+            v.put_data("const", {"lr": 0.1})  # the same data node in every version
+        return v.info.id
+
+    with chunkstore.open(store_path, chunk_size=SMALL_CHUNK, create=True,
+                         index_dir=str(tmp_path / "other")) as other:
+        theirs = save(other, 0)
+    with chunkstore.open(store_path, create=False) as store:
+        mine = save(store, 1)
+        shared = set(store.index.version_node_refs(mine)) \
+            & set(store.index.version_node_refs(theirs))
+        assert len(shared) == 1 and store.index.verified_versions([mine])[mine].by_its_save
+    node = store_path / NODES.key(shared.pop())
+    damaged = bytearray(node.read_bytes())
+    damaged[len(damaged) // 2] ^= 0x10
+    node.write_bytes(bytes(damaged))
+    for _ in range(2):
+        quick = _quick(store_path)
+        assert {v.id for v in quick.versions if v.damaged} == {theirs, mine}
+        assert quick.versions_trusted == 0

@@ -330,6 +330,35 @@ def _trusted_versions(store: StoreHandle, ids: list[str], chunks: set[bytes]
             and all(d in nodes for d in _split(v.node_refs))}
 
 
+def _load_untrusted(store: StoreHandle, ids: list[str], trusted: dict[str, VerifiedVersion],
+                    problems: list[Problem], reads: dict[ChunkCheck, list[str]]
+                    ) -> tuple[dict[str, FlatTree], dict[str, VersionVerdict]]:
+    """Read the versions of ``ids`` not ``trusted``, then those trusted that list a
+    node found damaged (:func:`_sharing_damaged_nodes`), until none does."""
+    trees, verdicts = load_versions(store, [i for i in ids if i not in trusted],
+                                    problems, reads)
+    while sharing := _sharing_damaged_nodes(trusted, problems):
+        # read too, so each is named with the entries it loses, as before it was trusted
+        more_trees, more_verdicts = load_versions(store, sharing, problems, reads)
+        trees.update(more_trees)
+        verdicts.update(more_verdicts)
+    return trees, verdicts
+
+
+def _sharing_damaged_nodes(trusted: dict[str, VerifiedVersion], problems: list[Problem]
+                           ) -> list[str]:
+    """The trusted versions that list a node this verify read damaged (a version read
+    shares it), taken out of ``trusted``: a node is damaged for every version that lists
+    it, not only the one that was read."""
+    damaged = {Digest.parse(p.digest).raw for p in problems
+               if p.object_kind == "node" and p.digest is not None}
+    sharing = [vid for vid, known in trusted.items()
+               if damaged and not damaged.isdisjoint(_split(known.node_refs))]
+    for vid in sharing:
+        del trusted[vid]
+    return sharing
+
+
 def _note_readable(store: StoreHandle, trees: dict[str, FlatTree], refs: dict[str, set[bytes]],
                    verdicts: dict[str, VersionVerdict], result: VerifyResult) -> None:
     """Remember in the index the versions this verify of the whole store found
@@ -424,8 +453,7 @@ def verify(store: StoreHandle, sel: str | None = None, *, read_data: bool = True
     listed = {d.raw for d in store.objects.ids(CHUNKS)} if quick else set()
     trusted = _trusted_versions(store, ids, listed) if quick else {}
     reads: dict[ChunkCheck, list[str]] = {}
-    trees, verdicts = load_versions(store, [i for i in ids if i not in trusted],
-                                    result.problems, reads)
+    trees, verdicts = _load_untrusted(store, ids, trusted, result.problems, reads)
     result.versions_checked += len(verdicts)
     for vid, known in trusted.items():
         result.versions_checked += 1
