@@ -34,7 +34,6 @@ from chunkstore.errors import (
     ChunkStoreError,
     CorruptTagError,
     InvalidInputError,
-    StorageFullError,
     SubsetError,
 )
 from chunkstore.format.digest import Digest
@@ -48,7 +47,6 @@ from chunkstore.handle.signatures import (
     check_signature,
 )
 from chunkstore.handle.tree import FlatTree
-from chunkstore.index.writegate import WriterBusy
 from chunkstore.maintenance.atfault import ChunkCheck, at, failed_read_problems
 from chunkstore.maintenance.findings import (
     DamagedObject,
@@ -57,8 +55,15 @@ from chunkstore.maintenance.findings import (
     summarize,
 )
 from chunkstore.maintenance.reconcile import line_up
-from chunkstore.maintenance.verifyload import load_versions, problem_from
-from chunkstore.objects.kinds import CHUNKS, HOLDS, MOVED, NODES, SIGNATURES, TAGS, VERSIONS
+from chunkstore.maintenance.verifyload import problem_from
+from chunkstore.maintenance.verifytrust import (
+    forget_damaged,
+    load_untrusted,
+    note_readable,
+    split_refs,
+    trusted_versions,
+)
+from chunkstore.objects.kinds import CHUNKS, HOLDS, MOVED, SIGNATURES, TAGS, VERSIONS
 from chunkstore.progress import NullProgress, Progress
 from chunkstore.protocol.holds import list_holds
 from chunkstore.protocol.moved import list_moved
@@ -276,10 +281,6 @@ def _check_refcounts(store: StoreHandle, refs: dict[str, set[bytes]], unreadable
                                        " run `chunkstore index rebuild`", None, raw.hex()))
 
 
-def _split(joined: bytes) -> list[bytes]:
-    return [joined[i:i + 32] for i in range(0, len(joined), 32)]
-
-
 def _check_signatures(store: StoreHandle, verdicts: dict[str, VersionVerdict],
                       result: VerifyResult) -> None:
     """Each version's signature as the handle's trusted keys see it (only where some
@@ -311,86 +312,6 @@ def _mark_corrupt_signatures(verdicts: dict[str, VersionVerdict]) -> None:
             verdict.signature = CORRUPT
 
 
-def _trusted_versions(store: StoreHandle, ids: list[str], chunks: set[bytes]
-                      ) -> dict[str, VerifiedVersion]:
-    """The versions of ``ids`` whose record and tree an earlier verify found readable,
-    or the save that built them recorded
-    (:meth:`~chunkstore.index.lmdbindex.Index.verified_versions`), and every object of
-    which is still stored, by one listing of the chunk objects (``chunks``, raw
-    digests) and one of the nodes (an object store: one LIST request per 1,000
-    objects).  A version one of whose objects is not listed is left out: the caller
-    checks it as an unknown one, which names what is missing the usual way (and finds a
-    repacked pack's members where its moved record says)."""
-    known = store.index.verified_versions(ids)
-    if not known:
-        return known
-    nodes = {d.raw for d in store.objects.ids(NODES)}
-    return {vid: v for vid, v in known.items()
-            if all(d in chunks for d in _split(v.chunk_refs))
-            and all(d in nodes for d in _split(v.node_refs))}
-
-
-def _load_untrusted(store: StoreHandle, ids: list[str], trusted: dict[str, VerifiedVersion],
-                    problems: list[Problem], reads: dict[ChunkCheck, list[str]]
-                    ) -> tuple[dict[str, FlatTree], dict[str, VersionVerdict]]:
-    """Read the versions of ``ids`` not ``trusted``, then those trusted that list a
-    node found damaged (:func:`_sharing_damaged_nodes`), until none does."""
-    trees, verdicts = load_versions(store, [i for i in ids if i not in trusted],
-                                    problems, reads)
-    while sharing := _sharing_damaged_nodes(trusted, problems):
-        # read too, so each is named with the entries it loses, as before it was trusted
-        more_trees, more_verdicts = load_versions(store, sharing, problems, reads)
-        trees.update(more_trees)
-        verdicts.update(more_verdicts)
-    return trees, verdicts
-
-
-def _sharing_damaged_nodes(trusted: dict[str, VerifiedVersion], problems: list[Problem]
-                           ) -> list[str]:
-    """The trusted versions that list a node this verify read damaged (a version read
-    shares it), taken out of ``trusted``: a node is damaged for every version that lists
-    it, not only the one that was read."""
-    damaged = {Digest.parse(p.digest).raw for p in problems
-               if p.object_kind == "node" and p.digest is not None}
-    sharing = [vid for vid, known in trusted.items()
-               if damaged and not damaged.isdisjoint(_split(known.node_refs))]
-    for vid in sharing:
-        del trusted[vid]
-    return sharing
-
-
-def _note_readable(store: StoreHandle, trees: dict[str, FlatTree], refs: dict[str, set[bytes]],
-                   verdicts: dict[str, VersionVerdict], result: VerifyResult) -> None:
-    """Remember in the index the versions this verify of the whole store found
-    readable, for the next ``--quick`` (none when it found the index's references
-    wrong: the index is then to be rebuilt, not trusted).  Only a help: a disk too
-    full to write it costs the next quick verify its reading, nothing else."""
-    if any(p.kind in ("refcount", "index") for p in result.problems):
-        return
-    try:
-        store.index.note_verified(
-            (vid, len(flat.leaves), refs[vid],
-             {d.raw for d in flat.tree_nodes | flat.data_nodes()})
-            for vid, flat in trees.items() if not verdicts[vid].damaged)
-    except StorageFullError as exc:
-        log.warning("verify could not remember the versions it found readable: %s", exc)
-
-
-def _forget_damaged(store: StoreHandle, verdicts: dict[str, VersionVerdict]) -> None:
-    """Drop what the index holds readable of the versions this verify found damaged (a
-    save or an earlier verify recorded them before the damage), so that the next
-    ``--quick`` reads them again instead of trusting them.  Only a help, as
-    :func:`_note_readable` is."""
-    damaged = [vid for vid, verdict in verdicts.items() if verdict.damaged]
-    if not damaged:
-        return
-    try:
-        store.index.forget_verified(damaged)
-    except (StorageFullError, WriterBusy) as exc:
-        log.warning("verify could not forget the versions it found damaged (the next"
-                    " --quick may trust them): %s", exc)
-
-
 def _stored_object(check: ChunkCheck) -> Digest:
     """The stored object a chunk check reads: the chunk's own, or its pack."""
     return check[0] if check[3] is None else check[3].pack
@@ -418,8 +339,8 @@ def _check_store_wide(store: StoreHandle, ids: list[str], trees: dict[str, FlatT
     # each read version's references, computed once for both
     refs = {vid: {d.raw for d in flat.chunk_digests()} for vid, flat in trees.items()}
     _check_refcounts(store, refs, set(ids) - set(trees) - set(trusted), result,
-                     Counter(d for v in trusted.values() for d in _split(v.chunk_refs)))
-    _note_readable(store, trees, refs, verdicts, result)
+                     Counter(d for v in trusted.values() for d in split_refs(v.chunk_refs)))
+    note_readable(store, trees, refs, verdicts, result.problems)
 
 
 def verify(store: StoreHandle, sel: str | None = None, *, read_data: bool = True,
@@ -451,9 +372,9 @@ def verify(store: StoreHandle, sel: str | None = None, *, read_data: bool = True
     # checked present by that listing alone
     quick = not read_data and sel is None
     listed = {d.raw for d in store.objects.ids(CHUNKS)} if quick else set()
-    trusted = _trusted_versions(store, ids, listed) if quick else {}
+    trusted = trusted_versions(store, ids, listed) if quick else {}
     reads: dict[ChunkCheck, list[str]] = {}
-    trees, verdicts = _load_untrusted(store, ids, trusted, result.problems, reads)
+    trees, verdicts = load_untrusted(store, ids, trusted, result.problems, reads)
     result.versions_checked += len(verdicts)
     for vid, known in trusted.items():
         result.versions_checked += 1
@@ -463,7 +384,7 @@ def verify(store: StoreHandle, sel: str | None = None, *, read_data: bool = True
     failed: list[tuple[ChunkCheck, Problem]] = []
     stored = {_stored_object(check) for check in pending}
     chosen = set() if not read_data else stored if subset is None else subset.select(stored)
-    trusted_objects = {d for v in trusted.values() for d in _split(v.chunk_refs)}
+    trusted_objects = {d for v in trusted.values() for d in split_refs(v.chunk_refs)}
     trusted_objects.difference_update(d.raw for d in stored)
     result.objects_total = len(stored) + len(trusted_objects)
     result.objects_read = len(chosen)
@@ -489,7 +410,7 @@ def verify(store: StoreHandle, sel: str | None = None, *, read_data: bool = True
     verdicts = dict(sorted(verdicts.items(), key=lambda item: (
         item[1].run or "", item[1].step or 0, item[0])))  # RUN@STEP order
     result.objects = summarize(result.problems, result.warnings, verdicts)
-    _forget_damaged(store, verdicts)  # marked by summarize
+    forget_damaged(store, verdicts)  # marked by summarize
     _mark_corrupt_signatures(verdicts)
     result.versions = list(verdicts.values())
     result.seconds = time.monotonic() - started
