@@ -31,7 +31,7 @@ def split_refs(joined: bytes) -> list[bytes]:
 
 
 def trusted_versions(store: StoreHandle, ids: list[str], chunks: set[bytes]
-                      ) -> dict[str, VerifiedVersion]:
+                     ) -> dict[str, VerifiedVersion]:
     """The versions of ``ids`` whose record and tree an earlier verify found readable,
     or the save that built them recorded
     (:meth:`~chunkstore.index.lmdbindex.Index.verified_versions`), and every object of
@@ -50,8 +50,8 @@ def trusted_versions(store: StoreHandle, ids: list[str], chunks: set[bytes]
 
 
 def load_untrusted(store: StoreHandle, ids: list[str], trusted: dict[str, VerifiedVersion],
-                    problems: list[Problem], reads: dict[ChunkCheck, list[str]]
-                    ) -> tuple[dict[str, FlatTree], dict[str, VersionVerdict]]:
+                   problems: list[Problem], reads: dict[ChunkCheck, list[str]]
+                   ) -> tuple[dict[str, FlatTree], dict[str, VersionVerdict]]:
     """Read the versions of ``ids`` not ``trusted``, then those trusted that list a
     node found damaged (:func:`_sharing_damaged_nodes`), until none does."""
     trees, verdicts = load_versions(store, [i for i in ids if i not in trusted],
