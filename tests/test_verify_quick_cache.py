@@ -267,3 +267,84 @@ def test_on_s3_a_quick_verify_trusts_its_saves_and_reads_another_indexs(
         found = a.verify(read_data=False)
         assert [v.id for v in found.versions if v.damaged] == [mine[1]]
         assert {p.kind for p in found.problems} == {"missing-chunk"}
+
+
+@pytest.mark.parametrize("damaged_object", ["node", "record"])
+def test_a_version_a_full_verify_found_damaged_is_not_trusted_after_it(
+        store_path: Path, saved: list[str], damaged_object: str) -> None:
+    """A node or commit record flipped in place after the version was remembered:
+    --quick does not read it (documented), but once a full verify read it damaged, the
+    index no longer holds it readable, so the next quick verify reads it and names it
+    too."""
+    with chunkstore.open(store_path, create=False) as store:
+        root = store.read_record(saved[2]).root  # the root node only this version has
+    damaged_path = store_path / (NODES.key(root) if damaged_object == "node"
+                                 else VERSIONS.key(saved[2]))
+    damaged = bytearray(damaged_path.read_bytes())
+    damaged[len(damaged) // 2] ^= 0x10
+    damaged_path.write_bytes(bytes(damaged))
+    assert _quick(store_path).ok  # trusted, as docs/recovery.md says
+    with chunkstore.open(store_path, create=False) as store:
+        full = store.verify()
+    assert [v.id for v in full.versions if v.damaged] == [saved[2]]
+    quick = _quick(store_path)
+    assert [v.id for v in quick.versions if v.damaged] == [saved[2]]
+    assert quick.versions_trusted == VERSIONS_SAVED - 1
+
+
+def test_a_node_damaged_before_a_save_that_reused_it_is_trusted_with_that_save(
+        store_path: Path) -> None:
+    """What docs/recovery.md says a save's record gives up: a save reuses a stored node
+    without reading it, so a node damaged before the save is trusted with its version
+    by --quick; a full verify names both versions, and every later quick verify too."""
+    def save(store: chunkstore.Store, step: int) -> str:
+        with store.new_version("r", step) as v:
+            v.put("moving", np.full(2_000, step, dtype=np.float32))
+            v.put_data("const", {"lr": 0.1})  # the same data node in every version
+        return v.info.id
+
+    with chunkstore.open(store_path, chunk_size=SMALL_CHUNK, create=True) as store:
+        first = save(store, 0)
+        before = set(store.index.version_node_refs(first))
+    for digest in before:
+        node = store_path / NODES.key(digest)
+        damaged = bytearray(node.read_bytes())
+        damaged[len(damaged) // 2] ^= 0x10
+        node.write_bytes(bytes(damaged))
+    with chunkstore.open(store_path, create=False) as store:
+        second = save(store, 1)
+        assert set(store.index.version_node_refs(second)) & before  # reused, not read
+        assert store.verify(read_data=False).versions_trusted == 2
+        full = store.verify()
+    assert {v.id for v in full.versions if v.damaged} == {first, second}
+    quick = _quick(store_path)
+    assert {v.id for v in quick.versions if v.damaged} == {first, second}
+
+
+def test_a_damaged_node_a_trusted_version_shares_is_named_with_it(
+        store_path: Path, tmp_path: Path) -> None:
+    """The quick verify reads the version another index saved and finds a node damaged
+    that a version this index's save recorded shares: both are named, as a quick verify
+    before the saves' records named them, and neither is trusted after it."""
+    def save(store: chunkstore.Store, step: int) -> str:
+        with store.new_version("r", step) as v:
+            v.put("moving", np.full(2_000, step, dtype=np.float32))
+            v.put_data("const", {"lr": 0.1})  # the same data node in every version
+        return v.info.id
+
+    with chunkstore.open(store_path, chunk_size=SMALL_CHUNK, create=True,
+                         index_dir=str(tmp_path / "other")) as other:
+        theirs = save(other, 0)
+    with chunkstore.open(store_path, create=False) as store:
+        mine = save(store, 1)
+        shared = set(store.index.version_node_refs(mine)) \
+            & set(store.index.version_node_refs(theirs))
+        assert len(shared) == 1 and store.index.verified_versions([mine])[mine].by_its_save
+    node = store_path / NODES.key(shared.pop())
+    damaged = bytearray(node.read_bytes())
+    damaged[len(damaged) // 2] ^= 0x10
+    node.write_bytes(bytes(damaged))
+    for _ in range(2):
+        quick = _quick(store_path)
+        assert {v.id for v in quick.versions if v.damaged} == {theirs, mine}
+        assert quick.versions_trusted == 0

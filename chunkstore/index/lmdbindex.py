@@ -894,8 +894,9 @@ class Index(VersionLookups):
         manifest tree parsed, every entry one a read can read, the manifests naming
         exactly the index's references), or that the save which built them recorded
         (:attr:`VerifiedVersion.by_its_save`: it encoded that tree from entries it
-        checked as a read does, and counted in exactly its references), with what the
-        index holds of them.
+        checked as a read does, and counted in exactly its references; a node it reused
+        it did not read), with what the index holds of them.  A verify that reads one
+        damaged forgets it (:meth:`forget_verified`).
 
         An answer is bound to the version's entry and references as the index holds
         them now and to the index's epoch (:mod:`chunkstore.index.derived`): a
@@ -928,6 +929,19 @@ class Index(VersionLookups):
                               entries.to_bytes(8, "big"))
                 recorded += 1
         return recorded
+
+    def forget_verified(self, version_ids: Iterable[str], wait_s: float = 2.0) -> None:
+        """Hold the versions of ``version_ids`` readable no more (a verify read them
+        damaged), whoever recorded them: the next ``--quick`` reads them again.  Writes
+        only where one is held; gives up (:class:`~chunkstore.index.writegate.
+        WriterBusy`) after ``wait_s`` seconds behind another writer."""
+        with self.env.begin(db=self.verified) as txn:
+            held = [key for key in (vid.encode() for vid in version_ids) if txn.get(key)]
+        if not held:
+            return
+        with self._writing(wait_s=wait_s) as txn:
+            for key in held:
+                derived.delete(txn, self.verified, key)
 
     def census(self, version_ids: Iterable[str]) -> dict[str, bytes]:
         """What ``report``'s census recorded of the versions of ``version_ids``

@@ -34,7 +34,6 @@ from chunkstore.errors import (
     ChunkStoreError,
     CorruptTagError,
     InvalidInputError,
-    StorageFullError,
     SubsetError,
 )
 from chunkstore.format.digest import Digest
@@ -56,8 +55,15 @@ from chunkstore.maintenance.findings import (
     summarize,
 )
 from chunkstore.maintenance.reconcile import line_up
-from chunkstore.maintenance.verifyload import load_versions, problem_from
-from chunkstore.objects.kinds import CHUNKS, HOLDS, MOVED, NODES, SIGNATURES, TAGS, VERSIONS
+from chunkstore.maintenance.verifyload import problem_from
+from chunkstore.maintenance.verifytrust import (
+    forget_damaged,
+    load_untrusted,
+    note_readable,
+    split_refs,
+    trusted_versions,
+)
+from chunkstore.objects.kinds import CHUNKS, HOLDS, MOVED, SIGNATURES, TAGS, VERSIONS
 from chunkstore.progress import NullProgress, Progress
 from chunkstore.protocol.holds import list_holds
 from chunkstore.protocol.moved import list_moved
@@ -275,10 +281,6 @@ def _check_refcounts(store: StoreHandle, refs: dict[str, set[bytes]], unreadable
                                        " run `chunkstore index rebuild`", None, raw.hex()))
 
 
-def _split(joined: bytes) -> list[bytes]:
-    return [joined[i:i + 32] for i in range(0, len(joined), 32)]
-
-
 def _check_signatures(store: StoreHandle, verdicts: dict[str, VersionVerdict],
                       result: VerifyResult) -> None:
     """Each version's signature as the handle's trusted keys see it (only where some
@@ -310,42 +312,6 @@ def _mark_corrupt_signatures(verdicts: dict[str, VersionVerdict]) -> None:
             verdict.signature = CORRUPT
 
 
-def _trusted_versions(store: StoreHandle, ids: list[str], chunks: set[bytes]
-                      ) -> dict[str, VerifiedVersion]:
-    """The versions of ``ids`` whose record and tree an earlier verify found readable,
-    or the save that built them recorded
-    (:meth:`~chunkstore.index.lmdbindex.Index.verified_versions`), and every object of
-    which is still stored, by one listing of the chunk objects (``chunks``, raw
-    digests) and one of the nodes (an object store: one LIST request per 1,000
-    objects).  A version one of whose objects is not listed is left out: the caller
-    checks it as an unknown one, which names what is missing the usual way (and finds a
-    repacked pack's members where its moved record says)."""
-    known = store.index.verified_versions(ids)
-    if not known:
-        return known
-    nodes = {d.raw for d in store.objects.ids(NODES)}
-    return {vid: v for vid, v in known.items()
-            if all(d in chunks for d in _split(v.chunk_refs))
-            and all(d in nodes for d in _split(v.node_refs))}
-
-
-def _note_readable(store: StoreHandle, trees: dict[str, FlatTree], refs: dict[str, set[bytes]],
-                   verdicts: dict[str, VersionVerdict], result: VerifyResult) -> None:
-    """Remember in the index the versions this verify of the whole store found
-    readable, for the next ``--quick`` (none when it found the index's references
-    wrong: the index is then to be rebuilt, not trusted).  Only a help: a disk too
-    full to write it costs the next quick verify its reading, nothing else."""
-    if any(p.kind in ("refcount", "index") for p in result.problems):
-        return
-    try:
-        store.index.note_verified(
-            (vid, len(flat.leaves), refs[vid],
-             {d.raw for d in flat.tree_nodes | flat.data_nodes()})
-            for vid, flat in trees.items() if not verdicts[vid].damaged)
-    except StorageFullError as exc:
-        log.warning("verify could not remember the versions it found readable: %s", exc)
-
-
 def _stored_object(check: ChunkCheck) -> Digest:
     """The stored object a chunk check reads: the chunk's own, or its pack."""
     return check[0] if check[3] is None else check[3].pack
@@ -373,8 +339,8 @@ def _check_store_wide(store: StoreHandle, ids: list[str], trees: dict[str, FlatT
     # each read version's references, computed once for both
     refs = {vid: {d.raw for d in flat.chunk_digests()} for vid, flat in trees.items()}
     _check_refcounts(store, refs, set(ids) - set(trees) - set(trusted), result,
-                     Counter(d for v in trusted.values() for d in _split(v.chunk_refs)))
-    _note_readable(store, trees, refs, verdicts, result)
+                     Counter(d for v in trusted.values() for d in split_refs(v.chunk_refs)))
+    note_readable(store, trees, refs, verdicts, result.problems)
 
 
 def verify(store: StoreHandle, sel: str | None = None, *, read_data: bool = True,
@@ -406,10 +372,9 @@ def verify(store: StoreHandle, sel: str | None = None, *, read_data: bool = True
     # checked present by that listing alone
     quick = not read_data and sel is None
     listed = {d.raw for d in store.objects.ids(CHUNKS)} if quick else set()
-    trusted = _trusted_versions(store, ids, listed) if quick else {}
+    trusted = trusted_versions(store, ids, listed) if quick else {}
     reads: dict[ChunkCheck, list[str]] = {}
-    trees, verdicts = load_versions(store, [i for i in ids if i not in trusted],
-                                    result.problems, reads)
+    trees, verdicts = load_untrusted(store, ids, trusted, result.problems, reads)
     result.versions_checked += len(verdicts)
     for vid, known in trusted.items():
         result.versions_checked += 1
@@ -419,7 +384,7 @@ def verify(store: StoreHandle, sel: str | None = None, *, read_data: bool = True
     failed: list[tuple[ChunkCheck, Problem]] = []
     stored = {_stored_object(check) for check in pending}
     chosen = set() if not read_data else stored if subset is None else subset.select(stored)
-    trusted_objects = {d for v in trusted.values() for d in _split(v.chunk_refs)}
+    trusted_objects = {d for v in trusted.values() for d in split_refs(v.chunk_refs)}
     trusted_objects.difference_update(d.raw for d in stored)
     result.objects_total = len(stored) + len(trusted_objects)
     result.objects_read = len(chosen)
@@ -445,6 +410,7 @@ def verify(store: StoreHandle, sel: str | None = None, *, read_data: bool = True
     verdicts = dict(sorted(verdicts.items(), key=lambda item: (
         item[1].run or "", item[1].step or 0, item[0])))  # RUN@STEP order
     result.objects = summarize(result.problems, result.warnings, verdicts)
+    forget_damaged(store, verdicts)  # marked by summarize
     _mark_corrupt_signatures(verdicts)
     result.versions = list(verdicts.values())
     result.seconds = time.monotonic() - started
