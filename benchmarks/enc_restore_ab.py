@@ -10,7 +10,7 @@ version in a fresh process, plain and encrypted in turn, ``--repeat`` times each
 medians of wall and process CPU time, and encrypted over plain, are recorded::
 
     python -m benchmarks.enc_restore_ab --sides /work/wt-encread,/work/before-encread \\
-        --work-dir /tmp/enc-ab --out benchmarks/results/h-encread/restore-ab.json
+        --work-dir /tmp/enc-ab --out benchmarks/results/encryption-restore-ab/restore-ab.json
 """
 
 from __future__ import annotations
