@@ -134,13 +134,13 @@ def test_a_repack_copies_member_ciphertext_unchanged(tmp_path: Path,
         old_bytes = (path / CHUNKS.key(old_pack)).read_bytes()
         store.delete(ids[0])
         sealed_names: list[str] = []
-        real_seal = crypto.Sealer.seal
+        real_seal = crypto.Sealer.seal_into
 
-        def seal(self: crypto.Sealer, name: str, data: Any) -> memoryview:
+        def seal_into(self: crypto.Sealer, name: str, *args: Any) -> None:
             sealed_names.append(name)
-            return real_seal(self, name, data)
+            real_seal(self, name, *args)
 
-        monkeypatch.setattr(crypto.Sealer, "seal", seal)
+        monkeypatch.setattr(crypto.Sealer, "seal_into", seal_into)
         result = store.gc(grace=0)
         monkeypatch.undo()
         assert result.packs_repacked == 1
