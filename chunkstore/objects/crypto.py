@@ -66,6 +66,19 @@ def fresh_bytes(count: int) -> bytes:
     return random_source(count)
 
 
+def fresh_salts(count: int) -> list[bytes]:
+    """``count`` salts (:data:`NONCE_SIZE` random bytes each) for as many writes: one
+    draw, sliced (a pack's members and its index: one system call a pack, not one a
+    member, each of which lets go of the GIL and may wait to get it back behind a
+    save's other threads).  A replaced :data:`random_source` (the fixture tool's seeded
+    stream) is drawn from once a salt, as each write drew before, so the bytes it
+    makes stay what they were."""
+    if random_source is not os.urandom:
+        return [random_source(NONCE_SIZE) for _ in range(count)]
+    drawn = os.urandom(NONCE_SIZE * count)
+    return [drawn[at:at + NONCE_SIZE] for at in range(0, len(drawn), NONCE_SIZE)]
+
+
 class AuthenticationError(Exception):
     """Raised when a stored object fails authentication (tampered, truncated, renamed,
     or sealed under another key); the object layer turns it into the kind's corrupt error."""
@@ -171,16 +184,20 @@ class Sealer:
         return target
 
     def seal_into(self, name: str, pieces: Sequence[memoryview], target: memoryview,
-                  gather: memoryview | None = None) -> None:
+                  gather: memoryview | None = None, salt: bytes | None = None) -> None:
         """:meth:`seal` written into ``target``, exactly the stored size of ``pieces``
         (byte views, :func:`byte_views`): a pack seals its members side by side into
         one buffer, never into a buffer each that is then joined.  ``gather``: a
-        segment's worth of scratch for a segment that straddles pieces, where the
-        caller seals many objects in a row."""
+        segment's worth of scratch for a segment that straddles pieces, and ``salt``:
+        this write's, from :func:`fresh_salts` (sealing 2 and 3), where the caller
+        seals many objects in a row."""
         step = self.segment
         count = len(target) // (step + SEGMENT_OVERHEAD) + 1
         cipher = self._cipher(name)
-        salt = fresh_bytes(NONCE_SIZE) if self.salted else b""
+        if not self.salted:
+            salt = b""
+        elif salt is None:
+            salt = fresh_bytes(NONCE_SIZE)
         nonces = b"" if self.salted else fresh_bytes(NONCE_SIZE * count)
         # Segment i's associated data: the name, a zero byte, i (8 bytes, big-endian); its
         # nonce (sealing 2): the salt's first 4 bytes, then its last 8 XOR i.

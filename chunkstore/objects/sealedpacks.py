@@ -27,6 +27,7 @@ from chunkstore.objects.crypto import (
     AuthenticationError,
     Sealer,
     byte_views,
+    fresh_salts,
     plain_size,
     scratch,
     stored_size,
@@ -61,14 +62,17 @@ def seal_pack(sealer: Sealer, key: str, pack: PackEncoding) -> memoryview:
     index = stored_size(sum(map(len, entries)), sealer.segment)
     target = scratch(sum(lengths) + index + _TRAILER.size)
     gather, at = scratch(sealer.segment), 0
+    # Each member's salt and the index's, in the order each write drew its own before.
+    salts = fresh_salts(len(plain) + 1)
     for number, ((digest, _), length) in enumerate(zip(pack.members, lengths, strict=True)):
         member = target[at:at + length]
         if pack.sealed is None:
-            sealer.seal_into(member_name(digest), plain[number], member, gather)
+            sealer.seal_into(member_name(digest), plain[number], member, gather,
+                             salts[number])
         else:  # a repack: the member's ciphertext, unchanged
             member[:] = pack.sealed[number]
         at += length
-    sealer.seal_into(key, byte_views(entries), target[at:at + index], gather)
+    sealer.seal_into(key, byte_views(entries), target[at:at + index], gather, salts[-1])
     target[at + index:] = _TRAILER.pack(index)
     return target
 
