@@ -30,6 +30,9 @@ sealed in segments.
 5. **Pack members on their own** (sealing 3, store version 13).  Each pack member is
    sealed as an object of its own under its chunk id, not under its pack's key
    (:mod:`chunkstore.objects.sealedpacks`): a repack copies its ciphertext unchanged.
+   A pack's members are sealed side by side into the pack's buffer
+   (:meth:`Sealer.seal_into`), their salts and its index's drawn at once
+   (:func:`fresh_salts`): each still its own random salt.
 """
 
 from __future__ import annotations
