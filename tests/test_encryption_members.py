@@ -119,6 +119,25 @@ def test_each_member_is_sealed_on_its_own_under_its_chunk_id(saved: tuple[Path, 
         assert store.verify().ok
 
 
+def test_no_two_members_or_packs_share_a_salt(tmp_path: Path) -> None:
+    """A pack's members and index take their salts from one draw, sliced
+    (:func:`crypto.fresh_salts`): still, no two members of a pack, of two saves, and no
+    two indexes share one (what each member's first nonce, and each index's, is)."""
+    path = tmp_path / "s"
+    with _open(path) as store:
+        ids = [_save(store, step, _tensors(step)) for step in (1, 2)]
+        located = [location for version in ids
+                   for _, location in _locations(store, version).values()]
+    packs = {location.pack: (path / CHUNKS.key(location.pack)).read_bytes()
+             for location in located}
+    salts = [packs[at.pack][at.offset:at.offset + crypto.NONCE_SIZE] for at in located]
+    for stored in packs.values():
+        index = len(stored) - 4 - int.from_bytes(stored[-4:], "big")
+        salts.append(stored[index:index + crypto.NONCE_SIZE])
+    assert len(packs) == 2 and len(located) == 20
+    assert len(set(salts)) == len(salts)
+
+
 def test_a_repack_copies_member_ciphertext_unchanged(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """GC repacks a mostly-garbage pack of a version-13 store: the live members' stored
@@ -134,13 +153,13 @@ def test_a_repack_copies_member_ciphertext_unchanged(tmp_path: Path,
         old_bytes = (path / CHUNKS.key(old_pack)).read_bytes()
         store.delete(ids[0])
         sealed_names: list[str] = []
-        real_seal = crypto.Sealer.seal
+        real_seal = crypto.Sealer.seal_into
 
-        def seal(self: crypto.Sealer, name: str, data: Any) -> memoryview:
+        def seal_into(self: crypto.Sealer, name: str, *args: Any) -> None:
             sealed_names.append(name)
-            return real_seal(self, name, data)
+            real_seal(self, name, *args)
 
-        monkeypatch.setattr(crypto.Sealer, "seal", seal)
+        monkeypatch.setattr(crypto.Sealer, "seal_into", seal_into)
         result = store.gc(grace=0)
         monkeypatch.undo()
         assert result.packs_repacked == 1

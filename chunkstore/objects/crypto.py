@@ -30,6 +30,9 @@ sealed in segments.
 5. **Pack members on their own** (sealing 3, store version 13).  Each pack member is
    sealed as an object of its own under its chunk id, not under its pack's key
    (:mod:`chunkstore.objects.sealedpacks`): a repack copies its ciphertext unchanged.
+   A pack's members are sealed side by side into the pack's buffer
+   (:meth:`Sealer.seal_into`), their salts and its index's drawn at once
+   (:func:`fresh_salts`): each still its own random salt.
 """
 
 from __future__ import annotations
@@ -64,6 +67,19 @@ random_source: RandomBytes = os.urandom
 def fresh_bytes(count: int) -> bytes:
     """``count`` random bytes from :data:`random_source`."""
     return random_source(count)
+
+
+def fresh_salts(count: int) -> list[bytes]:
+    """``count`` salts (:data:`NONCE_SIZE` random bytes each) for as many writes: one
+    draw, sliced (a pack's members and its index: one system call a pack, not one a
+    member, each of which lets go of the GIL and may wait to get it back behind a
+    save's other threads).  A replaced :data:`random_source` (the fixture tool's seeded
+    stream) is drawn from once a salt, as each write drew before, so the bytes it
+    makes stay what they were."""
+    if random_source is not os.urandom:
+        return [random_source(NONCE_SIZE) for _ in range(count)]
+    drawn = os.urandom(NONCE_SIZE * count)
+    return [drawn[at:at + NONCE_SIZE] for at in range(0, len(drawn), NONCE_SIZE)]
 
 
 class AuthenticationError(Exception):
@@ -110,12 +126,18 @@ def scratch(size: int) -> memoryview:
     return memoryview(np.empty(size, dtype=np.uint8).data).cast("B")
 
 
-def _segments(pieces: Sequence[memoryview], step: int) -> Iterator[memoryview]:
+def byte_views(pieces: Sequence[bytes | memoryview]) -> list[memoryview]:
+    """``pieces`` as flat byte views (what :meth:`Sealer.seal_into` takes)."""
+    return [memoryview(piece).cast("B") for piece in pieces]
+
+
+def _segments(pieces: Sequence[memoryview], step: int, gather: memoryview | None = None
+              ) -> Iterator[memoryview]:
     """The ``step``-byte segments of ``pieces`` (byte views) laid end to end, then the
     shorter last one (empty where the length is a multiple of ``step``): views of the
-    pieces, except a segment that straddles pieces, gathered into one buffer (each
-    view is valid until the next is taken)."""
-    gather, held = scratch(step), 0
+    pieces, except a segment that straddles pieces, gathered into ``gather`` (or a
+    fresh buffer; each view is valid until the next is taken)."""
+    gather, held = scratch(step) if gather is None else gather, 0
     for number, piece in enumerate(pieces):
         at = 0
         if held:  # the rest of a segment begun in the pieces before
@@ -159,18 +181,32 @@ class Sealer:
         or the pieces of ``data`` laid end to end (a pack's header and members: each
         segment is sealed straight from its piece, and only a segment that straddles
         two pieces is gathered first, so the pieces are never joined)."""
-        pieces = [memoryview(piece).cast("B")
-                  for piece in (data if isinstance(data, list) else [data])]
-        size, step = sum(map(len, pieces)), self.segment
-        count = size // step + 1
-        target, cipher = scratch(stored_size(size, step)), self._cipher(name)
-        salt = fresh_bytes(NONCE_SIZE) if self.salted else b""
+        pieces = byte_views(data if isinstance(data, list) else [data])
+        target = scratch(stored_size(sum(map(len, pieces)), self.segment))
+        self.seal_into(name, pieces, target)
+        return target
+
+    def seal_into(self, name: str, pieces: Sequence[memoryview], target: memoryview,
+                  gather: memoryview | None = None, salt: bytes | None = None) -> None:
+        """:meth:`seal` written into ``target``, exactly the stored size of ``pieces``
+        (byte views, :func:`byte_views`): a pack seals its members side by side into
+        one buffer, never into a buffer each that is then joined.  ``gather``: a
+        segment's worth of scratch for a segment that straddles pieces, and ``salt``:
+        this write's, from :func:`fresh_salts` (sealing 2 and 3), where the caller
+        seals many objects in a row."""
+        step = self.segment
+        count = len(target) // (step + SEGMENT_OVERHEAD) + 1
+        cipher = self._cipher(name)
+        if not self.salted:
+            salt = b""
+        elif salt is None:
+            salt = fresh_bytes(NONCE_SIZE)
         nonces = b"" if self.salted else fresh_bytes(NONCE_SIZE * count)
         # Segment i's associated data: the name, a zero byte, i (8 bytes, big-endian); its
         # nonce (sealing 2): the salt's first 4 bytes, then its last 8 XOR i.
         prefix, low = name.encode() + b"\0", int.from_bytes(salt[4:], "big")
         encrypt, at = cipher.encrypt_into, 0
-        for index, piece in enumerate(_segments(pieces, step)):
+        for index, piece in enumerate(_segments(pieces, step, gather)):
             nonce = salt[:4] + (low ^ index).to_bytes(8, "big") if self.salted \
                 else nonces[index * NONCE_SIZE:(index + 1) * NONCE_SIZE]
             target[at:at + NONCE_SIZE] = nonce
@@ -178,7 +214,8 @@ class Sealer:
             encrypt(nonce, piece, prefix + index.to_bytes(8, "big"),
                     target[at + NONCE_SIZE:end])
             at = end
-        return target
+        if at != len(target):
+            raise ValueError(f"sealed {at} bytes into a target of {len(target)}")
 
     def open(self, name: str, stored: bytes | memoryview) -> bytes:
         """The encoding of a whole stored object; :class:`AuthenticationError` if it

@@ -23,7 +23,15 @@ import struct
 
 from chunkstore.format.chunkobj import HEADER
 from chunkstore.format.digest import Digest
-from chunkstore.objects.crypto import AuthenticationError, Sealer, plain_size, stored_size
+from chunkstore.objects.crypto import (
+    AuthenticationError,
+    Sealer,
+    byte_views,
+    fresh_salts,
+    plain_size,
+    scratch,
+    stored_size,
+)
 from chunkstore.objects.objectstore import OpenedPack, PackEncoding, PackHead, Pieces
 
 #: What a member is sealed as: this, then its chunk id in hex.  No object's key starts
@@ -38,17 +46,35 @@ def member_name(digest: Digest) -> str:
     return MEMBER_PREFIX + digest.hex
 
 
-def seal_pack(sealer: Sealer, key: str, pack: PackEncoding) -> bytes:
+def seal_pack(sealer: Sealer, key: str, pack: PackEncoding) -> memoryview:
     """The stored bytes of ``pack`` under ``key``: its members sealed each on its own
-    (or, for a repack, as ``pack.sealed`` holds them already), then its index."""
-    stored = pack.sealed if pack.sealed is not None else [
-        sealer.seal(member_name(digest), pieces) for digest, pieces in pack.members]
-    if len(stored) != len(pack.members):
+    (or, for a repack, as ``pack.sealed`` holds them already), then its index, written
+    side by side into one buffer (no member sealed into a buffer of its own, then
+    joined: a save's packs are its largest writes, and the last one's sealing is on
+    its commit's path)."""
+    if pack.sealed is not None and len(pack.sealed) != len(pack.members):
         raise ValueError("a sealed pack needs the stored bytes of every member")
-    index = sealer.seal(key, [pack.header, *(
-        _ENTRY.pack(digest.raw, len(member))
-        for (digest, _), member in zip(pack.members, stored, strict=True))])
-    return b"".join([*stored, index, _TRAILER.pack(len(index))])
+    plain = [byte_views(pieces) for _, pieces in pack.members] if pack.sealed is None else []
+    lengths = ([stored_size(sum(map(len, pieces)), sealer.segment) for pieces in plain]
+               if pack.sealed is None else list(map(len, pack.sealed)))
+    entries = [pack.header, *(_ENTRY.pack(digest.raw, length)
+                              for (digest, _), length in zip(pack.members, lengths, strict=True))]
+    index = stored_size(sum(map(len, entries)), sealer.segment)
+    target = scratch(sum(lengths) + index + _TRAILER.size)
+    gather, at = scratch(sealer.segment), 0
+    # Each member's salt and the index's, in the order each write drew its own before.
+    salts = fresh_salts(len(plain) + 1)
+    for number, ((digest, _), length) in enumerate(zip(pack.members, lengths, strict=True)):
+        member = target[at:at + length]
+        if pack.sealed is None:
+            sealer.seal_into(member_name(digest), plain[number], member, gather,
+                             salts[number])
+        else:  # a repack: the member's ciphertext, unchanged
+            member[:] = pack.sealed[number]
+        at += length
+    sealer.seal_into(key, byte_views(entries), target[at:at + index], gather, salts[-1])
+    target[at + index:] = _TRAILER.pack(index)
+    return target
 
 
 def stored_pack_size(pack: PackEncoding, segment: int) -> int:
