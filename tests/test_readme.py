@@ -84,6 +84,7 @@ def test_every_headline_figure_is_one_of_the_performance_page() -> None:
     assert [f for f in figures if f not in performance] == []
 
 
+@pytest.mark.slow_job  # about 42 s of the suite's wall: ./dev test-slow (and CI) runs it
 def test_the_python_blocks_run_in_order_in_one_directory_and_again() -> None:
     """As a user does: every block in order in one directory, then every block again (a
     resume example is run twice; the blocks share a directory).  The training loop
