@@ -352,10 +352,12 @@ class VersionWriter(ChunkJobs):
         new_bytes += _adopted_raw_bytes(self._adopted, self._adopted_new)
         return entries, new_chunks, new_bytes
 
-    def _build_tree(self, tensors: dict[str, TensorEntry]) -> tuple[Digest, dict[Digest, bytes]]:
-        """Encode the tree (see :func:`chunkstore.format.treelayout.build_tree`); returns the root
-        and every node's bytes, data nodes included."""
-        root, nodes = build_tree(self._leaves(tensors), self._store.node_size,
+    def _build_tree(self, leaves: dict[str, TensorEntry | DataEntry]
+                    ) -> tuple[Digest, dict[Digest, bytes]]:
+        """Encode the tree of ``leaves`` (:meth:`_leaves`; see
+        :func:`chunkstore.format.treelayout.build_tree`); returns the root and every
+        node's bytes, data nodes included."""
+        root, nodes = build_tree(leaves, self._store.node_size,
                                  self._store.objects.node_ids)
         nodes.update({d: b for d, b, _ in self._data.values()})
         return root, nodes
@@ -448,7 +450,8 @@ class VersionWriter(ChunkJobs):
     def _commit(self, held: list[threading.Lock]) -> VersionInfo:
         try:
             tensors, new_chunks, new_bytes = self._collect(set_aside=True)
-            root, nodes = self._build_tree(tensors)
+            leaves = self._leaves(tensors)
+            root, nodes = self._build_tree(leaves)
             store = self._store
             # Reused where stored (an identical save); the last pack with the nodes.
             node_bytes, last_packs = self._write_nodes(nodes)
@@ -518,7 +521,6 @@ class VersionWriter(ChunkJobs):
                       if (location := shard.location(i)) is not None and not shard.chain(i)}
             # Its census, and that it is readable, recorded with it: neither the first
             # report nor the first verify --quick reads its manifests.
-            leaves = self._leaves(tensors)
             store.index.add_version(entry, refs, {d: len(b) for d, b in nodes.items()},
                                     new_chunks, self._session, packed,
                                     census=contribution(leaves),
