@@ -131,11 +131,26 @@ class _Census:
     chunk listed with bases, the raw length of every packed chunk by (digest, location),
     and the versions saved by several processes, by rank.  A chunk or a pack is named by
     its digest's first :data:`~chunkstore.handle.censusrecord.PREFIX_BYTES` bytes (as a
-    recorded contribution names it); a member by (chunk, pack, offset, length)."""
+    recorded contribution names it); a member by (chunk, pack, offset, length).  Merged
+    version by version (:meth:`add`); ``ranked``: some version records its ranks."""
 
     depths: dict[bytes, int] = field(default_factory=dict)
     members: dict[tuple[bytes, bytes, int, int], int] = field(default_factory=dict)
     ranks: list[VersionRanks] = field(default_factory=list)
+    ranked: bool = False
+
+    def add(self, payload: bytes) -> bool:
+        """Merge one version's contribution (:func:`contribution`); False, merging
+        nothing, when it is not one this release wrote (another form, or damaged)."""
+        counted = parse(payload)
+        if counted is None:
+            return False
+        for prefix, depth in counted.depths.items():
+            if depth > self.depths.get(prefix, 0):
+                self.depths[prefix] = depth
+        self.members.update(counted.members)
+        self.ranked = self.ranked or counted.ranked
+        return True
 
 
 def _data(store: StoreHandle, flat: FlatTree, name: str) -> Any:
@@ -157,7 +172,7 @@ def _census(store: StoreHandle, versions: list[VersionInfo], cached: dict[str, b
             ) -> _Census:
     """:func:`manifest_census`, taking what ``cached`` holds of a version (its
     recorded contribution) instead of its manifest."""
-    merged = _Counted()
+    merged = _Census()
     # not recorded, or recorded in a form this release does not read: from the manifests
     unknown = [info for info in versions
                if (payload := cached.get(info.id)) is None or not merged.add(payload)]
@@ -172,10 +187,9 @@ def _census(store: StoreHandle, versions: list[VersionInfo], cached: dict[str, b
         except (StorageFullError, WriterBusy) as exc:  # only a help: counted again next time
             log.info("report could not record its census of %d versions: %s",
                      len(counted), exc)
-    census = merged.census()
     if merged.ranked:
-        census.ranks = _ranks_census(store, versions)
-    return census
+        merged.ranks = _ranks_census(store, versions)
+    return merged
 
 
 #: Versions whose manifests a census reads at once (:func:`_each_read`): their reads
@@ -215,34 +229,6 @@ def _ranked_tree(store: StoreHandle, info: VersionInfo
         return flat, _ranks_record(flat.leaves, functools.partial(_data, store, flat))
     except ChunkStoreError:
         return None
-
-
-@dataclass
-class _Counted:
-    """The census as the contributions say it (:class:`~chunkstore.handle.censusrecord.
-    Contribution`: chunks named by their digests' first bytes), merged version by
-    version."""
-
-    depths: dict[bytes, int] = field(default_factory=dict)
-    members: dict[tuple[bytes, bytes, int, int], int] = field(default_factory=dict)
-    ranked: bool = False
-
-    def add(self, payload: bytes) -> bool:
-        """Merge one version's contribution (:func:`contribution`); False, merging
-        nothing, when it is not one this release wrote (another form, or damaged)."""
-        counted = parse(payload)
-        if counted is None:
-            return False
-        for prefix, depth in counted.depths.items():
-            if depth > self.depths.get(prefix, 0):
-                self.depths[prefix] = depth
-        self.members.update(counted.members)
-        self.ranked = self.ranked or counted.ranked
-        return True
-
-    def census(self) -> _Census:
-        """The merged census."""
-        return _Census(depths=self.depths, members=self.members)
 
 
 def _ranks_census(store: StoreHandle, versions: list[VersionInfo]) -> list[VersionRanks]:
