@@ -30,8 +30,7 @@ from __future__ import annotations
 import functools
 import threading
 
-import numpy as np
-
+from chunkstore.objects.crypto import scratch as fresh_buffer
 from chunkstore.objects.objectstore import MemberBuffer
 
 #: A thread keeps a slot's buffer up to this size (a larger request gets memory of
@@ -57,7 +56,7 @@ def scratch(slot: str, size: int, grain: int = 0) -> memoryview:
     held = buffers.get(slot)
     if held is None or len(held) < size:
         if grain and size <= KEEP_BYTES:
-            held = memoryview(np.empty(-(-size // grain) * grain, dtype=np.uint8).data).cast("B")
+            held = fresh_buffer(-(-size // grain) * grain)
         else:
             held = memoryview(bytearray(size))
         if size <= KEEP_BYTES:
