@@ -269,6 +269,21 @@ def test_on_s3_a_quick_verify_trusts_its_saves_and_reads_another_indexs(
         assert {p.kind for p in found.problems} == {"missing-chunk"}
 
 
+def _flip_middle(path: Path) -> None:
+    """Flip a bit of the stored object at ``path``, in place, in its middle."""
+    damaged = bytearray(path.read_bytes())
+    damaged[len(damaged) // 2] ^= 0x10
+    path.write_bytes(bytes(damaged))
+
+
+def _save_sharing_data(store: chunkstore.Store, step: int) -> str:
+    """A version whose data node is the same in every version (one changing tensor)."""
+    with store.new_version("r", step) as v:
+        v.put("moving", np.full(2_000, step, dtype=np.float32))
+        v.put_data("const", {"lr": 0.1})
+    return v.info.id
+
+
 @pytest.mark.parametrize("damaged_object", ["node", "record"])
 def test_a_version_a_full_verify_found_damaged_is_not_trusted_after_it(
         store_path: Path, saved: list[str], damaged_object: str) -> None:
@@ -280,9 +295,7 @@ def test_a_version_a_full_verify_found_damaged_is_not_trusted_after_it(
         root = store.read_record(saved[2]).root  # the root node only this version has
     damaged_path = store_path / (NODES.key(root) if damaged_object == "node"
                                  else VERSIONS.key(saved[2]))
-    damaged = bytearray(damaged_path.read_bytes())
-    damaged[len(damaged) // 2] ^= 0x10
-    damaged_path.write_bytes(bytes(damaged))
+    _flip_middle(damaged_path)
     assert _quick(store_path).ok  # trusted, as docs/recovery.md says
     with chunkstore.open(store_path, create=False) as store:
         full = store.verify()
@@ -297,22 +310,13 @@ def test_a_node_damaged_before_a_save_that_reused_it_is_trusted_with_that_save(
     """What docs/recovery.md says a save's record gives up: a save reuses a stored node
     without reading it, so a node damaged before the save is trusted with its version
     by --quick; a full verify names both versions, and every later quick verify too."""
-    def save(store: chunkstore.Store, step: int) -> str:
-        with store.new_version("r", step) as v:
-            v.put("moving", np.full(2_000, step, dtype=np.float32))
-            v.put_data("const", {"lr": 0.1})  # the same data node in every version
-        return v.info.id
-
     with chunkstore.open(store_path, chunk_size=SMALL_CHUNK, create=True) as store:
-        first = save(store, 0)
+        first = _save_sharing_data(store, 0)
         before = set(store.index.version_node_refs(first))
     for digest in before:
-        node = store_path / NODES.key(digest)
-        damaged = bytearray(node.read_bytes())
-        damaged[len(damaged) // 2] ^= 0x10
-        node.write_bytes(bytes(damaged))
+        _flip_middle(store_path / NODES.key(digest))
     with chunkstore.open(store_path, create=False) as store:
-        second = save(store, 1)
+        second = _save_sharing_data(store, 1)
         assert set(store.index.version_node_refs(second)) & before  # reused, not read
         assert store.verify(read_data=False).versions_trusted == 2
         full = store.verify()
@@ -326,24 +330,15 @@ def test_a_damaged_node_a_trusted_version_shares_is_named_with_it(
     """The quick verify reads the version another index saved and finds a node damaged
     that a version this index's save recorded shares: both are named, as a quick verify
     before the saves' records named them, and neither is trusted after it."""
-    def save(store: chunkstore.Store, step: int) -> str:
-        with store.new_version("r", step) as v:
-            v.put("moving", np.full(2_000, step, dtype=np.float32))
-            v.put_data("const", {"lr": 0.1})  # the same data node in every version
-        return v.info.id
-
     with chunkstore.open(store_path, chunk_size=SMALL_CHUNK, create=True,
                          index_dir=str(tmp_path / "other")) as other:
-        theirs = save(other, 0)
+        theirs = _save_sharing_data(other, 0)
     with chunkstore.open(store_path, create=False) as store:
-        mine = save(store, 1)
+        mine = _save_sharing_data(store, 1)
         shared = set(store.index.version_node_refs(mine)) \
             & set(store.index.version_node_refs(theirs))
         assert len(shared) == 1 and store.index.verified_versions([mine])[mine].by_its_save
-    node = store_path / NODES.key(shared.pop())
-    damaged = bytearray(node.read_bytes())
-    damaged[len(damaged) // 2] ^= 0x10
-    node.write_bytes(bytes(damaged))
+    _flip_middle(store_path / NODES.key(shared.pop()))
     for _ in range(2):
         quick = _quick(store_path)
         assert {v.id for v in quick.versions if v.damaged} == {theirs, mine}
