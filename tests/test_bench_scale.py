@@ -36,7 +36,9 @@ def test_the_scale_benchmark_records_each_level_and_mode_under_its_label(
     # Each block's ratio of the levels' medians (both levels' saves of a block side by side)
     for mode in ("store", "dcp"):
         blocks = run["block_ratios"][mode]
-        assert len(blocks["blocks"]) == 2 and blocks["min"] <= blocks["median"] <= blocks["max"]
+        assert len(blocks["blocks"]) == 2
+        assert (blocks["min"], blocks["max"]) == (min(blocks["blocks"]), max(blocks["blocks"]))
+        assert blocks["median"] == pytest.approx(sum(blocks["blocks"]) / 2, abs=1e-3)
         assert run["levels"]["24"][mode]["block_medians_ms"][0] / run["levels"]["21"][mode][
             "block_medians_ms"][0] == pytest.approx(blocks["blocks"][0], abs=1e-3)
         assert len(run["block_cpu_ratios"][mode]["blocks"]) == 2
