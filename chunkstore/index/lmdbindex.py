@@ -824,7 +824,8 @@ class Index(VersionLookups):
             # Each object's refcount written once (the batch's versions share most of
             # theirs); raised by n at once it ends as n raises of one would.
             # Bumped with the batch's, the references still pending go in as well.
-            self._pending_into(txn, bumps)
+            if added:
+                self._pending_into(txn, bumps)
             for (kind, raw), n in sorted(bumps.items()):
                 self._bump(txn, kind, Digest(raw), n, now)
         return added
@@ -922,13 +923,13 @@ class Index(VersionLookups):
         now = time.time()
         dropped: Counter[tuple[bytes, bytes]] = Counter()
         with self._writing() as txn:
-            # No refcount drops while references to it are pending (it would reach zero
-            # with versions still referencing its object).
-            self._fold(txn, now)
             known = [key for key in map(str.encode, version_ids)
                      if self._count_out(txn, key, dropped)]
             if not known:
                 return 0
+            # No refcount drops while references to it are pending (it would reach zero
+            # with versions still referencing its object): all are folded in first.
+            self._fold(txn, now)
             # A refcount dropped by n at once ends as n drops of one would: a CONDEMNED
             # record has none (a reference makes it WRITING), so only the count and its
             # time change.
