@@ -49,7 +49,22 @@ Each entry of both is bound to the version's entry and references and to a rando
 epoch in ``meta`` (:mod:`chunkstore.index.derived`): a rebuild replaces both, so a
 rebuilt index trusts nothing derived before; each stays within a leaf page, so that
 a job that saves and removes versions reuses the pages it frees.  The tables are
-additive (older releases never read them), so the schema stays 4.
+additive (older releases never read them).
+
+A save does not re-write the record of every object its version references: at
+10,000 versions those records lie on as many leaf pages, and re-writing them was
+most of what a save's count-in writes more than at 100 versions (issue 49).  A
+reference to an object already counted (LIVE, refcount 1 or more), whose record the
+transaction does not write anyway, is listed in the ``pending`` table (version id ->
+the deferred digests) instead; the others are counted at once.  So the ``zero``
+table stays exact at every instant (no object with a pending reference is at zero)
+and GC's candidates need nothing more.  A refcount read adds the table
+(:meth:`Index.record`, :meth:`Index.iter_records`: verify's refcount check, report),
+and the table is folded into the records, each written once, in the transaction of
+anything that lowers a refcount (:meth:`Index.remove_versions`), of a batch count-in,
+and of the save that finds it holding :data:`FOLD_AFTER` versions.  A release that
+knew no such table would lower refcounts without it, and free objects versions
+still reference, so the schema is 5 (a release of 4 rebuilds an index of 5).
 """
 
 from __future__ import annotations
