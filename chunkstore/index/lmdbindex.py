@@ -298,6 +298,8 @@ class Index(VersionLookups):
         self._shared_as = ""  # the key in _OPEN, for an index open_index shares
         self._private = False  # a private_index: its directory goes with its last close
         self._warned_orders = False  # see _orders_in_step
+        #: the pending counts as of one committed state (:meth:`_pending_at`)
+        self._pending_seen: tuple[Any, int, Counter[tuple[bytes, bytes]]] | None = None
         #: sessions opened ``deferred`` that no write transaction has stored yet (by id:
         #: their record), and the lock that guards the table (:meth:`open_session`)
         self._unwritten: dict[str, dict[str, Any]] = {}
@@ -523,8 +525,7 @@ class Index(VersionLookups):
             rec = self._get(txn, self._db(kind), digest)
             if rec is None or not txn.stat(self.pending)["entries"]:
                 return rec
-            extra = sum(_deferred(value, kind).count(digest.raw)
-                        for _, value in txn.cursor(db=self.pending))
+            extra = self._pending_at(txn).get((kind, digest.raw), 0)
             return replace(rec, refcount=rec.refcount + extra) if extra else rec
 
     def iter_chunks(self) -> Iterator[tuple[Digest, ChunkRecord]]:
@@ -533,7 +534,7 @@ class Index(VersionLookups):
     def iter_records(self, kind: bytes) -> Iterator[tuple[Digest, ChunkRecord]]:
         """Every record of ``kind``, its refcount exact (as :meth:`record`)."""
         with self.env.begin(db=self._db(kind)) as txn:
-            extra = self._pending_counts(txn)
+            extra = self._pending_at(txn)
             for key, value in txn.cursor():
                 rec = ChunkRecord.unpack(value)
                 if (n := extra.get((kind, bytes(key)))):
@@ -981,6 +982,17 @@ class Index(VersionLookups):
             for kind in KINDS:
                 raw = _deferred(value, kind)
                 counts.update((kind, raw[i:i + 32]) for i in range(0, len(raw), 32))
+        return counts
+
+    def _pending_at(self, txn: lmdb.Transaction) -> Counter[tuple[bytes, bytes]]:
+        """:meth:`_pending_counts` in a read transaction, counted once per committed
+        state (a read's id is the last commit's): a loop of :meth:`record` reads does
+        not add the table up each time.  Not to be changed by the caller."""
+        seen, at = self._pending_seen, txn.id()
+        if seen is not None and seen[0] is self.env and seen[1] == at:
+            return seen[2]
+        counts = self._pending_counts(txn)
+        self._pending_seen = (self.env, at, counts)
         return counts
 
     def _pending_into(self, txn: lmdb.Transaction, bumps: Counter[tuple[bytes, bytes]]
