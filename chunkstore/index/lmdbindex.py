@@ -217,18 +217,6 @@ class VerifiedVersion:
     by_its_save: bool = False
 
 
-class _Digests(bytes):
-    """Raw 32-byte digests laid end to end; :meth:`count` counts whole digests only."""
-
-    def count(self, raw: bytes) -> int:  # type: ignore[override]
-        found, at = 0, self.find(raw)
-        while at >= 0:
-            if at % 32 == 0:
-                found += 1
-            at = self.find(raw, at + 1)
-        return found
-
-
 _PENDING = struct.Struct("<I")  # a pending entry: its chunk digests' count, then both
 
 
@@ -237,11 +225,11 @@ def _pending_value(chunks: list[Digest], nodes: list[Digest]) -> bytes:
         + b"".join(d.raw for d in nodes)
 
 
-def _deferred(value: bytes | memoryview, kind: bytes) -> _Digests:
-    """The digests of ``kind`` a ``pending`` entry defers."""
+def _deferred(value: bytes | memoryview, kind: bytes) -> bytes:
+    """The digests of ``kind`` a ``pending`` entry defers, laid end to end."""
     data = bytes(value)
     split = _PENDING.size + 32 * _PENDING.unpack_from(data)[0]
-    return _Digests(data[_PENDING.size:split] if kind == CHUNK else data[split:])
+    return data[_PENDING.size:split] if kind == CHUNK else data[split:]
 
 
 def _digest_set(raw: bytes) -> set[bytes]:
