@@ -188,3 +188,30 @@ def test_pending_references_of_a_killed_saver_hold_for_another_process(
         rebuilt = _rebuilt_counts(store)
         assert {key: after.get(key) for key in rebuilt} == \
             {key: count for key, (_, count) in rebuilt.items()}
+
+
+@pytest.mark.parametrize("gone", ["journal", "record"])
+def test_a_fold_after_the_object_was_forgotten_counts_what_the_manifests_hold(
+        tmp_path: Path, gone: str) -> None:
+    """Another GC's journal entry applied (or the object found missing) makes a pending
+    object's record WRITING, its count kept: the fold raises it, WRITING still.  A record
+    gone (nothing deletes one at refcount 1 or more; here by hand) comes back WRITING,
+    no dedup target, as a count-in of an unreadable object makes it, counting the
+    pending references rather than skipping them: verify reports the count that went
+    with the record (``index rebuild`` mends it), not one of the pending versions'."""
+    with chunkstore.open(tmp_path / "s", create=True) as store:
+        _saved(store, range(1, 4))
+        digest = next(d for d, r in store.index.iter_chunks() if r.refcount == 3)
+        if gone == "journal":
+            store.index.apply_journal(None, [(CHUNK, digest)])
+        else:
+            with store.index.env.begin(write=True) as txn:
+                txn.delete(digest.raw, db=store.index.chunks)
+        assert store.index.fold() == 2
+        record = store.index.chunk(digest)
+        assert record is not None and record.state == ChunkState.WRITING
+        assert record.refcount == (3 if gone == "journal" else 2)
+        if gone == "record":  # the first save's count went with the record
+            assert [p.kind for p in store.verify(read_data=False).problems] == ["refcount"]
+        else:
+            assert store.verify(read_data=False).ok

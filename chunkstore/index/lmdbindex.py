@@ -1004,7 +1004,9 @@ class Index(VersionLookups):
         WRITING; a GC journal entry applied, or an object found missing, keeps it too),
         so the record is there.  Where it is not (an index edited by hand), the bump
         makes one as a count-in of an unreadable object does: WRITING, no dedup
-        target, the refcount the manifests hold."""
+        target, counting the pending references (skipping them would leave the
+        pending versions' objects at zero, GC's candidates); verify reports what went
+        with the record."""
         bumps: Counter[tuple[bytes, bytes]] = Counter()
         held = self._pending_into(txn, bumps)
         for (kind, raw), n in sorted(bumps.items()):
