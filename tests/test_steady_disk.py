@@ -183,7 +183,7 @@ def test_an_index_of_schema_2_gets_its_reverse_table_where_it_is_opened(
         assert not index.needs_rebuild
         assert index.packed_count() == (12, 12)
         with index.env.begin(db=index.meta) as txn:
-            assert int(txn.get(b"schema")) == INDEX_SCHEMA == 4
+            assert int(txn.get(b"schema")) == INDEX_SCHEMA == 5
     finally:
         index.close()
 

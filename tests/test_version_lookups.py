@@ -308,7 +308,7 @@ def test_an_index_of_schema_3_gets_its_orders_where_it_is_opened(tmp_path: Path,
     with chunkstore.open(url) as store:
         assert not store.index.needs_rebuild
         with store.index.env.begin(db=store.index.meta) as txn:
-            assert int(txn.get(b"schema")) == INDEX_SCHEMA == 4
+            assert int(txn.get(b"schema")) == INDEX_SCHEMA == 5
         assert_orders_agree(store.index)
         assert store.latest().id == newest.id
         assert [v.step for v in store.versions("r")] == [1, 2, 3]

@@ -179,7 +179,7 @@ def _open_with_fallback(path: str, size: int) -> lmdb.Environment:
             # metasync=False: each commit still flushes the data pages, and a
             # system crash can at worst undo the last transaction, never
             # corrupt the tree; the index is rebuildable from the manifests.
-            # max_dbs: schema 4 names 16 tables; room for more.
+            # max_dbs: schema 5 names 19 tables; room for more.
             env = lmdb.open(path, map_size=attempt, max_dbs=MAX_TABLES, metasync=False,
                             max_readers=256)
         except lmdb.MemoryError as exc:

@@ -49,7 +49,22 @@ Each entry of both is bound to the version's entry and references and to a rando
 epoch in ``meta`` (:mod:`chunkstore.index.derived`): a rebuild replaces both, so a
 rebuilt index trusts nothing derived before; each stays within a leaf page, so that
 a job that saves and removes versions reuses the pages it frees.  The tables are
-additive (older releases never read them), so the schema stays 4.
+additive (older releases never read them).
+
+A save does not re-write the record of every object its version references: at
+10,000 versions those records lie on as many leaf pages, and re-writing them was
+most of what a save's count-in writes more than at 100 versions (issue 49).  A
+reference to an object already counted (LIVE, refcount 1 or more), whose record the
+transaction does not write anyway, is listed in the ``pending`` table (version id ->
+the deferred digests) instead; the others are counted at once.  So the ``zero``
+table stays exact at every instant (no object with a pending reference is at zero)
+and GC's candidates need nothing more.  A refcount read adds the table
+(:meth:`Index.record`, :meth:`Index.iter_records`: verify's refcount check, report),
+and the table is folded into the records, each written once, in the transaction of
+anything that lowers a refcount (:meth:`Index.remove_versions`), of a batch count-in,
+and of the save that finds it holding :data:`FOLD_AFTER` versions.  A release that
+knew no such table would lower refcounts without it, and free objects versions
+still reference, so the schema is 5 (a release of 4 rebuilds an index of 5).
 """
 
 from __future__ import annotations
@@ -79,11 +94,18 @@ from chunkstore.index import derived, indexfile, versiontables, writegate
 from chunkstore.index.versiontables import VersionEntry, VersionLookups
 
 #: 3 adds the ``packed_by`` table, 4 the orders of the versions (``versions_by_run``,
-#: ``versions_by_time``); an index of schema 2 or 3 is brought to 4 where it is
-#: opened (each table is derived from another), any other schema is rebuilt.
-INDEX_SCHEMA = 4
+#: ``versions_by_time``), 5 the ``pending`` table (references a save counted in without
+#: raising their refcounts: a release that decrements refcounts without folding them
+#: first must not open it); an index of schema 2, 3 or 4 is brought to 5 where it is
+#: opened (each table is derived from another, or starts empty), any other schema is
+#: rebuilt.
+INDEX_SCHEMA = 5
 #: The schemas this release migrates in place (:meth:`Index._migrate`).
-_MIGRATED_SCHEMAS = (2, 3)
+_MIGRATED_SCHEMAS = (2, 3, 4)
+#: A save folds the ``pending`` table into the refcounts (:meth:`Index._fold`) once it
+#: holds this many versions' deferred references: what a later fold writes, and how
+#: far an exact refcount read adds up the table, stay bounded.
+FOLD_AFTER = 64
 #: The meta key naming the store an index describes (:meth:`Index.describe_store`).
 STORE_KEY = b"store"
 #: The meta key of an index's own id (:meth:`Index.identity`).
@@ -195,6 +217,21 @@ class VerifiedVersion:
     by_its_save: bool = False
 
 
+_PENDING = struct.Struct("<I")  # a pending entry: its chunk digests' count, then both
+
+
+def _pending_value(chunks: list[Digest], nodes: list[Digest]) -> bytes:
+    return _PENDING.pack(len(chunks)) + b"".join(d.raw for d in chunks) \
+        + b"".join(d.raw for d in nodes)
+
+
+def _deferred(value: bytes | memoryview, kind: bytes) -> bytes:
+    """The digests of ``kind`` a ``pending`` entry defers, laid end to end."""
+    data = bytes(value)
+    split = _PENDING.size + 32 * _PENDING.unpack_from(data)[0]
+    return data[_PENDING.size:split] if kind == CHUNK else data[split:]
+
+
 def _digest_set(raw: bytes) -> set[bytes]:
     return {raw[i:i + 32] for i in range(0, len(raw), 32)}
 
@@ -249,6 +286,8 @@ class Index(VersionLookups):
         self._shared_as = ""  # the key in _OPEN, for an index open_index shares
         self._private = False  # a private_index: its directory goes with its last close
         self._warned_orders = False  # see _orders_in_step
+        #: the pending counts as of one committed state (:meth:`_pending_at`)
+        self._pending_seen: tuple[Any, int, Counter[tuple[bytes, bytes]]] | None = None
         #: sessions opened ``deferred`` that no write transaction has stored yet (by id:
         #: their record), and the lock that guards the table (:meth:`open_session`)
         self._unwritten: dict[str, dict[str, Any]] = {}
@@ -317,6 +356,9 @@ class Index(VersionLookups):
         # version id -> stamp + what report's census counted of its manifests
         # (:meth:`census`)
         self.census_db = self.env.open_db(b"census")
+        # version id -> references its count-in did not add to refcounts already at
+        # least 1 (:meth:`_add`), folded in later (:meth:`_fold`)
+        self.pending = self.env.open_db(b"pending")
         other_schema = self._check_schema()
         self.reader_check()
         return other_schema
@@ -345,15 +387,20 @@ class Index(VersionLookups):
             return not empty
 
     def _migrate(self, txn: lmdb.Transaction, schema: int) -> None:
-        """Schema 2 or 3 -> 4 in the checking transaction.  2 -> 3: ``packed_by`` made
-        afresh from ``packed``; 3 -> 4: the orders of the versions made afresh from
-        ``versions``.  (A table an earlier release may have left stale, after a
-        downgrade, is dropped first.)  Nothing else changed between them."""
+        """Schema 2, 3 or 4 -> 5 in the checking transaction.  2 -> 3: ``packed_by``
+        made afresh from ``packed``; 3 -> 4: the orders of the versions made afresh from
+        ``versions``; 4 -> 5: ``pending`` starts empty (an index of schema 4 counted
+        every reference in).  (A table an earlier release may have left stale, after a
+        downgrade, is dropped first: ``pending`` always, as a release of schema 4 that
+        rebuilt an index of 5 left the table as it found it.)  Nothing else changed
+        between them."""
         if schema < 3:
             txn.drop(self.packed_by, delete=False)
             for member, value in txn.cursor(db=self.packed):
                 txn.put(bytes(value)[:32] + bytes(member), b"", db=self.packed_by)
-        versiontables.fill(txn, self.versions_db, self._orders())
+        if schema < 4:
+            versiontables.fill(txn, self.versions_db, self._orders())
+        txn.drop(self.pending, delete=False)
         txn.put(b"schema", str(INDEX_SCHEMA).encode(), db=self.meta)
 
 
@@ -371,7 +418,7 @@ class Index(VersionLookups):
         return (self.chunks, self.nodes, self.zero, self.versions_db, self.refs,
                 self.node_refs, self.tags_db, self.sessions, self.claims, self.session_claims,
                 self.journal, self.packed, self.packed_by, self.versions_by_run,
-                self.versions_by_time, self.verified, self.census_db)
+                self.versions_by_time, self.verified, self.census_db, self.pending)
 
     def close(self) -> None:
         """Close this opener's use; the environment closes with its last opener
@@ -460,16 +507,38 @@ class Index(VersionLookups):
         return self.record(CHUNK, digest)
 
     def record(self, kind: bytes, digest: Digest) -> ChunkRecord | None:
+        """The object's record, its refcount exact (the references not yet folded in
+        added, :meth:`_fold`)."""
         with self.env.begin() as txn:
-            return self._get(txn, self._db(kind), digest)
+            rec = self._get(txn, self._db(kind), digest)
+            if rec is None or not txn.stat(self.pending)["entries"]:
+                return rec
+            extra = self._pending_at(txn).get((kind, digest.raw), 0)
+            return replace(rec, refcount=rec.refcount + extra) if extra else rec
 
     def iter_chunks(self) -> Iterator[tuple[Digest, ChunkRecord]]:
         return self.iter_records(CHUNK)
 
     def iter_records(self, kind: bytes) -> Iterator[tuple[Digest, ChunkRecord]]:
+        """Every record of ``kind``, its refcount exact (as :meth:`record`)."""
         with self.env.begin(db=self._db(kind)) as txn:
+            extra = self._pending_at(txn)
             for key, value in txn.cursor():
-                yield Digest(bytes(key)), ChunkRecord.unpack(value)
+                rec = ChunkRecord.unpack(value)
+                if (n := extra.get((kind, bytes(key)))):
+                    rec = replace(rec, refcount=rec.refcount + n)
+                yield Digest(bytes(key)), rec
+
+    def pending_versions(self) -> int:
+        """How many versions' references are not folded into the refcounts yet."""
+        with self.env.begin() as txn:
+            return int(txn.stat(self.pending)["entries"])
+
+    def fold(self) -> int:
+        """Fold every deferred reference into the refcounts (one transaction); return
+        how many versions' references were pending."""
+        with self._writing() as txn:
+            return self._fold(txn, time.time())
 
     def count(self, kind: bytes) -> int:
         with self.env.begin() as txn:
@@ -758,6 +827,9 @@ class Index(VersionLookups):
                      if self._add(txn, version, now, bumps)]
             # Each object's refcount written once (the batch's versions share most of
             # theirs); raised by n at once it ends as n raises of one would.
+            # Bumped with the batch's, the references still pending go in as well.
+            if added:
+                self._pending_into(txn, bumps)
             for (kind, raw), n in sorted(bumps.items()):
                 self._bump(txn, kind, Digest(raw), n, now)
         return added
@@ -765,32 +837,41 @@ class Index(VersionLookups):
     def _add(self, txn: lmdb.Transaction, version: NewVersion, now: float,
              bumps: Counter[tuple[bytes, bytes]] | None = None) -> bool:
         """Count one version in (:meth:`add_version`); False if the index holds it.
-        With ``bumps``, its references are added there, not to the refcounts."""
+        With ``bumps``, its references are added there, not to the refcounts.
+
+        Without, a reference to a LIVE object already counted (refcount 1 or more) whose
+        record this transaction does not write anyway is deferred: listed in the
+        ``pending`` table, not written into the record (at 10,000 versions the records a
+        save references lie on as many leaf pages).  The ``zero`` table stays exact (no
+        such object is at zero); a refcount is exact only with the table added
+        (:meth:`record`), and the table is folded in before any refcount drops
+        (:meth:`_fold`), and by the save that finds it holding :data:`FOLD_AFTER`
+        versions."""
         entry = version.entry
         if txn.get(entry.id.encode(), db=self.versions_db) is not None:
             return False
+        written: set[tuple[bytes, bytes]] = set()
         for chunk in version.new_chunks:
             old = self._get(txn, self.chunks, chunk.digest)
             if old is None or old.state == ChunkState.WRITING:
                 rec = ChunkRecord(ChunkState.LIVE, chunk.codec_id, old.refcount if old else 0,
                                   chunk.raw_length, chunk.stored_length, now)
                 self._put(txn, CHUNK, chunk.digest, rec)
+                written.add((CHUNK, chunk.digest.raw))
         for digest, size in version.nodes.items():
             old = self._get(txn, self.nodes, digest)
             if size and (old is None or old.state == ChunkState.WRITING):
                 rec = ChunkRecord(ChunkState.LIVE, 0, old.refcount if old else 0, size, size,
                                   now)
                 self._put(txn, NODE, digest, rec)
+                written.add((NODE, digest.raw))
         ref_list = sorted(set(version.refs))
         node_list = sorted(version.nodes)
         if bumps is not None:
             bumps.update((CHUNK, d.raw) for d in ref_list)
             bumps.update((NODE, d.raw) for d in node_list)
         else:
-            for digest in ref_list:
-                self._bump(txn, CHUNK, digest, +1, now)
-            for digest in node_list:
-                self._bump(txn, NODE, digest, +1, now)
+            self._count_refs(txn, entry.id, ref_list, node_list, written, now)
         txn.put(entry.id.encode(), entry.to_json(), db=self.versions_db)
         versiontables.put(txn, self._orders(), entry)
         txn.put(entry.id.encode(), b"".join(d.raw for d in ref_list), db=self.refs)
@@ -799,6 +880,25 @@ class Index(VersionLookups):
             self._remember_packed(txn, member, location)
         self._derive(txn, version)
         return True
+
+    def _count_refs(self, txn: lmdb.Transaction, version_id: str, ref_list: list[Digest],
+                    node_list: list[Digest], written: set[tuple[bytes, bytes]],
+                    now: float) -> None:
+        """Raise the refcounts of one version's references, or defer them (:meth:`_add`)."""
+        deferred: dict[bytes, list[Digest]] = {CHUNK: [], NODE: []}
+        for kind, digests in ((CHUNK, ref_list), (NODE, node_list)):
+            for digest in digests:
+                rec = self._get(txn, self._db(kind), digest)
+                if rec is not None and rec.refcount >= 1 and rec.state == ChunkState.LIVE \
+                        and (kind, digest.raw) not in written:
+                    deferred[kind].append(digest)
+                else:
+                    self._bump(txn, kind, digest, +1, now)
+        if deferred[CHUNK] or deferred[NODE]:
+            txn.put(version_id.encode(), _pending_value(deferred[CHUNK], deferred[NODE]),
+                    db=self.pending)
+        if txn.stat(self.pending)["entries"] >= FOLD_AFTER:
+            self._fold(txn, now)
 
     def _derive(self, txn: lmdb.Transaction, version: NewVersion) -> None:
         """Record what the caller derived of a version it counts in (its census, and
@@ -831,6 +931,9 @@ class Index(VersionLookups):
                      if self._count_out(txn, key, dropped)]
             if not known:
                 return 0
+            # No refcount drops while references to it are pending (it would reach zero
+            # with versions still referencing its object): all are folded in first.
+            self._fold(txn, now)
             # A refcount dropped by n at once ends as n drops of one would: a CONDEMNED
             # record has none (a reference makes it WRITING), so only the count and its
             # time change.
@@ -859,6 +962,56 @@ class Index(VersionLookups):
         derived.delete(txn, self.verified, key)
         derived.delete(txn, self.census_db, key)
         return True
+
+    def _pending_counts(self, txn: lmdb.Transaction) -> Counter[tuple[bytes, bytes]]:
+        """The references the ``pending`` table defers, by kind and raw digest."""
+        counts: Counter[tuple[bytes, bytes]] = Counter()
+        for _, value in txn.cursor(db=self.pending):
+            for kind in KINDS:
+                raw = _deferred(value, kind)
+                counts.update((kind, raw[i:i + 32]) for i in range(0, len(raw), 32))
+        return counts
+
+    def _pending_at(self, txn: lmdb.Transaction) -> Counter[tuple[bytes, bytes]]:
+        """:meth:`_pending_counts` in a read transaction, counted once per committed
+        state (a read's id is the last commit's): a loop of :meth:`record` reads does
+        not add the table up each time.  Not to be changed by the caller."""
+        seen, at = self._pending_seen, txn.id()
+        if seen is not None and seen[0] is self.env and seen[1] == at:
+            return seen[2]
+        counts = self._pending_counts(txn)
+        self._pending_seen = (self.env, at, counts)
+        return counts
+
+    def _pending_into(self, txn: lmdb.Transaction, bumps: Counter[tuple[bytes, bytes]]
+                      ) -> int:
+        """Move the ``pending`` table's references into ``bumps`` (the caller bumps
+        them, in this transaction); return how many versions it held."""
+        held = int(txn.stat(self.pending)["entries"])
+        if held:
+            bumps.update(self._pending_counts(txn))
+            txn.drop(self.pending, delete=False)
+        return held
+
+    def _fold(self, txn: lmdb.Transaction, now: float) -> int:
+        """Add every deferred reference to its refcount (each record written once, as
+        :meth:`add_versions` does) and empty the ``pending`` table; return how many
+        versions' references it held.
+
+        Each such object had a record, LIVE at refcount 1 or more, when its reference
+        was deferred, and no refcount has dropped since (a drop folds first): nothing
+        deletes a record at refcount 1 or more (:meth:`finish_deletes` keeps it
+        WRITING; a GC journal entry applied, or an object found missing, keeps it too),
+        so the record is there.  Where it is not (an index edited by hand), the bump
+        makes one as a count-in of an unreadable object does: WRITING, no dedup
+        target, counting the pending references (skipping them would leave the
+        pending versions' objects at zero, GC's candidates); verify reports what went
+        with the record."""
+        bumps: Counter[tuple[bytes, bytes]] = Counter()
+        held = self._pending_into(txn, bumps)
+        for (kind, raw), n in sorted(bumps.items()):
+            self._bump(txn, kind, Digest(raw), n, now)
+        return held
 
     def _bump(self, txn: lmdb.Transaction, kind: bytes, digest: Digest, delta: int,
               now: float) -> None:

@@ -18,9 +18,10 @@ model, are why each step is where it is):
    save session in ``sessions/`` whose leftovers are past the grace period,
    or a day since this index's last complete sweep);
 3. candidates: objects whose refcount has been zero for at least the grace
-   period (the index's ``zero`` table), and, in a sweep, objects on storage no
-   index record names (orphans of killed saves, objects of another index's
-   versions) older than the grace period;
+   period (the index's ``zero`` table: exact, though a save may defer raising a
+   refcount already 1 or more, :mod:`chunkstore.index.lmdbindex`), and, in a
+   sweep, objects on storage no index record names (orphans of killed saves,
+   objects of another index's versions) older than the grace period;
 4. mark: walk, first, the tree of every intent in a run's commit slots (a
    killed writer's claimed save, which the run's next taker publishes:
    :mod:`chunkstore.protocol.runlease` argues why before the listing of the
