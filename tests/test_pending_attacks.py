@@ -237,3 +237,67 @@ def test_a_version_counted_out_and_in_again_is_a_new_state_of_the_table(
     assert index.record(CHUNK, b).refcount == 2  # type: ignore[union-attr]
     _assert_exact(index)
     index.close()
+
+
+# --- repack, purge, sync ----------------------------------------------------------------
+
+
+def test_a_repack_of_a_pack_pending_versions_reference(tmp_path: Path) -> None:
+    """Step 1's pack P, mostly garbage once step 1 goes, is repacked and deleted by a
+    GC while a save's references to P are pending (step 3's tensors saved again): P's
+    record outlives its object (refcount above zero: WRITING), every version reads
+    back, and the counts are a rebuild's."""
+    from tests import test_repack
+
+    root = tmp_path / "store"
+    ids, first = test_repack.three_versions(root)
+    with chunkstore.open(root, create=True) as store:
+        store.delete(ids[0])
+        with store.new_version("again", 1) as version:
+            for name, array in test_repack.state(3).items():
+                version.put(name, array)
+        assert store.index.pending_versions() == 1
+        assert store.gc(grace=0).packs_repacked == 1
+        assert not test_repack.exists(store, first)
+        record = store.index.record(CHUNK, first)
+        assert record is not None and record.refcount == 3
+        assert record.state == ChunkState.WRITING
+        _assert_exact(store.index)
+        for vid, step in zip(ids[1:], (2, 3), strict=True):
+            test_repack.check(store, vid, step)
+        assert store.verify().ok
+        exact = _referenced(_counts(store.index))
+        assert _referenced(_rebuilt_counts(store)) == exact
+
+
+def test_a_purge_of_a_pending_version_keeps_what_the_others_reference(
+        tmp_path: Path) -> None:
+    """Purging step 3 (its shared chunks' references pending): only what step 3 alone
+    reached goes; the shared tensor stays, counted as shared."""
+    with chunkstore.open(tmp_path / "s", create=True) as store:
+        ids = _saved(store, range(1, 4))
+        assert store.index.pending_versions() == 2
+        result = store.purge(ids[2])
+        assert result.objects_deleted > 0 and result.objects_shared > 0
+        _assert_exact(store.index)
+        assert store.verify().ok
+
+
+def test_a_sync_into_a_destination_holding_pending_references(tmp_path: Path) -> None:
+    """The destination's index defers references (steps 1-3 saved there); a sync
+    brings the source's steps 4-5, which share the tensor: the destination's counts
+    stay exact, and a removal and ``gc --grace 0`` there keep every kept version."""
+    with chunkstore.open(tmp_path / "src", create=True) as src:
+        _saved(src, range(4, 6))
+    with chunkstore.open(tmp_path / "dst", create=True) as dst:
+        ids = _saved(dst, range(1, 4))
+        assert dst.index.pending_versions() == 2
+        assert chunkstore.sync(tmp_path / "src", dst).copied
+        assert dst.index.pending_versions() >= 2
+        _assert_exact(dst.index)
+        dst.delete(ids[0])
+        _assert_zero_exact(dst.index)
+        dst.gc(grace=0)
+        assert dst.verify().ok
+        exact = _counts(dst.index)
+        assert _rebuilt_counts(dst) == exact
