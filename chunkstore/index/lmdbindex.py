@@ -55,8 +55,8 @@ A save does not re-write the record of every object its version references: at
 10,000 versions those records lie on as many leaf pages, and re-writing them was
 most of what a save's count-in writes more than at 100 versions (issue 49).  A
 reference to an object already counted (LIVE, refcount 1 or more), whose record the
-transaction does not write anyway, is listed in the ``pending`` table (version id ->
-the deferred digests) instead; the others are counted at once.  So the ``zero``
+transaction does not write anyway, is listed in the ``pending`` table (version id
+and a nonce -> the deferred digests) instead; the others are counted at once.  So the ``zero``
 table stays exact at every instant (no object with a pending reference is at zero)
 and GC's candidates need nothing more.  A refcount read adds the table
 (:meth:`Index.record`, :meth:`Index.iter_records`: verify's refcount check, report),
