@@ -136,6 +136,24 @@ def test_a_save_folds_the_table_once_it_holds_fold_after_versions(
         assert _rebuilt_counts(store) == exact
 
 
+def test_the_table_stays_within_pending_bytes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A version whose deferred references alone pass ``PENDING_BYTES`` defers none;
+    a table whose pages pass it is folded by the save that grows it (the counts an
+    exact read holds in memory stay bounded; break-checked: without the bytes bound
+    the table holds every save)."""
+    with chunkstore.open(tmp_path / "s", create=True) as store:
+        _saved(store, range(1, 3))
+        deferred = store.index.pending_versions()
+        assert deferred == 1
+        monkeypatch.setattr(lmdbindex, "PENDING_BYTES", 32)  # under one version's
+        _saved(store, range(3, 5))
+        assert store.index.pending_versions() == 0
+        assert _counts(store.index) == _raw_counts(store.index)
+        exact = _counts(store.index)
+        assert _rebuilt_counts(store) == exact
+
+
 def test_an_index_of_schema_4_is_brought_to_5_where_it_is_opened(tmp_path: Path) -> None:
     """Schema 4 counted every reference in: ``pending`` starts empty.  A table a release
     of schema 4 left behind (it rebuilt an index of 5, leaving the table it does not

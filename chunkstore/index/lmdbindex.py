@@ -106,6 +106,10 @@ _MIGRATED_SCHEMAS = (2, 3, 4)
 #: holds this many versions' deferred references: what a later fold writes, and how
 #: far an exact refcount read adds up the table, stay bounded.
 FOLD_AFTER = 64
+#: ... or once its deferred digests pass this many bytes (the counts an exact read
+#: keeps in memory stay bounded too); a version with more references than that defers
+#: none of them: they are raised at once, as a save did before the table.
+PENDING_BYTES = 2 << 20
 #: The meta key naming the store an index describes (:meth:`Index.describe_store`).
 STORE_KEY = b"store"
 #: The meta key of an index's own id (:meth:`Index.identity`).
@@ -896,13 +900,20 @@ class Index(VersionLookups):
                     deferred[kind].append(digest)
                 else:
                     self._bump(txn, kind, digest, +1, now)
+        if 32 * (len(deferred[CHUNK]) + len(deferred[NODE])) > PENDING_BYTES:
+            for kind, digests in deferred.items():
+                for digest in digests:
+                    self._bump(txn, kind, digest, +1, now)
+            deferred = {CHUNK: [], NODE: []}
         if deferred[CHUNK] or deferred[NODE]:
             # Keyed by the version and a nonce: a key names one write of its entry (a
             # version counted out and in again gets another), which is what
             # :meth:`_pending_at` tells the table's states apart by.
             txn.put(version_id.encode() + os.urandom(_NONCE),
                     _pending_value(deferred[CHUNK], deferred[NODE]), db=self.pending)
-        if txn.stat(self.pending)["entries"] >= FOLD_AFTER:
+        held = txn.stat(self.pending)
+        if held["entries"] >= FOLD_AFTER or held["psize"] * (
+                held["leaf_pages"] + held["overflow_pages"]) > PENDING_BYTES:
             self._fold(txn, now)
 
     def _derive(self, txn: lmdb.Transaction, version: NewVersion) -> None:
