@@ -81,9 +81,10 @@ def ranged_reads(store: chunkstore.Store, monkeypatch: pytest.MonkeyPatch
         reads.append((key, length))
         return real_get_range(key, start, length)
 
-    def view_range(key: str, start: int, length: int) -> bytes | memoryview:
+    def view_range(key: str, start: int, length: int, *, populate: bool = True
+                   ) -> bytes | memoryview:
         reads.append((key, length))
-        return real_view_range(key, start, length)
+        return real_view_range(key, start, length, populate=populate)
 
     monkeypatch.setattr(backend, "get_range", get_range)
     monkeypatch.setattr(backend, "view_range", view_range)

@@ -186,16 +186,17 @@ class ObjectStore:
         key = kind.key(object_id)
         return self._loaded_range(kind, key, start, self.backend.get_range(key, start, length))
 
-    def view_range(self, kind: Kind[IdT], object_id: IdT, start: int, length: int
-                   ) -> bytes | memoryview:
+    def view_range(self, kind: Kind[IdT], object_id: IdT, start: int, length: int, *,
+                   populate: bool = True) -> bytes | memoryview:
         """:meth:`get_range` as a read-only buffer that may map the stored object
         (a local store's larger ranges: no copy, and no fresh memory to fault in), for
         bytes that are decoded and dropped.  Keeping it keeps the mapping.  A store
         whose objects are transformed (:meth:`_loaded_range` overridden) gets
-        :meth:`get_range`'s bytes."""
+        :meth:`get_range`'s bytes.  ``populate=False``: a mapping is left unpopulated
+        (:meth:`chunkstore.backends.local.LocalBackend.view_range`)."""
         if type(self)._loaded_range is not ObjectStore._loaded_range:
             return self.get_range(kind, object_id, start, length)
-        return self.backend.view_range(kind.key(object_id), start, length)
+        return self.backend.view_range(kind.key(object_id), start, length, populate=populate)
 
     def read_into(self, kind: Kind[IdT], object_id: IdT, start: int,
                   buffer: memoryview) -> int:
@@ -259,12 +260,14 @@ class ObjectStore:
         """The length a pack location lists for a member object of ``length`` bytes."""
         return length
 
-    def member_range(self, pack: Digest, start: int, length: int) -> bytes | memoryview:
+    def member_range(self, pack: Digest, start: int, length: int, *, populate: bool = True
+                     ) -> bytes | memoryview:
         """The bytes of ``pack`` from location offset ``start`` (one ranged read for a run
-        of neighbouring members, which may map the stored object): cut each member out by
-        its location and pass it to :meth:`open_member`.  ``FileNotFoundError`` when the
-        pack is not stored."""
-        return self.view_range(CHUNKS, pack, HEADER.size + start, length)
+        of neighbouring members, which may map the stored object; ``populate=False``: a
+        mapping left unpopulated, each member populated as it is read): cut each member
+        out by its location and pass it to :meth:`open_member`.  ``FileNotFoundError``
+        when the pack is not stored."""
+        return self.view_range(CHUNKS, pack, HEADER.size + start, length, populate=populate)
 
     def open_member(self, digest: Digest, location: PackLocation,
                     data: bytes | memoryview, buffer: MemberBuffer | None = None

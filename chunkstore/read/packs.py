@@ -52,6 +52,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from chunkstore.backends.local import populate_mapped, release_mapped
 from chunkstore.codecs import PACK
 from chunkstore.errors import ChunkStoreError, CorruptChunkError
 from chunkstore.format.chunkobj import (
@@ -309,7 +310,8 @@ def prefetch_bases(store: StoreHandle, members: list[MemberRead], cache: BaseCac
             continue
         budget -= end - start
         try:
-            data = memoryview(store.objects.member_range(run[0][1].pack, start, end - start))
+            data = memoryview(store.objects.member_range(run[0][1].pack, start, end - start,
+                                                         populate=False))
         except FileNotFoundError:
             continue
         for _, location, _, _ in run:
@@ -332,8 +334,8 @@ def read_members_into(store: StoreHandle, members: list[MemberRead], hops: int =
     for digest, location, out, _ in members:  # bounded before anything is read
         check_listed_length(store, digest, location, len(out))
     start, end = member_span(members)
-    try:
-        data = memoryview(store.objects.member_range(pack, start, end - start))
+    try:  # a mapped run is populated and released member by member (each with its bases)
+        data = memoryview(store.objects.member_range(pack, start, end - start, populate=False))
     except FileNotFoundError:
         def forwarded() -> None:
             for run in read_runs(forward_members(store, members, hops)):
@@ -347,8 +349,15 @@ def read_members_into(store: StoreHandle, members: list[MemberRead], hops: int =
     prefetched = prefetch_bases(store, members, cache)
     for digest, location, out, chain in members:
         begin = location.offset - start
-        _decode_member(store, digest, location, data[begin : begin + location.length], out,
-                       chain, cache, check_links, prefetched, transient=transient)
+        member = data[begin : begin + location.length]
+        populate_mapped(member)
+        _decode_member(store, digest, location, member, out, chain, cache, check_links,
+                       prefetched, transient=transient)
+        release_mapped(member)
+        for at in chain[1]:  # its bases read ahead (populated as they were used)
+            base = None if at is None else prefetched.get(at)
+            if base is not None:
+                release_mapped(base)
 
 
 def copy_members(store: StoreHandle, pack: Digest, members: list[tuple[Digest, int, int]]
