@@ -115,9 +115,15 @@ def decode_chain(store: StoreHandle, digest: Digest, data: bytes | memoryview,
     its runs in place, onto a buffer of this decode's own).  ``transient`` (a read job
     of :func:`chunkstore.read.reader.run_jobs`): the links before the last are
     decoded into the thread's scratch buffers (:mod:`chunkstore.read.scratch`).
+
+    ``data`` and the bases a reader read ahead may be mapped and populated no further
+    than their headers (:func:`chunkstore.read.packs.read_members_into`): each object
+    is populated just before its payload is decoded and its pages released once it
+    is applied, so one job holds about one link's mapped pages, not the chain's.
     """
     header = parse_header(digest, data)
     if header.base is None or not _is_delta(header.codec_id):
+        populate_mapped(data)
         return decode_object(digest, data, out, header=header, ids=store.objects.chunk_ids)
     _check_base(digest, header, chain)
     if out is not None and header.raw_length != len(out):  # before any base is read
@@ -127,6 +133,7 @@ def decode_chain(store: StoreHandle, digest: Digest, data: bytes | memoryview,
         base = base_bytes(store, chain[0], chain[1:], header.raw_length, cache,
                           check_links=True, location=_at(locations, 0),
                           locations=locations[1:], prefetched=prefetched)
+        populate_mapped(data)
         return decode_object(digest, data, out, base, ids=store.objects.chunk_ids)
     transient = transient and out is not None  # else the result is returned, not copied
     links, root, root_raw = _chain_objects(store, digest, header, memoryview(data), chain, cache,

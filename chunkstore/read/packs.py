@@ -350,7 +350,6 @@ def read_members_into(store: StoreHandle, members: list[MemberRead], hops: int =
     for digest, location, out, chain in members:
         begin = location.offset - start
         member = data[begin : begin + location.length]
-        populate_mapped(member)
         _decode_member(store, digest, location, member, out, chain, cache, check_links,
                        prefetched, transient=transient)
         release_mapped(member)
@@ -406,7 +405,10 @@ def _decode_member(store: StoreHandle, digest: Digest, location: PackLocation, d
                    transient: bool = False) -> None:
     """Decode the member ``data`` (the bytes ``location`` names) into ``out``: opened
     by the object layer's one path for members (``transient``: a sealed one into the
-    thread's scratch buffer), then checked and decoded."""
+    thread's scratch buffer), then checked and decoded.  Mapped bytes are populated as
+    they are read: a sealed member's all at once (opened here), else the header here
+    and the payload as it is decoded (a delta's link by link, with its bases)."""
+    populate_mapped(data if store.objects.sealed_members else data[:HEADER.size + DIGEST_SIZE])
     opened = store.objects.open_member(digest, location, data,
                                        member_buffer(0) if transient else None)
     _decode_opened(store, digest, opened, out, chain, cache, check_links, prefetched,
@@ -419,6 +421,7 @@ def _decode_opened(store: StoreHandle, digest: Digest, data: memoryview, out: me
     header = member_header(digest, data)
     _check_member_length(digest, data, header, out)
     if header.base is None:
+        populate_mapped(data)
         decode_object(digest, data, out, header=header, ids=store.objects.chunk_ids)
         return
     bases, locations = chain
