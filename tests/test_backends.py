@@ -116,6 +116,18 @@ class TestLocalBackend(BackendConformance):
         local.release_mapped(b"abc")
         assert bytes(copied) == data
 
+    def test_an_object_written_in_pieces_is_their_bytes_end_to_end(self, backend: Backend
+                                                                    ) -> None:
+        """A pack written from its pieces (writev, more pieces than one call takes, empty
+        ones among them) holds their bytes laid end to end, created once."""
+        from chunkstore.backends import local
+        pieces: list[bytes | memoryview] = [os.urandom(i % 7) for i in range(local._IOV_MAX + 300)]
+        pieces.insert(5, memoryview(os.urandom(3 * local.EAGER_SYNC_BYTES)))
+        assert backend.put_pieces_if_absent_deferred("p", pieces) is True
+        assert backend.put_pieces_if_absent_deferred("p", [b"other"]) is False
+        backend.flush()
+        assert backend.get("p") == b"".join(pieces)
+
     def test_a_small_object_is_copied_whatever_length_is_asked(self, backend: Backend) -> None:
         """The threshold applies to what the file holds in the range: a read bounded by
         an object's largest possible size (a chunk's) gets a small object copied."""

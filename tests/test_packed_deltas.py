@@ -587,6 +587,7 @@ def test_members_read_after_their_runs_pages_were_released_read_right(
 
     for module in (packs, chain, members):
         monkeypatch.setattr(module, "release_mapped", release_all, raising=False)
+        monkeypatch.setattr(module, "PAGED_BYTES", 1, raising=False)  # paged however small
     store.base_cache.clear()
     np.testing.assert_array_equal(store.open_version(ids[-1]).get("emb"), table)
     mapped = local.MAP_MIN_BYTES == 1  # the read mode that maps every ranged read

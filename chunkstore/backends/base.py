@@ -138,6 +138,13 @@ class Backend(abc.ABC):
         """
         return self.put_if_absent(key, data)
 
+    def put_pieces_if_absent_deferred(self, key: str, pieces: Sequence[bytes | memoryview]
+                                      ) -> bool:
+        """:meth:`put_if_absent_deferred` of the object ``pieces`` laid end to end (a
+        pack: its header and members).  The default joins them first; a backend that
+        writes them as they are (:class:`LocalBackend`) saves a copy of the object."""
+        return self.put_if_absent_deferred(key, b"".join(pieces))
+
     def delete_many(self, keys: Sequence[str]) -> None:
         """:meth:`delete` every key (a missing one is skipped): each removal durable on
         return, as :meth:`delete`'s.  Where the storage has a bulk delete, in one

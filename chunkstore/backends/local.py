@@ -124,6 +124,10 @@ _LINKAT = _load_linkat()
 _UNKNOWN = "?"
 _AT_FDCWD = -100
 _AT_SYMLINK_FOLLOW = 0x400
+#: An object's bytes, or its pieces laid end to end (a pack written without a join).
+_Data = bytes | memoryview | list[bytes | memoryview]
+#: Pieces one ``writev`` takes (the system's limit, 1024 on Linux).
+_IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 16
 _OPEN_FLAGS_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -194,7 +198,12 @@ class LocalBackend(Backend):
         """``put_if_absent`` without fsyncs when batching: durable after :meth:`flush`."""
         return self._link_new(key, data, deferred=self.batch_sync)
 
-    def _link_new(self, key: str, data: bytes | memoryview, *, deferred: bool) -> bool:
+    def put_pieces_if_absent_deferred(self, key: str, pieces: Sequence[bytes | memoryview]
+                                      ) -> bool:
+        """Written piece by piece (``writev``): no joined copy of a pack in memory."""
+        return self._link_new(key, [*pieces], deferred=self.batch_sync)
+
+    def _link_new(self, key: str, data: _Data, *, deferred: bool) -> bool:
         target = self._path(key)
         if deferred:
             # Noted before the write: whatever lands there (or is found there, made
@@ -203,7 +212,7 @@ class LocalBackend(Backend):
         # Deferred: a large object is still fsynced now, in this worker thread, so
         # its write-back overlaps the hashing of the next ones; small ones and
         # the directory entry wait for the syncfs in flush().
-        sync = not deferred or len(data) >= EAGER_SYNC_BYTES
+        sync = not deferred or _length(data) >= EAGER_SYNC_BYTES
         with _space_as_typed(key):
             created = self._link_unnamed(target, data, sync) if self._unnamed else None
         if created is not None:
@@ -226,7 +235,7 @@ class LocalBackend(Backend):
             _sync_found(target, created)
         return created
 
-    def _link_unnamed(self, target: str, data: bytes | memoryview, sync: bool) -> bool | None:
+    def _link_unnamed(self, target: str, data: _Data, sync: bool) -> bool | None:
         """Create ``target`` from an ``O_TMPFILE`` file: True if created, False if it
         existed; None where the filesystem cannot (then never tried again)."""
         directory = os.path.dirname(target)
@@ -456,7 +465,7 @@ class LocalBackend(Backend):
             raise ValueError(f"key {key!r} would be taken for a temp file")
         return os.path.join(self.root, *parts)
 
-    def _write_temp(self, target: str, data: bytes | memoryview, sync: bool = True) -> str:
+    def _write_temp(self, target: str, data: _Data, sync: bool = True) -> str:
         """Write ``data`` to a fresh temp file beside ``target`` (fsynced unless ``sync``
         is false); return its path."""
         directory = os.path.dirname(target)
@@ -571,11 +580,29 @@ def _check_range(start: int, length: int) -> None:
         raise ValueError(f"invalid range: start={start}, length={length}")
 
 
-def _write_all(fd: int, data: bytes | memoryview) -> None:
-    view = memoryview(data).cast("B")
-    written = 0
-    while written < len(view):
-        written += os.write(fd, view[written:])
+def _length(data: _Data) -> int:
+    return sum(map(len, data)) if isinstance(data, list) else len(data)
+
+
+def _write_all(fd: int, data: _Data) -> None:
+    """Write ``data`` (an object's bytes, or its pieces in order: ``writev``) whole."""
+    if not isinstance(data, list):
+        view = memoryview(data).cast("B")
+        written = 0
+        while written < len(view):
+            written += os.write(fd, view[written:])
+        return
+    views = [memoryview(piece).cast("B") for piece in data if len(piece)]
+    first = 0
+    while first < len(views):
+        written = os.writev(fd, views[first : first + _IOV_MAX])
+        while written:  # past the pieces written whole, into one written in part
+            if written >= len(views[first]):
+                written -= len(views[first])
+                first += 1
+            else:
+                views[first] = views[first][written:]
+                written = 0
 
 
 def _make_dirs_durably(directory: str) -> None:

@@ -166,9 +166,21 @@ class ObjectStore:
         return self.backend.put_if_absent(key, self._encoded(kind, key, data))
 
     def put_if_absent_deferred(self, kind: Kind[IdT], object_id: IdT, data: Encoded) -> bool:
-        """:meth:`put_if_absent` whose durability may wait for the next :meth:`flush`."""
+        """:meth:`put_if_absent` whose durability may wait for the next :meth:`flush`.
+        A pack of a store that keeps objects as encoded goes to the backend in pieces
+        (a local store writes them without joining them: one pack's bytes less in
+        memory per pack a save writes at once)."""
         key = kind.key(object_id)
+        if isinstance(data, PackEncoding) and self._keeps_pieces():
+            return self.backend.put_pieces_if_absent_deferred(key, data.pieces())
         return self.backend.put_if_absent_deferred(key, self._encoded(kind, key, data))
+
+    def _keeps_pieces(self) -> bool:
+        """Whether a pack is stored as its pieces laid end to end (no transform)."""
+        cls = type(self)
+        return (cls._stored is ObjectStore._stored
+                and cls._stored_pieces is ObjectStore._stored_pieces
+                and cls._stored_pack is ObjectStore._stored_pack)
 
     def flush(self) -> None:
         """Make every write so far durable (the step before a commit point)."""

@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from chunkstore import codecs
-from chunkstore.backends.local import populate_mapped, release_mapped
 from chunkstore.codecs import zstd
 from chunkstore.codecs.planes import join, split
 from chunkstore.codecs.shuffle import plane_table, planes_into
@@ -54,7 +53,14 @@ from chunkstore.format.manifest import PackLocation
 from chunkstore.handle.caches import BaseCache
 from chunkstore.objects.kinds import CHUNKS
 from chunkstore.objects.objectstore import MemberBuffer
-from chunkstore.read.members import Locations, Prefetched, member_object, missing_chunk
+from chunkstore.read.members import (
+    Locations,
+    Prefetched,
+    member_object,
+    missing_chunk,
+    page_in,
+    page_out,
+)
 from chunkstore.read.scratch import member_buffer, scratch
 
 if TYPE_CHECKING:
@@ -123,7 +129,7 @@ def decode_chain(store: StoreHandle, digest: Digest, data: bytes | memoryview,
     """
     header = parse_header(digest, data)
     if header.base is None or not _is_delta(header.codec_id):
-        populate_mapped(data)
+        page_in(data)
         return decode_object(digest, data, out, header=header, ids=store.objects.chunk_ids)
     _check_base(digest, header, chain)
     if out is not None and header.raw_length != len(out):  # before any base is read
@@ -133,7 +139,7 @@ def decode_chain(store: StoreHandle, digest: Digest, data: bytes | memoryview,
         base = base_bytes(store, chain[0], chain[1:], header.raw_length, cache,
                           check_links=True, location=_at(locations, 0),
                           locations=locations[1:], prefetched=prefetched)
-        populate_mapped(data)
+        page_in(data)
         return decode_object(digest, data, out, base, ids=store.objects.chunk_ids)
     transient = transient and out is not None  # else the result is returned, not copied
     links, root, root_raw = _chain_objects(store, digest, header, memoryview(data), chain, cache,
@@ -194,7 +200,7 @@ def _decode_planes(digest: Digest, links: list[Link], root: Link | None,
     if root_raw is None:
         assert root is not None
         root_digest, root_header, root_view = root
-        populate_mapped(root_view)
+        page_in(root_view)
         if root_header.codec_id == codecs.SHUFFLE_ZSTD.id and root_header.element_size == size:
             _planes_of(root_digest, root_view[root_header.size:], planes, xor=False)
         else:
@@ -204,11 +210,11 @@ def _decode_planes(digest: Digest, links: list[Link], root: Link | None,
             raise CorruptChunkError(digest.hex, "a delta base of another length")
         split(root_raw, planes, size)
     if root is not None:
-        release_mapped(root[2])
+        page_out(root[2])
     for link_digest, link_header, link_view in reversed(links):
-        populate_mapped(link_view)
+        page_in(link_view)
         _planes_of(link_digest, link_view[link_header.size:], planes, xor=True)
-        release_mapped(link_view)
+        page_out(link_view)
     if out is None:
         out = memoryview(bytearray(length))
     elif len(out) != length:
@@ -242,7 +248,7 @@ def _decode_links(digest: Digest, links: list[Link], root: Link | None,
         _, root_header, _ = root
         into = (out if in_out else scratch("chain-0", length)
                 if transient and root_header.codec_id != codecs.RAW.id else None)
-        populate_mapped(root[2])
+        page_in(root[2])
         root_raw = decode_payload(*root, into)
         owned = into is not None
     if len(root_raw) != length:
@@ -254,7 +260,7 @@ def _decode_links(digest: Digest, links: list[Link], root: Link | None,
         assert codec is not None  # parse_header checked it
         last = i == len(links) - 1
         payload = link_view[link_header.size:]
-        populate_mapped(link_view)
+        page_in(link_view)
         # _chain_objects checked the payload's length and every link's raw length.
         try:
             if owned and isinstance(codec, SparseDeltaCodec) and (
@@ -283,9 +289,9 @@ def _decode_links(digest: Digest, links: list[Link], root: Link | None,
 def _done_with(link_view: memoryview, root: Link | None, i: int) -> None:
     """Release the mapped pages of a link just applied, and after the first link those
     of the root (a raw root is read in place until then)."""
-    release_mapped(link_view)
+    page_out(link_view)
     if i == 0 and root is not None:
-        release_mapped(root[2])
+        page_out(root[2])
 
 
 def _decode_links_through(digest: Digest, links: list[Link], root: Link | None,
@@ -316,10 +322,10 @@ def _decode_links_through(digest: Digest, links: list[Link], root: Link | None,
         _, root_header, _ = root
         # A raw root is read where it lies (a view, no copy); any other is decoded.
         into = buffer(len(links)) if root_header.codec_id != codecs.RAW.id else None
-        populate_mapped(root[2])
+        page_in(root[2])
         root_raw = decode_payload(*root, into)
         if into is not None:  # decoded: its mapped pages are done with
-            release_mapped(root[2])
+            page_out(root[2])
     if len(root_raw) != length or len(out) != length:
         raise CorruptChunkError(digest.hex, "a delta base of another length")
     current: bytes | memoryview = root_raw
@@ -327,7 +333,7 @@ def _decode_links_through(digest: Digest, links: list[Link], root: Link | None,
         codec = codecs.by_id(link_header.codec_id)
         assert codec is not None  # parse_header checked it
         into = buffer(len(links) - 1 - i)
-        populate_mapped(link_view)
+        page_in(link_view)
         try:
             codec.decode_onto(link_view[link_header.size:], current, into,
                               link_header.element_size)

@@ -60,6 +60,28 @@ READ_RUN_BYTES = 8 * 1024 * 1024
 READ_RUN_RAW_BYTES = 8 * 1024 * 1024
 
 
+#: A mapped member or base of at least this many bytes, read ahead unpopulated, is
+#: populated as it is decoded (a delta's header first) and released once applied
+#: (:func:`page_in`, :func:`page_out`); a smaller one is populated whole where it is
+#: first met and kept until its run is done: a few system calls per object would cost
+#: more than its pages (a sparse delta's chain of nine links of a few KiB each).
+PAGED_BYTES = 256 * 1024
+
+
+def page_in(view: bytes | memoryview) -> None:
+    """Populate a member object or base of :data:`PAGED_BYTES` or more where it is
+    mapped, before it is decoded (a smaller one was populated whole where first met)."""
+    if len(view) >= PAGED_BYTES:
+        populate_mapped(view)
+
+
+def page_out(view: bytes | memoryview) -> None:
+    """Release a member object or base of :data:`PAGED_BYTES` or more where it is
+    mapped, once it is decoded or applied."""
+    if len(view) >= PAGED_BYTES:
+        release_mapped(view)
+
+
 def missing_chunk(store: StoreHandle, digest: Digest) -> MissingChunkError:
     """The error for a chunk found missing; the index stops offering it for dedup."""
     store.index.forget_missing(CHUNK, digest)
@@ -92,9 +114,10 @@ def member_object(store: StoreHandle, digest: Digest, location: PackLocation, ra
     ``buffer`` where given (:meth:`~chunkstore.objects.objectstore.ObjectStore.open_member`).
 
     A member read ahead into a mapping is populated here (a read error raised, not met
-    as SIGBUS), all of it, or with ``paged`` only its header: the caller populates its
-    payload when it decodes it (:func:`chunkstore.backends.local.populate_mapped`) and
-    releases it after, so a chain's bases are not all resident at once."""
+    as SIGBUS), all of it, or with ``paged`` (one of :data:`PAGED_BYTES` or more) only
+    its header: the caller populates its payload when it decodes it (:func:`page_in`)
+    and releases it after (:func:`page_out`), so a chain's bases are not all resident
+    at once."""
     return fresh_on_miss(store, lambda: _member_object(store, digest, location, raw_length,
                                                        prefetched, buffer, paged))
 
@@ -106,13 +129,13 @@ def _member_object(store: StoreHandle, digest: Digest, location: PackLocation,
         check_listed_length(store, digest, location, raw_length)
         found = None if prefetched is None else prefetched.get(location)
         if found is not None:
-            if paged and not store.objects.sealed_members:  # read in place: the header now
-                populate_mapped(found[:HEADER.size + DIGEST_SIZE])
+            if paged and not store.objects.sealed_members and len(found) >= PAGED_BYTES:
+                populate_mapped(found[:HEADER.size + DIGEST_SIZE])  # the payload: page_in
                 return checked_member(store, digest, location, found, buffer)
             populate_mapped(found)
             member = checked_member(store, digest, location, found, buffer)
             if paged:  # opened into a buffer of its own: the mapped bytes are done with
-                release_mapped(found)
+                page_out(found)
             return member
         try:
             data = store.objects.member_range(location.pack, location.offset, location.length)

@@ -52,7 +52,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from chunkstore.backends.local import populate_mapped, release_mapped
+from chunkstore.backends.local import populate_mapped
 from chunkstore.codecs import PACK
 from chunkstore.errors import ChunkStoreError, CorruptChunkError
 from chunkstore.format.chunkobj import (
@@ -71,6 +71,7 @@ from chunkstore.objects.objectstore import PackEncoding
 from chunkstore.read.chain import decode_chain
 from chunkstore.read.members import (
     NO_CHAIN,
+    PAGED_BYTES,
     READ_RUN_BYTES,
     Chain,
     MemberRead,
@@ -80,6 +81,8 @@ from chunkstore.read.members import (
     fresh_on_miss,
     member_header,
     member_span,
+    page_in,
+    page_out,
     read_runs,
 )
 from chunkstore.read.scratch import member_buffer
@@ -352,11 +355,11 @@ def read_members_into(store: StoreHandle, members: list[MemberRead], hops: int =
         member = data[begin : begin + location.length]
         _decode_member(store, digest, location, member, out, chain, cache, check_links,
                        prefetched, transient=transient)
-        release_mapped(member)
+        page_out(member)
         for at in chain[1]:  # its bases read ahead (populated as they were used)
             base = None if at is None else prefetched.get(at)
             if base is not None:
-                release_mapped(base)
+                page_out(base)
 
 
 def copy_members(store: StoreHandle, pack: Digest, members: list[tuple[Digest, int, int]]
@@ -406,9 +409,11 @@ def _decode_member(store: StoreHandle, digest: Digest, location: PackLocation, d
     """Decode the member ``data`` (the bytes ``location`` names) into ``out``: opened
     by the object layer's one path for members (``transient``: a sealed one into the
     thread's scratch buffer), then checked and decoded.  Mapped bytes are populated as
-    they are read: a sealed member's all at once (opened here), else the header here
-    and the payload as it is decoded (a delta's link by link, with its bases)."""
-    populate_mapped(data if store.objects.sealed_members else data[:HEADER.size + DIGEST_SIZE])
+    they are read: a sealed member's or one listed with no chain all at once, a
+    delta's header here and its payload as it is decoded (link by link, with its
+    bases)."""
+    whole = store.objects.sealed_members or not chain[0] or len(data) < PAGED_BYTES
+    populate_mapped(data if whole else data[:HEADER.size + DIGEST_SIZE])
     opened = store.objects.open_member(digest, location, data,
                                        member_buffer(0) if transient else None)
     _decode_opened(store, digest, opened, out, chain, cache, check_links, prefetched,
@@ -421,7 +426,8 @@ def _decode_opened(store: StoreHandle, digest: Digest, data: memoryview, out: me
     header = member_header(digest, data)
     _check_member_length(digest, data, header, out)
     if header.base is None:
-        populate_mapped(data)
+        if chain[0]:  # listed with a chain, yet standalone: maybe populated only in part
+            page_in(data)
         decode_object(digest, data, out, header=header, ids=store.objects.chunk_ids)
         return
     bases, locations = chain
