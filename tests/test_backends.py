@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import mmap
 import os
 import shutil
 import signal
@@ -87,6 +88,45 @@ class TestLocalBackend(BackendConformance):
         assert [bytes(view) for view in views] == [data[5:]] * 2
         small = backend.view_range("b", 0, local.MAP_MIN_BYTES - 1)
         assert isinstance(small, bytes)  # a copy below the threshold
+
+    @pytest.mark.skipif(sys.platform != "linux", reason="reads are mapped on Linux only")
+    def test_a_range_mapped_unpopulated_reads_right_after_its_pages_are_released(
+            self, backend: Backend) -> None:
+        """A run mapped with ``populate=False``, populated and released part by part (a
+        restore's members): every part, and the whole, reads back the file's bytes
+        after its pages were dropped (the page cache keeps them); bytes that are not a
+        mapping are left alone."""
+        from chunkstore.backends import local
+        data = os.urandom(2 * local.MAP_MIN_BYTES + 123)
+        backend.put("a", data)
+        view = backend.view_range("a", 100, len(data), populate=False)
+        assert isinstance(view, memoryview) and isinstance(view.obj, mmap.mmap)
+        spans = [(i, i + 3 * mmap.PAGESIZE + 7) for i in range(0, len(view), 50_000)]
+        parts = [view[begin:end] for begin, end in spans]
+        for part in parts:
+            local.populate_mapped(part)
+            local.release_mapped(part)
+        local.release_mapped(view)
+        assert [bytes(part) for part in parts] == [data[100 + begin : 100 + end]
+                                                   for begin, end in spans]
+        assert bytes(view) == data[100:]
+        copied = memoryview(bytearray(data))
+        local.populate_mapped(copied)
+        local.release_mapped(copied)
+        local.release_mapped(b"abc")
+        assert bytes(copied) == data
+
+    def test_an_object_written_in_pieces_is_their_bytes_end_to_end(self, backend: Backend
+                                                                    ) -> None:
+        """A pack written from its pieces (writev, more pieces than one call takes, empty
+        ones among them) holds their bytes laid end to end, created once."""
+        from chunkstore.backends import local
+        pieces: list[bytes | memoryview] = [os.urandom(i % 7) for i in range(local._IOV_MAX + 300)]
+        pieces.insert(5, memoryview(os.urandom(3 * local.EAGER_SYNC_BYTES)))
+        assert backend.put_pieces_if_absent_deferred("p", pieces) is True
+        assert backend.put_pieces_if_absent_deferred("p", [b"other"]) is False
+        backend.flush()
+        assert backend.get("p") == b"".join(pieces)
 
     def test_a_small_object_is_copied_whatever_length_is_asked(self, backend: Backend) -> None:
         """The threshold applies to what the file holds in the range: a read bounded by

@@ -83,11 +83,13 @@ class Backend(abc.ABC):
         """Return up to ``length`` bytes from offset ``start`` (fewer at the end of the object)."""
         return self.get(key)[start : start + length]
 
-    def view_range(self, key: str, start: int, length: int) -> bytes | memoryview:
+    def view_range(self, key: str, start: int, length: int, *, populate: bool = True
+                   ) -> bytes | memoryview:
         """:meth:`get_range`'s bytes as a read-only buffer, which a backend may map from
         the stored object instead of copying (:class:`LocalBackend`): for a reader that
         is done with the bytes once it has decoded them.  The bytes never change while
-        the buffer is referenced (a store never rewrites an object in place)."""
+        the buffer is referenced (a store never rewrites an object in place).
+        ``populate=False``: a mapping is left unpopulated (see the local backend's)."""
         return self.get_range(key, start, length)
 
     def read_into(self, key: str, start: int, buffer: memoryview) -> int:
@@ -135,6 +137,13 @@ class Backend(abc.ABC):
         simply ``put_if_absent``, durable on return.
         """
         return self.put_if_absent(key, data)
+
+    def put_pieces_if_absent_deferred(self, key: str, pieces: Sequence[bytes | memoryview]
+                                      ) -> bool:
+        """:meth:`put_if_absent_deferred` of the object ``pieces`` laid end to end (a
+        pack: its header and members).  The default joins them first; a backend that
+        writes them as they are (:class:`LocalBackend`) saves a copy of the object."""
+        return self.put_if_absent_deferred(key, b"".join(pieces))
 
     def delete_many(self, keys: Sequence[str]) -> None:
         """:meth:`delete` every key (a missing one is skipped): each removal durable on

@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import ClassVar
 
+import numpy as np
+
 from chunkstore.backends.base import Backend, ObjectInfo
 from chunkstore.backends.folderstamp import file_system_of, folder_stamp
 from chunkstore.errors import StorageFullError
@@ -122,6 +124,10 @@ _LINKAT = _load_linkat()
 _UNKNOWN = "?"
 _AT_FDCWD = -100
 _AT_SYMLINK_FOLLOW = 0x400
+#: An object's bytes, or its pieces laid end to end (a pack written without a join).
+_Data = bytes | memoryview | list[bytes | memoryview]
+#: Pieces one ``writev`` takes (the system's limit, 1024 on Linux).
+_IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 16
 _OPEN_FLAGS_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -192,7 +198,12 @@ class LocalBackend(Backend):
         """``put_if_absent`` without fsyncs when batching: durable after :meth:`flush`."""
         return self._link_new(key, data, deferred=self.batch_sync)
 
-    def _link_new(self, key: str, data: bytes | memoryview, *, deferred: bool) -> bool:
+    def put_pieces_if_absent_deferred(self, key: str, pieces: Sequence[bytes | memoryview]
+                                      ) -> bool:
+        """Written piece by piece (``writev``): no joined copy of a pack in memory."""
+        return self._link_new(key, [*pieces], deferred=self.batch_sync)
+
+    def _link_new(self, key: str, data: _Data, *, deferred: bool) -> bool:
         target = self._path(key)
         if deferred:
             # Noted before the write: whatever lands there (or is found there, made
@@ -201,7 +212,7 @@ class LocalBackend(Backend):
         # Deferred: a large object is still fsynced now, in this worker thread, so
         # its write-back overlaps the hashing of the next ones; small ones and
         # the directory entry wait for the syncfs in flush().
-        sync = not deferred or len(data) >= EAGER_SYNC_BYTES
+        sync = not deferred or _length(data) >= EAGER_SYNC_BYTES
         with _space_as_typed(key):
             created = self._link_unnamed(target, data, sync) if self._unnamed else None
         if created is not None:
@@ -224,7 +235,7 @@ class LocalBackend(Backend):
             _sync_found(target, created)
         return created
 
-    def _link_unnamed(self, target: str, data: bytes | memoryview, sync: bool) -> bool | None:
+    def _link_unnamed(self, target: str, data: _Data, sync: bool) -> bool | None:
         """Create ``target`` from an ``O_TMPFILE`` file: True if created, False if it
         existed; None where the filesystem cannot (then never tried again)."""
         directory = os.path.dirname(target)
@@ -371,10 +382,15 @@ class LocalBackend(Backend):
             finally:
                 os.close(fd)
 
-    def view_range(self, key: str, start: int, length: int) -> bytes | memoryview:
+    def view_range(self, key: str, start: int, length: int, *, populate: bool = True
+                   ) -> bytes | memoryview:
         """The file's bytes mapped read-only where the range read holds at least
         :data:`MAP_MIN_BYTES` (populated at once, where the kernel reports a read error
-        doing so), else :meth:`get_range`'s.  A mapped range costs no copy and no fresh
+        doing so), else :meth:`get_range`'s.  ``populate=False``: a mapped range is left
+        unpopulated, for a reader that populates each part just before it reads it
+        (:func:`populate_mapped`, which raises the read error) and releases it once
+        decoded (:func:`release_mapped`): what the process holds resident is then one
+        part of the range, not all of it.  A mapped range costs no copy and no fresh
         memory: a restore in a new process paid a page fault per 4 KiB of every buffer
         it read packs into (docs/performance.md, resume as a job: a new process
         restored an MLP's 126 MB state in 1.20x torch.load's time, against 1.57x for the
@@ -397,7 +413,7 @@ class LocalBackend(Backend):
                 if length >= MAP_MIN_BYTES and advice is not None and LocalBackend.map_reads:
                     end = min(os.fstat(fd).st_size, start + length)
                     if end - start >= MAP_MIN_BYTES:  # else what the file holds is small
-                        mapped = _mapped(fd, start, end, advice)
+                        mapped = _mapped(fd, start, end, advice if populate else None)
                         if mapped is not None:
                             return mapped
                 return _pread(fd, start, length)
@@ -449,7 +465,7 @@ class LocalBackend(Backend):
             raise ValueError(f"key {key!r} would be taken for a temp file")
         return os.path.join(self.root, *parts)
 
-    def _write_temp(self, target: str, data: bytes | memoryview, sync: bool = True) -> str:
+    def _write_temp(self, target: str, data: _Data, sync: bool = True) -> str:
         """Write ``data`` to a fresh temp file beside ``target`` (fsynced unless ``sync``
         is false); return its path."""
         directory = os.path.dirname(target)
@@ -564,11 +580,29 @@ def _check_range(start: int, length: int) -> None:
         raise ValueError(f"invalid range: start={start}, length={length}")
 
 
-def _write_all(fd: int, data: bytes | memoryview) -> None:
-    view = memoryview(data).cast("B")
-    written = 0
-    while written < len(view):
-        written += os.write(fd, view[written:])
+def _length(data: _Data) -> int:
+    return sum(map(len, data)) if isinstance(data, list) else len(data)
+
+
+def _write_all(fd: int, data: _Data) -> None:
+    """Write ``data`` (an object's bytes, or its pieces in order: ``writev``) whole."""
+    if not isinstance(data, list):
+        view = memoryview(data).cast("B")
+        written = 0
+        while written < len(view):
+            written += os.write(fd, view[written:])
+        return
+    views = [memoryview(piece).cast("B") for piece in data if len(piece)]
+    first = 0
+    while first < len(views):
+        written = os.writev(fd, views[first : first + _IOV_MAX])
+        while written:  # past the pieces written whole, into one written in part
+            if written >= len(views[first]):
+                written -= len(views[first])
+                first += 1
+            else:
+                views[first] = views[first][written:]
+                written = 0
 
 
 def _make_dirs_durably(directory: str) -> None:
@@ -677,14 +711,16 @@ def _pread(fd: int, start: int, length: int) -> bytes:
     return b"".join(parts)
 
 
-def _mapped(fd: int, start: int, end: int, advice: int) -> memoryview | None:
-    """Bytes ``start`` to ``end`` of ``fd`` mapped read-only and populated; None where
-    they cannot be (the caller reads them instead)."""
+def _mapped(fd: int, start: int, end: int, advice: int | None) -> memoryview | None:
+    """Bytes ``start`` to ``end`` of ``fd`` mapped read-only and populated (``advice``;
+    None: left unpopulated); None where they cannot be (the caller reads them instead)."""
     aligned = start - start % mmap.ALLOCATIONGRANULARITY
     try:
         mapped = mmap.mmap(fd, end - aligned, access=mmap.ACCESS_READ, offset=aligned)
     except (OSError, ValueError):  # no mmap on this filesystem, no map left to the process
         return None
+    if advice is None:
+        return memoryview(mapped)[start - aligned:]
     try:
         mapped.madvise(advice)
     except OSError as exc:
@@ -693,3 +729,51 @@ def _mapped(fd: int, start: int, end: int, advice: int) -> memoryview | None:
             LocalBackend.map_reads = False
         return None
     return memoryview(mapped)[start - aligned:]  # read-only, as the mapping is
+
+
+def _mapped_pages(view: bytes | memoryview, outward: bool) -> tuple[mmap.mmap, int, int] | None:
+    """The mapping of :meth:`LocalBackend.view_range` that ``view`` is a part of and
+    the page-aligned span of it that ``view`` covers (``outward``: every page it
+    touches; else only those wholly inside it), or None for bytes not mapped there."""
+    mapping = view.obj if isinstance(view, memoryview) else None
+    if not isinstance(mapping, mmap.mmap) or not len(view):
+        return None
+    base = np.frombuffer(mapping, np.uint8).ctypes.data
+    begin = int(np.frombuffer(view, np.uint8).ctypes.data) - base
+    end = begin + len(view)
+    page = mmap.PAGESIZE
+    if outward:
+        begin, end = begin - begin % page, min(-(-end // page) * page, len(mapping))
+    else:
+        begin, end = -(-begin // page) * page, end - end % page
+    return (mapping, begin, end) if end > begin else None
+
+
+def populate_mapped(view: bytes | memoryview) -> None:
+    """Populate the pages of ``view`` where it is a part of a range mapped with
+    ``populate=False`` (:meth:`LocalBackend.view_range`), before it is read: a read error
+    is raised here (``OSError``), never met as SIGBUS by the reader.  Nothing for bytes
+    not mapped."""
+    span = _mapped_pages(view, outward=True)
+    if span is None or _POPULATE_READ is None:
+        return
+    mapping, begin, end = span
+    try:
+        mapping.madvise(_POPULATE_READ, begin, end - begin)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+        LocalBackend.map_reads = False  # a kernel before 5.14: copy from now on
+
+
+def release_mapped(view: bytes | memoryview) -> None:
+    """Drop the pages wholly inside ``view`` from the process's resident memory where it
+    is a part of a mapped range (``MADV_DONTNEED`` on a read-only file mapping: the
+    page cache keeps them; a later read maps them again, populated first by
+    :func:`populate_mapped`), for a reader done with it while the rest of the range is
+    still to be read.  Nothing for bytes not mapped."""
+    span = _mapped_pages(view, outward=False)
+    if span is None:
+        return
+    mapping, begin, end = span
+    mapping.madvise(mmap.MADV_DONTNEED, begin, end - begin)

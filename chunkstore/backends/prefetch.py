@@ -53,10 +53,11 @@ class PrefetchBackend(ForwardingBackend):
             return self.inner.get_range(key, start, length)
         return data[start:start + length]
 
-    def view_range(self, key: str, start: int, length: int) -> bytes | memoryview:
+    def view_range(self, key: str, start: int, length: int, *, populate: bool = True
+                   ) -> bytes | memoryview:
         data = self._copy(key)
         if data is None:
-            return self.inner.view_range(key, start, length)
+            return self.inner.view_range(key, start, length, populate=populate)
         return memoryview(data)[start:start + length]
 
     def read_into(self, key: str, start: int, buffer: memoryview) -> int:

@@ -74,13 +74,14 @@ class ForwardingBackend(Backend):
         """Forward to ``inner.get_range``."""
         return self.inner.get_range(key, start, length)
 
-    def view_range(self, key: str, start: int, length: int) -> bytes | memoryview:
+    def view_range(self, key: str, start: int, length: int, *, populate: bool = True
+                   ) -> bytes | memoryview:
         """Forward to ``inner.view_range``; a subclass that intercepts ``get_range`` gets
         every ranged read there instead (counting, fault injection), unless it
         intercepts this method too."""
         if type(self).get_range is not ForwardingBackend.get_range:
             return self.get_range(key, start, length)
-        return self.inner.view_range(key, start, length)
+        return self.inner.view_range(key, start, length, populate=populate)
 
     def read_into(self, key: str, start: int, buffer: memoryview) -> int:
         """Forward to ``inner.read_into``."""

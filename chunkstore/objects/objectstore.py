@@ -166,9 +166,21 @@ class ObjectStore:
         return self.backend.put_if_absent(key, self._encoded(kind, key, data))
 
     def put_if_absent_deferred(self, kind: Kind[IdT], object_id: IdT, data: Encoded) -> bool:
-        """:meth:`put_if_absent` whose durability may wait for the next :meth:`flush`."""
+        """:meth:`put_if_absent` whose durability may wait for the next :meth:`flush`.
+        A pack of a store that keeps objects as encoded goes to the backend in pieces
+        (a local store writes them without joining them: one pack's bytes less in
+        memory per pack a save writes at once)."""
         key = kind.key(object_id)
+        if isinstance(data, PackEncoding) and self._keeps_pieces():
+            return self.backend.put_pieces_if_absent_deferred(key, data.pieces())
         return self.backend.put_if_absent_deferred(key, self._encoded(kind, key, data))
+
+    def _keeps_pieces(self) -> bool:
+        """Whether a pack is stored as its pieces laid end to end (no transform)."""
+        cls = type(self)
+        return (cls._stored is ObjectStore._stored
+                and cls._stored_pieces is ObjectStore._stored_pieces
+                and cls._stored_pack is ObjectStore._stored_pack)
 
     def flush(self) -> None:
         """Make every write so far durable (the step before a commit point)."""
@@ -186,16 +198,17 @@ class ObjectStore:
         key = kind.key(object_id)
         return self._loaded_range(kind, key, start, self.backend.get_range(key, start, length))
 
-    def view_range(self, kind: Kind[IdT], object_id: IdT, start: int, length: int
-                   ) -> bytes | memoryview:
+    def view_range(self, kind: Kind[IdT], object_id: IdT, start: int, length: int, *,
+                   populate: bool = True) -> bytes | memoryview:
         """:meth:`get_range` as a read-only buffer that may map the stored object
         (a local store's larger ranges: no copy, and no fresh memory to fault in), for
         bytes that are decoded and dropped.  Keeping it keeps the mapping.  A store
         whose objects are transformed (:meth:`_loaded_range` overridden) gets
-        :meth:`get_range`'s bytes."""
+        :meth:`get_range`'s bytes.  ``populate=False``: a mapping is left unpopulated
+        (:meth:`chunkstore.backends.local.LocalBackend.view_range`)."""
         if type(self)._loaded_range is not ObjectStore._loaded_range:
             return self.get_range(kind, object_id, start, length)
-        return self.backend.view_range(kind.key(object_id), start, length)
+        return self.backend.view_range(kind.key(object_id), start, length, populate=populate)
 
     def read_into(self, kind: Kind[IdT], object_id: IdT, start: int,
                   buffer: memoryview) -> int:
@@ -259,12 +272,14 @@ class ObjectStore:
         """The length a pack location lists for a member object of ``length`` bytes."""
         return length
 
-    def member_range(self, pack: Digest, start: int, length: int) -> bytes | memoryview:
+    def member_range(self, pack: Digest, start: int, length: int, *, populate: bool = True
+                     ) -> bytes | memoryview:
         """The bytes of ``pack`` from location offset ``start`` (one ranged read for a run
-        of neighbouring members, which may map the stored object): cut each member out by
-        its location and pass it to :meth:`open_member`.  ``FileNotFoundError`` when the
-        pack is not stored."""
-        return self.view_range(CHUNKS, pack, HEADER.size + start, length)
+        of neighbouring members, which may map the stored object; ``populate=False``: a
+        mapping left unpopulated, each member populated as it is read): cut each member
+        out by its location and pass it to :meth:`open_member`.  ``FileNotFoundError``
+        when the pack is not stored."""
+        return self.view_range(CHUNKS, pack, HEADER.size + start, length, populate=populate)
 
     def open_member(self, digest: Digest, location: PackLocation,
                     data: bytes | memoryview, buffer: MemberBuffer | None = None

@@ -180,10 +180,10 @@ class SealedObjects(ObjectStore):
         out = scratch(length)
         return bytes(out[:self._read(kind, key, start, out)])  # bytes, as readers expect
 
-    def view_range(self, kind: Kind[IdT], object_id: IdT, start: int, length: int
-                   ) -> bytes | memoryview:
+    def view_range(self, kind: Kind[IdT], object_id: IdT, start: int, length: int, *,
+                   populate: bool = True) -> bytes | memoryview:
         """:meth:`get_range` as a read-only buffer opened straight into fresh memory, for
-        bytes that are decoded and dropped (no copy into a ``bytes``)."""
+        bytes that are decoded and dropped (no copy into a ``bytes``; never a mapping)."""
         key = kind.key(object_id)
         if kind in CLEAR_KINDS or length <= 0:
             return self.get_range(kind, object_id, start, length)
@@ -222,11 +222,12 @@ class SealedObjects(ObjectStore):
     def member_length(self, length: int) -> int:
         return stored_size(length, self.sealer.segment) if self.sealed_members else length
 
-    def member_range(self, pack: Digest, start: int, length: int) -> bytes | memoryview:
+    def member_range(self, pack: Digest, start: int, length: int, *, populate: bool = True
+                     ) -> bytes | memoryview:
         """The stored bytes themselves: each member is opened on its own."""
         if not self.sealed_members:
-            return super().member_range(pack, start, length)
-        return self.backend.view_range(CHUNKS.key(pack), start, length)
+            return super().member_range(pack, start, length, populate=populate)
+        return self.backend.view_range(CHUNKS.key(pack), start, length, populate=populate)
 
     def open_member(self, digest: Digest, location: PackLocation,
                     data: bytes | memoryview, buffer: MemberBuffer | None = None

@@ -53,7 +53,14 @@ from chunkstore.format.manifest import PackLocation
 from chunkstore.handle.caches import BaseCache
 from chunkstore.objects.kinds import CHUNKS
 from chunkstore.objects.objectstore import MemberBuffer
-from chunkstore.read.members import Locations, Prefetched, member_object, missing_chunk
+from chunkstore.read.members import (
+    Locations,
+    Prefetched,
+    member_object,
+    missing_chunk,
+    page_in,
+    page_out,
+)
 from chunkstore.read.scratch import member_buffer, scratch
 
 if TYPE_CHECKING:
@@ -61,14 +68,15 @@ if TYPE_CHECKING:
 
 
 def _get(store: StoreHandle, digest: Digest, location: PackLocation | None, raw_length: int,
-         prefetched: Prefetched | None = None, buffer: MemberBuffer | None = None
-         ) -> bytes | memoryview:
+         prefetched: Prefetched | None = None, buffer: MemberBuffer | None = None, *,
+         paged: bool = False) -> bytes | memoryview:
     """The object of ``digest`` (of ``raw_length`` raw bytes): stored under its key, or
     the member object at ``location`` inside a pack (bounded by that length before it
     is read; from ``prefetched`` where it was read ahead; a sealed one opened into
     ``buffer`` where given)."""
     if location is not None:
-        return member_object(store, digest, location, raw_length, prefetched, buffer)
+        return member_object(store, digest, location, raw_length, prefetched, buffer,
+                             paged=paged)
     try:
         # At most one byte more than any object of raw_length bytes can be: a padded
         # object is refused by its header check without being read whole.
@@ -113,9 +121,15 @@ def decode_chain(store: StoreHandle, digest: Digest, data: bytes | memoryview,
     its runs in place, onto a buffer of this decode's own).  ``transient`` (a read job
     of :func:`chunkstore.read.reader.run_jobs`): the links before the last are
     decoded into the thread's scratch buffers (:mod:`chunkstore.read.scratch`).
+
+    ``data`` and the bases a reader read ahead may be mapped and populated no further
+    than their headers (:func:`chunkstore.read.packs.read_members_into`): each object
+    is populated just before its payload is decoded and its pages released once it
+    is applied, so one job holds about one link's mapped pages, not the chain's.
     """
     header = parse_header(digest, data)
     if header.base is None or not _is_delta(header.codec_id):
+        page_in(data)
         return decode_object(digest, data, out, header=header, ids=store.objects.chunk_ids)
     _check_base(digest, header, chain)
     if out is not None and header.raw_length != len(out):  # before any base is read
@@ -125,6 +139,7 @@ def decode_chain(store: StoreHandle, digest: Digest, data: bytes | memoryview,
         base = base_bytes(store, chain[0], chain[1:], header.raw_length, cache,
                           check_links=True, location=_at(locations, 0),
                           locations=locations[1:], prefetched=prefetched)
+        page_in(data)
         return decode_object(digest, data, out, base, ids=store.objects.chunk_ids)
     transient = transient and out is not None  # else the result is returned, not copied
     links, root, root_raw = _chain_objects(store, digest, header, memoryview(data), chain, cache,
@@ -166,7 +181,7 @@ def _chain_objects(store: StoreHandle, digest: Digest, header: ChunkHeader, view
         at = _at(locations, len(links) - 1)
         current, rest = rest[0], rest[1:]
         view = memoryview(_get(store, current, at, links[0][1].raw_length, prefetched,
-                               member_buffer(len(links)) if transient else None))
+                               member_buffer(len(links)) if transient else None, paged=True))
         header = parse_header(current, view)
 
 
@@ -185,6 +200,7 @@ def _decode_planes(digest: Digest, links: list[Link], root: Link | None,
     if root_raw is None:
         assert root is not None
         root_digest, root_header, root_view = root
+        page_in(root_view)
         if root_header.codec_id == codecs.SHUFFLE_ZSTD.id and root_header.element_size == size:
             _planes_of(root_digest, root_view[root_header.size:], planes, xor=False)
         else:
@@ -193,8 +209,12 @@ def _decode_planes(digest: Digest, links: list[Link], root: Link | None,
         if len(root_raw) != length:
             raise CorruptChunkError(digest.hex, "a delta base of another length")
         split(root_raw, planes, size)
+    if root is not None:
+        page_out(root[2])
     for link_digest, link_header, link_view in reversed(links):
+        page_in(link_view)
         _planes_of(link_digest, link_view[link_header.size:], planes, xor=True)
+        page_out(link_view)
     if out is None:
         out = memoryview(bytearray(length))
     elif len(out) != length:
@@ -228,6 +248,7 @@ def _decode_links(digest: Digest, links: list[Link], root: Link | None,
         _, root_header, _ = root
         into = (out if in_out else scratch("chain-0", length)
                 if transient and root_header.codec_id != codecs.RAW.id else None)
+        page_in(root[2])
         root_raw = decode_payload(*root, into)
         owned = into is not None
     if len(root_raw) != length:
@@ -239,12 +260,14 @@ def _decode_links(digest: Digest, links: list[Link], root: Link | None,
         assert codec is not None  # parse_header checked it
         last = i == len(links) - 1
         payload = link_view[link_header.size:]
+        page_in(link_view)
         # _chain_objects checked the payload's length and every link's raw length.
         try:
             if owned and isinstance(codec, SparseDeltaCodec) and (
                     not (last and out is not None) or current is out):
                 assert isinstance(current, memoryview)
                 codec.apply_in_place(payload, current, link_header.element_size)
+                _done_with(link_view, root, i)
                 continue
             if last and out is not None:
                 into = out
@@ -257,9 +280,18 @@ def _decode_links(digest: Digest, links: list[Link], root: Link | None,
         except (ValueError, struct.error) as exc:
             raise CorruptChunkError(link_digest.hex, f"{codec.name} payload does not decode:"
                                     f" {exc}") from exc
+        _done_with(link_view, root, i)
         current, owned = into, True
     check_digest(digest, current, ids)
     return current
+
+
+def _done_with(link_view: memoryview, root: Link | None, i: int) -> None:
+    """Release the mapped pages of a link just applied, and after the first link those
+    of the root (a raw root is read in place until then)."""
+    page_out(link_view)
+    if i == 0 and root is not None:
+        page_out(root[2])
 
 
 def _decode_links_through(digest: Digest, links: list[Link], root: Link | None,
@@ -290,7 +322,10 @@ def _decode_links_through(digest: Digest, links: list[Link], root: Link | None,
         _, root_header, _ = root
         # A raw root is read where it lies (a view, no copy); any other is decoded.
         into = buffer(len(links)) if root_header.codec_id != codecs.RAW.id else None
+        page_in(root[2])
         root_raw = decode_payload(*root, into)
+        if into is not None:  # decoded: its mapped pages are done with
+            page_out(root[2])
     if len(root_raw) != length or len(out) != length:
         raise CorruptChunkError(digest.hex, "a delta base of another length")
     current: bytes | memoryview = root_raw
@@ -298,12 +333,14 @@ def _decode_links_through(digest: Digest, links: list[Link], root: Link | None,
         codec = codecs.by_id(link_header.codec_id)
         assert codec is not None  # parse_header checked it
         into = buffer(len(links) - 1 - i)
+        page_in(link_view)
         try:
             codec.decode_onto(link_view[link_header.size:], current, into,
                               link_header.element_size)
         except (ValueError, struct.error) as exc:
             raise CorruptChunkError(link_digest.hex, f"{codec.name} payload does not decode:"
                                     f" {exc}") from exc
+        _done_with(link_view, root, i)
         current = into
     check_digest(digest, out, ids)
     return out

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from chunkstore import codecs
+from chunkstore.backends.local import populate_mapped, release_mapped
 from chunkstore.codecs import PACK
 from chunkstore.errors import CorruptChunkError, MissingChunkError
 from chunkstore.format.chunkobj import (
@@ -39,7 +40,7 @@ _T = TypeVar("_T")
 #: order; empty when every base is an object of its own.
 Locations = tuple[PackLocation | None, ...]
 #: Member objects of packed bases a reader read ahead, by listed location
-#: (:func:`chunkstore.read.packs.prefetch_bases`).
+#: (:func:`chunkstore.read.packs.prefetch_bases`; mapped ones unpopulated until used).
 Prefetched = dict[PackLocation, memoryview]
 #: A member's listed delta chain and where each base lies (empty for a standalone one).
 Chain = tuple[tuple[Digest, ...], Locations]
@@ -57,6 +58,28 @@ READ_RUN_BYTES = 8 * 1024 * 1024
 #: deltas that compress well (sparse updates of an embedding table: 260 MB decoded from
 #: one 8 MiB read) would otherwise leave every core but one idle.
 READ_RUN_RAW_BYTES = 8 * 1024 * 1024
+
+
+#: A mapped member or base of at least this many bytes, read ahead unpopulated, is
+#: populated as it is decoded (a delta's header first) and released once applied
+#: (:func:`page_in`, :func:`page_out`); a smaller one is populated whole where it is
+#: first met and kept until its run is done: a few system calls per object would cost
+#: more than its pages (a sparse delta's chain of nine links of a few KiB each).
+PAGED_BYTES = 256 * 1024
+
+
+def page_in(view: bytes | memoryview) -> None:
+    """Populate a member object or base of :data:`PAGED_BYTES` or more where it is
+    mapped, before it is decoded (a smaller one was populated whole where first met)."""
+    if len(view) >= PAGED_BYTES:
+        populate_mapped(view)
+
+
+def page_out(view: bytes | memoryview) -> None:
+    """Release a member object or base of :data:`PAGED_BYTES` or more where it is
+    mapped, once it is decoded or applied."""
+    if len(view) >= PAGED_BYTES:
+        release_mapped(view)
 
 
 def missing_chunk(store: StoreHandle, digest: Digest) -> MissingChunkError:
@@ -82,25 +105,38 @@ def fresh_on_miss(store: StoreHandle, attempt: Callable[[], _T]) -> _T:
 
 
 def member_object(store: StoreHandle, digest: Digest, location: PackLocation, raw_length: int,
-                  prefetched: Prefetched | None = None, buffer: MemberBuffer | None = None
-                  ) -> memoryview:
+                  prefetched: Prefetched | None = None, buffer: MemberBuffer | None = None,
+                  *, paged: bool = False) -> memoryview:
     """The member object of packed chunk ``digest`` at ``location`` (a base to decode,
     of ``raw_length`` raw bytes): bounded by that length before it is read, taken from
     ``prefetched`` (:func:`chunkstore.read.packs.prefetch_bases`) or read by range,
     following moved records, its header and length checked; a sealed member opened into
-    ``buffer`` where given (:meth:`~chunkstore.objects.objectstore.ObjectStore.open_member`)."""
+    ``buffer`` where given (:meth:`~chunkstore.objects.objectstore.ObjectStore.open_member`).
+
+    A member read ahead into a mapping is populated here (a read error raised, not met
+    as SIGBUS), all of it, or with ``paged`` (one of :data:`PAGED_BYTES` or more) only
+    its header: the caller populates its payload when it decodes it (:func:`page_in`)
+    and releases it after (:func:`page_out`), so a chain's bases are not all resident
+    at once."""
     return fresh_on_miss(store, lambda: _member_object(store, digest, location, raw_length,
-                                                       prefetched, buffer))
+                                                       prefetched, buffer, paged))
 
 
 def _member_object(store: StoreHandle, digest: Digest, location: PackLocation,
                    raw_length: int, prefetched: Prefetched | None,
-                   buffer: MemberBuffer | None) -> memoryview:
+                   buffer: MemberBuffer | None, paged: bool = False) -> memoryview:
     for hops in range(MAX_HOPS + 1):
         check_listed_length(store, digest, location, raw_length)
         found = None if prefetched is None else prefetched.get(location)
         if found is not None:
-            return checked_member(store, digest, location, found, buffer)
+            if paged and not store.objects.sealed_members and len(found) >= PAGED_BYTES:
+                populate_mapped(found[:HEADER.size + DIGEST_SIZE])  # the payload: page_in
+                return checked_member(store, digest, location, found, buffer)
+            populate_mapped(found)
+            member = checked_member(store, digest, location, found, buffer)
+            if paged:  # opened into a buffer of its own: the mapped bytes are done with
+                page_out(found)
+            return member
         try:
             data = store.objects.member_range(location.pack, location.offset, location.length)
         except FileNotFoundError:

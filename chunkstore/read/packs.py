@@ -52,6 +52,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from chunkstore.backends.local import populate_mapped
 from chunkstore.codecs import PACK
 from chunkstore.errors import ChunkStoreError, CorruptChunkError
 from chunkstore.format.chunkobj import (
@@ -70,6 +71,7 @@ from chunkstore.objects.objectstore import PackEncoding
 from chunkstore.read.chain import decode_chain
 from chunkstore.read.members import (
     NO_CHAIN,
+    PAGED_BYTES,
     READ_RUN_BYTES,
     Chain,
     MemberRead,
@@ -79,6 +81,8 @@ from chunkstore.read.members import (
     fresh_on_miss,
     member_header,
     member_span,
+    page_in,
+    page_out,
     read_runs,
 )
 from chunkstore.read.scratch import member_buffer
@@ -309,7 +313,8 @@ def prefetch_bases(store: StoreHandle, members: list[MemberRead], cache: BaseCac
             continue
         budget -= end - start
         try:
-            data = memoryview(store.objects.member_range(run[0][1].pack, start, end - start))
+            data = memoryview(store.objects.member_range(run[0][1].pack, start, end - start,
+                                                         populate=False))
         except FileNotFoundError:
             continue
         for _, location, _, _ in run:
@@ -332,8 +337,8 @@ def read_members_into(store: StoreHandle, members: list[MemberRead], hops: int =
     for digest, location, out, _ in members:  # bounded before anything is read
         check_listed_length(store, digest, location, len(out))
     start, end = member_span(members)
-    try:
-        data = memoryview(store.objects.member_range(pack, start, end - start))
+    try:  # a mapped run is populated and released member by member (each with its bases)
+        data = memoryview(store.objects.member_range(pack, start, end - start, populate=False))
     except FileNotFoundError:
         def forwarded() -> None:
             for run in read_runs(forward_members(store, members, hops)):
@@ -347,8 +352,14 @@ def read_members_into(store: StoreHandle, members: list[MemberRead], hops: int =
     prefetched = prefetch_bases(store, members, cache)
     for digest, location, out, chain in members:
         begin = location.offset - start
-        _decode_member(store, digest, location, data[begin : begin + location.length], out,
-                       chain, cache, check_links, prefetched, transient=transient)
+        member = data[begin : begin + location.length]
+        _decode_member(store, digest, location, member, out, chain, cache, check_links,
+                       prefetched, transient=transient)
+        page_out(member)
+        for at in chain[1]:  # its bases read ahead (populated as they were used)
+            base = None if at is None else prefetched.get(at)
+            if base is not None:
+                page_out(base)
 
 
 def copy_members(store: StoreHandle, pack: Digest, members: list[tuple[Digest, int, int]]
@@ -397,7 +408,12 @@ def _decode_member(store: StoreHandle, digest: Digest, location: PackLocation, d
                    transient: bool = False) -> None:
     """Decode the member ``data`` (the bytes ``location`` names) into ``out``: opened
     by the object layer's one path for members (``transient``: a sealed one into the
-    thread's scratch buffer), then checked and decoded."""
+    thread's scratch buffer), then checked and decoded.  Mapped bytes are populated as
+    they are read: a sealed member's or one listed with no chain all at once, a
+    delta's header here and its payload as it is decoded (link by link, with its
+    bases)."""
+    whole = store.objects.sealed_members or not chain[0] or len(data) < PAGED_BYTES
+    populate_mapped(data if whole else data[:HEADER.size + DIGEST_SIZE])
     opened = store.objects.open_member(digest, location, data,
                                        member_buffer(0) if transient else None)
     _decode_opened(store, digest, opened, out, chain, cache, check_links, prefetched,
@@ -410,6 +426,8 @@ def _decode_opened(store: StoreHandle, digest: Digest, data: memoryview, out: me
     header = member_header(digest, data)
     _check_member_length(digest, data, header, out)
     if header.base is None:
+        if chain[0]:  # listed with a chain, yet standalone: maybe populated only in part
+            page_in(data)
         decode_object(digest, data, out, header=header, ids=store.objects.chunk_ids)
         return
     bases, locations = chain
