@@ -337,12 +337,17 @@ def test_a_save_leaves_nothing_for_the_cyclic_garbage_collector(
                 raise OSError("disk full (injected)")
             return healthy(key, data)
 
+        def failing_pieces(key: str, pieces: list[bytes | memoryview]) -> bool:
+            return failing(key, b"".join(pieces))  # a pack: its pieces (a local store)
+
         store.backend.put_if_absent_deferred = failing  # type: ignore[method-assign]
+        store.backend.put_pieces_if_absent_deferred = failing_pieces  # type: ignore[method-assign]
         try:
             with pytest.raises(OSError, match="injected"):
                 save(store, step)
         finally:
             del store.backend.put_if_absent_deferred
+            del store.backend.put_pieces_if_absent_deferred
 
     def three_saves(store: chunkstore.Store) -> None:
         for step, run in ((1, save), (2, save), (3, failing_save)):  # 2: a parent

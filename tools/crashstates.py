@@ -141,6 +141,7 @@ class Recorder:
         proxy = types.SimpleNamespace(**{name: getattr(os, name) for name in dir(os)
                                          if not name.startswith("__")})
         proxy.open, proxy.write, proxy.close = self._open, self._write, self._close
+        proxy.writev = self._writev
         proxy.fsync, proxy.replace, proxy.link = self._fsync, self._replace, self._link
         proxy.unlink, proxy.stat = self._unlink, self._stat
         stack = contextlib.ExitStack()
@@ -235,6 +236,19 @@ class Recorder:
             kind, inode = self._fds.get(fd, ("", None))
             if kind == "file" and inode >= 0:
                 self.recording.data[inode] += bytes(memoryview(data).cast("B")[:written])
+                self.recording.ops.append(Op("write", inode=inode,
+                                             device=self._inode_devices[inode]))
+            return written
+
+    def _writev(self, fd: int, pieces: Any) -> int:
+        """``os.writev``, recorded as the one write of the pieces laid end to end that it
+        is (a pack written from its parts)."""
+        with self._lock:
+            written = os.writev(fd, pieces)
+            kind, inode = self._fds.get(fd, ("", None))
+            if kind == "file" and inode >= 0:
+                self.recording.data[inode] += b"".join(
+                    bytes(memoryview(piece).cast("B")) for piece in pieces)[:written]
                 self.recording.ops.append(Op("write", inode=inode,
                                              device=self._inode_devices[inode]))
             return written
