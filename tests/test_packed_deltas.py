@@ -69,6 +69,20 @@ def pack_path(store: chunkstore.Store, pack: Digest) -> Path:
     return Path(store.url) / CHUNKS.key(pack)
 
 
+def flip_last_byte_then_read(store: chunkstore.Store, at: PackLocation | None,
+                             version: str) -> None:
+    """Flip the last byte of the member at ``at``: reading ``emb`` of ``version`` is then
+    a CorruptChunkError (the hash check), whatever the read path."""
+    assert at is not None
+    path = pack_path(store, at.pack)
+    data = bytearray(path.read_bytes())
+    data[HEADER.size + at.offset + at.length - 1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    store.base_cache.clear()
+    with pytest.raises(CorruptChunkError):
+        store.open_version(version).get("emb")
+
+
 def ranged_reads(store: chunkstore.Store, monkeypatch: pytest.MonkeyPatch
                  ) -> list[tuple[str, int]]:
     """From now on, every ranged read of the store's backend, copied or mapped:
@@ -285,15 +299,7 @@ def test_a_restore_reads_the_packed_bases_of_neighbouring_chunks_together(
     assert len(reads) == 1 + 2 * len(listed.chunks), reads
     monkeypatch.undo()
     # A flipped byte in a prefetched base is caught by the hash check, as before.
-    at = listed.chain_locations(0)[0]
-    assert at is not None
-    path = pack_path(store, at.pack)
-    data = bytearray(path.read_bytes())
-    data[HEADER.size + at.offset + at.length - 1] ^= 0xFF
-    path.write_bytes(bytes(data))
-    store.base_cache.clear()
-    with pytest.raises(CorruptChunkError):
-        store.open_version(ids[-1]).get("emb")
+    flip_last_byte_then_read(store, listed.chain_locations(0)[0], ids[-1])
 
 
 def test_a_delta_member_of_an_older_chunk_format_is_refused(store: chunkstore.Store) -> None:
@@ -593,12 +599,4 @@ def test_members_read_after_their_runs_pages_were_released_read_right(
     mapped = local.MAP_MIN_BYTES == 1  # the read mode that maps every ranged read
     assert bool(released) == mapped
     listed = shard(store, ids[-1])
-    at = listed.location(len(listed.chunks) - 1)
-    assert at is not None
-    path = pack_path(store, at.pack)
-    data = bytearray(path.read_bytes())
-    data[HEADER.size + at.offset + at.length - 1] ^= 0xFF
-    path.write_bytes(bytes(data))
-    store.base_cache.clear()
-    with pytest.raises(CorruptChunkError):
-        store.open_version(ids[-1]).get("emb")
+    flip_last_byte_then_read(store, listed.location(len(listed.chunks) - 1), ids[-1])
