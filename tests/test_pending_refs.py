@@ -11,12 +11,15 @@ brought to 5 in place.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import blake3
 import lmdb
 import numpy as np
 import pytest
@@ -233,3 +236,38 @@ def test_a_fold_after_the_object_was_forgotten_counts_what_the_manifests_hold(
             assert [p.kind for p in store.verify(read_data=False).problems] == ["refcount"]
         else:
             assert store.verify(read_data=False).ok
+
+
+def test_an_index_a_release_of_schema_4_wrote_is_brought_to_5_in_place(
+        tmp_path: Path) -> None:
+    """tests/data/index-v4 (tools/make_index_fixture.py, built by 0c143a3): its index is
+    migrated where the store is opened, not rebuilt (the index keeps its id), its
+    counts are those a rebuild finds, and a save then defers as any other."""
+    fixture = Path(__file__).parent / "data" / "index-v4"
+    expected = json.loads(fixture.with_name("index-v4.expected.json").read_text())
+    assert expected["index_schema"] == 4
+    for rel, digest in expected["files"].items():  # the fixture is as frozen
+        assert blake3.blake3((fixture / rel).read_bytes()).hexdigest() == digest, rel
+    shutil.copytree(fixture, tmp_path / "s")
+    index = Index(str(tmp_path / "s" / "index"))
+    try:  # brought to 5 where it is opened, its tables kept: no rebuild asked for
+        assert not index.needs_rebuild
+        assert index.pending_versions() == 0
+    finally:
+        index.close()
+    with chunkstore.open(tmp_path / "s") as store:
+        assert store.index.identity(create=False) == expected["index_id"]
+        with store.index.env.begin(db=store.index.meta) as txn:
+            assert txn.get(b"schema") == str(INDEX_SCHEMA).encode() == b"5"
+        assert [v.id for v in store.versions(expected["run"])] == expected["versions"]
+        assert store.index.pending_versions() == 0
+        migrated = _counts(store.index)
+        assert any(count == 3 for _, count in migrated.values())  # the shared chunks
+        with store.new_version(expected["run"], 4) as version:  # as the fixture's saves
+            version.put("shared", np.arange(20_000, dtype=np.float32))
+            version.put("w", np.arange(1000, dtype=np.float32) * 4)
+        assert store.index.pending_versions() == 1
+        assert store.gc(grace=0).chunks_deleted == 0
+        assert store.verify().ok
+        exact = _counts(store.index)
+        assert _rebuilt_counts(store) == exact

@@ -29,9 +29,15 @@ def fresh_fixture(name: str, force: bool) -> Path:
     return out
 
 
-def freeze(out: Path, expected: dict[str, Any]) -> None:
-    """Finish the fixture at ``out``: ``expected`` gains ``files`` (path -> BLAKE3)."""
-    shutil.rmtree(out / "index", ignore_errors=True)
+def freeze(out: Path, expected: dict[str, Any], keep_index: bool = False) -> None:
+    """Finish the fixture at ``out``: ``expected`` gains ``files`` (path -> BLAKE3).
+    ``keep_index``: the index's tables stay (``index/data.mdb``; its lock, reserve and
+    writer lock go), for a fixture that pins how a release opens an older index."""
+    if not keep_index:
+        shutil.rmtree(out / "index", ignore_errors=True)
+    else:
+        for extra in ("lock.mdb", "reserve", "writer.lock"):
+            (out / "index" / extra).unlink(missing_ok=True)
     expected["files"] = {str(p.relative_to(out)): blake3.blake3(p.read_bytes()).hexdigest()
                          for p in sorted(out.rglob("*")) if p.is_file()}
     out.with_name(f"{out.name}.expected.json").write_text(json.dumps(expected, indent=1) + "\n")
