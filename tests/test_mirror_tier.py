@@ -8,17 +8,21 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 import chunkstore
 from chunkstore.backends.wrappers import ForwardingBackend
 from chunkstore.errors import BackendUnavailableError, MirrorError
+from chunkstore.maintenance.autocollect import Collector
+from chunkstore.maintenance.mirror import Replicator
 from chunkstore.objects.kinds import CHUNKS, VERSIONS
 from torch_bridge import Checkpointer
 from torch_bridge.tiers.mirror import S3_MIRROR_OPTIONS, MirrorTier, storage_options
@@ -86,6 +90,81 @@ def test_close_warns_naming_what_an_unreachable_mirror_left(tmp_path: Path) -> N
     with pytest.warns(RuntimeWarning, match=f"not mirrored.*{info.id[:12]}"):
         ckpt.close(timeout=5)
     assert time.monotonic() - started < 20
+
+
+# --- the local tier's collection repacks a pack under a copy --------------------------------
+
+
+class CollectBeforeRead(ForwardingBackend):
+    """The local tier, where the collection that follows retention runs right before the
+    first read of ``key``'s bytes once armed (``collector``), the read waiting for it: the
+    collector's thread may run between any two requests of the replicator's."""
+
+    def __init__(self, inner: Any, key: str) -> None:
+        super().__init__(inner)
+        self.key = key
+        self.collector: Collector | None = None
+        self._lock = threading.Lock()
+
+    def _before(self, key: str) -> None:
+        with self._lock:
+            collector = self.collector if key == self.key else None
+            if collector is not None:
+                self.collector = None  # the collection's own reads pass
+        if collector is not None:
+            collector.trigger()
+            assert collector.wait_idle(timeout=60)
+
+    def get(self, key: str) -> bytes:
+        self._before(key)
+        return super().get(key)
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        self._before(key)
+        return super().get_range(key, start, length)
+
+
+def test_a_pack_the_local_collection_repacks_under_a_copy_is_read_where_it_moved(
+        tmp_path: Path) -> None:
+    """The mirror-tier failure of closing-8 (the local file of a pack missing under a
+    copy).  After each copy, retention removes the version before it locally, and the
+    collection that follows (grace 0) repacks that version's pack, whose unchanged
+    members the next version lists (a Checkpointer's RNG states), deleting it once its
+    moved record is stored.  The copy of that next version finds the pack in the mirror
+    and checks its members in the local tier: the collection runs right before that
+    read, and the copy reads them where the moved record puts them (break-checked:
+    looking for the pack first and reading it after finds the file missing; the copy
+    fails and ``wait`` raises)."""
+    local = chunkstore.open(tmp_path / "local", create=True)
+    mirror = chunkstore.open(tmp_path / "mirror", create=True)
+    rng = np.random.default_rng(11)
+    shared = rng.standard_normal(64).astype(np.float32)
+    ids = []
+    for step in (1, 2):
+        with local.new_version("r", step) as version:
+            version.put("shared", shared)
+            version.put("w", rng.standard_normal(256).astype(np.float32))
+        ids.append(version.info.id)
+    (pack,) = set(local.index.version_refs(ids[0])) & set(local.index.version_refs(ids[1]))
+    hooked = CollectBeforeRead(local.backend, CHUNKS.key(pack))
+    local.backend = hooked
+    replicator = Replicator(local, mirror)
+    try:
+        replicator.start([ids[0]])
+        replicator.wait(timeout=60)
+        local.delete(ids[0])  # retention, once the mirror holds it
+        collector = hooked.collector = Collector(local)
+        replicator.enqueue(ids[1])
+        replicator.wait(timeout=60)
+    finally:
+        replicator.close(timeout=10)
+    assert hooked.collector is None and collector.last_error is None
+    assert collector.last_result is not None and collector.last_result.packs_repacked == 1
+    assert not local.objects.exists(CHUNKS, pack)
+    assert steps(mirror) == [1, 2] and mirror.verify().ok
+    collector.close(timeout=10)
+    local.close()
+    mirror.close()
 
 
 # --- item 5: one damaged local version does not stop the mirror ------------------------------

@@ -13,7 +13,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 
 import lmdb
@@ -119,6 +121,90 @@ def test_a_version_counted_in_twice_and_batches_among_pending_ones(tmp_path: Pat
     index.close()
 
 
+# --- a process of an older release -----------------------------------------------------
+
+
+def _remove_as_schema_4(index: Index, version_ids: Iterable[str]) -> int:
+    """``remove_versions`` of the release of index schema 4 (0c143a3), in a process that
+    had the index open before this release brought it to 5 (the schema is checked only
+    where an index is opened): the versions counted out and their refcounts lowered,
+    the ``pending`` table neither read nor folded."""
+    now, dropped = time.time(), Counter[tuple[bytes, bytes]]()
+    with index.env.begin(write=True) as txn:
+        known = [key for key in map(str.encode, version_ids)
+                 if index._count_out(txn, key, dropped)]
+        for (kind, raw), n in sorted(dropped.items()):
+            index._bump(txn, kind, Digest(raw), -n, now)
+    return len(known)
+
+
+def _references(index: Index, version_id: str) -> set[tuple[bytes, bytes]]:
+    return {(CHUNK, d.raw) for d in index.version_refs(version_id)} | \
+        {(NODE, d.raw) for d in index.version_node_refs(version_id)}
+
+
+def test_gc_takes_nothing_pending_versions_reference_after_an_older_release_removed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three saves by this release (the shared tensor's references of two pending); a
+    process of schema 4 removes the first, lowering the shared objects to zero as
+    stored; this release's ``gc --grace 0`` lists as candidates, and deletes, only what
+    the first version alone referenced, and reports no disagreement (break-checked:
+    listing the ``zero`` table without the fold makes the shared objects candidates,
+    kept by the mark alone)."""
+    with chunkstore.open(tmp_path / "s", create=True) as store:
+        index = store.index
+        ids = _saved(store, range(1, 4))
+        assert index.pending_versions() == 2
+        only_first = _references(index, ids[0]) - _references(index, ids[1]) \
+            - _references(index, ids[2])
+        monkeypatch.setattr(Index, "remove_versions", _remove_as_schema_4)
+        store.delete(ids[0])
+        monkeypatch.undo()
+        at_zero = {(kind, digest.raw) for kind, digest, _ in index.unreferenced()}
+        assert at_zero > only_first  # as stored: objects pending versions reference too
+        result = store.gc(grace=0)
+        assert result.candidates == len(only_first) == \
+            result.chunks_deleted + result.nodes_deleted
+        assert not result.index_disagreements
+        assert index.pending_versions() == 0
+        _assert_exact(index)
+        assert store.verify().ok
+        exact = _counts(index)
+        assert _rebuilt_counts(store) == exact
+
+
+@pytest.mark.parametrize("step", ["condemn", "start_deletes"])
+def test_a_refcount_lowered_without_folding_after_the_listing_is_rechecked_exact(
+        tmp_path: Path, step: str) -> None:
+    """GC listed X at zero (the table folded); then a save counts X at once, the next
+    defers it, and a process of schema 4 removes the first: X is at zero as stored, a
+    pending version referencing it.  GC's step that re-checks X (condemn of a LIVE
+    record; start_deletes of a WRITING one, X found missing meanwhile) folds first and
+    leaves X (break-checked: without the fold in either, that step takes X)."""
+    x = DIGESTS[0]
+    index = Index(str(tmp_path / "ix"))
+    _counted(index, 1, [x], new=True)
+    assert index.remove_version(_entry(1).id)
+    assert [digest for _, digest, _ in index.unreferenced_folded()] == [x]
+    _counted(index, 2, [x])
+    _counted(index, 3, [x])
+    assert index.pending_versions() == 1
+    if step == "start_deletes":
+        index.forget_missing(CHUNK, x)  # WRITING, its count kept: start_deletes takes those
+    assert _remove_as_schema_4(index, [_entry(2).id]) == 1
+    assert [digest for _, digest, _ in index.unreferenced()] == [x]  # as stored
+    if step == "condemn":
+        assert index.condemn(CHUNK, [x], before=2e9) == []
+    else:
+        assert index.start_deletes(CHUNK, [x], before=2e9) == []
+    record = index.record(CHUNK, x)
+    assert record is not None and record.refcount == 1
+    assert record.state == (ChunkState.LIVE if step == "condemn" else ChunkState.WRITING)
+    assert index.pending_versions() == 0
+    _assert_exact(index)
+    index.close()
+
+
 # --- two indexes on one store -----------------------------------------------------------
 
 
@@ -210,7 +296,7 @@ def test_refcount_reads_add_the_table_up_once_across_unrelated_commits(
     assert index.record(CHUNK, DIGESTS[0]).refcount == 5  # type: ignore[union-attr]
     assert index.record(CHUNK, DIGESTS[1]).refcount == 4  # type: ignore[union-attr]
     assert len(sums) == 2
-    index.fold()
+    index.unreferenced_folded()  # GC's listing folds the table
     assert index.record(CHUNK, DIGESTS[0]).refcount == 5  # type: ignore[union-attr]
     assert [r.refcount for _, r in index.iter_records(CHUNK)] == [5] + [4] * 7
     index.close_session(session)

@@ -64,7 +64,11 @@ and the table is folded into the records, each written once, in the transaction 
 anything that lowers a refcount (:meth:`Index.remove_versions`), of a batch count-in,
 and of the save that finds it holding :data:`FOLD_AFTER` versions.  A release that
 knew no such table would lower refcounts without it, and free objects versions
-still reference, so the schema is 5 (a release of 4 rebuilds an index of 5).
+still reference, so the schema is 5 (a release of 4 rebuilds an index of 5).  The
+schema is checked where an index is opened, so a process of such a release that had
+it open before goes on doing so; GC folds the table in the transaction that lists its
+candidates and in each that re-checks them (:meth:`Index.unreferenced_folded`), so no
+refcount so lowered makes it take an object a pending version references.
 """
 
 from __future__ import annotations
@@ -539,12 +543,6 @@ class Index(VersionLookups):
         """How many versions' references are not folded into the refcounts yet."""
         with self.env.begin() as txn:
             return int(txn.stat(self.pending)["entries"])
-
-    def fold(self) -> int:
-        """Fold every deferred reference into the refcounts (one transaction); return
-        how many versions' references were pending."""
-        with self._writing() as txn:
-            return self._fold(txn, time.time())
 
     def count(self, kind: bytes) -> int:
         with self.env.begin() as txn:
@@ -1144,11 +1142,33 @@ class Index(VersionLookups):
     # --- garbage collection ----------------------------------------------------------------
 
     def unreferenced(self) -> Iterator[tuple[bytes, Digest, float]]:
-        """Every record with refcount zero, or being deleted: (kind, digest, since)."""
+        """Every record with refcount zero, or being deleted: (kind, digest, since).
+        Read as it stands (``report``); GC lists :meth:`unreferenced_folded`."""
         with self.env.begin(db=self.zero) as txn:
-            for key, value in txn.cursor():
-                raw = bytes(key)
-                yield raw[:1], Digest(raw[1:]), _SINCE.unpack(value)[0]
+            yield from self._zero_entries(txn)
+
+    def unreferenced_folded(self) -> list[tuple[bytes, Digest, float]]:
+        """GC's candidate listing: :meth:`unreferenced` in one state of the index in
+        which no reference is pending, the ``pending`` table folded in first in the same
+        write transaction (where it holds anything; a read, where it holds nothing).
+
+        So the listing names no object a version references, whatever lowered a
+        refcount without folding before it: a process of a release of schema 4 that had
+        the index open before it was brought to 5 goes on dropping refcounts as if no
+        reference were pending, and can leave an object at zero that pending versions
+        reference (:meth:`condemn` and :meth:`start_deletes` fold again, for what such
+        a process lowers after this listing)."""
+        with self.env.begin(db=self.zero) as txn:
+            if not txn.stat(self.pending)["entries"]:
+                return list(self._zero_entries(txn))
+        with self._writing() as txn:
+            self._fold(txn, time.time())
+            return list(self._zero_entries(txn))
+
+    def _zero_entries(self, txn: lmdb.Transaction) -> Iterator[tuple[bytes, Digest, float]]:
+        for key, value in txn.cursor(db=self.zero):
+            raw = bytes(key)
+            yield raw[:1], Digest(raw[1:]), _SINCE.unpack(value)[0]
 
     def condemn(self, kind: bytes, digests: Iterable[Digest], before: float,
                 forwarded: frozenset[Digest] = frozenset()) -> list[Digest]:
@@ -1161,6 +1181,7 @@ class Index(VersionLookups):
         """
         done = []
         with self._writing() as txn:
+            self._fold(txn, time.time())  # each refcount re-checked exact (_collectable)
             for digest in digests:
                 rec = self._get(txn, self._db(kind), digest)
                 if rec is None or not self._collectable(txn, digest, rec, before,
@@ -1174,6 +1195,10 @@ class Index(VersionLookups):
 
     def _collectable(self, txn: lmdb.Transaction, digest: Digest, rec: ChunkRecord,
                      before: float, forwarded: bool = False) -> bool:
+        """Whether GC may take the record: at refcount zero since ``before`` (or a pack
+        whose listed members its moved record covers), in a state GC takes, unclaimed.
+        The caller folded the ``pending`` table in this transaction: the refcount is
+        exact (:meth:`unreferenced_folded`)."""
         return ((forwarded or (rec.refcount == 0 and rec.since <= before))
                 and rec.state in (ChunkState.LIVE, ChunkState.WRITING, ChunkState.CONDEMNED)
                 and not self.is_claimed(digest, txn))
@@ -1196,6 +1221,7 @@ class Index(VersionLookups):
         """
         started = []
         with self._writing() as txn:
+            self._fold(txn, time.time())  # each refcount re-checked exact (_collectable)
             for digest in digests:
                 rec = self._get(txn, self._db(kind), digest)
                 if rec is None or rec.state not in (ChunkState.CONDEMNED, ChunkState.WRITING) \

@@ -18,8 +18,10 @@ model, are why each step is where it is):
    save session in ``sessions/`` whose leftovers are past the grace period,
    or a day since this index's last complete sweep);
 3. candidates: objects whose refcount has been zero for at least the grace
-   period (the index's ``zero`` table: exact, though a save may defer raising a
-   refcount already 1 or more, :mod:`chunkstore.index.lmdbindex`), and, in a
+   period (the index's ``zero`` table, listed in the transaction that folds in the
+   references saves deferred first, :meth:`~chunkstore.index.lmdbindex.Index.unreferenced_folded`:
+   exact even where a process of an older release lowered a refcount without
+   folding them; step 8 folds again where it re-checks each), and, in a
    sweep, objects on storage no index record names (orphans of killed saves,
    objects of another index's versions) older than the grace period;
 4. mark: walk, first, the tree of every intent in a run's commit slots (a
@@ -540,7 +542,7 @@ class _Run:
 
     def find_candidates(self) -> list[Candidate]:
         found = []
-        for kind, digest, since in self.index.unreferenced():
+        for kind, digest, since in self.index.unreferenced_folded():
             record = self.index.record(kind, digest)
             if record is None or record.state == ChunkState.DELETING:
                 continue

@@ -496,20 +496,23 @@ def check_listed(store: StoreHandle, pack: Digest, members: Iterable[Member]) ->
     :class:`MissingChunkError`)."""
     listed = sorted(members)
     for hop in range(MAX_HOPS + 1):
+        # Read, not looked for first: a GC's repack deletes a pack live versions list
+        # once its moved record is stored, so a pack found may be gone by the read
+        # (the local tier's collection under a mirror's copy of the next version).
         try:
-            store.objects.stat(CHUNKS, pack)
-            break
+            read = [store.objects.member_range(pack, offset, length)
+                    for _, offset, length, _, _ in listed]
         except FileNotFoundError:
             record = read_moved(store.objects, pack)
             if record is None or hop == MAX_HOPS:
                 raise MissingChunkError(pack.hex) from None
             listed = [_forwarded(record, member) for member in listed]
             pack = record.to
-    for digest, offset, length, chain, locations in listed:
-        location = PackLocation(pack, offset, length)
-        member = store.objects.open_member(digest, location,
-                                           store.objects.member_range(pack, offset, length))
-        decode_chain(store, digest, member, chain, locations=locations)
+            continue
+        for (digest, offset, length, chain, locations), data in zip(listed, read, strict=True):
+            member = store.objects.open_member(digest, PackLocation(pack, offset, length), data)
+            decode_chain(store, digest, member, chain, locations=locations)
+        return
 
 
 def _forwarded(record: MovedRecord, member: Member) -> Member:
