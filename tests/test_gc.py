@@ -572,9 +572,10 @@ def test_gc_deletes_in_bulk_batches_that_grow_while_fast_and_shrink_when_slow(
         chunks, _ = reachable(store, gone)
         assert len(chunks) == 300 and chunks <= objects(store_path, "chunks")
         store.delete(gone)
-        # Slow: a batch over half of it; fast: every batch well under a quarter.
-        monkeypatch.setattr(gc, "RENEW_LAPSE_S", 0.2 if slow else 60.0)
-        batches = _DeleteBatches(store.backend, slow_s=0.15 if slow else 0.0)
+        # Slow: a batch over half of it; fast: every batch well under a quarter (0.2 s
+        # where slow: a batch of 16 unlinks and a commit can take 50 ms on a busy machine).
+        monkeypatch.setattr(gc, "RENEW_LAPSE_S", 0.8 if slow else 60.0)
+        batches = _DeleteBatches(store.backend, slow_s=0.6 if slow else 0.0)
         store.backend = batches
         result = store.gc(grace=0)
         assert batches.one_by_one == 0
