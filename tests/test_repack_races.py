@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import chunkstore
+from chunkstore.backends.wrappers import ForwardingBackend
 from chunkstore.format.digest import Digest
+from chunkstore.format.manifest import TensorEntry
 from chunkstore.objects.kinds import CHUNKS, MOVED
+from chunkstore.read.reader import check_listed_lengths, chunk_reads
 from tests.test_repack import (
     check,
     exists,
@@ -177,6 +181,47 @@ def test_a_gc_killed_past_its_moved_record_leaves_nothing_to_lose_later(root: Pa
         store.delete(racer)
         store.gc(grace=0)
         assert store.open_version(late).get("t6").tobytes() == state(1)["t6"].tobytes()
+
+
+class CollectBeforeRead(ForwardingBackend):
+    """A store where another GC (grace 0) runs in full right before the first read of
+    ``key``'s bytes, once armed (``store``): between any earlier request of a reader's
+    (a look for the pack) and its read."""
+
+    def __init__(self, inner: Any, key: str) -> None:
+        super().__init__(inner)
+        self.key = key
+        self.store: chunkstore.Store | None = None
+        self.result: object = None
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        store, self.store = (self.store, None) if key == self.key else (None, self.store)
+        if store is not None:  # disarmed first: the GC's own reads pass
+            self.result = store.gc(grace=0)
+        return super().get_range(key, start, length)
+
+
+def test_a_pack_repacked_under_a_length_check_is_read_where_it_moved(root: Path) -> None:
+    """The read's length check (``check_listed_lengths``, what a read runs where there
+    is no memory for the buffer) reads each packed chunk's header in its pack.  A GC
+    repacks that pack and deletes it right before the header's read: the check reads
+    it where the moved record puts it (break-checked: looking for the pack first and
+    reading after finds it missing, a MissingChunkError for data still stored)."""
+    ids, first = three_versions(root)
+    with chunkstore.open(root, create=True) as store:
+        store.delete(ids[0])  # P (step 1's pack) mostly garbage, t6-t9 listed by steps 2, 3
+        hooked = CollectBeforeRead(store.backend, CHUNKS.key(first))
+        store.backend = hooked
+        entries = store.open_version(ids[1]).entries()
+        reads = [read for leaf in entries.values() if isinstance(leaf, TensorEntry)
+                 for read in chunk_reads(leaf, store.chunk_size)]
+        assert any(read[4] is not None and read[4].pack == first for read in reads)
+        hooked.store = store
+        check_listed_lengths(store, reads)
+        assert hooked.store is None
+        assert getattr(hooked.result, "packs_repacked", None) == 1
+        assert not exists(store, first)
+        check(store, ids[1], 2)
 
 
 def test_a_crafted_version_listing_a_wrong_length_hides_no_other_versions_member(

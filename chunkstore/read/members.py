@@ -162,15 +162,29 @@ def checked_member(store: StoreHandle, digest: Digest, location: PackLocation,
 
 def locate_member(store: StoreHandle, digest: Digest, location: PackLocation) -> PackLocation:
     """Where a packed chunk lies now: its listed location while that pack exists, else
-    where the moved records say (a missing chunk when they say nothing)."""
-    return fresh_on_miss(store, lambda: _locate_member(store, digest, location))
+    where the moved records say (a missing chunk when they say nothing).  Only to
+    name or count the pack: a read of the member goes through :func:`at_member`."""
+    def found(at: PackLocation) -> PackLocation:
+        store.objects.stat(CHUNKS, at.pack)
+        return at
+
+    return at_member(store, digest, location, found)
 
 
-def _locate_member(store: StoreHandle, digest: Digest, location: PackLocation) -> PackLocation:
+def at_member(store: StoreHandle, digest: Digest, location: PackLocation,
+              read: Callable[[PackLocation], _T]) -> _T:
+    """``read`` of packed chunk ``digest`` at ``location``, or, where it finds the pack
+    missing (``FileNotFoundError``), at the location the moved records give.  A read
+    never looks for the pack first: a GC's repack deletes a pack that live versions
+    list once its moved record is stored, so a pack found may be gone by the read."""
+    return fresh_on_miss(store, lambda: _at_member(store, digest, location, read))
+
+
+def _at_member(store: StoreHandle, digest: Digest, location: PackLocation,
+               read: Callable[[PackLocation], _T]) -> _T:
     for hops in range(MAX_HOPS + 1):
         try:
-            store.objects.stat(CHUNKS, location.pack)
-            return location
+            return read(location)
         except FileNotFoundError:
             ((_, location, _, _),) = forward_members(store, [(digest, location, memoryview(b""),
                                                        NO_CHAIN)], hops)

@@ -46,7 +46,7 @@ from chunkstore.read.chain import decode_chain
 from chunkstore.read.members import (
     Locations,
     MemberRead,
-    locate_member,
+    at_member,
     member_header,
     missing_chunk,
     read_runs,
@@ -133,8 +133,8 @@ def _raw_length(store: StoreHandle, digest: Digest, location: PackLocation | Non
         if location is None:
             head = store.objects.get_range(CHUNKS, digest, 0, HEADER.size + DIGEST_SIZE)
             return parse_header(digest, head).raw_length
-        now = locate_member(store, digest, location)
-        head = store.objects.member_head(digest, now, HEADER.size + DIGEST_SIZE)
+        head = at_member(store, digest, location, lambda at: store.objects.member_head(
+            digest, at, HEADER.size + DIGEST_SIZE))
         return member_header(digest, memoryview(head)).raw_length
     except FileNotFoundError:
         raise missing_chunk(store, digest) from None
