@@ -26,6 +26,7 @@ import chunkstore
 from chunkstore.format.digest import Digest
 from chunkstore.index.lmdbindex import CHUNK, NODE, ChunkState, Index, NewChunk, NewVersion
 from chunkstore.index.versiontables import VersionEntry
+from chunkstore.maintenance.report import GC_FROM_INDEX, stats
 from tests.test_gc import save, state
 from tests.test_pending_refs import _assert_zero_exact, _counts, _rebuilt_counts
 
@@ -171,6 +172,34 @@ def test_gc_takes_nothing_pending_versions_reference_after_an_older_release_remo
         assert store.verify().ok
         exact = _counts(index)
         assert _rebuilt_counts(store) == exact
+
+
+def test_report_counts_awaiting_gc_only_what_gc_would_take_after_an_older_release_removed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The case above, read by ``report`` (its figures from the index, which it only
+    reads): awaiting GC are the objects the first version alone referenced, not those
+    at zero as stored that pending versions reference, and the pending table is left
+    as it is; GC then takes exactly what report counted (break-checked: the records of
+    the unfolded listing counted as they stand count the shared objects too)."""
+    with chunkstore.open(tmp_path / "s", create=True) as store:
+        index = store.index
+        ids = _saved(store, range(1, 4))
+        only_first = _references(index, ids[0]) - _references(index, ids[1]) \
+            - _references(index, ids[2])
+        monkeypatch.setattr(Index, "remove_versions", _remove_as_schema_4)
+        store.delete(ids[0])
+        monkeypatch.undo()
+        assert {(kind, digest.raw) for kind, digest, _ in index.unreferenced()} > only_first
+        sizes = sum(record.stored_length for kind, raw in only_first
+                    if (record := index.record(kind, Digest(raw))) is not None)
+        report = stats(store, grace_s=0, full=False)
+        assert report.gc_source == GC_FROM_INDEX
+        assert report.awaiting_gc_objects == report.reclaimable_now_objects == len(only_first)
+        assert report.awaiting_gc_bytes == report.reclaimable_now_bytes == sizes
+        assert index.pending_versions() == 2  # read, not folded
+        result = store.gc(grace=0)
+        assert result.chunks_deleted + result.nodes_deleted == len(only_first)
+        assert result.bytes_freed == sizes
 
 
 @pytest.mark.parametrize("step", ["condemn", "start_deletes"])

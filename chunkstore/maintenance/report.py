@@ -288,13 +288,15 @@ def _gc_dry_runs(store: StoreHandle, result: StoreStats, now: float) -> GcResult
 
 def _gc_from_index(store: StoreHandle, result: StoreStats, now: float) -> None:
     """The awaiting-GC and reclaimable figures from the index, into ``result``: the
-    records at refcount zero (the ``zero`` table, so the cost follows the garbage),
-    less those a GC of that grace keeps (being deleted, or claimed by a save session
-    it would not expire), as :meth:`~chunkstore.maintenance.gc._Run.find_candidates`
-    chooses.  Left out, as only a GC's sweep or mark finds them: objects on storage
-    no index record names (orphans of killed saves, objects of versions another index
-    removed and this one has not counted out) and packs whose every listed member a
-    repack moved."""
+    records at refcount zero (the ``zero`` table, so the cost follows the garbage;
+    each refcount read exact, with no write: one a process of index schema 4 lowered
+    to zero without folding is left out while pending versions reference it, as GC's
+    folded listing leaves it out), less those a GC of that grace keeps (being
+    deleted, or claimed by a save session it would not expire), as
+    :meth:`~chunkstore.maintenance.gc._Run.find_candidates` chooses.  Left out, as
+    only a GC's sweep or mark finds them: objects on storage no index record names
+    (orphans of killed saves, objects of versions another index removed and this one
+    has not counted out) and packs whose every listed member a repack moved."""
     from chunkstore.maintenance.gc import session_is_dead, stored_size
 
     result.gc_source = GC_FROM_INDEX
@@ -304,8 +306,8 @@ def _gc_from_index(store: StoreHandle, result: StoreStats, now: float) -> None:
                 if not session_is_dead(info, now, result.grace_s)}
     live_at_zero = {sid for sid, info in sessions.items() if not session_is_dead(info, now, 0)}
     for kind, digest, since in index.unreferenced():
-        record = index.record(kind, digest)
-        if record is None or record.state == ChunkState.DELETING:
+        record = index.record(kind, digest)  # its refcount exact, the pending ones added
+        if record is None or record.state == ChunkState.DELETING or record.refcount:
             continue
         claimants = set(index.claimants(digest)) if sessions else set()
         awaiting = not claimants & live_at_zero and since <= now
