@@ -239,6 +239,84 @@ def test_index_deleted_under_a_writer_while_another_process_collects(
                                           loop_state("w", info.step))
 
 
+#: A writer that saves once, says so, waits for a line on stdin, then saves three more
+#: (keeping the newest two) and checks its own index against the store (verify).
+PAUSED_WRITER = """
+import json, sys
+import chunkstore
+from tests.machine_child import loop_state, save
+with chunkstore.open(sys.argv[1]) as store:
+    ids = [save(store, "w", 0, {"w": loop_state("w", 0)})]
+    print("ready", flush=True)
+    sys.stdin.readline()
+    for step in range(1, 4):
+        ids.append(save(store, "w", step, {"w": loop_state("w", step)}))
+        for info in store.versions("w")[:-2]:
+            store.delete_listed(info.id)
+    result = store.verify()
+    print(json.dumps({"ids": ids, "problems": [p.message for p in result.problems]}))
+"""
+
+
+@pytest.mark.parametrize("during", [False, True], ids=["before-open", "during-open"])
+@pytest.mark.parametrize("first", ["lock.mdb", "data.mdb"])
+def test_an_index_half_deleted_under_a_writer_is_never_paired_with_a_new_file(
+        tmp_path: Path, first: str, during: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``rm -rf index/`` while a job runs unlinks the index's files one at a time; a
+    process that opens the store between two unlinks finds one of LMDB's two files
+    (data.mdb, lock.mdb: the writer mutex, reader table and last transaction id),
+    which the running job still uses, beside a new one of the other.  Two lock files
+    on one data file, or one lock file on two data files, let two writers write at
+    once and a writer reuse pages under readers it does not see (an abort in
+    ``mdb_page_touch``, a damaged index).  The open that comes between (another
+    process's save; the unlink before it, or between its look at the directory and
+    LMDB's open) must start a new index of both files, and every process goes on,
+    its own index verifying (break-checked: without the fix LMDB opens the file left,
+    whose inode the test sees again; without the undoing of what an open made during
+    the deletion, the retry pairs the new file with the old)."""
+    url = tmp_path / "store"
+    chunkstore.open(url, chunk_size=CHUNK_SIZE, create=True).close()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    writer = subprocess.Popen([sys.executable, "-c", PAUSED_WRITER, str(url)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
+    try:
+        assert writer.stdout is not None and writer.stdout.readline() == "ready\n"
+        left = "data.mdb" if first == "lock.mdb" else "lock.mdb"
+        in_use = (url / "index" / left).stat().st_ino
+        if during:
+            real_open = lmdb.open
+
+            def unlinked_first(path: str, **options: Any) -> lmdb.Environment:
+                monkeypatch.setattr(lmdb, "open", real_open)
+                (url / "index" / first).unlink()
+                return real_open(path, **options)
+
+            monkeypatch.setattr(lmdb, "open", unlinked_first)
+        else:
+            (url / "index" / first).unlink()  # rm's first unlink; the other still there
+        with chunkstore.open(url) as store:  # another process would open it here
+            with store.new_version("other", 0) as version:
+                version.put("w", loop_state("other", 0))
+            assert store.verify().ok
+        assert lmdb.open is real_open if during else True  # the unlink came in the open
+        now = url / "index" / left
+        assert not now.exists() or now.stat().st_ino != in_use  # not paired with it
+        shutil.rmtree(url / "index", ignore_errors=True)  # rm goes on
+        out, err = writer.communicate("go\n", timeout=120)
+    finally:
+        writer.kill()
+    assert writer.returncode == 0, err
+    done = json.loads(out.splitlines()[-1])
+    assert done["problems"] == []
+    with chunkstore.open(url) as store:
+        assert store.verify().ok
+        assert {v.id for v in store.versions("w")} == set(done["ids"][-2:])
+        for info in store.versions("w"):
+            np.testing.assert_array_equal(store.open_version(info.id).get("w"),
+                                          loop_state("w", info.step))
+
+
 def test_index_rebuild_refuses_during_saves_and_no_save_fails_because_of_it(
         cluster: Cluster, tmp_path: Path) -> None:
     """Rebuilds from another process while one saves in a loop: a rebuild either refuses

@@ -16,6 +16,11 @@ with a warning, instead of failing every command.  Four ways it goes wrong:
   map is retried smaller, down to what the data needs, and the error says
   what limit to raise.
 
+An index **deleted while processes use it** (``rm -rf index/``, allowed at any
+time: it is a cache) goes one file at a time; an open between two unlinks never
+pairs LMDB's file left, which running processes still use, with a new one of the
+other (:func:`_open_paired`): it starts a new index of both.
+
 A **full disk** is a :class:`~chunkstore.errors.StorageFullError`, never
 LMDB's own error.  And so that removing versions and collecting garbage (the
 way to free space) still work when a save has filled the disk, the index
@@ -47,6 +52,11 @@ from dataclasses import dataclass
 import lmdb
 
 from chunkstore.errors import BackendError, StorageFullError
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not on POSIX
+    fcntl = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +146,8 @@ def map_size(default: int) -> int:
 
 
 def open_env(path: str, size: int) -> tuple[lmdb.Environment, bool]:
-    """Open the index environment; True when a damaged one was set aside (rebuild it)."""
+    """Open the index environment; True when a damaged one was set aside (rebuild it).
+    Close it with :func:`close_env`."""
     damaged = False
     reason = probe(path)
     if reason is not None:
@@ -145,16 +156,133 @@ def open_env(path: str, size: int) -> tuple[lmdb.Environment, bool]:
     for attempt in range(OPEN_ATTEMPTS):
         os.makedirs(path, exist_ok=True)
         try:
-            return _open_with_fallback(path, size), damaged
+            return _open_paired(path, size), damaged
         except DAMAGE as exc:
             set_aside(path, f"{type(exc).__name__}: {exc}")
-            return _open_with_fallback(path, size), True
+            return _open_paired(path, size), True
         except BackendError as exc:
             # An index may be deleted at any time (it is a cache): one removed between
             # the makedirs and the open is made again, as if it had gone just before.
             if attempt == OPEN_ATTEMPTS - 1 or not _vanished(exc):
                 raise
     raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def close_env(env: lmdb.Environment) -> None:
+    """Close an environment :func:`open_env` opened, and let go of its ``data.mdb``."""
+    env.close()
+    held = _HELD.pop(env, None)
+    if held is not None:
+        os.close(held)
+
+
+#: The ``data.mdb`` of each environment :func:`open_env` opened, held with a shared
+#: flock until :func:`close_env` (what :func:`_unpair` asks of a file found alone).
+_HELD: dict[lmdb.Environment, int] = {}
+DATA_NAME, LOCK_NAME = "data.mdb", "lock.mdb"
+
+
+def _open_paired(path: str, size: int) -> lmdb.Environment:
+    """:func:`_open_with_fallback`, never pairing one of LMDB's two files that other
+    processes use with a new one of the other.
+
+    LMDB keeps its writer mutex, reader table and last transaction id in
+    ``lock.mdb``: two lock files on one ``data.mdb``, or one lock file on two data
+    files, let two writers write at once and a writer reuse pages under readers it
+    does not see (an abort in ``mdb_page_touch``, a damaged index).  An index
+    directory deleted while processes use it (``rm -rf index/``, which docs/format.md
+    allows at any time) passes through both: its files are unlinked one at a time, and
+    an open between two unlinks would make the missing file anew beside the one left.
+    So each process holds a shared flock on its ``data.mdb`` while it is open, and an
+    open, serialised with the others by an flock on the directory, first finishes such
+    a deletion (:func:`_unpair`), then checks that both files are still there once
+    LMDB has opened them (else, deleted meanwhile, it tries again)."""
+    if fcntl is None:
+        return _open_with_fallback(path, size)
+    data, lock = os.path.join(path, DATA_NAME), os.path.join(path, LOCK_NAME)
+    for _ in range(PAIR_ATTEMPTS):
+        os.makedirs(path, exist_ok=True)
+        try:
+            folder = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue  # deleted again
+        try:
+            fcntl.flock(folder, fcntl.LOCK_EX)
+            if _identity(path) == _identity(folder):  # else deleted and made again
+                env = _open_checked(path, size, data, lock)
+                if env is not None:
+                    return env
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(folder)  # the directory's flock goes with it
+    raise BackendError(f"cannot open the index at {path}: its files were deleted under"
+                       f" {PAIR_ATTEMPTS} opens in a row")
+
+
+def _open_checked(path: str, size: int, data: str, lock: str) -> lmdb.Environment | None:
+    """One open of :func:`_open_paired`, its directory's flock held; None when a file
+    was deleted during it (what LMDB made in place of one is unlinked again)."""
+    _unpair(data, lock)
+    before = _identity(data), _identity(lock)
+    env = _open_with_fallback(path, size)
+    held = None
+    try:
+        held = os.open(data, os.O_RDONLY | os.O_CLOEXEC)
+        fcntl.flock(held, fcntl.LOCK_SH)
+        after = _identity(held), _identity(lock)
+    except FileNotFoundError:
+        after = None, None
+    # The files LMDB opened are the ones there before and after it (only an open makes
+    # them, and opens wait for this one): none deleted in between.
+    if held is not None and after[0] is not None and after[1] is not None \
+            and all(b is None or b == a for b, a in zip(before, after, strict=True)):
+        _HELD[env] = held
+        return env
+    env.close()
+    if held is not None:
+        os.close(held)
+    for name, was in ((data, before[0]), (lock, before[1])):
+        now = _identity(name)
+        if was is not None and now is not None and now != was:
+            os.unlink(name)  # made by this open beside the other, which others may use
+    return None
+
+
+#: Opens of an index whose files are deleted under each, before giving up.
+PAIR_ATTEMPTS = 20
+
+
+def _unpair(data: str, lock: str) -> None:
+    """Finish the deletion of an index directory that left one of LMDB's files other
+    processes use: a ``data.mdb`` that holds a shared flock (:data:`_HELD`) with no
+    ``lock.mdb`` beside it, and a ``lock.mdb`` with no ``data.mdb``.  (A ``data.mdb``
+    alone that nobody uses, a copy of the index, is opened as it is.)"""
+    if os.path.lexists(data) and not os.path.lexists(lock):
+        probe_fd = os.open(data, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            fcntl.flock(probe_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            in_use = False
+        except BlockingIOError:
+            in_use = True
+        finally:
+            os.close(probe_fd)
+        if in_use:
+            log.info("the index at %s was being deleted under a running process: starting a"
+                     " new one", os.path.dirname(data))
+            os.unlink(data)
+    elif os.path.lexists(lock) and not os.path.lexists(data):
+        os.unlink(lock)
+
+
+def _identity(file: str | int) -> tuple[int, int] | None:
+    """The (device, inode) ``file`` (a path, or an open descriptor) names; None when
+    there is no such path."""
+    try:
+        found = os.stat(file)
+    except FileNotFoundError:
+        return None
+    return found.st_dev, found.st_ino
 
 
 #: Named tables an index environment may hold (LMDB's ``max_dbs``).

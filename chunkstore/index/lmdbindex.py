@@ -327,7 +327,7 @@ class Index(VersionLookups):
         self._open_tables()
 
     def _close_env(self) -> None:
-        self.env.close()
+        indexfile.close_env(self.env)
         self._gate.close()
 
     def _open_tables(self, wait_s: float | None = None) -> bool:
