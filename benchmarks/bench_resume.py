@@ -14,7 +14,9 @@ alternating which system goes first in each round:
 
 Each process imports torch and builds its objects untimed (both systems pay that),
 then times its restore; the figure is that time (``restore_s``), the median over
-``--runs`` processes, with the range, and the ratio per round.  The import of
+``--runs`` processes, with the range, and the ratio per round; ``cpu_s``: the CPU
+seconds of the process over the same span (every thread), which other work on a
+shared machine moves less.  The import of
 ``torch_bridge.Checkpointer`` (chunkstore and the bridge: what only chunkstore's
 job pays) is reported apart (``import_s``, byte code cached: the children write it
 under the work directory even where ``PYTHONDONTWRITEBYTECODE`` is set) and counted
@@ -321,24 +323,27 @@ def child(system: str, workload: str, work: Path, phased: bool) -> dict[str, Any
     import_s = time.perf_counter() - start
     objects = BUILD[workload]()
     if system == "torch":
+        cpu = time.process_time()
         start = time.perf_counter()
         state = torch.load(work / f"{workload}.pt", weights_only=True)
         loaded = time.perf_counter()
         for key, obj in objects.items():
             obj.load_state_dict(state[key])
         end = time.perf_counter()
-        return {"restore_s": end - start, "load": loaded - start, "apply": end - loaded,
-                "import_s": import_s}
+        return {"restore_s": end - start, "cpu_s": time.process_time() - cpu,
+                "load": loaded - start, "apply": end - loaded, "import_s": import_s}
     phases = _Phases()
     if phased:
         _instrument(phases)
+    cpu = time.process_time()
     start = time.perf_counter()
     with torch_bridge.Checkpointer(work / f"{workload}.store", run="job") as ckpt:
         opened = time.perf_counter()
         step = ckpt.restore(**objects)
         end = time.perf_counter()
+        cpu_s = time.process_time() - cpu
     assert step == VERSIONS, step
-    times: dict[str, Any] = {"restore_s": end - start, "import_s": import_s,
+    times: dict[str, Any] = {"restore_s": end - start, "cpu_s": cpu_s, "import_s": import_s,
                              "code": str(Path(chunkstore.__file__).parent.parent)}
     if phased:
         s = phases.seconds
@@ -402,7 +407,7 @@ def compare(workload: str, work: Path, runs: int) -> dict[str, Any]:
         result[system] = {k: summary([t[k] for t in times[system]]) for k in keys}
     for system, runs_of in phased.items():
         result[system]["phases"] = {k: summary([t[k] for t in runs_of]) for k in runs_of[0]
-                                    if k not in ("restore_s", "import_s")
+                                    if k not in ("restore_s", "cpu_s", "import_s")
                                     and isinstance(runs_of[0][k], float)}
         result[system]["phased_restore_s"] = summary([t["restore_s"] for t in runs_of])
     for system in phased:
@@ -411,6 +416,9 @@ def compare(workload: str, work: Path, runs: int) -> dict[str, Any]:
             "of_medians": (result[system]["restore_s"]["median"]
                            / result["torch"]["restore_s"]["median"]),
             "per_round": summary([c["restore_s"] / t["restore_s"] for c, t in pairs]),
+            # CPU seconds of the process (every thread), less moved by a shared machine
+            "cpu_of_medians": (result[system]["cpu_s"]["median"]
+                               / result["torch"]["cpu_s"]["median"]),
             # the import of chunkstore and torch_bridge counted in (both import torch)
             "with_import_per_round": summary([(c["restore_s"] + c["import_s"])
                                                / t["restore_s"] for c, t in pairs])}
