@@ -24,3 +24,28 @@ def test_bench_restore_ratios_are_of_medians() -> None:
     theirs = {"wall": {"median": 2.0}, "cpu": {"median": 4.0, "min": 4.0}}
     assert bench_restore._ratios(ours, theirs) == {"wall": 0.5, "cpu": 0.5, "cpu_min": 0.25}
     assert bench_restore._ratios(ours, {"wall": {"median": 4.0}}) == {"wall": 0.25}
+
+
+def test_bench_resume_target_follows_the_chains_the_newest_version_reads(tmp_path: Path
+                                                                          ) -> None:
+    import numpy as np
+
+    import chunkstore
+    from benchmarks import bench_resume
+    rng = np.random.default_rng(0)
+    weights = rng.standard_normal(1 << 18).astype(np.float32)
+    seen = []
+    with chunkstore.open(tmp_path / "s", create=True) as store:
+        for step in range(3):
+            with store.new_version(run="r", step=step) as version:
+                version.put("w", weights)
+            seen.append(bench_resume.chains(tmp_path / "s"))
+            weights = weights + np.float32(1e-4) * rng.standard_normal(weights.shape,
+                                                                      dtype=np.float32)
+    assert seen == [{"chunks": 1, "delta_chunks": 0, "links": 0},
+                    {"chunks": 1, "delta_chunks": 1, "links": 1},
+                    {"chunks": 1, "delta_chunks": 1, "links": 2}]
+    plain = bench_resume.target(seen[0], 0.9)
+    assert (plain["has_chains"], plain["at_most"], plain["met"]) == (False, 0.8, False)
+    for chained in (bench_resume.target(seen[1], 0.9), bench_resume.target(seen[2], 0.9)):
+        assert (chained["has_chains"], chained["at_most"], chained["met"]) == (True, 1.0, True)

@@ -382,6 +382,190 @@ done:
     return result;
 }
 
+/* A chain of sub-delta links applied in one pass over the chunk: out = root +
+ * unzigzag(link 1) + unzigzag(link 2) + ..., each link's image gathered from its
+ * planes.  Link by link, each link read the chunk the one before wrote and wrote
+ * it again (a chunk's worth of memory traffic twice per link, and a buffer per
+ * link but the last); here a block of CHAIN_BLOCK elements of out takes the root,
+ * then every link in turn while it is in the core's cache.  A block of
+ * JOIN_BLOCK elements whose image bytes are all zero adds nothing and is skipped. */
+#define CHAIN_BLOCK 4096
+/* Most links one call applies (the Python side applies longer chains in groups). */
+#define MAX_LINKS 16
+#define ADD_LINK_LOOP(bits)                                                       \
+    static void add_link_##bits(const uint8_t *const *planes, uint8_t *restrict out, \
+                                Py_ssize_t start, Py_ssize_t end)                 \
+    {                                                                             \
+        enum { SIZE = bits / 8 };                                                 \
+        const uint8_t *p[SIZE]; /* local: the loops below see no aliasing */      \
+        for (int k = 0; k < SIZE; k++)                                            \
+            p[k] = planes[k];                                                     \
+        for (Py_ssize_t first = start; first < end; first += JOIN_BLOCK) {        \
+            Py_ssize_t last = first + JOIN_BLOCK < end ? first + JOIN_BLOCK : end; \
+            if (last - first == JOIN_BLOCK) {                                     \
+                uint64_t any = 0;                                                 \
+                for (int k = 0; k < SIZE; k++)                                    \
+                    for (int w = 0; w < JOIN_BLOCK / 8; w++) {                    \
+                        uint64_t word;                                            \
+                        memcpy(&word, p[k] + first + 8 * w, 8);                   \
+                        any |= word;                                              \
+                    }                                                             \
+                if (!any)                                                         \
+                    continue;                                                     \
+            }                                                                     \
+            for (Py_ssize_t e = first; e < last; e++) {                           \
+                uint##bits##_t z = 0, b;                                          \
+                for (int k = 0; k < SIZE; k++)                                    \
+                    z |= (uint##bits##_t)((uint##bits##_t)p[k][e] << (8 * k));    \
+                memcpy(&b, out + e * SIZE, SIZE);                                 \
+                b = (uint##bits##_t)(b + (uint##bits##_t)(                        \
+                    (z >> 1) ^ (uint##bits##_t)(0u - (z & 1u))));                 \
+                memcpy(out + e * SIZE, &b, SIZE);                                 \
+            }                                                                     \
+        }                                                                         \
+    }
+
+ADD_LINK_LOOP(8)
+ADD_LINK_LOOP(16)
+ADD_LINK_LOOP(32)
+ADD_LINK_LOOP(64)
+
+/* out = root + the links, block by block; root_planes (size planes) or root_bytes
+ * (the joined root, which may be out itself). */
+static void apply_chain(const uint8_t *const *root_planes, const uint8_t *root_bytes,
+                        const uint8_t *const *link_planes, Py_ssize_t links,
+                        uint8_t *out, Py_ssize_t count, Py_ssize_t size)
+{
+    for (Py_ssize_t start = 0; start < count; start += CHAIN_BLOCK) {
+        Py_ssize_t n = count - start < CHAIN_BLOCK ? count - start : CHAIN_BLOCK;
+        if (root_planes != NULL) {
+            const uint8_t *at[8];
+            for (Py_ssize_t k = 0; k < size; k++)
+                at[k] = root_planes[k] + start;
+            join_elements(at, out + start * size, n, size);
+        } else if (root_bytes != out) {
+            memcpy(out + start * size, root_bytes + start * size, (size_t)(n * size));
+        }
+        for (Py_ssize_t l = 0; l < links; l++) {
+            const uint8_t *const *planes = link_planes + l * size;
+            switch (size) {
+            case 1: add_link_8(planes, out, start, start + n); break;
+            case 2: add_link_16(planes, out, start, start + n); break;
+            case 4: add_link_32(planes, out, start, start + n); break;
+            default: add_link_64(planes, out, start, start + n); break;
+            }
+        }
+    }
+}
+
+/* The buffers of the planes in ``sequence`` (exactly size of them, count bytes
+ * each) appended to views/pointers from *held on; 0 with an exception set. */
+static int take_planes(PyObject *sequence, Py_ssize_t size, Py_ssize_t count,
+                       Py_buffer *views, const uint8_t **pointers, Py_ssize_t *held,
+                       const char *what)
+{
+    PyObject *items = PySequence_Tuple(sequence);  /* a tuple of its own, as in join */
+    if (items == NULL)
+        return 0;
+    int ok = 0;
+    if (PyTuple_GET_SIZE(items) != size) {
+        PyErr_Format(PyExc_ValueError, "%s has %zd planes, the chain's element size is %zd",
+                     what, PyTuple_GET_SIZE(items), size);
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < size; k++) {
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(items, k), &views[*held],
+                               PyBUF_C_CONTIGUOUS) < 0)
+            goto done;
+        pointers[*held] = (const uint8_t *)views[*held].buf;
+        (*held)++;
+        if (views[*held - 1].len != count) {
+            PyErr_Format(PyExc_ValueError, "%s: plane %zd holds %zd bytes, the output needs"
+                         " %zd", what, k, views[*held - 1].len, count);
+            goto done;
+        }
+    }
+    ok = 1;
+done:
+    Py_DECREF(items);
+    return ok;
+}
+
+PyDoc_STRVAR(sub_delta_chain_doc,
+"sub_delta_chain(root, links, out)\n\n"
+"out = root + unzigzag(join(links[0])) + unzigzag(join(links[1])) + ..., element by\n"
+"element, as join_unzigzag_add applied link after link gives it, in one pass over out.\n"
+"links: 1 to 16 sequences of planes, each of the element size's count (1, 2, 4 or 8),\n"
+"every plane n bytes; root: the joined root (a buffer of n * element size bytes, which\n"
+"may be out itself but no other part of it) or a sequence of its planes; out writable,\n"
+"overlapping no plane.");
+
+static PyObject *native_sub_delta_chain(PyObject *self, PyObject *args)
+{
+    PyObject *root, *sequence;
+    Py_buffer out, root_view;
+    if (!PyArg_ParseTuple(args, "OOw*", &root, &sequence, &out))
+        return NULL;
+    PyObject *result = NULL, *links = NULL;
+    Py_buffer views[(MAX_LINKS + 1) * 8];
+    const uint8_t *pointers[(MAX_LINKS + 1) * 8];
+    Py_ssize_t held = 0, size = 0, count = 0, nlinks = 0;
+    int root_held = 0;
+    links = PySequence_Tuple(sequence);
+    if (links == NULL)
+        goto done;
+    nlinks = PyTuple_GET_SIZE(links);
+    if (nlinks < 1 || nlinks > MAX_LINKS) {
+        PyErr_Format(PyExc_ValueError, "sub_delta_chain applies 1 to %d links, not %zd",
+                     MAX_LINKS, nlinks);
+        goto done;
+    }
+    size = PySequence_Size(PyTuple_GET_ITEM(links, 0));
+    if (size < 0)
+        goto done;
+    if (!lane_lengths(size, out.len, out.len, out.len))
+        goto done;
+    count = out.len / size;
+    for (Py_ssize_t l = 0; l < nlinks; l++)
+        if (!take_planes(PyTuple_GET_ITEM(links, l), size, count, views, pointers, &held,
+                         "a link"))
+            goto done;
+    if (PyObject_CheckBuffer(root)) {
+        if (PyObject_GetBuffer(root, &root_view, PyBUF_C_CONTIGUOUS) < 0)
+            goto done;
+        root_held = 1;
+        const uint8_t *r = root_view.buf, *o = out.buf;
+        if (root_view.len != out.len) {
+            PyErr_Format(PyExc_ValueError, "a root of %zd bytes for a chunk of %zd",
+                         root_view.len, out.len);
+            goto done;
+        }
+        if (r != o && r < o + out.len && o < r + root_view.len) {
+            PyErr_SetString(PyExc_ValueError, "the root overlaps out (other than being it)");
+            goto done;
+        }
+    } else if (!take_planes(root, size, count, views, pointers, &held, "the root")) {
+        goto done;
+    }
+    {
+        const uint8_t *const *root_planes = root_held ? NULL : pointers + nlinks * size;
+        const uint8_t *root_bytes = root_held ? (const uint8_t *)root_view.buf : NULL;
+        uint8_t *o = out.buf;
+        Py_BEGIN_ALLOW_THREADS
+        apply_chain(root_planes, root_bytes, pointers, nlinks, o, count, size);
+        Py_END_ALLOW_THREADS
+    }
+    result = Py_NewRef(Py_None);
+done:
+    for (Py_ssize_t i = 0; i < held; i++)
+        PyBuffer_Release(&views[i]);
+    if (root_held)
+        PyBuffer_Release(&root_view);
+    Py_XDECREF(links);
+    PyBuffer_Release(&out);
+    return result;
+}
+
 PyDoc_STRVAR(add_runs_doc,
 "unzigzag_add_runs(chunk, starts, counts, values, element_size)\n\n"
 "For each run i (starts and counts: int64 buffers of one length), the elements\n"
@@ -451,6 +635,7 @@ static PyMethodDef native_methods[] = {
     {"unzigzag_add", native_unzigzag_add, METH_VARARGS, unzigzag_doc},
     {"join_unzigzag_add", native_join_unzigzag_add, METH_VARARGS, join_unzigzag_doc},
     {"unzigzag_add_runs", native_unzigzag_add_runs, METH_VARARGS, add_runs_doc},
+    {"sub_delta_chain", native_sub_delta_chain, METH_VARARGS, sub_delta_chain_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -62,6 +62,7 @@ from chunkstore.read.members import (
     page_out,
 )
 from chunkstore.read.scratch import member_buffer, scratch
+from chunkstore.read.subchain import Link, decode_sub_deltas, sub_deltas_alone
 
 if TYPE_CHECKING:
     from chunkstore.handle.handle import StoreHandle
@@ -117,10 +118,12 @@ def decode_chain(store: StoreHandle, digest: Digest, data: bytes | memoryview,
     otherwise only the result is checked, which proves every base on the way
     right as well (a wrong base changes the result), and the bases decoded on
     the way are not cached: a chain of XOR links is decoded in the plane
-    domain, other chains link by link from the root (a sparse-delta link adds
-    its runs in place, onto a buffer of this decode's own).  ``transient`` (a read job
-    of :func:`chunkstore.read.reader.run_jobs`): the links before the last are
-    decoded into the thread's scratch buffers (:mod:`chunkstore.read.scratch`).
+    domain, a chain of sub-delta links alone in one pass over the chunk per two
+    links (native loops built), other chains link by link from the root (a
+    sparse-delta link adds its runs in place, onto a buffer of this decode's own).
+    ``transient`` (a read job of :func:`chunkstore.read.reader.run_jobs`): the links
+    before the last are decoded into the thread's scratch buffers
+    (:mod:`chunkstore.read.scratch`).
 
     ``data`` and the bases a reader read ahead may be mapped and populated no further
     than their headers (:func:`chunkstore.read.packs.read_members_into`): each object
@@ -149,9 +152,6 @@ def decode_chain(store: StoreHandle, digest: Digest, data: bytes | memoryview,
         return _decode_planes(digest, links, root, root_raw, out, transient,
                               store.objects.chunk_ids)
     return _decode_links(digest, links, root, root_raw, out, transient, store.objects.chunk_ids)
-
-
-Link = tuple[Digest, ChunkHeader, memoryview]
 
 
 def _chain_objects(store: StoreHandle, digest: Digest, header: ChunkHeader, view: memoryview,
@@ -232,6 +232,8 @@ def _decode_links(digest: Digest, links: list[Link], root: Link | None,
     nearest the root first, and hash-check the result only.  ``transient``: the
     root and the links before the last go to the thread's scratch buffers (each
     link reads the buffer before and writes another)."""
+    if out is not None and sub_deltas_alone(links):
+        return decode_sub_deltas(digest, links, root, root_raw, out, ids)
     if out is not None and not any(
             isinstance(codecs.by_id(link[1].codec_id), SparseDeltaCodec) for link in links):
         return _decode_links_through(digest, links, root, root_raw, out, transient, ids)
