@@ -1,8 +1,8 @@
 """Turn the suite's results files into ``latest.md`` and PNG plots.
 
 Reads ``latest.json`` (records), ``run.json`` (run description) and, when
-present, ``core.json``, ``pause.json`` and ``memory_table.json`` from the same
-folder.  Usage::
+present, ``restore_floors.json``, ``core.json``, ``pause.json`` and
+``memory_table.json`` from the same folder.  Usage::
 
     python -m benchmarks.render benchmarks/results
 """
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.summarize import core_table, memory_table, pause_table
+from benchmarks.summarize import core_table, memory_table, pause_table, restore_floor_table
 
 MB = 1e6
 
@@ -184,6 +184,14 @@ def encryption_table(records: list[dict[str, Any]], encrypted: str = "chunkstore
     return lines
 
 
+def _floors_section(floors: dict[str, Any] | None) -> list[str]:
+    """Chunkstore's restores against the checked read and the copy+hash floor (issue 49),
+    where the run measured them."""
+    if floors is None or not floors["references"]:
+        return []
+    return ["## Restore against its floors", "", *restore_floor_table(floors), ""]
+
+
 def markdown(folder: Path) -> str:
     records, run = _load(folder, "latest.json"), _load(folder, "run.json")
     m = run["machine"]
@@ -223,6 +231,7 @@ def markdown(folder: Path) -> str:
         " training state's tensors, hash- or bit-checked).", "",
         *pivot(records, lambda r: f"{r['save_s'] * 1e3:.0f} / {r['restore_s'] * 1e3:.0f} ms"),
         "",
+        *_floors_section(_load(folder, "restore_floors.json")),
         "## Per workload and system", "",
         "Peak RSS of the process that made the sync saves, with what it held once the"
         " state was loaded (the rest is what saving added) and, for chunkstore, what the"

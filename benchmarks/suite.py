@@ -11,7 +11,11 @@ limits (``bench_core``), the async-pause benchmark (``bench_pause``) and the
 sharded DCP benchmark at world sizes 1, 2 and 4 (``bench_dcp``: DCP's
 FileSystemWriter against ChunkStoreWriter, 10 versions; quick: 2 versions
 of a tiny state at world sizes 1 and 2), then writes ``latest.json``,
-``run.json``, ``latest.md`` and PNG plots.  Usage::
+``run.json``, ``latest.md`` and PNG plots.  Two restore references take turns
+with the systems (``benchmarks.systems.REFERENCES``: a checked read and the
+machine's copy+hash floor); their records and chunkstore's restores against
+them, with issue 49's targets, go to ``restore_floors.json`` (and a section of
+``latest.md``), not into the storage and save tables.  Usage::
 
     python -m benchmarks.suite                 # full mode, into benchmarks/results/
     python -m benchmarks.suite --quick         # smoke test (~30 s), into benchmarks/results/quick/
@@ -36,8 +40,8 @@ from typing import Any
 
 import torch
 
-from benchmarks import bench_core, bench_dcp, bench_pause, render, worker
-from benchmarks.systems import SYSTEMS
+from benchmarks import bench_core, bench_dcp, bench_pause, render, summarize, worker
+from benchmarks.systems import REFERENCES, SYSTEMS
 from benchmarks.trace import TraceWriter
 from benchmarks.workloads import FULL, QUICK, TRAIN, WORKLOADS, Scale
 
@@ -220,6 +224,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="where traces and checkpoints go (default: a temp dir)")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--references", default=",".join(REFERENCES),
+                        help="restore references timed in turns with the systems"
+                             " (empty: none)")
     parser.add_argument("--repeat", type=int, default=None,
                         help="timing repeats for restores (default: 5, 1 with --quick)")
     parser.add_argument("--no-reference", action="store_true",
@@ -246,13 +253,14 @@ def main(argv: list[str] | None = None) -> None:
     work = Path(tempfile.mkdtemp(prefix="cs-suite-", dir=args.work_dir))
     records: list[dict[str, Any]] = []
     workloads: dict[str, Any] = {}
+    measured = args.systems.split(",") + [name for name in args.references.split(",") if name]
     try:
         for name in args.workloads.split(","):
             trace_dir = work / "trace" / name
             workloads[name] = record_trace(name, scale, trace_dir)
             print(f"{name}: trained {workloads[name]['train_s']:.1f} s", file=sys.stderr)
-            records += run_systems(trace_dir, work / name, args.systems.split(","),
-                                   args.repeat, in_process=args.quick)
+            records += run_systems(trace_dir, work / name, measured, args.repeat,
+                                   in_process=args.quick)
             shutil.rmtree(trace_dir)
             print(f"{name}: measured, {time.perf_counter() - started:.0f} s so far",
                   file=sys.stderr)
@@ -267,8 +275,11 @@ def main(argv: list[str] | None = None) -> None:
                 "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine(),
                 "runtime_s": time.perf_counter() - started, "scale": scale.__dict__,
                 "workloads": workloads, "repeat": args.repeat}
-    (args.out_dir / "latest.json").write_text(json.dumps(records, indent=1) + "\n")
+    systems = [record for record in records if not record.get("reference")]
+    floors = summarize.restore_floors(records, command)
+    (args.out_dir / "latest.json").write_text(json.dumps(systems, indent=1) + "\n")
     (args.out_dir / "run.json").write_text(json.dumps(run_info, indent=1) + "\n")
+    (args.out_dir / "restore_floors.json").write_text(json.dumps(floors, indent=1) + "\n")
     render.write_all(args.out_dir)
     print(f"results in {args.out_dir} ({run_info['runtime_s']:.0f} s)", file=sys.stderr)
 

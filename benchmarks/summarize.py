@@ -250,6 +250,92 @@ def _memory_misses(row: dict[str, Any], restore_bound: float, working: int) -> l
                       f" {_mib(got - bound)} MiB over{kinds}")
     return misses
 
+#: Issue 49's restore targets: a system's restore of the latest version at most this many
+#: times a reference's, measured in the same run (``benchmarks.systems.REFERENCES``).
+RESTORE_TARGETS = (("chunkstore-auto", "checked-read", 1.0),
+                   ("chunkstore-none", "copy-hash-floor", 1.2))
+
+
+def restore_floors(records: list[dict[str, Any]], command: str) -> dict[str, Any]:
+    """The suite's restore references and, per workload, each target's restore times
+    (wall and CPU, of the latest version), ratio and verdict (None where the run
+    measured either side on no record)."""
+    workloads: dict[str, Any] = {}
+    for record in records:
+        workloads.setdefault(record["workload"], {})[record["system"]] = record
+    per_workload = {}
+    for name, found in workloads.items():
+        rows = {}
+        for system, reference, bound in RESTORE_TARGETS:
+            mine, theirs = found.get(system), found.get(reference)
+            ratio = (None if mine is None or theirs is None
+                     else mine["restore_s"] / theirs["restore_s"])
+            rows[f"{system}/{reference}"] = {
+                "system_s": _figure(mine, "restore_s"),
+                "reference_s": _figure(theirs, "restore_s"),
+                "system_cpu_s": _figure(mine, "restore_cpu_s"),
+                "reference_cpu_s": _figure(theirs, "restore_cpu_s"),
+                "ratio": ratio, "at_most": bound,
+                "meets_target": None if ratio is None else ratio <= bound}
+        per_workload[name] = rows
+    return {"command": command,
+            "targets": [{"system": system, "reference": reference, "at_most": bound}
+                        for system, reference, bound in RESTORE_TARGETS],
+            "references": [record for record in records if record.get("reference")],
+            "workloads": per_workload}
+
+
+def _figure(record: dict[str, Any] | None, key: str) -> Any:
+    return None if record is None else record.get(key)
+
+
+def _ms(seconds: float | None, cpu: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1e3:.1f} ms" + ("" if cpu is None else f" (CPU {cpu * 1e3:.0f})")
+
+
+def restore_floor_table(doc: dict[str, Any]) -> list[str]:
+    """The restore targets per workload, each ratio marked where it misses, and a line
+    naming every miss with its figure."""
+    pairs = [f"{t['system']}/{t['reference']}" for t in doc["targets"]]
+    how = {r["system"]: r["how"] for r in doc["references"]}
+    intro = [
+        "Restore of the latest version into the live tensors (median wall time; in"
+        " parentheses the median CPU time of the restoring process, all its threads)"
+        " against two references timed in turns with the systems in the same run"
+        f" (`{doc['command']}`): "
+        + "; ".join(f"*{name}*: {text}" for name, text in how.items()) + ".", ""]
+    header = ["workload"]
+    for target in doc["targets"]:
+        header += [target["system"], target["reference"],
+                   f"over {target['reference']} (at most {target['at_most']}x)"]
+    lines = [*intro, "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    missed: dict[str, list[str]] = {pair: [] for pair in pairs}
+    for name, rows in doc["workloads"].items():
+        cells = [name]
+        for pair in pairs:
+            row = rows[pair]
+            ratio = row["ratio"]
+            cells += [_ms(row["system_s"], row["system_cpu_s"]),
+                      _ms(row["reference_s"], row["reference_cpu_s"]),
+                      "-" if ratio is None else f"{ratio:.2f}x"
+                      + ("" if row["meets_target"] else " (over)")]
+            if row["meets_target"] is False:
+                missed[pair].append(f"{name} ({ratio:.2f}x)")
+        lines.append("| " + " | ".join(cells) + " |")
+    verdicts = []
+    for target, pair in zip(doc["targets"], pairs, strict=True):
+        measured = [name for name, rows in doc["workloads"].items()
+                    if rows[pair]["ratio"] is not None]
+        verdict = ("not measured" if not measured else
+                   "met on every workload" if not missed[pair] else
+                   f"missed on {', '.join(missed[pair])}")
+        verdicts.append(f"{target['system']}'s restore at most {target['at_most']}x"
+                        f" {target['reference']}'s: {verdict}")
+    return [*lines, "", "Targets: " + "; ".join(verdicts) + "."]
+
+
 def suite_sections(names: tuple[str, ...]) -> list[str]:
     """Sections of the suite's latest.md, by heading, with their tables."""
     path = RESULTS / "latest.md"
@@ -283,7 +369,8 @@ def render_all() -> str:
         parts.append("\n".join(sections).strip())
     for name, render in (("core.json", core_table), ("pause.json", pause_table),
                          ("gc.json", gc_table), ("protocol.json", protocol_table),
-                         ("dcp.json", dcp_table), ("memory_table.json", memory_table)):
+                         ("dcp.json", dcp_table), ("memory_table.json", memory_table),
+                         ("restore_floors.json", restore_floor_table)):
         doc = _load(name)
         if doc is not None:
             parts.append("\n".join(render(doc)))

@@ -3,7 +3,11 @@
 Order matters for the memory figure: the first state is loaded, then every
 version is saved synchronously and the peak resident set is read (so it
 holds the state plus what saving added, nothing from restores); then the
-restores, the async pauses and the memcpy reference are measured.  Usage::
+restores, the async pauses and the memcpy reference are measured.  A restore
+reference (``benchmarks.systems.REFERENCES``) only restores: it writes the
+versions it restores in the turns in which the systems save (so its restores
+fall in the same rounds as theirs), then times its restores as theirs are
+timed.  Usage::
 
     python -m benchmarks.worker TRACE_DIR SYSTEM[,SYSTEM...] WORK_DIR [--repeat 3] [--turns]
 
@@ -38,7 +42,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.systems import open_async, open_sync
+from benchmarks.systems import REFERENCES, open_async, open_reference, open_sync
 from benchmarks.trace import TraceReader, TraceVersion, empty_like_tree, flatten
 
 
@@ -92,14 +96,22 @@ class Turns:
 ALONE = Turns(shared=False)
 
 
-def median_time(fn: Callable[[], object], repeat: int, turns: Turns = ALONE) -> float:
-    times = []
+def median_times(fn: Callable[[], object], repeat: int, turns: Turns = ALONE
+                 ) -> tuple[float, float]:
+    """The median wall time of ``fn`` and the median CPU time of this process (all its
+    threads) over it."""
+    times, cpu = [], []
     for _ in range(repeat):
         turns.take()
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         fn()
         times.append(time.perf_counter() - started)
-    return statistics.median(times)
+        cpu.append(time.process_time() - cpu_started)
+    return statistics.median(times), statistics.median(cpu)
+
+
+def median_time(fn: Callable[[], object], repeat: int, turns: Turns = ALONE) -> float:
+    return median_times(fn, repeat, turns)[0]
 
 
 def steady(times: list[float]) -> float:
@@ -166,8 +178,9 @@ def memcpy_time(reader: TraceReader, repeat: int, turns: Turns = ALONE) -> float
 
 
 def restore_one(system: Any, reader: TraceReader, version: TraceVersion,
-                repeat: int, turns: Turns = ALONE) -> tuple[float, bool]:
-    """Median restore time of ``version`` and whether every tensor came back bit for bit."""
+                repeat: int, turns: Turns = ALONE) -> tuple[float, float, bool]:
+    """Median restore time of ``version``, its median CPU time, and whether every tensor
+    came back bit for bit."""
     expected = flatten(reader.load(version.index))
     target = empty_like_tree(reader.load(version.index))
     restored: dict[str, Any] = {}
@@ -175,15 +188,41 @@ def restore_one(system: Any, reader: TraceReader, version: TraceVersion,
     def restore() -> None:
         restored["tree"] = system.restore(version, target)
 
-    seconds = median_time(restore, repeat, turns)
+    seconds, cpu_seconds = median_times(restore, repeat, turns)
     got = flatten(restored["tree"])
     ok = got.keys() == expected.keys() and all(
         torch.equal(got[name], tensor) for name, tensor in expected.items())
-    return seconds, ok
+    return seconds, cpu_seconds, ok
+
+
+def run_reference(trace_dir: Path, name: str, work_dir: Path, repeat: int,
+                  turns: Turns = ALONE) -> dict[str, Any]:
+    """A restore reference's record: its restores of the latest and the oldest version,
+    from files written in the turns the systems save in (one turn a version)."""
+    reader = TraceReader(trace_dir)
+    reference = open_reference(name, work_dir)
+    restored = (reader.versions[-1], reader.versions[0])
+    for version in reader.versions:
+        turns.take()
+        if version in restored:
+            reference.save(version, reader.load(version.index))
+    restore_s, restore_cpu_s, latest_ok = restore_one(reference, reader, restored[0], repeat,
+                                                      turns)
+    restore_oldest_s, _, oldest_ok = restore_one(reference, reader, restored[1], repeat, turns)
+    reference.close()
+    shutil.rmtree(work_dir)
+    return {
+        "workload": reader.workload, "system": name, "reference": True, "how": reference.HOW,
+        "versions": len(reader.versions), "logical_bytes": reader.versions[-1].logical_bytes,
+        "restore_s": restore_s, "restore_cpu_s": restore_cpu_s,
+        "restore_oldest_s": restore_oldest_s, "restore_verified": latest_ok and oldest_ok,
+    }
 
 
 def run(trace_dir: Path, system_name: str, work_dir: Path, repeat: int,
         turns: Turns = ALONE) -> dict[str, Any]:
+    if system_name in REFERENCES:
+        return run_reference(trace_dir, system_name, work_dir, repeat, turns)
     reader = TraceReader(trace_dir)
     reader.load(0)
     baseline_rss = peak_rss_bytes()
@@ -194,9 +233,10 @@ def run(trace_dir: Path, system_name: str, work_dir: Path, repeat: int,
     # save's delta bases (part of the peak above)
     copies = getattr(getattr(system, "store", None), "base_copies", None)
     base_copies = copies.held() if copies is not None else None
-    restore_s, latest_ok = restore_one(system, reader, reader.versions[-1], repeat, turns)
-    restore_oldest_s, oldest_ok = restore_one(system, reader, reader.versions[0], repeat,
-                                              turns)
+    restore_s, restore_cpu_s, latest_ok = restore_one(system, reader, reader.versions[-1],
+                                                      repeat, turns)
+    restore_oldest_s, _, oldest_ok = restore_one(system, reader, reader.versions[0], repeat,
+                                                 turns)
     system.close()
     shutil.rmtree(work_dir / "sync")
     async_system = open_async(system_name, work_dir / "async")
@@ -212,7 +252,8 @@ def run(trace_dir: Path, system_name: str, work_dir: Path, repeat: int,
         "logical_bytes": logical, "physical_bytes": stored[-1],
         "amplification": stored[-1] / logical,
         "save_s": steady(save_times), "pause_s": steady(pauses) if pauses else steady(save_times),
-        "restore_s": restore_s, "peak_rss_bytes": peak_rss, "base_copies_bytes": base_copies,
+        "restore_s": restore_s, "restore_cpu_s": restore_cpu_s, "peak_rss_bytes": peak_rss,
+        "base_copies_bytes": base_copies,
         "pause_kind": "async" if pauses else "sync (no async save)",
         "first_save_s": save_times[0], "first_pause_s": pauses[0] if pauses else None,
         "restore_oldest_s": restore_oldest_s, "restore_verified": latest_ok and oldest_ok,

@@ -136,6 +136,91 @@ def test_the_sharded_dcp_benchmark_reports_per_rank(quick_suite_results: Path) -
         assert ratios["save_time"] > 0 and set(ratios["meets_target"]) == set(report["targets"])
 
 
+def test_the_restore_references_hold_chunkstore_to_its_targets(
+        quick_suite_results: Path, records: list[dict[str, Any]]) -> None:
+    """The checked read and the copy+hash floor restore every workload (bit for bit, in
+    the run beside the systems), stay out of latest.json and its storage and save
+    tables, and restore_floors.json and latest.md give each target's ratio per workload."""
+    floors = json.loads((quick_suite_results / "restore_floors.json").read_text())
+    references = floors["references"]
+    assert {(r["workload"], r["system"]) for r in references} == {
+        (w, name) for w in WORKLOADS for name in ("checked-read", "copy-hash-floor")}
+    for r in references:
+        assert r["restore_verified"] and r["restore_s"] > 0 and r["restore_cpu_s"] > 0, r
+    times = {(r["workload"], r["system"]): r["restore_s"] for r in [*records, *references]}
+    assert [t["at_most"] for t in floors["targets"]] == [1.0, 1.2]
+    assert set(floors["workloads"]) == WORKLOADS
+    for workload, rows in floors["workloads"].items():
+        for target in floors["targets"]:
+            row = rows[f"{target['system']}/{target['reference']}"]
+            assert row["ratio"] == pytest.approx(times[workload, target["system"]]
+                                                 / times[workload, target["reference"]])
+            assert row["meets_target"] == (row["ratio"] <= target["at_most"])
+    markdown = (quick_suite_results / "latest.md").read_text()
+    section = markdown.split("## Restore against its floors", 1)[1].split("\n## ", 1)[0]
+    assert all(f"| {workload} |" in section for workload in WORKLOADS)
+    assert "Targets: chunkstore-auto's restore at most 1.0x checked-read's: " in section
+    before = markdown.split("## Restore against its floors", 1)[0]
+    assert "checked-read" not in before and "copy-hash-floor" not in before
+
+
+def test_the_restore_table_names_every_miss_with_its_figure(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(REPO))
+    from benchmarks import summarize
+
+    def record(workload: str, system: str, seconds: float) -> dict[str, Any]:
+        return {"workload": workload, "system": system, "restore_s": seconds,
+                "restore_cpu_s": seconds, "reference": system in ("checked-read",
+                                                                  "copy-hash-floor"),
+                "how": "by hand"}
+
+    found = [record(w, s, t) for w, times in (("dense", (0.011, 0.010, 0.012, 0.010)),
+                                             ("lora", (0.009, 0.010, 0.013, 0.010)))
+             for s, t in zip(("chunkstore-auto", "checked-read", "chunkstore-none",
+                              "copy-hash-floor"), times, strict=True)]
+    doc = summarize.restore_floors(found, "c")
+    lines = summarize.restore_floor_table(doc)
+    assert "| dense | 11.0 ms (CPU 11) | 10.0 ms (CPU 10) | 1.10x (over) | 12.0 ms (CPU 12)" \
+           " | 10.0 ms (CPU 10) | 1.20x |" in lines
+    assert lines[-1] == ("Targets: chunkstore-auto's restore at most 1.0x checked-read's:"
+                         " missed on dense (1.10x); chunkstore-none's restore at most 1.2x"
+                         " copy-hash-floor's: missed on lora (1.30x).")
+
+
+@pytest.mark.parametrize("name", ["checked-read", "copy-hash-floor"])
+def test_a_restore_reference_checks_every_byte(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """A reference restores a state whose tensors cross its pieces and steps (1,100 tiny
+    tensors in one step: more than one preadv's vectors) bit for bit, and a byte flipped
+    in its file is a ChecksumMismatch, not a restore."""
+    monkeypatch.syspath_prepend(str(REPO))
+    import torch
+
+    from benchmarks.systems import ChecksumMismatch, open_reference
+    from benchmarks.trace import TraceVersion, empty_like_tree, flatten
+
+    generator = torch.Generator().manual_seed(0)
+    state = {"model": {"big": torch.randn(1_100_000, generator=generator),
+                       "half": torch.randn(3000, generator=generator).to(torch.bfloat16)},
+             "optimizer": {f"s{i}": torch.tensor([float(i)]) for i in range(1100)}}
+    version = TraceVersion(0, "r", 0, 0, 0)
+    reference = open_reference(name, tmp_path)
+    try:
+        reference.save(version, state)
+        target = reference.restore(version, empty_like_tree(state))
+        assert all(torch.equal(flatten(target)[key], tensor)
+                   for key, tensor in flatten(state).items())
+        path = reference.path(version)
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 1  # inside the big tensor's bytes, in either file
+        path.write_bytes(bytes(data))
+        with pytest.raises(ChecksumMismatch):
+            reference.restore(version, empty_like_tree(state))
+    finally:
+        reference.close()
+
+
 def test_workers_taking_turns_measure_every_system(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The full mode's workers (one process per system, timed steps in turns) return
