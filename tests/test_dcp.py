@@ -179,6 +179,24 @@ def test_a_save_given_the_store_makes_six_index_write_transactions(store_url: st
     assert max(made[1:]) <= 6, made  # the first one makes the run's
 
 
+def test_saves_by_path_leave_nothing_open_behind_them(store_url: str) -> None:
+    """A writer given the store's path opens it for its save and closes it after: more
+    saves in one process leave no more file descriptors (an open store holds its index's
+    and lock's) or threads than two did (what is left open, each later save pays for)."""
+    def held() -> tuple[int, int]:
+        return len(os.listdir("/proc/self/fd")), threading.active_count()
+
+    def save(step: int) -> None:
+        state = {f"t{i}": torch.full((256,), float(i + (i == step % 20))) for i in range(20)}
+        dcp.save(state, storage_writer=ChunkStoreWriter(store_url, run="r", step=step))
+    for step in range(2):
+        save(step)
+    after_two = held()
+    for step in range(2, 8):
+        save(step)
+    assert held() == after_two
+
+
 def test_an_async_save_keeps_conjugate_and_negative_views(store_url: str) -> None:
     """dcp.async_save stages the state first: torch's default stager copies with set_,
     which drops a conjugate or negative view's bit; the writer stages as torch's own

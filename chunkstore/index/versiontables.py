@@ -216,6 +216,11 @@ class VersionLookups:
         with self.env.begin(db=self.versions_db) as txn:
             return {bytes(k).decode() for k in txn.cursor().iternext(values=False)}
 
+    def held_version_ids(self, version_ids: Iterable[str]) -> set[str]:
+        """Those of ``version_ids`` this index holds, in one read (no entry decoded)."""
+        with self.env.begin(db=self.versions_db) as txn:
+            return {vid for vid in version_ids if txn.get(vid.encode()) is not None}
+
     def version_ids_since(self, created: float) -> set[str] | None:
         """The ids of the versions created at or after ``created``, by a seek; None where
         the order by time does not hold every version (:meth:`_orders_in_step`)."""

@@ -233,16 +233,21 @@ def reconcile_from_markers(store: StoreHandle, now: float | None = None) -> bool
     expected = store.index.version_ids_since(markers_s - SKEW_S)
     if expected is None:
         return False
+    markers = list(recent_markers(store.objects, markers_s, now))
+    # The window holds every save of the last minutes (a job saving every second, a
+    # hundred or more): which of them the index holds, in one read, by key alone.
+    held = store.index.held_version_ids({marker.version_id for marker in markers})
     named = set()
     found: list[str] = []
-    for marker in recent_markers(store.objects, markers_s, now):
-        held = store.index.version(marker.version_id) is not None
+    for marker in markers:
         if marker.removed:
-            if held and not store.objects.exists(VERSIONS, marker.version_id):
+            if marker.version_id in held \
+                    and not store.objects.exists(VERSIONS, marker.version_id):
                 store.index.remove_version(marker.version_id)
+                held.discard(marker.version_id)
             continue
         named.add(marker.version_id)
-        if not held and store.objects.exists(VERSIONS, marker.version_id):
+        if marker.version_id not in held and store.objects.exists(VERSIONS, marker.version_id):
             found.append(marker.version_id)  # else: no such version (yet, or now)
     count_in_many(store, found)
     if expected - named:
