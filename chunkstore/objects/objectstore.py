@@ -44,8 +44,8 @@ from chunkstore.format.digest import PLAIN_IDS, ChunkIds, Digest
 from chunkstore.format.manifest import PackLocation
 from chunkstore.objects.kinds import CHUNKS, CONFIG_KEY, IdT, Kind
 
-__all__ = ["Encoded", "MemberBuffer", "ObjectInfo", "ObjectStore", "OpenedPack", "PackEncoding", "Paging",
-           "PackHead", "Pieces"]
+__all__ = ["Encoded", "MemberBuffer", "ObjectInfo", "ObjectStore", "OpenedPack", "PackEncoding",
+           "PackHead", "Paging", "Pieces"]
 
 #: An object's encoding as pieces laid end to end (a pack: its header and its members),
 #: joined only where the store keeps objects as they are encoded
