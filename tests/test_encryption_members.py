@@ -362,8 +362,8 @@ def test_a_restore_falls_back_past_a_version_with_a_flipped_member(
 
 def test_a_restore_opens_each_member_of_a_chain_apart_and_fails_on_a_flipped_base(
         tmp_path: Path) -> None:
-    """Read jobs open each sealed member of a delta chain apart, side by side in one
-    buffer (chunkstore.read.scratch.member_buffer): the newest of four versions reads back
+    """Read jobs open each sealed member of a delta chain into a buffer of its depth
+    (chunkstore.read.scratch.member_buffer): the newest of four versions reads back
     exactly through a chain of three packed bases; a base flipped two links down fails
     the versions that need it as failing authentication, and on the same handle the
     version before it still reads exactly."""

@@ -269,28 +269,6 @@ def test_a_read_releases_its_scratch_buffers(tmp_path: Path,
         assert seen and max(seen) > 0  # the chains used them, and each job let them go
 
 
-def test_the_members_of_a_chain_never_share_bytes_in_the_members_buffer() -> None:
-    """A chain's sealed members lie side by side in one buffer (member_buffer): each
-    after those of lower depths, where a depth between lies outside a pack (no member
-    opened for it), and past KEEP_BYTES in memory of its own; depth 0 starts over."""
-    def fill(depth: int, size: int, value: int) -> memoryview:
-        view = scratch.member_buffer(depth)(size)
-        assert len(view) == size
-        view[:] = bytes([value]) * size
-        return view
-
-    try:
-        for _ in range(2):  # the second chain reuses the buffer of the first
-            chunk, far = fill(0, 3000, 1), fill(2, 5000, 3)  # depth 1: not packed
-            grown = fill(3, scratch.MEMBER_GRAIN, 4)  # the buffer grows past its grain
-            large = fill(4, scratch.KEEP_BYTES, 5)
-            assert bytes(chunk) == b"\1" * 3000 and bytes(far) == b"\3" * 5000
-            assert bytes(grown) == b"\4" * scratch.MEMBER_GRAIN and large[0] == 5
-            assert fill(0, 10, 6)[0] == 6 and fill(1, 10, 7)[0] == 7
-    finally:
-        scratch.release()
-
-
 @pytest.mark.parametrize("cached", [False, True], ids=["decoded", "cached-bases"])
 def test_a_chain_of_links_is_read_through_one_scratch_buffer(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cached: bool) -> None:

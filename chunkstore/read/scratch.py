@@ -11,8 +11,8 @@ read through delta chains; benchmarks/results/restore.json).
 Reading runs of pack members into such a buffer instead of fresh bytes gained
 nothing measurable, so reads still return fresh bytes.  In an encrypted store of
 version 13 each member is decrypted on its own, and there fresh memory for it costs
-as much as the decryption: a read job opens the members of the chain it decodes side
-by side into one buffer (:func:`member_buffer`; the suite's 261 MB sparse-embedding state,
+as much as the decryption: a read job opens each member into a buffer per depth of
+the chain it decodes (:func:`member_buffer`; the suite's 261 MB sparse-embedding state,
 434 MB of members opened per restore: 384-408 against 510-530 ms of CPU with one read
 job, where a plain store's restore takes 290-309).
 
@@ -66,35 +66,12 @@ def scratch(slot: str, size: int, grain: int = 0) -> memoryview:
 
 def member_buffer(depth: int) -> MemberBuffer:
     """Where a read job opens the sealed member object at ``depth`` of the chain it
-    decodes (0: the chunk's own, then each base, asked for in that order): the thread's
-    members buffer, each depth's member right after the one before it, since a chain's
-    objects are all held until its last link is applied (a slot per depth would keep
-    each depth's largest member resident, where this keeps the largest chain's: 8.1
-    against 9.1 MiB per read job for chains of two sub-delta links of 4 MiB chunks).
-    Fresh memory for each would cost as much as decrypting it.  A member that would
-    end past :data:`KEEP_BYTES` gets memory of its own."""
-    return functools.partial(_member_at, depth)
-
-
-#: Members in the members buffer start at multiples of this (aligned for the codecs).
-_MEMBER_ALIGN = 64
-
-
-def _member_at(depth: int, size: int) -> memoryview:
-    # where the members of lower depths opened here end (a depth whose object lies
-    # outside a pack has none); the list is cut back to ``depth`` at each call, so
-    # depth 0 (a packed chunk's own member) starts the buffer over
-    ends: list[int] = getattr(_local, "member_ends", [])[:depth]
-    start = ends[-1] if ends else 0
-    end = start + size
-    if end > KEEP_BYTES:
-        _local.member_ends = [*ends, start]
-        return memoryview(bytearray(size))
-    _local.member_ends = [*ends, -(-end // _MEMBER_ALIGN) * _MEMBER_ALIGN]
-    return scratch("members", end, grain=MEMBER_GRAIN)[start:]
+    decodes (0: the chunk's own, then each base): a slot of its own per depth, since a
+    chain's objects are all held until its last link is applied.  Fresh memory for each
+    would cost as much as decrypting it."""
+    return functools.partial(scratch, f"member-{depth}", grain=MEMBER_GRAIN)
 
 
 def release() -> None:
     """Drop this thread's buffers (the end of a read call's jobs on this thread)."""
     _local.buffers = {}
-    _local.member_ends = []
