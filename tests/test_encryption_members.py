@@ -21,7 +21,7 @@ from chunkstore.format.manifest import PackLocation, TensorEntry
 from chunkstore.objects import crypto, sealedpacks
 from chunkstore.objects.crypto import SEGMENT_OVERHEAD, SEGMENT_SIZE, stored_size
 from chunkstore.objects.kinds import CHUNKS, MOVED
-from chunkstore.objects.sealed import SealedObjects
+from chunkstore.objects.sealed import OPEN_GRAIN, SealedObjects
 from chunkstore.objects.sealedpacks import member_name
 from tests.test_encryption import refuses_copies_both_ways
 
@@ -390,3 +390,39 @@ def test_a_restore_opens_each_member_of_a_chain_apart_and_fails_on_a_flipped_bas
             with pytest.raises(CorruptChunkError, match="fails authentication"):
                 store.open_version(failing).get("emb")
         assert store.open_version(ids[0]).get("emb").tobytes() == tables[0].tobytes()
+
+
+def test_a_member_opened_part_by_part_is_checked_across_its_parts(tmp_path: Path) -> None:
+    """A member longer than a part of a paged open (OPEN_GRAIN: populated, opened and
+    released part by part) still fails where its parts are of two writes, spliced at
+    the first segment of a later part, and where a byte of a later part is flipped;
+    each write whole reads."""
+    path, tensors = tmp_path / "s", _tensors(1, count=2, size=400_000)  # 1.3 MB members
+    with _open(path, chunk_size=2 * 1024 * 1024) as store:
+        version = _save(store, 1, tensors)
+        digest, location = _locations(store, version)["t1"]
+        objects = store.objects
+        assert isinstance(objects, SealedObjects)
+        step = SEGMENT_SIZE + SEGMENT_OVERHEAD
+        split = OPEN_GRAIN // step * step  # where the second part begins
+        assert location.length > split + step
+        stored = (path / CHUNKS.key(location.pack)).read_bytes()
+        member = stored[location.offset:location.offset + location.length]
+        plain = bytes(objects.open_member(digest, location, member))
+        again = bytes(objects.sealer.seal(member_name(digest), plain))
+
+        def put(data: bytes) -> None:
+            _rewrite(path, location.pack, lambda pack: pack.__setitem__(
+                slice(location.offset, location.offset + location.length), data))
+
+        for spliced in (member[:split] + again[split:], again[:split] + member[split:]):
+            put(spliced)
+            with pytest.raises(CorruptChunkError, match="another write"):
+                store.open_version(version).get("t1")
+        flipped = bytearray(again)
+        flipped[split + step + 100] ^= 1
+        put(bytes(flipped))
+        with pytest.raises(CorruptChunkError, match="fails authentication"):
+            store.open_version(version).get("t1")
+        put(again)
+        assert _read_all(store, version, tensors) == set()

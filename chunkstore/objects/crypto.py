@@ -234,15 +234,18 @@ class Sealer:
         return first * step, (last - first + 1) * step
 
     def open_into(self, name: str, start: int, stored: bytes | memoryview,
-                  out: memoryview, skip: int) -> int:
+                  out: memoryview, skip: int, *, salt: bytes | None = None) -> int:
         """Open the whole segments ``stored`` holds (read from :meth:`span` of ``start``)
         into ``out``, dropping the first ``skip`` bytes of their encoding; the bytes
-        written (fewer than ``len(out)`` only where the object ends first)."""
+        written (fewer than ``len(out)`` only where the object ends first).  ``salt``:
+        the nonce of the object's first segment, where an earlier call opened it (each
+        segment here must then be of the same write)."""
         view, cipher = memoryview(stored).cast("B"), self._cipher(name)
         index, full = start // self.segment, self.segment + SEGMENT_OVERHEAD
         prefix, at, written, stop = name.encode() + b"\0", 0, 0, len(view)
-        head: bytes | None = None  # the salt's first 4 bytes, once a segment gave them
-        low = 0  # and its last 8, as a number
+        # the salt's first 4 bytes, once a segment gave them, and its last 8 as a number
+        head = None if salt is None else salt[:4]
+        low = 0 if salt is None else int.from_bytes(salt[4:], "big")
         while at < stop:  # every segment read is authenticated, if none is used
             end = min(at + full, stop)
             size = end - at - SEGMENT_OVERHEAD
@@ -272,4 +275,31 @@ class Sealer:
                 return written  # the last segment: the object ends here
         if len(view) and written < len(out):  # more was asked for, and no last segment
             raise AuthenticationError("the object is truncated at a segment boundary")
+        return written
+
+    def open_paged(self, name: str, stored: memoryview, out: memoryview,
+                   populate: Callable[[memoryview], None],
+                   release: Callable[[memoryview], None], grain: int) -> int:
+        """:meth:`open_into` of a whole object (from its first segment) in groups of
+        whole segments of about ``grain`` stored bytes, each ``populate``-d before it is
+        opened and ``release``-d after: a mapped object is never resident whole.  Every
+        segment is authenticated, and must be of the same write, as one call checks."""
+        step = self.segment + SEGMENT_OVERHEAD
+        group = max(1, grain // step) * step
+        salt, written = None, 0
+        for at in range(0, len(stored), group):
+            piece = stored[at:at + group]
+            populate(piece)
+            try:
+                # a group before the last holds whole segments: as many bytes as it opens
+                end = len(out) if at + group >= len(stored) else \
+                    min(len(out), written + group // step * self.segment)
+                done = self.open_into(name, at // step * self.segment, piece,
+                                      out[written:end], 0, salt=salt)
+                salt = bytes(piece[:NONCE_SIZE]) if salt is None else salt
+            finally:
+                release(piece)
+            written += done
+            if written < end:
+                break  # the object ended first (the caller's length check refuses it)
         return written

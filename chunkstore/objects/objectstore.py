@@ -45,7 +45,7 @@ from chunkstore.format.manifest import PackLocation
 from chunkstore.objects.kinds import CHUNKS, CONFIG_KEY, IdT, Kind
 
 __all__ = ["Encoded", "MemberBuffer", "ObjectInfo", "ObjectStore", "OpenedPack", "PackEncoding",
-           "PackHead", "Pieces"]
+           "PackHead", "Paging", "Pieces"]
 
 #: An object's encoding as pieces laid end to end (a pack: its header and its members),
 #: joined only where the store keeps objects as they are encoded
@@ -96,6 +96,9 @@ Encoded = bytes | memoryview | Pieces | PackEncoding
 #: Where a store that seals each member on its own opens one (:meth:`ObjectStore.open_member`):
 #: ``size`` writable bytes that the caller owns until it drops the opened member.
 MemberBuffer = Callable[[int], memoryview]
+#: How a reader populates and releases the pages of a mapped range (before and after it
+#: is read): :meth:`ObjectStore.open_member` opens a sealed member in parts with them.
+Paging = tuple[Callable[[memoryview], None], Callable[[memoryview], None]]
 
 
 class ObjectStore:
@@ -282,14 +285,17 @@ class ObjectStore:
         return self.view_range(CHUNKS, pack, HEADER.size + start, length, populate=populate)
 
     def open_member(self, digest: Digest, location: PackLocation,
-                    data: bytes | memoryview, buffer: MemberBuffer | None = None
-                    ) -> memoryview:
+                    data: bytes | memoryview, buffer: MemberBuffer | None = None,
+                    paging: Paging | None = None) -> memoryview:
         """The member object of chunk ``digest`` from the bytes its ``location`` names
         (cut from :meth:`member_range`); :class:`CorruptChunkError` where the pack ended
         first (or, sealed, the member fails authentication).  Here a view of ``data``;
         a store that seals each member on its own opens it into ``buffer`` (a reader's
         reused scratch memory: fresh memory costs a page fault per 4 KiB, as much as
-        the decryption), else into fresh memory."""
+        the decryption), else into fresh memory; with ``paging`` (``data`` mapped and
+        unpopulated) part by part, each part's pages populated before it is opened and
+        released after, so the stored bytes are never resident whole beside the
+        opened ones."""
         if len(data) != location.length:
             raise CorruptChunkError(digest.hex, f"pack {location.pack.short()} ends before"
                                     f" the member's {location.length} bytes at"

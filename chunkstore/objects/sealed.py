@@ -63,8 +63,13 @@ from chunkstore.objects.objectstore import (
     ObjectStore,
     PackEncoding,
     PackHead,
+    Paging,
     Pieces,
 )
+
+#: A sealed member opened with paging (:meth:`SealedObjects.open_member`) is populated,
+#: opened and released about this many stored bytes at a time.
+OPEN_GRAIN = 1024 * 1024
 
 
 def _is_pack(plain: bytes) -> bool:
@@ -230,21 +235,25 @@ class SealedObjects(ObjectStore):
         return self.backend.view_range(CHUNKS.key(pack), start, length, populate=populate)
 
     def open_member(self, digest: Digest, location: PackLocation,
-                    data: bytes | memoryview, buffer: MemberBuffer | None = None
-                    ) -> memoryview:
+                    data: bytes | memoryview, buffer: MemberBuffer | None = None,
+                    paging: Paging | None = None) -> memoryview:
         data = super().open_member(digest, location, data)
         if not self.sealed_members:
             return data
         out = (scratch if buffer is None else buffer)(plain_size(len(data), self.sealer.segment))
-        if self._open_member(digest, location, data, out) != len(out) \
+        if self._open_member(digest, location, data, out, paging) != len(out) \
                 or len(data) != stored_size(len(out), self.sealer.segment):
             raise _member_corrupt(digest, location, "the member is truncated")
         return out.toreadonly()
 
     def _open_member(self, digest: Digest, location: PackLocation, stored: bytes | memoryview,
-                     out: memoryview) -> int:
+                     out: memoryview, paging: Paging | None = None) -> int:
+        name = sealedpacks.member_name(digest)
         try:
-            return self.sealer.open_into(sealedpacks.member_name(digest), 0, stored, out, 0)
+            if paging is not None:
+                return self.sealer.open_paged(name, memoryview(stored), out, *paging,
+                                              OPEN_GRAIN)
+            return self.sealer.open_into(name, 0, stored, out, 0)
         except AuthenticationError as exc:
             raise _member_corrupt(digest, location, str(exc)) from None
 

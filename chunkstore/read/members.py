@@ -28,7 +28,7 @@ from chunkstore.format.digest import DIGEST_SIZE, Digest
 from chunkstore.format.manifest import PackLocation
 from chunkstore.index.lmdbindex import CHUNK
 from chunkstore.objects.kinds import CHUNKS
-from chunkstore.objects.objectstore import MemberBuffer
+from chunkstore.objects.objectstore import MemberBuffer, Paging
 from chunkstore.protocol.moved import MAX_HOPS, read_moved
 
 if TYPE_CHECKING:
@@ -66,6 +66,10 @@ READ_RUN_RAW_BYTES = 8 * 1024 * 1024
 #: first met and kept until its run is done: a few system calls per object would cost
 #: more than its pages (a sparse delta's chain of nine links of a few KiB each).
 PAGED_BYTES = 256 * 1024
+#: A sealed member mapped unpopulated is opened part by part, each part's pages
+#: populated just before and released just after (a read error raised, never met as
+#: SIGBUS): only the opened bytes stay resident, not the stored ones beside them.
+PAGING: Paging = (populate_mapped, release_mapped)
 
 
 def page_in(view: bytes | memoryview) -> None:
@@ -128,31 +132,35 @@ def _member_object(store: StoreHandle, digest: Digest, location: PackLocation,
     for hops in range(MAX_HOPS + 1):
         check_listed_length(store, digest, location, raw_length)
         found = None if prefetched is None else prefetched.get(location)
+        if found is not None and store.objects.sealed_members:  # opened part by part
+            return checked_member(store, digest, location, found, buffer, paging=PAGING)
         if found is not None:
-            if paged and not store.objects.sealed_members and len(found) >= PAGED_BYTES:
+            if paged and len(found) >= PAGED_BYTES:
                 populate_mapped(found[:HEADER.size + DIGEST_SIZE])  # the payload: page_in
                 return checked_member(store, digest, location, found, buffer)
             populate_mapped(found)
-            member = checked_member(store, digest, location, found, buffer)
-            if paged:  # opened into a buffer of its own: the mapped bytes are done with
-                page_out(found)
-            return member
+            return checked_member(store, digest, location, found, buffer)
+        sealed = store.objects.sealed_members
         try:
-            data = store.objects.member_range(location.pack, location.offset, location.length)
+            data = store.objects.member_range(location.pack, location.offset, location.length,
+                                              populate=not sealed)
         except FileNotFoundError:
             ((_, location, _, _),) = forward_members(store, [(digest, location, memoryview(b""),
                                                        NO_CHAIN)], hops)
             continue
-        return checked_member(store, digest, location, data, buffer)
+        return checked_member(store, digest, location, data, buffer,
+                              paging=PAGING if sealed else None)
     raise AssertionError("unreachable: forward_members refuses the hop after the last")
 
 
 def checked_member(store: StoreHandle, digest: Digest, location: PackLocation,
-                   data: bytes | memoryview, buffer: MemberBuffer | None = None) -> memoryview:
+                   data: bytes | memoryview, buffer: MemberBuffer | None = None,
+                   paging: Paging | None = None) -> memoryview:
     """The member object read at ``location`` (the bytes its location names, opened by
-    the object layer's one path for members, into ``buffer`` where given), its length
+    the object layer's one path for members, into ``buffer`` where given; ``paging``:
+    see :meth:`~chunkstore.objects.objectstore.ObjectStore.open_member`), its length
     and header checked."""
-    data = store.objects.open_member(digest, location, data, buffer)
+    data = store.objects.open_member(digest, location, data, buffer, paging)
     header = member_header(digest, data)
     if header.size + header.payload_length != len(data):
         raise CorruptChunkError(digest.hex, f"member object is {len(data)} bytes, its"

@@ -72,6 +72,7 @@ from chunkstore.read.chain import decode_chain
 from chunkstore.read.members import (
     NO_CHAIN,
     PAGED_BYTES,
+    PAGING,
     READ_RUN_BYTES,
     Chain,
     MemberRead,
@@ -409,13 +410,16 @@ def _decode_member(store: StoreHandle, digest: Digest, location: PackLocation, d
     """Decode the member ``data`` (the bytes ``location`` names) into ``out``: opened
     by the object layer's one path for members (``transient``: a sealed one into the
     thread's scratch buffer), then checked and decoded.  Mapped bytes are populated as
-    they are read: a sealed member's or one listed with no chain all at once, a
-    delta's header here and its payload as it is decoded (link by link, with its
-    bases)."""
-    whole = store.objects.sealed_members or not chain[0] or len(data) < PAGED_BYTES
-    populate_mapped(data if whole else data[:HEADER.size + DIGEST_SIZE])
-    opened = store.objects.open_member(digest, location, data,
-                                       member_buffer(0) if transient else None)
+    they are read: a sealed member's part by part as it is opened (each part released
+    once opened), one listed with no chain all at once, a delta's header here and its
+    payload as it is decoded (link by link, with its bases)."""
+    if store.objects.sealed_members:  # opened part by part, its stored pages released
+        opened = store.objects.open_member(digest, location, data,
+                                           member_buffer(0) if transient else None, PAGING)
+    else:
+        populate_mapped(data if not chain[0] or len(data) < PAGED_BYTES
+                        else data[:HEADER.size + DIGEST_SIZE])
+        opened = store.objects.open_member(digest, location, data)
     _decode_opened(store, digest, opened, out, chain, cache, check_links, prefetched,
                    transient=transient)
 
