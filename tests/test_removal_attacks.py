@@ -671,9 +671,10 @@ def test_on_s3_a_gc_keeps_the_intent_of_a_commit_that_never_put_its_record(
         _verified(store)
 
 
-@pytest.mark.parametrize("fault", [
-    "kill-before-put:removed/:5", "kill-after-put:removed/:11",
-    "kill-after-delete:versions/:11", None,
+@pytest.mark.parametrize("fault", [  # two of the kills in ./dev test-slow (CI runs both)
+    pytest.param("kill-before-put:removed/:5", marks=pytest.mark.slow_job),
+    "kill-after-put:removed/:11",
+    pytest.param("kill-after-delete:versions/:11", marks=pytest.mark.slow_job), None,
 ])
 def test_a_prune_on_s3_killed_at_each_step_leaves_every_kept_version_whole(
         s3_endpoint: str, s3_url: str, tmp_path: Path, fault: str | None) -> None:

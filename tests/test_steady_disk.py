@@ -288,6 +288,7 @@ def test_on_a_remote_store_finished_entries_stay_for_the_week(tmp_path: Path) ->
 # --- a training job ------------------------------------------------------------------------
 
 
+@pytest.mark.slow_job  # 20 s of CPU: ./dev test-slow (CI runs both)
 def test_a_keep_last_job_holds_bounded_bytes_on_disk_over_300_saves(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """300 saves of a small MLP with AdamW (every tensor changes, every one packed),
