@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from chunkstore import codecs
-from chunkstore.codecs import zstd
+from chunkstore.codecs import native, zstd
 from chunkstore.codecs.planes import join, split
 from chunkstore.codecs.shuffle import plane_table, planes_into
 from chunkstore.codecs.sparsedelta import SparseDeltaCodec
@@ -232,7 +232,7 @@ def _decode_links(digest: Digest, links: list[Link], root: Link | None,
     nearest the root first, and hash-check the result only.  ``transient``: the
     root and the links before the last go to the thread's scratch buffers (each
     link reads the buffer before and writes another)."""
-    if out is not None and sub_deltas_alone(links):
+    if out is not None and native.MODULE is not None and sub_deltas_alone(links):
         return decode_sub_deltas(digest, links, root, root_raw, out, ids)
     if out is not None and not any(
             isinstance(codecs.by_id(link[1].codec_id), SparseDeltaCodec) for link in links):

@@ -36,13 +36,10 @@ FUSED_LINKS = 2
 
 
 def sub_deltas_alone(links: list[Link]) -> bool:
-    """Whether the native pass is built (an extension built from an older source lacks
-    it) and every link is a sub-delta of the head's element size, one with a lane."""
+    """Whether every link is a sub-delta of the head's element size, one with a lane."""
     size = links[0][1].element_size
-    built = getattr(native.MODULE, "sub_delta_chain", None) is not None
-    return built and size in LANES and all(link[1].codec_id == codecs.SUB_DELTA.id
-                                           and link[1].element_size == size
-                                           for link in links)
+    return size in LANES and all(link[1].codec_id == codecs.SUB_DELTA.id
+                                 and link[1].element_size == size for link in links)
 
 
 def decode_sub_deltas(digest: Digest, links: list[Link], root: Link | None,
@@ -83,7 +80,7 @@ def decode_sub_deltas(digest: Digest, links: list[Link], root: Link | None,
             page_in(link_view)
             planes.append(_plane_bodies(link_digest, codecs.SUB_DELTA,
                                         link_view[link_header.size:], length, size))
-        assert native.MODULE is not None  # sub_deltas_alone checked
+        assert native.MODULE is not None  # the caller checked
         native.MODULE.sub_delta_chain(base, planes, out)
         for link in group:
             page_out(link[2])
