@@ -17,7 +17,7 @@ from chunkstore.errors import CorruptChunkError
 from chunkstore.format.chunkobj import HEADER, parse_header
 from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import PackLocation
-from chunkstore.read import chain, scratch, subchain
+from chunkstore.read import chain, scratch
 from chunkstore.read.members import READ_RUN_RAW_BYTES, read_runs
 
 # Every test here runs with reads as they come and with every ranged read mapped.
@@ -171,8 +171,8 @@ def test_a_chain_longer_than_one_pass_reads_back(tmp_path: Path,
         assert [len(shard.chain(i)) for i in range(4)] == [9] * 4
         store.base_cache.clear()
         assert reader.get("t").tobytes() == table.tobytes()
-    groups = [subchain.FUSED_LINKS] * (9 // subchain.FUSED_LINKS) + [9 % subchain.FUSED_LINKS] * (
-        9 % subchain.FUSED_LINKS > 0)
+    groups = [chain.FUSED_LINKS] * (9 // chain.FUSED_LINKS) + [9 % chain.FUSED_LINKS] * (
+        9 % chain.FUSED_LINKS > 0)
     assert len(groups) > 1
     assert native.MODULE is None or sorted(passes) == sorted(groups * 4)
 
