@@ -118,12 +118,10 @@ def decode_chain(store: StoreHandle, digest: Digest, data: bytes | memoryview,
     otherwise only the result is checked, which proves every base on the way
     right as well (a wrong base changes the result), and the bases decoded on
     the way are not cached: a chain of XOR links is decoded in the plane
-    domain, a chain of sub-delta links alone in one pass over the chunk per two
-    links (native loops built), other chains link by link from the root (a
-    sparse-delta link adds its runs in place, onto a buffer of this decode's own).
-    ``transient`` (a read job of :func:`chunkstore.read.reader.run_jobs`): the links
-    before the last are decoded into the thread's scratch buffers
-    (:mod:`chunkstore.read.scratch`).
+    domain, other chains link by link from the root (a sparse-delta link adds
+    its runs in place, onto a buffer of this decode's own).  ``transient`` (a read job
+    of :func:`chunkstore.read.reader.run_jobs`): the links before the last are
+    decoded into the thread's scratch buffers (:mod:`chunkstore.read.scratch`).
 
     ``data`` and the bases a reader read ahead may be mapped and populated no further
     than their headers (:func:`chunkstore.read.packs.read_members_into`): each object
