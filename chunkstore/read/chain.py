@@ -349,11 +349,9 @@ def _decode_links_through(digest: Digest, links: list[Link], root: Link | None,
     return out
 
 
-#: Sub-delta links one native pass applies.  Their decoded planes are held together (up
-#: to a chunk's worth each), so a longer chain is applied in groups: with two, a read
-#: job holds no more than link by link did (a scratch buffer and one link's planes).
-#: Dense updates make chains of about two links (CHAIN_BYTES of chunkstore.write.delta).
-FUSED_LINKS = 2
+#: Sub-delta links one native pass applies: their decoded planes are held together
+#: (at most a chunk's worth each), so a longer chain is applied in groups.
+FUSED_LINKS = 4
 
 
 def _sub_deltas_alone(links: list[Link]) -> bool:
