@@ -1,7 +1,6 @@
 """The restore path's fast ways give the same bytes and the same refusals: a sub-delta
-link applied from its planes in one pass (native and numpy), a chain of sub-delta
-links applied in one pass over the chunk, runs of pack members split by the bytes
-they decode to, scratch buffers released after a read."""
+link applied from its planes in one pass (native and numpy), runs of pack members
+split by the bytes they decode to, scratch buffers released after a read."""
 
 from __future__ import annotations
 
@@ -12,12 +11,10 @@ import pytest
 
 import chunkstore
 from chunkstore.codecs import SUB_DELTA, native
-from chunkstore.codecs.shuffle import plane_table
 from chunkstore.errors import CorruptChunkError
-from chunkstore.format.chunkobj import HEADER, parse_header
 from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import PackLocation
-from chunkstore.read import chain, scratch
+from chunkstore.read import scratch
 from chunkstore.read.members import READ_RUN_RAW_BYTES, read_runs
 
 # Every test here runs with reads as they come and with every ranged read mapped.
@@ -82,127 +79,6 @@ def test_the_native_one_pass_loop_refuses_other_lengths() -> None:
         native.MODULE.join_unzigzag_add([bytes(4)] * 4, bytes(12), out)
 
 
-@pytest.mark.skipif(native.MODULE is None, reason="the native extension is not built")
-def test_a_chain_applied_in_one_pass_matches_its_links_applied_in_turn() -> None:
-    assert native.MODULE is not None
-    rng = np.random.default_rng(5)
-    for size in (1, 2, 4, 8):
-        for elements in (0, 5, 64, 4097, 9000):
-            root = [rng.integers(0, 256, elements, dtype=np.uint8) for _ in range(size)]
-            links = [list(np.ascontiguousarray(_image(rng, size * elements, size)
-                                               .reshape(-1, size).T)) if elements
-                     else [b""] * size for _ in range(5)]
-            expected = np.empty(size * elements, dtype=np.uint8)
-            native.MODULE.join(root, expected)
-            joined = expected.copy()
-            for link in links:
-                native.MODULE.join_unzigzag_add(link, expected.copy(), expected)
-            for count in (1, 5):
-                want = joined.copy()
-                for link in links[:count]:
-                    native.MODULE.join_unzigzag_add(link, want.copy(), want)
-                from_planes = np.empty_like(want)
-                native.MODULE.sub_delta_chain(root, links[:count], from_planes)
-                from_bytes = np.empty_like(want)
-                native.MODULE.sub_delta_chain(joined, links[:count], from_bytes)
-                in_place = joined.copy()
-                native.MODULE.sub_delta_chain(in_place, links[:count], in_place)
-                for got in (from_planes, from_bytes, in_place):
-                    assert got.tobytes() == want.tobytes(), (size, elements, count)
-
-
-@pytest.mark.skipif(native.MODULE is None, reason="the native extension is not built")
-def test_a_chain_in_one_pass_refuses_other_shapes() -> None:
-    assert native.MODULE is not None
-    out = bytearray(16)
-    link = [bytes(4)] * 4
-    for root, links in (
-            (bytes(16), [[bytes(4)] * 3]),           # element size 3
-            (bytes(16), [link, [bytes(4)] * 2]),     # links of two element sizes
-            (bytes(16), [[bytes(4)] * 3 + [bytes(5)]]),  # a plane of another length
-            (bytes(12), [link]),                     # a root of another length
-            ([bytes(4)] * 2, [link]),                # a root of other planes
-            (bytes(16), []),                         # no link
-            (bytes(16), [link] * 17)):               # more links than one pass takes
-        with pytest.raises(ValueError):
-            native.MODULE.sub_delta_chain(root, links, out)
-    overlapping = bytearray(20)
-    with pytest.raises(ValueError):  # a root that overlaps out without being it
-        native.MODULE.sub_delta_chain(memoryview(overlapping)[4:], [link],
-                                      memoryview(overlapping)[:16])
-
-
-def _moving_chain(path: Path, steps: int, *, small: bool) -> tuple[chunkstore.Store,
-                                                                    np.ndarray]:
-    """A store whose newest version reads a sub-delta chain of ``steps - 1`` links (four
-    chunks of 16 KiB): every element moves at every save, ``small``: by a unit in its
-    last place or two, so each link stores little and the chain is bounded by the
-    store's depth alone; else by a hundredth, so the images' low planes are noise
-    (stored raw) and the chain ends at about two links."""
-    rng = np.random.default_rng(2)
-    table = rng.standard_normal((256, 64)).astype(np.float32)
-    store = chunkstore.open(path, create=True, chunk_size=16 * 1024)
-    for step in range(steps):
-        if small:
-            table.view(np.int32)[...] += rng.integers(1, 3, table.shape, dtype=np.int32)
-        else:
-            table *= np.float32(1.01)
-        with store.new_version(run="r", step=step) as version:
-            version.put("t", table)
-    return store, table
-
-
-def test_a_chain_longer_than_one_pass_reads_back(tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """Nine links: three passes of at most FUSED_LINKS over each chunk, where the native
-    loops are built; the same bytes as saved either way."""
-    store, table = _moving_chain(tmp_path / "s", 10, small=True)
-    passes: list[int] = []
-    if native.MODULE is not None:
-        one_pass = native.MODULE.sub_delta_chain
-
-        def counted(root: object, links: list[object], out: memoryview) -> None:
-            passes.append(len(links))
-            one_pass(root, links, out)
-        monkeypatch.setattr(native.MODULE, "sub_delta_chain", counted)
-    with store:
-        reader = store.open_version("r@9")
-        shard = reader.entry("t").shards[0]  # type: ignore[union-attr]
-        assert [len(shard.chain(i)) for i in range(4)] == [9] * 4
-        store.base_cache.clear()
-        assert reader.get("t").tobytes() == table.tobytes()
-    assert native.MODULE is None or sorted(passes) == [1] * 4 + [chain.FUSED_LINKS] * 8
-
-
-def test_a_damaged_chain_link_is_never_returned_from_the_one_pass_path(tmp_path: Path) -> None:
-    """A link whose payload decodes but holds other bytes (a flipped byte of a raw
-    plane) makes the chunk hash to something else: a CorruptChunkError, not data."""
-    store, _ = _moving_chain(tmp_path / "s", 3, small=False)
-    with store:
-        reader = store.open_version("r@2")
-        entry = reader.entry("t")
-        shard = entry.shards[0]  # type: ignore[union-attr]
-        link = shard.location(0)  # the chunk's own member: the chain's last link
-        assert link is not None and len(shard.chain(0)) == 2
-        pack = next(p for p in (tmp_path / "s" / "chunks").rglob(link.pack.hex) if p.is_file())
-        data = bytearray(pack.read_bytes())
-        at = HEADER.size + link.offset  # the member object inside the pack
-        member = memoryview(data)[at : at + link.length]
-        header = parse_header(shard.chunks[0], member)
-        assert header.codec_id == SUB_DELTA.id
-        payload = member[header.size:]
-        table_of = plane_table(payload, header.raw_length, header.element_size, 1)
-        start = next(start for mode, start, _ in table_of if mode == 0)  # a raw plane:
-        # it decodes whatever its bytes
-        del member, payload
-        data[at + header.size + start + 7] ^= 0x01
-        pack.chmod(0o644)
-        pack.write_bytes(bytes(data))
-        store.base_cache.clear()
-        with pytest.raises(CorruptChunkError):
-            store.open_version("r@2").get("t")
-
-
 def test_a_damaged_link_is_a_corrupt_chunk_on_the_one_pass_path(tmp_path: Path) -> None:
     """A link whose payload does not decode is refused, naming it, never returned."""
     rng = np.random.default_rng(0)
@@ -238,17 +114,14 @@ def test_runs_are_split_by_the_bytes_their_members_decode_to() -> None:
     assert [m for run in runs for m in run] == members
 
 
-def test_a_read_releases_its_scratch_buffers(tmp_path: Path,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    # Link by link (the numpy fallback): a native sub-delta chain needs no scratch buffer.
-    monkeypatch.setattr(native, "MODULE", None)
+def test_a_read_releases_its_scratch_buffers(tmp_path: Path) -> None:
     rng = np.random.default_rng(1)
     table = rng.standard_normal((256, 64)).astype(np.float32)
     with chunkstore.open(tmp_path / "s", create=True, chunk_size=16 * 1024) as store:
         for step in range(3):
             # Every element moves (sub-delta links, decoded through the scratch buffers;
             # a chain of sparse-delta links is decoded in the caller's buffer).
-            table *= np.float32(1.01)
+            table *= np.float32(1.0001)
             with store.new_version(run="r", step=step) as version:
                 version.put("t", table)
         seen: list[int] = []
@@ -272,9 +145,9 @@ def test_a_chain_of_links_is_read_through_one_scratch_buffer(
     """The root and the links go to the caller's buffer and one scratch buffer in turn,
     the last into the caller's (a chunk's worth less memory per read job than two
     scratch buffers), at every depth: odd and even numbers of links, the root decoded
-    or found in the base cache.  Link by link: the numpy fallback's way (with the native
-    loops built, a chain of sub-delta links alone is applied in one pass, no scratch)."""
-    monkeypatch.setattr(native, "MODULE", None)
+    or found in the base cache."""
+    from chunkstore.read import chain
+
     rng = np.random.default_rng(2)
     table = rng.standard_normal((256, 64)).astype(np.float32)
     states = []
@@ -287,7 +160,7 @@ def test_a_chain_of_links_is_read_through_one_scratch_buffer(
 
     with chunkstore.open(tmp_path / "s", create=True, chunk_size=16 * 1024) as store:
         for step in range(5):  # chains of 0 to 4 sub-delta links
-            table *= np.float32(1.01)
+            table *= np.float32(1.0001)
             states.append(table.copy())
             with store.new_version(run="r", step=step) as version:
                 version.put("t", table)

@@ -34,11 +34,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from chunkstore import codecs
-from chunkstore.codecs import native, zstd
+from chunkstore.codecs import zstd
 from chunkstore.codecs.planes import join, split
-from chunkstore.codecs.shuffle import ShuffleZstdCodec, plane_table, planes_into
+from chunkstore.codecs.shuffle import plane_table, planes_into
 from chunkstore.codecs.sparsedelta import SparseDeltaCodec
-from chunkstore.codecs.subdelta import LANES
 from chunkstore.errors import ChunkStoreError, CorruptChunkError
 from chunkstore.format.chunkobj import (
     HEADER,
@@ -233,8 +232,6 @@ def _decode_links(digest: Digest, links: list[Link], root: Link | None,
     nearest the root first, and hash-check the result only.  ``transient``: the
     root and the links before the last go to the thread's scratch buffers (each
     link reads the buffer before and writes another)."""
-    if out is not None and native.MODULE is not None and _sub_deltas_alone(links):
-        return _decode_sub_deltas(digest, links, root, root_raw, out, ids)
     if out is not None and not any(
             isinstance(codecs.by_id(link[1].codec_id), SparseDeltaCodec) for link in links):
         return _decode_links_through(digest, links, root, root_raw, out, transient, ids)
@@ -347,75 +344,6 @@ def _decode_links_through(digest: Digest, links: list[Link], root: Link | None,
         current = into
     check_digest(digest, out, ids)
     return out
-
-
-#: Sub-delta links one native pass applies: their decoded planes are held together
-#: (at most a chunk's worth each), so a longer chain is applied in groups.
-FUSED_LINKS = 4
-
-
-def _sub_deltas_alone(links: list[Link]) -> bool:
-    """Whether every link is a sub-delta of the head's element size, one with a lane."""
-    size = links[0][1].element_size
-    return size in LANES and all(link[1].codec_id == codecs.SUB_DELTA.id
-                                 and link[1].element_size == size for link in links)
-
-
-def _decode_sub_deltas(digest: Digest, links: list[Link], root: Link | None,
-                       root_raw: bytes | memoryview | None, out: memoryview,
-                       ids: ChunkIds) -> memoryview:
-    """:func:`_decode_links_through` for a chain of sub-delta links alone, where the
-    native loops are built: the root's planes (a plane-coded root of the links' element
-    size; else its bytes) and the links' planes are added into ``out`` in one pass per
-    :data:`FUSED_LINKS` links (``sub_delta_chain``), so no link's result is written
-    out and read back, and no scratch buffer is needed; the result hash-checked.
-    The same bytes as link by link (tests/test_native.py compares them)."""
-    head = links[0][1]
-    size, length = head.element_size, head.raw_length
-    if len(out) != length:
-        raise CorruptChunkError(digest.hex, f"holds {length} bytes, the manifest expects"
-                                f" {len(out)}")
-    base: bytes | memoryview | list[bytes | memoryview]
-    if root_raw is not None:
-        base = root_raw
-    else:
-        assert root is not None
-        root_digest, root_header, root_view = root
-        page_in(root_view)
-        if root_header.codec_id == codecs.SHUFFLE_ZSTD.id and root_header.element_size == size:
-            base = _plane_bodies(root_digest, codecs.SHUFFLE_ZSTD, root_view[root_header.size:],
-                                 length, size)
-        else:  # a raw root is read where it lies; any other is decoded into out
-            into = None if root_header.codec_id == codecs.RAW.id else out
-            base = decode_payload(root_digest, root_header, root_view, into)
-    if not isinstance(base, list) and len(base) != length:
-        raise CorruptChunkError(digest.hex, "a delta base of another length")
-    ordered = links[::-1]  # nearest the root first
-    for first in range(0, len(ordered), FUSED_LINKS):
-        group = ordered[first : first + FUSED_LINKS]
-        planes = []
-        for link_digest, link_header, link_view in group:
-            page_in(link_view)
-            planes.append(_plane_bodies(link_digest, codecs.SUB_DELTA,
-                                        link_view[link_header.size:], length, size))
-        assert native.MODULE is not None  # the caller checked
-        native.MODULE.sub_delta_chain(base, planes, out)
-        for link in group:
-            page_out(link[2])
-        if first == 0 and root is not None:
-            page_out(root[2])
-        base = out
-    check_digest(digest, out, ids)
-    return out
-
-
-def _plane_bodies(digest: Digest, codec: ShuffleZstdCodec, payload: memoryview,
-                  length: int, size: int) -> list[bytes | memoryview]:
-    try:
-        return codec.plane_bodies(payload, length, size)
-    except (ValueError, struct.error) as exc:
-        raise CorruptChunkError(digest.hex, f"{codec.name} payload does not decode:"
-                                f" {exc}") from exc
 
 
 def _planes_of(digest: Digest, payload: memoryview, planes: np.ndarray, *, xor: bool) -> None:
