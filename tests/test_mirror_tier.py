@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import chunkstore
-from chunkstore.backends.wrappers import ForwardingBackend
+from chunkstore.backends.wrappers import ForwardingBackend, RequestHook
 from chunkstore.errors import BackendUnavailableError, MirrorError
 from chunkstore.maintenance.autocollect import Collector
 from chunkstore.maintenance.mirror import Replicator
@@ -95,7 +95,7 @@ def test_close_warns_naming_what_an_unreachable_mirror_left(tmp_path: Path) -> N
 # --- the local tier's collection repacks a pack under a copy --------------------------------
 
 
-class CollectBeforeRead(ForwardingBackend):
+class CollectBeforeRead(RequestHook):
     """The local tier, where the collection that follows retention runs right before the
     first read of ``key``'s bytes once armed (``collector``), the read waiting for it: the
     collector's thread may run between any two requests of the replicator's."""
@@ -106,22 +106,14 @@ class CollectBeforeRead(ForwardingBackend):
         self.collector: Collector | None = None
         self._lock = threading.Lock()
 
-    def _before(self, key: str) -> None:
+    def request(self, operation: str, key: str) -> None:
         with self._lock:
-            collector = self.collector if key == self.key else None
+            collector = self.collector if operation == "get" and key == self.key else None
             if collector is not None:
                 self.collector = None  # the collection's own reads pass
         if collector is not None:
             collector.trigger()
             assert collector.wait_idle(timeout=60)
-
-    def get(self, key: str) -> bytes:
-        self._before(key)
-        return super().get(key)
-
-    def get_range(self, key: str, start: int, length: int) -> bytes:
-        self._before(key)
-        return super().get_range(key, start, length)
 
 
 def test_a_pack_the_local_collection_repacks_under_a_copy_is_read_where_it_moved(

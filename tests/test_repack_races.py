@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import chunkstore
-from chunkstore.backends.wrappers import ForwardingBackend
+from chunkstore.backends.wrappers import RequestHook
 from chunkstore.format.digest import Digest
 from chunkstore.format.manifest import TensorEntry
 from chunkstore.objects.kinds import CHUNKS, MOVED
@@ -183,7 +183,7 @@ def test_a_gc_killed_past_its_moved_record_leaves_nothing_to_lose_later(root: Pa
         assert store.open_version(late).get("t6").tobytes() == state(1)["t6"].tobytes()
 
 
-class CollectBeforeRead(ForwardingBackend):
+class CollectBeforeRead(RequestHook):
     """A store where another GC (grace 0) runs in full right before the first read of
     ``key``'s bytes, once armed (``store``): between any earlier request of a reader's
     (a look for the pack) and its read."""
@@ -194,11 +194,12 @@ class CollectBeforeRead(ForwardingBackend):
         self.store: chunkstore.Store | None = None
         self.result: object = None
 
-    def get_range(self, key: str, start: int, length: int) -> bytes:
-        store, self.store = (self.store, None) if key == self.key else (None, self.store)
+    def request(self, operation: str, key: str) -> None:
+        if operation != "get" or key != self.key:
+            return
+        store, self.store = self.store, None
         if store is not None:  # disarmed first: the GC's own reads pass
             self.result = store.gc(grace=0)
-        return super().get_range(key, start, length)
 
 
 def test_a_pack_repacked_under_a_length_check_is_read_where_it_moved(root: Path) -> None:
